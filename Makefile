@@ -1,0 +1,31 @@
+# Two-command quick start: `make demo` and `make test`. Both create .venv if missing.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# CPU torch first (a plain `torch` requirement would pull a multi-GB CUDA build on a CPU machine).
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+	$(PIP) install -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) scripts/demo.py --out demo_out
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) scripts/bench_detectors.py
+
+clean:
+	rm -rf demo_out .pytest_cache

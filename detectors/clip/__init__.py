@@ -1,0 +1,1 @@
+"""clip detectors (one module per method; each registers itself)."""

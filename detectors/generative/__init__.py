@@ -1,0 +1,1 @@
+"""generative detectors (one module per method; each registers itself)."""

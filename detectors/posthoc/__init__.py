@@ -1,0 +1,1 @@
+"""posthoc detectors (one module per method; each registers itself)."""

@@ -1,0 +1,1 @@
+"""training detectors (one module per method; each registers itself)."""

@@ -1,0 +1,1 @@
+"""OOD-data generation jobs built on `pipelines` (never imports `detectors`)."""

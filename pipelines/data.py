@@ -1,0 +1,255 @@
+"""Dataset manifests (ImageFolder layout + `metadata.jsonl`) and robust image loading.
+
+A manifest is a folder of images with one JSON object per image in `metadata.jsonl`, so that
+`datasets.load_dataset("imagefolder", data_dir=...)` reads it unchanged. Schema in DESIGN.md.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from pipelines.io import atomic_write_text
+
+METADATA = "metadata.jsonl"
+SPLITS = ("train", "val", "test")
+ROLES = ("id", "ood")
+GROUPS = ("hard", "easy", "near", "far")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
+REQUIRED = ("file_name", "split", "role", "ood_set", "group", "label")
+
+
+class ManifestError(ValueError):
+    """A manifest line that breaks the schema; names the file, the line and the field."""
+
+    def __init__(self, file: str | os.PathLike, line: int | None, field: str | None, message: str):
+        self.file, self.line, self.field = str(file), line, field
+        where = self.file + (f", line {line}" if line is not None else "") + (f", field '{field}'" if field else "")
+        super().__init__(f"{where}: {message}")
+
+
+class ImageLoadError(OSError):
+    """An image that cannot be read or decoded; names the file."""
+
+    def __init__(self, path: str | os.PathLike, reason: str):
+        self.path, self.reason = str(path), reason
+        super().__init__(f"{path}: {reason}")
+
+
+def validate_row(row: Any, file: str | os.PathLike = METADATA, line: int | None = None) -> dict[str, Any]:
+    """Check one manifest row against the schema and return it; raises `ManifestError` naming the field."""
+    if not isinstance(row, dict):
+        raise ManifestError(file, line, None, f"expected a JSON object, got {type(row).__name__}")
+    for key in REQUIRED:
+        if key not in row:
+            raise ManifestError(file, line, key, "missing required field")
+    name = row["file_name"]
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ManifestError(file, line, "file_name", f"must be a non-empty relative path inside the folder, got {name!r}")
+    if row["split"] not in SPLITS:
+        raise ManifestError(file, line, "split", f"must be one of {SPLITS}, got {row['split']!r}")
+    if row["role"] not in ROLES:
+        raise ManifestError(file, line, "role", f"must be one of {ROLES}, got {row['role']!r}")
+    label = row["label"]
+    if isinstance(label, bool) or not isinstance(label, int):
+        raise ManifestError(file, line, "label", f"must be an integer, got {label!r}")
+    if row["role"] == "id":
+        if row["ood_set"] is not None:
+            raise ManifestError(file, line, "ood_set", f"must be null for role 'id', got {row['ood_set']!r}")
+        if label < 0:
+            raise ManifestError(file, line, "label", f"ID rows need a class index >= 0, got {label}")
+    else:
+        if not isinstance(row["ood_set"], str) or not row["ood_set"]:
+            raise ManifestError(file, line, "ood_set", f"OOD rows need a non-empty set name, got {row['ood_set']!r}")
+        if label != -1:
+            raise ManifestError(file, line, "label", f"OOD rows have label -1, got {label}")
+    if row["group"] is not None and row["group"] not in GROUPS:
+        raise ManifestError(file, line, "group", f"must be one of {GROUPS} or null, got {row['group']!r}")
+    for key in ("lat", "lon"):
+        if key in row and row[key] is not None and not (isinstance(row[key], (int, float)) and math.isfinite(row[key])):
+            raise ManifestError(file, line, key, f"must be a finite number or null, got {row[key]!r}")
+    if "provenance" in row and not isinstance(row["provenance"], dict):
+        raise ManifestError(file, line, "provenance", "must be a JSON object")
+    return row
+
+
+@dataclass
+class Manifest:
+    """An ImageFolder-layout dataset: `root` plus validated `rows` (dicts, in file order)."""
+
+    root: Path
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.rows)
+
+    def path(self, row: dict[str, Any]) -> Path:
+        """Absolute path of a row's image."""
+        return self.root / row["file_name"]
+
+    def paths(self) -> list[Path]:
+        return [self.path(r) for r in self.rows]
+
+    def labels(self) -> np.ndarray:
+        return np.array([r["label"] for r in self.rows], dtype=np.int64)
+
+    def select(self, **conditions: Any) -> "Manifest":
+        """Rows whose fields equal the given values (a list or tuple value means 'any of'); keeps `root`."""
+        def match(row: dict[str, Any]) -> bool:
+            for key, want in conditions.items():
+                have = row.get(key)
+                if isinstance(want, (list, tuple, set, frozenset)):
+                    if have not in want:
+                        return False
+                elif have != want:
+                    return False
+            return True
+
+        return Manifest(self.root, [r for r in self.rows if match(r)])
+
+    def ood_sets(self) -> list[str]:
+        """Names of the OOD sets present, in first-seen order."""
+        return list(dict.fromkeys(r["ood_set"] for r in self.rows if r["role"] == "ood"))
+
+    def fingerprint(self) -> str:
+        """A short hash of the rows (not the pixels): identifies the manifest in feature caches."""
+        text = "\n".join(json.dumps(r, sort_keys=True, default=str) for r in self.rows)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_manifest(folder: str | os.PathLike, check_files: bool = False) -> Manifest:
+    """Read and validate `folder/metadata.jsonl`. With `check_files`, every image must exist."""
+    root = Path(folder)
+    meta = root / METADATA
+    if not meta.is_file():
+        raise ManifestError(meta, None, None, "no metadata.jsonl: not a manifest folder (see DESIGN.md for the format)")
+    rows: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    with open(meta, encoding="utf-8") as fh:
+        for number, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise ManifestError(meta, number, None, f"invalid JSON ({err.msg} at column {err.colno})") from None
+            validate_row(row, meta, number)
+            if row["file_name"] in seen:
+                raise ManifestError(meta, number, "file_name", f"duplicate of line {seen[row['file_name']]}: {row['file_name']!r}")
+            seen[row["file_name"]] = number
+            if check_files and not (root / row["file_name"]).is_file():
+                raise ManifestError(meta, number, "file_name", f"image not found: {root / row['file_name']}")
+            rows.append(row)
+    return Manifest(root, rows)
+
+
+def write_manifest(folder: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> Manifest:
+    """Validate `rows` and write `folder/metadata.jsonl` atomically; returns the manifest."""
+    root = Path(folder)
+    meta = root / METADATA
+    rows = list(rows)
+    seen: set[str] = set()
+    for number, row in enumerate(rows, start=1):
+        validate_row(row, meta, number)
+        if row["file_name"] in seen:
+            raise ManifestError(meta, number, "file_name", f"duplicate file_name {row['file_name']!r}")
+        seen.add(row["file_name"])
+    atomic_write_text(meta, "".join(json.dumps(r, default=str) + "\n" for r in rows))
+    return Manifest(root, rows)
+
+
+def make_row(file_name: str, *, split: str = "test", role: str = "id", label: int = 0, ood_set: str | None = None,
+             group: str | None = None, **extra: Any) -> dict[str, Any]:
+    """Build a schema-complete row (OOD rows get label -1)."""
+    if role == "ood":
+        label = -1
+    return {"file_name": file_name, "split": split, "role": role, "ood_set": ood_set, "group": group, "label": label, **extra}
+
+
+def list_images(folder: str | os.PathLike) -> list[Path]:
+    """Image files below `folder`, recursively, sorted by relative path."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder not found: {root}")
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
+
+
+def open_image_source(folder: str | os.PathLike, **defaults: Any) -> Manifest:
+    """A manifest folder as is, or a plain image folder as a manifest with `defaults` on every row."""
+    root = Path(folder)
+    if (root / METADATA).is_file():
+        return read_manifest(root)
+    rows = [make_row(p.relative_to(root).as_posix(), **defaults) for p in list_images(root)]
+    return Manifest(root, rows)
+
+
+def to_rgb(image: Image.Image, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
+    """Any PIL mode to 8-bit RGB: EXIF orientation applied, alpha composited on `background`,
+    CMYK/palette/grayscale converted, 16-bit and float images rescaled to 0-255."""
+    image = ImageOps.exif_transpose(image)
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        arr = np.asarray(image, dtype=np.float64)
+        high = 65535.0 if image.mode.startswith("I;16") or arr.max() > 255 else 255.0
+        if image.mode == "F":
+            lo, hi = float(arr.min()), float(arr.max())
+            arr = (arr - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros_like(arr)
+        else:
+            arr = arr / high * 255.0
+        image = Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8), "L")
+    if image.mode == "P":
+        image = image.convert("RGBA")
+    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = image.convert("RGBA")
+        canvas = Image.new("RGBA", rgba.size, background + (255,))
+        image = Image.alpha_composite(canvas, rgba)
+    return image.convert("RGB")
+
+
+def load_image(path: str | os.PathLike) -> Image.Image:
+    """Load an image as RGB (see `to_rgb`); raises `ImageLoadError` naming the file when it cannot be decoded."""
+    path = Path(path)
+    if not path.is_file():
+        raise ImageLoadError(path, "file not found")
+    try:
+        with Image.open(path) as img:
+            img.load()
+            return to_rgb(img)
+    except ImageLoadError:
+        raise
+    except Exception as err:  # PIL raises many types for corrupt data
+        raise ImageLoadError(path, f"cannot decode image ({type(err).__name__}: {err})") from err
+
+
+@dataclass
+class LoadFailure:
+    """One item that could not be loaded: its position, file and reason."""
+
+    index: int
+    file: str
+    reason: str
+
+
+def load_images(paths: Sequence[str | os.PathLike]) -> tuple[list[Image.Image | None], list[LoadFailure]]:
+    """Load many images; unreadable ones become `None` with a recorded `LoadFailure` instead of an exception."""
+    images: list[Image.Image | None] = []
+    failures: list[LoadFailure] = []
+    for i, p in enumerate(paths):
+        try:
+            images.append(load_image(p))
+        except ImageLoadError as err:
+            images.append(None)
+            failures.append(LoadFailure(i, str(p), err.reason))
+    return images, failures
