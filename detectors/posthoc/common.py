@@ -1,0 +1,56 @@
+"""Shared numerics of logit/feature-level post-hoc detectors: stable float64 softmax, log-softmax, logsumexp on numpy."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from detectors.base import FeatureSet, as_numpy
+
+
+def logsumexp(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """log(sum(exp(x))) along `axis` in float64, stable for large magnitudes."""
+    x = np.asarray(x, dtype=np.float64)
+    top = np.max(x, axis=axis, keepdims=True)
+    return np.squeeze(top, axis=axis) + np.log(np.sum(np.exp(x - top), axis=axis))
+
+
+def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """log softmax along `axis` in float64."""
+    x = np.asarray(x, dtype=np.float64)
+    return x - np.expand_dims(logsumexp(x, axis=axis), axis)
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """softmax along `axis` in float64."""
+    x = np.asarray(x, dtype=np.float64)
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def logits_of(batch: Any, who: str) -> np.ndarray:
+    """float64 logits [N,C] of a FeatureSet or an array-like of logits."""
+    if isinstance(batch, FeatureSet):
+        batch.require("logits", who=who)
+        batch = batch.logits
+    out = as_numpy(batch, np.float64)
+    if out.ndim != 2:
+        raise ValueError(f"{who} needs logits of shape [N,C], got {out.shape}")
+    return out
+
+
+def features_of(batch: Any, who: str) -> np.ndarray:
+    """float64 penultimate features [N,D] of a FeatureSet or an array-like of features."""
+    if isinstance(batch, FeatureSet):
+        batch.require("features", who=who)
+        batch = batch.features
+    out = as_numpy(batch, np.float64)
+    if out.ndim != 2:
+        raise ValueError(f"{who} needs features of shape [N,D], got {out.shape}")
+    return out
+
+
+def labels_of(data: FeatureSet, who: str) -> np.ndarray:
+    """int64 class labels [N] of a FeatureSet (raises when it has none)."""
+    data.require("labels", who=who)
+    return np.asarray(data.labels).astype(np.int64).reshape(-1)
