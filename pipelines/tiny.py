@@ -90,3 +90,32 @@ def save_tiny_tokenizer(folder: str | os.PathLike, vocab_words: Iterable[str] = 
     config.update(model_max_length=TOKENIZER_MAX_LENGTH, tokenizer_class="CLIPTokenizer")
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
     return folder
+
+
+# --- CLIP ---
+def save_tiny_clip(folder: str | os.PathLike, seed: int = 0) -> Path:
+    """A random-weight `CLIPModel` + `CLIPProcessor` folder (REFERENCE.md "CLIP" sizes) with the tiny BPE tokenizer.
+
+    Vision: hidden 32, 2 layers, image 32, patch 8; text: hidden 32, 2 layers, 77 positions; projection 16. The text
+    config's vocabulary size, BOS, EOS and pad ids match the tokenizer, so pooling at the end-of-text token works.
+    Loads with `CLIPModel.from_pretrained(folder)` and `CLIPProcessor.from_pretrained(folder)`.
+    """
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
+
+    import tempfile
+
+    folder = Path(folder)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = CLIPTokenizer.from_pretrained(save_tiny_tokenizer(tmp))
+    text_config = dict(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=TOKENIZER_MAX_LENGTH, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
+    )
+    vision_config = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
+    torch.manual_seed(seed)
+    model = CLIPModel(CLIPConfig(text_config=text_config, vision_config=vision_config, projection_dim=16)).eval()
+    model.save_pretrained(folder)
+    image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(folder)
+    return folder
