@@ -1,0 +1,132 @@
+"""The classifier ("pre-model") of post-hoc detectors: a backbone plus its last linear layer.
+
+`ImageClassifier.forward(pixel_values) -> (logits, features)` where features are the head's input (penultimate layer).
+Two sources: a transformers `AutoModelForImageClassification` (hub id or local folder), or any `torch.nn.Module`
+returning `(logits, features)`. Fine-tuning lives in `pipelines/training.py`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipelines.runtime import load_pretrained
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def find_head(model: nn.Module, num_classes: int | None = None) -> nn.Linear:
+    """The classification layer: `model.classifier` (or its last Linear), else the last Linear with `num_classes` outputs."""
+    candidate = getattr(model, "classifier", None) or getattr(model, "fc", None) or getattr(model, "head", None)
+    if isinstance(candidate, nn.Linear):
+        return candidate
+    modules = list(candidate.modules()) if isinstance(candidate, nn.Module) else list(model.modules())
+    linears = [m for m in modules if isinstance(m, nn.Linear) and (num_classes is None or m.out_features == num_classes)]
+    if not linears:
+        raise ValueError(f"could not find the classifier's linear head in {type(model).__name__}; pass head= explicitly")
+    return linears[-1]
+
+
+def _size_from_processor(processor: Any) -> tuple[int, int]:
+    size = getattr(processor, "crop_size", None) if getattr(processor, "do_center_crop", False) else None
+    size = size or getattr(processor, "size", None) or {}
+    size = dict(size) if not isinstance(size, int) else {"height": size, "width": size}
+    if "height" in size and "width" in size:
+        return int(size["height"]), int(size["width"])
+    edge = size.get("shortest_edge") or size.get("longest_edge")
+    if edge:
+        return int(edge), int(edge)
+    raise ValueError(f"cannot read the input size from {type(processor).__name__}: {size}")
+
+
+class ImageClassifier(nn.Module):
+    """Backbone + linear head with one interface for transformers models and plain modules."""
+
+    def __init__(self, model: nn.Module, head: nn.Linear, *, image_size: tuple[int, int], mean: Sequence[float] = IMAGENET_MEAN,
+                 std: Sequence[float] = IMAGENET_STD, model_id: str = "module", processor: Any = None, kind: str = "module"):
+        super().__init__()
+        self.model, self.head = model, head
+        self.image_size = (int(image_size[0]), int(image_size[1]))
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1), persistent=False)
+        self.model_id, self.processor, self.kind = model_id, processor, kind
+        self._captured: torch.Tensor | None = None
+        if kind == "hf":
+            self.head.register_forward_pre_hook(self._capture)
+
+    def _capture(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        self._captured = args[0]
+
+    # -- construction ---------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike, **kwargs: Any) -> "ImageClassifier":
+        """A transformers image classifier and its image processor (hub id or local folder)."""
+        from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+        model = load_pretrained(AutoModelForImageClassification.from_pretrained, name_or_path, "image classifier", **kwargs)
+        processor = load_pretrained(AutoImageProcessor.from_pretrained, name_or_path, "image processor")
+        head = find_head(model, model.config.num_labels)
+        mean = getattr(processor, "image_mean", None) or IMAGENET_MEAN
+        std = getattr(processor, "image_std", None) or IMAGENET_STD
+        if not getattr(processor, "do_normalize", True):
+            mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+        return cls(model.eval(), head, image_size=_size_from_processor(processor), mean=mean, std=std,
+                   model_id=str(name_or_path), processor=processor, kind="hf")
+
+    @classmethod
+    def from_module(cls, module: nn.Module, *, image_size: int | tuple[int, int], mean: Sequence[float] = IMAGENET_MEAN,
+                    std: Sequence[float] = IMAGENET_STD, head: nn.Linear | None = None, model_id: str = "module") -> "ImageClassifier":
+        """Wrap any module returning `(logits, features)`; its head is `head` or found by `find_head`."""
+        size = (image_size, image_size) if isinstance(image_size, int) else image_size
+        return cls(module, head or find_head(module), image_size=size, mean=mean, std=std, model_id=model_id, kind="module")
+
+    def save_pretrained(self, folder: str | os.PathLike) -> Path:
+        """Save a transformers classifier with its processor (reload with `from_pretrained(folder)`)."""
+        if self.kind != "hf":
+            raise TypeError("save_pretrained needs a transformers classifier; save a plain module's state_dict yourself")
+        folder = Path(folder)
+        self.model.save_pretrained(folder)
+        self.processor.save_pretrained(folder)
+        return folder
+
+    # -- inference ------------------------------------------------------------------------------------------
+    @property
+    def num_classes(self) -> int:
+        return self.head.out_features
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [B,C], penultimate features [B,D]) for normalised pixel values."""
+        if self.kind == "hf":
+            logits = self.model(pixel_values=pixel_values).logits
+            features, self._captured = self._captured, None
+            return logits, features.flatten(1)
+        logits, features = self.model(pixel_values)
+        return logits, features.flatten(1)
+
+    def preprocess(self, images: Sequence[Any]) -> torch.Tensor:
+        """PIL images -> normalised pixel values [B,3,H,W] (the model's own image processor when it has one)."""
+        if self.processor is not None:
+            return self.processor(images=list(images), return_tensors="pt")["pixel_values"]
+        arrays = [np.asarray(img.convert("RGB").resize(self.image_size[::-1], resample=3), dtype=np.float32) / 255.0 for img in images]
+        x = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2)
+        return (x - self.mean.cpu()) / self.std.cpu()
+
+    def normalize(self, x01: torch.Tensor) -> torch.Tensor:
+        """Differentiable: images in [0,1] of any size -> bilinear resize to `image_size` -> normalised."""
+        if tuple(x01.shape[-2:]) != self.image_size:
+            x01 = F.interpolate(x01, size=self.image_size, mode="bilinear", align_corners=False, antialias=False)
+        return (x01 - self.mean.to(x01)) / self.std.to(x01)
+
+    def forward_images(self, x01: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` on images in [0,1] (differentiable, for guidance and input perturbation)."""
+        return self(self.normalize(x01))

@@ -1,0 +1,173 @@
+"""One pass of a classifier over a manifest split -> a `FeatureCache` (safetensors), reused by every detector.
+
+Cache file tensors: `features [N,D]`, `logits [N,C]`, `labels [N]`, `index [N]` (row in the manifest selection),
+`head.weight [C,D]`, `head.bias [C]`; metadata: model id, manifest fingerprint, dtype, failures (JSON).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from pipelines.classifier import ImageClassifier
+from pipelines.data import ImageLoadError, Manifest, load_image
+from pipelines.io import atomic_path
+from pipelines.runtime import partial_state, resolve_device, resolve_dtype
+
+
+@dataclass
+class FeatureCache:
+    """Classifier outputs for the rows of one manifest selection, plus the head that produced the logits."""
+
+    features: np.ndarray
+    logits: np.ndarray
+    labels: np.ndarray
+    index: np.ndarray
+    head_weight: np.ndarray
+    head_bias: np.ndarray
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def to_featureset(self):
+        """The arrays as a `detectors.base.FeatureSet`-compatible object (imported lazily: pipelines stays lowest)."""
+        from detectors.base import FeatureSet
+
+        return FeatureSet(self.features, self.logits, self.labels)
+
+    def head(self):
+        """The classifier head as a `detectors.base.LinearHead`."""
+        from detectors.base import LinearHead
+
+        return LinearHead(self.head_weight, self.head_bias)
+
+    @property
+    def failures(self) -> list[dict[str, Any]]:
+        return self.metadata.get("failures", [])
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically to a safetensors file."""
+        from safetensors.numpy import save_file
+
+        tensors = {"features": self.features, "logits": self.logits, "labels": self.labels, "index": self.index,
+                   "head.weight": self.head_weight, "head.bias": self.head_bias}
+        meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in self.metadata.items()}
+        with atomic_path(path) as tmp:
+            save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata=meta)
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "FeatureCache":
+        """Read a cache written by `save`."""
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="numpy") as fh:
+            arrays = {k: fh.get_tensor(k) for k in fh.keys()}
+            raw = fh.metadata() or {}
+        meta: dict[str, Any] = {}
+        for k, v in raw.items():
+            try:
+                meta[k] = json.loads(v)
+            except json.JSONDecodeError:
+                meta[k] = v
+        return cls(arrays["features"], arrays["logits"], arrays["labels"], arrays["index"], arrays["head.weight"],
+                   arrays["head.bias"], meta)
+
+
+def cache_path(cache_dir: str | os.PathLike, model_id: str, manifest: Manifest, name: str) -> Path:
+    """`cache_dir/<model>-<name>-<fingerprint>.safetensors`, unique per (model, manifest selection)."""
+    model_tag = hashlib.sha256(str(model_id).encode()).hexdigest()[:8]
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{Path(str(model_id)).name}-{name}")
+    return Path(cache_dir) / f"{safe}-{model_tag}-{manifest.fingerprint()}.safetensors"
+
+
+class _ManifestImages(Dataset):
+    """Loads manifest images by position; an unreadable image yields its error message instead of a crash."""
+
+    def __init__(self, manifest: Manifest, positions: list[int]):
+        self.manifest, self.positions = manifest, positions
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __getitem__(self, i: int) -> tuple[int, Any]:
+        pos = self.positions[i]
+        try:
+            return pos, load_image(self.manifest.path(self.manifest.rows[pos]))
+        except ImageLoadError as err:
+            return pos, err
+
+
+def _collate(items: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    return items
+
+
+@torch.inference_mode()
+def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_size: int = 64, device: str | None = None,
+                     precision: str = "auto", num_workers: int = 0, cache: str | os.PathLike | None = None,
+                     desc: str = "features") -> FeatureCache:
+    """Run `classifier` once over every row of `manifest` (already the wanted selection) and return the cache.
+
+    With `cache`, an existing file for the same model and manifest fingerprint is loaded instead, and a new result is
+    written there. Rows are split across accelerate processes; unreadable images are recorded in
+    `metadata["failures"]` and left out (`index` says which rows are present).
+    """
+    if cache is not None and Path(cache).is_file():
+        found = FeatureCache.load(cache)
+        if found.metadata.get("manifest") == manifest.fingerprint() and found.metadata.get("model") == classifier.model_id:
+            return found
+    state = partial_state()
+    device = resolve_device(device) if device is not None else state.device
+    dtype = resolve_dtype(precision, device)
+    classifier = classifier.to(device).eval()
+    with state.split_between_processes(list(range(len(manifest)))) as positions:
+        loader = DataLoader(_ManifestImages(manifest, positions), batch_size=batch_size, num_workers=num_workers,
+                            collate_fn=_collate)
+        feats, logits, index, failures = [], [], [], []
+        bar = tqdm(total=len(positions), desc=desc, disable=not state.is_main_process, unit="img")
+        for batch in loader:
+            good = [(p, img) for p, img in batch if not isinstance(img, Exception)]
+            failures += [{"index": p, "file": manifest.rows[p]["file_name"], "reason": err.reason}
+                         for p, err in batch if isinstance(err, Exception)]
+            if good:
+                pixels = classifier.preprocess([img for _, img in good]).to(device)
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                    z, h = classifier(pixels)
+                feats.append(h.float().cpu().numpy())
+                logits.append(z.float().cpu().numpy())
+                index += [p for p, _ in good]
+            bar.update(len(batch))
+        bar.close()
+    parts = [(feats, logits, index, failures)]
+    if state.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        parts = gather_object([(feats, logits, index, failures)])
+    dim, classes = classifier.head.in_features, classifier.head.out_features
+    all_feats = [a for p in parts for a in p[0]]
+    all_logits = [a for p in parts for a in p[1]]
+    order_index = np.array([i for p in parts for i in p[2]], dtype=np.int64)
+    order = np.argsort(order_index, kind="stable")
+    labels = manifest.labels()
+    result = FeatureCache(
+        features=(np.concatenate(all_feats) if all_feats else np.zeros((0, dim), np.float32))[order],
+        logits=(np.concatenate(all_logits) if all_logits else np.zeros((0, classes), np.float32))[order],
+        labels=labels[order_index[order]] if len(order_index) else np.zeros(0, np.int64),
+        index=order_index[order],
+        head_weight=classifier.head.weight.detach().float().cpu().numpy(),
+        head_bias=classifier.head.bias.detach().float().cpu().numpy(),
+        metadata={"model": classifier.model_id, "manifest": manifest.fingerprint(), "dtype": str(dtype).replace("torch.", ""),
+                  "failures": sorted((f for p in parts for f in p[3]), key=lambda f: f["index"])},
+    )
+    if cache is not None and state.is_main_process:
+        result.save(cache)
+    return result
