@@ -1,0 +1,38 @@
+"""Render a results table into a report: `python scripts/report.py --results results.csv --out DIR`.
+
+Writes per_set.{md,tex,csv}, families.{md,csv}, fpr95_by_method.png, score_density_<method>.png (with per-sample scores)
+and threshold_transfer.md (when threshold_transfer.csv lies beside the results), then prints a compact summary.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from detectors.report import companion_files, render_summary, write_report
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", required=True, type=Path, help="results table (.csv or .parquet), one row per (method, ood_set)")
+    parser.add_argument("--out", required=True, type=Path, help="output folder")
+    parser.add_argument("--methods", type=lambda s: [m.strip() for m in s.split(",") if m.strip()], default=None,
+                        help="comma-separated methods to report (default: all)")
+    parser.add_argument("--scores", type=Path, default=None,
+                        help="per-sample scores .parquet for density plots (default: scores.parquet beside --results, if any)")
+    parser.add_argument("--threshold-transfer", type=Path, default=None,
+                        help="threshold-transfer .csv (default: threshold_transfer.csv beside --results, if any)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    found = companion_files(args.results)
+    written = write_report(args.results, args.out, methods=args.methods, scores=args.scores or found.get("scores"),
+                           threshold_transfer=args.threshold_transfer or found.get("threshold_transfer"))
+    print(render_summary(args.results, args.methods))
+    for name, path in written.items():
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
