@@ -1,0 +1,122 @@
+"""Manifests: validation errors name file, line and field; robust image loading of every common mode."""
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipelines.data import (ImageLoadError, ManifestError, load_image, load_images, make_row, open_image_source,
+                            read_manifest, write_manifest)
+
+
+def _write_lines(folder, lines):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metadata.jsonl").write_text("".join(lines))
+
+
+def test_roundtrip_and_select(tmp_path):
+    rows = [make_row("a.png", split="train", label=1, category="ding"),
+            make_row("b.png", split="test", role="ood", ood_set="container", group="hard", lat=1.5)]
+    write_manifest(tmp_path, rows)
+    m = read_manifest(tmp_path)
+    assert m.rows == rows
+    assert m.rows[1]["label"] == -1
+    assert [r["file_name"] for r in m.select(role="ood")] == ["b.png"]
+    assert len(m.select(split=["train", "test"])) == 2
+    assert m.ood_sets() == ["container"]
+    assert m.fingerprint() == read_manifest(tmp_path).fingerprint()
+    assert m.fingerprint() != write_manifest(tmp_path / "x", rows[:1]).fingerprint()
+
+
+@pytest.mark.parametrize("row, field", [
+    ({"split": "test", "role": "id", "ood_set": None, "group": None, "label": 0}, "file_name"),
+    ({"file_name": "a.png", "split": "dev", "role": "id", "ood_set": None, "group": None, "label": 0}, "split"),
+    ({"file_name": "a.png", "split": "test", "role": "x", "ood_set": None, "group": None, "label": 0}, "role"),
+    ({"file_name": "a.png", "split": "test", "role": "id", "ood_set": None, "group": None, "label": "3"}, "label"),
+    ({"file_name": "a.png", "split": "test", "role": "id", "ood_set": None, "group": None, "label": -1}, "label"),
+    ({"file_name": "a.png", "split": "test", "role": "ood", "ood_set": None, "group": "hard", "label": -1}, "ood_set"),
+    ({"file_name": "a.png", "split": "test", "role": "ood", "ood_set": "s", "group": "medium", "label": -1}, "group"),
+    ({"file_name": "a.png", "split": "test", "role": "ood", "ood_set": "s", "group": None, "label": 2}, "label"),
+    ({"file_name": "../a.png", "split": "test", "role": "id", "ood_set": None, "group": None, "label": 0}, "file_name"),
+    ({"file_name": "a.png", "split": "test", "role": "id", "ood_set": None, "group": None, "label": 0, "lat": "north"}, "lat"),
+])
+def test_bad_field_names_file_line_field(tmp_path, row, field):
+    good = json.dumps(make_row("ok.png")) + "\n"
+    _write_lines(tmp_path, [good, json.dumps(row) + "\n"])
+    with pytest.raises(ManifestError) as err:
+        read_manifest(tmp_path)
+    assert err.value.line == 2 and err.value.field == field
+    assert "metadata.jsonl" in str(err.value) and "line 2" in str(err.value) and f"'{field}'" in str(err.value)
+
+
+def test_bad_json_and_duplicates_and_missing(tmp_path):
+    _write_lines(tmp_path / "a", [json.dumps(make_row("x.png")) + "\n", "{not json\n"])
+    with pytest.raises(ManifestError, match="line 2"):
+        read_manifest(tmp_path / "a")
+    _write_lines(tmp_path / "b", [json.dumps(make_row("x.png")) + "\n"] * 2)
+    with pytest.raises(ManifestError, match="duplicate of line 1"):
+        read_manifest(tmp_path / "b")
+    with pytest.raises(ManifestError, match="no metadata.jsonl"):
+        read_manifest(tmp_path / "c")
+    _write_lines(tmp_path / "d", [json.dumps(make_row("x.png")) + "\n"])
+    with pytest.raises(ManifestError, match="image not found"):
+        read_manifest(tmp_path / "d", check_files=True)
+
+
+def test_plain_folder_as_manifest(tmp_path):
+    for name in ("b/2.png", "a/1.jpg", "c.txt"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith("txt"):
+            (tmp_path / name).write_text("x")
+        else:
+            Image.new("RGB", (4, 4)).save(tmp_path / name)
+    m = open_image_source(tmp_path, role="ood", ood_set="materials")
+    assert [r["file_name"] for r in m] == ["a/1.jpg", "b/2.png"]
+    assert all(r["label"] == -1 and r["ood_set"] == "materials" for r in m)
+
+
+def _exif_rotated(tmp_path):
+    """A 4x2 image whose EXIF says 'rotate 90 CW' (orientation 6): it must load as 2x4."""
+    img = Image.new("RGB", (4, 2), (255, 0, 0))
+    img.putpixel((0, 0), (0, 0, 255))
+    exif = img.getexif()
+    exif[0x0112] = 6
+    path = tmp_path / "rot.jpg"
+    img.save(path, exif=exif.tobytes(), quality=100)
+    return path
+
+
+def test_image_modes(tmp_path):
+    assert load_image(_exif_rotated(tmp_path)).size == (2, 4)
+    rgba = Image.new("RGBA", (3, 3), (10, 20, 30, 0))
+    rgba.save(tmp_path / "a.png")
+    assert load_image(tmp_path / "a.png").getpixel((0, 0)) == (255, 255, 255)  # transparent -> white background
+    Image.new("CMYK", (3, 3), (0, 255, 255, 0)).save(tmp_path / "c.jpg")
+    r, g, b = load_image(tmp_path / "c.jpg").getpixel((1, 1))
+    assert r > 200 and g < 50 and b < 50
+    pal = Image.new("P", (3, 3))
+    pal.putpalette([0, 255, 0] * 256)
+    pal.save(tmp_path / "p.png")
+    assert load_image(tmp_path / "p.png").getpixel((0, 0)) == (0, 255, 0)
+    arr16 = np.full((3, 3), 65535 // 2, dtype=np.uint16)
+    Image.fromarray(arr16).save(tmp_path / "g16.png")
+    assert load_image(tmp_path / "g16.png").getpixel((0, 0)) == (127, 127, 127)  # round(32767 / 65535 * 255)
+    Image.new("L", (3, 3), 77).save(tmp_path / "l.png")
+    img = load_image(tmp_path / "l.png")
+    assert img.mode == "RGB" and img.getpixel((0, 0)) == (77, 77, 77)
+
+
+def test_corrupt_image_is_a_recorded_failure(tmp_path):
+    good = tmp_path / "good.png"
+    Image.new("RGB", (2, 2)).save(good)
+    bad = tmp_path / "bad.png"
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64)).save(buf, format="PNG")
+    bad.write_bytes(buf.getvalue()[:40])
+    with pytest.raises(ImageLoadError, match="bad.png"):
+        load_image(bad)
+    images, failures = load_images([good, bad, tmp_path / "missing.png"])
+    assert images[0] is not None and images[1] is None and images[2] is None
+    assert [(f.index, "bad.png" in f.file) for f in failures][:1] == [(1, True)]
+    assert failures[1].reason == "file not found"
