@@ -1,0 +1,36 @@
+"""Zero-shot MCM and GL-MCM (Ming et al., NeurIPS 2022; Miyai et al., 2023): softmax over class prompts on CLIP's
+raw cosine similarities, globally (MCM) and plus the best patch (GL-MCM)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from detectors.clip import scores
+from detectors.clip.common import CLIP_DEFAULTS, ClipDetector
+from detectors.registry import register_detector
+
+
+@register_detector("mcm")
+class MCM(ClipDetector):
+    """s = max_i softmax_i(cos(x, t_i) / T), T = 1."""
+
+    paper = "Ming et al., Delving into Out-of-Distribution Detection with Vision-Language Representations, NeurIPS 2022"
+    defaults = {**CLIP_DEFAULTS, "temperature": 1.0}
+    search_space = {"temperature": [0.5, 1.0, 2.0]}
+
+    def _score(self, batch: Any) -> np.ndarray:
+        return scores.mcm(self.features(batch).global_, self.class_text(), self.params["temperature"])
+
+
+@register_detector("glmcm")
+class GLMCM(ClipDetector):
+    """s = MCM(global) + lambda * max over patches of MCM(local), lambda = 1 (0.5 in a later version of the paper)."""
+
+    paper = "Miyai et al., Zero-Shot In-Distribution Detection in Multi-Object Settings Using Vision-Language Foundation Models, 2023"
+    defaults = {**CLIP_DEFAULTS, "temperature": 1.0, "lam": 1.0}
+    search_space = {"lam": [0.5, 1.0]}
+
+    def _score(self, batch: Any) -> np.ndarray:
+        feats = self.features(batch)
+        return scores.glmcm(feats.global_, feats.local, self.class_text(), self.params["temperature"], self.params["lam"])
