@@ -1,0 +1,86 @@
+"""Fixtures for the generation tests: hand-made manifests, a deterministic fake pipeline, tiny ZeST models."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipelines.data import make_row, write_manifest
+
+
+def write_images(folder: Path, names: list[str], seed: int, size: int = 24) -> None:
+    """Small random RGB PNGs at `folder/name`."""
+    rng = np.random.default_rng(seed)
+    for name in names:
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(path)
+
+
+def bronze_manifest(folder: Path, n: int = 3) -> Path:
+    """ID bronze test images with era / category / dynasty metadata."""
+    names = [f"bronze_{i}.png" for i in range(n)]
+    write_images(folder, names, seed=1)
+    rows = [make_row(name, split="test", role="id", label=i % 2, era=f"era{i}", category=f"ding{i}", dynasty=f"dyn{i}")
+            for i, name in enumerate(names)]
+    write_manifest(folder, rows)
+    return folder
+
+
+def container_manifest(folder: Path, n: int = 7) -> Path:
+    """OOD container photos with a category each."""
+    names = [f"container_{i}.png" for i in range(n)]
+    write_images(folder, names, seed=2)
+    rows = [make_row(name, split="test", role="ood", ood_set="container", group="hard", category=f"vase{i}")
+            for i, name in enumerate(names)]
+    write_manifest(folder, rows)
+    return folder
+
+
+@pytest.fixture
+def image_writer():
+    """The `write_images` helper, for tests that build their own folders."""
+    return write_images
+
+
+@pytest.fixture
+def bronzes(tmp_path: Path) -> Path:
+    return bronze_manifest(tmp_path / "bronzes")
+
+
+@pytest.fixture
+def containers(tmp_path: Path) -> Path:
+    return container_manifest(tmp_path / "containers")
+
+
+class FakeZeST:
+    """Stands in for ZeSTPipeline: output = target resized, mixed with noise from the item seed and the material mean.
+
+    Counts calls and items; `fail_after` raises on the call after that many batches (an injected crash)."""
+
+    model_ids = {"base": "fake/base", "controlnet": "fake/controlnet"}
+
+    def __init__(self, fail_after: int | None = None):
+        self.calls = 0
+        self.items = 0
+        self.fail_after = fail_after
+
+    def __call__(self, targets, materials, masks=None, seeds=None, resolution=32, **params):
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise RuntimeError("injected crash")
+        self.calls += 1
+        self.items += len(targets)
+        images = []
+        for target, material, seed in zip(targets, materials, seeds):
+            noise = np.random.default_rng(seed).integers(0, 64, (resolution, resolution, 3))
+            base = np.asarray(target.resize((resolution, resolution)), dtype=np.int64) // 2
+            tint = np.asarray(material, dtype=np.int64).mean(axis=(0, 1)).astype(np.int64) // 4
+            images.append(Image.fromarray(np.clip(base + noise + tint, 0, 255).astype(np.uint8)))
+        return images
+
+
+@pytest.fixture
+def fake_pipeline() -> FakeZeST:
+    return FakeZeST()

@@ -1,0 +1,96 @@
+"""Pairing plans: counts, balance, label inheritance, determinism."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gen.pairing import balanced_assignment, inherited_labels, load_source, plan_task, use_counts
+from pipelines.data import read_manifest
+
+
+def test_transferred_container_uses_every_container_once_and_inherits_bronze_labels(bronzes, containers):
+    bronze_rows = {str(bronzes / r["file_name"]): r for r in read_manifest(bronzes)}
+    plan = plan_task("transferred_container", load_source(containers, "targets"), load_source(bronzes, "materials"), seed=3)
+
+    assert len(plan) == 7
+    assert sorted(Path(item.target).name for item in plan) == [f"container_{i}.png" for i in range(7)]
+    assert sorted(Counter(item.material for item in plan).values()) == [2, 2, 3]
+    for item in plan:
+        bronze = bronze_rows[item.material]
+        assert item.material_row == bronze
+        assert item.labels == {"era": bronze["era"], "category": bronze["category"], "dynasty": bronze["dynasty"],
+                               "source_label": bronze["label"]}
+    assert len({item.output for item in plan}) == 7
+    assert [item.index for item in plan] == list(range(7))
+
+
+def test_transferred_bronze_takes_distinct_containers_and_their_category(bronzes, containers):
+    plan = plan_task("transferred_bronze", load_source(bronzes, "targets"), load_source(containers, "materials"), seed=0)
+
+    assert sorted(Path(item.target).name for item in plan) == ["bronze_0.png", "bronze_1.png", "bronze_2.png"]
+    assert len({item.material for item in plan}) == 3
+    for item in plan:
+        assert item.labels == {"category": item.material_row["category"]}
+        assert item.labels["category"] == "vase" + Path(item.material).stem.split("_")[1]
+
+
+def test_custom_per_target_gives_distinct_balanced_exemplars(bronzes, containers):
+    plan = plan_task("custom", load_source(bronzes, "targets"), load_source(containers, "materials"), per_target=5,
+                     seed=1, inherit="target")
+    assert len(plan) == 15
+    by_target: dict[str, list[str]] = {}
+    for item in plan:
+        by_target.setdefault(item.target, []).append(item.material)
+        assert item.labels == inherited_labels(item.target_row)
+    assert all(len(set(m)) == 5 for m in by_target.values())
+    assert sorted(Counter(item.material for item in plan).values()) == [2, 2, 2, 2, 2, 2, 3]
+
+
+@pytest.mark.parametrize("n_targets,n_materials,per_target", [(17, 5, 1), (5, 17, 1), (40, 7, 3), (1, 1, 1), (12, 4, 4)])
+def test_balanced_assignment_is_within_one_and_distinct_per_target(n_targets, n_materials, per_target):
+    assignment = balanced_assignment(n_targets, n_materials, per_target, seed=11)
+    counts = np.bincount(assignment.ravel(), minlength=n_materials)
+    assert counts.sum() == n_targets * per_target
+    assert counts.max() - counts.min() <= 1
+    assert all(len(set(row)) == per_target for row in assignment.tolist())
+
+
+def test_plan_is_deterministic_for_a_seed_and_changes_with_it(tmp_path, image_writer):
+    write_images = image_writer
+    write_images(tmp_path / "t", [f"t{i}.png" for i in range(20)], seed=0, size=4)
+    write_images(tmp_path / "m", [f"m{i}.png" for i in range(20)], seed=0, size=4)
+    targets, materials = load_source(tmp_path / "t", "targets"), load_source(tmp_path / "m", "materials")
+    first = [(i.target, i.material) for i in plan_task("custom", targets, materials, seed=5)]
+    again = [(i.target, i.material) for i in plan_task("custom", targets, materials, seed=5)]
+    other = [(i.target, i.material) for i in plan_task("custom", targets, materials, seed=6)]
+    assert first == again
+    assert first != other
+
+
+def test_limit_keeps_a_balanced_prefix(bronzes, containers):
+    full = plan_task("transferred_container", load_source(containers, "t"), load_source(bronzes, "m"), seed=2)
+    limited = plan_task("transferred_container", load_source(containers, "t"), load_source(bronzes, "m"), seed=2, limit=4)
+    assert [i.to_dict() for i in limited] == [i.to_dict() for i in full[:4]]
+    assert max(use_counts(limited).values()) - min(use_counts(limited).values()) <= 1
+
+
+def test_plain_folder_subfolder_becomes_category(tmp_path, image_writer):
+    image_writer(tmp_path / "src", ["jar/a.png", "jar/b.png", "bowl/c.png", "loose.png"], seed=0, size=4)
+    source = load_source(tmp_path / "src", "materials")
+    assert {r["file_name"]: r.get("category") for r in source} == {
+        "bowl/c.png": "bowl", "jar/a.png": "jar", "jar/b.png": "jar", "loose.png": None}
+
+
+def test_invalid_requests_raise_clear_errors(bronzes, containers, tmp_path):
+    targets, materials = load_source(bronzes, "targets"), load_source(containers, "materials")
+    with pytest.raises(ValueError, match="per_target=8 exceeds the 7"):
+        plan_task("custom", targets, materials, per_target=8)
+    with pytest.raises(ValueError, match="use task 'custom'"):
+        plan_task("transferred_bronze", targets, materials, per_target=2)
+    with pytest.raises(ValueError, match="task must be one of"):
+        plan_task("bogus", targets, materials)
+    with pytest.raises(FileNotFoundError, match="materials folder not found"):
+        load_source(tmp_path / "missing", "materials")
