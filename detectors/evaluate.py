@@ -142,9 +142,9 @@ class Runner:
     def _id_splits(self) -> dict[str, Split]:
         manifest = read_manifest(self.config.id)
         splits = {s: Split(f"id_{s}", manifest.select(role="id", split=s)) for s in ("train", "val", "test")}
-        if not len(splits["test"]):
+        if not len(splits["test"].manifest):
             raise ValueError(f"{self.config.id}: no ID rows with split 'test'")
-        if not len(splits["train"]):
+        if not len(splits["train"].manifest):
             raise ValueError(f"{self.config.id}: no ID rows with split 'train' (detectors are fitted on them)")
         return splits
 

@@ -1,0 +1,98 @@
+"""The evaluation runner end to end on the embedded digits data with a tiny transformers classifier."""
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from detectors import build
+from detectors.evaluate import EvalConfig, Runner, run_config
+from detectors.metrics import evaluate, precision_recall_at, threshold_at_tpr
+from pipelines.classifier import ImageClassifier
+from pipelines.data import read_manifest
+from pipelines.features import extract_features
+from pipelines.toydata import tiny_digit_classifier_config, write_digits
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    from transformers import ResNetForImageClassification
+
+    from pipelines.training import finetune
+
+    root = tmp_path_factory.mktemp("digits")
+    id_dir, ood_dir = write_digits(root, n_textures=40)
+    torch.manual_seed(0)
+    config, processor = tiny_digit_classifier_config()
+    folder = root / "clf"
+    ResNetForImageClassification(config).save_pretrained(folder)
+    processor.save_pretrained(folder)
+    clf = ImageClassifier.from_pretrained(folder)
+    finetune(clf, read_manifest(id_dir).select(split="train"), epochs=3, lr=3e-3, batch_size=32, warmup_epochs=0, seed=0)
+    clf.save_pretrained(folder)
+    return id_dir, ood_dir, folder
+
+
+def _config(digits, out, **extra):
+    id_dir, ood_dir, model = digits
+    return {"model": str(model), "id": str(id_dir), "ood": [{"manifest": str(ood_dir)}], "out": str(out), **extra}
+
+
+def test_runner_matches_direct_computation(digits, tmp_path):
+    results = run_config(_config(digits, tmp_path / "run", detectors=["msp", {"name": "knn", "params": {"k": 5}}],
+                                 threshold_transfer=[{"source": "digits_6_9", "tpr": 0.95, "targets": ["sketch"]}]))
+    assert set(results["method"]) == {"msp", "knn"}
+    assert set(results["ood_set"]) == {"digits_6_9", "sketch", "texture"}
+    assert dict(zip(results["ood_set"], results["group"])) == {"digits_6_9": "near", "sketch": "near", "texture": "far"}
+    msp_near = results[(results.method == "msp") & (results.ood_set == "digits_6_9")].iloc[0]
+    assert msp_near["auroc"] > 0.7  # digits 6-9 are a semantic shift a trained classifier sees
+
+    # independent: extract features ourselves and score with the detectors directly
+    id_dir, ood_dir, model = digits
+    clf = ImageClassifier.from_pretrained(model)
+    idm, oodm = read_manifest(id_dir), read_manifest(ood_dir)
+    test = extract_features(clf, idm.select(split="test", role="id")).to_featureset()
+    train = extract_features(clf, idm.select(split="train", role="id"))
+    knn = build("knn", k=5).fit(train.to_featureset(), head=train.head())
+    for name, det in (("msp", build("msp").fit(train.to_featureset())), ("knn", knn)):
+        for ood_set in ("digits_6_9", "texture"):
+            ood = extract_features(clf, oodm.select(split="test", ood_set=ood_set)).to_featureset()
+            expect = evaluate(det.score(test), det.score(ood))
+            got = results[(results.method == name) & (results.ood_set == ood_set)].iloc[0]
+            for key, value in expect.items():
+                assert got[key] == pytest.approx(value, abs=1e-6), (name, ood_set, key)
+
+    scores = pd.read_parquet(tmp_path / "run" / "scores.parquet")
+    assert set(scores.columns) >= {"method", "family", "role", "ood_set", "group", "index", "score"}
+    assert (scores[(scores.method == "msp") & (scores.role == "id")].shape[0]) == len(test)
+
+    transfer = pd.read_csv(tmp_path / "run" / "threshold_transfer.csv")
+    msp_scores = scores[scores.method == "msp"]
+    source = msp_scores[msp_scores.ood_set == "digits_6_9"]["score"].to_numpy()
+    threshold = threshold_at_tpr(source, 0.95, "ood")
+    expect = precision_recall_at(threshold, msp_scores[msp_scores.role == "id"]["score"], msp_scores[msp_scores.ood_set == "sketch"]["score"])
+    row = transfer[transfer.method == "msp"].iloc[0]
+    assert row["precision"] == pytest.approx(expect["precision"]) and row["recall"] == pytest.approx(expect["recall"])
+    assert (source < threshold).mean() >= 0.95
+
+
+def test_yaml_config_errors(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"id": "x", "ood": [], "out": "o", "detetcors": "all"}))
+    with pytest.raises(ValueError, match="detetcors"):
+        EvalConfig.from_yaml(path)
+    path.write_text(yaml.safe_dump({"ood": [], "out": "o"}))
+    with pytest.raises(ValueError, match="'id'"):
+        EvalConfig.from_yaml(path)
+    with pytest.raises(KeyError, match="unknown detector"):
+        Runner(EvalConfig.from_dict({"id": "x", "ood": [], "out": "o", "detectors": ["no_such_method"]}))
+
+
+def test_selection_through_runner(digits, tmp_path):
+    id_dir, ood_dir, _ = digits
+    results = run_config(_config(digits, tmp_path / "sel", detectors=["knn"],
+                                 ood=[{"manifest": str(ood_dir), "sets": ["digits_6_9"]}],
+                                 select={"ood_val": {"manifest": str(ood_dir), "split": "test"}, "metric": "auroc"}))
+    table = pd.read_csv(tmp_path / "sel" / "selection" / "knn.csv")
+    assert len(table) == len(build("knn").search_space["k"]) and table["auroc"].notna().all()
+    assert len(results) == 1
