@@ -1,0 +1,45 @@
+"""MDS vs scikit-learn's LDA covariance and scipy's per-sample Mahalanobis distance."""
+import numpy as np
+import pytest
+from scipy.spatial.distance import mahalanobis
+from sklearn.covariance import EmpiricalCovariance
+from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+import detectors
+from detectors import FeatureSet
+
+
+def clusters(n=240, d=12, c=4, seed=0):
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, c, n)
+    centres = rng.normal(0, 3, (c, d))
+    mixing = rng.normal(0, 1, (d, d)) / np.sqrt(d)
+    return FeatureSet(centres[labels] + rng.normal(0, 1, (n, d)) @ mixing, labels=labels)
+
+
+def test_mds_matches_lda_covariance_and_scipy_mahalanobis(tmp_path):
+    train, test = clusters(seed=0), clusters(n=50, seed=1)
+    det = detectors.build("mds").fit(train)
+    lda = LinearDiscriminantAnalysis(solver="lsqr", store_covariance=True).fit(train.features, train.labels)
+    precision = np.linalg.inv(lda.covariance_)
+    np.testing.assert_allclose(det.precision, precision, rtol=1e-8, atol=1e-10)
+    expected = [-min(mahalanobis(x, mu, precision) ** 2 for mu in lda.means_) for x in test.features]
+    np.testing.assert_allclose(det.score(test), expected, rtol=1e-9, atol=1e-9)
+    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "mds"))
+    np.testing.assert_array_equal(again.score(test), det.score(test))
+
+
+def test_point_at_a_class_mean_scores_zero_and_singular_covariance_is_pseudo_inverted():
+    train = clusters(d=6)
+    features = np.c_[train.features, np.zeros(len(train))]  # a dead unit: singular covariance
+    det = detectors.build("mds").fit(FeatureSet(features, labels=train.labels))
+    np.testing.assert_allclose(det.precision, EmpiricalCovariance().fit(features - det.means[np.searchsorted(det.classes, train.labels)]).precision_,
+                               rtol=1e-7, atol=1e-9)
+    scores = det.score(FeatureSet(det.means))
+    np.testing.assert_allclose(scores, 0.0, atol=1e-9)
+    assert (det.score(FeatureSet(det.means + 1.0)) < -1e-3).all()
+
+
+def test_mds_needs_labels():
+    with pytest.raises(ValueError, match="labels"):
+        detectors.build("mds").fit(FeatureSet(np.zeros((4, 3))))
