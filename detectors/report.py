@@ -39,7 +39,7 @@ ALL = "all"
 AVERAGE = "average"
 SCORE_COLUMNS = ("method", "family", "role", "ood_set", "group", "index", "score")
 TRANSFER_COLUMNS = ("method", "source", "target", "threshold", "precision", "recall", "id_kept", "tp", "fp", "n_id", "n_ood")
-TRANSFER_RATES = ("precision", "recall", "id_kept")
+TRANSFER_RATES = ("tpr", "precision", "recall", "id_kept", "species_detected")
 MISSING = "–"
 
 
@@ -86,6 +86,12 @@ def to_percent(frame: pd.DataFrame, columns: Iterable[str]) -> tuple[pd.DataFram
     return out, scale
 
 
+def _group_labels(groups: pd.Series) -> pd.Series:
+    """Group names as strings; null or empty -> `GROUP_MISSING`."""
+    labels = groups.astype(object).where(groups.notna(), "").astype(str).str.strip()
+    return labels.where(labels != "", GROUP_MISSING)
+
+
 def read_results(source: pd.DataFrame | str | os.PathLike) -> tuple[pd.DataFrame, str]:
     """The results table with metrics in percent and cleaned labels, and the input scale ('fraction' or 'percent').
 
@@ -97,7 +103,7 @@ def read_results(source: pd.DataFrame | str | os.PathLike) -> tuple[pd.DataFrame
         if frame[c].isna().any():
             raise ValueError(f"results table: column {c!r} is empty at row(s) {list(frame.index[frame[c].isna()])[:5]}")
         frame[c] = frame[c].astype(str)
-    frame["group"] = frame["group"].where(frame["group"].notna(), GROUP_MISSING).astype(str)
+    frame["group"] = _group_labels(frame["group"])
     for c in CELL_METRICS:
         empty = pd.to_numeric(frame[c], errors="coerce").isna()
         if empty.any():
@@ -360,15 +366,19 @@ def render_summary(results: pd.DataFrame | str | os.PathLike, methods: Sequence[
 
 
 def render_threshold_transfer(transfer: pd.DataFrame | str | os.PathLike) -> str:
-    """The threshold-transfer table in markdown; precision, recall and ID-kept rate in percent."""
+    """The threshold-transfer table in markdown; rates (tpr, precision, recall, id_kept, species_detected) in percent.
+
+    Columns: `method, source, target, [tpr], threshold, precision, recall, id_kept, tp, fp, n_id, n_ood,
+    [species_detected]` (the fraction of the target's species with at least one image flagged OOD).
+    """
     frame = read_table(transfer, TRANSFER_COLUMNS, "threshold-transfer table")
     frame, scale = to_percent(frame, TRANSFER_RATES)
-    columns = [*TRANSFER_COLUMNS, *(["species_detected"] if "species_detected" in frame.columns else [])]
-    frame = frame[columns]
+    columns = [*TRANSFER_COLUMNS[:3], "tpr", *TRANSFER_COLUMNS[3:], "species_detected"]
+    frame = frame[[c for c in columns if c in frame.columns]]
     for c in ("tp", "fp", "n_id", "n_ood"):
         frame[c] = frame[c].astype("Int64").astype(object)
     note = ("Threshold chosen on `source` (flag OOD iff score < threshold), precision / recall of OOD and ID kept on "
-            f"`target`, in percent. {_scale_note(scale)}\n\n")
+            f"`target`, rates in percent. {_scale_note(scale)}\n\n")
     return note + markdown_table(frame, {"threshold": ".4g"})
 
 
@@ -389,7 +399,7 @@ def read_scores(source: pd.DataFrame | str | os.PathLike) -> pd.DataFrame:
     roles = set(frame["role"].astype(str)) - {"id", "ood"}
     if roles:
         raise ValueError(f"scores table: column 'role' must be 'id' or 'ood', found {sorted(roles)}")
-    frame["group"] = frame["group"].where(frame["group"].notna(), GROUP_MISSING).astype(str)
+    frame["group"] = _group_labels(frame["group"])
     frame["method"] = frame["method"].astype(str)
     return frame
 

@@ -148,6 +148,16 @@ def test_missing_set_leaves_averages_empty():
     assert np.isnan(families.loc[("clip", "easy"), "fpr95"]) and np.isnan(families.loc[("clip", "average"), "fpr95"])
 
 
+def test_sets_without_group_fall_in_other():
+    frame = results_table()
+    frame["group"] = frame["group"].astype(object)
+    frame.loc[frame["ood_set"] == "texture", "group"] = None
+    results, _ = report.read_results(frame)
+    assert list(report.Layout.of(results).groups) == ["hard", report.GROUP_MISSING]
+    scores = scores_table().assign(group=lambda f: f["group"].where(f["ood_set"] != "texture", ""))
+    assert set(report.read_scores(scores)["group"]) == {"id", "hard", report.GROUP_MISSING}
+
+
 def test_input_errors_name_the_problem(tmp_path):
     path = tmp_path / "results.csv"
     results_table().drop(columns=["fpr95"]).to_csv(path, index=False)
@@ -174,21 +184,22 @@ def test_render_summary():
 
 def transfer_table() -> pd.DataFrame:
     return pd.DataFrame([
-        {"method": "a", "source": "local", "target": "field", "threshold": 0.123456, "precision": 0.8, "recall": 0.5,
-         "id_kept": 0.95, "tp": 20, "fp": 5, "n_id": 100, "n_ood": 40, "species_detected": 7},
-        {"method": "b", "source": "local", "target": "field", "threshold": -2.5, "precision": float("nan"), "recall": 0.0,
-         "id_kept": 1.0, "tp": 0, "fp": 0, "n_id": 100, "n_ood": 40, "species_detected": 0},
+        {"method": "a", "source": "local", "target": "field", "tpr": 0.95, "threshold": 0.123456, "precision": 0.8, "recall": 0.5,
+         "id_kept": 0.95, "tp": 20, "fp": 5, "n_id": 100, "n_ood": 40, "species_detected": 0.75},
+        {"method": "b", "source": "local", "target": "field", "tpr": 0.95, "threshold": -2.5, "precision": float("nan"), "recall": 0.0,
+         "id_kept": 1.0, "tp": 0, "fp": 0, "n_id": 100, "n_ood": 40, "species_detected": float("nan")},
     ])
 
 
 def test_threshold_transfer_markdown():
     lines = report.render_threshold_transfer(transfer_table()).splitlines()
     header = [c.strip() for c in lines[2].strip("|").split("|")]
-    assert header == [*report.TRANSFER_COLUMNS, "species_detected"]
+    assert header == ["method", "source", "target", "tpr", "threshold", "precision", "recall", "id_kept", "tp", "fp",
+                      "n_id", "n_ood", "species_detected"]
     row_a = [c.strip() for c in lines[4].strip("|").split("|")]
     row_b = [c.strip() for c in lines[5].strip("|").split("|")]
-    assert row_a == ["a", "local", "field", "0.1235", "80.00", "50.00", "95.00", "20", "5", "100", "40", "7"]
-    assert row_b[4] == "–" and row_b[6] == "100.00"
+    assert row_a == ["a", "local", "field", "95.00", "0.1235", "80.00", "50.00", "95.00", "20", "5", "100", "40", "75.00"]
+    assert row_b[5] == "–" and row_b[7] == "100.00" and row_b[-1] == "–"
 
 
 def scores_table() -> pd.DataFrame:
