@@ -1,0 +1,30 @@
+"""Energy score (EBO): T * logsumexp(z / T) (Liu et al., NeurIPS 2020)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from detectors.base import Detector
+from detectors.posthoc.common import logits_of, logsumexp
+from detectors.registry import register_detector
+
+
+def energy_score(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """Negative free energy T * logsumexp(z / T) in float64 (higher = more ID)."""
+    t = float(temperature)
+    return t * logsumexp(np.asarray(logits, dtype=np.float64) / t, axis=1)
+
+
+@register_detector("ebo")
+class Energy(Detector):
+    """s(x) = T * logsumexp(z / T)."""
+
+    family = "posthoc"
+    inputs = frozenset({"logits"})
+    paper = "Liu et al., Energy-based Out-of-distribution Detection, NeurIPS 2020"
+    defaults: dict[str, Any] = {"temperature": 1.0}
+    search_space: dict[str, list[Any]] = {"temperature": [1, 10, 100, 1000]}
+
+    def _score(self, batch: Any) -> np.ndarray:
+        return energy_score(logits_of(batch, self.name), self.params["temperature"])

@@ -1,0 +1,34 @@
+"""GradNorm: L1 norm of the gradient of KL(uniform || softmax) w.r.t. the last layer (Huang et al., NeurIPS 2021)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from detectors.base import Detector
+from detectors.posthoc.common import features_of, softmax
+from detectors.registry import register_detector
+
+
+def gradnorm_score(features: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """Closed form ||dKL(u || softmax(Wh + b)) / dW||_1 = ||h||_1 * ||softmax(Wh + b) - u||_1 (float64, no backward)."""
+    h = np.asarray(features, dtype=np.float64)
+    probs = softmax(h @ weight.T + bias)
+    return np.abs(h).sum(axis=1) * np.abs(probs - 1.0 / weight.shape[0]).sum(axis=1)
+
+
+@register_detector("gradnorm")
+class GradNorm(Detector):
+    """s(x) = ||h||_1 * ||softmax(Wh + b) - 1/C||_1 on penultimate features h and the linear head (W, b)."""
+
+    family = "posthoc"
+    inputs = frozenset({"features"})
+    paper = "Huang et al., On the Importance of Gradients for Detecting Distributional Shifts in the Wild, NeurIPS 2021"
+    defaults: dict[str, Any] = {}
+    search_space: dict[str, list[Any]] = {}
+    needs_head = True
+
+    def _score(self, batch: Any) -> np.ndarray:
+        if self.head is None:
+            raise RuntimeError("gradnorm: call fit(..., head=LinearHead(W, b)) before score()")
+        return gradnorm_score(features_of(batch, self.name), self.head.weight, self.head.bias)

@@ -1,0 +1,81 @@
+"""ODIN: temperature-scaled MSP after a small input perturbation (Liang et al., ICLR 2018).
+
+x' = x - eps * sign(-grad_x log max_k softmax(f(x) / T)_k), applied to the normalised pixel values with the step
+divided by the normalisation std per channel (as OpenOOD does), which is an eps step in [0, 1] pixel space.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from detectors.base import Detector, ImageSet, as_numpy
+from detectors.posthoc.common import softmax
+from detectors.registry import register_detector
+
+
+def odin_perturb(classifier: Any, pixel_values: torch.Tensor, temperature: float, noise: float) -> torch.Tensor:
+    """The perturbed normalised input x - noise * sign(grad CE(f(x)/T, argmax f(x))) / std (sign(0) counts as +1)."""
+    std = getattr(classifier, "std", None)
+    if std is None:
+        raise AttributeError("odin: the classifier needs a `std` attribute (normalisation std, shape [1,3,1,1])")
+    x = pixel_values.detach().requires_grad_(True)
+    with torch.enable_grad():
+        logits = classifier(x)[0].float()
+        pred = logits.argmax(dim=1, keepdim=True)
+        # T * CE(z / T) has the gradient sign of CE(z / T) and does not underflow in half precision
+        loss = -temperature * torch.log_softmax(logits / temperature, dim=1).gather(1, pred).sum()
+        (grad,) = torch.autograd.grad(loss, x)
+    step = torch.where(grad >= 0, 1.0, -1.0).to(x.dtype) / torch.as_tensor(std).to(device=x.device, dtype=x.dtype)
+    return x.detach() - noise * step
+
+
+@register_detector("odin")
+class ODIN(Detector):
+    """s(x) = max_k softmax(f(x') / T)_k on the perturbed input x'. Needs the classifier and images."""
+
+    family = "posthoc"
+    inputs = frozenset({"images"})
+    paper = "Liang et al., Enhancing the Reliability of OOD Image Detection in Neural Networks (ODIN), ICLR 2018"
+    defaults: dict[str, Any] = {"temperature": 1000.0, "noise": 0.0014}
+    search_space: dict[str, list[Any]] = {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]}
+
+    def __init__(self, classifier: Any = None, batch_size: int = 32, **params: Any) -> None:
+        """`classifier`: an ImageClassifier (forward -> (logits, features), `.preprocess`, `.std`); kept out of params."""
+        super().__init__(**params)
+        self.classifier = classifier
+        self.batch_size = int(batch_size)
+
+    def _chunks(self, batch: Any) -> tuple[Any, int]:
+        """Normalised pixel-value batches [b,3,H,W] and their number."""
+        if isinstance(batch, ImageSet):
+            chunks = (self.classifier.preprocess(images) for _, images in batch.batches(self.batch_size))
+            return chunks, math.ceil(len(batch) / self.batch_size)
+        if isinstance(batch, torch.Tensor) and batch.ndim == 4 and batch.is_floating_point():
+            return batch.split(self.batch_size), math.ceil(len(batch) / self.batch_size)
+        raise TypeError(f"odin: score takes an ImageSet or a float tensor [B,3,H,W] of preprocessed images, got "
+                        f"{type(batch).__name__}{tuple(batch.shape) if isinstance(batch, torch.Tensor) else ''}")
+
+    def _score(self, batch: Any) -> np.ndarray:
+        if self.classifier is None:
+            raise ValueError("odin needs the classifier: build('odin', classifier=ImageClassifier...)")
+        temperature, noise = float(self.params["temperature"]), float(self.params["noise"])
+        model = self.classifier
+        param = next(model.parameters())
+        was_training = model.training
+        model.eval()
+        scores = []
+        try:
+            chunks, total = self._chunks(batch)
+            for x in tqdm(chunks, total=total, desc="odin", leave=False, disable=total < 2):
+                x = x.to(device=param.device, dtype=param.dtype)
+                perturbed = odin_perturb(model, x, temperature, noise)
+                with torch.no_grad():
+                    logits = model(perturbed)[0]
+                scores.append(softmax(as_numpy(logits, np.float64) / temperature).max(axis=1))
+        finally:
+            model.train(was_training)
+        return np.concatenate(scores) if scores else np.zeros(0)

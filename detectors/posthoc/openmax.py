@@ -1,0 +1,175 @@
+"""OpenMax: Weibull-recalibrated logits with an explicit "unknown" class (Bendale & Boult, CVPR 2016).
+
+Per class k: the mean activation vector (MAV) of the correctly classified training logits, and a Weibull model of the
+largest `tailsize` distances of those logits to the MAV, fitted as libMR's `FitHigh` does (the tail is shifted by
+10000 minus its smallest value, then a two-parameter maximum-likelihood Weibull fit). At test time the `alpha` top
+classes have their logits reduced by v_k * w_k * (alpha + 1 - rank) / alpha, w_k the Weibull CDF of the sample's
+distance to MAV_k; the removed mass is the unknown class's logit, and a softmax over the C + 1 entries gives the
+OpenMax probabilities.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+from scipy.optimize import brentq
+
+from detectors.base import Detector, FeatureSet
+from detectors.posthoc.common import labels_of, logits_of, logsumexp
+from detectors.registry import register_detector
+
+LIBMR_TRANSLATE = 10000.0  # libMR's default translate_amount
+DISTANCES = ("eucos", "euclidean", "cosine")
+SCORES = ("unknown", "max_known", "openood")
+
+
+def mav_distances(logits: np.ndarray, mavs: np.ndarray, distance: str = "eucos", eu_weight: float = 1 / 200) -> np.ndarray:
+    """[N, K] distances of each row of `logits` to each MAV: euclidean * eu_weight + cosine distance ("eucos"),
+    euclidean, or cosine distance (1 - cos)."""
+    if distance not in DISTANCES:
+        raise ValueError(f"openmax: distance must be one of {DISTANCES}, got {distance!r}")
+    x = np.asarray(logits, dtype=np.float64)
+    m = np.asarray(mavs, dtype=np.float64)
+    sq = np.sum(x**2, axis=1)[:, None] + np.sum(m**2, axis=1)[None, :] - 2.0 * x @ m.T
+    euclid = np.sqrt(np.maximum(sq, 0.0))
+    if distance == "euclidean":
+        return euclid
+    cosine = 1.0 - (x @ m.T) / (np.linalg.norm(x, axis=1)[:, None] * np.linalg.norm(m, axis=1)[None, :])
+    return cosine if distance == "cosine" else euclid * eu_weight + cosine
+
+
+def weibull_mle(data: np.ndarray) -> tuple[float, float]:
+    """Two-parameter (location 0) maximum-likelihood Weibull fit: (shape k, scale lambda).
+
+    Solves sum(x^k ln x) / sum(x^k) - 1/k - mean(ln x) = 0 (increasing in k) on x / max(x), which leaves k unchanged
+    and keeps x^k finite for the very large shapes a translated tail produces.
+    """
+    x = np.asarray(data, dtype=np.float64)
+    if x.size < 2 or np.any(x <= 0):
+        raise ValueError(f"Weibull fit needs at least 2 positive values, got {x.size} (min {x.min() if x.size else None})")
+    top = x.max()
+    log_y = np.log(x / top)
+    if np.ptp(log_y) == 0:
+        raise ValueError("Weibull fit needs at least 2 distinct values; all tail distances are equal")
+
+    def equation(k: float) -> float:
+        w = np.exp(k * log_y)
+        return float(np.sum(w * log_y) / np.sum(w) - 1.0 / k - np.mean(log_y))
+
+    hi = 1.0
+    while equation(hi) < 0:
+        hi *= 2.0
+    shape = brentq(equation, hi / 2.0 if hi > 1.0 else 1e-8, hi, xtol=1e-14, rtol=1e-14, maxiter=500)
+    scale = top * np.mean(np.exp(shape * log_y)) ** (1.0 / shape)
+    return float(shape), float(scale)
+
+
+def fit_weibull_high(distances: np.ndarray, tailsize: int, translate: float = LIBMR_TRANSLATE) -> tuple[float, float, float]:
+    """libMR FitHigh: (shape, scale, small_score) of the `tailsize` largest values shifted by translate - small_score."""
+    tail = np.sort(np.asarray(distances, dtype=np.float64))[-int(tailsize):]
+    small = float(tail[0])
+    shape, scale = weibull_mle(tail + translate - small)
+    return shape, scale, small
+
+
+def weibull_cdf_high(x: np.ndarray, shape: np.ndarray, scale: np.ndarray, small: np.ndarray,
+                     translate: float = LIBMR_TRANSLATE) -> np.ndarray:
+    """libMR W_score of a FitHigh model: Weibull CDF at x + translate - small_score (0 below the support)."""
+    t = np.maximum(np.asarray(x, dtype=np.float64) + translate - small, 0.0)
+    return -np.expm1(-((t / scale) ** shape))
+
+
+def openmax_probabilities(logits: np.ndarray, distances: np.ndarray, shape: np.ndarray, scale: np.ndarray,
+                          small: np.ndarray, alpha: int) -> np.ndarray:
+    """[N, C + 1] OpenMax probabilities (last column: unknown) from logits and their [N, C] MAV distances."""
+    v = np.asarray(logits, dtype=np.float64)
+    n, c = v.shape
+    ranks = min(int(alpha), c)
+    top = np.argsort(-v, axis=1, kind="stable")[:, :ranks]
+    omega = np.zeros_like(v)
+    omega[np.arange(n)[:, None], top] = (alpha - np.arange(ranks)) / float(alpha)
+    w = weibull_cdf_high(distances, shape[None, :], scale[None, :], small[None, :])
+    revised = v * (1.0 - w * omega)
+    unknown = np.sum(v - revised, axis=1, keepdims=True)
+    extended = np.concatenate([revised, unknown], axis=1)
+    return np.exp(extended - logsumexp(extended, axis=1)[:, None])
+
+
+@register_detector("openmax")
+class OpenMax(Detector):
+    """OpenMax on logits. `score`: "unknown" 1 - P(unknown); "max_known" max_k P(k); "openood" the max over all C + 1
+    OpenMax probabilities, as OpenOOD v1.5 reports it. `distance`: "eucos" (original: euclidean / 200 + cosine),
+    "euclidean" (OpenOOD v1.5) or "cosine"."""
+
+    family = "posthoc"
+    inputs = frozenset({"logits"})
+    paper = "Bendale & Boult, Towards Open Set Deep Networks, CVPR 2016"
+    defaults: dict[str, Any] = {"tailsize": 20, "alpha": 3, "distance": "eucos", "eu_weight": 1 / 200, "score": "unknown"}
+    search_space: dict[str, list[Any]] = {}
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        if self.params["distance"] not in DISTANCES:
+            raise ValueError(f"openmax: distance must be one of {DISTANCES}, got {self.params['distance']!r}")
+        if self.params["score"] not in SCORES:
+            raise ValueError(f"openmax: score must be one of {SCORES}, got {self.params['score']!r}")
+        if int(self.params["alpha"]) < 1 or int(self.params["tailsize"]) < 2:
+            raise ValueError(f"openmax: alpha >= 1 and tailsize >= 2 needed, got {self.params['alpha']}, {self.params['tailsize']}")
+        self.mavs: np.ndarray | None = None
+        self.weibull: np.ndarray | None = None  # [C, 3]: shape, scale, small_score
+
+    def _distances(self, logits: np.ndarray, mavs: np.ndarray) -> np.ndarray:
+        return mav_distances(logits, mavs, self.params["distance"], float(self.params["eu_weight"]))
+
+    def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
+        if not isinstance(id_train, FeatureSet):
+            raise TypeError(f"openmax: fit needs a FeatureSet with logits and labels, got {type(id_train).__name__}")
+        logits, labels = logits_of(id_train, self.name), labels_of(id_train, self.name)
+        num_classes = logits.shape[1]
+        correct = logits.argmax(axis=1) == labels
+        mavs = np.zeros((num_classes, num_classes))
+        weibull = np.zeros((num_classes, 3))
+        fallback = []
+        for k in range(num_classes):
+            members = labels == k
+            chosen = members & correct
+            if chosen.sum() < 2:
+                fallback.append(k)
+                chosen = members
+            if chosen.sum() < 2:
+                raise ValueError(f"openmax: class {k} has {int(chosen.sum())} training sample(s); the Weibull fit needs 2+")
+            mavs[k] = logits[chosen].mean(axis=0)
+            dists = self._distances(logits[chosen], mavs[k : k + 1])[:, 0]
+            weibull[k] = fit_weibull_high(dists, int(self.params["tailsize"]))
+        if fallback:
+            warnings.warn(f"openmax: classes {fallback} have fewer than 2 correctly classified samples; using all their samples",
+                          stacklevel=3)
+        self.mavs, self.weibull = mavs, weibull
+
+    def probabilities(self, batch: Any) -> np.ndarray:
+        """[N, C + 1] OpenMax probabilities, the last column for the unknown class."""
+        if self.mavs is None:
+            raise RuntimeError("openmax: call fit(id_train) before score()")
+        logits = logits_of(batch, self.name)
+        shape, scale, small = self.weibull.T
+        return openmax_probabilities(logits, self._distances(logits, self.mavs), shape, scale, small, int(self.params["alpha"]))
+
+    def _score(self, batch: Any) -> np.ndarray:
+        probs = self.probabilities(batch)
+        if self.params["score"] == "unknown":
+            return 1.0 - probs[:, -1]
+        if self.params["score"] == "max_known":
+            return probs[:, :-1].max(axis=1)
+        return probs.max(axis=1)
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = super().state()
+        if self.mavs is not None:
+            out.update({"mavs": self.mavs, "weibull": self.weibull})
+        return out
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        super().load_state(state)
+        if "mavs" in state:
+            self.mavs, self.weibull = state["mavs"], state["weibull"]

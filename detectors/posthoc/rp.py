@@ -1,0 +1,86 @@
+"""RP-MSP and RP-EBO: softmax scores re-weighted by the ID class prior (Jiang et al., ICML 2023)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from detectors.base import Detector, FeatureSet
+from detectors.posthoc.common import labels_of, logits_of, softmax
+from detectors.posthoc.energy import energy_score
+from detectors.registry import register_detector
+
+
+def class_prior(labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """Empirical class frequencies of the training labels, [C] summing to 1."""
+    labels = np.asarray(labels, dtype=np.int64)
+    if labels.size == 0 or labels.min() < 0 or labels.max() >= num_classes:
+        raise ValueError(f"class prior needs labels in [0, {num_classes}), got {labels.size} label(s)")
+    return np.bincount(labels, minlength=num_classes) / labels.size
+
+
+class _PriorDetector(Detector):
+    """Shared fitting and state: the class prior estimated from the ID training labels."""
+
+    family = "posthoc"
+    inputs = frozenset({"logits"})
+    paper = "Jiang et al., Detecting Out-of-distribution Data through In-distribution Class Prior, ICML 2023"
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.prior: np.ndarray | None = None
+
+    def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
+        if not isinstance(id_train, FeatureSet):
+            raise TypeError(f"{self.name}: fit needs a FeatureSet with labels, got {type(id_train).__name__}")
+        if id_train.logits is not None:
+            num_classes = id_train.logits.shape[1]
+        elif self.head is not None:
+            num_classes = self.head.weight.shape[0]
+        else:
+            num_classes = int(labels_of(id_train, self.name).max()) + 1
+        self.prior = class_prior(labels_of(id_train, self.name), num_classes)
+
+    def _probs_and_prior(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
+        if self.prior is None:
+            raise RuntimeError(f"{self.name}: call fit(id_train) before score() (the prior comes from the training labels)")
+        logits = logits_of(batch, self.name)
+        if logits.shape[1] != len(self.prior):
+            raise ValueError(f"{self.name}: logits have {logits.shape[1]} classes, the prior {len(self.prior)}")
+        return logits, softmax(logits)
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = super().state()
+        if self.prior is not None:
+            out["prior"] = self.prior
+        return out
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        super().load_state(state)
+        if "prior" in state:
+            self.prior = state["prior"]
+
+
+@register_detector("rp_msp")
+class RPMSP(_PriorDetector):
+    """s(x) = max_k (softmax(z)_k - prior_k)."""
+
+    defaults: dict[str, Any] = {}
+    search_space: dict[str, list[Any]] = {}
+
+    def _score(self, batch: Any) -> np.ndarray:
+        _, probs = self._probs_and_prior(batch)
+        return (probs - self.prior[None, :]).max(axis=1)
+
+
+@register_detector("rp_ebo")
+class RPEBO(_PriorDetector):
+    """s(x) = T logsumexp(z / T) * (1 - cos(softmax(z), prior))."""
+
+    defaults: dict[str, Any] = {"temperature": 1.0}
+    search_space: dict[str, list[Any]] = {}
+
+    def _score(self, batch: Any) -> np.ndarray:
+        logits, probs = self._probs_and_prior(batch)
+        cosine = probs @ self.prior / (np.linalg.norm(probs, axis=1) * np.linalg.norm(self.prior))
+        return energy_score(logits, self.params["temperature"]) * (1.0 - cosine)

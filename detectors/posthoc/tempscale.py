@@ -1,0 +1,80 @@
+"""Temperature scaling: MSP of z / T with T fitted on ID-validation NLL (Guo et al., ICML 2017)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from scipy.optimize import minimize
+
+from detectors.base import Detector, FeatureSet
+from detectors.posthoc.common import labels_of, logits_of, logsumexp, softmax
+from detectors.registry import register_detector
+
+LOG_T_BOUNDS = (np.log(1e-3), np.log(1e3))
+
+
+def temperature_nll(log_t: float, logits: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
+    """Mean NLL of softmax(z / T) and its derivative with respect to log T (float64)."""
+    s = np.exp(-log_t)  # 1 / T
+    scaled = s * logits
+    true = logits[np.arange(len(labels)), labels]
+    nll = np.mean(logsumexp(scaled, axis=1) - s * true)
+    d_nll_ds = np.mean(np.sum(softmax(scaled) * logits, axis=1) - true)
+    return float(nll), float(-s * d_nll_ds)
+
+
+def fit_temperature(logits: np.ndarray, labels: np.ndarray, init: float = 1.5) -> float:
+    """T minimising the mean NLL, by L-BFGS-B on log T within [1e-3, 1e3] (starts at OpenOOD's 1.5)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    labels = np.asarray(labels, dtype=np.int64)
+    if labels.min() < 0 or labels.max() >= logits.shape[1]:
+        raise ValueError(f"tempscale: labels must lie in [0, {logits.shape[1]}), got [{labels.min()}, {labels.max()}]")
+    result = minimize(temperature_nll, x0=np.array([np.log(init)]), args=(logits, labels), jac=True, method="L-BFGS-B",
+                      bounds=[LOG_T_BOUNDS], options={"ftol": 1e-15, "gtol": 1e-10, "maxiter": 200})
+    return float(np.exp(result.x[0]))
+
+
+@register_detector("tempscale")
+class TempScale(Detector):
+    """s(x) = max_k softmax(z / T)_k; `temperature=None` fits T on ID-val (else ID-train) NLL, a number fixes it."""
+
+    family = "posthoc"
+    inputs = frozenset({"logits"})
+    paper = "Guo et al., On Calibration of Modern Neural Networks, ICML 2017"
+    defaults: dict[str, Any] = {"temperature": None}
+    search_space: dict[str, list[Any]] = {}
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.fitted_temperature: float | None = None
+
+    @property
+    def effective_temperature(self) -> float:
+        """The fixed temperature, else the fitted one."""
+        if self.params["temperature"] is not None:
+            return float(self.params["temperature"])
+        if self.fitted_temperature is None:
+            raise RuntimeError("tempscale: temperature=None means 'fit it'; call fit(id_train, id_val=...) first")
+        return self.fitted_temperature
+
+    def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
+        if self.params["temperature"] is not None:
+            return
+        data = id_val if id_val is not None else id_train
+        if not isinstance(data, FeatureSet):
+            raise TypeError(f"tempscale: fitting T needs a FeatureSet with logits and labels, got {type(data).__name__}")
+        self.fitted_temperature = fit_temperature(logits_of(data, self.name), labels_of(data, self.name))
+
+    def _score(self, batch: Any) -> np.ndarray:
+        return softmax(logits_of(batch, self.name) / self.effective_temperature).max(axis=1)
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = super().state()
+        if self.fitted_temperature is not None:
+            out["temperature"] = np.array([self.fitted_temperature], dtype=np.float64)
+        return out
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        super().load_state(state)
+        if "temperature" in state:
+            self.fitted_temperature = float(state["temperature"][0])
