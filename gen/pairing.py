@@ -66,10 +66,10 @@ def inherited_labels(row: dict[str, Any]) -> dict[str, Any]:
     return labels
 
 
-def balanced_assignment(n_targets: int, n_materials: int, per_target: int, seed: int) -> np.ndarray:
-    """Material indices [n_targets, per_target]: materials dealt round-robin in a seeded random order over the targets
-    in a seeded random order, so use counts differ by at most one and a target's exemplars are distinct when
-    `per_target <= n_materials`."""
+def balanced_pairs(n_targets: int, n_materials: int, per_target: int, seed: int) -> np.ndarray:
+    """(target, material) index pairs [n_targets * per_target, 2] in dealing order: targets in a seeded random order,
+    each dealt its next `per_target` materials round-robin from a seeded random order. Every prefix is balanced (use
+    counts differ by at most one) and a target's exemplars are distinct when `per_target <= n_materials`."""
     if n_targets < 0 or n_materials <= 0:
         raise ValueError(f"need at least one material (got {n_materials}) and a non-negative target count")
     if per_target < 1:
@@ -79,10 +79,8 @@ def balanced_assignment(n_targets: int, n_materials: int, per_target: int, seed:
     rng = np.random.default_rng(seed)
     target_order = rng.permutation(n_targets)
     material_order = rng.permutation(n_materials)
-    deal = material_order[np.arange(n_targets * per_target) % n_materials].reshape(n_targets, per_target)
-    assignment = np.empty_like(deal)
-    assignment[target_order] = deal
-    return assignment
+    deal = np.arange(n_targets * per_target)
+    return np.stack([target_order[deal // per_target], material_order[deal % n_materials]], axis=1)
 
 
 def output_name(index: int, target_row: dict[str, Any], material_row: dict[str, Any]) -> str:
@@ -95,20 +93,21 @@ def output_name(index: int, target_row: dict[str, Any], material_row: dict[str, 
 
 def make_plan(targets: Manifest, materials: Manifest, *, per_target: int = 1, seed: int = 0, inherit: str = "material",
               limit: int | None = None) -> list[PlanItem]:
-    """Pair every target with `per_target` balanced material exemplars; items in target order, then exemplar order.
+    """Pair every target with `per_target` balanced material exemplars, in dealing order (see `balanced_pairs`).
 
-    `inherit` picks whose labels the output carries (`material`, `target` or `none`); `limit` keeps the first items.
+    `inherit` picks whose labels the output carries (`material`, `target` or `none`); `limit` keeps the first items,
+    which is a seeded random subset of the targets with balanced exemplar use.
     """
     if inherit not in INHERIT:
         raise ValueError(f"inherit must be one of {INHERIT}, got {inherit!r}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or null, got {limit}")
-    assignment = balanced_assignment(len(targets), len(materials), per_target, seed)
-    total = assignment.size if limit is None else min(limit, assignment.size)
+    pairs = balanced_pairs(len(targets), len(materials), per_target, seed)
+    if limit is not None:
+        pairs = pairs[:limit]
     items: list[PlanItem] = []
-    for index in range(total):
-        target_row = targets.rows[index // per_target]
-        material_row = materials.rows[int(assignment.flat[index])]
+    for index, (t, m) in enumerate(pairs.tolist()):
+        target_row, material_row = targets.rows[t], materials.rows[m]
         source = {"material": material_row, "target": target_row, "none": {}}[inherit]
         items.append(PlanItem(
             index=index,

@@ -82,5 +82,6 @@ class FakeZeST:
 
 
 @pytest.fixture
-def fake_pipeline() -> FakeZeST:
-    return FakeZeST()
+def fake_zest() -> type[FakeZeST]:
+    """The fake pipeline class (instantiate with `fail_after=N` to inject a crash)."""
+    return FakeZeST

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gen.pairing import balanced_assignment, inherited_labels, load_source, plan_task, use_counts
+from gen.pairing import balanced_pairs, inherited_labels, load_source, plan_task, use_counts
 from pipelines.data import read_manifest
 
 
@@ -50,18 +50,21 @@ def test_custom_per_target_gives_distinct_balanced_exemplars(bronzes, containers
 
 
 @pytest.mark.parametrize("n_targets,n_materials,per_target", [(17, 5, 1), (5, 17, 1), (40, 7, 3), (1, 1, 1), (12, 4, 4)])
-def test_balanced_assignment_is_within_one_and_distinct_per_target(n_targets, n_materials, per_target):
-    assignment = balanced_assignment(n_targets, n_materials, per_target, seed=11)
-    counts = np.bincount(assignment.ravel(), minlength=n_materials)
-    assert counts.sum() == n_targets * per_target
-    assert counts.max() - counts.min() <= 1
-    assert all(len(set(row)) == per_target for row in assignment.tolist())
+def test_balanced_pairs_are_within_one_on_every_prefix_and_distinct_per_target(n_targets, n_materials, per_target):
+    pairs = balanced_pairs(n_targets, n_materials, per_target, seed=11)
+    assert sorted(Counter(pairs[:, 0].tolist()).values()) == [per_target] * n_targets
+    for stop in range(1, len(pairs) + 1):
+        counts = np.bincount(pairs[:stop, 1], minlength=n_materials)
+        assert counts.max() - counts.min() <= 1
+    per_target_materials: dict[int, set[int]] = {}
+    for t, m in pairs.tolist():
+        per_target_materials.setdefault(t, set()).add(m)
+    assert all(len(s) == per_target for s in per_target_materials.values())
 
 
 def test_plan_is_deterministic_for_a_seed_and_changes_with_it(tmp_path, image_writer):
-    write_images = image_writer
-    write_images(tmp_path / "t", [f"t{i}.png" for i in range(20)], seed=0, size=4)
-    write_images(tmp_path / "m", [f"m{i}.png" for i in range(20)], seed=0, size=4)
+    image_writer(tmp_path / "t", [f"t{i}.png" for i in range(20)], seed=0, size=4)
+    image_writer(tmp_path / "m", [f"m{i}.png" for i in range(20)], seed=0, size=4)
     targets, materials = load_source(tmp_path / "t", "targets"), load_source(tmp_path / "m", "materials")
     first = [(i.target, i.material) for i in plan_task("custom", targets, materials, seed=5)]
     again = [(i.target, i.material) for i in plan_task("custom", targets, materials, seed=5)]

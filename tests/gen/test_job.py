@@ -1,0 +1,138 @@
+"""The generation job with a fake pipeline: manifest and provenance, resume after a crash, corrupt inputs, config."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gen.job import JOB_FOLDER, GenerationConfig, apply_overrides, run_generation
+from gen.ledger import Ledger
+from pipelines.data import read_manifest
+from pipelines.runtime import item_seed
+
+
+def config_for(tmp_path: Path, targets: Path, materials: Path, **extra) -> GenerationConfig:
+    values = {"task": "transferred_container", "targets": str(targets), "materials": str(materials),
+              "out": str(tmp_path / "out"), "resolution": 16, "num_inference_steps": 2, "batch_size": 2, "seed": 7}
+    return GenerationConfig.from_dict({**values, **extra})
+
+
+def temp_files(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and ".tmp" in p.name]
+
+
+def test_output_manifest_validates_and_carries_labels_and_provenance(tmp_path, bronzes, containers, fake_zest):
+    config = config_for(tmp_path, containers, bronzes, name="my_transfer")
+    pipe = fake_zest()
+    summary = run_generation(config, pipeline=pipe)
+
+    manifest = read_manifest(config.out, check_files=True)
+    assert summary["done"] == len(manifest) == 7 and summary["failed"] == []
+    assert pipe.calls == 4 and pipe.items == 7
+    bronze_rows = {str(bronzes / r["file_name"]): r for r in read_manifest(bronzes)}
+    for index, row in enumerate(manifest):
+        assert (row["role"], row["ood_set"], row["group"], row["split"], row["label"]) == ("ood", "my_transfer", "hard", "test", -1)
+        prov = row["provenance"]
+        bronze = bronze_rows[prov["source_material"]]
+        assert (row["era"], row["category"], row["dynasty"], row["source_label"]) == (
+            bronze["era"], bronze["category"], bronze["dynasty"], bronze["label"])
+        assert Path(prov["source_target"]).parent == containers
+        assert prov["seed"] == item_seed(7, index)
+        assert prov["pipeline"] == "zest" and prov["model_ids"] == fake_zest.model_ids
+        assert prov["params"]["num_inference_steps"] == 2 and prov["params"]["strength"] == 0.9999
+        assert set(prov) == {"source_target", "source_material", "seed", "pipeline", "model_ids", "params", "created"}
+    assert Path(summary["contact_sheet"]).is_file()
+    assert not temp_files(Path(config.out))
+
+
+def test_crash_then_rerun_finishes_every_item_exactly_once(tmp_path, bronzes, containers, fake_zest):
+    config = config_for(tmp_path, containers, bronzes)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        run_generation(config, pipeline=fake_zest(fail_after=2))
+    out = Path(config.out)
+    assert len(Ledger(out / JOB_FOLDER / "ledger").records()) == 4
+    assert not (out / "metadata.jsonl").exists()
+    stale = out / "images" / ".0000005_x.png.abc123.tmp.png"
+    stale.write_bytes(b"partial")  # what a killed writer leaves behind
+
+    resumed = fake_zest()
+    summary = run_generation(config, pipeline=resumed)
+    assert resumed.items == 3 and summary["skipped"] == 4
+
+    reference = fake_zest()
+    reference_summary = run_generation(config_for(tmp_path / "ref", containers, bronzes), pipeline=reference)
+    rows = read_manifest(out, check_files=True).rows
+    assert [r["file_name"] for r in rows] == sorted({r["file_name"] for r in rows}) and len(rows) == 7
+    assert sorted(p.name for p in (out / "images").iterdir()) == [r["file_name"].split("/")[1] for r in rows]
+    for row in rows:  # resumed outputs equal those of an uninterrupted run
+        assert (out / row["file_name"]).read_bytes() == (Path(reference_summary["manifest"]).parent / row["file_name"]).read_bytes()
+    assert not temp_files(out)
+    merged = (out / JOB_FOLDER / "ledger" / "merged.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["index"] for line in merged) == list(range(7))
+
+    again = fake_zest()
+    assert run_generation(config, pipeline=again)["done"] == 7 and again.calls == 0
+
+
+def test_corrupt_input_is_recorded_and_skipped(tmp_path, bronzes, containers, fake_zest):
+    (containers / "container_3.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    config = config_for(tmp_path, containers, bronzes)
+    summary = run_generation(config, pipeline=fake_zest())
+
+    assert summary["done"] == 6
+    (failure,) = summary["failed"]
+    assert failure["file"].endswith("container_3.png") and "cannot decode" in failure["reason"]
+    assert "container_3" not in " ".join(r["file_name"] for r in read_manifest(config.out))
+    stored = json.loads((Path(config.out) / JOB_FOLDER / "summary.json").read_text())
+    assert stored["failed"] == summary["failed"]
+
+
+def test_masks_folder_is_matched_by_target_name(tmp_path, bronzes, containers, image_writer):
+    image_writer(tmp_path / "masks", [f"container_{i}.png" for i in range(6)], seed=3)
+    seen = []
+
+    class MaskRecorder:
+        model_ids: dict[str, str] = {}
+
+        def __call__(self, targets, materials, masks=None, seeds=None, resolution=16, **params):
+            seen.extend(m.mode for m in masks)
+            return [t.resize((resolution, resolution)) for t in targets]
+
+    summary = run_generation(config_for(tmp_path, containers, bronzes, masks=str(tmp_path / "masks")),
+                             pipeline=MaskRecorder())
+    assert seen == ["L"] * 6 and summary["done"] == 6
+    assert "no mask named container_6" in summary["failed"][0]["reason"]
+
+
+def test_dry_run_plans_without_models(tmp_path, bronzes, containers):
+    summary = run_generation(config_for(tmp_path, containers, bronzes, limit=5), dry_run=True)
+    assert summary == {"dry_run": True, "task": "transferred_container", "ood_set": "transferred_container",
+                       "planned": 5, "targets": 5, "materials": 3, "material_use": [1, 2], "already_done": 0,
+                       "pending": 5}
+    assert not Path(tmp_path / "out").exists()
+
+
+def test_a_different_job_in_the_same_folder_is_refused(tmp_path, bronzes, containers, fake_zest):
+    run_generation(config_for(tmp_path, containers, bronzes, limit=2), pipeline=fake_zest())
+    extended = fake_zest()
+    assert run_generation(config_for(tmp_path, containers, bronzes, limit=4), pipeline=extended)["done"] == 4
+    assert extended.items == 2
+    with pytest.raises(ValueError, match=r"different generation job \(changed keys: \['seed'\]\)"):
+        run_generation(config_for(tmp_path, containers, bronzes, seed=8), pipeline=fake_zest())
+
+
+def test_config_rejects_unknown_keys_and_applies_overrides(tmp_path):
+    base = {"task": "custom", "targets": "t", "materials": "m", "out": "o"}
+    with pytest.raises(ValueError, match=r"unknown generation config keys \['stepz'\]"):
+        GenerationConfig.from_dict({**base, "stepz": 3})
+    with pytest.raises(ValueError, match="'batch_size' must be a positive integer"):
+        GenerationConfig.from_dict({**base, "batch_size": 0})
+    with pytest.raises(ValueError, match=r"missing required keys \['out'\]"):
+        GenerationConfig.from_dict({k: v for k, v in base.items() if k != "out"})
+    path = tmp_path / "gen.yaml"
+    path.write_text("task: custom\ntargets: t\nmaterials: m\nout: o\nmodels: {depth: Intel/dpt-hybrid-midas}\n")
+    config = GenerationConfig.from_yaml(path, ["batch_size=4", "models.vae=/x/vae", "limit=null", "composite=true"])
+    assert (config.batch_size, config.limit, config.composite) == (4, None, True)
+    assert config.models == {"depth": "Intel/dpt-hybrid-midas", "vae": "/x/vae"}
+    assert apply_overrides({"a": 1}, ["a=2"]) == {"a": 2}
