@@ -1,0 +1,37 @@
+"""DICE (Sun & Li, ECCV 2022): sparsify the head by keeping the weights with the largest contribution, then energy."""
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.base import Detector, FeatureSet
+from detectors.posthoc.common import features_of, logsumexp
+from detectors.registry import register_detector
+
+
+@register_detector("dice")
+class DICE(Detector):
+    """s = logsumexp((W * M) h + b), M = [mean_train(h)_j * W_cj > its `percentile`-th percentile over all (c, j)]."""
+
+    family = "posthoc"
+    inputs = frozenset({"features"})
+    paper = "Sun & Li, DICE: Leveraging Sparsification for Out-of-Distribution Detection, ECCV 2022"
+    defaults = {"percentile": 90}
+    search_space = {"percentile": [10, 30, 50, 70, 90]}
+    needs_head = True
+
+    def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
+        mean_activation = features_of(id_train, self.name).mean(axis=0)
+        contribution = mean_activation[None, :] * self.head.weight
+        keep = contribution > np.percentile(contribution, self.percentile)
+        self.masked_weight = np.ascontiguousarray((self.head.weight * keep).astype(np.float32))
+
+    def _score(self, batch) -> np.ndarray:
+        h = features_of(batch, self.name).astype(np.float32)
+        return logsumexp(h @ self.masked_weight.T + self.head.bias.astype(np.float32))
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**super().state(), "masked_weight": self.masked_weight}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        super().load_state(state)
+        self.masked_weight = state["masked_weight"]

@@ -1,0 +1,37 @@
+"""NCI (Liu & Qin, CVPR 2025): neural-collapse inspired score, alignment of (h - mu_train) with the predicted class weight."""
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.base import Detector, FeatureSet
+from detectors.posthoc.common import features_of
+from detectors.registry import register_detector
+
+
+@register_detector("nci")
+class NCI(Detector):
+    """s = w_y . (h - mu_train) / ||h - mu_train|| + alpha ||h||_1, y = argmax z (OpenOOD's nci postprocessor)."""
+
+    family = "posthoc"
+    inputs = frozenset({"features"})
+    paper = "Liu & Qin, Detecting Out-of-Distribution through the Lens of Neural Collapse, CVPR 2025"
+    defaults = {"alpha": 1e-4}
+    search_space = {"alpha": [1e-4, 1e-3, 1e-2, 1e-1]}
+    needs_head = True
+
+    def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
+        self.train_mean = features_of(id_train, self.name).mean(axis=0)
+
+    def _score(self, batch) -> np.ndarray:
+        h = features_of(batch, self.name)
+        predicted = self.head(h.astype(np.float32)).argmax(axis=1)
+        t = h - self.train_mean
+        alignment = np.einsum("nd,nd->n", self.head.weight[predicted], t) / np.maximum(np.linalg.norm(t, axis=1), 1e-12)
+        return alignment + self.alpha * np.abs(h).sum(axis=1)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**super().state(), "train_mean": self.train_mean}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        super().load_state(state)
+        self.train_mean = state["train_mean"]

@@ -1,0 +1,57 @@
+"""NECO (Ben Ammar et al., ICLR 2024): share of the feature norm inside the top principal subspace of ID features."""
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.base import Detector, FeatureSet
+from detectors.posthoc.common import features_of
+from detectors.posthoc.vim import resolve_dim, top_eigenvectors
+from detectors.registry import register_detector
+
+
+@register_detector("neco")
+class NECO(Detector):
+    """s = ||PCA_dim(z)|| / ||z||, z = StandardScaler(h) fitted on train (`scale=False`: z = h, PCA still centred).
+
+    Paper default: the plain ratio (the official code's choice for ResNets). `max_logit=True` multiplies by the
+    max logit, the official code's choice for ViT/DeiT/Swin. `dim=None` uses ViM's rule (see vim.principal_dim).
+    """
+
+    family = "posthoc"
+    inputs = frozenset({"features"})
+    paper = "Ben Ammar et al., NECO: NEural Collapse Based Out-of-distribution detection, ICLR 2024"
+    defaults = {"dim": None, "scale": True, "max_logit": False}
+    search_space = {"dim": [50, 100, 150, 200, 250, 300]}
+
+    def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
+        if self.max_logit and self.head is None:
+            raise ValueError("neco: max_logit=True needs the classifier's linear head: fit(..., head=LinearHead(W, b))")
+        h = features_of(id_train, self.name)
+        dim = resolve_dim(self.dim, h.shape[1], self.name)
+        if self.scale:
+            self.offset = h.mean(axis=0)
+            std = h.std(axis=0)
+            self.scale_by = np.where(std > 10 * np.finfo(np.float64).eps, std, 1.0)
+        else:
+            self.offset, self.scale_by = np.zeros(h.shape[1]), np.ones(h.shape[1])
+        z = (h - self.offset) / self.scale_by
+        self.pca_mean = z.mean(axis=0)
+        centred = z - self.pca_mean
+        self.components = np.ascontiguousarray(top_eigenvectors(centred.T @ centred / len(z))[:, :dim])
+
+    def _score(self, batch) -> np.ndarray:
+        h = features_of(batch, self.name)
+        z = (h - self.offset) / self.scale_by
+        ratio = np.linalg.norm((z - self.pca_mean) @ self.components, axis=1) / np.maximum(np.linalg.norm(z, axis=1), 1e-12)
+        if self.max_logit:
+            ratio *= self.head(h.astype(np.float32)).max(axis=1)
+        return ratio
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**super().state(), "offset": self.offset, "scale_by": self.scale_by, "pca_mean": self.pca_mean,
+                "components": self.components}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        super().load_state(state)
+        self.offset, self.scale_by = state["offset"], state["scale_by"]
+        self.pca_mean, self.components = state["pca_mean"], state["components"]
