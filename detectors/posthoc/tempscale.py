@@ -13,9 +13,9 @@ from detectors.registry import register_detector
 LOG_T_BOUNDS = (np.log(1e-3), np.log(1e3))
 
 
-def temperature_nll(log_t: float, logits: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
-    """Mean NLL of softmax(z / T) and its derivative with respect to log T (float64)."""
-    s = np.exp(-log_t)  # 1 / T
+def temperature_nll(log_t: Any, logits: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
+    """Mean NLL of softmax(z / T) and its derivative with respect to log T (float64; `log_t` a scalar or [1] array)."""
+    s = float(np.exp(-np.asarray(log_t, dtype=np.float64).reshape(-1)[0]))  # 1 / T
     scaled = s * logits
     true = logits[np.arange(len(labels)), labels]
     nll = np.mean(logsumexp(scaled, axis=1) - s * true)

@@ -1,0 +1,62 @@
+"""Temperature scaling: fitted T is the NLL minimiser (checked by a float64 grid and derivative-free Brent), state round-trip."""
+import numpy as np
+import pytest
+from scipy.optimize import minimize_scalar
+from scipy.special import logsumexp, softmax
+
+import detectors
+from detectors import FeatureSet
+from detectors.posthoc.tempscale import fit_temperature
+
+
+def _calibration_data(true_t=2.5, n=400, c=6, seed=0):
+    """Labels drawn from softmax(z / true_t): the NLL-optimal temperature is close to true_t."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(scale=4.0, size=(n, c))
+    p = softmax(z / true_t, axis=1)
+    labels = np.minimum((np.cumsum(p, axis=1) < rng.random((n, 1))).sum(axis=1), c - 1)  # inverse-CDF sampling
+    return z, labels
+
+
+def _nll(z, y, t):
+    """Mean NLL at temperature t; z [..., N, C] and t broadcastable to [..., 1, 1] (vectorised over a grid)."""
+    scaled = z / t
+    return np.mean(logsumexp(scaled, axis=-1) - scaled[..., np.arange(len(y)), y], axis=-1)
+
+
+def test_fit_temperature_minimises_nll():
+    z, y = _calibration_data()
+    t = fit_temperature(z, y)
+    grid = np.exp(np.linspace(np.log(1.0), np.log(6.0), 301))
+    best = grid[np.argmin(_nll(z[None], y, grid[:, None, None]))]
+    assert abs(np.log(t / best)) <= np.log(6.0) / 300
+    assert _nll(z, y, t) <= min(_nll(z, y, t * 1.001), _nll(z, y, t / 1.001))
+    assert 1.8 < t < 3.5  # near the temperature the labels were drawn with
+
+
+def test_fit_temperature_agrees_with_derivative_free_brent():
+    z, y = _calibration_data(true_t=0.7, seed=1)
+    brent = minimize_scalar(lambda t: _nll(z, y, t), bounds=(0.05, 20.0), method="bounded", options={"xatol": 1e-9})
+    assert fit_temperature(z, y) == pytest.approx(brent.x, rel=1e-5)
+
+
+def test_tempscale_uses_id_val_when_given_and_round_trips(tmp_path):
+    z_train, y_train = _calibration_data(true_t=1.0, seed=2)
+    z_val, y_val = _calibration_data(true_t=4.0, seed=3)
+    det = detectors.build("tempscale").fit(FeatureSet(logits=z_train, labels=y_train), id_val=FeatureSet(logits=z_val, labels=y_val))
+    assert det.fitted_temperature == pytest.approx(fit_temperature(z_val, y_val))
+    only_train = detectors.build("tempscale").fit(FeatureSet(logits=z_train, labels=y_train))
+    assert only_train.fitted_temperature == pytest.approx(fit_temperature(z_train, y_train))
+    test = FeatureSet(logits=z_train[:25])
+    expected = softmax(z_train[:25] / det.fitted_temperature, axis=1).max(axis=1)
+    np.testing.assert_allclose(det.score(test), expected, rtol=1e-12)
+    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "ts"))
+    np.testing.assert_array_equal(again.score(test), det.score(test))
+
+
+def test_fixed_temperature_needs_no_fit_and_unfitted_errors():
+    z, _ = _calibration_data(seed=4)
+    fixed = detectors.build("tempscale", temperature=3.0)
+    np.testing.assert_allclose(fixed.score(z), softmax(z / 3.0, axis=1).max(axis=1), rtol=1e-12)
+    with pytest.raises(RuntimeError, match="fit"):
+        detectors.build("tempscale").score(z)
