@@ -116,6 +116,9 @@ def read_results(source: pd.DataFrame | str | os.PathLike) -> tuple[pd.DataFrame
         counts = frame.groupby(key)[value].nunique()
         if (counts > 1).any():
             raise ValueError(f"results table: {key} {list(counts.index[counts > 1])} with more than one {value}")
+    reserved_groups = sorted({ALL, AVERAGE} & set(frame["group"]))
+    if reserved_groups:
+        raise ValueError(f"results table: group name(s) {reserved_groups} are reserved for the family averages")
     reserved = {f"{g} avg" for g in frame["group"]} | {f"{ALL} avg"}
     clash = sorted(reserved & set(frame["ood_set"]))
     if clash:

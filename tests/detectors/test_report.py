@@ -168,6 +168,10 @@ def test_input_errors_name_the_problem(tmp_path):
     frame, _ = report.read_results(results_table())
     with pytest.raises(ValueError, match=r"unknown method\(s\) \['knn'\]"):
         report.select_methods(frame, ["a", "knn"])
+    with pytest.raises(ValueError, match=r"group name\(s\) \['all'\] are reserved"):
+        report.read_results(results_table().assign(group="all"))
+    with pytest.raises(ValueError, match=r"\['hard avg'\] clash"):
+        report.read_results(results_table().replace({"ood_set": {"texture": "hard avg"}}))
     with pytest.raises(ValueError, match="outside"):
         report.read_results(results_table().assign(auroc=150.0))
 
