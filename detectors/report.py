@@ -468,8 +468,8 @@ def companion_files(results_path: str | os.PathLike) -> dict[str, Path]:
 
 def write_report(results: pd.DataFrame | str | os.PathLike, out_dir: str | os.PathLike, *,
                  methods: Sequence[str] | None = None, scores: pd.DataFrame | str | os.PathLike | None = None,
-                 threshold_transfer: pd.DataFrame | str | os.PathLike | None = None) -> dict[str, Path]:
-    """Write every table and plot of the report under `out_dir`; returns {name: path}.
+                 threshold_transfer: pd.DataFrame | str | os.PathLike | None = None) -> list[Path]:
+    """Write every table and plot of the report under `out_dir`; returns the paths written.
 
     per_set.{md,tex,csv}, families.{md,csv}, fpr95_by_method.png, score_density_<method>.png (with `scores`),
     threshold_transfer.md (with `threshold_transfer`). `methods` restricts the report to those methods.
@@ -481,23 +481,23 @@ def write_report(results: pd.DataFrame | str | os.PathLike, out_dir: str | os.Pa
     layout = Layout.of(frame)
     table = per_set_table(frame)
     families = family_table(frame)
-    written = {
-        "per_set.md": out / "per_set.md", "per_set.tex": out / "per_set.tex", "per_set.csv": out / "per_set.csv",
-        "families.md": out / "families.md", "families.csv": out / "families.csv",
+    texts = {
+        "per_set.md": render_per_set_markdown(table, layout, scale),
+        "per_set.tex": render_per_set_latex(table, layout, scale),
+        "per_set.csv": per_set_csv(table).to_csv(index=False),
+        "families.md": render_families_markdown(families, scale),
+        "families.csv": families.to_csv(index=False),
     }
-    atomic_write_text(written["per_set.md"], render_per_set_markdown(table, layout, scale))
-    atomic_write_text(written["per_set.tex"], render_per_set_latex(table, layout, scale))
-    atomic_write_text(written["per_set.csv"], per_set_csv(table).to_csv(index=False))
-    atomic_write_text(written["families.md"], render_families_markdown(families, scale))
-    atomic_write_text(written["families.csv"], families.to_csv(index=False))
-    written["fpr95_by_method.png"] = plot_fpr95(frame, out / "fpr95_by_method.png")
-    if scores is not None:
-        for path in plot_score_densities(scores, out, methods=[m for _, m in layout.rows] if methods else None):
-            written[path.name] = path
     if threshold_transfer is not None:
         transfer = read_table(threshold_transfer, TRANSFER_COLUMNS, "threshold-transfer table")
         if methods:
             transfer = transfer[transfer["method"].astype(str).isin(methods)]
-        written["threshold_transfer.md"] = out / "threshold_transfer.md"
-        atomic_write_text(written["threshold_transfer.md"], render_threshold_transfer(transfer))
+        texts["threshold_transfer.md"] = render_threshold_transfer(transfer)
+    written = []
+    for name, text in texts.items():
+        atomic_write_text(out / name, text)
+        written.append(out / name)
+    written.append(plot_fpr95(frame, out / "fpr95_by_method.png"))
+    if scores is not None:
+        written += plot_score_densities(scores, out, methods=[m for _, m in layout.rows] if methods else None)
     return written

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     written = write_report(args.results, args.out, methods=args.methods, scores=args.scores or found.get("scores"),
                            threshold_transfer=args.threshold_transfer or found.get("threshold_transfer"))
     print(render_summary(args.results, args.methods))
-    for name, path in written.items():
+    for path in written:
         print(f"wrote {path}")
 
 

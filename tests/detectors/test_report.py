@@ -225,7 +225,8 @@ def assert_png(path: Path) -> None:
 
 def test_write_report_files_parse_back(tmp_path):
     results = results_table(0.01)
-    written = report.write_report(results, tmp_path / "out", scores=scores_table(), threshold_transfer=transfer_table())
+    paths = report.write_report(results, tmp_path / "out", scores=scores_table(), threshold_transfer=transfer_table())
+    written = {p.name: p for p in paths}
     names = {"per_set.md", "per_set.tex", "per_set.csv", "families.md", "families.csv", "fpr95_by_method.png",
              "score_density_a.png", "score_density_b.png", "score_density_c.png", "threshold_transfer.md"}
     assert set(written) == names and all(p.is_file() for p in written.values())
