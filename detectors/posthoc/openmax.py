@@ -66,9 +66,15 @@ def weibull_mle(data: np.ndarray) -> tuple[float, float]:
 
 
 def fit_weibull_high(distances: np.ndarray, tailsize: int, translate: float = LIBMR_TRANSLATE) -> tuple[float, float, float]:
-    """libMR FitHigh: (shape, scale, small_score) of the `tailsize` largest values shifted by translate - small_score."""
+    """libMR FitHigh: (shape, scale, small_score) of the `tailsize` largest values shifted by translate - small_score.
+
+    A tail without spread (e.g. one or two samples, whose distances to their mean are equal) gets the MLE's limit,
+    shape = inf: a step CDF that is 1 beyond the tail value and 0 below it.
+    """
     tail = np.sort(np.asarray(distances, dtype=np.float64))[-int(tailsize):]
     small = float(tail[0])
+    if np.ptp(tail) == 0:
+        return float("inf"), float(translate), small
     shape, scale = weibull_mle(tail + translate - small)
     return shape, scale, small
 
@@ -134,16 +140,16 @@ class OpenMax(Detector):
         for k in range(num_classes):
             members = labels == k
             chosen = members & correct
-            if chosen.sum() < 2:
+            if not chosen.any():
                 fallback.append(k)
                 chosen = members
-            if chosen.sum() < 2:
-                raise ValueError(f"openmax: class {k} has {int(chosen.sum())} training sample(s); the Weibull fit needs 2+")
+            if not chosen.any():
+                raise ValueError(f"openmax: class {k} has no training sample; every class needs a mean activation vector")
             mavs[k] = logits[chosen].mean(axis=0)
             dists = self._distances(logits[chosen], mavs[k : k + 1])[:, 0]
             weibull[k] = fit_weibull_high(dists, int(self.params["tailsize"]))
         if fallback:
-            warnings.warn(f"openmax: classes {fallback} have fewer than 2 correctly classified samples; using all their samples",
+            warnings.warn(f"openmax: classes {fallback} have no correctly classified sample; using all their samples",
                           stacklevel=3)
         self.mavs, self.weibull = mavs, weibull
 
