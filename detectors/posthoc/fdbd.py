@@ -38,6 +38,7 @@ class FDBD(Detector):
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         self.train_mean = features_of(id_train, self.name).mean(axis=0)
         self.denominators = boundary_denominators(self.head.weight)
+        self.inverse_denominators = 1.0 / self.denominators
 
     def _score(self, batch) -> np.ndarray:
         h = features_of(batch, self.name)
@@ -48,7 +49,7 @@ class FDBD(Detector):
             logits = self.head(block.astype(np.float32)).astype(np.float64)
             predicted = logits.argmax(axis=1)
             gaps = np.abs(logits - logits[np.arange(len(block)), predicted][:, None])
-            spread = np.einsum("nc,nc->n", gaps, 1.0 / self.denominators[predicted])
+            spread = np.einsum("nc,nc->n", gaps, self.inverse_denominators[predicted])
             centre = self.train_mean if self.distance_as_normalizer else 0.0
             out[start:start + BLOCK_ROWS] = spread / np.maximum(np.linalg.norm(block - centre, axis=1), 1e-12)
         return out
@@ -59,3 +60,4 @@ class FDBD(Detector):
     def load_state(self, state: dict[str, np.ndarray]) -> None:
         super().load_state(state)
         self.train_mean, self.denominators = state["train_mean"], state["denominators"]
+        self.inverse_denominators = 1.0 / self.denominators
