@@ -1,0 +1,88 @@
+"""ODIN vs a hand-written float64 input perturbation on a tiny linear classifier (ImageClassifier.from_module)."""
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from scipy.special import softmax
+from torch import nn
+
+import detectors
+from detectors import ImageSet
+from pipelines.classifier import ImageClassifier
+
+STD = (0.2, 0.3, 0.4)
+
+
+class FlatLinear(nn.Module):
+    """logits = W vec(x) + b; the features are the flattened pixels."""
+
+    def __init__(self, size: int, classes: int):
+        super().__init__()
+        self.fc = nn.Linear(3 * size * size, classes)
+
+    def forward(self, x):
+        features = x.flatten(1)
+        return self.fc(features), features
+
+
+def _classifier(seed=0, size=6, classes=5):
+    torch.manual_seed(seed)
+    return ImageClassifier.from_module(FlatLinear(size, classes), image_size=size, mean=(0.5, 0.4, 0.3), std=STD)
+
+
+def _reference_odin(classifier, pixel_values, temperature, noise):
+    """float64: grad_x CE(z/T, argmax z) = W^T (softmax(z/T) - onehot) / T for z = W x + b."""
+    w = classifier.head.weight.detach().double().numpy()
+    b = classifier.head.bias.detach().double().numpy()
+    x = pixel_values.double().numpy()
+    flat = x.reshape(len(x), -1)
+    z = flat @ w.T + b
+    p = softmax(z / temperature, axis=1)
+    p[np.arange(len(z)), z.argmax(axis=1)] -= 1.0
+    grad = (p @ w / temperature).reshape(x.shape)
+    step = np.where(grad >= 0, 1.0, -1.0) / np.array(STD)[None, :, None, None]
+    perturbed = (x - noise * step).reshape(len(x), -1)
+    return softmax((perturbed @ w.T + b) / temperature, axis=1).max(axis=1)
+
+
+@pytest.mark.parametrize("temperature, noise", [(1000.0, 0.0014), (10.0, 0.05)])
+def test_odin_matches_float64_reference_on_tensors(temperature, noise):
+    clf = _classifier()
+    x = torch.randn(7, 3, 6, 6, generator=torch.Generator().manual_seed(1))
+    det = detectors.build("odin", classifier=clf, batch_size=3, temperature=temperature, noise=noise)
+    got, expected = det.score(x), _reference_odin(clf, x, temperature, noise)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    # the perturbation's own effect (small at T=1000) must match too, not only the near-uniform level
+    unperturbed = _reference_odin(clf, x, temperature, 0.0)
+    assert np.all(expected - unperturbed > 0)  # the step raises the temperature-scaled MSP
+    np.testing.assert_allclose(got - unperturbed, expected - unperturbed, rtol=1e-2)
+
+
+def test_odin_without_noise_at_t1_is_msp_and_restores_training_mode():
+    clf = _classifier(seed=2)
+    clf.train()
+    x = torch.randn(4, 3, 6, 6, generator=torch.Generator().manual_seed(3))
+    scores = detectors.build("odin", classifier=clf, temperature=1.0, noise=0.0).score(x)
+    with torch.no_grad():
+        logits = clf(x)[0].double().numpy()
+    np.testing.assert_allclose(scores, softmax(logits, axis=1).max(axis=1), rtol=1e-6)
+    assert clf.training
+
+
+def test_odin_on_an_imageset_equals_preprocessed_tensor_path():
+    clf = _classifier(seed=4)
+    rng = np.random.default_rng(5)
+    images = [Image.fromarray(rng.integers(0, 256, size=(9, 11, 3), dtype=np.uint8)) for _ in range(5)]
+    det = detectors.build("odin", classifier=clf, batch_size=2)
+    from_images = det.score(ImageSet(images=images))
+    x = clf.preprocess(images)
+    np.testing.assert_allclose(from_images, _reference_odin(clf, x, 1000.0, 0.0014), rtol=1e-5)
+    np.testing.assert_array_equal(from_images, det.score(x))
+
+
+def test_odin_needs_a_classifier_and_images():
+    with pytest.raises(ValueError, match="classifier"):
+        detectors.build("odin").score(torch.zeros(1, 3, 6, 6))
+    with pytest.raises(TypeError, match="ImageSet"):
+        detectors.build("odin", classifier=_classifier()).score(np.zeros((2, 5)))
+    assert detectors.detector_class("odin").accepts("classifier")
