@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from pipelines.data import make_row, write_manifest
@@ -85,3 +86,20 @@ class FakeZeST:
 def fake_zest() -> type[FakeZeST]:
     """The fake pipeline class (instantiate with `fail_after=N` to inject a crash)."""
     return FakeZeST
+
+
+@pytest.fixture(scope="session")
+def tiny_zest_models(tmp_path_factory) -> dict[str, str]:
+    """A ZeSTConfig mapping of tiny random-weight models, saved once per session (pipelines.tiny.save_tiny_zest)."""
+    from pipelines.tiny import save_tiny_zest
+
+    return save_tiny_zest(tmp_path_factory.mktemp("tiny_zest")).to_dict()
+
+
+@pytest.fixture
+def single_thread():
+    """One torch thread (as torchrun gives each process): same kernels in and out of process, no oversubscription."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
