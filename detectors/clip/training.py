@@ -1,0 +1,122 @@
+"""Training loop (accelerate) and the base class of the learned-prompt detectors (LoCoOp, ID-like)."""
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from detectors.base import ImageSet
+from detectors.clip.common import CLIP_DEFAULTS, ClipDetector, few_shot_indices, labels_of
+from detectors.clip.prompts import PromptLearner
+
+PROMPT_DEFAULTS: dict[str, Any] = {**CLIP_DEFAULTS, "n_ctx": 16, "shots": 16, "seed": 0, "progress": True}
+
+
+def make_accelerator(device: torch.device) -> Any:
+    """An `Accelerator` with bf16 mixed precision on GPU and fp32 on the CPU."""
+    from accelerate import Accelerator
+
+    cpu = device.type != "cuda"
+    return Accelerator(cpu=cpu, mixed_precision="no" if cpu else "bf16")
+
+
+def train_loop(module: torch.nn.Module, dataset: Dataset, step_loss: Callable[[Any, Any], torch.Tensor], *, epochs: int,
+               batch_size: int, optimizer: torch.optim.Optimizer, seed: int, device: torch.device,
+               progress: bool = True, desc: str = "train", collate_fn: Callable | None = None) -> list[float]:
+    """Train `module`'s parameters with `optimizer` and a per-step cosine schedule; returns the loss of each step.
+
+    `step_loss(module, batch)` computes the loss of one batch (already on the device) with the prepared module. Shuffling is seeded with `seed`.
+    """
+    accelerator = make_accelerator(device)
+    gen = torch.Generator().manual_seed(seed)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen, collate_fn=collate_fn)
+    total = max(1, epochs * len(loader))
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
+    module, optimizer, loader, scheduler = accelerator.prepare(module, optimizer, loader, scheduler)
+    module.train()
+    losses: list[float] = []
+    bar = tqdm(total=total, desc=desc, disable=not progress, leave=False)
+    for _ in range(epochs):
+        for batch in loader:
+            with accelerator.autocast():
+                loss = step_loss(module, batch)
+            optimizer.zero_grad(set_to_none=True)
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            losses.append(float(loss.detach()))
+            bar.update()
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+    bar.close()
+    module.eval()
+    return losses
+
+
+class PromptDetector(ClipDetector):
+    """A CLIP detector with a learned `PromptLearner`; its context/OOD tokens are the saved state."""
+
+    n_ood_param: ClassVar[str | None] = None
+
+    def __init__(self, model: Any = CLIP_DEFAULTS["model"], processor: Any = None, **params: Any) -> None:
+        super().__init__(model, processor, **params)
+        self._learner: PromptLearner | None = None
+        self._prompt_state: dict[str, np.ndarray] | None = None
+        self.losses: list[float] = []
+
+    @property
+    def n_ood(self) -> int:
+        return int(self.params[self.n_ood_param]) if self.n_ood_param else 0
+
+    @property
+    def learner(self) -> PromptLearner:
+        """The prompt learner (built on first use; restored from a loaded state when there is one)."""
+        if self._learner is None:
+            self._learner = PromptLearner(self.backbone, self.params["class_names"], self.params["n_ctx"], self.n_ood,
+                                          seed=self.params["seed"]).to(self.backbone.device)
+            if self._prompt_state is not None:
+                self._learner.load(self._prompt_state)
+        return self._learner
+
+    @torch.no_grad()
+    def prompt_text(self) -> torch.Tensor:
+        """Normalised text features [C+K, P] of the learned prompts (computed once per fit/load)."""
+        if "prompts" not in self._text_cache:
+            with self.backbone.autocast():
+                self._text_cache["prompts"] = self.learner().float().cpu()
+        return self._text_cache["prompts"]
+
+    def training_subset(self, images: ImageSet) -> tuple[ImageSet, torch.Tensor]:
+        """The `shots`-per-class subset of a labelled training ImageSet (seeded) and its labels."""
+        labels = labels_of(images, self.name)
+        idx = few_shot_indices(labels.numpy(), self.params["shots"], self.params["seed"])
+        if len(idx) == len(images):
+            return images, labels
+        return subset_imageset(images, idx), labels[idx]
+
+    def _after_fit(self, losses: list[float]) -> None:
+        self.losses = losses
+        self._text_cache.pop("prompts", None)
+
+    def state(self) -> dict[str, np.ndarray]:
+        if self._learner is None and self._prompt_state is not None:
+            return dict(self._prompt_state)
+        return {k: v.numpy() for k, v in self.learner.state().items()}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        self._prompt_state = {k: np.asarray(v) for k, v in state.items() if k.startswith("prompt.")}
+        if self._learner is not None:
+            self._learner.load(self._prompt_state)
+        self._text_cache.pop("prompts", None)
+
+
+def subset_imageset(images: ImageSet, index: list[int]) -> ImageSet:
+    """The images at `index` (in-memory or manifest-backed), with their labels."""
+    labels = None if images.labels is None else np.asarray(images.labels)[index]
+    if images.images is not None:
+        return ImageSet(images=[images.images[i] for i in index], labels=labels)
+    from pipelines.data import Manifest
+
+    return ImageSet(manifest=Manifest(images.manifest.root, [images.manifest.rows[i] for i in index]), labels=labels)
