@@ -22,6 +22,7 @@ from detectors.registry import register_detector
 LIBMR_TRANSLATE = 10000.0  # libMR's default translate_amount
 DISTANCES = ("eucos", "euclidean", "cosine")
 SCORES = ("unknown", "max_known", "openood")
+ROW_BLOCK = 4096
 
 
 def mav_distances(logits: np.ndarray, mavs: np.ndarray, distance: str = "eucos", eu_weight: float = 1 / 200) -> np.ndarray:
@@ -92,7 +93,8 @@ def openmax_probabilities(logits: np.ndarray, distances: np.ndarray, shape: np.n
     v = np.asarray(logits, dtype=np.float64)
     n, c = v.shape
     ranks = min(int(alpha), c)
-    top = np.argsort(-v, axis=1, kind="stable")[:, :ranks]
+    candidates = np.argpartition(-v, ranks - 1, axis=1)[:, :ranks]  # the top `ranks` classes, then ordered
+    top = np.take_along_axis(candidates, np.argsort(-np.take_along_axis(v, candidates, axis=1), axis=1), axis=1)
     omega = np.zeros_like(v)
     omega[np.arange(n)[:, None], top] = (alpha - np.arange(ranks)) / float(alpha)
     w = weibull_cdf_high(distances, shape[None, :], scale[None, :], small[None, :])
@@ -159,7 +161,9 @@ class OpenMax(Detector):
             raise RuntimeError("openmax: call fit(id_train) before score()")
         logits = logits_of(batch, self.name)
         shape, scale, small = self.weibull.T
-        return openmax_probabilities(logits, self._distances(logits, self.mavs), shape, scale, small, int(self.params["alpha"]))
+        blocks = [logits[start:start + ROW_BLOCK] for start in range(0, len(logits), ROW_BLOCK)]  # bounds [N, C] temporaries
+        return np.concatenate([openmax_probabilities(block, self._distances(block, self.mavs), shape, scale, small,
+                                                     int(self.params["alpha"])) for block in blocks] or [np.zeros((0, len(self.mavs) + 1))])
 
     def _score(self, batch: Any) -> np.ndarray:
         probs = self.probabilities(batch)
