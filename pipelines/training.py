@@ -53,7 +53,10 @@ class TrainBatch:
 class Objective(nn.Module):
     """A training loss. Subclasses override `loss` and, where needed, the hooks below.
 
-    - `uses_aux` / `aux_batch_ratio`: the loop draws an auxiliary batch of `round(ratio * batch_size)` each step.
+    - `uses_aux` / `aux_batch_ratio`: the loop draws an auxiliary batch of `round(ratio * batch_size)` each step;
+      `None` sizes it in proportion to the set sizes (as if ID and aux rows were shuffled into one pool).
+    - `needs_calibration` / `calibrate(id_logits, aux_logits)`: statistics of the model's outputs on all ID-train and
+      aux rows, computed once before the first step (e.g. data-driven energy margins).
     - `setup(feature_dim, num_classes, num_aux_classes)`: build extra heads (nn.Modules on `self`; they are trained).
     - `inputs(batch)`: the tensor run through the model (default: ID inputs then aux inputs, concatenated).
     - `label_fields()`: extra label levels {level: manifest field}; `encode_targets` maps raw values to indices.
@@ -61,10 +64,14 @@ class Objective(nn.Module):
     """
 
     uses_aux: bool = False
-    aux_batch_ratio: float = 1.0
+    aux_batch_ratio: float | None = 1.0
+    needs_calibration: bool = False
 
     def setup(self, feature_dim: int, num_classes: int, num_aux_classes: int = 0) -> None:
         """Build extra heads; the default has none."""
+
+    def calibrate(self, id_logits: torch.Tensor, aux_logits: torch.Tensor | None) -> None:
+        """Use the untrained model's logits on the whole ID-train (and aux) set; called when `needs_calibration`."""
 
     def inputs(self, batch: TrainBatch) -> torch.Tensor:
         if batch.aux_x is None:
@@ -171,18 +178,26 @@ class _ImageRows(Dataset):
         return self.preprocess([image])[0], int(self.labels[i]), i, ""
 
 
-class _TensorRows(Dataset):
-    """Cached features -> (feature tensor, class index, row position, "")."""
+class _TensorBatches:
+    """Cached features in (optionally shuffled) batches, sliced whole (no per-row Python work); the loader interface
+    of `_run` (len + iteration yielding the collated dict)."""
 
-    def __init__(self, features: np.ndarray, labels: np.ndarray):
+    def __init__(self, features: np.ndarray, labels: np.ndarray, batch_size: int, shuffle: bool, seed: int, drop_last: bool):
         self.features = torch.as_tensor(np.ascontiguousarray(features), dtype=torch.float32)
-        self.labels = labels
+        self.labels = torch.as_tensor(np.asarray(labels, dtype=np.int64))
+        self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
+        self.generator = torch.Generator().manual_seed(seed)
 
     def __len__(self) -> int:
-        return len(self.features)
+        n = len(self.features)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int, str]:
-        return self.features[i], int(self.labels[i]), i, ""
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        n = len(self.features)
+        order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            index = order[start: start + self.batch_size]
+            yield {"x": self.features[index], "y": self.labels[index], "index": index, "failed": []}
 
 
 def _collate(items: list[tuple[Any, int, int, str]]) -> dict[str, Any]:
@@ -210,7 +225,7 @@ def _seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
-def _cycle(loader: DataLoader) -> Iterator[dict[str, Any]]:
+def _cycle(loader: Any) -> Iterator[dict[str, Any]]:
     """Endless iteration over a loader (reshuffled every pass by its seeded generator)."""
     while True:
         yielded = False
@@ -237,6 +252,12 @@ def _aux_labels(rows: list[dict[str, Any]], field_name: str | None) -> tuple[np.
     vocab = sorted({v for v in values if v is not None}, key=lambda v: (str(type(v)), v))
     index = {v: i for i, v in enumerate(vocab)}
     return np.array([index.get(v, -1) for v in values], dtype=np.int64), vocab
+
+
+def aux_batch_size(objective: Objective, batch_size: int, n_train: int, n_aux: int) -> int:
+    """Aux rows drawn per step: `aux_batch_ratio * batch_size`, or proportional to the set sizes when the ratio is None."""
+    ratio = objective.aux_batch_ratio if objective.aux_batch_ratio is not None else n_aux / max(n_train, 1)
+    return max(1, int(round(ratio * batch_size)))
 
 
 # -- results -------------------------------------------------------------------------------------------------
@@ -307,8 +328,7 @@ def _target_values(rows: list[dict[str, Any]], fields: dict[str, str], what: str
     return values
 
 
-def _run(model: nn.Module, objective: Objective, train_loader: DataLoader, aux_loader: DataLoader | None,
-         val_loader: DataLoader | None, train_targets: dict[str, np.ndarray], val_targets: dict[str, np.ndarray], *,
+def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: Any, val_loader: Any, train_targets: dict[str, np.ndarray], val_targets: dict[str, np.ndarray], *,
          epochs: int, lr: float, weight_decay: float, warmup_epochs: float, seed: int, precision: str,
          result: TrainResult, failed_files: Callable[[str, int], str], desc: str) -> TrainResult:
     from accelerate import Accelerator
@@ -322,6 +342,9 @@ def _run(model: nn.Module, objective: Objective, train_loader: DataLoader, aux_l
     steps_per_epoch = max(1, len(train_loader))
     scheduler = get_cosine_schedule_with_warmup(optimizer, int(round(warmup_epochs * steps_per_epoch)), epochs * steps_per_epoch)
     step_module, optimizer, scheduler = accelerator.prepare(step_module, optimizer, scheduler)
+    # image loaders are sharded across processes by accelerate; cached-feature batches are small and stay whole
+    train_loader, aux_loader, val_loader = (accelerator.prepare(x) if isinstance(x, DataLoader) else x
+                                            for x in (train_loader, aux_loader, val_loader))
     device = accelerator.device
     aux_stream = _cycle(aux_loader) if aux_loader is not None else None
     seen_failures: set[tuple[str, int]] = set()
@@ -333,6 +356,13 @@ def _run(model: nn.Module, objective: Objective, train_loader: DataLoader, aux_l
             if key not in seen_failures:
                 seen_failures.add(key)
                 result.failures.append(LoadFailure(index, failed_files(split, index), reason))
+
+    if objective.needs_calibration:
+        inner = accelerator.unwrap_model(step_module)
+        inner.eval()
+        id_logits = _all_logits(inner.model, train_loader, device, accelerator)
+        aux_logits = _all_logits(inner.model, aux_loader, device, accelerator) if aux_loader is not None else None
+        inner.objective.calibrate(id_logits, aux_logits)
 
     for epoch in range(epochs):
         step_module.train()
@@ -348,7 +378,7 @@ def _run(model: nn.Module, objective: Objective, train_loader: DataLoader, aux_l
             index = raw["index"]
             batch = TrainBatch(
                 x=raw["x"].to(device), y=raw["y"].to(device),
-                targets={k: torch.as_tensor(v[index.numpy()]).to(device) for k, v in train_targets.items()},
+                targets={k: torch.as_tensor(v[index.cpu().numpy()]).to(device) for k, v in train_targets.items()},
                 aux_x=aux["x"].to(device) if aux is not None and aux["x"] is not None else None,
                 aux_y=aux["y"].to(device) if aux is not None and aux["x"] is not None else None,
                 generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch * 10_007 + step),
@@ -372,7 +402,18 @@ def _run(model: nn.Module, objective: Objective, train_loader: DataLoader, aux_l
 
 
 @torch.no_grad()
-def _evaluate(step_module: _Step, loader: DataLoader, targets: dict[str, np.ndarray], device: torch.device,
+def _all_logits(model: nn.Module, loader: Any, device: torch.device, accelerator: Any) -> torch.Tensor:
+    """float32 logits of every loadable row of `loader` (one pass, no gradient)."""
+    parts = []
+    for raw in tqdm(loader, desc="calibration pass", leave=False, disable=not accelerator.is_local_main_process):
+        if raw["x"] is not None:
+            with accelerator.autocast():
+                parts.append(model(raw["x"].to(device))[0].float())
+    return torch.cat(parts)
+
+
+@torch.no_grad()
+def _evaluate(step_module: _Step, loader: Any, targets: dict[str, np.ndarray], device: torch.device,
               accelerator: Any, record: Callable[[list[tuple[int, str]], str], None]) -> dict[str, float]:
     """Accuracy per level (`acc_<level>`), and `overall` = share of rows with every level right (failed rows excluded)."""
     step_module.eval()
@@ -385,10 +426,11 @@ def _evaluate(step_module: _Step, loader: DataLoader, targets: dict[str, np.ndar
         with accelerator.autocast():
             logits, features = model(raw["x"].to(device))
             heads = objective.heads(logits, features)
-        wanted = {PRIMARY: raw["y"].numpy(), **{k: v[raw["index"].numpy()] for k, v in targets.items()}}
+        wanted = {PRIMARY: raw["y"].cpu().numpy(), **{k: v[raw["index"].cpu().numpy()] for k, v in targets.items()}}
         for name, level_logits in heads.items():
             pred = level_logits.float().argmax(1).cpu().numpy()
-            right.setdefault(name, []).append(pred == wanted[name])
+            hits = torch.as_tensor(pred == wanted[name], device=device)
+            right.setdefault(name, []).append(accelerator.gather_for_metrics(hits).cpu().numpy())
     if not right:
         return {}
     stacked = {name: np.concatenate(parts) for name, parts in right.items()}
@@ -399,7 +441,7 @@ def _evaluate(step_module: _Step, loader: DataLoader, targets: dict[str, np.ndar
 
 # -- public entry points ---------------------------------------------------------------------------------------
 def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: float = 1e-3, batch_size: int = 64,
-             weight_decay: float = 0.01, warmup_epochs: float = 2, objective: Objective | None = None,
+             weight_decay: float = 1e-5, warmup_epochs: float = 2, objective: Objective | None = None,
              aux: Manifest | None = None, aux_label_field: str | None = None, val: Manifest | None = None, seed: int = 0,
              precision: str = "auto", num_workers: int = 0, augment: Callable[[Any], Any] | None = None) -> TrainResult:
     """Fine-tune `classifier` (an `ImageClassifier`: forward -> (logits, features), `.head`, `.preprocess`) in place.
@@ -407,7 +449,7 @@ def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: fl
     `train` holds ID rows (their `label`); `aux` (auxiliary / outlier rows) feeds objectives with `uses_aux`, its class
     index read from `aux_label_field` (sorted vocabulary; e.g. "species" for Extended). `val` (ID rows) gives the
     per-epoch accuracy. `augment` maps a training PIL image to a PIL image (e.g. random flips). Defaults follow the
-    Open-Insects recipe: 30 epochs, AdamW lr 1e-3, cosine schedule with 2 warm-up epochs.
+    Open-Insects recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine schedule with 2 warm-up epochs.
     """
     objective = objective or CrossEntropy()
     seed_everything(seed)
@@ -425,7 +467,7 @@ def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: fl
     train_loader = _loader(_ImageRows(train, _manifest_labels(train, "train"), preprocess, augment), batch_size, True, seed, num_workers, drop_last=len(train) > batch_size)
     aux_loader = None
     if objective.uses_aux:
-        aux_size = max(1, int(round(objective.aux_batch_ratio * batch_size)))
+        aux_size = aux_batch_size(objective, batch_size, len(train), len(aux))
         aux_loader = _loader(_ImageRows(aux, aux_y, preprocess, augment), aux_size, True, seed + 1, num_workers, drop_last=len(aux) > aux_size)
     val_loader = _loader(_ImageRows(val, val.labels(), preprocess, None), batch_size, False, seed, num_workers) if val is not None else None
     manifests = {"train": train, "aux": aux, "val": val}
@@ -436,7 +478,7 @@ def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: fl
 
 
 def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray, *, epochs: int = 30, lr: float = 1e-3,
-                batch_size: int = 256, weight_decay: float = 0.01, warmup_epochs: float = 2, objective: Objective | None = None,
+                batch_size: int = 256, weight_decay: float = 1e-5, warmup_epochs: float = 2, objective: Objective | None = None,
                 aux_features: np.ndarray | None = None, aux_labels: np.ndarray | None = None,
                 train_targets: dict[str, Sequence[Any]] | None = None, val_features: np.ndarray | None = None,
                 val_labels: np.ndarray | None = None, val_targets: dict[str, Sequence[Any]] | None = None, seed: int = 0,
@@ -469,14 +511,14 @@ def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray,
         aux_y = np.full(len(aux_features), -1, dtype=np.int64) if aux_labels is None else np.asarray(aux_labels, dtype=np.int64)
         n_aux_classes = int(aux_y.max()) + 1 if (aux_y >= 0).any() else 0
     objective.setup(layer.in_features, layer.out_features, n_aux_classes)
-    train_loader = _loader(_TensorRows(train_features, labels), batch_size, True, seed, 0, drop_last=len(labels) > batch_size)
+    train_loader = _TensorBatches(train_features, labels, batch_size, True, seed, drop_last=len(labels) > batch_size)
     aux_loader = None
     if objective.uses_aux:
-        aux_size = max(1, int(round(objective.aux_batch_ratio * batch_size)))
-        aux_loader = _loader(_TensorRows(aux_features, aux_y), aux_size, True, seed + 1, 0, drop_last=len(aux_y) > aux_size)
+        aux_size = aux_batch_size(objective, batch_size, len(labels), len(aux_y))
+        aux_loader = _TensorBatches(aux_features, aux_y, aux_size, True, seed + 1, drop_last=len(aux_y) > aux_size)
     val_loader = None
     if val_features is not None:
-        val_loader = _loader(_TensorRows(val_features, np.asarray(val_labels, dtype=np.int64)), batch_size, False, seed, 0)
+        val_loader = _TensorBatches(val_features, np.asarray(val_labels, dtype=np.int64), batch_size, False, seed, False)
     model = _HeadsOnly(layer)
     result = _run(model, objective, train_loader, aux_loader, val_loader, encoded_train, encoded_val, epochs=epochs, lr=lr,
                   weight_decay=weight_decay, warmup_epochs=warmup_epochs, seed=seed, precision=precision, result=TrainResult(),

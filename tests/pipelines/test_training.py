@@ -14,6 +14,15 @@ from pipelines.training import MultiGranularity, finetune, train_heads
 COLOURS = [(220, 30, 30), (30, 200, 30), (30, 30, 220)]
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny models train fastest on one thread (the shared test machine is oversubscribed otherwise)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 class TinyNet(nn.Module):
     """A 2-layer conv net returning (logits, features)."""
 

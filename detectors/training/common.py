@@ -1,0 +1,141 @@
+"""What every training-time detector shares: fit = train with pipelines.training, score = a rule on the trained heads.
+
+A training-time detector builds an `Objective` (its loss) from its parameters and trains in one of two modes:
+- full: `fit(ImageSet | Manifest, aux=ImageSet | Manifest)` with `classifier=` given at construction fine-tunes the whole
+  classifier (`pipelines.training.finetune`); re-extract features with the fine-tuned classifier before scoring.
+- fast: `fit(FeatureSet, head=LinearHead, aux=FeatureSet)` trains only the heads on cached penultimate features
+  (`pipelines.training.train_heads`); the head starts from `head` (or from random weights when none is given).
+Either way the trained closed-set head and the method's extra arrays (branch heads, ...) become the detector's state,
+and `score(FeatureSet)` recomputes every logit from `features` with them (cached logits are not used).
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, as_numpy
+from pipelines.training import Objective, finetune, train_heads
+
+TRAINING_DEFAULTS: dict[str, Any] = {
+    "epochs": 30, "lr": 1e-3, "batch_size": 64, "weight_decay": 1e-5, "warmup_epochs": 2, "seed": 0,
+    "precision": "auto", "num_workers": 0, "aux_label_field": None,
+}
+
+
+def softmax64(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(1, keepdims=True)
+
+
+def logsumexp64(logits: np.ndarray) -> np.ndarray:
+    m = logits.max(1)
+    return m + np.log(np.exp(logits - m[:, None]).sum(1))
+
+
+def linear_arrays(layer: torch.nn.Linear, prefix: str) -> dict[str, np.ndarray]:
+    """A linear layer's weight and bias as float64 arrays named `<prefix>.weight` / `<prefix>.bias`."""
+    return {f"{prefix}.weight": as_numpy(layer.weight, np.float64), f"{prefix}.bias": as_numpy(layer.bias, np.float64)}
+
+
+def apply_linear(state: dict[str, np.ndarray], prefix: str, features: np.ndarray) -> np.ndarray:
+    return features @ state[f"{prefix}.weight"].T + state[f"{prefix}.bias"]
+
+
+class TrainedDetector(Detector):
+    """Base of the training-time detectors (family "training"). Subclasses set `method_defaults`, `score_rules`,
+    and implement `objective()` (the loss to train) and `_score_logits(logits, features)`."""
+
+    family: ClassVar[str] = "training"
+    inputs: ClassVar[frozenset[str]] = frozenset({"features"})
+    method_defaults: ClassVar[dict[str, Any]] = {}
+    score_rules: ClassVar[tuple[str, ...]] = ("msp",)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.defaults = {**TRAINING_DEFAULTS, **cls.method_defaults}
+
+    def __init__(self, classifier: Any = None, **params: Any) -> None:
+        super().__init__(**params)
+        if self.params["score_rule"] not in self.score_rules:
+            raise ValueError(f"{self.name}: score_rule must be one of {self.score_rules}, got {self.params['score_rule']!r}")
+        self.classifier = classifier
+        self.extra: dict[str, np.ndarray] = {}
+        self.history: list[dict[str, float]] = []
+
+    # -- to implement ---------------------------------------------------------------------------------------
+    def objective(self) -> Objective:
+        raise NotImplementedError
+
+    def export(self, objective: Objective) -> dict[str, np.ndarray]:
+        """Arrays of the trained objective needed for scoring (extra heads); default none."""
+        return {}
+
+    def _score_logits(self, logits: np.ndarray, features: np.ndarray) -> np.ndarray:
+        return softmax64(logits).max(1)
+
+    # -- protocol -------------------------------------------------------------------------------------------
+    def fit(self, id_train: Any, *, head: LinearHead | None = None, id_val: Any = None, ood_val: Any = None,
+            aux: Any = None) -> "TrainedDetector":
+        """Train (see the module docstring for the two modes); `aux` is the auxiliary (outlier-exposure) set."""
+        objective = self.objective()
+        if objective.uses_aux and aux is None:
+            raise ValueError(f"{self.name} trains with auxiliary data: fit(..., aux=<auxiliary FeatureSet, ImageSet or Manifest>)")
+        p = self.params
+        common = dict(epochs=p["epochs"], lr=p["lr"], batch_size=p["batch_size"], weight_decay=p["weight_decay"],
+                      warmup_epochs=p["warmup_epochs"], objective=objective, seed=p["seed"], precision=p["precision"])
+        if isinstance(id_train, FeatureSet):
+            layer, result = self._fit_features(id_train, head, id_val, aux if objective.uses_aux else None, common)
+        else:
+            layer, result = self._fit_images(id_train, id_val, aux if objective.uses_aux else None, common)
+        self.head = LinearHead(as_numpy(layer.weight, np.float64), as_numpy(layer.bias, np.float64))
+        self.extra = self.export(objective)
+        self.history = result.history
+        self.fitted = True
+        return self
+
+    def _fit_features(self, id_train: FeatureSet, head: Any, id_val: Any, aux: Any, common: dict[str, Any]):
+        id_train.require("features", "labels", who=self.name)
+        if head is None:
+            layer = torch.nn.Linear(id_train.features.shape[1], int(id_train.labels.max()) + 1)
+        else:
+            layer = head
+        if aux is not None and not isinstance(aux, FeatureSet):
+            raise TypeError(f"{self.name}: with a FeatureSet for id_train, aux must be a FeatureSet too, got {type(aux).__name__}")
+        val = id_val if isinstance(id_val, FeatureSet) and id_val.features is not None and id_val.labels is not None else None
+        return train_heads(layer, id_train.features, id_train.labels,
+                           aux_features=None if aux is None else aux.features,
+                           aux_labels=None if aux is None or aux.labels is None else aux.labels,
+                           val_features=None if val is None else val.features, val_labels=None if val is None else val.labels,
+                           **common)
+
+    def _fit_images(self, id_train: Any, id_val: Any, aux: Any, common: dict[str, Any]):
+        if self.classifier is None:
+            raise ValueError(f"{self.name}: training on images needs build({self.name!r}, classifier=<ImageClassifier>)")
+
+        def manifest(x: Any) -> Any:
+            return x.manifest if isinstance(x, ImageSet) else x
+
+        train_m = manifest(id_train)
+        if train_m is None or not hasattr(train_m, "rows"):
+            raise TypeError(f"{self.name}: id_train must be a FeatureSet, an ImageSet built from a manifest, or a Manifest")
+        result = finetune(self.classifier, train_m, aux=manifest(aux), val=manifest(id_val), num_workers=self.params["num_workers"],
+                          aux_label_field=self.params["aux_label_field"], **common)
+        return self.classifier.head, result
+
+    def _score(self, batch: FeatureSet) -> np.ndarray:
+        if not self.fitted or self.head is None:
+            raise RuntimeError(f"{self.name}: call fit() (or from_pretrained) before score()")
+        batch.require("features", who=self.name)
+        features = np.asarray(batch.features, dtype=np.float64)
+        return self._score_logits(self.head(features), features)
+
+    # -- state ----------------------------------------------------------------------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        return {**super().state(), **self.extra}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        super().load_state(state)
+        self.extra = {k: v for k, v in state.items() if not k.startswith("head.")}
