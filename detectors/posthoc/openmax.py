@@ -84,7 +84,8 @@ def weibull_cdf_high(x: np.ndarray, shape: np.ndarray, scale: np.ndarray, small:
                      translate: float = LIBMR_TRANSLATE) -> np.ndarray:
     """libMR W_score of a FitHigh model: Weibull CDF at x + translate - small_score (0 below the support)."""
     t = np.maximum(np.asarray(x, dtype=np.float64) + translate - small, 0.0)
-    return -np.expm1(-((t / scale) ** shape))
+    with np.errstate(over="ignore"):  # (t / scale) ** shape -> inf far in the tail: CDF 1, as intended
+        return -np.expm1(-((t / scale) ** shape))
 
 
 def openmax_probabilities(logits: np.ndarray, distances: np.ndarray, shape: np.ndarray, scale: np.ndarray,
