@@ -3,7 +3,9 @@
 Conventions (OpenOOD v1.5): OOD is the positive class, ranked by -score. `fpr95` is the fraction of ID samples rejected at
 the first ROC point where >= 95% of OOD are detected; `fpr95_id` is the classic one (fraction of OOD accepted at the first
 point keeping >= 95% of ID). AUPR-In has ID positive, AUPR-Out OOD positive; both are trapezoidal areas under the
-precision-recall curve. Ties are exact: one ROC/PR point per distinct score. A sample is flagged OOD iff score < threshold.
+precision-recall curve. Ties are exact: one ROC/PR point per distinct score. (OpenOOD builds its curve with
+scikit-learn's `drop_intermediate=True`, which can drop points inside a tied diagonal segment and so, rarely, report a
+higher FPR@95 than the exact curve.) A sample is flagged OOD iff score < threshold.
 """
 from __future__ import annotations
 

@@ -21,7 +21,8 @@ def select(name: str, id_val: Any, ood_val: Any, *, id_train: Any = None, head: 
     """Fit `name` on `id_train` (default `id_val`) for every point of its `search_space` and keep the best by `metric`.
 
     Returns (fitted best detector, its parameters, one row per grid point with the point and all metrics).
-    `metric` is maximised except `fpr95`/`fpr95_id`, which are minimised.
+    `metric` is maximised except `fpr95`/`fpr95_id`, which are minimised. A point the data cannot take (the detector
+    raises ValueError, e.g. k larger than the training bank) is recorded with its error and skipped.
     """
     cls = detector_class(name)
     space = cls.search_space if space is None else space
@@ -31,10 +32,15 @@ def select(name: str, id_val: Any, ood_val: Any, *, id_train: Any = None, head: 
     table = []
     for point in grid(space):
         params = {**(fixed or {}), **point}
-        det = build(name, **params).fit(fit_on, head=head, id_val=id_val)
-        metrics = evaluate(det.score(id_val), det.score(ood_val))
+        try:
+            det = build(name, **params).fit(fit_on, head=head, id_val=id_val)
+            metrics = evaluate(det.score(id_val), det.score(ood_val))
+        except ValueError as err:
+            table.append({**point, "error": str(err)})
+            continue
         table.append({**point, **metrics})
         if best is None or sign * metrics[metric] > best[0]:
             best = (sign * metrics[metric], det, params)
-    assert best is not None
+    if best is None:
+        raise ValueError(f"select({name!r}): no point of the search space could be fitted: {table}")
     return best[1], best[2], table
