@@ -35,9 +35,7 @@ class ClipDetector(Detector):
             self._backbone = ClipBackbone.load(model, processor, params.get("device"))
             model = self._backbone.model_id
         super().__init__(model=str(model), **params)
-        if not self.params["class_names"]:
-            raise ValueError(f"{self.name}: class_names=[...] (the ID class names) is required")
-        self.params["class_names"] = list(self.params["class_names"])
+        self.params["class_names"] = list(self.params["class_names"] or [])
         self.params["templates"] = list(self.params["templates"] or DEFAULT_TEMPLATES)
         self._processor = processor
         self._text_cache: dict[str, torch.Tensor] = {}
@@ -53,10 +51,16 @@ class ClipDetector(Detector):
         """Cached image embeddings of `images` (the image tower runs once per model and image set)."""
         return image_features(self.backbone, images, self.params["cache_dir"], self.params["batch_size"])
 
+    def require_classes(self) -> list[str]:
+        """The ID class names; a clear error when none were given."""
+        if not self.params["class_names"]:
+            raise ValueError(f"{self.name}: class_names=[...] (the ID class names) is required")
+        return self.params["class_names"]
+
     def class_text(self) -> torch.Tensor:
         """Normalised ID class embeddings [C,P] from the hand-written templates (computed once)."""
         if "classes" not in self._text_cache:
-            self._text_cache["classes"] = self.backbone.encode_class_prompts(self.params["class_names"], self.params["templates"]).cpu()
+            self._text_cache["classes"] = self.backbone.encode_class_prompts(self.require_classes(), self.params["templates"]).cpu()
         return self._text_cache["classes"]
 
     @property

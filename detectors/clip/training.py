@@ -74,7 +74,7 @@ class PromptDetector(ClipDetector):
     def learner(self) -> PromptLearner:
         """The prompt learner (built on first use; restored from a loaded state when there is one)."""
         if self._learner is None:
-            self._learner = PromptLearner(self.backbone, self.params["class_names"], self.params["n_ctx"], self.n_ood,
+            self._learner = PromptLearner(self.backbone, self.require_classes(), self.params["n_ctx"], self.n_ood,
                                           seed=self.params["seed"]).to(self.backbone.device)
             if self._prompt_state is not None:
                 self._learner.load(self._prompt_state)
