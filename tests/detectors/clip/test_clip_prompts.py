@@ -1,0 +1,119 @@
+"""Prompt learner, LoCoOp and ID-like: losses against hand computations, training on a toy task, save/load."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from scipy.special import softmax
+
+import detectors
+from detectors.base import Detector, ImageSet
+from detectors.clip.idlike import random_crops, select_crops
+from detectors.clip.prompts import PLACEHOLDER, PromptLearner, idlike_loss, locoop_loss
+from detectors.metrics import auroc
+
+from clip_toys import CLASSES, colour_images
+
+
+def test_prompt_learner_equals_text_tower_when_context_is_the_placeholder_tokens(backbone):
+    learner = PromptLearner(backbone, ["dog", "bronze vessel"], n_ctx=4, n_ood=2)
+    placeholder = backbone.token_embeddings(backbone.tokenize([PLACEHOLDER]))[0, 1]
+    with torch.no_grad():
+        learner.ctx.copy_(placeholder.expand(4, -1))
+        learner.ood.copy_(placeholder.expand(2, -1))
+        got = learner()
+    ctx = " ".join([PLACEHOLDER] * 4)
+    expected = backbone.encode_texts([f"{ctx} dog.", f"{ctx} bronze vessel.", f"{ctx} {PLACEHOLDER}.", f"{ctx} {PLACEHOLDER}."])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_locoop_loss_equals_hand_computation():
+    gen = torch.Generator().manual_seed(0)
+    glob, loc = torch.randn(3, 5, generator=gen), torch.randn(3, 4, 5, generator=gen)
+    labels = torch.tensor([0, 2, 4])
+    loss, parts = locoop_loss(glob, loc, labels, top_k=2, lam=0.25)
+    g, l = glob.double().numpy(), loc.double().numpy()
+    ce = np.mean([-np.log(softmax(g[i])[labels[i]]) for i in range(3)])
+    ents = []
+    for i in range(3):
+        for p in range(4):
+            top2 = np.argsort(-l[i, p])[:2]
+            if labels[i].item() not in top2:
+                q = softmax(l[i, p])
+                ents.append(-(q * np.log(q + 1e-5)).sum())
+    assert ents, "the fixed tensors must contain OOD patches"
+    np.testing.assert_allclose(parts["entropy"], np.mean(ents), rtol=1e-5)
+    np.testing.assert_allclose(float(loss), ce - 0.25 * np.mean(ents), rtol=1e-5)
+
+
+def test_idlike_loss_equals_hand_computation():
+    gen = torch.Generator().manual_seed(1)
+    id_logits, ood_logits = torch.randn(4, 6, generator=gen), torch.randn(5, 6, generator=gen)
+    ood_text = torch.nn.functional.normalize(torch.randn(3, 8, generator=gen), dim=1)
+    labels = torch.tensor([0, 1, 2, 1])
+    loss, _ = idlike_loss(id_logits, labels, ood_logits, ood_text, n_cls=3, lam_ood=0.3, lam_div=0.2)
+    a, b, t = id_logits.double().numpy(), ood_logits.double().numpy(), ood_text.double().numpy()
+    ce = np.mean([-np.log(softmax(a[i])[labels[i]]) for i in range(4)])
+    ood = np.mean([np.log(softmax(b[i])[:3].sum()) for i in range(5)])
+    div = np.mean([max(0.0, t[j] @ t[k]) for j in range(3) for k in range(3) if j != k])
+    np.testing.assert_allclose(float(loss), ce + 0.3 * ood + 0.2 * div, rtol=1e-5)
+
+
+def test_locoop_training_raises_auroc_on_a_toy_task(backbone, tmp_path):
+    train = ImageSet(images=colour_images([0], 4, 0) + colour_images([1], 4, 1), labels=np.array([0] * 4 + [1] * 4))
+    id_test = ImageSet(images=colour_images([0], 5, 2) + colour_images([1], 5, 3))
+    ood_test = ImageSet(images=colour_images([0, 1], 10, 4))
+    det = detectors.build("locoop", model=backbone, class_names=CLASSES, epochs=30, lr=0.05, shots=4,
+                          score_rule="mcm", progress=False)
+    before = auroc(det.score(id_test), det.score(ood_test))
+    det.fit(train)
+    after = auroc(det.score(id_test), det.score(ood_test))
+    assert det.losses[-1] < det.losses[0]
+    assert after > before + 0.2, (before, after)
+    # learned prompts round-trip exactly through save_pretrained / from_pretrained
+    det.save_pretrained(tmp_path / "locoop")
+    loaded = Detector.from_pretrained(tmp_path / "locoop", model=backbone)
+    assert type(loaded) is type(det) and loaded.params == det.params
+    for key, value in det.state().items():
+        np.testing.assert_array_equal(loaded.state()[key], value)
+    np.testing.assert_array_equal(loaded.score(id_test), det.score(id_test))
+
+
+def test_locoop_glmcm_rule_matches_scores_module(backbone):
+    from detectors.clip import scores
+
+    images = ImageSet(images=colour_images([0], 3, 5))
+    det = detectors.build("locoop", model=backbone, class_names=CLASSES, glmcm_lam=0.5, progress=False)
+    feats = det.features(images)
+    expected = scores.mcm(feats.global_, det.prompt_text()) + 0.5 * scores.local_mcm(feats.local, det.prompt_text())
+    np.testing.assert_allclose(det.score(images), expected)
+
+
+def test_idlike_crops_selection_training_and_score(backbone, tmp_path):
+    image = colour_images([0], 1, 6, size=48)[0]
+    crops = random_crops(image, 6, seed=3)
+    again = random_crops(image, 6, seed=3)
+    assert [c.size for c in crops] == [c.size for c in again] and all(c.width <= 48 and c.height <= 48 for c in crops)
+    feats = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    text = torch.nn.functional.normalize(torch.randn(4, generator=torch.Generator().manual_seed(1)), dim=0)
+    near, far = select_crops(feats, text, 2)
+    sims = (torch.nn.functional.normalize(feats, dim=1) @ text).numpy()
+    order = np.argsort(-sims)
+    torch.testing.assert_close(near, feats[order[:2]])
+    torch.testing.assert_close(far, feats[order[-2:]])
+
+    train = ImageSet(images=colour_images([0], 2, 7) + colour_images([1], 2, 8), labels=np.array([0, 0, 1, 1]))
+    det = detectors.build("idlike", model=backbone, class_names=CLASSES, shots=2, n_crops=8, n_select=2,
+                          n_ood_prompts=3, epochs=2, progress=False)
+    det.fit(train)
+    assert len(det.losses) == 2 * 4 and np.isfinite(det.losses).all()
+    test = ImageSet(images=colour_images([1], 3, 9))
+    prompts = det.prompt_text().double().numpy()
+    assert prompts.shape[0] == len(CLASSES) + 3
+    g = det.features(test).global_.double().numpy()
+    g = g / np.linalg.norm(g, axis=1, keepdims=True)
+    expected = softmax(g @ prompts.T / 0.01, axis=1)[:, :2].sum(1)
+    np.testing.assert_allclose(det.score(test), expected, rtol=1e-5)
+    det.save_pretrained(tmp_path / "idlike")
+    loaded = Detector.from_pretrained(tmp_path / "idlike", model=backbone)
+    np.testing.assert_array_equal(loaded.state()["prompt.ood"], det.state()["prompt.ood"])
+    np.testing.assert_array_equal(loaded.score(test), det.score(test))
