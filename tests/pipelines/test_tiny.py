@@ -30,3 +30,27 @@ def test_tiny_tokenizer_files_follow_the_clip_layout(tmp_path):
     assert len(vocab) >= 512 + 2 and list(vocab)[-2:] == [BOS_TOKEN, EOS_TOKEN]
     assert (folder / "merges.txt").read_text(encoding="utf-8").startswith("#version:")
     assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == 77
+
+
+def test_tiny_zest_uses_the_real_layouts(tiny_zest_config):
+    from pathlib import Path
+
+    from diffusers import ControlNetModel, UNet2DConditionModel
+    from safetensors import safe_open
+    from transformers import AutoModelForDepthEstimation
+
+    ip_root = Path(tiny_zest_config.ip_adapter)
+    assert (ip_root / "models" / "image_encoder" / "config.json").is_file()
+    weights = ip_root / tiny_zest_config.ip_adapter_subfolder / tiny_zest_config.ip_adapter_weight
+    unet = UNet2DConditionModel.from_pretrained(tiny_zest_config.base, subfolder="unet")
+    cross = [name for name in unet.attn_processors if name.endswith("attn2.processor")]
+    with safe_open(str(weights), "pt") as f:
+        keys = set(f.keys())
+        # h94 layout: image_proj.* and ip_adapter.<k>.to_{k,v}_ip with k = 1, 3, 5, ... one per cross-attention
+        assert {f"ip_adapter.{2 * i + 1}.to_k_ip.weight" for i in range(len(cross))} <= keys
+        assert f.get_tensor("image_proj.proj.weight").shape == (4 * unet.config.cross_attention_dim, 32)
+    assert len([k for k in keys if k.startswith("ip_adapter.")]) == 2 * len(cross)
+    controlnet = ControlNetModel.from_pretrained(tiny_zest_config.controlnet)
+    assert tuple(controlnet.config.conditioning_embedding_out_channels) == (16, 32)
+    assert unet.config.projection_class_embeddings_input_dim == 6 * 8 + 32
+    assert AutoModelForDepthEstimation.from_pretrained(tiny_zest_config.depth).config.model_type == "dpt"

@@ -1,0 +1,60 @@
+"""Foreground masks (given, OpenCV fallback) and ZeST's grayscale init image."""
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipelines.masks import binarise, foreground_masks, grayscale_init, load_mask, opencv_mask
+
+
+def _object_on_plain_background(seed: int = 0, size: tuple[int, int] = (240, 180)):
+    """A textured ellipse on a slightly noisy plain background, and its true mask."""
+    width, height = size
+    rng = np.random.default_rng(seed)
+    image = np.full((height, width, 3), (205, 200, 190), dtype=np.int64) + rng.integers(-4, 5, (height, width, 3))
+    truth = np.zeros((height, width), np.uint8)
+    cv2.ellipse(truth, (width // 2, height // 2), (width // 3, height // 3), 20, 0, 360, 1, -1)
+    texture = np.stack([np.full((height, width), 120), np.tile(np.linspace(40, 110, width), (height, 1)),
+                        rng.integers(20, 70, (height, width))], axis=-1)
+    image[truth > 0] = texture[truth > 0]
+    return Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)), truth > 0
+
+
+def test_opencv_mask_recovers_an_object_on_a_plain_background():
+    image, truth = _object_on_plain_background()
+    mask = np.asarray(opencv_mask(image))
+    assert set(np.unique(mask)) <= {0, 255}
+    predicted = mask > 0
+    iou = (predicted & truth).sum() / (predicted | truth).sum()
+    assert iou > 0.8
+
+
+def test_given_masks_are_thresholded_and_resized():
+    soft = np.tile(np.linspace(0, 255, 8).astype(np.uint8), (4, 1))
+    mask = load_mask(Image.fromarray(soft), size=(16, 8))
+    assert mask.size == (16, 8) and set(np.unique(np.asarray(mask))) == {0, 255}
+    np.testing.assert_array_equal(np.asarray(binarise(Image.fromarray(soft)))[0] > 0, soft[0] >= 128)
+    rgba = np.zeros((4, 4, 4), np.uint8)
+    rgba[1:3, 1:3, 3] = 255  # alpha defines the foreground of an RGBA cut-out
+    np.testing.assert_array_equal(np.asarray(binarise(Image.fromarray(rgba, "RGBA"))) > 0, rgba[..., 3] > 0)
+    image, _ = _object_on_plain_background()
+    masks = foreground_masks([image, image], [Image.fromarray(soft), None], method="opencv")
+    assert masks[0].size == image.size and masks[1].size == image.size
+    with pytest.raises(ValueError, match="masks"):
+        foreground_masks([image], [None, None])
+
+
+def test_grayscale_init_is_gray_inside_and_colour_outside():
+    rng = np.random.default_rng(3)
+    target = Image.fromarray(rng.integers(0, 256, (20, 30, 3), dtype=np.uint8))
+    inside = np.zeros((20, 30), bool)
+    inside[5:15, 8:22] = True
+    init = np.asarray(grayscale_init(target, Image.fromarray(np.where(inside, 255, 0).astype(np.uint8))))
+    rgb = np.asarray(target, dtype=np.float64)
+    luma = np.floor((rgb @ np.array([299, 587, 114]) + 500) / 1000)  # ITU-R 601 as PIL computes it
+    np.testing.assert_array_equal(init[~inside], np.asarray(target)[~inside])
+    for channel in range(3):
+        assert np.abs(init[..., channel][inside] - luma[inside]).max() <= 1
+    assert (init[inside][:, 0] == init[inside][:, 1]).all() and (init[inside][:, 1] == init[inside][:, 2]).all()

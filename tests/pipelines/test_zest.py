@@ -1,0 +1,130 @@
+"""ZeST pipeline on tiny random-weight models: batching, seeding, IP-Adapter wiring, resize and composite options."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipelines.zest import (
+    NEGATIVE_PROMPT, PROMPT, ZeSTConfig, ZeSTPipeline, composite_background, feathered_weights, fit_square, unfit_square,
+)
+
+FAST = dict(num_inference_steps=3, resolution=64)  # strength 0.9999 -> 2 denoising steps
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _single_threaded(one_thread):
+    """Every model call of this module (fixtures included) runs with the same thread count, so repeats are bitwise."""
+
+
+def _images(seed: int, size: tuple[int, int], n: int) -> list[Image.Image]:
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)) for _ in range(n)]
+
+
+def _box_mask(size: tuple[int, int], box: tuple[int, int, int, int]) -> Image.Image:
+    mask = np.zeros((size[1], size[0]), dtype=np.uint8)
+    left, top, right, bottom = box
+    mask[top:bottom, left:right] = 255
+    return Image.fromarray(mask, mode="L")
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    targets = _images(0, (56, 40), 2)
+    materials = _images(1, (32, 48), 2)  # two different exemplars: a mixed batch
+    masks = [_box_mask((56, 40), (12, 8, 44, 32)), _box_mask((56, 40), (4, 4, 30, 36))]
+    return targets, materials, masks
+
+
+@pytest.fixture(scope="module")
+def first_alone(tiny_zest, inputs):
+    targets, materials, masks = inputs
+    return tiny_zest.generate(targets[:1], materials[:1], masks[:1], seeds=[11], **FAST)[0][0]
+
+
+def test_config_round_trip_and_unknown_key():
+    cfg = ZeSTConfig(vae="madebyollin/sdxl-vae-fp16-fix")
+    assert ZeSTConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="ip_adaptor"):
+        ZeSTConfig.from_dict({"ip_adaptor": "h94/IP-Adapter"})
+
+
+def test_prompt_is_zest_s_and_text_encoders_are_dropped(tiny_zest, tiny_zest_config):
+    assert (PROMPT, NEGATIVE_PROMPT) == ("best quality, high quality",
+                                         "monochrome, lowres, bad anatomy, worst quality, low quality")
+    assert tiny_zest.pipe.text_encoder is None and tiny_zest.pipe.text_encoder_2 is None
+    assert [e.shape[0] for e in tiny_zest.prompt_embeds] == [1, 1, 1, 1]
+    assert tiny_zest.model_ids["base"] == tiny_zest_config.base
+
+
+def test_batched_equals_one_at_a_time_with_mixed_exemplars(tiny_zest, inputs, first_alone):
+    targets, materials, masks = inputs
+    batched, _ = tiny_zest.generate(targets, materials, masks, seeds=[11, 12], **FAST)
+    second_alone = tiny_zest.generate(targets[1:], materials[1:], masks[1:], seeds=[12], **FAST)[0][0]
+    np.testing.assert_allclose(batched[0], first_alone, atol=1e-4)
+    np.testing.assert_allclose(batched[1], second_alone, atol=1e-4)
+    # the exemplar matters per sample: swapping the exemplars changes each output
+    swapped, _ = tiny_zest.generate(targets, materials[::-1], masks, seeds=[11, 12], **FAST)
+    assert np.abs(swapped[0] - batched[0]).max() > 1e-3
+
+
+def test_ip_adapter_scale_changes_the_output(tiny_zest, inputs, first_alone):
+    targets, materials, masks = inputs
+    without = tiny_zest.generate(targets[:1], materials[:1], masks[:1], seeds=[11], ip_adapter_scale=0.0, **FAST)[0][0]
+    assert np.abs(without - first_alone).max() > 1e-3
+
+
+def test_same_seed_same_image_different_seed_different_image(tiny_zest, inputs, first_alone):
+    targets, materials, masks = inputs
+    again = tiny_zest.generate(targets[:1], materials[:1], masks[:1], seeds=[11], **FAST)[0][0]
+    other = tiny_zest.generate(targets[:1], materials[:1], masks[:1], seeds=[99], **FAST)[0][0]
+    np.testing.assert_array_equal(again, first_alone)
+    assert np.abs(other - first_alone).max() > 1e-3
+
+
+@pytest.mark.parametrize("resize", ["squash", "pad"])
+def test_call_returns_the_target_size_and_composite_keeps_the_background(tiny_zest, inputs, resize):
+    targets, materials, masks = inputs
+    feather = 1.5
+    outputs = tiny_zest(targets, materials, masks, seeds=[11, 12], resize=resize, composite=True, feather=feather,
+                        **FAST)
+    for output, target, mask in zip(outputs, targets, masks):
+        assert output.size == target.size and output.mode == "RGB"
+        outside = feathered_weights(mask, feather) == 0
+        assert outside.sum() > 0
+        np.testing.assert_array_equal(np.asarray(output)[outside], np.asarray(target)[outside])
+        inside = np.asarray(mask) > 0
+        assert np.abs(np.asarray(output, dtype=int)[inside] - np.asarray(target, dtype=int)[inside]).max() > 0
+
+
+def test_pad_resize_round_trips_geometry():
+    image = Image.fromarray(np.arange(30 * 50 * 3, dtype=np.uint8).reshape(30, 50, 3) % 251)
+    padded = fit_square(image, 50, "pad", Image.NEAREST)
+    assert padded.size == (50, 50)
+    # the content sits centred, between 10 rows of replicated edge above and below
+    np.testing.assert_array_equal(np.asarray(padded)[10:40], np.asarray(image))
+    np.testing.assert_array_equal(np.asarray(padded)[0], np.asarray(image)[0])
+    np.testing.assert_array_equal(np.asarray(unfit_square(padded, image.size, "pad")), np.asarray(image))
+
+
+def test_feathered_composite_formula():
+    mask = _box_mask((20, 20), (5, 5, 15, 15))
+    generated = Image.new("RGB", (20, 20), (200, 100, 0))
+    original = Image.new("RGB", (20, 20), (0, 100, 200))
+    weights = feathered_weights(mask, 1.0)
+    # independent check: weights are the Gaussian-blurred box, exactly 1 deep inside and 0 beyond the kernel radius
+    assert weights[10, 10] == pytest.approx(1.0) and weights[0, 0] == 0.0 and 0 < weights[5, 10] < 1
+    result = np.asarray(composite_background(generated, original, mask, 1.0), dtype=np.float64)
+    expected = np.rint(weights[..., None] * np.array([200, 100, 0]) + (1 - weights[..., None]) * np.array([0, 100, 200]))
+    np.testing.assert_array_equal(result, expected)
+
+
+def test_uncached_hub_id_raises_the_clear_offline_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf_home" / "hub"))
+    cfg = ZeSTConfig(controlnet="oodforge-tests/no-such-controlnet")
+    with pytest.raises(OSError, match="oodforge-tests/no-such-controlnet.*pass DIR instead"):
+        ZeSTPipeline.from_config(cfg, device="cpu")
+
