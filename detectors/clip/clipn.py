@@ -63,10 +63,10 @@ def binary_opposite_losses(image: torch.Tensor, yes_text: torch.Tensor, no_text:
     (mean over i of -log P(yes | i, i), mean over i != j of -log P(no | i, j)), P from softmax over the yes/no logits."""
     yes = scale * image @ yes_text.T
     no = scale * image @ no_text.T
-    p_yes = torch.softmax(torch.stack([yes, no], dim=-1), dim=-1)[..., 0]
+    log_p = torch.log_softmax(torch.stack([yes, no], dim=-1), dim=-1)  # stable form of log(softmax)
     eye = torch.eye(len(image), device=image.device, dtype=torch.bool)
-    nll_yes = -torch.log(p_yes[eye])
-    nll_no = -torch.log(1 - p_yes[~eye])
+    nll_yes = -log_p[..., 0][eye]
+    nll_no = -log_p[..., 1][~eye]
     return nll_yes.mean(), nll_no.mean() if nll_no.numel() else nll_yes.new_zeros(())
 
 

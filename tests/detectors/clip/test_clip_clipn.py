@@ -1,0 +1,132 @@
+"""CLIPN: losses and CTW/ATD against their formulas, the "no" tower, training, save/load and the open_clip converter."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import softmax
+
+import detectors
+from detectors.base import Detector, ImageSet
+from detectors.clip.clipn import NoTextTower, binary_opposite_losses, semantic_opposite_loss
+from detectors.clip.clipn_convert import convert_clipn, convert_state_dict
+from detectors.clip.scores import clipn_atd, clipn_ctw, clipn_probabilities
+
+from clip_toys import CLASSES, colour_images
+
+
+def unit(a: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.normalize(a.double(), dim=-1)
+
+
+def test_ctw_and_atd_equal_their_formulas():
+    gen = torch.Generator().manual_seed(0)
+    img, yes, no = unit(torch.randn(5, 8, generator=gen)), unit(torch.randn(3, 8, generator=gen)), unit(torch.randn(3, 8, generator=gen))
+    p, p_no = clipn_probabilities(img, yes, no, scale=10.0)
+    ly, ln = 10 * img.numpy() @ yes.numpy().T, 10 * img.numpy() @ no.numpy().T
+    probs = softmax(ly, axis=1)
+    pno = np.exp(ln) / (np.exp(ly) + np.exp(ln))
+    pred = probs.argmax(1)
+    np.testing.assert_allclose(clipn_ctw(p, p_no), 1 - pno[np.arange(5), pred], rtol=1e-6)
+    np.testing.assert_allclose(clipn_atd(p, p_no), (probs * (1 - pno)).sum(1), rtol=1e-6)
+
+
+def test_clipn_losses_equal_hand_computation():
+    gen = torch.Generator().manual_seed(1)
+    img, yes, no = unit(torch.randn(4, 6, generator=gen)), unit(torch.randn(4, 6, generator=gen)), unit(torch.randn(4, 6, generator=gen))
+    bin_yes, bin_no = binary_opposite_losses(img, yes, no, scale=5.0)
+    ly, ln = 5 * img.numpy() @ yes.numpy().T, 5 * img.numpy() @ no.numpy().T
+    p_yes = np.exp(ly) / (np.exp(ly) + np.exp(ln))
+    np.testing.assert_allclose(float(bin_yes), np.mean([-np.log(p_yes[i, i]) for i in range(4)]), rtol=1e-10)
+    np.testing.assert_allclose(float(bin_no), np.mean([-np.log(1 - p_yes[i, j]) for i in range(4) for j in range(4) if i != j]), rtol=1e-10)
+    dist = np.linalg.norm(yes.numpy() - no.numpy(), axis=1)
+    np.testing.assert_allclose(float(semantic_opposite_loss(yes, no, eps=0.0)), np.mean(2 - dist), rtol=1e-8)
+
+
+def test_untrained_no_tower_equals_the_text_tower(backbone):
+    tower = NoTextTower.from_clip(backbone.model, n_prompts=4)
+    ids = backbone.tokenize(["a photo of a red.", "a photo of a green."])
+    with torch.no_grad():
+        got = tower(backbone, ids)
+    torch.testing.assert_close(got, backbone.encode_texts(["a photo of a red.", "a photo of a green."]), rtol=1e-5, atol=1e-6)
+
+
+def test_clipn_training_save_and_load(backbone, tmp_path):
+    train = ImageSet(images=colour_images([0], 4, 0) + colour_images([1], 4, 1), labels=np.array([0] * 4 + [1] * 4))
+    det = detectors.build("clipn", model=backbone, class_names=CLASSES, epochs=4, lr=1e-3, train_batch=4, progress=False)
+    det.fit(train)
+    assert len(det.losses) == 8 and np.isfinite(det.losses).all()
+    assert float(det.tower.prompt.detach().abs().sum()) > 0  # the prompts learned
+    test = ImageSet(images=colour_images([0, 1], 3, 2))
+    det.save_pretrained(tmp_path / "clipn")
+    loaded = Detector.from_pretrained(tmp_path / "clipn", model=backbone, score_rule="ctw")
+    for key, value in det.state().items():
+        np.testing.assert_array_equal(loaded.state()[key], value)
+    p, p_no = clipn_probabilities(det.features(test).global_, det.class_text(), det.no_text(), 100.0)
+    np.testing.assert_allclose(loaded.score(test), clipn_ctw(p, p_no), rtol=1e-6)
+    np.testing.assert_allclose(det.score(test), clipn_atd(p, p_no), rtol=1e-6)
+
+
+def open_clip_state_dict(model, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A random CLIPN state dict in the open_clip layout (keys as CLIPN's open_clip model code) sized like `model`."""
+    gen = torch.Generator().manual_seed(seed)
+    vc, tc = model.config.vision_config, model.config.text_config
+    rnd = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+
+    def blocks(prefix: str, width: int, mlp: int, layers: int) -> dict[str, torch.Tensor]:
+        out = {}
+        for i in range(layers):
+            b = f"{prefix}.resblocks.{i}."
+            out |= {b + "ln_1.weight": rnd(width), b + "ln_1.bias": rnd(width), b + "attn.in_proj_weight": rnd(3 * width, width),
+                    b + "attn.in_proj_bias": rnd(3 * width), b + "attn.out_proj.weight": rnd(width, width),
+                    b + "attn.out_proj.bias": rnd(width), b + "ln_2.weight": rnd(width), b + "ln_2.bias": rnd(width),
+                    b + "mlp.c_fc.weight": rnd(mlp, width), b + "mlp.c_fc.bias": rnd(mlp),
+                    b + "mlp.c_proj.weight": rnd(width, mlp), b + "mlp.c_proj.bias": rnd(width)}
+        return out
+
+    vw, tw, proj = vc.hidden_size, tc.hidden_size, model.config.projection_dim
+    grid = (vc.image_size // vc.patch_size) ** 2
+    state = {"visual.class_embedding": rnd(vw), "visual.positional_embedding": rnd(grid + 1, vw),
+             "visual.proj": rnd(vw, proj), "visual.conv1.weight": rnd(vw, 3, vc.patch_size, vc.patch_size),
+             "visual.ln_pre.weight": rnd(vw), "visual.ln_pre.bias": rnd(vw), "visual.ln_post.weight": rnd(vw),
+             "visual.ln_post.bias": rnd(vw), "logit_scale": rnd(())}
+    state |= blocks("visual.transformer", vw, vc.intermediate_size, vc.num_hidden_layers)
+    for suffix in ("", "_no"):
+        state |= {f"token_embedding{suffix}.weight": rnd(tc.vocab_size, tw),
+                  f"positional_embedding{suffix}": rnd(tc.max_position_embeddings, tw),
+                  f"ln_final{suffix}.weight": rnd(tw), f"ln_final{suffix}.bias": rnd(tw),
+                  f"text_projection{suffix}": rnd(tw, proj)}
+        state |= blocks(f"transformer{suffix}", tw, tc.intermediate_size, tc.num_hidden_layers)
+    state["prompt_no"] = rnd(16, tc.max_position_embeddings, tw)
+    return {f"module.{k}": v for k, v in state.items()}
+
+
+def test_converter_maps_every_key(backbone, tmp_path):
+    state = open_clip_state_dict(backbone.model)
+    path = tmp_path / "clipn_vit.pt"
+    torch.save({"epoch": 10, "state_dict": state}, path)
+    out = convert_clipn(path, tmp_path / "converted", processor=backbone.processor, head_width=8, class_names=CLASSES)
+    det = Detector.from_pretrained(out)
+    model = det.backbone.model
+    bare = {k[len("module."):]: v for k, v in state.items()}
+    clip_sd, no_sd = convert_state_dict(bare)
+    n_attn = sum(k.endswith("attn.in_proj_weight") or k.endswith("attn.in_proj_bias") for k in bare)
+    assert len(clip_sd) + len(no_sd) == len(bare) + 2 * n_attn  # every key mapped, q/k/v split in three
+    assert set(clip_sd) == set(model.state_dict())
+    assert set(no_sd) == {"no." + k for k in det.tower.state_dict()}
+    w = bare["visual.transformer.resblocks.1.attn.in_proj_weight"]
+    layer = model.vision_model.encoder.layers[1].self_attn
+    torch.testing.assert_close(torch.cat([layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight]), w)
+    torch.testing.assert_close(model.visual_projection.weight, bare["visual.proj"].T)
+    torch.testing.assert_close(model.text_model.encoder.layers[0].mlp.fc2.bias, bare["transformer.resblocks.0.mlp.c_proj.bias"])
+    torch.testing.assert_close(det.tower.projection.weight, bare["text_projection_no"].T)
+    torch.testing.assert_close(det.tower.prompt, bare["prompt_no"])
+    torch.testing.assert_close(det.tower.text_model.embeddings.position_embedding.weight, bare["positional_embedding_no"])
+    assert np.isfinite(det.score(ImageSet(images=colour_images([0], 2, 3)))).all()
+
+
+def test_converter_rejects_unknown_keys():
+    with pytest.raises(KeyError, match="visual.attnpool.c_proj.weight"):
+        convert_state_dict({"visual.attnpool.c_proj.weight": torch.zeros(2, 2)})
+    with pytest.raises(KeyError, match="attn.q_norm"):
+        convert_state_dict({"transformer.resblocks.0.attn.q_norm.weight": torch.zeros(2)})
