@@ -1,0 +1,507 @@
+"""Geographic open-set splits for species recognition (Open-Insects protocol) from occurrence metadata.
+
+Input: an occurrence table (CSV or Parquet, one row per image: `species, genus, family, lat, lon, file_name`, optional
+`split` for given ID splits and `taxon` to mark non-target rows) and the ID species of each region (`region, species`).
+Per region it builds, with vectorised pandas/numpy (no loop over rows):
+
+- ID train/val/test: every image of the region's ID species; the table's `split` when given, else 4:1:5 per species.
+- local OOD: species with an occurrence strictly inside the region's box padded by 1 degree latitude and 3 degrees
+  longitude, minus the region's ID species; species with more than 30 images give 10% to val, the rest to test.
+- non-local OOD (shared by all regions): species with an occurrence strictly inside the non-local box (continental
+  Australia by default) minus every region's ID and local-OOD species; at most 30 test images a species, and a val
+  set of 10% of that size drawn from their remaining images.
+- non-target OOD (shared): rows whose `taxon` differs from `target_taxon`, or a separate table; 10% val, rest test.
+- auxiliary train/val: every other target species minus the region's ID, local and non-local OOD species, without the
+  genera found only in OOD ((local genera | non-local genera) - ID genera); a val sample as large as ID val, then at
+  most 20 train images a species. Aux rows carry `aux_label` (index of their species among the aux-train species).
+
+Every row carries `species, genus, family, hop, lat, lon`: hop 0 for ID rows, else 1 when its genus holds an ID species
+of the region, 2 when only its family does, 3 otherwise. Boxes are (lat_min, lat_max, lon_min, lon_max), tested with
+strict inequalities as in the official code (RolnickLab/Open-Insects).
+
+Manifests hold metadata only: `file_name` is the image path relative to the user's image root, which is recorded in
+`split_info.json` beside each region's `metadata.jsonl`; `load_region(folder)` returns the manifest rooted there.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from pipelines.data import Manifest, ManifestError, read_manifest, write_manifest
+from pipelines.io import atomic_write_json, atomic_write_text
+from pipelines.runtime import item_seed
+
+OCCURRENCE_COLUMNS = ("species", "genus", "family", "lat", "lon", "file_name")
+SETS = ("id_train", "id_val", "id_test", "local_test", "local_val", "non_local_test", "non_local_val",
+        "non_target_test", "non_target_val", "aux_train", "aux_val")
+
+
+@dataclass(frozen=True)
+class Box:
+    """A latitude/longitude box; `contains` is strict on every edge."""
+
+    lat_min: float
+    lat_max: float
+    lon_min: float
+    lon_max: float
+
+    def __post_init__(self) -> None:
+        if not (self.lat_min < self.lat_max and self.lon_min < self.lon_max):
+            raise ValueError(f"box needs lat_min < lat_max and lon_min < lon_max, got {self}")
+
+    def padded(self, lat: float, lon: float) -> "Box":
+        return Box(self.lat_min - lat, self.lat_max + lat, self.lon_min - lon, self.lon_max + lon)
+
+    def contains(self, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+        return (lat > self.lat_min) & (lat < self.lat_max) & (lon > self.lon_min) & (lon < self.lon_max)
+
+    @classmethod
+    def parse(cls, text: str) -> "Box":
+        """`lat_min,lat_max,lon_min,lon_max`."""
+        try:
+            values = [float(v) for v in text.split(",")]
+        except ValueError:
+            values = []
+        if len(values) != 4:
+            raise ValueError(f"a box is 'lat_min,lat_max,lon_min,lon_max', got {text!r}")
+        return cls(*values)
+
+
+REGIONS = {
+    "ne-america": Box(42, 63, -80, -57),
+    "w-europe": Box(49, 61, -9, 16),
+    "c-america": Box(7, 10, -83, -77),
+}
+AUSTRALIA = Box(-44, -10, 113, 154)
+
+
+@dataclass
+class SplitConfig:
+    """Parameters of the split builder (defaults: Open-Insects)."""
+
+    regions: dict[str, Box] = field(default_factory=lambda: dict(REGIONS))
+    pad_lat: float = 1.0
+    pad_lon: float = 3.0
+    non_local_box: Box = AUSTRALIA
+    id_fractions: tuple[float, float, float] = (0.4, 0.1, 0.5)
+    id_cap: int | None = None
+    local_val_fraction: float = 0.1
+    local_val_min_images: int = 31
+    local_cap: int | None = None
+    non_local_cap: int = 30
+    non_local_val_fraction: float = 0.1
+    non_target_val_fraction: float = 0.1
+    non_target_cap: int | None = None
+    aux_per_species: int | None = 20
+    aux_val_size: int | None = None
+    target_taxon: str | None = None
+    non_target_name: str = "non_target"
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["regions"] = {k: asdict(v) for k, v in self.regions.items()}
+        out["non_local_box"] = asdict(self.non_local_box)
+        return out
+
+
+# -- input ---------------------------------------------------------------------------------------------------
+def read_table(path: str | os.PathLike) -> pd.DataFrame:
+    """A CSV or Parquet table."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"table not found: {path}")
+    if path.suffix.lower() in (".parquet", ".pq"):
+        return pd.read_parquet(path)
+    return pd.read_csv(path, low_memory=False)
+
+
+def check_occurrences(occ: pd.DataFrame, source: str = "occurrence table") -> pd.DataFrame:
+    """Validate the columns and file names; taxonomy becomes categorical, coordinates float64."""
+    missing = [c for c in OCCURRENCE_COLUMNS if c not in occ.columns]
+    if missing:
+        raise ValueError(f"{source}: missing column(s) {missing}; needs {list(OCCURRENCE_COLUMNS)}")
+    dup = occ["file_name"].duplicated()
+    if dup.any():
+        raise ValueError(f"{source}: {int(dup.sum())} duplicate file_name value(s), e.g. {occ.loc[dup, 'file_name'].iloc[0]!r}")
+    occ = occ.reset_index(drop=True).copy()
+    for col in ("species", "genus", "family"):
+        occ[col] = occ[col].astype("category")
+    for col in ("lat", "lon"):
+        occ[col] = pd.to_numeric(occ[col], errors="coerce").astype(np.float64)
+    return occ
+
+
+def read_id_species(path_or_frame: str | os.PathLike | pd.DataFrame) -> dict[str, list[str]]:
+    """`region, species` rows -> {region: sorted species}."""
+    frame = path_or_frame if isinstance(path_or_frame, pd.DataFrame) else read_table(path_or_frame)
+    missing = [c for c in ("region", "species") if c not in frame.columns]
+    if missing:
+        raise ValueError(f"ID species table: missing column(s) {missing}; needs region, species")
+    frame = frame.dropna(subset=["region", "species"])
+    return {str(region): sorted(set(group["species"].astype(str))) for region, group in frame.groupby("region", sort=True)}
+
+
+# -- vectorised helpers ----------------------------------------------------------------------------------------
+def _rng(seed: int, key: str) -> np.random.Generator:
+    return np.random.default_rng(item_seed(seed, key))
+
+
+def rank_in_group(codes: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A uniformly random rank of each row within its group (`codes`), and the group's size, in the input order."""
+    n = len(codes)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    key = (codes.astype(np.int64) << 32) | rng.integers(0, 1 << 32, size=n, dtype=np.int64)  # group, then random
+    order = np.argsort(key)
+    sorted_codes = codes[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_codes)) + 1]
+    sizes = np.diff(np.r_[starts, n])
+    group_of_sorted = np.repeat(np.arange(len(starts)), sizes)
+    rank = np.empty(n, dtype=np.int64)
+    size = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n) - starts[group_of_sorted]
+    size[order] = sizes[group_of_sorted]
+    return rank, size
+
+
+def _codes(values: pd.Series) -> np.ndarray:
+    return values.cat.codes.to_numpy(np.int64) if isinstance(values.dtype, pd.CategoricalDtype) else pd.factorize(values)[0]
+
+
+def _round_half_up(x: np.ndarray) -> np.ndarray:
+    return np.floor(np.asarray(x, dtype=np.float64) + 0.5).astype(np.int64)
+
+
+def _sample_rows(index: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    k = min(int(k), len(index))
+    return np.sort(rng.choice(index, size=k, replace=False)) if k else index[:0]
+
+
+def _species_set(occ: pd.DataFrame, mask: np.ndarray) -> set[str]:
+    return set(occ.loc[mask, "species"].dropna().unique().tolist())
+
+
+def _genera_of(species_genus: pd.Series, species: Iterable[str]) -> set[str]:
+    return set(species_genus.reindex(list(species)).dropna().unique().tolist())
+
+
+# -- the builder -------------------------------------------------------------------------------------------------
+@dataclass
+class Splits:
+    """Per region, a frame of the selected occurrence rows with `set`, `split`, `role`, `ood_set`, `group`, `label`,
+    `hop`, `aux_label`; plus species requested as ID but absent from the table."""
+
+    regions: dict[str, pd.DataFrame]
+    missing_id_species: dict[str, list[str]]
+    config: SplitConfig
+
+
+def build_splits(occurrences: pd.DataFrame, id_species: dict[str, list[str]], config: SplitConfig | None = None,
+                 non_target: pd.DataFrame | None = None) -> Splits:
+    """Build every region's split frame (see the module docstring)."""
+    config = config or SplitConfig()
+    unknown = sorted(set(id_species) - set(config.regions))
+    if unknown:
+        raise ValueError(f"ID species given for region(s) {unknown} without a box; known: {sorted(config.regions)} "
+                         "(add boxes with SplitConfig.regions / --box NAME=lat_min,lat_max,lon_min,lon_max)")
+    occ = check_occurrences(occurrences)
+    target_mask, nt_rows = _non_target_rows(occ, config, non_target)
+    lat, lon = occ["lat"].to_numpy(), occ["lon"].to_numpy()
+    has_species = occ["species"].notna().to_numpy() & target_mask
+    species_genus = occ.loc[has_species, ["species", "genus"]].drop_duplicates("species").set_index("species")["genus"].astype(object)
+    species_family = occ.loc[has_species, ["species", "family"]].drop_duplicates("species").set_index("species")["family"].astype(object)
+    present = set(species_genus.index)
+
+    id_sets = {r: set(s) & present for r, s in id_species.items()}
+    missing = {r: sorted(set(s) - present) for r, s in id_species.items()}
+    local_sets = {}
+    for region in id_species:
+        in_box = config.regions[region].padded(config.pad_lat, config.pad_lon).contains(lat, lon) & has_species
+        local_sets[region] = _species_set(occ, in_box) - id_sets[region]
+    excluded = set().union(*id_sets.values(), *local_sets.values()) if id_sets else set()
+    non_local_species = _species_set(occ, config.non_local_box.contains(lat, lon) & has_species) - excluded
+
+    species_codes = _codes(occ["species"])
+    non_local = _non_local_frame(occ, species_codes, has_species, non_local_species, config)
+    nt_frame = _non_target_frame(nt_rows, config)
+    out = {}
+    for region in sorted(id_species):
+        frames = [
+            _id_frame(occ, species_codes, has_species, id_sets[region], config, region),
+            _local_frame(occ, species_codes, has_species, local_sets[region], config, region),
+            non_local, nt_frame,
+        ]
+        n_id_val = int((frames[0]["set"] == "id_val").sum())
+        ood_genera = (_genera_of(species_genus, local_sets[region]) | _genera_of(species_genus, non_local_species))
+        drop_genera = ood_genera - _genera_of(species_genus, id_sets[region])
+        aux_species_mask = has_species & ~occ["species"].isin(id_sets[region] | local_sets[region] | non_local_species).to_numpy()
+        aux_species_mask &= ~occ["genus"].isin(drop_genera).to_numpy()
+        frames.append(_aux_frame(occ, species_codes, aux_species_mask, config, region, n_id_val))
+        frame = pd.concat([f for f in frames if len(f)], ignore_index=True)
+        frame["hop"] = _hops(frame, _genera_of(species_genus, id_sets[region]), set(species_family.reindex(list(id_sets[region])).dropna()))
+        out[region] = frame
+    return Splits(out, missing, config)
+
+
+def _non_target_rows(occ: pd.DataFrame, config: SplitConfig, non_target: pd.DataFrame | None) -> tuple[np.ndarray, pd.DataFrame]:
+    """(mask of target rows in `occ`, frame of non-target rows from the `taxon` column and/or the separate table)."""
+    parts = []
+    target = np.ones(len(occ), dtype=bool)
+    if "taxon" in occ.columns:
+        taxa = occ["taxon"].dropna().unique().tolist()
+        if config.target_taxon is None and len(taxa) > 1:
+            raise ValueError(f"the occurrence table's 'taxon' column holds {sorted(map(str, taxa))[:10]}: set target_taxon "
+                             "(--target-taxon) to say which one is the target; the others become non-target OOD")
+        if config.target_taxon is not None:
+            target = (occ["taxon"].astype(object) == config.target_taxon).to_numpy() | occ["taxon"].isna().to_numpy()
+            parts.append(occ.loc[~target])
+    if non_target is not None:
+        if "file_name" not in non_target.columns:
+            raise ValueError("non-target table: needs a file_name column")
+        parts.append(non_target)
+    frame = pd.concat(parts, ignore_index=True) if parts else occ.iloc[:0]
+    for col in OCCURRENCE_COLUMNS:
+        if col not in frame.columns:
+            frame[col] = np.nan
+    return target, frame
+
+
+def _with_sets(rows: pd.DataFrame, sets: np.ndarray, **fields: Any) -> pd.DataFrame:
+    out = rows[list(OCCURRENCE_COLUMNS)].copy()
+    out["set"] = pd.Categorical(sets, categories=SETS)
+    for key, value in fields.items():
+        out[key] = value
+    return out
+
+
+def _id_frame(occ, species_codes, has_species, species: set[str], config: SplitConfig, region: str) -> pd.DataFrame:
+    mask = has_species & occ["species"].isin(species).to_numpy()
+    rows = occ.loc[mask]
+    codes = species_codes[mask]
+    rng = _rng(config.seed, f"{region}:id")
+    rank, size = rank_in_group(codes, rng)
+    keep = np.ones(len(rows), dtype=bool) if config.id_cap is None else rank < config.id_cap
+    size = np.minimum(size, config.id_cap) if config.id_cap is not None else size
+    if "split" in rows.columns and rows["split"].notna().all():
+        given = rows["split"].astype(str).to_numpy()
+        bad = ~np.isin(given, ("train", "val", "test"))
+        if bad.any():
+            raise ValueError(f"occurrence table: ID row {rows['file_name'].iloc[int(np.flatnonzero(bad)[0])]!r} has split "
+                             f"{given[bad][0]!r}; expected train, val or test")
+        sets = np.char.add("id_", given.astype(str))
+    else:
+        f_train, f_val, _ = config.id_fractions
+        n_train = np.maximum(1, _round_half_up(size * f_train))
+        n_val = _round_half_up(size * f_val)
+        sets = np.where(rank < n_train, "id_train", np.where(rank < n_train + n_val, "id_val", "id_test"))
+    labels = {s: i for i, s in enumerate(sorted(species))}
+    frame = _with_sets(rows, sets)
+    frame["label"] = frame["species"].astype(object).map(labels).astype(np.int64)
+    return frame[keep]
+
+
+def _local_frame(occ, species_codes, has_species, species: set[str], config: SplitConfig, region: str) -> pd.DataFrame:
+    mask = has_species & occ["species"].isin(species).to_numpy()
+    rows = occ.loc[mask]
+    rank, size = rank_in_group(species_codes[mask], _rng(config.seed, f"{region}:local"))
+    if config.local_cap is not None:
+        keep = rank < config.local_cap
+        size = np.minimum(size, config.local_cap)
+    else:
+        keep = np.ones(len(rows), dtype=bool)
+    n_test = np.where(size >= config.local_val_min_images, _round_half_up(size * (1 - config.local_val_fraction)), size)
+    sets = np.where(rank < n_test, "local_test", "local_val")
+    return _with_sets(rows, sets, label=-1)[keep]
+
+
+def _non_local_frame(occ, species_codes, has_species, species: set[str], config: SplitConfig) -> pd.DataFrame:
+    mask = has_species & occ["species"].isin(species).to_numpy()
+    rows = occ.loc[mask]
+    rng = _rng(config.seed, "non_local")
+    rank, _ = rank_in_group(species_codes[mask], rng)
+    test = rank < config.non_local_cap
+    rest = np.flatnonzero(~test)
+    val = np.zeros(len(rows), dtype=bool)
+    val[_sample_rows(rest, int(test.sum() * config.non_local_val_fraction), rng)] = True
+    keep = test | val
+    return _with_sets(rows[keep], np.where(test[keep], "non_local_test", "non_local_val"), label=-1)
+
+
+def _non_target_frame(rows: pd.DataFrame, config: SplitConfig) -> pd.DataFrame:
+    """A random `non_target_val_fraction` to val, the rest to test; `non_target_cap` caps test (and val in proportion)."""
+    if not len(rows):
+        return rows.iloc[:0]
+    position = np.empty(len(rows), dtype=np.int64)
+    position[_rng(config.seed, "non_target").permutation(len(rows))] = np.arange(len(rows))
+    n_val = int(len(rows) * config.non_target_val_fraction)
+    is_val = position < n_val
+    keep = np.ones(len(rows), dtype=bool)
+    if config.non_target_cap is not None:
+        keep = np.where(is_val, position < int(config.non_target_cap * config.non_target_val_fraction),
+                        position - n_val < config.non_target_cap)
+    frame = _with_sets(rows.reset_index(drop=True), np.where(is_val, "non_target_val", "non_target_test"), label=-1)
+    return frame[keep]
+
+
+def _aux_frame(occ, species_codes, mask: np.ndarray, config: SplitConfig, region: str, n_id_val: int) -> pd.DataFrame:
+    rows = occ.loc[mask]
+    rng = _rng(config.seed, f"{region}:aux")
+    val = np.zeros(len(rows), dtype=bool)
+    val_size = n_id_val if config.aux_val_size is None else config.aux_val_size
+    val[_sample_rows(np.arange(len(rows)), val_size, rng)] = True
+    train_idx = np.flatnonzero(~val)
+    keep = val.copy()
+    if config.aux_per_species is None:
+        keep[train_idx] = True
+    else:
+        rank, _ = rank_in_group(species_codes[mask][train_idx], rng)
+        keep[train_idx[rank < config.aux_per_species]] = True
+    frame = _with_sets(rows, np.where(val, "aux_val", "aux_train"), label=-1)[keep]
+    train_species = sorted(frame.loc[frame["set"] == "aux_train", "species"].astype(object).unique().tolist())
+    frame["aux_label"] = frame["species"].astype(object).map({s: i for i, s in enumerate(train_species)}).fillna(-1).astype(np.int64)
+    return frame
+
+
+def _hops(frame: pd.DataFrame, id_genera: set[str], id_families: set[str]) -> np.ndarray:
+    hop = np.where(frame["genus"].isin(id_genera), 1, np.where(frame["family"].isin(id_families), 2, 3))
+    return np.where(frame["set"].isin(("id_train", "id_val", "id_test")), 0, hop).astype(np.int64)
+
+
+# -- manifests, summary ----------------------------------------------------------------------------------------
+SET_FIELDS = {  # set -> (split, role, ood_set, group)
+    "id_train": ("train", "id", None, None), "id_val": ("val", "id", None, None), "id_test": ("test", "id", None, None),
+    "local_test": ("test", "ood", "local", "near"), "local_val": ("val", "ood", "local", "near"),
+    "non_local_test": ("test", "ood", "non_local", "far"), "non_local_val": ("val", "ood", "non_local", "far"),
+    "non_target_test": ("test", "ood", "non_target", "far"), "non_target_val": ("val", "ood", "non_target", "far"),
+    "aux_train": ("train", "ood", "auxiliary", None), "aux_val": ("val", "ood", "auxiliary", None),
+}
+
+
+def manifest_rows(frame: pd.DataFrame, non_target_name: str = "non_target") -> list[dict[str, Any]]:
+    """Schema-complete manifest rows (DESIGN.md) for one region's frame."""
+    table = pd.DataFrame({
+        "file_name": frame["file_name"].astype(str),
+        "split": frame["set"].map({k: v[0] for k, v in SET_FIELDS.items()}),
+        "role": frame["set"].map({k: v[1] for k, v in SET_FIELDS.items()}),
+        "ood_set": frame["set"].map({k: (non_target_name if v[2] == "non_target" else v[2]) for k, v in SET_FIELDS.items()}),
+        "group": frame["set"].map({k: v[3] for k, v in SET_FIELDS.items()}),
+        "label": frame["label"].astype(np.int64),
+        "species": frame["species"], "genus": frame["genus"], "family": frame["family"],
+        "hop": frame["hop"].astype(np.int64), "lat": frame["lat"], "lon": frame["lon"],
+    })
+    columns = {}
+    for name in table.columns:
+        values = table[name].to_numpy(dtype=object)
+        missing = pd.isna(table[name]).to_numpy()
+        if missing.any():
+            values[missing] = None
+        columns[name] = values.tolist()
+    if "aux_label" in frame.columns:
+        columns["aux_label"] = frame["aux_label"].fillna(-1).astype(np.int64).tolist()
+    names = list(columns)
+    rows = [dict(zip(names, values)) for values in zip(*columns.values())]
+    if "aux_label" in columns:
+        for row in rows:  # only auxiliary rows carry an aux_label
+            if row["ood_set"] != "auxiliary":
+                del row["aux_label"]
+    return rows
+
+
+def summarize(splits: Splits) -> pd.DataFrame:
+    """Species and images per (region, set), with image counts per hop."""
+    parts = []
+    for region, frame in splits.regions.items():
+        counts = frame.groupby("set").agg(species=("species", "nunique"), images=("file_name", "size"))
+        hops = pd.crosstab(frame["set"], frame["hop"]).reindex(columns=[0, 1, 2, 3], fill_value=0)
+        hops.columns = [f"hop{h}" for h in hops.columns]
+        table = counts.join(hops).reindex([s for s in SETS if s in counts.index]).reset_index()
+        table.insert(0, "region", region)
+        parts.append(table)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def write_splits(splits: Splits, out_dir: str | os.PathLike, image_root: str | os.PathLike) -> dict[str, Path]:
+    """Write `out_dir/<region>/metadata.jsonl` + `split_info.json` per region and `out_dir/summary.{csv,md}`."""
+    out_dir = Path(out_dir)
+    written = {}
+    for region, frame in splits.regions.items():
+        folder = out_dir / region
+        write_manifest(folder, manifest_rows(frame, splits.config.non_target_name))
+        atomic_write_json(folder / "split_info.json", {
+            "image_root": str(Path(image_root).expanduser().resolve()), "region": region,
+            "missing_id_species": splits.missing_id_species.get(region, []), "config": splits.config.to_dict(),
+        })
+        written[region] = folder
+    summary = summarize(splits)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "summary.csv", summary.to_csv(index=False))
+    atomic_write_text(out_dir / "summary.md", _markdown(summary))
+    return written
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    header = "| " + " | ".join(table.columns) + " |\n|" + "---|" * len(table.columns) + "\n"
+    return header + "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in table.itertuples(index=False))
+
+
+def load_region(folder: str | os.PathLike, image_root: str | os.PathLike | None = None) -> Manifest:
+    """A region's manifest rooted at its image root (from `split_info.json` unless `image_root` is given)."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    if image_root is None:
+        info = folder / "split_info.json"
+        if not info.is_file():
+            raise ManifestError(info, None, None, "no split_info.json: pass image_root explicitly")
+        image_root = json.loads(info.read_text())["image_root"]
+    return Manifest(Path(image_root), manifest.rows)
+
+
+# -- synthetic data --------------------------------------------------------------------------------------------
+def synthetic_occurrences(n_rows: int, *, n_species: int | None = None, seed: int = 0,
+                          non_target_share: float = 0.02) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A synthetic occurrence table and ID species table with a realistic shape (vectorised; 3M rows in seconds).
+
+    Species belong to genera of 1-8 species and families of about 10 genera; each species lives around a home point
+    (a third in one of the built-in regions, a tenth in Australia, the rest anywhere), with long-tailed image counts.
+    About `non_target_share` of the other species are another taxon (`taxon` = "other"; the target is "moth"). Each region's ID
+    species are half of the species living in it.
+    """
+    rng = np.random.default_rng(seed)
+    n_species = n_species or max(20, n_rows // 150)
+    genus_of = np.cumsum(rng.random(n_species) < 0.3)
+    family_of = genus_of // 10
+    homes = np.column_stack([rng.uniform(-60, 70, n_species), rng.uniform(-180, 180, n_species)])
+    boxes = [*REGIONS.values(), AUSTRALIA]
+    where = rng.choice(len(boxes) + 1, size=n_species, p=[0.11, 0.11, 0.11, 0.1, 0.57])
+    for b, box in enumerate(boxes):
+        pick = where == b
+        homes[pick, 0] = rng.uniform(box.lat_min + 0.5, box.lat_max - 0.5, pick.sum())
+        homes[pick, 1] = rng.uniform(box.lon_min + 0.5, box.lon_max - 0.5, pick.sum())
+    weights = rng.pareto(1.2, n_species) + 1
+    species = rng.choice(n_species, size=n_rows, p=weights / weights.sum())
+    lat = np.clip(homes[species, 0] + rng.normal(0, 1.5, n_rows), -89.9, 89.9)
+    lon = (homes[species, 1] + rng.normal(0, 2.5, n_rows) + 180) % 360 - 180
+    other = rng.random(n_species) < non_target_share
+    other[where < len(boxes)] = False  # species living in a region or in Australia are all targets
+    taxon = np.where(other[species], "other", "moth")
+    occ = pd.DataFrame({
+        "species": pd.Categorical.from_codes(species, [f"sp{i:06d}" for i in range(n_species)]),
+        "genus": pd.Categorical.from_codes(genus_of[species], [f"gen{i:05d}" for i in range(genus_of.max() + 1)]),
+        "family": pd.Categorical.from_codes(family_of[species], [f"fam{i:04d}" for i in range(family_of.max() + 1)]),
+        "lat": lat, "lon": lon, "taxon": taxon,
+    })
+    index = pd.Series(np.arange(n_rows))
+    occ["file_name"] = "images/" + (index // 1000).astype(str) + "/" + index.astype(str) + ".jpg"
+    ids = []
+    for b, name in enumerate(REGIONS):
+        living = np.flatnonzero(where == b)
+        chosen = living[rng.random(len(living)) < 0.5]
+        ids.append(pd.DataFrame({"region": name, "species": [f"sp{i:06d}" for i in chosen]}))
+    return occ, pd.concat(ids, ignore_index=True)
