@@ -10,9 +10,6 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -100,13 +97,3 @@ def load_features(path: str | os.PathLike) -> ClipImageFeatures:
 
     tensors = load_file(str(path))
     return ClipImageFeatures(tensors["global"], tensors["local"])
-
-
-def batched_rows(n: int, batch_size: int) -> Any:
-    """Slices covering range(n) in order."""
-    return (slice(s, min(s + batch_size, n)) for s in range(0, n, batch_size))
-
-
-def as_float64(x: torch.Tensor) -> np.ndarray:
-    """float64 numpy copy of a tensor."""
-    return x.detach().double().cpu().numpy()

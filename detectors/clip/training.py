@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 from detectors.base import ImageSet
 from detectors.clip.common import CLIP_DEFAULTS, ClipDetector, few_shot_indices, labels_of
 from detectors.clip.prompts import PromptLearner
+from detectors.clip.scores import cosine
 
 PROMPT_DEFAULTS: dict[str, Any] = {**CLIP_DEFAULTS, "n_ctx": 16, "shots": 16, "seed": 0, "progress": True}
 
@@ -87,6 +88,11 @@ class PromptDetector(ClipDetector):
             with self.backbone.autocast():
                 self._text_cache["prompts"] = self.learner().float().cpu()
         return self._text_cache["prompts"]
+
+    def predict(self, batch: Any) -> np.ndarray:
+        """ID class predictions [N]: the nearest learned ID prompt (OOD prompts excluded)."""
+        text = self.prompt_text()[: self.num_classes]
+        return cosine(self.features(batch).global_, text).argmax(-1).numpy()
 
     def training_subset(self, images: ImageSet) -> tuple[ImageSet, torch.Tensor]:
         """The `shots`-per-class subset of a labelled training ImageSet (seeded) and its labels."""

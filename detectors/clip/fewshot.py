@@ -1,0 +1,117 @@
+"""Few-shot sweep of the learned-prompt detectors: train for each (method, shots, seed), score the test split of a
+manifest per OOD set with `detectors.metrics.evaluate`, report ID accuracy; plot the metrics against shots.
+
+Config (a dict, e.g. the `fewshot:` section of an evaluation YAML):
+    model: openai/clip-vit-base-patch16     # hub id or folder
+    manifest: data/bronzes                  # ImageFolder manifest (split, role, ood_set, group, label)
+    class_names: [ding, gui, ...]           # or class_names_file: one name per line (index = label)
+    train_split: train                      # ID rows of this split are the training pool
+    test_split: test                        # ID and OOD rows of this split are scored
+    methods: {locoop: {}, idlike: {}}       # detector name -> parameter overrides
+    shots: [1, 2, 4, 8, 16]
+    seeds: [1, 2, 3]
+    out_dir: results/fewshot                # optional: trained detector folders and fewshot.csv
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DEFAULT_SHOTS = (1, 2, 4, 8, 16)
+DEFAULT_METHODS = {"locoop": {}, "idlike": {}}
+METRICS = ("auroc", "fpr95", "fpr95_id", "aupr_in", "aupr_out")
+
+
+def _class_names(config: dict[str, Any]) -> list[str]:
+    if config.get("class_names"):
+        return list(config["class_names"])
+    if config.get("class_names_file"):
+        from detectors.clip.neglabel import read_words
+
+        return read_words(config["class_names_file"])
+    raise ValueError("fewshot config needs `class_names` or `class_names_file`")
+
+
+def sweep(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows (method, family, shots, seed, ood_set, group, metrics in percent, id_acc, n_id, n_ood, seconds)."""
+    import detectors
+    from detectors.base import ImageSet
+    from detectors.clip.backbone import ClipBackbone
+    from detectors.metrics import evaluate
+    from pipelines.data import read_manifest
+
+    if "manifest" not in config:
+        raise ValueError("fewshot config needs `manifest` (a manifest folder)")
+    manifest = read_manifest(config["manifest"])
+    class_names = _class_names(config)
+    backbone = ClipBackbone.load(config.get("model", "openai/clip-vit-base-patch16"), device=config.get("device"))
+    train = ImageSet.from_manifest(manifest, split=config.get("train_split", "train"), role="id")
+    test = config.get("test_split", "test")
+    id_test = ImageSet.from_manifest(manifest, split=test, role="id")
+    ood_sets = {name: ImageSet.from_manifest(manifest, split=test, role="ood", ood_set=name) for name in manifest.select(split=test).ood_sets()}
+    groups = {r["ood_set"]: r.get("group") for r in manifest.rows if r["role"] == "ood"}
+    if not len(train) or not len(id_test) or not ood_sets:
+        raise ValueError(f"fewshot: manifest {config['manifest']} needs ID train rows and ID + OOD rows in split {test!r}")
+    out_dir = Path(config["out_dir"]) if config.get("out_dir") else None
+    rows = []
+    for method, overrides in (config.get("methods") or DEFAULT_METHODS).items():
+        for shots in config.get("shots", DEFAULT_SHOTS):
+            for seed in config.get("seeds", (1,)):
+                start = time.perf_counter()
+                det = detectors.build(method, model=backbone, class_names=class_names, cache_dir=config.get("cache_dir"),
+                                      **{**(overrides or {}), "shots": int(shots), "seed": int(seed)})
+                det.fit(train)
+                id_scores = det.score(id_test)
+                id_acc = float(np.mean(det.predict(id_test) == id_test.labels))
+                if out_dir is not None:
+                    det.save_pretrained(out_dir / f"{method}-{shots}shot-seed{seed}")
+                for name, ood in ood_sets.items():
+                    metrics = evaluate(id_scores, det.score(ood))
+                    rows.append({"method": method, "family": det.family, "shots": int(shots), "seed": int(seed),
+                                 "ood_set": name, "group": groups.get(name), **{k: 100 * metrics[k] for k in METRICS},
+                                 "id_acc": 100 * id_acc, "n_id": len(id_test), "n_ood": len(ood),
+                                 "seconds": time.perf_counter() - start})
+    if out_dir is not None:
+        import pandas as pd
+
+        from pipelines.io import atomic_write_text
+
+        atomic_write_text(out_dir / "fewshot.csv", pd.DataFrame(rows).to_csv(index=False))
+    return rows
+
+
+def plot_fewshot(rows: list[dict[str, Any]], out_png: str, metrics: tuple[str, ...] = ("auroc", "fpr95")) -> Path:
+    """One figure: ID accuracy, then each metric per OOD set, against shots (mean +- std over seeds) per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from pipelines.io import atomic_path
+
+    frame = pd.DataFrame(rows)
+    ood_sets = list(dict.fromkeys(frame["ood_set"]))
+    panels = [("id_acc", None)] + [(m, s) for s in ood_sets for m in metrics]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3), squeeze=False)
+    for ax, (metric, ood_set) in zip(axes[0], panels):
+        data = frame if ood_set is None else frame[frame["ood_set"] == ood_set]
+        if ood_set is None:
+            data = data.drop_duplicates(["method", "shots", "seed"])
+        for method, part in data.groupby("method", sort=False):
+            stats = part.groupby("shots")[metric].agg(["mean", "std"]).fillna(0.0)
+            ax.errorbar(stats.index, stats["mean"], yerr=stats["std"], marker="o", capsize=3, label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("shots per class")
+        ax.set_title("ID accuracy" if ood_set is None else f"{metric} ({ood_set})", fontsize=9)
+        ax.set_ylabel("%")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(out_png)
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
+    return out

@@ -1,0 +1,58 @@
+"""Few-shot sweep over a manifest (rows, metrics, ID accuracy, saved detectors, plot) and the demo stage."""
+from __future__ import annotations
+
+import numpy as np
+
+from detectors.clip.demo import clip_demo
+from detectors.clip.fewshot import plot_fewshot, sweep
+from detectors.base import Detector, ImageSet
+from detectors.metrics import evaluate
+from pipelines.data import make_row, read_manifest, write_manifest
+
+from clip_toys import CLASSES, colour_images
+
+
+def write_toy_manifest(folder):
+    rows = []
+    spec = [("train", "id", 0, [0], 3), ("train", "id", 1, [1], 3), ("test", "id", 0, [0], 3), ("test", "id", 1, [1], 3),
+            ("test", "ood", -1, [0, 1], 4), ("test", "ood", -1, [2], 4)]
+    for k, (split, role, label, channels, n) in enumerate(spec):
+        for i, image in enumerate(colour_images(channels, n, seed=k)):
+            name = f"{split}_{role}_{k}_{i}.png"
+            image.save(folder / name)
+            ood_set = None if role == "id" else ("yellow" if channels == [0, 1] else "blue")
+            rows.append(make_row(name, split=split, role=role, label=label, ood_set=ood_set, group="hard" if ood_set else None))
+    write_manifest(folder, rows)
+
+
+def test_sweep_rows_match_an_independent_evaluation_and_plot(tiny_clip_dir, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_toy_manifest(data)
+    config = {"model": str(tiny_clip_dir), "manifest": str(data), "class_names": CLASSES, "shots": [1, 2], "seeds": [1],
+              "methods": {"locoop": {"epochs": 2, "progress": False},
+                          "idlike": {"epochs": 1, "n_crops": 4, "n_select": 1, "n_ood_prompts": 2, "progress": False}},
+              "out_dir": str(tmp_path / "out"), "cache_dir": str(tmp_path / "cache")}
+    rows = sweep(config)
+    assert len(rows) == 2 * 2 * 2  # methods x shots x OOD sets
+    assert {r["ood_set"] for r in rows} == {"yellow", "blue"} and all(r["group"] == "hard" for r in rows)
+    row = next(r for r in rows if r["method"] == "locoop" and r["shots"] == 2 and r["ood_set"] == "blue")
+    det = Detector.from_pretrained(tmp_path / "out" / "locoop-2shot-seed1", model=str(tiny_clip_dir))
+    manifest = read_manifest(data)
+    id_test = ImageSet.from_manifest(manifest, split="test", role="id")
+    blue = ImageSet.from_manifest(manifest, split="test", ood_set="blue")
+    expected = evaluate(det.score(id_test), det.score(blue))
+    np.testing.assert_allclose(row["auroc"], 100 * expected["auroc"])
+    np.testing.assert_allclose(row["fpr95"], 100 * expected["fpr95"])
+    np.testing.assert_allclose(row["id_acc"], 100 * np.mean(det.predict(id_test) == id_test.labels))
+    assert (tmp_path / "out" / "fewshot.csv").is_file()
+    png = plot_fewshot(rows, str(tmp_path / "fewshot.png"))
+    assert png.stat().st_size > 1000
+
+
+def test_clip_demo_rows(tmp_path):
+    ids = colour_images([0], 3, 0) + colour_images([1], 3, 1)
+    rows = clip_demo(str(tmp_path), ids, [0, 0, 0, 1, 1, 1], CLASSES, {"yellow": colour_images([0, 1], 4, 2)}, locoop_epochs=2)
+    assert [(r["method"], r["ood_set"]) for r in rows] == [("mcm", "yellow"), ("locoop", "yellow")]
+    assert all(0 <= r["auroc"] <= 100 and r["n_id"] == 6 and r["n_ood"] == 4 for r in rows)
+    assert (tmp_path / "locoop" / "model.safetensors").is_file()
