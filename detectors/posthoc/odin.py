@@ -65,7 +65,7 @@ class ODIN(Detector):
         temperature, noise = float(self.params["temperature"]), float(self.params["noise"])
         model = self.classifier
         param = next(model.parameters())
-        was_training = model.training
+        modes = [(module, module.training) for module in model.modules()]  # restored exactly, module by module
         model.eval()
         scores = []
         try:
@@ -77,5 +77,6 @@ class ODIN(Detector):
                     logits = model(perturbed)[0]
                 scores.append(softmax(as_numpy(logits, np.float64) / temperature).max(axis=1))
         finally:
-            model.train(was_training)
+            for module, training in modes:
+                module.training = training
         return np.concatenate(scores) if scores else np.zeros(0)

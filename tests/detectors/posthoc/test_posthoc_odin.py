@@ -86,3 +86,35 @@ def test_odin_needs_a_classifier_and_images():
     with pytest.raises(TypeError, match="ImageSet"):
         detectors.build("odin", classifier=_classifier()).score(np.zeros((2, 5)))
     assert detectors.detector_class("odin").accepts("classifier")
+
+
+def test_odin_on_a_reloaded_transformers_classifier_matches_per_sample_backward(tmp_path):
+    """The hub loading path (tiny ResNet saved and reloaded) vs one F.cross_entropy backward per image."""
+    from transformers import ResNetForImageClassification, ViTImageProcessor
+
+    from pipelines.toydata import tiny_digit_classifier_config
+
+    torch.manual_seed(0)
+    config, _ = tiny_digit_classifier_config(num_labels=4)
+    processor = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.4, 0.5, 0.6], image_std=[0.2, 0.25, 0.3])
+    ResNetForImageClassification(config).save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    clf = ImageClassifier.from_pretrained(tmp_path)
+    rng = np.random.default_rng(6)
+    images = [Image.fromarray(rng.integers(0, 256, size=(20, 18, 3), dtype=np.uint8)) for _ in range(3)]
+    temperature, noise = 10.0, 0.01
+    modes = [m.training for m in clf.modules()]
+    scores = detectors.build("odin", classifier=clf, batch_size=2, temperature=temperature, noise=noise).score(ImageSet(images=images))
+    assert [m.training for m in clf.modules()] == modes and not clf.model.training  # eval model stays in eval
+
+    std = torch.tensor([0.2, 0.25, 0.3]).view(1, 3, 1, 1)
+    expected = []
+    for image in images:
+        x = torch.from_numpy(processor(images=image, return_tensors="np")["pixel_values"]).requires_grad_(True)
+        logits = clf.model(pixel_values=x).logits
+        torch.nn.functional.cross_entropy(logits / temperature, logits.argmax(dim=1)).backward()
+        perturbed = x.detach() - noise * torch.where(x.grad >= 0, 1.0, -1.0) / std
+        with torch.no_grad():
+            out = clf.model(pixel_values=perturbed).logits.double().numpy()
+        expected.append(softmax(out / temperature, axis=1).max())
+    np.testing.assert_allclose(scores, expected, rtol=1e-4)
