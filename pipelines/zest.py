@@ -58,7 +58,7 @@ class ZeSTConfig:
         return cls(**{k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in d.items()})
 
 
-def _diffusers_pipeline_class():
+def diffusers_pipeline_class():
     """`StableDiffusionXLControlNetInpaintPipeline` whose IP-Adapter embeds pass through unchanged (per sample)."""
     from diffusers import StableDiffusionXLControlNetInpaintPipeline
 
@@ -154,11 +154,25 @@ class ZeSTPipeline:
         components: dict[str, Any] = {"controlnet": controlnet}
         if cfg.vae is not None:
             components["vae"] = load_pretrained(AutoencoderKL.from_pretrained, cfg.vae, "VAE", torch_dtype=dtype)
-        pipe = load_pretrained(_diffusers_pipeline_class().from_pretrained, cfg.base, "SDXL base pipeline",
+        pipe = load_pretrained(diffusers_pipeline_class().from_pretrained, cfg.base, "SDXL base pipeline",
                                torch_dtype=dtype, add_watermarker=False, **components)
         load_pretrained(pipe.load_ip_adapter, cfg.ip_adapter, "IP-Adapter", subfolder=cfg.ip_adapter_subfolder,
                         weight_name=cfg.ip_adapter_weight, image_encoder_folder=cfg.image_encoder)
-        if dtype == torch.bfloat16:
+        depth = DepthEstimator.from_pretrained(cfg.depth, device=device, dtype=dtype)
+        model_ids = {key: value for key, value in cfg.to_dict().items() if value is not None}
+        return cls.from_pipeline(pipe, depth, model_ids, device, attention, compile)
+
+    @classmethod
+    def from_pipeline(cls, pipe: Any, depth: DepthEstimator, model_ids: dict[str, str],
+                      device: str | torch.device | None = None, attention: str = "auto",
+                      compile: bool = False) -> "ZeSTPipeline":
+        """Wrap an assembled `diffusers_pipeline_class()` pipeline with its IP-Adapter loaded (in its final dtype).
+
+        Moves it to `device`, encodes the constant prompt once, drops the text encoders, sets the attention backend
+        and optionally compiles the UNet and ControlNet. `from_config` and the GPU benchmark both end here.
+        """
+        device = resolve_device(device)
+        if pipe.unet.dtype == torch.bfloat16:
             pipe.vae.register_to_config(force_upcast=False)  # bf16 does not overflow; fp16 keeps SDXL's fp32 upcast
         pipe.to(device)
         with torch.inference_mode():
@@ -170,9 +184,7 @@ class ZeSTPipeline:
             pipe.unet = torch.compile(pipe.unet, fullgraph=False)
             pipe.controlnet = torch.compile(pipe.controlnet, fullgraph=False)
         pipe.set_progress_bar_config(disable=True)
-        depth = DepthEstimator.from_pretrained(cfg.depth, device=device, dtype=dtype)
-        model_ids = {key: value for key, value in cfg.to_dict().items() if value is not None}
-        return cls(pipe, depth, tuple(e.detach() for e in prompt_embeds), model_ids, backend)
+        return cls(pipe, depth, tuple(e.detach() for e in prompt_embeds), dict(model_ids), backend)
 
     @property
     def device(self) -> torch.device:
