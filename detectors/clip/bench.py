@@ -1,0 +1,114 @@
+"""Throughput measurements of the CLIP detectors (used by scripts/bench_clip.py): scoring with cached vs uncached
+image features, and prompt-training steps on cached features vs re-running the image tower every step (what a
+straightforward CoOp/LoCoOp loop does)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from detectors.base import ImageSet
+from detectors.clip.backbone import ClipBackbone
+from detectors.clip.prompts import PromptLearner, locoop_loss
+from detectors.clip.scores import cosine
+
+
+def save_random_clip(folder: str | Path, full_size: bool = False) -> Path:
+    """The tiny CLIP, or (full_size) random weights with ViT-B/16 sizes (vision 768x12 at 224 px, text 512x12) and
+    the tiny tokenizer."""
+    from pipelines.tiny import save_tiny_clip
+
+    folder = Path(folder)
+    save_tiny_clip(folder)
+    if not full_size:
+        return folder
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+
+    processor = CLIPProcessor.from_pretrained(folder)
+    tiny = CLIPConfig.from_pretrained(folder).text_config
+    text = dict(vocab_size=tiny.vocab_size, hidden_size=512, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=8,
+                max_position_embeddings=77, bos_token_id=tiny.bos_token_id, eos_token_id=tiny.eos_token_id, pad_token_id=tiny.pad_token_id)
+    vision = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224, patch_size=16)
+    CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=512)).save_pretrained(folder)
+    image_processor = CLIPImageProcessor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224})
+    CLIPProcessor(image_processor=image_processor, tokenizer=processor.tokenizer).save_pretrained(folder)
+    return folder
+
+
+def random_images(n: int, size: int, seed: int = 0) -> list[Any]:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)) for _ in range(n)]
+
+
+def _timed(fn: Callable[[], Any], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def bench_scoring(backbone: ClipBackbone, n_images: int, batch_size: int, class_names: list[str]) -> dict[str, float]:
+    """images/s of MCM scoring on a fresh image set (image tower runs) and on the same set again (cached)."""
+    import detectors
+
+    size = backbone.model.config.vision_config.image_size
+    images = ImageSet(images=random_images(n_images, size))
+    build = lambda: detectors.build("mcm", model=backbone, class_names=class_names, batch_size=batch_size)  # noqa: E731
+    build().score(ImageSet(images=random_images(batch_size, size, 1)))  # warm-up
+    uncached = _timed(lambda: build().score(images), backbone.device)
+    cached = _timed(lambda: build().score(images), backbone.device)
+    return {"uncached_images_per_s": n_images / uncached, "cached_images_per_s": n_images / cached,
+            "cached_over_uncached": uncached / cached}
+
+
+def bench_training(backbone: ClipBackbone, steps: int, batch_size: int, class_names: list[str]) -> dict[str, float]:
+    """LoCoOp training steps/s on cached embeddings vs with the image tower re-run every step."""
+    size = backbone.model.config.vision_config.image_size
+    device = backbone.device
+    learner = PromptLearner(backbone, class_names).to(device)
+    optimizer = torch.optim.SGD([learner.ctx], lr=0.002, momentum=0.9)
+    pixels = backbone.preprocess(random_images(batch_size, size, 2))
+    labels = torch.arange(batch_size, device=device) % len(class_names)
+    with torch.no_grad(), backbone.autocast():
+        cached = backbone.image_embeddings(pixels)
+    top_k = max(1, len(class_names) // 5)
+
+    def step(embed: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> None:
+        with backbone.autocast():
+            g, l = embed()
+            text = learner()
+            loss, _ = locoop_loss(100 * cosine(g, text), 100 * cosine(l, text), labels, top_k)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    def tower() -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            return backbone.image_embeddings(pixels)
+
+    def run(embed: Callable[[], Any]) -> float:
+        step(embed)  # warm-up
+        return steps / _timed(lambda: [step(embed) for _ in range(steps)], device)
+
+    per_step_tower = run(tower)
+    with_cache = run(lambda: cached)
+    return {"tower_steps_per_s": per_step_tower, "cached_steps_per_s": with_cache, "cached_over_tower": with_cache / per_step_tower}
+
+
+def run_benchmark(folder: str | Path, full_size: bool, n_images: int, batch_size: int, steps: int, n_classes: int,
+                  device: str | None = None) -> dict[str, Any]:
+    """Both measurements on a random-weight CLIP saved to `folder`; returns a JSON-ready dict."""
+    backbone = ClipBackbone.load(str(save_random_clip(folder, full_size)), device=device)
+    class_names = [f"class {i}" for i in range(n_classes)]
+    return {"model": "ViT-B/16 sizes, random weights" if full_size else "tiny CLIP", "device": str(backbone.device),
+            "n_images": n_images, "batch_size": batch_size, "steps": steps, "n_classes": n_classes,
+            "scoring": bench_scoring(backbone, n_images, batch_size, class_names),
+            "training": bench_training(backbone, steps, batch_size, class_names)}

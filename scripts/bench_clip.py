@@ -1,0 +1,42 @@
+"""Benchmark the CLIP detectors: MCM scoring images/s with cached vs uncached image features, and LoCoOp training
+steps/s on cached embeddings vs re-running the image tower each step. Ratios are against the baseline measured in
+the same process. Writes benchmarks/clip.json (or --out).
+
+    python scripts/bench_clip.py                         # tiny CLIP (CPU-friendly)
+    python scripts/bench_clip.py --full-size --n-images 512 --batch-size 64 --classes 100   # ViT-B/16 sizes (GPU)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from detectors.clip.bench import run_benchmark
+from pipelines.io import atomic_write_json
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full-size", action="store_true", help="random weights with ViT-B/16 sizes instead of the tiny CLIP")
+    parser.add_argument("--n-images", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--out", default="benchmarks/clip.json")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run_benchmark(tmp, args.full_size, args.n_images, args.batch_size, args.steps, args.classes, args.device)
+    print(f"| {result['model']} on {result['device']} | value |\n|---|---|")
+    for section in ("scoring", "training"):
+        for key, value in result[section].items():
+            print(f"| {section}.{key} | {value:.2f} |")
+    out = Path(args.out)
+    runs = json.loads(out.read_text())["runs"] if out.is_file() else []
+    runs = [r for r in runs if (r["model"], r["device"]) != (result["model"], result["device"])] + [result]
+    atomic_write_json(out, {"benchmark": "clip", "runs": runs})
+
+
+if __name__ == "__main__":
+    main()
