@@ -505,3 +505,14 @@ def synthetic_occurrences(n_rows: int, *, n_species: int | None = None, seed: in
         chosen = living[rng.random(len(living)) < 0.5]
         ids.append(pd.DataFrame({"region": name, "species": [f"sp{i:06d}" for i in chosen]}))
     return occ, pd.concat(ids, ignore_index=True)
+
+
+def make_splits(occurrences: str | os.PathLike | pd.DataFrame, id_species: str | os.PathLike | pd.DataFrame,
+                out_dir: str | os.PathLike, image_root: str | os.PathLike, config: SplitConfig | None = None,
+                non_target: str | os.PathLike | pd.DataFrame | None = None) -> tuple[dict[str, Path], pd.DataFrame]:
+    """Read the tables (paths or frames), build the splits, write the manifests; returns (folders, summary table)."""
+    occ = occurrences if isinstance(occurrences, pd.DataFrame) else read_table(occurrences)
+    extra = non_target if non_target is None or isinstance(non_target, pd.DataFrame) else read_table(non_target)
+    splits = build_splits(check_occurrences(occ, str(occurrences) if not isinstance(occurrences, pd.DataFrame) else "occurrence table"),
+                          read_id_species(id_species), config, non_target=extra)
+    return write_splits(splits, out_dir, image_root), summarize(splits)

@@ -1,0 +1,73 @@
+"""Build Open-Insects style geographic open-set splits: `python scripts/make_splits.py --occurrences occ.parquet
+--id-species id.csv --image-root /data/images --out splits/` (or `--synthetic 100000` for a generated example).
+
+Writes splits/<region>/metadata.jsonl (manifest rows: ID train/val/test, local / non-local / non-target OOD, auxiliary
+train/val; file_name relative to --image-root), splits/<region>/split_info.json, splits/summary.{csv,md}.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from gen.insects import AUSTRALIA, REGIONS, Box, SplitConfig, make_splits, synthetic_occurrences
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--occurrences", type=Path, help="CSV/Parquet: species, genus, family, lat, lon, file_name [, split, taxon]")
+    src.add_argument("--synthetic", type=int, metavar="N", help="generate an N-row synthetic table (written to OUT/synthetic/)")
+    p.add_argument("--id-species", type=Path, help="CSV/Parquet: region, species (required with --occurrences)")
+    p.add_argument("--image-root", type=Path, default=None, help="folder the file_name paths are relative to (default: OUT/synthetic for --synthetic)")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--box", action="append", default=[], metavar="NAME=LAT_MIN,LAT_MAX,LON_MIN,LON_MAX",
+                   help=f"add or replace a region box (built in: {', '.join(REGIONS)})")
+    p.add_argument("--non-local-box", type=Box.parse, default=AUSTRALIA, help="box of the non-local OOD set (default: continental Australia)")
+    p.add_argument("--pad", type=float, nargs=2, default=(1.0, 3.0), metavar=("LAT", "LON"), help="padding of the local box in degrees")
+    p.add_argument("--non-target", type=Path, default=None, help="extra table of non-target images (file_name [, lat, lon])")
+    p.add_argument("--target-taxon", default=None, help="value of the `taxon` column that is the target (others: non-target OOD)")
+    p.add_argument("--non-local-cap", type=int, default=30, help="test images a non-local species (default 30)")
+    p.add_argument("--aux-per-species", type=int, default=20, help="auxiliary train images a species (default 20; 0 = no cap)")
+    p.add_argument("--aux-val-size", type=int, default=None, help="auxiliary val images (default: as many as ID val)")
+    p.add_argument("--id-cap", type=int, default=None, help="images an ID species at most (default: all)")
+    p.add_argument("--local-cap", type=int, default=None, help="images a local OOD species at most (default: all)")
+    p.add_argument("--non-target-cap", type=int, default=None, help="non-target test images at most (default: all)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    regions = dict(REGIONS)
+    for spec in args.box:
+        name, _, text = spec.partition("=")
+        if not name or not text:
+            raise SystemExit(f"--box wants NAME=LAT_MIN,LAT_MAX,LON_MIN,LON_MAX, got {spec!r}")
+        regions[name] = Box.parse(text)
+    config = SplitConfig(regions=regions, pad_lat=args.pad[0], pad_lon=args.pad[1], non_local_box=args.non_local_box,
+                         non_local_cap=args.non_local_cap, aux_per_species=args.aux_per_species or None,
+                         aux_val_size=args.aux_val_size, id_cap=args.id_cap, local_cap=args.local_cap,
+                         non_target_cap=args.non_target_cap, target_taxon=args.target_taxon, seed=args.seed)
+    if args.synthetic:
+        occ, ids = synthetic_occurrences(args.synthetic, seed=args.seed)
+        folder = args.out / "synthetic"
+        folder.mkdir(parents=True, exist_ok=True)
+        occ.to_parquet(folder / "occurrences.parquet", index=False)
+        ids.to_csv(folder / "id_species.csv", index=False)
+        occurrences, id_species, image_root = occ, ids, args.image_root or folder
+        config.target_taxon = config.target_taxon or "moth"
+    else:
+        if args.id_species is None or args.image_root is None:
+            raise SystemExit("--occurrences needs --id-species and --image-root")
+        occurrences, id_species, image_root = args.occurrences, args.id_species, args.image_root
+    start = time.perf_counter()
+    written, summary = make_splits(occurrences, id_species, args.out, image_root, config, non_target=args.non_target)
+    print(summary.to_string(index=False))
+    for region, folder in written.items():
+        print(f"wrote {folder}/metadata.jsonl ({region})")
+    print(f"done in {time.perf_counter() - start:.1f} s; summary in {args.out / 'summary.md'}")
+
+
+if __name__ == "__main__":
+    main()
