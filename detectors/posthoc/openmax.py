@@ -36,7 +36,8 @@ def mav_distances(logits: np.ndarray, mavs: np.ndarray, distance: str = "eucos",
     euclid = np.sqrt(np.maximum(sq, 0.0))
     if distance == "euclidean":
         return euclid
-    cosine = 1.0 - (x @ m.T) / (np.linalg.norm(x, axis=1)[:, None] * np.linalg.norm(m, axis=1)[None, :])
+    norms = np.maximum(np.linalg.norm(x, axis=1)[:, None] * np.linalg.norm(m, axis=1)[None, :], np.finfo(np.float64).tiny)
+    cosine = 1.0 - (x @ m.T) / norms
     return cosine if distance == "cosine" else euclid * eu_weight + cosine
 
 
