@@ -35,6 +35,32 @@ def _class_names(config: dict[str, Any]) -> list[str]:
     raise ValueError("fewshot config needs `class_names` or `class_names_file`")
 
 
+def train_prompt_detectors(config: dict[str, Any]) -> list[Path]:
+    """Train every (method, shots, seed) of `config` (keys as the sweep's; `out_dir` required) on the manifest's
+    ID `train_split` rows and save each detector folder `out_dir/<method>-<shots>shot-seed<seed>`."""
+    import detectors
+    from detectors.base import ImageSet
+    from detectors.clip.backbone import ClipBackbone
+    from pipelines.data import read_manifest
+
+    for key in ("manifest", "out_dir"):
+        if not config.get(key):
+            raise ValueError(f"train_prompts config needs `{key}`")
+    class_names = _class_names(config)
+    backbone = ClipBackbone.load(config.get("model", "openai/clip-vit-base-patch16"), device=config.get("device"))
+    train = ImageSet.from_manifest(read_manifest(config["manifest"]), split=config.get("train_split", "train"), role="id")
+    if not len(train):
+        raise ValueError(f"train_prompts: no ID rows in split {config.get('train_split', 'train')!r} of {config['manifest']}")
+    folders = []
+    for method, overrides in (config.get("methods") or DEFAULT_METHODS).items():
+        for shots in config.get("shots", (16,)):
+            for seed in config.get("seeds", (1,)):
+                det = detectors.build(method, model=backbone, class_names=class_names, cache_dir=config.get("cache_dir"),
+                                      **{**(overrides or {}), "shots": int(shots), "seed": int(seed)})
+                folders.append(det.fit(train).save_pretrained(Path(config["out_dir"]) / f"{method}-{shots}shot-seed{seed}"))
+    return folders
+
+
 def sweep(config: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows (method, family, shots, seed, ood_set, group, metrics in percent, id_acc, n_id, n_ood, seconds)."""
     import detectors

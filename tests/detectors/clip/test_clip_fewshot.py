@@ -56,3 +56,20 @@ def test_clip_demo_rows(tmp_path):
     assert [(r["method"], r["ood_set"]) for r in rows] == [("mcm", "yellow"), ("locoop", "yellow")]
     assert all(0 <= r["auroc"] <= 100 and r["n_id"] == 6 and r["n_ood"] == 4 for r in rows)
     assert (tmp_path / "locoop" / "model.safetensors").is_file()
+
+
+def test_train_prompt_detectors_writes_one_loadable_folder_per_run(tiny_clip_dir, tmp_path):
+    from detectors.clip.fewshot import train_prompt_detectors
+
+    data = tmp_path / "data"
+    data.mkdir()
+    write_toy_manifest(data)
+    (data / "classes.txt").write_text("red\ngreen\n")
+    config = {"model": str(tiny_clip_dir), "manifest": str(data), "class_names_file": str(data / "classes.txt"),
+              "methods": {"locoop": {"epochs": 1, "progress": False}}, "shots": [1], "seeds": [1, 2],
+              "out_dir": str(tmp_path / "runs")}
+    folders = train_prompt_detectors(config)
+    assert [f.name for f in folders] == ["locoop-1shot-seed1", "locoop-1shot-seed2"]
+    a, b = (Detector.from_pretrained(f, model=str(tiny_clip_dir)) for f in folders)
+    assert a.params["class_names"] == CLASSES and a.params["seed"] == 1 and b.params["seed"] == 2
+    assert not np.array_equal(a.state()["prompt.ctx"], b.state()["prompt.ctx"])  # seeds differ
