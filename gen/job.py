@@ -294,10 +294,12 @@ def generate_batch(pipe: Any, batch: list[PlanItem], config: GenerationConfig, l
         ip_adapter_scale=config.ip_adapter_scale, resolution=config.resolution, resize=config.resize,
         composite=config.composite,
     )
+    records = []
     for (item, *_), seed, image in zip(ready, seeds, images):
         atomic_save_image(out / item.output, image)
-        ledger.append({"index": item.index, "status": DONE, "output": item.output,
-                       "row": output_row(item, config, seed, pipe.model_ids)})
+        records.append({"index": item.index, "status": DONE, "output": item.output,
+                        "row": output_row(item, config, seed, pipe.model_ids)})
+    ledger.append(*records)  # after the images: a crash in between only means redoing this batch
     return len(ready), failed
 
 

@@ -43,11 +43,12 @@ class PlanItem:
 
 
 def load_source(folder: str | os.PathLike, what: str) -> Manifest:
-    """A manifest folder, or a plain image folder read as one (a first-level subfolder name becomes `category`)."""
+    """A manifest folder, or a plain image folder read as one (a first-level subfolder name becomes `category`; its
+    rows carry no class label, so nothing but `category` is inherited from them)."""
     root = Path(folder)
     if not root.is_dir():
         raise FileNotFoundError(f"{what} folder not found: {root}")
-    source = open_image_source(root)
+    source = open_image_source(root, role="ood", ood_set=root.name)
     if not (root / METADATA).is_file():
         for row in source.rows:
             parts = Path(row["file_name"]).parts

@@ -85,6 +85,7 @@ def test_plain_folder_subfolder_becomes_category(tmp_path, image_writer):
     source = load_source(tmp_path / "src", "materials")
     assert {r["file_name"]: r.get("category") for r in source} == {
         "bowl/c.png": "bowl", "jar/a.png": "jar", "jar/b.png": "jar", "loose.png": None}
+    assert [inherited_labels(r) for r in source] == [{"category": "bowl"}, {"category": "jar"}, {"category": "jar"}, {}]
 
 
 def test_invalid_requests_raise_clear_errors(bronzes, containers, tmp_path):

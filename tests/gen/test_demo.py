@@ -1,0 +1,52 @@
+"""The generation demo stage and the `models: tiny` cache."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from PIL import Image
+
+import gen.job
+from gen.demo import MATERIALS, TARGETS, generation_demo
+from pipelines.data import read_manifest
+
+
+def test_tiny_models_are_built_once_into_the_cache(tmp_path, monkeypatch, tiny_zest_models):
+    import pipelines.tiny
+    from pipelines.zest import ZeSTConfig
+
+    builds = []
+
+    def fake_build(folder):
+        builds.append(Path(folder))
+        return ZeSTConfig.from_dict(tiny_zest_models)
+
+    monkeypatch.setenv("OODFORGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(pipelines.tiny, "save_tiny_zest", fake_build)
+    first = gen.job.resolve_models("tiny")
+    second = gen.job.resolve_models("tiny")
+    assert builds == [tmp_path / "cache" / "tiny_zest"]
+    assert first == second == ZeSTConfig.from_dict(tiny_zest_models)
+
+
+def test_generation_demo_writes_a_manifest_with_inherited_categories(tmp_path, monkeypatch, tiny_zest_models,
+                                                                     single_thread):
+    cache = tmp_path / "cache" / "tiny_zest"
+    cache.mkdir(parents=True)
+    (cache / "zest_config.json").write_text(json.dumps(tiny_zest_models))  # reuse the session's tiny models
+    monkeypatch.setenv("OODFORGE_CACHE", str(tmp_path / "cache"))
+
+    result = generation_demo(tmp_path / "demo")
+
+    rows = read_manifest(Path(result["manifest"]).parent, check_files=True).rows
+    assert len(rows) == len(TARGETS)
+    assert sorted(Path(r["provenance"]["source_target"]).stem for r in rows) == sorted(TARGETS)
+    for row in rows:
+        material = Path(row["provenance"]["source_material"])
+        assert row["category"] == material.parent.name == material.stem
+        assert row["ood_set"] == "demo_transfer" and "source_label" not in row
+    uses = Counter(r["category"] for r in rows)
+    assert set(uses) <= set(MATERIALS) and max(uses.values()) - min(uses.values()) <= 1
+    with Image.open(result["contact_sheet"]) as sheet:
+        assert sheet.size == (128 * len(TARGETS), 128)
