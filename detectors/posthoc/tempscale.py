@@ -36,12 +36,17 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, init: float = 1.5) -
 
 @register_detector("tempscale")
 class TempScale(Detector):
-    """s(x) = max_k softmax(z / T)_k; `temperature=None` fits T on ID-val (else ID-train) NLL, a number fixes it."""
+    """Max softmax of z / T; `temperature=None` fits T on ID-val (else ID-train) NLL, a number fixes it.
+
+    `output="prob"` returns p = max_k softmax(z / T)_k (OpenOOD). `output="logodds"` returns log(p / (1 - p)) computed
+    as -logsumexp_{k != top}((z_k - z_top) / T): the same ranking and metrics, but no float64 saturation at p = 1, which
+    otherwise ties every confident sample when the fitted T is small (e.g. a perfectly separated validation set).
+    """
 
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Guo et al., On Calibration of Modern Neural Networks, ICML 2017"
-    defaults: dict[str, Any] = {"temperature": None}
+    defaults: dict[str, Any] = {"temperature": None, "output": "logodds"}
     search_space: dict[str, list[Any]] = {}
 
     def __init__(self, **params: Any) -> None:
@@ -66,7 +71,15 @@ class TempScale(Detector):
         self.fitted_temperature = fit_temperature(logits_of(data, self.name), labels_of(data, self.name))
 
     def _score(self, batch: Any) -> np.ndarray:
-        return softmax(logits_of(batch, self.name) / self.effective_temperature).max(axis=1)
+        scaled = logits_of(batch, self.name) / self.effective_temperature
+        if self.params["output"] == "prob":
+            return softmax(scaled).max(axis=1)
+        if self.params["output"] != "logodds":
+            raise ValueError(f"tempscale: output must be 'prob' or 'logodds', got {self.params['output']!r}")
+        top = scaled.argmax(axis=1)
+        rest = scaled - scaled[np.arange(len(scaled)), top][:, None]
+        rest[np.arange(len(scaled)), top] = -np.inf
+        return -logsumexp(rest, axis=1)
 
     def state(self) -> dict[str, np.ndarray]:
         out = super().state()

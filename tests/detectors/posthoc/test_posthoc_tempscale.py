@@ -48,8 +48,8 @@ def test_tempscale_uses_id_val_when_given_and_round_trips(tmp_path):
     only_train = detectors.build("tempscale").fit(FeatureSet(logits=z_train, labels=y_train))
     assert only_train.fitted_temperature == pytest.approx(fit_temperature(z_train, y_train))
     test = FeatureSet(logits=z_train[:25])
-    expected = softmax(z_train[:25] / det.fitted_temperature, axis=1).max(axis=1)
-    np.testing.assert_allclose(det.score(test), expected, rtol=1e-12)
+    p = softmax(z_train[:25] / det.fitted_temperature, axis=1).max(axis=1)
+    np.testing.assert_allclose(det.score(test), np.log(p / (1 - p)), rtol=1e-9)  # default output: log-odds of max softmax
     again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "ts"))
     np.testing.assert_array_equal(again.score(test), det.score(test))
 
@@ -57,6 +57,16 @@ def test_tempscale_uses_id_val_when_given_and_round_trips(tmp_path):
 def test_fixed_temperature_needs_no_fit_and_unfitted_errors():
     z, _ = _calibration_data(seed=4)
     fixed = detectors.build("tempscale", temperature=3.0)
-    np.testing.assert_allclose(fixed.score(z), softmax(z / 3.0, axis=1).max(axis=1), rtol=1e-12)
+    np.testing.assert_allclose(fixed.score(z), np.log(softmax(z / 3.0, axis=1).max(axis=1)) - np.log1p(-softmax(z / 3.0, axis=1).max(axis=1)), rtol=1e-9)
+    prob = detectors.build("tempscale", temperature=3.0, output="prob")
+    np.testing.assert_allclose(prob.score(z), softmax(z / 3.0, axis=1).max(axis=1), rtol=1e-12)
     with pytest.raises(RuntimeError, match="fit"):
         detectors.build("tempscale").score(z)
+
+
+def test_logodds_does_not_saturate_at_small_temperature():
+    """At T = 0.01 float64 softmax ties every confident sample at 1.0; log-odds keeps their margin order."""
+    z = np.array([[10.0, 0.0], [20.0, 0.0], [30.0, 0.0]])
+    prob = detectors.build("tempscale", temperature=0.01, output="prob").score(z)
+    assert len(set(prob)) == 1
+    np.testing.assert_allclose(detectors.build("tempscale", temperature=0.01).score(z), [1000.0, 2000.0, 3000.0])
