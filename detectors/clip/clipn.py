@@ -86,12 +86,13 @@ def pair_texts(images: ImageSet, class_names: Sequence[str], template: str) -> l
 
 @register_detector("clipn")
 class CLIPN(ClipDetector):
-    """`score_rule` "atd" (default) or "ctw"; logits use scale 100 as the paper. Training reads cached image
-    embeddings (frozen image tower) and the frozen "yes" text tower; only the "no" tower and prompts learn."""
+    """`score_rule` "atd" (default) or "ctw"; logits use scale 100 as the paper. Training defaults follow CLIPN's
+    run script (AdamW lr 3e-4, betas (0.9, 0.98), eps 1e-6, weight decay 0.2, 10 epochs, batch 512 per GPU) and read
+    cached image embeddings (frozen image tower) and the frozen "yes" text tower; only the "no" tower learns."""
 
     paper = "Wang et al., CLIPN for Zero-Shot OOD Detection: Teaching CLIP to Say No, ICCV 2023"
-    defaults = {**CLIP_DEFAULTS, "score_rule": "atd", "scale": 100.0, "n_prompts": 16, "epochs": 10, "lr": 3e-5,
-                "weight_decay": 0.1, "train_batch": 256, "seed": 0, "progress": True}
+    defaults = {**CLIP_DEFAULTS, "score_rule": "atd", "scale": 100.0, "n_prompts": 16, "epochs": 10, "lr": 3e-4,
+                "betas": (0.9, 0.98), "eps": 1e-6, "weight_decay": 0.2, "train_batch": 512, "seed": 0, "progress": True}
     search_space = {"score_rule": ["atd", "ctw"]}
 
     def __init__(self, model: Any = CLIP_DEFAULTS["model"], processor: Any = None, **params: Any) -> None:
@@ -127,7 +128,8 @@ class CLIPN(ClipDetector):
             return bin_yes + bin_no + semantic_opposite_loss(yes, no)
 
         tower = self.tower.train()
-        optimizer = torch.optim.AdamW(tower.parameters(), lr=p["lr"], weight_decay=p["weight_decay"])
+        optimizer = torch.optim.AdamW(tower.parameters(), lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"],
+                                      weight_decay=p["weight_decay"])
         self.losses = train_loop(tower, TensorDataset(image, ids, yes_text), step_loss, epochs=p["epochs"],
                                  batch_size=p["train_batch"], optimizer=optimizer, seed=p["seed"],
                                  device=backbone.device, progress=p["progress"], desc="CLIPN")

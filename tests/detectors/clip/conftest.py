@@ -7,6 +7,12 @@ import torch
 from pipelines.tiny import save_tiny_clip
 
 
+@pytest.fixture(autouse=True)
+def private_feature_cache(tmp_path, monkeypatch):
+    """Keep CLIP feature caches of manifest-backed image sets out of the user's ~/.cache."""
+    monkeypatch.setenv("OODFORGE_CACHE", str(tmp_path / "oodforge_cache"))
+
+
 @pytest.fixture(scope="session")
 def tiny_clip_dir(tmp_path_factory):
     torch.set_num_threads(1)
