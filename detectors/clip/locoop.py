@@ -20,13 +20,14 @@ from detectors.registry import register_detector
 class LoCoOp(PromptDetector):
     """Learned context (16 tokens) trained with CE + 0.25 * (-entropy of OOD patches); scored with GL-MCM or MCM.
 
-    `top_k` None takes 20% of the classes (200 of ImageNet-1k's 1000, 20 of 100). Training reads the cached global and
-    local image embeddings (the image tower is frozen), so no image augmentation is applied.
+    `top_k` None takes 20% of the classes (200 of ImageNet-1k's 1000, 20 of 100). Schedule as CoOp's configs: one
+    warm-up epoch at lr 1e-5, then a cosine over the epochs. Training reads the cached global and local image
+    embeddings (the image tower is frozen), so no image augmentation is applied.
     """
 
     paper = "Miyai et al., LoCoOp: Few-Shot Out-of-Distribution Detection via Prompt Learning, NeurIPS 2023"
     defaults = {**PROMPT_DEFAULTS, "epochs": 50, "lr": 0.002, "momentum": 0.9, "weight_decay": 5e-4, "train_batch": 32,
-                "lam": 0.25, "top_k": None, "score_rule": "glmcm", "temperature": 1.0, "glmcm_lam": 1.0}
+                "warmup_epochs": 1, "warmup_lr": 1e-5, "lam": 0.25, "top_k": None, "score_rule": "glmcm", "temperature": 1.0, "glmcm_lam": 1.0}
     search_space = {"score_rule": ["mcm", "glmcm"]}
 
     def top_k(self) -> int:
@@ -52,6 +53,7 @@ class LoCoOp(PromptDetector):
         optimizer = torch.optim.SGD(params, lr=self.params["lr"], momentum=self.params["momentum"], weight_decay=self.params["weight_decay"])
         self._after_fit(train_loop(learner, dataset, step_loss, epochs=self.params["epochs"], batch_size=self.params["train_batch"],
                                    optimizer=optimizer, seed=self.params["seed"], device=self.backbone.device,
+                                   warmup_epochs=self.params["warmup_epochs"], warmup_lr=self.params["warmup_lr"],
                                    progress=self.params["progress"], desc="LoCoOp"))
 
     def _score(self, batch: Any) -> np.ndarray:

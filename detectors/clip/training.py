@@ -1,6 +1,7 @@
 """Training loop (accelerate) and the base class of the learned-prompt detectors (LoCoOp, ID-like)."""
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -24,22 +25,32 @@ def make_accelerator(device: torch.device) -> Any:
     return Accelerator(cpu=cpu, mixed_precision="no" if cpu else "bf16")
 
 
+def epoch_lr_factor(epoch: int, epochs: int, base_lr: float, warmup_epochs: int = 0, warmup_lr: float = 1e-5) -> float:
+    """Dassl/CoOp schedule as a multiplier of `base_lr`: constant `warmup_lr` for the first `warmup_epochs`, then a
+    cosine over `epochs` stepped once per epoch."""
+    if epoch < warmup_epochs:
+        return warmup_lr / base_lr
+    return 0.5 * (1.0 + math.cos(math.pi * (epoch - warmup_epochs) / max(1, epochs)))
+
+
 def train_loop(module: torch.nn.Module, dataset: Dataset, step_loss: Callable[[Any, Any], torch.Tensor], *, epochs: int,
                batch_size: int, optimizer: torch.optim.Optimizer, seed: int, device: torch.device,
-               progress: bool = True, desc: str = "train", collate_fn: Callable | None = None) -> list[float]:
-    """Train `module`'s parameters with `optimizer` and a per-step cosine schedule; returns the loss of each step.
+               warmup_epochs: int = 0, warmup_lr: float = 1e-5, progress: bool = True, desc: str = "train") -> list[float]:
+    """Train `module`'s parameters with `optimizer` (schedule: `epoch_lr_factor`); returns the loss of each step.
 
-    `step_loss(module, batch)` computes the loss of one batch (already on the device) with the prepared module. Shuffling is seeded with `seed`.
+    `step_loss(module, batch)` computes the loss of one batch (already on the device) with the prepared module.
+    Shuffling is seeded with `seed`.
     """
     accelerator = make_accelerator(device)
     gen = torch.Generator().manual_seed(seed)
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen, collate_fn=collate_fn)
-    total = max(1, epochs * len(loader))
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
-    module, optimizer, loader, scheduler = accelerator.prepare(module, optimizer, loader, scheduler)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen)
+    base_lr = optimizer.param_groups[0]["lr"]
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda e: epoch_lr_factor(e, epochs, base_lr, warmup_epochs, warmup_lr))
+    module, optimizer, loader = accelerator.prepare(module, optimizer, loader)
     module.train()
     losses: list[float] = []
-    bar = tqdm(total=total, desc=desc, disable=not progress, leave=False)
+    bar = tqdm(total=epochs * len(loader), desc=desc, disable=not progress, leave=False)
     for _ in range(epochs):
         for batch in loader:
             with accelerator.autocast():
@@ -47,10 +58,10 @@ def train_loop(module: torch.nn.Module, dataset: Dataset, step_loss: Callable[[A
             optimizer.zero_grad(set_to_none=True)
             accelerator.backward(loss)
             optimizer.step()
-            scheduler.step()
             losses.append(float(loss.detach()))
             bar.update()
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
+        scheduler.step()
     bar.close()
     module.eval()
     return losses
