@@ -154,7 +154,7 @@ def _rng(seed: int, key: str) -> np.random.Generator:
 
 
 def rank_in_group(codes: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """A uniformly random rank of each row within its group (`codes`), and the group's size, in the input order."""
+    """A uniformly random rank of each row within its group (`codes` >= 0), and the group's size, in the input order."""
     n = len(codes)
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
@@ -171,32 +171,64 @@ def rank_in_group(codes: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarr
     return rank, size
 
 
-def _codes(values: pd.Series) -> np.ndarray:
-    return values.cat.codes.to_numpy(np.int64) if isinstance(values.dtype, pd.CategoricalDtype) else pd.factorize(values)[0]
-
-
 def _round_half_up(x: np.ndarray) -> np.ndarray:
     return np.floor(np.asarray(x, dtype=np.float64) + 0.5).astype(np.int64)
 
 
-def _sample_rows(index: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+def _sample(index: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """`k` distinct entries of `index` (all when k >= len), in increasing order."""
     k = min(int(k), len(index))
     return np.sort(rng.choice(index, size=k, replace=False)) if k else index[:0]
 
 
-def _species_set(occ: pd.DataFrame, mask: np.ndarray) -> set[str]:
-    return set(occ.loc[mask, "species"].dropna().unique().tolist())
+def _flag(size: int, codes: np.ndarray) -> np.ndarray:
+    """Boolean array over `size` categories, True at `codes` (negative codes ignored)."""
+    out = np.zeros(size, dtype=bool)
+    out[codes[codes >= 0]] = True
+    return out
 
 
-def _genera_of(species_genus: pd.Series, species: Iterable[str]) -> set[str]:
-    return set(species_genus.reindex(list(species)).dropna().unique().tolist())
+@dataclass
+class _Taxonomy:
+    """The table as integer codes: rows -> species / genus / family codes; species -> genus / family code."""
+
+    species: pd.Index
+    row_species: np.ndarray
+    row_genus: np.ndarray
+    row_family: np.ndarray
+    species_genus: np.ndarray
+    species_family: np.ndarray
+    n_genera: int
+    n_families: int
+
+    @classmethod
+    def of(cls, occ: pd.DataFrame, target: np.ndarray) -> "_Taxonomy":
+        codes = {c: occ[c].cat.codes.to_numpy(np.int64) for c in ("species", "genus", "family")}
+        n_species = len(occ["species"].cat.categories)
+        species_genus = np.full(n_species, -1, dtype=np.int64)
+        species_family = np.full(n_species, -1, dtype=np.int64)
+        ok = target & (codes["species"] >= 0)
+        species_genus[codes["species"][ok]] = codes["genus"][ok]
+        species_family[codes["species"][ok]] = codes["family"][ok]
+        return cls(occ["species"].cat.categories, codes["species"], codes["genus"], codes["family"], species_genus,
+                   species_family, len(occ["genus"].cat.categories), len(occ["family"].cat.categories))
+
+    def species_flags(self, names: Iterable[str]) -> np.ndarray:
+        index = self.species.get_indexer(list(names))
+        return _flag(len(self.species), index)
+
+    def genus_flags(self, species: np.ndarray) -> np.ndarray:
+        return _flag(self.n_genera, self.species_genus[species])
+
+    def family_flags(self, species: np.ndarray) -> np.ndarray:
+        return _flag(self.n_families, self.species_family[species])
 
 
 # -- the builder -------------------------------------------------------------------------------------------------
 @dataclass
 class Splits:
-    """Per region, a frame of the selected occurrence rows with `set`, `split`, `role`, `ood_set`, `group`, `label`,
-    `hop`, `aux_label`; plus species requested as ID but absent from the table."""
+    """Per region, a frame of the selected occurrence rows (file_name, species, genus, family, lat, lon) with `set`,
+    `label`, `hop`, `aux_label`; plus the species requested as ID but absent from the table."""
 
     regions: dict[str, pd.DataFrame]
     missing_id_species: dict[str, list[str]]
@@ -205,54 +237,63 @@ class Splits:
 
 def build_splits(occurrences: pd.DataFrame, id_species: dict[str, list[str]], config: SplitConfig | None = None,
                  non_target: pd.DataFrame | None = None) -> Splits:
-    """Build every region's split frame (see the module docstring)."""
+    """Build every region's split frame (see the module docstring). Species-level decisions are boolean arrays over
+    species codes and rows pick them up by fancy indexing, so the cost is a few linear passes over the table."""
     config = config or SplitConfig()
     unknown = sorted(set(id_species) - set(config.regions))
     if unknown:
         raise ValueError(f"ID species given for region(s) {unknown} without a box; known: {sorted(config.regions)} "
                          "(add boxes with SplitConfig.regions / --box NAME=lat_min,lat_max,lon_min,lon_max)")
-    occ = check_occurrences(occurrences)
-    target_mask, nt_rows = _non_target_rows(occ, config, non_target)
+    occ, target = _with_non_target(occurrences, non_target, config)
+    tax = _Taxonomy.of(occ, target)
     lat, lon = occ["lat"].to_numpy(), occ["lon"].to_numpy()
-    has_species = occ["species"].notna().to_numpy() & target_mask
-    species_genus = occ.loc[has_species, ["species", "genus"]].drop_duplicates("species").set_index("species")["genus"].astype(object)
-    species_family = occ.loc[has_species, ["species", "family"]].drop_duplicates("species").set_index("species")["family"].astype(object)
-    present = set(species_genus.index)
+    valid = target & (tax.row_species >= 0)
+    n_species = len(tax.species)
+    present = _flag(n_species, tax.row_species[valid])
 
-    id_sets = {r: set(s) & present for r, s in id_species.items()}
-    missing = {r: sorted(set(s) - present) for r, s in id_species.items()}
-    local_sets = {}
+    is_id = {r: tax.species_flags(names) & present for r, names in id_species.items()}
+    missing = {r: sorted(set(names) - set(tax.species[is_id[r]])) for r, names in id_species.items()}
+    local = {}
     for region in id_species:
-        in_box = config.regions[region].padded(config.pad_lat, config.pad_lon).contains(lat, lon) & has_species
-        local_sets[region] = _species_set(occ, in_box) - id_sets[region]
-    excluded = set().union(*id_sets.values(), *local_sets.values()) if id_sets else set()
-    non_local_species = _species_set(occ, config.non_local_box.contains(lat, lon) & has_species) - excluded
+        in_box = valid & config.regions[region].padded(config.pad_lat, config.pad_lon).contains(lat, lon)
+        local[region] = _flag(n_species, tax.row_species[in_box]) & ~is_id[region]
+    excluded = np.logical_or.reduce([*is_id.values(), *local.values()]) if id_species else np.zeros(n_species, bool)
+    in_non_local_box = valid & config.non_local_box.contains(lat, lon)
+    non_local = _flag(n_species, tax.row_species[in_non_local_box]) & ~excluded
 
-    species_codes = _codes(occ["species"])
-    non_local = _non_local_frame(occ, species_codes, has_species, non_local_species, config)
-    nt_frame = _non_target_frame(nt_rows, config)
+    row_sp = np.where(valid, tax.row_species, 0)  # species code per row (0 where invalid; masked by `valid` below)
+    given = _given_id_split(occ, valid & np.logical_or.reduce([is_id[r][row_sp] for r in id_species])) if id_species else None
+    shared = _non_local_sets(row_sp, valid & non_local[row_sp], config) + _non_target_sets(~target, config)
     out = {}
     for region in sorted(id_species):
-        frames = [
-            _id_frame(occ, species_codes, has_species, id_sets[region], config, region),
-            _local_frame(occ, species_codes, has_species, local_sets[region], config, region),
-            non_local, nt_frame,
-        ]
-        n_id_val = int((frames[0]["set"] == "id_val").sum())
-        ood_genera = (_genera_of(species_genus, local_sets[region]) | _genera_of(species_genus, non_local_species))
-        drop_genera = ood_genera - _genera_of(species_genus, id_sets[region])
-        aux_species_mask = has_species & ~occ["species"].isin(id_sets[region] | local_sets[region] | non_local_species).to_numpy()
-        aux_species_mask &= ~occ["genus"].isin(drop_genera).to_numpy()
-        frames.append(_aux_frame(occ, species_codes, aux_species_mask, config, region, n_id_val))
-        frame = pd.concat([f for f in frames if len(f)], ignore_index=True)
-        frame["hop"] = _hops(frame, _genera_of(species_genus, id_sets[region]), set(species_family.reindex(list(id_sets[region])).dropna()))
-        out[region] = frame
+        picks = _id_sets(row_sp, valid & is_id[region][row_sp], config, region, given)
+        picks += _local_sets(row_sp, valid & local[region][row_sp], config, region) + shared
+        id_genera = tax.genus_flags(np.flatnonzero(is_id[region]))
+        drop = tax.genus_flags(np.flatnonzero(local[region] | non_local)) & ~id_genera
+        genus_ok = (tax.species_genus < 0) | ~drop[np.maximum(tax.species_genus, 0)]
+        aux_species = present & ~is_id[region] & ~local[region] & ~non_local & genus_ok
+        n_id_val = int(sum(len(index) for name, index in picks if name == "id_val"))
+        picks += _aux_sets(row_sp, valid & aux_species[row_sp], config, region, n_id_val)
+        out[region] = _region_frame(occ, tax, picks, _ranks(tax.species, is_id[region]), id_genera,
+                                    tax.family_flags(np.flatnonzero(is_id[region])))
     return Splits(out, missing, config)
 
 
-def _non_target_rows(occ: pd.DataFrame, config: SplitConfig, non_target: pd.DataFrame | None) -> tuple[np.ndarray, pd.DataFrame]:
-    """(mask of target rows in `occ`, frame of non-target rows from the `taxon` column and/or the separate table)."""
-    parts = []
+def _with_non_target(occurrences: pd.DataFrame, non_target: pd.DataFrame | None, config: SplitConfig) -> tuple[pd.DataFrame, np.ndarray]:
+    """The checked table (with the separate non-target table appended) and the mask of target rows."""
+    occ = occurrences
+    if non_target is not None:
+        if "file_name" not in non_target.columns:
+            raise ValueError("non-target table: needs a file_name column")
+        extra = non_target.copy()
+        for col in OCCURRENCE_COLUMNS:
+            if col not in extra.columns:
+                extra[col] = np.nan
+        extra["_non_target"] = True
+        occ = pd.concat([occ.assign(_non_target=False), extra], ignore_index=True)
+        for col in ("species", "genus", "family"):
+            occ[col] = occ[col].astype(object)
+    occ = check_occurrences(occ)
     target = np.ones(len(occ), dtype=bool)
     if "taxon" in occ.columns:
         taxa = occ["taxon"].dropna().unique().tolist()
@@ -261,117 +302,109 @@ def _non_target_rows(occ: pd.DataFrame, config: SplitConfig, non_target: pd.Data
                              "(--target-taxon) to say which one is the target; the others become non-target OOD")
         if config.target_taxon is not None:
             target = (occ["taxon"].astype(object) == config.target_taxon).to_numpy() | occ["taxon"].isna().to_numpy()
-            parts.append(occ.loc[~target])
-    if non_target is not None:
-        if "file_name" not in non_target.columns:
-            raise ValueError("non-target table: needs a file_name column")
-        parts.append(non_target)
-    frame = pd.concat(parts, ignore_index=True) if parts else occ.iloc[:0]
-    for col in OCCURRENCE_COLUMNS:
-        if col not in frame.columns:
-            frame[col] = np.nan
-    return target, frame
+    if "_non_target" in occ.columns:
+        target &= ~occ["_non_target"].to_numpy(dtype=bool)
+    return occ, target
 
 
-def _with_sets(rows: pd.DataFrame, sets: np.ndarray, **fields: Any) -> pd.DataFrame:
-    out = rows[list(OCCURRENCE_COLUMNS)].copy()
-    out["set"] = pd.Categorical(sets, categories=SETS)
-    for key, value in fields.items():
-        out[key] = value
+Picks = list[tuple[str, np.ndarray]]  # (set name, row positions)
+
+
+def _given_id_split(occ: pd.DataFrame, id_rows: np.ndarray) -> np.ndarray | None:
+    """The table's `split` column when it gives train/val/test for every ID row, else None (split 4:1:5)."""
+    if "split" not in occ.columns or occ["split"].isna().to_numpy()[id_rows].any():
+        return None
+    split = occ["split"].astype(str).to_numpy()
+    bad = id_rows & ~np.isin(split, ("train", "val", "test"))
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"occurrence table: ID row {occ['file_name'].iloc[first]!r} has split {split[first]!r}; "
+                         "expected train, val or test")
+    return split
+
+
+def _ranks(names: pd.Index, chosen: np.ndarray) -> np.ndarray:
+    """Per category: its position among the chosen categories sorted by name, -1 when not chosen."""
+    out = np.full(len(names), -1, dtype=np.int64)
+    picked = np.flatnonzero(chosen)
+    out[picked[np.argsort(np.asarray(names[picked], dtype=str), kind="stable")]] = np.arange(len(picked))
     return out
 
 
-def _id_frame(occ, species_codes, has_species, species: set[str], config: SplitConfig, region: str) -> pd.DataFrame:
-    mask = has_species & occ["species"].isin(species).to_numpy()
-    rows = occ.loc[mask]
-    codes = species_codes[mask]
-    rng = _rng(config.seed, f"{region}:id")
-    rank, size = rank_in_group(codes, rng)
-    keep = np.ones(len(rows), dtype=bool) if config.id_cap is None else rank < config.id_cap
-    size = np.minimum(size, config.id_cap) if config.id_cap is not None else size
-    if "split" in rows.columns and rows["split"].notna().all():
-        given = rows["split"].astype(str).to_numpy()
-        bad = ~np.isin(given, ("train", "val", "test"))
-        if bad.any():
-            raise ValueError(f"occurrence table: ID row {rows['file_name'].iloc[int(np.flatnonzero(bad)[0])]!r} has split "
-                             f"{given[bad][0]!r}; expected train, val or test")
-        sets = np.char.add("id_", given.astype(str))
-    else:
-        f_train, f_val, _ = config.id_fractions
-        n_train = np.maximum(1, _round_half_up(size * f_train))
-        n_val = _round_half_up(size * f_val)
-        sets = np.where(rank < n_train, "id_train", np.where(rank < n_train + n_val, "id_val", "id_test"))
-    labels = {s: i for i, s in enumerate(sorted(species))}
-    frame = _with_sets(rows, sets)
-    frame["label"] = frame["species"].astype(object).map(labels).astype(np.int64)
-    return frame[keep]
+def _id_sets(row_sp: np.ndarray, mask: np.ndarray, config: SplitConfig, region: str, given: np.ndarray | None) -> Picks:
+    rows = np.flatnonzero(mask)
+    rank, size = rank_in_group(row_sp[rows], _rng(config.seed, f"{region}:id"))
+    if config.id_cap is not None:
+        keep = rank < config.id_cap
+        rows, rank, size = rows[keep], rank[keep], np.minimum(size[keep], config.id_cap)
+    if given is not None:
+        return [(f"id_{name}", rows[given[rows] == name]) for name in ("train", "val", "test")]
+    f_train, f_val, _ = config.id_fractions
+    n_train = np.maximum(1, _round_half_up(size * f_train))
+    n_val = _round_half_up(size * f_val)
+    return [("id_train", rows[rank < n_train]), ("id_val", rows[(rank >= n_train) & (rank < n_train + n_val)]),
+            ("id_test", rows[rank >= n_train + n_val])]
 
 
-def _local_frame(occ, species_codes, has_species, species: set[str], config: SplitConfig, region: str) -> pd.DataFrame:
-    mask = has_species & occ["species"].isin(species).to_numpy()
-    rows = occ.loc[mask]
-    rank, size = rank_in_group(species_codes[mask], _rng(config.seed, f"{region}:local"))
+def _local_sets(row_sp: np.ndarray, mask: np.ndarray, config: SplitConfig, region: str) -> Picks:
+    rows = np.flatnonzero(mask)
+    rank, size = rank_in_group(row_sp[rows], _rng(config.seed, f"{region}:local"))
     if config.local_cap is not None:
         keep = rank < config.local_cap
-        size = np.minimum(size, config.local_cap)
-    else:
-        keep = np.ones(len(rows), dtype=bool)
+        rows, rank, size = rows[keep], rank[keep], np.minimum(size[keep], config.local_cap)
     n_test = np.where(size >= config.local_val_min_images, _round_half_up(size * (1 - config.local_val_fraction)), size)
-    sets = np.where(rank < n_test, "local_test", "local_val")
-    return _with_sets(rows, sets, label=-1)[keep]
+    return [("local_test", rows[rank < n_test]), ("local_val", rows[rank >= n_test])]
 
 
-def _non_local_frame(occ, species_codes, has_species, species: set[str], config: SplitConfig) -> pd.DataFrame:
-    mask = has_species & occ["species"].isin(species).to_numpy()
-    rows = occ.loc[mask]
+def _non_local_sets(row_sp: np.ndarray, mask: np.ndarray, config: SplitConfig) -> Picks:
+    rows = np.flatnonzero(mask)
     rng = _rng(config.seed, "non_local")
-    rank, _ = rank_in_group(species_codes[mask], rng)
-    test = rank < config.non_local_cap
-    rest = np.flatnonzero(~test)
-    val = np.zeros(len(rows), dtype=bool)
-    val[_sample_rows(rest, int(test.sum() * config.non_local_val_fraction), rng)] = True
-    keep = test | val
-    return _with_sets(rows[keep], np.where(test[keep], "non_local_test", "non_local_val"), label=-1)
+    rank, _ = rank_in_group(row_sp[rows], rng)
+    test = rows[rank < config.non_local_cap]
+    val = _sample(rows[rank >= config.non_local_cap], int(len(test) * config.non_local_val_fraction), rng)
+    return [("non_local_test", test), ("non_local_val", val)]
 
 
-def _non_target_frame(rows: pd.DataFrame, config: SplitConfig) -> pd.DataFrame:
+def _non_target_sets(mask: np.ndarray, config: SplitConfig) -> Picks:
     """A random `non_target_val_fraction` to val, the rest to test; `non_target_cap` caps test (and val in proportion)."""
-    if not len(rows):
-        return rows.iloc[:0]
-    position = np.empty(len(rows), dtype=np.int64)
-    position[_rng(config.seed, "non_target").permutation(len(rows))] = np.arange(len(rows))
+    rows = _rng(config.seed, "non_target").permutation(np.flatnonzero(mask))
     n_val = int(len(rows) * config.non_target_val_fraction)
-    is_val = position < n_val
-    keep = np.ones(len(rows), dtype=bool)
+    val, test = rows[:n_val], rows[n_val:]
     if config.non_target_cap is not None:
-        keep = np.where(is_val, position < int(config.non_target_cap * config.non_target_val_fraction),
-                        position - n_val < config.non_target_cap)
-    frame = _with_sets(rows.reset_index(drop=True), np.where(is_val, "non_target_val", "non_target_test"), label=-1)
-    return frame[keep]
+        val, test = val[: int(config.non_target_cap * config.non_target_val_fraction)], test[: config.non_target_cap]
+    return [("non_target_test", np.sort(test)), ("non_target_val", np.sort(val))]
 
 
-def _aux_frame(occ, species_codes, mask: np.ndarray, config: SplitConfig, region: str, n_id_val: int) -> pd.DataFrame:
-    rows = occ.loc[mask]
+def _aux_sets(row_sp: np.ndarray, mask: np.ndarray, config: SplitConfig, region: str, n_id_val: int) -> Picks:
+    rows = np.flatnonzero(mask)
     rng = _rng(config.seed, f"{region}:aux")
-    val = np.zeros(len(rows), dtype=bool)
-    val_size = n_id_val if config.aux_val_size is None else config.aux_val_size
-    val[_sample_rows(np.arange(len(rows)), val_size, rng)] = True
-    train_idx = np.flatnonzero(~val)
-    keep = val.copy()
-    if config.aux_per_species is None:
-        keep[train_idx] = True
-    else:
-        rank, _ = rank_in_group(species_codes[mask][train_idx], rng)
-        keep[train_idx[rank < config.aux_per_species]] = True
-    frame = _with_sets(rows, np.where(val, "aux_val", "aux_train"), label=-1)[keep]
-    train_species = sorted(frame.loc[frame["set"] == "aux_train", "species"].astype(object).unique().tolist())
-    frame["aux_label"] = frame["species"].astype(object).map({s: i for i, s in enumerate(train_species)}).fillna(-1).astype(np.int64)
+    val = _sample(rows, n_id_val if config.aux_val_size is None else config.aux_val_size, rng)
+    train = np.setdiff1d(rows, val, assume_unique=True)
+    if config.aux_per_species is not None:
+        rank, _ = rank_in_group(row_sp[train], rng)
+        train = train[rank < config.aux_per_species]
+    return [("aux_train", train), ("aux_val", val)]
+
+
+def _region_frame(occ: pd.DataFrame, tax: _Taxonomy, picks: Picks, id_rank: np.ndarray, id_genera: np.ndarray,
+                  id_families: np.ndarray) -> pd.DataFrame:
+    """The picked rows with set, label (ID class = rank of the species name among the ID species), hop, aux_label
+    (rank of the species name among the aux-train species)."""
+    rows = np.concatenate([index for _, index in picks])
+    sets = np.concatenate([np.full(len(index), SETS.index(name), dtype=np.int8) for name, index in picks])
+    sp, genus, family = tax.row_species[rows], tax.row_genus[rows], tax.row_family[rows]
+    is_id_row = sets <= SETS.index("id_test")
+    hop = np.where(genus >= 0, id_genera[np.maximum(genus, 0)] & (genus >= 0), False)
+    fam = np.where(family >= 0, id_families[np.maximum(family, 0)] & (family >= 0), False)
+    hop = np.where(is_id_row, 0, np.where(hop, 1, np.where(fam, 2, 3)))
+    aux_rank = _ranks(tax.species, _flag(len(tax.species), sp[sets == SETS.index("aux_train")]))
+    aux_label = np.where((sets >= SETS.index("aux_train")) & (sp >= 0), aux_rank[np.maximum(sp, 0)], -1)
+    frame = occ.iloc[rows][list(OCCURRENCE_COLUMNS)].reset_index(drop=True)
+    frame["set"] = pd.Categorical.from_codes(sets, categories=SETS)
+    frame["label"] = np.where(is_id_row, id_rank[np.maximum(sp, 0)], -1).astype(np.int64)
+    frame["hop"] = hop.astype(np.int64)
+    frame["aux_label"] = aux_label.astype(np.int64)
     return frame
-
-
-def _hops(frame: pd.DataFrame, id_genera: set[str], id_families: set[str]) -> np.ndarray:
-    hop = np.where(frame["genus"].isin(id_genera), 1, np.where(frame["family"].isin(id_families), 2, 3))
-    return np.where(frame["set"].isin(("id_train", "id_val", "id_test")), 0, hop).astype(np.int64)
 
 
 # -- manifests, summary ----------------------------------------------------------------------------------------

@@ -192,3 +192,29 @@ def test_synthetic_table_end_to_end(tmp_path):
         local = species_in(frame, "local_test", "local_val")
         assert not local & species_in(frame, "id_train", "id_val", "id_test")
         assert not local & species_in(frame, "aux_train", "aux_val")
+
+
+def test_separate_non_target_table():
+    occ = table(extra_non_target=0).drop(columns="taxon")
+    extra = pd.DataFrame({"file_name": [f"other/{i}.jpg" for i in range(10)], "lat": 1.0, "lon": 2.0})
+    ne = build_splits(occ, read_id_species(ID_SPECIES), SplitConfig(regions=config().regions, aux_val_size=0),
+                      non_target=extra).regions["ne-america"]
+    nt = ne[ne["set"].isin(["non_target_test", "non_target_val"])]
+    assert sorted(nt["file_name"]) == sorted(extra["file_name"]) and (nt["set"] == "non_target_val").sum() == 1
+    assert species_in(ne, "local_test", "local_val") == {"locIn", "locLon", "locFam", "locBig", "twoReg"}
+
+
+def test_make_splits_script_synthetic(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("make_splits", Path(__file__).parents[2] / "scripts" / "make_splits.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--synthetic", "20000", "--out", str(tmp_path), "--seed", "1"])
+    regions = set(pd.read_csv(tmp_path / "synthetic" / "id_species.csv")["region"])
+    assert regions and regions <= set(REGIONS)
+    for region in regions:
+        manifest = load_region(tmp_path / region)
+        assert manifest.root == (tmp_path / "synthetic").resolve() and len(manifest.select(role="id", split="train")) > 0
+    assert (tmp_path / "summary.csv").is_file() and (tmp_path / "synthetic" / "occurrences.parquet").is_file()
