@@ -7,7 +7,6 @@ from scipy.special import softmax
 
 import detectors
 from detectors.base import ImageSet
-from detectors.clip import features as clip_features
 from detectors.clip.neglabel import mine_negatives
 from pipelines.data import make_row, write_manifest, read_manifest
 
