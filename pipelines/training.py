@@ -11,9 +11,12 @@ unreadable image is recorded in `TrainResult.failures` and skipped.
 """
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -147,6 +150,40 @@ class MultiGranularity(Objective):
 
     def heads(self, logits: torch.Tensor, features: torch.Tensor) -> dict[str, torch.Tensor]:
         return {PRIMARY: logits, **{name: head(features) for name, head in self.level_heads.items()}}
+
+    def level_head(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(weight [K,D], bias [K]) float64 of level `name`: logits of that level = features @ weight.T + bias
+        (wrap as `detectors.LinearHead(*...)` so post-hoc detectors read this head on a feature cache)."""
+        if name not in self.level_heads:
+            raise KeyError(f"no level {name!r}; levels: {list(self.level_heads)}")
+        head = self.level_heads[name]
+        return head.weight.detach().double().cpu().numpy(), head.bias.detach().double().cpu().numpy()
+
+    def save_pretrained(self, folder: str | os.PathLike) -> Path:
+        """`levels.json` (levels, weights, vocabularies) + `levels.safetensors` (the extra heads)."""
+        from safetensors.torch import save_file
+
+        from pipelines.io import atomic_path, atomic_write_json
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(folder / "levels.json", {"levels": self.levels, "weights": self.weights, "vocab": self.vocab})
+        with atomic_path(folder / "levels.safetensors") as tmp:
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.level_heads.state_dict().items()}, str(tmp))
+        return folder
+
+    @classmethod
+    def from_pretrained(cls, folder: str | os.PathLike) -> "MultiGranularity":
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        config = json.loads((folder / "levels.json").read_text())
+        objective = cls(config["levels"], config["weights"])
+        objective.vocab = config["vocab"]
+        state = load_file(str(folder / "levels.safetensors"))
+        objective.setup(state[f"{next(iter(objective.levels))}.weight"].shape[1], 0)
+        objective.level_heads.load_state_dict(state)
+        return objective
 
     def loss(self, logits: torch.Tensor, features: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
         total = self.weights[PRIMARY] * F.cross_entropy(logits.float(), batch.y)

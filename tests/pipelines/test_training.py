@@ -112,6 +112,8 @@ def test_multi_granularity_reports_per_level_and_overall_accuracy():
     assert final["overall"] == pytest.approx((right_species & right_genus & right_family).mean())
     assert final["overall"] < final["acc_label"]  # the noisy family level makes some rows fail overall
     assert final["acc_label"] > 0.9
+    weight, bias = objective.level_head("genus")
+    np.testing.assert_allclose(x[160:] @ weight.T + bias, objective.level_heads["genus"](xv).detach().double().numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_multi_granularity_loss_is_weighted_sum_of_cross_entropies():
@@ -134,3 +136,13 @@ def test_multi_granularity_loss_is_weighted_sum_of_cross_entropies():
     ce_species = np.mean([ce(logits[i].double(), t) for i, t in enumerate([0, 3, 1])])
     ce_genus = np.mean([ce(glog[0], 1), ce(glog[1], 0)])  # "z" is unseen -> ignored
     assert float(got.detach()) == pytest.approx(2.0 * ce_species + 0.5 * ce_genus, rel=1e-5)
+
+
+def test_multi_granularity_heads_save_and_load(tmp_path):
+    objective = MultiGranularity({"genus": "genus"})
+    objective.fit_targets({"genus": ["b", "a", "b"]})
+    objective.setup(5, 3)
+    loaded = MultiGranularity.from_pretrained(objective.save_pretrained(tmp_path / "levels"))
+    assert loaded.vocab == {"genus": ["a", "b"]} and loaded.weights == objective.weights
+    for got, want in zip(loaded.level_head("genus"), objective.level_head("genus")):
+        np.testing.assert_array_equal(got, want)
