@@ -110,7 +110,8 @@ def sweep(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def plot_fewshot(rows: list[dict[str, Any]], out_png: str, metrics: tuple[str, ...] = ("auroc", "fpr95")) -> Path:
-    """One figure: ID accuracy, then each metric per OOD set, against shots (mean +- std over seeds) per method."""
+    """One figure, a row per OOD set: ID accuracy (first panel), then each metric, against shots (mean +- std over
+    seeds) per method."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -121,16 +122,18 @@ def plot_fewshot(rows: list[dict[str, Any]], out_png: str, metrics: tuple[str, .
 
     frame = pd.DataFrame(rows)
     ood_sets = list(dict.fromkeys(frame["ood_set"]))
-    panels = [("id_acc", None)] + [(m, s) for s in ood_sets for m in metrics]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 3), squeeze=False)
-    for ax, (metric, ood_set) in zip(axes[0], panels):
-        data = frame if ood_set is None else frame[frame["ood_set"] == ood_set]
-        if ood_set is None:
-            data = data.drop_duplicates(["method", "shots", "seed"])
+    shots = sorted(frame["shots"].unique())
+    fig, axes = plt.subplots(len(ood_sets), len(metrics) + 1, figsize=(3.2 * (len(metrics) + 1), 2.8 * len(ood_sets)), squeeze=False)
+    panels = [(axes[0][0], "id_acc", None)] + [(axes[r][c + 1], m, s) for r, s in enumerate(ood_sets) for c, m in enumerate(metrics)]
+    for ax in axes[1:, 0]:
+        ax.axis("off")
+    for ax, metric, ood_set in panels:
+        data = frame.drop_duplicates(["method", "shots", "seed"]) if ood_set is None else frame[frame["ood_set"] == ood_set]
         for method, part in data.groupby("method", sort=False):
             stats = part.groupby("shots")[metric].agg(["mean", "std"]).fillna(0.0)
             ax.errorbar(stats.index, stats["mean"], yerr=stats["std"], marker="o", capsize=3, label=method)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(shots, [str(s) for s in shots])
         ax.set_xlabel("shots per class")
         ax.set_title("ID accuracy" if ood_set is None else f"{metric} ({ood_set})", fontsize=9)
         ax.set_ylabel("%")

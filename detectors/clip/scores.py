@@ -21,7 +21,7 @@ def mcm(global_: torch.Tensor, text: torch.Tensor, temperature: float = 1.0) -> 
     return max_softmax(cosine(global_, text) / temperature).numpy()
 
 
-def local_mcm(local: torch.Tensor, text: torch.Tensor, temperature: float = 1.0, batch_size: int = 256) -> np.ndarray:
+def local_mcm(local: torch.Tensor, text: torch.Tensor, temperature: float = 1.0, batch_size: int = 64) -> np.ndarray:
     """Max over patches of MCM on local features [N,L,P], batched over images."""
     out = [max_softmax(cosine(local[s:s + batch_size], text) / temperature).amax(dim=-1) for s in range(0, len(local), batch_size)]
     return torch.cat(out).numpy() if out else np.zeros(0)
