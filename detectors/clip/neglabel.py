@@ -40,11 +40,11 @@ def mine_negatives(candidate_text: torch.Tensor, class_text: torch.Tensor, fract
 class NegLabel(ClipDetector):
     """`words`: candidate negative labels (default: the package word list); with `mine=False` they are used as given.
     Defaults as the official configuration: 15% of the candidates kept at the 0.95 similarity quantile, T = 0.01,
-    100 groups (fewer when there are fewer negatives)."""
+    groups of about 100 negatives (100 groups for the official 10,000)."""
 
     paper = "Jiang et al., Negative Label Guided OOD Detection with Pretrained Vision-Language Models, ICLR 2024"
     defaults = {**CLIP_DEFAULTS, "words": None, "words_file": None, "mine": True, "neg_fraction": 0.15,
-                "percentile": 0.95, "temperature": 0.01, "ngroup": 100, "seed": 0}
+                "percentile": 0.95, "temperature": 0.01, "ngroup": None, "seed": 0}
     search_space = {"neg_fraction": [0.05, 0.15, 0.3]}
 
     def candidate_words(self) -> list[str]:
@@ -78,4 +78,11 @@ class NegLabel(ClipDetector):
     def _score(self, batch: Any) -> np.ndarray:
         p = self.params
         return scores.neglabel(self.features(batch).global_, self.class_text(), self.negative_text(),
-                               p["temperature"], p["ngroup"], p["seed"])
+                               p["temperature"], self.groups(), p["seed"])
+
+    def groups(self) -> int:
+        """`ngroup`, or by default min(100, M // 100) groups of the M negatives (the official 100 groups of 100 of
+        10,000 negatives; one group for short lists)."""
+        if self.params["ngroup"] is not None:
+            return int(self.params["ngroup"])
+        return max(1, min(100, len(self.negative_text()) // 100))

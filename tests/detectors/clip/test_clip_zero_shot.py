@@ -127,3 +127,11 @@ def test_neglabel_grouping_averages_over_groups():
     order = torch.randperm(7, generator=torch.Generator().manual_seed(5)).numpy()[:6].reshape(3, 2)
     expected = np.mean([softmax(np.concatenate([gs @ ps.T, gs @ ns[o].T], 1) / 0.1, axis=1)[:, :3].sum(1) for o in order], axis=0)
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_neglabel_default_groups_hold_about_a_hundred_negatives(backbone):
+    words = [f"word{i}" for i in range(1000)]
+    det = detectors.build("neglabel", model=backbone, class_names=CLASSES, words=words, neg_fraction=0.5)
+    assert len(det.negative_words) == 500 and det.groups() == 5
+    assert detectors.build("neglabel", model=backbone, class_names=CLASSES, words=words[:40]).groups() == 1
+    assert detectors.build("neglabel", model=backbone, class_names=CLASSES, words=words, ngroup=7).groups() == 7
