@@ -101,9 +101,9 @@ def save_tiny_clip(folder: str | os.PathLike, seed: int = 0) -> Path:
     config's vocabulary size, BOS, EOS and pad ids match the tokenizer, so pooling at the end-of-text token works.
     Loads with `CLIPModel.from_pretrained(folder)` and `CLIPProcessor.from_pretrained(folder)`.
     """
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
-
     import tempfile
+
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
 
     folder = Path(folder)
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,8 +114,9 @@ def save_tiny_clip(folder: str | os.PathLike, seed: int = 0) -> Path:
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
     )
     vision_config = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
-    torch.manual_seed(seed)
-    model = CLIPModel(CLIPConfig(text_config=text_config, vision_config=vision_config, projection_dim=16)).eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = CLIPModel(CLIPConfig(text_config=text_config, vision_config=vision_config, projection_dim=16)).eval()
     model.save_pretrained(folder)
     image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(folder)
