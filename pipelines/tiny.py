@@ -322,3 +322,54 @@ def save_tiny_zest(folder: str | os.PathLike, seed: int = 0) -> "ZeSTConfig":
     save_file(flat, str(weights))
     save_tiny_dpt(folder / "depth", modules["depth"])
     return config
+
+
+# --- generative detectors ---
+def save_tiny_pixel_unet(folder: str | os.PathLike, seed: int = 0) -> Path:
+    """A random-weight ADM-style unconditional `UNet2DModel` (32 px, learned-sigma 6 output channels) for DIFFGUARD.
+
+    Two resolutions (16, 32 channels), one attention level, group norm of 8. Loads with `UNet2DModel.from_pretrained`.
+    """
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(seed)
+    unet = UNet2DModel(
+        sample_size=32, in_channels=3, out_channels=6, block_out_channels=(16, 32), layers_per_block=1,
+        down_block_types=("DownBlock2D", "AttnDownBlock2D"), up_block_types=("AttnUpBlock2D", "UpBlock2D"),
+        attention_head_dim=8, norm_num_groups=8, resnet_time_scale_shift="scale_shift",
+    )
+    unet.save_pretrained(folder)
+    return Path(folder)
+
+
+def save_tiny_stable_diffusion(folder: str | os.PathLike, seed: int = 0) -> Path:
+    """A random-weight Stable Diffusion 1.x folder (UNet latent 16 -> 32 px images, VAE x2, 2-layer CLIP text encoder,
+    the tiny BPE tokenizer, SD's DDIM scheduler settings), without safety checker. Loads with
+    `StableDiffusionPipeline.from_pretrained(folder)`.
+    """
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+    folder = Path(folder)
+    tokenizer = CLIPTokenizer.from_pretrained(save_tiny_tokenizer(folder / "tokenizer"))
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(
+        sample_size=16, in_channels=4, out_channels=4, block_out_channels=(16, 32), layers_per_block=1,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=4, norm_num_groups=8,
+    )
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, block_out_channels=(16, 32), latent_channels=4, layers_per_block=1,
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=8,
+    )
+    text_encoder = CLIPTextModel(CLIPTextConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=TOKENIZER_MAX_LENGTH, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
+    ))
+    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
+                              set_alpha_to_one=False, steps_offset=1)
+    pipe = StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
+                                   safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    pipe.save_pretrained(folder)
+    return folder
