@@ -38,7 +38,10 @@ class ClipBackbone:
             model_id = str(model)
             model = load_pretrained(CLIPModel.from_pretrained, model_id, what="CLIP model")
         else:
-            model_id = str(getattr(model, "name_or_path", "") or type(model).__name__)
+            model_id = str(getattr(model, "name_or_path", "") or "")
+            if not model_id and processor is None:
+                raise ValueError("a CLIPModel built in memory has no name_or_path to load its processor from: pass processor=")
+            model_id = model_id or f"{type(model).__name__}-{id(model):x}"
         if processor is None:
             processor = load_pretrained(CLIPProcessor.from_pretrained, model_id, what="CLIP processor")
         model = model.to(resolve_device(device)).eval().requires_grad_(False)
