@@ -99,6 +99,7 @@ class TrainedDetector(Detector):
     def _fit_features(self, id_train: FeatureSet, head: Any, id_val: Any, aux: Any, common: dict[str, Any]):
         id_train.require("features", "labels", who=self.name)
         if head is None:
+            torch.manual_seed(self.params["seed"])  # the loop reseeds everything anyway; this makes the random head reproducible
             layer = torch.nn.Linear(id_train.features.shape[1], int(id_train.labels.max()) + 1)
         else:
             layer = head
