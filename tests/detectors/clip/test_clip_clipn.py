@@ -71,7 +71,7 @@ def open_clip_state_dict(model, seed: int = 0) -> dict[str, torch.Tensor]:
     """A random CLIPN state dict in the open_clip layout (keys as CLIPN's open_clip model code) sized like `model`."""
     gen = torch.Generator().manual_seed(seed)
     vc, tc = model.config.vision_config, model.config.text_config
-    rnd = lambda *shape: torch.randn(*shape, generator=gen)  # noqa: E731
+    rnd = lambda *shape: 0.2 * torch.randn(*shape, generator=gen)  # noqa: E731
 
     def blocks(prefix: str, width: int, mlp: int, layers: int) -> dict[str, torch.Tensor]:
         out = {}
@@ -130,3 +130,51 @@ def test_converter_rejects_unknown_keys():
         convert_state_dict({"visual.attnpool.c_proj.weight": torch.zeros(2, 2)})
     with pytest.raises(KeyError, match="attn.q_norm"):
         convert_state_dict({"transformer.resblocks.0.attn.q_norm.weight": torch.zeros(2)})
+
+
+def open_clip_blocks(x: torch.Tensor, sd: dict[str, torch.Tensor], prefix: str, heads: int, mask: torch.Tensor | None) -> torch.Tensor:
+    """open_clip's ResidualAttentionBlocks (nn.MultiheadAttention with packed in_proj, GELU MLP), batch-first input."""
+    F = torch.nn.functional
+    width = x.shape[-1]
+    i = 0
+    while f"{prefix}.resblocks.{i}.ln_1.weight" in sd:
+        b = lambda name: sd[f"{prefix}.resblocks.{i}.{name}"]  # noqa: E731
+        h = F.layer_norm(x, (width,), b("ln_1.weight"), b("ln_1.bias")).transpose(0, 1)
+        attn, _ = F.multi_head_attention_forward(h, h, h, width, heads, b("attn.in_proj_weight"), b("attn.in_proj_bias"),
+                                                 None, None, False, 0.0, b("attn.out_proj.weight"), b("attn.out_proj.bias"),
+                                                 need_weights=False, attn_mask=mask)
+        x = x + attn.transpose(0, 1)
+        h = F.layer_norm(x, (width,), b("ln_2.weight"), b("ln_2.bias"))
+        x = x + F.linear(F.gelu(F.linear(h, b("mlp.c_fc.weight"), b("mlp.c_fc.bias"))), b("mlp.c_proj.weight"), b("mlp.c_proj.bias"))
+        i += 1
+    return x
+
+
+def test_converted_weights_compute_what_open_clip_computes(backbone, tmp_path):
+    F = torch.nn.functional
+    sd = {k[len("module."):]: v for k, v in open_clip_state_dict(backbone.model, seed=3).items()}
+    det = Detector.from_pretrained(convert_clipn(sd, tmp_path / "c", processor=backbone.processor, head_width=8, class_names=CLASSES))
+    model, heads = det.backbone.model, 32 // 8
+    pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    # image tower, written from CLIPN's open_clip VisualTransformer
+    x = F.conv2d(pixels, sd["visual.conv1.weight"], stride=8).flatten(2).transpose(1, 2)
+    x = torch.cat([sd["visual.class_embedding"].expand(2, 1, -1), x], dim=1) + sd["visual.positional_embedding"]
+    x = F.layer_norm(x, (32,), sd["visual.ln_pre.weight"], sd["visual.ln_pre.bias"])
+    x = open_clip_blocks(x, sd, "visual.transformer", heads, None)
+    expected = F.layer_norm(x[:, 0], (32,), sd["visual.ln_post.weight"], sd["visual.ln_post.bias"]) @ sd["visual.proj"]
+    with torch.no_grad():
+        torch.testing.assert_close(model.get_image_features(pixel_values=pixels).pooler_output, expected, rtol=1e-4, atol=1e-5)
+    # "yes" and "no" text towers, written from CLIPN's encode_text (the "no" one adds the mean prompt at inference)
+    ids = det.backbone.tokenize(["a photo of a red.", "no"])
+    length = ids.shape[1]
+    causal = torch.full((length, length), float("-inf")).triu(1)
+    eot = (ids == det.backbone.eos_token_id).int().argmax(1)
+    for suffix, extra in (("", 0.0), ("_no", sd["prompt_no"].mean(0)[:length])):
+        t = sd[f"token_embedding{suffix}.weight"][ids] + sd[f"positional_embedding{suffix}"][:length] + extra
+        t = open_clip_blocks(t, sd, f"transformer{suffix}", heads, causal)
+        t = F.layer_norm(t, (32,), sd[f"ln_final{suffix}.weight"], sd[f"ln_final{suffix}.bias"])
+        ref = t[torch.arange(2), eot] @ sd[f"text_projection{suffix}"]
+        with torch.no_grad():
+            got = (model.get_text_features(input_ids=ids).pooler_output if not suffix
+                   else det.tower(det.backbone, ids))
+        torch.testing.assert_close(F.normalize(got, dim=-1), F.normalize(ref, dim=-1), rtol=1e-4, atol=1e-5)
