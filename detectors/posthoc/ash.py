@@ -2,16 +2,18 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import features_of, logsumexp
+from detectors.posthoc.common import logsumexp
+from detectors.posthoc.knn import float32_features
 from detectors.registry import register_detector
 
 VARIANTS = ("b", "p", "s")
 
 
 def ash(features: np.ndarray, percentile: float, variant: str) -> np.ndarray:
-    """Activation shaping of rows [N,D] (float64): keep the k = D - round(D * percentile / 100) largest entries per row.
+    """Activation shaping of rows [N,D] (in their dtype; sums in float64): keep the k = D - round(D * percentile / 100) largest entries per row.
 
     b: the kept entries become sum(h) / k; p: they keep their values; s: kept values times exp(sum(h) / sum(kept)).
     """
@@ -19,21 +21,18 @@ def ash(features: np.ndarray, percentile: float, variant: str) -> np.ndarray:
         raise ValueError(f"ash: variant={variant!r} must be one of {VARIANTS}")
     if not 0 <= percentile < 100:
         raise ValueError(f"ash: percentile={percentile} must be in [0, 100)")
-    n, d = features.shape
+    d = features.shape[1]
     k = d - int(np.round(d * percentile / 100.0))
     if k < 1:
         raise ValueError(f"ash: percentile={percentile} keeps no activation of D={d}")
-    top = np.argpartition(features, d - k, axis=1)[:, d - k:]
-    rows = np.arange(n)[:, None]
-    kept = features[rows, top]
-    total = features.sum(axis=1, keepdims=True)
+    x = torch.from_numpy(np.ascontiguousarray(features))
+    kept, index = torch.topk(x, k, dim=1, sorted=False)
+    total = x.sum(dim=1, keepdim=True, dtype=torch.float64)
     if variant == "b":
-        kept = np.broadcast_to(total / k, kept.shape)
+        kept = (total / k).to(x.dtype).expand_as(kept)
     elif variant == "s":
-        kept = kept * np.exp(total / kept.sum(axis=1, keepdims=True))
-    out = np.zeros_like(features)
-    out[rows, top] = kept
-    return out
+        kept = (kept * torch.exp(total / kept.sum(dim=1, keepdim=True, dtype=torch.float64))).to(x.dtype)
+    return torch.zeros_like(x).scatter_(1, index, kept).numpy()
 
 
 @register_detector("ash")
@@ -53,5 +52,4 @@ class ASH(Detector):
             raise ValueError(f"ash: variant={self.variant!r} must be one of {VARIANTS}")
 
     def _score(self, batch) -> np.ndarray:
-        shaped = ash(features_of(batch, self.name), self.percentile, self.variant)
-        return logsumexp(self.head(shaped.astype(np.float32)))
+        return logsumexp(self.head(ash(float32_features(batch, self.name), self.percentile, self.variant)))

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import features_of, logsumexp
+from detectors.posthoc.common import logsumexp
+from detectors.posthoc.knn import feature_mean, float32_features
 from detectors.registry import register_detector
 
 
@@ -20,13 +21,13 @@ class DICE(Detector):
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        mean_activation = features_of(id_train, self.name).mean(axis=0)
+        mean_activation = feature_mean(id_train, self.name)
         contribution = mean_activation[None, :] * self.head.weight
         keep = contribution > np.percentile(contribution, self.percentile)
         self.masked_weight = np.ascontiguousarray((self.head.weight * keep).astype(np.float32))
 
     def _score(self, batch) -> np.ndarray:
-        h = features_of(batch, self.name).astype(np.float32)
+        h = float32_features(batch, self.name)
         return logsumexp(h @ self.masked_weight.T + self.head.bias.astype(np.float32))
 
     def state(self) -> dict[str, np.ndarray]:

@@ -5,7 +5,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import features_of
+from detectors.posthoc.knn import feature_mean, float32_features
 from detectors.registry import register_detector
 
 BLOCK_ROWS = 4096
@@ -36,22 +36,22 @@ class FDBD(Detector):
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        self.train_mean = features_of(id_train, self.name).mean(axis=0)
+        self.train_mean = feature_mean(id_train, self.name)
         self.denominators = boundary_denominators(self.head.weight)
         self.inverse_denominators = 1.0 / self.denominators
 
     def _score(self, batch) -> np.ndarray:
-        h = features_of(batch, self.name)
+        h = float32_features(batch, self.name)
         out = np.empty(len(h))
         starts = range(0, len(h), BLOCK_ROWS)
         for start in tqdm(starts, desc=self.name, disable=len(starts) <= 1, leave=False):
             block = h[start:start + BLOCK_ROWS]
-            logits = self.head(block.astype(np.float32)).astype(np.float64)
+            logits = self.head(block).astype(np.float64)
             predicted = logits.argmax(axis=1)
             gaps = np.abs(logits - logits[np.arange(len(block)), predicted][:, None])
             spread = np.einsum("nc,nc->n", gaps, self.inverse_denominators[predicted])
             centre = self.train_mean if self.distance_as_normalizer else 0.0
-            out[start:start + BLOCK_ROWS] = spread / np.maximum(np.linalg.norm(block - centre, axis=1), 1e-12)
+            out[start:start + BLOCK_ROWS] = spread / np.maximum(np.linalg.norm(block.astype(np.float64) - centre, axis=1), 1e-12)
         return out
 
     def state(self) -> dict[str, np.ndarray]:

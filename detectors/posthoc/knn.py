@@ -4,17 +4,38 @@ from __future__ import annotations
 import numpy as np
 from tqdm.auto import tqdm
 
-from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import features_of
+from detectors.base import Detector, FeatureSet, as_numpy
 from detectors.registry import register_detector
 
 QUERY_BLOCK = 8192
 
 
+def raw_features(batch, who: str) -> np.ndarray:
+    """Features [N,D] of a FeatureSet or array-like in their own float dtype (no float64 copy of a float32 cache)."""
+    if isinstance(batch, FeatureSet):
+        batch.require("features", who=who)
+        batch = batch.features
+    out = as_numpy(batch)
+    if out.ndim != 2:
+        raise ValueError(f"{who} needs features of shape [N,D], got {out.shape}")
+    return out if out.dtype in (np.float32, np.float64) else out.astype(np.float32)
+
+
+def float32_features(batch, who: str) -> np.ndarray:
+    """float32 features (no copy when already float32): for faiss and projections through the head in model precision."""
+    return np.asarray(raw_features(batch, who), dtype=np.float32)
+
+
+def feature_mean(batch, who: str) -> np.ndarray:
+    """float64 mean feature, accumulated in float64 without converting the whole array."""
+    return np.mean(raw_features(batch, who), axis=0, dtype=np.float64)
+
+
 def l2_normalise(features: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit L2 norm (norms computed in float64), returned as contiguous float32 for faiss."""
-    norms = np.linalg.norm(features, axis=1, keepdims=True)
-    return np.ascontiguousarray(features / np.maximum(norms, 1e-12), dtype=np.float32)
+    """A contiguous float32 copy of the rows scaled to unit L2 norm (zero rows stay zero), for faiss."""
+    out = np.array(features, dtype=np.float32, order="C")
+    out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+    return out
 
 
 @register_detector("knn")
@@ -31,7 +52,7 @@ class KNN(Detector):
     search_space = {"k": [50, 100, 200, 500, 1000]}
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        self.bank = l2_normalise(features_of(id_train, self.name))
+        self.bank = l2_normalise(float32_features(id_train, self.name))
         self._index = None
 
     def index(self):
@@ -47,7 +68,7 @@ class KNN(Detector):
         k = int(self.k)
         if not 1 <= k <= len(self.bank):
             raise ValueError(f"knn: k={k} must be between 1 and the bank size {len(self.bank)}")
-        queries = l2_normalise(features_of(batch, self.name))
+        queries = l2_normalise(float32_features(batch, self.name))
         index = self.index()
         kth = np.empty(len(queries))
         starts = range(0, len(queries), QUERY_BLOCK)

@@ -1,30 +1,54 @@
-"""Mahalanobis distance score (MDS): class Gaussians with one shared (tied) covariance, as sklearn's LDA and OpenOOD v1.5."""
+"""Mahalanobis distance score (MDS): class Gaussians with one shared (tied) covariance, as sklearn's LDA and OpenOOD v1.5.
+
+The precision is the inverse of the covariance (Cholesky) when it is positive definite, its pseudo-inverse otherwise.
+"""
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg
+import scipy.sparse
 from tqdm.auto import tqdm
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import features_of, labels_of
+from detectors.posthoc.common import labels_of
+from detectors.posthoc.knn import raw_features
 from detectors.registry import register_detector
 
 BLOCK_ROWS = 4096
 
 
 def class_means(features: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(classes present [K], their float64 means [K,D], each row's class position [N]), via one sort and reduceat."""
+    """(classes present [K], their float64 means [K,D], each row's class position [N]), via one sparse one-hot product."""
     classes, position = np.unique(labels, return_inverse=True)
-    order = np.argsort(position, kind="stable")
-    starts = np.r_[0, np.flatnonzero(np.diff(position[order])) + 1]
-    sums = np.add.reduceat(features[order], starts, axis=0)
-    return classes, sums / np.bincount(position)[:, None], position
+    one_hot = scipy.sparse.csr_matrix((np.ones(len(position)), (position, np.arange(len(position)))), shape=(len(classes), len(position)))
+    return classes, np.asarray(one_hot @ features) / np.bincount(position)[:, None], position
+
+
+def class_centred(features: np.ndarray, means: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """features - means[position] in float64, block by block (no [N,D] gather temporary)."""
+    out = np.empty(features.shape, dtype=np.float64)
+    for start in range(0, len(features), BLOCK_ROWS):
+        rows = slice(start, start + BLOCK_ROWS)
+        np.subtract(features[rows], means[position[rows]], out=out[rows])
+    return out
+
+
+def spd_inverse(matrix: np.ndarray) -> np.ndarray:
+    """Inverse of a symmetric matrix via Cholesky when it is positive definite, else the eigh-based pseudo-inverse."""
+    factor, info = scipy.linalg.lapack.dpotrf(matrix, lower=False)
+    if info == 0:
+        inverse, info = scipy.linalg.lapack.dpotri(factor, lower=False)
+        if info == 0:
+            return np.triu(inverse) + np.triu(inverse, 1).T
+    return np.linalg.pinv(matrix, hermitian=True)
 
 
 def tied_precision(centred: np.ndarray) -> np.ndarray:
-    """Pseudo-inverse of the empirical covariance (1/N normalisation) of already centred rows, float64, symmetric."""
-    centred = centred - centred.mean(axis=0)
-    covariance = centred.T @ centred / len(centred)
-    return np.linalg.pinv(covariance, hermitian=True)
+    """Inverse (pseudo-inverse when singular) of the 1/N empirical covariance of rows already centred, float64.
+
+    The rows' own mean is zero by construction (class- or globally-centred), so it is not subtracted again.
+    """
+    return spd_inverse(centred.T @ centred / len(centred))
 
 
 def min_squared_mahalanobis(features: np.ndarray, means: np.ndarray, precision: np.ndarray, desc: str = "mahalanobis") -> np.ndarray:
@@ -54,12 +78,12 @@ class Mahalanobis(Detector):
     search_space = {}
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        h = features_of(id_train, self.name)
+        h = raw_features(id_train, self.name)
         self.classes, self.means, position = class_means(h, labels_of(id_train, self.name))
-        self.precision = tied_precision(h - self.means[position])
+        self.precision = tied_precision(class_centred(h, self.means, position))
 
     def _score(self, batch) -> np.ndarray:
-        return -min_squared_mahalanobis(features_of(batch, self.name), self.means, self.precision, desc=self.name)
+        return -min_squared_mahalanobis(raw_features(batch, self.name), self.means, self.precision, desc=self.name)
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "classes": self.classes, "means": self.means, "precision": self.precision}

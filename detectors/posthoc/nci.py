@@ -5,6 +5,7 @@ import numpy as np
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import features_of
+from detectors.posthoc.knn import feature_mean, float32_features
 from detectors.registry import register_detector
 
 
@@ -20,11 +21,11 @@ class NCI(Detector):
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        self.train_mean = features_of(id_train, self.name).mean(axis=0)
+        self.train_mean = feature_mean(id_train, self.name)
 
     def _score(self, batch) -> np.ndarray:
         h = features_of(batch, self.name)
-        predicted = self.head(h.astype(np.float32)).argmax(axis=1)
+        predicted = self.head(float32_features(batch, self.name)).argmax(axis=1)
         t = h - self.train_mean
         alignment = np.einsum("nd,nd->n", self.head.weight[predicted], t) / np.maximum(np.linalg.norm(t, axis=1), 1e-12)
         return alignment + self.alpha * np.abs(h).sum(axis=1)

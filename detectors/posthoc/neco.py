@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import features_of
-from detectors.posthoc.vim import resolve_dim, top_eigenvectors
+from detectors.posthoc.knn import feature_mean, float32_features, raw_features
+from detectors.posthoc.vim import ranked_eigenvectors, resolve_dim
 from detectors.registry import register_detector
 
 
@@ -26,25 +26,26 @@ class NECO(Detector):
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         if self.max_logit and self.head is None:
             raise ValueError("neco: max_logit=True needs the classifier's linear head: fit(..., head=LinearHead(W, b))")
-        h = features_of(id_train, self.name)
+        h = raw_features(id_train, self.name)
         dim = resolve_dim(self.dim, h.shape[1], self.name)
         if self.scale:
-            self.offset = h.mean(axis=0)
-            std = h.std(axis=0)
+            self.offset = feature_mean(h, self.name)
+            std = np.std(h, axis=0, dtype=np.float64)
             self.scale_by = np.where(std > 10 * np.finfo(np.float64).eps, std, 1.0)
         else:
             self.offset, self.scale_by = np.zeros(h.shape[1]), np.ones(h.shape[1])
-        z = (h - self.offset) / self.scale_by
+        z = np.subtract(h, self.offset, dtype=np.float64)
+        z /= self.scale_by
         self.pca_mean = z.mean(axis=0)
-        centred = z - self.pca_mean
-        self.components = np.ascontiguousarray(top_eigenvectors(centred.T @ centred / len(z))[:, :dim])
+        z -= self.pca_mean
+        self.components = ranked_eigenvectors(z.T @ z / len(z), 0, dim)
 
     def _score(self, batch) -> np.ndarray:
-        h = features_of(batch, self.name)
-        z = (h - self.offset) / self.scale_by
+        z = np.subtract(raw_features(batch, self.name), self.offset, dtype=np.float64)
+        z /= self.scale_by
         ratio = np.linalg.norm((z - self.pca_mean) @ self.components, axis=1) / np.maximum(np.linalg.norm(z, axis=1), 1e-12)
         if self.max_logit:
-            ratio *= self.head(h.astype(np.float32)).max(axis=1)
+            ratio *= self.head(float32_features(batch, self.name)).max(axis=1)
         return ratio
 
     def state(self) -> dict[str, np.ndarray]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import features_of, logsumexp
+from detectors.posthoc.common import logsumexp
+from detectors.posthoc.knn import float32_features, raw_features
 from detectors.registry import register_detector
 
 
@@ -21,10 +22,10 @@ class ReAct(Detector):
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         source = id_train if id_val is None else id_val
-        self.threshold = float(np.percentile(features_of(source, self.name), self.percentile))
+        self.threshold = float(np.percentile(raw_features(source, self.name), self.percentile))
 
     def _score(self, batch) -> np.ndarray:
-        h = np.minimum(features_of(batch, self.name), self.threshold).astype(np.float32)
+        h = np.minimum(float32_features(batch, self.name), np.float32(self.threshold))
         return logsumexp(self.head(h))
 
     def state(self) -> dict[str, np.ndarray]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import features_of, labels_of
-from detectors.posthoc.mahalanobis import class_means, min_squared_mahalanobis, tied_precision
+from detectors.posthoc.common import labels_of
+from detectors.posthoc.knn import feature_mean, raw_features
+from detectors.posthoc.mahalanobis import class_centred, class_means, min_squared_mahalanobis, tied_precision
 from detectors.registry import register_detector
 
 
@@ -20,14 +21,14 @@ class RelativeMahalanobis(Detector):
     search_space = {}
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        h = features_of(id_train, self.name)
+        h = raw_features(id_train, self.name)
         self.classes, self.means, position = class_means(h, labels_of(id_train, self.name))
-        self.precision = tied_precision(h - self.means[position])
-        self.background_mean = h.mean(axis=0)
-        self.background_precision = tied_precision(h - self.background_mean)
+        self.precision = tied_precision(class_centred(h, self.means, position))
+        self.background_mean = feature_mean(h, self.name)
+        self.background_precision = tied_precision(class_centred(h, self.background_mean[None], np.zeros(len(h), dtype=np.int64)))
 
     def _score(self, batch) -> np.ndarray:
-        h = features_of(batch, self.name)
+        h = raw_features(batch, self.name)
         class_term = min_squared_mahalanobis(h, self.means, self.precision, desc=self.name)
         background = min_squared_mahalanobis(h, self.background_mean[None], self.background_precision, desc=self.name)
         return background - class_term

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.linalg
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import features_of, logsumexp
+from detectors.posthoc.common import logsumexp
+from detectors.posthoc.knn import float32_features, raw_features
 from detectors.registry import register_detector
 
 
@@ -25,10 +27,12 @@ def resolve_dim(dim: int | None, feature_dim: int, who: str) -> int:
     return dim
 
 
-def top_eigenvectors(covariance: np.ndarray) -> np.ndarray:
-    """Eigenvectors [D,D] of a symmetric matrix (eigh, float64), columns ordered by decreasing eigenvalue."""
-    values, vectors = np.linalg.eigh(covariance)
-    return vectors[:, np.argsort(-values, kind="stable")]
+def ranked_eigenvectors(covariance: np.ndarray, first: int, stop: int) -> np.ndarray:
+    """Eigenvectors [D, stop-first] of a symmetric matrix ranked first..stop-1 by decreasing eigenvalue (float64 eigh,
+    computing only those)."""
+    d = len(covariance)
+    _, vectors = scipy.linalg.eigh(covariance, subset_by_index=[d - stop, d - 1 - first], driver="evr")
+    return np.ascontiguousarray(vectors[:, ::-1])
 
 
 @register_detector("vim")
@@ -47,20 +51,19 @@ class ViM(Detector):
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        h = features_of(id_train, self.name)
+        h = raw_features(id_train, self.name)
         dim = resolve_dim(self.dim, h.shape[1], self.name)
         self.origin = -np.linalg.pinv(self.head.weight) @ self.head.bias
-        t = h - self.origin
-        vectors = top_eigenvectors(t.T @ t / len(t))
+        t = np.subtract(h, self.origin, dtype=np.float64)
+        covariance = t.T @ t / len(t)
         # keep the smaller of the two bases: the residual follows from either
         self.keeps_principal = dim <= h.shape[1] - dim
-        self.basis = np.ascontiguousarray(vectors[:, :dim] if self.keeps_principal else vectors[:, dim:])
-        logits = self.head(h.astype(np.float32))
-        self.alpha = float(logits.max(axis=1).astype(np.float64).mean() / self.residual(h).mean())
+        self.basis = ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal else ranked_eigenvectors(covariance, dim, h.shape[1])
+        logits = self.head(float32_features(id_train, self.name))
+        self.alpha = float(logits.max(axis=1).astype(np.float64).mean() / self.residual(t).mean())
 
-    def residual(self, h: np.ndarray) -> np.ndarray:
-        """||P_perp (h - u)|| per row, float64."""
-        t = h - self.origin
+    def residual(self, t: np.ndarray) -> np.ndarray:
+        """||P_perp t|| per row of t = h - u (float64)."""
         p = t @ self.basis
         projected = np.einsum("nd,nd->n", p, p)
         if self.keeps_principal:
@@ -68,9 +71,9 @@ class ViM(Detector):
         return np.sqrt(projected)
 
     def _score(self, batch) -> np.ndarray:
-        h = features_of(batch, self.name)
-        energy = logsumexp(self.head(h.astype(np.float32)))
-        return energy - self.alpha * self.residual(h)
+        t = np.subtract(raw_features(batch, self.name), self.origin, dtype=np.float64)
+        energy = logsumexp(self.head(float32_features(batch, self.name)))
+        return energy - self.alpha * self.residual(t)
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "origin": self.origin, "basis": self.basis,

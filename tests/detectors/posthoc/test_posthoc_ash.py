@@ -1,35 +1,33 @@
-"""ASH vs a torch.topk per-sample re-implementation of the official b/p/s variants."""
+"""ASH vs a per-sample numpy argsort re-implementation of the official b/p/s variants."""
 import numpy as np
 import pytest
-import torch
 from scipy.special import logsumexp
 
 import detectors
 from detectors import FeatureSet, LinearHead
 
 
-def torch_ash(x, percentile, variant):
-    x = torch.tensor(x, dtype=torch.float64)
-    out = torch.zeros_like(x)
+def loop_ash(x, percentile, variant):
+    out = np.zeros_like(x)
     k = x.shape[1] - int(round(x.shape[1] * percentile / 100))
     for i, row in enumerate(x):
-        values, index = torch.topk(row, k)
+        index = np.argsort(-row, kind="stable")[:k]
         if variant == "b":
             out[i, index] = row.sum() / k
         elif variant == "p":
-            out[i, index] = values
+            out[i, index] = row[index]
         else:
-            out[i, index] = values * torch.exp(row.sum() / values.sum())
-    return out.numpy()
+            out[i, index] = row[index] * np.exp(row.sum() / row[index].sum())
+    return out
 
 
 @pytest.mark.parametrize("variant", ["b", "p", "s"])
-def test_ash_matches_topk_reference(variant):
+def test_ash_matches_loop_reference(variant):
     rng = np.random.default_rng(0)
     test = np.abs(rng.normal(size=(25, 20)))
     head = LinearHead(rng.normal(size=(5, 20)) / 4, rng.normal(size=5))
     det = detectors.build("ash", percentile=75, variant=variant).fit(FeatureSet(test), head=head)
-    shaped = torch_ash(test, 75, variant)
+    shaped = loop_ash(test, 75, variant)
     assert ((shaped != 0).sum(1) == 5).all()
     np.testing.assert_allclose(det.score(FeatureSet(test)), logsumexp(shaped @ head.weight.T + head.bias, axis=1), rtol=1e-5)
 
