@@ -133,7 +133,7 @@ class GenerationConfig:
             "num_inference_steps": self.num_inference_steps, "strength": self.strength,
             "guidance_scale": self.guidance_scale, "controlnet_conditioning_scale": self.controlnet_conditioning_scale,
             "ip_adapter_scale": self.ip_adapter_scale, "resolution": self.resolution, "resize": self.resize,
-            "composite": self.composite,
+            "composite": self.composite, "precision": self.precision,
         }
 
     def fingerprint(self) -> str:
@@ -224,20 +224,27 @@ def remove_stale_temp_files(out: Path) -> int:
     return removed
 
 
-def prepare_output(config: GenerationConfig, plan_size: int) -> None:
-    """Main process: refuse an `out` folder that holds a different job, record this one, clear stale temp files."""
+def check_output(config: GenerationConfig) -> None:
+    """Refuse an `out` folder that holds a different job (every process checks, so all fail alike)."""
     out = Path(config.out)
     job_file = out / JOB_FOLDER / "job.json"
-    if job_file.is_file():
-        previous = json.loads(job_file.read_text(encoding="utf-8"))
-        if previous.get("fingerprint") != config.fingerprint():
-            old = previous.get("config", {})
-            changed = sorted(k for k in config.to_dict() if k not in ("out", "limit", "batch_size")
-                             and json.dumps(old.get(k), default=str) != json.dumps(config.to_dict()[k], default=str))
-            raise ValueError(f"{out} holds a different generation job (changed keys: {changed}); use a new 'out' "
-                             f"folder or restore the earlier settings to resume it")
+    if not job_file.is_file():
+        return
+    previous = json.loads(job_file.read_text(encoding="utf-8"))
+    if previous.get("fingerprint") != config.fingerprint():
+        old, new = previous.get("config", {}), config.to_dict()
+        changed = sorted(k for k in new if k not in ("out", "limit", "batch_size")
+                         and json.dumps(old.get(k), default=str) != json.dumps(new[k], default=str))
+        raise ValueError(f"{out} holds a different generation job (changed keys: {changed}); use a new 'out' "
+                         f"folder or restore the earlier settings to resume it")
+
+
+def prepare_output(config: GenerationConfig, plan_size: int) -> None:
+    """Main process: clear temp files a killed run left behind and record this job's configuration."""
+    out = Path(config.out)
     remove_stale_temp_files(out)
-    atomic_write_json(job_file, {"fingerprint": config.fingerprint(), "config": config.to_dict(), "planned": plan_size})
+    atomic_write_json(out / JOB_FOLDER / "job.json",
+                      {"fingerprint": config.fingerprint(), "config": config.to_dict(), "planned": plan_size})
 
 
 def is_done(record: dict[str, Any] | None, out: Path) -> bool:
@@ -366,6 +373,7 @@ def run_generation(config: GenerationConfig | dict[str, Any], *, pipeline: Any =
     started = time.perf_counter()
     state = state or partial_state()
     out = Path(config.out)
+    check_output(config)
     if state.is_main_process:
         prepare_output(config, len(plan))
     state.wait_for_everyone()
