@@ -373,7 +373,7 @@ def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: 
 
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
-    accelerator = Accelerator(mixed_precision=_mixed_precision(precision))
+    accelerator = Accelerator(mixed_precision=_mixed_precision(precision), cpu=resolve_device().type == "cpu")
     step_module = _Step(model, objective)
     optimizer = torch.optim.AdamW([p for p in step_module.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
     steps_per_epoch = max(1, len(train_loader))
@@ -430,6 +430,7 @@ def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: 
             total += float(loss.detach()) * batch.n_id
             count += batch.n_id
             bar.set_postfix(loss=f"{total / max(count, 1):.4f}")
+        total, count = accelerator.reduce(torch.tensor([total, count], dtype=torch.float64, device=device), "sum").tolist()
         entry: dict[str, float] = {"epoch": epoch + 1, "loss": total / count if count else math.nan, "lr": scheduler.get_last_lr()[0]}
         if val_loader is not None:
             entry.update(_evaluate(accelerator.unwrap_model(step_module), val_loader, val_targets, device, accelerator, record))

@@ -146,3 +146,48 @@ def test_multi_granularity_heads_save_and_load(tmp_path):
     assert loaded.vocab == {"genus": ["a", "b"]} and loaded.weights == objective.weights
     for got, want in zip(loaded.level_head("genus"), objective.level_head("genus")):
         np.testing.assert_array_equal(got, want)
+
+
+DDP_SCRIPT = """
+import json, sys, torch
+from torch import nn
+from pipelines.classifier import ImageClassifier
+from pipelines.data import read_manifest
+from pipelines.training import MultiGranularity, finetune
+torch.set_num_threads(1)
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.fc = nn.Linear(4, 3)
+    def forward(self, x):
+        h = self.body(x)
+        return self.fc(h), h
+torch.manual_seed(0)
+clf = ImageClassifier.from_module(Net(), image_size=16)
+objective = MultiGranularity({"genus": "genus"})
+manifest = read_manifest(sys.argv[1])
+result = finetune(clf, manifest, epochs=2, batch_size=4, lr=1e-2, warmup_epochs=0, objective=objective, val=manifest, seed=0)
+print("RESULT", json.dumps({"steps": result.steps, "loss": result.final["loss"], "head": clf.head.weight.sum().item(),
+                            "genus": objective.level_heads["genus"].weight.sum().item()}))
+"""
+
+
+def test_two_processes_shard_batches_and_keep_weights_in_sync(tmp_path):
+    """torchrun with 2 CPU processes: each runs half the steps; model and objective heads stay identical."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    train = _colour_manifest(tmp_path / "data", 8, "train", np.random.default_rng(0))  # 24 rows -> 6 batches of 4
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    done = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(script), str(train.root)], capture_output=True,
+                          text=True, timeout=240, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = [json.loads(line.split("RESULT", 1)[1]) for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert len(results) == 2
+    assert results[0] == results[1]  # same weights, same (all-reduced) loss on both ranks
+    assert results[0]["steps"] == 2 * 3  # 2 epochs x (6 batches / 2 processes)
