@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +140,50 @@ def test_config_rejects_unknown_keys_and_applies_overrides(tmp_path):
     assert (config.batch_size, config.limit, config.composite) == (4, None, True)
     assert config.models == {"depth": "Intel/dpt-hybrid-midas", "vae": "/x/vae"}
     assert apply_overrides({"a": 1}, ["a=2"]) == {"a": 2}
+
+
+KILLED_JOB = """
+import json, sys, time
+from gen.job import run_generation
+
+class SlowCopy:
+    model_ids = {"base": "copy"}
+
+    def __call__(self, targets, materials, masks=None, seeds=None, resolution=16, **params):
+        time.sleep(float(sys.argv[2]))
+        return [t.resize((resolution, resolution)) for t in targets]
+
+run_generation(json.loads(sys.argv[1]), pipeline=SlowCopy())
+"""
+
+
+def test_killed_process_is_resumed_without_duplicates(tmp_path, bronzes, containers):
+    config = config_for(tmp_path, containers, bronzes, batch_size=1)
+    script = tmp_path / "job.py"
+    script.write_text(KILLED_JOB)
+    ledger_file = Path(config.out) / JOB_FOLDER / "ledger" / "process-000.jsonl"
+    process = subprocess.Popen([sys.executable, str(script), json.dumps(config.to_dict()), "0.5"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (ledger_file.is_file() and len(ledger_file.read_text().splitlines()) >= 2):
+            assert process.poll() is None and time.monotonic() < deadline, "the job ended before it could be killed"
+            time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    done_before = len(Ledger(ledger_file.parent).records())
+    assert 2 <= done_before < 7
+
+    class Copy:  # the killed job's pipeline without the delay
+        model_ids = {"base": "copy"}
+
+        def __call__(self, targets, materials, masks=None, seeds=None, resolution=16, **params):
+            return [t.resize((resolution, resolution)) for t in targets]
+
+    summary = run_generation(config, pipeline=Copy())
+    assert summary["skipped"] == done_before and summary["done"] == 7
+    rows = read_manifest(config.out, check_files=True).rows
+    assert sorted(r["provenance"]["seed"] for r in rows) == sorted(item_seed(7, i) for i in range(7))
+    assert len(list((Path(config.out) / "images").iterdir())) == 7
+    assert not temp_files(Path(config.out))
