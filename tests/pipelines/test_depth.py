@@ -20,7 +20,7 @@ def test_normalise_depth_matches_zest_16_bit_rounding():
     assert not np.asarray(normalise_depth(np.full((4, 4), 7.0))).any()
 
 
-def test_estimator_is_batched_per_image_sized_and_normalised(tiny_zest_config):
+def test_estimator_is_batched_per_image_sized_and_normalised(tiny_zest_config, one_thread):
     estimator = DepthEstimator.from_pretrained(tiny_zest_config.depth, device="cpu", batch_size=2)
     rng = np.random.default_rng(1)
     images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in [(40, 56), (64, 64), (30, 20)]]
