@@ -25,6 +25,7 @@ def test_mds_matches_lda_covariance_and_scipy_mahalanobis(tmp_path):
     np.testing.assert_allclose(det.precision, precision, rtol=1e-8, atol=1e-10)
     expected = [-min(mahalanobis(x, mu, precision) ** 2 for mu in lda.means_) for x in test.features]
     np.testing.assert_allclose(det.score(test), expected, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(det.score(FeatureSet(lda.means_)), 0.0, atol=1e-9)
     again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "mds"))
     np.testing.assert_array_equal(again.score(test), det.score(test))
 
@@ -43,3 +44,10 @@ def test_point_at_a_class_mean_scores_zero_and_singular_covariance_is_pseudo_inv
 def test_mds_needs_labels():
     with pytest.raises(ValueError, match="labels"):
         detectors.build("mds").fit(FeatureSet(np.zeros((4, 3))))
+
+
+def test_class_means_with_sparse_label_values():
+    features = np.array([[1.0, 2.0], [3.0, 4.0], [10.0, 0.0], [20.0, 2.0], [0.0, 0.0]])
+    det = detectors.build("mds").fit(FeatureSet(features, labels=np.array([5, 5, 9, 9, 7])))
+    np.testing.assert_array_equal(det.classes, [5, 7, 9])
+    np.testing.assert_allclose(det.means, [[2.0, 3.0], [0.0, 0.0], [15.0, 1.0]])
