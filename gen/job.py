@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -67,11 +67,8 @@ class GenerationConfig:
     guidance_scale: float = 5.0
     controlnet_conditioning_scale: float = 0.9
     ip_adapter_scale: float = 1.0
-    extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if self.extra:
-            raise ValueError(f"unknown generation config keys: {sorted(self.extra)}")
         if self.task not in TASKS:
             raise ValueError(f"config 'task' must be one of {TASKS}, got {self.task!r}")
         for key in ("targets", "materials", "out"):
@@ -97,7 +94,7 @@ class GenerationConfig:
 
     @classmethod
     def keys(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls) if f.name != "extra"]
+        return [f.name for f in dataclasses.fields(cls)]
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "GenerationConfig":
