@@ -149,3 +149,52 @@ def test_full_mode_finetunes_the_classifier_on_images(tmp_path):
     assert not torch.equal(before, clf.head.weight.detach())
     np.testing.assert_allclose(det.head.weight, clf.head.weight.detach().double().numpy())
     assert det.branch_size == 2 + 2  # two ID classes + two auxiliary species
+
+
+def test_energy_margins_from_data_are_the_untrained_mean_energies():
+    from detectors.training.energy_oe import EnergyOELoss
+    from pipelines.training import train_heads
+
+    train, _, aux, _, head = _toy()  # 180 ID rows, 160 aux rows: whole batches of 20
+    objective = EnergyOELoss(margins="data")
+    train_heads(head, train.features, train.labels, aux_features=aux.features, objective=objective, epochs=1,
+                batch_size=20, seed=0)
+
+    def mean_energy(x):
+        z = x @ head.weight.T + head.bias
+        m = z.max(1)
+        return float(np.mean(-(m + np.log(np.exp(z - m[:, None]).sum(1)))))
+
+    assert objective.m_in == pytest.approx(mean_energy(train.features), rel=1e-5)
+    assert objective.m_out == pytest.approx(mean_energy(aux.features), rel=1e-5)
+
+
+def test_mixoe_cutmix_trains_on_images(tmp_path):
+    from PIL import Image
+
+    from pipelines.classifier import ImageClassifier
+    from pipelines.data import make_row, write_manifest
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(8):
+        Image.fromarray(rng.integers(0, 255, (12, 12, 3)).astype(np.uint8)).save(tmp_path / f"{i}.png")
+        rows.append(make_row(f"{i}.png", split="train", label=i % 2) if i < 6 else
+                    make_row(f"{i}.png", split="train", role="ood", ood_set="auxiliary"))
+    manifest = write_manifest(tmp_path, rows)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
+            self.fc = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            h = self.body(x)
+            return self.fc(h), h
+
+    torch.manual_seed(0)
+    clf = ImageClassifier.from_module(Net(), image_size=12)
+    det = build("mixoe", classifier=clf, mix_op="cutmix", alpha=2.0, epochs=1, batch_size=3)
+    det.fit(manifest.select(role="id"), aux=manifest.select(role="ood"))
+    assert np.isfinite(det.history[-1]["loss"]) and det.head.weight.shape == (2, 4)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from detectors.training.branches import BranchLoss
+from detectors.training.novel_branch import BranchLoss
 from detectors.training.confbranch import ConfBranchLoss, hint_mask
 from detectors.training.energy_oe import EnergyOELoss
 from detectors.training.logitnorm import LogitNormLoss

@@ -1,4 +1,4 @@
-"""NovelBranch and Extended (Open-Insects baselines): a second head trained on ID and auxiliary samples together.
+"""NovelBranch (Open-Insects baseline; Extended in extended.py shares its loss): a second head trained on ID and auxiliary samples together.
 
 NovelBranch's second head has C+1 classes (every auxiliary sample is the one "novel" class C); Extended's has C+A
 classes (each of the A auxiliary species is its own class). Loss = mean of CE(second head, all samples) and
@@ -58,7 +58,9 @@ class BranchLoss(Objective):
         return 0.5 * (F.cross_entropy(logits[: batch.n_id].float(), batch.y) + loss_all)
 
 
-class _BranchDetector(TrainedDetector):
+class BranchDetector(TrainedDetector):
+    """Shared by NovelBranch and Extended: the second head is `branch`; `per_species` selects Extended."""
+
     score_rules = ("msp", "novel")
     per_species = False
 
@@ -82,15 +84,7 @@ class _BranchDetector(TrainedDetector):
 
 
 @register_detector("novel_branch")
-class NovelBranch(_BranchDetector):
+class NovelBranch(BranchDetector):
     paper = "Chen et al., Open-Insects: a benchmark for open-set recognition of insects (NovelBranch baseline)"
     method_defaults: dict[str, Any] = {"score_rule": "msp"}
     search_space = {"score_rule": ["msp", "novel"]}
-
-
-@register_detector("extended")
-class Extended(_BranchDetector):
-    paper = "Chen et al., Open-Insects: a benchmark for open-set recognition of insects (Extended baseline)"
-    method_defaults: dict[str, Any] = {"score_rule": "msp"}
-    search_space = {"score_rule": ["msp", "novel"]}
-    per_species = True
