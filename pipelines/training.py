@@ -441,12 +441,12 @@ def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: 
 
 @torch.no_grad()
 def _all_logits(model: nn.Module, loader: Any, device: torch.device, accelerator: Any) -> torch.Tensor:
-    """float32 logits of every loadable row of `loader` (one pass, no gradient)."""
+    """float32 logits of every loadable row of `loader` (one pass, no gradient), gathered from every process."""
     parts = []
     for raw in tqdm(loader, desc="calibration pass", leave=False, disable=not accelerator.is_local_main_process):
         if raw["x"] is not None:
             with accelerator.autocast():
-                parts.append(model(raw["x"].to(device))[0].float())
+                parts.append(accelerator.gather_for_metrics(model(raw["x"].to(device))[0].float()))
     return torch.cat(parts)
 
 

@@ -1,4 +1,6 @@
-"""NovelBranch (Open-Insects baseline; Extended in extended.py shares its loss): a second head trained on ID and auxiliary samples together.
+"""NovelBranch (Open-Insects baseline): a second head trained on ID and auxiliary samples together.
+
+Extended (extended.py) shares the loss and the scores defined here.
 
 NovelBranch's second head has C+1 classes (every auxiliary sample is the one "novel" class C); Extended's has C+A
 classes (each of the A auxiliary species is its own class). Loss = mean of CE(second head, all samples) and
