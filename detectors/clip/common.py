@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any, ClassVar, Sequence
 
+import numpy as np
 import torch
 
 from detectors.base import Detector, ImageSet
@@ -77,8 +78,6 @@ def labels_of(images: ImageSet, who: str) -> torch.Tensor:
 
 def few_shot_indices(labels: Sequence[int], shots: int | None, seed: int) -> list[int]:
     """Up to `shots` indices per class drawn with `seed` (all when `shots` is None), in ascending order."""
-    import numpy as np
-
     labels = np.asarray(labels)
     if shots is None:
         return list(range(len(labels)))
