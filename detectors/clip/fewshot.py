@@ -11,6 +11,8 @@ Config (a dict, e.g. the `fewshot:` section of an evaluation YAML):
     shots: [1, 2, 4, 8, 16]
     seeds: [1, 2, 3]
     out_dir: results/fewshot                # optional: trained detector folders and fewshot.csv
+    cache_dir: null                         # optional: CLIP feature cache folder (default ~/.cache/oodforge/clip)
+    device: null                            # optional: e.g. cuda:0 (default: GPU when present)
 """
 from __future__ import annotations
 
