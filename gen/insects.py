@@ -131,8 +131,9 @@ def check_occurrences(occ: pd.DataFrame, source: str = "occurrence table") -> pd
     if dup.any():
         raise ValueError(f"{source}: {int(dup.sum())} duplicate file_name value(s), e.g. {occ.loc[dup, 'file_name'].iloc[0]!r}")
     occ = occ.reset_index(drop=True).copy()
-    for col in ("species", "genus", "family"):
-        occ[col] = occ[col].astype("category")
+    for col in ("species", "genus", "family"):  # names compare as strings (numeric keys too)
+        values = occ[col].astype("category")
+        occ[col] = values.cat.rename_categories(values.cat.categories.astype(str))
     for col in ("lat", "lon"):
         occ[col] = pd.to_numeric(occ[col], errors="coerce").astype(np.float64)
     return occ
@@ -546,6 +547,5 @@ def make_splits(occurrences: str | os.PathLike | pd.DataFrame, id_species: str |
     """Read the tables (paths or frames), build the splits, write the manifests; returns (folders, summary table)."""
     occ = occurrences if isinstance(occurrences, pd.DataFrame) else read_table(occurrences)
     extra = non_target if non_target is None or isinstance(non_target, pd.DataFrame) else read_table(non_target)
-    splits = build_splits(check_occurrences(occ, str(occurrences) if not isinstance(occurrences, pd.DataFrame) else "occurrence table"),
-                          read_id_species(id_species), config, non_target=extra)
+    splits = build_splits(occ, read_id_species(id_species), config, non_target=extra)
     return write_splits(splits, out_dir, image_root), summarize(splits)

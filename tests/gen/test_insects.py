@@ -218,3 +218,13 @@ def test_make_splits_script_synthetic(tmp_path):
         manifest = load_region(tmp_path / region)
         assert manifest.root == (tmp_path / "synthetic").resolve() and len(manifest.select(role="id", split="train")) > 0
     assert (tmp_path / "summary.csv").is_file() and (tmp_path / "synthetic" / "occurrences.parquet").is_file()
+
+
+def test_numeric_species_keys_match_the_id_table():
+    occ = table(extra_non_target=0).drop(columns="taxon")
+    keys = {name: 1000 + i for i, name in enumerate(SPECIES)}
+    occ["species"] = occ["species"].map(keys)
+    ids = pd.DataFrame({"region": ["ne-america", "ne-america"], "species": [keys["idA"], keys["idB"]]})
+    ne = build_splits(occ, read_id_species(ids), config()).regions["ne-america"]
+    assert species_in(ne, "id_train", "id_val", "id_test") == {str(keys["idA"]), str(keys["idB"])}
+    assert str(keys["locIn"]) in species_in(ne, "local_test", "local_val")
