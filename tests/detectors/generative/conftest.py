@@ -23,6 +23,15 @@ class TinyConvNet(nn.Module):
         return self.fc(features), features
 
 
+@pytest.fixture(autouse=True)
+def single_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared machine extra threads only oversubscribe."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_classifier() -> ImageClassifier:
     torch.manual_seed(0)
@@ -30,12 +39,17 @@ def tiny_classifier() -> ImageClassifier:
 
 
 @pytest.fixture(scope="session")
-def pixel_unet(tmp_path_factory):
-    from diffusers import UNet2DModel
-
+def pixel_unet_folder(tmp_path_factory):
     from pipelines.tiny import save_tiny_pixel_unet
 
-    return UNet2DModel.from_pretrained(save_tiny_pixel_unet(tmp_path_factory.mktemp("pixel_unet")))
+    return save_tiny_pixel_unet(tmp_path_factory.mktemp("pixel_unet"))
+
+
+@pytest.fixture(scope="session")
+def pixel_unet(pixel_unet_folder):
+    from diffusers import UNet2DModel
+
+    return UNet2DModel.from_pretrained(pixel_unet_folder).eval()
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +57,12 @@ def sd_folder(tmp_path_factory):
     from pipelines.tiny import save_tiny_stable_diffusion
 
     return save_tiny_stable_diffusion(tmp_path_factory.mktemp("tiny_sd"))
+
+
+@pytest.fixture(scope="session")
+def synthetic():
+    """The image maker below, for tests."""
+    return synthetic_images
 
 
 def synthetic_images(n: int, size: int = 32, seed: int = 0) -> list[Image.Image]:
