@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,8 +258,6 @@ def _loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, num_wor
 def _seed_worker(worker_id: int) -> None:
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
-    import random
-
     random.seed(seed)
 
 
@@ -411,6 +410,9 @@ def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: 
             if aux is not None:
                 record(aux["failed"], "aux")
             if raw["x"] is None:
+                if accelerator.num_processes > 1:  # the other processes would wait forever in the gradient all-reduce
+                    raise RuntimeError(f"every image of a training batch failed to load on process {accelerator.process_index}: "
+                                       f"{raw['failed'][:3]}; drop unreadable images from the manifest")
                 continue
             index = raw["index"]
             batch = TrainBatch(
