@@ -61,7 +61,7 @@ class EvalConfig:
     threshold_transfer: list[dict[str, Any]] = field(default_factory=list)
     class_names: list[str] | None = None
     aux: dict[str, Any] | None = None
-    fewshot: dict[str, Any] | None = None
+    fewshot: dict[str, Any] | None = None  # detectors.clip.fewshot.sweep config: model, manifest, methods, shots, seeds
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> "EvalConfig":
@@ -195,6 +195,8 @@ class Runner:
             params["classifier"] = self._load_classifier()
         if cls.accepts("class_names") and "class_names" not in params and class_names:
             params["class_names"] = class_names
+        if cls.accepts("cache_dir") and "cache_dir" not in params:
+            params["cache_dir"] = str(self.cache_dir / cls.family)
         if spec.load:
             return cls.from_pretrained(spec.load, **params)
         return cls(**params)
@@ -258,14 +260,32 @@ class Runner:
         atomic_write_json(self.out / "failures.json", self.failures)
         if cfg.threshold_transfer:
             _write_csv(self._threshold_transfer(scores_by_method), self.out / "threshold_transfer.csv")
+        if cfg.fewshot:
+            self._fewshot(id_splits, ood_splits, class_names)
         return results
+
+    def _fewshot(self, id_splits: dict[str, Split], ood_splits: list[Split], class_names: list[str] | None) -> None:
+        """Few-shot sweep of prompt-learning detectors (shots x seeds) on the run's ID and OOD splits
+        -> fewshot.csv and fewshot.png (config keys: model, methods, shots, seeds, device, plot)."""
+        from detectors.clip.fewshot import plot_fewshot, sweep_sets
+
+        sweep_config = {"out_dir": str(self.out / "fewshot"), "cache_dir": str(self.cache_dir / "clip"), **self.config.fewshot}
+        names = sweep_config.get("class_names") or class_names
+        if not names:
+            raise ValueError("fewshot: class names are needed (config `class_names`, or `class_name` fields in the ID manifest)")
+        rows = sweep_sets(sweep_config, ImageSet(manifest=id_splits["train"].manifest), ImageSet(manifest=id_splits["test"].manifest),
+                          {s.name: ImageSet(manifest=s.manifest) for s in ood_splits}, {s.name: s.group for s in ood_splits}, names)
+        _write_csv(pd.DataFrame(rows), self.out / "fewshot.csv")
+        plot_fewshot(rows, str(sweep_config.get("plot", self.out / "fewshot.png")))
 
     def _aux_features(self) -> FeatureSet | None:
         if not self.config.aux:
             return None
         split = Split("aux", read_manifest(self.config.aux["manifest"]).select(split=self.config.aux.get("split", "train")))
         self._features(split)
-        return split.features
+        # auxiliary rows are OOD (label -1); their own class index (e.g. species, for Extended) is `aux_label`
+        labels = np.array([split.manifest.rows[i].get("aux_label", -1) for i in split.index], dtype=np.int64)
+        return FeatureSet(split.features.features, split.features.logits, labels)
 
     def _selected(self, spec: DetectorSpec, id_splits: dict[str, Split]) -> Detector:
         sel = self.config.select or {}
@@ -303,8 +323,9 @@ class Runner:
 
 
 def _selectable(spec: DetectorSpec) -> bool:
+    """Post-hoc-style detectors with a sweep (training-time methods need auxiliary data and are not swept here)."""
     cls = detector_class(spec.name)
-    return cls.inputs <= FEATURE_INPUTS and bool(cls.search_space) and spec.load is None
+    return cls.inputs <= FEATURE_INPUTS and bool(cls.search_space) and spec.load is None and cls.family != "training"
 
 
 def _class_names(manifest: Manifest) -> list[str] | None:

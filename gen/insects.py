@@ -20,11 +20,10 @@ of the region, 2 when only its family does, 3 otherwise. Boxes are (lat_min, lat
 strict inequalities as in the official code (RolnickLab/Open-Insects).
 
 Manifests hold metadata only: `file_name` is the image path relative to the user's image root, which is recorded in
-`split_info.json` beside each region's `metadata.jsonl`; `load_region(folder)` returns the manifest rooted there.
+`manifest_info.json` (pipelines.data.MANIFEST_INFO) beside each region's `metadata.jsonl`; `load_region(folder)` returns the manifest rooted there.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from pipelines.data import Manifest, ManifestError, read_manifest, write_manifest
+from pipelines.data import MANIFEST_INFO, Manifest, ManifestError, read_manifest, write_manifest
 from pipelines.io import atomic_write_json, atomic_write_text
 from pipelines.runtime import item_seed
 
@@ -462,13 +461,13 @@ def summarize(splits: Splits) -> pd.DataFrame:
 
 
 def write_splits(splits: Splits, out_dir: str | os.PathLike, image_root: str | os.PathLike) -> dict[str, Path]:
-    """Write `out_dir/<region>/metadata.jsonl` + `split_info.json` per region and `out_dir/summary.{csv,md}`."""
+    """Write `out_dir/<region>/metadata.jsonl` + `manifest_info.json` (image root, parameters) per region and `out_dir/summary.{csv,md}`."""
     out_dir = Path(out_dir)
     written = {}
     for region, frame in splits.regions.items():
         folder = out_dir / region
         write_manifest(folder, manifest_rows(frame, splits.config.non_target_name))
-        atomic_write_json(folder / "split_info.json", {
+        atomic_write_json(folder / MANIFEST_INFO, {
             "image_root": str(Path(image_root).expanduser().resolve()), "region": region,
             "missing_id_species": splits.missing_id_species.get(region, []), "config": splits.config.to_dict(),
         })
@@ -486,15 +485,11 @@ def _markdown(table: pd.DataFrame) -> str:
 
 
 def load_region(folder: str | os.PathLike, image_root: str | os.PathLike | None = None) -> Manifest:
-    """A region's manifest rooted at its image root (from `split_info.json` unless `image_root` is given)."""
+    """A region's manifest rooted at its image root (from `manifest_info.json` unless `image_root` is given)."""
     folder = Path(folder)
-    manifest = read_manifest(folder)
-    if image_root is None:
-        info = folder / "split_info.json"
-        if not info.is_file():
-            raise ManifestError(info, None, None, "no split_info.json: pass image_root explicitly")
-        image_root = json.loads(info.read_text())["image_root"]
-    return Manifest(Path(image_root), manifest.rows)
+    if image_root is None and not (folder / MANIFEST_INFO).is_file():
+        raise ManifestError(folder / MANIFEST_INFO, None, None, f"no {MANIFEST_INFO}: pass image_root explicitly")
+    return read_manifest(folder, image_root=image_root)
 
 
 # -- synthetic data --------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from PIL import Image, ImageOps
 from pipelines.io import atomic_write_text
 
 METADATA = "metadata.jsonl"
+MANIFEST_INFO = "manifest_info.json"  # optional sidecar: {"image_root": path} when the images live elsewhere
 SPLITS = ("train", "val", "test")
 ROLES = ("id", "ood")
 GROUPS = ("hard", "easy", "near", "far")
@@ -130,10 +131,15 @@ class Manifest:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def read_manifest(folder: str | os.PathLike, check_files: bool = False) -> Manifest:
-    """Read and validate `folder/metadata.jsonl`. With `check_files`, every image must exist."""
-    root = Path(folder)
-    meta = root / METADATA
+def read_manifest(folder: str | os.PathLike, check_files: bool = False, image_root: str | os.PathLike | None = None) -> Manifest:
+    """Read and validate `folder/metadata.jsonl`. With `check_files`, every image must exist.
+
+    `file_name`s are relative to `image_root` when given, else to the `image_root` of `folder/manifest_info.json`
+    when that sidecar exists (absolute, or relative to `folder`), else to `folder` (the ImageFolder layout).
+    """
+    folder = Path(folder)
+    meta = folder / METADATA
+    root = Path(image_root) if image_root is not None else _image_root(folder)
     if not meta.is_file():
         raise ManifestError(meta, None, None, "no metadata.jsonl: not a manifest folder (see DESIGN.md for the format)")
     rows: list[dict[str, Any]] = []
@@ -154,6 +160,21 @@ def read_manifest(folder: str | os.PathLike, check_files: bool = False) -> Manif
                 raise ManifestError(meta, number, "file_name", f"image not found: {root / row['file_name']}")
             rows.append(row)
     return Manifest(root, rows)
+
+
+def _image_root(folder: Path) -> Path:
+    info = folder / MANIFEST_INFO
+    if not info.is_file():
+        return folder
+    try:
+        value = json.loads(info.read_text(encoding="utf-8")).get("image_root")
+    except (json.JSONDecodeError, AttributeError) as err:
+        raise ManifestError(info, None, None, f"invalid JSON object ({err})") from None
+    if value is None:
+        return folder
+    if not isinstance(value, str):
+        raise ManifestError(info, None, "image_root", f"must be a path string, got {value!r}")
+    return folder / Path(value).expanduser()
 
 
 def write_manifest(folder: str | os.PathLike, rows: Iterable[dict[str, Any]]) -> Manifest:

@@ -2,7 +2,7 @@
 --id-species id.csv --image-root /data/images --out splits/` (or `--synthetic 100000` for a generated example).
 
 Writes splits/<region>/metadata.jsonl (manifest rows: ID train/val/test, local / non-local / non-target OOD, auxiliary
-train/val; file_name relative to --image-root), splits/<region>/split_info.json, splits/summary.{csv,md}.
+train/val; file_name relative to --image-root), splits/<region>/manifest_info.json, splits/summary.{csv,md}.
 """
 from __future__ import annotations
 

@@ -64,18 +64,16 @@ def train_prompt_detectors(config: dict[str, Any]) -> list[Path]:
 
 
 def sweep(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Rows (method, family, shots, seed, ood_set, group, metrics in percent, id_acc, n_id, n_ood, seconds)."""
-    import detectors
+    """Rows (method, family, shots, seed, ood_set, group, metrics in percent, id_acc, n_id, n_ood, seconds).
+
+    ID train / ID test / OOD sets all come from the one `manifest` of the config (see `sweep_sets` for separate ones).
+    """
     from detectors.base import ImageSet
-    from detectors.clip.backbone import ClipBackbone
-    from detectors.metrics import evaluate
     from pipelines.data import read_manifest
 
     if "manifest" not in config:
         raise ValueError("fewshot config needs `manifest` (a manifest folder)")
     manifest = read_manifest(config["manifest"])
-    class_names = _class_names(config)
-    backbone = ClipBackbone.load(config.get("model", "openai/clip-vit-base-patch16"), device=config.get("device"))
     train = ImageSet.from_manifest(manifest, split=config.get("train_split", "train"), role="id")
     test = config.get("test_split", "test")
     id_test = ImageSet.from_manifest(manifest, split=test, role="id")
@@ -83,6 +81,17 @@ def sweep(config: dict[str, Any]) -> list[dict[str, Any]]:
     groups = {r["ood_set"]: r.get("group") for r in manifest.rows if r["role"] == "ood"}
     if not len(train) or not len(id_test) or not ood_sets:
         raise ValueError(f"fewshot: manifest {config['manifest']} needs ID train rows and ID + OOD rows in split {test!r}")
+    return sweep_sets(config, train, id_test, ood_sets, groups, _class_names(config))
+
+
+def sweep_sets(config: dict[str, Any], train: Any, id_test: Any, ood_sets: dict[str, Any], groups: dict[str, str | None],
+               class_names: list[str]) -> list[dict[str, Any]]:
+    """The sweep on given ImageSets (the evaluation runner passes its ID and OOD splits)."""
+    import detectors
+    from detectors.clip.backbone import ClipBackbone
+    from detectors.metrics import evaluate
+
+    backbone = ClipBackbone.load(config.get("model", "openai/clip-vit-base-patch16"), device=config.get("device"))
     out_dir = Path(config["out_dir"]) if config.get("out_dir") else None
     rows = []
     for method, overrides in (config.get("methods") or DEFAULT_METHODS).items():

@@ -178,7 +178,7 @@ def test_manifests_written_and_rooted_at_image_root(tmp_path, splits):
     local = splits.regions["ne-america"].query("set == 'local_test'")
     assert row.images == len(local) and row.hop1 == (local.hop == 1).sum() and row.species == local.species.nunique()
     assert (tmp_path / "splits" / "summary.md").read_text().startswith("| region |")
-    assert json.loads((written["w-europe"] / "split_info.json").read_text())["config"]["non_local_cap"] == 30
+    assert json.loads((written["w-europe"] / "manifest_info.json").read_text())["config"]["non_local_cap"] == 30
 
 
 def test_synthetic_table_end_to_end(tmp_path):

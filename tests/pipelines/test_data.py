@@ -120,3 +120,19 @@ def test_corrupt_image_is_a_recorded_failure(tmp_path):
     assert images[0] is not None and images[1] is None and images[2] is None
     assert [(f.index, "bad.png" in f.file) for f in failures][:1] == [(1, True)]
     assert failures[1].reason == "file not found"
+
+
+def test_image_root_sidecar(tmp_path):
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.new("RGB", (2, 2)).save(images / "a.png")
+    folder = tmp_path / "manifest"
+    write_manifest(folder, [make_row("a.png")])
+    assert read_manifest(folder).root == folder
+    (folder / "manifest_info.json").write_text(json.dumps({"image_root": "../images"}))
+    m = read_manifest(folder, check_files=True)
+    assert m.path(m.rows[0]).resolve() == (images / "a.png").resolve()
+    assert read_manifest(folder, image_root=images).root == images
+    (folder / "manifest_info.json").write_text(json.dumps({"image_root": 3}))
+    with pytest.raises(ManifestError, match="image_root"):
+        read_manifest(folder)
