@@ -98,3 +98,19 @@ def test_selection_through_runner(digits, tmp_path):
     fitted = table[table["auroc"].notna()]
     assert (fitted["k"] <= 430).all() and (table[table["auroc"].isna()]["k"] > 430).all()  # 430 ID train images
     assert len(results) == 1
+
+
+def test_fewshot_sweep_through_runner(tmp_path):
+    from pipelines.tiny import save_tiny_clip
+
+    id_dir, ood_dir = write_digits(tmp_path / "data", n_textures=8)
+    clip = save_tiny_clip(tmp_path / "clip")
+    results = run_config({"id": str(id_dir), "ood": [{"manifest": str(ood_dir), "sets": ["texture", "sketch"]}],
+                          "out": str(tmp_path / "out"), "detectors": [{"name": "mcm", "params": {"model": str(clip)}}],
+                          "fewshot": {"model": str(clip), "methods": {"locoop": {"epochs": 1}}, "shots": [1, 2], "seeds": [0, 1]}})
+    assert list(results["method"]) == ["mcm", "mcm"]
+    rows = pd.read_csv(tmp_path / "out" / "fewshot.csv")
+    assert len(rows) == 1 * 2 * 2 * 2  # methods x shots x seeds x OOD sets
+    assert set(rows["group"]) == {"far", "near"} and rows["auroc"].between(0, 100).all()
+    assert (tmp_path / "out" / "fewshot.png").stat().st_size > 0
+    assert (tmp_path / "out" / "fewshot" / "locoop-2shot-seed1" / "model.safetensors").is_file()
