@@ -135,7 +135,9 @@ class DiffGuard(Detector):
 
                 pipe = load_pretrained(StableDiffusionPipeline.from_pretrained, self.sd_id, "DIFFGUARD Stable Diffusion",
                                        torch_dtype=self.dtype, safety_checker=None, requires_safety_checker=False)
-            pipe = pipe.to(self.device, self.dtype)
+            pipe = pipe.to(self.device)
+            if pipe.unet.dtype != self.dtype:
+                pipe = pipe.to(dtype=self.dtype)
             for part in (pipe.unet, pipe.vae, pipe.text_encoder):
                 part.eval().requires_grad_(False)
             enable_attention(pipe)

@@ -1,0 +1,140 @@
+"""Throughput of DIFFGUARD's batched per-sample early stop against the batch-1 loop (used by scripts/bench_*.py).
+
+The reference is the original design's constraint: samples stop inversion at different steps, so the original code
+denoises one image at a time. Here the reference loop runs the same detector on one image at a time, and the batched
+runs score the same images `batch_size` at a time, in the same process on the same model.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from PIL import Image
+
+from detectors.generative.diffguard import DiffGuard, images_to_tensor
+
+
+def contrast_ramp_images(n: int, size: int, seed: int = 0) -> list[Image.Image]:
+    """Smooth colour waves of increasing contrast: their inversions cross the PSNR threshold at different steps."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:size, 0:size] / size
+    images = []
+    for i in range(n):
+        contrast = 0.15 + 0.85 * i / max(n - 1, 1)
+        phases = rng.uniform(0, 2 * np.pi, 3)
+        wave = 0.5 + 0.5 * contrast * np.stack([np.sin(2 * np.pi * (xx + yy) + p) for p in phases], -1)
+        images.append(Image.fromarray((wave * 255).round().astype(np.uint8)))
+    return images
+
+
+def _seconds(fn: Callable[[], Any], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def bench_early_stop_batching(detector: DiffGuard, images: list[Image.Image], batch_sizes: list[int],
+                              loop_images: int | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """images/s of `detector.reconstruct_pixel` on `images` at each batch size and on a batch-1 loop over the first
+    `loop_images` images; ratios are against the loop. Also reports each run's inversion stop steps."""
+    device = detector.device
+    size = int(detector.pixel_model().unet.config.sample_size)
+    x01 = images_to_tensor(images, size).to(device)
+    labels = detector.predict(x01)
+    seeds = list(range(len(images)))
+    loop_n = loop_images or len(images)
+    detector.reconstruct_pixel(x01[:1], labels[:1], seeds[:1])  # warm-up
+    stops: list[int] = []
+
+    def loop() -> None:
+        for i in range(loop_n):
+            stops.append(int(detector.reconstruct_pixel(x01[i:i + 1], labels[i:i + 1], seeds[i:i + 1])[2]))
+
+    loop_s = _seconds(loop, device)
+    reference = loop_n / loop_s
+    log(f"[diffguard] batch-1 loop: {reference:.3f} img/s over {loop_n} images (stop steps {stops})")
+    cases = [dict(mode="loop", batch_size=1, images=loop_n, seconds=loop_s, images_per_s=reference, ratio=1.0)]
+    for batch in batch_sizes:
+        def run(batch: int = batch) -> None:
+            for start in range(0, len(images), batch):
+                detector.reconstruct_pixel(x01[start:start + batch], labels[start:start + batch], seeds[start:start + batch])
+
+        seconds = _seconds(run, device)
+        rate = len(images) / seconds
+        cases.append(dict(mode="batched", batch_size=batch, images=len(images), seconds=seconds, images_per_s=rate,
+                          ratio=rate / reference))
+        log(f"[diffguard] batched {batch:3d}: {rate:.3f} img/s = {rate / reference:.2f}x the loop")
+    return dict(reference="batch-1 loop", stop_steps=stops, cases=cases)
+
+
+def random_diffguard_models(size: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, Any]:
+    """(pixel UNet, Stable Diffusion pipeline, image classifier) with random weights, built on `device` in `dtype`.
+
+    "full": guided-diffusion's 256x256 unconditional ADM (552.8 M parameters: channels 256 x (1,1,2,2,4,4), 2 res
+    blocks, attention at 32/16/8 px with 64-channel heads, scale-shift norm, res-block up/down-sampling, learned
+    sigma), Stable Diffusion 1.5 (UNet 859.5 M, VAE 83.7 M, CLIP ViT-L text encoder 123 M) and a ResNet-50 classifier
+    at 224 px. "tiny": the pipelines.tiny stand-ins and a small ResNet at 32 px, for a CPU check of the code path.
+    """
+    import tempfile
+
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel, UNet2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, ResNetConfig, ResNetForImageClassification
+
+    from pipelines.classifier import ImageClassifier, find_head
+    from pipelines.tiny import save_tiny_pixel_unet, save_tiny_stable_diffusion, save_tiny_tokenizer
+
+    if size == "tiny":
+        with tempfile.TemporaryDirectory() as tmp:
+            unet = UNet2DModel.from_pretrained(save_tiny_pixel_unet(f"{tmp}/unet"))
+            pipe = StableDiffusionPipeline.from_pretrained(save_tiny_stable_diffusion(f"{tmp}/sd"))
+        resnet, image_size = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=10), 32
+    elif size == "full":
+        unet = UNet2DModel(
+            sample_size=256, in_channels=3, out_channels=6, block_out_channels=(256, 256, 512, 512, 1024, 1024),
+            layers_per_block=2, down_block_types=("ResnetDownsampleBlock2D",) * 3 + ("AttnDownBlock2D",) * 3,
+            up_block_types=("AttnUpBlock2D",) * 3 + ("ResnetUpsampleBlock2D",) * 3, attention_head_dim=64,
+            resnet_time_scale_shift="scale_shift", downsample_type="resnet", upsample_type="resnet",
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            tokenizer = CLIPTokenizer.from_pretrained(save_tiny_tokenizer(tmp))
+        pipe = StableDiffusionPipeline(
+            vae=AutoencoderKL(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
+                              up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=4, sample_size=512),
+            text_encoder=CLIPTextModel(CLIPTextConfig(hidden_size=768, intermediate_size=3072, num_attention_heads=12,
+                                                      num_hidden_layers=12, projection_dim=768)),
+            tokenizer=tokenizer, unet=UNet2DConditionModel(sample_size=64, cross_attention_dim=768),
+            scheduler=DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
+                                    set_alpha_to_one=False, steps_offset=1),
+            safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+        )
+        resnet, image_size = ResNetConfig(num_labels=1000), 224
+    else:
+        raise ValueError(f"size must be 'tiny' or 'full', got {size!r}")
+    model = ResNetForImageClassification(resnet).eval()
+    classifier = ImageClassifier(model, find_head(model, resnet.num_labels), image_size=(image_size, image_size), kind="hf")
+    return unet.to(device, dtype), pipe.to(device, dtype), classifier.to(device).eval()
+
+
+def bench_latent_batching(detector: DiffGuard, images: list[Image.Image], batch_sizes: list[int],
+                          loop_images: int, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """images/s of the latent back-end's reconstruction per batch size, with the batch-1 loop as the ratio reference."""
+    device = detector.device
+    x01 = images_to_tensor(images, detector.latent_model().resolution).to(device)
+    labels = detector.predict(x01)
+    detector.reconstruct_latent(x01[:1], labels[:1])  # warm-up
+    loop_s = _seconds(lambda: [detector.reconstruct_latent(x01[i:i + 1], labels[i:i + 1]) for i in range(loop_images)], device)
+    reference = loop_images / loop_s
+    log(f"[diffguard-latent] batch-1 loop: {reference:.3f} img/s")
+    cases = [dict(mode="loop", batch_size=1, images=loop_images, seconds=loop_s, images_per_s=reference, ratio=1.0)]
+    for batch in batch_sizes:
+        seconds = _seconds(lambda: detector.reconstruct_latent(x01[:batch], labels[:batch]), device)
+        cases.append(dict(mode="batched", batch_size=batch, images=batch, seconds=seconds, images_per_s=batch / seconds,
+                          ratio=batch / seconds / reference))
+        log(f"[diffguard-latent] batch {batch:3d}: {batch / seconds:.3f} img/s = {batch / seconds / reference:.2f}x")
+    return dict(reference="batch-1 loop", cases=cases)
