@@ -267,10 +267,11 @@ class Runner:
     def _fewshot(self, id_splits: dict[str, Split], ood_splits: list[Split], class_names: list[str] | None) -> None:
         """Few-shot sweep of prompt-learning detectors (shots x seeds) on the run's ID and OOD splits
         -> fewshot.csv and fewshot.png (config keys: model, methods, shots, seeds, device, plot)."""
-        from detectors.clip.fewshot import plot_fewshot, sweep_sets
+        from detectors.clip.fewshot import class_names_from, plot_fewshot, sweep_sets
 
         sweep_config = {"out_dir": str(self.out / "fewshot"), "cache_dir": str(self.cache_dir / "clip"), **self.config.fewshot}
-        names = sweep_config.get("class_names") or class_names
+        given = sweep_config.get("class_names") or sweep_config.get("class_names_file")
+        names = class_names_from(sweep_config) if given else class_names
         if not names:
             raise ValueError("fewshot: class names are needed (config `class_names`, or `class_name` fields in the ID manifest)")
         rows = sweep_sets(sweep_config, ImageSet(manifest=id_splits["train"].manifest), ImageSet(manifest=id_splits["test"].manifest),

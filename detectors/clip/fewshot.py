@@ -27,7 +27,8 @@ DEFAULT_METHODS = {"locoop": {}, "idlike": {}}
 METRICS = ("auroc", "fpr95", "fpr95_id", "aupr_in", "aupr_out")
 
 
-def _class_names(config: dict[str, Any]) -> list[str]:
+def class_names_from(config: dict[str, Any]) -> list[str]:
+    """`class_names`, else the lines of `class_names_file`."""
     if config.get("class_names"):
         return list(config["class_names"])
     if config.get("class_names_file"):
@@ -48,7 +49,7 @@ def train_prompt_detectors(config: dict[str, Any]) -> list[Path]:
     for key in ("manifest", "out_dir"):
         if not config.get(key):
             raise ValueError(f"train_prompts config needs `{key}`")
-    class_names = _class_names(config)
+    class_names = class_names_from(config)
     backbone = ClipBackbone.load(config.get("model", "openai/clip-vit-base-patch16"), device=config.get("device"))
     train = ImageSet.from_manifest(read_manifest(config["manifest"]), split=config.get("train_split", "train"), role="id")
     if not len(train):
@@ -81,7 +82,7 @@ def sweep(config: dict[str, Any]) -> list[dict[str, Any]]:
     groups = {r["ood_set"]: r.get("group") for r in manifest.rows if r["role"] == "ood"}
     if not len(train) or not len(id_test) or not ood_sets:
         raise ValueError(f"fewshot: manifest {config['manifest']} needs ID train rows and ID + OOD rows in split {test!r}")
-    return sweep_sets(config, train, id_test, ood_sets, groups, _class_names(config))
+    return sweep_sets(config, train, id_test, ood_sets, groups, class_names_from(config))
 
 
 def sweep_sets(config: dict[str, Any], train: Any, id_test: Any, ood_sets: dict[str, Any], groups: dict[str, str | None],
