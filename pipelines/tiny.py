@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
@@ -215,6 +216,17 @@ def ip_adapter_state(unet, image_embed_dim: int, tokens: int = 4) -> dict[str, d
     return {"image_proj": image_proj, "ip_adapter": adapter}
 
 
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Temporarily make `dtype` torch's default floating dtype."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def random_zest_modules(size: str = "tiny", device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                         seed: int = 0) -> dict[str, Any]:
     """Random-weight ZeST modules of `size` ('tiny' or 'full') built directly on `device` in `dtype`.
@@ -235,7 +247,7 @@ def random_zest_modules(size: str = "tiny", device: str | torch.device = "cpu", 
     vocab = len(tokenizer) if size == "tiny" else 49408
     ids = dict(vocab_size=vocab, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                pad_token_id=tokenizer.eos_token_id, max_position_embeddings=TOKENIZER_MAX_LENGTH)
-    with torch.device(device):
+    with torch.device(device), _default_dtype(dtype):  # parameters are created where and as they will live
         unet = UNet2DConditionModel(**sizes["unet"])
         modules = {
             "tokenizer": tokenizer,
