@@ -3,7 +3,8 @@ port of the official code. Score = D's logit (monotone in D(x) = P(closed-set)),
 
 - OpenGAN-0 (no outliers): D maximises log D(id) + log(1 - D(G(z))); G uses the non-saturating loss.
 - Full OpenGAN (`fit(..., outliers=FeatureSet)`): + lambda_outlier * log(1 - D(outlier)), fakes weighted lambda_fake.
-- Model selection: after each epoch D is scored on ID-val vs OOD-val and the epoch with the best AUROC is kept.
+- Model selection: after each epoch D is scored on ID-val vs OOD-val and the epoch with the best AUROC is kept; without
+  both (e.g. only id_val, as the evaluation runner passes) the last epoch is kept.
 - BatchNorm in D (our choice, tested both ways). Training: the official code passes real, fake and outlier batches
   through D separately (`joint_batches=False`), so BN normalises each pure batch by its own statistics and D cannot
   see a shift of the batch mean: on blobs that differ only by a mean shift its eval-mode AUROC is 0.08-0.97 depending
@@ -100,8 +101,12 @@ class OpenGAN(Detector):
         self.best_epoch: int | None = None
 
     def fit(self, id_train: FeatureSet, *, head: Any = None, id_val: FeatureSet | None = None,
-            ood_val: FeatureSet | None = None, outliers: FeatureSet | None = None) -> "OpenGAN":
-        """Train G and D on ID features (plus real `outliers` for the full OpenGAN); select the epoch by val AUROC."""
+            ood_val: FeatureSet | None = None, outliers: FeatureSet | None = None, aux: FeatureSet | None = None) -> "OpenGAN":
+        """Train G and D on ID features (plus real `outliers` for the full OpenGAN); select the epoch by val AUROC.
+
+        `aux` is the evaluation runner's name for the auxiliary outlier features; it is used when `outliers` is None.
+        """
+        outliers = outliers if outliers is not None else aux
         if head is not None:
             self.head = head if isinstance(head, LinearHead) else LinearHead(*head)
         self._train(id_train, id_val, ood_val, outliers)
@@ -122,8 +127,6 @@ class OpenGAN(Detector):
         out_np = self._features(outliers, "outliers")
         outlier = torch.from_numpy(out_np).to(device) if out_np is not None else None
         select = id_val is not None and ood_val is not None
-        if (id_val is None) != (ood_val is None):
-            raise ValueError("opengan model selection needs both id_val and ood_val (or neither: keep the last epoch)")
         gen = torch.Generator(device="cpu").manual_seed(int(self.seed))
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(self.seed))
