@@ -164,7 +164,7 @@ class DiffGuard(Detector):
     def predict(self, x01: torch.Tensor) -> torch.Tensor:
         """The classifier's predicted labels [B] for images in [0,1]."""
         with torch.no_grad():
-            logits, _ = self.classifier.forward_images(x01)
+            logits, _ = self.classifier.forward_images(x01.to(self.classifier.head.weight.dtype))
         return logits.argmax(1)
 
     def stop_rule(self):
@@ -205,7 +205,7 @@ class DiffGuard(Detector):
         model = self.latent_model()
         layer_name = self.gradcam_layer or last_spatial_block(self.classifier, lambda: self.classifier.forward_images(x01[:1]))
         layer = self.classifier.get_submodule(layer_name)
-        cam = grad_cam(lambda x: self.classifier.forward_images(x)[0], layer, x01, labels)
+        cam = grad_cam(lambda x: self.classifier.forward_images(x.to(self.classifier.head.weight.dtype))[0], layer, x01, labels)
         mask = (cam > self.cam_threshold).unsqueeze(1)
         null = model.encode_text([""])
         cond = model.encode_text([self.prompt_template.format(self.class_name(int(y))) for y in labels.tolist()])

@@ -65,9 +65,10 @@ def logit_l1(classifier: Any) -> Similarity:
     """Negative mean |logits(a) - logits(b)| of `classifier.forward_images` (the protected classifier)."""
 
     def similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        dtype = classifier.head.weight.dtype
         with torch.no_grad():
-            la, _ = classifier.forward_images(a)
-            lb, _ = classifier.forward_images(b)
+            la, _ = classifier.forward_images(a.to(dtype))
+            lb, _ = classifier.forward_images(b.to(dtype))
         return -(la.double() - lb.double()).abs().mean(1)
 
     return similarity

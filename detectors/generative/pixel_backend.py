@@ -194,7 +194,7 @@ class ClassifierGuidance:
         """Sum over rows and crops of log p(label | crop) for images x_in in [-1, 1]."""
         gens = [self.generators[int(r)] for r in rows]
         crops = random_crops((x_in + 1) / 2, self.n_crops, self.crop_min_fraction, tuple(self.classifier.image_size), gens)
-        logits, _ = self.classifier.forward_images(crops)
+        logits, _ = self.classifier.forward_images(crops.to(self.classifier.head.weight.dtype))
         labels = self.labels.to(logits.device)[rows.to(logits.device)].repeat_interleave(self.n_crops)
         return F.log_softmax(logits.float(), dim=-1).gather(1, labels.view(-1, 1)).sum()
 
