@@ -34,9 +34,11 @@ def class_centred(features: np.ndarray, means: np.ndarray, position: np.ndarray)
 
 
 def spd_inverse(matrix: np.ndarray) -> np.ndarray:
-    """Inverse of a symmetric matrix via Cholesky when it is positive definite, else the eigh-based pseudo-inverse."""
+    """Inverse of a symmetric matrix via Cholesky when it is well-conditioned positive definite, else the eigh-based
+    pseudo-inverse (singular or numerically singular covariances: dead or duplicated units)."""
     factor, info = scipy.linalg.lapack.dpotrf(matrix, lower=False)
-    if info == 0:
+    pivots = np.abs(np.diag(factor))
+    if info == 0 and pivots.min() ** 2 > pivots.max() ** 2 * len(matrix) * np.finfo(np.float64).eps * 1e3:
         inverse, info = scipy.linalg.lapack.dpotri(factor, lower=False)
         if info == 0:
             return np.triu(inverse) + np.triu(inverse, 1).T

@@ -27,6 +27,23 @@ def resolve_dim(dim: int | None, feature_dim: int, who: str) -> int:
     return dim
 
 
+def virtual_origin(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """u = -pinv(W) b, the minimum-norm least-squares solution of W u = -b: through the Cholesky factor of the smaller
+    Gram matrix (W W^T or W^T W) when it is well conditioned, else through the SVD pseudo-inverse."""
+    wide = weight.shape[0] <= weight.shape[1]
+    gram = weight @ weight.T if wide else weight.T @ weight
+    try:
+        factor = scipy.linalg.cho_factor(gram)
+    except np.linalg.LinAlgError:
+        return -np.linalg.pinv(weight) @ bias
+    pivots = np.abs(np.diag(factor[0]))
+    if pivots.min() ** 2 <= pivots.max() ** 2 * len(gram) * np.finfo(np.float64).eps * 1e3:
+        return -np.linalg.pinv(weight) @ bias
+    if wide:
+        return -weight.T @ scipy.linalg.cho_solve(factor, bias)
+    return -scipy.linalg.cho_solve(factor, weight.T @ bias)
+
+
 def ranked_eigenvectors(covariance: np.ndarray, first: int, stop: int) -> np.ndarray:
     """Eigenvectors [D, stop-first] of a symmetric matrix ranked first..stop-1 by decreasing eigenvalue (float64 eigh,
     computing only those)."""
@@ -53,7 +70,7 @@ class ViM(Detector):
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         h = raw_features(id_train, self.name)
         dim = resolve_dim(self.dim, h.shape[1], self.name)
-        self.origin = -np.linalg.pinv(self.head.weight) @ self.head.bias
+        self.origin = virtual_origin(self.head.weight, self.head.bias)
         t = np.subtract(h, self.origin, dtype=np.float64)
         covariance = t.T @ t / len(t)
         # keep the smaller of the two bases: the residual follows from either

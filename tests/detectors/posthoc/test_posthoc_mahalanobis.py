@@ -51,3 +51,11 @@ def test_class_means_with_sparse_label_values():
     det = detectors.build("mds").fit(FeatureSet(features, labels=np.array([5, 5, 9, 9, 7])))
     np.testing.assert_array_equal(det.classes, [5, 7, 9])
     np.testing.assert_allclose(det.means, [[2.0, 3.0], [0.0, 0.0], [15.0, 1.0]])
+
+
+def test_duplicated_unit_gives_the_scores_of_the_reduced_features():
+    train, test = clusters(d=5, seed=3), clusters(n=30, d=5, seed=4)
+    widen = lambda x: np.c_[x, x[:, :1]]  # noqa: E731  (covariance singular up to rounding)
+    reduced = detectors.build("mds").fit(train).score(test)
+    duplicated = detectors.build("mds").fit(FeatureSet(widen(train.features), labels=train.labels)).score(FeatureSet(widen(test.features)))
+    np.testing.assert_allclose(duplicated, reduced, rtol=1e-6)

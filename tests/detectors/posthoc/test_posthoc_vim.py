@@ -43,3 +43,14 @@ def test_vim_dim_rule_and_errors():
         detectors.build("vim", dim=16).fit(FeatureSet(train), head=head)
     with pytest.raises(ValueError, match="head"):
         detectors.build("vim").fit(FeatureSet(train))
+
+
+@pytest.mark.parametrize("shape", [(4, 9), (9, 4), (4, 4)])
+def test_virtual_origin_is_minus_pinv_w_b_full_rank_or_not(shape):
+    from detectors.posthoc.vim import virtual_origin
+
+    rng = np.random.default_rng(2)
+    w, b = rng.normal(size=shape), rng.normal(size=shape[0])
+    np.testing.assert_allclose(virtual_origin(w, b), -np.linalg.pinv(w) @ b, rtol=1e-8, atol=1e-10)
+    w[1] = w[0]  # rank deficient: the Gram matrix is singular, the SVD path answers
+    np.testing.assert_allclose(virtual_origin(w, b), -np.linalg.pinv(w) @ b, rtol=1e-8, atol=1e-10)
