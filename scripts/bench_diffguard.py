@@ -14,27 +14,13 @@ import tempfile
 from datetime import datetime, timezone
 
 import torch
-from torch import nn
 
 import detectors
-from detectors.generative.bench import bench_early_stop_batching, contrast_ramp_images
+from detectors.generative.bench import SmallConvClassifier, bench_early_stop_batching, contrast_ramp_images
 from pipelines.classifier import ImageClassifier
 from pipelines.io import atomic_write_json
 from pipelines.runtime import seed_everything
 from pipelines.tiny import save_tiny_pixel_unet
-
-
-class SmallConvClassifier(nn.Module):
-    """A 2-layer convnet with global pooling and a linear head, returning (logits, features)."""
-
-    def __init__(self, num_classes: int = 4) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU())
-        self.fc = nn.Linear(16, num_classes)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        features = self.body(x).mean((2, 3))
-        return self.fc(features), features
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

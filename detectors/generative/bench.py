@@ -12,11 +12,26 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from PIL import Image
+from torch import nn
 
 from detectors.generative.diffguard import DiffGuard, images_to_tensor
 
 
-def contrast_ramp_images(n: int, size: int, seed: int = 0) -> list[Image.Image]:
+class SmallConvClassifier(nn.Module):
+    """A 2-layer convnet with global average pooling and a linear head, returning (logits, features): the protected
+    classifier of the CPU benchmark and the tests (wrap it with `ImageClassifier.from_module`)."""
+
+    def __init__(self, num_classes: int = 4) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU())
+        self.fc = nn.Linear(16, num_classes)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.body(x).mean((2, 3))
+        return self.fc(features), features
+
+
+def contrast_ramp_images(n: int, size: int = 32, seed: int = 0) -> list[Image.Image]:
     """Smooth colour waves of increasing contrast: their inversions cross the PSNR threshold at different steps."""
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:size, 0:size] / size
