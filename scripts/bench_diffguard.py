@@ -32,6 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-inversion-steps", type=int, default=90)
     parser.add_argument("--early-stop-psnr", type=float, default=15.0,
                         help="dB on [0,1] images; 15 makes the tiny random model's inversions stop at different steps")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds; each case keeps its fastest")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 avoids oversubscription)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--out", default="benchmarks/diffguard.json")
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> None:
                               max_inversion_steps=args.max_inversion_steps, early_stop_psnr=args.early_stop_psnr,
                               early_stop_similarity=None, distance="ssim", precision="fp32")
         det.pixel_model()
-    result = bench_early_stop_batching(det, contrast_ramp_images(args.images, 32), args.batch_sizes, args.loop_images)
+    result = bench_early_stop_batching(det, contrast_ramp_images(args.images, 32), args.batch_sizes, args.loop_images,
+                                       args.rounds)
     result.update(benchmark="diffguard", created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   device=str(device), cpu=platform.processor() or platform.machine(), threads=args.threads,
                   torch=torch.__version__, model="tiny pixel UNet (pipelines.tiny.save_tiny_pixel_unet), 32 px",
