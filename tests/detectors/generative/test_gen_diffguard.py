@@ -54,6 +54,15 @@ def test_guidance_step_raises_the_log_probability_of_the_label(pixel_unet, tiny_
     coeff = a_prev**0.5 * (1 - a) / a**0.5 - (1 - a_prev) ** 0.5 * (1 - a) ** 0.5
     np.testing.assert_allclose((guided - plain).numpy(), (coeff * grad).numpy(), atol=1e-5)
 
+    # without the clean-grad blend both gradient modes differentiate log p at x_t itself, so they agree
+    grads = []
+    for mode in ("blend", "x_t"):
+        g = ClassifierGuidance(model, tiny_classifier, labels, [torch.Generator().manual_seed(i) for i in range(3)],
+                               scale=1.0, n_crops=2, clean_grad=False, grad_wrt=mode)
+        grads.append(g(x_t, model.x0_from_eps(x_t, eps, k), k, torch.arange(3)))
+    np.testing.assert_allclose(grads[0].numpy(), grads[1].numpy(), atol=1e-6)
+    assert grads[0].abs().sum() > 0
+
 
 def test_batched_early_stop_equals_one_at_a_time(pixel_unet, tiny_classifier, synthetic):
     det = detectors.build("diffguard", classifier=tiny_classifier, unet=pixel_unet, early_stop_psnr=15.0, **FAST)
