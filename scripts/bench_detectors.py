@@ -5,8 +5,8 @@ First the machine's float32/float64 matmul rates and memory read bandwidth are m
 max(unavoidable multiply-adds at the rate of the precision it computes in, bytes it must read at that bandwidth).
 Floors use the matmul rates measured just before and after each detector (the machine may be shared).
 Side by side, reference formulations (OpenOOD's Mahalanobis `(t @ P @ t.T).diag()` per class, GradNorm with one
-autograd backward per sample, scikit-learn's brute NearestNeighbors) are timed on a subsample and extrapolated
-linearly in the number of test rows. Writes `benchmarks/detectors.json` and prints markdown tables.
+autograd backward per sample, scikit-learn's brute NearestNeighbors) are timed on a subsample (one 128-row batch,
+1000 rows, 2000 rows by default) and extrapolated linearly in the number of test rows. Writes `benchmarks/detectors.json` and prints markdown tables.
 
     python scripts/bench_detectors.py                       # 50k train, 20k test, 2048-d, 1000 classes
     python scripts/bench_detectors.py --n-train 5000 --n-test 2000 --dim 256 --classes 100 --only mds knn
@@ -257,14 +257,16 @@ def knn_sklearn_reference(knn: Any, test: FeatureSet, rows: int) -> tuple[float,
     return seconds, float(np.max(np.abs(-distances[:, -1] - ours)))
 
 
-def references(fitted: dict[str, tuple[dict[str, Any], Any]], test: FeatureSet, head: LinearHead, rows: int) -> list[dict[str, Any]]:
+def references(fitted: dict[str, tuple[dict[str, Any], Any]], test: FeatureSet, head: LinearHead,
+               args: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
     if "mds" in fitted:
         row, det = fitted["mds"]
+        rows = min(len(test), args.mds_reference_rows)
         seconds, diff = mahalanobis_diag_reference(det, test, rows)
         out.append({"what": "mds vs per-class (t@P@t.T).diag() (torch float32)", "ours_s": row["score_s"], "reference_s": seconds,
                     "speedup": seconds / row["score_s"], "reference_rows": rows, "max_rel_diff": diff})
-    grad_rows = min(len(test), 10 * rows)
+    grad_rows = min(len(test), args.gradnorm_reference_rows)
     seconds, reference_scores = gradnorm_autograd_reference(head, test, grad_rows)
     if "gradnorm" in fitted:
         row, det = fitted["gradnorm"]
@@ -280,7 +282,7 @@ def references(fitted: dict[str, tuple[dict[str, Any], Any]], test: FeatureSet, 
                 "max_rel_diff": float(np.max(np.abs(ours - reference_scores) / np.abs(reference_scores)))})
     if "knn" in fitted:
         row, det = fitted["knn"]
-        knn_rows = min(len(test), 100 * rows)
+        knn_rows = min(len(test), args.knn_reference_rows)
         seconds, diff = knn_sklearn_reference(det, test, knn_rows)
         out.append({"what": "knn (faiss IndexFlatL2) vs sklearn NearestNeighbors brute", "ours_s": row["score_s"], "reference_s": seconds,
                     "speedup": seconds / row["score_s"], "reference_rows": knn_rows, "max_rel_diff": diff})
@@ -304,7 +306,7 @@ def markdown(result: dict[str, Any]) -> str:
               "| comparison | ours s | reference s (extrapolated) | speed-up | reference rows | max rel. diff |",
               "|---|---:|---:|---:|---:|---:|"]
     for r in result["references"]:
-        lines.append(f"| {r['what']} | {r['ours_s']:.3f} | {r['reference_s']:.1f} | {r['speedup']:.0f}x | {r['reference_rows']} | "
+        lines.append(f"| {r['what']} | {r['ours_s']:.3f} | {r['reference_s']:.1f} | {r['speedup']:.3g}x | {r['reference_rows']} | "
                      f"{r['max_rel_diff']:.1e} |")
     return "\n".join(lines)
 
@@ -316,8 +318,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--n-test", type=int, default=20_000)
     parser.add_argument("--dim", type=int, default=2048)
     parser.add_argument("--classes", type=int, default=1000)
-    parser.add_argument("--reference-rows", type=int, default=16,
-                        help="test rows for the Mahalanobis diag reference (x10 for GradNorm, x100 for sklearn KNN)")
+    parser.add_argument("--mds-reference-rows", type=int, default=128,
+                        help="test rows (one batch, OpenOOD-sized) for the per-class (t@P@t.T).diag() reference")
+    parser.add_argument("--gradnorm-reference-rows", type=int, default=1000, help="test rows for per-sample autograd GradNorm")
+    parser.add_argument("--knn-reference-rows", type=int, default=2000, help="test rows for scikit-learn's brute NearestNeighbors")
     parser.add_argument("--only", nargs="*", help="detector names (default: every posthoc detector without image inputs)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/detectors.json"))
@@ -338,7 +342,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         tqdm.write(f"{name}: fit {row['fit_s']:.2f}s, score {row['score_s']:.2f}s ({row['score_over_floor']:.2f}x floor)")
     result = {"machine": machine, "sizes": {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test,
                                             "dim": args.dim, "classes": args.classes},
-              "detectors": rows, "references": references(fitted, test, head, args.reference_rows)}
+              "detectors": rows, "references": references(fitted, test, head, args)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, json.loads(json.dumps(result, default=str)))
     print(markdown(result))
