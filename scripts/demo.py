@@ -71,9 +71,11 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = train_digit_classifier(id_dir, out / "classifier", args.epochs, args.seed)
     config = EvalConfig.from_dict({"model": str(model_dir), "id": str(id_dir), "ood": [{"manifest": str(ood_dir)}],
                                    "out": str(out / "posthoc"), "detectors": "all", "families": ["posthoc"], "batch_size": 128})
+    stage = time.perf_counter()
     results = Runner(config).run()
     written = write_report(results, out / "report", scores=out / "posthoc" / "scores.parquet")
-    print("\nPost-hoc detectors on digits (ID 0-5) - FPR@95 / AUROC in percent:\n")
+    print(f"\nPost-hoc detectors on digits (ID = 0-5), {time.perf_counter() - stage:.0f} s; per OOD set:\n")
+    print((out / "report" / "per_set.md").read_text())
     print(render_summary(results))
     extra = _optional_stages(out, id_dir, ood_dir, skip)
     print("\nFiles written:")
@@ -93,12 +95,15 @@ def _optional_stages(out: Path, id_dir: Path, ood_dir: Path, skip: set[str]) -> 
     if "generation" not in skip:
         from gen.demo import generation_demo
 
+        stage = time.perf_counter()
         made = generation_demo(out / "generation")
-        print(f"\nMaterial transfer (tiny random ZeST models, 64 px, 2 steps): {made['summary'].get('done', '?')} images")
+        print(f"\nMaterial transfer (tiny random ZeST models, 64 px, 2 steps): {made['summary'].get('done', '?')} images, "
+              f"{time.perf_counter() - stage:.0f} s")
         written += [Path(made["manifest"]), Path(made["contact_sheet"])]
     if "clip" not in skip:
         from detectors.clip.demo import clip_demo
 
+        stage = time.perf_counter()
         idm = read_manifest(id_dir).select(split="test", role="id")
         picked = [r for i, r in enumerate(idm.rows) if i % 10 == 0]
         oodm = read_manifest(ood_dir)
@@ -109,7 +114,8 @@ def _optional_stages(out: Path, id_dir: Path, ood_dir: Path, skip: set[str]) -> 
         frame["group"] = frame["ood_set"].map({r["ood_set"]: r["group"] for r in oodm.rows})
         path = out / "clip" / "results.csv"
         frame.to_csv(path, index=False)
-        print("\nCLIP-prompt detectors on a tiny random-weight CLIP (a wiring check, not a benchmark):\n")
+        print(f"\nCLIP-prompt detectors on a tiny random-weight CLIP (a wiring check, not a benchmark), "
+              f"{time.perf_counter() - stage:.0f} s:\n")
         print(render_summary(frame))
         written += [path, out / "clip" / "locoop"]
     return written
