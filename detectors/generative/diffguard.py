@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from detectors.base import Detector, ImageSet
 from detectors.generative.distances import SIMILARITIES, build_similarity, psnr
@@ -161,11 +162,14 @@ class DiffGuard(Detector):
         return str(names[label] if not isinstance(names, dict) else names.get(label, names.get(str(label))))
 
     # -- scoring --------------------------------------------------------------------------------------------
+    def logits(self, x01: torch.Tensor) -> torch.Tensor:
+        """The classifier's logits for images in [0,1] (cast to the classifier's dtype)."""
+        return self.classifier.forward_images(x01.to(self.classifier.head.weight.dtype))[0]
+
     def predict(self, x01: torch.Tensor) -> torch.Tensor:
         """The classifier's predicted labels [B] for images in [0,1]."""
         with torch.no_grad():
-            logits, _ = self.classifier.forward_images(x01.to(self.classifier.head.weight.dtype))
-        return logits.argmax(1)
+            return self.logits(x01).argmax(1)
 
     def stop_rule(self):
         """Early stop of inversion: PSNR(x_t, x_0) < early_stop_psnr or similarity < its threshold (None disables)."""
@@ -203,9 +207,8 @@ class DiffGuard(Detector):
     def reconstruct_latent(self, x01: torch.Tensor, labels: torch.Tensor, progress: bool = False) -> torch.Tensor:
         """Masked-CFG reconstruction in [0,1] of images x01 at the pipeline's resolution."""
         model = self.latent_model()
-        layer_name = self.gradcam_layer or last_spatial_block(self.classifier, lambda: self.classifier.forward_images(x01[:1]))
-        layer = self.classifier.get_submodule(layer_name)
-        cam = grad_cam(lambda x: self.classifier.forward_images(x.to(self.classifier.head.weight.dtype))[0], layer, x01, labels)
+        layer_name = self.gradcam_layer or last_spatial_block(self.classifier, lambda: self.logits(x01[:1]))
+        cam = grad_cam(self.logits, self.classifier.get_submodule(layer_name), x01, labels)
         mask = (cam > self.cam_threshold).unsqueeze(1)
         null = model.encode_text([""])
         cond = model.encode_text([self.prompt_template.format(self.class_name(int(y))) for y in labels.tolist()])
@@ -218,7 +221,8 @@ class DiffGuard(Detector):
         size = self.pixel_model().unet.config.sample_size if self.backend == "pixel" else self.latent_model().resolution
         distance = self.similarity(self.distance)
         scores = []
-        for start, images in batch.batches(self.batch_size):
+        total = -(-len(batch) // self.batch_size)
+        for start, images in tqdm(batch.batches(self.batch_size), total=total, desc=f"diffguard ({self.backend})", leave=False):
             x01 = images_to_tensor(images, int(size)).to(self.device)
             labels = self.predict(x01)
             if self.backend == "pixel":
