@@ -117,3 +117,21 @@ def test_latent_backend_masked_guidance(sd_folder, tiny_classifier, synthetic):
     noise = model.denoise_masked_cfg(torch.randn(zT.shape, generator=torch.Generator().manual_seed(0)), null,
                                      null.expand(2, -1, -1), torch.zeros(2, 1, 32, 32), 1.0)
     assert (back - z0).pow(2).mean() < 0.1 * (noise - z0).pow(2).mean()
+
+
+def test_stop_rule_is_psnr_or_similarity_below_threshold(tiny_classifier):
+    from detectors.generative.distances import psnr, ssim
+
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.rand(6, 3, 32, 32, generator=g) * 2 - 1
+    x_t = x0 + torch.linspace(0.05, 1.0, 6).view(-1, 1, 1, 1) * torch.randn(6, 3, 32, 32, generator=g)
+    a, b = (x_t + 1) / 2, (x0 + 1) / 2
+    p, s = psnr(a, b), ssim(a, b)
+    p_thr, s_thr = float(p.median()), float(s.quantile(0.25))
+    rule = detectors.build("diffguard", classifier=tiny_classifier, early_stop_psnr=p_thr, early_stop_similarity="ssim",
+                           early_stop_similarity_threshold=s_thr).stop_rule()
+    assert rule(x_t, x0).tolist() == ((p < p_thr) | (s < s_thr)).tolist()
+    off = detectors.build("diffguard", classifier=tiny_classifier, early_stop_psnr=None, early_stop_similarity=None)
+    assert off.stop_rule() is None
+    with pytest.raises(ValueError, match="early_stop_similarity"):
+        detectors.build("diffguard", early_stop_similarity="cosine")
