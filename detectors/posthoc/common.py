@@ -41,16 +41,31 @@ def logits_of(batch: Any, who: str) -> np.ndarray:
 
 def features_of(batch: Any, who: str) -> np.ndarray:
     """float64 penultimate features [N,D] of a FeatureSet or an array-like of features."""
-    if isinstance(batch, FeatureSet):
-        batch.require("features", who=who)
-        batch = batch.features
-    out = as_numpy(batch, np.float64)
-    if out.ndim != 2:
-        raise ValueError(f"{who} needs features of shape [N,D], got {out.shape}")
-    return out
+    return np.asarray(raw_features(batch, who), dtype=np.float64)
 
 
 def labels_of(data: FeatureSet, who: str) -> np.ndarray:
     """int64 class labels [N] of a FeatureSet (raises when it has none)."""
     data.require("labels", who=who)
     return np.asarray(data.labels).astype(np.int64).reshape(-1)
+
+
+def raw_features(batch: Any, who: str) -> np.ndarray:
+    """Features [N,D] of a FeatureSet or array-like in their own float dtype (no float64 copy of a float32 cache)."""
+    if isinstance(batch, FeatureSet):
+        batch.require("features", who=who)
+        batch = batch.features
+    out = as_numpy(batch)
+    if out.ndim != 2:
+        raise ValueError(f"{who} needs features of shape [N,D], got {out.shape}")
+    return out if out.dtype in (np.float32, np.float64) else out.astype(np.float32)
+
+
+def float32_features(batch: Any, who: str) -> np.ndarray:
+    """float32 features (no copy when already float32): for faiss and projections through the head in model precision."""
+    return np.asarray(raw_features(batch, who), dtype=np.float32)
+
+
+def feature_mean(batch: Any, who: str) -> np.ndarray:
+    """float64 mean feature, accumulated in float64 without converting the whole array."""
+    return np.mean(raw_features(batch, who), axis=0, dtype=np.float64)

@@ -5,7 +5,7 @@ import numpy as np
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import logsumexp
-from detectors.posthoc.knn import feature_mean, float32_features
+from detectors.posthoc.common import feature_mean, float32_features
 from detectors.registry import register_detector
 
 

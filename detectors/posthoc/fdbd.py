@@ -5,7 +5,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.knn import feature_mean, float32_features
+from detectors.posthoc.common import feature_mean, float32_features
 from detectors.registry import register_detector
 
 BLOCK_ROWS = 4096

@@ -4,31 +4,11 @@ from __future__ import annotations
 import numpy as np
 from tqdm.auto import tqdm
 
-from detectors.base import Detector, FeatureSet, as_numpy
+from detectors.base import Detector, FeatureSet
+from detectors.posthoc.common import float32_features
 from detectors.registry import register_detector
 
 QUERY_BLOCK = 8192
-
-
-def raw_features(batch, who: str) -> np.ndarray:
-    """Features [N,D] of a FeatureSet or array-like in their own float dtype (no float64 copy of a float32 cache)."""
-    if isinstance(batch, FeatureSet):
-        batch.require("features", who=who)
-        batch = batch.features
-    out = as_numpy(batch)
-    if out.ndim != 2:
-        raise ValueError(f"{who} needs features of shape [N,D], got {out.shape}")
-    return out if out.dtype in (np.float32, np.float64) else out.astype(np.float32)
-
-
-def float32_features(batch, who: str) -> np.ndarray:
-    """float32 features (no copy when already float32): for faiss and projections through the head in model precision."""
-    return np.asarray(raw_features(batch, who), dtype=np.float32)
-
-
-def feature_mean(batch, who: str) -> np.ndarray:
-    """float64 mean feature, accumulated in float64 without converting the whole array."""
-    return np.mean(raw_features(batch, who), axis=0, dtype=np.float64)
 
 
 def l2_normalise(features: np.ndarray) -> np.ndarray:

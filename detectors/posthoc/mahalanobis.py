@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import labels_of
-from detectors.posthoc.knn import raw_features
+from detectors.posthoc.common import raw_features
 from detectors.registry import register_detector
 
 BLOCK_ROWS = 4096

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.knn import feature_mean, float32_features, raw_features
+from detectors.posthoc.common import feature_mean, float32_features, raw_features
 from detectors.posthoc.vim import ranked_eigenvectors, resolve_dim
 from detectors.registry import register_detector
 

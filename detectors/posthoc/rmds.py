@@ -5,7 +5,7 @@ import numpy as np
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import labels_of
-from detectors.posthoc.knn import feature_mean, raw_features
+from detectors.posthoc.common import feature_mean, raw_features
 from detectors.posthoc.mahalanobis import class_centred, class_means, min_squared_mahalanobis, tied_precision
 from detectors.registry import register_detector
 

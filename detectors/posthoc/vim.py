@@ -6,7 +6,7 @@ import scipy.linalg
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import logsumexp
-from detectors.posthoc.knn import float32_features, raw_features
+from detectors.posthoc.common import float32_features, raw_features
 from detectors.registry import register_detector
 
 
