@@ -14,13 +14,7 @@ from pipelines.training import MultiGranularity, finetune, train_heads
 COLOURS = [(220, 30, 30), (30, 200, 30), (30, 30, 220)]
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny models train fastest on one thread (the shared test machine is oversubscribed otherwise)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 
 class TinyNet(nn.Module):
@@ -149,7 +143,7 @@ def test_multi_granularity_heads_save_and_load(tmp_path):
 
 
 DDP_SCRIPT = """
-import json, sys, torch
+import json, os, sys, torch
 from torch import nn
 from pipelines.classifier import ImageClassifier
 from pipelines.data import read_manifest
@@ -168,8 +162,9 @@ clf = ImageClassifier.from_module(Net(), image_size=16)
 objective = MultiGranularity({"genus": "genus"})
 manifest = read_manifest(sys.argv[1])
 result = finetune(clf, manifest, epochs=2, batch_size=4, lr=1e-2, warmup_epochs=0, objective=objective, val=manifest, seed=0)
-print("RESULT", json.dumps({"steps": result.steps, "loss": result.final["loss"], "head": clf.head.weight.sum().item(),
-                            "genus": objective.level_heads["genus"].weight.sum().item()}))
+with open(os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.json"), "w") as fh:  # one file per rank: stdout interleaves
+    json.dump({"steps": result.steps, "loss": result.final["loss"], "head": clf.head.weight.sum().item(),
+               "genus": objective.level_heads["genus"].weight.sum().item()}, fh)
 """
 
 
@@ -184,10 +179,10 @@ def test_two_processes_shard_batches_and_keep_weights_in_sync(tmp_path):
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(script), str(train.root)], capture_output=True,
-                          text=True, timeout=240, cwd=Path(__file__).parents[2])
+    done = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(script), str(train.root), str(tmp_path)],
+                          capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
-    results = [json.loads(line.split("RESULT", 1)[1]) for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert len(results) == 2
     assert results[0] == results[1]  # same weights, same (all-reduced) loss on both ranks
     assert results[0]["steps"] == 2 * 3  # 2 epochs x (6 batches / 2 processes)

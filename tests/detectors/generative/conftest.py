@@ -9,12 +9,8 @@ from pipelines.classifier import ImageClassifier
 
 
 @pytest.fixture(autouse=True)
-def single_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared machine extra threads only oversubscribe."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _single_thread(single_torch_thread):
+    """Every generative test runs on one torch thread (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")
