@@ -29,7 +29,7 @@ from pipelines.io import atomic_path, atomic_write_json
 FEATURE_INPUTS = frozenset({"features", "logits"})
 RESULT_COLUMNS = ["method", "family", "ood_set", "group", "auroc", "fpr95", "fpr95_id", "aupr_in", "aupr_out", "n_id", "n_ood", "seconds"]
 CONFIG_KEYS = {"model", "id", "ood", "detectors", "families", "out", "cache_dir", "batch_size", "device", "precision",
-               "num_workers", "select", "threshold_transfer", "class_names", "aux", "fewshot"}
+               "num_workers", "select", "threshold_transfer", "class_names", "aux", "fewshot", "head"}
 
 
 @dataclass
@@ -62,6 +62,7 @@ class EvalConfig:
     class_names: list[str] | None = None
     aux: dict[str, Any] | None = None
     fewshot: dict[str, Any] | None = None  # detectors.clip.fewshot.sweep config: model, manifest, methods, shots, seeds
+    head: dict[str, str] | None = None  # {levels: MultiGranularity folder, level: name}: score with that label head
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "config") -> "EvalConfig":
@@ -228,6 +229,8 @@ class Runner:
             for split in [*id_splits.values(), *ood_splits]:
                 if len(split.manifest):
                     self._features(split)
+            if cfg.head:
+                self._use_level_head([s for s in [*id_splits.values(), *ood_splits] if s.features is not None])
         class_names = cfg.class_names or _class_names(id_splits["train"].manifest)
         aux = self._aux_features()
         rows, score_frames, scores_by_method = [], [], {}
@@ -278,6 +281,24 @@ class Runner:
                           {s.name: ImageSet(manifest=s.manifest) for s in ood_splits}, {s.name: s.group for s in ood_splits}, names)
         _write_csv(pd.DataFrame(rows), self.out / "fewshot.csv")
         plot_fewshot(rows, str(sweep_config.get("plot", self.out / "fewshot.png")))
+
+    def _use_level_head(self, splits: list[Split]) -> None:
+        """Score with one head of a multi-granularity classifier: its logits, and ID labels from its level's field."""
+        from detectors.base import LinearHead
+        from pipelines.training import MultiGranularity
+
+        spec = self.config.head or {}
+        if set(spec) != {"levels", "level"}:
+            raise ValueError(f"config 'head' takes exactly the keys levels (a MultiGranularity folder) and level, got {sorted(spec)}")
+        objective = MultiGranularity.from_pretrained(spec["levels"])
+        self.head = LinearHead(*objective.level_head(spec["level"]))
+        field_name = objective.levels[spec["level"]]
+        vocab = {v: i for i, v in enumerate(objective.vocab[spec["level"]])}
+        for split in splits:
+            rows = [split.manifest.rows[i] for i in split.index]
+            labels = np.array([vocab.get(r.get(field_name), -1) if r["role"] == "id" else -1 for r in rows], dtype=np.int64)
+            features = split.features.features
+            split.features = FeatureSet(features, self.head(features.astype(np.float64)).astype(np.float32), labels)
 
     def _aux_features(self) -> FeatureSet | None:
         if not self.config.aux:

@@ -1,4 +1,6 @@
 """The evaluation runner end to end on the embedded digits data with a tiny transformers classifier."""
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -6,10 +8,11 @@ import torch
 import yaml
 
 from detectors import build
+from detectors.base import FeatureSet, LinearHead
 from detectors.evaluate import EvalConfig, Runner, run_config
 from detectors.metrics import evaluate, precision_recall_at, threshold_at_tpr
 from pipelines.classifier import ImageClassifier
-from pipelines.data import read_manifest
+from pipelines.data import read_manifest, write_manifest
 from pipelines.features import extract_features
 from pipelines.toydata import tiny_digit_classifier_config, write_digits
 
@@ -114,3 +117,39 @@ def test_fewshot_sweep_through_runner(tmp_path):
     assert set(rows["group"]) == {"far", "near"} and rows["auroc"].between(0, 100).all()
     assert (tmp_path / "out" / "fewshot.png").stat().st_size > 0
     assert (tmp_path / "out" / "fewshot" / "locoop-2shot-seed1" / "model.safetensors").is_file()
+
+
+def test_level_head_of_a_multi_granularity_classifier(digits, tmp_path):
+    """`head: {levels, level}` scores with that level's head and takes ID labels from its field."""
+    from pipelines.training import MultiGranularity
+
+    id_dir, ood_dir, model = digits
+    clf = ImageClassifier.from_pretrained(model)
+    levels = MultiGranularity({"parity": "parity"})
+    idm = read_manifest(id_dir)
+    levels.fit_targets({"parity": ["even", "odd"]})
+    torch.manual_seed(1)
+    levels.setup(clf.head.in_features, clf.num_classes)
+    levels.save_pretrained(tmp_path / "levels")
+    rows = [{**r, "parity": "even" if r["label"] % 2 == 0 else "odd"} for r in idm.rows]
+    parity_dir = tmp_path / "parity_id"  # the same images (manifest_info.json points at them), plus a parity field
+    write_manifest(parity_dir, rows)
+    (parity_dir / "manifest_info.json").write_text(json.dumps({"image_root": str(id_dir)}))
+    results = run_config(_config(digits, tmp_path / "run", id=str(parity_dir), detectors=["msp", "mds"],
+                                 ood=[{"manifest": str(ood_dir), "sets": ["texture"]}],
+                                 head={"levels": str(tmp_path / "levels"), "level": "parity"}))
+
+    head = LinearHead(*levels.level_head("parity"))
+    pm = read_manifest(parity_dir)
+    sets = {}
+    for name, manifest in (("train", pm.select(split="train")), ("test", pm.select(split="test")),
+                           ("texture", read_manifest(ood_dir).select(ood_set="texture"))):
+        cache = extract_features(clf, manifest)
+        labels = np.array([0 if manifest.rows[i].get("parity") == "even" else 1 for i in cache.index])
+        sets[name] = FeatureSet(cache.features, head(cache.features.astype(np.float64)), labels)
+    for name in ("msp", "mds"):
+        det = build(name).fit(sets["train"], head=head)
+        expect = evaluate(det.score(sets["test"]), det.score(sets["texture"]))
+        got = results[results.method == name].iloc[0]
+        assert got["auroc"] == pytest.approx(expect["auroc"], abs=1e-6)
+        assert got["fpr95"] == pytest.approx(expect["fpr95"], abs=1e-6)
