@@ -6,15 +6,20 @@ from typing import Any
 import numpy as np
 
 from detectors.base import Detector
-from detectors.posthoc.common import features_of, softmax
+from detectors.posthoc.common import raw_features, softmax
 from detectors.registry import register_detector
 
 
 def gradnorm_score(features: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
-    """Closed form ||dKL(u || softmax(Wh + b)) / dW||_1 = ||h||_1 * ||softmax(Wh + b) - u||_1 (float64, no backward)."""
-    h = np.asarray(features, dtype=np.float64)
-    probs = softmax(h @ weight.T + bias)
-    return np.abs(h).sum(axis=1) * np.abs(probs - 1.0 / weight.shape[0]).sum(axis=1)
+    """Closed form ||dKL(u || softmax(Wh + b)) / dW||_1 = ||h||_1 * ||softmax(Wh + b) - u||_1 (no backward).
+
+    The projection runs in the features' precision (float32 for a feature cache, as the model computed it); the norms
+    and the softmax in float64.
+    """
+    h = np.asarray(features)
+    logits = h @ weight.T.astype(h.dtype, copy=False) + bias.astype(h.dtype, copy=False)
+    probs = softmax(logits)
+    return np.abs(h).sum(axis=1, dtype=np.float64) * np.abs(probs - 1.0 / weight.shape[0]).sum(axis=1)
 
 
 @register_detector("gradnorm")
@@ -31,4 +36,4 @@ class GradNorm(Detector):
     def _score(self, batch: Any) -> np.ndarray:
         if self.head is None:
             raise RuntimeError("gradnorm: call fit(..., head=LinearHead(W, b)) before score()")
-        return gradnorm_score(features_of(batch, self.name), self.head.weight, self.head.bias)
+        return gradnorm_score(raw_features(batch, self.name), self.head.weight, self.head.bias)
