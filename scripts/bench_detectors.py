@@ -57,7 +57,8 @@ FLOPS: dict[str, FlopFormula] = {
     # head projections run in float32 (the model's precision), statistics and quadratic forms in float64
     "react": lambda s, d: {"fit": (0, 0), "score": (_head_projection(s), 0)},
     "dice": lambda s, d: {"fit": (0, 0), "score": (_head_projection(s), 0)},
-    "ash": lambda s, d: {"fit": (0, 0), "score": (_head_projection(s), 0)},
+    # ASH sums only the k kept columns of W per row (k = D - round(D * percentile / 100))
+    "ash": lambda s, d: {"fit": (0, 0), "score": (2.0 * s["M"] * (s["D"] - round(s["D"] * d.percentile / 100)) * s["C"], 0)},
     "fdbd": lambda s, d: {"fit": (0, 2.0 * s["C"] ** 2 * s["D"] / 2), "score": (_head_projection(s), 0)},
     "nci": lambda s, d: {"fit": (0, 0), "score": (_head_projection(s), 0)},
     # covariance N D^2 (symmetric rank-N update), inverse via Cholesky; score: t @ P and t P @ means^T

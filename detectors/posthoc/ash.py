@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import logsumexp
@@ -12,11 +13,8 @@ from detectors.registry import register_detector
 VARIANTS = ("b", "p", "s")
 
 
-def ash(features: np.ndarray, percentile: float, variant: str) -> np.ndarray:
-    """Activation shaping of rows [N,D] (in their dtype; sums in float64): keep the k = D - round(D * percentile / 100) largest entries per row.
-
-    b: the kept entries become sum(h) / k; p: they keep their values; s: kept values times exp(sum(h) / sum(kept)).
-    """
+def _kept(features: np.ndarray, percentile: float, variant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the shaped values [N,k] and unit indices [N,k] of the k = D - round(D * percentile / 100) largest entries."""
     if variant not in VARIANTS:
         raise ValueError(f"ash: variant={variant!r} must be one of {VARIANTS}")
     if not 0 <= percentile < 100:
@@ -32,7 +30,23 @@ def ash(features: np.ndarray, percentile: float, variant: str) -> np.ndarray:
         kept = (total / k).to(x.dtype).expand_as(kept)
     elif variant == "s":
         kept = (kept * torch.exp(total / kept.sum(dim=1, keepdim=True, dtype=torch.float64))).to(x.dtype)
-    return torch.zeros_like(x).scatter_(1, index, kept).numpy()
+    return kept, index
+
+
+def ash(features: np.ndarray, percentile: float, variant: str) -> np.ndarray:
+    """Activation shaping of rows [N,D] (in their dtype; sums in float64), dense: the kept entries are
+    b: sum(h) / k; p: their values; s: their values times exp(sum(h) / sum(kept)); all others 0."""
+    kept, index = _kept(features, percentile, variant)
+    return torch.zeros(features.shape, dtype=kept.dtype).scatter_(1, index, kept).numpy()
+
+
+def ash_logits(features: np.ndarray, weight: np.ndarray, bias: np.ndarray, percentile: float, variant: str) -> np.ndarray:
+    """W ash(h) + b without forming ash(h): a weighted sum of the k kept columns of W per row (embedding_bag),
+    N k C multiply-adds instead of the dense N D C."""
+    kept, index = _kept(features, percentile, variant)
+    columns = torch.from_numpy(np.ascontiguousarray(weight.T, dtype=features.dtype))
+    logits = F.embedding_bag(index, columns, per_sample_weights=kept.contiguous(), mode="sum")
+    return logits.numpy() + bias.astype(logits.numpy().dtype, copy=False)
 
 
 @register_detector("ash")
@@ -52,4 +66,5 @@ class ASH(Detector):
             raise ValueError(f"ash: variant={self.variant!r} must be one of {VARIANTS}")
 
     def _score(self, batch) -> np.ndarray:
-        return logsumexp(self.head(ash(float32_features(batch, self.name), self.percentile, self.variant)))
+        features = float32_features(batch, self.name)
+        return logsumexp(ash_logits(features, self.head.weight, self.head.bias, self.percentile, self.variant))

@@ -40,3 +40,15 @@ def test_ash_p_at_percentile_0_is_plain_energy_and_bad_variant_raises():
     np.testing.assert_allclose(det.score(FeatureSet(test)), logsumexp(test @ head.weight.T + head.bias, axis=1), rtol=1e-5)
     with pytest.raises(ValueError, match="variant"):
         detectors.build("ash", variant="x").fit(FeatureSet(test), head=head)
+
+
+@pytest.mark.parametrize("variant", ["b", "p", "s"])
+def test_sparse_logits_equal_the_dense_head_product(variant):
+    """ash_logits sums the kept columns of W (embedding_bag); it must equal W ash(h) + b formed densely in float64."""
+    from detectors.posthoc.ash import ash, ash_logits
+
+    rng = np.random.default_rng(2)
+    h = np.abs(rng.normal(size=(40, 64)))
+    weight, bias = rng.normal(size=(7, 64)), rng.normal(size=7)
+    dense = ash(h, 90, variant) @ weight.T + bias
+    np.testing.assert_allclose(ash_logits(h, weight, bias, 90, variant), dense, rtol=1e-12, atol=1e-12)
