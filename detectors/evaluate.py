@@ -25,6 +25,7 @@ from detectors.registry import available, detector_class
 from detectors.selection import select
 from pipelines.data import Manifest, read_manifest
 from pipelines.io import atomic_path, atomic_write_json
+from pipelines.runtime import partial_state
 
 FEATURE_INPUTS = frozenset({"features", "logits"})
 RESULT_COLUMNS = ["method", "family", "ood_set", "group", "auroc", "fpr95", "fpr95_id", "aupr_in", "aupr_out", "n_id", "n_ood", "seconds"]
@@ -256,6 +257,8 @@ class Runner:
                                                  _positions(split, det), ood_scores))
             scores_by_method[spec.method] = (id_scores, per_set, {s.name: s for s in ood_splits})
         results = pd.DataFrame(rows, columns=RESULT_COLUMNS)
+        if not partial_state().is_main_process:  # under accelerate every process scores; one writes
+            return results
         _write_csv(results, self.out / "results.csv")
         scores = pd.concat(score_frames, ignore_index=True) if score_frames else pd.DataFrame()
         with atomic_path(self.out / "scores.parquet") as tmp:

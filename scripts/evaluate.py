@@ -24,6 +24,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.detectors:
         config.detectors = [d.strip() for d in args.detectors.split(",") if d.strip()]
     results = Runner(config).run()
+    from pipelines.runtime import partial_state
+
+    if not partial_state().is_main_process:
+        return
     dump_config(config, Path(config.out) / "config.yaml")
     from detectors.report import render_summary
 
