@@ -153,3 +153,23 @@ def test_level_head_of_a_multi_granularity_classifier(digits, tmp_path):
         got = results[results.method == name].iloc[0]
         assert got["auroc"] == pytest.approx(expect["auroc"], abs=1e-6)
         assert got["fpr95"] == pytest.approx(expect["fpr95"], abs=1e-6)
+
+
+def test_two_processes_give_the_one_process_results(digits, tmp_path):
+    """torchrun with 2 CPU processes: features are split across processes and gathered; the table is the same."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    config = _config(digits, tmp_path / "two", detectors=["msp", "knn"])
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(config))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    done = subprocess.run([str(torchrun), "--nproc_per_node", "2", "scripts/evaluate.py", "--config", str(path)],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = pd.read_csv(tmp_path / "two" / "results.csv")
+    one = run_config({**config, "out": str(tmp_path / "one")})
+    columns = ["auroc", "fpr95", "fpr95_id", "aupr_in", "aupr_out", "n_id", "n_ood"]
+    pd.testing.assert_frame_equal(two[["method", "ood_set", *columns]], one[["method", "ood_set", *columns]],
+                                  check_exact=False, atol=1e-6)
