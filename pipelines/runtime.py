@@ -90,6 +90,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def diffusers_dtype(dtype: torch.dtype) -> dict[str, torch.dtype]:
+    """The dtype keyword of diffusers' `from_pretrained`: `dtype` from 0.42 on (which deprecates `torch_dtype`)."""
+    from importlib.metadata import version
+
+    major, minor = (int(part) for part in version("diffusers").split(".")[:2])
+    return {"dtype": dtype} if (major, minor) >= (0, 42) else {"torch_dtype": dtype}
+
+
 def is_local(path_or_id: str | os.PathLike) -> bool:
     """True when the argument names an existing local folder or file."""
     return Path(path_or_id).expanduser().exists()

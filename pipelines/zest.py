@@ -24,7 +24,8 @@ from PIL import Image
 from pipelines.data import to_rgb
 from pipelines.depth import DepthEstimator
 from pipelines.masks import binarise, foreground_masks, grayscale_init
-from pipelines.runtime import enable_attention, item_generator, item_seed, load_pretrained, resolve_device, resolve_dtype
+from pipelines.runtime import (diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained, resolve_device,
+                               resolve_dtype)
 
 PROMPT = "best quality, high quality"
 NEGATIVE_PROMPT = "monochrome, lowres, bad anatomy, worst quality, low quality"
@@ -150,12 +151,12 @@ class ZeSTPipeline:
         if dtype is None or isinstance(dtype, str):
             dtype = resolve_dtype(dtype or "auto", device)
         controlnet = load_pretrained(ControlNetModel.from_pretrained, cfg.controlnet, "depth ControlNet",
-                                     torch_dtype=dtype)
+                                     **diffusers_dtype(dtype))
         components: dict[str, Any] = {"controlnet": controlnet}
         if cfg.vae is not None:
-            components["vae"] = load_pretrained(AutoencoderKL.from_pretrained, cfg.vae, "VAE", torch_dtype=dtype)
+            components["vae"] = load_pretrained(AutoencoderKL.from_pretrained, cfg.vae, "VAE", **diffusers_dtype(dtype))
         pipe = load_pretrained(diffusers_pipeline_class().from_pretrained, cfg.base, "SDXL base pipeline",
-                               torch_dtype=dtype, add_watermarker=False, **components)
+                               **diffusers_dtype(dtype), add_watermarker=False, **components)
         load_pretrained(pipe.load_ip_adapter, cfg.ip_adapter, "IP-Adapter", subfolder=cfg.ip_adapter_subfolder,
                         weight_name=cfg.ip_adapter_weight, image_encoder_folder=cfg.image_encoder)
         depth = DepthEstimator.from_pretrained(cfg.depth, device=device, dtype=dtype)

@@ -23,7 +23,7 @@ from detectors.generative.gradcam import grad_cam, last_spatial_block
 from detectors.generative.latent_backend import LatentDiffusion
 from detectors.generative.pixel_backend import ClassifierGuidance, PixelDiffusion, denoise_from, invert_with_early_stop
 from detectors.registry import register_detector
-from pipelines.runtime import enable_attention, item_generator, item_seed, load_pretrained, resolve_dtype
+from pipelines.runtime import diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained, resolve_dtype
 
 DEFAULT_SD_ID = "stable-diffusion-v1-5/stable-diffusion-v1-5"
 
@@ -135,7 +135,7 @@ class DiffGuard(Detector):
                 from diffusers import StableDiffusionPipeline
 
                 pipe = load_pretrained(StableDiffusionPipeline.from_pretrained, self.sd_id, "DIFFGUARD Stable Diffusion",
-                                       torch_dtype=self.dtype, safety_checker=None, requires_safety_checker=False)
+                                       **diffusers_dtype(self.dtype), safety_checker=None, requires_safety_checker=False)
             pipe = pipe.to(self.device)
             if pipe.unet.dtype != self.dtype:
                 pipe = pipe.to(dtype=self.dtype)
