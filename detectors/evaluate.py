@@ -165,9 +165,8 @@ class Runner:
                 out.append(Split(name, part, group))
         return out
 
-    def _need(self, inputs: str) -> bool:
-        feature_like = [s for s in self.specs if detector_class(s.name).inputs <= FEATURE_INPUTS]
-        return bool(feature_like) if inputs == "features" else len(feature_like) < len(self.specs)
+    def _needs_features(self) -> bool:
+        return any(reads_features(detector_class(s.name)) for s in self.specs)
 
     def _load_classifier(self):
         from pipelines.classifier import ImageClassifier
@@ -204,7 +203,7 @@ class Runner:
         return cls(**params)
 
     def _fit(self, det: Detector, spec: DetectorSpec, id_splits: dict[str, Split], aux: Any) -> None:
-        images = not (type(det).inputs <= FEATURE_INPUTS)
+        images = not reads_features(type(det))
         train = ImageSet(manifest=id_splits["train"].manifest) if images else id_splits["train"].features
         val_split = id_splits["val"]
         val = None
@@ -218,7 +217,7 @@ class Runner:
         det.fit(train, **kwargs)
 
     def _batch(self, det: Detector, split: Split):
-        return split.features if type(det).inputs <= FEATURE_INPUTS else ImageSet(manifest=split.manifest)
+        return split.features if reads_features(type(det)) else ImageSet(manifest=split.manifest)
 
     def run(self) -> pd.DataFrame:
         """Fit and score every detector; write the output files; return the results table."""
@@ -226,7 +225,7 @@ class Runner:
         self.out.mkdir(parents=True, exist_ok=True)
         id_splits = self._id_splits()
         ood_splits = self._ood_splits()
-        if self._need("features"):
+        if self._needs_features():
             for split in [*id_splits.values(), *ood_splits]:
                 if len(split.manifest):
                     self._features(split)
@@ -347,10 +346,15 @@ class Runner:
         return pd.DataFrame(rows)
 
 
+def reads_features(cls: type[Detector]) -> bool:
+    """True for detectors scored on cached features/logits (FeatureSet), False for those reading pixels (ImageSet)."""
+    return cls.inputs <= FEATURE_INPUTS
+
+
 def _selectable(spec: DetectorSpec) -> bool:
     """Post-hoc-style detectors with a sweep (training-time methods need auxiliary data and are not swept here)."""
     cls = detector_class(spec.name)
-    return cls.inputs <= FEATURE_INPUTS and bool(cls.search_space) and spec.load is None and cls.family != "training"
+    return reads_features(cls) and bool(cls.search_space) and spec.load is None and cls.family != "training"
 
 
 def _class_names(manifest: Manifest) -> list[str] | None:
@@ -365,7 +369,7 @@ def _class_names(manifest: Manifest) -> list[str] | None:
 
 
 def _positions(split: Split, det: Detector) -> np.ndarray:
-    if type(det).inputs <= FEATURE_INPUTS and split.index is not None:
+    if reads_features(type(det)) and split.index is not None:
         return split.index
     return np.arange(len(split.manifest))
 
