@@ -83,11 +83,11 @@ class FeatureCache:
                    arrays["head.bias"], meta)
 
 
-def cache_path(cache_dir: str | os.PathLike, model_id: str, manifest: Manifest, name: str) -> Path:
-    """`cache_dir/<model>-<name>-<fingerprint>.safetensors`, unique per (model, manifest selection)."""
-    model_tag = hashlib.sha256(str(model_id).encode()).hexdigest()[:8]
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{Path(str(model_id)).name}-{name}")
-    return Path(cache_dir) / f"{safe}-{model_tag}-{manifest.fingerprint()}.safetensors"
+def cache_path(cache_dir: str | os.PathLike, name: str, key: str) -> Path:
+    """`cache_dir/<name>-<key>.safetensors`; `key` is a content key (`pipelines.fingerprint`) of everything that decides
+    the cache's content, so a changed model, preprocessing, precision, row or image file never reuses a stale file."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return Path(cache_dir) / f"{safe}-{key}.safetensors"
 
 
 class _ManifestImages(Dataset):
@@ -114,16 +114,18 @@ def _collate(items: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
 @torch.inference_mode()
 def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_size: int = 64, device: str | None = None,
                      precision: str = "auto", num_workers: int = 0, cache: str | os.PathLike | None = None,
-                     desc: str = "features") -> FeatureCache:
+                     desc: str = "features", key: str | None = None) -> FeatureCache:
     """Run `classifier` once over every row of `manifest` (already the wanted selection) and return the cache.
 
-    With `cache`, an existing file for the same model and manifest fingerprint is loaded instead, and a new result is
-    written there. Rows are split across accelerate processes; unreadable images are recorded in
+    With `cache`, an existing file is loaded instead when its metadata carries the same content `key` (or, without a key,
+    the same model id and manifest fingerprint), and a new result is written there. Rows are split across accelerate processes; unreadable images are recorded in
     `metadata["failures"]` and left out (`index` says which rows are present).
     """
     if cache is not None and Path(cache).is_file():
         found = FeatureCache.load(cache)
-        if found.metadata.get("manifest") == manifest.fingerprint() and found.metadata.get("model") == classifier.model_id:
+        same = (found.metadata.get("key") == key if key is not None else
+                found.metadata.get("manifest") == manifest.fingerprint() and found.metadata.get("model") == classifier.model_id)
+        if same:
             return found
     state = partial_state()
     device = resolve_device(device) if device is not None else state.device
@@ -165,7 +167,7 @@ def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_s
         index=order_index[order],
         head_weight=classifier.head.weight.detach().float().cpu().numpy(),
         head_bias=classifier.head.bias.detach().float().cpu().numpy(),
-        metadata={"model": classifier.model_id, "manifest": manifest.fingerprint(), "dtype": str(dtype).replace("torch.", ""),
+        metadata={"model": classifier.model_id, "manifest": manifest.fingerprint(), "key": key or "", "dtype": str(dtype).replace("torch.", ""),
                   "failures": sorted((f for p in parts for f in p[3]), key=lambda f: f["index"])},
     )
     if cache is not None and state.is_main_process:

@@ -15,6 +15,8 @@ from tqdm.auto import tqdm
 from detectors.base import Detector, ImageSet, as_numpy
 from detectors.posthoc.common import softmax
 from detectors.registry import register_detector
+from pipelines.data import Manifest
+from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 
 
 def odin_perturb(classifier: Any, pixel_values: torch.Tensor, temperature: float, noise: float) -> torch.Tensor:
@@ -43,11 +45,18 @@ class ODIN(Detector):
     defaults: dict[str, Any] = {"temperature": 1000.0, "noise": 0.0014}
     search_space: dict[str, list[Any]] = {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]}
 
-    def __init__(self, classifier: Any = None, batch_size: int = 32, **params: Any) -> None:
-        """`classifier`: an ImageClassifier (forward -> (logits, features), `.preprocess`, `.std`); kept out of params."""
+    def __init__(self, classifier: Any = None, batch_size: int = 32, device: str | None = None, precision: str = "fp32",
+                 **params: Any) -> None:
+        """`classifier`: an ImageClassifier (forward -> (logits, features), `.preprocess`, `.std`); kept out of params.
+        `device` (default: the classifier's, or the process's accelerator under accelerate) and `precision`: fp32 by
+        default as in OpenOOD, also when the runner's precision is `auto` (the 0.0014 step is below bf16's resolution
+        of normalised pixels, so a bf16 forward pass would quantise most of the perturbation away); an explicit
+        bf16/fp16 runs the forward passes under autocast."""
         super().__init__(**params)
         self.classifier = classifier
         self.batch_size = int(batch_size)
+        self.device, self.precision = device, precision
+        resolve_dtype(precision)  # a bad precision fails at construction
 
     def _chunks(self, batch: Any) -> tuple[Any, int]:
         """Normalised pixel-value batches [b,3,H,W] and their number."""
@@ -62,9 +71,32 @@ class ODIN(Detector):
     def _score(self, batch: Any) -> np.ndarray:
         if self.classifier is None:
             raise ValueError("odin needs the classifier: build('odin', classifier=ImageClassifier...)")
+        state = partial_state()
+        if isinstance(batch, ImageSet) and batch.manifest is not None and state.num_processes > 1:
+            return self._score_shards(batch, state)
+        return self._score_local(batch)
+
+    def _score_shards(self, batch: ImageSet, state: Any) -> np.ndarray:
+        """Each process scores its share of the rows (as feature extraction does); the scores are gathered in order."""
+        from accelerate.utils import gather_object
+
+        rows = batch.manifest.rows
+        with state.split_between_processes(list(range(len(rows)))) as mine:
+            part = ImageSet(manifest=Manifest(batch.manifest.root, [rows[i] for i in mine]))
+            scores = self._score_local(part) if mine else np.zeros(0)
+            pieces = gather_object([(list(mine), scores.tolist())])
+        out = np.empty(len(rows), dtype=np.float64)
+        for positions, values in pieces:
+            out[positions] = values
+        return out
+
+    def _score_local(self, batch: Any) -> np.ndarray:
         temperature, noise = float(self.params["temperature"]), float(self.params["noise"])
         model = self.classifier
+        if self.device is not None or partial_state().num_processes > 1:
+            model.to(resolve_device(self.device) if self.device is not None else partial_state().device)
         param = next(model.parameters())
+        dtype = resolve_dtype(self.precision, param.device)
         modes = [(module, module.training) for module in model.modules()]  # restored exactly, module by module
         model.eval()
         scores = []
@@ -72,9 +104,10 @@ class ODIN(Detector):
             chunks, total = self._chunks(batch)
             for x in tqdm(chunks, total=total, desc="odin", leave=False, disable=total < 2):
                 x = x.to(device=param.device, dtype=param.dtype)
-                perturbed = odin_perturb(model, x, temperature, noise)
-                with torch.no_grad():
-                    logits = model(perturbed)[0]
+                with torch.autocast(param.device.type, dtype=dtype, enabled=dtype != torch.float32):
+                    perturbed = odin_perturb(model, x, temperature, noise)
+                    with torch.no_grad():
+                        logits = model(perturbed)[0]
                 scores.append(softmax(as_numpy(logits, np.float64) / temperature).max(axis=1))
         finally:
             for module, training in modes:

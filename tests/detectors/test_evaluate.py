@@ -14,31 +14,12 @@ from detectors.metrics import evaluate, precision_recall_at, threshold_at_tpr
 from pipelines.classifier import ImageClassifier
 from pipelines.data import read_manifest, write_manifest
 from pipelines.features import extract_features
-from pipelines.toydata import tiny_digit_classifier_config, write_digits
-
-
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory):
-    from transformers import ResNetForImageClassification
-
-    from pipelines.training import finetune
-
-    root = tmp_path_factory.mktemp("digits")
-    id_dir, ood_dir = write_digits(root, n_textures=40)
-    torch.manual_seed(0)
-    config, processor = tiny_digit_classifier_config()
-    folder = root / "clf"
-    ResNetForImageClassification(config).save_pretrained(folder)
-    processor.save_pretrained(folder)
-    clf = ImageClassifier.from_pretrained(folder)
-    finetune(clf, read_manifest(id_dir).select(split="train"), epochs=3, lr=3e-3, batch_size=32, warmup_epochs=0, seed=0)
-    clf.save_pretrained(folder)
-    return id_dir, ood_dir, folder
+from pipelines.toydata import write_digits
+from runner_helpers import eval_config
 
 
 def _config(digits, out, **extra):
-    id_dir, ood_dir, model = digits
-    return {"model": str(model), "id": str(id_dir), "ood": [{"manifest": str(ood_dir)}], "out": str(out), **extra}
+    return eval_config(digits, out, **extra)
 
 
 def test_runner_matches_direct_computation(digits, tmp_path):
@@ -87,20 +68,45 @@ def test_yaml_config_errors(tmp_path):
     path.write_text(yaml.safe_dump({"ood": [], "out": "o"}))
     with pytest.raises(ValueError, match="'id'"):
         EvalConfig.from_yaml(path)
-    with pytest.raises(KeyError, match="unknown detector"):
+    with pytest.raises(ValueError, match=r"detectors\[0\].name: unknown detector 'no_such_method'"):
         Runner(EvalConfig.from_dict({"id": "x", "ood": [], "out": "o", "detectors": ["no_such_method"]}))
 
 
 def test_selection_through_runner(digits, tmp_path):
+    """select.ood_val honours `sets` (texture for validation, digits 6-9 for test) and never reads test OOD rows."""
     id_dir, ood_dir, _ = digits
     results = run_config(_config(digits, tmp_path / "sel", detectors=["knn"],
                                  ood=[{"manifest": str(ood_dir), "sets": ["digits_6_9"]}],
-                                 select={"ood_val": {"manifest": str(ood_dir), "split": "test"}, "metric": "auroc"}))
+                                 select={"ood_val": {"manifest": str(ood_dir), "split": "test", "sets": ["texture"]},
+                                         "metric": "auroc"}))
     table = pd.read_csv(tmp_path / "sel" / "selection" / "knn.csv")
     assert len(table) == len(build("knn").search_space["k"])
     fitted = table[table["auroc"].notna()]
     assert (fitted["k"] <= 430).all() and (table[table["auroc"].isna()]["k"] > 430).all()  # 430 ID train images
     assert len(results) == 1
+    # the selected k is the best on the validation set (texture), computed independently
+    clf = ImageClassifier.from_pretrained(digits[2])
+    idm, oodm = read_manifest(id_dir), read_manifest(ood_dir)
+    train = extract_features(clf, idm.select(split="train", role="id"))
+    val = extract_features(clf, idm.select(split="val", role="id")).to_featureset()
+    texture = extract_features(clf, oodm.select(ood_set="texture")).to_featureset()
+    best_k, best = None, -1.0
+    for k in table["k"]:
+        if k > 430:
+            continue
+        auroc = evaluate(build("knn", k=int(k)).fit(train.to_featureset(), head=train.head()).score(val),
+                         build("knn", k=int(k)).fit(train.to_featureset(), head=train.head()).score(texture))["auroc"]
+        if auroc > best:
+            best_k, best = k, auroc
+    assert table.loc[table["auroc"].idxmax(), "k"] == best_k
+
+
+def test_selection_refuses_test_rows(digits, tmp_path):
+    _, ood_dir, _ = digits
+    with pytest.raises(ValueError, match=r"select.ood_val: \d+ OOD validation row\(s\) are test OOD rows"):
+        Runner(EvalConfig.from_dict(_config(digits, tmp_path / "leak", detectors=["knn"],
+                                            select={"ood_val": {"manifest": str(ood_dir), "split": "test"}})))
+    assert not (tmp_path / "leak").exists()  # refused in the plan: nothing written
 
 
 def test_fewshot_sweep_through_runner(tmp_path):

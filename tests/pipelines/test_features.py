@@ -51,7 +51,7 @@ def test_forward_images_matches_processor(tiny_classifier):
 
 
 def test_extract_matches_manual_forward_and_records_failures(tiny_classifier, manifest, tmp_path):
-    path = cache_path(tmp_path / "cache", tiny_classifier.model_id, manifest, "test")
+    path = cache_path(tmp_path / "cache", "test", "k1")
     cache = extract_features(tiny_classifier, manifest, batch_size=3, cache=path)
     assert list(cache.index) == [0, 1, 2, 4, 5, 6, 7]
     assert [f["file"] for f in cache.failures] == ["broken.png"]

@@ -1,0 +1,97 @@
+"""Content fingerprints for cache keys: model weights, preprocessing, image files.
+
+A cache key must change whenever anything that decides the cache's content changes (DESIGN.md): the weights actually
+loaded (hashed tensor by tensor, so a retrained model saved into the same folder gets a new key), the preprocessing,
+the precision, the manifest rows and the image files behind them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Iterable
+
+import torch
+
+from pipelines.data import Manifest
+
+_CHUNK = 1 << 24
+
+
+def _digest(parts: Iterable[Any]) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def weights_fingerprint(module: torch.nn.Module) -> str:
+    """sha256 over every parameter and buffer of `module` (name, dtype, shape and bytes), in state-dict order."""
+    h = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        t = tensor.detach()
+        if t.device.type == "meta":
+            raise ValueError(f"cannot fingerprint {name}: it has no data (meta device)")
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\0".encode())
+        flat = t.contiguous().cpu().reshape(-1)
+        if flat.dtype in (torch.bfloat16,):
+            flat = flat.view(torch.int16)
+        h.update(flat.numpy().tobytes())
+    return h.hexdigest()
+
+
+def preprocessing_fingerprint(classifier: Any) -> str:
+    """The image processor's configuration (or the plain resize/normalise settings of a wrapped module)."""
+    processor = getattr(classifier, "processor", None)
+    if processor is not None and hasattr(processor, "to_dict"):
+        settings: Any = processor.to_dict()
+    else:
+        settings = {"image_size": getattr(classifier, "image_size", None),
+                    "mean": getattr(classifier, "mean", torch.zeros(0)).flatten().tolist(),
+                    "std": getattr(classifier, "std", torch.zeros(0)).flatten().tolist()}
+    return _digest([settings])
+
+
+def file_identity(path: os.PathLike | str, mode: str = "stat") -> Any:
+    """What identifies an image file's bytes: (size, mtime_ns) with `stat`, the sha256 with `content`; None if absent."""
+    try:
+        if mode == "content":
+            h = hashlib.sha256()
+            with open(path, "rb") as fh:
+                while block := fh.read(_CHUNK):
+                    h.update(block)
+            return h.hexdigest()
+        st = os.stat(path)
+        return [st.st_size, st.st_mtime_ns]
+    except OSError:
+        return None
+
+
+def images_fingerprint(manifest: Manifest, mode: str = "stat") -> str:
+    """The rows (with their resolved root) and each image file's identity, in row order."""
+    if mode not in ("stat", "content"):
+        raise ValueError(f"image identity mode must be 'stat' or 'content', got {mode!r}")
+    return _digest([str(manifest.root.resolve()), manifest.fingerprint(),
+                    *(file_identity(manifest.path(r), mode) for r in manifest.rows)])
+
+
+def source_identity(name_or_path: str | os.PathLike | None) -> Any:
+    """A cheap identity of a model source without loading it: every file of a local folder (relative path, size,
+    mtime), or the hub id itself (a hub snapshot changes its folder, which `weights_fingerprint` then sees)."""
+    if name_or_path is None:
+        return None
+    root = os.fspath(name_or_path)
+    if not os.path.isdir(root):
+        return root
+    found = []
+    for folder, _, files in sorted(os.walk(root)):
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            found.append([os.path.relpath(path, root), file_identity(path)])
+    return found
+
+
+def combine(*parts: Any) -> str:
+    """One short key from several fingerprints and settings."""
+    return _digest(parts)[:24]

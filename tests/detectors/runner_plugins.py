@@ -1,0 +1,50 @@
+"""Detectors for runner tests, loaded through the config key `plugins: [runner_plugins]`.
+
+Their family, "plugin", is none of the runner's families, so `detectors: all` never picks them up.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from detectors.base import Detector, FeatureSet
+from detectors.registry import register_detector
+
+
+@register_detector("plugin_fail")
+class FailingDetector(Detector):
+    """Raises in fit: the runner must record it and go on."""
+
+    family = "plugin"
+    inputs = frozenset({"logits"})
+
+    def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
+        raise RuntimeError("plugin_fail always fails")
+
+
+@register_detector("plugin_block")
+class BlockingMSP(Detector):
+    """Max logit that, while $PLUGIN_BLOCK names a folder, announces itself there and waits for a `release` file;
+    every fit is appended to `fits.txt` in that folder."""
+
+    family = "plugin"
+    inputs = frozenset({"logits"})
+
+    def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
+        folder = os.environ.get("PLUGIN_BLOCK")
+        if folder:
+            with open(Path(folder) / "fits.txt", "a") as fh:
+                fh.write("fit\n")
+
+    def _score(self, batch: FeatureSet) -> np.ndarray:
+        folder = os.environ.get("PLUGIN_BLOCK")
+        if folder:
+            (Path(folder) / "blocking").touch()
+            deadline = time.monotonic() + 120
+            while not (Path(folder) / "release").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return batch.logits.max(1).astype(np.float64)

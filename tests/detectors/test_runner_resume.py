@@ -1,0 +1,177 @@
+"""Long runs you can trust: per-detector persistence, resume, failure records, content-addressed caches, kill -9."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from detectors import build
+from detectors.evaluate import run_config
+from detectors.metrics import evaluate
+from pipelines.classifier import ImageClassifier
+from pipelines.data import read_manifest
+from pipelines.features import extract_features
+from runner_helpers import eval_config
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[1]
+
+
+def _unit_stamp(out: Path, method: str) -> int:
+    return (out / "units" / method / "unit.json").stat().st_mtime_ns
+
+
+def test_failing_detector_is_recorded_and_the_others_finish(digits, tmp_path):
+    out = tmp_path / "run"
+    config = eval_config(digits, out, detectors=["msp", "plugin_fail", "ebo"], plugins=["runner_plugins"])
+    results = run_config(config)
+    assert list(dict.fromkeys(results["method"])) == ["msp", "ebo"]
+    failures = json.loads((out / "failures.json").read_text())
+    (record,) = failures["detectors"]
+    assert record["detector"] == "plugin_fail" and record["exception"] == "RuntimeError: plugin_fail always fails"
+    assert "plugin_fail always fails" in (out / record["traceback"]).read_text()
+    assert set(pd.read_csv(out / "results.csv")["method"]) == {"msp", "ebo"}
+
+    stamps = {m: _unit_stamp(out, m) for m in ("msp", "ebo")}
+    again = run_config(config)  # resume: finished units are read back, not recomputed
+    assert {m: _unit_stamp(out, m) for m in ("msp", "ebo")} == stamps
+    pd.testing.assert_frame_equal(again.reset_index(drop=True), results.reset_index(drop=True), check_dtype=False)
+    assert len(json.loads((out / "failures.json").read_text())["detectors"]) == 1  # tried again, failed again
+
+
+def test_changed_parameters_redo_only_that_unit(digits, tmp_path):
+    out = tmp_path / "run"
+    run_config(eval_config(digits, out, detectors=["msp", {"name": "knn", "params": {"k": 5}}]))
+    stamps = {m: _unit_stamp(out, m) for m in ("msp", "knn")}
+    results = run_config(eval_config(digits, out, detectors=["msp", {"name": "knn", "params": {"k": 7}}]))
+    assert _unit_stamp(out, "msp") == stamps["msp"] and _unit_stamp(out, "knn") != stamps["knn"]
+    assert len(results) == 6
+
+
+def test_retrained_model_in_the_same_folder_never_reuses_features(digits, tmp_path):
+    """Content-addressed caches: the key hashes the weights actually loaded, not the folder name."""
+    id_dir, ood_dir, model = digits
+    folder = tmp_path / "clf"
+    clf = ImageClassifier.from_pretrained(model)
+    clf.save_pretrained(folder)
+    config = eval_config((id_dir, ood_dir, folder), tmp_path / "run", detectors=["msp"],
+                         ood=[{"manifest": str(ood_dir), "sets": ["digits_6_9"]}])
+    before = run_config(config)
+    with torch.no_grad():  # "retrain": another head, saved into the same folder
+        torch.manual_seed(3)
+        clf.head.weight.copy_(torch.randn_like(clf.head.weight))
+    clf.save_pretrained(folder)
+    after = run_config(config)
+    fresh = ImageClassifier.from_pretrained(folder)
+    idm, oodm = read_manifest(id_dir), read_manifest(ood_dir)
+    msp = build("msp")
+    expect = evaluate(msp.score(extract_features(fresh, idm.select(split="test", role="id")).to_featureset()),
+                      msp.score(extract_features(fresh, oodm.select(ood_set="digits_6_9")).to_featureset()))
+    assert after.iloc[0]["auroc"] == pytest.approx(expect["auroc"], abs=1e-9)
+    assert after.iloc[0]["auroc"] != pytest.approx(before.iloc[0]["auroc"], abs=1e-6)
+    assert len(list((tmp_path / "run" / "cache").glob("id-id_test-*.safetensors"))) == 2
+
+
+def test_image_identity_is_in_the_key(digits, tmp_path):
+    """Rewriting an image file (same name, other bytes) gives its split a new cache."""
+    from PIL import Image
+
+    from pipelines.toydata import write_digits
+
+    id_dir, ood_dir = write_digits(tmp_path / "data", n_textures=4)
+    model = digits[2]
+    config = eval_config((id_dir, ood_dir, model), tmp_path / "run", detectors=["msp"],
+                         ood=[{"manifest": str(ood_dir), "sets": ["texture"]}])
+    run_config(config)
+    row = read_manifest(ood_dir).select(ood_set="texture").rows[0]
+    Image.new("RGB", (16, 16), (255, 0, 0)).save(ood_dir / row["file_name"])
+    os.utime(ood_dir / row["file_name"], ns=(1, 1))
+    run_config(config)
+    assert len(list((tmp_path / "run" / "cache").glob("ood-texture-*.safetensors"))) == 2
+    assert len(list((tmp_path / "run" / "cache").glob("id-id_test-*.safetensors"))) == 1
+
+
+def test_bad_images_are_excluded_alike_on_every_path(digits, tmp_path):
+    """A truncated ID image and an empty OOD file: recorded by name, left out of feature and pixel detectors alike."""
+    from pipelines.toydata import write_digits
+
+    id_dir, ood_dir = write_digits(tmp_path / "data", n_textures=4)
+    idm, oodm = read_manifest(id_dir), read_manifest(ood_dir)
+    bad_id = idm.select(split="test", role="id").rows[3]["file_name"]
+    bad_ood = oodm.select(ood_set="texture").rows[1]["file_name"]
+    data = (id_dir / bad_id).read_bytes()
+    (id_dir / bad_id).write_bytes(data[: len(data) // 2])
+    (ood_dir / bad_ood).write_bytes(b"")
+    out = tmp_path / "run"
+    results = run_config(eval_config((id_dir, ood_dir, digits[2]), out, detectors=["msp", {"name": "odin", "params": {"noise": 0.0}}],
+                                     ood=[{"manifest": str(ood_dir), "sets": ["texture"]}]))
+    failures = json.loads((out / "failures.json").read_text())["images"]
+    assert {(f["split"], f["file"]) for f in failures} == {("id_test", bad_id), ("texture", bad_ood)}
+    assert all(f["reason"] for f in failures)
+    n_test = len(idm.select(split="test", role="id"))
+    assert set(results["n_id"]) == {n_test - 1} and set(results["n_ood"]) == {3}
+    scores = pd.read_parquet(out / "scores.parquet")
+    for method in ("msp", "odin"):
+        ids = scores[(scores.method == method) & (scores.role == "id")]
+        assert 3 not in set(ids["index"]) and len(ids) == n_test - 1
+    # ODIN with noise 0 and T=1000 ranks like MSP at T=1000 on the same rows: the same rows were scored
+    msp_t = scores[(scores.method == "odin") & (scores.role == "id")]["index"].to_numpy()
+    assert np.array_equal(msp_t, scores[(scores.method == "msp") & (scores.role == "id")]["index"].to_numpy())
+
+
+def test_pixel_only_run_probes_images(digits, tmp_path):
+    """Without feature detectors the runner still finds unreadable images first (a probe, cached by image identity)."""
+    from pipelines.toydata import write_digits
+
+    id_dir, ood_dir = write_digits(tmp_path / "data", n_textures=4)
+    bad = read_manifest(ood_dir).select(ood_set="texture").rows[0]["file_name"]
+    (ood_dir / bad).write_text("not an image")
+    out = tmp_path / "run"
+    results = run_config(eval_config((id_dir, ood_dir, digits[2]), out, detectors=["odin"],
+                                     ood=[{"manifest": str(ood_dir), "sets": ["texture"]}]))
+    assert results.iloc[0]["n_ood"] == 3
+    assert [f["file"] for f in json.loads((out / "failures.json").read_text())["images"]] == [bad]
+    assert len(list((out / "cache" / "probe").glob("*.json"))) == 4  # id train/val/test + texture
+
+
+@pytest.mark.slow
+def test_kill_9_between_detectors_then_resume(digits, tmp_path):
+    """SIGKILL while the second detector runs: the rerun keeps the first detector's unit and finishes the rest once."""
+    out, block = tmp_path / "run", tmp_path / "block"
+    block.mkdir()
+    config = eval_config(digits, out, detectors=["msp", "plugin_block", "ebo"], plugins=["runner_plugins"])
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "PLUGIN_BLOCK": str(block), "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "evaluate.py"), "--config", str(path)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not (block / "blocking").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert (block / "blocking").exists(), "the blocking detector never started"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (out / "units" / "msp" / "unit.json").is_file() and not (out / "units" / "plugin_block" / "unit.json").exists()
+    assert set(pd.read_csv(out / "results.csv")["method"]) == {"msp"}  # what finished was already written
+    stamp = _unit_stamp(out, "msp")
+
+    (block / "release").touch()
+    os.environ["PLUGIN_BLOCK"] = str(block)
+    try:
+        results = run_config(config)
+    finally:
+        del os.environ["PLUGIN_BLOCK"]
+    assert _unit_stamp(out, "msp") == stamp
+    assert (block / "fits.txt").read_text().count("fit") == 2  # killed once, finished once
+    assert list(dict.fromkeys(results["method"])) == ["msp", "plugin_block", "ebo"]
+    assert not results.duplicated(["method", "ood_set"]).any()
+    scores = pd.read_parquet(out / "scores.parquet")
+    assert not scores.duplicated(["method", "role", "ood_set", "index"]).any()
