@@ -127,30 +127,16 @@ class Runner:
         return out
 
     def _extra_splits(self) -> dict[str, Split]:
-        """select.ood_val, ood_val and aux selections, checked against the test OOD rows and ID rows."""
+        """select.ood_val, ood_val and aux selections, checked to be disjoint from the test OOD rows (and aux from ID)."""
         test_files = {str(s.manifest.path(r).resolve()) for s in self.ood_splits for r in s.manifest.rows}
         extra = {}
         for key, src in self.config.sources().items():
-            if key == "aux":
-                manifest = read_manifest(src.manifest).select(split=src.split)
-                sets = src.sets or (["auxiliary"] if "auxiliary" in manifest.ood_sets() else None)
-                if sets:
-                    manifest = Manifest(manifest.root, [r for r in manifest.rows if r["role"] != "ood" or r["ood_set"] in sets])
-                n_id = sum(r["role"] == "id" for r in manifest.rows)
-                if n_id:
-                    raise ConfigError(f"aux: {src.manifest} split {src.split!r} holds {n_id} ID rows (role id); auxiliary data "
-                                      f"must be outliers only: pick its sets with `sets:` (found {manifest.ood_sets()})")
-                if not len(manifest):
-                    raise ConfigError(f"aux: no rows in {src.manifest} with split {src.split!r} and sets {sets}")
-                extra[key] = Split("aux", manifest, role="aux")
-                continue
-            parts = _sets_of(src, key)
-            manifest = Manifest(next(iter(parts.values())).root, [r for p in parts.values() for r in p.rows])
+            manifest = _aux_rows(src) if key == "aux" else _merged(_sets_of(src, key))
             overlap = [r["file_name"] for r in manifest.rows if str(manifest.path(r).resolve()) in test_files]
             if overlap:
-                raise ConfigError(f"{key}: {len(overlap)} OOD validation row(s) are test OOD rows (first: {overlap[0]!r}); "
-                                  "validation data must be disjoint from the evaluated OOD sets")
-            extra[key] = Split(key, manifest, role="ood_val")
+                raise ConfigError(f"{key}: {len(overlap)} row(s) are test OOD rows (first: {overlap[0]!r}); "
+                                  "validation and auxiliary data must be disjoint from the evaluated OOD sets")
+            extra[key] = Split(key, manifest, role="aux" if key == "aux" else "ood_val")
         return extra
 
     def _check_transfer_names(self) -> None:
@@ -433,6 +419,25 @@ def _sets_of(src: Source, where: str) -> dict[str, Manifest]:
                               f"(sets there: {manifest.ood_sets()})")
         found[name] = part
     return found
+
+
+def _merged(parts: dict[str, Manifest]) -> Manifest:
+    return Manifest(next(iter(parts.values())).root, [r for p in parts.values() for r in p.rows])
+
+
+def _aux_rows(src: Source) -> Manifest:
+    """Auxiliary (outlier-exposure) rows: the `auxiliary` set by default when the manifest has one; never ID rows."""
+    manifest = read_manifest(src.manifest).select(split=src.split)
+    sets = src.sets or (["auxiliary"] if "auxiliary" in manifest.ood_sets() else None)
+    if sets:
+        manifest = Manifest(manifest.root, [r for r in manifest.rows if r["role"] != "ood" or r["ood_set"] in sets])
+    n_id = sum(r["role"] == "id" for r in manifest.rows)
+    if n_id:
+        raise ConfigError(f"aux: {src.manifest} split {src.split!r} holds {n_id} ID rows (role id); auxiliary data must be "
+                          f"outliers only: pick its sets with `sets:` (sets there: {manifest.ood_sets()})")
+    if not len(manifest):
+        raise ConfigError(f"aux: no rows in {src.manifest} with split {src.split!r} and sets {sets}")
+    return manifest
 
 
 def _check_buildable(spec: DetectorSpec, where: str) -> None:

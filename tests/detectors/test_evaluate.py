@@ -103,7 +103,7 @@ def test_selection_through_runner(digits, tmp_path):
 
 def test_selection_refuses_test_rows(digits, tmp_path):
     _, ood_dir, _ = digits
-    with pytest.raises(ValueError, match=r"select.ood_val: \d+ OOD validation row\(s\) are test OOD rows"):
+    with pytest.raises(ValueError, match=r"select.ood_val: \d+ row\(s\) are test OOD rows"):
         Runner(EvalConfig.from_dict(_config(digits, tmp_path / "leak", detectors=["knn"],
                                             select={"ood_val": {"manifest": str(ood_dir), "split": "test"}})))
     assert not (tmp_path / "leak").exists()  # refused in the plan: nothing written
@@ -162,12 +162,13 @@ def test_level_head_of_a_multi_granularity_classifier(digits, tmp_path):
 
 
 def test_two_processes_give_the_one_process_results(digits, tmp_path):
-    """torchrun with 2 CPU processes: features are split across processes and gathered; the table is the same."""
+    """torchrun with 2 CPU processes: features and ODIN's images are split across processes and gathered; the table
+    is the same as one process's."""
     import subprocess
     import sys
     from pathlib import Path
 
-    config = _config(digits, tmp_path / "two", detectors=["msp", "knn"])
+    config = _config(digits, tmp_path / "two", detectors=["msp", "knn", "odin"], ood=[{"manifest": str(digits[1]), "sets": ["texture"]}])
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump(config))
     torchrun = Path(sys.executable).with_name("torchrun")
@@ -179,3 +180,48 @@ def test_two_processes_give_the_one_process_results(digits, tmp_path):
     columns = ["auroc", "fpr95", "fpr95_id", "aupr_in", "aupr_out", "n_id", "n_ood"]
     pd.testing.assert_frame_equal(two[["method", "ood_set", *columns]], one[["method", "ood_set", *columns]],
                                   check_exact=False, atol=1e-6)
+
+
+def test_level_head_stays_with_aux_and_select(digits, tmp_path):
+    """With `aux:` and `select:` set, validation and auxiliary features are scored by the level head too."""
+    from pipelines.training import MultiGranularity
+
+    id_dir, ood_dir, model = digits
+    clf = ImageClassifier.from_pretrained(model)
+    levels = MultiGranularity({"parity": "parity"})
+    levels.fit_targets({"parity": ["even", "odd"]})
+    torch.manual_seed(2)
+    levels.setup(clf.head.in_features, clf.num_classes)
+    levels.save_pretrained(tmp_path / "levels")
+    idm = read_manifest(id_dir)
+    parity_dir = tmp_path / "parity_id"
+    write_manifest(parity_dir, [{**r, "parity": "even" if r["label"] % 2 == 0 else "odd"} for r in idm.rows])
+    (parity_dir / "manifest_info.json").write_text(json.dumps({"image_root": str(id_dir)}))
+    out = tmp_path / "run"
+    run_config(_config(digits, out, id=str(parity_dir), detectors=["ebo", {"name": "oe", "params": {"epochs": 2}}],
+                       ood=[{"manifest": str(ood_dir), "sets": ["digits_6_9"]}],
+                       aux={"manifest": str(ood_dir), "split": "test", "sets": ["sketch"]},
+                       select={"ood_val": {"manifest": str(ood_dir), "split": "test", "sets": ["texture"]}},
+                       head={"levels": str(tmp_path / "levels"), "level": "parity"}))
+
+    head = LinearHead(*levels.level_head("parity"))
+    pm, om = read_manifest(parity_dir), read_manifest(ood_dir)
+
+    def level_set(manifest, ood=False):
+        cache = extract_features(clf, manifest)
+        lab = np.array([-1 if ood else 0 if manifest.rows[i].get("parity") == "even" else 1 for i in cache.index])
+        return FeatureSet(cache.features, head(cache.features.astype(np.float64)), lab)
+
+    val, texture = level_set(pm.select(split="val")), level_set(om.select(ood_set="texture"), ood=True)
+    table = pd.read_csv(out / "selection" / "ebo.csv")
+    for _, row in table.iterrows():
+        det = build("ebo", temperature=row["temperature"]).fit(val)
+        assert row["auroc"] == pytest.approx(evaluate(det.score(val), det.score(texture))["auroc"], abs=1e-9)
+
+    aux = level_set(om.select(ood_set="sketch"), ood=True)
+    train, test, near = level_set(pm.select(split="train")), level_set(pm.select(split="test")), level_set(om.select(ood_set="digits_6_9"), ood=True)
+    oe = build("oe", epochs=2).fit(train, head=head, id_val=val, aux=aux)
+    got = pd.read_parquet(out / "scores.parquet")
+    got = got[got.method == "oe"]
+    np.testing.assert_allclose(got[got.role == "id"]["score"], oe.score(test), atol=1e-6)
+    np.testing.assert_allclose(got[got.role == "ood"]["score"], oe.score(near), atol=1e-6)
