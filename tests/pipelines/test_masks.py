@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.masks import binarise, foreground_masks, grayscale_init, load_mask, opencv_mask
+from pipelines.masks import MaskError, binarise, foreground_masks, grayscale_init, load_mask, opencv_mask
 
 
 def _object_on_plain_background(seed: int = 0, size: tuple[int, int] = (240, 180)):
@@ -40,8 +40,11 @@ def test_given_masks_are_thresholded_and_resized():
     rgba[1:3, 1:3, 3] = 255  # alpha defines the foreground of an RGBA cut-out
     np.testing.assert_array_equal(np.asarray(binarise(Image.fromarray(rgba, "RGBA"))) > 0, rgba[..., 3] > 0)
     image, _ = _object_on_plain_background()
-    masks = foreground_masks([image, image], [Image.fromarray(soft), None], method="opencv")
+    same_aspect = Image.fromarray(np.tile(np.linspace(0, 255, 120).astype(np.uint8), (90, 1)))
+    masks = foreground_masks([image, image], [same_aspect, None], method="opencv")
     assert masks[0].size == image.size and masks[1].size == image.size
+    with pytest.raises(MaskError, match="does not match the image size 240x180"):
+        foreground_masks([image], [Image.fromarray(soft)])
     with pytest.raises(ValueError, match="masks"):
         foreground_masks([image], [None, None])
 
