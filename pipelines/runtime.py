@@ -127,18 +127,21 @@ def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, w
 
 
 def list_model_files(name_or_path: str | os.PathLike) -> list[str]:
-    """Relative file paths of a local folder, or of a hub repo: the hub's listing when reachable, else the files of
-    its cached snapshot, else [] (nothing known: no variant is asked for)."""
+    """Relative file paths of a local folder, or of a hub repo: its cached snapshot when there is one (so what is
+    already downloaded is used as is, without a network call), else the hub's listing, else [] (nothing known: no
+    variant is asked for)."""
     if is_local(name_or_path):
         root = Path(name_or_path).expanduser()
         return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+    snapshot = hub_snapshot(str(name_or_path))
+    if snapshot is not None:
+        return sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
     try:
         from huggingface_hub import HfApi
 
         return sorted(HfApi().list_repo_files(str(name_or_path)))
-    except Exception:  # offline, unknown repo, no network: fall back to the cache
-        snapshot = hub_snapshot(str(name_or_path))
-        return sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()) if snapshot else []
+    except Exception:  # offline, unknown repo, no network: no variant
+        return []
 
 
 def has_variant(files: Iterable[str], variant: str, subfolder: str | None = None) -> bool:
