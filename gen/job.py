@@ -392,38 +392,39 @@ def generate_batch(pipe: Any, batch: list[PlanItem], config: GenerationConfig, l
     """
     out = Path(config.out)
     ready: list[Prepared] = []
-    failures: list[dict[str, Any]] = []
+    unprepared: list[dict[str, Any]] = []
     for item in batch:
         try:
             ready.append(prepare_item(item, masks, mask_method))
         except Exception as err:  # noqa: BLE001 - whatever one item's inputs raise is that item's failure
-            failures.append(failure(item, err, "prepare"))
-    if failures:
-        ledger.append(*failures)
-    outputs: list[tuple[Prepared, Image.Image]] = []
-    try:
-        outputs = list(zip(ready, call_pipeline(pipe, ready, config))) if ready else []
-    except ITEM_ERRORS as err:
-        if len(ready) == 1:
-            ledger.append(failure(ready[0].item, err, "generate"))
-            return 0, len(failures) + 1
-        for one in ready:  # find the item(s) to blame
-            try:
-                outputs.append((one, call_pipeline(pipe, [one], config)[0]))
-            except ITEM_ERRORS as single:
-                ledger.append(failure(one.item, single, "generate"))
-                failures.append({})
-    if not outputs:
-        return 0, len(failures)
+            unprepared.append(failure(item, err, "prepare"))
+    if unprepared:
+        ledger.append(*unprepared)
+    generated: list[tuple[Prepared, Image.Image]] = []
+    failed: list[dict[str, Any]] = []
+    if ready:
+        try:
+            generated = list(zip(ready, call_pipeline(pipe, ready, config)))
+        except ITEM_ERRORS as err:
+            if len(ready) == 1:
+                failed.append(failure(ready[0].item, err, "generate"))
+            else:
+                for one in ready:  # find the item(s) to blame
+                    try:
+                        generated.append((one, call_pipeline(pipe, [one], config)[0]))
+                    except ITEM_ERRORS as single:
+                        failed.append(failure(one.item, single, "generate"))
     records = []
-    for prepared, image in outputs:
+    for prepared, image in generated:
         seed = item_seed(config.seed, prepared.item.index)
         save_image_synced(out / prepared.item.output, image)
         records.append({"index": prepared.item.index, "status": DONE, "output": prepared.item.output,
                         "row": output_row(prepared.item, config, seed, pipe, dtype, prepared.mask_source)})
-    sync_folder((out / outputs[0][0].item.output).parent)
-    ledger.append(*records)  # after the synced images: a crash in between only means redoing this batch
-    return len(outputs), len(failures)
+    if generated:
+        sync_folder((out / generated[0][0].item.output).parent)
+    if records or failed:
+        ledger.append(*records, *failed)  # after the synced images: a crash in between only means redoing this batch
+    return len(records), len(unprepared) + len(failed)
 
 
 def contact_sheet(paths: Sequence[Path], destination: Path, thumb: int = 128, columns: int = 4) -> Path | None:
