@@ -528,7 +528,7 @@ def run_generation(config: GenerationConfig | dict[str, Any], *, pipeline: Any =
     state = state or partial_state()
     if state.is_main_process:
         prepare_output(config, plan)
-    state.wait_for_everyone()  # the only collective: every process starts together
+    state.wait_for_everyone()  # collectives only at the start (here and in building tiny models): none at the end
     ledger = Ledger(out / JOB_FOLDER / "ledger", rank=state.process_index)
     records = ledger.records()
     pending = [item for item in plan.items if not is_done(records.get(item.index), out)]
