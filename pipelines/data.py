@@ -239,18 +239,30 @@ def to_rgb(image: Image.Image, background: tuple[int, int, int] = (255, 255, 255
     return image.convert("RGB")
 
 
-def load_image(path: str | os.PathLike) -> Image.Image:
-    """Load an image as RGB (see `to_rgb`); raises `ImageLoadError` naming the file when it cannot be decoded."""
+MAX_PIXELS = 40_000_000  # decompression-bomb guard of `load_image` (PIL's own warns at 89 MP and refuses at 179 MP)
+
+
+def load_image(path: str | os.PathLike, max_pixels: int | None = MAX_PIXELS) -> Image.Image:
+    """Load an image as RGB (see `to_rgb`); raises `ImageLoadError` naming the file and the reason when it is missing,
+    empty, undecodable or larger than `max_pixels` (checked on the header, before any pixel is decoded; None = no
+    limit), so a corrupt or huge file is a recorded failure, never a crash or a memory blow-up."""
     path = Path(path)
     if not path.is_file():
         raise ImageLoadError(path, "file not found")
+    if path.stat().st_size == 0:
+        raise ImageLoadError(path, "empty file (0 bytes)")
     try:
         with Image.open(path) as img:
+            width, height = img.size
+            if max_pixels is not None and width * height > max_pixels:
+                raise ImageLoadError(path, f"image too large: {width}x{height} = {width * height / 1e6:.1f} MP exceeds "
+                                           f"the {max_pixels / 1e6:g} MP limit (decompression-bomb guard; raise max_pixels "
+                                           f"to load it)")
             img.load()
             return to_rgb(img)
     except ImageLoadError:
         raise
-    except Exception as err:  # PIL raises many types for corrupt data
+    except Exception as err:  # PIL raises many types for corrupt data (and DecompressionBombError past its own limit)
         raise ImageLoadError(path, f"cannot decode image ({type(err).__name__}: {err})") from err
 
 
@@ -263,13 +275,14 @@ class LoadFailure:
     reason: str
 
 
-def load_images(paths: Sequence[str | os.PathLike]) -> tuple[list[Image.Image | None], list[LoadFailure]]:
+def load_images(paths: Sequence[str | os.PathLike],
+                max_pixels: int | None = MAX_PIXELS) -> tuple[list[Image.Image | None], list[LoadFailure]]:
     """Load many images; unreadable ones become `None` with a recorded `LoadFailure` instead of an exception."""
     images: list[Image.Image | None] = []
     failures: list[LoadFailure] = []
     for i, p in enumerate(paths):
         try:
-            images.append(load_image(p))
+            images.append(load_image(p, max_pixels))
         except ImageLoadError as err:
             images.append(None)
             failures.append(LoadFailure(i, str(p), err.reason))

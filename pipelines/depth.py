@@ -52,12 +52,15 @@ class DepthEstimator:
         dtype: torch.dtype | str | None = None,
         batch_size: int = 8,
     ) -> "DepthEstimator":
-        """Load a hub id or local folder (DPT, DPT-hybrid, Depth Anything); dtype defaults to the runtime policy."""
+        """Load a hub id or local folder (DPT, DPT-hybrid, Depth Anything); fp32 unless `dtype` says otherwise (ZeST's
+        code runs DPT in fp32; a dtype name follows the runtime policy)."""
         from transformers import AutoImageProcessor, AutoModelForDepthEstimation
 
         device = resolve_device(device)
-        if dtype is None or isinstance(dtype, str):
-            dtype = resolve_dtype(dtype or "auto", device)
+        if dtype is None:
+            dtype = torch.float32
+        elif isinstance(dtype, str):
+            dtype = resolve_dtype(dtype, device)
         model = load_pretrained(AutoModelForDepthEstimation.from_pretrained, name_or_path, "depth model", dtype=dtype)
         processor = load_pretrained(AutoImageProcessor.from_pretrained, name_or_path, "depth image processor")
         return cls(model.to(device).eval(), processor, str(name_or_path), batch_size)

@@ -2,8 +2,10 @@
 
 Three sources, one output format (PIL 'L', 0 = background, 255 = foreground, at the image's size):
 
-- given mask files or images (`load_mask`), thresholded;
-- rembg (`rembg_mask`, optional extra ``oodforge[masks]``), the official ZeST choice; its alpha is thresholded;
+- given mask files or images (`load_mask`, the one loader of the pipeline and the generation job): the alpha channel
+  when the mask has one (an RGBA cut-out's transparent background is background), else the luminance; thresholded;
+- rembg (`rembg_mask`, optional extra ``oodforge[masks]``), the official ZeST choice (its default u2net model, one
+  session per process); its alpha is thresholded;
 - an OpenCV fallback needing no weights (`opencv_mask`): GrabCut on a downscaled copy, initialised with the border band
   (``margin`` of each side) as sure background and the rest as probable foreground, so that the colour models start
   from "the border is background"; the result keeps the largest connected component and fills its holes. It suits
@@ -12,44 +14,100 @@ Three sources, one output format (PIL 'L', 0 = background, 255 = foreground, at 
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
-from typing import Sequence
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
 
 import cv2
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
-from pipelines.data import to_rgb
+from pipelines.data import MAX_PIXELS, ImageLoadError, to_rgb
 
 MASK_METHODS = ("auto", "rembg", "opencv")
+MIN_SIDE = 8  # the OpenCV mask needs a border band and an interior: narrower images are refused, not crashed on
+ASPECT_TOLERANCE = 0.01  # a given mask may differ from its image in size (it is resized), not in aspect ratio
+
+
+class MaskError(ValueError):
+    """A mask that cannot be used (wrong aspect ratio, empty, image too small); names the file when there is one."""
+
+    def __init__(self, path: str | os.PathLike | None, reason: str):
+        self.path, self.reason = (str(path) if path is not None else None), reason
+        super().__init__(f"{path}: {reason}" if path is not None else reason)
+
+
+def _to_8bit(image: Image.Image) -> Image.Image:
+    """16-bit and float single-channel images rescaled to 8-bit 'L' (a plain convert would clip them)."""
+    if image.mode not in ("I;16", "I;16B", "I;16L", "I", "F"):
+        return image
+    values = np.asarray(image, dtype=np.float64)
+    if image.mode == "F":
+        high = 1.0 if values.max() <= 1.0 else 255.0
+    else:
+        high = 255.0 if image.mode == "I" and values.max() <= 255 else 65535.0
+    return Image.fromarray(np.clip(np.rint(values / high * 255.0), 0, 255).astype(np.uint8), "L")
 
 
 def binarise(mask: np.ndarray | Image.Image, threshold: int = 128) -> Image.Image:
-    """A mask as a binary 'L' image: 255 where the value is >= `threshold` (alpha of RGBA/LA, else luminance)."""
+    """A mask as a binary 'L' image: 255 where the value is >= `threshold`.
+
+    The value is the alpha channel when the mask has one (RGBA, LA, a palette with transparency), else the luminance;
+    16-bit masks are rescaled to 8 bits first.
+    """
     if isinstance(mask, Image.Image):
-        if mask.mode in ("RGBA", "LA", "PA"):
+        if mask.mode == "P" and "transparency" in mask.info:
+            mask = mask.convert("RGBA")
+        if mask.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
             mask = mask.getchannel("A")
-        mask = np.asarray(mask.convert("L"))
+        mask = np.asarray(_to_8bit(mask).convert("L"))
     values = np.asarray(mask)
     if values.ndim == 3:
         values = values[..., -1] if values.shape[-1] in (2, 4) else values.mean(axis=-1)
     return Image.fromarray(np.where(values >= threshold, 255, 0).astype(np.uint8), mode="L")
 
 
+def _open_mask(path: Path) -> Image.Image:
+    """A mask file as decoded (mode kept, EXIF orientation applied, like `load_image` does for its target)."""
+    if not path.is_file():
+        raise ImageLoadError(path, "mask file not found")
+    if path.stat().st_size == 0:
+        raise ImageLoadError(path, "empty mask file (0 bytes)")
+    try:
+        with Image.open(path) as opened:
+            if opened.size[0] * opened.size[1] > MAX_PIXELS:
+                raise ImageLoadError(path, f"mask too large: {opened.size[0]}x{opened.size[1]} exceeds "
+                                           f"{MAX_PIXELS / 1e6:g} MP")
+            opened.load()
+            return ImageOps.exif_transpose(opened)
+    except ImageLoadError:
+        raise
+    except Exception as err:
+        raise ImageLoadError(path, f"cannot decode mask ({type(err).__name__}: {err})") from err
+
+
 def load_mask(source: str | os.PathLike | Image.Image, size: tuple[int, int] | None = None,
               threshold: int = 128) -> Image.Image:
-    """A given mask (file or image) as a binary 'L' image, resized (nearest) to `size` = (width, height) if given."""
-    if isinstance(source, Image.Image):
-        image = source
-    else:
-        with Image.open(source) as opened:
-            opened.load()
-            image = opened.copy()
-    mask = binarise(image, threshold)
+    """A given mask (file or image) as a binary 'L' image (see `binarise`), resized (nearest) to `size` = (width,
+    height) when given. An unreadable file raises `ImageLoadError`; a mask whose aspect ratio differs from `size` by
+    more than 1% raises `MaskError` (it belongs to another image), both naming the file."""
+    path = None if isinstance(source, Image.Image) else Path(source)
+    mask = binarise(source if path is None else _open_mask(path), threshold)
     if size is not None and mask.size != tuple(size):
+        (width, height), (want_w, want_h) = mask.size, size
+        if abs(width / height - want_w / want_h) > ASPECT_TOLERANCE * (want_w / want_h):
+            raise MaskError(path, f"mask size {width}x{height} does not match the image size {want_w}x{want_h} "
+                                  f"(different aspect ratio)")
         mask = mask.resize(tuple(size), Image.NEAREST)
     return mask
+
+
+def is_empty(mask: Image.Image) -> bool:
+    """True when a binary mask has no foreground pixel (ZeST would change nothing)."""
+    return not np.asarray(mask).any()
 
 
 def rembg_available() -> bool:
@@ -57,14 +115,44 @@ def rembg_available() -> bool:
     return importlib.util.find_spec("rembg") is not None
 
 
-def rembg_mask(image: Image.Image, threshold: int = 1) -> Image.Image:
-    """Foreground by rembg (ZeST's choice): its alpha channel thresholded (alpha >= 1 as in the official code)."""
+@functools.lru_cache(maxsize=None)
+def rembg_session(model: str = "u2net") -> Any:
+    """One rembg session per process and model (loading the ONNX model is the expensive part); u2net is rembg's
+    default and the one the official ZeST code gets from `remove(image)`."""
     if not rembg_available():
-        raise ImportError("rembg_mask needs the optional package rembg: pip install 'oodforge[masks]'")
+        raise ImportError("rembg masks need the optional package rembg: pip install 'oodforge[masks]'")
+    from rembg import new_session
+
+    return new_session(model)
+
+
+def rembg_mask(image: Image.Image, threshold: int = 1, model: str = "u2net") -> Image.Image:
+    """Foreground by rembg (ZeST's choice): its alpha channel thresholded (alpha >= 1 as in the official code)."""
     from rembg import remove
 
-    cutout = remove(to_rgb(image))
+    cutout = remove(to_rgb(image), session=rembg_session(model))
     return binarise(cutout.convert("RGBA"), threshold)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_fallback() -> None:
+    warnings.warn("mask_method 'auto': rembg is not installed, so automatic masks use the OpenCV GrabCut fallback "
+                  "(pip install 'oodforge[masks]' for ZeST's rembg masks)", RuntimeWarning, stacklevel=3)
+
+
+def resolve_mask_method(method: str = "auto") -> str:
+    """The method that will run: 'rembg' or 'opencv'. 'auto' is rembg when installed, else OpenCV with a warning
+    (once per process); 'rembg' without the package raises `ImportError`."""
+    if method not in MASK_METHODS:
+        raise ValueError(f"mask method must be one of {MASK_METHODS}, got {method!r}")
+    if method == "rembg" and not rembg_available():
+        raise ImportError("mask_method 'rembg' needs the optional package rembg: pip install 'oodforge[masks]'")
+    if method == "auto":
+        if rembg_available():
+            return "rembg"
+        _warn_fallback()
+        return "opencv"
+    return method
 
 
 def _largest_component_filled(mask: np.ndarray) -> np.ndarray:
@@ -90,6 +178,9 @@ def opencv_mask(image: Image.Image, margin: float = 0.05, iterations: int = 5, w
         raise ValueError(f"opencv_mask: margin must be in (0, 0.5), got {margin}")
     rgb = np.asarray(to_rgb(image))
     height, width = rgb.shape[:2]
+    if min(height, width) < MIN_SIDE:
+        raise MaskError(None, f"image too small for an automatic mask: {width}x{height} (each side needs >= "
+                              f"{MIN_SIDE} px)")
     scale = min(1.0, work_size / max(height, width))
     small = cv2.resize(rgb, (max(1, round(width * scale)), max(1, round(height * scale))), interpolation=cv2.INTER_AREA)
     h, w = small.shape[:2]
@@ -107,12 +198,8 @@ def opencv_mask(image: Image.Image, margin: float = 0.05, iterations: int = 5, w
 
 
 def foreground_mask(image: Image.Image, method: str = "auto") -> Image.Image:
-    """One image's foreground: rembg when `method` is 'rembg' (or 'auto' and rembg is installed), else OpenCV."""
-    if method not in MASK_METHODS:
-        raise ValueError(f"mask method must be one of {MASK_METHODS}, got {method!r}")
-    if method == "rembg" or (method == "auto" and rembg_available()):
-        return rembg_mask(image)
-    return opencv_mask(image)
+    """One image's foreground by `method` (see `resolve_mask_method`)."""
+    return rembg_mask(image) if resolve_mask_method(method) == "rembg" else opencv_mask(image)
 
 
 def foreground_masks(images: Sequence[Image.Image],

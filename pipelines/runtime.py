@@ -1,12 +1,14 @@
-"""Device, dtype and attention policy, accelerate state, reproducible per-item seeds, model loading errors."""
+"""Device, dtype and attention policy, accelerate state, reproducible per-item seeds, model loading: clear offline
+errors, half-precision weight variants and the revision of what was loaded (for provenance)."""
 from __future__ import annotations
 
 import hashlib
 import importlib.util
 import os
 import random
+import re
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterable, TypeVar
 
 import numpy as np
 import torch
@@ -14,6 +16,9 @@ import torch
 T = TypeVar("T")
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+ATTENTION_BACKENDS = ("auto", "sdpa", "xformers")
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+WEIGHT_SUFFIXES = ("safetensors", "bin")
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
@@ -46,7 +51,7 @@ def xformers_available() -> bool:
 
 def attention_backend(preferred: str = "auto") -> str:
     """`xformers` when requested or available on GPU, else PyTorch scaled-dot-product attention (`sdpa`)."""
-    if preferred not in ("auto", "xformers", "sdpa"):
+    if preferred not in ATTENTION_BACKENDS:
         raise ValueError(f"attention backend must be auto, xformers or sdpa, got {preferred!r}")
     if preferred == "xformers" and not xformers_available():
         raise RuntimeError("attention='xformers' needs the xformers package and a CUDA device")
@@ -119,3 +124,96 @@ def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, w
             f"could not be reached ({type(err).__name__}). Download it on a connected machine "
             f"(`huggingface-cli download {target} --local-dir DIR`) and pass DIR instead of the hub id."
         ) from err
+
+
+def list_model_files(name_or_path: str | os.PathLike) -> list[str]:
+    """Relative file paths of a local folder, or of a hub repo: its cached snapshot when there is one (so what is
+    already downloaded is used as is, without a network call), else the hub's listing, else [] (nothing known: no
+    variant is asked for)."""
+    if is_local(name_or_path):
+        root = Path(name_or_path).expanduser()
+        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+    snapshot = hub_snapshot(str(name_or_path))
+    if snapshot is not None:
+        return sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
+    try:
+        from huggingface_hub import HfApi
+
+        return sorted(HfApi().list_repo_files(str(name_or_path)))
+    except Exception:  # offline, unknown repo, no network: no variant
+        return []
+
+
+def has_variant(files: Iterable[str], variant: str, subfolder: str | None = None) -> bool:
+    """True when a weight file named in diffusers' variant scheme (`<name>.<variant>.safetensors`, sharded
+    `<name>.<variant>-00001-of-00002.safetensors` or legacy `<name>-00001-of-00002.<variant>.bin`) is among `files`
+    (below `subfolder` when given)."""
+    suffix = "|".join(WEIGHT_SUFFIXES)
+    pattern = re.compile(rf"(\.{re.escape(variant)}(-\d+-of-\d+)?|-\d+-of-\d+\.{re.escape(variant)})\.({suffix})$")
+    prefix = (subfolder.strip("/") + "/") if subfolder else ""
+    return any(f.startswith(prefix) and pattern.search(f.rsplit("/", 1)[-1]) for f in files)
+
+
+def select_variant(name_or_path: str | os.PathLike, dtype: torch.dtype, variant: str = "fp16",
+                   subfolder: str | None = None, files: Iterable[str] | None = None) -> str | None:
+    """The weight `variant` to load for `dtype`: `variant` when the dtype is half precision (fp16 or bf16: half the
+    download, cast once) and the repo or folder ships such files, else None (full-precision files; a local folder
+    without variant files loads as is). `files` replaces the listing (`list_model_files`)."""
+    if dtype not in HALF_DTYPES:
+        return None
+    listing = list_model_files(name_or_path) if files is None else list(files)
+    return variant if has_variant(listing, variant, subfolder) else None
+
+
+def hub_snapshot(repo_id: str, revision: str = "main") -> Path | None:
+    """The cached snapshot folder of a hub model repo (`<HF_HUB_CACHE>/models--org--name/snapshots/<commit>`), or None."""
+    commit = hub_commit(repo_id, revision)
+    if commit is None:
+        return None
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model") / "snapshots" / commit
+    return folder if folder.is_dir() else None
+
+
+def hub_commit(repo_id: str, revision: str = "main") -> str | None:
+    """The commit hash the hub cache resolves `revision` of `repo_id` to (its `refs/<revision>` file), or None."""
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    if re.fullmatch(r"[0-9a-f]{40}", revision):
+        return revision
+    try:
+        ref = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model") / "refs" / revision
+        return ref.read_text(encoding="utf-8").strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def folder_hash(folder: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """A content fingerprint of a local model folder: every file's relative path and size, the whole content of
+    files up to `chunk` bytes (configs, tokenizers) and the first and last `chunk` bytes of larger ones (weights), so
+    hashing a multi-GB checkpoint reads a few MB per file. `sha256:<16 hex>`."""
+    root = Path(folder).expanduser()
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for path in files:
+        size = path.stat().st_size
+        digest.update(f"{path.relative_to(root).as_posix() if path != root else path.name}\0{size}\0".encode())
+        with open(path, "rb") as fh:
+            digest.update(fh.read(chunk))
+            if size > 2 * chunk:
+                fh.seek(size - chunk)
+            digest.update(fh.read(chunk))
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+def model_revision(name_or_path: str | os.PathLike | None) -> str | None:
+    """What identifies loaded weights in provenance: the hub commit from the cache for a hub id, `folder_hash` for a
+    local folder, None when unknown (or no model)."""
+    if name_or_path is None:
+        return None
+    if is_local(name_or_path):
+        return folder_hash(name_or_path)
+    return hub_commit(str(name_or_path))

@@ -24,8 +24,8 @@ from PIL import Image
 from pipelines.data import to_rgb
 from pipelines.depth import DepthEstimator
 from pipelines.masks import binarise, foreground_masks, grayscale_init
-from pipelines.runtime import (diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained, resolve_device,
-                               resolve_dtype)
+from pipelines.runtime import (diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained,
+                               model_revision, resolve_device, resolve_dtype, select_variant)
 
 PROMPT = "best quality, high quality"
 NEGATIVE_PROMPT = "monochrome, lowres, bad anatomy, worst quality, low quality"
@@ -128,12 +128,15 @@ class ZeSTPipeline:
     """ZeST material transfer: `pipeline(targets, materials)` -> one image per target, at the target's size."""
 
     def __init__(self, pipe: Any, depth: DepthEstimator, prompt_embeds: tuple[torch.Tensor, ...],
-                 model_ids: dict[str, str], attention: str):
+                 model_ids: dict[str, str], attention: str, model_revisions: dict[str, str | None] | None = None,
+                 compiled: bool = False):
         self.pipe = pipe
         self.depth = depth
         self.prompt_embeds = prompt_embeds
         self.model_ids = model_ids
         self.attention = attention
+        self.model_revisions = dict(model_revisions or {})
+        self.compiled = compiled
 
     @classmethod
     def from_config(cls, cfg: ZeSTConfig, device: str | torch.device | None = None,
@@ -141,38 +144,51 @@ class ZeSTPipeline:
                     compile: bool = False) -> "ZeSTPipeline":
         """Load every component (hub ids or folders), encode the constant prompt once and drop the text encoders.
 
-        dtype: a torch dtype or a precision name (auto/bf16/fp16/fp32); auto = bf16/fp16 on GPU, fp32 on CPU.
+        dtype: a torch dtype or a precision name (auto/bf16/fp16/fp32); auto = bf16/fp16 on GPU, fp32 on CPU. In half
+        precision the `fp16` weight variant is downloaded where the repo or folder ships it (`select_variant`). The
+        DPT depth model always runs in fp32 (as in ZeST's code; its output is min-max normalised to 8 bits).
         attention: auto/xformers/sdpa (never fused QKV: that deletes the IP-Adapter processors).
         compile: torch.compile the UNet and the ControlNet (fixed shapes: keep batch size and resolution constant).
+        `model_revisions` records each model's hub commit (from the cache) or local folder hash.
         """
         from diffusers import AutoencoderKL, ControlNetModel
 
         device = resolve_device(device)
         if dtype is None or isinstance(dtype, str):
             dtype = resolve_dtype(dtype or "auto", device)
+
+        def variant(name: str) -> dict[str, str]:
+            chosen = select_variant(name, dtype)
+            return {} if chosen is None else {"variant": chosen}
+
         controlnet = load_pretrained(ControlNetModel.from_pretrained, cfg.controlnet, "depth ControlNet",
-                                     **diffusers_dtype(dtype))
+                                     **diffusers_dtype(dtype), **variant(cfg.controlnet))
         components: dict[str, Any] = {"controlnet": controlnet}
         if cfg.vae is not None:
-            components["vae"] = load_pretrained(AutoencoderKL.from_pretrained, cfg.vae, "VAE", **diffusers_dtype(dtype))
+            components["vae"] = load_pretrained(AutoencoderKL.from_pretrained, cfg.vae, "VAE", **diffusers_dtype(dtype),
+                                                **variant(cfg.vae))
         pipe = load_pretrained(diffusers_pipeline_class().from_pretrained, cfg.base, "SDXL base pipeline",
-                               **diffusers_dtype(dtype), add_watermarker=False, **components)
+                               **diffusers_dtype(dtype), **variant(cfg.base), add_watermarker=False, **components)
         load_pretrained(pipe.load_ip_adapter, cfg.ip_adapter, "IP-Adapter", subfolder=cfg.ip_adapter_subfolder,
                         weight_name=cfg.ip_adapter_weight, image_encoder_folder=cfg.image_encoder)
-        depth = DepthEstimator.from_pretrained(cfg.depth, device=device, dtype=dtype)
+        depth = DepthEstimator.from_pretrained(cfg.depth, device=device, dtype=torch.float32)
         model_ids = {key: value for key, value in cfg.to_dict().items() if value is not None}
-        return cls.from_pipeline(pipe, depth, model_ids, device, attention, compile)
+        revisions = {key: model_revision(getattr(cfg, key)) for key in ("base", "controlnet", "ip_adapter", "depth", "vae")
+                     if getattr(cfg, key) is not None}
+        return cls.from_pipeline(pipe, depth, model_ids, device, attention, compile, revisions)
 
     @classmethod
     def from_pipeline(cls, pipe: Any, depth: DepthEstimator, model_ids: dict[str, str],
-                      device: str | torch.device | None = None, attention: str = "auto",
-                      compile: bool = False) -> "ZeSTPipeline":
+                      device: str | torch.device | None = None, attention: str = "auto", compile: bool = False,
+                      model_revisions: dict[str, str | None] | None = None) -> "ZeSTPipeline":
         """Wrap an assembled `diffusers_pipeline_class()` pipeline with its IP-Adapter loaded (in its final dtype).
 
-        Moves it to `device`, encodes the constant prompt once, drops the text encoders, sets the attention backend
-        and optionally compiles the UNet and ControlNet. `from_config` and the GPU benchmark both end here.
+        Moves it to `device`, encodes the constant prompt once, drops the text encoders, sets the attention backend,
+        puts the depth model in fp32 and optionally compiles the UNet and ControlNet. `from_config` and the GPU
+        benchmark both end here.
         """
         device = resolve_device(device)
+        depth.model.to(device=device, dtype=torch.float32)
         if pipe.unet.dtype == torch.bfloat16:
             pipe.vae.register_to_config(force_upcast=False)  # bf16 does not overflow; fp16 keeps SDXL's fp32 upcast
         pipe.to(device)
@@ -185,11 +201,17 @@ class ZeSTPipeline:
             pipe.unet = torch.compile(pipe.unet, fullgraph=False)
             pipe.controlnet = torch.compile(pipe.controlnet, fullgraph=False)
         pipe.set_progress_bar_config(disable=True)
-        return cls(pipe, depth, tuple(e.detach() for e in prompt_embeds), dict(model_ids), backend)
+        return cls(pipe, depth, tuple(e.detach() for e in prompt_embeds), dict(model_ids), backend, model_revisions,
+                   compile)
 
     @property
     def device(self) -> torch.device:
         return self.pipe.unet.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The diffusion models' dtype (the resolved precision; the depth model is fp32)."""
+        return self.pipe.unet.dtype
 
     @torch.inference_mode()
     def exemplar_embeds(self, materials: Sequence[Image.Image], do_classifier_free_guidance: bool) -> torch.Tensor:
@@ -199,10 +221,10 @@ class ZeSTPipeline:
         return stacked[:, None].to(self.pipe.unet.dtype)
 
     def prepare(self, targets: Sequence[Image.Image], masks: Sequence[Any] | None, resolution: int,
-                resize: str) -> tuple[list[Image.Image], list[Image.Image], list[Image.Image], list[Image.Image]]:
+                resize: str, mask_method: str = "auto") -> tuple[list[Image.Image], list[Image.Image], list[Image.Image], list[Image.Image]]:
         """ZeST inputs at resolution x resolution: init images, binary masks, RGB depth maps; plus full-size masks."""
         rgb = [to_rgb(t) for t in targets]
-        full_masks = foreground_masks(rgb, masks)
+        full_masks = foreground_masks(rgb, masks, mask_method)
         depths = self.depth(rgb)
         inits = [fit_square(grayscale_init(t, m), resolution, resize) for t, m in zip(rgb, full_masks)]
         fitted_masks = [binarise(fit_square(m, resolution, resize, Image.NEAREST, fill="zero")) for m in full_masks]
@@ -213,8 +235,8 @@ class ZeSTPipeline:
     def generate(self, targets: Sequence[Image.Image], materials: Sequence[Image.Image],
                  masks: Sequence[Any] | None = None, seeds: Sequence[int] | None = None, num_inference_steps: int = 30,
                  strength: float = 0.9999, guidance_scale: float = 5.0, controlnet_conditioning_scale: float = 0.9,
-                 ip_adapter_scale: float = 1.0, resolution: int = 1024,
-                 resize: str = "squash") -> tuple[np.ndarray, list[Image.Image]]:
+                 ip_adapter_scale: float = 1.0, resolution: int = 1024, resize: str = "squash",
+                 mask_method: str = "auto") -> tuple[np.ndarray, list[Image.Image]]:
         """One batched diffusion call: float images [B, resolution, resolution, 3] in [0, 1] and full-size masks."""
         if len(materials) != len(targets):
             raise ValueError(f"materials: got {len(materials)} exemplars for {len(targets)} targets")
@@ -225,7 +247,7 @@ class ZeSTPipeline:
         if resize not in RESIZE_MODES:
             raise ValueError(f"resize must be one of {RESIZE_MODES}, got {resize!r}")
         batch = len(targets)
-        inits, fitted_masks, controls, full_masks = self.prepare(targets, masks, resolution, resize)
+        inits, fitted_masks, controls, full_masks = self.prepare(targets, masks, resolution, resize, mask_method)
         cfg = guidance_scale > 1.0
         positive, negative, pooled, negative_pooled = (e.repeat(batch, *[1] * (e.dim() - 1)) for e in self.prompt_embeds)
         self.pipe.set_ip_adapter_scale(ip_adapter_scale)
@@ -243,17 +265,18 @@ class ZeSTPipeline:
                  seeds: list[int] | None = None, num_inference_steps: int = 30, strength: float = 0.9999,
                  guidance_scale: float = 5.0, controlnet_conditioning_scale: float = 0.9,
                  ip_adapter_scale: float = 1.0, resolution: int = 1024, resize: str = "squash",
-                 composite: bool = False, feather: float = 3.0) -> list[Image.Image]:
+                 composite: bool = False, feather: float = 3.0, mask_method: str = "auto") -> list[Image.Image]:
         """Transfer each material onto its target; returns RGB images at each target's size.
 
-        masks: given foreground masks (files or images, None entries computed), else rembg / the OpenCV fallback.
+        masks: given foreground masks (files or images, None entries computed by `mask_method`: auto = rembg when
+        installed, else the OpenCV fallback with a warning; see pipelines.masks).
         seeds: one per target (default: `item_seed(42, index)`); generators live on the CPU so results do not
         depend on the device's RNG. resize: 'squash' (ZeST) or 'pad' (aspect-preserving, cropped back).
         composite: paste the result over the original through the mask feathered by a Gaussian of std `feather` px.
         """
         arrays, full_masks = self.generate(
             targets, materials, masks, seeds, num_inference_steps, strength, guidance_scale,
-            controlnet_conditioning_scale, ip_adapter_scale, resolution, resize)
+            controlnet_conditioning_scale, ip_adapter_scale, resolution, resize, mask_method)
         outputs = []
         for array, target, mask in zip(arrays, targets, full_masks):
             image = unfit_square(Image.fromarray(np.rint(array * 255).astype(np.uint8), mode="RGB"), target.size, resize)

@@ -1,12 +1,14 @@
 """The one prepared GPU benchmark: full-size architectures with random weights (nothing is downloaded).
 
 Section "zest": SDXL base UNet + depth ControlNet + VAE + IP-Adapter (ViT-H encoder, image projection) + DPT-hybrid,
-built from the public config values (pipelines/tiny.py, ZEST_SIZES["full"]) directly on the GPU in bf16, run through
-`ZeSTPipeline.generate` at 1024 px, 30 steps. Reports images/s per batch size for each attention backend (SDPA,
-xformers when importable), eager and torch.compile, with peak GPU memory, and the one-at-a-time loop (batch 1
-repeated) as the ratio reference measured in the same process. Results go to benchmarks/gpu.json.
+built from the public config values (pipelines/tiny.py, ZEST_SIZES["full"]) directly on the GPU in bf16 (DPT in
+fp32), run through `ZeSTPipeline.generate` at 1024 px, 30 steps. Reports images/s per batch size for each attention
+backend (SDPA, xformers when importable), eager and torch.compile, with peak GPU memory, and the one-at-a-time loop
+(batch 1 repeated) as the ratio reference measured in the same process. Each compiled batch size gets a fresh build,
+so every compilation sees one static shape. Results go to benchmarks/gpu.json, rewritten after every case. A
+wall-clock budget (`--budget-s`, default 420 s) skips, and records as skipped, the cases that would not fit.
 
-    python scripts/bench_gpu.py                          # everything, about 6-8 minutes on an H200
+    python scripts/bench_gpu.py                          # everything that fits in 7 minutes (under 8 with start-up)
     python scripts/bench_gpu.py --quick                  # batch sizes 1 and 4, no compile: about 2 minutes
     python scripts/bench_gpu.py --sections zest --batch-sizes 1,8 --no-compile
     python scripts/bench_gpu.py --dry-run                # tiny models on the CPU: checks the script end to end
@@ -71,86 +73,136 @@ def _zest_inputs(n: int, size: int, seed: int = 0) -> tuple[list[Image.Image], l
     return [smooth() for _ in range(n)], [smooth() for _ in range(n)], [mask] * n
 
 
-def _zest_cases(args: argparse.Namespace, size: str, device: torch.device, dtype: torch.dtype, backend: str,
-                compiled: bool, inputs: tuple[list, list, list], call: dict[str, Any],
-                baselines: dict[str, float]) -> list[dict[str, Any]]:
-    """Build one random full-size ZeST for (backend, compiled) and time it; eager cases also time the loop."""
-    from pipelines.tiny import random_zest_pipeline
+class Budget:
+    """Wall-clock budget of the whole run: a case starts only when its estimated duration fits in what is left;
+    otherwise it is recorded as skipped. Estimates come from finished cases of the same kind (scaled by batch size),
+    else from `first_guess_s`."""
 
+    def __init__(self, seconds: float | None, first_guess_s: dict[str, float]):
+        self.seconds, self.first_guess_s = seconds, first_guess_s
+        self.started = time.perf_counter()
+        self.done: dict[str, tuple[float, int]] = {}  # kind -> (seconds, batch) of the last finished case
+
+    def left(self) -> float:
+        return float("inf") if self.seconds is None else self.seconds - (time.perf_counter() - self.started)
+
+    def estimate(self, kind: str, batch: int = 1) -> float:
+        if kind in self.done:
+            seconds, done_batch = self.done[kind]
+            return seconds * max(1.0, batch / done_batch)
+        return self.first_guess_s.get(kind, 0.0)
+
+    def allows(self, kind: str, batch: int = 1) -> tuple[bool, str]:
+        estimate, left = self.estimate(kind, batch), self.left()
+        return estimate <= left, f"budget: estimated {estimate:.0f} s, {max(left, 0):.0f} s left"
+
+    def record(self, kind: str, seconds: float, batch: int = 1) -> None:
+        self.done[kind] = (seconds, batch)
+
+
+def _zest_case(zest: Any, label: str, batch: int, inputs: tuple[list, list, list], call: dict[str, Any],
+               warm_call: dict[str, Any], device: torch.device, build_s: float) -> dict[str, Any]:
+    """Warm up (few steps: same shapes, so the same compiled graphs) then time one batched call."""
     targets, materials, masks = inputs
-    label = f"{backend}{'+compile' if compiled else ''}"
-    warm_call = dict(call, num_inference_steps=min(call["num_inference_steps"], args.warmup_steps))
-    started = time.perf_counter()
-    zest = random_zest_pipeline(size, device, dtype, attention=backend, compile=compiled)
-    build_s = time.perf_counter() - started
-    cases: list[dict[str, Any]] = []
-    if not compiled:
-        # the reference: one image at a time, batch 1 repeated
-        zest.generate(targets[:1], materials[:1], masks[:1], seeds=[0], **warm_call)
-        _reset_peak(device)
-        seconds = _timed(lambda: [zest.generate([targets[i]], [materials[i]], [masks[i]], seeds=[i], **call)
-                                  for i in range(args.loop_images)], device)
-        baselines[backend] = args.loop_images / seconds
-        cases.append(dict(case=label, mode="loop", batch_size=1, images=args.loop_images, seconds=seconds,
-                          images_per_s=baselines[backend], peak_gib=_peak_gib(device), build_s=build_s))
-        print(f"[zest] {label:16s} loop of {args.loop_images}: {baselines[backend]:.3f} img/s", flush=True)
-    for batch in (args.compile_batch_sizes if compiled else args.batch_sizes):
-        batch_inputs = (targets[:batch], materials[:batch], masks[:batch])
-        seeds = list(range(batch))
-        # warm-up with few steps: the shapes (and so the compiled graphs) do not depend on the step count
-        warm = _timed(lambda: zest.generate(*batch_inputs, seeds=seeds, **warm_call), device)
-        _reset_peak(device)
-        seconds = _timed(lambda: zest.generate(*batch_inputs, seeds=seeds, **call), device)
-        cases.append(dict(case=label, mode="batched", batch_size=batch, images=batch, seconds=seconds,
-                          images_per_s=batch / seconds, warmup_s=warm, peak_gib=_peak_gib(device), build_s=build_s))
-        print(f"[zest] {label:16s} batch {batch}: {batch / seconds:.3f} img/s, "
-              f"peak {cases[-1]['peak_gib'] or 0:.1f} GiB, warm-up {warm:.1f} s", flush=True)
-    del zest
-    return cases
+    batch_inputs = (targets[:batch], materials[:batch], masks[:batch])
+    seeds = list(range(batch))
+    warm = _timed(lambda: zest.generate(*batch_inputs, seeds=seeds, **warm_call), device)
+    _reset_peak(device)
+    seconds = _timed(lambda: zest.generate(*batch_inputs, seeds=seeds, **call), device)
+    case = dict(case=label, mode="batched", batch_size=batch, images=batch, seconds=seconds, images_per_s=batch / seconds,
+                warmup_s=warm, peak_gib=_peak_gib(device), build_s=build_s)
+    print(f"[zest] {label:16s} batch {batch}: {batch / seconds:.3f} img/s, peak {case['peak_gib'] or 0:.1f} GiB, "
+          f"warm-up {warm:.1f} s, build {build_s:.1f} s", flush=True)
+    return case
 
 
-def bench_zest(args: argparse.Namespace) -> dict[str, Any]:
-    """ZeST images/s for each (attention, compile, batch size) case; ratios against the one-at-a-time loop."""
+def _zest_runs(args: argparse.Namespace, backends: list[str]) -> list[tuple[str, bool, list[int]]]:
+    """(backend, compiled, batch sizes per build) in run order: eager builds time every batch size (plus the loop);
+    compiled builds are fresh per batch size, so each compiles one static shape."""
+    runs = [(backend, False, list(args.batch_sizes)) for backend in backends]
+    if args.compile:
+        runs += [(backend, True, [batch]) for backend in backends if backend in args.compile_backends
+                 for batch in args.compile_batch_sizes]
+    return runs
+
+
+def bench_zest(args: argparse.Namespace, budget: Budget, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """ZeST images/s for each (attention, compile, batch size) case; ratios against the one-at-a-time loop.
+    `save(section)` is called after every case, so a run cut short keeps what it measured."""
     from pipelines.runtime import xformers_available
+    from pipelines.tiny import random_zest_pipeline
 
     device = resolve_device(args.device)
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     size = "tiny" if args.dry_run else "full"
     backends = ["sdpa"] + (["xformers"] if xformers_available() and not args.no_xformers else [])
-    compile_modes = [False] + ([True] if args.compile else [])
-    targets, materials, masks = _zest_inputs(max(args.batch_sizes + [args.loop_images]), args.image_size)
+    inputs = _zest_inputs(max(args.batch_sizes + args.compile_batch_sizes + [args.loop_images]), args.image_size)
     call = dict(num_inference_steps=args.steps, resolution=args.resolution)
-    cases: list[dict[str, Any]] = []
+    warm_call = dict(call, num_inference_steps=min(args.steps, args.warmup_steps))
+    section: dict[str, Any] = dict(model_size=size, dtype=str(dtype).removeprefix("torch."), resolution=args.resolution,
+                                   steps=args.steps, backends=backends, reference="sdpa one-at-a-time loop", cases=[])
+    cases: list[dict[str, Any]] = section["cases"]
     baselines: dict[str, float] = {}
-    for backend in backends:
-        for compiled in compile_modes:
-            if compiled and backend not in args.compile_backends:
-                continue
-            label = f"{backend}{'+compile' if compiled else ''}"
-            try:
-                cases += _zest_cases(args, size, device, dtype, backend, compiled, (targets, materials, masks), call,
-                                     baselines)
-            except Exception as err:  # one failing case (e.g. a compile error) must not lose the others
-                cases.append(dict(case=label, error=f"{type(err).__name__}: {err}"))
-                print(f"[zest] {label}: FAILED {type(err).__name__}: {err}", flush=True)
-            _reset_peak(device)
-    reference = baselines.get("sdpa")
+
+    def add(case: dict[str, Any]) -> None:
+        reference = baselines.get("sdpa")
+        if "images_per_s" in case:
+            case["speedup_vs_sdpa_loop"] = case["images_per_s"] / reference if reference else None
+        cases.append(case)
+        save(section)
+
+    for backend, compiled, batches in _zest_runs(args, backends):
+        label = f"{backend}{'+compile' if compiled else ''}"
+        kind = "compile" if compiled else "eager"
+        fits, why = budget.allows(f"{kind}-build", batches[0])
+        if not fits:
+            for batch in batches:
+                add(dict(case=label, batch_size=batch, skipped=why))
+            print(f"[zest] {label}: skipped ({why})", flush=True)
+            continue
+        try:
+            started = time.perf_counter()
+            zest = random_zest_pipeline(size, device, dtype, attention=backend, compile=compiled)
+            build_s = time.perf_counter() - started
+            if not compiled:  # the reference: one image at a time, batch 1 repeated
+                targets, materials, masks = inputs
+                zest.generate(targets[:1], materials[:1], masks[:1], seeds=[0], **warm_call)
+                _reset_peak(device)
+                seconds = _timed(lambda: [zest.generate([targets[i]], [materials[i]], [masks[i]], seeds=[i], **call)
+                                          for i in range(args.loop_images)], device)
+                baselines[backend] = args.loop_images / seconds
+                add(dict(case=label, mode="loop", batch_size=1, images=args.loop_images, seconds=seconds,
+                         images_per_s=baselines[backend], peak_gib=_peak_gib(device), build_s=build_s))
+                print(f"[zest] {label:16s} loop of {args.loop_images}: {baselines[backend]:.3f} img/s", flush=True)
+            budget.record(f"{kind}-build", time.perf_counter() - started, batches[0])
+            for batch in batches:
+                fits, why = budget.allows(f"{kind}-case", batch)
+                if not fits:
+                    add(dict(case=label, batch_size=batch, skipped=why))
+                    print(f"[zest] {label} batch {batch}: skipped ({why})", flush=True)
+                    continue
+                started = time.perf_counter()
+                add(_zest_case(zest, label, batch, inputs, call, warm_call, device, build_s))
+                budget.record(f"{kind}-case", time.perf_counter() - started, batch)
+            del zest
+        except Exception as err:  # one failing case (e.g. a compile error) must not lose the others
+            add(dict(case=label, error=f"{type(err).__name__}: {err}"))
+            print(f"[zest] {label}: FAILED {type(err).__name__}: {err}", flush=True)
+        _reset_peak(device)
     timed = [case for case in cases if "images_per_s" in case]
-    for case in timed:
-        case["speedup_vs_sdpa_loop"] = case["images_per_s"] / reference if reference else None
     print("\n| case | batch | img/s | x vs SDPA loop | peak GiB |\n|---|---|---|---|---|")
     for case in timed:
         peak = f"{case['peak_gib']:.1f}" if case["peak_gib"] is not None else "-"
         batch = "loop" if case["mode"] == "loop" else case["batch_size"]
-        ratio = f"{case['speedup_vs_sdpa_loop']:.2f}" if case["speedup_vs_sdpa_loop"] else "-"
+        ratio = f"{case['speedup_vs_sdpa_loop']:.2f}" if case.get("speedup_vs_sdpa_loop") else "-"
         print(f"| {case['case']} | {batch} | {case['images_per_s']:.3f} | {ratio} | {peak} |")
-    return dict(model_size=size, dtype=str(dtype).removeprefix("torch."), resolution=args.resolution,
-                steps=args.steps, backends=backends, reference="sdpa one-at-a-time loop", cases=cases)
+    return section
 
 
-def bench_diffguard(args: argparse.Namespace) -> dict[str, Any]:
+def bench_diffguard(args: argparse.Namespace, budget: Budget, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """DIFFGUARD on the full-size ADM 256 (pixel) and Stable Diffusion 1.5 (latent) with a ResNet-50, random weights:
-    images/s per batch size against the batch-1 loop (the original design's limit under per-sample early stop)."""
+    images/s per batch size against the batch-1 loop (the original design's limit under per-sample early stop).
+    Its two parts are the cases (each saved when done, each skipped when the budget cannot hold it)."""
     import detectors
     from detectors.generative.bench import (bench_early_stop_batching, bench_latent_batching, contrast_ramp_images,
                                             random_diffguard_models)
@@ -158,6 +210,12 @@ def bench_diffguard(args: argparse.Namespace) -> dict[str, Any]:
     device = resolve_device(args.device)
     dtype = torch.float32 if args.dry_run else torch.bfloat16
     size = "tiny" if args.dry_run else "full"
+    result: dict[str, Any] = dict(model_size=size, dtype=str(dtype).removeprefix("torch."))
+    fits, why = budget.allows("diffguard-pixel")
+    if not fits:
+        print(f"[diffguard] skipped ({why})", flush=True)
+        return dict(result, skipped=why)
+    started = time.perf_counter()
     unet, pipe, classifier = random_diffguard_models(size, device, dtype)
     steps = 10 if args.dry_run else 100
     common = dict(classifier=classifier, distance="ssim", early_stop_similarity=None, precision="fp32" if args.dry_run else "bf16")
@@ -165,18 +223,31 @@ def bench_diffguard(args: argparse.Namespace) -> dict[str, Any]:
                             early_stop_psnr=15.0, **common)
     side = int(unet.config.sample_size)
     images = contrast_ramp_images(max(args.batch_sizes), side)
-    result = dict(model_size=size, dtype=str(dtype).removeprefix("torch."), pixel_steps=steps,
-                  pixel=bench_early_stop_batching(pixel, images, args.batch_sizes, args.loop_images))
+    result.update(pixel_steps=steps, pixel=bench_early_stop_batching(pixel, images, args.batch_sizes, args.loop_images))
+    budget.record("diffguard-pixel", time.perf_counter() - started)
+    save(result)
     del pixel, unet
     _reset_peak(device)
+    fits, why = budget.allows("diffguard-latent")
+    if not fits:
+        print(f"[diffguard] latent skipped ({why})", flush=True)
+        return dict(result, latent={"skipped": why})
+    started = time.perf_counter()
     latent = detectors.build("diffguard", backend="latent", pipeline=pipe, latent_steps=5 if args.dry_run else 25,
                              class_names=[f"class {i}" for i in range(classifier.num_classes)], **common)
     result["latent"] = bench_latent_batching(latent, images, args.batch_sizes, args.loop_images)
+    budget.record("diffguard-latent", time.perf_counter() - started)
     result["peak_gib"] = _peak_gib(device)
     return result
 
 
-SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
+DEFAULT_BUDGET_S = 420.0  # 7 minutes of cases; imports, CUDA start-up and the JSON writes fit in the eighth
+# first guesses on one H200 (full size, bf16, 1024 px, 30 steps) before a case of the kind has run; from the published
+# SDXL timings in REFERENCE.md scaled to an H200, plus ZeST's ControlNet; the compiled case includes the compilation
+H200_FIRST_GUESS_S = {"eager-build": 40.0, "eager-case": 8.0, "compile-build": 20.0, "compile-case": 150.0,
+                      "diffguard-pixel": 90.0, "diffguard-latent": 60.0}
+
+SECTIONS: dict[str, Callable[[argparse.Namespace, Budget, Callable[[dict[str, Any]], None]], dict[str, Any]]] = {
     "zest": bench_zest,
     "diffguard": bench_diffguard,
 }
@@ -204,6 +275,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="batch sizes 1 and 4, no compile")
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny models, fp32, 64 px, 3 steps, batch sizes 1,2, no compile: checks the script on CPU")
+    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                        help="wall-clock budget of the whole run: a case that would not fit (estimated from the cases "
+                             "already run, else from H200 first guesses) is recorded as skipped; default keeps a full "
+                             "run under 8 minutes on one H200")
+    parser.add_argument("--no-budget", dest="budget_s", action="store_const", const=None, help="run every case")
     parser.add_argument("--device", default=None)
     parser.add_argument("--out", default="benchmarks/gpu.json")
     args = parser.parse_args(argv)
@@ -229,12 +305,23 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__, "dry_run": args.dry_run,
         "xformers": importlib.util.find_spec("xformers") is not None, "sections": {},
     }
+    budget = Budget(args.budget_s, {} if args.dry_run else H200_FIRST_GUESS_S)
+    result["budget_s"] = args.budget_s
+
+    def saver(name: str) -> Callable[[dict[str, Any]], None]:
+        def save(section: dict[str, Any]) -> None:  # after every case: a run cut short keeps what it measured
+            result["sections"][name] = section
+            result["elapsed_s"] = time.perf_counter() - budget.started
+            atomic_write_json(args.out, result)
+        return save
+
     for name in args.sections.split(","):
         started = time.perf_counter()
-        result["sections"][name] = SECTIONS[name](args)
-        result["sections"][name]["section_s"] = time.perf_counter() - started
-        atomic_write_json(args.out, result)  # keep partial results if a later section fails or times out
-    print(f"\nwrote {args.out}")
+        section = SECTIONS[name](args, budget, saver(name))
+        section["section_s"] = time.perf_counter() - started
+        saver(name)(section)
+    print(f"\nwrote {args.out} after {time.perf_counter() - budget.started:.0f} s "
+          f"(budget {args.budget_s if args.budget_s is not None else 'none'} s)")
 
 
 if __name__ == "__main__":

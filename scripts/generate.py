@@ -2,7 +2,8 @@
 
 Multi-GPU: `accelerate launch --num_processes N scripts/generate.py --config gen.yaml`; two CPU processes:
 `torchrun --nproc_per_node 2 scripts/generate.py --config gen.yaml`. Rerun the same command to resume.
-Overrides use the config's keys (`batch_size=4`, `limit=100`, `models.vae=DIR`); `--dry-run` prints the plan only.
+Overrides use the config's keys (`batch_size=4`, `limit=100`, `models.vae=DIR`); `--dry-run` prints the plan only
+(and refuses, naming the changes, when the input folders changed since the job's plan was stored).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from gen.job import GenerationConfig, format_plan, load_plan, plan_summary, run_generation
+from gen.job import GenerationConfig, format_plan, job_plan, plan_summary, run_generation
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -26,8 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     config = GenerationConfig.from_yaml(args.config, args.overrides)
     if args.dry_run:
-        plan = load_plan(config)
-        print(format_plan(plan, args.show))
+        plan = job_plan(config)
+        print(format_plan(plan.items, args.show))
         print(json.dumps(plan_summary(config, plan), indent=2))
         return
     summary = run_generation(config)

@@ -12,12 +12,18 @@ from pipelines.data import make_row, write_manifest
 
 
 def write_images(folder: Path, names: list[str], seed: int, size: int = 24) -> None:
-    """Small random RGB PNGs at `folder/name`."""
+    """Small RGB PNGs at `folder/name`: a random-coloured textured disc on a plain light background, so that automatic
+    masks find an object."""
     rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:size, 0:size]
+    disc = ((x - size / 2) ** 2 + (y - size / 2) ** 2 < (size / 3) ** 2)[..., None]
     for name in names:
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(path)
+        colour = rng.integers(0, 140, 3)
+        texture = np.clip(colour + rng.integers(0, 40, (size, size, 3)), 0, 255)
+        background = np.full((size, size, 3), 225) + rng.integers(-3, 4, (size, size, 3))
+        Image.fromarray(np.where(disc, texture, background).astype(np.uint8)).save(path)
 
 
 def bronze_manifest(folder: Path, n: int = 3) -> Path:

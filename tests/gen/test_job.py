@@ -45,9 +45,16 @@ def test_output_manifest_validates_and_carries_labels_and_provenance(tmp_path, b
         assert prov["seed"] == item_seed(7, index)
         assert prov["pipeline"] == "zest" and prov["model_ids"] == fake_zest.model_ids
         assert prov["params"]["num_inference_steps"] == 2 and prov["params"]["strength"] == 0.9999
-        assert set(prov) == {"source_target", "source_material", "seed", "pipeline", "model_ids", "params", "created"}
+        assert set(prov) == {"source_target", "source_material", "seed", "pipeline", "model_ids", "model_revisions",
+                             "params", "created"}
+        assert (prov["params"]["dtype"], prov["params"]["mask"], prov["params"]["mask_method"]) == (
+            "float32", "opencv", "auto")  # CPU policy; rembg is not installed here, so auto fell back to OpenCV
+        assert prov["params"]["attention"] == "auto" and prov["params"]["compile"] is False
     assert Path(summary["contact_sheet"]).is_file()
     assert not temp_files(Path(config.out))
+    assert summary["warnings"] == ["mask_method auto fell back to the OpenCV GrabCut masks: rembg is not installed"]
+    job = json.loads((Path(config.out) / JOB_FOLDER / "job.json").read_text())
+    assert job["plan_hash"] == summary["plan_hash"] and job["plan_size"] == 7
 
 
 def test_crash_then_rerun_finishes_every_item_exactly_once(tmp_path, bronzes, containers, fake_zest):
@@ -113,7 +120,8 @@ def test_dry_run_plans_without_models(tmp_path, bronzes, containers):
     summary = run_generation(config_for(tmp_path, containers, bronzes, limit=5), dry_run=True)
     assert summary == {"dry_run": True, "task": "transferred_container", "ood_set": "transferred_container",
                        "planned": 5, "targets": 5, "materials": 3, "material_use": [1, 2], "already_done": 0,
-                       "pending": 5}
+                       "pending": 5, "plan_hash": summary["plan_hash"], "extended": 0, "skipped_inputs": []}
+    assert len(summary["plan_hash"]) == 16
     assert not Path(tmp_path / "out").exists()
 
 

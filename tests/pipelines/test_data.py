@@ -136,3 +136,46 @@ def test_image_root_sidecar(tmp_path):
     (folder / "manifest_info.json").write_text(json.dumps({"image_root": 3}))
     with pytest.raises(ManifestError, match="image_root"):
         read_manifest(folder)
+
+
+def test_bad_input_matrix_loads_or_fails_naming_the_file_and_reason(tmp_path):
+    from badinputs import bad_images
+
+    cases = bad_images(tmp_path)
+    for case in cases.values():
+        if case.loads:
+            image = load_image(case.path)
+            assert image.mode == "RGB" and image.size == case.size, case.name
+        else:
+            with pytest.raises(ImageLoadError, match=case.reason) as err:
+                load_image(case.path)
+            assert err.value.path == str(case.path) and case.path.name in str(err.value)
+    images, failures = load_images([case.path for case in cases.values()])
+    assert {f.file for f in failures} == {str(c.path) for c in cases.values() if not c.loads}
+    assert [image is None for image in images] == [not c.loads for c in cases.values()]
+    # the odd modes decode to the right pixels: 16-bit rescaled, transparent palette entries on white, EXIF turned
+    gray16 = np.asarray(Image.open(cases["gray16"].path), dtype=np.float64)
+    np.testing.assert_array_equal(np.asarray(load_image(cases["gray16"].path))[..., 0], np.rint(gray16 / 65535 * 255))
+    with Image.open(cases["palette_transparency"].path) as palette:
+        transparent = np.asarray(palette) == palette.info["transparency"]
+    assert transparent.any() and (np.asarray(load_image(cases["palette_transparency"].path))[transparent] == 255).all()
+    good = np.asarray(load_image(cases["good"].path), dtype=np.int64)
+    turned = np.asarray(load_image(cases["exif_rotated"].path), dtype=np.int64)
+    assert np.abs(turned - np.rot90(good, k=-1)).mean() < 8  # JPEG noise only
+
+
+def test_huge_image_is_refused_from_its_header_without_decoding(tmp_path, monkeypatch):
+    from badinputs import bad_images
+    from PIL import ImageFile
+
+    huge = bad_images(tmp_path)["huge"].path
+
+    def no_decoding(self):
+        raise AssertionError("the pixels of an over-limit image must not be decoded")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", no_decoding)
+    with pytest.raises(ImageLoadError, match=r"10000x5000 = 50.0 MP exceeds the 40 MP limit"):
+        load_image(huge)
+    monkeypatch.undo()
+    with Image.open(huge) as image:  # a real, valid 1-bit PNG: only its size is the problem
+        assert image.size == (10_000, 5_000) and image.mode == "1"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.masks import binarise, foreground_masks, grayscale_init, load_mask, opencv_mask
+from pipelines.masks import MaskError, binarise, foreground_masks, grayscale_init, load_mask, opencv_mask
 
 
 def _object_on_plain_background(seed: int = 0, size: tuple[int, int] = (240, 180)):
@@ -40,8 +40,11 @@ def test_given_masks_are_thresholded_and_resized():
     rgba[1:3, 1:3, 3] = 255  # alpha defines the foreground of an RGBA cut-out
     np.testing.assert_array_equal(np.asarray(binarise(Image.fromarray(rgba, "RGBA"))) > 0, rgba[..., 3] > 0)
     image, _ = _object_on_plain_background()
-    masks = foreground_masks([image, image], [Image.fromarray(soft), None], method="opencv")
+    same_aspect = Image.fromarray(np.tile(np.linspace(0, 255, 120).astype(np.uint8), (90, 1)))
+    masks = foreground_masks([image, image], [same_aspect, None], method="opencv")
     assert masks[0].size == image.size and masks[1].size == image.size
+    with pytest.raises(MaskError, match="does not match the image size 240x180"):
+        foreground_masks([image], [Image.fromarray(soft)])
     with pytest.raises(ValueError, match="masks"):
         foreground_masks([image], [None, None])
 
@@ -58,3 +61,84 @@ def test_grayscale_init_is_gray_inside_and_colour_outside():
     for channel in range(3):
         assert np.abs(init[..., channel][inside] - luma[inside]).max() <= 1
     assert (init[inside][:, 0] == init[inside][:, 1]).all() and (init[inside][:, 1] == init[inside][:, 2]).all()
+
+
+def test_given_masks_read_alpha_palette_transparency_and_16_bit(tmp_path):
+    inside = np.zeros((6, 8), bool)
+    inside[1:5, 2:6] = True
+    # an RGBA cut-out of a black object: composited on white it would invert; read by alpha it is the object
+    rgba = np.zeros((6, 8, 4), np.uint8)
+    rgba[..., 3] = np.where(inside, 255, 0)
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "cutout.png")
+    np.testing.assert_array_equal(np.asarray(load_mask(tmp_path / "cutout.png")) > 0, inside)
+    palette = Image.fromarray(np.where(inside, 1, 0).astype(np.uint8), "P")
+    palette.putpalette([255, 255, 255, 0, 0, 0] + [0] * 762)  # background white, object black
+    palette.save(tmp_path / "palette.png", transparency=0)
+    np.testing.assert_array_equal(np.asarray(load_mask(tmp_path / "palette.png")) > 0, inside)
+    sixteen = np.where(inside, 40000, 20000).astype(np.uint16)  # 16-bit values thresholded at half range, not clipped
+    Image.fromarray(sixteen).save(tmp_path / "mask16.png")
+    np.testing.assert_array_equal(np.asarray(load_mask(tmp_path / "mask16.png")) > 0, inside)
+    resized = load_mask(tmp_path / "cutout.png", size=(16, 12))
+    np.testing.assert_array_equal(np.asarray(resized)[::2, ::2] > 0, inside)
+
+
+def test_mask_files_that_cannot_be_used_raise_naming_the_file(tmp_path):
+    from pipelines.data import ImageLoadError
+
+    (tmp_path / "bad.png").write_bytes(b"not a png")
+    with pytest.raises(ImageLoadError, match="bad.png: cannot decode mask"):
+        load_mask(tmp_path / "bad.png")
+    with pytest.raises(ImageLoadError, match="mask file not found"):
+        load_mask(tmp_path / "absent.png")
+    Image.new("L", (10, 20), 255).save(tmp_path / "tall.png")
+    with pytest.raises(MaskError, match="tall.png: mask size 10x20 does not match the image size 20x10") as err:
+        load_mask(tmp_path / "tall.png", size=(20, 10))
+    assert err.value.path == str(tmp_path / "tall.png")
+
+
+@pytest.mark.parametrize("side", [1, 2, 7])
+def test_images_too_small_for_the_opencv_mask_raise_a_clear_error(side):
+    with pytest.raises(MaskError, match=f"image too small for an automatic mask: {side}x{side}"):
+        opencv_mask(Image.new("RGB", (side, side)))
+    assert opencv_mask(Image.new("RGB", (8, 8))).size == (8, 8)  # the smallest accepted size runs
+
+
+def test_rembg_runs_one_session_per_process_and_auto_falls_back_with_a_warning(monkeypatch):
+    import sys
+    import types
+
+    import pipelines.masks as masks
+
+    sessions = []
+
+    def new_session(model):
+        sessions.append(model)
+        return f"session:{model}"
+
+    def remove(image, session=None):
+        assert session == "session:u2net"
+        alpha = np.zeros((image.height, image.width), np.uint8)
+        alpha[1:3, 1:3] = 200
+        return Image.fromarray(np.dstack([np.asarray(image), alpha]), "RGBA")
+
+    monkeypatch.setitem(sys.modules, "rembg", types.SimpleNamespace(new_session=new_session, remove=remove))
+    monkeypatch.setattr(masks, "rembg_available", lambda: True)
+    masks.rembg_session.cache_clear()
+    try:
+        image = Image.new("RGB", (4, 4), (9, 9, 9))
+        for _ in range(3):
+            mask = masks.foreground_mask(image, "auto")
+        assert sessions == ["u2net"]  # created once, reused for every image
+        assert np.asarray(mask).tolist() == [[0, 0, 0, 0], [0, 255, 255, 0], [0, 255, 255, 0], [0, 0, 0, 0]]
+        assert masks.resolve_mask_method("auto") == "rembg"
+    finally:
+        masks.rembg_session.cache_clear()
+    monkeypatch.setattr(masks, "rembg_available", lambda: False)
+    masks._warn_fallback.cache_clear()
+    with pytest.warns(RuntimeWarning, match="rembg is not installed"):
+        assert masks.resolve_mask_method("auto") == "opencv"
+    assert masks.resolve_mask_method("opencv") == "opencv"
+    with pytest.raises(ImportError, match="pip install 'oodforge\\[masks\\]'"):
+        masks.resolve_mask_method("rembg")
+    with pytest.raises(ValueError, match="mask method must be one of"):
+        masks.resolve_mask_method("grabcut")

@@ -129,3 +129,23 @@ def test_uncached_hub_id_raises_the_clear_offline_error(monkeypatch):
     with pytest.raises(OSError, match="oodforge-tests/no-such-controlnet.*pass DIR instead"):
         ZeSTPipeline.from_config(cfg, device="cpu")
 
+
+
+def test_half_precision_load_uses_the_fp16_variant_records_revisions_and_keeps_dpt_in_fp32(tiny_zest_config, tmp_path):
+    import shutil
+
+    import torch
+
+    from pipelines.runtime import folder_hash
+
+    # a ControlNet folder that ships only the fp16 variant file: it loads only if the variant is asked for
+    controlnet = tmp_path / "controlnet"
+    shutil.copytree(tiny_zest_config.controlnet, controlnet)
+    (controlnet / "diffusion_pytorch_model.safetensors").rename(controlnet / "diffusion_pytorch_model.fp16.safetensors")
+    config = ZeSTConfig.from_dict({**tiny_zest_config.to_dict(), "controlnet": str(controlnet)})
+    zest = ZeSTPipeline.from_config(config, device="cpu", dtype="bf16")
+    assert zest.dtype == torch.bfloat16 and zest.pipe.controlnet.dtype == torch.bfloat16
+    assert next(zest.depth.model.parameters()).dtype == torch.float32
+    assert zest.model_revisions == {key: folder_hash(getattr(config, key))
+                                    for key in ("base", "controlnet", "ip_adapter", "depth")}
+    assert zest.attention == "sdpa" and zest.compiled is False

@@ -1,0 +1,190 @@
+"""The plan of a generation job, kept stable across reruns.
+
+A job's items are indexed (the index names the output and seeds it), so a rerun must never give an index to another
+(target, material) pair. The first run stores the full plan (no `limit`) in `out/.job/plan.json`: the input lists and
+the (target, material) pairs, with a hash of the pairs (`plan_hash`, also in job.json). A rerun whose inputs are
+unchanged uses the stored pairs. When a target or material was added or removed, the job is refused with the changes
+named (`plan_change: refuse`, the default), or extended (`plan_change: extend`): every stored item keeps its index and
+pair (an item whose input is gone fails with "file not found"), and the added targets are planned among themselves
+over the current materials and appended after the stored items.
+
+Inputs are read leniently: a manifest line that breaks the schema, or repeats a file name, is skipped and reported
+(file, line, field, reason) instead of stopping the job.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gen.pairing import PlanItem, inherited_labels, load_source, output_name, plan_task
+from pipelines.data import METADATA, Manifest, ManifestError, _image_root, make_row, validate_row
+from pipelines.io import atomic_write_json
+
+PLAN_FILE = "plan.json"
+PLAN_CHANGES = ("refuse", "extend")
+SHOWN_NAMES = 5
+
+
+class PlanChangedError(ValueError):
+    """The inputs of a job changed since its plan was stored; the message names what was added and removed."""
+
+
+@dataclass
+class JobPlan:
+    """The items to run (after `limit`), the full pair list to store, and the input lines that were skipped."""
+
+    items: list[PlanItem]
+    pairs: list[tuple[str, str]]
+    targets: list[str]
+    materials: list[str]
+    skipped_inputs: list[dict[str, Any]] = field(default_factory=list)
+    extended: int = 0  # items appended to the stored plan by this run
+
+    @property
+    def plan_hash(self) -> str:
+        return plan_hash(self.pairs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plan_hash": self.plan_hash, "targets": self.targets, "materials": self.materials,
+                "pairs": [list(pair) for pair in self.pairs]}
+
+
+def plan_hash(pairs: list[tuple[str, str]]) -> str:
+    """sha256 (16 hex) of the ordered (target file_name, material file_name) pairs."""
+    text = "\n".join(f"{target}\t{material}" for target, material in pairs)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def read_source(folder: str | os.PathLike, what: str) -> tuple[Manifest, list[dict[str, Any]]]:
+    """`gen.pairing.load_source`, except that a manifest's bad or duplicate lines are skipped and returned as records
+    `{"file", "line", "field", "reason"}`."""
+    root = Path(folder)
+    try:
+        return load_source(root, what), []
+    except ManifestError:
+        pass
+    meta = root / METADATA
+    rows: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    with open(meta, encoding="utf-8") as fh:
+        for number, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            try:
+                try:
+                    row = json.loads(text)
+                except json.JSONDecodeError as err:
+                    raise ManifestError(meta, number, None, f"invalid JSON ({err.msg} at column {err.colno})") from None
+                validate_row(row, meta, number)
+                if row["file_name"] in seen:
+                    raise ManifestError(meta, number, "file_name",
+                                        f"duplicate of line {seen[row['file_name']]}: {row['file_name']!r}")
+            except ManifestError as err:
+                skipped.append({"file": err.file, "line": err.line, "field": err.field, "reason": str(err)})
+                continue
+            seen[row["file_name"]] = number
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{what} manifest {meta} holds no valid line ({len(skipped)} skipped)")
+    return Manifest(_image_root(root), rows), skipped
+
+
+def items_from_pairs(pairs: list[tuple[str, str]], targets: Manifest, materials: Manifest, inherit: str,
+                     start: int = 0) -> list[PlanItem]:
+    """Plan items for stored pairs (indices from `start`); an input no longer present keeps its path and no labels."""
+    target_rows = {row["file_name"]: row for row in targets.rows}
+    material_rows = {row["file_name"]: row for row in materials.rows}
+    items = []
+    for offset, (target_name, material_name) in enumerate(pairs):
+        index = start + offset
+        present = target_name in target_rows and material_name in material_rows
+        target_row = target_rows.get(target_name) or make_row(target_name, role="ood", ood_set="removed")
+        material_row = material_rows.get(material_name) or make_row(material_name, role="ood", ood_set="removed")
+        source = {"material": material_row, "target": target_row, "none": {}}[inherit]
+        labels = inherited_labels(source) if present else {}
+        items.append(PlanItem(index=index, target=str(targets.path(target_row)), material=str(materials.path(material_row)),
+                              target_row=target_row, material_row=material_row, labels=labels,
+                              output=output_name(index, target_row, material_row)))
+    return items
+
+
+def _names(rows: list[dict[str, Any]]) -> list[str]:
+    return [row["file_name"] for row in rows]
+
+
+def _describe(kind: str, before: list[str], now: list[str]) -> list[str]:
+    old, new = set(before), set(now)
+    lines = []
+    for verb, names in (("added", [n for n in now if n not in old]), ("removed", [n for n in before if n not in new])):
+        if names:
+            shown = ", ".join(names[:SHOWN_NAMES]) + (f", ... ({len(names)} in all)" if len(names) > SHOWN_NAMES else "")
+            lines.append(f"{kind} {verb}: {shown}")
+    if not lines and before != now:
+        lines.append(f"{kind}: the same files in a different order")
+    return lines
+
+
+def read_stored(job_folder: Path) -> dict[str, Any] | None:
+    path = job_folder / PLAN_FILE
+    if not path.is_file():
+        return None
+    stored = json.loads(path.read_text(encoding="utf-8"))
+    stored["pairs"] = [tuple(pair) for pair in stored["pairs"]]
+    if plan_hash(stored["pairs"]) != stored.get("plan_hash"):
+        raise ValueError(f"{path}: its pairs do not match its plan_hash (the file was edited); restore it or use a "
+                         f"new 'out' folder")
+    return stored
+
+
+def build_plan(task: str, targets_folder: str | os.PathLike, materials_folder: str | os.PathLike, job_folder: Path, *,
+               per_target: int = 1, seed: int = 0, inherit: str | None = None, limit: int | None = None,
+               plan_change: str = "refuse") -> JobPlan:
+    """The job's plan: the stored one when the inputs are unchanged, else refused or extended (module docstring)."""
+    if plan_change not in PLAN_CHANGES:
+        raise ValueError(f"plan_change must be one of {PLAN_CHANGES}, got {plan_change!r}")
+    targets, skipped_targets = read_source(targets_folder, "targets")
+    materials, skipped_materials = read_source(materials_folder, "materials")
+    skipped = skipped_targets + skipped_materials
+    mode = inherit or "material"
+    target_names, material_names = _names(targets.rows), _names(materials.rows)
+    stored = read_stored(job_folder)
+    extended = 0
+    if stored is None:
+        fresh = plan_task(task, targets, materials, per_target=per_target, seed=seed, inherit=inherit)
+        pairs = [(item.target_row["file_name"], item.material_row["file_name"]) for item in fresh]
+        items = fresh
+    elif stored["targets"] == target_names and stored["materials"] == material_names:
+        pairs = stored["pairs"]
+        items = items_from_pairs(pairs, targets, materials, mode)
+    else:
+        changes = _describe("targets", stored["targets"], target_names) + _describe("materials", stored["materials"],
+                                                                                   material_names)
+        if plan_change == "refuse":
+            raise PlanChangedError(
+                f"the inputs of the job in {job_folder.parent} changed since its plan was made ({'; '.join(changes)}). "
+                f"Rerunning would give planned indices to other pairs. Restore the inputs, set plan_change=extend to "
+                f"keep every planned item and append the added targets, or use a new 'out' folder")
+        pairs = list(stored["pairs"])
+        items = items_from_pairs(pairs, targets, materials, mode)
+        planned = {target for target, _ in pairs} | set(stored["targets"])
+        added = Manifest(targets.root, [row for row in targets.rows if row["file_name"] not in planned])
+        if added.rows:
+            new = plan_task(task, added, materials, per_target=per_target, seed=seed + len(pairs), inherit=inherit)
+            new = [replace(item, index=len(pairs) + i, output=output_name(len(pairs) + i, item.target_row, item.material_row))
+                   for i, item in enumerate(new)]
+            items += new
+            pairs += [(item.target_row["file_name"], item.material_row["file_name"]) for item in new]
+            extended = len(new)
+    if limit is not None:
+        items = items[:limit]
+    return JobPlan(items, pairs, target_names, material_names, skipped, extended)
+
+
+def store_plan(job_folder: Path, plan: JobPlan) -> None:
+    """Write `plan.json` atomically (main process, before any item runs)."""
+    atomic_write_json(job_folder / PLAN_FILE, plan.to_json())
