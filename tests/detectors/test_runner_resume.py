@@ -175,3 +175,41 @@ def test_kill_9_between_detectors_then_resume(digits, tmp_path):
     assert not results.duplicated(["method", "ood_set"]).any()
     scores = pd.read_parquet(out / "scores.parquet")
     assert not scores.duplicated(["method", "role", "ood_set", "index"]).any()
+
+
+def test_bad_input_matrix_in_evaluation(digits, tmp_path):
+    """Every awkward image of the shared matrix as an OOD set: the loadable ones are scored by feature and pixel
+    detectors alike, the others are recorded with file and reason; bad manifest lines are refused in the plan."""
+    from badinputs import bad_images, bad_manifest
+
+    from pipelines.data import ManifestError, make_row, write_manifest
+
+    folder = tmp_path / "bad"
+    cases = bad_images(folder)
+    write_manifest(folder, [make_row(c.path.name, role="ood", ood_set="awkward", group="far") for c in cases.values()])
+    out = tmp_path / "run"
+    results = run_config(eval_config(digits, out, detectors=["msp", {"name": "odin", "params": {"noise": 0.0}}],
+                                     ood=[{"manifest": str(folder)}]))
+    loads = {c.path.name for c in cases.values() if c.loads}
+    assert set(results["n_ood"]) == {len(loads)}
+    failures = {f["file"]: f["reason"] for f in json.loads((out / "failures.json").read_text())["images"]}
+    assert set(failures) == {c.path.name for c in cases.values() if not c.loads}
+    for case in cases.values():
+        if not case.loads:
+            assert __import__("re").search(case.reason, failures[case.path.name]), (case.name, failures[case.path.name])
+    scores = pd.read_parquet(out / "scores.parquet")
+    rows = read_manifest(folder).rows
+    for method in ("msp", "odin"):
+        scored = {rows[i]["file_name"] for i in scores[(scores.method == method) & (scores.role == "ood")]["index"]}
+        assert scored == loads
+
+    broken = tmp_path / "broken"
+    good = {k: v for k, v in cases.items() if v.loads}
+    (broken / "x").mkdir(parents=True)
+    for case in good.values():
+        (broken / case.path.name).write_bytes(case.path.read_bytes())
+    moved = {k: type(v)(v.name, broken / v.path.name, v.loads) for k, v in good.items()}
+    info = bad_manifest(broken, moved, role="ood", ood_set="awkward", label=-1)
+    with pytest.raises(ManifestError, match=r"metadata.jsonl, line 2, field 'split'"):
+        run_config(eval_config(digits, tmp_path / "run2", detectors=["msp"], ood=[{"manifest": str(broken)}]))
+    assert info["bad_lines"][2] == "split" and not (tmp_path / "run2").exists()
