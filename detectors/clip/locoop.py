@@ -25,6 +25,7 @@ class LoCoOp(PromptDetector):
     embeddings (the image tower is frozen), so no image augmentation is applied.
     """
 
+    reads_train_features = True
     paper = "Miyai et al., LoCoOp: Few-Shot Out-of-Distribution Detection via Prompt Learning, NeurIPS 2023"
     defaults = {**PROMPT_DEFAULTS, "epochs": 50, "lr": 0.002, "momentum": 0.9, "weight_decay": 5e-4, "train_batch": 32,
                 "warmup_epochs": 1, "warmup_lr": 1e-5, "lam": 0.25, "top_k": None, "score_rule": "glmcm", "temperature": 1.0, "glmcm_lam": 1.0}
@@ -37,8 +38,7 @@ class LoCoOp(PromptDetector):
         return int(k)
 
     def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
-        subset, labels = self.training_subset(id_train)
-        feats = self.features(subset)
+        feats, labels = self.training_features(id_train)
         dataset = TensorDataset(feats.global_, feats.local, labels)
         learner, top_k, lam = self.learner, self.top_k(), self.params["lam"]
         scale = self.backbone.logit_scale

@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 from detectors.base import ImageSet
 from detectors.clip.common import CLIP_DEFAULTS, ClipDetector, few_shot_indices, labels_of
+from detectors.clip.features import ClipImageFeatures, image_features, subset_imageset
 from detectors.clip.prompts import PromptLearner
 from detectors.clip.scores import cosine
 
@@ -71,6 +72,7 @@ class PromptDetector(ClipDetector):
     """A CLIP detector with a learned `PromptLearner`; its context/OOD tokens are the saved state."""
 
     n_ood_param: ClassVar[str | None] = None
+    reads_train_features: ClassVar[bool] = False  # trains on the cached image features of its few-shot subset
 
     def __init__(self, model: Any = CLIP_DEFAULTS["model"], processor: Any = None, **params: Any) -> None:
         super().__init__(model, processor, **params)
@@ -113,6 +115,17 @@ class PromptDetector(ClipDetector):
             return images, labels
         return subset_imageset(images, idx), labels[idx]
 
+    def shot_indices(self, images: ImageSet) -> list[int]:
+        """Rows of the `shots`-per-class subset of a labelled training ImageSet (seeded; all rows when shots is None)."""
+        return few_shot_indices(labels_of(images, self.name).numpy(), self.params["shots"], self.params["seed"])
+
+    def training_features(self, images: ImageSet) -> tuple[ClipImageFeatures, torch.Tensor]:
+        """Image features and labels of the `shots`-per-class subset, sliced from the training set's cached features
+        (rows already embedded for another subset of the same ImageSet are not embedded again)."""
+        labels, idx = labels_of(images, self.name), self.shot_indices(images)
+        p = self.params
+        return image_features(self.backbone, images, p["cache_dir"], p["batch_size"], rows=idx), labels[idx]
+
     def _after_fit(self, losses: list[float]) -> None:
         self.losses = losses
         self._text_cache.pop("prompts", None)
@@ -127,13 +140,3 @@ class PromptDetector(ClipDetector):
         if self._learner is not None:
             self._learner.load(self._prompt_state)
         self._text_cache.pop("prompts", None)
-
-
-def subset_imageset(images: ImageSet, index: list[int]) -> ImageSet:
-    """The images at `index` (in-memory or manifest-backed), with their labels."""
-    labels = None if images.labels is None else np.asarray(images.labels)[index]
-    if images.images is not None:
-        return ImageSet(images=[images.images[i] for i in index], labels=labels)
-    from pipelines.data import Manifest
-
-    return ImageSet(manifest=Manifest(images.manifest.root, [images.manifest.rows[i] for i in index]), labels=labels)
