@@ -26,6 +26,9 @@ def make_accelerator(device: torch.device) -> Any:
     return Accelerator(cpu=cpu, mixed_precision="no" if cpu else "bf16")
 
 
+SCHEDULES = ("cosine_epoch", "cosine_step", "constant")
+
+
 def epoch_lr_factor(epoch: int, epochs: int, base_lr: float, warmup_epochs: int = 0, warmup_lr: float = 1e-5) -> float:
     """Dassl/CoOp schedule as a multiplier of `base_lr`: constant `warmup_lr` for the first `warmup_epochs`, then a
     cosine over `epochs` stepped once per epoch."""
@@ -34,35 +37,64 @@ def epoch_lr_factor(epoch: int, epochs: int, base_lr: float, warmup_epochs: int 
     return 0.5 * (1.0 + math.cos(math.pi * (epoch - warmup_epochs) / max(1, epochs)))
 
 
-def train_loop(module: torch.nn.Module, dataset: Dataset, step_loss: Callable[[Any, Any], torch.Tensor], *, epochs: int,
-               batch_size: int, optimizer: torch.optim.Optimizer, seed: int, device: torch.device,
-               warmup_epochs: int = 0, warmup_lr: float = 1e-5, progress: bool = True, desc: str = "train") -> list[float]:
-    """Train `module`'s parameters with `optimizer` (schedule: `epoch_lr_factor`); returns the loss of each step.
+def step_lr_factor(step: int, total_steps: int, warmup_steps: int = 0) -> float:
+    """open_clip's `cosine_lr` (CLIPN) as a multiplier: linear warm-up (step + 1) / warmup_steps, then a cosine over
+    the remaining steps, set before every optimiser step."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    return 0.5 * (1.0 + math.cos(math.pi * (step - warmup_steps) / max(1, total_steps - warmup_steps)))
 
-    `step_loss(module, batch)` computes the loss of one batch (already on the device) with the prepared module.
-    Shuffling is seeded with `seed`.
+
+def lr_factor(schedule: str, epoch: int, step: int, epochs: int, total_steps: int, base_lr: float,
+              warmup_epochs: int = 0, warmup_lr: float = 1e-5, warmup_steps: int = 0) -> float:
+    """The multiplier of the base learning rate at (epoch, global step) under `schedule` (one of SCHEDULES)."""
+    if schedule == "cosine_epoch":
+        return epoch_lr_factor(epoch, epochs, base_lr, warmup_epochs, warmup_lr)
+    if schedule == "cosine_step":
+        return step_lr_factor(step, total_steps, warmup_steps)
+    if schedule == "constant":
+        return 1.0
+    raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+
+
+def train_loop(module: torch.nn.Module, dataset: Dataset | Callable[[int], Dataset], step_loss: Callable[[Any, Any], torch.Tensor], *,
+               epochs: int, batch_size: int, optimizer: torch.optim.Optimizer, seed: int, device: torch.device,
+               schedule: str = "cosine_epoch", warmup_epochs: int = 0, warmup_lr: float = 1e-5, warmup_steps: int = 0,
+               lr_log: list[float] | None = None, progress: bool = True, desc: str = "train") -> list[float]:
+    """Train `module`'s parameters with `optimizer`; returns the loss of each step.
+
+    `dataset` is one dataset for every epoch, or a function epoch -> dataset (fresh augmentations each epoch).
+    The learning rate of each parameter group is its initial lr times `lr_factor(schedule, ...)`, set before every
+    step (`lr_log` receives the first group's). `step_loss(module, batch)` computes the loss of one batch (already
+    on the device) with the prepared module. Shuffling is seeded with `seed`.
     """
     accelerator = make_accelerator(device)
     gen = torch.Generator().manual_seed(seed)
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=gen)
-    base_lr = optimizer.param_groups[0]["lr"]
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda e: epoch_lr_factor(e, epochs, base_lr, warmup_epochs, warmup_lr))
-    module, optimizer, loader = accelerator.prepare(module, optimizer, loader)
+    make = dataset if callable(dataset) and not isinstance(dataset, Dataset) else (lambda _epoch: dataset)
+    base_lrs = [group["lr"] for group in optimizer.param_groups]
+    module, optimizer = accelerator.prepare(module, optimizer)
     module.train()
     losses: list[float] = []
-    bar = tqdm(total=epochs * len(loader), desc=desc, disable=not progress, leave=False)
-    for _ in range(epochs):
+    bar = tqdm(desc=desc, disable=not progress, leave=False)
+    step = 0
+    for epoch in range(epochs):
+        loader = accelerator.prepare(DataLoader(make(epoch), batch_size=batch_size, shuffle=True, generator=gen))
+        total = epochs * len(loader)
         for batch in loader:
+            factor = lr_factor(schedule, epoch, step, epochs, total, base_lrs[0], warmup_epochs, warmup_lr, warmup_steps)
+            for group, base in zip(optimizer.param_groups, base_lrs):
+                group["lr"] = base * factor
+            if lr_log is not None:
+                lr_log.append(optimizer.param_groups[0]["lr"])
             with accelerator.autocast():
                 loss = step_loss(module, batch)
             optimizer.zero_grad(set_to_none=True)
             accelerator.backward(loss)
             optimizer.step()
             losses.append(float(loss.detach()))
+            step += 1
             bar.update()
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
-        scheduler.step()
     bar.close()
     module.eval()
     return losses
