@@ -121,7 +121,8 @@ class PromptDetector(ClipDetector):
         """The prompt learner (built on first use; restored from a loaded state when there is one)."""
         if self._learner is None:
             self._learner = PromptLearner(self.backbone, self.require_classes(), self.params["n_ctx"], self.n_ood,
-                                          seed=self.params["seed"]).to(self.backbone.device)
+                                          seed=self.params["seed"],
+                                          shared_ood_ctx=bool(self.params.get("shared_ood_ctx", False))).to(self.backbone.device)
             if self._prompt_state is not None:
                 self._learner.load(self._prompt_state)
         return self._learner
@@ -138,14 +139,6 @@ class PromptDetector(ClipDetector):
         """ID class predictions [N]: the nearest learned ID prompt (OOD prompts excluded)."""
         text = self.prompt_text()[: self.num_classes]
         return cosine(self.features(batch).global_, text).argmax(-1).numpy()
-
-    def training_subset(self, images: ImageSet) -> tuple[ImageSet, torch.Tensor]:
-        """The `shots`-per-class subset of a labelled training ImageSet (seeded) and its labels."""
-        labels = labels_of(images, self.name)
-        idx = few_shot_indices(labels.numpy(), self.params["shots"], self.params["seed"])
-        if len(idx) == len(images):
-            return images, labels
-        return subset_imageset(images, idx), labels[idx]
 
     def shot_indices(self, images: ImageSet) -> list[int]:
         """Rows of the `shots`-per-class subset of a labelled training ImageSet (seeded; all rows when shots is None)."""
