@@ -8,9 +8,8 @@ mmcls/models/ood/clip_ood.py (grouping), custom_config/clip.py (defaults).
 from __future__ import annotations
 
 import warnings
-from importlib import resources
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,11 +22,6 @@ from detectors.registry import register_detector
 NOUN_TEMPLATE = "the nice {}"          # the official prompt_templates[85], for ID classes and noun negatives
 ADJ_TEMPLATE = "This is a {} photo"     # the official adjective template
 PAPER_NEGATIVES = 10_000                # the paper's M (15% of WordNet's ~70,000 nouns + adjectives)
-
-
-def default_words() -> list[str]:
-    """The package's small word list (`detectors/clip/words.txt`, 301 common nouns): a fallback, not the paper's corpus."""
-    return read_words(resources.files("detectors.clip").joinpath("words.txt"))
 
 
 def read_words(path: Any) -> list[str]:

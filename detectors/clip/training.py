@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from detectors.base import ImageSet
 from detectors.clip.common import CLIP_DEFAULTS, ClipDetector, few_shot_indices, labels_of
-from detectors.clip.features import ClipImageFeatures, image_features, subset_imageset
+from detectors.clip.features import ClipImageFeatures, image_features
 from detectors.clip.prompts import PromptLearner
 from detectors.clip.scores import cosine
 

@@ -147,8 +147,6 @@ def test_resized_crop_box_follows_torchvision_rules():
 
 def test_random_crops_flip_half_of_the_crops():
     image = colour_images([0], 1, 11, size=40)[0]
-    import random
-
     flipped = random_crops(image, 40, seed=5, size=None, flip=True)
     plain = random_crops(image, 40, seed=5, size=None, flip=False)
     mirrored = [np.array_equal(np.asarray(f), np.asarray(p)[:, ::-1]) and not np.array_equal(np.asarray(f), np.asarray(p))
