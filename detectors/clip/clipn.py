@@ -135,6 +135,7 @@ class CLIPN(ClipDetector):
         self._tower: NoTextTower | None = None
         self._tower_state: dict[str, np.ndarray] | None = None
         self.losses: list[float] = []
+        self.lrs: list[float] = []  # learning rate of each training step
 
     @property
     def tower(self) -> NoTextTower:
@@ -168,7 +169,7 @@ class CLIPN(ClipDetector):
         tower = self.tower.train()
         optimizer = torch.optim.AdamW(parameter_groups(tower, p["weight_decay"]), lr=p["lr"], betas=tuple(p["betas"]),
                                       eps=p["eps"])
-        self.lrs: list[float] = []
+        self.lrs = []
         self.losses = train_loop(tower, TensorDataset(image, ids, yes_text), step_loss, epochs=p["epochs"],
                                  batch_size=p["train_batch"], optimizer=optimizer, seed=p["seed"],
                                  device=backbone.device, schedule=p["schedule"], warmup_steps=p["warmup_steps"],

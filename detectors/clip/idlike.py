@@ -147,7 +147,7 @@ class IDLike(PromptDetector):
 
         params = [t for t in (learner.ctx, learner.ood, learner.ood_ctx) if t.numel()]
         optimizer = torch.optim.AdamW(params, lr=p["lr"], weight_decay=p["weight_decay"])
-        self.lrs: list[float] = []
+        self.lrs = []
         self._after_fit(train_loop(learner, epoch_data, step_loss, epochs=p["epochs"], batch_size=p["train_batch"],
                                    optimizer=optimizer, seed=p["seed"], device=self.backbone.device,
                                    schedule=p["schedule"], lr_log=self.lrs, progress=p["progress"], desc="ID-like"))

@@ -96,7 +96,8 @@ class NegLabel(ClipDetector):
         p = self.params
         parts = [(w, t) for w, t in zip(self.candidates(), (p["templates"], [p["adj_template"]])) if w]
         words, texts = [], []
-        fraction = self.fraction(sum(len(w) for w, _ in parts))
+        n_candidates = sum(len(w) for w, _ in parts)
+        fraction = self.fraction(n_candidates)
         for part, templates in parts:
             emb = self.backbone.encode_class_prompts(part, templates).cpu()
             if p["mine"]:
@@ -105,9 +106,9 @@ class NegLabel(ClipDetector):
             words += part
             texts.append(emb)
         if len(words) < PAPER_NEGATIVES // 2:
-            warnings.warn(f"neglabel: only {len(words)} negative labels (the paper uses M = {PAPER_NEGATIVES:,} from "
-                          f"WordNet); the corpus is far smaller than WordNet's nouns + adjectives. Install WordNet "
-                          f"(apt-get install wordnet-base) and leave `words` unset for the paper's setting.", stacklevel=2)
+            warnings.warn(f"neglabel: only {len(words)} negative labels from {n_candidates} candidates; the paper uses "
+                          f"M = {PAPER_NEGATIVES:,} from WordNet's ~70,000 nouns and adjectives. For the paper's setting "
+                          f"install WordNet (apt-get install wordnet-base) and leave `words` unset.", stacklevel=2)
         self._negatives = words
         self._text_cache["negatives"] = torch.cat(texts)
         return self._text_cache["negatives"]

@@ -111,6 +111,7 @@ class PromptDetector(ClipDetector):
         self._learner: PromptLearner | None = None
         self._prompt_state: dict[str, np.ndarray] | None = None
         self.losses: list[float] = []
+        self.lrs: list[float] = []  # learning rate of each training step
 
     @property
     def n_ood(self) -> int:

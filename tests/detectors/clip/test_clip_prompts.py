@@ -70,6 +70,9 @@ def test_locoop_training_raises_auroc_on_a_toy_task(backbone, tmp_path):
     after = auroc(det.score(id_test), det.score(ood_test))
     assert det.losses[-1] < det.losses[0]
     assert after > before + 0.2, (before, after)
+    steps = len(det.losses) // 30  # one warm-up epoch at 1e-5, then a cosine over the 30 epochs set once per epoch
+    expected = [1e-5] * steps + [0.05 * 0.5 * (1 + np.cos(np.pi * (e - 1) / 30)) for e in range(1, 30) for _ in range(steps)]
+    np.testing.assert_allclose(det.lrs, expected)
     # learned prompts round-trip exactly through save_pretrained / from_pretrained
     det.save_pretrained(tmp_path / "locoop")
     loaded = Detector.from_pretrained(tmp_path / "locoop", model=backbone)
