@@ -14,6 +14,7 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
 	$(PIP) install -e ".[test]"
+	$(PIP) install --no-deps open_clip_torch  # ships OpenAI's CLIP BPE vocabulary (detectors/clip/vocab.py)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,5 +1,6 @@
-"""Benchmark the CLIP detectors: MCM scoring images/s with cached vs uncached image features, and LoCoOp training
-steps/s on cached embeddings vs re-running the image tower each step. Ratios are against the baseline measured in
+"""Benchmark the CLIP detectors: MCM scoring images/s with cached vs uncached image features, LoCoOp training
+steps/s on cached embeddings vs re-running the image tower each step, and a few-shot sweep's training features
+(shots 1-16 x 3 seeds, 20 images a class) sliced from one pass vs embedded per subset. Ratios are against the baseline measured in
 the same process. Writes benchmarks/clip.json (or --out).
 
     python scripts/bench_clip.py                         # tiny CLIP (CPU-friendly)
@@ -29,7 +30,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         result = run_benchmark(tmp, args.full_size, args.n_images, args.batch_size, args.steps, args.classes, args.device)
     print(f"| {result['model']} on {result['device']} | value |\n|---|---|")
-    for section in ("scoring", "training"):
+    for section in ("scoring", "training", "fewshot_features"):
         for key, value in result[section].items():
             print(f"| {section}.{key} | {value:.2f} |")
     out = Path(args.out)

@@ -1,6 +1,7 @@
 """Throughput measurements of the CLIP detectors (used by scripts/bench_clip.py): scoring with cached vs uncached
-image features, and prompt-training steps on cached features vs re-running the image tower every step (what a
-straightforward CoOp/LoCoOp loop does)."""
+image features, prompt-training steps on cached features vs re-running the image tower every step (what a
+straightforward CoOp/LoCoOp loop does), and the training features of a few-shot sweep (shots x seeds) sliced from one
+cached pass vs embedded per subset."""
 from __future__ import annotations
 
 import time
@@ -107,6 +108,36 @@ def bench_training(backbone: ClipBackbone, steps: int, batch_size: int, class_na
     return {"tower_steps_per_s": per_step_tower, "cached_steps_per_s": with_cache, "cached_over_tower": with_cache / per_step_tower}
 
 
+def bench_fewshot_features(backbone: ClipBackbone, n_classes: int, per_class: int, shots: tuple[int, ...] = (1, 2, 4, 8, 16),
+                           seeds: tuple[int, ...] = (1, 2, 3), batch_size: int = 64) -> dict[str, float]:
+    """Seconds and images embedded to get the training features of every (shots, seed) subset: one image-tower pass
+    over the union of the subsets then slicing (what the sweep does) vs one pass per subset."""
+    from detectors.clip.common import few_shot_indices
+    from detectors.clip.features import image_features, subset_imageset
+
+    size = backbone.model.config.vision_config.image_size
+    labels = np.repeat(np.arange(n_classes), per_class)
+    pils = random_images(len(labels), size, 3)
+    subsets = [few_shot_indices(labels, k, s) for k in shots for s in seeds]
+    union = sorted(set().union(*subsets))
+
+    def per_subset() -> None:
+        train = ImageSet(images=pils, labels=labels)
+        for idx in subsets:
+            image_features(backbone, subset_imageset(train, idx), batch_size=batch_size, progress=False)
+
+    def sliced() -> None:
+        train = ImageSet(images=pils, labels=labels)
+        image_features(backbone, train, batch_size=batch_size, progress=False, rows=union)
+        for idx in subsets:
+            image_features(backbone, train, batch_size=batch_size, progress=False, rows=idx)
+
+    t_subset, t_sliced = _timed(per_subset, backbone.device), _timed(sliced, backbone.device)
+    return {"runs": len(subsets), "images_embedded_per_subset": sum(len(i) for i in subsets),
+            "images_embedded_sliced": len(union), "per_subset_s": t_subset, "sliced_s": t_sliced,
+            "sliced_over_per_subset": t_subset / t_sliced}
+
+
 def run_benchmark(folder: str | Path, full_size: bool, n_images: int, batch_size: int, steps: int, n_classes: int,
                   device: str | None = None) -> dict[str, Any]:
     """Both measurements on a random-weight CLIP saved to `folder`; returns a JSON-ready dict."""
@@ -115,4 +146,5 @@ def run_benchmark(folder: str | Path, full_size: bool, n_images: int, batch_size
     return {"model": "ViT-B/16 sizes, random weights" if full_size else "tiny CLIP", "device": str(backbone.device),
             "n_images": n_images, "batch_size": batch_size, "steps": steps, "n_classes": n_classes,
             "scoring": bench_scoring(backbone, n_images, batch_size, class_names),
-            "training": bench_training(backbone, steps, batch_size, class_names)}
+            "training": bench_training(backbone, steps, batch_size, class_names),
+            "fewshot_features": bench_fewshot_features(backbone, n_classes, per_class=20, batch_size=batch_size)}

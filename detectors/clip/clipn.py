@@ -5,6 +5,10 @@ Training (only the "no" parts learn) on image-text pairs: the image-text binary-
 "yes", unmatched -> "no", from the two-way softmax over the yes/no logits) and the text semantic-opposite loss
 (push the "no" text embedding away from the "yes" one). Scores: CTW (P(yes) at the predicted class) and ATD
 (sum_i p_i (1 - P(no)_i)), higher = ID.
+
+Reference: xmed-lab/CLIPN, src/open_clip/loss.py (losses), src/training/main.py + train.py + scheduler.py (AdamW
+without weight decay on gains and biases, cosine set every step, total loss halved), src/open_clip/model.py ("no"
+tower, prompts), src/classification.py + src/prompt/prompt.txt (the 128 test templates, features summed).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from detectors.base import ImageSet
 from detectors.clip import scores
 from detectors.clip.backbone import ClipBackbone
 from detectors.clip.common import CLIP_DEFAULTS, ClipDetector
+from detectors.clip.templates import CLIPN_TEMPLATES
 from detectors.clip.training import train_loop
 from detectors.registry import register_detector
 
@@ -58,21 +63,45 @@ class NoTextTower(nn.Module):
         return F.normalize(out.float(), dim=-1)
 
 
-def binary_opposite_losses(image: torch.Tensor, yes_text: torch.Tensor, no_text: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Image-text binary-opposite loss of a batch of N matched (image_i, text_i) pairs (normalised features):
-    (mean over i of -log P(yes | i, i), mean over i != j of -log P(no | i, j)), P from softmax over the yes/no logits."""
+def same_caption(ids: torch.Tensor) -> torch.Tensor:
+    """Boolean [N,N]: pairs (i, j) whose token ids are identical (the same caption)."""
+    return (ids[:, None, :] == ids[None, :, :]).all(-1)
+
+
+def binary_opposite_losses(image: torch.Tensor, yes_text: torch.Tensor, no_text: torch.Tensor, scale: float,
+                           match: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Image-text binary-opposite loss of a batch of N (image_i, text_i) pairs (normalised features):
+    (mean over matched pairs of -log P(yes | i, j), mean over unmatched pairs of -log P(no | i, j)), P from the softmax
+    over the yes/no logits. `match` [N,N] marks the matched pairs: the identity by default, which is the official
+    `eyes` (CC3M captions are unique); pass `same_caption(ids)` so that images sharing a caption (e.g. class-name
+    captions) are never pushed to "no" for their own caption. With the identity the means are the official sums
+    divided by N and N^2 - N."""
     yes = scale * image @ yes_text.T
     no = scale * image @ no_text.T
     log_p = torch.log_softmax(torch.stack([yes, no], dim=-1), dim=-1)  # stable form of log(softmax)
-    eye = torch.eye(len(image), device=image.device, dtype=torch.bool)
-    nll_yes = -log_p[..., 0][eye]
-    nll_no = -log_p[..., 1][~eye]
+    if match is None:
+        match = torch.eye(len(image), device=image.device, dtype=torch.bool)
+    match = match.to(image.device, torch.bool)
+    nll_yes = -log_p[..., 0][match]
+    nll_no = -log_p[..., 1][~match]
     return nll_yes.mean(), nll_no.mean() if nll_no.numel() else nll_yes.new_zeros(())
 
 
 def semantic_opposite_loss(yes_text: torch.Tensor, no_text: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
     """Text semantic-opposite loss: mean of 2 - ||t_yes - t_no||_2 (normalised features; `eps` keeps sqrt smooth)."""
     return (2 - torch.sqrt(2 - 2 * (yes_text * no_text).sum(-1) + eps)).mean()
+
+
+def no_decay(name: str, param: torch.Tensor) -> bool:
+    """The official rule for parameters trained without weight decay: gains and biases (1-d), norms, logit scale."""
+    return param.ndim < 2 or any(key in name for key in ("bn", "ln", "norm", "bias", "logit_scale"))
+
+
+def parameter_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups as CLIPN's training: no decay for `no_decay` parameters, `weight_decay` for the rest."""
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    return [{"params": [p for n, p in named if no_decay(n, p)], "weight_decay": 0.0},
+            {"params": [p for n, p in named if not no_decay(n, p)], "weight_decay": weight_decay}]
 
 
 def pair_texts(images: ImageSet, class_names: Sequence[str], template: str) -> list[str]:
@@ -86,13 +115,19 @@ def pair_texts(images: ImageSet, class_names: Sequence[str], template: str) -> l
 
 @register_detector("clipn")
 class CLIPN(ClipDetector):
-    """`score_rule` "atd" (default) or "ctw"; logits use scale 100 as the paper. Training defaults follow CLIPN's
-    run script (AdamW lr 3e-4, betas (0.9, 0.98), eps 1e-6, weight decay 0.2, 10 epochs, batch 512 per GPU) and read
-    cached image embeddings (frozen image tower) and the frozen "yes" text tower; only the "no" tower learns."""
+    """`score_rule` "atd" (default) or "ctw"; logits use scale 100 as the paper; class text = the official 128
+    templates (features summed, normalised). Training defaults follow CLIPN's code and run script: AdamW lr 3e-4,
+    betas (0.9, 0.98), eps 1e-6, weight decay 0.2 except on gains/biases/norms, a cosine set every step (no warm-up),
+    10 epochs, batch 512 per GPU, loss = 0.5 (yes + no + semantic-opposite). Training reads cached image embeddings
+    (frozen image tower) and the frozen "yes" text tower; only the "no" tower learns. Captions come from a
+    manifest's `text` field, else `caption_template` with the class name; `match="caption"` treats pairs with the
+    same caption as matched (the official identity when captions are unique), `match="index"` is the identity."""
 
     paper = "Wang et al., CLIPN for Zero-Shot OOD Detection: Teaching CLIP to Say No, ICCV 2023"
-    defaults = {**CLIP_DEFAULTS, "score_rule": "atd", "scale": 100.0, "n_prompts": 16, "epochs": 10, "lr": 3e-4,
-                "betas": (0.9, 0.98), "eps": 1e-6, "weight_decay": 0.2, "train_batch": 512, "seed": 0, "progress": True}
+    defaults = {**CLIP_DEFAULTS, "templates": list(CLIPN_TEMPLATES), "caption_template": "a photo of a {}.",
+                "score_rule": "atd", "scale": 100.0, "n_prompts": 16, "epochs": 10, "lr": 3e-4, "betas": (0.9, 0.98),
+                "eps": 1e-6, "weight_decay": 0.2, "schedule": "cosine_step", "warmup_steps": 0, "loss_weight": 0.5,
+                "match": "caption", "train_batch": 512, "seed": 0, "progress": True}
     search_space = {"score_rule": ["atd", "ctw"]}
 
     def __init__(self, model: Any = CLIP_DEFAULTS["model"], processor: Any = None, **params: Any) -> None:
@@ -100,6 +135,7 @@ class CLIPN(ClipDetector):
         self._tower: NoTextTower | None = None
         self._tower_state: dict[str, np.ndarray] | None = None
         self.losses: list[float] = []
+        self.lrs: list[float] = []  # learning rate of each training step
 
     @property
     def tower(self) -> NoTextTower:
@@ -113,7 +149,9 @@ class CLIPN(ClipDetector):
 
     def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
         p, backbone = self.params, self.backbone
-        texts = pair_texts(id_train, p["class_names"], p["templates"][0])
+        if p["match"] not in ("caption", "index"):
+            raise ValueError(f"clipn: match must be 'caption' or 'index', got {p['match']!r}")
+        texts = pair_texts(id_train, p["class_names"], p["caption_template"])
         image = F.normalize(self.features(id_train).global_, dim=-1)
         ids = backbone.tokenize(texts).cpu()
         yes_text = backbone.encode_texts(texts).cpu()
@@ -124,15 +162,18 @@ class CLIPN(ClipDetector):
             img, tok, yes = batch
             pick = torch.randint(0, n_choices, (len(tok),), generator=gen).to(tok.device)
             no = module(backbone, tok, pick)
-            bin_yes, bin_no = binary_opposite_losses(img, yes, no, p["scale"])
-            return bin_yes + bin_no + semantic_opposite_loss(yes, no)
+            match = same_caption(tok) if p["match"] == "caption" else None
+            bin_yes, bin_no = binary_opposite_losses(img, yes, no, p["scale"], match)
+            return p["loss_weight"] * (bin_yes + bin_no + semantic_opposite_loss(yes, no))
 
         tower = self.tower.train()
-        optimizer = torch.optim.AdamW(tower.parameters(), lr=p["lr"], betas=tuple(p["betas"]), eps=p["eps"],
-                                      weight_decay=p["weight_decay"])
+        optimizer = torch.optim.AdamW(parameter_groups(tower, p["weight_decay"]), lr=p["lr"], betas=tuple(p["betas"]),
+                                      eps=p["eps"])
+        self.lrs = []
         self.losses = train_loop(tower, TensorDataset(image, ids, yes_text), step_loss, epochs=p["epochs"],
                                  batch_size=p["train_batch"], optimizer=optimizer, seed=p["seed"],
-                                 device=backbone.device, progress=p["progress"], desc="CLIPN")
+                                 device=backbone.device, schedule=p["schedule"], warmup_steps=p["warmup_steps"],
+                                 lr_log=self.lrs, progress=p["progress"], desc="CLIPN")
         self._text_cache.pop("no", None)
 
     @torch.no_grad()

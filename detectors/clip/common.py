@@ -11,6 +11,8 @@ from detectors.base import Detector, ImageSet
 from detectors.clip.backbone import DEFAULT_CLIP, DEFAULT_TEMPLATES, ClipBackbone
 from detectors.clip.features import ClipImageFeatures, image_features
 
+MCM_TEMPLATE = "a photo of a {}"  # MCM / GL-MCM's official prompt (no full stop)
+
 CLIP_DEFAULTS: dict[str, Any] = {
     "model": DEFAULT_CLIP,
     "class_names": None,
@@ -23,7 +25,8 @@ CLIP_DEFAULTS: dict[str, Any] = {
 
 class ClipDetector(Detector):
     """A detector on a CLIPModel. `model` is a hub id, a local folder or a loaded `CLIPModel` (kept out of `params`,
-    which hold its id); `class_names` are the ID classes; `templates` default to ("a photo of a {}.",)."""
+    which hold its id); `class_names` are the ID classes; `templates` are each method's reference prompts (a class
+    declares them in `defaults`; None falls back to ("a photo of a {}.",))."""
 
     family: ClassVar[str] = "clip"
     inputs: ClassVar[frozenset[str]] = frozenset({"images"})

@@ -10,6 +10,9 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
+
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
@@ -18,6 +21,7 @@ from detectors.clip.backbone import ClipBackbone
 from pipelines.io import atomic_path
 
 _MEMO_ATTR = "_clip_feature_memo"
+_ROW_MEMO_ATTR = "_clip_feature_row_memo"
 
 
 @dataclass
@@ -29,6 +33,11 @@ class ClipImageFeatures:
 
     def __len__(self) -> int:
         return len(self.global_)
+
+    def subset(self, index: Sequence[int]) -> "ClipImageFeatures":
+        """The rows at `index`."""
+        index = torch.as_tensor(list(index), dtype=torch.long)
+        return ClipImageFeatures(self.global_[index], self.local[index])
 
 
 def default_cache_dir() -> Path:
@@ -59,26 +68,57 @@ def compute_image_features(backbone: ClipBackbone, images: ImageSet, batch_size:
 
 
 def image_features(backbone: ClipBackbone, images: ImageSet | ClipImageFeatures, cache_dir: str | os.PathLike | None = None,
-                   batch_size: int = 64, progress: bool = True) -> ClipImageFeatures:
-    """Cached CLIP features of `images`: memory first, then the safetensors cache file, else computed (and saved)."""
+                   batch_size: int = 64, progress: bool = True, rows: Sequence[int] | None = None) -> ClipImageFeatures:
+    """Cached CLIP features of `images`: memory first, then the safetensors cache file, else computed (and saved).
+
+    With `rows`, the features of those rows only: sliced from the whole set's features when they are at hand,
+    otherwise the rows not yet seen on this ImageSet run through the image tower (one pass over all of them, cached
+    as their own subset) and are kept per row, so that overlapping subsets (few-shot sweeps) never run a row twice.
+    """
     if isinstance(images, ClipImageFeatures):
-        return images
+        return images if rows is None else images.subset(rows)
     memo: dict[str, ClipImageFeatures] = images.__dict__.setdefault(_MEMO_ATTR, {})
-    if backbone.model_id in memo:
-        return memo[backbone.model_id]
     path = None
     if images.cache_key is not None:
         path = cache_file(backbone, images, cache_dir if cache_dir is not None else default_cache_dir())
-    if path is not None and path.is_file():
+    if backbone.model_id not in memo and path is not None and path.is_file():
         feats = load_features(path)
         if len(feats) != len(images):
             raise ValueError(f"CLIP feature cache {path} holds {len(feats)} images, the image set {len(images)}: delete it")
-    else:
-        feats = compute_image_features(backbone, images, batch_size, progress)
-        if path is not None:
-            save_features(feats, path, {"model_id": backbone.model_id, "cache_key": str(images.cache_key)})
+        memo[backbone.model_id] = feats
+    if backbone.model_id in memo:
+        return memo[backbone.model_id] if rows is None else memo[backbone.model_id].subset(rows)
+    if rows is not None:
+        return _feature_rows(backbone, images, [int(r) for r in rows], cache_dir, batch_size, progress)
+    feats = compute_image_features(backbone, images, batch_size, progress)
+    if path is not None:
+        save_features(feats, path, {"model_id": backbone.model_id, "cache_key": str(images.cache_key)})
     memo[backbone.model_id] = feats
     return feats
+
+
+def _feature_rows(backbone: ClipBackbone, images: ImageSet, rows: list[int], cache_dir: str | os.PathLike | None,
+                  batch_size: int, progress: bool) -> ClipImageFeatures:
+    """Features of `rows`, computing only the rows not in this ImageSet's per-row memo."""
+    known: dict[int, tuple[torch.Tensor, torch.Tensor]] = images.__dict__.setdefault(_ROW_MEMO_ATTR, {}).setdefault(backbone.model_id, {})
+    missing = sorted(set(rows) - set(known))
+    if missing:
+        feats = image_features(backbone, subset_imageset(images, missing), cache_dir, batch_size, progress)
+        known.update({r: (feats.global_[i], feats.local[i]) for i, r in enumerate(missing)})
+    if not rows:
+        raise ValueError("image_features: `rows` is empty")
+    return ClipImageFeatures(torch.stack([known[r][0] for r in rows]), torch.stack([known[r][1] for r in rows]))
+
+
+def subset_imageset(images: ImageSet, index: Sequence[int]) -> ImageSet:
+    """The images at `index` (in-memory or manifest-backed), with their labels."""
+    index = [int(i) for i in index]
+    labels = None if images.labels is None else np.asarray(images.labels)[index]
+    if images.images is not None:
+        return ImageSet(images=[images.images[i] for i in index], labels=labels)
+    from pipelines.data import Manifest
+
+    return ImageSet(manifest=Manifest(images.manifest.root, [images.manifest.rows[i] for i in index]), labels=labels)
 
 
 def save_features(feats: ClipImageFeatures, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> Path:

@@ -38,6 +38,32 @@ def class_names_from(config: dict[str, Any]) -> list[str]:
     raise ValueError("fewshot config needs `class_names` or `class_names_file`")
 
 
+def runs_of(config: dict[str, Any], default_shots: Any = DEFAULT_SHOTS) -> list[tuple[str, dict[str, Any], int, int]]:
+    """(method, overrides, shots, seed) of every run of a sweep config, in order."""
+    return [(method, dict(overrides or {}), int(shots), int(seed))
+            for method, overrides in (config.get("methods") or DEFAULT_METHODS).items()
+            for shots in config.get("shots", default_shots) for seed in config.get("seeds", (1,))]
+
+
+def prefetch_train_features(backbone: Any, train: Any, runs: list[tuple[str, dict[str, Any], int, int]],
+                            cache_dir: Any = None, batch_size: int = 64) -> list[int]:
+    """One image-tower pass over the union of the few-shot subsets that feature-reading methods (LoCoOp) train on;
+    each run then slices its subset from it. Returns the rows embedded (sorted)."""
+    from detectors.clip.common import few_shot_indices, labels_of
+    from detectors.clip.features import image_features
+    from detectors.registry import detector_class
+
+    labels = None
+    rows: set[int] = set()
+    for method, overrides, shots, seed in runs:
+        if getattr(detector_class(method), "reads_train_features", False):
+            labels = labels_of(train, method).numpy() if labels is None else labels
+            rows.update(few_shot_indices(labels, shots, seed))
+    if rows:
+        image_features(backbone, train, cache_dir, batch_size, rows=sorted(rows))
+    return sorted(rows)
+
+
 def train_prompt_detectors(config: dict[str, Any]) -> list[Path]:
     """Train every (method, shots, seed) of `config` (keys as the sweep's; `out_dir` required) on the manifest's
     ID `train_split` rows and save each detector folder `out_dir/<method>-<shots>shot-seed<seed>`."""
@@ -54,13 +80,13 @@ def train_prompt_detectors(config: dict[str, Any]) -> list[Path]:
     train = ImageSet.from_manifest(read_manifest(config["manifest"]), split=config.get("train_split", "train"), role="id")
     if not len(train):
         raise ValueError(f"train_prompts: no ID rows in split {config.get('train_split', 'train')!r} of {config['manifest']}")
+    runs = runs_of(config, default_shots=(16,))
+    prefetch_train_features(backbone, train, runs, config.get("cache_dir"))
     folders = []
-    for method, overrides in (config.get("methods") or DEFAULT_METHODS).items():
-        for shots in config.get("shots", (16,)):
-            for seed in config.get("seeds", (1,)):
-                det = detectors.build(method, model=backbone, class_names=class_names, cache_dir=config.get("cache_dir"),
-                                      **{**(overrides or {}), "shots": int(shots), "seed": int(seed)})
-                folders.append(det.fit(train).save_pretrained(Path(config["out_dir"]) / f"{method}-{shots}shot-seed{seed}"))
+    for method, overrides, shots, seed in runs:
+        det = detectors.build(method, model=backbone, class_names=class_names, cache_dir=config.get("cache_dir"),
+                              **{**overrides, "shots": shots, "seed": seed})
+        folders.append(det.fit(train).save_pretrained(Path(config["out_dir"]) / f"{method}-{shots}shot-seed{seed}"))
     return folders
 
 
@@ -94,24 +120,24 @@ def sweep_sets(config: dict[str, Any], train: Any, id_test: Any, ood_sets: dict[
 
     backbone = ClipBackbone.load(config.get("model", "openai/clip-vit-base-patch16"), device=config.get("device"))
     out_dir = Path(config["out_dir"]) if config.get("out_dir") else None
+    runs = runs_of(config)
+    prefetch_train_features(backbone, train, runs, config.get("cache_dir"))  # one image-tower pass for all runs
     rows = []
-    for method, overrides in (config.get("methods") or DEFAULT_METHODS).items():
-        for shots in config.get("shots", DEFAULT_SHOTS):
-            for seed in config.get("seeds", (1,)):
-                start = time.perf_counter()
-                det = detectors.build(method, model=backbone, class_names=class_names, cache_dir=config.get("cache_dir"),
-                                      **{**(overrides or {}), "shots": int(shots), "seed": int(seed)})
-                det.fit(train)
-                id_scores = det.score(id_test)
-                id_acc = float(np.mean(det.predict(id_test) == id_test.labels))
-                if out_dir is not None:
-                    det.save_pretrained(out_dir / f"{method}-{shots}shot-seed{seed}")
-                for name, ood in ood_sets.items():
-                    metrics = evaluate(id_scores, det.score(ood))
-                    rows.append({"method": method, "family": det.family, "shots": int(shots), "seed": int(seed),
-                                 "ood_set": name, "group": groups.get(name), **{k: 100 * metrics[k] for k in METRICS},
-                                 "id_acc": 100 * id_acc, "n_id": len(id_test), "n_ood": len(ood),
-                                 "seconds": time.perf_counter() - start})
+    for method, overrides, shots, seed in runs:
+        start = time.perf_counter()
+        det = detectors.build(method, model=backbone, class_names=class_names, cache_dir=config.get("cache_dir"),
+                              **{**overrides, "shots": shots, "seed": seed})
+        det.fit(train)
+        id_scores = det.score(id_test)
+        id_acc = float(np.mean(det.predict(id_test) == id_test.labels))
+        if out_dir is not None:
+            det.save_pretrained(out_dir / f"{method}-{shots}shot-seed{seed}")
+        for name, ood in ood_sets.items():
+            metrics = evaluate(id_scores, det.score(ood))
+            rows.append({"method": method, "family": det.family, "shots": shots, "seed": seed,
+                         "ood_set": name, "group": groups.get(name), **{k: 100 * metrics[k] for k in METRICS},
+                         "id_acc": 100 * id_acc, "n_id": len(id_test), "n_ood": len(ood),
+                         "seconds": time.perf_counter() - start})
     if out_dir is not None:
         import pandas as pd
 

@@ -1,8 +1,14 @@
-"""ID-like (Bai et al., CVPR 2024): prompt learning with outliers mined from the ID images themselves. Random crops
-most similar to "a photo of a {label}." serve as ID, the least similar as ID-like OOD; ID prompts (context + class)
-and learned OOD prompts (shared context + one token each) are trained together."""
+"""ID-like (Bai et al., CVPR 2024): prompt learning with outliers mined from the ID images themselves. Every epoch,
+fresh random-resized crops (with horizontal flips) of each training image are embedded; those most similar to
+"a photo of a {label}." serve as ID, the least similar as ID-like OOD. ID prompts (context + class) and OOD prompts
+(their own context + one learned token each) are trained together with AdamW at a constant learning rate.
+
+Reference: the authors' code (utils/id_like.py, utils/id_like_loss.py: `get_in_out`, `select_in_out`, `get_loss`,
+`get_prompts`); ycfate/ID-like holds the README only.
+"""
 from __future__ import annotations
 
+import math
 import random
 from typing import Any, Sequence
 
@@ -12,25 +18,56 @@ from torch.utils.data import TensorDataset
 from tqdm.auto import tqdm
 
 from detectors.clip.backbone import ClipBackbone
+from detectors.clip.features import subset_imageset
 from detectors.clip.prompts import idlike_loss
 from detectors.clip.scores import cosine
 from detectors.clip.training import PROMPT_DEFAULTS, PromptDetector, train_loop
 from detectors.registry import register_detector
 from pipelines.runtime import item_seed
 
+IDLIKE_TEMPLATE = "a photo of a {}."  # the crop-selection prompt of the official code (with a full stop)
 
-def random_crops(image: Any, n: int, seed: int, scale: Sequence[float] = (0.08, 1.0), ratio: Sequence[float] = (3 / 4, 4 / 3)) -> list[Any]:
-    """`n` random crops of a PIL image (area fraction in `scale`, log-uniform aspect `ratio`), seeded."""
+
+def resized_crop_box(width: int, height: int, rng: random.Random, scale: Sequence[float] = (0.08, 1.0),
+                     ratio: Sequence[float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+    """(left, top, w, h) of one RandomResizedCrop draw (torchvision's rule): up to 10 tries of an area fraction in
+    `scale` and a log-uniform aspect in `ratio` that fits the image; else the largest centred crop whose aspect is
+    clamped to `ratio`."""
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w, h = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, width - w), rng.randint(0, height - h), w, h
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        w, h = int(round(height * max(ratio))), height
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h
+
+
+def random_crops(image: Any, n: int, seed: int, scale: Sequence[float] = (0.08, 1.0), ratio: Sequence[float] = (3 / 4, 4 / 3),
+                 size: int | None = None, flip: bool = True) -> list[Any]:
+    """`n` RandomResizedCrop crops of a PIL image, each resized to `size` x `size` (when given) and mirrored with
+    probability 1/2 (`flip`), seeded."""
+    from PIL import Image
+
     rng = random.Random(seed)
-    width, height = image.size
     crops = []
     for _ in range(n):
-        area = width * height * rng.uniform(*scale)
-        aspect = float(np.exp(rng.uniform(np.log(ratio[0]), np.log(ratio[1]))))
-        w = int(round(min(width, max(1.0, (area * aspect) ** 0.5))))
-        h = int(round(min(height, max(1.0, (area / aspect) ** 0.5))))
-        left, top = rng.randint(0, width - w), rng.randint(0, height - h)
-        crops.append(image.crop((left, top, left + w, top + h)))
+        left, top, w, h = resized_crop_box(image.width, image.height, rng, scale, ratio)
+        crop = image.crop((left, top, left + w, top + h))
+        if size is not None:
+            crop = crop.resize((size, size), Image.BILINEAR)
+        mirror = rng.random() < 0.5  # drawn either way: the boxes do not depend on `flip`
+        if flip and mirror:
+            crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
+        crops.append(crop)
     return crops
 
 
@@ -52,25 +89,32 @@ def select_crops(crop_feats: torch.Tensor, class_text: torch.Tensor, n_select: i
 
 @register_detector("idlike")
 class IDLike(PromptDetector):
-    """ID + 100 OOD prompts trained on 32 ID and 32 ID-like OOD crops (of 256) per image; score = sum of the softmax
-    over ID classes with the OOD prompts inside the softmax (logits cos / T, T = 0.01 = CLIP's scale 100)."""
+    """ID + 100 OOD prompts (own 16-token OOD context, `shared_ood_ctx=True` shares the ID context) trained on 32 ID
+    and 32 ID-like OOD crops (of 256 fresh RandomResizedCrop + flip crops per image and epoch; `fixed_crops=True`
+    mines them once) per image; AdamW lr 5e-3 (torch's default weight decay 0.01) held constant (`schedule`);
+    score = sum of the softmax over ID classes with the OOD prompts inside the softmax (logits cos / T, T = 0.01 =
+    CLIP's logit scale 100, as the official test)."""
 
     paper = "Bai et al., ID-like Prompt Learning for Few-Shot Out-of-Distribution Detection, CVPR 2024"
-    defaults = {**PROMPT_DEFAULTS, "shots": 1, "epochs": 3, "lr": 5e-3, "weight_decay": 0.01, "train_batch": 1,
-                "n_ood_prompts": 100, "n_crops": 256, "n_select": 32, "crop_scale": (0.08, 1.0), "lam_ood": 0.3,
-                "lam_div": 0.2, "temperature": 0.01}
+    defaults = {**PROMPT_DEFAULTS, "templates": [IDLIKE_TEMPLATE], "shots": 1, "epochs": 3, "lr": 5e-3,
+                "weight_decay": 0.01, "schedule": "constant", "train_batch": 1, "n_ood_prompts": 100,
+                "shared_ood_ctx": False, "n_crops": 256, "n_select": 32, "crop_scale": (0.08, 1.0),
+                "crop_ratio": (3 / 4, 4 / 3), "flip": True, "fixed_crops": False, "lam_ood": 0.3, "lam_div": 0.2,
+                "temperature": 0.01}
     search_space = {"temperature": [0.01, 0.1, 1.0]}
     n_ood_param = "n_ood_prompts"
 
-    def mine_crops(self, images: Any, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """ID crops [N,S,P] and ID-like OOD crops [N,S,P] of every training image."""
+    def mine_crops(self, images: Any, labels: torch.Tensor, epoch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """ID crops [N,S,P] and ID-like OOD crops [N,S,P] of every training image, from the crops of `epoch`."""
         p = self.params
         if p["n_select"] > p["n_crops"]:
             raise ValueError(f"idlike: n_select ({p['n_select']}) must not exceed n_crops ({p['n_crops']})")
         class_text = self.class_text()
+        size = self.backbone.model.config.vision_config.image_size
         id_crops, ood_crops = [], []
-        for i in tqdm(range(len(images)), desc="ID-like crops", disable=not p["progress"], leave=False):
-            crops = random_crops(images.load(i), p["n_crops"], item_seed(p["seed"], i), p["crop_scale"])
+        for i in tqdm(range(len(images)), desc=f"ID-like crops (epoch {epoch})", disable=not p["progress"], leave=False):
+            crops = random_crops(images.load(i), p["n_crops"], item_seed(p["seed"], f"{epoch}:{i}"), p["crop_scale"],
+                                 p["crop_ratio"], size, p["flip"])
             feats = crop_embeddings(self.backbone, crops, p["batch_size"])
             near, far = select_crops(feats, class_text[int(labels[i])], p["n_select"])
             id_crops.append(near)
@@ -78,11 +122,19 @@ class IDLike(PromptDetector):
         return torch.stack(id_crops), torch.stack(ood_crops)
 
     def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
-        subset, labels = self.training_subset(id_train)
-        id_crops, ood_crops = self.mine_crops(subset, labels)
-        dataset = TensorDataset(id_crops, ood_crops, labels)
+        idx = self.shot_indices(id_train)
+        subset = subset_imageset(id_train, idx) if len(idx) < len(id_train) else id_train
+        labels = torch.as_tensor(np.asarray(id_train.labels)[idx], dtype=torch.long)
         learner, n_cls, p = self.learner, self.num_classes, self.params
         scale = self.backbone.logit_scale
+        fixed: list[TensorDataset] = []
+
+        def epoch_data(epoch: int) -> TensorDataset:
+            if p["fixed_crops"] and fixed:
+                return fixed[0]
+            data = TensorDataset(*self.mine_crops(subset, labels, epoch), labels)
+            fixed.append(data)
+            return data
 
         def step_loss(module: Any, batch: Any) -> torch.Tensor:
             near, far, y = batch
@@ -93,10 +145,12 @@ class IDLike(PromptDetector):
             loss, _ = idlike_loss(id_logits, y, ood_logits, text[n_cls:], n_cls, p["lam_ood"], p["lam_div"])
             return loss
 
-        optimizer = torch.optim.AdamW([learner.ctx, learner.ood], lr=p["lr"], weight_decay=p["weight_decay"])
-        self._after_fit(train_loop(learner, dataset, step_loss, epochs=p["epochs"], batch_size=p["train_batch"],
+        params = [t for t in (learner.ctx, learner.ood, learner.ood_ctx) if t.numel()]
+        optimizer = torch.optim.AdamW(params, lr=p["lr"], weight_decay=p["weight_decay"])
+        self.lrs = []
+        self._after_fit(train_loop(learner, epoch_data, step_loss, epochs=p["epochs"], batch_size=p["train_batch"],
                                    optimizer=optimizer, seed=p["seed"], device=self.backbone.device,
-                                   progress=p["progress"], desc="ID-like"))
+                                   schedule=p["schedule"], lr_log=self.lrs, progress=p["progress"], desc="ID-like"))
 
     def _score(self, batch: Any) -> np.ndarray:
         logits = cosine(self.features(batch).global_, self.prompt_text()).double() / self.params["temperature"]

@@ -25,9 +25,10 @@ class LoCoOp(PromptDetector):
     embeddings (the image tower is frozen), so no image augmentation is applied.
     """
 
+    reads_train_features = True
     paper = "Miyai et al., LoCoOp: Few-Shot Out-of-Distribution Detection via Prompt Learning, NeurIPS 2023"
     defaults = {**PROMPT_DEFAULTS, "epochs": 50, "lr": 0.002, "momentum": 0.9, "weight_decay": 5e-4, "train_batch": 32,
-                "warmup_epochs": 1, "warmup_lr": 1e-5, "lam": 0.25, "top_k": None, "score_rule": "glmcm", "temperature": 1.0, "glmcm_lam": 1.0}
+                "schedule": "cosine_epoch", "warmup_epochs": 1, "warmup_lr": 1e-5, "lam": 0.25, "top_k": None, "score_rule": "glmcm", "temperature": 1.0, "glmcm_lam": 1.0}
     search_space = {"score_rule": ["mcm", "glmcm"]}
 
     def top_k(self) -> int:
@@ -37,8 +38,7 @@ class LoCoOp(PromptDetector):
         return int(k)
 
     def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
-        subset, labels = self.training_subset(id_train)
-        feats = self.features(subset)
+        feats, labels = self.training_features(id_train)
         dataset = TensorDataset(feats.global_, feats.local, labels)
         learner, top_k, lam = self.learner, self.top_k(), self.params["lam"]
         scale = self.backbone.logit_scale
@@ -53,7 +53,8 @@ class LoCoOp(PromptDetector):
         optimizer = torch.optim.SGD(params, lr=self.params["lr"], momentum=self.params["momentum"], weight_decay=self.params["weight_decay"])
         self._after_fit(train_loop(learner, dataset, step_loss, epochs=self.params["epochs"], batch_size=self.params["train_batch"],
                                    optimizer=optimizer, seed=self.params["seed"], device=self.backbone.device,
-                                   warmup_epochs=self.params["warmup_epochs"], warmup_lr=self.params["warmup_lr"],
+                                   schedule=self.params["schedule"], warmup_epochs=self.params["warmup_epochs"],
+                                   warmup_lr=self.params["warmup_lr"], lr_log=self.lrs,
                                    progress=self.params["progress"], desc="LoCoOp"))
 
     def _score(self, batch: Any) -> np.ndarray:

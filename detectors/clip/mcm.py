@@ -1,5 +1,9 @@
 """Zero-shot MCM and GL-MCM (Ming et al., NeurIPS 2022; Miyai et al., 2023): softmax over class prompts on CLIP's
-raw cosine similarities, globally (MCM) and plus the best patch (GL-MCM)."""
+raw cosine similarities, globally (MCM) and plus the best patch (GL-MCM).
+
+Reference: deeplearning-wisc/MCM utils/detection_util.py (prompt "a photo of a {label}", no full stop; T = 1) and
+AtsuMiyai/GL-MCM (same prompt; lambda = 1).
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -7,16 +11,17 @@ from typing import Any
 import numpy as np
 
 from detectors.clip import scores
-from detectors.clip.common import CLIP_DEFAULTS, ClipDetector
+from detectors.clip.common import CLIP_DEFAULTS, MCM_TEMPLATE, ClipDetector
 from detectors.registry import register_detector
 
 
 @register_detector("mcm")
 class MCM(ClipDetector):
-    """s = max_i softmax_i(cos(x, t_i) / T), T = 1."""
+    """s = max_i softmax_i(cos(x, t_i) / T), T = 1, prompts "a photo of a {label}" (the official one; the full-stop
+    variant or CLIP's 80-template ensemble are options through `templates`)."""
 
     paper = "Ming et al., Delving into Out-of-Distribution Detection with Vision-Language Representations, NeurIPS 2022"
-    defaults = {**CLIP_DEFAULTS, "temperature": 1.0}
+    defaults = {**CLIP_DEFAULTS, "templates": [MCM_TEMPLATE], "temperature": 1.0}
     search_space = {"temperature": [0.5, 1.0, 2.0]}
 
     def _score(self, batch: Any) -> np.ndarray:
@@ -28,7 +33,7 @@ class GLMCM(ClipDetector):
     """s = MCM(global) + lambda * max over patches of MCM(local), lambda = 1 (0.5 in a later version of the paper)."""
 
     paper = "Miyai et al., Zero-Shot In-Distribution Detection in Multi-Object Settings Using Vision-Language Foundation Models, 2023"
-    defaults = {**CLIP_DEFAULTS, "temperature": 1.0, "lam": 1.0}
+    defaults = {**CLIP_DEFAULTS, "templates": [MCM_TEMPLATE], "temperature": 1.0, "lam": 1.0}
     search_space = {"lam": [0.5, 1.0]}
 
     def _score(self, batch: Any) -> np.ndarray:

@@ -1,23 +1,27 @@
-"""NegLabel (Jiang et al., ICLR 2024): zero-shot OOD detection with negative labels mined from a large word list as
-the words least similar to the ID classes; score = ID probability mass in a softmax over ID and negative labels,
-averaged over random groups of the negatives."""
+"""NegLabel (Jiang et al., ICLR 2024): zero-shot OOD detection with negative labels mined from WordNet as the words
+least similar to the ID classes; score = ID probability mass in a softmax over ID and negative labels, averaged over
+random groups of the negatives.
+
+Reference: XueJiang16/NegLabel, mmcls/models/classifiers/multi_modal.py (corpus, templates, selection) and
+mmcls/models/ood/clip_ood.py (grouping), custom_config/clip.py (defaults).
+"""
 from __future__ import annotations
 
-from importlib import resources
+import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from detectors.clip import scores
 from detectors.clip.common import CLIP_DEFAULTS, ClipDetector
+from detectors.clip.wordnet import NEGLABEL_EXCLUDED, neglabel_corpus
 from detectors.registry import register_detector
 
-
-def default_words() -> list[str]:
-    """The package's candidate word list (`detectors/clip/words.txt`, common English nouns)."""
-    return read_words(resources.files("detectors.clip").joinpath("words.txt"))
+NOUN_TEMPLATE = "the nice {}"          # the official prompt_templates[85], for ID classes and noun negatives
+ADJ_TEMPLATE = "This is a {} photo"     # the official adjective template
+PAPER_NEGATIVES = 10_000                # the paper's M (15% of WordNet's ~70,000 nouns + adjectives)
 
 
 def read_words(path: Any) -> list[str]:
@@ -27,52 +31,86 @@ def read_words(path: Any) -> list[str]:
 
 
 def mine_negatives(candidate_text: torch.Tensor, class_text: torch.Tensor, fraction: float = 0.15,
-                   percentile: float = 0.95) -> torch.Tensor:
-    """Indices of the negative labels: candidates ranked by the `percentile` quantile of their cosine similarities
-    to the ID class embeddings, lowest first; the first `fraction` of them (at least one) are kept."""
-    sim = scores.cosine(candidate_text, class_text).double()
-    distance_rank = torch.quantile(sim, q=percentile, dim=1).argsort()
-    keep = max(1, int(len(distance_rank) * fraction))
-    return distance_rank[:keep]
+                   percentile: float = 0.95, chunk: int = 1000) -> torch.Tensor:
+    """Indices of the negatives of one candidate part (nouns or adjectives): candidates ranked by the `percentile`
+    quantile of their cosine similarities to the ID class embeddings, lowest first; the first int(n * fraction)."""
+    quantiles = [torch.quantile(scores.cosine(candidate_text[s:s + chunk], class_text).double(), q=percentile, dim=1)
+                 for s in range(0, len(candidate_text), chunk)]  # chunked: torch.quantile takes at most 16M values
+    order = torch.cat(quantiles).argsort(stable=True) if quantiles else torch.zeros(0, dtype=torch.long)
+    return order[: int(len(order) * fraction)]
 
 
 @register_detector("neglabel")
 class NegLabel(ClipDetector):
-    """`words`: candidate negative labels (default: the package word list); with `mine=False` they are used as given.
-    Defaults as the official configuration: 15% of the candidates kept at the 0.95 similarity quantile, T = 0.01,
-    groups of about 100 negatives (100 groups for the official 10,000)."""
+    """Defaults as the official code and config: corpus = WordNet 3.0 nouns (minus noun.animal and noun.food, as the
+    official word lists) and adjectives, noun/ID prompt "the nice {}", adjective prompt "This is a {} photo";
+    per part the 15% of candidates with the lowest 0.95-quantile similarity to the ID classes (~10,500 negatives);
+    T = 0.01 (CLIP's logit scale 100); 100 groups, the remainder dropped, permuted with seed 0.
+
+    `words` / `words_file` replace the WordNet nouns (then no adjectives unless `adjectives` is given); `n_negatives`
+    (the paper's M) replaces `neg_fraction` by M / number of candidates; `mine=False` uses every candidate.
+    """
 
     paper = "Jiang et al., Negative Label Guided OOD Detection with Pretrained Vision-Language Models, ICLR 2024"
-    defaults = {**CLIP_DEFAULTS, "words": None, "words_file": None, "mine": True, "neg_fraction": 0.15,
-                "percentile": 0.95, "temperature": 0.01, "ngroup": None, "seed": 0}
+    defaults = {**CLIP_DEFAULTS, "templates": [NOUN_TEMPLATE], "adj_template": ADJ_TEMPLATE, "words": None,
+                "words_file": None, "adjectives": None, "wordnet_dir": None, "wordnet_exclude": list(NEGLABEL_EXCLUDED),
+                "drop_class_names": False, "mine": True, "neg_fraction": 0.15, "n_negatives": None,
+                "percentile": 0.95, "temperature": 0.01, "ngroup": 100, "seed": 0}
     search_space = {"neg_fraction": [0.05, 0.15, 0.3]}
 
-    def candidate_words(self) -> list[str]:
-        """Candidate words minus the ID class names (case-insensitive)."""
+    def candidates(self) -> tuple[list[str], list[str]]:
+        """(nouns, adjectives): WordNet's by default, else `words`/`words_file` (and `adjectives`); each word once;
+        with `drop_class_names` the ID class names (case-insensitive) are removed."""
         p = self.params
-        words: Sequence[str] = p["words"] or (read_words(p["words_file"]) if p["words_file"] else default_words())
-        classes = {c.lower() for c in p["class_names"]}
-        out = list(dict.fromkeys(w for w in words if w.lower() not in classes))
-        if not out:
-            raise ValueError("neglabel: no candidate negative word is left after removing the ID class names")
-        return out
+        if p["words"] or p["words_file"]:
+            nouns = list(p["words"] or read_words(p["words_file"]))
+            adjectives = list(p["adjectives"] or [])
+        else:
+            nouns, adjectives = neglabel_corpus(p["wordnet_dir"], tuple(p["wordnet_exclude"]))
+        nouns = list(dict.fromkeys(nouns))
+        noun_set = set(nouns)
+        adjectives = [w for w in dict.fromkeys(adjectives) if w not in noun_set]
+        if p["drop_class_names"]:
+            classes = {c.lower() for c in p["class_names"]}
+            nouns, adjectives = [w for w in nouns if w.lower() not in classes], [w for w in adjectives if w.lower() not in classes]
+        if not nouns and not adjectives:
+            raise ValueError("neglabel: the corpus holds no candidate negative label")
+        return nouns, adjectives
+
+    def fraction(self, n_candidates: int) -> float:
+        """The share of each part kept: `neg_fraction`, or `n_negatives` / candidates."""
+        if self.params["n_negatives"] is None:
+            return float(self.params["neg_fraction"])
+        return min(1.0, int(self.params["n_negatives"]) / max(1, n_candidates))
 
     @property
     def negative_words(self) -> list[str]:
-        """The negative labels in use (mined once)."""
+        """The negative labels in use, nouns then adjectives (mined once)."""
         self.negative_text()
         return self._negatives
 
     def negative_text(self) -> torch.Tensor:
         """Normalised embeddings [M,P] of the negative labels (mined on first use)."""
-        if "negatives" not in self._text_cache:
-            words = self.candidate_words()
-            text = self.backbone.encode_class_prompts(words, self.params["templates"]).cpu()
-            if self.params["mine"]:
-                keep = mine_negatives(text, self.class_text(), self.params["neg_fraction"], self.params["percentile"])
-                words, text = [words[i] for i in keep.tolist()], text[keep]
-            self._negatives = words
-            self._text_cache["negatives"] = text
+        if "negatives" in self._text_cache:
+            return self._text_cache["negatives"]
+        p = self.params
+        parts = [(w, t) for w, t in zip(self.candidates(), (p["templates"], [p["adj_template"]])) if w]
+        words, texts = [], []
+        n_candidates = sum(len(w) for w, _ in parts)
+        fraction = self.fraction(n_candidates)
+        for part, templates in parts:
+            emb = self.backbone.encode_class_prompts(part, templates).cpu()
+            if p["mine"]:
+                keep = mine_negatives(emb, self.class_text(), fraction, p["percentile"])
+                part, emb = [part[i] for i in keep.tolist()], emb[keep]
+            words += part
+            texts.append(emb)
+        if len(words) < PAPER_NEGATIVES // 2:
+            warnings.warn(f"neglabel: only {len(words)} negative labels from {n_candidates} candidates; the paper uses "
+                          f"M = {PAPER_NEGATIVES:,} from WordNet's ~70,000 nouns and adjectives. For the paper's setting "
+                          f"install WordNet (apt-get install wordnet-base) and leave `words` unset.", stacklevel=2)
+        self._negatives = words
+        self._text_cache["negatives"] = torch.cat(texts)
         return self._text_cache["negatives"]
 
     def _score(self, batch: Any) -> np.ndarray:
@@ -81,8 +119,5 @@ class NegLabel(ClipDetector):
                                p["temperature"], self.groups(), p["seed"])
 
     def groups(self) -> int:
-        """`ngroup`, or by default min(100, M // 100) groups of the M negatives (the official 100 groups of 100 of
-        10,000 negatives; one group for short lists)."""
-        if self.params["ngroup"] is not None:
-            return int(self.params["ngroup"])
-        return max(1, min(100, len(self.negative_text()) // 100))
+        """`ngroup` (100, official), at most the number of negatives."""
+        return max(1, min(int(self.params["ngroup"]), len(self.negative_text())))

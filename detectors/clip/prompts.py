@@ -18,17 +18,21 @@ PLACEHOLDER = "X"
 
 
 class PromptLearner(nn.Module):
-    """Learned context (`ctx` [M,W]) and OOD tokens (`ood` [K,W]); `forward()` returns normalised text features
-    [C+K, P] (ID classes first). The CLIP model is frozen and not a registered submodule (it is not saved)."""
+    """Learned context (`ctx` [M,W]), OOD tokens (`ood` [K,W]) and the OOD prompts' own context (`ood_ctx` [M,W],
+    ID-like's separate OOD prompt learner; empty with `shared_ood_ctx`, then OOD prompts use `ctx`); `forward()`
+    returns normalised text features [C+K, P] (ID classes first). The CLIP model is frozen and not a registered
+    submodule (it is not saved)."""
 
     def __init__(self, backbone: ClipBackbone, class_names: Sequence[str], n_ctx: int = 16, n_ood: int = 0,
-                 init_std: float = 0.02, seed: int = 0) -> None:
+                 init_std: float = 0.02, seed: int = 0, shared_ood_ctx: bool = False) -> None:
         super().__init__()
         self.backbone = backbone
         width = backbone.model.config.text_config.hidden_size
         gen = torch.Generator().manual_seed(seed)
         self.ctx = nn.Parameter(torch.randn(n_ctx, width, generator=gen) * init_std)
         self.ood = nn.Parameter(torch.randn(n_ood, width, generator=gen) * init_std)
+        own = n_ctx if n_ood and not shared_ood_ctx else 0
+        self.ood_ctx = nn.Parameter(torch.randn(own, width, generator=gen) * init_std)
         ctx_text = " ".join([PLACEHOLDER] * n_ctx)
         texts = [f"{ctx_text} {name}." for name in class_names] + [f"{ctx_text} {PLACEHOLDER}."] * n_ood
         with torch.no_grad():
@@ -41,10 +45,11 @@ class PromptLearner(nn.Module):
 
     def prompt_embeddings(self) -> torch.Tensor:
         """Token embeddings [C+K, L, W] of every prompt with the learned vectors inserted."""
-        n = self.n_cls + self.n_ood
-        ctx = self.ctx[None].expand(n, -1, -1)
+        ctx = self.ctx[None].expand(self.n_cls, -1, -1)
         suffix = self.suffix
         if self.n_ood:
+            ood_ctx = self.ood_ctx if self.ood_ctx.numel() else self.ctx
+            ctx = torch.cat([ctx, ood_ctx[None].expand(self.n_ood, -1, -1)])
             ood_rows = torch.cat([suffix[self.n_cls:, :0], self.ood[:, None], suffix[self.n_cls:, 1:]], dim=1)
             suffix = torch.cat([suffix[: self.n_cls], ood_rows])
         return torch.cat([self.prefix, ctx.to(self.prefix.dtype), suffix.to(self.prefix.dtype)], dim=1)
@@ -56,13 +61,17 @@ class PromptLearner(nn.Module):
 
     def state(self) -> dict[str, torch.Tensor]:
         """The learned tensors (what `save_pretrained` stores)."""
-        return {"prompt.ctx": self.ctx.detach().cpu(), "prompt.ood": self.ood.detach().cpu()}
+        return {"prompt.ctx": self.ctx.detach().cpu(), "prompt.ood": self.ood.detach().cpu(),
+                "prompt.ood_ctx": self.ood_ctx.detach().cpu()}
 
     def load(self, state: dict) -> None:
-        """Restore tensors from `state()` (numpy or torch)."""
+        """Restore tensors from `state()` (numpy or torch); a state saved without `prompt.ood_ctx` (OOD prompts on
+        the shared context) gives the OOD prompts a copy of `ctx`, which computes the same prompts."""
         with torch.no_grad():
             self.ctx.copy_(torch.as_tensor(state["prompt.ctx"]))
             self.ood.copy_(torch.as_tensor(state["prompt.ood"]))
+            if self.ood_ctx.numel():
+                self.ood_ctx.copy_(torch.as_tensor(state.get("prompt.ood_ctx", state["prompt.ctx"])))
 
 
 def entropy(p: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
@@ -88,11 +97,12 @@ def locoop_loss(global_logits: torch.Tensor, local_logits: torch.Tensor, labels:
 
 def idlike_loss(id_logits: torch.Tensor, labels: torch.Tensor, ood_logits: torch.Tensor, ood_text: torch.Tensor,
                 n_cls: int, lam_ood: float = 0.3, lam_div: float = 0.2) -> tuple[torch.Tensor, dict[str, float]]:
-    """ID-like: CE of ID crops over ID+OOD prompts + lam_ood * mean log(ID probability mass on ID-like OOD crops)
-    + lam_div * mean over pairs j != k of max(0, cos(o_j, o_k)) among the (normalised) OOD prompt features."""
+    """ID-like: CE of ID crops over ID+OOD prompts + lam_ood * mean log(ID probability mass on ID-like OOD crops
+    + 1e-16, as the official code) + lam_div * mean over pairs j != k of max(0, cos(o_j, o_k)) among the
+    (normalised) OOD prompt features (the official mean of cosine_embedding_loss(target -1) over pairs j < k)."""
     ce = F.cross_entropy(id_logits, labels)
     id_mass = torch.softmax(ood_logits, dim=-1)[:, :n_cls].sum(-1)
-    ood_term = torch.log(id_mass).mean()
+    ood_term = torch.log(id_mass + 1e-16).mean()
     k = len(ood_text)
     if k > 1:
         sim = ood_text @ ood_text.T

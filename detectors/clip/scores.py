@@ -33,17 +33,22 @@ def glmcm(global_: torch.Tensor, local: torch.Tensor, text: torch.Tensor, temper
 
 
 def neglabel(global_: torch.Tensor, pos_text: torch.Tensor, neg_text: torch.Tensor, temperature: float = 0.01,
-             ngroup: int = 100, seed: int = 0) -> np.ndarray:
-    """NegLabel: ID probability mass in a softmax over ID and negative labels, averaged over `ngroup` random groups
-    of the negatives (the negatives are permuted with `seed`, the remainder after an even split is dropped)."""
-    pos = cosine(global_, pos_text).double() / temperature
-    neg = cosine(global_, neg_text).double() / temperature
-    ngroup = max(1, min(ngroup, neg.shape[1]))
-    order = torch.randperm(neg.shape[1], generator=torch.Generator().manual_seed(seed))
-    keep = neg.shape[1] - neg.shape[1] % ngroup
-    groups = neg[:, order[:keep]].reshape(len(neg), ngroup, -1)
-    full = torch.cat([pos[:, None, :].expand(-1, ngroup, -1), groups], dim=-1)
-    return torch.softmax(full, dim=-1)[..., : pos.shape[1]].sum(-1).mean(-1).numpy()
+             ngroup: int = 100, seed: int = 0, batch_size: int = 1024) -> np.ndarray:
+    """NegLabel: ID probability mass in a softmax over ID and negative labels (logits cos / T), averaged over
+    `ngroup` groups of the negatives. Grouping as the official code: the last M % ngroup negatives are dropped, the
+    rest permuted (torch generator seeded with `seed`) and cut into `ngroup` consecutive groups."""
+    n_neg = neg_text.shape[0]
+    ngroup = max(1, min(ngroup, n_neg)) if n_neg else 1
+    keep = n_neg - n_neg % ngroup
+    order = torch.randperm(keep, generator=torch.Generator().manual_seed(seed))
+    grouped = neg_text[:keep][order]
+    out = []
+    for s in range(0, len(global_), batch_size):
+        pos = cosine(global_[s:s + batch_size], pos_text).double() / temperature
+        neg = (cosine(global_[s:s + batch_size], grouped).double() / temperature).reshape(len(pos), ngroup, -1)
+        full = torch.cat([pos[:, None, :].expand(-1, ngroup, -1), neg], dim=-1)
+        out.append(torch.softmax(full, dim=-1)[..., : pos.shape[1]].sum(-1).mean(-1))
+    return torch.cat(out).numpy() if out else np.zeros(0)
 
 
 def clipn_probabilities(global_: torch.Tensor, yes_text: torch.Tensor, no_text: torch.Tensor, scale: float = 100.0) -> tuple[torch.Tensor, torch.Tensor]:

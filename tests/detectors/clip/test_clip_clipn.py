@@ -178,3 +178,50 @@ def test_converted_weights_compute_what_open_clip_computes(backbone, tmp_path):
             got = (model.get_text_features(input_ids=ids).pooler_output if not suffix
                    else det.tower(det.backbone, ids))
         torch.testing.assert_close(F.normalize(got, dim=-1), F.normalize(ref, dim=-1), rtol=1e-4, atol=1e-5)
+
+
+def test_binary_opposite_loss_never_pushes_a_shared_caption_to_no():
+    from detectors.clip.clipn import same_caption
+
+    gen = torch.Generator().manual_seed(4)
+    img, yes, no = unit(torch.randn(5, 6, generator=gen)), unit(torch.randn(5, 6, generator=gen)), unit(torch.randn(5, 6, generator=gen))
+    ids = torch.tensor([[1, 7, 2], [1, 8, 2], [1, 7, 2], [1, 9, 2], [1, 8, 2]])  # captions 0 = 2 and 1 = 4
+    match = same_caption(ids)
+    assert match.sum() == 5 + 4 and match[0, 2] and match[4, 1] and not match[0, 1]
+    bin_yes, bin_no = binary_opposite_losses(img, yes, no, scale=5.0, match=match)
+    ly, ln = 5 * img.numpy() @ yes.numpy().T, 5 * img.numpy() @ no.numpy().T
+    p_yes = np.exp(ly) / (np.exp(ly) + np.exp(ln))
+    same = [(i, j) for i in range(5) for j in range(5) if ids[i].tolist() == ids[j].tolist()]
+    other = [(i, j) for i in range(5) for j in range(5) if ids[i].tolist() != ids[j].tolist()]
+    np.testing.assert_allclose(float(bin_yes), np.mean([-np.log(p_yes[i, j]) for i, j in same]), rtol=1e-10)
+    np.testing.assert_allclose(float(bin_no), np.mean([-np.log(1 - p_yes[i, j]) for i, j in other]), rtol=1e-10)
+    # unique captions: the official identity (`eyes`), sums divided by N and N^2 - N
+    unique = torch.arange(5)[:, None]
+    assert torch.equal(same_caption(unique), torch.eye(5, dtype=torch.bool))
+    eye = np.eye(5)
+    official_yes = (eye * -np.log(p_yes)).sum() / 5
+    official_no = ((1 - eye) * -np.log(1 - p_yes)).sum() / 20
+    got = binary_opposite_losses(img, yes, no, scale=5.0, match=same_caption(unique))
+    np.testing.assert_allclose([float(got[0]), float(got[1])], [official_yes, official_no], rtol=1e-10)
+
+
+def test_clipn_training_follows_the_official_optimiser_and_schedule(backbone):
+    from detectors.clip.clipn import parameter_groups
+
+    tower = NoTextTower.from_clip(backbone.model, n_prompts=4)
+    decay_free, decayed = parameter_groups(tower, 0.2)
+    named = dict(tower.named_parameters())
+    expected_free = {n for n, p in named.items() if p.ndim < 2 or "norm" in n}  # every gain and bias; no embedding
+    assert {id(p) for p in decay_free["params"]} == {id(named[n]) for n in expected_free} and decay_free["weight_decay"] == 0.0
+    assert decayed["weight_decay"] == 0.2 and any(p is tower.prompt for p in decayed["params"])
+    assert all(n.endswith("bias") or "norm" in n for n in expected_free)
+
+    train = ImageSet(images=colour_images([0], 3, 0) + colour_images([1], 3, 1), labels=np.array([0] * 3 + [1] * 3))
+    det = detectors.build("clipn", model=backbone, class_names=CLASSES, epochs=3, lr=1e-3, train_batch=4, progress=False)
+    det.fit(train)
+    total = 3 * 2  # 3 epochs x 2 batches: the cosine is set before every step, from the base lr at step 0
+    np.testing.assert_allclose(det.lrs, [0.5 * (1 + np.cos(np.pi * s / total)) * 1e-3 for s in range(total)])
+    full = detectors.build("clipn", model=backbone, class_names=CLASSES, epochs=1, lr=1e-3, train_batch=4,
+                           loss_weight=1.0, progress=False).fit(train)
+    np.testing.assert_allclose(det.losses[0], 0.5 * full.losses[0], rtol=1e-6)  # total loss halved, as the official
+    assert det.params["templates"][0] == "'a bad photo of a {}.'" and len(det.params["templates"]) == 128

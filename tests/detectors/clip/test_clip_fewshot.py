@@ -73,3 +73,40 @@ def test_train_prompt_detectors_writes_one_loadable_folder_per_run(tiny_clip_dir
     a, b = (Detector.from_pretrained(f, model=str(tiny_clip_dir)) for f in folders)
     assert a.params["class_names"] == CLASSES and a.params["seed"] == 1 and b.params["seed"] == 2
     assert not np.array_equal(a.state()["prompt.ctx"], b.state()["prompt.ctx"])  # seeds differ
+
+
+def test_sweep_embeds_the_training_set_once_and_matches_the_per_subset_path(tiny_clip_dir, tmp_path):
+    """Few-shot runs slice one cached pass over the union of their subsets; results equal training on each subset."""
+    import detectors
+    from detectors.clip.backbone import ClipBackbone
+    from detectors.clip.common import few_shot_indices
+    from detectors.clip.features import subset_imageset
+    from detectors.clip.fewshot import sweep_sets
+
+    backbone = ClipBackbone.load(str(tiny_clip_dir), device="cpu")
+    labels = np.array([0] * 5 + [1] * 5)
+    train = ImageSet(images=colour_images([0], 5, 0) + colour_images([1], 5, 1), labels=labels)
+    id_test = ImageSet(images=colour_images([0], 2, 2) + colour_images([1], 2, 3), labels=np.array([0, 0, 1, 1]))
+    ood = {"yellow": ImageSet(images=colour_images([0, 1], 3, 4))}
+    seen = []
+    hook = backbone.model.vision_model.embeddings.register_forward_hook(lambda m, i, out: seen.append(out.shape[0]))
+    config = {"model": backbone, "shots": [1, 2], "seeds": [1, 2], "methods": {"locoop": {"epochs": 2, "progress": False}},
+              "out_dir": str(tmp_path / "out")}
+    try:
+        from unittest import mock
+
+        with mock.patch.object(ClipBackbone, "load", return_value=backbone):
+            sweep_sets(config, train, id_test, ood, {"yellow": "hard"}, CLASSES)
+    finally:
+        hook.remove()
+    union = set().union(*(few_shot_indices(labels, k, s) for k in (1, 2) for s in (1, 2)))
+    assert len(union) < 2 * (1 + 2) * 2  # the subsets overlap: per-subset caching would embed more
+    # image-tower passes: one over the union of the training subsets, one per test set; nothing per run
+    assert seen == [len(union), len(id_test), len(ood["yellow"])]
+    for shots in (1, 2):
+        for seed in (1, 2):
+            saved = Detector.from_pretrained(tmp_path / "out" / f"locoop-{shots}shot-seed{seed}", model=backbone)
+            subset = subset_imageset(train, few_shot_indices(labels, shots, seed))
+            alone = detectors.build("locoop", model=backbone, class_names=CLASSES, epochs=2, progress=False,
+                                    shots=None, seed=seed).fit(subset)
+            np.testing.assert_allclose(saved.state()["prompt.ctx"], alone.state()["prompt.ctx"], rtol=1e-5, atol=1e-6)

@@ -7,7 +7,7 @@ from scipy.special import softmax
 
 import detectors
 from detectors.base import Detector, ImageSet
-from detectors.clip.idlike import random_crops, select_crops
+from detectors.clip.idlike import random_crops, resized_crop_box, select_crops
 from detectors.clip.prompts import PLACEHOLDER, PromptLearner, idlike_loss, locoop_loss
 from detectors.metrics import auroc
 
@@ -20,6 +20,7 @@ def test_prompt_learner_equals_text_tower_when_context_is_the_placeholder_tokens
     with torch.no_grad():
         learner.ctx.copy_(placeholder.expand(4, -1))
         learner.ood.copy_(placeholder.expand(2, -1))
+        learner.ood_ctx.copy_(placeholder.expand(4, -1))
         got = learner()
     ctx = " ".join([PLACEHOLDER] * 4)
     expected = backbone.encode_texts([f"{ctx} dog.", f"{ctx} bronze vessel.", f"{ctx} {PLACEHOLDER}.", f"{ctx} {PLACEHOLDER}."])
@@ -53,7 +54,7 @@ def test_idlike_loss_equals_hand_computation():
     loss, _ = idlike_loss(id_logits, labels, ood_logits, ood_text, n_cls=3, lam_ood=0.3, lam_div=0.2)
     a, b, t = id_logits.double().numpy(), ood_logits.double().numpy(), ood_text.double().numpy()
     ce = np.mean([-np.log(softmax(a[i])[labels[i]]) for i in range(4)])
-    ood = np.mean([np.log(softmax(b[i])[:3].sum()) for i in range(5)])
+    ood = np.mean([np.log(softmax(b[i])[:3].sum() + 1e-16) for i in range(5)])
     div = np.mean([max(0.0, t[j] @ t[k]) for j in range(3) for k in range(3) if j != k])
     np.testing.assert_allclose(float(loss), ce + 0.3 * ood + 0.2 * div, rtol=1e-5)
 
@@ -69,6 +70,9 @@ def test_locoop_training_raises_auroc_on_a_toy_task(backbone, tmp_path):
     after = auroc(det.score(id_test), det.score(ood_test))
     assert det.losses[-1] < det.losses[0]
     assert after > before + 0.2, (before, after)
+    steps = len(det.losses) // 30  # one warm-up epoch at 1e-5, then a cosine over the 30 epochs set once per epoch
+    expected = [1e-5] * steps + [0.05 * 0.5 * (1 + np.cos(np.pi * (e - 1) / 30)) for e in range(1, 30) for _ in range(steps)]
+    np.testing.assert_allclose(det.lrs, expected)
     # learned prompts round-trip exactly through save_pretrained / from_pretrained
     det.save_pretrained(tmp_path / "locoop")
     loaded = Detector.from_pretrained(tmp_path / "locoop", model=backbone)
@@ -90,9 +94,10 @@ def test_locoop_glmcm_rule_matches_scores_module(backbone):
 
 def test_idlike_crops_selection_training_and_score(backbone, tmp_path):
     image = colour_images([0], 1, 6, size=48)[0]
-    crops = random_crops(image, 6, seed=3)
-    again = random_crops(image, 6, seed=3)
-    assert [c.size for c in crops] == [c.size for c in again] and all(c.width <= 48 and c.height <= 48 for c in crops)
+    crops = random_crops(image, 6, seed=3, size=32)
+    again = random_crops(image, 6, seed=3, size=32)
+    assert [np.asarray(c).tolist() for c in crops] == [np.asarray(c).tolist() for c in again]
+    assert all(c.size == (32, 32) for c in crops)
     feats = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
     text = torch.nn.functional.normalize(torch.randn(4, generator=torch.Generator().manual_seed(1)), dim=0)
     near, far = select_crops(feats, text, 2)
@@ -124,3 +129,73 @@ def test_schedule_is_constant_warmup_then_per_epoch_cosine():
 
     factors = [epoch_lr_factor(e, epochs=4, base_lr=0.002, warmup_epochs=1, warmup_lr=1e-5) for e in range(5)]
     np.testing.assert_allclose(factors, [0.005, 1.0, (1 + np.cos(np.pi / 4)) / 2, 0.5, (1 + np.cos(3 * np.pi / 4)) / 2])
+
+
+def test_resized_crop_box_follows_torchvision_rules():
+    import math
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        left, top, w, h = resized_crop_box(120, 80, rng, (0.08, 1.0), (3 / 4, 4 / 3))
+        assert 0 <= left <= 120 - w and 0 <= top <= 80 - h
+        assert 0.08 * 9600 * 0.9 <= w * h <= 9600
+        assert 3 / 4 * 0.9 <= w / h <= 4 / 3 * 1.1
+    # no draw fits (area above the image): the centred fallback with the aspect clamped to the ratio range
+    assert resized_crop_box(120, 80, random.Random(0), (2.0, 3.0), (3 / 4, 4 / 3)) == ((120 - 107) // 2, 0, 107, 80)
+    assert resized_crop_box(60, 60, random.Random(0), (2.0, 3.0), (3 / 4, 4 / 3)) == (0, 0, 60, 60)
+    assert resized_crop_box(40, 100, random.Random(0), (2.0, 3.0), (3 / 4, 4 / 3)) == (0, (100 - 53) // 2, 40, 53)
+    assert math.isclose(round(80 * 4 / 3), 107) and round(40 / (3 / 4)) == 53
+
+
+def test_random_crops_flip_half_of_the_crops():
+    image = colour_images([0], 1, 11, size=40)[0]
+    flipped = random_crops(image, 40, seed=5, size=None, flip=True)
+    plain = random_crops(image, 40, seed=5, size=None, flip=False)
+    mirrored = [np.array_equal(np.asarray(f), np.asarray(p)[:, ::-1]) and not np.array_equal(np.asarray(f), np.asarray(p))
+                for f, p in zip(flipped, plain)]
+    same = [np.array_equal(np.asarray(f), np.asarray(p)) for f, p in zip(flipped, plain)]
+    assert all(m or s for m, s in zip(mirrored, same)) and 10 <= sum(mirrored) <= 30
+
+
+def test_idlike_ood_prompts_have_their_own_context(backbone):
+    learner = PromptLearner(backbone, CLASSES, n_ctx=4, n_ood=3)
+    assert learner.ood_ctx.shape == learner.ctx.shape
+    base = learner().detach()
+    with torch.no_grad():
+        learner.ctx.add_(1.0)
+    moved = learner().detach()
+    assert not torch.allclose(moved[:2], base[:2])  # ID prompts read ctx
+    torch.testing.assert_close(moved[2:], base[2:])  # OOD prompts do not
+    shared = PromptLearner(backbone, CLASSES, n_ctx=4, n_ood=3, shared_ood_ctx=True)
+    assert shared.ood_ctx.numel() == 0
+    # a state saved with the shared context loads as a copy of ctx: the same prompts
+    shared_state = {k: v for k, v in shared.state().items() if k != "prompt.ood_ctx"}
+    learner.load(shared_state)
+    torch.testing.assert_close(learner(), shared(), rtol=1e-5, atol=1e-6)
+
+
+def test_idlike_mines_fresh_crops_every_epoch_at_a_constant_lr(backbone):
+    train = ImageSet(images=colour_images([0], 1, 12) + colour_images([1], 1, 13), labels=np.array([0, 1]))
+    det = detectors.build("idlike", model=backbone, class_names=CLASSES, shots=1, n_crops=6, n_select=2,
+                          n_ood_prompts=2, epochs=3, lr=0.01, progress=False)
+    a0, _ = det.mine_crops(train, torch.tensor([0, 1]), epoch=0)
+    a1, _ = det.mine_crops(train, torch.tensor([0, 1]), epoch=1)
+    assert not torch.allclose(a0, a1)  # new crops each epoch
+    seen = []
+    hook = backbone.model.vision_model.embeddings.register_forward_hook(lambda m, i, out: seen.append(out.shape[0]))
+    try:
+        det.fit(train)
+    finally:
+        hook.remove()
+    assert seen == [6] * (3 * 2)  # every epoch: one pass over each image's 6 crops
+    assert det.lrs == [0.01] * (3 * 2)  # constant AdamW lr, no cosine
+    fixed = detectors.build("idlike", model=backbone, class_names=CLASSES, shots=1, n_crops=6, n_select=2,
+                            n_ood_prompts=2, epochs=3, fixed_crops=True, progress=False)
+    seen.clear()
+    hook = backbone.model.vision_model.embeddings.register_forward_hook(lambda m, i, out: seen.append(out.shape[0]))
+    try:
+        fixed.fit(train)
+    finally:
+        hook.remove()
+    assert seen == [6] * 2  # the option: crops mined once
