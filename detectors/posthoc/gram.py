@@ -221,7 +221,7 @@ class Gram(Detector):
         if not len(norm_labels):
             raise ValueError("gram: no image to normalise the layer deviations on (holdout empty: raise `holdout` or "
                              "use more training images per class)")
-        per_layer = layer_deviations(mins[norm_labels], maxs[norm_labels], norm_gram.astype(np.float64), train.layer)
+        per_layer = class_deviations(mins, maxs, norm_gram, norm_labels, np.eye(int(train.layer.max()) + 1)[train.layer])
         normalizers = per_layer.mean(axis=0)
         if np.any(normalizers <= 0):
             warnings.warn(f"gram: layers {np.flatnonzero(normalizers <= 0).tolist()} show no deviation on the "
@@ -233,14 +233,10 @@ class Gram(Detector):
         if self.mins is None:
             raise RuntimeError("gram: call fit(id_train) before score()")
         feats = self.features(batch)
-        weights = 1.0 / self.normalizers[self.layer]
-        out = []
-        for start in range(0, len(feats), ROW_BLOCK):
-            logits = feats.logits[start:start + ROW_BLOCK].astype(np.float64)
-            pred = logits.argmax(axis=1)
-            dev = gram_deviation(self.mins[pred], self.maxs[pred], feats.gram[start:start + ROW_BLOCK].astype(np.float64))
-            out.append(-(dev @ weights) / softmax(logits, axis=1).max(axis=1))
-        return np.concatenate(out) if out else np.zeros(0)
+        weights = (1.0 / self.normalizers[self.layer])[:, None]
+        logits = feats.logits.astype(np.float64)
+        deviation = class_deviations(self.mins, self.maxs, feats.gram, logits.argmax(axis=1), weights)[:, 0]
+        return -deviation / softmax(logits, axis=1).max(axis=1)
 
     def state(self) -> dict[str, np.ndarray]:
         out = super().state()
@@ -266,6 +262,17 @@ def holdout_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.nd
     return np.setdiff1d(np.arange(len(labels)), held_rows), held_rows
 
 
-def layer_deviations(mins: np.ndarray, maxs: np.ndarray, gram: np.ndarray, layer: np.ndarray) -> np.ndarray:
-    """[N, L] deviations per layer (summed over that layer's powers and channels) of rows against their own bounds."""
-    return gram_deviation(mins, maxs, gram) @ np.eye(int(layer.max()) + 1)[layer]
+def class_deviations(mins: np.ndarray, maxs: np.ndarray, gram: np.ndarray, classes: np.ndarray,
+                     weights: np.ndarray) -> np.ndarray:
+    """[N, W] = (entry-wise deviation of each row from the bounds of its class) @ weights [F, W], in float64.
+
+    Rows are taken in blocks and, within a block, class by class, so no [N, F] copy of the bounds is made.
+    """
+    out = np.zeros((len(gram), weights.shape[1]))
+    for start in range(0, len(gram), ROW_BLOCK):
+        block = np.asarray(gram[start:start + ROW_BLOCK], dtype=np.float64)
+        labels = classes[start:start + ROW_BLOCK]
+        for c in np.unique(labels):
+            rows = np.flatnonzero(labels == c)
+            out[start + rows] = gram_deviation(mins[c], maxs[c], block[rows]) @ weights
+    return out
