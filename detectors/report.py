@@ -170,12 +170,13 @@ class Layout:
         return {**{f"{g} avg": sets for g, sets in self.groups.items()}, f"{ALL} avg": self.sets}
 
 
-def per_set_table(results: pd.DataFrame, metrics: Sequence[str] = CELL_METRICS) -> pd.DataFrame:
+def per_set_table(results: pd.DataFrame, metrics: Sequence[str] = CELL_METRICS, averages: bool = True) -> pd.DataFrame:
     """Methods x (sets, group averages, overall average) in percent, from a table read by `read_results`.
 
     Index: (family, method) in layout order. Columns: (column, metric) with column = each OOD set grouped by group,
-    then `"<group> avg"` per group, then `"all avg"`; an average is the plain mean of the method's per-set values over
-    the sets it covers, NaN when the method lacks one of them.
+    then (with `averages`) `"<group> avg"` per group, then `"all avg"`; an average is the plain mean of the method's
+    per-set values over the sets it covers, NaN when the method lacks one of them. Without `averages` this is the
+    layout of ShiftedBronzes' Table 3.
     """
     layout = Layout.of(results)
     pivot = results.pivot(index="method", columns="ood_set", values=list(metrics))
@@ -187,7 +188,7 @@ def per_set_table(results: pd.DataFrame, metrics: Sequence[str] = CELL_METRICS) 
             pieces[(s, metric)] = values[s]
         for name, sets in layout.average_columns.items():
             pieces[(name, metric)] = values[sets].mean(axis=1, skipna=False)
-    columns = [(c, m) for c in [*layout.sets, *layout.average_columns] for m in metrics]
+    columns = [(c, m) for c in [*layout.sets, *(layout.average_columns if averages else [])] for m in metrics]
     table = pd.DataFrame({c: pieces[c] for c in columns})
     table.columns = pd.MultiIndex.from_tuples(columns, names=["column", "metric"])
     table.index = pd.MultiIndex.from_tuples(layout.rows, names=["family", "method"])
@@ -220,6 +221,56 @@ def method_summary(results: pd.DataFrame) -> pd.DataFrame:
     table = per_set_table(results)
     layout = Layout.of(results)
     return table[[c for c in layout.average_columns]]
+
+
+def family_group_table(results: pd.DataFrame) -> pd.DataFrame:
+    """ShiftedBronzes' Table 4: index family, columns (group, metric) for each group in layout order, then `all`.
+
+    The values of `family_table` in wide form: per family, the mean over its methods of each method's mean per-set
+    value over the group's sets (plain means; NaN when a method lacks one of the sets).
+    """
+    layout = Layout.of(results)
+    long = family_table(results).set_index(["family", "group"])
+    columns = [(g, m) for g in [*layout.groups, ALL] for m in CELL_METRICS]
+    table = pd.DataFrame({(g, m): [long.loc[(f, g), m] for f in layout.families] for g, m in columns},
+                         index=pd.Index(list(layout.families), name="family"))
+    table.columns = pd.MultiIndex.from_tuples(columns, names=["column", "metric"])
+    return table
+
+
+def best_rule_table(results: pd.DataFrame, on: str = "local") -> pd.DataFrame:
+    """Per training method (`base`), the post-hoc rule with the best AUROC on OOD set `on`, and that rule's values on
+    every set (the Open-Insects protocol: a rule is chosen once per base, then reported everywhere).
+
+    Needs the optional results columns `base` and `rule` (rows without a base are ignored). Index: (base, rule,
+    method) in order of first appearance of the base; columns (set, metric) as `per_set_table(averages=False)`.
+    Ties keep the rule that appears first; a rule without a row for `on` cannot be chosen.
+    """
+    missing = [c for c in ("base", "rule") if c not in results.columns]
+    if missing:
+        raise ValueError(f"best-rule table: the results table lacks column(s) {missing} (the training method and the "
+                         "post-hoc rule of each row)")
+    rows = results[results["base"].notna() & (results["base"].astype(str).str.strip() != "")].copy()
+    if rows.empty:
+        raise ValueError("best-rule table: no row has a `base` (training method)")
+    for c in ("base", "rule"):
+        rows[c] = rows[c].astype(str)
+    if on not in set(rows["ood_set"]):
+        raise ValueError(f"best-rule table: OOD set {on!r} is not in the results; it has {sorted(set(rows['ood_set']))}")
+    methods = rows.groupby("method")[["base", "rule"]].nunique()
+    if (methods > 1).any(axis=None):
+        raise ValueError(f"best-rule table: method(s) {list(methods.index[(methods > 1).any(axis=1)])} with several base/rule values")
+    table = per_set_table(rows, averages=False).droplevel("family")
+    picked = []
+    for base in dict.fromkeys(rows["base"]):
+        chosen = rows[(rows["base"] == base) & (rows["ood_set"] == on)]
+        if chosen.empty:
+            raise ValueError(f"best-rule table: base {base!r} has no result on {on!r}")
+        best = chosen.loc[chosen["auroc"].astype(np.float64).idxmax()]
+        picked.append((base, best["rule"], best["method"]))
+    out = table.loc[[m for _, _, m in picked]]
+    out.index = pd.MultiIndex.from_tuples(picked, names=["base", "rule", "method"])
+    return out
 
 
 def rank_marks(values: pd.Series, lower_is_better: bool) -> pd.Series:
@@ -292,7 +343,8 @@ def latex_escape(text: str) -> str:
 def render_per_set_latex(table: pd.DataFrame, layout: Layout, scale: str) -> str:
     """The per-set table as a booktabs `tabular`: \\textbf best, \\underline second best, per column and metric."""
     cells = _cells(table, r"\textbf{{{}}}", r"\underline{{{}}}")
-    spans = [(g, len(sets)) for g, sets in layout.groups.items()] + [("Average", len(layout.average_columns))]
+    averages = [c for c in layout.average_columns if c in cells.columns]
+    spans = [(g, len(sets)) for g, sets in layout.groups.items()] + ([("Average", len(averages))] if averages else [])
     lines = [
         f"% FPR@95 (lower is better) / AUROC (higher is better), in percent. {_scale_note(scale)}",
         "% Needs \\usepackage{booktabs}.",
@@ -305,7 +357,7 @@ def render_per_set_latex(table: pd.DataFrame, layout: Layout, scale: str) -> str
         rules.append(f"\\cmidrule(lr){{{start}-{start + n - 1}}}")
         start += n
     lines.append(" ".join(rules))
-    labels = layout.sets + [c.removesuffix(" avg") for c in layout.average_columns]
+    labels = layout.sets + [c.removesuffix(" avg") for c in averages]
     lines.append("Family & Method & " + " & ".join(latex_escape(c) for c in labels) + " \\\\")
     previous = None
     for (family, method), row in cells.iterrows():
@@ -320,9 +372,7 @@ def render_per_set_latex(table: pd.DataFrame, layout: Layout, scale: str) -> str
 
 def per_set_csv(table: pd.DataFrame) -> pd.DataFrame:
     """The per-set table flat for CSV: `family, method`, then `<column>/<metric>` in percent, full precision."""
-    flat = table.copy()
-    flat.columns = [f"{c}/{m}" for c, m in table.columns]
-    return flat.reset_index()
+    return grid_csv(table)
 
 
 def markdown_table(frame: pd.DataFrame, formats: dict[str, str] | None = None) -> str:
@@ -344,6 +394,36 @@ def render_families_markdown(families: pd.DataFrame, scale: str) -> str:
     """The family table (`family_table`) in markdown, two decimals."""
     note = f"Family means (plain means over methods of per-set values), in percent. {_scale_note(scale)}\n\n"
     return note + markdown_table(families)
+
+
+def render_grid_markdown(table: pd.DataFrame, labels: Sequence[str], note: str) -> str:
+    """A (column, metric) table with 'FPR@95 / AUROC' cells in markdown; `labels` name the index levels."""
+    cells = _cells(table, "**{}**", "_{}_")
+    lines = [note, "", "| " + " | ".join([*labels, *cells.columns]) + " |",
+             "|" + "|".join([":--"] * len(labels) + [":-:"] * len(cells.columns)) + "|"]
+    for key, row in cells.iterrows():
+        key = key if isinstance(key, tuple) else (key,)
+        lines.append("| " + " | ".join([*map(str, key), *row]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_grid_latex(table: pd.DataFrame, labels: Sequence[str], note: str) -> str:
+    """The same as a booktabs `tabular` (\\textbf best, \\underline second best per column and metric)."""
+    cells = _cells(table, r"\textbf{{{}}}", r"\underline{{{}}}")
+    lines = [f"% {note}", "% Needs \\usepackage{booktabs}.", "\\begin{tabular}{" + "l" * len(labels) + "c" * len(cells.columns) + "}",
+             "\\toprule", " & ".join([*map(latex_escape, labels), *map(latex_escape, cells.columns)]) + " \\\\", "\\midrule"]
+    for key, row in cells.iterrows():
+        key = key if isinstance(key, tuple) else (key,)
+        lines.append(" & ".join([*(latex_escape(k) for k in key), *row]) + " \\\\")
+    lines += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(lines) + "\n"
+
+
+def grid_csv(table: pd.DataFrame) -> pd.DataFrame:
+    """A (column, metric) table flat for CSV: the index levels, then `<column>/<metric>`, full precision."""
+    flat = table.copy()
+    flat.columns = [f"{c}/{m}" for c, m in table.columns]
+    return flat.reset_index()
 
 
 def render_summary(results: pd.DataFrame | str | os.PathLike, methods: Sequence[str] | None = None) -> str:
@@ -468,11 +548,14 @@ def companion_files(results_path: str | os.PathLike) -> dict[str, Path]:
 
 def write_report(results: pd.DataFrame | str | os.PathLike, out_dir: str | os.PathLike, *,
                  methods: Sequence[str] | None = None, scores: pd.DataFrame | str | os.PathLike | None = None,
-                 threshold_transfer: pd.DataFrame | str | os.PathLike | None = None) -> list[Path]:
+                 threshold_transfer: pd.DataFrame | str | os.PathLike | None = None,
+                 best_rule_on: str = "local") -> list[Path]:
     """Write every table and plot of the report under `out_dir`; returns the paths written.
 
-    per_set.{md,tex,csv}, families.{md,csv}, fpr95_by_method.png, score_density_<method>.png (with `scores`),
-    threshold_transfer.md (with `threshold_transfer`). `methods` restricts the report to those methods.
+    per_set.{md,tex,csv}, table3.{md,tex,csv} (per set, no averages), table4.{md,tex,csv} (family x group),
+    families.{md,csv}, fpr95_by_method.png, score_density_<method>.png (with `scores`), threshold_transfer.md (with
+    `threshold_transfer`), best_rule.{md,tex,csv} (when the table has `base` / `rule` columns and the set
+    `best_rule_on`). `methods` restricts the report to those methods.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -481,13 +564,31 @@ def write_report(results: pd.DataFrame | str | os.PathLike, out_dir: str | os.Pa
     layout = Layout.of(frame)
     table = per_set_table(frame)
     families = family_table(frame)
+    table3 = per_set_table(frame, averages=False)
+    table4 = family_group_table(frame)
+    note3 = f"FPR@95 (lower is better) / AUROC (higher is better) per OOD set, in percent. {_scale_note(scale)}"
+    note4 = (f"Family means (plain means over methods of per-set values), FPR@95 / AUROC in percent. "
+             f"{_scale_note(scale)}")
     texts = {
         "per_set.md": render_per_set_markdown(table, layout, scale),
         "per_set.tex": render_per_set_latex(table, layout, scale),
         "per_set.csv": per_set_csv(table).to_csv(index=False),
+        "table3.md": render_per_set_markdown(table3, layout, scale),
+        "table3.tex": render_per_set_latex(table3, layout, scale),
+        "table3.csv": per_set_csv(table3).to_csv(index=False),
+        "table4.md": render_grid_markdown(table4, ["Family"], note4),
+        "table4.tex": render_grid_latex(table4, ["Family"], note4),
+        "table4.csv": grid_csv(table4).to_csv(index=False),
         "families.md": render_families_markdown(families, scale),
         "families.csv": families.to_csv(index=False),
     }
+    if {"base", "rule"} <= set(frame.columns) and frame["base"].notna().any() and best_rule_on in set(frame["ood_set"]):
+        best = best_rule_table(frame, best_rule_on)
+        note = (f"Per training method, the post-hoc rule with the best AUROC on `{best_rule_on}`, reported on every "
+                f"set: FPR@95 / AUROC in percent. {_scale_note(scale)}")
+        texts.update({"best_rule.md": render_grid_markdown(best, ["Base", "Rule", "Method"], note),
+                      "best_rule.tex": render_grid_latex(best, ["Base", "Rule", "Method"], note),
+                      "best_rule.csv": grid_csv(best).to_csv(index=False)})
     if threshold_transfer is not None:
         transfer = read_table(threshold_transfer, TRANSFER_COLUMNS, "threshold-transfer table")
         if methods:

@@ -5,7 +5,9 @@ name), deterministic for a seed. Tasks (REFERENCE.md "ShiftedBronzes data genera
 
 - `transferred_container`: bronze exemplars (materials) onto container photos (targets); every container is used once
   and the exemplars are spread evenly over them (use counts differ by at most one); outputs inherit the bronze's labels.
-- `transferred_bronze`: container exemplars onto bronze targets; outputs inherit the container's labels (its category).
+- `transferred_bronze`: container exemplars onto bronze targets; every container is used once as the exemplar and the
+  bronze targets are spread evenly over them (51,023 outputs on 2,861 bronzes in the paper, 17-18 per bronze); outputs
+  inherit the container's labels (its category).
 - `custom`: any material folder onto any target set, `per_target` distinct exemplars per target.
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pipelines.data import METADATA, REQUIRED, Manifest, open_image_source
 
 TASKS = ("transferred_container", "transferred_bronze", "custom")
 INHERIT = ("material", "target", "none")
+COVER = ("targets", "materials")  # which side is used exactly (per_target) once; the other is dealt balanced
 OUTPUT_FOLDER = "images"
 NOT_INHERITED = frozenset(REQUIRED) | {"provenance"}
 
@@ -93,17 +96,28 @@ def output_name(index: int, target_row: dict[str, Any], material_row: dict[str, 
 
 
 def make_plan(targets: Manifest, materials: Manifest, *, per_target: int = 1, seed: int = 0, inherit: str = "material",
-              limit: int | None = None) -> list[PlanItem]:
+              limit: int | None = None, cover: str = "targets") -> list[PlanItem]:
     """Pair every target with `per_target` balanced material exemplars, in dealing order (see `balanced_pairs`).
 
-    `inherit` picks whose labels the output carries (`material`, `target` or `none`); `limit` keeps the first items,
-    which is a seeded random subset of the targets with balanced exemplar use.
+    `cover="materials"` swaps the roles: every material is used once and the targets are dealt balanced over them
+    (a target's exemplars are distinct); `per_target` must then be 1. `inherit` picks whose labels the output carries
+    (`material`, `target` or `none`); `limit` keeps the first items, a seeded random subset of the covered side with
+    balanced use of the other.
     """
     if inherit not in INHERIT:
         raise ValueError(f"inherit must be one of {INHERIT}, got {inherit!r}")
+    if cover not in COVER:
+        raise ValueError(f"cover must be one of {COVER}, got {cover!r}")
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or null, got {limit}")
-    pairs = balanced_pairs(len(targets), len(materials), per_target, seed)
+    if cover == "targets":
+        pairs = balanced_pairs(len(targets), len(materials), per_target, seed)
+    elif per_target != 1:
+        raise ValueError(f"cover='materials' uses every material once; per_target must be 1, got {per_target}")
+    elif not len(targets):
+        raise ValueError("cover='materials' needs at least one target image")
+    else:
+        pairs = balanced_pairs(len(materials), len(targets), 1, seed)[:, ::-1]
     if limit is not None:
         pairs = pairs[:limit]
     items: list[PlanItem] = []
@@ -124,16 +138,20 @@ def make_plan(targets: Manifest, materials: Manifest, *, per_target: int = 1, se
 
 def plan_task(task: str, targets: Manifest, materials: Manifest, *, per_target: int = 1, seed: int = 0,
               inherit: str | None = None, limit: int | None = None) -> list[PlanItem]:
-    """The plan of a named task. The two ShiftedBronzes tasks use one exemplar per target and inherit the material's
-    labels; `custom` honours `per_target` and `inherit` (default `material`)."""
+    """The plan of a named task. The two ShiftedBronzes tasks inherit the material's labels: `transferred_container`
+    covers the targets (each container once, bronze exemplars balanced), `transferred_bronze` covers the materials
+    (each container exemplar once, bronze targets balanced). `custom` honours `per_target` and `inherit` (default
+    `material`) and covers the targets."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     if task != "custom":
         if per_target != 1:
-            raise ValueError(f"task {task!r} uses each target once (per_target=1); use task 'custom' for per_target={per_target}")
+            raise ValueError(f"task {task!r} pairs each image once (per_target=1); use task 'custom' for per_target={per_target}")
         if inherit not in (None, "material"):
             raise ValueError(f"task {task!r} inherits the material's labels; use task 'custom' for inherit={inherit!r}")
-    return make_plan(targets, materials, per_target=per_target, seed=seed, inherit=inherit or "material", limit=limit)
+    cover = "materials" if task == "transferred_bronze" else "targets"
+    return make_plan(targets, materials, per_target=per_target, seed=seed, inherit=inherit or "material", limit=limit,
+                     cover=cover)
 
 
 def use_counts(plan: list[PlanItem]) -> dict[str, int]:

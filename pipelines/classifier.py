@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -126,6 +126,37 @@ class ImageClassifier(nn.Module):
         if tuple(x01.shape[-2:]) != self.image_size:
             x01 = F.interpolate(x01, size=self.image_size, mode="bilinear", align_corners=False, antialias=False)
         return (x01 - self.mean.to(x01)) / self.std.to(x01)
+
+    def hidden_maps(self, pixel_values: torch.Tensor, layers: str = "hidden_states",
+                    reduce: Callable[[torch.Tensor], Any] | None = None) -> tuple[torch.Tensor, list[Any]]:
+        """(logits [B,C], intermediate activations in forward order), each passed through `reduce` when given.
+
+        `layers`: "hidden_states" the transformers model's `hidden_states` (`output_hidden_states=True`: the embedding
+        output and every stage / block output); "relu_conv" the output of every `nn.ReLU` and `nn.Conv2d` module call,
+        in call order (forward hooks; a module called twice contributes twice), which works for plain modules too.
+        """
+        if layers == "hidden_states":
+            if self.kind != "hf":
+                raise ValueError("hidden_maps(layers='hidden_states') needs a transformers classifier; use 'relu_conv'")
+            out = self.model(pixel_values=pixel_values, output_hidden_states=True)
+            self._captured = None
+            return out.logits, [s if reduce is None else reduce(s) for s in out.hidden_states]
+        if layers != "relu_conv":
+            raise ValueError(f"layers must be 'hidden_states' or 'relu_conv', got {layers!r}")
+        maps: list[Any] = []
+
+        def keep(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+            maps.append(output if reduce is None else reduce(output))
+
+        handles = [m.register_forward_hook(keep) for m in self.model.modules() if isinstance(m, (nn.ReLU, nn.Conv2d))]
+        try:
+            logits = self(pixel_values)[0]
+        finally:
+            for handle in handles:
+                handle.remove()
+        if not maps:
+            raise ValueError(f"hidden_maps(layers='relu_conv'): {type(self.model).__name__} has no nn.ReLU or nn.Conv2d module")
+        return logits, maps
 
     def forward_images(self, x01: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` on images in [0,1] (differentiable, for guidance and input perturbation)."""

@@ -1,17 +1,22 @@
-"""OpenGAN (Kong & Ramanan, ICCV 2021) on the classifier's penultimate features; architecture and training as OpenOOD's
-port of the official code. Score = D's logit (monotone in D(x) = P(closed-set)), higher = ID.
+"""OpenGAN (Kong & Ramanan, ICCV 2021) on the classifier's penultimate features, trained as its two references do.
+Score = D's logit (monotone in D(x) = P(closed-set)), higher = ID.
 
-- OpenGAN-0 (no outliers): D maximises log D(id) + log(1 - D(G(z))); G uses the non-saturating loss.
-- Full OpenGAN (`fit(..., outliers=FeatureSet)`): + lambda_outlier * log(1 - D(outlier)), fakes weighted lambda_fake.
-- Model selection: after each epoch D is scored on ID-val vs OOD-val and the epoch with the best AUROC is kept; without
-  both (e.g. only id_val, as the evaluation runner passes) the last epoch is kept.
-- BatchNorm in D (our choice, tested both ways). Training: the official code passes real, fake and outlier batches
-  through D separately (`joint_batches=False`), so BN normalises each pure batch by its own statistics and D cannot
-  see a shift of the batch mean: on blobs that differ only by a mean shift its eval-mode AUROC is 0.08-0.97 depending
-  on the seed. The default `joint_batches=True` passes their concatenation in one forward, so BN sees the mixture, as
-  eval-mode scoring later does (AUROC 1.0 for every seed tried). Scoring: `bn_mode="eval"` (default) uses the running
-  statistics (deterministic, per-sample scores); `"batch"` the statistics of the scored set itself, so scores depend on
-  what is scored together (a pure ID or pure OOD set is normalised by its own mean) and rank worse on mixed sets too.
+- OpenGAN-0 (no outliers), as OpenOOD v1.5 ran it (Jingkang50/OpenOOD, openood/trainers/opengan_trainer.py and
+  openood/pipelines/train_opengan_pipeline.py): D loss = BCE(D(real), 1) + BCE(D(G(z)), 0) with real and fake batches
+  through D in separate forward passes; G's non-saturating loss on a separate pass of the fakes. OpenOOD validates D
+  after every epoch (putting G and D in eval mode) and its trainer never switches back, so only the first epoch trains
+  with batch statistics; later epochs train through BatchNorm's frozen running statistics (`bn_train="openood"`).
+- Full OpenGAN (`fit(..., outliers=FeatureSet)`), as the official notebook trains it (aimerykong/OpenGAN,
+  demo_OpenSetSegmentation_training.ipynb): one D forward over [B closed, B outliers, B/2 fakes] with per-sample BCE
+  weights 1, 1, 0.2 (`lambda_outlier`, `lambda_fake`), averaged over all samples, i.e. group weights 1 : 1 : 0.1; BN in
+  train mode throughout; G's loss on a separate pass of the fakes.
+- Model selection: after each epoch D is scored on ID-val vs OOD-val and the epoch with the best AUROC is kept (ties go
+  to the later epoch, as OpenOOD's recorder); without both (e.g. only id_val) the last epoch is kept.
+- Options: `joint_batches=True` passes the real batch and the fakes (and outliers) through D together in both updates,
+  so BN sees the mixture as eval-mode scoring later does (on blobs that differ only by a mean shift, trained with
+  outliers, separate passes give an eval-mode AUROC anywhere in 0.08-0.97 depending on the seed; joint passes 1.0); `bn_train="train"` keeps
+  batch statistics in every epoch. Scoring: `bn_mode="eval"` (default) uses the running statistics; `"batch"` the
+  statistics of the scored set itself, so scores depend on what is scored together.
 """
 from __future__ import annotations
 
@@ -86,8 +91,10 @@ class OpenGAN(Detector):
         "beta1": 0.5,
         "lambda_outlier": 1.0,
         "lambda_fake": 0.2,
+        "fake_fraction": None,
         "bn_mode": "eval",
-        "joint_batches": True,
+        "bn_train": None,
+        "joint_batches": None,
         "seed": 999,
         "device": None,
     }
@@ -96,6 +103,12 @@ class OpenGAN(Detector):
         super().__init__(**params)
         if self.bn_mode not in ("eval", "batch"):
             raise ValueError(f"opengan: bn_mode must be 'eval' or 'batch', got {self.bn_mode!r}")
+        if self.bn_train not in (None, "openood", "train"):
+            raise ValueError(f"opengan: bn_train must be null, 'openood' or 'train', got {self.bn_train!r}")
+        if self.joint_batches not in (None, True, False):
+            raise ValueError(f"opengan: joint_batches must be null, true or false, got {self.joint_batches!r}")
+        if self.fake_fraction is not None and not 0 < float(self.fake_fraction) <= 4:
+            raise ValueError(f"opengan: fake_fraction must be in (0, 4] or null, got {self.fake_fraction!r}")
         self.discriminator: Discriminator | None = None
         self.history: list[dict[str, float]] = []
         self.best_epoch: int | None = None
@@ -134,31 +147,39 @@ class OpenGAN(Detector):
             netD = Discriminator(real.shape[1], self.width).apply(init_weights).to(device)
         opt_d = torch.optim.Adam(netD.parameters(), lr=self.lr / self.d_lr_divisor, betas=(self.beta1, 0.999))
         opt_g = torch.optim.Adam(netG.parameters(), lr=self.lr, betas=(self.beta1, 0.999))
-        fake_weight = self.lambda_fake if outlier is not None else 1.0
+        plan = self.training_plan(outlier is not None)
+        weights = [1.0, float(self.lambda_fake)] + ([float(self.lambda_outlier)] if outlier is not None else [])
+        if outlier is None:
+            weights[1] = 1.0  # OpenGAN-0: errD_real + errD_fake
         best_auroc, best_state = -np.inf, None
         self.history = []
         for epoch in tqdm(range(int(self.epochs)), desc="opengan", leave=False):
-            netG.train()
-            netD.train()
+            train_mode = plan["bn_train"] == "train" or epoch == 0
+            netG.train(train_mode)
+            netD.train(train_mode)
             order = torch.randperm(len(real), generator=gen).to(device)
             for start in range(0, len(real), int(self.batch_size)):
                 batch = real[order[start:start + int(self.batch_size)]]
-                if len(batch) < 2:  # BatchNorm needs two samples
+                n_fake = int(len(batch) * plan["fake_fraction"])
+                if n_fake < 1 or (train_mode and min(len(batch), n_fake) < 2):  # BatchNorm needs two samples
                     continue
-                z = torch.randn(len(batch), self.nz, generator=gen).to(device)
+                z = torch.randn(n_fake, self.nz, generator=gen).to(device)
                 fake = netG(z)
                 groups = [batch, fake.detach()]
-                weights = [1.0, fake_weight]
                 if outlier is not None:
                     groups.append(outlier[torch.randint(0, len(outlier), (len(batch),), generator=gen).to(device)])
-                    weights.append(self.lambda_outlier)
                 opt_d.zero_grad()
-                loss_d = sum(w * F.binary_cross_entropy_with_logits(out, torch.full_like(out, float(i == 0)))
-                             for i, (w, out) in enumerate(zip(weights, self._discriminate(netD, groups))))
+                outs = self._discriminate(netD, groups, plan["joint_d"])
+                losses = [F.binary_cross_entropy_with_logits(out, torch.full_like(out, float(i == 0)), reduction="sum")
+                          for i, out in enumerate(outs)]
+                if outlier is None:  # sum of the group means (OpenOOD)
+                    loss_d = sum(w * l / len(g) for w, l, g in zip(weights, losses, groups))
+                else:  # per-sample weighted mean over the concatenation (official notebook's BCELoss(weight=...))
+                    loss_d = sum(w * l for w, l in zip(weights, losses)) / sum(len(g) for g in groups)
                 loss_d.backward()
                 opt_d.step()
                 opt_g.zero_grad()
-                fake_out = self._discriminate(netD, [batch, fake])[1] if self.joint_batches else netD(fake)
+                fake_out = self._discriminate(netD, [batch, fake], True)[1] if plan["joint_g"] else netD(fake)
                 loss_g = F.binary_cross_entropy_with_logits(fake_out, torch.ones_like(fake_out))
                 loss_g.backward()
                 opt_g.step()
@@ -166,7 +187,7 @@ class OpenGAN(Detector):
             if select:
                 self.discriminator = netD
                 record["auroc"] = self.validation_auroc(id_val, ood_val)
-                if record["auroc"] > best_auroc:
+                if record["auroc"] >= best_auroc:
                     best_auroc, best_state, self.best_epoch = record["auroc"], copy.deepcopy(netD.state_dict()), epoch
             self.history.append(record)
         if best_state is not None:
@@ -175,9 +196,21 @@ class OpenGAN(Detector):
             self.best_epoch = int(self.epochs) - 1
         self.discriminator = netD.eval()
 
-    def _discriminate(self, netD: Discriminator, groups: list[torch.Tensor]) -> list[torch.Tensor]:
-        """D's logits per group: one forward over the concatenation (`joint_batches`) or one forward per group."""
-        if not self.joint_batches:
+    def training_plan(self, with_outliers: bool) -> dict[str, Any]:
+        """The resolved training choices: each null parameter takes its reference's value (OpenOOD's trainer for
+        OpenGAN-0, the official notebook with outliers)."""
+        joint = self.joint_batches
+        return {
+            "joint_d": joint if joint is not None else with_outliers,
+            "joint_g": joint is True,
+            "bn_train": self.bn_train or ("train" if with_outliers else "openood"),
+            "fake_fraction": float(self.fake_fraction) if self.fake_fraction is not None else (0.5 if with_outliers else 1.0),
+        }
+
+    @staticmethod
+    def _discriminate(netD: Discriminator, groups: list[torch.Tensor], joint: bool) -> list[torch.Tensor]:
+        """D's logits per group: one forward over the concatenation (`joint`) or one forward per group."""
+        if not joint:
             return [netD(g) for g in groups]
         return list(torch.split(netD(torch.cat(groups)), [len(g) for g in groups]))
 

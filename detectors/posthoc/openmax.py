@@ -6,6 +6,10 @@ largest `tailsize` distances of those logits to the MAV, fitted as libMR's `FitH
 classes have their logits reduced by v_k * w_k * (alpha + 1 - rank) / alpha, w_k the Weibull CDF of the sample's
 distance to MAV_k; the removed mass is the unknown class's logit, and a softmax over the C + 1 entries gives the
 OpenMax probabilities.
+
+Defaults follow OpenOOD v1.5 (Jingkang50/OpenOOD, openood/postprocessors/openmax_postprocessor.py): euclidean distance
+to the MAV, tail 20, alpha 3, score -P(unknown). The original code's eucos distance (euclidean / 200 + cosine) and the
+other scores are options.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from detectors.registry import register_detector
 
 LIBMR_TRANSLATE = 10000.0  # libMR's default translate_amount
 DISTANCES = ("eucos", "euclidean", "cosine")
-SCORES = ("unknown", "max_known", "openood")
+SCORES = ("openood", "unknown", "max_known", "max_all")
 ROW_BLOCK = 4096
 
 
@@ -108,14 +112,18 @@ def openmax_probabilities(logits: np.ndarray, distances: np.ndarray, shape: np.n
 
 @register_detector("openmax")
 class OpenMax(Detector):
-    """OpenMax on logits. `score`: "unknown" 1 - P(unknown); "max_known" max_k P(k); "openood" the max over all C + 1
-    OpenMax probabilities, as OpenOOD v1.5 reports it. `distance`: "eucos" (original: euclidean / 200 + cosine),
-    "euclidean" (OpenOOD v1.5) or "cosine"."""
+    """OpenMax on logits.
+
+    `score`: "openood" -P(unknown), OpenOOD v1.5's confidence (default); "unknown" 1 - P(unknown) (the same ranking);
+    "max_known" max_k P(k); "max_all" the max over all C + 1 OpenMax probabilities (OpenOOD before v1.5, whose ranking
+    puts confidently-unknown samples among the most ID). `distance`: "euclidean" (OpenOOD v1.5, default), "eucos"
+    (euclidean * eu_weight + cosine; the original code uses eu_weight = 1/200, OpenOOD's helper 0.5) or "cosine".
+    """
 
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Bendale & Boult, Towards Open Set Deep Networks, CVPR 2016"
-    defaults: dict[str, Any] = {"tailsize": 20, "alpha": 3, "distance": "eucos", "eu_weight": 1 / 200, "score": "unknown"}
+    defaults: dict[str, Any] = {"tailsize": 20, "alpha": 3, "distance": "euclidean", "eu_weight": 1 / 200, "score": "openood"}
     search_space: dict[str, list[Any]] = {}
 
     def __init__(self, **params: Any) -> None:
@@ -169,6 +177,8 @@ class OpenMax(Detector):
 
     def _score(self, batch: Any) -> np.ndarray:
         probs = self.probabilities(batch)
+        if self.params["score"] == "openood":
+            return -probs[:, -1]
         if self.params["score"] == "unknown":
             return 1.0 - probs[:, -1]
         if self.params["score"] == "max_known":

@@ -227,8 +227,9 @@ def test_write_report_files_parse_back(tmp_path):
     results = results_table(0.01)
     paths = report.write_report(results, tmp_path / "out", scores=scores_table(), threshold_transfer=transfer_table())
     written = {p.name: p for p in paths}
-    names = {"per_set.md", "per_set.tex", "per_set.csv", "families.md", "families.csv", "fpr95_by_method.png",
-             "score_density_a.png", "score_density_b.png", "score_density_c.png", "threshold_transfer.md"}
+    tables = {f"{t}.{x}" for t in ("per_set", "table3", "table4") for x in ("md", "tex", "csv")} | {"families.md", "families.csv"}
+    names = tables | {"fpr95_by_method.png", "score_density_a.png", "score_density_b.png", "score_density_c.png",
+                      "threshold_transfer.md"}
     assert set(written) == names and all(p.is_file() for p in written.values())
     percent, _ = report.read_results(results)
     table = report.per_set_table(percent)
@@ -240,7 +241,7 @@ def test_write_report_files_parse_back(tmp_path):
     expected = report.family_table(percent)
     assert list(families.columns) == ["family", "group", "fpr95", "auroc"]
     pd.testing.assert_frame_equal(families, expected, check_dtype=False, rtol=1e-12)
-    for name in names - {"per_set.md", "per_set.tex", "per_set.csv", "families.md", "families.csv", "threshold_transfer.md"}:
+    for name in names - tables - {"threshold_transfer.md"}:
         assert_png(written[name])
 
 
@@ -260,3 +261,89 @@ def test_cli_finds_companion_files(tmp_path, capsys):
     assert list(pd.read_csv(out / "per_set.csv")["method"]) == ["a", "b"]
     printed = capsys.readouterr().out
     assert "| a | posthoc |" in printed and "| c |" not in printed
+
+
+# -- ShiftedBronzes Table 3 / Table 4 and the best-rule table, against pandas computed here ----------------------------
+PAPER_SETS = {"sketch_rubbing": "hard", "transferred_bronze": "hard", "transferred_container": "hard", "container": "hard",
+              "species": "easy", "imagenet_o": "easy", "inaturalist": "easy", "texture": "easy", "openimage_o": "easy"}
+PAPER_METHODS = {"msp": "posthoc", "ebo": "posthoc", "vim": "posthoc", "gram": "posthoc", "opengan": "generative",
+                 "diffguard": "generative", "clipn": "clip", "locoop": "clip", "idlike": "clip"}
+
+
+def paper_results(seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = [{"method": m, "family": f, "ood_set": s, "group": g, "auroc": rng.uniform(50, 100), "fpr95": rng.uniform(0, 100),
+             "aupr_in": 50.0, "aupr_out": 50.0, "n_id": 10, "n_ood": 10, "seconds": 1.0}
+            for m, f in PAPER_METHODS.items() for s, g in PAPER_SETS.items()]
+    return pd.DataFrame(rows).sample(frac=1.0, random_state=seed)  # row order must not matter
+
+
+def test_table3_and_table4_against_plain_pandas_means(tmp_path):
+    frame = paper_results()
+    report.write_report(frame, tmp_path)
+    table3 = pd.read_csv(tmp_path / "table3.csv").set_index("method")
+    columns = list(table3.columns[1:])
+    assert sorted(columns) == sorted(f"{s}/{m}" for s in PAPER_SETS for m in ("fpr95", "auroc"))
+    assert {c.split("/")[0] for c in columns[:8]} == {s for s, g in PAPER_SETS.items() if g == "hard"}  # hard sets first
+    assert list(table3["family"].drop_duplicates()) == ["posthoc", "generative", "clip"]
+    for row in frame.itertuples():
+        assert table3.loc[row.method, f"{row.ood_set}/auroc"] == pytest.approx(row.auroc)
+        assert table3.loc[row.method, f"{row.ood_set}/fpr95"] == pytest.approx(row.fpr95)
+
+    table4 = pd.read_csv(tmp_path / "table4.csv").set_index("family")
+    assert list(table4.index) == ["posthoc", "generative", "clip"]
+    assert list(table4.columns) == [f"{g}/{m}" for g in ("hard", "easy", "all") for m in ("fpr95", "auroc")]
+    for family in ("posthoc", "generative", "clip"):
+        rows = frame[frame["family"] == family]
+        for group in ("hard", "easy", "all"):
+            part = rows if group == "all" else rows[rows["group"] == group]
+            per_method = part.groupby("method")[["fpr95", "auroc"]].mean()  # per method over the group's sets
+            for metric in ("fpr95", "auroc"):
+                assert table4.loc[family, f"{group}/{metric}"] == pytest.approx(per_method[metric].mean(), rel=1e-12)
+    tex = (tmp_path / "table4.tex").read_text()
+    assert tex.count("\\begin{tabular}") == 1 and "generative &" in tex
+    md = (tmp_path / "table4.md").read_text()
+    best_hard_auroc = table4["hard/auroc"].idxmax()
+    assert f"| {best_hard_auroc} |" in md and f"/ **{table4.loc[best_hard_auroc, 'hard/auroc']:.2f}**" in md
+
+
+def insect_results() -> pd.DataFrame:
+    """Two training methods (bases) x three rules, on local / non_local / non_moth, plus a baseline without a base."""
+    values = {("ce", "msp"): (80, 70, 60), ("ce", "ebo"): (85, 60, 90), ("ce", "vim"): (75, 95, 95),
+              ("oe", "msp"): (70, 80, 80), ("oe", "ebo"): (70, 90, 70), ("oe", "vim"): (65, 99, 99)}
+    rows = []
+    for (base, rule), aurocs in values.items():
+        for s, a in zip(("local", "non_local", "non_moth"), aurocs):
+            rows.append({"method": f"{base}+{rule}", "family": "training", "ood_set": s, "group": "near" if s == "local" else "far",
+                         "auroc": a, "fpr95": 100 - a / 2, "aupr_in": 50.0, "aupr_out": 50.0, "n_id": 5, "n_ood": 5,
+                         "seconds": 1.0, "base": base, "rule": rule})
+    rows += [{"method": "knn", "family": "posthoc", "ood_set": s, "group": "near" if s == "local" else "far", "auroc": 99.0,
+              "fpr95": 1.0, "aupr_in": 50.0, "aupr_out": 50.0, "n_id": 5, "n_ood": 5, "seconds": 1.0, "base": None,
+              "rule": None} for s in ("local", "non_local", "non_moth")]
+    return pd.DataFrame(rows)
+
+
+def test_best_rule_picks_per_base_on_the_selection_set(tmp_path):
+    frame = insect_results()
+    results, _ = report.read_results(frame)
+    best = report.best_rule_table(results)
+    # local AUROC: ce -> ebo (85); oe -> msp and ebo tie at 70, the first listed (msp) wins
+    assert list(best.index) == [("ce", "ebo", "ce+ebo"), ("oe", "msp", "oe+msp")]
+    assert best.loc[("ce", "ebo", "ce+ebo"), ("non_moth", "auroc")] == 90
+    assert best.loc[("oe", "msp", "oe+msp"), ("non_local", "fpr95")] == pytest.approx(60)
+    by_non_local = report.best_rule_table(results, on="non_local")
+    assert [i[1] for i in by_non_local.index] == ["vim", "vim"]
+    report.write_report(frame, tmp_path)
+    back = pd.read_csv(tmp_path / "best_rule.csv")
+    assert list(back[["base", "rule", "method"]].itertuples(index=False, name=None)) == [("ce", "ebo", "ce+ebo"), ("oe", "msp", "oe+msp")]
+    hand = frame.set_index(["method", "ood_set"])
+    for _, row in back.iterrows():
+        for s in ("local", "non_local", "non_moth"):
+            assert row[f"{s}/auroc"] == hand.loc[(row["method"], s), "auroc"]
+    assert "best AUROC on `local`" in (tmp_path / "best_rule.md").read_text()
+    with pytest.raises(ValueError, match="lacks column"):
+        report.best_rule_table(report.read_results(results_table())[0])
+    with pytest.raises(ValueError, match="'field' is not in the results"):
+        report.best_rule_table(results, on="field")
+    report.write_report(results_table(), tmp_path / "plain")  # no base / rule columns: no best-rule table
+    assert not (tmp_path / "plain" / "best_rule.md").exists()

@@ -1,14 +1,17 @@
 """Pairing plans: counts, balance, label inheritance, determinism."""
 from __future__ import annotations
 
+import importlib.util
+import json
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gen.pairing import balanced_pairs, inherited_labels, load_source, plan_task, use_counts
-from pipelines.data import read_manifest
+from gen.job import GenerationConfig, load_plan
+from gen.pairing import balanced_pairs, inherited_labels, load_source, make_plan, plan_task, use_counts
+from pipelines.data import make_row, read_manifest, write_manifest
 
 
 def test_transferred_container_uses_every_container_once_and_inherits_bronze_labels(bronzes, containers):
@@ -27,14 +30,53 @@ def test_transferred_container_uses_every_container_once_and_inherits_bronze_lab
     assert [item.index for item in plan] == list(range(7))
 
 
-def test_transferred_bronze_takes_distinct_containers_and_their_category(bronzes, containers):
+def test_transferred_bronze_uses_every_container_once_on_balanced_bronzes(bronzes, containers):
     plan = plan_task("transferred_bronze", load_source(bronzes, "targets"), load_source(containers, "materials"), seed=0)
 
-    assert sorted(Path(item.target).name for item in plan) == ["bronze_0.png", "bronze_1.png", "bronze_2.png"]
-    assert len({item.material for item in plan}) == 3
+    assert len(plan) == 7  # one output per container exemplar
+    assert sorted(Path(item.material).name for item in plan) == [f"container_{i}.png" for i in range(7)]
+    assert sorted(Counter(item.target for item in plan).values()) == [2, 2, 3]
+    by_target: dict[str, list[str]] = {}
     for item in plan:
+        by_target.setdefault(item.target, []).append(item.material)
         assert item.labels == {"category": item.material_row["category"]}
         assert item.labels["category"] == "vase" + Path(item.material).stem.split("_")[1]
+    assert all(len(set(m)) == len(m) for m in by_target.values())
+    assert len({item.output for item in plan}) == 7
+
+
+def _metadata_only(folder: Path, n: int, role: str) -> Path:
+    """A manifest of n rows and no image files (planning never opens an image)."""
+    rows = [make_row(f"{i:06d}.jpg", split="test", role=role, label=0, ood_set="container" if role == "ood" else None,
+                     category=f"c{i % 83}") for i in range(n)]
+    write_manifest(folder, rows)
+    return folder
+
+
+def test_dry_run_prints_the_papers_counts(tmp_path, capsys):
+    # the paper's sizes: 2,861 bronze test images, 51,023 container images
+    spec = importlib.util.spec_from_file_location("generate_script", Path(__file__).parents[2] / "scripts" / "generate.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    main = script.main
+    bronzes = _metadata_only(tmp_path / "bronzes", 2861, "id")
+    containers = _metadata_only(tmp_path / "containers", 51023, "ood")
+    expected = {"transferred_container": (containers, bronzes, 51023, 51023, 2861),
+                "transferred_bronze": (bronzes, containers, 51023, 2861, 51023)}
+    for task, (targets, materials, planned, n_targets, n_materials) in expected.items():
+        config = tmp_path / f"{task}.yaml"
+        config.write_text(f"task: {task}\ntargets: {targets}\nmaterials: {materials}\nout: {tmp_path / task}\n")
+        main(["--config", str(config), "--dry-run", "--show", "0"])
+        printed = capsys.readouterr().out
+        summary = json.loads(printed[printed.index("{"):])
+        assert (summary["planned"], summary["targets"], summary["materials"]) == (planned, n_targets, n_materials)
+        if task == "transferred_bronze":
+            assert summary["material_use"] == [1, 1]
+            plan = load_plan(GenerationConfig.from_yaml(config, []))
+            per_bronze = Counter(item.target for item in plan)
+            assert (min(per_bronze.values()), max(per_bronze.values())) == (17, 18)  # 51,023 / 2,861 = 17.83
+        else:
+            assert summary["material_use"] == [17, 18]
 
 
 def test_custom_per_target_gives_distinct_balanced_exemplars(bronzes, containers):
@@ -71,6 +113,18 @@ def test_plan_is_deterministic_for_a_seed_and_changes_with_it(tmp_path, image_wr
     other = [(i.target, i.material) for i in plan_task("custom", targets, materials, seed=6)]
     assert first == again
     assert first != other
+
+
+def test_cover_materials_rejects_several_per_target_and_empty_targets(bronzes, containers, tmp_path):
+    targets, materials = load_source(bronzes, "targets"), load_source(containers, "materials")
+    with pytest.raises(ValueError, match="per_target must be 1"):
+        make_plan(targets, materials, per_target=2, cover="materials")
+    with pytest.raises(ValueError, match="cover must be one of"):
+        make_plan(targets, materials, cover="both")
+    limited = plan_task("transferred_bronze", targets, materials, seed=4, limit=5)
+    assert len({item.material for item in limited}) == 5
+    counts = Counter(item.target for item in limited).values()
+    assert max(counts) - min(counts) <= 1
 
 
 def test_limit_keeps_a_balanced_prefix(bronzes, containers):

@@ -84,11 +84,32 @@ def test_openmax_against_loop(distance, alpha):
     probs, mavs = _reference_openmax(det, train_logits, train_labels, test_logits, alpha, distance, 1 / 200)
     np.testing.assert_allclose(det.mavs, mavs, rtol=1e-12)
     np.testing.assert_allclose(det.probabilities(test_logits), probs, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(det.score(test_logits), 1 - probs[:, -1], rtol=1e-9, atol=1e-12)
-    for score, expected in (("max_known", probs[:, :-1].max(axis=1)), ("openood", probs.max(axis=1))):
+    np.testing.assert_allclose(det.score(test_logits), -probs[:, -1], rtol=1e-9, atol=1e-12)  # OpenOOD v1.5's conf
+    for score, expected in (("max_known", probs[:, :-1].max(axis=1)), ("max_all", probs.max(axis=1)),
+                            ("unknown", 1 - probs[:, -1])):
         other = detectors.build("openmax", alpha=alpha, distance=distance, score=score)
         other.load_state(det.state())
         np.testing.assert_allclose(other.score(test_logits), expected, rtol=1e-9, atol=1e-12)
+
+
+def test_defaults_are_openood_v15():
+    det = detectors.build("openmax")
+    assert (det.params["distance"], det.params["score"], det.params["tailsize"], det.params["alpha"]) == (
+        "euclidean", "openood", 20, 3)
+
+
+def test_openood_score_ranks_far_samples_below_while_max_all_inverts_them():
+    # a far sample is confidently "unknown": P(unknown) near 1. -P(unknown) ranks it below an ID sample, whereas the
+    # max over the C + 1 probabilities (OpenOOD before v1.5) ranks it as the most ID of the two
+    train_logits, train_labels = _fit_data(seed=4)
+    det = detectors.build("openmax").fit(FeatureSet(logits=train_logits, labels=train_labels))
+    typical, far = det.mavs[:1], det.mavs[:1] * 6
+    probs = det.probabilities(np.concatenate([typical, far]))
+    assert probs[1, -1] > 0.9 > probs[0, -1]
+    assert det.score(typical)[0] > det.score(far)[0]
+    legacy = detectors.build("openmax", score="max_all")
+    legacy.load_state(det.state())
+    assert legacy.score(typical)[0] < legacy.score(far)[0]
 
 
 def test_openmax_far_sample_is_less_id_and_round_trips(tmp_path):
@@ -115,5 +136,5 @@ def test_tail_without_spread_gives_the_step_cdf_limit():
     det = detectors.build("openmax", alpha=1, distance="euclidean").fit(FeatureSet(logits=logits, labels=np.array([0, 0, 1, 1])))
     assert np.all(np.isinf(det.weibull[:, 0]))
     inside, outside = np.array([[4.5, 0.0]]), np.array([[9.0, 0.0]])  # distance 0.5 and 5 from MAV (4, 0); tail at 1
-    assert det.score(inside)[0] == pytest.approx(1 - np.exp(0.0) / (np.exp(4.5) + 1 + np.exp(0.0)))
-    assert det.score(outside)[0] == pytest.approx(1 - np.exp(9.0) / (1 + 1 + np.exp(9.0)))
+    assert det.score(inside)[0] == pytest.approx(-np.exp(0.0) / (np.exp(4.5) + 1 + np.exp(0.0)))
+    assert det.score(outside)[0] == pytest.approx(-np.exp(9.0) / (1 + 1 + np.exp(9.0)))

@@ -1,0 +1,185 @@
+"""Manifests from image lists and folders that live elsewhere: OpenOOD v1.5 benchmark image lists and plain folders.
+
+Each imported set becomes its own metadata-only manifest folder (`<out>/<ood_set>/metadata.jsonl` plus
+`manifest_info.json` with the absolute `image_root`), so nothing is copied and the runner reads it like any manifest.
+
+OpenOOD's data folder (what its download script builds) holds `benchmark_imglist/<benchmark>/test_<set>.txt` with one
+`<path> <label>` line per image (the path relative to `images_largescale/` or `images_classic/`, split at the first
+space, as OpenOOD's ImglistDataset does). `EASY_SETS` maps ShiftedBronzes' five easy OOD sets to the list names
+OpenOOD uses for them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from pipelines.data import MANIFEST_INFO, Manifest, list_images, make_row, write_manifest
+from pipelines.io import atomic_write_json
+
+# set name -> image-list file names to look for (first found wins), in OpenOOD's spellings
+EASY_SETS: dict[str, tuple[str, ...]] = {
+    "species": ("test_species.txt", "test_species_sub.txt"),
+    "imagenet_o": ("test_imagenet_o.txt", "test_imageneto.txt", "test_imagenet-o.txt"),
+    "inaturalist": ("test_inaturalist.txt",),
+    "texture": ("test_texture.txt", "test_textures.txt"),
+    "openimage_o": ("test_openimage_o.txt", "test_openimageo.txt"),
+}
+DATA_DIRS = ("images_largescale", "images_classic")  # where OpenOOD's list paths are rooted
+LIST_FOLDER = "benchmark_imglist"
+
+
+class ImportListError(ValueError):
+    """A list or folder that cannot be imported; names the file (and line)."""
+
+
+@dataclass
+class ImportResult:
+    """One imported set: its manifest folder and manifest (root = the image folder), its source, images left out."""
+
+    ood_set: str
+    folder: Path
+    manifest: Manifest
+    source: str
+    missing: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {"ood_set": self.ood_set, "images": len(self.manifest), "folder": str(self.folder),
+                "image_root": str(self.manifest.root), "source": self.source, "missing": len(self.missing),
+                "missing_examples": self.missing[:5]}
+
+
+def read_imglist(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """(image path, rest of the line) per non-empty line of an OpenOOD image list; bad lines raise naming the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"image list not found: {path}")
+    entries = []
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            line = line.strip("\r\n")
+            if not line.strip():
+                continue
+            name, _, rest = line.strip().partition(" ")
+            if Path(name).is_absolute() or ".." in Path(name).parts:
+                raise ImportListError(f"{path}, line {number}: image path must be relative, got {name!r}")
+            entries.append((name, rest.strip()))
+    if not entries:
+        raise ImportListError(f"{path}: the image list is empty")
+    return entries
+
+
+def find_imglist(root: str | os.PathLike, benchmark: str, ood_set: str) -> Path:
+    """`<root>/benchmark_imglist/<benchmark>/<one of the set's list names>`; the error lists what was tried."""
+    folder = Path(root) / LIST_FOLDER / benchmark
+    names = EASY_SETS.get(ood_set, (f"test_{ood_set}.txt",))
+    for name in names:
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"no image list for OOD set {ood_set!r}: tried {[str(folder / n) for n in names]} "
+                            f"(pass one explicitly with --list {ood_set}=FILE, or a plain folder with --folder)")
+
+
+def _data_dir(root: Path, entries: list[tuple[str, str]], list_path: Path) -> Path:
+    """The OpenOOD image folder under `root` holding the list's images (judged on its first entries)."""
+    probe = [name for name, _ in entries[:20]]
+    for sub in DATA_DIRS:
+        if any((root / sub / name).is_file() for name in probe):
+            return root / sub
+    raise ImportListError(f"{list_path}: none of its first images exists under {[str(root / d) for d in DATA_DIRS]} "
+                       f"(e.g. {probe[0]!r}); is {root} OpenOOD's data folder?")
+
+
+def write_external_manifest(folder: str | os.PathLike, rows: Iterable[dict[str, Any]], image_root: str | os.PathLike) -> Manifest:
+    """A metadata-only manifest: `folder/metadata.jsonl` (validated) + `manifest_info.json` naming `image_root`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    root = Path(image_root).resolve()
+    manifest = write_manifest(folder, rows)
+    atomic_write_json(folder / MANIFEST_INFO, {"image_root": str(root)})
+    return Manifest(root, manifest.rows)
+
+
+def _keep_existing(root: Path, names: list[str], where: str, skip_missing: bool) -> tuple[list[str], list[str]]:
+    missing = [n for n in names if not (root / n).is_file()]
+    if missing and not skip_missing:
+        raise ImportListError(f"{where}: {len(missing)} of {len(names)} images not found under {root} (e.g. "
+                           f"{missing[:3]}); pass skip_missing / --skip-missing to import the rest")
+    gone = set(missing)
+    return [n for n in names if n not in gone], missing
+
+
+def import_imglist(list_path: str | os.PathLike, out: str | os.PathLike, *, ood_set: str, image_root: str | os.PathLike | None = None,
+                   openood_root: str | os.PathLike | None = None, group: str | None = "easy", split: str = "test",
+                   skip_missing: bool = False) -> ImportResult:
+    """One OpenOOD image list -> the manifest folder `out` (OOD rows, label -1).
+
+    Images are looked up under `image_root`, else under `openood_root`'s `images_largescale/` or `images_classic/`
+    (whichever holds the list's images). Rows keep the list's own label text as `source_label`.
+    """
+    list_path = Path(list_path)
+    entries = read_imglist(list_path)
+    if image_root is None:
+        if openood_root is None:
+            raise ValueError("import_imglist needs image_root or openood_root")
+        root = _data_dir(Path(openood_root), entries, list_path)
+    else:
+        root = Path(image_root)
+    labels = dict(entries)
+    names, missing = _keep_existing(root, list(dict.fromkeys(n for n, _ in entries)), str(list_path), skip_missing)
+    rows = [make_row(n, split=split, role="ood", ood_set=ood_set, group=group, source_list=list_path.name,
+                     source_label=labels[n]) for n in names]
+    if not rows:
+        raise ImportListError(f"{list_path}: no image left to import")
+    return ImportResult(ood_set, Path(out), write_external_manifest(out, rows, root), str(list_path), missing)
+
+
+def import_folder(folder: str | os.PathLike, out: str | os.PathLike, *, ood_set: str | None, group: str | None = "easy",
+                  split: str = "test", role: str = "ood", label: int = -1, category_from_subfolder: bool = False) -> ImportResult:
+    """A plain image folder (searched recursively) -> the manifest folder `out`, images left in place.
+
+    `role="id"` takes a class `label` and no `ood_set`; `category_from_subfolder` stores a first-level subfolder name
+    as `category`.
+    """
+    folder = Path(folder)
+    images = list_images(folder)
+    if not images:
+        raise ImportListError(f"image folder {folder} holds no images")
+    names = [p.relative_to(folder).as_posix() for p in images]
+    name = ood_set or folder.name
+    rows = []
+    for file_name in names:
+        parts = Path(file_name).parts
+        extra = {"category": parts[0]} if category_from_subfolder and len(parts) > 1 else {}
+        rows.append(make_row(file_name, split=split, role=role, label=label, ood_set=name if role == "ood" else None,
+                             group=group, **extra))
+    return ImportResult(name, Path(out), write_external_manifest(out, rows, folder), str(folder))
+
+
+def import_openood(openood_root: str | os.PathLike | None, out: str | os.PathLike, *, benchmark: str = "imagenet",
+                   sets: Iterable[str] = tuple(EASY_SETS), group: str | None = "easy", split: str = "test",
+                   lists: dict[str, str | os.PathLike] | None = None, folders: dict[str, str | os.PathLike] | None = None,
+                   image_root: str | os.PathLike | None = None, skip_missing: bool = False) -> list[ImportResult]:
+    """The given OOD sets (default ShiftedBronzes' five easy sets) from OpenOOD's data folder -> `<out>/<set>/`.
+
+    `lists` names an image list per set (instead of looking under `benchmark_imglist/<benchmark>/`), its paths
+    relative to `image_root` when given, else to OpenOOD's image folders; `folders` takes a set from a plain image
+    folder instead. Writes `<out>/import_summary.json`.
+    """
+    lists, folders = dict(lists or {}), dict(folders or {})
+    sets = list(dict.fromkeys([*sets, *lists, *folders]))
+    results = []
+    for name in sets:
+        target = Path(out) / name
+        if name in folders:
+            results.append(import_folder(folders[name], target, ood_set=name, group=group, split=split))
+            continue
+        if openood_root is None and name not in lists:
+            raise ValueError(f"OOD set {name!r}: no OpenOOD root, list or folder given")
+        list_path = Path(lists[name]) if name in lists else find_imglist(openood_root, benchmark, name)
+        root = image_root if name in lists else None
+        results.append(import_imglist(list_path, target, ood_set=name, image_root=root, openood_root=openood_root,
+                                      group=group, split=split, skip_missing=skip_missing))
+    atomic_write_json(Path(out) / "import_summary.json", [r.summary() for r in results])
+    return results
