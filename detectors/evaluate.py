@@ -285,7 +285,8 @@ class Runner:
             det = self._build(spec, class_names)
         if not det.fitted:
             self._fit(det, self.extra.get("aux"))
-        rows, frames = self._score_all(det, spec.method, spec.name, "", start)
+        base = spec.method if det.family == "training" else ""  # training methods: the base of their post-hoc rules
+        rows, frames = self._score_all(det, spec.method, base, "", start)
         for rule in spec.rules:
             rule_rows, rule_frames = self._score_rule(det, spec, rule)
             rows += rule_rows
@@ -482,7 +483,7 @@ def _score_frame(method: str, family: str, role: str, ood_set: str, group: str, 
 def _results(done: list[UnitResult]) -> pd.DataFrame:
     frames = [u.rows for u in done if len(u.rows)]
     results = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=RESULT_COLUMNS)
-    results["rule"] = results["rule"].fillna("")
+    results[["base", "rule"]] = results[["base", "rule"]].fillna("")
     return results
 
 
