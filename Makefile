@@ -14,6 +14,8 @@ $(PY):
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
 	$(PIP) install -e ".[test]"
+	# OpenAI's guided-diffusion code, the reference of the ADM checkpoint converter's tests (its pins are too old: no deps)
+	$(PIP) install --no-deps guided-diffusion-sdk==1.0.0
 	touch $(STAMP)
 
 install: $(STAMP)
