@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from detectors.generative.diffguard import DiffGuard, images_to_tensor
+from detectors.generative.diffguard import DiffGuard, resize_center_crop
 
 
 class SmallConvClassifier(nn.Module):
@@ -62,7 +62,7 @@ def bench_early_stop_batching(detector: DiffGuard, images: list[Image.Image], ba
     its fastest round (robust to load bursts on a shared machine). Also reports the inversion stop steps."""
     device = detector.device
     size = int(detector.pixel_model().unet.config.sample_size)
-    x01 = images_to_tensor(images, size).to(device)
+    x01 = resize_center_crop(images, size, size).to(device)
     labels = detector.predict(x01)
     seeds = list(range(len(images)))
     loop_n = loop_images or len(images)
@@ -89,9 +89,8 @@ def bench_early_stop_batching(detector: DiffGuard, images: list[Image.Image], ba
 def random_diffguard_models(size: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, Any]:
     """(pixel UNet, Stable Diffusion pipeline, image classifier) with random weights, built on `device` in `dtype`.
 
-    "full": guided-diffusion's 256x256 unconditional ADM (552.8 M parameters: channels 256 x (1,1,2,2,4,4), 2 res
-    blocks, attention at 32/16/8 px with 64-channel heads, scale-shift norm, res-block up/down-sampling, learned
-    sigma), Stable Diffusion 1.5 (UNet 859.5 M, VAE 83.7 M, CLIP ViT-L text encoder 123 M) and a ResNet-50 classifier
+    "full": guided-diffusion's 256x256 unconditional ADM (`pipelines.guided_diffusion.ADM_256_UNCOND`, 552.8 M
+    parameters, the layout of 256x256_diffusion_uncond.pt), Stable Diffusion 1.5 (UNet 859.5 M, VAE 83.7 M, CLIP ViT-L text encoder 123 M) and a ResNet-50 classifier
     at 224 px. "tiny": the pipelines.tiny stand-ins and a small ResNet at 32 px, for a CPU check of the code path.
     """
     import tempfile
@@ -100,6 +99,7 @@ def random_diffguard_models(size: str, device: torch.device, dtype: torch.dtype)
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, ResNetConfig, ResNetForImageClassification
 
     from pipelines.classifier import ImageClassifier, find_head
+    from pipelines.guided_diffusion import ADM_256_UNCOND, build_unet
     from pipelines.tiny import save_tiny_pixel_unet, save_tiny_stable_diffusion, save_tiny_tokenizer
 
     if size == "tiny":
@@ -108,12 +108,7 @@ def random_diffguard_models(size: str, device: torch.device, dtype: torch.dtype)
             pipe = StableDiffusionPipeline.from_pretrained(save_tiny_stable_diffusion(f"{tmp}/sd"))
         resnet, image_size = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=10), 32
     elif size == "full":
-        unet = UNet2DModel(
-            sample_size=256, in_channels=3, out_channels=6, block_out_channels=(256, 256, 512, 512, 1024, 1024),
-            layers_per_block=2, down_block_types=("ResnetDownsampleBlock2D",) * 3 + ("AttnDownBlock2D",) * 3,
-            up_block_types=("AttnUpBlock2D",) * 3 + ("ResnetUpsampleBlock2D",) * 3, attention_head_dim=64,
-            resnet_time_scale_shift="scale_shift", downsample_type="resnet", upsample_type="resnet",
-        )
+        unet = build_unet(ADM_256_UNCOND)
         with tempfile.TemporaryDirectory() as tmp:
             tokenizer = CLIPTokenizer.from_pretrained(save_tiny_tokenizer(tmp))
         pipe = StableDiffusionPipeline(
@@ -138,7 +133,8 @@ def bench_latent_batching(detector: DiffGuard, images: list[Image.Image], batch_
                           loop_images: int, log: Callable[[str], None] = print) -> dict[str, Any]:
     """images/s of the latent back-end's reconstruction per batch size, with the batch-1 loop as the ratio reference."""
     device = detector.device
-    x01 = images_to_tensor(images, detector.latent_model().resolution).to(device)
+    side = detector.latent_model().resolution
+    x01 = resize_center_crop(images, side, side).to(device)
     labels = detector.predict(x01)
     detector.reconstruct_latent(x01[:1], labels[:1])  # warm-up
     loop_s = _seconds(lambda: [detector.reconstruct_latent(x01[i:i + 1], labels[i:i + 1]) for i in range(loop_images)], device)
