@@ -302,10 +302,10 @@ def load_pixel_unet(name_or_path: str | os.PathLike, flags: Mapping[str, Any] | 
         raise FileNotFoundError(f"guided-diffusion checkpoint {str(name_or_path)!r} does not exist")
     from diffusers import UNet2DModel
 
-    from pipelines.runtime import load_pretrained
+    from pipelines.runtime import diffusers_dtype, load_pretrained
 
-    unet = load_pretrained(UNet2DModel.from_pretrained, name_or_path, "pixel diffusion UNet")
-    return unet.to(dtype) if dtype is not None else unet
+    return load_pretrained(UNet2DModel.from_pretrained, name_or_path, "pixel diffusion UNet",
+                           **(diffusers_dtype(dtype) if dtype is not None else {}))
 
 
 def shrink_flags(flags: Mapping[str, Any] | None = None, image_size: int = 32, num_channels: int = 32,

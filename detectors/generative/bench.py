@@ -147,3 +147,73 @@ def bench_latent_batching(detector: DiffGuard, images: list[Image.Image], batch_
                           ratio=batch / seconds / reference))
         log(f"[diffguard-latent] batch {batch:3d}: {batch / seconds:.3f} img/s = {batch / seconds / reference:.2f}x")
     return dict(reference="batch-1 loop", cases=cases)
+
+
+def _best_of(cases: dict[str, Callable[[], Any]], rounds: int, device: torch.device) -> dict[str, float]:
+    """Fastest of `rounds` interleaved timings of each case."""
+    best = {name: float("inf") for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            best[name] = min(best[name], _seconds(fn, device))
+    return best
+
+
+def bench_early_stop_features(detector: DiffGuard, images: list[Image.Image], rounds: int = 3,
+                              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The early-stop rule with the input's perceptual features computed once per batch (`detector.stop_rule`)
+    against the previous rule, which compared x_t with the input afresh at every inversion step. Times the rule
+    alone (replayed on the inversion's recorded steps) and the whole inversion; ratios = previous / cached seconds."""
+    from detectors.generative.pixel_backend import invert_with_early_stop
+
+    model = detector.pixel_model()
+    size = int(model.unet.config.sample_size)
+    x0 = (2 * resize_center_crop(images, size, size) - 1).to(detector.device)
+    similarity = detector.similarity(detector.early_stop_similarity)
+    threshold = detector.early_stop_similarity_threshold
+
+    def previous(x_t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return similarity((x_t + 1) / 2, (x0[rows] + 1) / 2).to(x_t.device) < threshold
+
+    steps: list[tuple[torch.Tensor, torch.Tensor]] = []
+    recording = lambda x_t, rows: steps.append((x_t, rows)) or previous(x_t, rows)  # noqa: E731
+    _, stop = invert_with_early_stop(model, x0, detector.max_inversion_steps, recording)
+
+    def replay(make_rule: Callable[[], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]) -> None:
+        rule = make_rule()
+        for x_t, rows in steps:
+            rule(x_t, rows)
+
+    rule_s = _best_of({"cached": lambda: replay(lambda: detector.stop_rule(x0)), "previous": lambda: replay(lambda: previous)},
+                      rounds, detector.device)
+    inversion_s = _best_of({
+        "cached": lambda: invert_with_early_stop(model, x0, detector.max_inversion_steps, detector.stop_rule(x0)),
+        "previous": lambda: invert_with_early_stop(model, x0, detector.max_inversion_steps, previous),
+    }, rounds, detector.device)
+    result = dict(images=len(images), rule_calls=len(steps), stop_steps=stop.tolist(),
+                  rule_seconds=rule_s, rule_ratio=rule_s["previous"] / rule_s["cached"],
+                  inversion_seconds=inversion_s, inversion_ratio=inversion_s["previous"] / inversion_s["cached"])
+    log(f"[diffguard] early-stop rule: {result['rule_ratio']:.2f}x, whole inversion: {result['inversion_ratio']:.2f}x")
+    return result
+
+
+def bench_gradcam_single_pass(classifier: Any, x01: torch.Tensor, rounds: int = 3,
+                              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Prediction + Grad-CAM from one hooked forward pass (`logits_and_cam`) against the previous two passes (a
+    no-grad prediction, then `grad_cam` for its labels); ratio = previous / fused seconds."""
+    from detectors.generative.gradcam import grad_cam, last_spatial_block, logits_and_cam
+
+    def logits(v: torch.Tensor) -> torch.Tensor:
+        return classifier.forward_images(v)[0]
+
+    layer = classifier.get_submodule(last_spatial_block(classifier, lambda: logits(x01[:1])))
+
+    def previous() -> None:
+        with torch.no_grad():
+            labels = logits(x01).argmax(1)
+        grad_cam(logits, layer, x01, labels)
+
+    seconds = _best_of({"fused": lambda: logits_and_cam(logits, layer, x01), "previous": previous}, rounds, x01.device)
+    result = dict(images=len(x01), image_size=list(x01.shape[-2:]), seconds=seconds,
+                  ratio=seconds["previous"] / seconds["fused"])
+    log(f"[diffguard] Grad-CAM with the prediction in its pass: {result['ratio']:.2f}x")
+    return result

@@ -79,7 +79,8 @@ class DiffGuard(Detector):
         "perceptual_weights": None,
         "batch_size": 8,
         "precision": "auto",
-        "seed": 0,
+        "seed": 100,
+        "crop_seeds": "shared",
         "resize_size": None,
         # pixel back-end (guided-diffusion 256x256 uncond, DIFFGUARD exp6.1)
         "unet_id": None,
@@ -115,6 +116,8 @@ class DiffGuard(Detector):
             raise ValueError(f"diffguard: backend must be 'pixel' or 'latent', got {self.backend!r}")
         if self.reference not in REFERENCES:
             raise ValueError(f"diffguard: reference must be one of {REFERENCES}, got {self.reference!r}")
+        if self.crop_seeds not in ("shared", "per_image"):
+            raise ValueError(f"diffguard: crop_seeds must be 'shared' or 'per_image', got {self.crop_seeds!r}")
         for key in ("distance", "early_stop_similarity"):
             value = self.params[key]
             if value is not None and value not in SIMILARITIES:
@@ -267,6 +270,14 @@ class DiffGuard(Detector):
         size = x.shape[-1]
         return resize_square(guided, size), (resize_square(plain, size) if unguided else x)
 
+    def crop_seed_list(self, keys: Sequence[str]) -> list[int]:
+        """Seeds of the guidance crops per image: `shared` = `seed` for every image (DIFFGUARD resets its crop
+        generator to the run seed before each image, so all images get the same crop sequence); `per_image` =
+        derived from `seed` and the image key. Either way independent of batching and process count."""
+        if self.crop_seeds == "shared":
+            return [int(self.seed)] * len(keys)
+        return [item_seed(self.seed, key) for key in keys]
+
     def cam_layer(self, x01: torch.Tensor) -> torch.nn.Module:
         """The classifier block of the Grad-CAM (`gradcam_layer`, else the last block with a spatial output, found
         once)."""
@@ -308,8 +319,7 @@ class DiffGuard(Detector):
         for start, images in tqdm(batch.batches(self.batch_size), total=total, desc=f"diffguard ({self.backend})", leave=False):
             x = resize_center_crop(images, resize, crop).to(self.device)
             if self.backend == "pixel":
-                seeds = [item_seed(self.seed, key) for key in batch.keys[start:start + len(images)]]
-                guided, reference = self.pixel_pair(x, self.predict(x), seeds)
+                guided, reference = self.pixel_pair(x, self.predict(x), self.crop_seed_list(batch.keys[start:start + len(images)]))
             else:
                 _, guided, plain = self.reconstruct_latent(x, unguided=self.reference_image == "unguided")
                 reference = plain if plain is not None else x

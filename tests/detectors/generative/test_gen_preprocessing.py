@@ -143,3 +143,19 @@ def test_pixel_backend_loads_an_adm_checkpoint_file(classifier_28, tmp_path, syn
     scores = det.score(ImageSet(images=synthetic(2, seed=5)))
     assert scores.shape == (2,) and np.isfinite(scores).all()
     assert det.pixel_model().unet.config.out_channels == 6  # learned sigma; DIFFGUARD uses the eps half
+
+
+def test_shared_crop_seeds_replay_the_official_generator_reset(classifier_28):
+    from pipelines.runtime import item_seed
+
+    det = detectors.build("diffguard", classifier=classifier_28)
+    assert det.seed == 100 and det.crop_seed_list(["a.png", "b.png"]) == [100, 100]  # testOOD/conf/config.yaml seed
+    # DIFFGUARD draws every image's cutouts from torch.Generator().manual_seed(100), reset before each image
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    ours = random_crops(x, 8, 28, [torch.Generator().manual_seed(s) for s in det.crop_seed_list(["a.png", "b.png"])])
+    official = random_crops(x[1:], 8, 28, [torch.Generator().manual_seed(100)])
+    torch.testing.assert_close(ours[8:], official, atol=0, rtol=0)
+    per_image = detectors.build("diffguard", classifier=classifier_28, crop_seeds="per_image", seed=7)
+    assert per_image.crop_seed_list(["a.png", "b.png"]) == [item_seed(7, "a.png"), item_seed(7, "b.png")]
+    with pytest.raises(ValueError, match="crop_seeds"):
+        detectors.build("diffguard", crop_seeds="random")
