@@ -137,12 +137,22 @@ def test_pixel_backend_loads_an_adm_checkpoint_file(classifier_28, tmp_path, syn
     flags = shrink_flags()
     kwargs = {k: v for k, v in resolve_flags(flags).items() if k not in ("diffusion_steps", "noise_schedule")}
     torch.manual_seed(0)
-    torch.save(script_util.create_model(**{**kwargs, "use_fp16": False}).state_dict(), tmp_path / "256x256_diffusion_uncond.pt")
+    official = script_util.create_model(**{**kwargs, "use_fp16": False}).eval()
+    with torch.no_grad():
+        for p in official.parameters():  # the zero-initialised output convolution would make every output 0
+            p.normal_(0, 0.05) if p.dim() > 1 else p.normal_(0, 0.5)
+    torch.save(official.state_dict(), tmp_path / "256x256_diffusion_uncond.pt")
     det = detectors.build("diffguard", classifier=classifier_28, unet_id=str(tmp_path / "256x256_diffusion_uncond.pt"),
                           adm_flags=flags, **{**FAST, "steps": 4, "max_inversion_steps": 3, "n_crops": 1})
     scores = det.score(ImageSet(images=synthetic(2, seed=5)))
     assert scores.shape == (2,) and np.isfinite(scores).all()
-    assert det.pixel_model().unet.config.out_channels == 6  # learned sigma; DIFFGUARD uses the eps half
+    # learned sigma: 6 output channels, DIFFGUARD uses the epsilon half at the respaced step's training timestep
+    model = det.pixel_model()
+    x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(6)) * 2 - 1
+    with torch.no_grad():
+        expected = official(x, model.timesteps[2].expand(2))
+    assert expected.shape[1] == 6
+    torch.testing.assert_close(model.eps(x, 2), expected[:, :3], atol=1e-5, rtol=0)
 
 
 def test_shared_crop_seeds_replay_the_official_generator_reset(classifier_28):
