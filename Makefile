@@ -12,6 +12,7 @@ $(PY):
 
 # CPU torch first (a plain `torch` requirement would pull a multi-GB CUDA build on a CPU machine).
 $(STAMP): $(PY) pyproject.toml
+	$(PIP) install --no-deps guided-diffusion-sdk==1.0.0  # OpenAI's ADM code: reference of the checkpoint converter's tests
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
 	$(PIP) install -e ".[test]"
 	$(PIP) install --no-deps open_clip_torch  # ships OpenAI's CLIP BPE vocabulary (detectors/clip/vocab.py)

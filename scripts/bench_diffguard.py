@@ -1,10 +1,14 @@
-"""DIFFGUARD batched per-sample early stop vs the batch-1 loop of the original design (tiny random models, CPU or GPU).
+"""DIFFGUARD speed on tiny random models (CPU or GPU), each case a ratio against a baseline in the same process:
 
-Both run the same detector code on the same tiny pixel UNet and classifier in one process; the ratio is images/s of
-the batched run over images/s of the loop. Results go to benchmarks/diffguard.json.
+- batching: batched per-sample early stop vs the batch-1 loop of the original design;
+- early_stop_features: the DISTS early-stop rule with the input's VGG features computed once per batch vs at every
+  inversion step (random VGG16/DISTS weights; the rule alone and the whole inversion);
+- gradcam: the latent back-end's prediction taken from the Grad-CAM pass vs a separate prediction pass.
+
+Results go to benchmarks/diffguard.json.
 
     python scripts/bench_diffguard.py                       # 16 images, batch sizes 1,4,8,16, 100 steps
-    python scripts/bench_diffguard.py --steps 50 --images 8 --batch-sizes 1,8
+    python scripts/bench_diffguard.py --steps 50 --images 8 --batch-sizes 1,8 --sections batching
 """
 from __future__ import annotations
 
@@ -12,19 +16,25 @@ import argparse
 import platform
 import tempfile
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
 import detectors
-from detectors.generative.bench import SmallConvClassifier, bench_early_stop_batching, contrast_ramp_images
-from pipelines.classifier import ImageClassifier
+from detectors.generative.bench import (SmallConvClassifier, bench_early_stop_batching, bench_early_stop_features,
+                                        bench_gradcam_single_pass, contrast_ramp_images)
+from detectors.generative.distances import DISTS, vgg16_features
+from pipelines.classifier import ImageClassifier, find_head
 from pipelines.io import atomic_write_json
 from pipelines.runtime import seed_everything
 from pipelines.tiny import save_tiny_pixel_unet
 
+SECTIONS = ("batching", "early_stop_features", "gradcam")
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", type=lambda t: t.split(","), default=list(SECTIONS))
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--loop-images", type=int, default=None, help="images in the batch-1 loop (default: all)")
     parser.add_argument("--batch-sizes", type=lambda t: [int(v) for v in t.split(",")], default=[1, 4, 8, 16])
@@ -32,34 +42,76 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-inversion-steps", type=int, default=90)
     parser.add_argument("--early-stop-psnr", type=float, default=15.0,
                         help="dB on [0,1] images; 15 makes the tiny random model's inversions stop at different steps")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds; each case keeps its fastest")
+    parser.add_argument("--dists-threshold", type=float, default=0.95,
+                        help="early-stop similarity threshold of the DISTS section (random weights: stops at 2-5 steps "
+                             "of 10 on the tiny model)")
+    parser.add_argument("--gradcam-size", type=int, default=128, help="image side of the Grad-CAM section (ResNet)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds; each case keeps its fastest")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 avoids oversubscription)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--out", default="benchmarks/diffguard.json")
     return parser.parse_args(argv)
 
 
+def random_dists_files(folder: Path) -> list[Path]:
+    """torchvision-layout VGG16 weights and DISTS alpha/beta, random (nothing can be downloaded here)."""
+    torch.manual_seed(0)
+    torch.save({f"features.{k}": v for k, v in vgg16_features().state_dict().items()}, folder / "vgg16.pt")
+    channels = sum(DISTS.channels)
+    torch.save({"alpha": torch.rand(1, channels, 1, 1), "beta": torch.rand(1, channels, 1, 1)}, folder / "dists.pt")
+    return [folder / "vgg16.pt", folder / "dists.pt"]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    unknown = set(args.sections) - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
     torch.set_num_threads(args.threads)
     seed_everything(0)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     classifier = ImageClassifier.from_module(SmallConvClassifier().eval(), image_size=32).to(device).eval()
+    images = contrast_ramp_images(args.images, 32)
+    result: dict = dict(benchmark="diffguard", created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                        device=str(device), cpu=platform.processor() or platform.machine(), threads=args.threads,
+                        torch=torch.__version__, model="tiny pixel UNet (pipelines.tiny.save_tiny_pixel_unet), 32 px",
+                        rounds=args.rounds)
     with tempfile.TemporaryDirectory() as tmp:
-        det = detectors.build("diffguard", classifier=classifier, unet_id=save_tiny_pixel_unet(tmp), steps=args.steps,
-                              max_inversion_steps=args.max_inversion_steps, early_stop_psnr=args.early_stop_psnr,
-                              early_stop_similarity=None, distance="ssim", precision="fp32")
-        det.pixel_model()
-    result = bench_early_stop_batching(det, contrast_ramp_images(args.images, 32), args.batch_sizes, args.loop_images,
-                                       args.rounds)
-    result.update(benchmark="diffguard", created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  device=str(device), cpu=platform.processor() or platform.machine(), threads=args.threads,
-                  torch=torch.__version__, model="tiny pixel UNet (pipelines.tiny.save_tiny_pixel_unet), 32 px",
-                  steps=args.steps, max_inversion_steps=args.max_inversion_steps, early_stop_psnr=args.early_stop_psnr,
-                  n_crops=det.n_crops)
-    print("\n| run | batch | img/s | x vs batch-1 loop |\n|---|---|---|---|")
-    for case in result["cases"]:
-        print(f"| {case['mode']} | {case['batch_size']} | {case['images_per_s']:.3f} | {case['ratio']:.2f} |")
+        unet = save_tiny_pixel_unet(Path(tmp) / "unet")
+        common = dict(classifier=classifier, unet_id=str(unet), precision="fp32", distance="ssim")
+        if "batching" in args.sections:
+            det = detectors.build("diffguard", steps=args.steps, max_inversion_steps=args.max_inversion_steps,
+                                  early_stop_psnr=args.early_stop_psnr, early_stop_similarity=None, **common)
+            batching = bench_early_stop_batching(det, images, args.batch_sizes, args.loop_images, args.rounds)
+            batching.update(steps=args.steps, max_inversion_steps=args.max_inversion_steps,
+                            early_stop_psnr=args.early_stop_psnr, n_crops=det.n_crops)
+            result["batching"] = batching
+            print("\n| run | batch | img/s | x vs batch-1 loop |\n|---|---|---|---|")
+            for case in batching["cases"]:
+                print(f"| {case['mode']} | {case['batch_size']} | {case['images_per_s']:.3f} | {case['ratio']:.2f} |")
+        if "early_stop_features" in args.sections:
+            det = detectors.build("diffguard", steps=10, max_inversion_steps=9, early_stop_psnr=None,
+                                  early_stop_similarity="dists", early_stop_similarity_threshold=args.dists_threshold,
+                                  perceptual_weights=random_dists_files(Path(tmp)), **common)
+            result["early_stop_features"] = bench_early_stop_features(det, images, args.rounds)
+            result["early_stop_features"].update(steps=10, max_inversion_steps=9, threshold=args.dists_threshold)
+    if "gradcam" in args.sections:
+        from transformers import ResNetConfig, ResNetForImageClassification
+
+        config = ResNetConfig(embedding_size=32, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1], num_labels=10)
+        resnet = ResNetForImageClassification(config).eval()
+        size = args.gradcam_size
+        clf = ImageClassifier(resnet, find_head(resnet, 10), image_size=(size, size), kind="hf").to(device).eval()
+        x01 = torch.rand(8, 3, size, size, generator=torch.Generator().manual_seed(0)).to(device)
+        result["gradcam"] = bench_gradcam_single_pass(clf, x01, args.rounds)
+        result["gradcam"]["model"] = "transformers ResNet (hidden 32-256, 1 layer a stage), random weights"
+    print("\n| speed-up | baseline | ratio |\n|---|---|---|")
+    if "early_stop_features" in result:
+        r = result["early_stop_features"]
+        print(f"| DISTS early-stop rule, input features once | features at every step | {r['rule_ratio']:.2f} |")
+        print(f"| whole inversion with that rule | same | {r['inversion_ratio']:.2f} |")
+    if "gradcam" in result:
+        print(f"| Grad-CAM + prediction in one pass | prediction pass + Grad-CAM pass | {result['gradcam']['ratio']:.2f} |")
     atomic_write_json(args.out, result)
     print(f"\nwrote {args.out}")
 

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from detectors.generative.diffguard import DiffGuard, images_to_tensor
+from detectors.generative.diffguard import DiffGuard, resize_center_crop
 
 
 class SmallConvClassifier(nn.Module):
@@ -62,7 +62,7 @@ def bench_early_stop_batching(detector: DiffGuard, images: list[Image.Image], ba
     its fastest round (robust to load bursts on a shared machine). Also reports the inversion stop steps."""
     device = detector.device
     size = int(detector.pixel_model().unet.config.sample_size)
-    x01 = images_to_tensor(images, size).to(device)
+    x01 = resize_center_crop(images, size, size).to(device)
     labels = detector.predict(x01)
     seeds = list(range(len(images)))
     loop_n = loop_images or len(images)
@@ -89,9 +89,8 @@ def bench_early_stop_batching(detector: DiffGuard, images: list[Image.Image], ba
 def random_diffguard_models(size: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, Any]:
     """(pixel UNet, Stable Diffusion pipeline, image classifier) with random weights, built on `device` in `dtype`.
 
-    "full": guided-diffusion's 256x256 unconditional ADM (552.8 M parameters: channels 256 x (1,1,2,2,4,4), 2 res
-    blocks, attention at 32/16/8 px with 64-channel heads, scale-shift norm, res-block up/down-sampling, learned
-    sigma), Stable Diffusion 1.5 (UNet 859.5 M, VAE 83.7 M, CLIP ViT-L text encoder 123 M) and a ResNet-50 classifier
+    "full": guided-diffusion's 256x256 unconditional ADM (`pipelines.guided_diffusion.ADM_256_UNCOND`, 552.8 M
+    parameters, the layout of 256x256_diffusion_uncond.pt), Stable Diffusion 1.5 (UNet 859.5 M, VAE 83.7 M, CLIP ViT-L text encoder 123 M) and a ResNet-50 classifier
     at 224 px. "tiny": the pipelines.tiny stand-ins and a small ResNet at 32 px, for a CPU check of the code path.
     """
     import tempfile
@@ -100,6 +99,7 @@ def random_diffguard_models(size: str, device: torch.device, dtype: torch.dtype)
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, ResNetConfig, ResNetForImageClassification
 
     from pipelines.classifier import ImageClassifier, find_head
+    from pipelines.guided_diffusion import ADM_256_UNCOND, build_unet
     from pipelines.tiny import save_tiny_pixel_unet, save_tiny_stable_diffusion, save_tiny_tokenizer
 
     if size == "tiny":
@@ -108,12 +108,7 @@ def random_diffguard_models(size: str, device: torch.device, dtype: torch.dtype)
             pipe = StableDiffusionPipeline.from_pretrained(save_tiny_stable_diffusion(f"{tmp}/sd"))
         resnet, image_size = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=10), 32
     elif size == "full":
-        unet = UNet2DModel(
-            sample_size=256, in_channels=3, out_channels=6, block_out_channels=(256, 256, 512, 512, 1024, 1024),
-            layers_per_block=2, down_block_types=("ResnetDownsampleBlock2D",) * 3 + ("AttnDownBlock2D",) * 3,
-            up_block_types=("AttnUpBlock2D",) * 3 + ("ResnetUpsampleBlock2D",) * 3, attention_head_dim=64,
-            resnet_time_scale_shift="scale_shift", downsample_type="resnet", upsample_type="resnet",
-        )
+        unet = build_unet(ADM_256_UNCOND)
         with tempfile.TemporaryDirectory() as tmp:
             tokenizer = CLIPTokenizer.from_pretrained(save_tiny_tokenizer(tmp))
         pipe = StableDiffusionPipeline(
@@ -138,7 +133,8 @@ def bench_latent_batching(detector: DiffGuard, images: list[Image.Image], batch_
                           loop_images: int, log: Callable[[str], None] = print) -> dict[str, Any]:
     """images/s of the latent back-end's reconstruction per batch size, with the batch-1 loop as the ratio reference."""
     device = detector.device
-    x01 = images_to_tensor(images, detector.latent_model().resolution).to(device)
+    side = detector.latent_model().resolution
+    x01 = resize_center_crop(images, side, side).to(device)
     labels = detector.predict(x01)
     detector.reconstruct_latent(x01[:1], labels[:1])  # warm-up
     loop_s = _seconds(lambda: [detector.reconstruct_latent(x01[i:i + 1], labels[i:i + 1]) for i in range(loop_images)], device)
@@ -151,3 +147,73 @@ def bench_latent_batching(detector: DiffGuard, images: list[Image.Image], batch_
                           ratio=batch / seconds / reference))
         log(f"[diffguard-latent] batch {batch:3d}: {batch / seconds:.3f} img/s = {batch / seconds / reference:.2f}x")
     return dict(reference="batch-1 loop", cases=cases)
+
+
+def _best_of(cases: dict[str, Callable[[], Any]], rounds: int, device: torch.device) -> dict[str, float]:
+    """Fastest of `rounds` interleaved timings of each case."""
+    best = {name: float("inf") for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            best[name] = min(best[name], _seconds(fn, device))
+    return best
+
+
+def bench_early_stop_features(detector: DiffGuard, images: list[Image.Image], rounds: int = 3,
+                              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The early-stop rule with the input's perceptual features computed once per batch (`detector.stop_rule`)
+    against the previous rule, which compared x_t with the input afresh at every inversion step. Times the rule
+    alone (replayed on the inversion's recorded steps) and the whole inversion; ratios = previous / cached seconds."""
+    from detectors.generative.pixel_backend import invert_with_early_stop
+
+    model = detector.pixel_model()
+    size = int(model.unet.config.sample_size)
+    x0 = (2 * resize_center_crop(images, size, size) - 1).to(detector.device)
+    similarity = detector.similarity(detector.early_stop_similarity)
+    threshold = detector.early_stop_similarity_threshold
+
+    def previous(x_t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return similarity((x_t + 1) / 2, (x0[rows] + 1) / 2).to(x_t.device) < threshold
+
+    steps: list[tuple[torch.Tensor, torch.Tensor]] = []
+    recording = lambda x_t, rows: steps.append((x_t, rows)) or previous(x_t, rows)  # noqa: E731
+    _, stop = invert_with_early_stop(model, x0, detector.max_inversion_steps, recording)
+
+    def replay(make_rule: Callable[[], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]) -> None:
+        rule = make_rule()
+        for x_t, rows in steps:
+            rule(x_t, rows)
+
+    rule_s = _best_of({"cached": lambda: replay(lambda: detector.stop_rule(x0)), "previous": lambda: replay(lambda: previous)},
+                      rounds, detector.device)
+    inversion_s = _best_of({
+        "cached": lambda: invert_with_early_stop(model, x0, detector.max_inversion_steps, detector.stop_rule(x0)),
+        "previous": lambda: invert_with_early_stop(model, x0, detector.max_inversion_steps, previous),
+    }, rounds, detector.device)
+    result = dict(images=len(images), rule_calls=len(steps), stop_steps=stop.tolist(),
+                  rule_seconds=rule_s, rule_ratio=rule_s["previous"] / rule_s["cached"],
+                  inversion_seconds=inversion_s, inversion_ratio=inversion_s["previous"] / inversion_s["cached"])
+    log(f"[diffguard] early-stop rule: {result['rule_ratio']:.2f}x, whole inversion: {result['inversion_ratio']:.2f}x")
+    return result
+
+
+def bench_gradcam_single_pass(classifier: Any, x01: torch.Tensor, rounds: int = 3,
+                              log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Prediction + Grad-CAM from one hooked forward pass (`logits_and_cam`) against the previous two passes (a
+    no-grad prediction, then `grad_cam` for its labels); ratio = previous / fused seconds."""
+    from detectors.generative.gradcam import grad_cam, last_spatial_block, logits_and_cam
+
+    def logits(v: torch.Tensor) -> torch.Tensor:
+        return classifier.forward_images(v)[0]
+
+    layer = classifier.get_submodule(last_spatial_block(classifier, lambda: logits(x01[:1])))
+
+    def previous() -> None:
+        with torch.no_grad():
+            labels = logits(x01).argmax(1)
+        grad_cam(logits, layer, x01, labels)
+
+    seconds = _best_of({"fused": lambda: logits_and_cam(logits, layer, x01), "previous": previous}, rounds, x01.device)
+    result = dict(images=len(x01), image_size=list(x01.shape[-2:]), seconds=seconds,
+                  ratio=seconds["previous"] / seconds["fused"])
+    log(f"[diffguard] Grad-CAM with the prediction in its pass: {result['ratio']:.2f}x")
+    return result

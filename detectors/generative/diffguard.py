@@ -2,42 +2,63 @@
 drift toward the label's semantics. Score = similarity of the two images (higher = ID).
 
 Two back-ends behind one detector (`backend=`):
-- "pixel" (the paper's default, guided-diffusion): an unconditional `UNet2DModel` (ADM), respaced DDIM (eta 0), DDIM
-  inversion with per-sample adaptive early stop (batched, see pixel_backend), denoising from one step noisier than the
-  stop, classifier guidance by the protected classifier ("clean grad" blend, random crops); the unguided
-  reconstruction from the same latent is the reference.
-- "latent": our Stable Diffusion variant of the paper's class-conditional LDM (latent_backend); the reference is the
-  input image itself.
+- "pixel" (the paper's default, guided-diffusion): an unconditional `UNet2DModel` (ADM; an OpenAI checkpoint file is
+  converted by pipelines.guided_diffusion), respaced DDIM (eta 0), DDIM inversion with per-sample adaptive early stop
+  (batched, see pixel_backend), denoising from one step noisier than the stop, classifier guidance by the protected
+  classifier ("clean grad" blend, random crops); reference: the unguided reconstruction from the same latent.
+- "latent": our Stable Diffusion variant of the paper's class-conditional LDM (latent_backend); reference: the input.
+
+Preprocessing follows DIFFGUARD's code (cure-lab/DiffGuard, exp6.1 / ldm-exp2.25): pixel: the classifier sees
+Resize(256) + CenterCrop(224) (torchvision semantics, bilinear), the diffusion model that crop bilinearly resized to
+its 256 px, reconstructions are resized back to 224 and compared there; latent: one Resize + CenterCrop to the
+diffusion resolution for everything.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from detectors.base import Detector, ImageSet
-from detectors.generative.distances import SIMILARITIES, build_similarity, psnr
-from detectors.generative.gradcam import grad_cam, last_spatial_block
+from detectors.generative.distances import SIMILARITIES, against, build_similarity, psnr
+from detectors.generative.gradcam import last_spatial_block, logits_and_cam
 from detectors.generative.latent_backend import LatentDiffusion
 from detectors.generative.pixel_backend import ClassifierGuidance, PixelDiffusion, denoise_from, invert_with_early_stop
 from detectors.registry import register_detector
 from pipelines.runtime import diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained, resolve_dtype
 
 DEFAULT_SD_ID = "stable-diffusion-v1-5/stable-diffusion-v1-5"
+REFERENCES = ("auto", "input", "unguided")
 
 
-def images_to_tensor(images: list[Any], size: int) -> torch.Tensor:
-    """PIL images -> center square crop -> bicubic resize to size x size -> float32 [B,3,size,size] in [0,1]."""
+def resize_center_crop(images: Sequence[Any], resize: int, crop: int) -> torch.Tensor:
+    """torchvision's Resize(resize) + CenterCrop(crop) + ToTensor on PIL images: the short side bilinearly (PIL) to
+    `resize`, the long side to int(resize * long / short), then the central crop x crop window (offsets
+    int(round((side - crop) / 2))). Returns float32 [B,3,crop,crop] in [0,1]."""
+    if crop > resize:
+        raise ValueError(f"center crop {crop} is larger than the resized short side {resize}")
     arrays = []
     for img in images:
         img = img.convert("RGB")
-        side = min(img.size)
-        left, top = (img.width - side) // 2, (img.height - side) // 2
-        img = img.crop((left, top, left + side, top + side)).resize((size, size), resample=3)
+        w, h = img.size
+        size = (resize, int(resize * h / w)) if w <= h else (int(resize * w / h), resize)
+        if size != (w, h):
+            img = img.resize(size, resample=2)  # PIL bilinear (antialiased), as torchvision on PIL images
+        left, top = int(round((size[0] - crop) / 2.0)), int(round((size[1] - crop) / 2.0))
+        img = img.crop((left, top, left + crop, top + crop))
         arrays.append(np.asarray(img, dtype=np.float32) / 255.0)
     return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
+
+
+def resize_square(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Bilinear resize of square images to size x size (torchvision's tensor Resize of DIFFGUARD's time: no
+    antialiasing); identity when already that size."""
+    if tuple(x.shape[-2:]) == (size, size):
+        return x
+    return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
 
 
 @register_detector("diffguard")
@@ -54,12 +75,16 @@ class DiffGuard(Detector):
     defaults: ClassVar[dict[str, Any]] = {
         "backend": "pixel",
         "distance": "dists",
+        "reference": "auto",
         "perceptual_weights": None,
         "batch_size": 8,
         "precision": "auto",
-        "seed": 0,
+        "seed": 100,
+        "crop_seeds": "shared",
+        "resize_size": None,
         # pixel back-end (guided-diffusion 256x256 uncond, DIFFGUARD exp6.1)
         "unet_id": None,
+        "adm_flags": None,
         "num_train_timesteps": 1000,
         "beta_start": 1e-4,
         "beta_end": 0.02,
@@ -71,7 +96,7 @@ class DiffGuard(Detector):
         "denoise_offset": 1,
         "guidance_scale": 3.0,
         "n_crops": 8,
-        "crop_min_fraction": 224 / 256,
+        "crop_size": None,
         "clean_grad": True,
         "guidance_grad": "blend",
         "clip_denoised": True,
@@ -89,6 +114,10 @@ class DiffGuard(Detector):
         super().__init__(**params)
         if self.backend not in ("pixel", "latent"):
             raise ValueError(f"diffguard: backend must be 'pixel' or 'latent', got {self.backend!r}")
+        if self.reference not in REFERENCES:
+            raise ValueError(f"diffguard: reference must be one of {REFERENCES}, got {self.reference!r}")
+        if self.crop_seeds not in ("shared", "per_image"):
+            raise ValueError(f"diffguard: crop_seeds must be 'shared' or 'per_image', got {self.crop_seeds!r}")
         for key in ("distance", "early_stop_similarity"):
             value = self.params[key]
             if value is not None and value not in SIMILARITIES:
@@ -97,6 +126,7 @@ class DiffGuard(Detector):
         self._pixel: PixelDiffusion | None = None
         self._latent: LatentDiffusion | None = None
         self._similarities: dict[str, Any] = {}
+        self._cam_layer: str | None = self.gradcam_layer
 
     # -- models ---------------------------------------------------------------------------------------------
     @property
@@ -107,7 +137,25 @@ class DiffGuard(Detector):
 
     @property
     def dtype(self) -> torch.dtype:
+        """`auto`: the pixel back-end runs fp16 on GPU as guided-diffusion's `use_fp16` (bf16 flips early-stop
+        decisions), the latent back-end bf16 (else fp16); fp32 on CPU."""
+        if self.precision == "auto" and self.backend == "pixel" and self.device.type == "cuda":
+            return torch.float16
         return resolve_dtype(self.precision, self.device)
+
+    @property
+    def reference_image(self) -> str:
+        """What the reconstruction is compared with: DIFFGUARD's code compares the pixel back-end with the unguided
+        reconstruction (exp6.1, `uncond_aux`) and the latent back-end with the input."""
+        if self.reference != "auto":
+            return self.reference
+        return "unguided" if self.backend == "pixel" else "input"
+
+    def classifier_size(self) -> int:
+        height, width = self.classifier.image_size
+        if height != width:
+            raise ValueError(f"diffguard needs a square classifier input, got {height}x{width}")
+        return int(height)
 
     def pixel_model(self) -> PixelDiffusion:
         """The pixel UNet on the classifier's device (loaded from `unet_id` unless a `unet` was given)."""
@@ -115,10 +163,12 @@ class DiffGuard(Detector):
             unet = self._unet
             if unet is None:
                 if self.unet_id is None:
-                    raise ValueError("diffguard backend 'pixel' needs unet= (a UNet2DModel) or unet_id= (hub id or folder)")
-                from diffusers import UNet2DModel
+                    raise ValueError("diffguard backend 'pixel' needs unet= (a UNet2DModel) or unet_id= (an OpenAI "
+                                     "guided-diffusion checkpoint file such as 256x256_diffusion_uncond.pt, a diffusers "
+                                     "folder or hub id)")
+                from pipelines.guided_diffusion import load_pixel_unet
 
-                unet = load_pretrained(UNet2DModel.from_pretrained, self.unet_id, "DIFFGUARD pixel UNet")
+                unet = load_pixel_unet(self.unet_id, self.adm_flags, self.dtype)
             unet = unet.to(self.device).eval().requires_grad_(False)
             if unet.dtype != self.dtype:
                 unet = unet.to(self.dtype)
@@ -171,64 +221,107 @@ class DiffGuard(Detector):
         with torch.no_grad():
             return self.logits(x01).argmax(1)
 
-    def stop_rule(self):
-        """Early stop of inversion: PSNR(x_t, x_0) < early_stop_psnr or similarity < its threshold (None disables)."""
+    def stop_rule(self, x0: torch.Tensor):
+        """Early stop of the inversion of x0 (in [-1,1]): `rule(x_t, rows)` is PSNR(x_t, x0[rows]) < early_stop_psnr
+        or similarity(x_t, x0[rows]) < its threshold; x0's perceptual features are computed once, here. None when
+        both are disabled."""
         similarity = self.similarity(self.early_stop_similarity) if self.early_stop_similarity else None
         if self.early_stop_psnr is None and similarity is None:
             return None
+        b = (x0 + 1) / 2
+        to_input = against(similarity, b) if similarity is not None else None
 
-        def rule(x_t: torch.Tensor, x_0: torch.Tensor) -> torch.Tensor:
-            a, b = (x_t + 1) / 2, (x_0 + 1) / 2
+        def rule(x_t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            a = (x_t + 1) / 2
             stop = torch.zeros(len(a), dtype=torch.bool, device=a.device)
             if self.early_stop_psnr is not None:
-                stop |= psnr(a, b) < self.early_stop_psnr
-            if similarity is not None:
-                stop |= similarity(a, b).to(a.device) < self.early_stop_similarity_threshold
+                stop |= psnr(a, b[rows]) < self.early_stop_psnr
+            if to_input is not None:
+                stop |= to_input(a, rows).to(a.device) < self.early_stop_similarity_threshold
             return stop
 
         return rule
 
-    def reconstruct_pixel(self, x01: torch.Tensor, labels: torch.Tensor, seeds: list[int],
-                          progress: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(guided, unguided reconstructions in [0,1], inversion stop steps) for images x01 and target labels."""
+    def reconstruct_pixel(self, x01: torch.Tensor, labels: torch.Tensor, seeds: list[int], unguided: bool = True,
+                          progress: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(guided, unguided reconstructions in [0,1] (None unless `unguided`), inversion stop steps) of images x01
+        at the UNet's resolution, guided toward `labels`."""
         model = self.pixel_model()
         x0 = (2 * x01 - 1).to(self.device)
-        latents, stop = invert_with_early_stop(model, x0, self.max_inversion_steps, self.stop_rule(), progress)
+        latents, stop = invert_with_early_stop(model, x0, self.max_inversion_steps, self.stop_rule(x0), progress)
         start = (stop + 1 + self.denoise_offset).clamp(max=model.steps - 1)
         n = len(x0)
         gens = [item_generator(s) for s in seeds]
-        guidance = ClassifierGuidance(model, self.classifier, labels.repeat(2), gens + gens, self.guidance_scale, self.n_crops,
-                                      self.crop_min_fraction, self.clean_grad, self.guidance_grad)
-        guided = torch.arange(2 * n, device=x0.device) < n
-        out = denoise_from(model, torch.cat([latents, latents]), torch.cat([start, start]), guidance, guided, progress)
+        copies = 2 if unguided else 1
+        guidance = ClassifierGuidance(model, self.classifier, labels.repeat(copies), gens * copies, self.guidance_scale,
+                                      self.n_crops, int(self.crop_size or self.classifier_size()), self.clean_grad,
+                                      self.guidance_grad)
+        guided = torch.arange(copies * n, device=x0.device) < n
+        out = denoise_from(model, latents.repeat(copies, 1, 1, 1), start.repeat(copies), guidance, guided, progress)
         out = ((out.clamp(-1, 1) + 1) / 2).detach()
-        return out[:n], out[n:], stop
+        return out[:n], (out[n:] if unguided else None), stop
 
-    def reconstruct_latent(self, x01: torch.Tensor, labels: torch.Tensor, progress: bool = False) -> torch.Tensor:
-        """Masked-CFG reconstruction in [0,1] of images x01 at the pipeline's resolution."""
+    def pixel_pair(self, x: torch.Tensor, labels: torch.Tensor, seeds: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(guided reconstruction, reference) at the classifier's view `x` [B,3,224,224]: the diffusion model sees x
+        resized to its resolution, the reconstructions are resized back."""
+        side = int(self.pixel_model().unet.config.sample_size)
+        unguided = self.reference_image == "unguided"
+        guided, plain, _ = self.reconstruct_pixel(resize_square(x, side), labels, seeds, unguided=unguided)
+        size = x.shape[-1]
+        return resize_square(guided, size), (resize_square(plain, size) if unguided else x)
+
+    def crop_seed_list(self, keys: Sequence[str]) -> list[int]:
+        """Seeds of the guidance crops per image: `shared` = `seed` for every image (DIFFGUARD resets its crop
+        generator to the run seed before each image, so all images get the same crop sequence); `per_image` =
+        derived from `seed` and the image key. Either way independent of batching and process count."""
+        if self.crop_seeds == "shared":
+            return [int(self.seed)] * len(keys)
+        return [item_seed(self.seed, key) for key in keys]
+
+    def cam_layer(self, x01: torch.Tensor) -> torch.nn.Module:
+        """The classifier block of the Grad-CAM (`gradcam_layer`, else the last block with a spatial output, found
+        once)."""
+        if self._cam_layer is None:
+            self._cam_layer = last_spatial_block(self.classifier, lambda: self.logits(x01[:1]))
+        return self.classifier.get_submodule(self._cam_layer)
+
+    def reconstruct_latent(self, x01: torch.Tensor, labels: torch.Tensor | None = None, unguided: bool = False,
+                           progress: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(labels, masked-CFG reconstruction in [0,1], unguided reconstruction or None) of images x01 at the
+        pipeline's resolution. `labels` None = the classifier's predictions, taken from the Grad-CAM's own forward
+        pass. The unguided reconstruction denoises the same latent with the null text only."""
         model = self.latent_model()
-        layer_name = self.gradcam_layer or last_spatial_block(self.classifier, lambda: self.logits(x01[:1]))
-        cam = grad_cam(self.logits, self.classifier.get_submodule(layer_name), x01, labels)
+        logits, cam = logits_and_cam(self.logits, self.cam_layer(x01), x01, labels)
+        labels = logits.argmax(1) if labels is None else labels
         mask = (cam > self.cam_threshold).unsqueeze(1)
         null = model.encode_text([""])
         cond = model.encode_text([self.prompt_template.format(self.class_name(int(y))) for y in labels.tolist()])
         zT = model.invert(model.encode_image(x01), null, progress)
-        return model.decode(model.denoise_masked_cfg(zT, null, cond, mask, self.cfg_scale, progress))
+        if not unguided:
+            return labels, model.decode(model.denoise_masked_cfg(zT, null, cond, mask, self.cfg_scale, progress)), None
+        z = model.denoise_masked_cfg(torch.cat([zT, zT]), null, torch.cat([cond, cond]),
+                                     torch.cat([mask, torch.zeros_like(mask)]), self.cfg_scale, progress)
+        images = model.decode(z)
+        return labels, images[: len(x01)], images[len(x01):]
 
     def _score(self, batch: ImageSet) -> np.ndarray:
         if not isinstance(batch, ImageSet):
             raise TypeError(f"diffguard scores an ImageSet, got {type(batch).__name__}")
-        size = self.pixel_model().unet.config.sample_size if self.backend == "pixel" else self.latent_model().resolution
+        if self.backend == "pixel":
+            crop = self.classifier_size()
+            resize = int(self.resize_size or round(crop * 256 / 224))
+            self.pixel_model()
+        else:
+            crop = resize = self.latent_model().resolution
         distance = self.similarity(self.distance)
         scores = []
         total = -(-len(batch) // self.batch_size)
         for start, images in tqdm(batch.batches(self.batch_size), total=total, desc=f"diffguard ({self.backend})", leave=False):
-            x01 = images_to_tensor(images, int(size)).to(self.device)
-            labels = self.predict(x01)
+            x = resize_center_crop(images, resize, crop).to(self.device)
             if self.backend == "pixel":
-                seeds = [item_seed(self.seed, key) for key in batch.keys[start:start + len(images)]]
-                guided, reference, _ = self.reconstruct_pixel(x01, labels, seeds)
+                guided, reference = self.pixel_pair(x, self.predict(x), self.crop_seed_list(batch.keys[start:start + len(images)]))
             else:
-                guided, reference = self.reconstruct_latent(x01, labels), x01
+                _, guided, plain = self.reconstruct_latent(x, unguided=self.reference_image == "unguided")
+                reference = plain if plain is not None else x
             scores.append(distance(guided, reference).cpu().numpy())
         return np.concatenate(scores).astype(np.float64)

@@ -153,20 +153,26 @@ class DISTS(nn.Module):
         self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1))
         self.requires_grad_(False)
 
-    def _features(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def features(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The input and the 5 VGG stages of images in [0,1]; images whose short side exceeds 256 px are first
+        bilinearly downsampled by 256 / short side (piq's DISTS, which DIFFGUARD uses)."""
+        x = x.float()
+        short = min(x.shape[-2:])
+        if short > 256:
+            x = F.interpolate(x, scale_factor=256 / short, recompute_scale_factor=False, mode="bilinear", align_corners=False)
         out, h = [x], (x - self.mean) / self.std
         for stage in self.stages:
             h = stage(h)
             out.append(h)
         return out
 
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        fa, fb = self._features(a.float()), self._features(b.float())
+    def distance(self, fa: list[torch.Tensor], fb: list[torch.Tensor]) -> torch.Tensor:
+        """DISTS [B] between two images' `features`."""
         total = self.alpha.sum() + self.beta.sum()
         alphas = torch.split(self.alpha / total, list(self.channels), dim=1)
         betas = torch.split(self.beta / total, list(self.channels), dim=1)
         c1 = c2 = 1e-6
-        dist = torch.zeros(len(a), device=a.device)
+        dist = torch.zeros(len(fa[0]), device=fa[0].device)
         for xa, xb, wa, wb in zip(fa, fb, alphas, betas):
             ma, mb = xa.mean((2, 3), keepdim=True), xb.mean((2, 3), keepdim=True)
             structure = (2 * ma * mb + c1) / (ma**2 + mb**2 + c1)
@@ -175,6 +181,9 @@ class DISTS(nn.Module):
             texture = (2 * cov + c2) / (va + vb + c2)
             dist = dist + (wa * structure + wb * texture).sum((1, 2, 3))
         return 1.0 - dist
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.distance(self.features(a), self.features(b))
 
 
 class LPIPS(nn.Module):
@@ -195,30 +204,60 @@ class LPIPS(nn.Module):
         self.register_buffer("scale", torch.tensor([0.458, 0.448, 0.450]).view(1, 3, 1, 1))
         self.requires_grad_(False)
 
-    def _features(self, x01: torch.Tensor) -> list[torch.Tensor]:
-        h, out, start = ((2 * x01 - 1) - self.shift) / self.scale, [], 0
+    def features(self, x01: torch.Tensor) -> list[torch.Tensor]:
+        """Unit-normalised VGG features at the 5 taps of images in [0,1]."""
+        h, out, start = ((2 * x01.float() - 1) - self.shift) / self.scale, [], 0
         for tap in self.taps:
             h = self.vgg[start:tap](h)
             out.append(h / (h.pow(2).sum(1, keepdim=True).sqrt() + 1e-10))
             start = tap
         return out
 
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        dist = torch.zeros(len(a), device=a.device)
-        for xa, xb, w in zip(self._features(a.float()), self._features(b.float()), self.lins):
+    def distance(self, fa: list[torch.Tensor], fb: list[torch.Tensor]) -> torch.Tensor:
+        """LPIPS [B] between two images' `features`."""
+        dist = torch.zeros(len(fa[0]), device=fa[0].device)
+        for xa, xb, w in zip(fa, fb, self.lins):
             dist = dist + F.conv2d((xa - xb) ** 2, w).mean((1, 2, 3))
         return dist
 
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.distance(self.features(a), self.features(b))
 
-def perceptual(name: str, weights: Any, device: torch.device) -> Similarity:
+
+class Perceptual:
+    """1 - DISTS or 1 - LPIPS (float64, no gradients) from a model with `features` and `distance`."""
+
+    def __init__(self, model: DISTS | LPIPS) -> None:
+        self.model = model
+
+    @torch.no_grad()
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return 1.0 - self.model(a, b).double()
+
+    @torch.no_grad()
+    def against(self, b: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """`sim(a, rows)` = self(a, b[rows]) with b's features computed once, here."""
+        fb = self.model.features(b)
+
+        def sim(a: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                return 1.0 - self.model.distance(self.model.features(a), [f[rows] for f in fb]).double()
+
+        return sim
+
+
+def perceptual(name: str, weights: Any, device: torch.device) -> Perceptual:
     """1 - DISTS or 1 - LPIPS from local weight files, evaluated without gradients."""
-    model = {"dists": DISTS, "lpips": LPIPS}[name](load_weight_files(weights, name.upper())).to(device).eval()
+    return Perceptual({"dists": DISTS, "lpips": LPIPS}[name](load_weight_files(weights, name.upper())).to(device).eval())
 
-    def similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return 1.0 - model(a, b).double()
 
-    return similarity
+def against(similarity: Similarity, b: torch.Tensor, cache: bool = True) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """`sim(a, rows)` = similarity(a, b[rows]) for repeated comparisons with one reference batch `b` (e.g. every
+    inversion step against the input): a perceptual similarity computes b's features once (`cache=False`: at
+    every call, the plain computation)."""
+    if cache and hasattr(similarity, "against"):
+        return similarity.against(b)
+    return lambda a, rows: similarity(a, b[rows])
 
 
 def build_similarity(name: str, *, classifier: Any = None, weights: Any = None, device: torch.device | str = "cpu") -> Similarity:

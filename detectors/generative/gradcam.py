@@ -36,16 +36,17 @@ def last_spatial_block(model: nn.Module, run: Callable[[], object]) -> str:
     return seen[-1]
 
 
-def grad_cam(
+def logits_and_cam(
     logits_fn: Callable[[torch.Tensor], torch.Tensor],
     layer: nn.Module,
     x: torch.Tensor,
-    targets: torch.Tensor,
+    targets: torch.Tensor | None = None,
     size: tuple[int, int] | None = None,
-) -> torch.Tensor:
-    """Grad-CAM maps [B,H,W] in [0,1] of `layer` for classes `targets` [B]; `logits_fn(x)` returns logits [B,C].
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [B,C] detached, Grad-CAM maps [B,H,W] in [0,1] of `layer`) from ONE forward pass of `logits_fn`.
 
-    `size` defaults to x's spatial size. The model's parameters get no gradients.
+    `targets` [B] are the CAM's classes; None = the predicted ones (argmax of these logits), so the prediction and
+    its CAM share the pass. `size` defaults to x's spatial size. The model's parameters get no gradients.
     """
     captured: list[torch.Tensor] = []
     handle = layer.register_forward_hook(lambda mod, args, out: captured.append(out))
@@ -53,6 +54,8 @@ def grad_cam(
         with torch.enable_grad():
             logits = logits_fn(x)
             activation = captured[-1]
+            if targets is None:
+                targets = logits.detach().argmax(1)
             picked = logits.gather(1, targets.view(-1, 1).to(logits.device)).sum()
             grads = torch.autograd.grad(picked, activation)[0]
     finally:
@@ -64,4 +67,18 @@ def grad_cam(
     cam = F.interpolate(cam, size=size or tuple(x.shape[-2:]), mode="bilinear", align_corners=False)[:, 0]
     low = cam.flatten(1).min(1).values.view(-1, 1, 1)
     cam = cam - low
-    return cam / (cam.flatten(1).max(1).values.view(-1, 1, 1) + 1e-7)
+    return logits.detach(), cam / (cam.flatten(1).max(1).values.view(-1, 1, 1) + 1e-7)
+
+
+def grad_cam(
+    logits_fn: Callable[[torch.Tensor], torch.Tensor],
+    layer: nn.Module,
+    x: torch.Tensor,
+    targets: torch.Tensor,
+    size: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """Grad-CAM maps [B,H,W] in [0,1] of `layer` for classes `targets` [B]; `logits_fn(x)` returns logits [B,C].
+
+    `size` defaults to x's spatial size. The model's parameters get no gradients.
+    """
+    return logits_and_cam(logits_fn, layer, x, targets, size)[1]

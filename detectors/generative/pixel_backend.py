@@ -111,8 +111,9 @@ class PixelDiffusion:
 def invert_with_early_stop(model: PixelDiffusion, x0: torch.Tensor, max_steps: int,
                            stop_rule: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
                            progress: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """DDIM-invert a batch; each sample stops after the first step k where `stop_rule(x_{k+1}, x_0)` is True
-    (or after `max_steps` steps). Returns (latents [B,...], stop step k [B] long)."""
+    """DDIM-invert a batch; each sample stops after the first step k where `stop_rule(x_{k+1}, rows)` is True (or
+    after `max_steps` steps). `rows` [n] indexes the batch rows of x_{k+1} (the unfinished samples), so the rule can
+    compare with what it precomputed for x0. Returns (latents [B,...], stop step k [B] long)."""
     if not 0 < max_steps <= model.steps:
         raise ValueError(f"max_inversion_steps must be in 1..{model.steps}, got {max_steps}")
     x = x0.clone()
@@ -123,7 +124,7 @@ def invert_with_early_stop(model: PixelDiffusion, x0: torch.Tensor, max_steps: i
         x[active] = x_new
         if stop_rule is None or k == max_steps - 1:
             continue
-        done = stop_rule(x_new, x0[active]).to(x0.device)
+        done = stop_rule(x_new, active).to(x0.device)
         stop[active[done].cpu()] = k
         active = active[~done]
         if len(active) == 0:
@@ -147,29 +148,41 @@ def denoise_from(model: PixelDiffusion, x_start: torch.Tensor, start: torch.Tens
     return x
 
 
-def random_crops(x: torch.Tensor, n: int, min_fraction: float, out_size: tuple[int, int],
-                 generators: list[torch.Generator]) -> torch.Tensor:
-    """`n` random square crops per image (side uniform in [min_fraction, 1] x the short side, uniform offset),
-    resampled bilinearly to `out_size`: [B*n,C,h,w], sample-major. Crop boxes come from each sample's generator."""
+def nearest_indices(size: int, out: int, device: torch.device | None = None) -> torch.Tensor:
+    """Source indices of `F.interpolate(..., size=out, mode="nearest")` along an axis of length `size`:
+    min(floor(j * (size / out)), size - 1), in float32 as PyTorch's kernels compute them."""
+    scale = torch.tensor(float(size), dtype=torch.float32) / out
+    idx = (torch.arange(out, dtype=torch.float32) * scale).floor().long().clamp(max=size - 1)
+    return idx.to(device) if device is not None else idx
+
+
+def random_crops(x: torch.Tensor, n: int, crop_size: int, generators: list[torch.Generator]) -> torch.Tensor:
+    """DIFFGUARD's cutouts: `n` random square crops per image, side int(u * (short - low) + low) with u ~ U[0,1),
+    low = min(short side, crop_size), uniform offsets, each resampled to crop_size x crop_size by nearest
+    interpolation: [B*n,C,crop,crop], sample-major. Draws (side, x offset, y offset) per crop from the sample's
+    generator. One differentiable gather for the whole batch."""
     b, _, height, width = x.shape
     short = min(height, width)
-    low = min(short, int(round(min_fraction * short)))
-    thetas = []
+    low = min(short, crop_size)
+    rows, cols = [], []
     for gen in generators:
-        u = torch.rand(n, generator=gen)
-        sides = (u * (short - low) + low).long()
-        for side in sides.tolist():
+        for _ in range(n):
+            side = int(torch.rand((), generator=gen) * (short - low) + low)
             ox = int(torch.randint(0, width - side + 1, (), generator=gen))
             oy = int(torch.randint(0, height - side + 1, (), generator=gen))
-            thetas.append([[side / width, 0.0, -1 + (2 * ox + side) / width], [0.0, side / height, -1 + (2 * oy + side) / height]])
-    theta = torch.tensor(thetas, dtype=x.dtype, device=x.device)
-    grid = F.affine_grid(theta, [b * n, x.shape[1], *out_size], align_corners=False)
-    return F.grid_sample(x.repeat_interleave(n, dim=0), grid, mode="bilinear", padding_mode="border", align_corners=False)
+            idx = nearest_indices(side, crop_size)
+            rows.append(oy + idx)
+            cols.append(ox + idx)
+    sample = torch.arange(b, device=x.device).repeat_interleave(n).view(-1, 1, 1)
+    r = torch.stack(rows).to(x.device)[:, :, None]
+    c = torch.stack(cols).to(x.device)[:, None, :]
+    return x[sample, :, r, c].permute(0, 3, 1, 2)  # advanced indices first: [B*n, crop, crop, C]
 
 
 @dataclass
 class ClassifierGuidance:
-    """grad_x log p(y | crops(x_in)) * scale, summed over `n_crops` random crops, where x_in is the "clean grad" blend
+    """grad_x log p(y | crops(x_in)) * scale, summed over `n_crops` random crops (`random_crops`, side `crop_size` =
+    the classifier's input), where x_in is the "clean grad" blend
     x0_hat * sqrt(1 - abar_k) + x_t * (1 - sqrt(1 - abar_k)) (or x_t itself when `clean_grad` is False).
 
     `grad_wrt="blend"` differentiates with respect to the blend (DIFFGUARD's code); `"x_t"` backpropagates through
@@ -182,7 +195,7 @@ class ClassifierGuidance:
     generators: list[torch.Generator]  # one per row of the denoised batch
     scale: float = 3.0
     n_crops: int = 8
-    crop_min_fraction: float = 224 / 256
+    crop_size: int = 224
     clean_grad: bool = True
     grad_wrt: str = "blend"
 
@@ -193,7 +206,7 @@ class ClassifierGuidance:
     def log_prob(self, x_in: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Sum over rows and crops of log p(label | crop) for images x_in in [-1, 1]."""
         gens = [self.generators[int(r)] for r in rows]
-        crops = random_crops((x_in + 1) / 2, self.n_crops, self.crop_min_fraction, tuple(self.classifier.image_size), gens)
+        crops = random_crops((x_in + 1) / 2, self.n_crops, self.crop_size, gens)
         logits, _ = self.classifier.forward_images(crops.to(self.classifier.head.weight.dtype))
         labels = self.labels.to(logits.device)[rows.to(logits.device)].repeat_interleave(self.n_crops)
         return F.log_softmax(logits.float(), dim=-1).gather(1, labels.view(-1, 1)).sum()

