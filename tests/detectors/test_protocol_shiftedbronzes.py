@@ -39,7 +39,7 @@ def test_shiftedbronzes_config_end_to_end(digits, tmp_path):
 
     raw = yaml.safe_load(CONFIG.read_text())
     groups = {name: src["group"] for src in raw["ood"] for name in src["sets"]}
-    id_dir = subsample_id(digits[0], tmp_path / "bronze", {"train": 20, "val": 4, "test": 8})
+    id_dir = subsample_id(digits[0], tmp_path / "bronze", {"train": 16, "val": 4, "test": 4})
     folders = ood_sets(digits[1], tmp_path / "ood", groups, per_set=6)
     val = ood_sets(digits[1], tmp_path / "ood_val", {"ood_val": None}, per_set=6, split="val")
     clip, unet = save_tiny_clip(tmp_path / "clip"), save_tiny_pixel_unet(tmp_path / "unet")
@@ -52,7 +52,7 @@ def test_shiftedbronzes_config_end_to_end(digits, tmp_path):
         "CLIPN": {"load": str(_tiny_clipn(clip, tmp_path / "clipn", names)), "params": {"model": str(clip)}},
         "LoCoOp": {"params": {"model": str(clip), "epochs": 1}},
         "ID-like": {"params": {"model": str(clip), "epochs": 1, "n_crops": 8, "n_select": 2}},
-        "DIFFGUARD": {"params": {"unet_id": str(unet), "steps": 10, "max_inversion_steps": 9, "n_crops": 2,
+        "DIFFGUARD": {"params": {"unet_id": str(unet), "steps": 6, "max_inversion_steps": 5, "n_crops": 1,
                                  "distance": "ssim", "early_stop_similarity": None, "batch_size": 16}},
         "OpenGAN": {"params": {"epochs": 2}},
     }
