@@ -51,7 +51,7 @@ def test_shiftedbronzes_config_end_to_end(digits, tmp_path):
     tiny = {  # stand-ins and shortened training; every other parameter stays the config's
         "CLIPN": {"load": str(_tiny_clipn(clip, tmp_path / "clipn", names)), "params": {"model": str(clip)}},
         "LoCoOp": {"params": {"model": str(clip), "epochs": 1}},
-        "ID-like": {"params": {"model": str(clip), "epochs": 1, "n_crops": 8, "n_select": 2}},
+        "ID-like": {"params": {"model": str(clip), "epochs": 1, "n_crops": 8, "n_select": 2, "n_ood_prompts": 8}},
         "DIFFGUARD": {"params": {"unet_id": str(unet), "steps": 6, "max_inversion_steps": 5, "n_crops": 1,
                                  "distance": "ssim", "early_stop_similarity": None, "batch_size": 16}},
         "OpenGAN": {"params": {"epochs": 2}},
