@@ -186,3 +186,59 @@ def test_two_processes_shard_batches_and_keep_weights_in_sync(tmp_path):
     assert len(results) == 2
     assert results[0] == results[1]  # same weights, same (all-reduced) loss on both ranks
     assert results[0]["steps"] == 2 * 3  # 2 epochs x (6 batches / 2 processes)
+
+
+HEADS_SCRIPT = """
+import json, os, sys
+import numpy as np, torch
+from accelerate import PartialState
+from pipelines.training import train_heads
+torch.set_num_threads(1)
+PartialState(cpu=True)
+rng = np.random.default_rng(0)
+labels = np.repeat(np.arange(3), 20)
+features = np.eye(6)[labels] * 3 + rng.normal(size=(60, 6))
+layer, result = train_heads((np.zeros((3, 6)), np.zeros(3)), features, labels, epochs=4, lr=5e-2, batch_size=8,
+                            warmup_epochs=1, seed=0)
+rank = os.environ.get("RANK", "solo")
+with open(os.path.join(sys.argv[1], f"heads_{rank}.json"), "w") as fh:
+    json.dump({"lrs": result.lrs, "weight": layer.weight.detach().double().tolist(), "steps": result.steps}, fh)
+"""
+
+
+def test_heads_only_schedule_is_the_same_for_one_and_two_processes(tmp_path):
+    """Cached-feature batches are not sharded, so each process takes every step: the cosine schedule and the trained
+    head must equal the one-process run (accelerate's scheduler wrapper would step twice a step and end it early)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import get_cosine_schedule_with_warmup
+
+    script = tmp_path / "heads.py"
+    script.write_text(HEADS_SCRIPT)
+    root = Path(__file__).parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    solo = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=240,
+                          cwd=root, env=env)
+    assert solo.returncode == 0, solo.stderr[-2000:]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    duo = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(script), str(tmp_path)], capture_output=True,
+                         text=True, timeout=240, cwd=root, env=env)
+    assert duo.returncode == 0, duo.stderr[-2000:]
+    one = json.loads((tmp_path / "heads_solo.json").read_text())
+    two = [json.loads((tmp_path / f"heads_{rank}.json").read_text()) for rank in (0, 1)]
+    # 60 rows, batch 8, drop_last -> 7 steps an epoch, 28 in all, 7 warm-up steps; lr of every step from the schedule
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=5e-2)
+    schedule = get_cosine_schedule_with_warmup(optimizer, 7, 28)
+    expected = []
+    for _ in range(28):
+        expected.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert one["steps"] == 28 and one["lrs"] == pytest.approx(expected, abs=1e-12)
+    for result in two:
+        assert result["lrs"] == pytest.approx(one["lrs"], abs=1e-12)
+        np.testing.assert_allclose(result["weight"], one["weight"], rtol=0, atol=1e-6)
