@@ -179,7 +179,7 @@ def test_two_processes_shard_batches_and_keep_weights_in_sync(tmp_path):
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(script), str(train.root), str(tmp_path)],
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), str(train.root), str(tmp_path)],
                           capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-2000:]
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
@@ -225,7 +225,7 @@ def test_heads_only_schedule_is_the_same_for_one_and_two_processes(tmp_path):
                           cwd=root, env=env)
     assert solo.returncode == 0, solo.stderr[-2000:]
     torchrun = Path(sys.executable).with_name("torchrun")
-    duo = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(script), str(tmp_path)], capture_output=True,
+    duo = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), str(tmp_path)], capture_output=True,
                          text=True, timeout=240, cwd=root, env=env)
     assert duo.returncode == 0, duo.stderr[-2000:]
     one = json.loads((tmp_path / "heads_solo.json").read_text())
