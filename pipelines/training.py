@@ -120,11 +120,13 @@ class Objective(nn.Module):
 
 @dataclass
 class Pass:
-    """The model's outputs on every row of a set, in row order: logits [N,C], features [N,D], row index [N]."""
+    """The model's outputs on every row of a set, in row order: logits [N,C], features [N,D], row index [N] and the
+    rows' labels [N] (ID class, or aux class index / -1)."""
 
     logits: torch.Tensor
     features: torch.Tensor
     index: torch.Tensor
+    labels: torch.Tensor
 
 
 class CrossEntropy(Objective):
@@ -580,7 +582,7 @@ def _pass_loaders(train_loader: Any, aux_loader: Any, pooled: bool) -> tuple[Any
 def _all_outputs(model: nn.Module, loader: Any, device: torch.device, accelerator: Any) -> Pass:
     """float32 logits and features of every loadable row of `loader` (one pass, no gradient), gathered from every
     process, sorted by row index with duplicates (whole batches seen by several processes) removed."""
-    logits, features, index = [], [], []
+    logits, features, index, labels = [], [], [], []
     for raw in tqdm(loader, desc="pass over the training rows", leave=False, disable=not accelerator.is_local_main_process):
         if raw["x"] is not None:
             with accelerator.autocast():
@@ -588,12 +590,13 @@ def _all_outputs(model: nn.Module, loader: Any, device: torch.device, accelerato
             logits.append(accelerator.gather_for_metrics(z.float()))
             features.append(accelerator.gather_for_metrics(h.float()))
             index.append(accelerator.gather_for_metrics(raw["index"].to(device)))
+            labels.append(accelerator.gather_for_metrics(raw["y"].to(device)))
     if not logits:
         raise ValueError("no loadable row in a training set: nothing to compute the model's outputs on")
-    z, h, i = torch.cat(logits), torch.cat(features), torch.cat(index)
+    z, h, i, y = torch.cat(logits), torch.cat(features), torch.cat(index), torch.cat(labels)
     i, first = np.unique(i.cpu().numpy(), return_index=True)
     first = torch.as_tensor(first, device=z.device)
-    return Pass(z[first], h[first], torch.as_tensor(i))
+    return Pass(z[first].cpu(), h[first].cpu(), torch.as_tensor(i), y[first].cpu())
 
 
 @torch.no_grad()
