@@ -221,3 +221,49 @@ def test_rotpred_finetunes_and_scores_images(tmp_path):
     np.testing.assert_allclose(scores, rotpred_score(z.double().numpy()[:8], rot.reshape(4, 8, 4)), rtol=1e-5)
     with pytest.raises(ValueError, match="images"):
         build("rotpred", epochs=1).fit(FeatureSet(np.zeros((4, 3)), None, np.array([0, 1, 0, 1])))
+
+
+@pytest.mark.parametrize("name,params", [("arpl", {}), ("godin", {}), ("udg", {"num_clusters": 4, "pca_dim": 3})])
+def test_full_fine_tuning_on_images(name, params, tmp_path):
+    """The same methods fine-tune a whole classifier on images (UDG clusters the model's features of the ID and
+    aux images before each epoch); the trained model scores its re-extracted features."""
+    from PIL import Image
+
+    from pipelines.classifier import ImageClassifier
+    from pipelines.data import Manifest, make_row, write_manifest
+
+    rng = np.random.default_rng(6)
+    colours = [(220, 30, 30), (30, 200, 30), (30, 30, 220)]
+    rows, aux_rows = [], []
+    for i in range(12):
+        label = i % 3 if i < 8 else None
+        colour = colours[label] if label is not None else (200, 200, 30)
+        Image.fromarray(np.clip(np.array(colour)[None, None] + rng.integers(-20, 20, (12, 12, 3)), 0, 255).astype(np.uint8)).save(tmp_path / f"{i}.png")
+        if label is None:
+            aux_rows.append(make_row(f"{i}.png", split="train", role="ood", ood_set="auxiliary"))
+        else:
+            rows.append(make_row(f"{i}.png", split="train", label=label))
+    train, aux = write_manifest(tmp_path, rows), Manifest(tmp_path, aux_rows)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
+            self.fc = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            h = self.body(x)
+            return self.fc(h), h
+
+    torch.manual_seed(0)
+    clf = ImageClassifier.from_module(Net(), image_size=12)
+    before = [p.detach().clone() for p in clf.parameters()]
+    det = build(name, classifier=clf, epochs=2, batch_size=4, lr=1e-2, warmup_epochs=0, **params).fit(train, aux=aux)
+    after = [p.detach() for p in clf.parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(before, after))  # the classifier was trained in place
+    assert np.isfinite(det.history[-1]["loss"])
+    clf.eval()
+    with torch.no_grad():
+        _, h = clf(clf.preprocess([Image.open(train.path(r)).convert("RGB") for r in train.rows]))
+    scores = det.score(FeatureSet(h.double().numpy()))
+    assert scores.shape == (8,) and np.isfinite(scores).all()
