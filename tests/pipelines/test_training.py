@@ -207,15 +207,25 @@ labels = np.repeat(np.arange(3), 20)
 features = np.eye(6)[labels] * 3 + rng.normal(size=(60, 6))
 layer, result = train_heads((np.zeros((3, 6)), np.zeros(3)), features, labels, epochs=4, lr=5e-2, batch_size=8,
                             warmup_epochs=1, seed=0)
+out = {"lrs": result.lrs, "weight": layer.weight.detach().double().tolist(), "steps": result.steps}
+# objectives with a pooled ID+aux loader and a per-epoch pass over every row (gathered, de-duplicated)
+from detectors.training.novel_branch import BranchLoss
+from detectors.training.udg import UDGLoss
+aux = np.eye(6)[rng.integers(3, 6, 40)] * 3 + rng.normal(size=(40, 6))
+for name, objective in (("pooled", BranchLoss(False, pooled=True)), ("udg", UDGLoss(num_clusters=5, pca_dim=4))):
+    layer, result = train_heads((np.zeros((3, 6)), np.zeros(3)), features, labels, aux_features=aux, objective=objective,
+                                epochs=2, lr=5e-2, batch_size=8, warmup_epochs=0, seed=0)
+    out[name] = layer.weight.detach().double().tolist()
 rank = os.environ.get("RANK", "solo")
 with open(os.path.join(sys.argv[1], f"heads_{rank}.json"), "w") as fh:
-    json.dump({"lrs": result.lrs, "weight": layer.weight.detach().double().tolist(), "steps": result.steps}, fh)
+    json.dump(out, fh)
 """
 
 
 def test_heads_only_schedule_is_the_same_for_one_and_two_processes(tmp_path):
     """Cached-feature batches are not sharded, so each process takes every step: the cosine schedule and the trained
-    head must equal the one-process run (accelerate's scheduler wrapper would step twice a step and end it early)."""
+    head must equal the one-process run (accelerate's scheduler wrapper would step twice a step and end it early).
+    Likewise with a pooled ID+aux loader (NovelBranch) and a per-epoch pass over every row (UDG's clustering)."""
     import json
     import os
     import subprocess
@@ -248,7 +258,8 @@ def test_heads_only_schedule_is_the_same_for_one_and_two_processes(tmp_path):
     assert one["steps"] == 28 and one["lrs"] == pytest.approx(expected, abs=1e-12)
     for result in two:
         assert result["lrs"] == pytest.approx(one["lrs"], abs=1e-12)
-        np.testing.assert_allclose(result["weight"], one["weight"], rtol=0, atol=1e-6)
+        for key in ("weight", "pooled", "udg"):
+            np.testing.assert_allclose(result[key], one[key], rtol=0, atol=1e-6)
 
 
 def test_pooled_loader_shuffles_id_and_aux_rows_into_one_stream():
