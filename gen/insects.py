@@ -115,7 +115,7 @@ class SplitConfig:
     non_target_cap: int | None = None
     aux_per_species: int | None = 20
     aux_species: int | None = 8000  # None: every auxiliary species (at most aux_per_species images each)
-    aux_species_by_region: dict[str, int] = field(default_factory=lambda: {"c-america": 4000})
+    aux_species_by_region: dict[str, int | None] = field(default_factory=lambda: {"c-america": 4000})
     aux_val_size: int | None = None
     target_taxon: str | None = None
     non_target_name: str = "non_target"
