@@ -172,8 +172,10 @@ result = finetune(clf, manifest, epochs=2, batch_size=4, lr=1e-2, warmup_epochs=
 with open(os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.json"), "w") as fh:  # one file per rank: stdout interleaves
     json.dump({"steps": result.steps, "loss": result.final["loss"], "head": clf.head.weight.sum().item(),
                "genus": objective.level_heads["genus"].weight.sum().item()}, fh)
-if torch.distributed.is_initialized():  # a process group left to interpreter shutdown can abort the exit (SIGABRT)
-    torch.distributed.destroy_process_group()
+if torch.distributed.is_initialized():  # both ranks have written; skip the C++ teardown, which can abort (SIGABRT)
+    torch.distributed.barrier()
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(0)
 """
 
 
@@ -221,8 +223,10 @@ for name, objective in (("pooled", BranchLoss(False, pooled=True)), ("udg", UDGL
 rank = os.environ.get("RANK", "solo")
 with open(os.path.join(sys.argv[1], f"heads_{rank}.json"), "w") as fh:
     json.dump(out, fh)
-if torch.distributed.is_initialized():  # a process group left to interpreter shutdown can abort the exit (SIGABRT)
-    torch.distributed.destroy_process_group()
+if torch.distributed.is_initialized():  # both ranks have written; skip the C++ teardown, which can abort (SIGABRT)
+    torch.distributed.barrier()
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(0)
 """
 
 
