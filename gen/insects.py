@@ -4,7 +4,12 @@ Input: an occurrence table (CSV or Parquet, one row per image: `species, genus, 
 `split` for given ID splits and `taxon` to mark non-target rows) and the ID species of each region (`region, species`).
 Per region it builds, with vectorised pandas/numpy (no loop over rows):
 
-- ID train/val/test: every image of the region's ID species; the table's `split` when given, else 4:1:5 per species.
+- species with fewer than `min_images` (5) images are dropped first (from every set).
+- ID train/val/test: every image of the region's ID species; the table's `split` when given, else the AMI-GBIF
+  proportions 70:10:20 per species (a species gets test images only with >= 1/0.2 = 5 images, val images only with
+  >= 1/0.1 = 10, as the AMI-GBIF split tool does); then at most `id_val_cap` (10) val images a species (Open-Insects
+  subsamples ID val so, except for C-America: `id_val_uncapped`). An ID species absent from the table (or dropped
+  for too few images) is an error unless `allow_missing_id_species`.
 - local OOD: species with an occurrence strictly inside the region's box padded by 1 degree latitude and 3 degrees
   longitude, minus the region's ID species; species with more than 30 images give 10% to val, the rest to test.
 - non-local OOD (shared by all regions): species with an occurrence strictly inside the non-local box (continental
@@ -12,19 +17,25 @@ Per region it builds, with vectorised pandas/numpy (no loop over rows):
   set of 10% of that size drawn from their remaining images.
 - non-target OOD (shared): rows whose `taxon` differs from `target_taxon`, or a separate table; 10% val, rest test.
 - auxiliary train/val: every other target species minus the region's ID, local and non-local OOD species, without the
-  genera found only in OOD ((local genera | non-local genera) - ID genera); a val sample as large as ID val, then at
-  most 20 train images a species. Aux rows carry `aux_label` (index of their species among the aux-train species).
+  genera found only in OOD ((local genera | non-local genera) - ID genera); a val sample as large as ID val, then
+  `aux_species` (8,000; 4,000 for C-America) species drawn at random among those with >= `aux_per_species` (20)
+  remaining images, `aux_per_species` images each (Open-Insects' 160,000 / 80,000 images at 20 a species);
+  `aux_species=None` keeps every species with at most `aux_per_species` images each. Aux rows carry `aux_label`
+  (index of their species among the aux-train species).
 
 Every row carries `species, genus, family, hop, lat, lon`: hop 0 for ID rows, else 1 when its genus holds an ID species
 of the region, 2 when only its family does, 3 otherwise. Boxes are (lat_min, lat_max, lon_min, lon_max), tested with
-strict inequalities as in the official code (RolnickLab/Open-Insects).
+strict inequalities as in the official code (RolnickLab/Open-Insects). Taxon names and keys are compared as strings
+whatever the column's dtype (a numeric GBIF key column with a blank reads as float: 1001.0 is the key "1001").
 
 Manifests hold metadata only: `file_name` is the image path relative to the user's image root, which is recorded in
 `manifest_info.json` (pipelines.data.MANIFEST_INFO) beside each region's `metadata.jsonl`; `load_region(folder)` returns the manifest rooted there.
 """
 from __future__ import annotations
 
+import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -88,7 +99,12 @@ class SplitConfig:
     pad_lat: float = 1.0
     pad_lon: float = 3.0
     non_local_box: Box = AUSTRALIA
-    id_fractions: tuple[float, float, float] = (0.4, 0.1, 0.5)
+    min_images: int = 5  # species with fewer images are dropped (1 keeps every species)
+    id_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)  # AMI-GBIF; (0.4, 0.1, 0.5) was this project's former default
+    id_min_rule: bool = True  # test / val rows only for species with >= 1/fraction images (AMI-GBIF); False: always
+    id_val_cap: int | None = 10  # Open-Insects; None keeps every val image
+    id_val_uncapped: tuple[str, ...] = ("c-america",)  # regions whose ID val the reference code leaves uncapped
+    allow_missing_id_species: bool = False
     id_cap: int | None = None
     local_val_fraction: float = 0.1
     local_val_min_images: int = 31
@@ -98,6 +114,8 @@ class SplitConfig:
     non_target_val_fraction: float = 0.1
     non_target_cap: int | None = None
     aux_per_species: int | None = 20
+    aux_species: int | None = 8000  # None: every auxiliary species (at most aux_per_species images each)
+    aux_species_by_region: dict[str, int | None] = field(default_factory=lambda: {"c-america": 4000})
     aux_val_size: int | None = None
     target_taxon: str | None = None
     non_target_name: str = "non_target"
@@ -118,7 +136,8 @@ def read_table(path: str | os.PathLike) -> pd.DataFrame:
         raise FileNotFoundError(f"table not found: {path}")
     if path.suffix.lower() in (".parquet", ".pq"):
         return pd.read_parquet(path)
-    return pd.read_csv(path, low_memory=False)
+    # taxon names / keys stay text (a numeric key column with a blank would read as float and lose digits)
+    return pd.read_csv(path, low_memory=False, dtype={c: str for c in ("species", "genus", "family", "speciesKey")})
 
 
 def check_occurrences(occ: pd.DataFrame, source: str = "occurrence table") -> pd.DataFrame:
@@ -131,8 +150,7 @@ def check_occurrences(occ: pd.DataFrame, source: str = "occurrence table") -> pd
         raise ValueError(f"{source}: {int(dup.sum())} duplicate file_name value(s), e.g. {occ.loc[dup, 'file_name'].iloc[0]!r}")
     occ = occ.reset_index(drop=True).copy()
     for col in ("species", "genus", "family"):  # names compare as strings (numeric keys too)
-        values = occ[col].astype("category")
-        occ[col] = values.cat.rename_categories(values.cat.categories.astype(str))
+        occ[col] = key_strings(occ[col])
     for col in ("lat", "lon"):
         occ[col] = pd.to_numeric(occ[col], errors="coerce").astype(np.float64)
     return occ
@@ -145,7 +163,30 @@ def read_id_species(path_or_frame: str | os.PathLike | pd.DataFrame) -> dict[str
     if missing:
         raise ValueError(f"ID species table: missing column(s) {missing}; needs region, species")
     frame = frame.dropna(subset=["region", "species"])
-    return {str(region): sorted(set(group["species"].astype(str))) for region, group in frame.groupby("region", sort=True)}
+    species = pd.Series(np.asarray(key_strings(frame["species"])), index=frame.index)
+    return {str(region): sorted(set(species[group.index])) for region, group in frame.groupby("region", sort=True)}
+
+
+_FLOAT_KEY = re.compile(r"^(-?\d+)\.0+$")
+
+
+def _key_name(value: Any) -> str:
+    if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return str(int(value))
+    text = str(value)
+    match = _FLOAT_KEY.match(text)  # "1001.0": a float-rendered integer key (e.g. a CSV written from a float column)
+    return match.group(1) if match else text
+
+
+def key_strings(values: Any) -> pd.Categorical:
+    """Taxon names / keys as a categorical of strings, whatever the column's dtype: integral floats and their text
+    form lose their ".0" (a numeric key column with one blank is read as float, 1001 -> 1001.0, and must still match
+    "1001"); missing values stay missing."""
+    cat = pd.Categorical(values)
+    names = np.array([_key_name(v) for v in cat.categories], dtype=object).astype(str)
+    unique, inverse = np.unique(names, return_inverse=True)
+    codes = np.where(cat.codes >= 0, inverse[np.maximum(cat.codes, 0)] if len(inverse) else -1, -1)
+    return pd.Categorical.from_codes(codes.astype(np.int64), categories=unique)
 
 
 # -- vectorised helpers ----------------------------------------------------------------------------------------
@@ -249,10 +290,13 @@ def build_splits(occurrences: pd.DataFrame, id_species: dict[str, list[str]], co
     lat, lon = occ["lat"].to_numpy(), occ["lon"].to_numpy()
     valid = target & (tax.row_species >= 0)
     n_species = len(tax.species)
+    images = np.bincount(tax.row_species[valid], minlength=n_species)
+    valid &= images[np.maximum(tax.row_species, 0)] >= config.min_images  # species with too few images are dropped
     present = _flag(n_species, tax.row_species[valid])
 
     is_id = {r: tax.species_flags(names) & present for r, names in id_species.items()}
     missing = {r: sorted(set(names) - set(tax.species[is_id[r]])) for r, names in id_species.items()}
+    _check_missing(missing, tax, images, config)
     local = {}
     for region in id_species:
         in_box = valid & config.regions[region].padded(config.pad_lat, config.pad_lon).contains(lat, lon)
@@ -310,6 +354,24 @@ def _with_non_target(occurrences: pd.DataFrame, non_target: pd.DataFrame | None,
 Picks = list[tuple[str, np.ndarray]]  # (set name, row positions)
 
 
+def _check_missing(missing: dict[str, list[str]], tax: "_Taxonomy", images: np.ndarray, config: SplitConfig) -> None:
+    """An ID species absent from the table (or with fewer than min_images images) is an error unless allowed."""
+    if config.allow_missing_id_species or not any(missing.values()):
+        return
+    lines = []
+    for region, names in missing.items():
+        if names:
+            index = tax.species.get_indexer(names)
+            few = [f"{n} ({images[i]} images)" for n, i in zip(names, index) if i >= 0]
+            absent = [n for n, i in zip(names, index) if i < 0]
+            parts = ([f"absent from the occurrence table: {absent[:10]}"] if absent else []) + \
+                    ([f"fewer than min_images={config.min_images} images: {few[:10]}"] if few else [])
+            lines.append(f"{region}: {len(names)} ID species " + "; ".join(parts))
+    raise ValueError("ID species missing from the splits (an ID species must not silently become OOD):\n  "
+                     + "\n  ".join(lines) + "\ncheck that the species columns of both tables hold the same names/keys, "
+                     "or set allow_missing_id_species (--allow-missing-id-species)")
+
+
 def _given_id_split(occ: pd.DataFrame, id_rows: np.ndarray) -> np.ndarray | None:
     """The table's `split` column when it gives train/val/test for every ID row, else None (split 4:1:5)."""
     if "split" not in occ.columns or occ["split"].isna().to_numpy()[id_rows].any():
@@ -338,12 +400,38 @@ def _id_sets(row_sp: np.ndarray, mask: np.ndarray, config: SplitConfig, region: 
         keep = rank < config.id_cap
         rows, rank, size = rows[keep], rank[keep], np.minimum(size[keep], config.id_cap)
     if given is not None:
-        return [(f"id_{name}", rows[given[rows] == name]) for name in ("train", "val", "test")]
-    f_train, f_val, _ = config.id_fractions
-    n_train = np.maximum(1, _round_half_up(size * f_train))
+        sets = [(f"id_{name}", rows[given[rows] == name]) for name in ("train", "val", "test")]
+        val = sets[1][1]
+        val_rank, _ = rank_in_group(row_sp[val], _rng(config.seed, f"{region}:id_val"))
+        sets[1] = ("id_val", val[val_rank < _val_cap(config, region)])
+        return sets
+    n_train, n_val = id_counts(size, config.id_fractions, config.id_min_rule)
+    val = (rank >= n_train) & (rank < n_train + np.minimum(n_val, _val_cap(config, region)))
+    return [("id_train", rows[rank < n_train]), ("id_val", rows[val]), ("id_test", rows[rank >= n_train + n_val])]
+
+
+def id_counts(size: np.ndarray, fractions: tuple[float, float, float], min_rule: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(train, val) images of species with `size` images (the rest is test): test = round(size * f_test) and val =
+    round(size * f_val), half up; with `min_rule` a species gets test (val) images only when it has at least
+    ceil(1 / f_test) (ceil(1 / f_val)) images, as the AMI-GBIF split tool; at least one train image."""
+    _, f_val, f_test = fractions
+    size = np.asarray(size, dtype=np.int64)
+    n_test = _round_half_up(size * f_test)
     n_val = _round_half_up(size * f_val)
-    return [("id_train", rows[rank < n_train]), ("id_val", rows[(rank >= n_train) & (rank < n_train + n_val)]),
-            ("id_test", rows[rank >= n_train + n_val])]
+    if min_rule:
+        n_test = np.where(size >= _min_size(f_test), n_test, 0)
+        n_val = np.where(size >= _min_size(f_val), n_val, 0)
+    n_test = np.minimum(n_test, np.maximum(size - 1, 0))
+    n_val = np.minimum(n_val, np.maximum(size - 1 - n_test, 0))
+    return size - n_test - n_val, n_val
+
+
+def _min_size(fraction: float) -> float:
+    return math.ceil(round(1 / fraction, 9)) if fraction > 0 else np.inf
+
+
+def _val_cap(config: SplitConfig, region: str) -> float:
+    return np.inf if config.id_val_cap is None or region in config.id_val_uncapped else config.id_val_cap
 
 
 def _local_sets(row_sp: np.ndarray, mask: np.ndarray, config: SplitConfig, region: str) -> Picks:
@@ -380,9 +468,16 @@ def _aux_sets(row_sp: np.ndarray, mask: np.ndarray, config: SplitConfig, region:
     rng = _rng(config.seed, f"{region}:aux")
     val = _sample(rows, n_id_val if config.aux_val_size is None else config.aux_val_size, rng)
     train = np.setdiff1d(rows, val, assume_unique=True)
+    n_species = config.aux_species_by_region.get(region, config.aux_species)
     if config.aux_per_species is not None:
-        rank, _ = rank_in_group(row_sp[train], rng)
-        train = train[rank < config.aux_per_species]
+        rank, size = rank_in_group(row_sp[train], rng)
+        if n_species is not None:  # n_species species with >= aux_per_species images, aux_per_species each
+            eligible = np.unique(row_sp[train][size >= config.aux_per_species])
+            chosen = _sample(eligible, n_species, rng)
+            keep = np.isin(row_sp[train], chosen) & (rank < config.aux_per_species)
+        else:
+            keep = rank < config.aux_per_species
+        train = train[keep]
     return [("aux_train", train), ("aux_val", val)]
 
 
@@ -494,13 +589,13 @@ def load_region(folder: str | os.PathLike, image_root: str | os.PathLike | None 
 
 # -- synthetic data --------------------------------------------------------------------------------------------
 def synthetic_occurrences(n_rows: int, *, n_species: int | None = None, seed: int = 0,
-                          non_target_share: float = 0.02) -> tuple[pd.DataFrame, pd.DataFrame]:
+                          non_target_share: float = 0.02, id_min_images: int = 5) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A synthetic occurrence table and ID species table with a realistic shape (vectorised; 3M rows in seconds).
 
     Species belong to genera of 1-8 species and families of about 10 genera; each species lives around a home point
     (a third in one of the built-in regions, a tenth in Australia, the rest anywhere), with long-tailed image counts.
     About `non_target_share` of the other species are another taxon (`taxon` = "other"; the target is "moth"). Each region's ID
-    species are half of the species living in it.
+    species are half of the species living in it with at least `id_min_images` images (the recipe drops smaller ones).
     """
     rng = np.random.default_rng(seed)
     n_species = n_species or max(20, n_rows // 150)
@@ -529,8 +624,9 @@ def synthetic_occurrences(n_rows: int, *, n_species: int | None = None, seed: in
     index = pd.Series(np.arange(n_rows))
     occ["file_name"] = "images/" + (index // 1000).astype(str) + "/" + index.astype(str) + ".jpg"
     ids = []
+    counts = np.bincount(species, minlength=n_species)
     for b, name in enumerate(REGIONS):
-        living = np.flatnonzero(where == b)
+        living = np.flatnonzero((where == b) & (counts >= id_min_images))
         chosen = living[rng.random(len(living)) < 0.5]
         ids.append(pd.DataFrame({"region": name, "species": [f"sp{i:06d}" for i in chosen]}))
     return occ, pd.concat(ids, ignore_index=True)

@@ -40,6 +40,7 @@ class TrainBatch:
 
     `aux_y` holds the auxiliary class index of each aux sample (e.g. its species among the auxiliary species),
     -1 when unknown. `generator` is the step's seeded CPU generator (for objectives that sample, e.g. mixing).
+    `index` / `aux_index` are the rows' positions in the ID-train / aux set (for objectives with per-row state).
     """
 
     x: torch.Tensor
@@ -48,6 +49,8 @@ class TrainBatch:
     aux_x: torch.Tensor | None = None
     aux_y: torch.Tensor | None = None
     generator: torch.Generator | None = None
+    index: torch.Tensor | None = None
+    aux_index: torch.Tensor | None = None
 
     @property
     def n_id(self) -> int:
@@ -59,17 +62,28 @@ class Objective(nn.Module):
 
     - `uses_aux` / `aux_batch_ratio`: the loop draws an auxiliary batch of `round(ratio * batch_size)` each step;
       `None` sizes it in proportion to the set sizes (as if ID and aux rows were shuffled into one pool).
+    - `pooled`: instead, ID and aux rows are shuffled into ONE pool cut into batches of `batch_size` (an epoch covers
+      both sets; a batch holds a random mix, possibly no ID row). Open-Insects' NovelBranch / Extended do this.
     - `needs_calibration` / `calibrate(id_logits, aux_logits)`: statistics of the model's outputs on all ID-train and
       aux rows, computed once before the first step (e.g. data-driven energy margins).
+    - `needs_epoch_pass` / `epoch_start(epoch, id_pass, aux_pass)`: the same pass (logits, features, row index, in
+      row order) before every epoch (e.g. UDG's clustering).
     - `setup(feature_dim, num_classes, num_aux_classes)`: build extra heads (nn.Modules on `self`; they are trained).
-    - `inputs(batch)`: the tensor run through the model (default: ID inputs then aux inputs, concatenated).
+    - `inputs(batch)`: the tensor run through the model (default: ID inputs then aux inputs, concatenated), or a tuple
+      of tensors run as separate forward passes (outputs concatenated in order; matters with batch norm).
+    - `replaces_head`: the objective computes its own closed-set logits from the features (ARPL, G-ODIN), so the
+      classifier's head gets no gradient (DDP is told to expect unused parameters).
+    - `no_decay_parameters()`: parameters trained without weight decay (G-ODIN's h).
     - `label_fields()`: extra label levels {level: manifest field}; `encode_targets` maps raw values to indices.
     - `heads(logits, features)`: logits per label level, used for validation accuracy.
     """
 
     uses_aux: bool = False
     aux_batch_ratio: float | None = 1.0
+    pooled: bool = False
     needs_calibration: bool = False
+    needs_epoch_pass: bool = False
+    replaces_head: bool = False
 
     def setup(self, feature_dim: int, num_classes: int, num_aux_classes: int = 0) -> None:
         """Build extra heads; the default has none."""
@@ -77,7 +91,13 @@ class Objective(nn.Module):
     def calibrate(self, id_logits: torch.Tensor, aux_logits: torch.Tensor | None) -> None:
         """Use the untrained model's logits on the whole ID-train (and aux) set; called when `needs_calibration`."""
 
-    def inputs(self, batch: TrainBatch) -> torch.Tensor:
+    def epoch_start(self, epoch: int, id_pass: "Pass", aux_pass: "Pass | None") -> None:
+        """Called before every epoch with the model's outputs on every ID-train / aux row; when `needs_epoch_pass`."""
+
+    def no_decay_parameters(self) -> list[nn.Parameter]:
+        return []
+
+    def inputs(self, batch: TrainBatch) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if batch.aux_x is None:
             return batch.x
         return torch.cat([batch.x, batch.aux_x.to(batch.x.dtype)])
@@ -96,6 +116,17 @@ class Objective(nn.Module):
 
     def heads(self, logits: torch.Tensor, features: torch.Tensor) -> dict[str, torch.Tensor]:
         return {PRIMARY: logits}
+
+
+@dataclass
+class Pass:
+    """The model's outputs on every row of a set, in row order: logits [N,C], features [N,D], row index [N] and the
+    rows' labels [N] (ID class, or aux class index / -1)."""
+
+    logits: torch.Tensor
+    features: torch.Tensor
+    index: torch.Tensor
+    labels: torch.Tensor
 
 
 class CrossEntropy(Objective):
@@ -238,6 +269,49 @@ class _TensorBatches:
             yield {"x": self.features[index], "y": self.labels[index], "index": index, "failed": []}
 
 
+class _PooledTensorBatches:
+    """ID and aux feature rows shuffled into one pool, cut into batches of `batch_size`; each batch is split back into
+    its ID part (`x`, `y`, `index`) and its aux part (`aux`: the same keys)."""
+
+    def __init__(self, features: np.ndarray, labels: np.ndarray, aux_features: np.ndarray, aux_labels: np.ndarray,
+                 batch_size: int, seed: int, drop_last: bool):
+        self.n_id = len(labels)
+        self.pool = _TensorBatches(np.concatenate([np.asarray(features, np.float32), np.asarray(aux_features, np.float32)]),
+                                   np.concatenate([labels, aux_labels]), batch_size, True, seed, drop_last)
+
+    def __len__(self) -> int:
+        return len(self.pool)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in self.pool:
+            is_id = batch["index"] < self.n_id
+            aux = {"x": batch["x"][~is_id], "y": batch["y"][~is_id], "index": batch["index"][~is_id] - self.n_id, "failed": []}
+            yield {"x": batch["x"][is_id], "y": batch["y"][is_id], "index": batch["index"][is_id], "failed": [], "aux": aux}
+
+
+class _PooledRows(Dataset):
+    """ID rows then aux rows as one dataset (for a pooled image loader); items carry their source."""
+
+    def __init__(self, train: Dataset, aux: Dataset):
+        self.train, self.aux = train, aux
+
+    def __len__(self) -> int:
+        return len(self.train) + len(self.aux)
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        n = len(self.train)
+        return (*self.train[i], "id") if i < n else (*self.aux[i - n], "aux")
+
+
+def _collate_pooled(items: list[tuple[Any, ...]]) -> dict[str, Any]:
+    out = _collate([it[:4] for it in items if it[4] == "id"])
+    aux = _collate([it[:4] for it in items if it[4] == "aux"])
+    if out["x"] is None and aux["x"] is not None:  # a batch of aux rows only: an empty ID part of the right shape
+        out["x"] = aux["x"][:0]
+    out["aux"] = aux
+    return out
+
+
 def _collate(items: list[tuple[Any, int, int, str]]) -> dict[str, Any]:
     ok = [it for it in items if it[0] is not None]
     return {
@@ -248,9 +322,10 @@ def _collate(items: list[tuple[Any, int, int, str]]) -> dict[str, Any]:
     }
 
 
-def _loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, num_workers: int, drop_last: bool = False) -> DataLoader:
+def _loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, num_workers: int, drop_last: bool = False,
+            collate: Callable[[list[Any]], dict[str, Any]] = _collate) -> DataLoader:
     generator = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers, collate_fn=_collate,
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, num_workers=num_workers, collate_fn=collate,
                       generator=generator, drop_last=drop_last, persistent_workers=False,
                       worker_init_fn=_seed_worker if num_workers else None)
 
@@ -300,10 +375,12 @@ def aux_batch_size(objective: Objective, batch_size: int, n_train: int, n_aux: i
 @dataclass
 class TrainResult:
     """What a training run produced: per-epoch history (mean loss, validation accuracy per level and `overall`),
-    images that failed to load (each once), the number of optimiser steps, seconds, and the aux class vocabulary."""
+    images that failed to load (each once), the learning rate of every optimiser step (`lrs`), the number of steps,
+    seconds, and the aux class vocabulary."""
 
     history: list[dict[str, float]] = field(default_factory=list)
     failures: list[LoadFailure] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
     steps: int = 0
     seconds: float = 0.0
     aux_vocab: list[Any] = field(default_factory=list)
@@ -321,7 +398,12 @@ class _Step(nn.Module):
         self.model, self.objective = model, objective
 
     def forward(self, batch: TrainBatch) -> torch.Tensor:
-        logits, features = self.model(self.objective.inputs(batch))
+        inputs = self.objective.inputs(batch)
+        if isinstance(inputs, (tuple, list)):  # separate forward passes (batch-norm statistics per pass)
+            outputs = [self.model(x) for x in inputs]
+            logits, features = torch.cat([o[0] for o in outputs]), torch.cat([o[1] for o in outputs])
+        else:
+            logits, features = self.model(inputs)
         return self.objective.loss(logits, features, batch)
 
 
@@ -367,20 +449,29 @@ def _target_values(rows: list[dict[str, Any]], fields: dict[str, str], what: str
 def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: Any, val_loader: Any, train_targets: dict[str, np.ndarray], val_targets: dict[str, np.ndarray], *,
          epochs: int, lr: float, weight_decay: float, warmup_epochs: float, seed: int, precision: str,
          result: TrainResult, failed_files: Callable[[str, int], str], desc: str) -> TrainResult:
-    from accelerate import Accelerator
+    from accelerate import Accelerator, DistributedDataParallelKwargs
     from transformers import get_cosine_schedule_with_warmup
 
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
-    accelerator = Accelerator(mixed_precision=_mixed_precision(precision), cpu=resolve_device().type == "cpu")
+    handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)] if objective.replaces_head else []
+    accelerator = Accelerator(mixed_precision=_mixed_precision(precision), cpu=resolve_device().type == "cpu",
+                              kwargs_handlers=handlers)
     step_module = _Step(model, objective)
-    optimizer = torch.optim.AdamW([p for p in step_module.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
-    steps_per_epoch = max(1, len(train_loader))
-    scheduler = get_cosine_schedule_with_warmup(optimizer, int(round(warmup_epochs * steps_per_epoch)), epochs * steps_per_epoch)
-    step_module, optimizer, scheduler = accelerator.prepare(step_module, optimizer, scheduler)
+    no_decay = {id(p) for p in objective.no_decay_parameters()}
+    trainable = [p for p in step_module.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trainable if id(p) not in no_decay]},
+              {"params": [p for p in trainable if id(p) in no_decay], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay)
+    step_module, optimizer = accelerator.prepare(step_module, optimizer)
     # image loaders are sharded across processes by accelerate; cached-feature batches are small and stay whole
     train_loader, aux_loader, val_loader = (accelerator.prepare(x) if isinstance(x, DataLoader) else x
                                             for x in (train_loader, aux_loader, val_loader))
+    # The schedule counts this process's optimiser steps (the prepared loader's length), and is stepped once per step
+    # (not through accelerate, whose scheduler wrapper steps once per process and per step: right for sharded image
+    # batches counted before sharding, wrong for whole cached-feature batches, where it ended the cosine early).
+    steps_per_epoch = max(1, len(train_loader))
+    scheduler = get_cosine_schedule_with_warmup(optimizer, int(round(warmup_epochs * steps_per_epoch)), epochs * steps_per_epoch)
     device = accelerator.device
     aux_stream = _cycle(aux_loader) if aux_loader is not None else None
     seen_failures: set[tuple[str, int]] = set()
@@ -393,20 +484,27 @@ def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: 
                 seen_failures.add(key)
                 result.failures.append(LoadFailure(index, failed_files(split, index), reason))
 
+    pass_loaders = _pass_loaders(train_loader, aux_loader, objective.pooled)
     if objective.needs_calibration:
         inner = accelerator.unwrap_model(step_module)
         inner.eval()
-        id_logits = _all_logits(inner.model, train_loader, device, accelerator)
-        aux_logits = _all_logits(inner.model, aux_loader, device, accelerator) if aux_loader is not None else None
-        inner.objective.calibrate(id_logits, aux_logits)
+        id_pass = _all_outputs(inner.model, pass_loaders[0], device, accelerator)
+        aux_pass = _all_outputs(inner.model, pass_loaders[1], device, accelerator) if pass_loaders[1] is not None else None
+        inner.objective.calibrate(id_pass.logits, None if aux_pass is None else aux_pass.logits)
 
     for epoch in range(epochs):
+        if objective.needs_epoch_pass:
+            inner = accelerator.unwrap_model(step_module)
+            inner.eval()
+            id_pass = _all_outputs(inner.model, pass_loaders[0], device, accelerator)
+            aux_pass = _all_outputs(inner.model, pass_loaders[1], device, accelerator) if pass_loaders[1] is not None else None
+            inner.objective.epoch_start(epoch, id_pass, aux_pass)
         step_module.train()
         total, count = 0.0, 0
         bar = tqdm(train_loader, desc=f"{desc} epoch {epoch + 1}/{epochs}", leave=False, disable=not accelerator.is_local_main_process)
         for step, raw in enumerate(bar):
             record(raw["failed"], "train")
-            aux = next(aux_stream) if aux_stream is not None else None
+            aux = raw["aux"] if "aux" in raw else next(aux_stream) if aux_stream is not None else None
             if aux is not None:
                 record(aux["failed"], "aux")
             if raw["x"] is None:
@@ -421,13 +519,17 @@ def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: 
                 aux_x=aux["x"].to(device) if aux is not None and aux["x"] is not None else None,
                 aux_y=aux["y"].to(device) if aux is not None and aux["x"] is not None else None,
                 generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch * 10_007 + step),
+                index=index.to(device),
+                aux_index=aux["index"].to(device) if aux is not None and aux["x"] is not None else None,
             )
             with accelerator.autocast():
                 loss = step_module(batch)
             optimizer.zero_grad(set_to_none=True)
             accelerator.backward(loss)
             optimizer.step()
-            scheduler.step()
+            result.lrs.append(float(optimizer.param_groups[0]["lr"]))
+            if not accelerator.optimizer_step_was_skipped:  # fp16 overflow: no step taken, the schedule waits
+                scheduler.step()
             result.steps += 1
             total += float(loss.detach()) * batch.n_id
             count += batch.n_id
@@ -441,15 +543,60 @@ def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: 
     return result
 
 
+class _SplitPool:
+    """One side ("id" or "aux") of a pooled loader, as a loader of its own (for the calibration / epoch passes)."""
+
+    def __init__(self, pooled: Any, side: str):
+        self.pooled, self.side = pooled, side
+
+    def __len__(self) -> int:
+        return len(self.pooled)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for raw in self.pooled:
+            part = raw["aux"] if self.side == "aux" else raw
+            if part["x"] is not None and len(part["x"]):
+                yield part
+
+
+def _pass_loaders(train_loader: Any, aux_loader: Any, pooled: bool) -> tuple[Any, Any]:
+    """Loaders over every ID-train / aux row for the calibration and epoch passes: cached features in order and
+    without dropping the last batch; image loaders as they are (a dropped last batch stays unseen)."""
+    if isinstance(train_loader, _PooledTensorBatches):
+        pool = train_loader.pool
+        n = train_loader.n_id
+        return (_TensorBatches(pool.features[:n].numpy(), pool.labels[:n].numpy(), pool.batch_size, False, 0, False),
+                _TensorBatches(pool.features[n:].numpy(), pool.labels[n:].numpy(), pool.batch_size, False, 0, False))
+    if pooled:
+        return _SplitPool(train_loader, "id"), _SplitPool(train_loader, "aux")
+
+    def ordered(loader: Any) -> Any:
+        if isinstance(loader, _TensorBatches):
+            return _TensorBatches(loader.features.numpy(), loader.labels.numpy(), loader.batch_size, False, 0, False)
+        return loader
+
+    return ordered(train_loader), None if aux_loader is None else ordered(aux_loader)
+
+
 @torch.no_grad()
-def _all_logits(model: nn.Module, loader: Any, device: torch.device, accelerator: Any) -> torch.Tensor:
-    """float32 logits of every loadable row of `loader` (one pass, no gradient), gathered from every process."""
-    parts = []
-    for raw in tqdm(loader, desc="calibration pass", leave=False, disable=not accelerator.is_local_main_process):
+def _all_outputs(model: nn.Module, loader: Any, device: torch.device, accelerator: Any) -> Pass:
+    """float32 logits and features of every loadable row of `loader` (one pass, no gradient), gathered from every
+    process, sorted by row index with duplicates (whole batches seen by several processes) removed."""
+    logits, features, index, labels = [], [], [], []
+    for raw in tqdm(loader, desc="pass over the training rows", leave=False, disable=not accelerator.is_local_main_process):
         if raw["x"] is not None:
             with accelerator.autocast():
-                parts.append(accelerator.gather_for_metrics(model(raw["x"].to(device))[0].float()))
-    return torch.cat(parts)
+                z, h = model(raw["x"].to(device))
+            logits.append(accelerator.gather_for_metrics(z.float()))
+            features.append(accelerator.gather_for_metrics(h.float()))
+            index.append(accelerator.gather_for_metrics(raw["index"].to(device)))
+            labels.append(accelerator.gather_for_metrics(raw["y"].to(device)))
+    if not logits:
+        raise ValueError("no loadable row in a training set: nothing to compute the model's outputs on")
+    z, h, i, y = torch.cat(logits), torch.cat(features), torch.cat(index), torch.cat(labels)
+    i, first = np.unique(i.cpu().numpy(), return_index=True)
+    first = torch.as_tensor(first, device=z.device)
+    return Pass(z[first].cpu(), h[first].cpu(), torch.as_tensor(i), y[first].cpu())
 
 
 @torch.no_grad()
@@ -504,9 +651,14 @@ def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: fl
     feature_dim = classifier.head.in_features
     objective.setup(feature_dim, classifier.head.out_features, len(aux_vocab))
     preprocess = classifier.preprocess
-    train_loader = _loader(_ImageRows(train, _manifest_labels(train, "train"), preprocess, augment), batch_size, True, seed, num_workers, drop_last=len(train) > batch_size)
+    train_rows = _ImageRows(train, _manifest_labels(train, "train"), preprocess, augment)
     aux_loader = None
-    if objective.uses_aux:
+    if objective.uses_aux and objective.pooled:
+        pool = _PooledRows(train_rows, _ImageRows(aux, aux_y, preprocess, augment))
+        train_loader = _loader(pool, batch_size, True, seed, num_workers, drop_last=len(pool) > batch_size, collate=_collate_pooled)
+    else:
+        train_loader = _loader(train_rows, batch_size, True, seed, num_workers, drop_last=len(train) > batch_size)
+    if objective.uses_aux and not objective.pooled:
         aux_size = aux_batch_size(objective, batch_size, len(train), len(aux))
         aux_loader = _loader(_ImageRows(aux, aux_y, preprocess, augment), aux_size, True, seed + 1, num_workers, drop_last=len(aux) > aux_size)
     val_loader = _loader(_ImageRows(val, val.labels(), preprocess, None), batch_size, False, seed, num_workers) if val is not None else None
@@ -551,9 +703,13 @@ def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray,
         aux_y = np.full(len(aux_features), -1, dtype=np.int64) if aux_labels is None else np.asarray(aux_labels, dtype=np.int64)
         n_aux_classes = int(aux_y.max()) + 1 if (aux_y >= 0).any() else 0
     objective.setup(layer.in_features, layer.out_features, n_aux_classes)
-    train_loader = _TensorBatches(train_features, labels, batch_size, True, seed, drop_last=len(labels) > batch_size)
     aux_loader = None
-    if objective.uses_aux:
+    if objective.uses_aux and objective.pooled:
+        train_loader = _PooledTensorBatches(train_features, labels, aux_features, aux_y, batch_size, seed,
+                                            drop_last=len(labels) + len(aux_y) > batch_size)
+    else:
+        train_loader = _TensorBatches(train_features, labels, batch_size, True, seed, drop_last=len(labels) > batch_size)
+    if objective.uses_aux and not objective.pooled:
         aux_size = aux_batch_size(objective, batch_size, len(labels), len(aux_y))
         aux_loader = _TensorBatches(aux_features, aux_y, aux_size, True, seed + 1, drop_last=len(aux_y) > aux_size)
     val_loader = None

@@ -29,6 +29,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target-taxon", default=None, help="value of the `taxon` column that is the target (others: non-target OOD)")
     p.add_argument("--non-local-cap", type=int, default=30, help="test images a non-local species (default 30)")
     p.add_argument("--aux-per-species", type=int, default=20, help="auxiliary train images a species (default 20; 0 = no cap)")
+    p.add_argument("--aux-species", type=int, default=8000,
+                   help="auxiliary species drawn among those with >= aux-per-species images (default 8000, Open-Insects; "
+                        "0 = every auxiliary species)")
+    p.add_argument("--aux-species-c-america", type=int, default=4000, help="the same for c-america (default 4000)")
+    p.add_argument("--min-images", type=int, default=5, help="drop species with fewer images (default 5; 1 keeps all)")
+    p.add_argument("--id-fractions", type=float, nargs=3, default=(0.7, 0.1, 0.2), metavar=("TRAIN", "VAL", "TEST"),
+                   help="ID split per species (default AMI-GBIF 0.7 0.1 0.2; test/val only for species with >= 1/fraction images)")
+    p.add_argument("--id-val-cap", type=int, default=10, help="ID val images a species at most (default 10; 0 = no cap; "
+                   "c-america is left uncapped as in the reference code)")
+    p.add_argument("--allow-missing-id-species", action="store_true",
+                   help="warn instead of failing when an ID species is not in the occurrence table (or has too few images)")
     p.add_argument("--aux-val-size", type=int, default=None, help="auxiliary val images (default: as many as ID val)")
     p.add_argument("--id-cap", type=int, default=None, help="images an ID species at most (default: all)")
     p.add_argument("--local-cap", type=int, default=None, help="images a local OOD species at most (default: all)")
@@ -48,7 +59,10 @@ def main(argv: list[str] | None = None) -> None:
     config = SplitConfig(regions=regions, pad_lat=args.pad[0], pad_lon=args.pad[1], non_local_box=args.non_local_box,
                          non_local_cap=args.non_local_cap, aux_per_species=args.aux_per_species or None,
                          aux_val_size=args.aux_val_size, id_cap=args.id_cap, local_cap=args.local_cap,
-                         non_target_cap=args.non_target_cap, target_taxon=args.target_taxon, seed=args.seed)
+                         non_target_cap=args.non_target_cap, target_taxon=args.target_taxon, seed=args.seed,
+                         aux_species=args.aux_species or None, aux_species_by_region={"c-america": args.aux_species_c_america or None},
+                         min_images=args.min_images, id_fractions=tuple(args.id_fractions), id_val_cap=args.id_val_cap or None,
+                         allow_missing_id_species=args.allow_missing_id_species)
     if args.synthetic:
         occ, ids = synthetic_occurrences(args.synthetic, seed=args.seed)
         folder = args.out / "synthetic"
@@ -66,7 +80,16 @@ def main(argv: list[str] | None = None) -> None:
     print(summary.to_string(index=False))
     for region, folder in written.items():
         print(f"wrote {folder}/metadata.jsonl ({region})")
+        missing = config_missing(folder)
+        if missing:
+            print(f"  warning: {len(missing)} ID species of {region} not in the splits, e.g. {missing[:5]}")
     print(f"done in {time.perf_counter() - start:.1f} s; summary in {args.out / 'summary.md'}")
+
+
+def config_missing(folder: Path) -> list[str]:
+    import json
+
+    return json.loads((folder / "manifest_info.json").read_text()).get("missing_id_species", [])
 
 
 if __name__ == "__main__":

@@ -7,6 +7,12 @@ A training-time detector builds an `Objective` (its loss) from its parameters an
   (`pipelines.training.train_heads`); the head starts from `head` (or from random weights when none is given).
 Either way the trained closed-set head and the method's extra arrays (branch heads, ...) become the detector's state,
 and `score(FeatureSet)` recomputes every logit from `features` with them (cached logits are not used).
+
+Training x post-hoc scoring: `transform(batch)` gives the FeatureSet as the trained model sees it (its features and the
+closed-set logits of its trained head, labels kept) and `trained_head` that head as a `LinearHead`, so any post-hoc
+detector can be fitted on `transform(id_train)` with `head=trained_head` and score `transform(split)`. Methods whose
+closed-set logits are not a plain linear layer on the features say how they map (G-ODIN: cosine head on L2-normalised
+features; ARPL: reciprocal-point logits, linear up to a per-row constant).
 """
 from __future__ import annotations
 
@@ -18,8 +24,9 @@ import torch
 from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, as_numpy
 from pipelines.training import Objective, finetune, train_heads
 
+# Open-Insects recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine with 2 warm-up epochs, batch 512.
 TRAINING_DEFAULTS: dict[str, Any] = {
-    "epochs": 30, "lr": 1e-3, "batch_size": 64, "weight_decay": 1e-5, "warmup_epochs": 2, "seed": 0,
+    "epochs": 30, "lr": 1e-3, "batch_size": 512, "weight_decay": 1e-5, "warmup_epochs": 2, "seed": 0,
     "precision": "auto", "num_workers": 0, "aux_label_field": None,
 }
 
@@ -126,12 +133,35 @@ class TrainedDetector(Detector):
                           aux_label_field=self.params["aux_label_field"], **common)
         return self.classifier.head, result
 
-    def _score(self, batch: FeatureSet) -> np.ndarray:
-        if not self.fitted or self.head is None:
-            raise RuntimeError(f"{self.name}: call fit() (or from_pretrained) before score()")
+    # -- the trained model as a feature extractor (for post-hoc rules) -----------------------------------------
+    def scored_features(self, features: np.ndarray) -> np.ndarray:
+        """The features the trained closed-set head reads (default: the features themselves), float64."""
+        return features
+
+    def closed_logits(self, features: np.ndarray) -> np.ndarray:
+        """The trained model's closed-set logits on float64 `scored_features` (default: the trained linear head)."""
+        return self.head(features)
+
+    @property
+    def trained_head(self) -> LinearHead:
+        """The trained closed-set head on `transform(...).features`: logits = features @ weight.T + bias."""
+        self._check_fitted()
+        return self.head
+
+    def transform(self, batch: FeatureSet) -> FeatureSet:
+        """`batch` as the trained model sees it: features read by its closed-set head, that head's logits, labels kept."""
+        self._check_fitted()
         batch.require("features", who=self.name)
-        features = np.asarray(batch.features, dtype=np.float64)
-        return self._score_logits(self.head(features), features)
+        features = self.scored_features(np.asarray(batch.features, dtype=np.float64))
+        return FeatureSet(features, self.closed_logits(features), batch.labels)
+
+    def _check_fitted(self) -> None:
+        if not self.fitted or self.head is None:
+            raise RuntimeError(f"{self.name}: call fit() (or from_pretrained) first")
+
+    def _score(self, batch: FeatureSet) -> np.ndarray:
+        seen = self.transform(batch)
+        return self._score_logits(seen.logits, seen.features)
 
     # -- state ----------------------------------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:

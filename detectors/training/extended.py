@@ -14,6 +14,6 @@ from detectors.training.novel_branch import BranchDetector
 @register_detector("extended")
 class Extended(BranchDetector):
     paper = "Chen et al., Open-Insects: a benchmark for open-set recognition of insects (Extended baseline)"
-    method_defaults: dict[str, Any] = {"score_rule": "msp"}
+    method_defaults: dict[str, Any] = {"score_rule": "msp", "pooled": True}
     search_space = {"score_rule": ["msp", "novel"]}
     per_species = True

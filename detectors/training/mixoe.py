@@ -1,11 +1,13 @@
 """MixOE (Zhang et al., WACV 2023): mix ID and outlier images, train the mixtures toward a soft label that moves from
 the ID class to the uniform distribution in proportion to the outlier share.
 
-Following the official code (zjysteven/MixOE): one lam ~ Beta(alpha, alpha) per batch; cutmix pastes an outlier box
-into the ID images and resets lam to the kept ID area; mixup blends lam * x_id + (1 - lam) * x_aux. Soft target
-lam * onehot(y) + (1 - lam) / C; loss = CE(ID) + beta * soft-CE(mixtures). (The OpenOOD / Open-Insects port draws
-lam ~ Beta(alpha, beta) and weights with lambda_oe; we keep the paper's code.) In the heads-only mode inputs are
-feature vectors, so only mixup applies (manifold mixup of penultimate features).
+Defaults: the Open-Insects recipe (its OpenOOD-based `mixoe` trainer, `train_mixoe.yml`): one lam ~ Beta(alpha=0.1,
+beta=1.0) per batch, `mix_op="cutmix"` (an outlier box pasted into the ID images, lam reset to the kept ID area; mixup
+blends lam * x_id + (1 - lam) * x_aux), soft target lam * onehot(y) + (1 - lam) / C,
+loss = CE(ID) + lambda_oe (1.0) * soft-CE(mixtures), the ID batch and the mixtures run as two forward passes
+(`passes=2`; 1 = one concatenated pass). The paper's own code (zjysteven/MixOE) draws lam ~ Beta(1, 1) and weights
+the mixed term by 5: `alpha=1.0, beta=1.0, lambda_oe=5.0`. In the heads-only mode inputs are feature vectors without a
+spatial layout, so cutmix falls back to mixup there (manifold mixup of penultimate features).
 """
 from __future__ import annotations
 
@@ -37,11 +39,13 @@ def cutmix_box(height: int, width: int, lam: float, generator: torch.Generator) 
 class MixOELoss(Objective):
     uses_aux = True
 
-    def __init__(self, mix_op: str = "mixup", alpha: float = 1.0, beta: float = 5.0):
+    def __init__(self, mix_op: str = "cutmix", alpha: float = 0.1, beta: float = 1.0, lambda_oe: float = 1.0, passes: int = 2):
         super().__init__()
         if mix_op not in ("mixup", "cutmix"):
             raise ValueError(f"mix_op must be 'mixup' or 'cutmix', got {mix_op!r}")
-        self.mix_op, self.alpha, self.beta = mix_op, float(alpha), float(beta)
+        if passes not in (1, 2):
+            raise ValueError(f"passes must be 1 or 2, got {passes!r}")
+        self.mix_op, self.alpha, self.beta, self.lambda_oe, self.passes = mix_op, float(alpha), float(beta), float(lambda_oe), passes
         self._mixed: tuple[int, float] = (0, 1.0)
 
     def mix(self, x: torch.Tensor, aux_x: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, float]:
@@ -49,24 +53,22 @@ class MixOELoss(Objective):
         k = min(len(x), len(aux_x))
         x, aux_x = x[:k], aux_x[:k].to(x.dtype)
         generator = generator if generator is not None else torch.default_generator
-        lam = _beta_sample(self.alpha, generator)
-        if self.mix_op == "mixup":
+        lam = beta_sample(self.alpha, self.beta, generator)
+        if self.mix_op == "mixup" or x.dim() != 4:  # feature vectors (heads-only) cannot be cut: mixup
             return lam * x + (1.0 - lam) * aux_x, lam
-        if x.dim() != 4:
-            raise ValueError("mix_op='cutmix' needs image inputs [B,C,H,W]; use mix_op='mixup' on cached features")
         top, left, bottom, right = cutmix_box(x.shape[-2], x.shape[-1], lam, generator)
         mixed = x.clone()
         mixed[:, :, top:bottom, left:right] = aux_x[:, :, top:bottom, left:right]
         lam = 1.0 - (bottom - top) * (right - left) / (x.shape[-2] * x.shape[-1])
         return mixed, lam
 
-    def inputs(self, batch: TrainBatch) -> torch.Tensor:
+    def inputs(self, batch: TrainBatch) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if batch.aux_x is None:
             self._mixed = (0, 1.0)
             return batch.x
         mixed, lam = self.mix(batch.x, batch.aux_x, batch.generator)
         self._mixed = (len(mixed), lam)
-        return torch.cat([batch.x, mixed])
+        return (batch.x, mixed) if self.passes == 2 else torch.cat([batch.x, mixed])
 
     def loss(self, logits: torch.Tensor, features: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
         z = logits.float()
@@ -76,14 +78,14 @@ class MixOELoss(Objective):
             num_classes = z.shape[1]
             onehot = F.one_hot(batch.y[:k], num_classes).float()
             soft = lam * onehot + (1.0 - lam) / num_classes
-            loss = loss + self.beta * soft_cross_entropy(z[batch.n_id: batch.n_id + k], soft)
+            loss = loss + self.lambda_oe * soft_cross_entropy(z[batch.n_id: batch.n_id + k], soft)
         return loss
 
 
-def _beta_sample(alpha: float, generator: torch.Generator) -> float:
-    """Beta(alpha, alpha) from two seeded Gamma draws (torch's Beta sampler takes no generator)."""
-    a = torch._standard_gamma(torch.tensor([alpha, alpha], dtype=torch.float64), generator=generator)
-    return float(a[0] / a.sum())
+def beta_sample(a: float, b: float, generator: torch.Generator) -> float:
+    """One Beta(a, b) draw from two seeded Gamma draws, X / (X + Y) (torch's Beta sampler takes no generator)."""
+    g = torch._standard_gamma(torch.tensor([a, b], dtype=torch.float64), generator=generator)
+    return float(g[0] / g.sum())
 
 
 @register_detector("mixoe")
@@ -91,9 +93,9 @@ class MixOE(TrainedDetector):
     """Train with MixOE on ID + auxiliary data, score with MSP."""
 
     paper = "Zhang et al., Mixture Outlier Exposure: Towards Out-of-Distribution Detection in Fine-grained Environments, WACV 2023"
-    method_defaults = {"mix_op": "mixup", "alpha": 1.0, "beta": 5.0, "score_rule": "msp"}
-    search_space = {"beta": [1.0, 5.0, 10.0]}
+    method_defaults = {"mix_op": "cutmix", "alpha": 0.1, "beta": 1.0, "lambda_oe": 1.0, "passes": 2, "score_rule": "msp"}
+    search_space = {"lambda_oe": [1.0, 5.0, 10.0]}
 
     def objective(self) -> Objective:
         p = self.params
-        return MixOELoss(p["mix_op"], p["alpha"], p["beta"])
+        return MixOELoss(p["mix_op"], p["alpha"], p["beta"], p["lambda_oe"], p["passes"])

@@ -5,7 +5,9 @@ Extended (extended.py) shares the loss and the scores defined here.
 NovelBranch's second head has C+1 classes (every auxiliary sample is the one "novel" class C); Extended's has C+A
 classes (each of the A auxiliary species is its own class). Loss = mean of CE(second head, all samples) and
 CE(closed head, ID samples) (only the first term when a batch has no ID sample), as in the Open-Insects trainer. ID and
-auxiliary rows are drawn in proportion to the set sizes, as if shuffled into one pool. Scores (`score_rule`):
+auxiliary rows come from one pooled, shuffled loader (`pooled=True`, the recipe: batches of `batch_size` mixed rows,
+an epoch covers both sets); `pooled=False` draws an ID batch of `batch_size` plus an aux batch in proportion to the
+set sizes each step (an epoch covers the ID set). Scores (`score_rule`):
 "msp" on the closed head (default), or "novel": NovelBranch -logit_novel (the official postprocessor), Extended
 -logsumexp over the A auxiliary logits (the same quantity when the A classes are merged into one).
 """
@@ -29,9 +31,9 @@ class BranchLoss(Objective):
     uses_aux = True
     aux_batch_ratio = None
 
-    def __init__(self, per_species: bool):
+    def __init__(self, per_species: bool, pooled: bool = True):
         super().__init__()
-        self.per_species = per_species
+        self.per_species, self.pooled = per_species, bool(pooled)
         self.num_classes = 0
         self.branch: nn.Linear | None = None
 
@@ -67,7 +69,7 @@ class BranchDetector(TrainedDetector):
     per_species = False
 
     def objective(self) -> Objective:
-        return BranchLoss(self.per_species)
+        return BranchLoss(self.per_species, self.params["pooled"])
 
     def export(self, objective: Objective) -> dict[str, np.ndarray]:
         return linear_arrays(objective.branch, "branch")
@@ -88,5 +90,5 @@ class BranchDetector(TrainedDetector):
 @register_detector("novel_branch")
 class NovelBranch(BranchDetector):
     paper = "Chen et al., Open-Insects: a benchmark for open-set recognition of insects (NovelBranch baseline)"
-    method_defaults: dict[str, Any] = {"score_rule": "msp"}
+    method_defaults: dict[str, Any] = {"score_rule": "msp", "pooled": True}
     search_space = {"score_rule": ["msp", "novel"]}

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from gen.insects import (AUSTRALIA, REGIONS, Box, SplitConfig, build_splits, load_region, manifest_rows, rank_in_group,
-                         read_id_species, summarize, synthetic_occurrences, write_splits)
+                         read_id_species, read_table, summarize, synthetic_occurrences, write_splits)
 from pipelines.data import read_manifest
 
 NE = (50.0, -70.0)  # inside NE-America
@@ -50,8 +50,13 @@ def table(extra_non_target: int = 20) -> pd.DataFrame:
     return frame
 
 
+# the hand-built table's answers assume the former choices: every species kept, 4:1:5, no val cap, every aux species
+LEGACY = dict(min_images=1, id_fractions=(0.4, 0.1, 0.5), id_min_rule=False, id_val_cap=None, aux_species=None)
+
+
 def config(**kw) -> SplitConfig:
-    return SplitConfig(regions={k: REGIONS[k] for k in ("ne-america", "w-europe")}, target_taxon="moth", aux_val_size=0, **kw)
+    return SplitConfig(regions={k: REGIONS[k] for k in ("ne-america", "w-europe")}, target_taxon="moth", aux_val_size=0,
+                       **{**LEGACY, **kw})
 
 
 def species_in(frame: pd.DataFrame, *sets: str) -> set[str]:
@@ -114,7 +119,7 @@ def test_caps_and_aux_val_parameters():
     per = ne.groupby([ne["species"].astype(object), ne["set"].astype(object)]).size()
     assert per["aus1"]["non_local_test"] == 7 and per["auxKeep"]["aux_train"] == 3
     assert per["locBig"].sum() == 10
-    with_val = build_splits(table(), read_id_species(ID_SPECIES), SplitConfig(regions=config().regions, target_taxon="moth"))
+    with_val = build_splits(table(), read_id_species(ID_SPECIES), SplitConfig(regions=config().regions, target_taxon="moth", **LEGACY))
     ne = with_val.regions["ne-america"]
     assert (ne["set"] == "aux_val").sum() == (ne["set"] == "id_val").sum()  # aux val as large as ID val by default
     aux = ne[ne["set"] == "aux_train"]
@@ -197,7 +202,7 @@ def test_synthetic_table_end_to_end(tmp_path):
 def test_separate_non_target_table():
     occ = table(extra_non_target=0).drop(columns="taxon")
     extra = pd.DataFrame({"file_name": [f"other/{i}.jpg" for i in range(10)], "lat": 1.0, "lon": 2.0})
-    ne = build_splits(occ, read_id_species(ID_SPECIES), SplitConfig(regions=config().regions, aux_val_size=0),
+    ne = build_splits(occ, read_id_species(ID_SPECIES), SplitConfig(regions=config().regions, aux_val_size=0, **LEGACY),
                       non_target=extra).regions["ne-america"]
     nt = ne[ne["set"].isin(["non_target_test", "non_target_val"])]
     assert sorted(nt["file_name"]) == sorted(extra["file_name"]) and (nt["set"] == "non_target_val").sum() == 1
@@ -228,3 +233,76 @@ def test_numeric_species_keys_match_the_id_table():
     ne = build_splits(occ, read_id_species(ids), config()).regions["ne-america"]
     assert species_in(ne, "id_train", "id_val", "id_test") == {str(keys["idA"]), str(keys["idB"])}
     assert str(keys["locIn"]) in species_in(ne, "local_test", "local_val")
+
+
+def _float_keys(occ: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
+    """GBIF-style numeric species keys in a float column (one blank row makes pandas read the column as float)."""
+    keys = {name: 1000 + i for i, name in enumerate(SPECIES)}
+    occ = occ.copy()
+    occ["species"] = occ["species"].map(keys).astype(float)
+    occ.loc[len(occ)] = dict(species=np.nan, genus="G1", family="F1", lat=50.0, lon=-70.0, taxon="moth", file_name="img/blank.jpg")
+    return occ, keys
+
+
+def test_float_species_keys_still_match_the_id_table(tmp_path):
+    occ, keys = _float_keys(table())
+    assert occ["species"].dtype == float  # 1000.0, 1001.0, ... and one NaN
+    ids = pd.DataFrame({"region": ["ne-america", "ne-america", "w-europe"],
+                        "species": [keys["idA"], keys["idB"], keys["twoReg"]]})
+    for source in (occ, None):
+        if source is None:  # the same through CSV files, read back by read_table
+            occ.to_csv(tmp_path / "occ.csv", index=False)
+            ids.to_csv(tmp_path / "ids.csv", index=False)
+            source = read_table(tmp_path / "occ.csv")
+            got_ids = read_id_species(tmp_path / "ids.csv")
+        else:
+            got_ids = read_id_species(ids)
+        assert got_ids["ne-america"] == [str(keys["idA"]), str(keys["idB"])]
+        ne = build_splits(source, got_ids, config()).regions["ne-america"]
+        assert species_in(ne, "id_train", "id_val", "id_test") == {str(keys["idA"]), str(keys["idB"])}
+        assert not {str(keys["idA"]), str(keys["idB"])} & species_in(ne, "local_test", "local_val")
+
+
+def test_missing_id_species_is_an_error_unless_allowed():
+    ids = {"ne-america": ["idA", "idB", "noSuchSpecies"], "w-europe": ["twoReg"]}
+    with pytest.raises(ValueError, match="noSuchSpecies"):
+        build_splits(table(), ids, config())
+    allowed = build_splits(table(), ids, config(allow_missing_id_species=True))
+    assert allowed.missing_id_species["ne-america"] == ["noSuchSpecies"]
+    with pytest.raises(ValueError, match="fewer than min_images=5"):  # twoReg has 6 images, idB 13, idA 10: locIn 1
+        build_splits(table(), {"ne-america": ["idA", "locIn"]}, config(min_images=5))
+
+
+def test_id_counts_follow_the_ami_gbif_split():
+    from gen.insects import id_counts
+
+    sizes = np.arange(1, 60)
+    n_train, n_val = id_counts(sizes, (0.7, 0.1, 0.2))
+    test = np.where(sizes >= 5, (2 * sizes + 5) // 10, 0)  # round(0.2 n) half up, only with >= 1/0.2 images
+    val = np.where(sizes >= 10, (sizes + 5) // 10, 0)  # round(0.1 n) half up, only with >= 1/0.1 images
+    np.testing.assert_array_equal(n_val, val)
+    np.testing.assert_array_equal(n_train, sizes - test - val)
+
+
+def test_open_insects_recipe_numbers_at_a_scaled_size():
+    """Synthetic occurrences, the recipe scaled down (8,000 -> 30 aux species, 4,000 -> 15 for C-America): species
+    with < 5 images dropped, ID val <= 10 a species (C-America uncapped), aux species with >= 20 images, 20 each."""
+    occ, ids = synthetic_occurrences(60_000, seed=4)
+    cfg = SplitConfig(target_taxon="moth", aux_species=30, aux_species_by_region={"c-america": 15})
+    splits = build_splits(occ, read_id_species(ids), cfg)
+    images = occ[occ["taxon"] == "moth"]["species"].astype(str).value_counts()
+    for region, frame in splits.regions.items():
+        species = frame.loc[~frame["set"].astype(str).str.startswith("non_target"), "species"].astype(str)
+        assert images[species.unique()].min() >= 5
+        id_rows = frame[frame["set"].astype(str).str.startswith("id_")]
+        per = id_rows.groupby([id_rows["species"].astype(str), id_rows["set"].astype(str)]).size().unstack(fill_value=0)
+        n = images[per.index].to_numpy()
+        want_test = np.where(n >= 5, (2 * n + 5) // 10, 0)
+        want_val = np.where(n >= 10, (n + 5) // 10, 0)
+        np.testing.assert_array_equal(per["id_test"].to_numpy(), want_test)
+        np.testing.assert_array_equal(per["id_train"].to_numpy(), n - want_test - want_val)
+        np.testing.assert_array_equal(per.get("id_val", 0) * 1, want_val if region == "c-america" else np.minimum(want_val, 10))
+        assert (want_val > 10).any() or region != "ne-america"  # the cap is exercised
+        aux = frame[frame["set"] == "aux_train"]
+        per_aux = aux.groupby(aux["species"].astype(str)).size()
+        assert len(per_aux) == (15 if region == "c-america" else 30) and (per_aux == 20).all()

@@ -142,6 +142,13 @@ def test_multi_granularity_heads_save_and_load(tmp_path):
         np.testing.assert_array_equal(got, want)
 
 
+def _first_error(stderr: str) -> str:
+    """The lines around the first error of a failed torchrun (its tail is only the launcher's own traceback)."""
+    lines = stderr.splitlines()
+    first = next((i for i, line in enumerate(lines) if "Error" in line or "terminate" in line or "what()" in line), 0)
+    return "\n".join(lines[max(0, first - 20): first + 20])
+
+
 DDP_SCRIPT = """
 import json, os, sys, torch
 from torch import nn
@@ -165,6 +172,10 @@ result = finetune(clf, manifest, epochs=2, batch_size=4, lr=1e-2, warmup_epochs=
 with open(os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.json"), "w") as fh:  # one file per rank: stdout interleaves
     json.dump({"steps": result.steps, "loss": result.final["loss"], "head": clf.head.weight.sum().item(),
                "genus": objective.level_heads["genus"].weight.sum().item()}, fh)
+if torch.distributed.is_initialized():  # both ranks have written; skip the C++ teardown, which can abort (SIGABRT)
+    torch.distributed.barrier()
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(0)
 """
 
 
@@ -179,10 +190,113 @@ def test_two_processes_shard_batches_and_keep_weights_in_sync(tmp_path):
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(script), str(train.root), str(tmp_path)],
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), str(train.root), str(tmp_path)],
                           capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[2])
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, _first_error(done.stderr)
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert len(results) == 2
     assert results[0] == results[1]  # same weights, same (all-reduced) loss on both ranks
     assert results[0]["steps"] == 2 * 3  # 2 epochs x (6 batches / 2 processes)
+
+
+HEADS_SCRIPT = """
+import json, os, sys
+import numpy as np, torch
+from accelerate import PartialState
+from pipelines.training import train_heads
+torch.set_num_threads(1)
+PartialState(cpu=True)
+rng = np.random.default_rng(0)
+labels = np.repeat(np.arange(3), 20)
+features = np.eye(6)[labels] * 3 + rng.normal(size=(60, 6))
+layer, result = train_heads((np.zeros((3, 6)), np.zeros(3)), features, labels, epochs=4, lr=5e-2, batch_size=8,
+                            warmup_epochs=1, seed=0)
+out = {"lrs": result.lrs, "weight": layer.weight.detach().double().tolist(), "steps": result.steps}
+# objectives with a pooled ID+aux loader and a per-epoch pass over every row (gathered, de-duplicated)
+from detectors.training.novel_branch import BranchLoss
+from detectors.training.udg import UDGLoss
+aux = np.eye(6)[rng.integers(3, 6, 40)] * 3 + rng.normal(size=(40, 6))
+for name, objective in (("pooled", BranchLoss(False, pooled=True)), ("udg", UDGLoss(num_clusters=5, pca_dim=4))):
+    layer, result = train_heads((np.zeros((3, 6)), np.zeros(3)), features, labels, aux_features=aux, objective=objective,
+                                epochs=2, lr=5e-2, batch_size=8, warmup_epochs=0, seed=0)
+    out[name] = layer.weight.detach().double().tolist()
+rank = os.environ.get("RANK", "solo")
+with open(os.path.join(sys.argv[1], f"heads_{rank}.json"), "w") as fh:
+    json.dump(out, fh)
+if torch.distributed.is_initialized():  # both ranks have written; skip the C++ teardown, which can abort (SIGABRT)
+    torch.distributed.barrier()
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(0)
+"""
+
+
+def test_heads_only_schedule_is_the_same_for_one_and_two_processes(tmp_path):
+    """Cached-feature batches are not sharded, so each process takes every step: the cosine schedule and the trained
+    head must equal the one-process run (accelerate's scheduler wrapper would step twice a step and end it early).
+    Likewise with a pooled ID+aux loader (NovelBranch) and a per-epoch pass over every row (UDG's clustering)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import get_cosine_schedule_with_warmup
+
+    script = tmp_path / "heads.py"
+    script.write_text(HEADS_SCRIPT)
+    root = Path(__file__).parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    solo = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=240,
+                          cwd=root, env=env)
+    assert solo.returncode == 0, solo.stderr[-2000:]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    duo = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), str(tmp_path)], capture_output=True,
+                         text=True, timeout=240, cwd=root, env=env)
+    assert duo.returncode == 0, _first_error(duo.stderr)
+    one = json.loads((tmp_path / "heads_solo.json").read_text())
+    two = [json.loads((tmp_path / f"heads_{rank}.json").read_text()) for rank in (0, 1)]
+    # 60 rows, batch 8, drop_last -> 7 steps an epoch, 28 in all, 7 warm-up steps; lr of every step from the schedule
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=5e-2)
+    schedule = get_cosine_schedule_with_warmup(optimizer, 7, 28)
+    expected = []
+    for _ in range(28):
+        expected.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert one["steps"] == 28 and one["lrs"] == pytest.approx(expected, abs=1e-12)
+    for result in two:
+        assert result["lrs"] == pytest.approx(one["lrs"], abs=1e-12)
+        for key in ("weight", "pooled", "udg"):
+            np.testing.assert_allclose(result[key], one[key], rtol=0, atol=1e-6)
+
+
+def test_pooled_loader_shuffles_id_and_aux_rows_into_one_stream():
+    """Objectives with `pooled` (NovelBranch / Extended) see batches cut from one shuffled pool of ID + aux rows: every
+    batch has batch_size rows in all, and an epoch visits each row of both sets at most once (all but the dropped
+    remainder)."""
+    from pipelines.training import Objective
+
+    seen: list[tuple[np.ndarray, np.ndarray]] = []
+
+    class Record(Objective):
+        uses_aux, pooled = True, True
+
+        def loss(self, logits, features, batch):
+            seen.append((batch.index.numpy().copy(), batch.aux_index.numpy().copy()))
+            return logits.sum() * 0
+
+    n_id, n_aux, bs = 30, 50, 16
+    rng = np.random.default_rng(0)
+    labels = np.arange(n_id) % 3
+    _, result = train_heads(nn.Linear(4, 3), rng.normal(size=(n_id, 4)), labels, aux_features=rng.normal(size=(n_aux, 4)),
+                            aux_labels=np.full(n_aux, -1), objective=Record(), epochs=2, batch_size=bs, seed=0)
+    steps = (n_id + n_aux) // bs  # drop_last on the pooled set: 5 steps an epoch, not n_id // bs = 1
+    assert result.steps == 2 * steps and len(seen) == 2 * steps
+    for epoch in range(2):
+        ids = np.concatenate([s[0] for s in seen[epoch * steps:(epoch + 1) * steps]])
+        auxs = np.concatenate([s[1] for s in seen[epoch * steps:(epoch + 1) * steps]])
+        assert len(ids) + len(auxs) == steps * bs
+        assert len(set(ids)) == len(ids) and len(set(auxs)) == len(auxs)
+        assert set(ids) <= set(range(n_id)) and set(auxs) <= set(range(n_aux))
+    sizes = {len(a) + len(b) for a, b in seen}
+    assert sizes == {bs} and len({len(a) for a, _ in seen}) > 1  # the ID share varies from batch to batch

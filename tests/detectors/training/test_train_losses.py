@@ -69,7 +69,7 @@ def test_mixoe_mixup_loss():
     rng = np.random.default_rng(0)
     x, aux = torch.as_tensor(rng.normal(size=(4, 5))), torch.as_tensor(rng.normal(size=(6, 5)))
     y = torch.tensor([0, 2, 1, 2])
-    objective = MixOELoss("mixup", alpha=1.0, beta=5.0)
+    objective = MixOELoss("mixup", alpha=1.0, beta=1.0, lambda_oe=5.0, passes=1)  # the MixOE paper code's choices
     batch = TrainBatch(x=x, y=y, aux_x=aux, generator=torch.Generator().manual_seed(1))
     inputs = objective.inputs(batch)
     k, lam = objective._mixed
@@ -85,14 +85,48 @@ def test_mixoe_mixup_loss():
 
 def test_mixoe_cutmix_pastes_aux_box_and_lam_is_kept_area():
     x, aux = torch.zeros(2, 3, 16, 12), torch.ones(3, 3, 16, 12)
-    objective = MixOELoss("cutmix", alpha=2.0)
+    objective = MixOELoss("cutmix", alpha=2.0, beta=2.0)
     mixed, lam = objective.mix(x, aux, torch.Generator().manual_seed(5))
     pasted = float(mixed[0, 0].mean())  # share of pixels that came from the outlier image
     assert lam == pytest.approx(1 - pasted)
     top, left, bottom, right = cutmix_box(16, 12, 0.3, torch.Generator().manual_seed(2))
     assert 0 <= top <= bottom <= 16 and 0 <= left <= right <= 12
-    with pytest.raises(ValueError, match="cutmix"):
-        objective.mix(torch.zeros(2, 5), torch.zeros(2, 5), None)
+    feats, aux_feats = torch.zeros(2, 5), torch.ones(2, 5)  # feature vectors have no box to cut: mixup
+    mixed, lam = objective.mix(feats, aux_feats, torch.Generator().manual_seed(3))
+    torch.testing.assert_close(mixed, torch.full((2, 5), 1 - lam))
+
+
+def test_mixoe_recipe_defaults_two_passes_and_beta_draws():
+    """Open-Insects recipe: cutmix, lam ~ Beta(0.1, 1.0), weight 1.0, ID batch and mixtures as two forward passes."""
+    from scipy import stats
+
+    from detectors import build
+    from detectors.training.mixoe import beta_sample
+
+    objective = build("mixoe").objective()
+    assert (objective.mix_op, objective.alpha, objective.beta, objective.lambda_oe, objective.passes) == ("cutmix", 0.1, 1.0, 1.0, 2)
+    draws = [beta_sample(0.1, 1.0, torch.Generator().manual_seed(i)) for i in range(2000)]
+    assert stats.kstest(draws, stats.beta(0.1, 1.0).cdf).pvalue > 0.01
+    assert stats.kstest(draws, stats.beta(1.0, 1.0).cdf).pvalue < 1e-6
+    x, aux = torch.zeros(3, 3, 8, 8), torch.ones(3, 3, 8, 8)
+    batch = TrainBatch(x=x, y=torch.tensor([0, 1, 1]), aux_x=aux, generator=torch.Generator().manual_seed(0))
+    first, mixed = objective.inputs(batch)  # a tuple: the loop runs one forward pass each
+    assert first is x and mixed.shape == x.shape
+    k, lam = objective._mixed
+    assert lam == pytest.approx(1 - float(mixed[0, 0].mean()))
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(6, 2))
+    got = objective.loss(torch.as_tensor(logits, dtype=torch.float32), None, batch)
+    soft = lam * np.eye(2)[[0, 1, 1]] + (1 - lam) / 2
+    want = _ce(logits[:3], np.array([0, 1, 1])) + 1.0 * np.mean(-(soft * (logits[3:] - _lse(logits[3:])[:, None])).sum(1))
+    assert float(got.detach()) == pytest.approx(want, rel=1e-5)
+
+
+def test_energy_oe_defaults_to_data_margins():
+    from detectors import build
+
+    objective = build("energy_oe").objective()
+    assert objective.needs_calibration and objective.lam == 0.1
 
 
 @pytest.mark.parametrize("per_species", [False, True])
