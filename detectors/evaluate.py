@@ -13,6 +13,7 @@ Four steps, each its own unit of work:
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import time
@@ -247,7 +248,9 @@ class Runner:
         runtime = {"class_names": class_names, "cache_dir": str(self.cache_dir / cls.family), "device": self.config.device,
                    "precision": None if self.config.precision == "auto" else self.config.precision}
         if cls.accepts("classifier") and "classifier" not in params and self.config.model:
-            params["classifier"] = self._load_classifier()
+            # a training-time method fine-tunes its classifier: it gets its own copy, the others share one
+            clf = self._load_classifier()
+            params["classifier"] = copy.deepcopy(clf) if cls.family == "training" else clf
         for key, value in runtime.items():
             if value is not None and key not in params and cls.accepts(key):
                 params[key] = value
@@ -431,7 +434,7 @@ def _aux_rows(src: Source) -> Manifest:
     manifest = read_manifest(src.manifest).select(split=src.split)
     sets = src.sets or (["auxiliary"] if "auxiliary" in manifest.ood_sets() else None)
     if sets:
-        manifest = Manifest(manifest.root, [r for r in manifest.rows if r["role"] != "ood" or r["ood_set"] in sets])
+        manifest = Manifest(manifest.root, [r for r in manifest.rows if r["role"] == "ood" and r["ood_set"] in sets])
     n_id = sum(r["role"] == "id" for r in manifest.rows)
     if n_id:
         raise ConfigError(f"aux: {src.manifest} split {src.split!r} holds {n_id} ID rows (role id); auxiliary data must be "

@@ -582,7 +582,8 @@ def write_report(results: pd.DataFrame | str | os.PathLike, out_dir: str | os.Pa
         "families.md": render_families_markdown(families, scale),
         "families.csv": families.to_csv(index=False),
     }
-    if {"base", "rule"} <= set(frame.columns) and frame["base"].notna().any() and best_rule_on in set(frame["ood_set"]):
+    has_base = "base" in frame.columns and (frame["base"].fillna("").astype(str).str.strip() != "").any()
+    if has_base and "rule" in frame.columns and best_rule_on in set(frame["ood_set"]):
         best = best_rule_table(frame, best_rule_on)
         note = (f"Per training method, the post-hoc rule with the best AUROC on `{best_rule_on}`, reported on every "
                 f"set: FPR@95 / AUROC in percent. {_scale_note(scale)}")

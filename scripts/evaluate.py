@@ -26,7 +26,13 @@ def main(argv: list[str] | None = None) -> None:
     results = Runner(config).run()
     from pipelines.runtime import partial_state
 
-    if not partial_state().is_main_process:
+    state = partial_state()
+    if state.num_processes > 1:  # every rank done before the group is torn down
+        import torch.distributed as dist
+
+        state.wait_for_everyone()
+        dist.destroy_process_group()
+    if not state.is_main_process:
         return
     dump_config(config, Path(config.out) / "config.yaml")
     from detectors.report import render_summary

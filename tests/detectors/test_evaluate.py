@@ -172,7 +172,7 @@ def test_two_processes_give_the_one_process_results(digits, tmp_path):
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump(config))
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--nproc_per_node", "2", "scripts/evaluate.py", "--config", str(path)],
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "scripts/evaluate.py", "--config", str(path)],
                           capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-3000:]
     two = pd.read_csv(tmp_path / "two" / "results.csv")
@@ -225,3 +225,24 @@ def test_level_head_stays_with_aux_and_select(digits, tmp_path):
     got = got[got.method == "oe"]
     np.testing.assert_allclose(got[got.role == "id"]["score"], oe.score(test), atol=1e-6)
     np.testing.assert_allclose(got[got.role == "ood"]["score"], oe.score(near), atol=1e-6)
+
+
+def test_post_hoc_rules_rescore_a_trained_model(digits, tmp_path):
+    """`rules:` fit each post-hoc rule on the trained model's outputs (transform, trained_head); same as by hand."""
+    id_dir, ood_dir, model = digits
+    results = run_config(_config(digits, tmp_path / "run", ood=[{"manifest": str(ood_dir), "sets": ["digits_6_9"]}],
+                                 detectors=[{"name": "logitnorm", "params": {"epochs": 2}, "rules": ["ebo", "knn"]}]))
+    assert list(results["method"]) == ["logitnorm", "logitnorm+ebo", "logitnorm+knn"]
+    assert list(results["base"]) == ["logitnorm"] * 3 and list(results["rule"]) == ["", "ebo", "knn"]
+    clf = ImageClassifier.from_pretrained(model)
+    idm, oodm = read_manifest(id_dir), read_manifest(ood_dir)
+    train = extract_features(clf, idm.select(split="train", role="id"))
+    val = extract_features(clf, idm.select(split="val", role="id")).to_featureset()
+    test = extract_features(clf, idm.select(split="test", role="id")).to_featureset()
+    near = extract_features(clf, oodm.select(ood_set="digits_6_9")).to_featureset()
+    trained = build("logitnorm", epochs=2).fit(train.to_featureset(), head=train.head(), id_val=val)
+    for rule in ("ebo", "knn"):
+        post = build(rule).fit(trained.transform(train.to_featureset()), head=trained.trained_head, id_val=trained.transform(val))
+        expect = evaluate(post.score(trained.transform(test)), post.score(trained.transform(near)))
+        got = results[results.method == f"logitnorm+{rule}"].iloc[0]
+        assert got["auroc"] == pytest.approx(expect["auroc"], abs=1e-9) and got["fpr95"] == pytest.approx(expect["fpr95"], abs=1e-9)

@@ -21,4 +21,7 @@ def test_region_config_loads_and_builds(region):
         cls = detector_class(spec.name)
         if cls.family == "training":
             cls(**spec.params)  # the recipe defaults construct
-    assert bool(config.threshold_transfer) == (region == "c-america")  # the BCI field set is in Panama
+    assert bool(config.threshold_transfer) == bool(config.field) == (region == "c-america")  # BCI is in Panama
+    assert config.ood_val == {"manifest": f"splits/{region}", "split": "val", "sets": ["auxiliary"]}
+    trained = [s for s in specs if detector_class(s.name).family == "training" and s.name != "rotpred"]
+    assert all(s.rules == ["msp", "ebo", "mls", "react", "vim", "knn", "mds"] for s in trained)
