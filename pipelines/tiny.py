@@ -105,11 +105,16 @@ SD21_ID = "stabilityai/stable-diffusion-2-1-base"
 RESNET_ID = "microsoft/resnet-50"
 SDXL_VAE_FP16_ID = "madebyollin/sdxl-vae-fp16-fix"
 
+def _prefixed(section: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """`{"a": 1}` -> `{"section.a": 1}` (overrides of a nested config section)."""
+    return {f"{section}.{key}": value for key, value in fields.items()}
+
+
 TINY_VOCAB_SIZE = len(tiny_tokenizer_vocab()[0])  # the tiny BPE's size with the default words; BOS, EOS last
 
 # Only size fields change (hidden sizes, depths, heads, channels, sample/image sizes, the vocabulary size the tiny
 # BPE forces); every other value — token ids, activations, norm types and eps, scheduler flags, block types,
-# projection types — is the real config's. `tests/test_hub_configs.py` proves it per model id.
+# projection types — is the real config's. tests/pipelines/test_hub_configs.py proves it per model id.
 _TINY_TEXT = {"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
               "projection_dim": 32, "vocab_size": TINY_VOCAB_SIZE}
 _TINY_SDXL_UNET = {"block_out_channels": [32, 64, 64], "attention_head_dim": [2, 4, 4],
@@ -119,11 +124,6 @@ _TINY_CLIP_TEXT = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layer
                    "projection_dim": 16, "vocab_size": TINY_VOCAB_SIZE}
 _TINY_CLIP_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                      "projection_dim": 16, "image_size": 32, "patch_size": 8}
-
-
-def _prefixed(section: str, fields: dict[str, Any]) -> dict[str, Any]:
-    return {f"{section}.{key}": value for key, value in fields.items()}
-
 
 _TINY_VAE = {"block_out_channels": [32, 32, 64, 64], "sample_size": 64}
 _TINY_SD_UNET = {"block_out_channels": [32, 64, 64, 64], "cross_attention_dim": 32, "sample_size": 8}
@@ -183,6 +183,19 @@ TINY: dict[str, dict[str, dict[str, Any]]] = {
 }
 # Components a tiny pipeline folder leaves out (listed in the model_index check; never a size field).
 OMITTED_COMPONENTS: dict[str, tuple[str, ...]] = {SD15_ID: ("safety_checker", "requires_safety_checker")}
+
+
+def standin_fingerprint() -> str:
+    """A short hash of what decides the stand-ins: the shrink table and the kept real config files. A folder of
+    stand-ins built once and reused (e.g. `models: tiny` of generation jobs) is stale when this changes."""
+    import hashlib
+
+    from pipelines.hub import fixtures_root
+
+    digest = hashlib.sha256(json.dumps(TINY, sort_keys=True, default=str).encode())
+    for path in sorted(fixtures_root().rglob("*.json")):
+        digest.update(path.relative_to(fixtures_root()).as_posix().encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def tiny_config(model_id: str, file: str = "config.json") -> dict[str, Any]:

@@ -92,3 +92,10 @@ def test_diff_reports_a_changed_quirk():
     changed = json.loads(json.dumps(real))
     changed["text_config"]["eos_token_id"] = 49407
     assert set(hub.config_diff(real, changed)) == {"text_config.eos_token_id"}
+
+
+def test_standin_fingerprint_follows_the_shrink_table(monkeypatch):
+    before = tiny.standin_fingerprint()
+    assert before == tiny.standin_fingerprint() and len(before) == 16
+    monkeypatch.setitem(tiny.TINY[tiny.CLIP_ID]["config.json"], "projection_dim", 8)
+    assert tiny.standin_fingerprint() != before
