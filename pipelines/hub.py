@@ -17,6 +17,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 FIXTURES_ENV = "OODFORGE_HUB_FIXTURES"
+# The only fields a stand-in may change: widths, depths, head counts, channels, spatial and vocabulary sizes.
+SIZE_FIELDS = frozenset({
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "projection_dim", "vocab_size",
+    "block_out_channels", "attention_head_dim", "transformer_layers_per_block", "cross_attention_dim",
+    "addition_time_embed_dim", "projection_class_embeddings_input_dim", "sample_size", "image_size", "patch_size",
+    "neck_hidden_sizes", "fusion_hidden_size", "backbone_featmap_shape", "pooler_output_size", "hidden_sizes",
+    "embedding_size", "depths", "num_groups", "size", "crop_size",
+})
+# Image-processor fields whose value is a dict of sizes (reported whole by `config_diff`).
+SIZE_DICT_FIELDS = frozenset({"size", "crop_size"})
 
 # Written by the libraries, never a property of the model.
 METADATA_KEYS = frozenset({
@@ -67,12 +77,12 @@ def set_dotted(config: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str
 
 
 # -- effective configurations ------------------------------------------------------------------------------
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """Tuples as lists, recursively (JSON has only lists)."""
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     return value
 
 
@@ -85,19 +95,19 @@ def _diffusers_effective(config: Mapping[str, Any]) -> dict[str, Any]:
            if name not in ("self", "kwargs") and p.default is not inspect.Parameter.empty}
     out.update({k: v for k, v in config.items() if k in params})
     out["_class_name"] = config["_class_name"]
-    return _plain(out)
+    return plain(out)
 
 
 def _transformers_effective(config: Mapping[str, Any]) -> dict[str, Any]:
     from transformers import CONFIG_MAPPING
 
-    return _plain(CONFIG_MAPPING[config["model_type"]].from_dict(dict(config)).to_dict())
+    return plain(CONFIG_MAPPING[config["model_type"]].from_dict(dict(config)).to_dict())
 
 
 def _image_processor_effective(config: Mapping[str, Any], cls_name: str) -> dict[str, Any]:
     import transformers
 
-    return _plain(getattr(transformers, cls_name).from_dict(dict(config)).to_dict())
+    return plain(getattr(transformers, cls_name).from_dict(dict(config)).to_dict())
 
 
 def _token(value: Any) -> Any:
@@ -115,7 +125,7 @@ def _tokenizer_effective(config: Mapping[str, Any], special: Mapping[str, Any] |
 
 def _model_index_effective(config: Mapping[str, Any]) -> dict[str, Any]:
     """Components (absent ones, `[null, null]`, dropped) and pipeline flags."""
-    return _plain({k: v for k, v in config.items() if v != [None, None] and v != (None, None)})
+    return plain({k: v for k, v in config.items() if v != [None, None] and v != (None, None)})
 
 
 def effective_config(kind: str, config: Mapping[str, Any], special: Mapping[str, Any] | None = None,
@@ -143,33 +153,31 @@ def _strip_metadata(value: Any) -> Any:
     return value
 
 
-def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+def leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    """`{dotted path: value}` of the non-dict leaves of a nested config."""
     if isinstance(value, dict) and value:
         out: dict[str, Any] = {}
         for key, sub in value.items():
-            out.update(_leaves(sub, f"{prefix}{key}."))
+            out.update(leaves(sub, f"{prefix}{key}."))
         return out
     return {prefix[:-1]: value}
 
 
 def config_diff(real: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """`{dotted path: (real value, other value)}` for every leaf that differs (missing leaves count as None).
-    A differing dict-valued field (e.g. an image processor's `size`) is reported by its own path."""
-    a, b = _leaves(real), _leaves(other)
-    diff = {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
-    # report `size.shortest_edge` as `size` so size fields are listed by their config name
+    """`{dotted path: (real value, other value)}` for every leaf that differs (a missing leaf counts as None).
+    Image-processor size dicts (`size`, `crop_size`) are reported whole, under their own name."""
+    a, b = leaves(real), leaves(other)
     out: dict[str, tuple[Any, Any]] = {}
-    for key, pair in diff.items():
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) == b.get(key):
+            continue
         top = key.split(".")[0]
-        if isinstance(real.get(top), dict) and not isinstance(real.get(top), list) and top in SIZE_DICT_FIELDS:
+        if top in SIZE_DICT_FIELDS and isinstance(real.get(top), dict):
             out[top] = (real.get(top), other.get(top))
         else:
-            out[key] = pair
+            out[key] = (a.get(key), b.get(key))
     return out
 
-
-# Image-processor fields whose value is a dict of sizes.
-SIZE_DICT_FIELDS = frozenset({"size", "crop_size"})
 
 
 # Deprecated or backend-specific class names that load the same thing.
