@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test floors bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,12 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# The lowest versions pyproject.toml allows, installed exactly into .venv-floors, must pass the suite too.
+floors:
+	bash .ci/floors .venv-floors
+
 bench: $(STAMP)
 	$(PY) scripts/bench_detectors.py
 
 clean:
-	rm -rf demo_out .pytest_cache
+	rm -rf demo_out .pytest_cache .venv-floors

@@ -1,8 +1,10 @@
 """Tiny random-weight stand-ins of the real models, saved with `save_pretrained` in the real folder layouts.
 
-Tests, the demo and CPU benchmarks build these once, save them to a folder and load them back through the same
-`from_pretrained` code paths users run with hub ids, so no weights are ever downloaded. Sizes follow diffusers' and
-transformers' own test configurations (REFERENCE.md, "Tiny stand-ins").
+Each stand-in is its model id's real hub configuration (kept in `tests/fixtures/hub/`, see `pipelines.hub`) with
+only the size fields listed in `TINY` shrunk, so the real checkpoints' quirks (CLIP's config eos id 2, scheduler
+flags, activation and norm types, block types) reach every test. Tests, the demo and CPU benchmarks build these once,
+save them and load them back through the same `from_pretrained` code paths users run with hub ids; no weights are
+ever downloaded. `size="full"` builds use the real configs unchanged (random weights, for the GPU benchmark).
 """
 from __future__ import annotations
 
@@ -25,17 +27,11 @@ EOS_TOKEN = "<|endoftext|>"
 
 
 def _byte_symbols() -> list[str]:
-    """The 256 printable characters GPT-2/CLIP byte-level BPE uses for the bytes 0..255, in byte order."""
+    """The 256 printable characters GPT-2/CLIP byte-level BPE uses for the bytes 0..255, in CLIP's vocabulary order:
+    the printable bytes first ('!' = id 0, '"' = 1, '#' = 2, ...), then the remapped ones (chr(256), chr(257), ...)."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    codes = printable[:]
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            codes.append(256 + extra)
-            extra += 1
-    by_byte = dict(zip(printable, codes))
-    return [chr(by_byte[b]) for b in range(256)]
+    remapped = [256 + n for n in range(256 - len(printable))]
+    return [chr(c) for c in printable + remapped]
 
 
 def _word_merges(words: Iterable[str]) -> list[tuple[str, str]]:
@@ -70,19 +66,22 @@ def tiny_tokenizer_vocab(vocab_words: Iterable[str] = DEFAULT_VOCAB_WORDS) -> tu
     return {token: i for i, token in enumerate(tokens)}, merges
 
 
-def save_tiny_tokenizer(folder: str | os.PathLike, vocab_words: Iterable[str] = DEFAULT_VOCAB_WORDS) -> Path:
+def save_tiny_tokenizer(folder: str | os.PathLike, vocab_words: Iterable[str] = DEFAULT_VOCAB_WORDS,
+                        model_id: str = "openai/clip-vit-base-patch16", subfolder: str = "") -> Path:
     """Write a working byte-level CLIP BPE tokenizer to `folder` and return the folder.
 
     The folder holds `vocab.json`, `merges.txt`, `tokenizer.json` and `tokenizer_config.json` (model_max_length 77),
-    loadable with `CLIPTokenizer`, `CLIPTokenizerFast` and `AutoTokenizer`. Its vocabulary size is
-    `len(tokenizer)`; BOS and EOS are the last two ids (set a text config's `eos_token_id`/`pad_token_id` to match).
+    loadable with `CLIPTokenizer`, `CLIPTokenizerFast` and `AutoTokenizer`. Its vocabulary size is `len(tokenizer)`;
+    BOS and EOS are the last two ids, as in CLIP's real vocabulary (49406, 49407). The special tokens (bos, eos, pad,
+    unk) are those of `model_id`'s real tokenizer config in `subfolder` (SDXL's `tokenizer_2` pads with "!").
     """
     from transformers import CLIPTokenizer
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     vocab, merges = tiny_tokenizer_vocab(vocab_words)
-    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=TOKENIZER_MAX_LENGTH)
+    special = _tokenizer_special_tokens(model_id, subfolder)
+    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=TOKENIZER_MAX_LENGTH, **special)
     tokenizer.save_pretrained(folder)
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     merges_text = "#version: 0.2\n" + "".join(f"{left} {right}\n" for left, right in merges)
@@ -94,111 +93,222 @@ def save_tiny_tokenizer(folder: str | os.PathLike, vocab_words: Iterable[str] = 
     return folder
 
 
-# --- CLIP ---
-def save_tiny_clip(folder: str | os.PathLike, seed: int = 0) -> Path:
-    """A random-weight `CLIPModel` + `CLIPProcessor` folder (REFERENCE.md "CLIP" sizes) with the tiny BPE tokenizer.
+# --- the shrink table: real hub config -> tiny stand-in ---------------------------------------------------
+SDXL_ID = "stabilityai/stable-diffusion-xl-base-1.0"
+CONTROLNET_ID = "diffusers/controlnet-depth-sdxl-1.0"
+IP_ADAPTER_ID = "h94/IP-Adapter"
+IMAGE_ENCODER_FILE = "models/image_encoder/config.json"
+DPT_ID = "Intel/dpt-hybrid-midas"
+CLIP_ID = "openai/clip-vit-base-patch16"
+SD15_ID = "stable-diffusion-v1-5/stable-diffusion-v1-5"
+SD21_ID = "stabilityai/stable-diffusion-2-1-base"
+RESNET_ID = "microsoft/resnet-50"
+SDXL_VAE_FP16_ID = "madebyollin/sdxl-vae-fp16-fix"
 
-    Vision: hidden 32, 2 layers, image 32, patch 8; text: hidden 32, 2 layers, 77 positions; projection 16. The text
-    config's vocabulary size, BOS, EOS and pad ids match the tokenizer, so pooling at the end-of-text token works.
+def _prefixed(section: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """`{"a": 1}` -> `{"section.a": 1}` (overrides of a nested config section)."""
+    return {f"{section}.{key}": value for key, value in fields.items()}
+
+
+TINY_VOCAB_SIZE = len(tiny_tokenizer_vocab()[0])  # the tiny BPE's size with the default words; BOS, EOS last
+
+# Only size fields change (hidden sizes, depths, heads, channels, sample/image sizes, the vocabulary size the tiny
+# BPE forces); every other value — token ids, activations, norm types and eps, scheduler flags, block types,
+# projection types — is the real config's. tests/pipelines/test_hub_configs.py proves it per model id.
+_TINY_TEXT = {"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "projection_dim": 32, "vocab_size": TINY_VOCAB_SIZE}
+_TINY_SDXL_UNET = {"block_out_channels": [32, 64, 64], "attention_head_dim": [2, 4, 4],
+                   "transformer_layers_per_block": [1, 2, 2], "cross_attention_dim": 64, "addition_time_embed_dim": 8,
+                   "projection_class_embeddings_input_dim": 6 * 8 + 32, "sample_size": 8}
+_TINY_CLIP_TEXT = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "projection_dim": 16, "vocab_size": TINY_VOCAB_SIZE}
+_TINY_CLIP_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                     "projection_dim": 16, "image_size": 32, "patch_size": 8}
+
+_TINY_VAE = {"block_out_channels": [32, 32, 64, 64], "sample_size": 64}
+_TINY_SD_UNET = {"block_out_channels": [32, 64, 64, 64], "cross_attention_dim": 32, "sample_size": 8}
+TINY: dict[str, dict[str, dict[str, Any]]] = {
+    SDXL_ID: {
+        "model_index.json": {},
+        "scheduler/scheduler_config.json": {},
+        "tokenizer/tokenizer_config.json": {},
+        "tokenizer_2/tokenizer_config.json": {},
+        "text_encoder/config.json": _TINY_TEXT,
+        "text_encoder_2/config.json": _TINY_TEXT,
+        "unet/config.json": _TINY_SDXL_UNET,
+        "vae/config.json": _TINY_VAE,
+    },
+    CONTROLNET_ID: {"config.json": {k: v for k, v in _TINY_SDXL_UNET.items() if k != "sample_size"}},
+    IP_ADAPTER_ID: {IMAGE_ENCODER_FILE: {"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2,
+                                         "num_attention_heads": 4, "projection_dim": 32}},
+    DPT_ID: {
+        "config.json": {"hidden_size": 32, "intermediate_size": 37, "num_attention_heads": 4, "image_size": 64,
+                        "neck_hidden_sizes": [8, 16, 32, 32], "fusion_hidden_size": 16,
+                        "backbone_featmap_shape": [1, 32, 4, 4], "backbone_config.hidden_sizes": [8, 16, 32, 64],
+                        "backbone_config.embedding_size": 8, "backbone_config.num_groups": 2,
+                        "pooler_output_size": 32},  # derived from hidden_size when absent
+        "preprocessor_config.json": {"size": {"height": 64, "width": 64}},
+    },
+    CLIP_ID: {
+        # transformers rebuilds the vision tower from `vision_config_dict` (CLIPVisionConfig defaults + its keys),
+        # so the vision sizes are shrunk there as well as in `vision_config`
+        "config.json": {"projection_dim": 16, **_prefixed("text_config", _TINY_CLIP_TEXT),
+                        **_prefixed("vision_config", _TINY_CLIP_VISION), **_prefixed("vision_config_dict", _TINY_CLIP_VISION)},
+        "preprocessor_config.json": {"size": 32, "crop_size": 32},
+        "tokenizer_config.json": {},
+    },
+    SD15_ID: {
+        "model_index.json": {},
+        "scheduler/scheduler_config.json": {},
+        "tokenizer/tokenizer_config.json": {},
+        "feature_extractor/preprocessor_config.json": {},
+        "text_encoder/config.json": _TINY_TEXT,
+        "unet/config.json": _TINY_SD_UNET,
+        "vae/config.json": _TINY_VAE,
+    },
+    SD21_ID: {
+        "model_index.json": {},
+        "scheduler/scheduler_config.json": {},
+        "tokenizer/tokenizer_config.json": {},
+        "feature_extractor/preprocessor_config.json": {},
+        "text_encoder/config.json": _TINY_TEXT,
+        "unet/config.json": {**_TINY_SD_UNET, "attention_head_dim": [2, 4, 4, 4]},
+        "vae/config.json": _TINY_VAE,
+    },
+    RESNET_ID: {
+        "config.json": {"embedding_size": 8, "hidden_sizes": [8, 16, 32, 64], "depths": [1, 1, 1, 1]},
+        "preprocessor_config.json": {"size": 32},
+    },
+    SDXL_VAE_FP16_ID: {"config.json": _TINY_VAE},
+}
+# Components a tiny pipeline folder leaves out (listed in the model_index check; never a size field).
+OMITTED_COMPONENTS: dict[str, tuple[str, ...]] = {SD15_ID: ("safety_checker", "requires_safety_checker")}
+
+
+def standin_fingerprint() -> str:
+    """A short hash of what decides the stand-ins: the shrink table and the kept real config files. A folder of
+    stand-ins built once and reused (e.g. `models: tiny` of generation jobs) is stale when this changes."""
+    import hashlib
+
+    from pipelines.hub import fixtures_root
+
+    digest = hashlib.sha256(json.dumps(TINY, sort_keys=True, default=str).encode())
+    for path in sorted(fixtures_root().rglob("*.json")):
+        digest.update(path.relative_to(fixtures_root()).as_posix().encode() + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def tiny_config(model_id: str, file: str = "config.json") -> dict[str, Any]:
+    """The real config file `file` of `model_id` with the size fields of `TINY` shrunk."""
+    from pipelines.hub import real_config, set_dotted
+
+    return set_dotted(real_config(model_id, file), TINY[model_id][file])
+
+
+def full_config(model_id: str, file: str = "config.json") -> dict[str, Any]:
+    """The real config file (full size)."""
+    from pipelines.hub import real_config
+
+    return real_config(model_id, file)
+
+
+def _config(model_id: str, file: str, size: str) -> dict[str, Any]:
+    if size not in ("tiny", "full"):
+        raise ValueError(f"size must be 'tiny' or 'full', got {size!r}")
+    return tiny_config(model_id, file) if size == "tiny" else full_config(model_id, file)
+
+
+def build_model(config: dict[str, Any]) -> Any:
+    """A random-weight model from a config dict: diffusers models by `_class_name`, transformers models by
+    `architectures[0]` (falling back to the model type's base model)."""
+    # the version that wrote a file is not a property of the model (an old `_diffusers_version` would make
+    # StableDiffusionPipeline "fix" a small sample_size)
+    config = {k: v for k, v in config.items() if k not in ("_diffusers_version", "transformers_version")}
+    if "_class_name" in config:
+        import diffusers
+
+        return getattr(diffusers, config["_class_name"]).from_config(config)
+    import transformers
+    from transformers import CONFIG_MAPPING
+
+    cfg = CONFIG_MAPPING[config["model_type"]].from_dict(config)
+    arch = (config.get("architectures") or [None])[0]
+    if arch is None:
+        return transformers.AutoModel.from_config(cfg)
+    return getattr(transformers, arch)(cfg)
+
+
+def _tokenizer_special_tokens(model_id: str, subfolder: str) -> dict[str, str]:
+    from pipelines.hub import effective_config, real_config
+
+    prefix = f"{subfolder}/" if subfolder else ""
+    special = real_config(model_id, f"{prefix}special_tokens_map.json")
+    eff = effective_config("tokenizer", real_config(model_id, f"{prefix}tokenizer_config.json"), special)
+    return {k: eff[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
+
+
+def load_tiny_tokenizer(model_id: str = CLIP_ID, subfolder: str = "", vocab_words: Iterable[str] = DEFAULT_VOCAB_WORDS):
+    """The tiny BPE as a `CLIPTokenizer` with the special tokens (bos/eos/pad/unk) of `model_id`'s real tokenizer."""
+    with tempfile.TemporaryDirectory() as scratch:
+        from transformers import CLIPTokenizer
+
+        return CLIPTokenizer.from_pretrained(save_tiny_tokenizer(scratch, vocab_words, model_id, subfolder))
+
+
+# --- CLIP ---
+def save_tiny_clip(folder: str | os.PathLike, seed: int = 0, model_id: str = CLIP_ID) -> Path:
+    """A random-weight `CLIPModel` + `CLIPProcessor` folder: `model_id`'s real config (default CLIP ViT-B/16) with
+    the sizes of `TINY` (vision hidden 32, 2 layers, image 32, patch 8; text hidden 32, 2 layers; projection 16),
+    and the tiny BPE tokenizer.
+
+    Like the real checkpoint, the text config keeps OpenAI's `bos_token_id=0, eos_token_id=2, pad_token_id=1`
+    while the tokenizer's end-of-text token is its last id: pooling must not trust the config's eos id.
     Loads with `CLIPModel.from_pretrained(folder)` and `CLIPProcessor.from_pretrained(folder)`.
     """
-    import tempfile
-
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPTokenizer
+    from transformers import CLIPImageProcessor, CLIPProcessor
 
     folder = Path(folder)
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = CLIPTokenizer.from_pretrained(save_tiny_tokenizer(tmp))
-    text_config = dict(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=TOKENIZER_MAX_LENGTH, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
-    )
-    vision_config = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=32, patch_size=8)
+    tokenizer = load_tiny_tokenizer(model_id)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = CLIPModel(CLIPConfig(text_config=text_config, vision_config=vision_config, projection_dim=16)).eval()
+        model = build_model(tiny_config(model_id)).eval()
     model.save_pretrained(folder)
-    image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    image_processor = CLIPImageProcessor.from_dict(tiny_config(model_id, "preprocessor_config.json"))
     CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(folder)
     return folder
 
 
+# --- ZeST: SDXL base + depth ControlNet + IP-Adapter ViT-H + DPT-hybrid ---
+def scheduler_from_config(model_id: str, file: str = "scheduler/scheduler_config.json") -> Any:
+    """The scheduler class and settings of a real pipeline's scheduler config."""
+    import diffusers
 
-# Component configurations of the ZeST models: "tiny" = diffusers'/transformers' own test sizes (REFERENCE.md),
-# "full" = the public configs of SDXL base 1.0, controlnet-depth-sdxl-1.0, IP-Adapter SDXL ViT-H and DPT-hybrid-MiDaS
-# (random weights, for the GPU benchmark; nothing is downloaded).
-ZEST_SIZES: dict[str, dict[str, dict[str, Any]]] = {
-    "tiny": {
-        "unet": dict(block_out_channels=(32, 64), layers_per_block=2, sample_size=32, in_channels=4, out_channels=4,
-                     down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
-                     up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=(2, 4),
-                     use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=8,
-                     transformer_layers_per_block=(1, 2), projection_class_embeddings_input_dim=80,
-                     cross_attention_dim=64),
-        "vae": dict(block_out_channels=(32, 64), in_channels=3, out_channels=3, latent_channels=4,
-                    down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-                    sample_size=64, scaling_factor=0.13025, force_upcast=True),
-        "text_encoder": dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-                             projection_dim=32, hidden_act="gelu"),
-        "text_encoder_2": dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-                               projection_dim=32, hidden_act="gelu"),
-        "controlnet": dict(conditioning_embedding_out_channels=(16, 32)),
-        "image_encoder": dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-                              image_size=224, patch_size=32, projection_dim=32),
-        "depth": dict(image_size=64, patch_size=16, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-                      intermediate_size=37, backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[8, 16, 32, 64],
-                      fusion_hidden_size=16, reassemble_factors=[4, 2, 1, 0.5]),
-    },
-    "full": {
-        "unet": dict(block_out_channels=(320, 640, 1280), layers_per_block=2, sample_size=128, in_channels=4,
-                     out_channels=4, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-                     up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
-                     attention_head_dim=(5, 10, 20), use_linear_projection=True, addition_embed_type="text_time",
-                     addition_time_embed_dim=256, transformer_layers_per_block=(1, 2, 10),
-                     projection_class_embeddings_input_dim=2816, cross_attention_dim=2048),
-        "vae": dict(block_out_channels=(128, 256, 512, 512), in_channels=3, out_channels=3, latent_channels=4,
-                    down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-                    layers_per_block=2, sample_size=1024, scaling_factor=0.13025, force_upcast=True),
-        "text_encoder": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-                             projection_dim=768, hidden_act="quick_gelu"),
-        "text_encoder_2": dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=20,
-                               projection_dim=1280, hidden_act="gelu"),
-        "controlnet": dict(conditioning_embedding_out_channels=(16, 32, 96, 256)),
-        "image_encoder": dict(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32, num_attention_heads=16,
-                              image_size=224, patch_size=14, projection_dim=1024, hidden_act="gelu",
-                              layer_norm_eps=1e-5),
-        "depth": dict(is_hybrid=True, image_size=384, patch_size=16, hidden_size=768, num_hidden_layers=12,
-                      num_attention_heads=12, intermediate_size=3072, backbone_out_indices=[2, 5, 8, 11],
-                      neck_hidden_sizes=[256, 512, 768, 768], reassemble_factors=[1, 1, 1, 0.5],
-                      fusion_hidden_size=256, readout_type="project", backbone_featmap_shape=[1, 1024, 24, 24],
-                      backbone_config=dict(global_padding="same", layer_type="bottleneck", depths=[3, 4, 9],
-                                           out_features=["stage1", "stage2", "stage3"],
-                                           embedding_dynamic_padding=True)),
-    },
-}
+    config = full_config(model_id, file)
+    return getattr(diffusers, config["_class_name"]).from_config(config)
 
 
 def sdxl_scheduler():
-    """Euler discrete with SDXL base's beta schedule and timestep spacing."""
-    from diffusers import EulerDiscreteScheduler
-
-    return EulerDiscreteScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", steps_offset=1,
-                                  timestep_spacing="leading", prediction_type="epsilon", num_train_timesteps=1000)
+    """SDXL base's scheduler (Euler discrete, scaled-linear betas, leading spacing) from its real config."""
+    return scheduler_from_config(SDXL_ID)
 
 
-def ip_adapter_state(unet, image_embed_dim: int, tokens: int = 4) -> dict[str, dict[str, torch.Tensor]]:
+def ip_adapter_state(unet, image_embed_dim: int, tokens: int = 4, device: str | torch.device = "cpu",
+                     dtype: torch.dtype = torch.float32) -> dict[str, dict[str, torch.Tensor]]:
     """Random IP-Adapter weights as `{"image_proj": ..., "ip_adapter": ...}` with h94's key names.
 
     `ip_adapter` holds `<k>.to_k_ip.weight` / `<k>.to_v_ip.weight`, k = 1, 3, 5, ..., one k per cross-attention
     processor in `unet.attn_processors` order, its hidden size the width of its block; `image_proj.proj` maps the
-    image encoder's projection to `tokens` x cross_attention_dim.
+    image encoder's projection to `tokens` x cross_attention_dim. On the `meta` device the tensors have shapes only.
     """
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype) * 0.05
+
     cross_dim = unet.config.cross_attention_dim
     channels = list(unet.config.block_out_channels)
-    image_proj = {"proj.weight": torch.randn(tokens * cross_dim, image_embed_dim) * 0.05,
-                  "proj.bias": torch.zeros(tokens * cross_dim),
-                  "norm.weight": torch.ones(cross_dim), "norm.bias": torch.zeros(cross_dim)}
+    image_proj = {"proj.weight": randn(tokens * cross_dim, image_embed_dim),
+                  "proj.bias": torch.zeros(tokens * cross_dim, device=device, dtype=dtype),
+                  "norm.weight": torch.ones(cross_dim, device=device, dtype=dtype),
+                  "norm.bias": torch.zeros(cross_dim, device=device, dtype=dtype)}
     adapter: dict[str, torch.Tensor] = {}
     key = 1
     for name in unet.attn_processors:
@@ -210,8 +320,8 @@ def ip_adapter_state(unet, image_embed_dim: int, tokens: int = 4) -> dict[str, d
             hidden = list(reversed(channels))[int(name.split(".")[1])]
         else:
             hidden = channels[int(name.split(".")[1])]
-        adapter[f"{key}.to_k_ip.weight"] = torch.randn(hidden, cross_dim) * 0.05
-        adapter[f"{key}.to_v_ip.weight"] = torch.randn(hidden, cross_dim) * 0.05
+        adapter[f"{key}.to_k_ip.weight"] = randn(hidden, cross_dim)
+        adapter[f"{key}.to_v_ip.weight"] = randn(hidden, cross_dim)
         key += 2
     return {"image_proj": image_proj, "ip_adapter": adapter}
 
@@ -227,52 +337,48 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+def zest_configs(size: str = "tiny") -> dict[str, dict[str, Any]]:
+    """The component configs of the ZeST models at `size` ('tiny': `TINY`'s shrink, 'full': the real configs)."""
+    return {
+        "unet": _config(SDXL_ID, "unet/config.json", size),
+        "vae": _config(SDXL_ID, "vae/config.json", size),
+        "text_encoder": _config(SDXL_ID, "text_encoder/config.json", size),
+        "text_encoder_2": _config(SDXL_ID, "text_encoder_2/config.json", size),
+        "controlnet": _config(CONTROLNET_ID, "config.json", size),
+        "image_encoder": _config(IP_ADAPTER_ID, IMAGE_ENCODER_FILE, size),
+        "depth": _config(DPT_ID, "config.json", size),
+    }
+
+
 def random_zest_modules(size: str = "tiny", device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                         seed: int = 0) -> dict[str, Any]:
-    """Random-weight ZeST modules of `size` ('tiny' or 'full') built directly on `device` in `dtype`.
+    """Random-weight ZeST modules of `size` ('tiny' or 'full' = the real configs) built directly on `device` in `dtype`.
 
-    Keys: tokenizer (the tiny byte-level BPE, enough to encode the constant prompt), text_encoder, text_encoder_2,
-    unet, vae, scheduler, controlnet, image_encoder, ip_adapter (state dict), depth (DPTForDepthEstimation).
+    Keys: tokenizer, tokenizer_2 (the tiny byte-level BPE with SDXL's special tokens: tokenizer_2 pads with "!"),
+    text_encoder, text_encoder_2, unet, vae, scheduler, controlnet, image_encoder, ip_adapter (state dict),
+    depth (DPTForDepthEstimation). At 'full' size the text encoders keep the real 49408-token vocabulary, so only
+    the tiny tokenizer's ids (all below it) are fed to them.
     """
-    from diffusers import AutoencoderKL, ControlNetModel, UNet2DConditionModel
-    from transformers import (CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer,
-                              CLIPVisionConfig, CLIPVisionModelWithProjection, DPTConfig, DPTForDepthEstimation)
-
-    if size not in ZEST_SIZES:
-        raise ValueError(f"size must be one of {sorted(ZEST_SIZES)}, got {size!r}")
-    sizes = ZEST_SIZES[size]
+    configs = zest_configs(size)
     torch.manual_seed(seed)
-    with tempfile.TemporaryDirectory() as scratch:
-        tokenizer = CLIPTokenizer.from_pretrained(save_tiny_tokenizer(scratch))
-    vocab = len(tokenizer) if size == "tiny" else 49408
-    ids = dict(vocab_size=vocab, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-               pad_token_id=tokenizer.eos_token_id, max_position_embeddings=TOKENIZER_MAX_LENGTH)
+    tokenizers = {name: load_tiny_tokenizer(SDXL_ID, name) for name in ("tokenizer", "tokenizer_2")}
     with torch.device(device), _default_dtype(dtype):  # parameters are created where and as they will live
-        unet = UNet2DConditionModel(**sizes["unet"])
-        modules = {
-            "tokenizer": tokenizer,
-            "text_encoder": CLIPTextModel(CLIPTextConfig(**sizes["text_encoder"], **ids)),
-            "text_encoder_2": CLIPTextModelWithProjection(CLIPTextConfig(**sizes["text_encoder_2"], **ids)),
-            "unet": unet,
-            "vae": AutoencoderKL(**sizes["vae"]),
-            "controlnet": ControlNetModel.from_unet(unet, **sizes["controlnet"]),
-            "image_encoder": CLIPVisionModelWithProjection(CLIPVisionConfig(**sizes["image_encoder"])),
-            "depth": DPTForDepthEstimation(DPTConfig(**sizes["depth"])),
-        }
+        modules = {name: build_model(configs[name]) for name in
+                   ("text_encoder", "text_encoder_2", "unet", "vae", "controlnet", "image_encoder", "depth")}
     for module in modules.values():
-        if isinstance(module, torch.nn.Module):
-            module.to(dtype).eval()
+        module.to(dtype).eval()
+    modules.update(tokenizers)
     modules["scheduler"] = sdxl_scheduler()
-    modules["ip_adapter"] = ip_adapter_state(unet, sizes["image_encoder"]["projection_dim"])
+    modules["ip_adapter"] = ip_adapter_state(modules["unet"], configs["image_encoder"]["projection_dim"], device=device,
+                                             dtype=dtype)
     return modules
 
 
-def dpt_processor(image_size: int):
-    """The DPT image processor at `image_size` (square resize, mean/std 0.5 as DPT-hybrid-MiDaS)."""
+def dpt_processor(size: str = "tiny"):
+    """DPT-hybrid-MiDaS's image processor (square resize, mean/std 0.5) at `size`."""
     from transformers import DPTImageProcessor
 
-    return DPTImageProcessor(size={"height": image_size, "width": image_size}, keep_aspect_ratio=False,
-                             image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return DPTImageProcessor.from_dict(_config(DPT_ID, "preprocessor_config.json", size))
 
 
 def random_zest_pipeline(size: str = "full", device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
@@ -284,33 +390,30 @@ def random_zest_pipeline(size: str = "full", device: str | torch.device = "cpu",
     modules = random_zest_modules(size, device, dtype, seed)
     pipe = diffusers_pipeline_class()(
         vae=modules["vae"], text_encoder=modules["text_encoder"], text_encoder_2=modules["text_encoder_2"],
-        tokenizer=modules["tokenizer"], tokenizer_2=modules["tokenizer"], unet=modules["unet"],
+        tokenizer=modules["tokenizer"], tokenizer_2=modules["tokenizer_2"], unet=modules["unet"],
         controlnet=modules["controlnet"], scheduler=modules["scheduler"], image_encoder=modules["image_encoder"],
         add_watermarker=False,
     )
     pipe.load_ip_adapter(modules["ip_adapter"], subfolder="", weight_name="", image_encoder_folder=None)
-    depth = DepthEstimator(modules["depth"], dpt_processor(ZEST_SIZES[size]["depth"]["image_size"]), f"random-{size}")
+    depth = DepthEstimator(modules["depth"], dpt_processor(size), f"random-{size}")
     model_ids = {name: f"random-{size}-{name}" for name in ("base", "controlnet", "ip_adapter", "depth")}
     return ZeSTPipeline.from_pipeline(pipe, depth, model_ids, device, attention, compile)
 
 
 def save_tiny_dpt(folder: str | os.PathLike, model: Any = None) -> Path:
-    """A tiny DPT depth model (REFERENCE.md sizes; random unless `model` is given) and its image processor."""
-    from transformers import DPTConfig, DPTForDepthEstimation
-
+    """A tiny DPT-hybrid depth model (random unless `model` is given) and its image processor."""
     folder = Path(folder)
-    config = ZEST_SIZES["tiny"]["depth"]
-    (model if model is not None else DPTForDepthEstimation(DPTConfig(**config)).eval()).save_pretrained(folder)
-    dpt_processor(config["image_size"]).save_pretrained(folder)
+    (model if model is not None else build_model(tiny_config(DPT_ID)).eval()).save_pretrained(folder)
+    dpt_processor("tiny").save_pretrained(folder)
     return folder
 
 
 def save_tiny_zest(folder: str | os.PathLike, seed: int = 0) -> "ZeSTConfig":
     """Every ZeST component at tiny size with random weights, saved in the real layouts under `folder`.
 
-    `sdxl/` (an SDXL pipeline folder), `controlnet/` (`ControlNetModel.from_unet`), `ip_adapter/` laid out like
-    h94/IP-Adapter (`sdxl_models/ip-adapter_sdxl_vit-h.safetensors` + `models/image_encoder`), `depth/` (DPT).
-    Returns a `ZeSTConfig` of these folders. Generates at 64 px (latent 32).
+    `sdxl/` (an SDXL pipeline folder), `controlnet/`, `ip_adapter/` laid out like h94/IP-Adapter
+    (`sdxl_models/ip-adapter_sdxl_vit-h.safetensors` + `models/image_encoder`), `depth/` (DPT-hybrid).
+    Returns a `ZeSTConfig` of these folders. The VAE downsamples by 8 like SDXL's: 64 px images have 8 x 8 latents.
     """
     from diffusers import StableDiffusionXLPipeline
     from safetensors.torch import save_file
@@ -321,12 +424,12 @@ def save_tiny_zest(folder: str | os.PathLike, seed: int = 0) -> "ZeSTConfig":
     modules = random_zest_modules("tiny", seed=seed)
     StableDiffusionXLPipeline(vae=modules["vae"], text_encoder=modules["text_encoder"],
                               text_encoder_2=modules["text_encoder_2"], tokenizer=modules["tokenizer"],
-                              tokenizer_2=modules["tokenizer"], unet=modules["unet"], scheduler=modules["scheduler"],
+                              tokenizer_2=modules["tokenizer_2"], unet=modules["unet"], scheduler=modules["scheduler"],
                               add_watermarker=False).save_pretrained(folder / "sdxl")
     modules["controlnet"].save_pretrained(folder / "controlnet")
-    modules["image_encoder"].save_pretrained(folder / "ip_adapter" / "models" / "image_encoder")
     config = ZeSTConfig(base=str(folder / "sdxl"), controlnet=str(folder / "controlnet"),
                         ip_adapter=str(folder / "ip_adapter"), depth=str(folder / "depth"))
+    modules["image_encoder"].save_pretrained(folder / "ip_adapter" / config.image_encoder)
     weights = folder / "ip_adapter" / config.ip_adapter_subfolder / config.ip_adapter_weight
     weights.parent.mkdir(parents=True, exist_ok=True)
     flat = {f"{part}.{key}": tensor.contiguous() for part, tensors in modules["ip_adapter"].items()
@@ -334,6 +437,24 @@ def save_tiny_zest(folder: str | os.PathLike, seed: int = 0) -> "ZeSTConfig":
     save_file(flat, str(weights))
     save_tiny_dpt(folder / "depth", modules["depth"])
     return config
+
+
+def save_tiny_model(folder: str | os.PathLike, model_id: str, file: str = "config.json", seed: int = 0) -> Path:
+    """One random-weight model of `model_id` at tiny size (e.g. microsoft/resnet-50, madebyollin/sdxl-vae-fp16-fix),
+    saved with its image processor when the model id keeps one."""
+    folder = Path(folder)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        build_model(tiny_config(model_id, file)).eval().save_pretrained(folder)
+    if "preprocessor_config.json" in TINY[model_id]:
+        from transformers import AutoImageProcessor
+
+        processor_config = tiny_config(model_id, "preprocessor_config.json")
+        with tempfile.TemporaryDirectory() as scratch:
+            (Path(scratch) / "preprocessor_config.json").write_text(json.dumps(processor_config), encoding="utf-8")
+            (Path(scratch) / "config.json").write_text(json.dumps(tiny_config(model_id, file)), encoding="utf-8")
+            AutoImageProcessor.from_pretrained(scratch).save_pretrained(folder)
+    return folder
 
 
 # --- generative detectors ---
@@ -354,34 +475,22 @@ def save_tiny_pixel_unet(folder: str | os.PathLike, seed: int = 0) -> Path:
     return Path(folder)
 
 
-def save_tiny_stable_diffusion(folder: str | os.PathLike, seed: int = 0) -> Path:
-    """A random-weight Stable Diffusion 1.x folder (UNet latent 16 -> 32 px images, VAE x2, 2-layer CLIP text encoder,
-    the tiny BPE tokenizer, SD's DDIM scheduler settings), without safety checker. Loads with
+def save_tiny_stable_diffusion(folder: str | os.PathLike, seed: int = 0, model_id: str = SD15_ID) -> Path:
+    """A random-weight Stable Diffusion folder of `model_id` (default SD 1.5; also stabilityai/stable-diffusion-2-1-base):
+    the real UNet, VAE, text-encoder, scheduler and feature-extractor configs with `TINY`'s sizes (UNet latent 8 ->
+    64 px images, VAE x8 as the real one), the tiny BPE tokenizer, without the safety checker. Loads with
     `StableDiffusionPipeline.from_pretrained(folder)`.
     """
-    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from diffusers import StableDiffusionPipeline
+    from transformers import CLIPImageProcessor
 
     folder = Path(folder)
-    tokenizer = CLIPTokenizer.from_pretrained(save_tiny_tokenizer(folder / "tokenizer"))
+    tokenizer = load_tiny_tokenizer(model_id, "tokenizer")
     torch.manual_seed(seed)
-    unet = UNet2DConditionModel(
-        sample_size=16, in_channels=4, out_channels=4, block_out_channels=(16, 32), layers_per_block=1,
-        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
-        cross_attention_dim=32, attention_head_dim=4, norm_num_groups=8,
-    )
-    vae = AutoencoderKL(
-        in_channels=3, out_channels=3, block_out_channels=(16, 32), latent_channels=4, layers_per_block=1,
-        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2, norm_num_groups=8,
-    )
-    text_encoder = CLIPTextModel(CLIPTextConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=TOKENIZER_MAX_LENGTH, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
-    ))
-    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                              set_alpha_to_one=False, steps_offset=1)
-    pipe = StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
-                                   safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    parts = {name: build_model(tiny_config(model_id, f"{name}/config.json")).eval()
+             for name in ("unet", "vae", "text_encoder")}
+    feature_extractor = CLIPImageProcessor.from_dict(tiny_config(model_id, "feature_extractor/preprocessor_config.json"))
+    pipe = StableDiffusionPipeline(**parts, tokenizer=tokenizer, scheduler=scheduler_from_config(model_id),
+                                   safety_checker=None, feature_extractor=feature_extractor, requires_safety_checker=False)
     pipe.save_pretrained(folder)
     return folder

@@ -1,12 +1,13 @@
 """The one prepared GPU benchmark: full-size architectures with random weights (nothing is downloaded).
 
 Section "zest": SDXL base UNet + depth ControlNet + VAE + IP-Adapter (ViT-H encoder, image projection) + DPT-hybrid,
-built from the public config values (pipelines/tiny.py, ZEST_SIZES["full"]) directly on the GPU in bf16 (DPT in
-fp32), run through `ZeSTPipeline.generate` at 1024 px, 30 steps. Reports images/s per batch size for each attention
-backend (SDPA, xformers when importable), eager and torch.compile, with peak GPU memory, and the one-at-a-time loop
-(batch 1 repeated) as the ratio reference measured in the same process. Each compiled batch size gets a fresh build,
-so every compilation sees one static shape. Results go to benchmarks/gpu.json, rewritten after every case. A
-wall-clock budget (`--budget-s`, default 420 s) skips, and records as skipped, the cases that would not fit.
+built from the real hub configs (tests/fixtures/hub, pipelines.tiny.zest_configs("full")) directly on the GPU in bf16
+(DPT in fp32), run through `ZeSTPipeline.generate` at 1024 px, 30 steps. Reports images/s per batch size for each
+attention backend (SDPA, xformers when importable), eager and torch.compile, with peak GPU memory, and the
+one-at-a-time loop (batch 1 repeated) as the ratio reference measured in the same process. Each compiled batch size
+gets a fresh build, so every compilation sees one static shape. Results go to benchmarks/gpu.json, rewritten after
+every case. A wall-clock budget (`--budget-s`, default 420 s) skips, and records as skipped, the cases that would
+not fit.
 
     python scripts/bench_gpu.py                          # everything that fits in 7 minutes (under 8 with start-up)
     python scripts/bench_gpu.py --quick                  # batch sizes 1 and 4, no compile: about 2 minutes

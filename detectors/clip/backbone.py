@@ -13,6 +13,7 @@ from pipelines.runtime import load_pretrained, resolve_device
 
 DEFAULT_CLIP = "openai/clip-vit-base-patch16"
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
+LEGACY_EOS_TOKEN_ID = 2  # what OpenAI's CLIP configs (and copies of them) give as text_config.eos_token_id
 
 
 def causal_mask(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -58,7 +59,17 @@ class ClipBackbone:
 
     @property
     def eos_token_id(self) -> int:
-        return int(self.model.config.text_config.eos_token_id)
+        """The end-of-text id the prompts are pooled at: the tokenizer's, never the text config's.
+
+        OpenAI's CLIP configs say `eos_token_id=2` (id 2 is '#') while the tokenizer's <|endoftext|> is 49407;
+        open_clip conversions and the CLIPN converter's folders agree with their tokenizer. Without a tokenizer EOS
+        the id is the text config's unless that is OpenAI's legacy 2; then `eot_index` pools at argmax(ids), as
+        transformers' CLIPTextTransformer does for that value (EOS is the highest id of CLIP's vocabulary)."""
+        tokenizer_eos = getattr(self.tokenizer, "eos_token_id", None)
+        if tokenizer_eos is not None:
+            return int(tokenizer_eos)
+        config_eos = self.model.config.text_config.eos_token_id
+        return -1 if config_eos is None or int(config_eos) == LEGACY_EOS_TOKEN_ID else int(config_eos)
 
     @property
     def logit_scale(self) -> float:
@@ -80,10 +91,15 @@ class ClipBackbone:
         return ids.to(self.device)
 
     def eot_index(self, ids: torch.Tensor) -> torch.Tensor:
-        """Position of the first end-of-text token of each row."""
-        hits = ids == self.eos_token_id
+        """Position of the first end-of-text token of each row (`eos_token_id`; argmax of the ids when only the
+        config's legacy eos id 2 is known)."""
+        eos = self.eos_token_id
+        if eos < 0:
+            return ids.argmax(dim=1)
+        hits = ids == eos
         if not bool(hits.any(dim=1).all()):
-            raise ValueError(f"a tokenized prompt has no end-of-text token (eos_token_id={self.eos_token_id}): check the tokenizer")
+            raise ValueError(f"a tokenized prompt has no end-of-text token (id {eos}, the tokenizer's eos_token_id): "
+                             "check the tokenizer and the prompt length")
         return hits.int().argmax(dim=1)
 
     # -- image tower ----------------------------------------------------------------------------------------

@@ -76,8 +76,13 @@ def convert_state_dict(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.
     return clip, no
 
 
-def config_from_state_dict(state: dict[str, torch.Tensor], head_width: int = 64, quick_gelu: bool = False) -> Any:
-    """The `CLIPConfig` matching an open_clip ViT state dict (heads = width / head_width, as open_clip)."""
+def config_from_state_dict(state: dict[str, torch.Tensor], head_width: int = 64, quick_gelu: bool = False,
+                           token_ids: dict[str, int] | None = None) -> Any:
+    """The `CLIPConfig` matching an open_clip ViT state dict (heads = width / head_width, as open_clip).
+
+    `token_ids` (bos/eos/pad_token_id, e.g. from the tokenizer the model is used with) default to CLIP's BPE layout:
+    BOS and EOS are the vocabulary's last two ids, padding with EOS. Unlike OpenAI's hub configs (eos 2), the ids
+    written agree with the tokenizer."""
     from transformers import CLIPConfig
 
     def layers(prefix: str) -> int:
@@ -95,7 +100,7 @@ def config_from_state_dict(state: dict[str, torch.Tensor], head_width: int = 64,
     text = dict(hidden_size=text_width, intermediate_size=state["transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
                 num_hidden_layers=layers("transformer.resblocks"), num_attention_heads=text_width // head_width,
                 max_position_embeddings=state["positional_embedding"].shape[0], vocab_size=vocab, hidden_act=act,
-                bos_token_id=vocab - 2, eos_token_id=vocab - 1, pad_token_id=vocab - 1)
+                **(token_ids or dict(bos_token_id=vocab - 2, eos_token_id=vocab - 1, pad_token_id=vocab - 1)))
     return CLIPConfig(text_config=text, vision_config=vision, projection_dim=state["text_projection"].shape[1])
 
 
@@ -104,7 +109,8 @@ def convert_clipn(checkpoint: str | os.PathLike | dict[str, Any], out_dir: str |
     """Write `out_dir/clip` (CLIPModel, plus `processor` — a CLIPProcessor or its hub id/folder — when given) and
     `out_dir` as a `clipn` detector folder whose `model` is `out_dir/clip`. Returns `out_dir`.
 
-    BOS/EOS ids are the vocabulary's last two, as in CLIP's BPE tokenizer."""
+    The config's BOS/EOS/pad ids are the processor's tokenizer's when a processor is given, else the vocabulary's
+    last two (CLIP's BPE layout)."""
     from transformers import CLIPModel, CLIPProcessor
 
     from detectors.clip.clipn import CLIPN
@@ -114,7 +120,14 @@ def convert_clipn(checkpoint: str | os.PathLike | dict[str, Any], out_dir: str |
         checkpoint = torch.load(str(checkpoint), map_location="cpu", weights_only=True)
     state = strip_wrappers(checkpoint)
     clip_state, no_state = convert_state_dict(state)
-    model = CLIPModel(config_from_state_dict(state, head_width, quick_gelu))
+    if isinstance(processor, (str, os.PathLike)):
+        processor = load_pretrained(CLIPProcessor.from_pretrained, processor, what="CLIP processor")
+    token_ids = None
+    if processor is not None:
+        tokenizer = processor.tokenizer
+        token_ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    model = CLIPModel(config_from_state_dict(state, head_width, quick_gelu, token_ids))
     missing, unexpected = model.load_state_dict(clip_state, strict=False)
     if missing or unexpected:
         raise KeyError(f"converted CLIPN weights do not match CLIPModel: missing {missing}, unexpected {unexpected}")
@@ -122,8 +135,6 @@ def convert_clipn(checkpoint: str | os.PathLike | dict[str, Any], out_dir: str |
     clip_dir = out_dir / "clip"
     model.save_pretrained(clip_dir)
     if processor is not None:
-        if isinstance(processor, (str, os.PathLike)):
-            processor = load_pretrained(CLIPProcessor.from_pretrained, processor, what="CLIP processor")
         processor.save_pretrained(clip_dir)
     detector = CLIPN(model=str(clip_dir), class_names=class_names or [], n_prompts=int(no_state[STATE_PREFIX + "prompt"].shape[0]))
     detector.load_state({k: v.float().numpy() for k, v in no_state.items()})

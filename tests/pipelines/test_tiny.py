@@ -51,7 +51,7 @@ def test_tiny_zest_uses_the_real_layouts(tiny_zest_config):
         assert f.get_tensor("image_proj.proj.weight").shape == (4 * unet.config.cross_attention_dim, 32)
     assert len([k for k in keys if k.startswith("ip_adapter.")]) == 2 * len(cross)
     controlnet = ControlNetModel.from_pretrained(tiny_zest_config.controlnet)
-    assert tuple(controlnet.config.conditioning_embedding_out_channels) == (16, 32)
+    assert tuple(controlnet.config.conditioning_embedding_out_channels) == (16, 32, 96, 256)  # the real ones: x8 like the VAE
     assert unet.config.projection_class_embeddings_input_dim == 6 * 8 + 32
     assert AutoModelForDepthEstimation.from_pretrained(tiny_zest_config.depth).config.model_type == "dpt"
 
@@ -66,4 +66,4 @@ def test_in_memory_random_zest_equals_the_saved_and_reloaded_one(tiny_zest, one_
     in_memory = random_zest_pipeline("tiny", "cpu", torch.float32, attention="sdpa")
     expected, _ = tiny_zest.generate(targets, targets[::-1], **call)
     got, _ = in_memory.generate(targets, targets[::-1], **call)
-    np.testing.assert_allclose(got, expected, atol=1e-5)
+    np.testing.assert_allclose(got, expected, atol=5e-5)  # float32 noise through the 4-level (x8) VAE

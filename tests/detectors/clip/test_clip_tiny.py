@@ -15,10 +15,11 @@ def test_tiny_clip_sizes_and_tokenizer(tiny_clip_dir):
     vision, text = model.config.vision_config, model.config.text_config
     assert (vision.hidden_size, vision.num_hidden_layers, vision.image_size, vision.patch_size) == (32, 2, 32, 8)
     assert model.config.projection_dim == 16
-    tok = processor.tokenizer  # end-of-text comes from the tokenizer (OpenAI's configs say eos_token_id 2)
-    assert len(tok) <= text.vocab_size  # every token id has an embedding
-    ids = tok(["a photo of a bronze ding.", "moth"], padding=True)["input_ids"]
-    assert all(row[0] == tok.bos_token_id and tok.eos_token_id in row for row in ids)
+    # like openai/clip-vit-base-patch16: the config's eos id is 2, the tokenizer's end-of-text is its last id
+    assert text.vocab_size == len(processor.tokenizer) and text.eos_token_id == 2
+    assert processor.tokenizer.eos_token_id == len(processor.tokenizer) - 1
+    ids = processor.tokenizer(["a photo of a bronze ding.", "moth"], padding=True)["input_ids"]
+    assert all(row[0] == processor.tokenizer.bos_token_id and processor.tokenizer.eos_token_id in row for row in ids)
     pixels = processor(images=[Image.new("RGB", (50, 40))], return_tensors="pt")["pixel_values"]
     assert pixels.shape == (1, 3, 32, 32)
 
