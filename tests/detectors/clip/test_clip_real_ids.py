@@ -68,7 +68,8 @@ def test_pooling_is_at_the_tokenizer_eos_not_at_the_config_id(backbone):
 def test_mcm_glmcm_neglabel_equal_independent_computation(backbone):
     images = colour_images([0], 3, 11) + colour_images([1], 3, 12) + colour_images([0, 1], 3, 13)
     imset = ImageSet(images=images)
-    img, txt = hf_image(backbone, images), hf_text(backbone, prompts(CLASSES))
+    # the official prompts: MCM / GL-MCM "a photo of a {label}" (no full stop), NegLabel "the nice {}" for both parts
+    img, txt = hf_image(backbone, images), hf_text(backbone, [f"a photo of a {name}" for name in CLASSES])
 
     mcm = detectors.build("mcm", model=backbone, class_names=CLASSES)
     np.testing.assert_allclose(mcm.score(imset), softmax(img @ txt.T, axis=1).max(1), rtol=1e-5)
@@ -87,8 +88,8 @@ def test_mcm_glmcm_neglabel_equal_independent_computation(backbone):
     words = ["apple", "c#d", "cloud", "dog", "egg", "fish"]
     neglabel = detectors.build("neglabel", model=backbone, class_names=CLASSES, words=words, mine=False, ngroup=1,
                                temperature=0.05)
-    neg = hf_text(backbone, prompts(words))
-    full = softmax(np.concatenate([img @ txt.T, img @ neg.T], axis=1) / 0.05, axis=1)
+    ids, neg = hf_text(backbone, [f"the nice {w}" for w in CLASSES]), hf_text(backbone, [f"the nice {w}" for w in words])
+    full = softmax(np.concatenate([img @ ids.T, img @ neg.T], axis=1) / 0.05, axis=1)
     np.testing.assert_allclose(neglabel.score(imset), full[:, :len(CLASSES)].sum(1), rtol=1e-5)
 
 
