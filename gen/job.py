@@ -184,9 +184,12 @@ def apply_overrides(values: dict[str, Any], overrides: Iterable[str]) -> dict[st
 
 
 def tiny_models_folder() -> Path:
-    """Where `models: tiny` builds its random-weight stand-ins once."""
+    """Where `models: tiny` builds its random-weight stand-ins once; the name carries the stand-ins' fingerprint (shrink
+    table and real configs), so a folder built by other stand-in code is never reused."""
+    from pipelines.tiny import standin_fingerprint
+
     cache = os.environ.get("OODFORGE_CACHE") or Path.home() / ".cache" / "oodforge"
-    return Path(cache) / "tiny_zest"
+    return Path(cache) / f"tiny_zest-{standin_fingerprint()}"
 
 
 def resolve_models(models: Any, state: Any = None):
