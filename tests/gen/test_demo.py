@@ -26,16 +26,16 @@ def test_tiny_models_are_built_once_into_the_cache(tmp_path, monkeypatch, tiny_z
     monkeypatch.setattr(pipelines.tiny, "save_tiny_zest", fake_build)
     first = gen.job.resolve_models("tiny")
     second = gen.job.resolve_models("tiny")
-    assert builds == [tmp_path / "cache" / "tiny_zest"]
+    assert builds == [tmp_path / "cache" / f"tiny_zest-{pipelines.tiny.standin_fingerprint()}"]
     assert first == second == ZeSTConfig.from_dict(tiny_zest_models)
 
 
 def test_generation_demo_writes_a_manifest_with_inherited_categories(tmp_path, monkeypatch, tiny_zest_models,
                                                                      single_thread):
-    cache = tmp_path / "cache" / "tiny_zest"
+    monkeypatch.setenv("OODFORGE_CACHE", str(tmp_path / "cache"))
+    cache = gen.job.tiny_models_folder()
     cache.mkdir(parents=True)
     (cache / "zest_config.json").write_text(json.dumps(tiny_zest_models))  # reuse the session's tiny models
-    monkeypatch.setenv("OODFORGE_CACHE", str(tmp_path / "cache"))
 
     result = generation_demo(tmp_path / "demo")
 
