@@ -22,9 +22,12 @@ WEIGHT_SUFFIXES = ("safetensors", "bin")
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    """`device` if given, else the first CUDA device when present, else the CPU."""
+    """`device` if given, else the first CUDA device when present, else the CPU. A CPU device is always plain `cpu`:
+    accelerate reports `cpu:0` under torchrun, and diffusers' SDXL prompt encoding returned other pooled embeddings on
+    `cpu:0` than on `cpu`, so one- and multi-process runs would differ."""
     if device is not None:
-        return torch.device(device)
+        device = torch.device(device)
+        return torch.device("cpu") if device.type == "cpu" else device
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 

@@ -149,3 +149,16 @@ def test_half_precision_load_uses_the_fp16_variant_records_revisions_and_keeps_d
     assert zest.model_revisions == {key: folder_hash(getattr(config, key))
                                     for key in ("base", "controlnet", "ip_adapter", "depth")}
     assert zest.attention == "sdpa" and zest.compiled is False
+
+
+def test_cpu_0_is_the_cpu(tiny_zest, tiny_zest_config):
+    """accelerate reports `cpu:0` under torchrun: the pipeline must encode its prompt as on `cpu` (byte-identical
+    outputs for any process count)."""
+    import torch
+
+    from pipelines.runtime import resolve_device
+
+    assert resolve_device("cpu:0") == torch.device("cpu")
+    other = ZeSTPipeline.from_config(tiny_zest_config, device="cpu:0", dtype="fp32")
+    for a, b in zip(tiny_zest.prompt_embeds, other.prompt_embeds):
+        assert torch.equal(a, b)
