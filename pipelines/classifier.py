@@ -116,7 +116,9 @@ class ImageClassifier(nn.Module):
     def preprocess(self, images: Sequence[Any]) -> torch.Tensor:
         """PIL images -> normalised pixel values [B,3,H,W] (the model's own image processor when it has one)."""
         if self.processor is not None:
-            return self.processor(images=list(images), return_tensors="pt")["pixel_values"]
+            # PIL images are height x width x channels; saying so keeps a 1x1 or 2x2 image from being read as
+            # channels-first (transformers 5.2 guesses the layout from the shape)
+            return self.processor(images=list(images), return_tensors="pt", input_data_format="channels_last")["pixel_values"]
         arrays = [np.asarray(img.convert("RGB").resize(self.image_size[::-1], resample=3), dtype=np.float32) / 255.0 for img in images]
         x = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2)
         return (x - self.mean.cpu()) / self.std.cpu()
