@@ -5,8 +5,8 @@ import numpy as np
 import scipy.linalg
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import logsumexp
-from detectors.posthoc.common import float32_features, raw_features
+from detectors.posthoc import streaming
+from detectors.posthoc.common import logsumexp, model_precision, stored_features
 from detectors.registry import register_detector
 
 
@@ -58,6 +58,7 @@ class ViM(Detector):
 
     The covariance is that of h - u about u (OpenOOD's assume_centered); alpha = mean max logit / mean residual on
     train. `dim=None` picks 1000 for D >= 2048, 256 for D >= 512, D // 2 below. Higher = more ID.
+    Fit: one streamed pass for the covariance (`streaming.Moments`), one for the train logits and residuals.
     """
 
     family = "posthoc"
@@ -68,16 +69,20 @@ class ViM(Detector):
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        h = raw_features(id_train, self.name)
+        h = stored_features(id_train, self.name)
         dim = resolve_dim(self.dim, h.shape[1], self.name)
         self.origin = virtual_origin(self.head.weight, self.head.bias)
-        t = np.subtract(h, self.origin, dtype=np.float64)
-        covariance = t.T @ t / len(t)
+        covariance = streaming.moments(h).second_moment_about(self.origin)
         # keep the smaller of the two bases: the residual follows from either
         self.keeps_principal = dim <= h.shape[1] - dim
         self.basis = ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal else ranked_eigenvectors(covariance, dim, h.shape[1])
-        logits = self.head(float32_features(id_train, self.name))
-        self.alpha = float(logits.max(axis=1).astype(np.float64).mean() / self.residual(t).mean())
+        max_logit, residual = 0.0, 0.0
+        for _, block in streaming.chunks(h):
+            block = model_precision(block)
+            max_logit += self.head(block).max(axis=1).sum(dtype=np.float64)
+            residual += self.residual(np.subtract(block, self.origin, dtype=np.float64)).sum()
+        max_logit, residual = streaming.reduce_sum(max_logit, residual)
+        self.alpha = float(max_logit / residual)
 
     def residual(self, t: np.ndarray) -> np.ndarray:
         """||P_perp t|| per row of t = h - u (float64)."""
@@ -88,9 +93,11 @@ class ViM(Detector):
         return np.sqrt(projected)
 
     def _score(self, batch) -> np.ndarray:
-        t = np.subtract(raw_features(batch, self.name), self.origin, dtype=np.float64)
-        energy = logsumexp(self.head(float32_features(batch, self.name)))
-        return energy - self.alpha * self.residual(t)
+        def rows(_, block: np.ndarray) -> np.ndarray:
+            block = model_precision(block)
+            return logsumexp(self.head(block)) - self.alpha * self.residual(np.subtract(block, self.origin, dtype=np.float64))
+
+        return streaming.map_rows(rows, stored_features(batch, self.name))
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "origin": self.origin, "basis": self.basis,
