@@ -58,6 +58,18 @@ def across_processes() -> Iterator[None]:
         _DISTRIBUTED = before
 
 
+def process_rows(n: int) -> slice:
+    """This process's contiguous share of n rows (as accelerate's split_between_processes; all rows with one process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return slice(0, n)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    size, extra = divmod(n, world)
+    start = rank * size + min(rank, extra)
+    return slice(start, start + size + (rank < extra))
+
+
 def _gather(obj: Any) -> list[Any]:
     """`obj` of every process in rank order (itself alone outside `across_processes` or with one process)."""
     if not _DISTRIBUTED:
