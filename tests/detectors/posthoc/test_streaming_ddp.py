@@ -17,6 +17,7 @@ import numpy as np
 from accelerate import PartialState
 import detectors
 from detectors import FeatureSet
+from detectors.posthoc import streaming
 from pipelines.features import FeatureCache
 
 state = PartialState(cpu=True)
