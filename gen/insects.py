@@ -436,14 +436,14 @@ def manifest_rows(frame: pd.DataFrame, non_target_name: str = "non_target") -> l
         if missing.any():
             values[missing] = None
         columns[name] = values.tolist()
-    if "aux_label" in frame.columns:
-        columns["aux_label"] = frame["aux_label"].fillna(-1).astype(np.int64).tolist()
+    from itertools import repeat
+
     names = list(columns)
-    rows = [dict(zip(names, values)) for values in zip(*columns.values())]
-    if "aux_label" in columns:
-        for row in rows:  # only auxiliary rows carry an aux_label
-            if row["ood_set"] != "auxiliary":
-                del row["aux_label"]
+    rows = list(map(dict, map(zip, repeat(names), zip(*columns.values()))))
+    if "aux_label" in frame.columns:  # only auxiliary rows carry an aux_label (last key)
+        aux = np.flatnonzero((table["ood_set"] == "auxiliary").to_numpy())
+        for i, value in zip(aux.tolist(), frame["aux_label"].fillna(-1).to_numpy()[aux].astype(np.int64).tolist()):
+            rows[i]["aux_label"] = value
     return rows
 
 
