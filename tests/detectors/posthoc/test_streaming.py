@@ -62,8 +62,11 @@ def test_percentile_equals_numpy_exactly(dtype):
         q = float(rng.choice([0.0, 100.0, 90.0, 50.0, rng.uniform(0, 100)]))
         with streaming.chunk_rows(int(rng.integers(1, 40))):
             assert streaming.percentile(x, q) == float(np.percentile(x, q)), (trial, q)
-    x16 = rng.random((50, 3)).astype(np.float16)
-    assert streaming.percentile(x16, 90, dtype=np.float32) == float(np.percentile(x16.astype(np.float32), 90))
+    for q in (0, 10, 33.3, 90, 99.99, 100):  # float16 data read as float32 (one exact histogram pass)
+        x16 = (rng.normal(size=(500, 3)) * 10).astype(np.float16)
+        x16[:50] = -0.0
+        for dtype in (np.float32, np.float64, np.float16):
+            assert streaming.percentile(x16, q, dtype=dtype) == float(np.percentile(x16.astype(dtype), q)), (q, dtype)
     with pytest.raises(ValueError, match="NaN"):
         streaming.percentile(np.array([[1.0, np.nan]]), 50)
 
