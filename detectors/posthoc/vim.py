@@ -76,20 +76,22 @@ class ViM(Detector):
         # keep the smaller of the two bases: the residual follows from either
         self.keeps_principal = dim <= h.shape[1] - dim
         self.basis = ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal else ranked_eigenvectors(covariance, dim, h.shape[1])
+        # alpha's train pass projects in float32 (the model's precision, as pytorch-ood does), sums in float64
+        basis, origin = self.basis.astype(np.float32), self.origin.astype(np.float32)
         max_logit, residual = 0.0, 0.0
         for _, block in streaming.chunks(h):
-            block = model_precision(block)
+            block = block.astype(np.float32, copy=False)
             max_logit += self.head(block).max(axis=1).sum(dtype=np.float64)
-            residual += self.residual(np.subtract(block, self.origin, dtype=np.float64)).sum()
+            residual += self.residual(block - origin, basis).sum()
         max_logit, residual = streaming.reduce_sum(max_logit, residual)
         self.alpha = float(max_logit / residual)
 
-    def residual(self, t: np.ndarray) -> np.ndarray:
-        """||P_perp t|| per row of t = h - u (float64)."""
-        p = t @ self.basis
-        projected = np.einsum("nd,nd->n", p, p)
+    def residual(self, t: np.ndarray, basis: np.ndarray | None = None) -> np.ndarray:
+        """||P_perp t|| per row of t = h - u, projected in t's precision, squared norms summed in float64."""
+        p = t @ (self.basis if basis is None else basis)
+        projected = np.einsum("nd,nd->n", p, p, dtype=np.float64)
         if self.keeps_principal:
-            return np.sqrt(np.maximum(np.einsum("nd,nd->n", t, t) - projected, 0.0))
+            return np.sqrt(np.maximum(np.einsum("nd,nd->n", t, t, dtype=np.float64) - projected, 0.0))
         return np.sqrt(projected)
 
     def _score(self, batch) -> np.ndarray:
