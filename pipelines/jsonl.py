@@ -82,3 +82,51 @@ def _encode_group(keys: tuple, rows: list[dict[str, Any]]) -> list[str]:
         return ["{}\n"] * len(rows)
     template = "{" + ", ".join(encode_basestring_ascii(k).replace("%", "%%") + ": %s" for k in keys) + "}\n"
     return [template % texts for texts in zip(*columns)]
+
+
+def column_texts(series: Any) -> Any:
+    """JSON text of each value of a pandas Series (a list or pyarrow array of str), as `json.dumps` writes it once
+    missing values become None; categoricals encode each category once. None when some value is not a plain scalar."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+
+    if isinstance(series.dtype, pd.CategoricalDtype):
+        categories = _column(list(series.cat.categories))
+        if categories is None:
+            return None
+        codes = series.cat.codes.to_numpy().astype(np.int64)
+        codes[codes < 0] = len(categories)
+        return pa.array(categories + ["null"], pa.large_string()).take(pa.array(codes))
+    if pd.api.types.is_float_dtype(series.dtype):
+        values = series.to_numpy(dtype=np.float64)
+        texts = list(map(float.__repr__, values.tolist()))
+        for i in np.flatnonzero(~np.isfinite(values)).tolist():
+            texts[i] = "null" if np.isnan(values[i]) else _float(float(values[i]))
+        return texts
+    if series.dtype == np.int64:
+        return pa.array(series.to_numpy()).cast(pa.large_string())  # Arrow's decimal digits are int.__repr__'s
+    values = series.to_numpy(dtype=object)
+    missing = pd.isna(series).to_numpy()
+    if missing.any():
+        values[missing] = None
+    return _column(values.tolist())
+
+
+def join_lines(pieces: list[Any]) -> bytes:
+    """Concatenate string pieces row by row (each piece a sequence with one string per row, or one str for every
+    row) and return all rows together as UTF-8 bytes; the pieces hold the separators and line ends themselves."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    arrays = [pa.scalar(p, pa.large_string()) if isinstance(p, str)
+              else p.cast(pa.large_string()) if isinstance(p, pa.Array) else pa.array(p, pa.large_string()) for p in pieces]
+    joined = pc.binary_join_element_wise(*arrays, pa.scalar("", pa.large_string()))
+    if isinstance(joined, pa.ChunkedArray):
+        joined = joined.combine_chunks()
+    if len(joined) == 0:
+        return b""
+    _, offsets, data = joined.buffers()
+    bounds = np.frombuffer(offsets, dtype=np.int64)[joined.offset:joined.offset + len(joined) + 1]
+    return data.to_pybytes()[int(bounds[0]):int(bounds[-1])]
