@@ -14,6 +14,7 @@ NAMES = ["mds", "rmds", "vim", "neco", "nci", "react", "dice", "she"]
 DDP_SCRIPT = """
 import os, sys
 import numpy as np
+import torch.distributed
 from accelerate import PartialState
 import detectors
 from detectors import FeatureSet
@@ -29,6 +30,8 @@ with streaming.chunk_rows(23), streaming.across_processes():
         det.fit(shard(train), head=train.head(), id_val=shard(val))
         np.savez(os.path.join(sys.argv[3], f"{name}-rank{state.process_index}.npz"), **det.state(),
                  rows=np.array([len(shard(train))]))
+state.wait_for_everyone()
+torch.distributed.destroy_process_group()
 """
 
 
@@ -47,7 +50,7 @@ def test_two_processes_give_the_one_process_detector_state(tmp_path):
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--nproc_per_node", "2", str(script), *map(str, paths), str(tmp_path), ",".join(NAMES)],
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), *map(str, paths), str(tmp_path), ",".join(NAMES)],
                           capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[3])
     assert done.returncode == 0, done.stderr[-3000:]
     train, val = (FeatureCache.load(p) for p in paths)
