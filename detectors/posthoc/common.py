@@ -40,11 +40,6 @@ def logits_of(batch: Any, who: str) -> np.ndarray:
     return out
 
 
-def features_of(batch: Any, who: str) -> np.ndarray:
-    """float64 penultimate features [N,D] of a FeatureSet or an array-like of features."""
-    return np.asarray(raw_features(batch, who), dtype=np.float64)
-
-
 def labels_of(data: FeatureSet, who: str) -> np.ndarray:
     """int64 class labels [N] of a FeatureSet (raises when it has none)."""
     data.require("labels", who=who)

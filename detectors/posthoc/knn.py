@@ -6,7 +6,8 @@ Indexes (`index` parameter):
   chunk, the k best of each chunk merged: the same distances with memory bounded by the chunk size.
 - "flat16": exhaustive search over vectors stored in float16 (faiss scalar quantizer): half the memory, distances
   within float16 rounding of the exact ones.
-- "ivf": inverted file with float16 storage (nlist = 4 sqrt(N) clusters, `nprobe` searched): approximate, much faster
+- "ivf": inverted file with float16 storage (nlist = sqrt(N) clusters trained on 40 nlist evenly spaced rows,
+  `nprobe` searched): approximate, much faster
   for large banks; recall is measured in `scripts/bench_scale.py` (docs/bench_scale.md).
 - "auto": "flat" up to `AUTO_IVF_ROWS` train rows, "ivf" beyond.
 """
@@ -81,9 +82,9 @@ class KNN(Detector):
         if self.kind == "flat16":
             index = faiss.IndexScalarQuantizer(d, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_L2)
         else:
-            nlist = max(1, min(len(h) // 39, int(round(4 * np.sqrt(len(h))))))
+            nlist = max(1, min(len(h) // 39, int(round(np.sqrt(len(h))))))
             index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatL2(d), d, nlist, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_L2)
-            sample = np.unique(np.linspace(0, len(h) - 1, min(len(h), 64 * nlist)).astype(np.int64))
+            sample = np.unique(np.linspace(0, len(h) - 1, min(len(h), 40 * nlist)).astype(np.int64))
             index.train(l2_normalise(h[sample]))
             index.nprobe = int(self.nprobe)
         for _, unit in normalised_chunks(h):
