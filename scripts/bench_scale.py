@@ -358,10 +358,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/scale.json"))
     parser.add_argument("--update", action="store_true", help="keep the sections of an existing --out that this run skips")
+    parser.add_argument("--merge", type=Path, nargs="*", help="combine the JSON of runs made separately into --out")
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return {}
+    if args.merge:
+        return merge(args.merge, args.out)
 
     workdir = Path(tempfile.mkdtemp(prefix="bench_scale-", dir=args.workdir))
     result: dict[str, Any] = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
@@ -413,17 +416,42 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     result["knn_ivf"] = {"rows": n, "nprobe": 16, "exact_score_s": exact_row.get("score_s"), **ivf}
                 print(json.dumps(result.get("knn_ivf", ivf)), flush=True)
             train.unlink()
-        for name in args.only:
-            per_row = {r["rows"]: r["fit_us_per_row"] for r in result["runs"] if r["detector"] == name and r.get("fit_us_per_row")}
-            if per_row:
-                sizes = sorted(per_row)
-                result["linearity"][name] = {"us_per_row": per_row, "growth": per_row[sizes[-1]] / per_row[sizes[0]]}
+        result["linearity"] = linearity(result["runs"])
         if args.manifest_occurrences:
             result["manifests"] = bench_manifests(args.manifest_occurrences, workdir)
             print(json.dumps(result["manifests"]), flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     save(args.out, result, args.update)
+    print(markdown(result))
+    return result
+
+
+def linearity(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Fit time per train row at each size, and its growth from the smallest to the largest size (1 = linear)."""
+    out = {}
+    for name in dict.fromkeys(r["detector"] for r in runs):
+        per_row = {r["rows"]: r["fit_us_per_row"] for r in runs if r["detector"] == name and r.get("fit_us_per_row")}
+        if per_row:
+            sizes = sorted(per_row)
+            out[name] = {"us_per_row": {n: per_row[n] for n in sizes}, "growth": per_row[sizes[-1]] / per_row[sizes[0]]}
+    return out
+
+
+def merge(parts: list[Path], out: Path) -> dict[str, Any]:
+    """One result from runs made in separate invocations (e.g. the largest size on its own)."""
+    result: dict[str, Any] = {"runs": []}
+    for part in parts:
+        data = json.loads(part.read_text())
+        result["runs"] += data.pop("runs", [])
+        for key, value in data.items():
+            if key == "sizes":
+                result["sizes"] = sorted(set(result.get("sizes", [])) | set(value))
+            elif value or key not in result:
+                result[key] = value
+    result["runs"].sort(key=lambda r: (r["rows"], DETECTORS.index(r["detector"]) if r["detector"] in DETECTORS else 99))
+    result["linearity"] = linearity(result["runs"])
+    save(out, result, False)
     print(markdown(result))
     return result
 
