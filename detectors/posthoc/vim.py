@@ -72,7 +72,8 @@ class ViM(Detector):
         h = stored_features(id_train, self.name)
         dim = resolve_dim(self.dim, h.shape[1], self.name)
         self.origin = virtual_origin(self.head.weight, self.head.bias)
-        covariance = streaming.moments(h).second_moment_about(self.origin)
+        # products in float32 like the reference (sklearn EmpiricalCovariance on float32 features), summed in float64
+        covariance = streaming.moments(h, scatter=np.float32).second_moment_about(self.origin)
         # keep the smaller of the two bases: the residual follows from either
         self.keeps_principal = dim <= h.shape[1] - dim
         self.basis = ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal else ranked_eigenvectors(covariance, dim, h.shape[1])

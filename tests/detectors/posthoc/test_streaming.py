@@ -115,9 +115,11 @@ def test_streamed_fit_from_memory_mapped_cache_equals_in_memory_fit(name, tmp_pa
         scores = streamed.score(val.to_featureset())
     expected_state, got_state = reference.state(), streamed.state()
     assert expected_state.keys() == got_state.keys()
+    # ViM's covariance products are float32 per chunk (as its reference code): chunking moves them at float32 rounding
+    rtol, atol = (1e-4, 1e-5) if name == "vim" else (1e-9, 1e-10)
     for key in expected_state:
-        np.testing.assert_allclose(got_state[key], expected_state[key], rtol=1e-9, atol=1e-10, err_msg=key)
-    np.testing.assert_allclose(scores, reference.score(in_memory[1]), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got_state[key], expected_state[key], rtol=rtol, atol=atol, err_msg=key)
+    np.testing.assert_allclose(scores, reference.score(in_memory[1]), rtol=1e-6, atol=1e-4 if name == "vim" else 1e-6)
 
 
 def test_knn_streamed_exact_search_and_float16_ivf_indexes(tmp_path, monkeypatch):

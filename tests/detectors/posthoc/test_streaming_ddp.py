@@ -61,4 +61,5 @@ def test_two_processes_give_the_one_process_detector_state(tmp_path):
         assert [int(r.pop("rows")[0]) for r in ranks] == [120, 120]  # each process saw half the rows
         for key, value in one.state().items():
             np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=f"{name}.{key}: ranks disagree")
-            np.testing.assert_allclose(ranks[0][key], value, rtol=1e-9, atol=1e-10, err_msg=f"{name}.{key}")
+            rtol, atol = (1e-4, 1e-5) if name == "vim" else (1e-9, 1e-10)  # ViM: float32 covariance products
+            np.testing.assert_allclose(ranks[0][key], value, rtol=rtol, atol=atol, err_msg=f"{name}.{key}")
