@@ -223,6 +223,13 @@ def pytorch_ood_run(spec: dict[str, Any], train: Any, test: Any, test_rows: slic
 
 
 def _rss() -> dict[str, float]:
+    """This process's peak resident set: VmHWM of its own address space (ru_maxrss would also count the parent's
+    peak, which Linux carries over fork and exec)."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return {"peak_rss_mb": int(line.split()[1]) / 1024}
     return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
