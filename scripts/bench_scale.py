@@ -446,7 +446,8 @@ def linearity(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def merge(parts: list[Path], out: Path) -> dict[str, Any]:
-    """One result from runs made in separate invocations (e.g. the largest size on its own)."""
+    """One result from runs made in separate invocations (e.g. the largest size on its own); for a (size, detector)
+    run twice, the later part wins."""
     result: dict[str, Any] = {"runs": []}
     for part in parts:
         data = json.loads(part.read_text())
@@ -456,7 +457,8 @@ def merge(parts: list[Path], out: Path) -> dict[str, Any]:
                 result["sizes"] = sorted(set(result.get("sizes", [])) | set(value))
             elif value or key not in result:
                 result[key] = value
-    result["runs"].sort(key=lambda r: (r["rows"], DETECTORS.index(r["detector"]) if r["detector"] in DETECTORS else 99))
+    latest = {(r["rows"], r["detector"]): r for r in result["runs"]}  # a later part's rerun replaces an earlier run
+    result["runs"] = sorted(latest.values(), key=lambda r: (r["rows"], DETECTORS.index(r["detector"]) if r["detector"] in DETECTORS else 99))
     result["linearity"] = linearity(result["runs"])
     save(out, result, False)
     print(markdown(result))
