@@ -248,9 +248,13 @@ def moments(array: np.ndarray, groups: np.ndarray | None = None, *, scatter: Any
     across processes inside `across_processes` (`scatter` as in `Moments.of`)."""
     total: Moments | None = None
     labels = None if groups is None else np.asarray(groups)
-    for part, block in chunks(array, np.float64):
-        piece = Moments.of(block, None if labels is None else labels[part], scatter=scatter,
-                           shift=None if total is None else total.shift)
+    single = scatter is np.float32 and labels is None  # one group, float32 products: no float64 copy of the rows
+    for part, block in chunks(array, np.float32 if single else np.float64):
+        if single:
+            piece = _single_group_float32(block, None if total is None else total.shift)
+        else:
+            piece = Moments.of(block, None if labels is None else labels[part], scatter=scatter,
+                               shift=None if total is None else total.shift)
         total = piece if total is None else total.merge(piece)
     if total is None:
         raise ValueError("no rows to compute statistics from")
@@ -258,6 +262,15 @@ def moments(array: np.ndarray, groups: np.ndarray | None = None, *, scatter: Any
     for piece in _gather(total):
         merged = piece if merged is None else merged.merge(piece)
     return merged
+
+
+def _single_group_float32(rows: np.ndarray, shift: np.ndarray | None) -> Moments:
+    """Moments.of(rows, scatter=np.float32) for float32 rows and one group, centred and multiplied in float32."""
+    if shift is None:
+        shift = rows.mean(axis=0, dtype=np.float64).astype(np.float32).astype(np.float64)
+    centred = rows - shift.astype(np.float32)
+    return Moments(shift, np.zeros(1, np.int64), np.array([len(rows)], np.int64),
+                   centred.sum(axis=0, dtype=np.float64)[None], (centred.T @ centred).astype(np.float64))
 
 
 # -- exact percentiles ------------------------------------------------------------------------------------------
