@@ -25,7 +25,8 @@ def class_patterns(features: np.ndarray, logits: np.ndarray, labels: np.ndarray)
     counts = np.zeros((2, num_classes), np.int64)
     for rows, block in streaming.chunks(features, np.float64):
         label = labels[rows]
-        correct = np.asarray(logits[rows]).argmax(axis=1) == label
+        correct = np.array(logits[rows]).argmax(axis=1) == label
+        streaming.release(logits[rows])  # a memory-mapped logits file leaves the resident set chunk by chunk too
         for which, keep in enumerate((correct, np.ones(len(label), bool))):
             one_hot = scipy.sparse.csr_matrix((np.ones(int(keep.sum())), (label[keep], np.flatnonzero(keep))),
                                               shape=(num_classes, len(label)))
