@@ -25,6 +25,15 @@ def as_numpy(x: Any, dtype: Any = None) -> np.ndarray | None:
     return arr.astype(dtype, copy=False) if dtype is not None else arr
 
 
+def memory_mapped(x: Any) -> bool:
+    """True for an np.memmap or any view of one."""
+    while x is not None:
+        if isinstance(x, np.memmap):
+            return True
+        x = getattr(x, "base", None)
+    return False
+
+
 @dataclass
 class FeatureSet:
     """Cached model outputs for N samples: penultimate `features [N,D]`, `logits [N,C]`, `labels [N]` (any may be None)."""
@@ -34,12 +43,14 @@ class FeatureSet:
     labels: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        # memory-mapped arrays (np.memmap, e.g. FeatureCache.load(mmap=True)) stay mapped in their stored dtype:
+        # detectors read them in chunks (detectors.posthoc.streaming)
         self.features = as_numpy(self.features)
         self.logits = as_numpy(self.logits)
         self.labels = as_numpy(self.labels)
-        if self.features is not None and self.features.dtype not in (np.float32, np.float64):
+        if self.features is not None and self.features.dtype not in (np.float32, np.float64) and not memory_mapped(self.features):
             self.features = self.features.astype(np.float32)
-        if self.logits is not None and self.logits.dtype not in (np.float32, np.float64):
+        if self.logits is not None and self.logits.dtype not in (np.float32, np.float64) and not memory_mapped(self.logits):
             self.logits = self.logits.astype(np.float32)
         sizes = {name: len(v) for name, v in (("features", self.features), ("logits", self.logits), ("labels", self.labels)) if v is not None}
         if len(set(sizes.values())) > 1:

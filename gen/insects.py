@@ -43,8 +43,8 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from pipelines.data import MANIFEST_INFO, Manifest, ManifestError, read_manifest, write_manifest
-from pipelines.io import atomic_write_json, atomic_write_text
+from pipelines.data import MANIFEST_INFO, METADATA, Manifest, ManifestError, read_manifest, write_manifest
+from pipelines.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from pipelines.runtime import item_seed
 
 OCCURRENCE_COLUMNS = ("species", "genus", "family", "lat", "lon", "file_name")
@@ -514,7 +514,25 @@ SET_FIELDS = {  # set -> (split, role, ood_set, group)
 
 def manifest_rows(frame: pd.DataFrame, non_target_name: str = "non_target") -> list[dict[str, Any]]:
     """Schema-complete manifest rows (DESIGN.md) for one region's frame."""
-    table = pd.DataFrame({
+    from itertools import repeat
+
+    table = _manifest_table(frame, non_target_name)
+    columns = {}
+    for name in table.columns:
+        values = table[name].to_numpy(dtype=object)
+        missing = pd.isna(table[name]).to_numpy()
+        if missing.any():
+            values[missing] = None
+        columns[name] = values.tolist()
+    names = list(columns)
+    rows = list(map(dict, map(zip, repeat(names), zip(*columns.values()))))
+    for i, value in _aux_labels(frame, table):  # only auxiliary rows carry an aux_label (last key)
+        rows[i]["aux_label"] = value
+    return rows
+
+
+def _manifest_table(frame: pd.DataFrame, non_target_name: str) -> pd.DataFrame:
+    return pd.DataFrame({
         "file_name": frame["file_name"].astype(str),
         "split": frame["set"].map({k: v[0] for k, v in SET_FIELDS.items()}),
         "role": frame["set"].map({k: v[1] for k, v in SET_FIELDS.items()}),
@@ -524,22 +542,49 @@ def manifest_rows(frame: pd.DataFrame, non_target_name: str = "non_target") -> l
         "species": frame["species"], "genus": frame["genus"], "family": frame["family"],
         "hop": frame["hop"].astype(np.int64), "lat": frame["lat"], "lon": frame["lon"],
     })
-    columns = {}
-    for name in table.columns:
-        values = table[name].to_numpy(dtype=object)
-        missing = pd.isna(table[name]).to_numpy()
-        if missing.any():
-            values[missing] = None
-        columns[name] = values.tolist()
-    if "aux_label" in frame.columns:
-        columns["aux_label"] = frame["aux_label"].fillna(-1).astype(np.int64).tolist()
-    names = list(columns)
-    rows = [dict(zip(names, values)) for values in zip(*columns.values())]
-    if "aux_label" in columns:
-        for row in rows:  # only auxiliary rows carry an aux_label
-            if row["ood_set"] != "auxiliary":
-                del row["aux_label"]
-    return rows
+
+
+def _aux_labels(frame: pd.DataFrame, table: pd.DataFrame) -> list[tuple[int, int]]:
+    """(row position, aux_label) of the auxiliary rows."""
+    if "aux_label" not in frame.columns:
+        return []
+    aux = np.flatnonzero((table["ood_set"] == "auxiliary").to_numpy())
+    return list(zip(aux.tolist(), frame["aux_label"].fillna(-1).to_numpy()[aux].astype(np.int64).tolist()))
+
+
+def _manifest_bytes(frame: pd.DataFrame, non_target_name: str) -> bytes | None:
+    """metadata.jsonl bytes of manifest_rows(frame) (json.dumps(row, default=str) per line), built column by column;
+    None when the vectorised schema checks cannot vouch for every row (write_manifest then names the bad line)."""
+    from json.encoder import encode_basestring_ascii
+
+    from pipelines.data import GROUPS, ROLES, SPLITS
+    from pipelines.jsonl import column_texts, join_lines
+
+    table = _manifest_table(frame, non_target_name)
+    names, ood_set = table["file_name"], table["ood_set"]
+    is_id = (table["role"] == "id").to_numpy()
+    ood_names = ood_set[~is_id]
+    coordinates = table[["lat", "lon"]].to_numpy(dtype=np.float64)
+    if not (table["split"].isin(SPLITS).all() and table["role"].isin(ROLES).all()
+            and (table["group"].isna() | table["group"].isin(GROUPS)).all()
+            and not names.duplicated().any() and (names.str.len() > 0).all()
+            and not names.str.contains(r"^/|\\|(?:^|/)\.\.(?:/|$)", regex=True).any()
+            and (ood_set[is_id].isna().all()) and (table["label"][is_id] >= 0).all()
+            and (ood_names.empty or (pd.api.types.infer_dtype(ood_names, skipna=False) == "string"
+                                     and (ood_names.str.len() > 0).all()))
+            and (table["label"][~is_id] == -1).all()
+            and not np.isinf(coordinates).any()):
+        return None
+    pieces: list[Any] = []
+    for number, name in enumerate(table.columns):
+        texts = column_texts(table[name])
+        if texts is None:
+            return None
+        pieces += [("{" if number == 0 else ", ") + encode_basestring_ascii(name) + ": ", texts]
+    aux = [""] * len(table)
+    for i, value in _aux_labels(frame, table):
+        aux[i] = f', "aux_label": {value}'
+    return join_lines(pieces + [aux, "}\n"])
 
 
 def summarize(splits: Splits) -> pd.DataFrame:
@@ -561,7 +606,11 @@ def write_splits(splits: Splits, out_dir: str | os.PathLike, image_root: str | o
     written = {}
     for region, frame in splits.regions.items():
         folder = out_dir / region
-        write_manifest(folder, manifest_rows(frame, splits.config.non_target_name))
+        text = _manifest_bytes(frame, splits.config.non_target_name)
+        if text is None:  # validates row by row and names the bad line
+            write_manifest(folder, manifest_rows(frame, splits.config.non_target_name))
+        else:
+            atomic_write_bytes(folder / METADATA, text)
         atomic_write_json(folder / MANIFEST_INFO, {
             "image_root": str(Path(image_root).expanduser().resolve()), "region": region,
             "missing_id_species": splits.missing_id_species.get(region, []), "config": splits.config.to_dict(),

@@ -66,21 +66,68 @@ class FeatureCache:
         return Path(path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "FeatureCache":
-        """Read a cache written by `save`."""
-        from safetensors import safe_open
+    def load(cls, path: str | os.PathLike, mmap: bool = False) -> "FeatureCache":
+        """Read a cache written by `save`. With `mmap=True` the arrays are read-only `np.memmap`s of the file
+        (nothing is read until used; detectors stream them in chunks), else they are loaded into memory."""
+        if mmap:
+            arrays, raw = map_safetensors(path)
+        else:
+            from safetensors import safe_open
 
-        with safe_open(str(path), framework="numpy") as fh:
-            arrays = {k: fh.get_tensor(k) for k in fh.keys()}
-            raw = fh.metadata() or {}
+            with safe_open(str(path), framework="numpy") as fh:
+                arrays = {k: fh.get_tensor(k) for k in fh.keys()}
+                raw = fh.metadata() or {}
         meta: dict[str, Any] = {}
         for k, v in raw.items():
             try:
                 meta[k] = json.loads(v)
             except json.JSONDecodeError:
                 meta[k] = v
+        missing = [k for k in ("features", "logits", "labels", "index", "head.weight", "head.bias") if k not in arrays]
+        if missing:
+            raise ValueError(f"{path}: not a feature cache, tensors {missing} missing")
         return cls(arrays["features"], arrays["logits"], arrays["labels"], arrays["index"], arrays["head.weight"],
                    arrays["head.bias"], meta)
+
+
+SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
+                      "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+def map_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Read-only np.memmap views of every tensor of a safetensors file, and its metadata.
+
+    The format: an 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__"},
+    then the raw little-endian tensor bytes, offsets counted from the end of the header.
+    """
+    path = Path(path)
+    with open(path, "rb") as fh:
+        prefix = fh.read(8)
+        if len(prefix) != 8:
+            raise ValueError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
+        length = int.from_bytes(prefix, "little")
+        try:
+            header = json.loads(fh.read(length))
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path}: not a safetensors file (unreadable header: {err})") from None
+    start = 8 + length
+    size = path.stat().st_size
+    arrays = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = SAFETENSORS_DTYPES.get(info.get("dtype"))
+        if dtype is None:
+            raise ValueError(f"{path}: tensor {name!r} has dtype {info.get('dtype')!r}, which numpy cannot memory-map")
+        begin, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        if end - begin != int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize or start + end > size:
+            raise ValueError(f"{path}: tensor {name!r} data_offsets {info['data_offsets']} do not match shape {shape}")
+        if end == begin:
+            arrays[name] = np.zeros(shape, dtype=np.dtype(dtype).newbyteorder("<"))
+        else:
+            arrays[name] = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r", offset=start + begin, shape=shape)
+    return arrays, header.get("__metadata__") or {}
 
 
 def cache_path(cache_dir: str | os.PathLike, name: str, key: str) -> Path:

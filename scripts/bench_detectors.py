@@ -64,13 +64,14 @@ FLOPS: dict[str, FlopFormula] = {
     # covariance N D^2 (symmetric rank-N update), inverse via Cholesky; score: t @ P and t P @ means^T
     "mds": lambda s, d: {"fit": (0, s["N"] * s["D"] ** 2 + _cholesky_inverse(s["D"])),
                          "score": (0, 2.0 * s["M"] * s["D"] ** 2 + 2.0 * s["M"] * s["D"] * s["C"])},
-    "rmds": lambda s, d: {"fit": (0, 2 * (s["N"] * s["D"] ** 2 + _cholesky_inverse(s["D"]))),
+    # one pass of moments gives both the tied and the class-agnostic covariance; two inverses
+    "rmds": lambda s, d: {"fit": (0, s["N"] * s["D"] ** 2 + 2 * _cholesky_inverse(s["D"])),
                           "score": (0, 4.0 * s["M"] * s["D"] ** 2 + 2.0 * s["M"] * s["D"] * s["C"])},
     # one distance matrix against the whole bank
     "knn": lambda s, d: {"fit": (0, 0), "score": (2.0 * s["M"] * s["N"] * s["D"], 0)},
-    # pinv(W) ~ 2 C D^2, covariance, eigh of the kept basis only, train logits, train residuals
-    "vim": lambda s, d: {"fit": (_head_projection(s, "N"), 2.0 * s["C"] * s["D"] ** 2 + s["N"] * s["D"] ** 2
-                                 + _eigh(s["D"], _residual_width(d)) + 2.0 * s["N"] * s["D"] * _residual_width(d)),
+    # pinv(W) ~ 2 C D^2, covariance, eigh of the kept basis only; train logits and residuals (alpha) in float32
+    "vim": lambda s, d: {"fit": (_head_projection(s, "N") + 2.0 * s["N"] * s["D"] * _residual_width(d),
+                                 2.0 * s["C"] * s["D"] ** 2 + s["N"] * s["D"] ** 2 + _eigh(s["D"], _residual_width(d))),
                          "score": (_head_projection(s), 2.0 * s["M"] * s["D"] * _residual_width(d))},
     "neco": lambda s, d: {"fit": (0, s["N"] * s["D"] ** 2 + _eigh(s["D"], d.components.shape[1])),
                           "score": (_head_projection(s) if d.max_logit else 0, 2.0 * s["M"] * s["D"] * d.components.shape[1])},

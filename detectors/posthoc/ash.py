@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import logsumexp
-from detectors.posthoc.common import float32_features
+from detectors.posthoc import streaming
+from detectors.posthoc.common import stored_features
 from detectors.registry import register_detector
 
 VARIANTS = ("b", "p", "s")
@@ -66,5 +67,8 @@ class ASH(Detector):
             raise ValueError(f"ash: variant={self.variant!r} must be one of {VARIANTS}")
 
     def _score(self, batch) -> np.ndarray:
-        features = float32_features(batch, self.name)
-        return logsumexp(ash_logits(features, self.head.weight, self.head.bias, self.percentile, self.variant))
+        def rows(_, h: np.ndarray) -> np.ndarray:
+            return logsumexp(ash_logits(h.astype(np.float32, copy=False), self.head.weight, self.head.bias,
+                                        self.percentile, self.variant))
+
+        return streaming.map_rows(rows, stored_features(batch, self.name))

@@ -1,4 +1,5 @@
-"""Shared numerics of logit/feature-level post-hoc detectors: stable float64 softmax, log-softmax, logsumexp on numpy."""
+"""Shared numerics of logit/feature-level post-hoc detectors: stable float64 softmax, log-softmax, logsumexp on numpy,
+and access to a FeatureSet's arrays (as stored, for streaming passes, or converted)."""
 from __future__ import annotations
 
 from typing import Any
@@ -39,11 +40,6 @@ def logits_of(batch: Any, who: str) -> np.ndarray:
     return out
 
 
-def features_of(batch: Any, who: str) -> np.ndarray:
-    """float64 penultimate features [N,D] of a FeatureSet or an array-like of features."""
-    return np.asarray(raw_features(batch, who), dtype=np.float64)
-
-
 def labels_of(data: FeatureSet, who: str) -> np.ndarray:
     """int64 class labels [N] of a FeatureSet (raises when it has none)."""
     data.require("labels", who=who)
@@ -61,11 +57,30 @@ def raw_features(batch: Any, who: str) -> np.ndarray:
     return out if out.dtype in (np.float32, np.float64) else out.astype(np.float32)
 
 
+def stored_features(batch: Any, who: str) -> np.ndarray:
+    """Features [N,D] exactly as stored, no conversion (a float16 np.memmap stays on disk): for streaming passes, which
+    convert chunk by chunk (see `detectors.posthoc.streaming`)."""
+    if isinstance(batch, FeatureSet):
+        batch.require("features", who=who)
+        batch = batch.features
+    out = batch if isinstance(batch, np.ndarray) else as_numpy(batch)
+    if out.ndim != 2:
+        raise ValueError(f"{who} needs features of shape [N,D], got {out.shape}")
+    return out
+
+
+def model_precision(block: np.ndarray) -> np.ndarray:
+    """A chunk of stored features in the precision the in-memory path uses: float32/float64 as they are, else float32."""
+    return block if block.dtype in (np.float32, np.float64) else block.astype(np.float32)
+
+
 def float32_features(batch: Any, who: str) -> np.ndarray:
     """float32 features (no copy when already float32): for faiss and projections through the head in model precision."""
     return np.asarray(raw_features(batch, who), dtype=np.float32)
 
 
 def feature_mean(batch: Any, who: str) -> np.ndarray:
-    """float64 mean feature, accumulated in float64 without converting the whole array."""
-    return np.mean(raw_features(batch, who), axis=0, dtype=np.float64)
+    """float64 mean feature, streamed in chunks (reduced across processes inside `streaming.across_processes`)."""
+    from detectors.posthoc.streaming import column_mean
+
+    return column_mean(stored_features(batch, who))

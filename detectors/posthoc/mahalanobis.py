@@ -1,36 +1,21 @@
 """Mahalanobis distance score (MDS): class Gaussians with one shared (tied) covariance, as sklearn's LDA and OpenOOD v1.5.
 
 The precision is the inverse of the covariance (Cholesky) when it is positive definite, its pseudo-inverse otherwise.
+The fit is one streamed pass of class sums and a scatter matrix (`streaming.Moments`): memory-mapped caches of any
+size, chunks of `streaming.CHUNK_ROWS` rows, mergeable across processes.
 """
 from __future__ import annotations
 
 import numpy as np
 import scipy.linalg
-import scipy.sparse
 from tqdm.auto import tqdm
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import labels_of
-from detectors.posthoc.common import raw_features
+from detectors.posthoc import streaming
+from detectors.posthoc.common import labels_of, stored_features
 from detectors.registry import register_detector
 
 BLOCK_ROWS = 4096
-
-
-def class_means(features: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(classes present [K], their float64 means [K,D], each row's class position [N]), via one sparse one-hot product."""
-    classes, position = np.unique(labels, return_inverse=True)
-    one_hot = scipy.sparse.csr_matrix((np.ones(len(position)), (position, np.arange(len(position)))), shape=(len(classes), len(position)))
-    return classes, np.asarray(one_hot @ features) / np.bincount(position)[:, None], position
-
-
-def class_centred(features: np.ndarray, means: np.ndarray, position: np.ndarray) -> np.ndarray:
-    """features - means[position] in float64, block by block (no [N,D] gather temporary)."""
-    out = np.empty(features.shape, dtype=np.float64)
-    for start in range(0, len(features), BLOCK_ROWS):
-        rows = slice(start, start + BLOCK_ROWS)
-        np.subtract(features[rows], means[position[rows]], out=out[rows])
-    return out
 
 
 def spd_inverse(matrix: np.ndarray) -> np.ndarray:
@@ -45,27 +30,19 @@ def spd_inverse(matrix: np.ndarray) -> np.ndarray:
     return np.linalg.pinv(matrix, hermitian=True)
 
 
-def tied_precision(centred: np.ndarray) -> np.ndarray:
-    """Inverse (pseudo-inverse when singular) of the 1/N empirical covariance of rows already centred, float64.
-
-    The rows' own mean is zero by construction (class- or globally-centred), so it is not subtracted again.
-    """
-    return spd_inverse(centred.T @ centred / len(centred))
-
-
 def min_squared_mahalanobis(features: np.ndarray, means: np.ndarray, precision: np.ndarray, desc: str = "mahalanobis") -> np.ndarray:
-    """min_c (h - mu_c)^T P (h - mu_c) for every row, via h^T P h - 2 h^T P mu_c + mu_c^T P mu_c in float64 blocks."""
+    """min_c (h - mu_c)^T P (h - mu_c) for every row, via h^T P h - 2 h^T P mu_c + mu_c^T P mu_c in float64 blocks
+    (read block by block: `features` may be memory-mapped)."""
     mean_terms = np.einsum("cd,cd->c", means @ precision, means)
     out = np.empty(len(features))
-    starts = range(0, len(features), BLOCK_ROWS)
-    for start in tqdm(starts, desc=desc, disable=len(starts) <= 1, leave=False):
-        t = np.asarray(features[start:start + BLOCK_ROWS], dtype=np.float64)
+    for rows, t in tqdm(streaming.chunks(features, np.float64, BLOCK_ROWS), desc=desc, leave=False,
+                        total=-(-len(features) // BLOCK_ROWS), disable=len(features) <= BLOCK_ROWS):
         tp = t @ precision
         quad = np.einsum("nd,nd->n", tp, t)
         cross = tp @ means.T
         cross *= -2.0
         cross += mean_terms
-        out[start:start + BLOCK_ROWS] = quad + cross.min(axis=1)
+        out[rows] = quad + cross.min(axis=1)
     return np.maximum(out, 0.0)
 
 
@@ -80,12 +57,15 @@ class Mahalanobis(Detector):
     search_space = {}
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        h = raw_features(id_train, self.name)
-        self.classes, self.means, position = class_means(h, labels_of(id_train, self.name))
-        self.precision = tied_precision(class_centred(h, self.means, position))
+        self._fit_moments(streaming.moments(stored_features(id_train, self.name), labels_of(id_train, self.name)))
+
+    def _fit_moments(self, stats: streaming.Moments) -> None:
+        """Class means and the inverse of the tied 1/N covariance of class-centred rows, from streamed moments."""
+        self.classes, self.means = stats.groups, stats.means()
+        self.precision = spd_inverse(stats.within_scatter() / stats.n)
 
     def _score(self, batch) -> np.ndarray:
-        return -min_squared_mahalanobis(raw_features(batch, self.name), self.means, self.precision, desc=self.name)
+        return -min_squared_mahalanobis(stored_features(batch, self.name), self.means, self.precision, desc=self.name)
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "classes": self.classes, "means": self.means, "precision": self.precision}

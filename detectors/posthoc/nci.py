@@ -4,10 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import feature_mean, raw_features
+from detectors.posthoc import streaming
+from detectors.posthoc.common import feature_mean, model_precision, stored_features
 from detectors.registry import register_detector
-
-BLOCK_ROWS = 4096
 
 
 @register_detector("nci")
@@ -25,15 +24,14 @@ class NCI(Detector):
         self.train_mean = feature_mean(id_train, self.name)
 
     def _score(self, batch) -> np.ndarray:
-        h = raw_features(batch, self.name)
-        predicted = self.head(np.asarray(h, dtype=np.float32)).argmax(axis=1)
-        out = np.empty(len(h))
-        for start in range(0, len(h), BLOCK_ROWS):
-            rows = slice(start, start + BLOCK_ROWS)
-            t = np.subtract(h[rows], self.train_mean, dtype=np.float64)
-            alignment = np.einsum("nd,nd->n", self.head.weight[predicted[rows]], t) / np.maximum(np.linalg.norm(t, axis=1), 1e-12)
-            out[rows] = alignment + self.alpha * np.abs(h[rows]).sum(axis=1, dtype=np.float64)
-        return out
+        def rows(_, h: np.ndarray) -> np.ndarray:
+            h = model_precision(h)
+            predicted = self.head(np.asarray(h, dtype=np.float32)).argmax(axis=1)
+            t = np.subtract(h, self.train_mean, dtype=np.float64)
+            alignment = np.einsum("nd,nd->n", self.head.weight[predicted], t) / np.maximum(np.linalg.norm(t, axis=1), 1e-12)
+            return alignment + self.alpha * np.abs(h).sum(axis=1, dtype=np.float64)
+
+        return streaming.map_rows(rows, stored_features(batch, self.name))
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "train_mean": self.train_mean}

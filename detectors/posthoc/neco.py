@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import feature_mean, float32_features, raw_features
+from detectors.posthoc import streaming
+from detectors.posthoc.common import model_precision, stored_features
 from detectors.posthoc.vim import ranked_eigenvectors, resolve_dim
 from detectors.registry import register_detector
 
@@ -15,6 +16,7 @@ class NECO(Detector):
 
     Paper default: the plain ratio (the official code's choice for ResNets). `max_logit=True` multiplies by the
     max logit, the official code's choice for ViT/DeiT/Swin. `dim=None` uses ViM's rule (see vim.principal_dim).
+    The scaler and the PCA both follow from one streamed pass of moments: cov(z) = cov(h) / (std std^T).
     """
 
     family = "posthoc"
@@ -26,27 +28,30 @@ class NECO(Detector):
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         if self.max_logit and self.head is None:
             raise ValueError("neco: max_logit=True needs the classifier's linear head: fit(..., head=LinearHead(W, b))")
-        h = raw_features(id_train, self.name)
+        h = stored_features(id_train, self.name)
         dim = resolve_dim(self.dim, h.shape[1], self.name)
+        stats = streaming.moments(h)
+        mean, covariance = stats.mean(), stats.pooled_scatter() / stats.n
         if self.scale:
-            self.offset = feature_mean(h, self.name)
-            std = np.std(h, axis=0, dtype=np.float64)
+            self.offset = mean
+            std = np.sqrt(np.maximum(np.diag(covariance), 0.0))
             self.scale_by = np.where(std > 10 * np.finfo(np.float64).eps, std, 1.0)
         else:
             self.offset, self.scale_by = np.zeros(h.shape[1]), np.ones(h.shape[1])
-        z = np.subtract(h, self.offset, dtype=np.float64)
-        z /= self.scale_by
-        self.pca_mean = z.mean(axis=0)
-        z -= self.pca_mean
-        self.components = ranked_eigenvectors(z.T @ z / len(z), 0, dim)
+        self.pca_mean = (mean - self.offset) / self.scale_by
+        self.components = ranked_eigenvectors(covariance / np.outer(self.scale_by, self.scale_by), 0, dim)
 
     def _score(self, batch) -> np.ndarray:
-        z = np.subtract(raw_features(batch, self.name), self.offset, dtype=np.float64)
-        z /= self.scale_by
-        ratio = np.linalg.norm((z - self.pca_mean) @ self.components, axis=1) / np.maximum(np.linalg.norm(z, axis=1), 1e-12)
-        if self.max_logit:
-            ratio *= self.head(float32_features(batch, self.name)).max(axis=1)
-        return ratio
+        def rows(_, block: np.ndarray) -> np.ndarray:
+            block = model_precision(block)
+            z = np.subtract(block, self.offset, dtype=np.float64)
+            z /= self.scale_by
+            ratio = np.linalg.norm((z - self.pca_mean) @ self.components, axis=1) / np.maximum(np.linalg.norm(z, axis=1), 1e-12)
+            if self.max_logit:
+                ratio *= self.head(block.astype(np.float32, copy=False)).max(axis=1)
+            return ratio
+
+        return streaming.map_rows(rows, stored_features(batch, self.name))
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "offset": self.offset, "scale_by": self.scale_by, "pca_mean": self.pca_mean,

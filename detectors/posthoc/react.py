@@ -4,14 +4,18 @@ from __future__ import annotations
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import logsumexp
-from detectors.posthoc.common import float32_features, raw_features
+from detectors.posthoc import streaming
+from detectors.posthoc.common import logsumexp, model_precision, stored_features
 from detectors.registry import register_detector
 
 
 @register_detector("react")
 class ReAct(Detector):
-    """s = logsumexp(W min(h, c) + b), c = the `percentile`-th percentile of all ID activations (id_val, else id_train)."""
+    """s = logsumexp(W min(h, c) + b), c = the `percentile`-th percentile of all ID activations (id_val, else id_train).
+
+    OpenOOD v1.5 takes the percentile on the ID validation activations. It is computed exactly (equal to
+    np.percentile) in two streamed passes (`streaming.percentile`), so memory-mapped activations never load whole.
+    """
 
     family = "posthoc"
     inputs = frozenset({"features"})
@@ -22,11 +26,14 @@ class ReAct(Detector):
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         source = id_train if id_val is None else id_val
-        self.threshold = float(np.percentile(raw_features(source, self.name), self.percentile))
+        h = stored_features(source, self.name)
+        self.threshold = streaming.percentile(h, self.percentile, dtype=model_precision(h[:0]).dtype)
 
     def _score(self, batch) -> np.ndarray:
-        h = np.minimum(float32_features(batch, self.name), np.float32(self.threshold))
-        return logsumexp(self.head(h))
+        def rows(_, h: np.ndarray) -> np.ndarray:
+            return logsumexp(self.head(np.minimum(h.astype(np.float32, copy=False), np.float32(self.threshold))))
+
+        return streaming.map_rows(rows, stored_features(batch, self.name))
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "threshold": np.array([self.threshold])}

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.base import FeatureSet
-from detectors.posthoc.common import feature_mean, raw_features
-from detectors.posthoc.mahalanobis import Mahalanobis, class_centred, min_squared_mahalanobis, tied_precision
+from detectors.posthoc import streaming
+from detectors.posthoc.common import stored_features
+from detectors.posthoc.mahalanobis import Mahalanobis, min_squared_mahalanobis, spd_inverse
 from detectors.registry import register_detector
 
 
@@ -15,14 +15,14 @@ class RelativeMahalanobis(Mahalanobis):
 
     paper = "Ren et al., A Simple Fix to Mahalanobis Distance for Improving Near-OOD Detection, arXiv 2106.09022, 2021"
 
-    def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        super()._fit(id_train)
-        h = raw_features(id_train, self.name)
-        self.background_mean = feature_mean(h, self.name)
-        self.background_precision = tied_precision(class_centred(h, self.background_mean[None], np.zeros(len(h), dtype=np.int64)))
+    def _fit_moments(self, stats: streaming.Moments) -> None:
+        """MDS's class Gaussians and, from the same pass, the class-agnostic mean and precision."""
+        super()._fit_moments(stats)
+        self.background_mean = stats.mean()
+        self.background_precision = spd_inverse(stats.pooled_scatter() / stats.n)
 
     def _score(self, batch) -> np.ndarray:
-        h = raw_features(batch, self.name)
+        h = stored_features(batch, self.name)
         background = min_squared_mahalanobis(h, self.background_mean[None], self.background_precision, desc=self.name)
         return background + super()._score(h)
 

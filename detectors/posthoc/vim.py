@@ -5,8 +5,8 @@ import numpy as np
 import scipy.linalg
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import logsumexp
-from detectors.posthoc.common import float32_features, raw_features
+from detectors.posthoc import streaming
+from detectors.posthoc.common import logsumexp, model_precision, stored_features
 from detectors.registry import register_detector
 
 
@@ -58,6 +58,7 @@ class ViM(Detector):
 
     The covariance is that of h - u about u (OpenOOD's assume_centered); alpha = mean max logit / mean residual on
     train. `dim=None` picks 1000 for D >= 2048, 256 for D >= 512, D // 2 below. Higher = more ID.
+    Fit: one streamed pass for the covariance (`streaming.Moments`), one for the train logits and residuals.
     """
 
     family = "posthoc"
@@ -68,29 +69,38 @@ class ViM(Detector):
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        h = raw_features(id_train, self.name)
+        h = stored_features(id_train, self.name)
         dim = resolve_dim(self.dim, h.shape[1], self.name)
         self.origin = virtual_origin(self.head.weight, self.head.bias)
-        t = np.subtract(h, self.origin, dtype=np.float64)
-        covariance = t.T @ t / len(t)
+        # products in float32 like the reference (sklearn EmpiricalCovariance on float32 features), summed in float64
+        covariance = streaming.moments(h, scatter=np.float32).second_moment_about(self.origin)
         # keep the smaller of the two bases: the residual follows from either
         self.keeps_principal = dim <= h.shape[1] - dim
         self.basis = ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal else ranked_eigenvectors(covariance, dim, h.shape[1])
-        logits = self.head(float32_features(id_train, self.name))
-        self.alpha = float(logits.max(axis=1).astype(np.float64).mean() / self.residual(t).mean())
+        # alpha's train pass projects in float32 (the model's precision, as pytorch-ood does), sums in float64
+        basis, origin = self.basis.astype(np.float32), self.origin.astype(np.float32)
+        max_logit, residual = 0.0, 0.0
+        for _, block in streaming.chunks(h):
+            block = block.astype(np.float32, copy=False)
+            max_logit += self.head(block).max(axis=1).sum(dtype=np.float64)
+            residual += self.residual(block - origin, basis).sum()
+        max_logit, residual = streaming.reduce_sum(max_logit, residual)
+        self.alpha = float(max_logit / residual)
 
-    def residual(self, t: np.ndarray) -> np.ndarray:
-        """||P_perp t|| per row of t = h - u (float64)."""
-        p = t @ self.basis
-        projected = np.einsum("nd,nd->n", p, p)
+    def residual(self, t: np.ndarray, basis: np.ndarray | None = None) -> np.ndarray:
+        """||P_perp t|| per row of t = h - u, projected in t's precision, squared norms summed in float64."""
+        p = t @ (self.basis if basis is None else basis)
+        projected = np.einsum("nd,nd->n", p, p, dtype=np.float64)
         if self.keeps_principal:
-            return np.sqrt(np.maximum(np.einsum("nd,nd->n", t, t) - projected, 0.0))
+            return np.sqrt(np.maximum(np.einsum("nd,nd->n", t, t, dtype=np.float64) - projected, 0.0))
         return np.sqrt(projected)
 
     def _score(self, batch) -> np.ndarray:
-        t = np.subtract(raw_features(batch, self.name), self.origin, dtype=np.float64)
-        energy = logsumexp(self.head(float32_features(batch, self.name)))
-        return energy - self.alpha * self.residual(t)
+        def rows(_, block: np.ndarray) -> np.ndarray:
+            block = model_precision(block)
+            return logsumexp(self.head(block)) - self.alpha * self.residual(np.subtract(block, self.origin, dtype=np.float64))
+
+        return streaming.map_rows(rows, stored_features(batch, self.name))
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "origin": self.origin, "basis": self.basis,

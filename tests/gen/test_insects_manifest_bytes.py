@@ -1,0 +1,41 @@
+"""write_splits writes the bytes of the previous writer: rows built by the former manifest_rows (dict per row, then
+aux_label deleted from non-auxiliary rows), one json.dumps(row, default=str) per line."""
+import json
+
+import numpy as np
+import pandas as pd
+
+from gen.insects import SET_FIELDS, SplitConfig, build_splits, read_id_species, synthetic_occurrences, write_splits
+
+
+def previous_manifest_rows(frame: pd.DataFrame, non_target_name: str = "non_target") -> list[dict]:
+    table = pd.DataFrame({
+        "file_name": frame["file_name"].astype(str),
+        "split": frame["set"].map({k: v[0] for k, v in SET_FIELDS.items()}),
+        "role": frame["set"].map({k: v[1] for k, v in SET_FIELDS.items()}),
+        "ood_set": frame["set"].map({k: (non_target_name if v[2] == "non_target" else v[2]) for k, v in SET_FIELDS.items()}),
+        "group": frame["set"].map({k: v[3] for k, v in SET_FIELDS.items()}),
+        "label": frame["label"].astype(np.int64),
+        "species": frame["species"], "genus": frame["genus"], "family": frame["family"],
+        "hop": frame["hop"].astype(np.int64), "lat": frame["lat"], "lon": frame["lon"],
+    })
+    rows = []
+    for i in range(len(table)):
+        row = {name: (None if pd.isna(table[name].iloc[i]) else table[name].iloc[i].item()
+                      if hasattr(table[name].iloc[i], "item") else table[name].iloc[i]) for name in table.columns}
+        if "aux_label" in frame.columns and row["ood_set"] == "auxiliary":
+            value = frame["aux_label"].iloc[i]
+            row["aux_label"] = -1 if pd.isna(value) else int(value)
+        rows.append(row)
+    return rows
+
+
+def test_write_splits_bytes_equal_the_previous_writer(tmp_path):
+    occurrences, id_table = synthetic_occurrences(2500, seed=3)
+    occurrences.loc[occurrences.index[::7], "lat"] = np.nan  # missing coordinates become null
+    splits = build_splits(occurrences, read_id_species(id_table), SplitConfig(target_taxon="moth", seed=3))
+    written = write_splits(splits, tmp_path / "splits", image_root=tmp_path)
+    assert written
+    for region, folder in written.items():
+        expected = "".join(json.dumps(r, default=str) + "\n" for r in previous_manifest_rows(splits.regions[region]))
+        assert (folder / "metadata.jsonl").read_text(encoding="utf-8") == expected, region
