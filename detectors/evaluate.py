@@ -13,6 +13,7 @@ Four steps, each its own unit of work:
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
@@ -27,6 +28,7 @@ import yaml
 
 from detectors.base import Detector, FeatureSet, ImageSet, LinearHead
 from detectors.metrics import evaluate as compute_metrics
+from detectors.posthoc.streaming import chunk_rows
 from detectors.registry import build, detector_class
 from detectors.runconfig import ConfigError, DetectorSpec, EvalConfig, OODSource, Source, detector_specs
 from detectors.selection import select
@@ -172,13 +174,19 @@ class Runner:
         return self.classifier
 
     def _features(self, split: Split) -> None:
-        from pipelines.features import cache_path, extract_features
+        from pipelines.features import FeatureCache, cache_path, extract_features
 
         clf = self._load_classifier()
         key = combine(self._model_key, images_fingerprint(split.manifest, self.config.cache_hash))
+        path = cache_path(self.cache_dir, f"{split.role}-{split.name}", key)
         cache = extract_features(clf, split.manifest, batch_size=self.config.batch_size, device=str(self._device()),
                                  precision=self.config.precision, num_workers=self.config.num_workers, key=key,
-                                 cache=cache_path(self.cache_dir, f"{split.role}-{split.name}", key), desc=split.name)
+                                 cache=path, desc=split.name)
+        state = partial_state()
+        if state.num_processes > 1:
+            state.wait_for_everyone()  # the main process has written the file
+        if path.is_file():  # detectors stream memory-mapped caches in chunks (paper-scale ID train sets)
+            cache = FeatureCache.load(path, mmap=True)
         split.features, split.index, split.key = cache.to_featureset(), cache.index, key
         self.head = cache.head()
         self._record_failures(split, cache.failures)
@@ -349,6 +357,21 @@ class Runner:
         self._prepare()
         class_names = cfg.class_names or _class_names(self.id_splits["train"].manifest)
         done: list[UnitResult] = []
+        with chunk_rows(cfg.chunk_rows) if cfg.chunk_rows else contextlib.nullcontext():
+            self._run_units(class_names, done, main)
+        results = _results(done)
+        if main:
+            self._write_outputs(done, final=True)
+            if cfg.fewshot:
+                try:
+                    self._fewshot(class_names)
+                except Exception as err:  # noqa: BLE001 - recorded like a failing detector
+                    self.detector_failures.append(self.store.fail("fewshot", "", err))
+                    self._write_outputs(done, final=False)
+        return results
+
+    def _run_units(self, class_names: list[str] | None, done: list[UnitResult], main: bool) -> None:
+        """Each detector spec in turn: a finished unit is read back, a failing one recorded; outputs after each."""
         for spec in self.specs:
             key = self._unit_key(spec)
             found = self.store.finished(spec.method, key)
@@ -366,16 +389,6 @@ class Runner:
             done.append(found)
             if main:
                 self._write_outputs(done, final=False)
-        results = _results(done)
-        if main:
-            self._write_outputs(done, final=True)
-            if cfg.fewshot:
-                try:
-                    self._fewshot(class_names)
-                except Exception as err:  # noqa: BLE001 - recorded like a failing detector
-                    self.detector_failures.append(self.store.fail("fewshot", "", err))
-                    self._write_outputs(done, final=False)
-        return results
 
     def _write_outputs(self, done: list[UnitResult], final: bool) -> None:
         _write_csv(_results(done), self.out / "results.csv")

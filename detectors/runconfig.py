@@ -79,6 +79,7 @@ class EvalConfig:
     cache_dir: str | None = None
     cache_hash: str = "stat"  # image identity in cache keys: "stat" (size + mtime) or "content" (sha256 of the bytes)
     batch_size: int = 64
+    chunk_rows: int | None = None  # rows per chunk of streamed fits (default detectors.posthoc.streaming.CHUNK_ROWS)
     device: str | None = None
     precision: str = "auto"
     num_workers: int = 0
@@ -127,8 +128,10 @@ class EvalConfig:
         _check_list_of_str(self.families, "families", allowed=FAMILIES)
         if self.cache_hash not in CACHE_HASHES:
             raise ConfigError(f"cache_hash: {self.cache_hash!r} is not one of {list(CACHE_HASHES)}")
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigError(f"batch_size: a positive integer, got {self.batch_size!r}")
+        for key in ("batch_size", "chunk_rows"):
+            value = getattr(self, key)
+            if (value is not None or key == "batch_size") and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{key}: a positive integer, got {value!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision: one of {list(PRECISIONS)}, got {self.precision!r}")
         specs = detector_specs(self)

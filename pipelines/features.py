@@ -5,7 +5,6 @@ Cache file tensors: `features [N,D]`, `logits [N,C]`, `labels [N]`, `index [N]` 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -169,7 +168,7 @@ def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_s
     `metadata["failures"]` and left out (`index` says which rows are present).
     """
     if cache is not None and Path(cache).is_file():
-        found = FeatureCache.load(cache)
+        found = FeatureCache.load(cache, mmap=True)
         same = (found.metadata.get("key") == key if key is not None else
                 found.metadata.get("manifest") == manifest.fingerprint() and found.metadata.get("model") == classifier.model_id)
         if same:

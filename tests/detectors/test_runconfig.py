@@ -27,6 +27,7 @@ BASE = {"id": "x", "ood": [], "out": "o"}
     ({"threshold_transfer": [{"source": "local", "targets": ["bci"], "tpr": 95}]}, r"threshold_transfer\[0\]\.tpr: a number in \(0, 1\]"),
     ({"fewshot": {"shot": [1]}}, r"fewshot: unknown key\(s\) \['shot'\]"),
     ({"precision": "half"}, r"precision: one of"),
+    ({"chunk_rows": 0}, r"chunk_rows: a positive integer, got 0"),
     ({"cache_hash": "md5"}, r"cache_hash: 'md5' is not one of \['stat', 'content'\]"),
     ({"plugins": ["no_such_module_xyz"]}, r"plugins: cannot import 'no_such_module_xyz'"),
     ({"detectors": [{"name": "openmax", "params": {"distance": "manhattan"}}]}, r"detectors\[0\]\.params: openmax:"),
