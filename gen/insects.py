@@ -516,7 +516,7 @@ def manifest_rows(frame: pd.DataFrame, non_target_name: str = "non_target") -> l
     """Schema-complete manifest rows (DESIGN.md) for one region's frame."""
     from itertools import repeat
 
-    table = _manifest_table(frame, non_target_name)
+    table = manifest_table(frame, non_target_name)
     columns = {}
     for name in table.columns:
         values = table[name].to_numpy(dtype=object)
@@ -531,7 +531,8 @@ def manifest_rows(frame: pd.DataFrame, non_target_name: str = "non_target") -> l
     return rows
 
 
-def _manifest_table(frame: pd.DataFrame, non_target_name: str) -> pd.DataFrame:
+def manifest_table(frame: pd.DataFrame, non_target_name: str) -> pd.DataFrame:
+    """One region's frame as the manifest's columns (split, role, ood_set, group from the set; metadata kept)."""
     return pd.DataFrame({
         "file_name": frame["file_name"].astype(str),
         "split": frame["set"].map({k: v[0] for k, v in SET_FIELDS.items()}),
@@ -560,7 +561,7 @@ def _manifest_bytes(frame: pd.DataFrame, non_target_name: str) -> bytes | None:
     from pipelines.data import GROUPS, ROLES, SPLITS
     from pipelines.jsonl import column_texts, join_lines
 
-    table = _manifest_table(frame, non_target_name)
+    table = manifest_table(frame, non_target_name)
     names, ood_set = table["file_name"], table["ood_set"]
     is_id = (table["role"] == "id").to_numpy()
     ood_names = ood_set[~is_id]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gen.pairing import PlanItem, inherited_labels, load_source, output_name, plan_task
-from pipelines.data import METADATA, Manifest, ManifestError, _image_root, make_row, validate_row
+from pipelines.data import METADATA, Manifest, ManifestError, _image_root, make_row, manifest_lines
 from pipelines.io import atomic_write_json
 
 PLAN_FILE = "plan.json"
@@ -70,24 +70,10 @@ def read_source(folder: str | os.PathLike, what: str) -> tuple[Manifest, list[di
     meta = root / METADATA
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
-    seen: dict[str, int] = {}
-    with open(meta, encoding="utf-8") as fh:
-        for number, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
-            try:
-                try:
-                    row = json.loads(text)
-                except json.JSONDecodeError as err:
-                    raise ManifestError(meta, number, None, f"invalid JSON ({err.msg} at column {err.colno})") from None
-                validate_row(row, meta, number)
-                if row["file_name"] in seen:
-                    raise ManifestError(meta, number, "file_name",
-                                        f"duplicate of line {seen[row['file_name']]}: {row['file_name']!r}")
-            except ManifestError as err:
-                skipped.append({"file": err.file, "line": err.line, "field": err.field, "reason": str(err)})
-                continue
-            seen[row["file_name"]] = number
+    for _, row in manifest_lines(meta):
+        if isinstance(row, ManifestError):
+            skipped.append({"file": row.file, "line": row.line, "field": row.field, "reason": str(row)})
+        else:
             rows.append(row)
     if not rows:
         raise ValueError(f"{what} manifest {meta} holds no valid line ({len(skipped)} skipped)")

@@ -143,23 +143,37 @@ def read_manifest(folder: str | os.PathLike, check_files: bool = False, image_ro
     if not meta.is_file():
         raise ManifestError(meta, None, None, "no metadata.jsonl: not a manifest folder (see DESIGN.md for the format)")
     rows: list[dict[str, Any]] = []
+    for number, row in manifest_lines(meta):
+        if isinstance(row, ManifestError):
+            raise row
+        if check_files and not (root / row["file_name"]).is_file():
+            raise ManifestError(meta, number, "file_name", f"image not found: {root / row['file_name']}")
+        rows.append(row)
+    return Manifest(root, rows)
+
+
+def manifest_lines(meta: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any] | ManifestError]]:
+    """Each non-empty line of a `metadata.jsonl`: its number and the validated row, or the `ManifestError` naming the
+    line and field (invalid JSON, a schema error, a repeated file_name). Strict readers raise it, lenient ones skip."""
     seen: dict[str, int] = {}
     with open(meta, encoding="utf-8") as fh:
         for number, text in enumerate(fh, start=1):
             if not text.strip():
                 continue
             try:
-                row = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise ManifestError(meta, number, None, f"invalid JSON ({err.msg} at column {err.colno})") from None
-            validate_row(row, meta, number)
-            if row["file_name"] in seen:
-                raise ManifestError(meta, number, "file_name", f"duplicate of line {seen[row['file_name']]}: {row['file_name']!r}")
+                try:
+                    row = json.loads(text)
+                except json.JSONDecodeError as err:
+                    raise ManifestError(meta, number, None, f"invalid JSON ({err.msg} at column {err.colno})") from None
+                validate_row(row, meta, number)
+                if row["file_name"] in seen:
+                    raise ManifestError(meta, number, "file_name",
+                                        f"duplicate of line {seen[row['file_name']]}: {row['file_name']!r}")
+            except ManifestError as err:
+                yield number, err
+                continue
             seen[row["file_name"]] = number
-            if check_files and not (root / row["file_name"]).is_file():
-                raise ManifestError(meta, number, "file_name", f"image not found: {root / row['file_name']}")
-            rows.append(row)
-    return Manifest(root, rows)
+            yield number, row
 
 
 def _image_root(folder: Path) -> Path:

@@ -248,18 +248,9 @@ def previous_write_splits_rows(frame: Any, non_target_name: str) -> list[dict[st
     """The former gen.insects.manifest_rows (dict per row, then aux_label deleted from non-auxiliary rows)."""
     import pandas as pd
 
-    from gen.insects import SET_FIELDS
+    from gen.insects import manifest_table
 
-    table = pd.DataFrame({
-        "file_name": frame["file_name"].astype(str),
-        "split": frame["set"].map({k: v[0] for k, v in SET_FIELDS.items()}),
-        "role": frame["set"].map({k: v[1] for k, v in SET_FIELDS.items()}),
-        "ood_set": frame["set"].map({k: (non_target_name if v[2] == "non_target" else v[2]) for k, v in SET_FIELDS.items()}),
-        "group": frame["set"].map({k: v[3] for k, v in SET_FIELDS.items()}),
-        "label": frame["label"].astype(np.int64),
-        "species": frame["species"], "genus": frame["genus"], "family": frame["family"],
-        "hop": frame["hop"].astype(np.int64), "lat": frame["lat"], "lon": frame["lon"],
-    })
+    table = manifest_table(frame, non_target_name)  # the table is unchanged; the row building was the cost
     columns = {}
     for name in table.columns:
         values = table[name].to_numpy(dtype=object)

@@ -5,20 +5,11 @@ import json
 import numpy as np
 import pandas as pd
 
-from gen.insects import SET_FIELDS, SplitConfig, build_splits, read_id_species, synthetic_occurrences, write_splits
+from gen.insects import SplitConfig, manifest_table, build_splits, read_id_species, synthetic_occurrences, write_splits
 
 
 def previous_manifest_rows(frame: pd.DataFrame, non_target_name: str = "non_target") -> list[dict]:
-    table = pd.DataFrame({
-        "file_name": frame["file_name"].astype(str),
-        "split": frame["set"].map({k: v[0] for k, v in SET_FIELDS.items()}),
-        "role": frame["set"].map({k: v[1] for k, v in SET_FIELDS.items()}),
-        "ood_set": frame["set"].map({k: (non_target_name if v[2] == "non_target" else v[2]) for k, v in SET_FIELDS.items()}),
-        "group": frame["set"].map({k: v[3] for k, v in SET_FIELDS.items()}),
-        "label": frame["label"].astype(np.int64),
-        "species": frame["species"], "genus": frame["genus"], "family": frame["family"],
-        "hop": frame["hop"].astype(np.int64), "lat": frame["lat"], "lon": frame["lon"],
-    })
+    table = manifest_table(frame, non_target_name)  # the table is unchanged; the row building was the cost
     rows = []
     for i in range(len(table)):
         row = {name: (None if pd.isna(table[name].iloc[i]) else table[name].iloc[i].item()
