@@ -163,6 +163,7 @@ class Detector:
     defaults: ClassVar[dict[str, Any]] = {}
     search_space: ClassVar[dict[str, list[Any]]] = {}
     needs_head: ClassVar[bool] = False
+    fits_from_shards: ClassVar[bool] = False  # statistics that are sums: under accelerate each process fits its shard
 
     def __init__(self, **params: Any) -> None:
         unknown = set(params) - set(self.defaults)

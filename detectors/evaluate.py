@@ -28,7 +28,7 @@ import yaml
 
 from detectors.base import Detector, FeatureSet, ImageSet, LinearHead
 from detectors.metrics import evaluate as compute_metrics
-from detectors.posthoc.streaming import chunk_rows
+from detectors.posthoc.streaming import across_processes, chunk_rows, process_rows
 from detectors.registry import build, detector_class
 from detectors.runconfig import ConfigError, DetectorSpec, EvalConfig, OODSource, Source, detector_specs
 from detectors.selection import select
@@ -281,7 +281,14 @@ class Runner:
             kwargs["ood_val"] = self._data(det, ood_val)
         if aux is not None and "aux" in accepted:
             kwargs["aux"] = self._data(det, aux)
-        det.fit(self._data(det, self.id_splits["train"]), **kwargs)
+        train = self._data(det, self.id_splits["train"])
+        if type(det).fits_from_shards and partial_state().num_processes > 1:
+            # each process fits its contiguous share of the rows; the sums are reduced exactly over the processes
+            shard = lambda fs: fs.subset(process_rows(len(fs))) if isinstance(fs, FeatureSet) else fs  # noqa: E731
+            with across_processes():
+                det.fit(shard(train), **{k: shard(v) for k, v in kwargs.items()})
+            return
+        det.fit(train, **kwargs)
 
     def _unit_key(self, spec: DetectorSpec) -> str:
         cfg = self.config

@@ -19,6 +19,7 @@ class DICE(Detector):
     """
 
     family = "posthoc"
+    fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
     paper = "Sun & Li, DICE: Leveraging Sparsification for Out-of-Distribution Detection, ECCV 2022"
     defaults = {"percentile": 90}

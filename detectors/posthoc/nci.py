@@ -14,6 +14,7 @@ class NCI(Detector):
     """s = w_y . (h - mu_train) / ||h - mu_train|| + alpha ||h||_1, y = argmax z (OpenOOD's nci postprocessor)."""
 
     family = "posthoc"
+    fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
     paper = "Liu & Qin, Detecting Out-of-Distribution through the Lens of Neural Collapse, CVPR 2025"
     defaults = {"alpha": 1e-4}

@@ -20,6 +20,7 @@ class NECO(Detector):
     """
 
     family = "posthoc"
+    fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
     paper = "Ben Ammar et al., NECO: NEural Collapse Based Out-of-distribution detection, ICLR 2024"
     defaults = {"dim": None, "scale": True, "max_logit": False}

@@ -18,6 +18,7 @@ class ReAct(Detector):
     """
 
     family = "posthoc"
+    fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
     paper = "Sun et al., ReAct: Out-of-distribution Detection With Rectified Activations, NeurIPS 2021"
     defaults = {"percentile": 90}

@@ -49,6 +49,7 @@ class SHE(Detector):
     """s(x) = <h, m_yhat>, m_k = mean penultimate feature of the correctly classified training samples of class k."""
 
     family = "posthoc"
+    fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features", "logits"})
     paper = "Zhang et al., Out-of-Distribution Detection based on In-Distribution Data Patterns Memorization with Modern Hopfield Energy, ICLR 2023"
     defaults: dict[str, Any] = {}

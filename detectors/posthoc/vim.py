@@ -62,6 +62,7 @@ class ViM(Detector):
     """
 
     family = "posthoc"
+    fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
     paper = "Wang et al., ViM: Out-Of-Distribution with Virtual-logit Matching, CVPR 2022"
     defaults = {"dim": None}

@@ -162,13 +162,14 @@ def test_level_head_of_a_multi_granularity_classifier(digits, tmp_path):
 
 
 def test_two_processes_give_the_one_process_results(digits, tmp_path):
-    """torchrun with 2 CPU processes: features and ODIN's images are split across processes and gathered; the table
-    is the same as one process's."""
+    """torchrun with 2 CPU processes: features and ODIN's images are split across processes and gathered, detectors
+    whose statistics are sums fit per-process shards reduced over the processes; the table is one process's."""
     import subprocess
     import sys
     from pathlib import Path
 
-    config = _config(digits, tmp_path / "two", detectors=["msp", "knn", "odin"], ood=[{"manifest": str(digits[1]), "sets": ["texture"]}])
+    config = _config(digits, tmp_path / "two", detectors=["msp", "knn", "odin", "mds", "rmds", "vim", "react", "she"],
+                     ood=[{"manifest": str(digits[1]), "sets": ["texture"]}])
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump(config))
     torchrun = Path(sys.executable).with_name("torchrun")
