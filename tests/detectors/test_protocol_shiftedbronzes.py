@@ -47,7 +47,7 @@ def test_shiftedbronzes_config_end_to_end(digits, tmp_path):
 
     raw.update(model=str(digits[2]), id=str(id_dir), out=str(tmp_path / "run"), batch_size=16,
                ood=[{**src, "manifest": str(folders[src["sets"][0]])} for src in raw["ood"]],
-               ood_val={"manifest": str(val["ood_val"]), "split": "val"})
+               ood_val={**raw["ood_val"], "manifest": str(val["ood_val"])})
     tiny = {  # stand-ins and shortened training; every other parameter stays the config's
         "CLIPN": {"load": str(_tiny_clipn(clip, tmp_path / "clipn", names)), "params": {"model": str(clip)}},
         "LoCoOp": {"params": {"model": str(clip), "epochs": 1}},

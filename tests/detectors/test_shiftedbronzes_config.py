@@ -40,4 +40,5 @@ def test_config_holds_the_papers_sets_groups_detectors_and_families():
     assert detector_class("openmax").defaults["distance"] == "euclidean"
     assert detector_class("gram").defaults["powers"] == [1, 2, 3, 4, 5]
     assert "outliers" not in params["OpenGAN"] and config.aux is None  # OpenGAN-0, as OpenOOD ran it
+    assert config.ood_val == {"manifest": "data/ood_val", "split": "val"}  # its per-epoch selection on OOD-val
 
