@@ -63,8 +63,7 @@ class Split:
 
     def images(self) -> ImageSet:
         """The rows that loaded, as an ImageSet for pixel-reading detectors."""
-        keep = self.index if self.index is not None else np.arange(len(self.manifest))
-        return ImageSet(manifest=Manifest(self.manifest.root, [self.manifest.rows[i] for i in keep]))
+        return ImageSet(manifest=Manifest(self.manifest.root, [self.manifest.rows[i] for i in self.positions()]))
 
     def positions(self) -> np.ndarray:
         return self.index if self.index is not None else np.arange(len(self.manifest))
@@ -116,10 +115,9 @@ class Runner:
     def _field_splits(self) -> list[Split]:
         out = []
         taken = {s.name for s in self.ood_splits}
-        for i, raw in enumerate(self.config.field):
-            src = Source(**{"split": "test", **raw}) if isinstance(raw, dict) else Source(raw)
+        for i, src in enumerate(self.config.field_sources()):
             manifest = read_manifest(src.manifest).select(split=src.split)
-            novel = _sets_of(Source(src.manifest, split=src.split, sets=src.sets), f"field[{i}]")
+            novel = _sets_of(src, f"field[{i}]")
             if len(novel) != 1:
                 raise ConfigError(f"field[{i}]: a field set has one novel set, found {sorted(novel)}; pick one with `sets:`")
             (name, part), = novel.items()
@@ -290,9 +288,11 @@ class Runner:
             return
         det.fit(train, **kwargs)
 
-    def _unit_key(self, spec: DetectorSpec) -> str:
+    def _run_key(self) -> str:
+        """What every unit's result depends on besides its own spec: the splits' content keys, head, selection, set
+        groups, the model source, precision and device (computed once the features are prepared)."""
         cfg = self.config
-        return combine("unit-v1", spec.__dict__, [s.key for s in self._all_splits()], cfg.head, cfg.select,
+        return combine("unit-v1", [s.key for s in self._all_splits()], cfg.head, cfg.select,
                        [(s.name, s.group) for s in self.ood_splits], source_identity(cfg.model), cfg.precision, cfg.device)
 
     def _run_unit(self, spec: DetectorSpec, class_names: list[str] | None) -> UnitResult:
@@ -379,8 +379,9 @@ class Runner:
 
     def _run_units(self, class_names: list[str] | None, done: list[UnitResult], main: bool) -> None:
         """Each detector spec in turn: a finished unit is read back, a failing one recorded; outputs after each."""
+        run_key = self._run_key()
         for spec in self.specs:
-            key = self._unit_key(spec)
+            key = combine(run_key, spec.__dict__)
             found = self.store.finished(spec.method, key)
             if found is None:
                 try:

@@ -144,8 +144,7 @@ class EvalConfig:
             _source(self.ood_val, "ood_val")
         if self.aux is not None:
             _source(self.aux, "aux")
-        for i, entry in enumerate(self.field):
-            _source(entry, f"field[{i}]")
+        self.field_sources()
         if self.head is not None:
             _check_mapping(self.head, "head", HEAD_KEYS, required=tuple(HEAD_KEYS))
         if not isinstance(self.threshold_transfer, list):
@@ -164,6 +163,10 @@ class EvalConfig:
         if self.class_names is not None:
             _check_list_of_str(self.class_names, "class_names")
         return specs
+
+    def field_sources(self) -> list[Source]:
+        """The `field:` entries as sources (split `test` unless given)."""
+        return [_source(entry, f"field[{i}]") for i, entry in enumerate(self.field)]
 
     def sources(self) -> dict[str, Source]:
         """Every non-test manifest selection of the config by its key (select.ood_val, ood_val, aux)."""

@@ -16,9 +16,6 @@ import pandas as pd
 
 from detectors.metrics import precision_recall_at, threshold_at_tpr
 
-FIELD_ROLES = ("field_id", "field_ood")
-
-
 def _of(scores: pd.DataFrame, role: str, ood_set: str | None = None) -> pd.DataFrame:
     pick = scores["role"] == role
     if ood_set is not None:
