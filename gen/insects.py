@@ -517,6 +517,16 @@ def manifest_rows(frame: pd.DataFrame, non_target_name: str = "non_target") -> l
     from itertools import repeat
 
     table = manifest_table(frame, non_target_name)
+    columns = object_columns(table)
+    names = list(columns)
+    rows = list(map(dict, map(zip, repeat(names), zip(*columns.values()))))
+    for i, value in _aux_labels(frame, table):  # only auxiliary rows carry an aux_label (last key)
+        rows[i]["aux_label"] = value
+    return rows
+
+
+def object_columns(table: pd.DataFrame) -> dict[str, list[Any]]:
+    """Each column as a list of Python values, missing values as None."""
     columns = {}
     for name in table.columns:
         values = table[name].to_numpy(dtype=object)
@@ -524,11 +534,7 @@ def manifest_rows(frame: pd.DataFrame, non_target_name: str = "non_target") -> l
         if missing.any():
             values[missing] = None
         columns[name] = values.tolist()
-    names = list(columns)
-    rows = list(map(dict, map(zip, repeat(names), zip(*columns.values()))))
-    for i, value in _aux_labels(frame, table):  # only auxiliary rows carry an aux_label (last key)
-        rows[i]["aux_label"] = value
-    return rows
+    return columns
 
 
 def manifest_table(frame: pd.DataFrame, non_target_name: str) -> pd.DataFrame:

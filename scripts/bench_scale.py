@@ -246,18 +246,10 @@ def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
 # -- manifests ----------------------------------------------------------------------------------------------------
 def previous_write_splits_rows(frame: Any, non_target_name: str) -> list[dict[str, Any]]:
     """The former gen.insects.manifest_rows (dict per row, then aux_label deleted from non-auxiliary rows)."""
-    import pandas as pd
+    from gen.insects import manifest_table, object_columns
 
-    from gen.insects import manifest_table
-
-    table = manifest_table(frame, non_target_name)  # the table is unchanged; the row building was the cost
-    columns = {}
-    for name in table.columns:
-        values = table[name].to_numpy(dtype=object)
-        missing = pd.isna(table[name]).to_numpy()
-        if missing.any():
-            values[missing] = None
-        columns[name] = values.tolist()
+    # the table and its columns are unchanged; building a dict per row and deleting keys from it was the cost
+    columns = object_columns(manifest_table(frame, non_target_name))
     if "aux_label" in frame.columns:
         columns["aux_label"] = frame["aux_label"].fillna(-1).astype(np.int64).tolist()
     names = list(columns)
