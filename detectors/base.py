@@ -139,6 +139,19 @@ class ImageSet:
             yield start, [self.load(i) for i in range(start, min(start + batch_size, len(self)))]
 
 
+FIT_INPUTS = ("head", "id_val", "ood_val", "aux")
+"""Optional inputs of `Detector.fit` besides the ID training data."""
+RUNTIME_INPUTS = ("classifier", "class_names", "cache_dir", "device", "precision")
+"""Runtime objects and settings a runner hands to a detector's constructor (never saved in its config.json)."""
+
+
+def declared_inputs(cls: type["Detector"]) -> tuple[frozenset[str], frozenset[str]]:
+    """(fit_inputs, needs) of a detector class from its `fit` and constructor signatures and its defaults."""
+    fit_params = inspect.signature(cls.fit).parameters
+    init_params = set(inspect.signature(cls.__init__).parameters) | set(cls.defaults)
+    return frozenset(p for p in FIT_INPUTS if p in fit_params), frozenset(p for p in RUNTIME_INPUTS if p in init_params)
+
+
 def check_scores(scores: Any, who: str = "detector") -> np.ndarray:
     """float64 [N] scores; NaN or infinite values raise a clear error."""
     out = as_numpy(scores, np.float64).reshape(-1)
@@ -163,6 +176,8 @@ class Detector:
     defaults: ClassVar[dict[str, Any]] = {}
     search_space: ClassVar[dict[str, list[Any]]] = {}
     needs_head: ClassVar[bool] = False
+    fit_inputs: ClassVar[frozenset[str]] = frozenset()  # what fit() reads besides id_train (FIT_INPUTS), set at registration
+    needs: ClassVar[frozenset[str]] = frozenset()  # runtime objects the runner passes in (RUNTIME_INPUTS), set at registration
     fits_from_shards: ClassVar[bool] = False  # statistics that are sums: under accelerate each process fits its shard
 
     def __init__(self, **params: Any) -> None:

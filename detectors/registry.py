@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 from typing import Any, Callable
 
-from detectors.base import Detector
+from detectors.base import Detector, declared_inputs
 
 _REGISTRY: dict[str, type[Detector]] = {}
 _FAMILY_PACKAGES = ("posthoc", "clip", "generative", "training")
@@ -24,6 +24,7 @@ def register_detector(name: str) -> Callable[[type[Detector]], type[Detector]]:
         if not cls.family:
             raise ValueError(f"{cls.__name__} must set `family`")
         cls.name = name
+        cls.fit_inputs, cls.needs = declared_inputs(cls)
         _REGISTRY[name] = cls
         return cls
 

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from detectors.registry import available, detector_class
+from pipelines.errors import ConfigError
 from pipelines.runtime import PRECISIONS
 
 FAMILIES = ("posthoc", "clip", "generative", "training")
@@ -27,10 +28,6 @@ TRANSFER_KEYS = {"source", "tpr", "positive", "targets"}
 FEWSHOT_KEYS = {"model", "methods", "shots", "seeds", "device", "plot", "class_names", "class_names_file", "out_dir",
                 "cache_dir", "train_split", "test_split"}
 CACHE_HASHES = ("stat", "content")
-
-
-class ConfigError(ValueError):
-    """A malformed runner config: the message names the key and what is allowed."""
 
 
 @dataclass

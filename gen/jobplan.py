@@ -22,6 +22,7 @@ from typing import Any
 
 from gen.pairing import PlanItem, inherited_labels, load_source, output_name, plan_task
 from pipelines.data import METADATA, Manifest, ManifestError, _image_root, make_row, manifest_lines
+from pipelines.errors import UserInputError
 from pipelines.io import atomic_write_json
 
 PLAN_FILE = "plan.json"
@@ -29,7 +30,7 @@ PLAN_CHANGES = ("refuse", "extend")
 SHOWN_NAMES = 5
 
 
-class PlanChangedError(ValueError):
+class PlanChangedError(UserInputError):
     """The inputs of a job changed since its plan was stored; the message names what was added and removed."""
 
 

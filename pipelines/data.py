@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 from PIL import Image, ImageOps
 
+from pipelines.errors import UserInputError
 from pipelines.io import atomic_write_text
 
 METADATA = "metadata.jsonl"
@@ -27,7 +28,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".g
 REQUIRED = ("file_name", "split", "role", "ood_set", "group", "label")
 
 
-class ManifestError(ValueError):
+class ManifestError(UserInputError):
     """A manifest line that breaks the schema; names the file, the line and the field."""
 
     def __init__(self, file: str | os.PathLike, line: int | None, field: str | None, message: str):

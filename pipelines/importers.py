@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from pipelines.data import MANIFEST_INFO, Manifest, list_images, make_row, write_manifest
+from pipelines.errors import UserInputError
 from pipelines.io import atomic_write_json
 
 # set name -> image-list file names to look for (first found wins), in OpenOOD's spellings
@@ -30,7 +31,7 @@ DATA_DIRS = ("images_largescale", "images_classic")  # where OpenOOD's list path
 LIST_FOLDER = "benchmark_imglist"
 
 
-class ImportListError(ValueError):
+class ImportListError(UserInputError):
     """A list or folder that cannot be imported; names the file (and line)."""
 
 

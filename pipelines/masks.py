@@ -26,13 +26,14 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from pipelines.data import MAX_PIXELS, ImageLoadError, to_rgb
+from pipelines.errors import UserInputError
 
 MASK_METHODS = ("auto", "rembg", "opencv")
 MIN_SIDE = 8  # the OpenCV mask needs a border band and an interior: narrower images are refused, not crashed on
 ASPECT_TOLERANCE = 0.01  # a given mask may differ from its image in size (it is resized), not in aspect ratio
 
 
-class MaskError(ValueError):
+class MaskError(UserInputError):
     """A mask that cannot be used (wrong aspect ratio, empty, image too small); names the file when there is one."""
 
     def __init__(self, path: str | os.PathLike | None, reason: str):

@@ -1,0 +1,140 @@
+"""The one command-line layer of the scripts: config plus `key=value` overrides, list and pair parsing, `--debug`,
+and `run_main`, which turns the user's own mistakes into one line and exit status 2.
+
+A script is `def main(argv=None) -> int | None` built on `parser()` and ended with `sys.exit(run_main(main))`, so
+every entry point is testable in-process (`main([...])`) and behaves alike on the command line.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import yaml
+
+from pipelines.errors import ConfigError, UserInputError
+
+README_SECTIONS: dict[str, str] = {
+    "config": "README.md, section 'Evaluation'",
+    "manifest": "README.md, section 'Data formats'",
+    "generation": "docs/generation.md",
+}
+"""Where each kind of input is documented, named in one-line errors (paths inside the repository only)."""
+
+
+def parser(description: str | None, *, config: bool = False, overrides: bool = False, out: bool = False,
+           dry_run: bool = False) -> argparse.ArgumentParser:
+    """An ArgumentParser with the shared flags: `--debug` always; `--config`, `key=value` overrides, `--out` and
+    `--dry-run` when asked for."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if config:
+        p.add_argument("--config", required=True, type=Path, help="YAML config")
+    if overrides:
+        p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, values parsed as YAML "
+                                                                         "(dotted keys reach nested mappings)")
+    if out:
+        p.add_argument("--out", type=Path, help="output folder (overrides the config's)")
+    if dry_run:
+        p.add_argument("--dry-run", action="store_true", help="print the plan and exit without loading any model")
+    p.add_argument("--debug", action="store_true", help="show the full traceback of input errors")
+    return p
+
+
+def comma_list(value: str | Sequence[str] | None) -> list[str] | None:
+    """'a, b,c' -> ['a', 'b', 'c'] (a list passes through; None and '' give None)."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    items = [str(v).strip() for v in items if str(v).strip()]
+    return items or None
+
+
+def pair(value: str, flag: str = "argument", sep: str = "=") -> tuple[str, str]:
+    """'NAME=VALUE' -> ('NAME', 'VALUE'); anything else raises ConfigError naming the flag."""
+    name, found, rest = value.partition(sep)
+    if not found or not name.strip() or not rest.strip():
+        raise ConfigError(f"{flag} takes NAME{sep}VALUE, got {value!r}")
+    return name.strip(), rest.strip()
+
+
+def pairs(values: Sequence[str] | None, flag: str = "argument") -> dict[str, str]:
+    """Repeated NAME=VALUE arguments as a dict; a name given twice is an error."""
+    out: dict[str, str] = {}
+    for value in values or []:
+        name, rest = pair(value, flag)
+        if name in out:
+            raise ConfigError(f"{flag}: {name!r} is given twice")
+        out[name] = rest
+    return out
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str] | None, where: str = "override") -> dict[str, Any]:
+    """A copy of `raw` with each `key=value` applied (value parsed as YAML; `a.b=1` sets raw['a']['b'])."""
+    out = dict(raw)
+    for item in overrides or []:
+        key, text = pair(item, where)
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{where} {key}: the value {text!r} is not valid YAML ({_first_line(err)})") from None
+        target = out
+        *parents, leaf = key.split(".")
+        for name in parents:
+            child = target.get(name)
+            if child is not None and not isinstance(child, dict):
+                raise ConfigError(f"{where} {key}: {name!r} is not a mapping in the config")
+            target[name] = dict(child or {})
+            target = target[name]
+        target[leaf] = value
+    return out
+
+
+def load_yaml(path: str | os.PathLike, overrides: Sequence[str] | None = None) -> dict[str, Any]:
+    """A YAML config file as a mapping, overrides applied; a missing file or a YAML error is one ConfigError line."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{display_path(path)}: no such config file")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{display_path(path)}: not valid YAML ({_first_line(err)})") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{display_path(path)}: expected a mapping of keys at the top level, got {type(raw).__name__}")
+    return apply_overrides(raw, overrides)
+
+
+def display_path(path: str | os.PathLike) -> str:
+    """A path as the user gave it, relative to the working folder when inside it (messages never need more)."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _first_line(err: BaseException) -> str:
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
+def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
+    """Run `main(argv)`: user-input errors print `error: <message>` on one line and give 2 (`--debug` re-raises with
+    the traceback); other exceptions keep their traceback. Returns the exit status for `sys.exit`."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        return int(main(args) or 0)
+    except (UserInputError, FileNotFoundError, NotADirectoryError) as err:
+        if "--debug" in args:
+            traceback.print_exc()
+        else:
+            print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: rerun the same command to resume", file=sys.stderr)
+        return 130
