@@ -46,7 +46,7 @@ class TrainConfig:
     levels: list[str] | None = None
     seed: int = 0
     precision: str = "auto"
-    num_workers: int = 4
+    num_workers: int | None = None
     compile: bool = False
     channels_last: bool = True
     sync_bn: bool = True
@@ -74,6 +74,12 @@ class TrainConfig:
         for key, value in recipe.items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
+        if self.num_workers is None:  # decoding beside a GPU; on the CPU workers would compete with the model
+            import os
+
+            import torch
+
+            self.num_workers = min(8, os.cpu_count() or 1) if torch.cuda.is_available() else 0
         self._check(where)
 
     def _check(self, where: str) -> None:
