@@ -1,7 +1,7 @@
 """The one prepared GPU benchmark: full-size architectures with random weights (nothing is downloaded).
 
 Section "zest": SDXL base UNet + depth ControlNet + VAE + IP-Adapter (ViT-H encoder, image projection) + DPT-hybrid,
-built from the real hub configs (tests/fixtures/hub, pipelines.tiny.zest_configs("full")) directly on the GPU in bf16
+built from the real hub configs (pipelines/hub_configs, pipelines.tiny.zest_configs("full")) directly on the GPU in bf16
 (DPT in fp32), run through `ZeSTPipeline.generate` at 1024 px, 30 steps. Reports images/s per batch size for each
 attention backend (SDPA, xformers when importable), eager and torch.compile, with peak GPU memory, and the
 one-at-a-time loop (batch 1 repeated) as the ratio reference measured in the same process. Each compiled batch size
