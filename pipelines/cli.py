@@ -7,9 +7,11 @@ every entry point is testable in-process (`main([...])`) and behaves alike on th
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -21,8 +23,19 @@ README_SECTIONS: dict[str, str] = {
     "config": "README.md, section 'Evaluation'",
     "manifest": "README.md, section 'Data formats'",
     "generation": "docs/generation.md",
+    "prompts": "README.md, section 'CLIP-prompt detectors and prompt training'",
+    "scripts": "README.md, section 'Scripts'",
 }
 """Where each kind of input is documented, named in one-line errors (paths inside the repository only)."""
+
+# Library chatter an entry point hides: (category, message regex, module regex) for `warnings.filterwarnings`.
+QUIET_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
+    (FutureWarning, "", r"(transformers|diffusers|huggingface_hub|accelerate)(\.|$)"),
+    (DeprecationWarning, "", r"(transformers|diffusers|huggingface_hub|accelerate|torch)(\.|$)"),
+    (UserWarning, r".*(deprecated|will be removed|is deprecated)", r"(transformers|diffusers|torch)(\.|$)"),
+)
+ONCE_WARNINGS = (r"mask_method 'auto': rembg is not installed",)
+"""Warnings shown once per process however often they are raised (e.g. in every worker's loop)."""
 
 
 def parser(description: str | None, *, config: bool = False, overrides: bool = False, out: bool = False,
@@ -41,6 +54,27 @@ def parser(description: str | None, *, config: bool = False, overrides: bool = F
         p.add_argument("--dry-run", action="store_true", help="print the plan and exit without loading any model")
     p.add_argument("--debug", action="store_true", help="show the full traceback of input errors")
     return p
+
+
+def quiet_warnings() -> None:
+    """Hide the libraries' deprecation chatter (`QUIET_WARNINGS`, transformers' advisory notes) and show each
+    `ONCE_WARNINGS` warning once; the project's own warnings stay. Called by `run_main` before the script runs."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    for category, message, module in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    for message in ONCE_WARNINGS:
+        warnings.filterwarnings("once", message=message)
+
+
+def check_keys(raw: dict[str, Any], allowed: Sequence[str], where: str, doc: str | None = None) -> dict[str, Any]:
+    """`raw` unchanged when every key is in `allowed`; else one ConfigError naming the first unknown key, the closest
+    allowed one and where the keys are documented."""
+    for key in raw:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), [str(a) for a in allowed], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (allowed: {', '.join(sorted(map(str, allowed)))})"
+            raise ConfigError(f"{where}: unknown key {key!r}{hint}", doc=doc)
+    return raw
 
 
 def comma_list(value: str | Sequence[str] | None) -> list[str] | None:
@@ -123,17 +157,34 @@ def _first_line(err: BaseException) -> str:
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
-def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Run `main(argv)`: user-input errors print `error: <message>` on one line and give 2 (`--debug` re-raises with
-    the traceback); other exceptions keep their traceback. Returns the exit status for `sys.exit`."""
+def one_line(err: BaseException, doc: str | None = None) -> str:
+    """`error: <message> (see <doc>)` on one line: the error's own `doc`, else `doc`, names where the input is
+    documented; a YAML error names its file, line and column."""
+    if isinstance(err, yaml.YAMLError):
+        mark = getattr(err, "problem_mark", None)
+        where = f"{getattr(mark, 'name', None) or 'YAML'}" if mark is not None else "YAML"
+        text = f"{display_path(where) if where != 'YAML' else where}: not valid YAML ({_first_line(err)})"
+    else:
+        text = str(err) or type(err).__name__
+    text = " ".join(text.split())
+    doc = getattr(err, "doc", None) or doc
+    return f"error: {text}" + (f" (see {doc})" if doc and doc not in text else "")
+
+
+def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None,
+             doc: str | None = None) -> int:
+    """Run `main(argv)` after `quiet_warnings()`: user-input errors (and YAML errors) print one line, `one_line`, and
+    give 2 (`--debug` prints the traceback instead); other exceptions keep their traceback. `doc` names where the
+    script's inputs are documented (README section or docs/ file). Returns the exit status for `sys.exit`."""
     args = sys.argv[1:] if argv is None else argv
+    quiet_warnings()
     try:
         return int(main(args) or 0)
-    except (UserInputError, FileNotFoundError, NotADirectoryError) as err:
+    except (UserInputError, FileNotFoundError, NotADirectoryError, yaml.YAMLError) as err:
         if "--debug" in args:
             traceback.print_exc()
         else:
-            print(f"error: {err}", file=sys.stderr)
+            print(one_line(err, doc), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to resume", file=sys.stderr)

@@ -93,7 +93,7 @@ def read_manifest(folder: str | os.PathLike, check_files: bool = False, image_ro
     meta = folder / METADATA
     root = Path(image_root) if image_root is not None else _image_root(folder)
     if not meta.is_file():
-        raise ManifestError(meta, None, None, f"no metadata.jsonl: not a manifest folder (format: {SCHEMA_DOC})")
+        raise ManifestError(meta, None, None, "no metadata.jsonl: not a manifest folder")
     rows: list[dict[str, Any]] = []
     for number, row in manifest_lines(meta):
         if isinstance(row, ManifestError):

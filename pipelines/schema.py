@@ -26,6 +26,8 @@ SCHEMA_DOC = "README.md, section 'Data formats'"
 class ManifestError(UserInputError):
     """A manifest line that breaks the schema; names the file, the line and the field."""
 
+    doc = SCHEMA_DOC
+
     def __init__(self, file: str | os.PathLike, line: int | None, field: str | None, message: str):
         self.file, self.line, self.field = str(file), line, field
         where = self.file + (f", line {line}" if line is not None else "") + (f", field '{field}'" if field else "")
