@@ -86,6 +86,17 @@ def comma_list(value: str | Sequence[str] | None) -> list[str] | None:
     return items or None
 
 
+def int_list(value: str | Sequence[Any] | None) -> list[int] | None:
+    """'1, 2,4' -> [1, 2, 4] (`comma_list` of integers); a non-integer item raises ConfigError naming it."""
+    items = comma_list(value if value is None or isinstance(value, str) else [str(v) for v in value])
+    if items is None:
+        return None
+    try:
+        return [int(item) for item in items]
+    except ValueError:
+        raise ConfigError(f"expected comma-separated integers, got {value!r}") from None
+
+
 def pair(value: str, flag: str = "argument", sep: str = "=") -> tuple[str, str]:
     """'NAME=VALUE' -> ('NAME', 'VALUE'); anything else raises ConfigError naming the flag."""
     name, found, rest = value.partition(sep)

@@ -20,10 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipelines.cli import parser, run_main  # noqa: E402
+from pipelines.cli import README_SECTIONS, parser, run_main
 
 PACKAGES = ("pipelines", "gen", "detectors", "scripts")
 ALLOWED: dict[str, frozenset[str]] = {
@@ -173,4 +170,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(run_main(main, doc=README_SECTIONS["scripts"]))
