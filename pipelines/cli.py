@@ -32,7 +32,7 @@ README_SECTIONS: dict[str, str] = {
 QUIET_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
     (FutureWarning, "", r"(transformers|diffusers|huggingface_hub|accelerate)(\.|$)"),
     (DeprecationWarning, "", r"(transformers|diffusers|huggingface_hub|accelerate|torch)(\.|$)"),
-    (UserWarning, r".*(deprecated|will be removed|is deprecated)", r"(transformers|diffusers|torch)(\.|$)"),
+    (UserWarning, r".*(deprecated|will be removed)", r"(transformers|diffusers|huggingface_hub|torch)(\.|$)"),
 )
 ONCE_WARNINGS = (r"mask_method 'auto': rembg is not installed",)
 """Warnings shown once per process however often they are raised (e.g. in every worker's loop)."""
