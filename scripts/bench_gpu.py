@@ -271,7 +271,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace, Budget, Callable[[dict[str, An
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser(__doc__, out=True)
     p.set_defaults(out=Path("benchmarks/gpu.json"))
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {list(SECTIONS)}")
+    p.add_argument("--sections", type=comma_list, default=list(SECTIONS), help=f"comma-separated subset of {list(SECTIONS)}")
     p.add_argument("--batch-sizes", type=int_list, default=[1, 2, 4, 8])
     p.add_argument("--compile-batch-sizes", type=int_list, default=[1, 4],
                         help="batch sizes timed with torch.compile (each new shape recompiles, so keep this short)")
@@ -294,7 +294,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-budget", dest="budget_s", action="store_const", const=None, help="run every case")
     p.add_argument("--device", default=None)
     args = p.parse_args(argv)
-    unknown = sorted(set(args.sections.split(",")) - set(SECTIONS))
+    unknown = sorted(set(args.sections) - set(SECTIONS))
     if unknown:
         p.error(f"unknown section(s) {unknown}; available: {list(SECTIONS)}")
     if args.quick:
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
             atomic_write_json(args.out, result)
         return save
 
-    for name in args.sections.split(","):
+    for name in args.sections:
         started = time.perf_counter()
         section = SECTIONS[name](args, budget, saver(name))
         section["section_s"] = time.perf_counter() - started
