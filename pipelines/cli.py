@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import logging
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -18,6 +20,7 @@ from typing import Any, Callable, Sequence
 import yaml
 
 from pipelines.errors import ConfigError, UserInputError
+from pipelines.progress import progress_style
 
 README_SECTIONS: dict[str, str] = {
     "config": "README.md, section 'Evaluation'",
@@ -36,6 +39,23 @@ QUIET_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
 )
 ONCE_WARNINGS = (r"mask_method 'auto': rembg is not installed",)
 """Warnings shown once per process however often they are raised (e.g. in every worker's loop)."""
+QUIET_LOG_MESSAGES: dict[str, tuple[str, ...]] = {
+    # transformers 5 without torchvision: every `<X>ImageProcessor` silently uses its PIL twin, which is what we want
+    "transformers.utils.import_utils": (r"`\w+` requires torchvision \(not installed\); falling back",),
+}
+"""Library log records an entry point drops: {logger name: message regexes}."""
+
+
+class _DropMessages(logging.Filter):
+    """A logger filter dropping the records whose message matches one of `patterns`."""
+
+    def __init__(self, patterns: Sequence[str]):
+        super().__init__()
+        self.patterns = [re.compile(p) for p in patterns]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(p.search(message) for p in self.patterns)
 
 
 def parser(description: str | None, *, config: bool = False, overrides: bool = False, out: bool = False,
@@ -57,13 +77,33 @@ def parser(description: str | None, *, config: bool = False, overrides: bool = F
 
 
 def quiet_warnings() -> None:
-    """Hide the libraries' deprecation chatter (`QUIET_WARNINGS`, transformers' advisory notes) and show each
-    `ONCE_WARNINGS` warning once; the project's own warnings stay. Called by `run_main` before the script runs."""
+    """Hide the libraries' deprecation chatter (`QUIET_WARNINGS`, `QUIET_LOG_MESSAGES`, transformers' advisory notes),
+    show each `ONCE_WARNINGS` warning once and, off a terminal, turn off the libraries' own progress bars; the
+    project's own warnings stay. Called by `run_main` before the script runs."""
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     for category, message, module in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
     for message in ONCE_WARNINGS:
         warnings.filterwarnings("once", message=message)
+    for name, patterns in QUIET_LOG_MESSAGES.items():
+        logger = logging.getLogger(name)  # the same object the library logs through, created now if not yet
+        if not any(isinstance(f, _DropMessages) for f in logger.filters):
+            logger.addFilter(_DropMessages(patterns))
+    if progress_style() != "bar":
+        quiet_library_bars()
+
+
+def quiet_library_bars() -> None:
+    """Turn off the hub libraries' own tqdm bars (weight loading, downloads, diffusion steps): off a terminal they
+    write carriage-return updates into logs. Already imported libraries are told directly, later ones by environment."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    for library in ("transformers", "diffusers"):
+        if library in sys.modules:
+            __import__(f"{library}.utils.logging", fromlist=["disable_progress_bar"]).disable_progress_bar()
 
 
 def check_keys(raw: dict[str, Any], allowed: Sequence[str], where: str, doc: str | None = None) -> dict[str, Any]:

@@ -133,3 +133,28 @@ def test_quiet_warnings_hide_library_chatter_keep_ours_and_show_once_warnings_on
                                    line, module="pipelines.masks")
     messages = [str(w.message) for w in seen]
     assert messages == ["klm: 3 classes are never predicted", "mask_method 'auto': rembg is not installed, so ..."]
+
+
+def test_known_library_log_records_are_dropped_and_others_kept(caplog, monkeypatch):
+    import logging
+
+    monkeypatch.setenv("OODFORGE_PROGRESS", "bar")  # leave the libraries' bars alone here
+    cli.quiet_warnings()
+    cli.quiet_warnings()  # idempotent: one filter
+    logger = logging.getLogger("transformers.utils.import_utils")
+    assert sum(isinstance(f, cli._DropMessages) for f in logger.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="transformers.utils.import_utils"):
+        logger.warning("`ViTImageProcessor` requires torchvision (not installed); falling back to `ViTImageProcessorPil`")
+        logger.warning("Some weights of ResNetForImageClassification were not initialized")
+    assert [r.getMessage() for r in caplog.records] == ["Some weights of ResNetForImageClassification were not initialized"]
+
+
+def test_library_bars_are_turned_off_in_logs(monkeypatch):
+    monkeypatch.setenv("OODFORGE_PROGRESS", "lines")
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    cli.quiet_warnings()
+    import os
+
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1" and are_progress_bars_disabled()
