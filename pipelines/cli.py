@@ -1,8 +1,10 @@
 """The one command-line layer of the scripts: config plus `key=value` overrides, list and pair parsing, `--debug`,
 and `run_main`, which turns the user's own mistakes into one line and exit status 2.
 
-A script is `def main(argv=None) -> int | None` built on `parser()` and ended with `sys.exit(run_main(main))`, so
-every entry point is testable in-process (`main([...])`) and behaves alike on the command line.
+A script is `def main(argv=None) -> int | None` built on `parser()` and ended with
+`sys.exit(run_main(main, doc=README_SECTIONS[...]))`, so every entry point is testable in-process (`main([...])`),
+hides the same library chatter (`quiet_warnings`) and reports bad input alike: one line naming the key or file and
+where that input is documented (README sections and docs/ files only), exit status 2.
 """
 from __future__ import annotations
 
