@@ -2,7 +2,7 @@
 
 One file (torch.save, written atomically) holds the model + objective weights, the optimiser and schedule, the epochs
 done, the run's history so far, the objective's plain Python attributes (margins, lambda schedules, cluster tables),
-the global torch RNG and the data loaders' shuffling generators. `key` names what the run trains (the caller's content
+the global torch (and CUDA) RNG and the data loaders' shuffling generators. `key` names what the run trains (the caller's content
 key); a file with another key is ignored and overwritten, never resumed.
 """
 from __future__ import annotations
@@ -49,6 +49,7 @@ def save_checkpoint(path: str | os.PathLike, key: str, epoch: int, module: nn.Mo
         "objective": _plain_attributes(objective), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
         "history": result.history, "lrs": result.lrs, "steps": result.steps, "seconds": result.seconds,
         "torch_rng": torch.get_rng_state(), "generators": [None if g is None else g.get_state() for g in generators],
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
@@ -71,6 +72,8 @@ def load_checkpoint(path: str | os.PathLike, key: str, module: nn.Module, object
     result.history, result.lrs, result.steps = list(state["history"]), list(state["lrs"]), int(state["steps"])
     result.seconds = float(state["seconds"])
     torch.set_rng_state(state["torch_rng"])
+    if state.get("cuda_rng") is not None and torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
     for gen, saved in zip(generators, state["generators"]):
         if gen is not None and saved is not None:
             gen.set_state(saved)

@@ -9,7 +9,7 @@ import torch
 
 from detectors.base import ImageSet, as_numpy
 from pipelines.data import Manifest
-from pipelines.features import cache_path, extract_features
+from pipelines.features import FeatureCache, cache_path, extract_features
 from pipelines.fingerprint import combine, images_fingerprint, preprocessing_fingerprint, weights_fingerprint
 
 CLASSIFIER_PREFIX = "classifier."
@@ -50,6 +50,8 @@ def extract(det: Any, batch: Any) -> tuple[np.ndarray, np.ndarray | None]:
         cache = None if det.work_dir is None else cache_path(det.work_dir / "features", manifest.root.name, key)
         found = extract_features(clf, manifest, batch_size=params["score_batch_size"], precision=params["precision"],
                                  cache=cache, key=key, desc=f"{det.name} features")
+        if cache is not None and cache.is_file():  # keep the memory-mapped file, not a second copy in memory
+            found = FeatureCache.load(cache, mmap=True)
         if len(found) != len(manifest):
             bad = [f["file"] for f in found.failures][:3]
             raise ValueError(f"{det.name}: {len(manifest) - len(found)} image(s) could not be loaded ({bad}); "
