@@ -136,8 +136,8 @@ def test_species_protocol_through_the_scripts(tmp_path):
     sets = {"local", "non_local", "non_target"}
     assert set(results["method"]) == expected and set(results["ood_set"]) == sets
     assert len(results) == len(expected) * len(sets)
-    training_rows = results[results["base"].isin(trained)]
-    assert (training_rows["mode"] == "full").all()
+    own_rows = results[results["method"].isin(trained)]
+    assert (own_rows["mode"] == "full").all()
 
     # the fine-tuned methods are distinct: no two give the same ID test scores (heads-only training made several equal)
     scores = pd.read_parquet(run / "scores.parquet")
