@@ -147,7 +147,7 @@ def train_classifier(config: TrainConfig) -> Path:
                       batch_size=config.batch_size, weight_decay=config.weight_decay, warmup_epochs=config.warmup_epochs,
                       seed=config.seed, precision=config.precision, num_workers=config.num_workers,
                       transforms=transforms_for(classifier), checkpoint=out / "checkpoint.pt",
-                      run_key=run_key(config, manifest), channels_last=config.channels_last, compile=config.compile,
+                      checkpoint_key=run_key(config, manifest), channels_last=config.channels_last, compile=config.compile,
                       sync_bn=config.sync_bn)
     if state.is_main_process:
         _write_outputs(out, config, classifier, objective, result, class_names, label_field)

@@ -18,10 +18,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from pipelines.checkpoints import load_checkpoint, loader_generators, save_checkpoint
 from pipelines.data import LoadFailure, Manifest
 from pipelines.runtime import resolve_device, resolve_dtype, seed_everything
 from pipelines.training.batchnorm import global_batchnorm
-from pipelines.training.checkpoint import load_checkpoint, save_checkpoint
 from pipelines.training.loaders import (ImageRows, PooledRows, PooledTensorBatches, TensorBatches, aux_batch_size,
                                         aux_labels, collate_pooled, cycle, make_loader, manifest_labels, set_epoch,
                                         target_values)
@@ -46,16 +46,6 @@ class TrainResult:
     @property
     def final(self) -> dict[str, float]:
         return self.history[-1] if self.history else {}
-
-    def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the result (everything but `test`, computed at the end)."""
-        return {"history": self.history, "failures": [vars(f) for f in self.failures], "lrs": self.lrs,
-                "steps": self.steps, "seconds": self.seconds}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        self.history, self.lrs = list(state["history"]), list(state["lrs"])
-        self.failures = [LoadFailure(**f) for f in state["failures"]]
-        self.steps, self.seconds = int(state["steps"]), float(state["seconds"])
 
 
 class _Step(nn.Module):
@@ -107,8 +97,9 @@ def as_linear(head: Any) -> nn.Linear:
 class LoopSettings:
     """How `_run` trains: optimiser and schedule values, precision, and the optional speed and resume settings.
 
-    `checkpoint`: a file written atomically after every epoch (model + objective state, optimiser, schedule, history);
-    an existing one whose `run_key` matches is resumed from. `normalize` maps a loader's uint8 batch to the model's
+    `checkpoint`: a file written atomically after every epoch (`pipelines.checkpoints`: model + objective state and
+    attributes, optimiser, schedule, history); an existing one whose `checkpoint_key` matches is resumed from, another
+    one is ignored and overwritten. `normalize` maps a loader's uint8 batch to the model's
     input on the device (`transforms.Normalize`). `channels_last` / `compile` are GPU speed options; `sync_bn`
     normalises batch-norm layers over the global batch when several processes train (`batchnorm.GlobalBatchNorm`)."""
 
@@ -120,7 +111,7 @@ class LoopSettings:
     precision: str = "auto"
     desc: str = "train"
     checkpoint: Path | None = None
-    run_key: str = ""
+    checkpoint_key: str = ""
     normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
     channels_last: bool = False
     compile: bool = False
@@ -261,30 +252,22 @@ class _Loop:
                          lambda failed, _: self.record(failed, split))
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
+    def _saved(self) -> tuple[Any, ...]:
+        inner = self.acc.unwrap_model(self.step_module)
+        return (inner, inner.objective, self.optimizer, self.scheduler, self.result, loader_generators([self.train, self.aux]))
+
     def save(self, epochs_done: int) -> None:
         if self.s.checkpoint is None:
             return
         if self.acc.is_main_process:
-            state = {"epochs_done": epochs_done, "run_key": self.s.run_key,
-                     "model": self.acc.unwrap_model(self.step_module).state_dict(),
-                     "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                     "result": self.result.state()}
-            save_checkpoint(self.s.checkpoint, state)
+            save_checkpoint(self.s.checkpoint, self.s.checkpoint_key, epochs_done, *self._saved())
         self.acc.wait_for_everyone()
 
     def resume(self) -> int:
-        """Epochs already done according to the checkpoint (0 without one); restores every state it holds."""
-        if self.s.checkpoint is None or not Path(self.s.checkpoint).is_file():
+        """Epochs already done according to a matching checkpoint (0 without one); restores every state it holds."""
+        if self.s.checkpoint is None:
             return 0
-        if self.objective.needs_calibration:
-            raise ValueError(f"{type(self.objective).__name__} calibrates on the untrained model: it cannot resume from "
-                             f"{self.s.checkpoint}; remove it to start again")
-        state = load_checkpoint(self.s.checkpoint, self.s.run_key)
-        self.acc.unwrap_model(self.step_module).load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.result.load_state(state["result"])
-        return int(state["epochs_done"])
+        return load_checkpoint(self.s.checkpoint, self.s.checkpoint_key, *self._saved())
 
 
 def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: Any, val_loader: Any,
@@ -401,7 +384,7 @@ def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: fl
     per-epoch accuracy, `test` the accuracy at the end (`TrainResult.test`). Pixels come from the classifier's own
     `preprocess` after `augment` (PIL -> PIL), or from `transforms` = (train, eval) `(image, rng) -> uint8 tensor`
     normalised on the device with the classifier's mean and std. `batch_size` is the global batch (split across
-    processes). `options` are `LoopSettings` fields (checkpoint, run_key, channels_last, compile, sync_bn).
+    processes). `options` are `LoopSettings` fields (checkpoint, checkpoint_key, channels_last, compile, sync_bn).
     Defaults follow the Open-Insects fine-tuning recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine schedule
     with 2 warm-up epochs.
     """

@@ -11,6 +11,7 @@ from typing import Any
 from pipelines.errors import ConfigError
 
 DEFAULT_MODEL = "microsoft/resnet-50"
+DOC = "docs/training.md"
 
 RECIPES: dict[str, dict[str, Any]] = {
     # Open-Insects (Chen et al.), Section 6.1: ResNet-50 from scratch per region, 120 epochs, batch 512, AdamW lr 0.01,
@@ -53,10 +54,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "config") -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(known)}")
+        from pipelines.cli import check_keys
+
+        check_keys(raw, [f.name for f in fields(cls)], where, doc=DOC)
         config = cls(**raw)
         config.resolve(where)
         return config
