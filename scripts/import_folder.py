@@ -11,7 +11,8 @@ Labels index the sorted class names (folder names, or the label column / level);
 and every row its `class_name`. `--levels` names label levels (nested folders above the images, or table columns)
 for multi-granularity heads; the label is the last level unless `--label` names another. Splits: per stratum
 (default: the label), largest-remainder counts of the ratio (e.g. 7 images at 4:1:5 -> 3 / 1 / 3), shuffled with
-`--seed`; a stratum with fewer images than non-zero splits is an error. Unreadable images are left out and listed in
+`--seed`; a stratum with fewer images than non-zero splits is an error. A table's own `split` column is kept when
+every row has train, val or test. The same image (bytes) in two splits is an error. Unreadable images are left out and listed in
 `DIR/failures.json`.
 """
 from __future__ import annotations

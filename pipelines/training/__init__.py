@@ -5,7 +5,8 @@ multi-granularity heads; per-epoch atomic checkpoints and resume; the same weigh
 - `loaders`: image rows, cached-feature batches, the epoch-seeded sampler; `transforms`: random resized crop + flip,
   resize + centre crop (PIL / torch);
 - `loop`: `finetune` (a whole `ImageClassifier` on images), `train_heads` (linear heads on cached features);
-- `recipes` + `classify`: `train_classifier(config)` behind `scripts/train_classifier.py`.
+- `batchnorm`: batch norm over the global batch across processes; `recipes` + `classify`: `train_classifier(config)`
+  behind `scripts/train_classifier.py`; `bench`: the measurements of `scripts/bench_train.py`.
 """
 from pipelines.training.loaders import aux_batch_size
 from pipelines.training.loop import LoopSettings, TrainResult, as_linear, finetune, train_heads

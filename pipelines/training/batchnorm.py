@@ -51,15 +51,20 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
         self.running_var.mul_(1 - momentum).add_(unbiased.to(self.running_var.dtype), alpha=momentum)
 
 
+_GLOBAL: dict[type, type] = {
+    cls: type(f"Global{cls.__name__}", (GlobalBatchNorm, cls), {}) for cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+}
+
+
 @contextmanager
 def global_batchnorm(model: nn.Module, enabled: bool = True) -> Iterator[nn.Module]:
     """Within the block, every BatchNorm1d/2d/3d of `model` normalises over the global batch; restored afterwards."""
     switched = []
     if enabled:
         for module in model.modules():
-            if type(module) in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d):
+            if type(module) in _GLOBAL:
                 switched.append((module, type(module)))
-                module.__class__ = type(f"Global{type(module).__name__}", (GlobalBatchNorm, type(module)), {})
+                module.__class__ = _GLOBAL[type(module)]
     try:
         yield model
     finally:
