@@ -15,14 +15,14 @@ nav { columns: 3; font-size: 0.9em; }
 h2 { border-bottom: 1px solid #ccc; margin-top: 2em; }
 table { border-collapse: collapse; font-size: 0.8em; margin: 0.5em 0 1em; }
 th, td { border: 1px solid #ddd; padding: 2px 6px; text-align: center; white-space: nowrap; }
-th { background: #f2f2f2; position: sticky; top: 0; }
+th { background: #f2f2f2; }
 th.span { background: #e4e4e4; }
 td.key { text-align: left; }
 .scroll { overflow-x: auto; max-width: 100%; }
 .flag { color: #c00; font-weight: bold; }
 p.note { font-size: 0.85em; color: #555; margin: 0.3em 0; }
 figure { display: inline-block; margin: 0.5em; vertical-align: top; }
-figure img { max-width: 100%; border: 1px solid #eee; }
+figure img { max-width: min(100%, 760px); border: 1px solid #eee; }
 figcaption { font-size: 0.8em; color: #555; }
 .files { font-size: 0.85em; }
 """
@@ -56,7 +56,7 @@ def _section_html(section: Section) -> str:
         out.append(f'<div class="scroll">{to_html(view)}</div>')
     for image in section.images:
         name = esc(image)
-        out.append(f'<figure><a href="{name}"><img src="{name}" alt="{name}" loading="lazy"></a>'
+        out.append(f'<figure><a href="{name}"><img src="{name}" alt="{name}"></a>'
                    f"<figcaption>{name}</figcaption></figure>")
     return "\n".join(out)
 

@@ -217,7 +217,7 @@ def plot_fpr95(results: pd.DataFrame, path: str | os.PathLike) -> Path:
         if last < xs.max():
             axes.axvline(last + 1, color="grey", linewidth=0.8, linestyle=":")
     axes.set_xticks(xs, layout.methods, rotation=45, ha="right")
-    axes.set(ylabel="FPR@95 (%)", ylim=(0, 100))
+    axes.set(ylabel="FPR@95 (%)", ylim=(-3, 103), xlim=(xs.min() - 0.7, xs.max() + 0.7))
     axes.set_title("FPR@95 per method, grouped by family (lower is better)", pad=18)
     axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return save_figure(figure, path)
@@ -233,6 +233,10 @@ def _thumbnail(path: Any, size: int = 128) -> np.ndarray | None:
         return None
     image.thumbnail((size, size))
     return np.asarray(image)
+
+
+def _short(text: str, n: int = 22) -> str:
+    return text if len(text) <= n else text[: n // 2 - 1] + "…" + text[-(n // 2):]
 
 
 def plot_id_looking(rows: pd.DataFrame, ood_set: str, path: str | os.PathLike) -> Path:
@@ -260,6 +264,7 @@ def plot_id_looking(rows: pd.DataFrame, ood_set: str, path: str | os.PathLike) -
             else:
                 axes.imshow(pixels)
             axes.set_title(f"#{j + 1} {row['score']:.3g} ({row['id_share']:.0f}%)", fontsize="x-small")
+            axes.set_xlabel(_short(Path(str(row["file_name"])).name), fontsize="xx-small")
     figure.suptitle(f"{ood_set}: most ID-looking OOD images per method (score; % of ID test scores below it)")
     return save_figure(figure, path)
 

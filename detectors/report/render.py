@@ -170,9 +170,9 @@ def to_html(view: View) -> str:
 
 
 # -- views of the report's tables -------------------------------------------------------------------------------------
-def grid_cells(table: pd.DataFrame, metrics: Sequence[str] = CELL_METRICS) -> pd.DataFrame:
-    """'FPR@95 / AUROC' cells (tuples of `Part`) with best / second-best marks per column and metric, and the low-AUROC
-    flag on AUROC values below `LOW_AUROC` (averages are not flagged)."""
+def grid_cells(table: pd.DataFrame, metrics: Sequence[str] = CELL_METRICS, flag: bool = True) -> pd.DataFrame:
+    """'FPR@95 / AUROC' cells (tuples of `Part`) with best / second-best marks per column and metric, and (with `flag`)
+    the low-AUROC flag on a set's AUROC below `LOW_AUROC` (average columns are not flagged)."""
     columns = list(dict.fromkeys(table.columns.get_level_values("column")))
     out = pd.DataFrame(index=table.index, columns=columns, dtype=object)
     for column in columns:
@@ -180,8 +180,8 @@ def grid_cells(table: pd.DataFrame, metrics: Sequence[str] = CELL_METRICS) -> pd
         for metric in metrics:
             values = table[(column, metric)]
             marks = rank_marks(values, LOWER_IS_BETTER[metric])
-            flag = metric == "auroc" and not str(column).endswith(" avg")
-            parts.append([Part(number(v), int(k), bool(flag and v < LOW_AUROC)) for v, k in zip(values, marks)])
+            low = flag and metric == "auroc" and not str(column).endswith(" avg")
+            parts.append([Part(number(v), int(k), bool(low and v < LOW_AUROC)) for v, k in zip(values, marks)])
         out[column] = list(zip(*parts))
     return out
 
@@ -214,9 +214,10 @@ def per_set_view(table: pd.DataFrame, layout: Layout, scale: str, info: pd.DataF
                 extra_notes=[FLAG_NOTE] if flagged else [])
 
 
-def grid_view(table: pd.DataFrame, labels: Sequence[str], note: str) -> View:
-    """A (column, metric) table with 'FPR@95 / AUROC' cells; `labels` name the index levels."""
-    cells = grid_cells(table)
+def grid_view(table: pd.DataFrame, labels: Sequence[str], note: str, flag: bool = True) -> View:
+    """A (column, metric) table with 'FPR@95 / AUROC' cells; `labels` name the index levels; `flag`: its columns are
+    OOD sets, whose AUROC below 50 is flagged."""
+    cells = grid_cells(table, flag=flag)
     rows = [(tuple(map(str, key if isinstance(key, tuple) else (key,))), list(row)) for key, row in cells.iterrows()]
     flagged = any(p.flag for _, cs in rows for c in cs for p in c)
     return View(note, list(labels), [str(c) for c in cells.columns], rows, extra_notes=[FLAG_NOTE] if flagged else [])

@@ -90,7 +90,7 @@ def per_set_sections(out: Out, results: pd.DataFrame, scale: str) -> list[Sectio
     table4, families = family_group_table(results), family_table(results)
     note4 = (f"Family means (plain means over each family's own methods of per-set values), FPR@95 / AUROC in percent. "
              f"{scale_note(scale)}")
-    view4 = grid_view(table4, ["Family"], note4)
+    view4 = grid_view(table4, ["Family"], note4, flag=False)
     fam = frame_view(families, f"Family means (plain means over methods of per-set values), in percent. {scale_note(scale)}")
     files = out.tables("table4", [view4], grid_csv(table4)) + out.tables("families", [fam], families, latex=False)
     sections.append(Section("Table 4: family x group", [view4, fam], files))
