@@ -34,7 +34,7 @@ def save_figure(figure: Any, path: str | os.PathLike) -> Path:
     return path
 
 
-def _figure(width: float, height: float) -> Any:
+def new_figure(width: float, height: float) -> Any:
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height), layout="constrained")
@@ -65,7 +65,7 @@ def plot_heatmap(table: pd.DataFrame, layout: Layout, metric: str, path: str | o
     """Methods (grouped by family) x OOD sets (grouped by group) coloured by `metric` ('auroc' or 'fpr95', percent),
     each cell annotated; AUROC below 50 is marked with a dagger. `table` is `per_set_table(averages=False)`."""
     values = np.array([[table.loc[(f, m), (s, metric)] for s in layout.sets] for f, m in layout.rows], dtype=np.float64)
-    figure = _figure(2.8 + 0.75 * len(layout.sets), 1.4 + 0.32 * len(layout.rows))
+    figure = new_figure(2.8 + 0.75 * len(layout.sets), 1.4 + 0.32 * len(layout.rows))
     axes = figure.add_subplot()
     cmap = "RdYlGn" if metric == "auroc" else "RdYlGn_r"
     image = axes.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0, vmax=100, aspect="auto")
@@ -96,7 +96,7 @@ def _roc_points(id_scores: np.ndarray, ood_scores: np.ndarray) -> tuple[np.ndarr
 
 def plot_roc(scores: pd.DataFrame, ood_set: str, methods: Sequence[str], path: str | os.PathLike) -> Path:
     """ROC curves of every method on one OOD set (OOD = positive), AUROC in the legend."""
-    figure = _figure(7.5, 5.0)
+    figure = new_figure(7.5, 5.0)
     axes = figure.add_subplot()
     aurocs = per_set_auroc(scores[scores["ood_set"].isin([ood_set, "id"])])
     styles = ["-", "--", ":", "-."]
@@ -159,7 +159,7 @@ def plot_method_densities(rows: pd.DataFrame, method: str, path: str | os.PathLi
     edges = np.linspace(lo, hi, bins + 1)
     ncols = min(3, max(len(panels), 1))
     nrows = max(1, -(-len(panels) // ncols))
-    figure = _figure(4.2 * ncols, 3.0 * nrows + 0.5)
+    figure = new_figure(4.2 * ncols, 3.0 * nrows + 0.5)
     for i, (name, reference, ood, ref_label) in enumerate(panels):
         axes = figure.add_subplot(nrows, ncols, i + 1)
         _hist(axes, reference, edges, ref_label, "black")
@@ -203,7 +203,7 @@ def plot_fpr95(results: pd.DataFrame, path: str | os.PathLike) -> Path:
     layout = Layout.of(results)
     summary = method_summary(results)
     xs, spans = _family_positions(layout)
-    figure = _figure(max(6.0, 0.45 * len(xs) + 3), 4.5)
+    figure = new_figure(max(6.0, 0.45 * len(xs) + 3), 4.5)
     axes = figure.add_subplot()
     names = [ALL, *layout.groups]
     for i, name in enumerate(names):
@@ -244,7 +244,7 @@ def plot_id_looking(rows: pd.DataFrame, ood_set: str, path: str | os.PathLike) -
     percent of ID test scores below it). `rows` is `id_looking_table` for that set, with a `path` column."""
     methods = list(dict.fromkeys(rows["method"]))
     k = int(rows["rank"].max())
-    figure = _figure(1.0 + 1.5 * k, 0.4 + 1.75 * len(methods))
+    figure = new_figure(1.0 + 1.5 * k, 0.4 + 1.75 * len(methods))
     grid = figure.subplots(len(methods), k, squeeze=False)
     for i, method in enumerate(methods):
         for j in range(k):
@@ -269,5 +269,5 @@ def plot_id_looking(rows: pd.DataFrame, ood_set: str, path: str | os.PathLike) -
     return save_figure(figure, path)
 
 
-__all__ = ["ROBUST", "safe_name", "save_figure", "plot_heatmap", "plot_roc", "robust_limits", "plot_method_densities",
+__all__ = ["ROBUST", "safe_name", "save_figure", "new_figure", "plot_heatmap", "plot_roc", "robust_limits", "plot_method_densities",
            "plot_score_densities", "plot_fpr95", "plot_id_looking"]
