@@ -98,7 +98,7 @@ def plot_roc(scores: pd.DataFrame, ood_set: str, methods: Sequence[str], path: s
     """ROC curves of every method on one OOD set (OOD = positive), AUROC in the legend."""
     figure = new_figure(7.5, 5.0)
     axes = figure.add_subplot()
-    aurocs = per_set_auroc(scores[scores["ood_set"].isin([ood_set, "id"])])
+    aurocs = per_set_auroc(scores[(scores["role"] == "id") | (scores["ood_set"] == ood_set)])
     styles = ["-", "--", ":", "-."]
     for i, method in enumerate(methods):
         rows = scores[scores["method"] == method]

@@ -110,9 +110,11 @@ def resampled_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, id_idx: np.
 
 
 def bootstrap_interval(id_scores: np.ndarray, ood_scores: np.ndarray, n: int, rng: np.random.Generator,
-                       level: float = 0.95, block: int = 200) -> dict[str, tuple[float, float]]:
+                       level: float = 0.95, memory: int = 4_000_000) -> dict[str, tuple[float, float]]:
     """Percentile `level` intervals of AUROC and FPR@95 (fractions) over `n` replicates that resample the ID and the
-    OOD scores independently, with replacement."""
+    OOD scores independently, with replacement; replicates run in blocks of about `memory` counts."""
+    width = max(len(id_scores) + len(ood_scores), 1)
+    block = max(1, min(n, memory // width))
     draws: dict[str, list[np.ndarray]] = {"auroc": [], "fpr95": []}
     for start in range(0, n, block):
         reps = min(block, n - start)

@@ -14,13 +14,15 @@ from detectors.report.html import Section
 from detectors.report.render import (Cell, Part, View, frame_view, grid_view, number, per_set_view, scale_note, to_latex,
                                      to_markdown)
 from detectors.report.scores import (HOP_LABELS, attach_metadata, bootstrap_table, has_sources, hop_table,
-                                     id_looking_table, species_field_table, species_summary)
+                                     id_looking_table, per_set_auroc, species_field_table, species_summary)
 from detectors.report.tables import (NOT_SELECTED, Layout, best_rule_table, family_group_table, family_table, low_auroc,
                                      method_info, per_set_table, read_table, text_column, to_percent)
 from detectors.tables import COLUMN_LABELS, SPECIES_COLUMNS, TRANSFER_COLUMNS, TRANSFER_RATES
 from pipelines.io import atomic_write_text
 
 TRANSFER_REQUIRED = tuple(c for c in TRANSFER_COLUMNS if c != "tpr")
+SHEET_METHODS = 12
+"""At most this many methods (those of best AUROC on the set) get a row in a set's thumbnail sheet."""
 """Threshold-transfer columns every table has (older tables lack `tpr` and the species columns)."""
 
 
@@ -240,9 +242,13 @@ def id_looking_section(out: Out, scores: pd.DataFrame, k: int) -> Section:
     table = id_looking_table(scores[scores["role"].isin(["id", "ood"])], k)
     if table.empty:
         return out.skip(section, "no test OOD rows")
+    aurocs = per_set_auroc(scores)
     for ood_set, part in table.groupby("ood_set", sort=False):
+        best = sorted(dict.fromkeys(part["method"]), key=lambda m: -aurocs[(m, ood_set)])[:SHEET_METHODS]
+        shown = part[part["method"].isin(best)].sort_values("method", key=lambda c: c.map(best.index), kind="mergesort")
+        note = f" ({SHEET_METHODS} methods of best AUROC)" if len(best) < part["method"].nunique() else ""
         path = out.folder / f"id_looking_{plots.safe_name(ood_set)}.png"
-        section.images.append(out.figure(plots.plot_id_looking(part, ood_set, path)))
+        section.images.append(out.figure(plots.plot_id_looking(shown, ood_set + note, path)))
     shown = table.drop(columns=[c for c in ("path", "manifest") if c in table.columns])
     view = frame_view(shown, f"Per OOD set and method, the {k} OOD images with the highest scores (most ID-looking); "
                       "`id_share`: percent of ID test scores below the image's score.", {"rank": ".0f", "score": ".4g"})

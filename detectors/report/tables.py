@@ -343,8 +343,9 @@ def best_rule_table(results: pd.DataFrame, selection: pd.DataFrame | None = None
     table = per_set_table(rows, averages=False).droplevel("family")
     names = rows.drop_duplicates("method").set_index("method")[["base", "rule"]]
     if selection is None:
-        keys = [(b, r, m, NOT_SELECTED) for m, (b, r) in names.loc[table.index].iterrows()]
-        keys.sort(key=lambda k: list(dict.fromkeys(rows["base"])).index(k[0]))
+        first = {b: i for i, b in enumerate(dict.fromkeys(rows["base"]))}
+        keys = sorted(((b, r, m, NOT_SELECTED) for m, (b, r) in names.loc[table.index].iterrows()),
+                      key=lambda k: first[k[0]])
     else:
         keys = []
         for _, pick in selection[selection["chosen"]].iterrows():
