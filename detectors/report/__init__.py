@@ -11,7 +11,7 @@ Formats are `detectors.tables`'. Everything rendered is in percent.
 from __future__ import annotations
 
 from detectors.report.html import Section, index_html, missing_files, referenced_files
-from detectors.report.plots import (plot_fpr95, plot_heatmap, plot_id_looking, plot_method_densities, plot_roc,
+from detectors.report.plots import (ScoreAxis, plot_fpr95, plot_heatmap, plot_id_looking, plot_method_densities, plot_roc,
                                     plot_score_densities, robust_limits)
 from detectors.report.render import (DAGGER, FLAG_NOTE, MISSING, Part, View, flag_lines, frame_view, grid_view,
                                      latex_escape, markdown_table, per_set_view, render_summary, summary_view, to_html,
@@ -28,7 +28,7 @@ from detectors.report.write import companion_files, write_report
 
 __all__ = [
     "Section", "index_html", "missing_files", "referenced_files",
-    "plot_fpr95", "plot_heatmap", "plot_id_looking", "plot_method_densities", "plot_roc", "plot_score_densities",
+    "ScoreAxis", "plot_fpr95", "plot_heatmap", "plot_id_looking", "plot_method_densities", "plot_roc", "plot_score_densities",
     "robust_limits",
     "DAGGER", "FLAG_NOTE", "MISSING", "Part", "View", "flag_lines", "frame_view", "grid_view", "latex_escape",
     "markdown_table", "per_set_view", "render_summary", "summary_view", "to_html", "to_latex", "to_markdown",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -140,23 +141,69 @@ def _panels(rows: pd.DataFrame) -> list[tuple[str, np.ndarray, np.ndarray, str]]
     return out
 
 
+@dataclass(frozen=True)
+class ScoreAxis:
+    """The x axis of a method's density panels: linear, or, when the scores span far more than the ID scores' spread
+    (GRAM's deviations), log-scaled distance from the ID median, t(x) = sign(x - m) log(1 + |x - m| / c)."""
+
+    lo: float
+    hi: float
+    center: float = 0.0
+    scale: float = 0.0  # c; 0 means linear
+
+    @classmethod
+    def of(cls, rows: pd.DataFrame, spread: float = 50.0) -> "ScoreAxis":
+        lo, hi = robust_limits(rows["score"].to_numpy(np.float64))
+        ids = rows.loc[rows["role"] == "id", "score"].to_numpy(np.float64)
+        iqr = float(np.subtract(*np.percentile(ids, [75, 25]))) if len(ids) else 0.0
+        if iqr > 0 and hi - lo > spread * iqr:
+            return cls(lo, hi, float(np.median(ids)), iqr)
+        return cls(lo, hi)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        return x if not self.scale else np.sign(x - self.center) * np.log1p(np.abs(x - self.center) / self.scale)
+
+    def inverse(self, t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, dtype=np.float64)
+        return t if not self.scale else self.center + np.sign(t) * self.scale * np.expm1(np.abs(t))
+
+    def edges(self, bins: int) -> np.ndarray:
+        return self.inverse(np.linspace(self.forward(self.lo), self.forward(self.hi), bins + 1))
+
+    def apply(self, axes: Any) -> None:
+        axes.set_xlim(self.lo, self.hi)
+        if self.scale:
+            axes.set_xscale("function", functions=(self.forward, self.inverse))
+            ticks = self.inverse(np.linspace(self.forward(self.lo), self.forward(self.hi), 6))
+            axes.set_xticks(ticks, [_tick(v, self.hi - self.lo) for v in ticks])
+        label = "score (higher = more ID)" + ("; log distance from the ID median" if self.scale else "")
+        axes.set_xlabel(label, fontsize="small")
+
+
+def _tick(value: float, span: float) -> str:
+    if abs(value) < 1e-9 * span:
+        return "0"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
 def _hist(axes: Any, values: np.ndarray, edges: np.ndarray, label: str, color: str) -> None:
-    """A density outline over `edges`: values outside the edges count in the total but are not drawn."""
+    """The share of `values` per bin as an outline; values outside the edges count in the total but are not drawn."""
     inside = values[(values >= edges[0]) & (values <= edges[-1])]
-    weights = np.full(len(inside), 1.0 / (max(len(values), 1) * (edges[1] - edges[0])))
     outside = len(values) - len(inside)
     note = f", {outside} outside" if outside else ""
-    axes.hist(inside, bins=edges, weights=weights, histtype="step", linewidth=1.6, color=color,
-              label=f"{label} (n={len(values)}{note})")
+    axes.hist(inside, bins=edges, weights=np.full(len(inside), 1.0 / max(len(values), 1)), histtype="step",
+              linewidth=1.6, color=color, label=f"{label} (n={len(values)}{note})")
 
 
 def plot_method_densities(rows: pd.DataFrame, method: str, path: str | os.PathLike, bins: int = 40) -> Path:
     """One panel per OOD set (and field set): the reference (ID test, or the field set's known rows) and the OOD score
-    densities as outlines, AUROC in the panel title, x limits at the `ROBUST` percentiles of the method's scores."""
+    distributions as outlines (share of each set per bin), AUROC in the panel title, x limits at the `ROBUST`
+    percentiles of the method's scores (a log-distance axis when they span far more than the ID scores, `ScoreAxis`)."""
     panels = _panels(rows)
     aurocs = per_set_auroc(rows)
-    lo, hi = robust_limits(rows["score"].to_numpy(np.float64))
-    edges = np.linspace(lo, hi, bins + 1)
+    axis = ScoreAxis.of(rows)
+    edges = axis.edges(bins)
     ncols = min(3, max(len(panels), 1))
     nrows = max(1, -(-len(panels) // ncols))
     figure = new_figure(4.2 * ncols, 3.0 * nrows + 0.5)
@@ -167,10 +214,10 @@ def plot_method_densities(rows: pd.DataFrame, method: str, path: str | os.PathLi
         value = aurocs.get((method, name.removesuffix(" (field)")), float("nan"))
         flag = " †" if value < LOW_AUROC else ""
         axes.set_title(f"{name}: AUROC {value:.2f}{flag}", fontsize="medium", color="C3" if flag else "black")
-        axes.set_xlim(lo, hi)
+        axis.apply(axes)
+        axes.set_ylabel("share per bin", fontsize="small")
         axes.legend(fontsize="x-small")
-        axes.set_xlabel("score (higher = more ID)", fontsize="small")
-    figure.suptitle(f"{method}: score densities (x axis: {ROBUST[0]}-{ROBUST[1]} percentiles of its scores)")
+    figure.suptitle(f"{method}: score distributions (x axis: {ROBUST[0]}-{ROBUST[1]} percentiles of its scores)")
     return save_figure(figure, path)
 
 
@@ -269,5 +316,5 @@ def plot_id_looking(rows: pd.DataFrame, ood_set: str, path: str | os.PathLike) -
     return save_figure(figure, path)
 
 
-__all__ = ["ROBUST", "safe_name", "save_figure", "new_figure", "plot_heatmap", "plot_roc", "robust_limits", "plot_method_densities",
+__all__ = ["ROBUST", "ScoreAxis", "safe_name", "save_figure", "new_figure", "plot_heatmap", "plot_roc", "robust_limits", "plot_method_densities",
            "plot_score_densities", "plot_fpr95", "plot_id_looking"]

@@ -126,3 +126,16 @@ def test_index_html_in_headless_chromium(tmp_path, capsys):
     assert "Chromium could not load image: heatmap_auroc.png" in printed
     (broken / "heatmap_fpr95.png").unlink()
     assert "missing: heatmap_fpr95.png" in check.check_files(broken / "index.html")
+
+
+def test_density_axis_spreads_gram_like_scores():
+    rng = np.random.default_rng(5)
+    ids, ood = -np.abs(rng.normal(0, 3, 500)), -rng.uniform(500, 3000, 300)  # GRAM: -deviation, OOD far out
+    rows = pd.DataFrame({"role": ["id"] * 500 + ["ood"] * 300, "score": np.r_[ids, ood]})
+    axis = report.ScoreAxis.of(rows)
+    edges = axis.edges(40)
+    assert axis.scale > 0 and np.allclose(axis.inverse(axis.forward(edges)), edges)
+    assert (np.histogram(ids, edges)[0] > 0).sum() >= 8  # a linear axis puts every ID score in one bin
+    assert (np.histogram(ids, np.linspace(edges[0], edges[-1], 41))[0] > 0).sum() == 1
+    msp = pd.DataFrame({"role": ["id"] * 500 + ["ood"] * 300, "score": np.r_[rng.beta(8, 1, 500), rng.beta(2, 2, 300)]})
+    assert report.ScoreAxis.of(msp).scale == 0  # ordinary scores keep a linear axis
