@@ -175,8 +175,8 @@ class ScoreAxis:
         axes.set_xlim(self.lo, self.hi)
         if self.scale:
             axes.set_xscale("function", functions=(self.forward, self.inverse))
-            ticks = self.inverse(np.linspace(self.forward(self.lo), self.forward(self.hi), 6))
-            axes.set_xticks(ticks, [_tick(v, self.hi - self.lo) for v in ticks])
+            ticks = self.inverse(np.linspace(self.forward(self.lo), self.forward(self.hi), 5))
+            axes.set_xticks(ticks, [_tick(v, self.hi - self.lo) for v in ticks], fontsize="small")
         label = "score (higher = more ID)" + ("; log distance from the ID median" if self.scale else "")
         axes.set_xlabel(label, fontsize="small")
 
