@@ -129,15 +129,15 @@ def robust_limits(values: np.ndarray) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _panels(rows: pd.DataFrame) -> list[tuple[str, np.ndarray, np.ndarray, str]]:
-    """(set, reference scores, OOD scores, reference label) per test OOD set, then per field set."""
+def _panels(rows: pd.DataFrame) -> list[tuple[str, np.ndarray, np.ndarray, tuple[str, str]]]:
+    """(set, reference scores, OOD scores, their labels) per test OOD set, then per field set."""
     id_scores = rows.loc[rows["role"] == "id", "score"].to_numpy(np.float64)
-    out = [(s, id_scores, p["score"].to_numpy(np.float64), "ID test")
+    out = [(s, id_scores, p["score"].to_numpy(np.float64), ("ID test", "OOD"))
            for s, p in rows[rows["role"] == "ood"].groupby("ood_set", sort=False)]
     for s, p in rows[rows["role"].isin(["field_id", "field_ood"])].groupby("ood_set", sort=False):
         known, novel = (p.loc[p["role"] == r, "score"].to_numpy(np.float64) for r in ("field_id", "field_ood"))
         if len(novel):
-            out.append((f"{s} (field)", known, novel, "field known"))
+            out.append((f"{s} (field)", known, novel, ("field known", "field novel")))
     return out
 
 
@@ -207,10 +207,10 @@ def plot_method_densities(rows: pd.DataFrame, method: str, path: str | os.PathLi
     ncols = min(3, max(len(panels), 1))
     nrows = max(1, -(-len(panels) // ncols))
     figure = new_figure(4.2 * ncols, 3.0 * nrows + 0.5)
-    for i, (name, reference, ood, ref_label) in enumerate(panels):
+    for i, (name, reference, ood, labels) in enumerate(panels):
         axes = figure.add_subplot(nrows, ncols, i + 1)
-        _hist(axes, reference, edges, ref_label, "black")
-        _hist(axes, ood, edges, "OOD", "C3")
+        _hist(axes, reference, edges, labels[0], "black")
+        _hist(axes, ood, edges, labels[1], "C3")
         value = aurocs.get((method, name.removesuffix(" (field)")), float("nan"))
         flag = " †" if value < LOW_AUROC else ""
         axes.set_title(f"{name}: AUROC {value:.2f}{flag}", fontsize="medium", color="C3" if flag else "black")

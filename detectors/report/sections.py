@@ -257,12 +257,9 @@ def id_looking_section(out: Out, scores: pd.DataFrame, k: int) -> Section:
     return section
 
 
-def with_metadata(out: Out, scores: pd.DataFrame, run_dir: Path | None) -> pd.DataFrame | None:
-    """`scores` with `hop`, `species` and `path` from the manifests, or None (logged) when the rows do not name them."""
-    if not has_sources(scores):
-        out.log("report: scores.parquet has no file_name / manifest columns: no hop, species or image sections")
-        return None
-    return attach_metadata(scores, ["hop", "species"], run_dir)
+def with_metadata(scores: pd.DataFrame, run_dir: Path | None) -> pd.DataFrame | None:
+    """`scores` with `hop`, `species` and `path` from the manifests, or None when the rows do not name them."""
+    return attach_metadata(scores, ["hop", "species"], run_dir) if has_sources(scores) else None
 
 
 __all__ = ["Out", "grid_csv", "warnings_section", "per_set_sections", "best_rule_section", "transfer_view",

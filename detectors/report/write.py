@@ -40,7 +40,7 @@ def _score_sections(out: Out, scores: pd.DataFrame, layout: Layout, transfer: pd
     sections = [curves_section(out, scores, layout)]
     if bootstrap:
         sections.append(bootstrap_section(out, scores, layout, bootstrap, seed))
-    enriched = with_metadata(out, scores, run_dir)
+    enriched = with_metadata(scores, run_dir)
     if enriched is None:
         skipped = Section("Species and images")
         return [*sections, out.skip(skipped, "scores.parquet has no file_name / manifest columns (older run): no AUROC "
