@@ -46,18 +46,21 @@ def has_sources(scores: pd.DataFrame) -> bool:
 
 
 def _manifest(folder: str, base: Path | None, memo: dict[str, Manifest]) -> Manifest:
+    """The manifest `folder` names: as given, else relative to the run folder `base` or one of its parents (a
+    config's relative paths are relative to where the run was started)."""
     if folder not in memo:
         path = Path(folder)
-        if not path.is_absolute() and not (path / "metadata.jsonl").is_file() and base is not None:
-            path = base / path
-        memo[folder] = read_manifest(path)
+        roots = [] if path.is_absolute() or base is None else [base, *base.resolve().parents]
+        found = next((r / path for r in roots if (r / path / "metadata.jsonl").is_file()), path)
+        memo[folder] = read_manifest(path if (path / "metadata.jsonl").is_file() else found)
     return memo[folder]
 
 
 def attach_metadata(scores: pd.DataFrame, fields: Sequence[str], base: str | os.PathLike | None = None) -> pd.DataFrame:
     """`scores` with the manifest fields `fields` of each row, and `path` (its image), joined on (manifest, file_name).
 
-    A relative `manifest` is read from the working folder, else from `base` (the run folder). Needs `has_sources`.
+    A relative `manifest` is read from the working folder, else from `base` (the run folder) or one of its parents.
+    Needs `has_sources`.
     """
     if not has_sources(scores):
         raise UserInputError(f"scores table: the columns {list(SCORE_OPTIONAL)} are needed to find each row's image")

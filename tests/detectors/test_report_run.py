@@ -56,8 +56,8 @@ def _scores(rows: dict[str, list[dict]], data: Path) -> pd.DataFrame:
     frames = []
     for method, (family, *_) in METHODS.items():
         parts = [("id", "id", "id", "id", rows["id"], SHIFT[method]),
-                 ("ood", "local", "near", "../data/ood", rows["ood"][:30], 0.0),
-                 ("ood", "non_local", "far", "../data/ood", rows["ood"][30:], 3.0 if method == "knn" else 0.0),
+                 ("ood", "local", "near", "data/ood", rows["ood"][:30], 0.0),  # relative to where the run started
+                 ("ood", "non_local", "far", "../data/ood", rows["ood"][30:], 3.0 if method == "knn" else 0.0),  # to the run
                  ("field_id", "bci", "field", str(data / "field"), rows["field"][:10], SHIFT[method]),
                  ("field_ood", "bci", "field", str(data / "field"), rows["field"][10:], 0.0)]
         for role, ood_set, group, manifest, part, mean in parts:
