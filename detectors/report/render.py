@@ -122,8 +122,9 @@ def _tex_header(view: View) -> list[str]:
         return [" & ".join(latex_escape(h) for h in [*view.index, *view.columns]) + " \\\\"]
     spans = " & ".join(f"\\multicolumn{{{n}}}{{c}}{{{latex_escape(g)}}}" for g, n in view.spans)
     start, rules = n_index + 1, []
-    for _, n in view.spans:
-        rules.append(f"\\cmidrule(lr){{{start}-{start + n - 1}}}")
+    for label, n in view.spans:
+        if label:
+            rules.append(f"\\cmidrule(lr){{{start}-{start + n - 1}}}")
         start += n
     short = view.short or view.columns
     return [" & " * n_index + spans + " \\\\", " ".join(rules),
