@@ -14,9 +14,9 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from detectors.report.tables import (ALL, CELL_METRICS, LOW_AUROC, LOWER_IS_BETTER, Layout, low_auroc, method_info,
-                                     method_summary, rank_marks, read_results, select_methods)
-from detectors.tables import COLUMN_LABELS
+from detectors.report.tables import (ALL, CELL_METRICS, LOW_AUROC, Layout, low_auroc, method_info, method_summary,
+                                     rank_marks, read_results, select_methods)
+from detectors.tables import COLUMN_LABELS, LOWER_IS_BETTER
 
 MISSING = "–"
 DAGGER = "†"

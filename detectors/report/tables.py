@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from detectors.tables import LOWER_IS_BETTER, METRICS, RESULT_REQUIRED
+from detectors.tables import METRICS, RESULT_REQUIRED
 from pipelines.errors import UserInputError
 
 CELL_METRICS = ("fpr95", "auroc")
@@ -360,6 +360,6 @@ def best_rule_table(results: pd.DataFrame, selection: pd.DataFrame | None = None
 
 
 __all__ = ["CELL_METRICS", "FAMILY_ORDER", "GROUP_ORDER", "GROUP_MISSING", "ALL", "AVERAGE", "LOW_AUROC", "NOT_SELECTED",
-           "LOWER_IS_BETTER", "read_table", "metric_scale", "to_percent", "group_labels", "text_column", "read_results",
+           "read_table", "metric_scale", "to_percent", "group_labels", "text_column", "read_results",
            "select_methods", "ordered", "Layout", "per_set_table", "method_info", "family_table", "method_summary",
            "family_group_table", "low_auroc", "rank_marks", "read_rule_selection", "best_rule_table"]

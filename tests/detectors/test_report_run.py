@@ -16,7 +16,7 @@ from sklearn.metrics import roc_auc_score
 
 from detectors import report
 from detectors.metrics import evaluate, precision_recall_at, threshold_at_tpr
-from detectors.tables import RESULT_COLUMNS, TRANSFER_COLUMNS
+from detectors.tables import RESULT_COLUMNS
 from pipelines.data import make_row, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
