@@ -7,17 +7,17 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
-import yaml
-
-from gen.jobplan import PLAN_CHANGES
+from gen.jobplan import PLAN_CHANGES, parse_source
 from gen.pairing import TASKS
+from pipelines.cli import load_yaml
+from pipelines.errors import ConfigError
 from pipelines.masks import MASK_METHODS
-from pipelines.runtime import ATTENTION_BACKENDS, PRECISIONS
+from pipelines.runtime import ATTENTION_BACKENDS, PRECISIONS, item_seed
 
 JOB_FOLDER = ".job"  # hidden, so that `datasets` ImageFolder sees only the manifest
+SEED_MODES = ("per_item", "constant")
 NOT_DECISIVE = ("out", "limit", "batch_size", "attention", "compile", "plan_change")  # keys that never change an image
 
 
@@ -30,13 +30,15 @@ class GenerationConfig:
     `name` is the output's `ood_set` (default: the task). `limit` keeps the first planned items (raise it later and
     rerun to extend the same job). `mask_method` makes the masks of targets without a given mask (auto = rembg when
     installed, else OpenCV with a warning). `attention` (auto/sdpa/xformers) and `compile` only change speed;
-    `plan_change` (refuse/extend) says what a rerun does when the input folders changed (gen.jobplan). The pipeline
-    call parameters default to ZeST's (REFERENCE.md).
+    `plan_change` (refuse/extend) says what a rerun does when the input folders changed (gen.jobplan). `targets` and
+    `materials` are folders or `{manifest, split, sets}` mappings (gen.jobplan.parse_source). `seed_mode` gives each
+    item its own seed from its global index (per_item) or `seed` to every item (constant, as ZeST's script). The
+    pipeline call parameters default to ZeST's (REFERENCE.md).
     """
 
     task: str
-    targets: str
-    materials: str
+    targets: Any  # a folder, or {manifest, split, sets} (gen.jobplan.Source)
+    materials: Any
     out: str
     models: Any = None
     name: str | None = None
@@ -44,6 +46,7 @@ class GenerationConfig:
     num_inference_steps: int = 30
     batch_size: int = 1
     seed: int = 42
+    seed_mode: str = "per_item"
     precision: str = "auto"
     limit: int | None = None
     per_target: int = 1
@@ -61,33 +64,7 @@ class GenerationConfig:
     plan_change: str = "refuse"
 
     def __post_init__(self) -> None:
-        if self.task not in TASKS:
-            raise ValueError(f"config 'task' must be one of {TASKS}, got {self.task!r}")
-        for key in ("targets", "materials", "out"):
-            if not isinstance(getattr(self, key), (str, os.PathLike)) or not str(getattr(self, key)):
-                raise ValueError(f"config {key!r} must be a folder path, got {getattr(self, key)!r}")
-        for key in ("resolution", "num_inference_steps", "batch_size", "per_target"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"config {key!r} must be a positive integer, got {value!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ValueError(f"config 'seed' must be an integer, got {self.seed!r}")
-        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0):
-            raise ValueError(f"config 'limit' must be a non-negative integer or null, got {self.limit!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"config 'precision' must be one of {PRECISIONS}, got {self.precision!r}")
-        if not (self.models is None or self.models == "tiny" or isinstance(self.models, dict)):
-            raise ValueError(f"config 'models' must be null, 'tiny' or a mapping of ZeSTConfig keys, got {self.models!r}")
-        for key in ("composite", "compile"):
-            if not isinstance(getattr(self, key), bool):
-                raise ValueError(f"config {key!r} must be true or false, got {getattr(self, key)!r}")
-        for key, allowed in (("mask_method", MASK_METHODS), ("attention", ATTENTION_BACKENDS),
-                             ("plan_change", PLAN_CHANGES)):
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"config {key!r} must be one of {allowed}, got {getattr(self, key)!r}")
-        for key in ("strength", "guidance_scale", "controlnet_conditioning_scale", "ip_adapter_scale"):
-            if isinstance(getattr(self, key), bool) or not isinstance(getattr(self, key), (int, float)):
-                raise ValueError(f"config {key!r} must be a number, got {getattr(self, key)!r}")
+        check_config(self)
 
     @classmethod
     def keys(cls) -> list[str]:
@@ -95,28 +72,22 @@ class GenerationConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "GenerationConfig":
-        """Build from a mapping; unknown keys raise a `ValueError` that lists them and the known ones."""
+        """Build from a mapping; unknown keys raise a `ConfigError` that lists them and the known ones."""
         if not isinstance(values, dict):
-            raise ValueError(f"a generation config is a mapping, got {type(values).__name__}")
+            raise ConfigError(f"a generation config is a mapping, got {type(values).__name__}")
         unknown = sorted(set(values) - set(cls.keys()))
         if unknown:
-            raise ValueError(f"unknown generation config keys {unknown}; known keys: {cls.keys()}")
+            raise ConfigError(f"unknown generation config keys {unknown}; known keys: {cls.keys()}")
         missing = [k for k in ("task", "targets", "materials", "out") if values.get(k) in (None, "")]
         if missing:
-            raise ValueError(f"generation config is missing required keys {missing}")
+            raise ConfigError(f"generation config is missing required keys {missing}")
         return cls(**values)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, overrides: Sequence[str] = ()) -> "GenerationConfig":
         """Read a YAML config and apply `key=value` overrides (values parsed as YAML; `models.depth=DIR` sets a
-        nested key)."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"generation config not found: {path}")
-        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        if not isinstance(values, dict):
-            raise ValueError(f"{path}: a generation config is a YAML mapping")
-        return cls.from_dict(apply_overrides(values, overrides))
+        nested key); a missing file or bad YAML is a one-line `ConfigError` (pipelines.cli.load_yaml)."""
+        return cls.from_dict(load_yaml(path, overrides))
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.keys()}
@@ -134,23 +105,42 @@ class GenerationConfig:
         """The keys that decide the outputs (all but `NOT_DECISIVE`)."""
         return {k: v for k, v in self.to_dict().items() if k not in NOT_DECISIVE}
 
+    def item_seed(self, index: int) -> int:
+        """The seed of the item at global plan position `index`: `item_seed(seed, index)` (per_item, the default) or
+        `seed` itself for every item (constant: ZeST's single seed, 42 by default)."""
+        return self.seed if self.seed_mode == "constant" else item_seed(self.seed, index)
+
     def fingerprint(self) -> str:
         """Hash of `decisive()`: a resumed job must match it."""
         return hashlib.sha256(json.dumps(self.decisive(), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def apply_overrides(values: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply `key=value` strings (value parsed as YAML, dotted keys reach into mappings) to a copy of `values`."""
-    values = json.loads(json.dumps(values))
-    for text in overrides:
-        if "=" not in text:
-            raise ValueError(f"override {text!r} is not of the form key=value")
-        key, raw = text.split("=", 1)
-        parts = key.strip().split(".")
-        node = values
-        for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
-    return values
+def check_config(config: GenerationConfig) -> None:
+    """Every key's type and allowed values; a bad one is a `ConfigError` naming it."""
+    if config.task not in TASKS:
+        raise ConfigError(f"config 'task' must be one of {TASKS}, got {config.task!r}")
+    parse_source(config.targets, "targets")
+    parse_source(config.materials, "materials")
+    if not isinstance(config.out, (str, os.PathLike)) or not str(config.out):
+        raise ConfigError(f"config 'out' must be a folder path, got {config.out!r}")
+    for key in ("resolution", "num_inference_steps", "batch_size", "per_target"):
+        value = getattr(config, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"config {key!r} must be a positive integer, got {value!r}")
+    if isinstance(config.seed, bool) or not isinstance(config.seed, int):
+        raise ConfigError(f"config 'seed' must be an integer, got {config.seed!r}")
+    limit = config.limit
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ConfigError(f"config 'limit' must be a non-negative integer or null, got {limit!r}")
+    if not (config.models is None or config.models == "tiny" or isinstance(config.models, dict)):
+        raise ConfigError(f"config 'models' must be null, 'tiny' or a mapping of ZeSTConfig keys, got {config.models!r}")
+    for key in ("composite", "compile"):
+        if not isinstance(getattr(config, key), bool):
+            raise ConfigError(f"config {key!r} must be true or false, got {getattr(config, key)!r}")
+    for key, allowed in (("precision", PRECISIONS), ("mask_method", MASK_METHODS), ("attention", ATTENTION_BACKENDS),
+                         ("plan_change", PLAN_CHANGES), ("seed_mode", SEED_MODES)):
+        if getattr(config, key) not in allowed:
+            raise ConfigError(f"config {key!r} must be one of {allowed}, got {getattr(config, key)!r}")
+    for key in ("strength", "guidance_scale", "controlnet_conditioning_scale", "ip_adapter_scale"):
+        if isinstance(getattr(config, key), bool) or not isinstance(getattr(config, key), (int, float)):
+            raise ConfigError(f"config {key!r} must be a number, got {getattr(config, key)!r}")

@@ -4,7 +4,8 @@ a model error is retried one item at a time to blame the right item."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,7 @@ from gen.ledger import DONE, FAILED, Ledger
 from gen.pairing import PlanItem
 from pipelines.data import ImageLoadError, list_images, load_image, make_row
 from pipelines.io import atomic_path
-from pipelines.masks import MIN_SIDE, MaskError, foreground_mask, is_empty, load_mask
-from pipelines.runtime import item_seed
+from pipelines.masks import MIN_SIDE, MaskError, MaskWarning, check_coverage, foreground_mask, is_empty, load_mask
 
 PIPELINE_NAME = "zest"
 ITEM_ERRORS = (ValueError, OSError, IndexError, cv2.error)  # from a model call: blamed on the batch's items
@@ -39,16 +39,32 @@ def is_done(record: dict[str, Any] | None, out: Path) -> bool:
     return bool(record) and record.get("status") == DONE and (out / record["output"]).is_file()
 
 
-def output_row(item: PlanItem, config: GenerationConfig, seed: int, pipe: Any, dtype: str,
-               mask_source: str) -> dict[str, Any]:
+@dataclass
+class Prepared:
+    """One item ready for the model: its images, its binary mask, where the mask came from, its foreground share and
+    the mask warnings it raised (`pipelines.masks.MaskWarning`: kind, file, message)."""
+
+    item: PlanItem
+    target: Image.Image
+    material: Image.Image
+    mask: Image.Image
+    mask_source: str  # "given", "rembg" or "opencv"
+    mask_coverage: float = 1.0
+    mask_warnings: list[dict[str, str]] = field(default_factory=list)
+
+
+def output_row(prepared: Prepared, config: GenerationConfig, pipe: Any, dtype: str, batch_size: int) -> dict[str, Any]:
     """The manifest row of a generated image: OOD, hard, test split, inherited labels and provenance (model ids and
-    revisions, the call parameters, the resolved dtype and attention backend, where the mask came from)."""
+    revisions, the call parameters, the resolved dtype and attention backend, the mask's source and coverage, and the
+    size of the pipeline call that made it)."""
+    item = prepared.item
     params = {**config.call_params(), "dtype": dtype, "attention": getattr(pipe, "attention", config.attention),
-              "compile": getattr(pipe, "compiled", config.compile), "mask": mask_source}
+              "compile": getattr(pipe, "compiled", config.compile), "mask": prepared.mask_source,
+              "mask_coverage": round(prepared.mask_coverage, 4), "batch_size": batch_size}
     provenance = {
         "source_target": item.target,
         "source_material": item.material,
-        "seed": seed,
+        "seed": config.item_seed(item.index),
         "pipeline": PIPELINE_NAME,
         "model_ids": dict(pipe.model_ids),
         "model_revisions": dict(getattr(pipe, "model_revisions", {}) or {}),
@@ -59,17 +75,6 @@ def output_row(item: PlanItem, config: GenerationConfig, seed: int, pipe: Any, d
                     **item.labels, provenance=provenance)
 
 
-@dataclass
-class Prepared:
-    """One item ready for the model: its images, its binary mask and where the mask came from."""
-
-    item: PlanItem
-    target: Image.Image
-    material: Image.Image
-    mask: Image.Image
-    mask_source: str  # "given", "rembg" or "opencv"
-
-
 def check_size(image: Image.Image, path: str) -> Image.Image:
     if min(image.size) < MIN_SIDE:
         raise ImageLoadError(path, f"image too small: {image.size[0]}x{image.size[1]} (each side needs >= {MIN_SIDE} px)")
@@ -78,21 +83,34 @@ def check_size(image: Image.Image, path: str) -> Image.Image:
 
 def prepare_item(item: PlanItem, masks: dict[str, list[Path]] | None, mask_method: str) -> Prepared:
     """Load the target and material, check their size and make the target's binary mask (the given file, read by
-    alpha when it has one, else `mask_method`); raises naming the file when any of it fails or the mask is empty."""
+    alpha when it has one that varies, else `mask_method`); raises naming the file when any of it fails or the mask
+    is empty. Mask warnings (constant alpha, coverage >= 99% or <= 1%) are kept with the item."""
     target = check_size(load_image(item.target), item.target)
     material = check_size(load_image(item.material), item.material)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", MaskWarning)
+        mask, source, where = _item_mask(item, target, masks, mask_method)
+        if is_empty(mask):
+            raise MaskError(where, f"empty foreground mask ({source}): nothing to transfer the material onto")
+        coverage = check_coverage(mask, where)
+    notes = [{"kind": w.message.kind, "file": where, "message": str(w.message)}
+             for w in caught if isinstance(w.message, MaskWarning)]
+    for other in (w for w in caught if not isinstance(w.message, MaskWarning)):
+        warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
+    return Prepared(item, target, material, mask, source, coverage, notes)
+
+
+def _item_mask(item: PlanItem, target: Image.Image, masks: dict[str, list[Path]] | None,
+               mask_method: str) -> tuple[Image.Image, str, str]:
+    """The target's mask, its source (`given` or the method) and the file it came from."""
     if masks is None:
-        mask, source, where = foreground_mask(target, mask_method), mask_method, item.target
-    else:
-        key = Path(item.target_row["file_name"]).with_suffix("").as_posix()
-        found = masks.get(key, [])
-        if len(found) != 1:
-            reason = "no mask named" if not found else f"{len(found)} masks ({', '.join(p.name for p in found)}) match"
-            raise MaskError(item.target, f"{reason} {key}.* in the masks folder")
-        mask, source, where = load_mask(found[0], target.size), "given", str(found[0])
-    if is_empty(mask):
-        raise MaskError(where, f"empty foreground mask ({source}): nothing to transfer the material onto")
-    return Prepared(item, target, material, mask, source)
+        return foreground_mask(target, mask_method), mask_method, item.target
+    key = Path(item.target_row["file_name"]).with_suffix("").as_posix()
+    found = masks.get(key, [])
+    if len(found) != 1:
+        reason = "no mask named" if not found else f"{len(found)} masks ({', '.join(p.name for p in found)}) match"
+        raise MaskError(item.target, f"{reason} {key}.* in the masks folder")
+    return load_mask(found[0], target.size), "given", str(found[0])
 
 
 def failure(item: PlanItem, err: BaseException, stage: str) -> dict[str, Any]:
@@ -122,7 +140,7 @@ def sync_folder(folder: Path) -> None:
 
 
 def call_pipeline(pipe: Any, ready: list[Prepared], config: GenerationConfig) -> list[Image.Image]:
-    seeds = [item_seed(config.seed, r.item.index) for r in ready]
+    seeds = [config.item_seed(r.item.index) for r in ready]
     return pipe(
         [r.target for r in ready], [r.material for r in ready], masks=[r.mask for r in ready], seeds=seeds,
         num_inference_steps=config.num_inference_steps, strength=config.strength, guidance_scale=config.guidance_scale,
@@ -149,26 +167,13 @@ def generate_batch(pipe: Any, batch: list[PlanItem], config: GenerationConfig, l
             unprepared.append(failure(item, err, "prepare"))
     if unprepared:
         ledger.append(*unprepared)
-    generated: list[tuple[Prepared, Image.Image]] = []
-    failed: list[dict[str, Any]] = []
-    if ready:
-        try:
-            generated = list(zip(ready, call_pipeline(pipe, ready, config)))
-        except ITEM_ERRORS as err:
-            if len(ready) == 1:
-                failed.append(failure(ready[0].item, err, "generate"))
-            else:
-                for one in ready:  # find the item(s) to blame
-                    try:
-                        generated.append((one, call_pipeline(pipe, [one], config)[0]))
-                    except ITEM_ERRORS as single:
-                        failed.append(failure(one.item, single, "generate"))
+    generated, failed = _generate(pipe, ready, config)
     records = []
-    for prepared, image in generated:
-        seed = item_seed(config.seed, prepared.item.index)
+    for prepared, image, size in generated:
         save_image_synced(out / prepared.item.output, image)
         records.append({"index": prepared.item.index, "status": DONE, "output": prepared.item.output,
-                        "row": output_row(prepared.item, config, seed, pipe, dtype, prepared.mask_source)})
+                        "row": output_row(prepared, config, pipe, dtype, size),
+                        **({"mask_warnings": prepared.mask_warnings} if prepared.mask_warnings else {})})
     if generated:
         sync_folder((out / generated[0][0].item.output).parent)
     if records or failed:
@@ -176,3 +181,21 @@ def generate_batch(pipe: Any, batch: list[PlanItem], config: GenerationConfig, l
     return len(records), len(unprepared) + len(failed)
 
 
+def _generate(pipe: Any, ready: list[Prepared], config: GenerationConfig
+              ) -> tuple[list[tuple[Prepared, Image.Image, int]], list[dict[str, Any]]]:
+    """(prepared, image, size of the call that made it) per generated item, and the failed records: a call raising
+    one of `ITEM_ERRORS` is retried one item at a time to find the item(s) to blame."""
+    if not ready:
+        return [], []
+    try:
+        return [(one, image, len(ready)) for one, image in zip(ready, call_pipeline(pipe, ready, config))], []
+    except ITEM_ERRORS as err:
+        if len(ready) == 1:
+            return [], [failure(ready[0].item, err, "generate")]
+        generated, failed = [], []
+        for one in ready:
+            try:
+                generated.append((one, call_pipeline(pipe, [one], config)[0], 1))
+            except ITEM_ERRORS as single:
+                failed.append(failure(one.item, single, "generate"))
+        return generated, failed

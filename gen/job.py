@@ -24,22 +24,24 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from gen.config import JOB_FOLDER, NOT_DECISIVE, GenerationConfig, apply_overrides
+from gen.config import JOB_FOLDER, NOT_DECISIVE, GenerationConfig
 from gen.items import (ITEM_ERRORS, PIPELINE_NAME, Prepared, check_size, failure, generate_batch, is_done, mask_index,
                        output_row, prepare_item)
 from gen.jobplan import JobPlan, build_plan, store_plan
 from gen.ledger import FAILED, Ledger
 from gen.pairing import PlanItem, use_counts
-from gen.shards import FINISHED_FOLDER, mark_finished, wait_for_shards
+from gen.shards import FINISHED_FOLDER, mark_finished, pending_batches, wait_for_shards
 from gen.sheet import CONTACT_SHEET_IMAGES, contact_sheet
 from pipelines.data import write_manifest
 from pipelines.io import atomic_write_json
-from pipelines.masks import resolve_mask_method
+from pipelines.masks import MaskModelError, open_rembg, resolve_mask_method
 from pipelines.runtime import partial_state, resolve_dtype
+
+SHOWN_FILES = 5  # example files per summary warning
 
 __all__ = [  # the job's API, including the names re-exported from gen.config, gen.items, gen.shards and gen.sheet
     "CONTACT_SHEET_IMAGES", "FINISHED_FOLDER", "ITEM_ERRORS", "JOB_FOLDER", "NOT_DECISIVE", "PIPELINE_NAME",
-    "GenerationConfig", "Prepared", "apply_overrides", "build_pipeline", "check_output", "check_size", "contact_sheet",
+    "GenerationConfig", "Prepared", "build_pipeline", "check_output", "check_size", "contact_sheet",
     "failure", "finalize", "format_plan", "generate_batch", "is_done", "job_plan", "load_plan", "mark_finished",
     "mask_index", "output_row", "plan_summary", "prepare_item", "prepare_output", "remove_stale_temp_files",
     "resolve_models", "run_generation", "tiny_models_folder", "wait_for_shards",
@@ -145,14 +147,44 @@ def finalize(config: GenerationConfig, plan: list[PlanItem], ledger: Ledger) -> 
     """Main process: merge the ledger, write the manifest (plan order) and the contact sheet; return the counts."""
     out = Path(config.out)
     records = ledger.merge()
-    rows = [records[item.index]["row"] for item in plan if is_done(records.get(item.index), out)]
+    done = [records[item.index] for item in plan if is_done(records.get(item.index), out)]
+    rows = [record["row"] for record in done]
     write_manifest(out, rows)
     planned = {item.index for item in plan}
     failures = [{"index": i, "file": r.get("file"), "reason": r.get("reason"), "stage": r.get("stage")}
                 for i, r in sorted(records.items()) if r.get("status") == FAILED and i in planned]
     sheet = contact_sheet([out / r["file_name"] for r in rows[:CONTACT_SHEET_IMAGES]], out / JOB_FOLDER / "contact_sheet.png")
     return {"manifest": str(out / "metadata.jsonl"), "contact_sheet": str(sheet) if sheet else None,
-            "done": len(rows), "failed": failures}
+            "done": len(rows), "failed": failures, "mask_warnings": mask_warning_counts(done)}
+
+
+MASK_WARNING_TEXT = {
+    "constant_alpha": "given mask(s) have a constant alpha channel and were read by luminance",
+    "coverage_full": "mask(s) cover >= 99% of their image (likely the whole image, not an object)",
+    "coverage_tiny": "mask(s) cover <= 1% of their image (likely stray pixels, not an object)",
+}
+
+
+def mask_warning_counts(done: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per mask warning kind over the finished items: how many, and the first files (`examples`)."""
+    counts: dict[str, dict[str, Any]] = {}
+    for record in done:
+        for note in record.get("mask_warnings", []):
+            entry = counts.setdefault(note["kind"], {"count": 0, "examples": []})
+            entry["count"] += 1
+            if len(entry["examples"]) < SHOWN_FILES:
+                entry["examples"].append(note["file"])
+    return counts
+
+
+def job_warnings(config: GenerationConfig, mask_method: str, mask_warnings: dict[str, dict[str, Any]]) -> list[str]:
+    """The summary's warning lines: the automatic mask fallback, then one line per mask warning kind."""
+    lines = []
+    if config.mask_method == "auto" and mask_method == "opencv":
+        lines.append("mask_method auto fell back to the OpenCV GrabCut masks: rembg is not installed")
+    for kind, entry in mask_warnings.items():
+        lines.append(f"{entry['count']} {MASK_WARNING_TEXT.get(kind, kind)}, e.g. {', '.join(entry['examples'])}")
+    return lines
 
 
 def plan_summary(config: GenerationConfig, plan: list[PlanItem] | JobPlan) -> dict[str, Any]:
@@ -200,13 +232,37 @@ def run_generation(config: GenerationConfig | dict[str, Any], *, pipeline: Any =
         prepare_output(config, plan)
     state.wait_for_everyone()  # collectives only at the start (here and in building tiny models): none at the end
     ledger = Ledger(out / JOB_FOLDER / "ledger", rank=state.process_index)
+    summary = {"process": state.process_index, "processes": state.num_processes, "planned": len(plan.items)}
+    mask_method, dtype, counts = run_shard(config, plan.items, ledger, state, pipeline)
+    summary.update(counts)
+    mark_finished(out, state.process_index, summary)
+    if not state.is_main_process:
+        return summary
+    shards = wait_for_shards(out, state.num_processes)
+    summary.update(finalize(config, plan.items, ledger))
+    summary.update(plan_hash=plan.plan_hash, extended=plan.extended, skipped_inputs=plan.skipped_inputs,
+                   mask_method=mask_method, dtype=dtype, shards=shards)
+    warnings = job_warnings(config, mask_method, summary["mask_warnings"])
+    if warnings:
+        summary["warnings"] = warnings
+    summary["seconds"] = round(time.perf_counter() - started, 3)
+    atomic_write_json(out / JOB_FOLDER / "summary.json", summary)
+    return summary
+
+
+def run_shard(config: GenerationConfig, plan: list[PlanItem], ledger: Ledger, state: Any,
+              pipeline: Any = None) -> tuple[str, str, dict[str, int]]:
+    """This process's share of the pending batches (gen.shards): the mask method is started first (an unusable
+    rembg stops the job here, once), the pipeline built only when there is work. Returns (mask method, dtype,
+    counts)."""
+    out = Path(config.out)
     records = ledger.records()
-    pending = [item for item in plan.items if not is_done(records.get(item.index), out)]
-    batches = [pending[i:i + config.batch_size] for i in range(0, len(pending), config.batch_size)]
+    pending = [item for item in plan if not is_done(records.get(item.index), out)]
+    batches = pending_batches(pending, config.batch_size)
     masks = mask_index(config.masks)
-    mask_method = resolve_mask_method(config.mask_method) if masks is None else "given"
-    generated = failed = 0
+    mask_method = "given" if masks is not None else start_mask_method(config.mask_method, bool(batches))
     dtype = str(resolve_dtype(config.precision, getattr(state, "device", None))).removeprefix("torch.")
+    generated = failed = 0
     if batches:
         pipe = pipeline if pipeline is not None else build_pipeline(config, state)
         dtype = str(getattr(pipe, "dtype", None) or dtype).removeprefix("torch.")
@@ -218,17 +274,19 @@ def run_generation(config: GenerationConfig | dict[str, Any], *, pipeline: Any =
                 generated, failed = generated + done, failed + bad
                 bar.update(len(batch))
             bar.close()
-    summary = {"process": state.process_index, "processes": state.num_processes, "planned": len(plan.items),
-               "skipped": len(plan.items) - len(pending), "generated_here": generated, "failed_here": failed}
-    mark_finished(out, state.process_index, summary)
-    if not state.is_main_process:
-        return summary
-    shards = wait_for_shards(out, state.num_processes)
-    summary.update(finalize(config, plan.items, ledger))
-    summary.update(plan_hash=plan.plan_hash, extended=plan.extended, skipped_inputs=plan.skipped_inputs,
-                   mask_method=mask_method, dtype=dtype, shards=shards)
-    if config.mask_method == "auto" and mask_method == "opencv":
-        summary["warnings"] = ["mask_method auto fell back to the OpenCV GrabCut masks: rembg is not installed"]
-    summary["seconds"] = round(time.perf_counter() - started, 3)
-    atomic_write_json(out / JOB_FOLDER / "summary.json", summary)
-    return summary
+    return mask_method, dtype, {"skipped": len(plan) - len(pending), "generated_here": generated,
+                                "failed_here": failed}
+
+
+def start_mask_method(method: str, needed: bool) -> str:
+    """The automatic mask method that will run (`resolve_mask_method`); when masks are `needed` and it is rembg, its
+    session is created now, so that a missing package or model stops the job once (`MaskModelError`)."""
+    try:
+        resolved = resolve_mask_method(method)
+    except ImportError as err:
+        if needed:
+            raise MaskModelError(str(err)) from err
+        return method
+    if needed and resolved == "rembg":
+        open_rembg()
+    return resolved

@@ -149,9 +149,13 @@ def plan_task(task: str, targets: Manifest, materials: Manifest, *, per_target: 
             raise ValueError(f"task {task!r} pairs each image once (per_target=1); use task 'custom' for per_target={per_target}")
         if inherit not in (None, "material"):
             raise ValueError(f"task {task!r} inherits the material's labels; use task 'custom' for inherit={inherit!r}")
-    cover = "materials" if task == "transferred_bronze" else "targets"
     return make_plan(targets, materials, per_target=per_target, seed=seed, inherit=inherit or "material", limit=limit,
-                     cover=cover)
+                     cover=covered_side(task))
+
+
+def covered_side(task: str) -> str:
+    """The side a task uses exactly once: `materials` for `transferred_bronze` (each container once), else `targets`."""
+    return "materials" if task == "transferred_bronze" else "targets"
 
 
 def use_counts(plan: list[PlanItem]) -> dict[str, int]:

@@ -17,6 +17,12 @@ WAIT_POLL_S = 2.0
 WAIT_LOG_S = 600.0
 
 
+def pending_batches(pending: list[Any], batch_size: int) -> list[list[Any]]:
+    """The pending items in plan order, cut into batches; every process cuts the same batches and
+    `split_between_processes` deals them out, so a batch holds the same items whatever the process count."""
+    return [pending[i:i + batch_size] for i in range(0, len(pending), batch_size)]
+
+
 def mark_finished(out: Path, rank: int, counts: dict[str, Any]) -> None:
     """This process's shard is done (a file, so the main process can wait for hours without a collective timeout)."""
     atomic_write_json(out / JOB_FOLDER / FINISHED_FOLDER / f"process-{rank:03d}.json", counts)

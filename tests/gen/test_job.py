@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gen.job import JOB_FOLDER, GenerationConfig, apply_overrides, run_generation
+from gen.job import JOB_FOLDER, GenerationConfig, run_generation
 from gen.ledger import Ledger
+from pipelines.cli import apply_overrides
 from pipelines.data import read_manifest
 from pipelines.runtime import item_seed
 
