@@ -153,7 +153,7 @@ def finalize(config: GenerationConfig, plan: list[PlanItem], ledger: Ledger) -> 
     planned = {item.index for item in plan}
     failures = [{"index": i, "file": r.get("file"), "reason": r.get("reason"), "stage": r.get("stage")}
                 for i, r in sorted(records.items()) if r.get("status") == FAILED and i in planned]
-    sheet = contact_sheet([out / r["file_name"] for r in rows[:CONTACT_SHEET_IMAGES]], out / JOB_FOLDER / "contact_sheet.png")
+    sheet = contact_sheet(rows[:CONTACT_SHEET_IMAGES], out, out / JOB_FOLDER / "contact_sheet.png")
     return {"manifest": str(out / "metadata.jsonl"), "contact_sheet": str(sheet) if sheet else None,
             "done": len(rows), "failed": failures, "mask_warnings": mask_warning_counts(done)}
 

@@ -11,8 +11,6 @@ from pipelines.data import make_row, read_manifest, write_manifest
 from pipelines.errors import ConfigError
 from pipelines.runtime import item_seed
 
-from conftest import write_images
-
 
 def config_for(tmp_path: Path, targets, materials, **extra) -> GenerationConfig:
     values = {"task": "transferred_container", "targets": targets, "materials": materials,
@@ -20,15 +18,15 @@ def config_for(tmp_path: Path, targets, materials, **extra) -> GenerationConfig:
     return GenerationConfig.from_dict({**values, **extra})
 
 
-def test_extend_covers_added_containers_of_a_transferred_bronze_job(tmp_path, bronzes, fake_zest):
+def test_extend_covers_added_containers_of_a_transferred_bronze_job(tmp_path, bronzes, fake_zest, image_writer):
     containers = tmp_path / "containers"
-    write_images(containers, [f"c{i}.png" for i in range(5)], seed=4)
+    image_writer(containers, [f"c{i}.png" for i in range(5)], seed=4)
     config = config_for(tmp_path, str(bronzes), str(containers), task="transferred_bronze", plan_change="extend")
     run_generation(config, pipeline=fake_zest())
     out = Path(config.out)
     before = {row["file_name"]: (out / row["file_name"]).read_bytes() for row in read_manifest(out)}
 
-    write_images(containers, ["c5.png", "c6.png", "c7.png"], seed=5)  # the materials: the side covered once
+    image_writer(containers, ["c5.png", "c6.png", "c7.png"], seed=5)  # the materials: the side covered once
     pipe = fake_zest()
     summary = run_generation(config, pipeline=pipe)
     assert summary["extended"] == 3 and pipe.items == 3 and summary["done"] == 8
@@ -43,18 +41,18 @@ def test_extend_covers_added_containers_of_a_transferred_bronze_job(tmp_path, br
     assert [r["provenance"]["seed"] for r in rows] == [item_seed(7, i) for i in range(8)]
 
 
-def test_extend_on_a_target_covering_task_leaves_added_materials_for_added_targets(tmp_path, bronzes, containers,
-                                                                                  fake_zest):
+def test_extend_on_a_target_covering_task_leaves_added_materials_for_added_targets(tmp_path, containers, fake_zest,
+                                                                                  image_writer):
     materials = tmp_path / "materials"
-    write_images(materials, ["m0.png", "m1.png"], seed=6)
+    image_writer(materials, ["m0.png", "m1.png"], seed=6)
     config = config_for(tmp_path, str(containers), str(materials), plan_change="extend")
     run_generation(config, pipeline=fake_zest())
-    write_images(materials, ["m2.png"], seed=7)
+    image_writer(materials, ["m2.png"], seed=7)
     pipe = fake_zest()
     assert run_generation(config, pipeline=pipe)["extended"] == 0 and pipe.items == 0
 
 
-def split_manifest(folder: Path) -> Path:
+def split_manifest(folder: Path, write_images) -> Path:
     """Bronzes in train / val / test, and two OOD sets in test."""
     rows = []
     for split, n in (("train", 3), ("val", 2), ("test", 4)):
@@ -69,8 +67,8 @@ def split_manifest(folder: Path) -> Path:
     return folder
 
 
-def test_manifest_sources_are_limited_to_a_split_and_sets(tmp_path, containers):
-    bronzes = split_manifest(tmp_path / "bronzes")
+def test_manifest_sources_are_limited_to_a_split_and_sets(tmp_path, containers, image_writer):
+    bronzes = split_manifest(tmp_path / "bronzes", image_writer)
     plan = job_plan(config_for(tmp_path, str(containers), {"manifest": str(bronzes), "split": "test"}))
     used = {Path(item.material).name for item in plan.items}
     assert used <= {f"test_{i}.png" for i in range(4)} | {f"{s}_{i}.png" for s in ("sketch", "container")
@@ -87,8 +85,8 @@ def test_manifest_sources_are_limited_to_a_split_and_sets(tmp_path, containers):
     assert len(plain.materials) == 13
 
 
-def test_bad_source_mappings_are_config_errors_naming_the_key(tmp_path, containers):
-    bronzes = split_manifest(tmp_path / "bronzes")
+def test_bad_source_mappings_are_config_errors_naming_the_key(tmp_path, containers, image_writer):
+    bronzes = split_manifest(tmp_path / "bronzes", image_writer)
     for materials, message in [({"manifest": str(bronzes), "splt": "test"}, r"materials: unknown key\(s\) \['splt'\]"),
                                ({"split": "test"}, r"materials: missing key\(s\) \['manifest'\]"),
                                ({"manifest": str(bronzes), "split": "dev"}, "materials.split must be one of"),
@@ -100,8 +98,8 @@ def test_bad_source_mappings_are_config_errors_naming_the_key(tmp_path, containe
         job_plan(config_for(tmp_path, str(containers), {"manifest": str(bronzes), "sets": ["sculpture"]}))
 
 
-def test_changing_a_source_filter_is_a_different_job(tmp_path, containers, fake_zest):
-    bronzes = split_manifest(tmp_path / "bronzes")
+def test_changing_a_source_filter_is_a_different_job(tmp_path, containers, fake_zest, image_writer):
+    bronzes = split_manifest(tmp_path / "bronzes", image_writer)
     run_generation(config_for(tmp_path, str(containers), {"manifest": str(bronzes), "split": "test"}),
                    pipeline=fake_zest())
     with pytest.raises(ValueError, match=r"changed keys: \['materials'\]"):
