@@ -35,13 +35,13 @@ from __future__ import annotations
 
 from gen.insects.manifests import (SET_FIELDS, load_region, make_splits, manifest_rows, manifest_table, object_columns,
                                    summarize, write_splits)
-from gen.insects.occurrences import (AUSTRALIA, OCCURRENCE_COLUMNS, REGIONS, Box, check_occurrences, key_strings,
-                                     read_id_species, read_table, synthetic_occurrences)
+from gen.insects.occurrences import (AUSTRALIA, OCCURRENCE_COLUMNS, REGIONS, Box, TableError, check_occurrences,
+                                     key_strings, read_id_species, read_table, synthetic_occurrences)
 from gen.insects.splits import SETS, SplitConfig, Splits, build_splits, id_counts, rank_in_group
 
 __all__ = [
-    "AUSTRALIA", "OCCURRENCE_COLUMNS", "REGIONS", "SETS", "SET_FIELDS", "Box", "SplitConfig", "Splits", "build_splits",
-    "check_occurrences", "id_counts", "key_strings", "load_region", "make_splits", "manifest_rows", "manifest_table",
-    "object_columns", "rank_in_group", "read_id_species", "read_table", "summarize", "synthetic_occurrences",
-    "write_splits",
+    "AUSTRALIA", "OCCURRENCE_COLUMNS", "REGIONS", "SETS", "SET_FIELDS", "Box", "SplitConfig", "Splits", "TableError",
+    "build_splits", "check_occurrences", "id_counts", "key_strings", "load_region", "make_splits", "manifest_rows",
+    "manifest_table", "object_columns", "rank_in_group", "read_id_species", "read_table", "summarize",
+    "synthetic_occurrences", "write_splits",
 ]

@@ -11,6 +11,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pipelines.errors import UserInputError
+
+
+class TableError(UserInputError):
+    """A bad occurrence or ID species table (or region box): the message names the table, column or value."""
+
+
 OCCURRENCE_COLUMNS = ("species", "genus", "family", "lat", "lon", "file_name")
 
 
@@ -25,7 +32,7 @@ class Box:
 
     def __post_init__(self) -> None:
         if not (self.lat_min < self.lat_max and self.lon_min < self.lon_max):
-            raise ValueError(f"box needs lat_min < lat_max and lon_min < lon_max, got {self}")
+            raise TableError(f"box needs lat_min < lat_max and lon_min < lon_max, got {self}")
 
     def padded(self, lat: float, lon: float) -> "Box":
         return Box(self.lat_min - lat, self.lat_max + lat, self.lon_min - lon, self.lon_max + lon)
@@ -41,7 +48,7 @@ class Box:
         except ValueError:
             values = []
         if len(values) != 4:
-            raise ValueError(f"a box is 'lat_min,lat_max,lon_min,lon_max', got {text!r}")
+            raise TableError(f"a box is 'lat_min,lat_max,lon_min,lon_max', got {text!r}")
         return cls(*values)
 
 
@@ -68,10 +75,10 @@ def check_occurrences(occ: pd.DataFrame, source: str = "occurrence table") -> pd
     """Validate the columns and file names; taxonomy becomes categorical, coordinates float64."""
     missing = [c for c in OCCURRENCE_COLUMNS if c not in occ.columns]
     if missing:
-        raise ValueError(f"{source}: missing column(s) {missing}; needs {list(OCCURRENCE_COLUMNS)}")
+        raise TableError(f"{source}: missing column(s) {missing}; needs {list(OCCURRENCE_COLUMNS)}")
     dup = occ["file_name"].duplicated()
     if dup.any():
-        raise ValueError(f"{source}: {int(dup.sum())} duplicate file_name value(s), e.g. {occ.loc[dup, 'file_name'].iloc[0]!r}")
+        raise TableError(f"{source}: {int(dup.sum())} duplicate file_name value(s), e.g. {occ.loc[dup, 'file_name'].iloc[0]!r}")
     occ = occ.reset_index(drop=True).copy()
     for col in ("species", "genus", "family"):  # names compare as strings (numeric keys too)
         occ[col] = key_strings(occ[col])
@@ -85,7 +92,7 @@ def read_id_species(path_or_frame: str | os.PathLike | pd.DataFrame) -> dict[str
     frame = path_or_frame if isinstance(path_or_frame, pd.DataFrame) else read_table(path_or_frame)
     missing = [c for c in ("region", "species") if c not in frame.columns]
     if missing:
-        raise ValueError(f"ID species table: missing column(s) {missing}; needs region, species")
+        raise TableError(f"ID species table: missing column(s) {missing}; needs region, species")
     frame = frame.dropna(subset=["region", "species"])
     species = pd.Series(np.asarray(key_strings(frame["species"])), index=frame.index)
     return {str(region): sorted(set(species[group.index])) for region, group in frame.groupby("region", sort=True)}

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from gen.insects.occurrences import AUSTRALIA, OCCURRENCE_COLUMNS, REGIONS, Box, check_occurrences
+from gen.insects.occurrences import AUSTRALIA, OCCURRENCE_COLUMNS, REGIONS, Box, TableError, check_occurrences
 from pipelines.runtime import item_seed
 
 SETS = ("id_train", "id_val", "id_test", "local_test", "local_val", "non_local_test", "non_local_val",
@@ -145,7 +145,7 @@ def build_splits(occurrences: pd.DataFrame, id_species: dict[str, list[str]], co
     config = config or SplitConfig()
     unknown = sorted(set(id_species) - set(config.regions))
     if unknown:
-        raise ValueError(f"ID species given for region(s) {unknown} without a box; known: {sorted(config.regions)} "
+        raise TableError(f"ID species given for region(s) {unknown} without a box; known: {sorted(config.regions)} "
                          "(add boxes with SplitConfig.regions / --box NAME=lat_min,lat_max,lon_min,lon_max)")
     occ, target = _with_non_target(occurrences, non_target, config)
     tax = _Taxonomy.of(occ, target)
@@ -190,7 +190,7 @@ def _with_non_target(occurrences: pd.DataFrame, non_target: pd.DataFrame | None,
     occ = occurrences
     if non_target is not None:
         if "file_name" not in non_target.columns:
-            raise ValueError("non-target table: needs a file_name column")
+            raise TableError("non-target table: needs a file_name column")
         extra = non_target.copy()
         for col in OCCURRENCE_COLUMNS:
             if col not in extra.columns:
@@ -204,7 +204,7 @@ def _with_non_target(occurrences: pd.DataFrame, non_target: pd.DataFrame | None,
     if "taxon" in occ.columns:
         taxa = occ["taxon"].dropna().unique().tolist()
         if config.target_taxon is None and len(taxa) > 1:
-            raise ValueError(f"the occurrence table's 'taxon' column holds {sorted(map(str, taxa))[:10]}: set target_taxon "
+            raise TableError(f"the occurrence table's 'taxon' column holds {sorted(map(str, taxa))[:10]}: set target_taxon "
                              "(--target-taxon) to say which one is the target; the others become non-target OOD")
         if config.target_taxon is not None:
             target = (occ["taxon"].astype(object) == config.target_taxon).to_numpy() | occ["taxon"].isna().to_numpy()
@@ -229,7 +229,7 @@ def _check_missing(missing: dict[str, list[str]], tax: "_Taxonomy", images: np.n
             parts = ([f"absent from the occurrence table: {absent[:10]}"] if absent else []) + \
                     ([f"fewer than min_images={config.min_images} images: {few[:10]}"] if few else [])
             lines.append(f"{region}: {len(names)} ID species " + "; ".join(parts))
-    raise ValueError("ID species missing from the splits (an ID species must not silently become OOD):\n  "
+    raise TableError("ID species missing from the splits (an ID species must not silently become OOD):\n  "
                      + "\n  ".join(lines) + "\ncheck that the species columns of both tables hold the same names/keys, "
                      "or set allow_missing_id_species (--allow-missing-id-species)")
 
@@ -242,7 +242,7 @@ def _given_id_split(occ: pd.DataFrame, id_rows: np.ndarray) -> np.ndarray | None
     bad = id_rows & ~np.isin(split, ("train", "val", "test"))
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"occurrence table: ID row {occ['file_name'].iloc[first]!r} has split {split[first]!r}; "
+        raise TableError(f"occurrence table: ID row {occ['file_name'].iloc[first]!r} has split {split[first]!r}; "
                          "expected train, val or test")
     return split
 
