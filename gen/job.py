@@ -201,6 +201,8 @@ def plan_summary(config: GenerationConfig, plan: list[PlanItem] | JobPlan) -> di
     }
     if isinstance(plan, JobPlan):
         summary.update(plan_hash=plan.plan_hash, extended=plan.extended, skipped_inputs=plan.skipped_inputs)
+        if plan.warnings:
+            summary["warnings"] = plan.warnings
     return summary
 
 
@@ -242,7 +244,7 @@ def run_generation(config: GenerationConfig | dict[str, Any], *, pipeline: Any =
     summary.update(finalize(config, plan.items, ledger))
     summary.update(plan_hash=plan.plan_hash, extended=plan.extended, skipped_inputs=plan.skipped_inputs,
                    mask_method=mask_method, dtype=dtype, shards=shards)
-    warnings = job_warnings(config, mask_method, summary["mask_warnings"])
+    warnings = plan.warnings + job_warnings(config, mask_method, summary["mask_warnings"])
     if warnings:
         summary["warnings"] = warnings
     summary["seconds"] = round(time.perf_counter() - started, 3)

@@ -48,6 +48,7 @@ class JobPlan:
     materials: list[str]
     skipped_inputs: list[dict[str, Any]] = field(default_factory=list)
     extended: int = 0  # items appended to the stored plan by this run
+    warnings: list[str] = field(default_factory=list)  # inputs read whole although they hold train / val rows
 
     @property
     def plan_hash(self) -> str:
@@ -211,7 +212,22 @@ def build_plan(task: str, targets_source: SourceValue, materials_source: SourceV
             extended = len(new)
     if limit is not None:
         items = items[:limit]
-    return JobPlan(items, pairs, target_names, material_names, skipped_targets + skipped_materials, extended)
+    warnings = [line for source, manifest, what in ((targets_source, targets, "targets"),
+                                                    (materials_source, materials, "materials"))
+                if (line := mixed_splits_warning(source, manifest, what))]
+    return JobPlan(items, pairs, target_names, material_names, skipped_targets + skipped_materials, extended, warnings)
+
+
+def mixed_splits_warning(source: SourceValue, manifest: Manifest, what: str) -> str | None:
+    """A warning when an input given as a bare folder holds train or val rows (all of them are used then)."""
+    spec = parse_source(source, what)
+    if spec.split is not None or spec.sets is not None:
+        return None
+    other = sum(row["split"] != "test" for row in manifest.rows)
+    if not other:
+        return None
+    return (f"{what}: {spec.manifest} holds {other} train/val row(s) of {len(manifest.rows)}, all used; write "
+            f"{{manifest: {spec.manifest}, split: test}} to use its test rows only")
 
 
 def _refusal(job_folder: Path, stored: dict[str, Any], target_names: list[str], material_names: list[str]) -> str:

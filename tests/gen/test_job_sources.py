@@ -105,3 +105,16 @@ def test_changing_a_source_filter_is_a_different_job(tmp_path, containers, fake_
     with pytest.raises(ValueError, match=r"changed keys: \['materials'\]"):
         run_generation(config_for(tmp_path, str(containers), {"manifest": str(bronzes), "split": "val"}),
                        pipeline=fake_zest())
+
+
+def test_a_bare_folder_with_train_and_val_rows_is_warned_about(tmp_path, containers, fake_zest, image_writer):
+    bronzes = split_manifest(tmp_path / "bronzes", image_writer)
+    expected = (f"materials: {bronzes} holds 5 train/val row(s) of 13, all used; write {{manifest: {bronzes}, "
+                f"split: test}} to use its test rows only")
+    assert run_generation(config_for(tmp_path / "a", str(containers), str(bronzes)), dry_run=True)["warnings"] == [
+        expected]
+    summary = run_generation(config_for(tmp_path / "b", str(containers), str(bronzes), mask_method="opencv"),
+                             pipeline=fake_zest())
+    assert summary["warnings"] == [expected]
+    filtered = run_generation(config_for(tmp_path / "c", str(containers), {"manifest": str(bronzes)}), dry_run=True)
+    assert "warnings" not in filtered
