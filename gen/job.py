@@ -33,6 +33,7 @@ from gen.pairing import PlanItem, use_counts
 from gen.shards import FINISHED_FOLDER, mark_finished, pending_batches, wait_for_shards
 from gen.sheet import CONTACT_SHEET_IMAGES, contact_sheet
 from pipelines.data import write_manifest
+from pipelines.errors import ConfigError
 from pipelines.io import atomic_write_json
 from pipelines.masks import MaskModelError, open_rembg, resolve_mask_method
 from pipelines.runtime import partial_state, resolve_dtype
@@ -66,7 +67,7 @@ def resolve_models(models: Any, state: Any = None):
     if isinstance(models, dict):
         return ZeSTConfig.from_dict(models)
     if models != "tiny":
-        raise ValueError(f"models must be null, 'tiny' or a ZeSTConfig mapping, got {models!r}")
+        raise ConfigError(f"models must be null, 'tiny' or a ZeSTConfig mapping, got {models!r}")
     folder = tiny_models_folder()
     marker = folder / "zest_config.json"
     if state is not None and not state.is_main_process:
@@ -128,7 +129,7 @@ def check_output(config: GenerationConfig) -> None:
     new = config.decisive()
     changed = sorted(k for k in new if json.dumps(old.get(k), default=str) != json.dumps(new[k], default=str))
     if changed:
-        raise ValueError(f"{out} holds a different generation job (changed keys: {changed}); use a new 'out' "
+        raise ConfigError(f"{out} holds a different generation job (changed keys: {changed}); use a new 'out' "
                          f"folder or restore the earlier settings to resume it")
 
 

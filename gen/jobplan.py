@@ -134,7 +134,7 @@ def _read_folder(folder: str | os.PathLike, what: str) -> tuple[Manifest, list[d
         else:
             rows.append(row)
     if not rows:
-        raise ValueError(f"{what} manifest {meta} holds no valid line ({len(skipped)} skipped)")
+        raise ConfigError(f"{what} manifest {meta} holds no valid line ({len(skipped)} skipped)")
     return Manifest(_image_root(root), rows), skipped
 
 
@@ -180,7 +180,7 @@ def read_stored(job_folder: Path) -> dict[str, Any] | None:
     stored = json.loads(path.read_text(encoding="utf-8"))
     stored["pairs"] = [tuple(pair) for pair in stored["pairs"]]
     if plan_hash(stored["pairs"]) != stored.get("plan_hash"):
-        raise ValueError(f"{path}: its pairs do not match its plan_hash (the file was edited); restore it or use a "
+        raise ConfigError(f"{path}: its pairs do not match its plan_hash (the file was edited); restore it or use a "
                          f"new 'out' folder")
     return stored
 
