@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from gen.jobplan import PLAN_CHANGES, parse_source
 from gen.pairing import TASKS
-from pipelines.cli import load_yaml
+from pipelines.cli import README_SECTIONS, check_keys, load_yaml
 from pipelines.errors import ConfigError
 from pipelines.masks import MASK_METHODS
 from pipelines.runtime import ATTENTION_BACKENDS, PRECISIONS, item_seed
@@ -72,12 +72,10 @@ class GenerationConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "GenerationConfig":
-        """Build from a mapping; unknown keys raise a `ConfigError` that lists them and the known ones."""
+        """Build from a mapping; an unknown key raises a `ConfigError` naming it and the closest known one."""
         if not isinstance(values, dict):
             raise ConfigError(f"a generation config is a mapping, got {type(values).__name__}")
-        unknown = sorted(set(values) - set(cls.keys()))
-        if unknown:
-            raise ConfigError(f"unknown generation config keys {unknown}; known keys: {cls.keys()}")
+        check_keys(values, cls.keys(), "generation config", doc=README_SECTIONS["generation"])
         missing = [k for k in ("task", "targets", "materials", "out") if values.get(k) in (None, "")]
         if missing:
             raise ConfigError(f"generation config is missing required keys {missing}")

@@ -25,6 +25,7 @@ from typing import Any
 
 from gen.pairing import PlanItem, covered_side, inherited_labels, load_source, output_name, plan_task
 from pipelines.data import METADATA, SPLITS, Manifest, ManifestError, _image_root, make_row, manifest_lines
+from pipelines.cli import check_keys
 from pipelines.errors import ConfigError, UserInputError
 from pipelines.io import atomic_write_json
 
@@ -86,9 +87,7 @@ def parse_source(value: SourceValue, key: str) -> Source:
         return Source(str(value))
     if not isinstance(value, dict):
         raise ConfigError(f"config {key!r} must be a folder path or a mapping {{manifest, split, sets}}, got {value!r}")
-    unknown = sorted(set(value) - set(SOURCE_KEYS))
-    if unknown:
-        raise ConfigError(f"{key}: unknown key(s) {unknown}; allowed: {list(SOURCE_KEYS)}")
+    check_keys(value, SOURCE_KEYS, key)
     if not isinstance(value.get("manifest"), (str, os.PathLike)) or not str(value.get("manifest")):
         raise ConfigError(f"{key}: missing key(s) ['manifest'] (the folder to read)")
     split = value.get("split", "test")

@@ -12,7 +12,7 @@ import json
 import sys
 
 from gen.job import GenerationConfig, format_plan, job_plan, plan_summary, run_generation
-from pipelines.cli import parser, run_main
+from pipelines.cli import README_SECTIONS, parser, run_main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,4 +32,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(run_main(main, doc=README_SECTIONS["generation"]))

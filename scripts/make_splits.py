@@ -103,4 +103,4 @@ def missing_id_species(folder: Path) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(run_main(main, doc="docs/species.md"))

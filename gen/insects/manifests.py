@@ -4,6 +4,7 @@ folders."""
 from __future__ import annotations
 
 import os
+from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from gen.insects.occurrences import read_id_species, read_table
 from gen.insects.splits import SETS, SplitConfig, Splits, build_splits
 from pipelines.data import MANIFEST_INFO, METADATA, Manifest, ManifestError, read_manifest, write_manifest
 from pipelines.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from pipelines.jsonl import column_texts, join_lines
+from pipelines.schema import table_certainly_valid
 
 SET_FIELDS = {  # set -> (split, role, ood_set, group)
     "id_train": ("train", "id", None, None), "id_val": ("val", "id", None, None), "id_test": ("test", "id", None, None),
@@ -73,26 +76,10 @@ def _aux_labels(frame: pd.DataFrame, table: pd.DataFrame) -> list[tuple[int, int
 
 def _manifest_bytes(frame: pd.DataFrame, non_target_name: str) -> bytes | None:
     """metadata.jsonl bytes of manifest_rows(frame) (json.dumps(row, default=str) per line), built column by column;
-    None when the vectorised schema checks cannot vouch for every row (write_manifest then names the bad line)."""
-    from json.encoder import encode_basestring_ascii
-
-    from pipelines.data import GROUPS, ROLES, SPLITS
-    from pipelines.jsonl import column_texts, join_lines
-
+    None when `pipelines.schema.table_certainly_valid` cannot vouch for every row (write_manifest then names the bad
+    line)."""
     table = manifest_table(frame, non_target_name)
-    names, ood_set = table["file_name"], table["ood_set"]
-    is_id = (table["role"] == "id").to_numpy()
-    ood_names = ood_set[~is_id]
-    coordinates = table[["lat", "lon"]].to_numpy(dtype=np.float64)
-    if not (table["split"].isin(SPLITS).all() and table["role"].isin(ROLES).all()
-            and (table["group"].isna() | table["group"].isin(GROUPS)).all()
-            and not names.duplicated().any() and (names.str.len() > 0).all()
-            and not names.str.contains(r"^/|\\|(?:^|/)\.\.(?:/|$)", regex=True).any()
-            and (ood_set[is_id].isna().all()) and (table["label"][is_id] >= 0).all()
-            and (ood_names.empty or (pd.api.types.infer_dtype(ood_names, skipna=False) == "string"
-                                     and (ood_names.str.len() > 0).all()))
-            and (table["label"][~is_id] == -1).all()
-            and not np.isinf(coordinates).any()):
+    if not table_certainly_valid(table):
         return None
     pieces: list[Any] = []
     for number, name in enumerate(table.columns):

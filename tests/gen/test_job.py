@@ -137,8 +137,10 @@ def test_a_different_job_in_the_same_folder_is_refused(tmp_path, bronzes, contai
 
 def test_config_rejects_unknown_keys_and_applies_overrides(tmp_path):
     base = {"task": "custom", "targets": "t", "materials": "m", "out": "o"}
-    with pytest.raises(ValueError, match=r"unknown generation config keys \['stepz'\]"):
+    with pytest.raises(ValueError, match=r"generation config: unknown key 'stepz' \(allowed: attention, "):
         GenerationConfig.from_dict({**base, "stepz": 3})
+    with pytest.raises(ValueError, match=r"unknown key 'num_inference_step' \(did you mean 'num_inference_steps'\?\)"):
+        GenerationConfig.from_dict({**base, "num_inference_step": 3})
     with pytest.raises(ValueError, match="'batch_size' must be a positive integer"):
         GenerationConfig.from_dict({**base, "batch_size": 0})
     with pytest.raises(ValueError, match=r"missing required keys \['out'\]"):

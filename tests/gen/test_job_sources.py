@@ -87,7 +87,7 @@ def test_manifest_sources_are_limited_to_a_split_and_sets(tmp_path, containers, 
 
 def test_bad_source_mappings_are_config_errors_naming_the_key(tmp_path, containers, image_writer):
     bronzes = split_manifest(tmp_path / "bronzes", image_writer)
-    for materials, message in [({"manifest": str(bronzes), "splt": "test"}, r"materials: unknown key\(s\) \['splt'\]"),
+    for materials, message in [({"manifest": str(bronzes), "splt": "test"}, r"materials: unknown key 'splt' \(did you mean 'split'\?\)"),
                                ({"split": "test"}, r"materials: missing key\(s\) \['manifest'\]"),
                                ({"manifest": str(bronzes), "split": "dev"}, "materials.split must be one of"),
                                ({"manifest": str(bronzes), "sets": "sketch"}, "materials.sets must be a list")]:

@@ -25,7 +25,7 @@ def test_generate_config_errors_are_one_line_and_status_2(tmp_path, capsys):
     config = tmp_path / "gen.yaml"
     config.write_text(f"task: custom\ntargets: {tmp_path}\nmaterials: {tmp_path}\nout: {tmp_path / 'out'}\nstepz: 3\n")
     assert run_main(main, ["--config", str(config), "--dry-run"]) == 2
-    assert "unknown generation config keys ['stepz']" in one_line_error(capsys)
+    assert "generation config: unknown key 'stepz'" in one_line_error(capsys)
     config.write_text("task: custom\ntargets: [unclosed\n")
     assert run_main(main, ["--config", str(config), "--dry-run"]) == 2
     assert "not valid YAML" in one_line_error(capsys)
