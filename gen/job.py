@@ -22,8 +22,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from gen.config import JOB_FOLDER, NOT_DECISIVE, GenerationConfig
 from gen.items import (ITEM_ERRORS, PIPELINE_NAME, Prepared, check_size, failure, generate_batch, is_done, mask_index,
                        output_row, prepare_item)
@@ -36,6 +34,7 @@ from pipelines.data import write_manifest
 from pipelines.errors import ConfigError
 from pipelines.io import atomic_write_json
 from pipelines.masks import MaskModelError, open_rembg, resolve_mask_method
+from pipelines.progress import progress
 from pipelines.runtime import partial_state, resolve_dtype
 
 SHOWN_FILES = 5  # example files per summary warning
@@ -270,7 +269,7 @@ def run_shard(config: GenerationConfig, plan: list[PlanItem], ledger: Ledger, st
         pipe = pipeline if pipeline is not None else build_pipeline(config, state)
         dtype = str(getattr(pipe, "dtype", None) or dtype).removeprefix("torch.")
         with state.split_between_processes(batches) as mine:
-            bar = tqdm(total=sum(len(b) for b in mine), desc=f"generate ({state.num_processes} process(es))",
+            bar = progress(total=sum(len(b) for b in mine), desc=f"generate ({state.num_processes} process(es))",
                        unit="img", disable=not state.is_main_process)
             for batch in mine:
                 done, bad = generate_batch(pipe, batch, config, ledger, masks, mask_method, dtype)
