@@ -129,7 +129,7 @@ def check_output(config: GenerationConfig) -> None:
     changed = sorted(k for k in new if json.dumps(old.get(k), default=str) != json.dumps(new[k], default=str))
     if changed:
         raise ConfigError(f"{out} holds a different generation job (changed keys: {changed}); use a new 'out' "
-                         f"folder or restore the earlier settings to resume it")
+                          f"folder or restore the earlier settings to resume it")
 
 
 def prepare_output(config: GenerationConfig, plan: JobPlan) -> None:

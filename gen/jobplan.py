@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from gen.pairing import PlanItem, covered_side, inherited_labels, load_source, output_name, plan_task
-from pipelines.data import METADATA, SPLITS, Manifest, ManifestError, _image_root, make_row, manifest_lines
 from pipelines.cli import check_keys
+from pipelines.data import METADATA, SPLITS, Manifest, ManifestError, _image_root, make_row, manifest_lines
 from pipelines.errors import ConfigError, UserInputError
 from pipelines.io import atomic_write_json
 
@@ -180,7 +180,7 @@ def read_stored(job_folder: Path) -> dict[str, Any] | None:
     stored["pairs"] = [tuple(pair) for pair in stored["pairs"]]
     if plan_hash(stored["pairs"]) != stored.get("plan_hash"):
         raise ConfigError(f"{path}: its pairs do not match its plan_hash (the file was edited); restore it or use a "
-                         f"new 'out' folder")
+                          f"new 'out' folder")
     return stored
 
 
