@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from pipelines.arrays import FeatureSet, LinearHead
 from pipelines.classifier import ImageClassifier
 from pipelines.data import ImageLoadError, Manifest, load_image
 from pipelines.io import atomic_path
@@ -37,16 +38,12 @@ class FeatureCache:
     def __len__(self) -> int:
         return len(self.index)
 
-    def to_featureset(self):
-        """The arrays as a `detectors.base.FeatureSet`-compatible object (imported lazily: pipelines stays lowest)."""
-        from detectors.base import FeatureSet
-
+    def to_featureset(self) -> FeatureSet:
+        """The arrays as a `FeatureSet`."""
         return FeatureSet(self.features, self.logits, self.labels)
 
-    def head(self):
-        """The classifier head as a `detectors.base.LinearHead`."""
-        from detectors.base import LinearHead
-
+    def head(self) -> LinearHead:
+        """The classifier head as a `LinearHead`."""
         return LinearHead(self.head_weight, self.head_bias)
 
     @property

@@ -5,8 +5,10 @@ manifests; the aux FeatureSet's labels in the heads-only mode).
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
+from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.novel_branch import BranchDetector
 
@@ -14,6 +16,11 @@ from detectors.training.novel_branch import BranchDetector
 @register_detector("extended")
 class Extended(BranchDetector):
     paper = "Chen et al., Open-Insects: a benchmark for open-set recognition of insects (Extended baseline)"
-    method_defaults: dict[str, Any] = {"score_rule": "msp", "pooled": True}
+
+    @dataclass(frozen=True)
+    class Params(BranchDetector.Params):
+        score_rule: Literal["msp", "novel"] = param("msp", "how the trained model scores")
+        pooled: bool = param(True, "one pooled novel class (False: one per branch level)")
+
     search_space = {"score_rule": ["msp", "novel"]}
     per_species = True

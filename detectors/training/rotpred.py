@@ -10,14 +10,15 @@ log2 q_r[r], KL in bits (log2) as the post-processor computes it; higher = more 
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectors.base import FeatureSet, ImageSet, as_numpy
+from detectors.base import FeatureSet, ImageSet, as_numpy, param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, apply_linear, linear_arrays, softmax64
 from pipelines.training import Objective, TrainBatch
@@ -71,7 +72,12 @@ class RotPred(TrainedDetector):
 
     inputs = frozenset({"images"})
     paper = "Hendrycks et al., Using Self-Supervised Learning Can Improve Model Robustness and Uncertainty, NeurIPS 2019"
-    method_defaults = {"score_rule": "rotpred", "score_batch_size": 64}
+
+    @dataclass(frozen=True)
+    class Params(TrainedDetector.Params):
+        score_rule: Literal["rotpred", "msp"] = param("rotpred", "how the trained model scores")
+        score_batch_size: int = param(64, "images per scoring batch", runtime=True, ge=1)
+
     score_rules = ("rotpred", "msp")
 
     def objective(self) -> Objective:
