@@ -13,7 +13,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from detectors.clip.bench import run_benchmark
+from detectors.benchmarks.clip import run_benchmark
 from pipelines.io import atomic_write_json
 
 

@@ -15,6 +15,7 @@ diffusion resolution for everything.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
@@ -79,7 +80,8 @@ class DiffGuard(Detector):
         backend: Literal["pixel", "latent"] = param("pixel", "ADM pixel diffusion (the paper's) or Stable Diffusion latents")
         distance: Similarity = param("dists", "image similarity scored between input and guided reconstruction")
         reference: Literal["auto", "input", "unguided"] = param("auto", "what the guided reconstruction is compared with")
-        perceptual_weights: str | None = param(None, "DISTS / LPIPS weights file or folder")
+        perceptual_weights: str | os.PathLike | Sequence[str | os.PathLike] | None = param(
+            None, "DISTS / LPIPS weights: a file or folder, or the list of files")
         batch_size: int = param(8, "images per batch", runtime=True, ge=1)
         precision: str = param("auto", "compute precision (auto: the runtime's)", runtime=True)
         seed: int = param(100, "seed of the noise and crops")
@@ -93,9 +95,9 @@ class DiffGuard(Detector):
         beta_end: float = param(0.02, "linear beta schedule end", gt=0)
         steps: int = param(100, "DDIM steps", ge=1)
         max_inversion_steps: int = param(90, "most DDIM inversion steps", ge=1)
-        early_stop_psnr: float = param(6.39, "inversion stops when PSNR to the input falls below this")
+        early_stop_psnr: float | None = param(6.39, "inversion stops when PSNR to the input falls below this (None: off)")
         early_stop_similarity: Similarity | None = param("dists", "similarity of the early stop")
-        early_stop_similarity_threshold: float = param(0.38, "threshold of the early-stop similarity")
+        early_stop_similarity_threshold: float | None = param(0.38, "threshold of the early-stop similarity")
         denoise_offset: int = param(1, "steps between inversion end and guided denoising start", ge=0)
         guidance_scale: float = param(3.0, "classifier-guidance scale", ge=0)
         n_crops: int = param(8, "random crops averaged in the guidance", ge=1)
@@ -107,7 +109,7 @@ class DiffGuard(Detector):
         sd_id: str = param(DEFAULT_SD_ID, "Stable Diffusion hub id or folder")
         latent_steps: int = param(25, "latent DDIM steps", ge=1)
         cfg_scale: float = param(10.0, "classifier-free guidance scale", ge=0)
-        cam_threshold: float = param(0.3, "Grad-CAM mask threshold", ge=0, le=1)
+        cam_threshold: float = param(0.3, "Grad-CAM mask threshold (above 1: no mask)", ge=0)
         gradcam_layer: str | None = param(None, "Grad-CAM layer (None: the last spatial block)")
         prompt_template: str = param("a photo of a {}", "class prompt of the latent back-end")
         class_names: list[str] | None = param(None, "ID class names for the prompts (saved)")

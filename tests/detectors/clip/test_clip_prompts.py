@@ -10,7 +10,7 @@ from detectors.base import Detector, ImageSet
 from detectors.clip.idlike import random_crops, resized_crop_box, select_crops
 from detectors.clip.prompts import PLACEHOLDER, PromptLearner, idlike_loss, locoop_loss
 
-from clip_toys import CLASSES, colour_images
+from helpers.images import CLASSES, colour_images
 
 
 def test_prompt_learner_equals_text_tower_when_context_is_the_placeholder_tokens(backbone):
@@ -73,7 +73,7 @@ def test_locoop_training_lowers_its_loss_and_raises_id_confidence(backbone, tmp_
     # learned prompts round-trip exactly through save_pretrained / from_pretrained
     det.save_pretrained(tmp_path / "locoop")
     loaded = Detector.from_pretrained(tmp_path / "locoop", model=backbone)
-    assert type(loaded) is type(det) and loaded.params == det.params
+    assert type(loaded) is type(det) and loaded.hyperparameters == det.hyperparameters
     for key, value in det.state().items():
         np.testing.assert_array_equal(loaded.state()[key], value)
     np.testing.assert_array_equal(loaded.score(id_test), det.score(id_test))

@@ -87,7 +87,7 @@ def test_pixel_detector_loads_scores_and_round_trips(pixel_unet_folder, tiny_cla
     scores = det.fit(images).score(images)
     assert scores.shape == (3,) and scores.dtype == np.float64 and np.isfinite(scores).all()
     loaded = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "dg"), classifier=tiny_classifier)
-    assert loaded.params == det.params
+    assert loaded.hyperparameters == det.hyperparameters
     np.testing.assert_allclose(loaded.score(images), scores, atol=1e-6)
     with pytest.raises(ValueError, match="unet"):
         detectors.build("diffguard", classifier=tiny_classifier).score(images)

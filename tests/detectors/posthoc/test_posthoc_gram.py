@@ -10,6 +10,7 @@ import detectors
 from detectors import ImageSet
 from detectors.posthoc import gram as gram_module
 from detectors.posthoc.gram import holdout_split
+from helpers.models import tiny_resnet_classifier
 from pipelines.classifier import ImageClassifier
 from pipelines.data import make_row, read_manifest, write_manifest
 
@@ -17,16 +18,7 @@ POWERS = [1, 2, 3]
 
 
 def _hf_classifier(folder, seed=0, classes=3):
-    from transformers import ResNetForImageClassification, ViTImageProcessor
-
-    from pipelines.toydata import tiny_digit_classifier_config
-
-    torch.manual_seed(seed)
-    config, _ = tiny_digit_classifier_config(num_labels=classes)
-    processor = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    ResNetForImageClassification(config).save_pretrained(folder)
-    processor.save_pretrained(folder)
-    return ImageClassifier.from_pretrained(folder)
+    return tiny_resnet_classifier(folder, classes, seed)
 
 
 def _images(n, seed):
