@@ -177,14 +177,9 @@ def test_gram_features_are_cached_per_model_and_image_set(tmp_path, monkeypatch,
     assert len(list(cache.glob("gram-*.safetensors"))) == 2
 
 
-def test_gram_round_trips_and_rejects_bad_input(tmp_path, single_torch_thread):
+def test_gram_rejects_bad_input(single_torch_thread):
     torch.manual_seed(3)
     clf = ImageClassifier.from_module(ConvNet(), image_size=16, mean=(0.5,) * 3, std=(0.5,) * 3)
-    labels = np.arange(30) % 3
-    det = detectors.build("gram", classifier=clf, layers="relu_conv").fit(ImageSet(images=_images(30, 4), labels=labels))
-    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "gram"), classifier=clf)
-    test = ImageSet(images=_images(4, 9))
-    np.testing.assert_array_equal(again.score(test), det.score(test))
     with pytest.raises(ValueError, match="powers"):
         detectors.build("gram", powers=[0, 1])
     with pytest.raises(ValueError, match="hidden_states"):

@@ -70,7 +70,7 @@ def test_default_fit_is_openood_lbfgs_and_exact_is_an_option():
     assert _nll(z, y, exact.fitted_temperature) <= _nll(z, y, det.fitted_temperature) + 1e-9
 
 
-def test_tempscale_uses_id_val_when_given_and_round_trips(tmp_path):
+def test_tempscale_uses_id_val_when_given_and_round_trips():
     z_train, y_train = _calibration_data(true_t=1.0, seed=2)
     z_val, y_val = _calibration_data(true_t=4.0, seed=3)
     det = detectors.build("tempscale", fit="exact").fit(FeatureSet(logits=z_train, labels=y_train), id_val=FeatureSet(logits=z_val, labels=y_val))
@@ -80,8 +80,6 @@ def test_tempscale_uses_id_val_when_given_and_round_trips(tmp_path):
     test = FeatureSet(logits=z_train[:25])
     p = softmax(z_train[:25] / det.fitted_temperature, axis=1).max(axis=1)
     np.testing.assert_allclose(det.score(test), np.log(p / (1 - p)), rtol=1e-9)  # default output: log-odds of max softmax
-    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "ts"))
-    np.testing.assert_array_equal(again.score(test), det.score(test))
 
 
 def test_fixed_temperature_needs_no_fit_and_unfitted_errors():
