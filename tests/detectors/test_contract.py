@@ -119,6 +119,7 @@ def test_builds_with_defaults_and_its_declarations_hold(name):
     assert all(cls.Params.doc(field) for field in cls.defaults), f"{name}: every parameter has a one-line doc"
 
 
+@pytest.mark.filterwarnings("ignore:neglabel. only")  # FAST's short word list
 @pytest.mark.parametrize("name", NAMES)
 def test_fits_scores_and_round_trips(name, world, tmp_path):
     cls = detectors.detector_class(name)
@@ -134,3 +135,29 @@ def test_fits_scores_and_round_trips(name, world, tmp_path):
     loaded = detectors.load(folder, **objects)
     assert type(loaded) is cls and loaded.fitted
     np.testing.assert_array_equal(loaded.score(test), scores)
+
+
+@pytest.mark.parametrize("name, params, dims, message", [
+    ("knn", {"k": -5}, None, r"knn: k must be >= 1, got -5"),
+    ("ash", {"percentile": 100}, None, r"ash: percentile must be >= 0 and < 100, got 100"),
+    ("dice", {"percentile": 100}, None, r"dice: percentile must be >= 0 and < 100, got 100"),
+    ("vim", {"dim": 100000}, {"features": 2048, "classes": 1000}, r"vim: dim must be >= 1 and < features, got 100000 \(not < features \(2048\)\)"),
+    ("odin", {"temperature": "hot"}, None, r"odin: temperature must be a number, got 'hot'"),
+    ("openmax", {"alpha": 11}, {"features": 64, "classes": 10}, r"openmax: alpha must be >= 1 and <= classes"),
+    ("locoop", {"top_k": 0}, None, r"locoop: top_k must be >= 1"),
+    ("tempscale", {"fit": "adam"}, None, r"tempscale: fit must be one of 'lbfgs', 'exact', got 'adam'"),
+    ("mcm", {"embed_batch_size": 0}, None, r"mcm: embed_batch_size must be >= 1"),
+    ("oe", {"score_rule": "energy"}, None, r"oe: score_rule must be one of 'msp', got 'energy'"),
+    ("msp", {"temperature": 2}, None, r"msp: unknown parameter\(s\) \['temperature'\]"),
+])
+def test_bad_values_fail_at_plan_time(name, params, dims, message):
+    """What the runner checks before any model loads (and again once D and C are known): type, range, name."""
+    with pytest.raises(ValueError, match=message):
+        detectors.detector_class(name).check_params(params, dims)
+
+
+def test_dimension_bounds_wait_for_the_dimensions():
+    vim = detectors.detector_class("vim")
+    vim.check_params({"dim": 100000})  # D unknown at plan time: checked again once the features are known
+    vim.check_params({"dim": 2047}, {"features": 2048, "classes": 1000})
+    detectors.detector_class("neco").check_params({"dim": 2048}, {"features": 2048})
