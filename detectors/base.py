@@ -152,6 +152,15 @@ class Detector:
         runtime = self.Params.runtime()
         return {k: v for k, v in self.params.items() if k not in runtime}
 
+    def effective_params(self) -> dict[str, Any]:
+        """`hyperparameters` with the values a fit settled filled in (a None default resolved, a fitted temperature):
+        what a results row records."""
+        return {**self.hyperparameters, **self.resolved_params()}
+
+    def resolved_params(self) -> dict[str, Any]:
+        """Parameters whose value the fit decided (override where a default is resolved from the data)."""
+        return {}
+
     def __getattr__(self, key: str) -> Any:
         params = self.__dict__.get("params")
         if params is not None and key in params:

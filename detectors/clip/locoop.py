@@ -49,6 +49,9 @@ class LoCoOp(PromptDetector):
 
     search_space = {"score_rule": ["mcm", "glmcm"]}
 
+    def resolved_params(self) -> dict[str, Any]:
+        return {"top_k": self.patch_top_k()} if self.params["class_names"] else {}
+
     def patch_top_k(self) -> int:
         """K of the OOD-patch rule: `top_k`, or 20% of the classes when it is None."""
         k = self.params["top_k"] or math.ceil(0.2 * self.num_classes)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,9 @@ class NECO(Detector):
     fit_inputs = frozenset({"head"})
     needs = frozenset()
     search_space = {"dim": [50, 100, 150, 200, 250, 300]}
+
+    def resolved_params(self) -> dict[str, Any]:
+        return {"dim": int(self.components.shape[1])} if "components" in self.__dict__ else {}
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         if self.max_logit and self.head is None:

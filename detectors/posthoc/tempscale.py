@@ -94,6 +94,10 @@ class TempScale(Detector):
             raise RuntimeError("tempscale: temperature=None means 'fit it'; call fit(id_train, id_val=...) first")
         return self.fitted_temperature
 
+    def resolved_params(self) -> dict[str, Any]:
+        fitted = self.params["temperature"] is None and self.fitted_temperature is not None
+        return {"temperature": self.fitted_temperature} if fitted else {}
+
     def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
         if self.params["temperature"] is not None:
             return

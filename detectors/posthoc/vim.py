@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.linalg
@@ -78,6 +79,12 @@ class ViM(Detector):
     needs = frozenset()
     search_space = {"dim": [256, 1000]}  # OpenOOD v1.5
     needs_head = True
+
+    def resolved_params(self) -> dict[str, Any]:
+        if "basis" not in self.__dict__:
+            return {}
+        kept = self.basis.shape[1]
+        return {"dim": kept if self.keeps_principal else self.basis.shape[0] - kept}
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         h = stored_features(id_train, self.name)

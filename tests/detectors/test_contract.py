@@ -135,6 +135,20 @@ def test_fits_scores_and_round_trips(name, world, tmp_path):
     loaded = detectors.load(folder, **objects)
     assert type(loaded) is cls and loaded.fitted
     np.testing.assert_array_equal(loaded.score(test), scores)
+    effective = json.loads(json.dumps(det.effective_params()))  # what a results row records (tuples become lists)
+    assert set(effective) == set(det.hyperparameters) and json.loads(json.dumps(loaded.effective_params())) == effective
+
+
+def test_effective_params_resolve_what_the_fit_decided(world):
+    from detectors.posthoc.vim import principal_dim
+
+    vim = detectors.build("vim").fit(world["train"], head=world["head"])
+    assert vim.hyperparameters == {"dim": None} and vim.effective_params() == {"dim": principal_dim(8)}
+    assert detectors.build("vim", dim=6).fit(world["train"], head=world["head"]).effective_params() == {"dim": 6}
+    assert detectors.build("neco").fit(world["train"]).effective_params()["dim"] == principal_dim(8)
+    ts = detectors.build("tempscale").fit(world["train"], id_val=world["val"])
+    assert ts.effective_params() == {"temperature": ts.fitted_temperature, "output": "logodds", "fit": "lbfgs"}
+    assert detectors.build("locoop", class_names=["a"] * 10).effective_params()["top_k"] == 2  # 20% of 10 classes
 
 
 @pytest.mark.parametrize("name, params, dims, message", [
