@@ -7,6 +7,7 @@ Fits use a few shortened settings (`FAST`: epochs, crops, steps, a small word li
 under a minute on one core; every other value is the default."""
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,10 @@ from pipelines.data import make_row, write_manifest
 
 FAMILIES = ("posthoc", "clip", "generative", "training")
 NAMES = [name for family in FAMILIES for name in detectors.available(family)]
-TRAINING_FAST = {"epochs": 1, "batch_size": 32, "warmup_epochs": 0}
+# every detector with its defaults, and the training-time methods also in their fast "heads" mode
+CASES = [(name, {}) for name in NAMES] + [
+    (name, {"mode": "heads"}) for name in detectors.available("training") if "heads" in detectors.detector_class(name).modes]
+TRAINING_FAST = {"epochs": 1, "batch_size": 8, "warmup_epochs": 0}
 FAST: dict[str, dict[str, Any]] = {
     "opengan": {"epochs": 2},
     "locoop": {"epochs": 1, "shots": 2, "train_batch": 2},
@@ -35,7 +39,6 @@ FAST: dict[str, dict[str, Any]] = {
     "diffguard": {"steps": 6, "max_inversion_steps": 4, "n_crops": 2, "early_stop_similarity": None,
                   "early_stop_psnr": 15.0, "distance": "ssim"},
     "udg": {"num_clusters": 4, "pca_dim": 3},
-    "rotpred": {"epochs": 1, "batch_size": 4, "warmup_epochs": 0},
 }
 
 
@@ -55,7 +58,11 @@ def world(tmp_path_factory) -> dict[str, Any]:
     labels = np.repeat(np.arange(3), 10)  # 10 per class: GRAM holds out one per class
     for i, image in enumerate(images):
         image.save(root / f"{i}.png")
-    manifest = write_manifest(root, [make_row(f"{i}.png", split="train", label=int(y)) for i, y in enumerate(labels)])
+    rows = [make_row(f"{i}.png", split="train" if i % 5 else "val", label=int(y)) for i, y in enumerate(labels)]
+    for i, image in enumerate(colour_images([0, 1, 2], 6, 4)):  # auxiliary rows of two species (Extended's aux_label)
+        image.save(root / f"aux{i}.png")
+        rows.append(make_row(f"aux{i}.png", split="train", role="ood", ood_set="auxiliary", aux_label=i % 2))
+    manifest = write_manifest(root, rows)
     aux = toy_features(40, seed=5, ood=True)
     test = [toy_features(10, seed=3), toy_features(10, seed=4, ood=True)]
     return {
@@ -64,7 +71,10 @@ def world(tmp_path_factory) -> dict[str, Any]:
         "aux": FeatureSet(aux.features, aux.logits, np.arange(40) % 2),  # auxiliary species 0, 1 (Extended reads them)
         "test": FeatureSet(np.concatenate([t.features for t in test]), np.concatenate([t.logits for t in test])),
         "head": toy_head(),
-        "images": ImageSet(images=images, labels=labels), "manifest": manifest,
+        "images": ImageSet(images=images, labels=labels),
+        "manifest": {"train": ImageSet.from_manifest(manifest, split="train", role="id"),
+                     "id_val": ImageSet.from_manifest(manifest, split="val", role="id"),
+                     "aux": ImageSet.from_manifest(manifest, role="ood")},
         "test_images": ImageSet(images=colour_images([0], 2, 7) + colour_images([0, 1], 2, 8)),
         "clip": ClipBackbone.load(str(save_tiny_clip(root / "clip")), device="cpu"),
         "resnet": tiny_resnet_classifier(root / "resnet", classes=3),
@@ -76,14 +86,17 @@ def world(tmp_path_factory) -> dict[str, Any]:
 def runtime(cls: type[detectors.Detector], world: dict[str, Any]) -> dict[str, Any]:
     """The runtime objects the class declares in `needs` (and a loaded CLIP for CLIP detectors)."""
     out: dict[str, Any] = {}
-    if "classifier" in cls.needs:
+    if "classifier" in cls.needs:  # training-time methods fine-tune their own copy (as the runner hands them)
         out["classifier"] = world["conv"] if cls.name == "diffguard" else world["resnet"]
+        out["classifier"] = copy.deepcopy(out["classifier"]) if cls.family == "training" else out["classifier"]
     if "class_names" in cls.needs:
         out["class_names"] = list(CLASSES) + ["blue"]
     if "cache_dir" in cls.needs:
         out["cache_dir"] = str(world["root"] / "cache" / cls.name)
     if "device" in cls.needs:
         out["device"] = "cpu"
+    if "work_dir" in cls.needs:
+        out["work_dir"] = str(world["root"] / "work" / cls.name)
     if cls.family == "clip":
         out["model"] = world["clip"]
     return out
@@ -94,11 +107,14 @@ def models(cls: type[detectors.Detector], world: dict[str, Any]) -> dict[str, An
     return {"unet_id": world["unet"]} if cls.name == "diffguard" else {}
 
 
-def fit_inputs(cls: type[detectors.Detector], world: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
-    """(id_train, fit keyword arguments, test batch) matching the class's `inputs` and `fit_inputs`."""
-    if "images" in cls.inputs:
-        train = world["manifest"] if cls.family == "training" else world["images"]
-        return train, {"id_val": world["images"]} if "id_val" in cls.fit_inputs else {}, world["test_images"]
+def fit_inputs(det: detectors.Detector, world: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
+    """(id_train, fit keyword arguments, test batch) matching the instance's `inputs` and its class's `fit_inputs`."""
+    cls = type(det)
+    if "images" in det.inputs and cls.family == "training":  # full mode: fine-tunes on manifest rows
+        data = world["manifest"]
+        return data["train"], {k: data[k] for k in ("id_val", "aux") if k in cls.fit_inputs}, data["id_val"]
+    if "images" in det.inputs:
+        return world["images"], {"id_val": world["images"]} if "id_val" in cls.fit_inputs else {}, world["test_images"]
     available = {"head": world["head"], "id_val": world["val"], "ood_val": world["ood_val"], "aux": world["aux"]}
     return world["train"], {k: v for k, v in available.items() if k in cls.fit_inputs}, world["test"]
 
@@ -120,19 +136,19 @@ def test_builds_with_defaults_and_its_declarations_hold(name):
 
 
 @pytest.mark.filterwarnings("ignore:neglabel. only")  # FAST's short word list
-@pytest.mark.parametrize("name", NAMES)
-def test_fits_scores_and_round_trips(name, world, tmp_path):
+@pytest.mark.parametrize("name, mode", CASES, ids=[n + ("-" + m["mode"] if m else "") for n, m in CASES])
+def test_fits_scores_and_round_trips(name, mode, world, tmp_path):
     cls = detectors.detector_class(name)
     objects = runtime(cls, world)
-    det = detectors.build(name, **objects, **models(cls, world), **fast(cls))
-    train, kwargs, test = fit_inputs(cls, world)
+    det = detectors.build(name, **objects, **models(cls, world), **fast(cls), **mode)
+    train, kwargs, test = fit_inputs(det, world)
     det.fit(train, **kwargs)
     scores = det.score(test)
     assert scores.dtype == np.float64 and scores.shape == (len(test),) and np.isfinite(scores).all()
     folder = det.save_pretrained(tmp_path / name)
     saved = json.loads((Path(folder) / "config.json").read_text())["params"]
     assert not set(saved) & cls.Params.runtime() and saved == json.loads(json.dumps(det.hyperparameters))
-    loaded = detectors.load(folder, **objects)
+    loaded = detectors.load(folder, **runtime(cls, world))
     assert type(loaded) is cls and loaded.fitted
     np.testing.assert_array_equal(loaded.score(test), scores)
     effective = json.loads(json.dumps(det.effective_params()))  # what a results row records (tuples become lists)
