@@ -78,6 +78,7 @@ class RotPred(TrainedDetector):
     @dataclass(frozen=True)
     class Params(TrainedDetector.Params):
         score_rule: Literal["rotpred", "msp"] = param("rotpred", "how the trained model scores")
+        mode: Literal["full"] = param("full", "rotating needs images: full mode only")
         batch_size: int = param(256, "training batch size (Open-Insects: 256)", ge=1)
 
     score_rules = ("rotpred", "msp")
