@@ -220,7 +220,7 @@ def bench_diffguard(args: argparse.Namespace, budget: Budget, save: Callable[[di
     images/s per batch size against the batch-1 loop (the original design's limit under per-sample early stop).
     Its two parts are the cases (each saved when done, each skipped when the budget cannot hold it)."""
     import detectors
-    from detectors.generative.bench import (bench_early_stop_batching, bench_latent_batching, contrast_ramp_images,
+    from detectors.benchmarks.diffguard import (bench_early_stop_batching, bench_latent_batching, contrast_ramp_images,
                                             random_diffguard_models)
 
     device = resolve_device(args.device)
