@@ -28,7 +28,7 @@ SET_FIELDS = {  # set -> (split, role, ood_set, group)
 
 
 def manifest_rows(frame: pd.DataFrame, non_target_name: str = "non_target") -> list[dict[str, Any]]:
-    """Schema-complete manifest rows (DESIGN.md) for one region's frame."""
+    """Schema-complete manifest rows (README: Data formats) for one region's frame."""
     from itertools import repeat
 
     table = manifest_table(frame, non_target_name)
