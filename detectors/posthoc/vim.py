@@ -1,8 +1,11 @@
 """Virtual-logit Matching (ViM, Wang et al., CVPR 2022): energy minus the scaled residual off the principal subspace."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import scipy.linalg
+from threadpoolctl import threadpool_limits
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
@@ -27,9 +30,20 @@ def resolve_dim(dim: int | None, feature_dim: int, who: str) -> int:
     return dim
 
 
+def lapack_threads():
+    """One BLAS thread for the factorisations (Cholesky, eigh): LAPACK's reductions are synchronisation-bound, and on a
+    shared 2-core machine one thread ran them 2-5x faster than two (docs/bench_vim.md); the GEMMs keep every thread."""
+    return threadpool_limits(1)
+
+
 def virtual_origin(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """u = -pinv(W) b, the minimum-norm least-squares solution of W u = -b: through the Cholesky factor of the smaller
     Gram matrix (W W^T or W^T W) when it is well conditioned, else through the SVD pseudo-inverse."""
+    with lapack_threads():
+        return _virtual_origin(weight, bias)
+
+
+def _virtual_origin(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
     wide = weight.shape[0] <= weight.shape[1]
     gram = weight @ weight.T if wide else weight.T @ weight
     try:
@@ -45,11 +59,11 @@ def virtual_origin(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
 
 
 def ranked_eigenvectors(covariance: np.ndarray, first: int, stop: int) -> np.ndarray:
-    """Eigenvectors [D, stop-first] of a symmetric matrix ranked first..stop-1 by decreasing eigenvalue (float64 eigh,
-    computing only those)."""
-    d = len(covariance)
-    _, vectors = scipy.linalg.eigh(covariance, subset_by_index=[d - stop, d - 1 - first], driver="evr")
-    return np.ascontiguousarray(vectors[:, ::-1])
+    """Eigenvectors [D, stop-first] of a symmetric matrix ranked first..stop-1 by decreasing eigenvalue (float64
+    divide-and-conquer eigh, one thread: faster here than computing only the subset with MRRR)."""
+    with lapack_threads():
+        _, vectors = scipy.linalg.eigh(covariance, driver="evd")
+    return np.ascontiguousarray(vectors[:, ::-1][:, first:stop])
 
 
 @register_detector("vim")
@@ -97,9 +111,14 @@ class ViM(Detector):
         return np.sqrt(projected)
 
     def _score(self, batch) -> np.ndarray:
+        cast: dict[Any, tuple[np.ndarray, np.ndarray]] = {}  # origin and basis in each chunk's precision, cast once
+
         def rows(_, block: np.ndarray) -> np.ndarray:
-            block = model_precision(block)
-            return logsumexp(self.head(block)) - self.alpha * self.residual(np.subtract(block, self.origin, dtype=np.float64))
+            block = model_precision(block)  # float32 features project in float32 (as the fit's alpha pass), float64 in float64
+            if block.dtype not in cast:
+                cast[block.dtype] = (self.origin.astype(block.dtype), self.basis.astype(block.dtype))
+            origin, basis = cast[block.dtype]
+            return logsumexp(self.head(block)) - self.alpha * self.residual(block - origin, basis)
 
         return streaming.map_rows(rows, stored_features(batch, self.name))
 
