@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from pipelines.checkpoints import load_checkpoint, loader_generators, save_checkpoint
 from pipelines.data import ImageLoadError, LoadFailure, Manifest, load_image
 from pipelines.runtime import resolve_device, resolve_dtype, seed_everything
 
@@ -448,7 +449,8 @@ def _target_values(rows: list[dict[str, Any]], fields: dict[str, str], what: str
 
 def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: Any, val_loader: Any, train_targets: dict[str, np.ndarray], val_targets: dict[str, np.ndarray], *,
          epochs: int, lr: float, weight_decay: float, warmup_epochs: float, seed: int, precision: str,
-         result: TrainResult, failed_files: Callable[[str, int], str], desc: str) -> TrainResult:
+         result: TrainResult, failed_files: Callable[[str, int], str], desc: str,
+         checkpoint: str | os.PathLike | None = None, checkpoint_key: str = "") -> TrainResult:
     from accelerate import Accelerator, DistributedDataParallelKwargs
     from transformers import get_cosine_schedule_with_warmup
 
@@ -485,14 +487,18 @@ def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: 
                 result.failures.append(LoadFailure(index, failed_files(split, index), reason))
 
     pass_loaders = _pass_loaders(train_loader, aux_loader, objective.pooled)
-    if objective.needs_calibration:
+    # per-epoch checkpoints (pipelines.checkpoints): a killed run continues after its last finished epoch
+    saved = (checkpoint, checkpoint_key, accelerator.unwrap_model(step_module), objective, optimizer, scheduler, result,
+             loader_generators([train_loader, aux_loader]))
+    done = load_checkpoint(*saved) if checkpoint is not None else 0
+    if objective.needs_calibration and not done:
         inner = accelerator.unwrap_model(step_module)
         inner.eval()
         id_pass = _all_outputs(inner.model, pass_loaders[0], device, accelerator)
         aux_pass = _all_outputs(inner.model, pass_loaders[1], device, accelerator) if pass_loaders[1] is not None else None
         inner.objective.calibrate(id_pass.logits, None if aux_pass is None else aux_pass.logits)
 
-    for epoch in range(epochs):
+    for epoch in range(done, epochs):
         if objective.needs_epoch_pass:
             inner = accelerator.unwrap_model(step_module)
             inner.eval()
@@ -539,6 +545,9 @@ def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: 
         if val_loader is not None:
             entry.update(_evaluate(accelerator.unwrap_model(step_module), val_loader, val_targets, device, accelerator, record))
         result.history.append(entry)
+        if checkpoint is not None and accelerator.is_main_process:
+            save_checkpoint(saved[0], checkpoint_key, epoch + 1, *saved[2:])
+        accelerator.wait_for_everyone()
     result.seconds += time.perf_counter() - start
     return result
 
@@ -630,12 +639,14 @@ def _evaluate(step_module: _Step, loader: Any, targets: dict[str, np.ndarray], d
 def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: float = 1e-3, batch_size: int = 64,
              weight_decay: float = 1e-5, warmup_epochs: float = 2, objective: Objective | None = None,
              aux: Manifest | None = None, aux_label_field: str | None = None, val: Manifest | None = None, seed: int = 0,
-             precision: str = "auto", num_workers: int = 0, augment: Callable[[Any], Any] | None = None) -> TrainResult:
+             precision: str = "auto", num_workers: int = 0, augment: Callable[[Any], Any] | None = None,
+             checkpoint: str | os.PathLike | None = None, checkpoint_key: str = "") -> TrainResult:
     """Fine-tune `classifier` (an `ImageClassifier`: forward -> (logits, features), `.head`, `.preprocess`) in place.
 
     `train` holds ID rows (their `label`); `aux` (auxiliary / outlier rows) feeds objectives with `uses_aux`, its class
     index read from `aux_label_field` (sorted vocabulary; e.g. "species" for Extended). `val` (ID rows) gives the
-    per-epoch accuracy. `augment` maps a training PIL image to a PIL image (e.g. random flips). Defaults follow the
+    per-epoch accuracy. `augment` maps a training PIL image to a PIL image (e.g. random flips). `checkpoint`: a file
+    written after every epoch and resumed from when it carries `checkpoint_key` (pipelines.checkpoints). Defaults follow the
     Open-Insects recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine schedule with 2 warm-up epochs.
     """
     objective = objective or CrossEntropy()
@@ -666,7 +677,8 @@ def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: fl
     result = TrainResult(aux_vocab=aux_vocab)
     return _run(classifier, objective, train_loader, aux_loader, val_loader, train_targets, val_targets, epochs=epochs, lr=lr,
                 weight_decay=weight_decay, warmup_epochs=warmup_epochs, seed=seed, precision=precision, result=result,
-                failed_files=lambda split, i: manifests[split].rows[i]["file_name"], desc="finetune")
+                failed_files=lambda split, i: manifests[split].rows[i]["file_name"], desc="finetune",
+                checkpoint=checkpoint, checkpoint_key=checkpoint_key)
 
 
 def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray, *, epochs: int = 30, lr: float = 1e-3,
@@ -674,7 +686,8 @@ def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray,
                 aux_features: np.ndarray | None = None, aux_labels: np.ndarray | None = None,
                 train_targets: dict[str, Sequence[Any]] | None = None, val_features: np.ndarray | None = None,
                 val_labels: np.ndarray | None = None, val_targets: dict[str, Sequence[Any]] | None = None, seed: int = 0,
-                precision: str = "auto") -> tuple[nn.Linear, TrainResult]:
+                precision: str = "auto", checkpoint: str | os.PathLike | None = None,
+                checkpoint_key: str = "") -> tuple[nn.Linear, TrainResult]:
     """Fast mode: train only the linear head(s) on cached penultimate features, with the same loop and objectives.
 
     `head` (nn.Linear, LinearHead or (weight, bias)) initialises the closed-set head; a copy is trained and returned.
@@ -718,7 +731,8 @@ def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray,
     model = _HeadsOnly(layer)
     result = _run(model, objective, train_loader, aux_loader, val_loader, encoded_train, encoded_val, epochs=epochs, lr=lr,
                   weight_decay=weight_decay, warmup_epochs=warmup_epochs, seed=seed, precision=precision, result=TrainResult(),
-                  failed_files=lambda split, i: f"{split}[{i}]", desc="train_heads")
+                  failed_files=lambda split, i: f"{split}[{i}]", desc="train_heads", checkpoint=checkpoint,
+                  checkpoint_key=checkpoint_key)
     return layer, result
 
 

@@ -29,9 +29,10 @@ from detectors.generative.gradcam import last_spatial_block, logits_and_cam
 from detectors.generative.latent_backend import LatentDiffusion
 from detectors.generative.pixel_backend import ClassifierGuidance, PixelDiffusion, denoise_from, invert_with_early_stop
 from detectors.registry import register_detector
+from pipelines.hub_ids import SD15_ID
 from pipelines.runtime import diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained, resolve_dtype
 
-DEFAULT_SD_ID = "stable-diffusion-v1-5/stable-diffusion-v1-5"
+DEFAULT_SD_ID = SD15_ID
 REFERENCES = ("auto", "input", "unguided")
 
 

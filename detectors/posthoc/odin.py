@@ -105,11 +105,15 @@ class ODIN(Detector):
             for x in tqdm(chunks, total=total, desc="odin", leave=False, disable=total < 2):
                 x = x.to(device=param.device, dtype=param.dtype)
                 with torch.autocast(param.device.type, dtype=dtype, enabled=dtype != torch.float32):
-                    perturbed = odin_perturb(model, x, temperature, noise)
-                    with torch.no_grad():
-                        logits = model(perturbed)[0]
-                scores.append(softmax(as_numpy(logits, np.float64) / temperature).max(axis=1))
+                    scores.append(self._chunk_scores(model, x, temperature, noise))
         finally:
             for module, training in modes:
                 module.training = training
         return np.concatenate(scores) if scores else np.zeros(0)
+
+    def _chunk_scores(self, model: Any, x: torch.Tensor, temperature: float, noise: float) -> np.ndarray:
+        """max softmax(f(x') / T) of one batch of normalised pixels (RP-ODIN re-weights it)."""
+        perturbed = odin_perturb(model, x, temperature, noise)
+        with torch.no_grad():
+            logits = model(perturbed)[0]
+        return softmax(as_numpy(logits, np.float64) / temperature).max(axis=1)

@@ -1,4 +1,9 @@
-"""RP-MSP and RP-EBO: softmax scores re-weighted by the ID class prior (Jiang et al., ICML 2023)."""
+"""RP-MSP, RP-EBO and RP-GradNorm: scores re-weighted by the ID class prior (Jiang et al., ICML 2023).
+
+RP-GradNorm as Open-Insects runs it (src/openood/postprocessors/rp_gradnorm_postprocessor.py, after the class-prior
+authors' funcs.py): ||h||_1 * ||prior - softmax(Wh + b)||_1 / (D * C), the L1 norm of the gradient w.r.t. W of the
+cross-entropy to the prior (the code divides by 2048, ResNet-50's D, and C; a constant). RP-ODIN: rp_odin.py.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -6,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import labels_of, logits_of, softmax
+from detectors.posthoc.common import labels_of, logits_of, raw_features, softmax
 from detectors.posthoc.energy import energy_score
 from detectors.registry import register_detector
 
@@ -84,3 +89,25 @@ class RPEBO(_PriorDetector):
         logits, probs = self._probs_and_prior(batch)
         cosine = probs @ self.prior / (np.linalg.norm(probs, axis=1) * np.linalg.norm(self.prior))
         return energy_score(logits, self.params["temperature"]) * (1.0 - cosine)
+
+
+def rp_gradnorm_score(features: np.ndarray, weight: np.ndarray, bias: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """||h||_1 * ||prior - softmax(Wh + b)||_1 / (D * C); the projection in the features' precision, the rest float64."""
+    h = np.asarray(features)
+    probs = softmax(h @ weight.T.astype(h.dtype, copy=False) + bias.astype(h.dtype, copy=False))
+    return np.abs(h).sum(axis=1, dtype=np.float64) * np.abs(prior[None, :] - probs).sum(axis=1) / weight.size
+
+
+@register_detector("rp_gradnorm")
+class RPGradNorm(_PriorDetector):
+    """GradNorm with the class prior in place of the uniform target, on penultimate features and the linear head."""
+
+    inputs = frozenset({"features"})
+    needs_head = True
+    defaults: dict[str, Any] = {}
+    search_space: dict[str, list[Any]] = {}
+
+    def _score(self, batch: Any) -> np.ndarray:
+        if self.prior is None or self.head is None:
+            raise RuntimeError("rp_gradnorm: call fit(id_train, head=LinearHead(W, b)) before score()")
+        return rp_gradnorm_score(raw_features(batch, self.name), self.head.weight, self.head.bias, self.prior)

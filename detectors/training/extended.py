@@ -1,7 +1,7 @@
 """Extended (Open-Insects baseline): NovelBranch's loss with one second-head class per auxiliary species (C+A).
 
 See novel_branch.py for the loss and the scores; the aux rows need their species index (`aux_label` in the split
-manifests; the aux FeatureSet's labels in the heads-only mode).
+manifests, `aux_label_field`; the aux FeatureSet's labels in the heads-only mode).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from detectors.training.novel_branch import BranchDetector
 @register_detector("extended")
 class Extended(BranchDetector):
     paper = "Chen et al., Open-Insects: a benchmark for open-set recognition of insects (Extended baseline)"
-    method_defaults: dict[str, Any] = {"score_rule": "msp", "pooled": True}
+    # the species splits' auxiliary class index (scripts/make_splits.py); heads mode reads the aux FeatureSet's labels
+    method_defaults: dict[str, Any] = {"score_rule": "msp", "pooled": True, "aux_label_field": "aux_label"}
     search_space = {"score_rule": ["msp", "novel"]}
     per_species = True
