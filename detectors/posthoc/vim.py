@@ -66,6 +66,21 @@ def ranked_eigenvectors(covariance: np.ndarray, first: int, stop: int) -> np.nda
     return np.ascontiguousarray(vectors[:, ::-1][:, first:stop])
 
 
+def stored_max_logit_sum(fit: Any, head: Any, features: np.ndarray, check_rows: int = 256) -> float | None:
+    """Sum over rows of the largest stored logit when `fit` carries logits [N,C] that are `head`'s outputs (checked on
+    the first `check_rows` rows, to float16 storage and feature rounding), else None. They are the model's own logits,
+    which the reference recomputes from the features: alpha's train pass then skips its N x D x C product."""
+    logits = fit.logits if isinstance(fit, FeatureSet) else None
+    if logits is None or logits.shape != (len(features), len(head.bias)):
+        return None
+    rows = slice(0, min(check_rows, len(features)))
+    expected = head(np.asarray(features[rows], dtype=np.float32)).astype(np.float64)
+    scale = max(float(np.abs(expected).max()), np.finfo(np.float32).tiny)
+    if not np.allclose(np.asarray(logits[rows], dtype=np.float64), expected, rtol=0, atol=5e-3 * scale):
+        return None
+    return float(sum(block.max(axis=1).sum(dtype=np.float64) for _, block in streaming.chunks(logits, np.float32)))
+
+
 @register_detector("vim")
 class ViM(Detector):
     """s = logsumexp(z) - alpha ||(h - u) projected off the top-`dim` principal space||, u = -pinv(W) b.
@@ -94,10 +109,12 @@ class ViM(Detector):
         self.basis = ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal else ranked_eigenvectors(covariance, dim, h.shape[1])
         # alpha's train pass projects in float32 (the model's precision, as pytorch-ood does), sums in float64
         basis, origin = self.basis.astype(np.float32), self.origin.astype(np.float32)
-        max_logit, residual = 0.0, 0.0
+        stored = stored_max_logit_sum(id_train, self.head, h)
+        max_logit, residual = stored or 0.0, 0.0
         for _, block in streaming.chunks(h):
             block = block.astype(np.float32, copy=False)
-            max_logit += self.head(block).max(axis=1).sum(dtype=np.float64)
+            if stored is None:
+                max_logit += self.head(block).max(axis=1).sum(dtype=np.float64)
             residual += self.residual(block - origin, basis).sum()
         max_logit, residual = streaming.reduce_sum(max_logit, residual)
         self.alpha = float(max_logit / residual)
