@@ -106,7 +106,8 @@ def gemm_seconds(name: str, n: int, m: int, dim: int, classes: int, rate: dict[s
     table = {
         "mds": (n * dim ** 2 / s64 + inverse, (2 * m * dim ** 2 + 2 * m * dim * classes) / g64),
         "rmds": (n * dim ** 2 / s64 + 2 * inverse, (4 * m * dim ** 2 + 2 * m * dim * classes) / g64),
-        "vim": (n * dim ** 2 / s64 + eigh + head(n) + 2 * n * dim * k / g32, head(m) + 2 * m * dim * k / g64),
+        # ViM's alpha reads the cache's logits (the head's outputs), so its fit has no N x D x C product
+        "vim": (n * dim ** 2 / s64 + eigh + 2 * n * dim * k / g32, head(m) + 2 * m * dim * k / g32),
         "neco": (n * dim ** 2 / s64 + eigh, 2 * m * dim * k / g64),
         "knn": (0.0, 2 * knn_m * n * dim / g32),
         "ash": (0.0, 2 * m * round(dim * 0.1) * classes / g32),
