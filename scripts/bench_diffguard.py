@@ -87,7 +87,7 @@ def official_reconstruct(det, x01: torch.Tensor, labels: torch.Tensor, seeds: li
                                       det.clean_grad, det.guidance_grad)
         guided = torch.tensor([True, False], device=x0.device)
         out.append(denoise_from(model, latents[i:i + 1].repeat(2, 1, 1, 1), start[i:i + 1].repeat(2), guidance, guided))
-    return torch.cat([o[:1] for o in out])
+    return ((torch.cat([o[:1] for o in out]).clamp(-1, 1) + 1) / 2).detach()
 
 
 def _timed(fn, device: torch.device) -> float:
