@@ -111,8 +111,7 @@ class ViM(Detector):
         basis, origin = self.basis.astype(np.float32), self.origin.astype(np.float32)
         stored = stored_max_logit_sum(id_train, self.head, h)
         max_logit, residual = stored or 0.0, 0.0
-        for _, block in streaming.chunks(h):
-            block = block.astype(np.float32, copy=False)
+        for _, block in streaming.chunks(h, np.float32):
             if stored is None:
                 max_logit += self.head(block).max(axis=1).sum(dtype=np.float64)
             residual += self.residual(block - origin, basis).sum()
@@ -137,7 +136,8 @@ class ViM(Detector):
             origin, basis = cast[block.dtype]
             return logsumexp(self.head(block)) - self.alpha * self.residual(block - origin, basis)
 
-        return streaming.map_rows(rows, stored_features(batch, self.name))
+        h = stored_features(batch, self.name)
+        return streaming.map_rows(rows, h, None if h.dtype in (np.float32, np.float64) else np.float32)
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "origin": self.origin, "basis": self.basis,
