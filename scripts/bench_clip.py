@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from detectors.clip.bench import run_benchmark
+from detectors.benchmarks.clip import run_benchmark
 from pipelines.cli import README_SECTIONS, parser, run_main
 from pipelines.io import atomic_write_json
 

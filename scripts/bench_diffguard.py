@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 import detectors
-from detectors.generative.bench import (SmallConvClassifier, bench_early_stop_features, bench_gradcam_single_pass,
-                                        contrast_ramp_images)
+from detectors.benchmarks.diffguard import (SmallConvClassifier, bench_early_stop_features, bench_gradcam_single_pass,
+                                            contrast_ramp_images)
 from detectors.generative.diffguard import resize_center_crop
 from detectors.generative.pixel_backend import ClassifierGuidance, denoise_from, invert_with_early_stop
 from pipelines.runtime import item_generator

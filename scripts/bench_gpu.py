@@ -1,5 +1,7 @@
 """The one prepared GPU benchmark: full-size architectures with random weights (nothing is downloaded).
 
+Section "train": a full-size ResNet-50 trained with the recipe loop (bf16 autocast, channels-last, batch 256) and its
+feature extraction, each against a minimal PyTorch loop in the same process (`pipelines.training.bench`).
 Section "zest": SDXL base UNet + depth ControlNet + VAE + IP-Adapter (ViT-H encoder, image projection) + DPT-hybrid,
 built from the real hub configs (pipelines/hub_configs, pipelines.tiny.zest_configs("full")) directly on the GPU in bf16
 (DPT in fp32), run through `ZeSTPipeline.generate` at 1024 px, 30 steps. Reports images/s per batch size for each
@@ -218,7 +220,7 @@ def bench_diffguard(args: argparse.Namespace, budget: Budget, save: Callable[[di
     images/s per batch size against the batch-1 loop (the original design's limit under per-sample early stop).
     Its two parts are the cases (each saved when done, each skipped when the budget cannot hold it)."""
     import detectors
-    from detectors.generative.bench import (bench_early_stop_batching, bench_latent_batching, contrast_ramp_images,
+    from detectors.benchmarks.diffguard import (bench_early_stop_batching, bench_latent_batching, contrast_ramp_images,
                                             random_diffguard_models)
 
     device = resolve_device(args.device)
@@ -256,15 +258,67 @@ def bench_diffguard(args: argparse.Namespace, budget: Budget, save: Callable[[di
     return result
 
 
+def bench_train(args: argparse.Namespace, budget: Budget, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """ResNet-50 classifier training (full size, random weights, bf16 autocast, channels-last, batch 256, the recipe's
+    random resized crop at 224) and feature extraction, each against a minimal hand-written PyTorch loop on the same
+    model and synthetic JPEGs in this process (pipelines.training.bench.measure); DataLoader workers decode."""
+    import tempfile
+
+    from pipelines.training.bench import synthetic_manifest
+
+    fits, why = budget.allows("train-resnet50")
+    if not fits:
+        print(f"[train] skipped ({why})", flush=True)
+        return dict(skipped=why)
+    from pipelines.training.bench import measure
+
+    device = resolve_device(args.device)
+    size, batch = ("tiny", 8) if args.dry_run else ("full", args.train_batch_size)
+    started = time.perf_counter()
+    classifier = _resnet_classifier(size, 32 if args.dry_run else 224)
+    with tempfile.TemporaryDirectory() as scratch:
+        manifest = synthetic_manifest(Path(scratch), batch * (2 if args.dry_run else args.train_steps), 48 if args.dry_run else 256)
+        numbers = measure(classifier, manifest, epochs=1, batch_size=batch, num_workers=0 if args.dry_run else args.train_workers,
+                          precision="fp32" if args.dry_run else "bf16", channels_last=device.type == "cuda", device=device,
+                          repeats=1 if args.dry_run else 2)
+    budget.record("train-resnet50", time.perf_counter() - started)
+    numbers["peak_gib"] = _peak_gib(device)
+    print(f"[train] ResNet-50 ({size}) batch {batch}: {numbers['train_images_per_s']:.1f} img/s "
+          f"(x{numbers['train_ratio']:.2f} vs plain loop), features {numbers['feature_images_per_s']:.1f} img/s", flush=True)
+    return dict(model=f"microsoft/resnet-50 ({size}, random weights)", batch_size=batch, dtype="fp32" if args.dry_run else "bf16",
+                channels_last=device.type == "cuda", **numbers)
+
+
+def _resnet_classifier(size: str, image_size: int) -> Any:
+    """A random-weight ResNet-50 (real hub config, or the tiny stand-in) with 100 classes, processor at image_size."""
+    import json
+    import tempfile
+
+    from transformers import AutoImageProcessor
+
+    from pipelines.classifier import ImageClassifier
+    from pipelines.tiny import RESNET_ID, build_model, full_config, tiny_config
+
+    config = {k: v for k, v in (tiny_config if size == "tiny" else full_config)(RESNET_ID).items() if k != "num_labels"}
+    config.update(id2label={str(i): f"c{i}" for i in range(100)}, label2id={f"c{i}": i for i in range(100)})
+    torch.manual_seed(0)
+    model = build_model(config)
+    with tempfile.TemporaryDirectory() as scratch:
+        processor = {**full_config(RESNET_ID, "preprocessor_config.json"), "size": {"shortest_edge": image_size}}
+        (Path(scratch) / "preprocessor_config.json").write_text(json.dumps(processor))
+        return ImageClassifier.from_model(model, AutoImageProcessor.from_pretrained(scratch), f"resnet-50-{size}")
+
+
 DEFAULT_BUDGET_S = 420.0  # 7 minutes of cases; imports, CUDA start-up and the JSON writes fit in the eighth
 # first guesses on one H200 (full size, bf16, 1024 px, 30 steps) before a case of the kind has run; from the published
 # SDXL timings in REFERENCE.md scaled to an H200, plus ZeST's ControlNet; the compiled case includes the compilation
 H200_FIRST_GUESS_S = {"eager-build": 40.0, "eager-case": 8.0, "compile-build": 20.0, "compile-case": 150.0,
-                      "diffguard-pixel": 90.0, "diffguard-latent": 60.0}
+                      "diffguard-pixel": 90.0, "diffguard-latent": 60.0, "train-resnet50": 120.0}
 
 SECTIONS: dict[str, Callable[[argparse.Namespace, Budget, Callable[[dict[str, Any]], None]], dict[str, Any]]] = {
     "zest": bench_zest,
     "diffguard": bench_diffguard,
+    "train": bench_train,
 }
 
 
@@ -292,6 +346,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "already run, else from H200 first guesses) is recorded as skipped; default keeps a full "
                              "run under 8 minutes on one H200")
     p.add_argument("--no-budget", dest="budget_s", action="store_const", const=None, help="run every case")
+    p.add_argument("--train-batch-size", type=int, default=256, help="ResNet-50 training case: global batch")
+    p.add_argument("--train-steps", type=int, default=8, help="ResNet-50 training case: steps (images = steps x batch)")
+    p.add_argument("--train-workers", type=int, default=8, help="ResNet-50 training case: DataLoader workers")
     p.add_argument("--device", default=None)
     args = p.parse_args(argv)
     unknown = sorted(set(args.sections) - set(SECTIONS))

@@ -14,7 +14,8 @@ on the layer scores of ID val against OOD val, as the code does when no alpha li
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from detectors.base import Detector
 from detectors.posthoc import streaming
 from detectors.posthoc.mahalanobis import spd_inverse
 from detectors.posthoc.pixels import eval_mode, labels_of_images, pixel_batches
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 FEATURE_TYPES = ("mean", "stat", "flat")
@@ -54,20 +56,30 @@ class MDSEnsemble(Detector):
     family = "posthoc"
     inputs = frozenset({"images"})
     paper = "Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks, NeurIPS 2018"
-    defaults: dict[str, Any] = {"noise": 0.0014, "layers": [0], "feature_types": ["mean"], "alpha": [1.0],
-                                "maps": "hidden_states", "grad_std": 0.5}
-    search_space: dict[str, list[Any]] = {"noise": [0.0014]}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        noise: float = param(0.0014, "input pre-processing step", ge=0)
+        layers: list[int] = param([0], "indices of the feature maps scored")
+        feature_types: list[Literal["mean", "stat", "flat"]] = param(["mean"], "pooling of each layer's map")
+        alpha: list[float] | Literal["fit"] = param([1.0], "layer weights, or 'fit' (logistic regression on ID/OOD val)")
+        maps: Literal["hidden_states", "relu_conv"] = param("hidden_states", "which feature maps are read")
+        grad_std: float = param(0.5, "divisor of the input gradient (OpenOOD: 0.5 for every channel)", gt=0)
+
+        def check(self, dims: dict[str, int] | None = None) -> None:
+            super().check(dims)
+            if len(self.feature_types) != len(self.layers):
+                raise ValueError(f"feature_types needs one of {FEATURE_TYPES} per layer, got {self.feature_types!r} "
+                                 f"for layers {self.layers!r}")
+            if self.alpha != "fit" and len(self.alpha) != len(self.layers):
+                raise ValueError(f"alpha must be 'fit' or one weight per layer, got {self.alpha!r}")
+
+    fit_inputs = frozenset({"id_val", "ood_val"})
+    needs = frozenset({"classifier"})
+    search_space: dict[str, list[Any]] = {"noise": [0.0014]}  # OpenOOD v1.5 mds_ensemble.yml
 
     def __init__(self, classifier: Any = None, batch_size: int = 32, **params: Any) -> None:
         super().__init__(**params)
-        p = self.params
-        if len(p["feature_types"]) != len(p["layers"]) or any(t not in FEATURE_TYPES for t in p["feature_types"]):
-            raise ValueError(f"mdsens: feature_types needs one of {FEATURE_TYPES} per layer, got {p['feature_types']!r} "
-                             f"for layers {p['layers']!r}")
-        if p["alpha"] != "fit" and len(p["alpha"]) != len(p["layers"]):
-            raise ValueError(f"mdsens: alpha must be 'fit' or one weight per layer, got {p['alpha']!r}")
-        if p["maps"] not in ("hidden_states", "relu_conv"):
-            raise ValueError(f"mdsens: maps must be 'hidden_states' or 'relu_conv', got {p['maps']!r}")
         self.classifier, self.batch_size = classifier, int(batch_size)
         self.stats: list[tuple[np.ndarray, np.ndarray]] = []  # per layer: (class means [K,F], precision [F,F])
         self.alpha: np.ndarray | None = None

@@ -5,6 +5,8 @@ divided by the normalisation std per channel (as OpenOOD does), which is an eps 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import math
 from typing import Any
 
@@ -14,6 +16,7 @@ from tqdm.auto import tqdm
 
 from detectors.base import Detector, ImageSet, as_numpy
 from detectors.posthoc.common import softmax
+from detectors.params import Params, param
 from detectors.registry import register_detector
 from pipelines.data import Manifest
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
@@ -42,8 +45,15 @@ class ODIN(Detector):
     family = "posthoc"
     inputs = frozenset({"images"})
     paper = "Liang et al., Enhancing the Reliability of OOD Image Detection in Neural Networks (ODIN), ICLR 2018"
-    defaults: dict[str, Any] = {"temperature": 1000.0, "noise": 0.0014}
-    search_space: dict[str, list[Any]] = {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        temperature: float = param(1000.0, "softmax temperature T", gt=0)
+        noise: float = param(0.0014, "input perturbation step (in normalised pixel units)", ge=0)
+
+    fit_inputs = frozenset()
+    needs = frozenset({"classifier", "device", "precision"})
+    search_space: dict[str, list[Any]] = {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]}  # OpenOOD v1.5
 
     def __init__(self, classifier: Any = None, batch_size: int = 32, device: str | None = None, precision: str = "fp32",
                  **params: Any) -> None:

@@ -12,7 +12,8 @@ last stage, "block 3" the one before.
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -21,9 +22,9 @@ from tqdm.auto import tqdm
 from detectors.base import Detector, as_numpy
 from detectors.posthoc.common import logsumexp
 from detectors.posthoc.pixels import eval_mode, pixel_batches
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
-BLOCKS = ("3+4", "4", "3")
 
 
 def remove_rank1(feature_map: torch.Tensor) -> torch.Tensor:
@@ -68,13 +69,19 @@ class RankFeat(Detector):
     family = "posthoc"
     inputs = frozenset({"images"})
     paper = "Song et al., RankFeat: Rank-1 Feature Removal for Out-of-distribution Detection, NeurIPS 2022"
-    defaults: dict[str, Any] = {"temperature": 1.0, "blocks": "3+4", "power_iteration": False, "iterations": 20}
-    search_space: dict[str, list[Any]] = {}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        temperature: float = param(1.0, "energy temperature T", gt=0)
+        blocks: Literal["3", "4", "3+4"] = param("3+4", "stages whose rank-1 component is removed (branches averaged)")
+        power_iteration: bool = param(False, "power iteration instead of an exact SVD")
+        iterations: int = param(20, "power iterations", ge=1)
+
+    fit_inputs = frozenset()
+    needs = frozenset({"classifier"})
 
     def __init__(self, classifier: Any = None, batch_size: int = 32, **params: Any) -> None:
         super().__init__(**params)
-        if self.params["blocks"] not in BLOCKS:
-            raise ValueError(f"rankfeat: blocks must be one of {BLOCKS}, got {self.params['blocks']!r}")
         self.classifier, self.batch_size = classifier, int(batch_size)
 
     def _remove(self, feature_map: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ cross-entropy to the prior (the code divides by 2048, ResNet-50's D, and C; a co
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ import numpy as np
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import labels_of, logits_of, raw_features, softmax
 from detectors.posthoc.energy import energy_score
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 
@@ -30,6 +32,8 @@ class _PriorDetector(Detector):
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Jiang et al., Detecting Out-of-distribution Data through In-distribution Class Prior, ICML 2023"
+    fit_inputs = frozenset({"head"})
+    needs = frozenset()
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -70,8 +74,6 @@ class _PriorDetector(Detector):
 class RPMSP(_PriorDetector):
     """s(x) = max_k (softmax(z)_k - prior_k)."""
 
-    defaults: dict[str, Any] = {}
-    search_space: dict[str, list[Any]] = {}
 
     def _score(self, batch: Any) -> np.ndarray:
         _, probs = self._probs_and_prior(batch)
@@ -82,8 +84,10 @@ class RPMSP(_PriorDetector):
 class RPEBO(_PriorDetector):
     """s(x) = T logsumexp(z / T) * (1 - cos(softmax(z), prior))."""
 
-    defaults: dict[str, Any] = {"temperature": 1.0}
-    search_space: dict[str, list[Any]] = {}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        temperature: float = param(1.0, "energy temperature T", gt=0)
 
     def _score(self, batch: Any) -> np.ndarray:
         logits, probs = self._probs_and_prior(batch)
@@ -104,8 +108,6 @@ class RPGradNorm(_PriorDetector):
 
     inputs = frozenset({"features"})
     needs_head = True
-    defaults: dict[str, Any] = {}
-    search_space: dict[str, list[Any]] = {}
 
     def _score(self, batch: Any) -> np.ndarray:
         if self.prior is None or self.head is None:

@@ -23,21 +23,17 @@ features; ARPL: reciprocal-point logits, linear up to a per-row constant).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 
-from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, as_numpy
+from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, Params, as_numpy, param
 from pipelines.training import Objective, finetune, train_heads
 
 MODES = ("full", "heads")
-# Open-Insects recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine with 2 warm-up epochs, batch 512.
-TRAINING_DEFAULTS: dict[str, Any] = {
-    "mode": "full", "epochs": 30, "lr": 1e-3, "batch_size": 512, "weight_decay": 1e-5, "warmup_epochs": 2, "seed": 0,
-    "precision": "auto", "num_workers": 0, "aux_label_field": None, "score_batch_size": 64,
-}
 
 
 def softmax64(logits: np.ndarray) -> np.ndarray:
@@ -61,18 +57,33 @@ def apply_linear(state: dict[str, np.ndarray], prefix: str, features: np.ndarray
 
 
 class TrainedDetector(Detector):
-    """Base of the training-time detectors (family "training"). Subclasses set `method_defaults`, `score_rules`,
-    and implement `objective()` (the loss to train) and `_score_logits(logits, features)`."""
+    """Base of the training-time detectors (family "training"). Subclasses extend `Params` with their method's
+    hyperparameters and `score_rule`, set `score_rules`, and implement `objective()` (the loss to train) and
+    `_score_logits(logits, features)`."""
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        """Open-Insects recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine with 2 warm-up epochs, batch 512."""
+
+        mode: Literal["full", "heads"] = param("full", "fine-tune the whole classifier on images, or heads on cached features")
+        epochs: int = param(30, "training epochs", ge=1)
+        lr: float = param(1e-3, "AdamW learning rate", gt=0)
+        batch_size: int = param(512, "training batch size", ge=1)
+        weight_decay: float = param(1e-5, "AdamW weight decay", ge=0)
+        warmup_epochs: float = param(2, "linear warm-up epochs before the cosine", ge=0)
+        seed: int = param(0, "training seed")
+        precision: str = param("auto", "training precision (auto: bf16 on GPU, fp32 on CPU)", runtime=True)
+        num_workers: int = param(0, "data-loader workers (full mode)", runtime=True, ge=0)
+        aux_label_field: str | None = param(None, "manifest field giving auxiliary rows a class index")
+        score_batch_size: int = param(64, "images per scoring batch", runtime=True, ge=1)
+        score_rule: str = param("msp", "how the trained model scores (one of the class's score_rules)")
 
     family: ClassVar[str] = "training"
     inputs: ClassVar[frozenset[str]] = frozenset({"images"})  # the default mode's; each instance sets its own
-    method_defaults: ClassVar[dict[str, Any]] = {}
+    fit_inputs: ClassVar[frozenset[str]] = frozenset({"head", "id_val", "aux"})
+    needs: ClassVar[frozenset[str]] = frozenset({"classifier", "precision", "work_dir"})
     score_rules: ClassVar[tuple[str, ...]] = ("msp",)
     modes: ClassVar[tuple[str, ...]] = MODES
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.defaults = {**TRAINING_DEFAULTS, **cls.method_defaults}
 
     def __init__(self, classifier: Any = None, work_dir: str | os.PathLike | None = None, **params: Any) -> None:
         """`classifier`: the ImageClassifier to fine-tune in full mode (trained in place; pass a copy to keep yours);

@@ -14,11 +14,15 @@ fine-tunes 30 epochs with the same yml, where epoch < 90 always holds and the au
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, apply_linear, linear_arrays, softmax64
 from pipelines.training import Objective, TrainBatch
@@ -64,7 +68,14 @@ class MCD(TrainedDetector):
     """Two heads whose discrepancy on auxiliary data is maximised; score = minus their discrepancy on a sample."""
 
     paper = "Yu & Aizawa, Unsupervised Out-of-Distribution Detection by Maximum Classifier Discrepancy, ICCV 2019"
-    method_defaults = {"lambda_oe": 1.0, "margin": 1.2, "entropy_over": "batch", "score_rule": "discrepancy"}
+
+    @dataclass(frozen=True)
+    class Params(TrainedDetector.Params):
+        lambda_oe: float = param(1.0, "weight of the discrepancy loss on auxiliary data", ge=0)
+        margin: float = param(1.2, "discrepancy margin", ge=0)
+        entropy_over: Literal["batch", "classes"] = param("batch", "entropy over the batch (the code) or over classes")
+        score_rule: Literal["discrepancy", "msp"] = param("discrepancy", "how the trained model scores")
+
     search_space = {"margin": [0.6, 1.2, 2.4]}
     score_rules = ("discrepancy", "msp")
 

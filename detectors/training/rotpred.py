@@ -12,14 +12,15 @@ closed head (on images, or on a FeatureSet of the fine-tuned model).
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectors.base import ImageSet, as_numpy
+from detectors.base import ImageSet, as_numpy, param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, apply_linear, linear_arrays, softmax64
 from pipelines.training import Objective, TrainBatch
@@ -73,7 +74,13 @@ class RotPred(TrainedDetector):
 
     inputs = frozenset({"images"})
     paper = "Hendrycks et al., Using Self-Supervised Learning Can Improve Model Robustness and Uncertainty, NeurIPS 2019"
-    method_defaults = {"score_rule": "rotpred", "batch_size": 256}  # Open-Insects: RotPred fine-tunes with batch 256
+
+    @dataclass(frozen=True)
+    class Params(TrainedDetector.Params):
+        score_rule: Literal["rotpred", "msp"] = param("rotpred", "how the trained model scores")
+        mode: Literal["full"] = param("full", "rotating needs images: full mode only")
+        batch_size: int = param(256, "training batch size (Open-Insects: 256)", ge=1)
+
     score_rules = ("rotpred", "msp")
     modes = ("full",)
 

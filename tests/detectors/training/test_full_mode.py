@@ -109,7 +109,7 @@ def test_transform_reextracts_with_the_finetuned_model_into_a_keyed_cache(data, 
 def test_killed_run_resumes_from_its_last_epoch(data, tmp_path, monkeypatch):
     """Kill after the first epoch's checkpoint; the rerun trains the second epoch only and ends with the weights of an
     uninterrupted run."""
-    import pipelines.training as training
+    import pipelines.training.loop as training  # the loop module holds save_checkpoint and _all_outputs
 
     train, _, aux_sets, model = data
     params = dict(epochs=2, batch_size=8, lr=1e-2, warmup_epochs=1)

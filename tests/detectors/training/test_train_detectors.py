@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from detectors import FeatureSet, LinearHead, build
-from detectors.base import Detector
 from detectors.metrics import auroc
 
 D, C, A = 8, 3, 4
@@ -76,14 +75,11 @@ def test_id_only_methods_separate_id_from_ambiguous_inputs(name):
     assert before == pytest.approx(0.5) and after > 0.75, (name, before, after)
 
 
-def test_branch_head_sizes_and_save_roundtrip(tmp_path):
+def test_branch_head_sizes():
     train, test, aux, ood, head = _toy()
     for name, size in (("novel_branch", C + 1), ("extended", C + A)):
         det = build(name, mode="heads", score_rule="novel", epochs=1, batch_size=32).fit(train, head=head, aux=aux)
         assert det.branch_size == size and det.extra["branch.weight"].shape == (size, D)
-        loaded = Detector.from_pretrained(det.save_pretrained(tmp_path / name))
-        assert type(loaded) is type(det) and loaded.params == det.params
-        np.testing.assert_array_equal(loaded.score(ood), det.score(ood))
 
 
 def test_novel_score_is_minus_novel_logit():

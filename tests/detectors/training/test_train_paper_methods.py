@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from detectors import FeatureSet, LinearHead, build
-from detectors.base import Detector
 from detectors.training.arpl import ARPLLoss
 from detectors.training.godin import GODINLoss
 from detectors.training.rotpred import RotPredLoss, rotations, rotpred_score
@@ -158,12 +157,10 @@ def _toy(seed: int = 0):
 
 @pytest.mark.parametrize("name,params", [("arpl", {}), ("godin", {}), ("godin", {"score_rule": "g"}),
                                          ("udg", {"num_clusters": 6, "pca_dim": 4})])
-def test_heads_only_training_learns_and_saves(name, params, tmp_path):
+def test_heads_only_training_learns(name, params):
     train, aux, head = _toy()
     det = build(name, mode="heads", epochs=10, lr=0.1, batch_size=32, warmup_epochs=1, **params).fit(train, head=head, id_val=train, aux=aux)
     assert det.history[-1]["acc_label"] > 0.9
-    loaded = Detector.from_pretrained(det.save_pretrained(tmp_path / name))
-    np.testing.assert_allclose(loaded.score(aux), det.score(aux), rtol=1e-12)
 
 
 @pytest.mark.parametrize("name,params,rule", [
