@@ -15,6 +15,7 @@ $(STAMP): $(PY) pyproject.toml
 	$(PIP) install --no-deps guided-diffusion-sdk==1.0.0  # OpenAI's ADM code: reference of the checkpoint converter's tests
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
 	$(PIP) install -e ".[test]"
+	bash .ci/parity_deps $(PY)  # libMR, pytorch-ood 0.4: references of tests/**/test_parity_*.py
 	$(PIP) install --no-deps open_clip_torch  # ships OpenAI's CLIP BPE vocabulary (detectors/clip/vocab.py)
 	touch $(STAMP)
 

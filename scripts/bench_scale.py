@@ -106,7 +106,8 @@ def gemm_seconds(name: str, n: int, m: int, dim: int, classes: int, rate: dict[s
     table = {
         "mds": (n * dim ** 2 / s64 + inverse, (2 * m * dim ** 2 + 2 * m * dim * classes) / g64),
         "rmds": (n * dim ** 2 / s64 + 2 * inverse, (4 * m * dim ** 2 + 2 * m * dim * classes) / g64),
-        "vim": (n * dim ** 2 / s64 + eigh + head(n) + 2 * n * dim * k / g32, head(m) + 2 * m * dim * k / g64),
+        # ViM's alpha reads the cache's logits (the head's outputs), so its fit has no N x D x C product
+        "vim": (n * dim ** 2 / s64 + eigh + 2 * n * dim * k / g32, head(m) + 2 * m * dim * k / g32),
         "neco": (n * dim ** 2 / s64 + eigh, 2 * m * dim * k / g64),
         "knn": (0.0, 2 * knn_m * n * dim / g32),
         "ash": (0.0, 2 * m * round(dim * 0.1) * classes / g32),
@@ -330,9 +331,16 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+PRESETS = {  # ImageNet-21k x ViT-B: 13M rows x 768 in float16 (about 20 GB on disk), beside ImageNet-1k's 1.28M rows
+    "imagenet21k": ["--sizes", "1280000", "13000000", "--dim", "768", "--only", "mds", "vim", "knn",
+                    "--pytorch-ood-max-rows", "0", "--manifest-occurrences", "0", "--out", "benchmarks/scale_21k.json"],
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="a named set of the options below (given ones win)")
     parser.add_argument("--sizes", type=int, nargs="*", default=[100_000, 400_000, 1_280_000], help="train rows (none: skip)")
     parser.add_argument("--dim", type=int, default=2048)
     parser.add_argument("--classes", type=int, default=1000)
@@ -352,12 +360,71 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--update", action="store_true", help="keep the sections of an existing --out that this run skips")
     parser.add_argument("--merge", type=Path, nargs="*", help="combine the JSON of runs made separately into --out")
     args = parser.parse_args(argv)
+    if args.preset:  # the preset's values, then the command line's again on top
+        return parser.parse_args(PRESETS[args.preset] + list(sys.argv[1:] if argv is None else argv))
+    return args
+
+
+def bench_detector(name: str, n: int, spec: dict[str, Any], reads: dict[str, Any], args: argparse.Namespace,
+                   workdir: Path) -> dict[str, Any]:
+    """One detector at one train size: our run with its floors, and pytorch-ood's beside it where it applies."""
+    before = rates(args.dim, args.classes)
+    ours = run_child({**spec, "what": "ours", "name": name, "scores": str(workdir / f"{name}-{n}.npy")}, args.timeout)
+    after = rates(args.dim, args.classes)
+    rate = {k: (before[k] + after[k]) / 2 for k in before}
+    row = {"rows": n, "detector": name, "read_s": reads["train"].get("read_s"), "rates_gflops": rate, **ours}
+    if "error" not in ours:
+        fit_gemm, score_gemm = gemm_seconds(name, n, args.test, args.dim, args.classes, rate, args.knn_test)
+        passes = TRAIN_PASSES.get(name, 1)
+        source_read = reads["val"]["read_s"] if name == "react" else reads["train"]["read_s"]
+        row["fit_floor_s"] = passes * source_read + fit_gemm if name != "react" else source_read
+        row["fit_over_floor"] = ours["fit_s"] / row["fit_floor_s"] if row["fit_floor_s"] > 0 else None
+        row["score_floor_s"] = score_gemm
+        row["fit_us_per_row"] = ours["fit_s"] / n * 1e6 if name not in ("react", "ash", "knn") else None
+    if name in POOD and n <= args.pytorch_ood_max_rows:
+        pood = run_child({**spec, "what": "pytorch_ood", "name": name}, args.timeout)
+        if "error" not in pood and "error" not in ours:
+            pood["total_s"] = pood["fit_s"] + pood["score_s"]
+            pood["ratio"] = pood["total_s"] / (ours["fit_s"] + ours["score_s"])
+            if "fit_cpu_s" in pood and "fit_cpu_s" in ours:
+                pood["ratio_cpu"] = (pood["fit_cpu_s"] + pood["score_cpu_s"]) / (ours["fit_cpu_s"] + ours["score_cpu_s"])
+        row["pytorch_ood"] = pood
+    return row
+
+
+def bench_size(n: int, caches: dict[str, Path], args: argparse.Namespace, workdir: Path, result: dict[str, Any]) -> None:
+    """Every chosen detector at train size n (cache written here, deleted after), then KNN's IVF recall check."""
+    train = workdir / f"train-{n}.safetensors"
+    start = time.perf_counter()
+    write_cache(train, n, args.dim, args.classes, seed=3)
+    print(f"{n} rows: cache written in {time.perf_counter() - start:.0f} s ({train.stat().st_size / 2**30:.2f} GiB)", flush=True)
+    spec = {"train": str(train), "val": str(caches["val"]), "test": str(caches["test"]), "knn_test": args.knn_test}
+    reads = {"train": run_child({**spec, "what": "read"}, args.timeout),
+             "val": run_child({**spec, "train": str(caches["val"]), "what": "read"}, args.timeout)}
+    names = args.only if n < args.large_from or args.only_large is None else [m for m in args.only if m in args.only_large]
+    for name in names:
+        row = bench_detector(name, n, spec, reads, args, workdir)
+        result["runs"].append(row)
+        print(json.dumps(row), flush=True)
+        save(args.out, result, args.update)  # partial results survive an interrupted run
+    if n == (args.ivf_rows or max(args.sizes)) and "knn" in args.only:
+        exact = workdir / f"knn-{n}.npy"
+        ivf = run_child({**spec, "what": "ours", "name": "knn", "params": {"index": "ivf"},
+                         "scores": str(workdir / f"knn-ivf-{n}.npy"), "recall_against": str(exact)}, args.timeout)
+        exact_row = next(r for r in result["runs"] if r["detector"] == "knn" and r["rows"] == n)
+        if "error" not in ivf:
+            result["knn_ivf"] = {"rows": n, "nprobe": 16, "exact_score_s": exact_row.get("score_s"), **ivf}
+        print(json.dumps(result.get("knn_ivf", ivf)), flush=True)
+    train.unlink()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return {}
     if args.merge:
         return merge(args.merge, args.out)
-
     workdir = Path(tempfile.mkdtemp(prefix="bench_scale-", dir=args.workdir))
     result: dict[str, Any] = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
                               "sizes": args.sizes, "dim": args.dim, "classes": args.classes, "val": args.val, "test": args.test,
@@ -368,48 +435,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             write_cache(caches["val"], args.val, args.dim, args.classes, seed=1)
             write_cache(caches["test"], args.test, args.dim, args.classes, seed=2)
         for n in args.sizes:
-            train = workdir / f"train-{n}.safetensors"
-            start = time.perf_counter()
-            write_cache(train, n, args.dim, args.classes, seed=3)
-            print(f"{n} rows: cache written in {time.perf_counter() - start:.0f} s ({train.stat().st_size / 2**30:.2f} GiB)", flush=True)
-            spec = {"train": str(train), "val": str(caches["val"]), "test": str(caches["test"]), "knn_test": args.knn_test}
-            read = run_child({**spec, "what": "read"}, args.timeout)
-            val_read = run_child({**spec, "train": str(caches["val"]), "what": "read"}, args.timeout)
-            names = args.only if n < args.large_from or args.only_large is None else [m for m in args.only if m in args.only_large]
-            for name in names:
-                before = rates(args.dim, args.classes)
-                ours = run_child({**spec, "what": "ours", "name": name, "scores": str(workdir / f"{name}-{n}.npy")}, args.timeout)
-                after = rates(args.dim, args.classes)
-                rate = {k: (before[k] + after[k]) / 2 for k in before}
-                row = {"rows": n, "detector": name, "read_s": read.get("read_s"), "rates_gflops": rate, **ours}
-                if "error" not in ours:
-                    fit_gemm, score_gemm = gemm_seconds(name, n, args.test, args.dim, args.classes, rate, args.knn_test)
-                    passes = TRAIN_PASSES.get(name, 1)
-                    source_read = val_read["read_s"] if name == "react" else read["read_s"]
-                    row["fit_floor_s"] = passes * source_read + fit_gemm if name != "react" else source_read
-                    row["fit_over_floor"] = ours["fit_s"] / row["fit_floor_s"] if row["fit_floor_s"] > 0 else None
-                    row["score_floor_s"] = score_gemm
-                    row["fit_us_per_row"] = ours["fit_s"] / n * 1e6 if name not in ("react", "ash", "knn") else None
-                if name in POOD and n <= args.pytorch_ood_max_rows:
-                    pood = run_child({**spec, "what": "pytorch_ood", "name": name}, args.timeout)
-                    if "error" not in pood and "error" not in ours:
-                        pood["total_s"] = pood["fit_s"] + pood["score_s"]
-                        pood["ratio"] = pood["total_s"] / (ours["fit_s"] + ours["score_s"])
-                        if "fit_cpu_s" in pood and "fit_cpu_s" in ours:
-                            pood["ratio_cpu"] = (pood["fit_cpu_s"] + pood["score_cpu_s"]) / (ours["fit_cpu_s"] + ours["score_cpu_s"])
-                    row["pytorch_ood"] = pood
-                result["runs"].append(row)
-                print(json.dumps(row), flush=True)
-                save(args.out, result, args.update)  # partial results survive an interrupted run
-            if n == (args.ivf_rows or max(args.sizes)) and "knn" in args.only:
-                exact = workdir / f"knn-{n}.npy"
-                ivf = run_child({**spec, "what": "ours", "name": "knn", "params": {"index": "ivf"},
-                                 "scores": str(workdir / f"knn-ivf-{n}.npy"), "recall_against": str(exact)}, args.timeout)
-                exact_row = next(r for r in result["runs"] if r["detector"] == "knn" and r["rows"] == n)
-                if "error" not in ivf:
-                    result["knn_ivf"] = {"rows": n, "nprobe": 16, "exact_score_s": exact_row.get("score_s"), **ivf}
-                print(json.dumps(result.get("knn_ivf", ivf)), flush=True)
-            train.unlink()
+            bench_size(n, caches, args, workdir, result)
         result["linearity"] = linearity(result["runs"])
         if args.manifest_occurrences:
             result["manifests"] = bench_manifests(args.manifest_occurrences, workdir)

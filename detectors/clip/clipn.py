@@ -33,6 +33,7 @@ from detectors.clip.training import Schedule, train_loop
 from detectors.registry import register_detector
 
 STATE_PREFIX = "no."
+TEXT_BATCH = 256  # "no" prompts encoded at a time: peak memory independent of classes x templates
 
 
 class NoTextTower(nn.Module):
@@ -64,6 +65,23 @@ class NoTextTower(nn.Module):
         embeds = embeds + self.prompt_for(len(ids), pick)[:, : ids.shape[1]].to(embeds.dtype)
         out = backbone.text_from_embeddings(embeds, backbone.eot_index(ids), self.text_model, self.projection)
         return F.normalize(out.float(), dim=-1)
+
+
+@torch.no_grad()
+def class_no_embeddings(tower: NoTextTower, backbone: ClipBackbone, names: Sequence[str], templates: Sequence[str],
+                        batch_size: int = TEXT_BATCH) -> torch.Tensor:
+    """Normalised "no" class embeddings [C,P]: each template's normalised embedding (mean prompt) averaged over the
+    templates, renormalised. Texts go through the tower `batch_size` at a time and are summed into their class."""
+    texts = [t.format(n) for n in names for t in templates]
+    owner = torch.arange(len(texts)) // len(templates)
+    total: torch.Tensor | None = None
+    for start in range(0, len(texts), batch_size):
+        ids = backbone.tokenize(texts[start:start + batch_size])
+        with backbone.autocast():
+            emb = tower(backbone, ids).float().cpu()
+        total = torch.zeros(len(names), emb.shape[1]) if total is None else total
+        total.index_add_(0, owner[start:start + batch_size], emb)
+    return F.normalize(total / len(templates), dim=-1)
 
 
 def same_caption(ids: torch.Tensor) -> torch.Tensor:
@@ -196,15 +214,11 @@ class CLIPN(ClipDetector):
                                  lr_log=self.lrs, progress=p["progress"], desc="CLIPN")
         self._text_cache.pop("no", None)
 
-    @torch.no_grad()
     def no_text(self) -> torch.Tensor:
         """Normalised "no" class embeddings [C,P] (mean prompt; templates averaged, renormalised)."""
         if "no" not in self._text_cache:
             names, templates = self.require_classes(), self.params["templates"]
-            ids = self.backbone.tokenize([t.format(n) for n in names for t in templates])
-            with self.backbone.autocast():
-                emb = self.tower.eval()(self.backbone, ids)
-            self._text_cache["no"] = F.normalize(emb.view(len(names), len(templates), -1).mean(1), dim=-1).cpu()
+            self._text_cache["no"] = class_no_embeddings(self.tower.eval(), self.backbone, names, templates)
         return self._text_cache["no"]
 
     def _score(self, batch: Any) -> np.ndarray:

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from detectors.base import Detector, ImageSet, Params, param
+from detectors.generative.diffguard_inputs import check_model_files
 from detectors.generative.distances import against, build_similarity, psnr
 from detectors.generative.gradcam import last_spatial_block, logits_and_cam
 from detectors.generative.latent_backend import LatentDiffusion
@@ -125,6 +126,15 @@ class DiffGuard(Detector):
         self._latent: LatentDiffusion | None = None
         self._similarities: dict[str, Any] = {}
         self._cam_layer: str | None = self.gradcam_layer
+
+    @classmethod
+    def check_params(cls, params: dict[str, Any], dims: dict[str, int] | None = None) -> None:
+        """The parameter checks, then the model files the parameters name (`check_model_files`): the runner's plan
+        calls this, so absent weights fail before any detector runs."""
+        parent = getattr(super(), "check_params", None)
+        if parent is not None:
+            parent(params, dims)
+        check_model_files(cls(**params).params)
 
     # -- models ---------------------------------------------------------------------------------------------
     @property

@@ -2,7 +2,7 @@
 
 Per class k: the mean activation vector (MAV) of the correctly classified training logits, and a Weibull model of the
 largest `tailsize` distances of those logits to the MAV, fitted as libMR's `FitHigh` does (the tail is shifted by
-10000 minus its smallest value, then a two-parameter maximum-likelihood Weibull fit). At test time the `alpha` top
+libMR's default `translate_amount` 1 minus its smallest value, then a two-parameter maximum-likelihood Weibull fit). At test time the `alpha` top
 classes have their logits reduced by v_k * w_k * (alpha + 1 - rank) / alpha, w_k the Weibull CDF of the sample's
 distance to MAV_k; the removed mass is the unknown class's logit, and a softmax over the C + 1 entries gives the
 OpenMax probabilities.
@@ -26,7 +26,7 @@ from detectors.posthoc.common import labels_of, logits_of, logsumexp
 from detectors.params import Params, param
 from detectors.registry import register_detector
 
-LIBMR_TRANSLATE = 10000.0  # libMR's default translate_amount
+LIBMR_TRANSLATE = 1.0  # libMR's default translate_amount (libmr.MR().translate_amount), which OpenOOD keeps
 DISTANCES = ("eucos", "euclidean", "cosine")
 ROW_BLOCK = 4096
 
@@ -76,14 +76,16 @@ def weibull_mle(data: np.ndarray) -> tuple[float, float]:
 def fit_weibull_high(distances: np.ndarray, tailsize: int, translate: float = LIBMR_TRANSLATE) -> tuple[float, float, float]:
     """libMR FitHigh: (shape, scale, small_score) of the `tailsize` largest values shifted by translate - small_score.
 
-    A tail without spread (e.g. one or two samples, whose distances to their mean are equal) gets the MLE's limit,
-    shape = inf: a step CDF that is 1 beyond the tail value and 0 below it.
+    A tail without spread once shifted (one or two samples, whose distances to their mean are equal up to rounding)
+    gets the MLE's limit, shape = inf: a step CDF that is 1 beyond the tail value and 0 below it. (libMR marks an
+    exactly constant tail invalid, w_score -9999, and fits a shape near 1e15 to one that differs in the last bits.)
     """
     tail = np.sort(np.asarray(distances, dtype=np.float64))[-int(tailsize):]
     small = float(tail[0])
-    if np.ptp(tail) == 0:
-        return float("inf"), float(translate), small
-    shape, scale = weibull_mle(tail + translate - small)
+    shifted = tail + translate - small
+    if np.ptp(np.log(shifted / shifted.max())) == 0:
+        return float("inf"), float(shifted.max()), small
+    shape, scale = weibull_mle(shifted)
     return shape, scale, small
 
 

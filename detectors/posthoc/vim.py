@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import scipy.linalg
+from threadpoolctl import threadpool_limits
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
@@ -31,9 +32,20 @@ def resolve_dim(dim: int | None, feature_dim: int, who: str) -> int:
     return dim
 
 
+def lapack_threads():
+    """One BLAS thread for the factorisations (Cholesky, eigh): LAPACK's reductions are synchronisation-bound, and on a
+    shared 2-core machine one thread ran them 2-5x faster than two (docs/bench_vim.md); the GEMMs keep every thread."""
+    return threadpool_limits(1)
+
+
 def virtual_origin(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """u = -pinv(W) b, the minimum-norm least-squares solution of W u = -b: through the Cholesky factor of the smaller
     Gram matrix (W W^T or W^T W) when it is well conditioned, else through the SVD pseudo-inverse."""
+    with lapack_threads():
+        return _virtual_origin(weight, bias)
+
+
+def _virtual_origin(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
     wide = weight.shape[0] <= weight.shape[1]
     gram = weight @ weight.T if wide else weight.T @ weight
     try:
@@ -49,11 +61,26 @@ def virtual_origin(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
 
 
 def ranked_eigenvectors(covariance: np.ndarray, first: int, stop: int) -> np.ndarray:
-    """Eigenvectors [D, stop-first] of a symmetric matrix ranked first..stop-1 by decreasing eigenvalue (float64 eigh,
-    computing only those)."""
-    d = len(covariance)
-    _, vectors = scipy.linalg.eigh(covariance, subset_by_index=[d - stop, d - 1 - first], driver="evr")
-    return np.ascontiguousarray(vectors[:, ::-1])
+    """Eigenvectors [D, stop-first] of a symmetric matrix ranked first..stop-1 by decreasing eigenvalue (float64
+    divide-and-conquer eigh, one thread: faster here than computing only the subset with MRRR)."""
+    with lapack_threads():
+        _, vectors = scipy.linalg.eigh(covariance, driver="evd")
+    return np.ascontiguousarray(vectors[:, ::-1][:, first:stop])
+
+
+def stored_max_logit_sum(fit: Any, head: Any, features: np.ndarray, check_rows: int = 256) -> float | None:
+    """Sum over rows of the largest stored logit when `fit` carries logits [N,C] that are `head`'s outputs (checked on
+    the first `check_rows` rows, to float16 storage and feature rounding), else None. They are the model's own logits,
+    which the reference recomputes from the features: alpha's train pass then skips its N x D x C product."""
+    logits = fit.logits if isinstance(fit, FeatureSet) else None
+    if logits is None or logits.shape != (len(features), len(head.bias)):
+        return None
+    rows = slice(0, min(check_rows, len(features)))
+    expected = head(np.asarray(features[rows], dtype=np.float32)).astype(np.float64)
+    scale = max(float(np.abs(expected).max()), np.finfo(np.float32).tiny)
+    if not np.allclose(np.asarray(logits[rows], dtype=np.float64), expected, rtol=0, atol=5e-3 * scale):
+        return None
+    return float(sum(block.max(axis=1).sum(dtype=np.float64) for _, block in streaming.chunks(logits, np.float32)))
 
 
 @register_detector("vim")
@@ -97,10 +124,11 @@ class ViM(Detector):
         self.basis = ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal else ranked_eigenvectors(covariance, dim, h.shape[1])
         # alpha's train pass projects in float32 (the model's precision, as pytorch-ood does), sums in float64
         basis, origin = self.basis.astype(np.float32), self.origin.astype(np.float32)
-        max_logit, residual = 0.0, 0.0
-        for _, block in streaming.chunks(h):
-            block = block.astype(np.float32, copy=False)
-            max_logit += self.head(block).max(axis=1).sum(dtype=np.float64)
+        stored = stored_max_logit_sum(id_train, self.head, h)
+        max_logit, residual = stored or 0.0, 0.0
+        for _, block in streaming.chunks(h, np.float32):
+            if stored is None:
+                max_logit += self.head(block).max(axis=1).sum(dtype=np.float64)
             residual += self.residual(block - origin, basis).sum()
         max_logit, residual = streaming.reduce_sum(max_logit, residual)
         self.alpha = float(max_logit / residual)
@@ -114,11 +142,17 @@ class ViM(Detector):
         return np.sqrt(projected)
 
     def _score(self, batch) -> np.ndarray:
-        def rows(_, block: np.ndarray) -> np.ndarray:
-            block = model_precision(block)
-            return logsumexp(self.head(block)) - self.alpha * self.residual(np.subtract(block, self.origin, dtype=np.float64))
+        cast: dict[Any, tuple[np.ndarray, np.ndarray]] = {}  # origin and basis in each chunk's precision, cast once
 
-        return streaming.map_rows(rows, stored_features(batch, self.name))
+        def rows(_, block: np.ndarray) -> np.ndarray:
+            block = model_precision(block)  # float32 features project in float32 (as the fit's alpha pass), float64 in float64
+            if block.dtype not in cast:
+                cast[block.dtype] = (self.origin.astype(block.dtype), self.basis.astype(block.dtype))
+            origin, basis = cast[block.dtype]
+            return logsumexp(self.head(block)) - self.alpha * self.residual(block - origin, basis)
+
+        h = stored_features(batch, self.name)
+        return streaming.map_rows(rows, h, None if h.dtype in (np.float32, np.float64) else np.float32)
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "origin": self.origin, "basis": self.basis,
