@@ -141,7 +141,7 @@ class ImageSet:
 
 FIT_INPUTS = ("head", "id_val", "ood_val", "aux")
 """Optional inputs of `Detector.fit` besides the ID training data."""
-RUNTIME_INPUTS = ("classifier", "class_names", "cache_dir", "device", "precision")
+RUNTIME_INPUTS = ("classifier", "class_names", "cache_dir", "device", "precision", "work_dir")
 """Runtime objects and settings a runner hands to a detector's constructor (never saved in its config.json)."""
 
 
