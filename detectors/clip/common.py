@@ -30,6 +30,7 @@ class ClipDetector(Detector):
 
     family: ClassVar[str] = "clip"
     inputs: ClassVar[frozenset[str]] = frozenset({"images"})
+    reads_patches: ClassVar[bool] = False  # GL-MCM-style scores and LoCoOp read local patch embeddings
 
     def __init__(self, model: Any = DEFAULT_CLIP, processor: Any = None, **params: Any) -> None:
         self._backbone: ClipBackbone | None = None
@@ -53,7 +54,8 @@ class ClipDetector(Detector):
 
     def features(self, images: ImageSet | ClipImageFeatures) -> ClipImageFeatures:
         """Cached image embeddings of `images` (the image tower runs once per model and image set)."""
-        return image_features(self.backbone, images, self.params["cache_dir"], self.params["batch_size"])
+        return image_features(self.backbone, images, self.params["cache_dir"], self.params["batch_size"],
+                              local=self.reads_patches)
 
     def require_classes(self) -> list[str]:
         """The ID class names; a clear error when none were given."""

@@ -25,6 +25,8 @@ class LoCoOp(PromptDetector):
     embeddings (the image tower is frozen), so no image augmentation is applied.
     """
 
+    reads_patches = True
+
     reads_train_features = True
     paper = "Miyai et al., LoCoOp: Few-Shot Out-of-Distribution Detection via Prompt Learning, NeurIPS 2023"
     defaults = {**PROMPT_DEFAULTS, "epochs": 50, "lr": 0.002, "momentum": 0.9, "weight_decay": 5e-4, "train_batch": 32,
