@@ -57,7 +57,7 @@ class Prepared:
 
 @dataclass
 class Scored:
-    """What scoring a detector gave: result rows, score frames, and its validation value (None without ood_val)."""
+    """What scoring a detector gave: its result rows and per-sample score frames."""
 
     rows: list[dict[str, Any]]
     frames: list[pd.DataFrame]
