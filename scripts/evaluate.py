@@ -24,6 +24,10 @@ def _process_warning(running: int) -> str | None:
         if asked > running:
             return (f"warning: {asked} processes were asked for ({var}={asked}) but {running} running; on CPU launch "
                     f"with `torchrun --nproc_per_node {asked} scripts/evaluate.py ...`")
+    simple = "ACCELERATE_USE_CPU" in os.environ and "MASTER_PORT" in os.environ and "WORLD_SIZE" not in os.environ
+    if simple and running == 1:  # `accelerate launch --num_processes N` without a distributed backend (CPU)
+        return ("warning: accelerate was asked for several processes but 1 is running (its simple launcher starts one "
+                "on CPU); launch with `torchrun --nproc_per_node N scripts/evaluate.py ...`")
     return None
 
 

@@ -275,6 +275,9 @@ def test_process_count_warning(monkeypatch):
     assert warn(2) is None
     monkeypatch.delenv("ACCELERATE_NUM_PROCESSES")
     assert warn(1) is None
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")  # what `accelerate launch --num_processes 2` leaves on CPU
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert "torchrun --nproc_per_node N" in warn(1)
 
 
 def test_manifest_names_never_leave_the_output_folder(digits, tmp_path):
@@ -302,7 +305,7 @@ def test_manifest_names_never_leave_the_output_folder(digits, tmp_path):
     out = tmp_path / "deep" / "run"
     results = run_config(eval_config(digits, out, detectors=[{"name": "msp", "label": "../../lbl"}, "knn"],
                                      ood=[{"manifest": str(crafted)}], field=[{"manifest": str(field)}],
-                                     select={"ood_val": {"manifest": str(ood_dir), "sets": ["sketch"]}},
+                                     select={"ood_val": {"manifest": str(ood_dir), "split": "test", "sets": ["sketch"]}},
                                      threshold_transfer=[{"source": "../../x", "targets": ["a/b", "/abs"]}]))
     assert set(results["ood_set"]) == {"../../x", "/abs"} and set(results["method"]) == {"../../lbl", "knn"}
     outside = [p for p in tmp_path.rglob("*") if p not in before and out not in p.parents and p != out]
