@@ -304,8 +304,10 @@ class Runner:
         det, _, table = select(spec.name, self.data["id-id_val"].features, self.data[sel.split].features,
                                id_train=self.data["id-id_train"].features, head=self.head, metric=sel.metric,
                                fixed=spec.params)
-        if partial_state().is_main_process:
-            _write_csv(pd.DataFrame(table), self.plan.out / "selection" / f"{safe_name(unit.method)}.csv")
+        if partial_state().is_main_process:  # which split chose: ID val against these OOD-validation sets
+            sets = ",".join(sorted({r["ood_set"] for r in self.plan.split(sel.split).manifest.rows}))
+            frame = pd.DataFrame(table).assign(metric=sel.metric, id_val="id_val", ood_val=sets)
+            _write_csv(frame, self.plan.out / "selection" / f"{safe_name(unit.method)}.csv")
         return det
 
     def _accuracy(self, det: Detector, trained: Detector | None) -> float:

@@ -81,6 +81,7 @@ def test_selection_through_runner(digits, tmp_path):
                                          "metric": "auroc"}))
     table = pd.read_csv(tmp_path / "sel" / "selection" / "knn.csv")
     assert len(table) == len(build("knn").search_space["k"])
+    assert set(table["ood_val"]) == {"texture"} and set(table["metric"]) == {"auroc"}  # which split chose
     fitted = table[table["auroc"].notna()]
     assert (fitted["k"] <= 430).all() and (table[table["auroc"].isna()]["k"] > 430).all()  # 430 ID train images
     assert len(results) == 1
