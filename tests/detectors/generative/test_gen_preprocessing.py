@@ -125,9 +125,13 @@ def test_latent_unguided_reference_is_the_null_text_reconstruction(sd_folder, cl
     x = resize_center_crop(synthetic(2, seed=4), 32, 32)
     labels, guided, plain = det.reconstruct_latent(x, unguided=True)
     empty = detectors.build("diffguard", classifier=classifier_28, cam_threshold=2.0, pipeline=det.latent_model().pipe, **common)
-    _, no_guidance, _ = empty.reconstruct_latent(x, labels)  # an empty Grad-CAM mask = the null text everywhere
-    torch.testing.assert_close(plain, no_guidance, atol=1e-5, rtol=0)
-    torch.testing.assert_close(guided, det.reconstruct_latent(x, labels)[1], atol=1e-5, rtol=0)
+    # an empty Grad-CAM mask = the null text everywhere; compared within one batch layout, since DDIM inversion with
+    # random tiny weights amplifies the 1e-5 batch-size-dependent GEMM rounding of the UNet into visible differences
+    _, no_guidance, empty_plain = empty.reconstruct_latent(x, labels, unguided=True)
+    torch.testing.assert_close(no_guidance, empty_plain, atol=1e-5, rtol=0)
+    torch.testing.assert_close(plain, empty_plain, atol=1e-5, rtol=0)
+    assert not torch.allclose(guided, plain, atol=1e-3)  # the guidance inside the mask changes the reconstruction
+    torch.testing.assert_close(guided, det.reconstruct_latent(x, labels, unguided=True)[1], atol=1e-5, rtol=0)  # given = predicted labels
 
 
 def test_pixel_backend_loads_an_adm_checkpoint_file(classifier_28, tmp_path, synthetic):
