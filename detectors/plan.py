@@ -153,8 +153,7 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     """Check and resolve a config (object, mapping or YAML path) into a Plan. Raises ConfigError naming the key."""
     config = as_config(config)
     specs = config.validate()
-    for i, spec in enumerate(specs):
-        check_spec(spec, f"detectors[{i}]")
+    built = [check_spec(spec, f"detectors[{i}]") for i, spec in enumerate(specs)]
     splits = resolve_splits(config)
     check_leaks(splits)
     check_transfer(config.threshold_transfer, splits)
@@ -175,31 +174,34 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     out = Path(config.out)
     cache_dir = Path(config.cache_dir) if config.cache_dir else out / "cache"
     units = plan_units(specs, run_parts, class_names, config)
-    needs = any(reads_features(detector_class(s.name)) or s.rules for s in specs)
+    # by instance: a training method's `mode` decides whether it reads images (full) or features (heads)
+    needs = any(reads_features(det or detector_class(s.name)) or s.rules for det, s in zip(built, specs))
     return Plan(out, cache_dir, runtime, tuple(splits), tuple(units), tuple(config.threshold_transfer), config.head,
                 select, class_names, config.fewshot, needs, run_parts)
 
 
-def check_spec(spec: DetectorSpec, where: str, dims: dict[str, int] | None = None) -> None:
+def check_spec(spec: DetectorSpec, where: str, dims: dict[str, int] | None = None) -> Detector | None:
     """Build the detector once with its parameters (no model loads) and run its value checks (`check_params`, with
-    the feature and class counts once known), so bad values fail in the plan as one line naming the parameter."""
+    the feature and class counts once known), so bad values fail in the plan as one line naming the parameter.
+    Returns the built detector in the plan (None for a `load:` spec or with `dims`)."""
     cls = detector_class(spec.name)
     if spec.load:
         if dims is None and not (Path(spec.load) / "config.json").is_file():
             raise ConfigError(f"{where}.load: {spec.load} is not a saved detector folder (no config.json)")
-        return
+        return None
+    det = None
     if dims is None:
         try:
-            cls(**spec.params)
+            det = cls(**spec.params)
         except (TypeError, ValueError) as err:
             raise ConfigError(f"{where}.params: {spec.name}: {err}") from None
     check = getattr(cls, "check_params", None)
-    if check is None:
-        return
-    try:
-        check(dict(spec.params), dims)
-    except ValueError as err:
-        raise ConfigError(f"{where}.params.{_param_named(err, spec.params)}: {spec.name}: {err}") from None
+    if check is not None:
+        try:
+            check(dict(spec.params), dims)
+        except ValueError as err:
+            raise ConfigError(f"{where}.params.{_param_named(err, spec.params)}: {spec.name}: {err}") from None
+    return det
 
 
 def _param_named(err: ValueError, params: Mapping[str, Any]) -> str:
