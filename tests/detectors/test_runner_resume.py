@@ -253,6 +253,14 @@ def test_console_resume_and_failure_summary(digits, tmp_path, capsys):
     again = capsys.readouterr().out
     assert "resumed: 1 of 2 units up to date" in again and "1 detector failed -> " in again
 
+    from runner_helpers import evaluate_main
+
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert evaluate_main().main(["--config", str(path), "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "units to run (1): plugin_fail" in plan and "units to reuse (1): msp" in plan
+
 
 def test_every_detector_failed_is_one_line_and_non_zero(digits, tmp_path, capsys):
     from runner_helpers import evaluate_main
