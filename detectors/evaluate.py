@@ -317,7 +317,7 @@ class Runner:
         if test is None:
             return float("nan")
         if trained is not None and hasattr(trained, "transform"):
-            logits = trained.transform(self._split_data(trained, "id-id_test")).logits
+            logits = self._trained_logits(trained)
         elif test.features is not None and (reads_features(det) or "classifier" in type(det).needs):
             logits = test.features.logits
         else:
@@ -326,6 +326,18 @@ class Runner:
         if logits is None or not len(labels):
             return float("nan")
         return float((np.asarray(logits).argmax(1) == labels).mean())
+
+    def _trained_logits(self, trained: Detector) -> np.ndarray | None:
+        """ID test logits of a trained model: `transform` of what it reads; a method that reads images only to score
+        (RotPred in heads mode) but transforms features is given the cached features."""
+        data = self._split_data(trained, "id-id_test")
+        features = self.data["id-id_test"].features
+        if isinstance(data, ImageSet) and features is not None:
+            try:
+                return trained.transform(data).logits
+            except (TypeError, ValueError, AttributeError):
+                return trained.transform(features).logits
+        return trained.transform(data).logits
 
     def _validation(self, det: Detector, base: str, rule: str, view: Any = None) -> dict[str, Any] | None:
         """The unit's metric on ID val against OOD val (rule selection reads it); None without both."""
@@ -383,6 +395,8 @@ class Runner:
                 found = self._unit(unit, main)
                 if found is not None:
                     done.append(found)
+                if unit.kind == "rule" and unit.rule == unit.spec.rules[-1]:
+                    self._trained.pop(unit.parent, None)  # its last rule ran: the trained model can go
                 if main:
                     self._write_outputs(done, final=False)
         if main:
