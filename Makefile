@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test floors bench clean
+.PHONY: install demo test layers wheel-check floors bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# No upward import (pipelines < gen, detectors < scripts; gen and detectors apart) and no import circle, lazy ones included.
+layers: $(STAMP)
+	$(PY) scripts/check_layers.py
+
+# The built wheel carries the real hub configs the tiny stand-ins need (package data).
+wheel-check: $(STAMP)
+	rm -rf build/wheel-check && $(PY) -m pip wheel --no-deps -q -w build/wheel-check .
+	$(PY) -c "import sys, zipfile, pathlib; names = set(zipfile.ZipFile(next(pathlib.Path('build/wheel-check').glob('*.whl'))).namelist()); want = {p.as_posix() for p in pathlib.Path('pipelines/hub_configs').rglob('*') if p.is_file()}; missing = sorted(want - names); sys.exit(f'wheel lacks {missing}' if missing else print(f'wheel: {len(want)} hub config files shipped'))"
+
 # The lowest versions pyproject.toml allows, installed exactly into .venv-floors, must pass the suite too.
 floors:
 	bash .ci/floors .venv-floors
@@ -34,4 +43,4 @@ bench: $(STAMP)
 	$(PY) scripts/bench_detectors.py
 
 clean:
-	rm -rf demo_out .pytest_cache .venv-floors
+	rm -rf demo_out .pytest_cache .venv-floors build

@@ -1,4 +1,4 @@
-"""The Detector protocol and the containers detectors read: FeatureSet, LinearHead, ImageSet."""
+"""The Detector protocol and the containers detectors read: FeatureSet, LinearHead (from pipelines.arrays), ImageSet."""
 from __future__ import annotations
 
 import inspect
@@ -6,90 +6,15 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
-import torch
 
+from detectors.params import Params, param
+from pipelines.arrays import FeatureSet, LinearHead, as_numpy, memory_mapped
 
-def as_numpy(x: Any, dtype: Any = None) -> np.ndarray | None:
-    """numpy view of an array-like or torch tensor (moved to CPU, bf16/fp16 upcast); None stays None."""
-    if x is None:
-        return None
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu()
-        if x.dtype in (torch.bfloat16, torch.float16):
-            x = x.float()
-        x = x.numpy()
-    arr = np.asarray(x)
-    return arr.astype(dtype, copy=False) if dtype is not None else arr
-
-
-def memory_mapped(x: Any) -> bool:
-    """True for an np.memmap or any view of one."""
-    while x is not None:
-        if isinstance(x, np.memmap):
-            return True
-        x = getattr(x, "base", None)
-    return False
-
-
-@dataclass
-class FeatureSet:
-    """Cached model outputs for N samples: penultimate `features [N,D]`, `logits [N,C]`, `labels [N]` (any may be None)."""
-
-    features: np.ndarray | None = None
-    logits: np.ndarray | None = None
-    labels: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        # memory-mapped arrays (np.memmap, e.g. FeatureCache.load(mmap=True)) stay mapped in their stored dtype:
-        # detectors read them in chunks (detectors.posthoc.streaming)
-        self.features = as_numpy(self.features)
-        self.logits = as_numpy(self.logits)
-        self.labels = as_numpy(self.labels)
-        if self.features is not None and self.features.dtype not in (np.float32, np.float64) and not memory_mapped(self.features):
-            self.features = self.features.astype(np.float32)
-        if self.logits is not None and self.logits.dtype not in (np.float32, np.float64) and not memory_mapped(self.logits):
-            self.logits = self.logits.astype(np.float32)
-        sizes = {name: len(v) for name, v in (("features", self.features), ("logits", self.logits), ("labels", self.labels)) if v is not None}
-        if len(set(sizes.values())) > 1:
-            raise ValueError(f"FeatureSet arrays disagree on the number of samples: {sizes}")
-
-    def __len__(self) -> int:
-        for v in (self.features, self.logits, self.labels):
-            if v is not None:
-                return len(v)
-        return 0
-
-    def subset(self, index: Any) -> "FeatureSet":
-        """Rows `index` (a slice, boolean mask or integer array)."""
-        pick = lambda v: None if v is None else v[index]  # noqa: E731
-        return FeatureSet(pick(self.features), pick(self.logits), pick(self.labels))
-
-    def require(self, *names: str, who: str = "detector") -> None:
-        """Raise a clear error when a needed array is missing."""
-        missing = [n for n in names if getattr(self, n) is None]
-        if missing:
-            raise ValueError(f"{who} needs {', '.join(missing)} in the FeatureSet, which has none")
-
-
-@dataclass
-class LinearHead:
-    """The classifier's last linear layer: logits = features @ weight.T + bias."""
-
-    weight: np.ndarray
-    bias: np.ndarray
-
-    def __post_init__(self) -> None:
-        self.weight = as_numpy(self.weight, np.float64)
-        self.bias = as_numpy(self.bias, np.float64)
-        if self.weight.ndim != 2 or self.bias.shape != (self.weight.shape[0],):
-            raise ValueError(f"LinearHead needs weight [C,D] and bias [C], got {self.weight.shape} and {self.bias.shape}")
-
-    def __call__(self, features: np.ndarray) -> np.ndarray:
-        return features @ self.weight.T.astype(features.dtype, copy=False) + self.bias.astype(features.dtype, copy=False)
-
+__all__ = ["FIT_INPUTS", "RUNTIME_INPUTS", "Detector", "FeatureSet", "ImageSet", "LinearHead", "Params", "as_numpy",
+           "check_scores", "memory_mapped", "param"]
 
 @dataclass
 class ImageSet:
@@ -140,16 +65,12 @@ class ImageSet:
 
 
 FIT_INPUTS = ("head", "id_val", "ood_val", "aux")
-"""Optional inputs of `Detector.fit` besides the ID training data."""
+"""Optional inputs of `Detector.fit` besides the ID training data (a detector declares those it reads in `fit_inputs`)."""
 RUNTIME_INPUTS = ("classifier", "class_names", "cache_dir", "device", "precision", "work_dir")
-"""Runtime objects and settings a runner hands to a detector's constructor (never saved in its config.json)."""
-
-
-def declared_inputs(cls: type["Detector"]) -> tuple[frozenset[str], frozenset[str]]:
-    """(fit_inputs, needs) of a detector class from its `fit` and constructor signatures and its defaults."""
-    fit_params = inspect.signature(cls.fit).parameters
-    init_params = set(inspect.signature(cls.__init__).parameters) | set(cls.defaults)
-    return frozenset(p for p in FIT_INPUTS if p in fit_params), frozenset(p for p in RUNTIME_INPUTS if p in init_params)
+"""Runtime objects and settings a runner hands to a detector's constructor (declared in `needs`; never saved in its
+config.json, except CLIP class names, which its prompts are made of)."""
+PROTOCOL_FIT = ("head", "id_val", "ood_val")
+"""What the base `Detector.fit` accepts: every detector takes these, whether or not it reads them."""
 
 
 def check_scores(scores: Any, who: str = "detector") -> np.ndarray:
@@ -164,29 +85,81 @@ def check_scores(scores: Any, who: str = "detector") -> np.ndarray:
 class Detector:
     """Base class of every detector. Scores: float64 [N], HIGHER = MORE IN-DISTRIBUTION.
 
-    Subclasses set `name`, `family`, `inputs`, `defaults` (hyperparameters of the paper / OpenOOD v1.5) and
-    `search_space` (values swept by `detectors.select`). Learned state lives in `state()` / `load_state()`
-    as a dict of arrays so that `save_pretrained` / `from_pretrained` round-trip it through safetensors.
+    Subclasses set `name`, `family`, `inputs`, a frozen dataclass `Params` of hyperparameters (the paper's /
+    OpenOOD v1.5's defaults, types and ranges: `detectors.params`), `fit_inputs` (what `fit` reads, a subset of
+    FIT_INPUTS), `needs` (runtime objects the constructor takes, a subset of RUNTIME_INPUTS) and `search_space`
+    (OpenOOD v1.5's sweep, used by `detectors.select`). The registry checks these declarations against `fit` and
+    `__init__`. `self.params` is a dict of every parameter (read as `self.params[k]` or `self.k`); `hyperparameters`
+    leaves the runtime settings out. Learned state lives in `state()` / `load_state()` as a dict of arrays so that
+    `save_pretrained` / `from_pretrained` round-trip it through safetensors.
     """
 
     name: ClassVar[str] = ""
     family: ClassVar[str] = ""
     inputs: ClassVar[frozenset[str]] = frozenset()
     paper: ClassVar[str] = ""
-    defaults: ClassVar[dict[str, Any]] = {}
+    Params: ClassVar[type[Params]] = Params
+    defaults: ClassVar[dict[str, Any]] = {}  # derived from Params (every field's default)
     search_space: ClassVar[dict[str, list[Any]]] = {}
     needs_head: ClassVar[bool] = False
-    fit_inputs: ClassVar[frozenset[str]] = frozenset()  # what fit() reads besides id_train (FIT_INPUTS), set at registration
-    needs: ClassVar[frozenset[str]] = frozenset()  # runtime objects the runner passes in (RUNTIME_INPUTS), set at registration
+    fit_inputs: ClassVar[frozenset[str]] = frozenset()
+    needs: ClassVar[frozenset[str]] = frozenset()
     fits_from_shards: ClassVar[bool] = False  # statistics that are sums: under accelerate each process fits its shard
+    class_of: ClassVar[Callable[[str], type["Detector"]] | None] = None  # set by detectors.registry (no import here)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.defaults = cls.Params.defaults()
 
     def __init__(self, **params: Any) -> None:
-        unknown = set(params) - set(self.defaults)
+        unknown = set(params) - set(self.Params.fields())
         if unknown:
-            raise TypeError(f"{self.name}: unknown parameter(s) {sorted(unknown)}; known: {sorted(self.defaults)}")
-        self.params: dict[str, Any] = {**self.defaults, **params}
+            raise TypeError(f"{self.name}: unknown parameter(s) {sorted(unknown)}; known: {sorted(self.Params.fields())}")
+        self.params: dict[str, Any] = self._validated(params).as_dict()
         self.head: LinearHead | None = None
         self.fitted = False
+
+    @classmethod
+    def _validated(cls, params: dict[str, Any], dims: dict[str, int] | None = None) -> Params:
+        try:
+            values = cls.Params(**params)
+            if dims:
+                values.check(dims)
+        except ValueError as err:
+            raise ValueError(f"{cls.name}: {err}") from None
+        return values
+
+    @classmethod
+    def check_params(cls, params: dict[str, Any], dims: dict[str, int] | None = None) -> None:
+        """Raise ValueError naming the parameter and what is allowed: unknown names, wrong types, values out of range
+        (bounds on the feature dimension D or the number of classes C apply when `dims` = {"features": D,
+        "classes": C} gives them)."""
+        known = set(cls.Params.fields()) | cls.init_arguments()
+        unknown = set(params) - known
+        if unknown:
+            raise ValueError(f"{cls.name}: unknown parameter(s) {sorted(unknown)}; known: {sorted(known)}")
+        cls._validated({k: v for k, v in params.items() if k in cls.Params.fields()}, dims)
+
+    @classmethod
+    def init_arguments(cls) -> set[str]:
+        """Keyword arguments the constructor takes besides the Params fields (runtime objects: classifier, model ...)."""
+        named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        return {p for p, v in inspect.signature(cls.__init__).parameters.items() if p != "self" and v.kind in named}
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        """The parameters that decide the scores (runtime settings left out): what `config.json` and results rows record."""
+        runtime = self.Params.runtime()
+        return {k: v for k, v in self.params.items() if k not in runtime}
+
+    def effective_params(self) -> dict[str, Any]:
+        """`hyperparameters` with the values a fit settled filled in (a None default resolved, a fitted temperature):
+        what a results row records."""
+        return {**self.hyperparameters, **self.resolved_params()}
+
+    def resolved_params(self) -> dict[str, Any]:
+        """Parameters whose value the fit decided (override where a default is resolved from the data)."""
+        return {}
 
     def __getattr__(self, key: str) -> Any:
         params = self.__dict__.get("params")
@@ -233,14 +206,15 @@ class Detector:
             self.head = LinearHead(state["head.weight"], state["head.bias"])
 
     def save_pretrained(self, folder: str | os.PathLike) -> Path:
-        """Write `config.json` (name and parameters) and `model.safetensors` (learned state)."""
+        """Write `config.json` (name and hyperparameters, runtime settings left out) and `model.safetensors` (learned state)."""
         from safetensors.numpy import save_file
 
         from pipelines.io import atomic_path, atomic_write_json
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(folder / "config.json", {"name": self.name, "family": self.family, "params": self.params, "fitted": self.fitted})
+        atomic_write_json(folder / "config.json", {"name": self.name, "family": self.family, "params": self.hyperparameters,
+                                                   "fitted": self.fitted})
         state = {k: np.ascontiguousarray(v) for k, v in self.state().items()}
         with atomic_path(folder / "model.safetensors") as tmp:
             save_file(state, str(tmp), metadata={"detector": self.name})
@@ -248,19 +222,18 @@ class Detector:
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike, **overrides: Any) -> "Detector":
-        """Rebuild a detector saved with `save_pretrained` (the registry picks the class from `config.json`)."""
+        """Rebuild a detector saved with `save_pretrained`; `overrides` add runtime objects (classifier, device ...) or
+        change parameters. On `Detector` itself the class is the one `config.json` names (`detectors.load`)."""
         from safetensors.numpy import load_file
 
-        from detectors.registry import detector_class
-
-        folder = Path(folder)
-        config_path = folder / "config.json"
-        if not config_path.is_file():
-            raise FileNotFoundError(f"{config_path} not found: not a saved detector folder")
-        config = json.loads(config_path.read_text())
-        klass = detector_class(config["name"]) if cls is Detector else cls
+        config = read_config(folder)
+        klass = cls
+        if cls is Detector:
+            if Detector.class_of is None:
+                raise RuntimeError("no detector registry loaded: use detectors.load(folder)")
+            klass = Detector.class_of(config["name"])
         det = klass(**{**config["params"], **overrides})
-        weights = folder / "model.safetensors"
+        weights = Path(folder) / "model.safetensors"
         if weights.is_file():
             det.load_state(load_file(str(weights)))
         det.fitted = bool(config.get("fitted", True))
@@ -268,5 +241,13 @@ class Detector:
 
     @classmethod
     def accepts(cls, param: str) -> bool:
-        """True when the constructor or `defaults` takes `param`."""
-        return param in cls.defaults or param in inspect.signature(cls.__init__).parameters
+        """True when the constructor takes `param` (a Params field or a constructor argument)."""
+        return param in cls.Params.fields() or param in cls.init_arguments()
+
+
+def read_config(folder: str | os.PathLike) -> dict[str, Any]:
+    """The `config.json` of a saved detector folder, with a clear error when there is none."""
+    config_path = Path(folder) / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path} not found: not a saved detector folder")
+    return json.loads(config_path.read_text())

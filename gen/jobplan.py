@@ -5,11 +5,14 @@ A job's items are indexed (the index names the output and seeds it), so a rerun 
 the (target, material) pairs, with a hash of the pairs (`plan_hash`, also in job.json). A rerun whose inputs are
 unchanged uses the stored pairs. When a target or material was added or removed, the job is refused with the changes
 named (`plan_change: refuse`, the default), or extended (`plan_change: extend`): every stored item keeps its index and
-pair (an item whose input is gone fails with "file not found"), and the added targets are planned among themselves
-over the current materials and appended after the stored items.
+pair (an item whose input is gone fails with "file not found"), and the inputs added on the side the task covers
+once (the targets; the materials for `transferred_bronze`) are planned among themselves over the other side's current
+inputs and appended after the stored items.
 
-Inputs are read leniently: a manifest line that breaks the schema, or repeats a file name, is skipped and reported
-(file, line, field, reason) instead of stopping the job.
+An input is a folder (a manifest or plain images: every row) or a `Source` mapping `{manifest: DIR, split: test,
+sets: [...]}` that keeps the rows of one split (`split: null`: every split) and, optionally, of the named `ood_set`s,
+so that train and val images cannot become generated test data. Inputs are read leniently: a manifest line that breaks
+the schema, or repeats a file name, is skipped and reported (file, line, field, reason) instead of stopping the job.
 """
 from __future__ import annotations
 
@@ -20,14 +23,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gen.pairing import PlanItem, inherited_labels, load_source, output_name, plan_task
-from pipelines.data import METADATA, Manifest, ManifestError, _image_root, make_row, manifest_lines
-from pipelines.errors import UserInputError
+from gen.pairing import PlanItem, covered_side, inherited_labels, load_source, output_name, plan_task
+from pipelines.cli import check_keys
+from pipelines.data import METADATA, SPLITS, Manifest, ManifestError, _image_root, make_row, manifest_lines
+from pipelines.errors import ConfigError, UserInputError
 from pipelines.io import atomic_write_json
 
 PLAN_FILE = "plan.json"
 PLAN_CHANGES = ("refuse", "extend")
 SHOWN_NAMES = 5
+SOURCE_KEYS = ("manifest", "split", "sets")
 
 
 class PlanChangedError(UserInputError):
@@ -44,6 +49,7 @@ class JobPlan:
     materials: list[str]
     skipped_inputs: list[dict[str, Any]] = field(default_factory=list)
     extended: int = 0  # items appended to the stored plan by this run
+    warnings: list[str] = field(default_factory=list)  # inputs read whole although they hold train / val rows
 
     @property
     def plan_hash(self) -> str:
@@ -60,7 +66,57 @@ def plan_hash(pairs: list[tuple[str, str]]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-def read_source(folder: str | os.PathLike, what: str) -> tuple[Manifest, list[dict[str, Any]]]:
+@dataclass(frozen=True)
+class Source:
+    """An input of a job: a folder, optionally limited to one split (None: every split) and to some OOD sets."""
+
+    manifest: str
+    split: str | None = None
+    sets: tuple[str, ...] | None = None
+
+
+SourceValue = Any  # a folder path, a {manifest, split, sets} mapping, or a Source
+
+
+def parse_source(value: SourceValue, key: str) -> Source:
+    """A config's `targets` / `materials` value as a `Source`: a folder (every row) or a mapping whose `split` defaults
+    to `test`; anything else is a `ConfigError` naming `key`."""
+    if isinstance(value, Source):
+        return value
+    if isinstance(value, (str, os.PathLike)) and str(value):
+        return Source(str(value))
+    if not isinstance(value, dict):
+        raise ConfigError(f"config {key!r} must be a folder path or a mapping {{manifest, split, sets}}, got {value!r}")
+    check_keys(value, SOURCE_KEYS, key)
+    if not isinstance(value.get("manifest"), (str, os.PathLike)) or not str(value.get("manifest")):
+        raise ConfigError(f"{key}: missing key(s) ['manifest'] (the folder to read)")
+    split = value.get("split", "test")
+    if split is not None and split not in SPLITS:
+        raise ConfigError(f"{key}.split must be one of {SPLITS} or null (every split), got {split!r}")
+    sets = value.get("sets")
+    if sets is not None and (not isinstance(sets, list) or not sets or not all(isinstance(s, str) for s in sets)):
+        raise ConfigError(f"{key}.sets must be a list of ood_set names, got {sets!r}")
+    return Source(str(value["manifest"]), split, tuple(sets) if sets is not None else None)
+
+
+def read_source(source: SourceValue, what: str) -> tuple[Manifest, list[dict[str, Any]]]:
+    """The rows of an input (`parse_source`) kept by its split and sets, and the manifest lines skipped as bad."""
+    spec = parse_source(source, what)
+    manifest, skipped = _read_folder(spec.manifest, what)
+    if spec.split is None and spec.sets is None:
+        return manifest, skipped
+    kept = manifest.select(**({} if spec.split is None else {"split": spec.split}),
+                           **({} if spec.sets is None else {"ood_set": list(spec.sets)}))
+    if not kept.rows:
+        wanted = " and ".join(([f"split {spec.split!r}"] if spec.split else [])
+                              + ([f"ood_set in {list(spec.sets)}"] if spec.sets else []))
+        there = ", ".join(sorted(manifest.ood_sets())) or "none"
+        raise ConfigError(f"{what}: no row of {spec.manifest} with {wanted} (sets there: {there}; splits there: "
+                          f"{', '.join(sorted({row['split'] for row in manifest.rows}))})")
+    return kept, skipped
+
+
+def _read_folder(folder: str | os.PathLike, what: str) -> tuple[Manifest, list[dict[str, Any]]]:
     """`gen.pairing.load_source`, except that a manifest's bad or duplicate lines are skipped and returned as records
     `{"file", "line", "field", "reason"}`."""
     root = Path(folder)
@@ -77,7 +133,7 @@ def read_source(folder: str | os.PathLike, what: str) -> tuple[Manifest, list[di
         else:
             rows.append(row)
     if not rows:
-        raise ValueError(f"{what} manifest {meta} holds no valid line ({len(skipped)} skipped)")
+        raise ConfigError(f"{what} manifest {meta} holds no valid line ({len(skipped)} skipped)")
     return Manifest(_image_root(root), rows), skipped
 
 
@@ -123,53 +179,81 @@ def read_stored(job_folder: Path) -> dict[str, Any] | None:
     stored = json.loads(path.read_text(encoding="utf-8"))
     stored["pairs"] = [tuple(pair) for pair in stored["pairs"]]
     if plan_hash(stored["pairs"]) != stored.get("plan_hash"):
-        raise ValueError(f"{path}: its pairs do not match its plan_hash (the file was edited); restore it or use a "
-                         f"new 'out' folder")
+        raise ConfigError(f"{path}: its pairs do not match its plan_hash (the file was edited); restore it or use a "
+                          f"new 'out' folder")
     return stored
 
 
-def build_plan(task: str, targets_folder: str | os.PathLike, materials_folder: str | os.PathLike, job_folder: Path, *,
+def build_plan(task: str, targets_source: SourceValue, materials_source: SourceValue, job_folder: Path, *,
                per_target: int = 1, seed: int = 0, inherit: str | None = None, limit: int | None = None,
                plan_change: str = "refuse") -> JobPlan:
     """The job's plan: the stored one when the inputs are unchanged, else refused or extended (module docstring)."""
     if plan_change not in PLAN_CHANGES:
-        raise ValueError(f"plan_change must be one of {PLAN_CHANGES}, got {plan_change!r}")
-    targets, skipped_targets = read_source(targets_folder, "targets")
-    materials, skipped_materials = read_source(materials_folder, "materials")
-    skipped = skipped_targets + skipped_materials
-    mode = inherit or "material"
+        raise ConfigError(f"plan_change must be one of {PLAN_CHANGES}, got {plan_change!r}")
+    targets, skipped_targets = read_source(targets_source, "targets")
+    materials, skipped_materials = read_source(materials_source, "materials")
     target_names, material_names = _names(targets.rows), _names(materials.rows)
     stored = read_stored(job_folder)
     extended = 0
     if stored is None:
-        fresh = plan_task(task, targets, materials, per_target=per_target, seed=seed, inherit=inherit)
-        pairs = [(item.target_row["file_name"], item.material_row["file_name"]) for item in fresh]
-        items = fresh
-    elif stored["targets"] == target_names and stored["materials"] == material_names:
-        pairs = stored["pairs"]
-        items = items_from_pairs(pairs, targets, materials, mode)
+        items = plan_task(task, targets, materials, per_target=per_target, seed=seed, inherit=inherit)
+        pairs = [(item.target_row["file_name"], item.material_row["file_name"]) for item in items]
     else:
-        changes = _describe("targets", stored["targets"], target_names) + _describe("materials", stored["materials"],
-                                                                                   material_names)
-        if plan_change == "refuse":
-            raise PlanChangedError(
-                f"the inputs of the job in {job_folder.parent} changed since its plan was made ({'; '.join(changes)}). "
-                f"Rerunning would give planned indices to other pairs. Restore the inputs, set plan_change=extend to "
-                f"keep every planned item and append the added targets, or use a new 'out' folder")
         pairs = list(stored["pairs"])
-        items = items_from_pairs(pairs, targets, materials, mode)
-        planned = {target for target, _ in pairs} | set(stored["targets"])
-        added = Manifest(targets.root, [row for row in targets.rows if row["file_name"] not in planned])
-        if added.rows:
-            new = plan_task(task, added, materials, per_target=per_target, seed=seed + len(pairs), inherit=inherit)
-            new = [replace(item, index=len(pairs) + i, output=output_name(len(pairs) + i, item.target_row, item.material_row))
-                   for i, item in enumerate(new)]
+        items = items_from_pairs(pairs, targets, materials, inherit or "material")
+        if stored["targets"] != target_names or stored["materials"] != material_names:
+            if plan_change == "refuse":
+                raise PlanChangedError(_refusal(job_folder, stored, target_names, material_names))
+            new = _extension(task, stored, targets, materials, per_target=per_target, seed=seed + len(pairs),
+                             inherit=inherit, start=len(pairs))
             items += new
             pairs += [(item.target_row["file_name"], item.material_row["file_name"]) for item in new]
             extended = len(new)
     if limit is not None:
         items = items[:limit]
-    return JobPlan(items, pairs, target_names, material_names, skipped, extended)
+    warnings = [line for source, manifest, what in ((targets_source, targets, "targets"),
+                                                    (materials_source, materials, "materials"))
+                if (line := mixed_splits_warning(source, manifest, what))]
+    return JobPlan(items, pairs, target_names, material_names, skipped_targets + skipped_materials, extended, warnings)
+
+
+def mixed_splits_warning(source: SourceValue, manifest: Manifest, what: str) -> str | None:
+    """A warning when an input given as a bare folder holds train or val rows (all of them are used then)."""
+    spec = parse_source(source, what)
+    if spec.split is not None or spec.sets is not None:
+        return None
+    other = sum(row["split"] != "test" for row in manifest.rows)
+    if not other:
+        return None
+    return (f"{what}: {spec.manifest} holds {other} train/val row(s) of {len(manifest.rows)}, all used; write "
+            f"{{manifest: {spec.manifest}, split: test}} to use its test rows only")
+
+
+def _refusal(job_folder: Path, stored: dict[str, Any], target_names: list[str], material_names: list[str]) -> str:
+    changes = _describe("targets", stored["targets"], target_names) + _describe("materials", stored["materials"],
+                                                                               material_names)
+    return (f"the inputs of the job in {job_folder.parent} changed since its plan was made ({'; '.join(changes)}). "
+            f"Rerunning would give planned indices to other pairs. Restore the inputs, set plan_change=extend to "
+            f"keep every planned item and append the added inputs, or use a new 'out' folder")
+
+
+def _extension(task: str, stored: dict[str, Any], targets: Manifest, materials: Manifest, *, per_target: int,
+               seed: int, inherit: str | None, start: int) -> list[PlanItem]:
+    """Items for the inputs added on the covered side (`gen.pairing.covered_side`), indexed from `start`: added
+    targets over the current materials, or (`transferred_bronze`) added materials over the current targets."""
+    if covered_side(task) == "targets":
+        planned = {target for target, _ in stored["pairs"]} | set(stored["targets"])
+        targets = Manifest(targets.root, [row for row in targets.rows if row["file_name"] not in planned])
+        if not targets.rows:
+            return []
+    else:
+        planned = {material for _, material in stored["pairs"]} | set(stored["materials"])
+        materials = Manifest(materials.root, [row for row in materials.rows if row["file_name"] not in planned])
+        if not materials.rows:
+            return []
+    new = plan_task(task, targets, materials, per_target=per_target, seed=seed, inherit=inherit)
+    return [replace(item, index=start + i, output=output_name(start + i, item.target_row, item.material_row))
+            for i, item in enumerate(new)]
 
 
 def store_plan(job_folder: Path, plan: JobPlan) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.data import METADATA, REQUIRED, Manifest, open_image_source
+from pipelines.errors import ConfigError
 
 TASKS = ("transferred_container", "transferred_bronze", "custom")
 INHERIT = ("material", "target", "none")
@@ -58,7 +59,7 @@ def load_source(folder: str | os.PathLike, what: str) -> Manifest:
             if len(parts) > 1:
                 row["category"] = parts[0]
     if not source.rows:
-        raise ValueError(f"{what} folder {root} holds no images")
+        raise ConfigError(f"{what} folder {root} holds no images")
     return source
 
 
@@ -75,11 +76,11 @@ def balanced_pairs(n_targets: int, n_materials: int, per_target: int, seed: int)
     each dealt its next `per_target` materials round-robin from a seeded random order. Every prefix is balanced (use
     counts differ by at most one) and a target's exemplars are distinct when `per_target <= n_materials`."""
     if n_targets < 0 or n_materials <= 0:
-        raise ValueError(f"need at least one material (got {n_materials}) and a non-negative target count")
+        raise ConfigError(f"need at least one material (got {n_materials}) and a non-negative target count")
     if per_target < 1:
-        raise ValueError(f"per_target must be >= 1, got {per_target}")
+        raise ConfigError(f"per_target must be >= 1, got {per_target}")
     if per_target > n_materials:
-        raise ValueError(f"per_target={per_target} exceeds the {n_materials} available material images")
+        raise ConfigError(f"per_target={per_target} exceeds the {n_materials} available material images")
     rng = np.random.default_rng(seed)
     target_order = rng.permutation(n_targets)
     material_order = rng.permutation(n_materials)
@@ -105,17 +106,17 @@ def make_plan(targets: Manifest, materials: Manifest, *, per_target: int = 1, se
     balanced use of the other.
     """
     if inherit not in INHERIT:
-        raise ValueError(f"inherit must be one of {INHERIT}, got {inherit!r}")
+        raise ConfigError(f"inherit must be one of {INHERIT}, got {inherit!r}")
     if cover not in COVER:
-        raise ValueError(f"cover must be one of {COVER}, got {cover!r}")
+        raise ConfigError(f"cover must be one of {COVER}, got {cover!r}")
     if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0 or null, got {limit}")
+        raise ConfigError(f"limit must be >= 0 or null, got {limit}")
     if cover == "targets":
         pairs = balanced_pairs(len(targets), len(materials), per_target, seed)
     elif per_target != 1:
-        raise ValueError(f"cover='materials' uses every material once; per_target must be 1, got {per_target}")
+        raise ConfigError(f"cover='materials' uses every material once; per_target must be 1, got {per_target}")
     elif not len(targets):
-        raise ValueError("cover='materials' needs at least one target image")
+        raise ConfigError("cover='materials' needs at least one target image")
     else:
         pairs = balanced_pairs(len(materials), len(targets), 1, seed)[:, ::-1]
     if limit is not None:
@@ -143,15 +144,19 @@ def plan_task(task: str, targets: Manifest, materials: Manifest, *, per_target: 
     (each container exemplar once, bronze targets balanced). `custom` honours `per_target` and `inherit` (default
     `material`) and covers the targets."""
     if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+        raise ConfigError(f"task must be one of {TASKS}, got {task!r}")
     if task != "custom":
         if per_target != 1:
-            raise ValueError(f"task {task!r} pairs each image once (per_target=1); use task 'custom' for per_target={per_target}")
+            raise ConfigError(f"task {task!r} pairs each image once (per_target=1); use task 'custom' for per_target={per_target}")
         if inherit not in (None, "material"):
-            raise ValueError(f"task {task!r} inherits the material's labels; use task 'custom' for inherit={inherit!r}")
-    cover = "materials" if task == "transferred_bronze" else "targets"
+            raise ConfigError(f"task {task!r} inherits the material's labels; use task 'custom' for inherit={inherit!r}")
     return make_plan(targets, materials, per_target=per_target, seed=seed, inherit=inherit or "material", limit=limit,
-                     cover=cover)
+                     cover=covered_side(task))
+
+
+def covered_side(task: str) -> str:
+    """The side a task uses exactly once: `materials` for `transferred_bronze` (each container once), else `targets`."""
+    return "materials" if task == "transferred_bronze" else "targets"
 
 
 def use_counts(plan: list[PlanItem]) -> dict[str, int]:

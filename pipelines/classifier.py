@@ -2,7 +2,7 @@
 
 `ImageClassifier.forward(pixel_values) -> (logits, features)` where features are the head's input (penultimate layer).
 Two sources: a transformers `AutoModelForImageClassification` (hub id or local folder), or any `torch.nn.Module`
-returning `(logits, features)`. Fine-tuning lives in `pipelines/training.py`.
+returning `(logits, features)`. Training lives in `pipelines/training/` (`scripts/train_classifier.py`).
 """
 from __future__ import annotations
 
@@ -71,13 +71,24 @@ class ImageClassifier(nn.Module):
 
         model = load_pretrained(AutoModelForImageClassification.from_pretrained, name_or_path, "image classifier", **kwargs)
         processor = load_pretrained(AutoImageProcessor.from_pretrained, name_or_path, "image processor")
+        return cls.from_model(model.eval(), processor, str(name_or_path))
+
+    @classmethod
+    def from_model(cls, model: nn.Module, processor: Any, model_id: str = "module") -> "ImageClassifier":
+        """Wrap a transformers image classifier with its image processor (input size, mean and std read from it)."""
         head = find_head(model, model.config.num_labels)
         mean = getattr(processor, "image_mean", None) or IMAGENET_MEAN
         std = getattr(processor, "image_std", None) or IMAGENET_STD
         if not getattr(processor, "do_normalize", True):
             mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
-        return cls(model.eval(), head, image_size=_size_from_processor(processor), mean=mean, std=std,
-                   model_id=str(name_or_path), processor=processor, kind="hf")
+        return cls(model, head, image_size=_size_from_processor(processor), mean=mean, std=std,
+                   model_id=model_id, processor=processor, kind="hf")
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """Index -> class name of a transformers classifier (its config's `id2label`), None for plain modules."""
+        id2label = getattr(getattr(self.model, "config", None), "id2label", None)
+        return [str(id2label[i]) for i in range(len(id2label))] if id2label else None
 
     @classmethod
     def from_module(cls, module: nn.Module, *, image_size: int | tuple[int, int], mean: Sequence[float] = IMAGENET_MEAN,

@@ -1,28 +1,63 @@
 """The one command-line layer of the scripts: config plus `key=value` overrides, list and pair parsing, `--debug`,
 and `run_main`, which turns the user's own mistakes into one line and exit status 2.
 
-A script is `def main(argv=None) -> int | None` built on `parser()` and ended with `sys.exit(run_main(main))`, so
-every entry point is testable in-process (`main([...])`) and behaves alike on the command line.
+A script is `def main(argv=None) -> int | None` built on `parser()` and ended with
+`sys.exit(run_main(main, doc=README_SECTIONS[...]))`, so every entry point is testable in-process (`main([...])`),
+hides the same library chatter (`quiet_warnings`) and reports bad input alike: one line naming the key or file and
+where that input is documented (README sections and docs/ files only), exit status 2.
 """
 from __future__ import annotations
 
 import argparse
+import difflib
+import logging
 import os
+import re
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import yaml
 
 from pipelines.errors import ConfigError, UserInputError
+from pipelines.progress import progress_style
 
 README_SECTIONS: dict[str, str] = {
     "config": "README.md, section 'Evaluation'",
     "manifest": "README.md, section 'Data formats'",
     "generation": "docs/generation.md",
+    "prompts": "README.md, section 'CLIP-prompt detectors and prompt training'",
+    "scripts": "README.md, section 'Scripts'",
 }
 """Where each kind of input is documented, named in one-line errors (paths inside the repository only)."""
+
+# Library chatter an entry point hides: (category, message regex, module regex) for `warnings.filterwarnings`.
+QUIET_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
+    (FutureWarning, "", r"(transformers|diffusers|huggingface_hub|accelerate)(\.|$)"),
+    (DeprecationWarning, "", r"(transformers|diffusers|huggingface_hub|accelerate|torch)(\.|$)"),
+    (UserWarning, r".*(deprecated|will be removed)", r"(transformers|diffusers|huggingface_hub|torch)(\.|$)"),
+)
+ONCE_WARNINGS = (r"mask_method 'auto': rembg is not installed",)
+"""Warnings shown once per process however often they are raised (e.g. in every worker's loop)."""
+QUIET_LOG_MESSAGES: dict[str, tuple[str, ...]] = {
+    # transformers 5 without torchvision: every `<X>ImageProcessor` silently uses its PIL twin, which is what we want
+    "transformers.utils.import_utils": (r"`\w+` requires torchvision \(not installed\); falling back",),
+}
+"""Library log records an entry point drops: {logger name: message regexes}."""
+
+
+class _DropMessages(logging.Filter):
+    """A logger filter dropping the records whose message matches one of `patterns`."""
+
+    def __init__(self, patterns: Sequence[str]):
+        super().__init__()
+        self.patterns = [re.compile(p) for p in patterns]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(p.search(message) for p in self.patterns)
 
 
 def parser(description: str | None, *, config: bool = False, overrides: bool = False, out: bool = False,
@@ -43,6 +78,47 @@ def parser(description: str | None, *, config: bool = False, overrides: bool = F
     return p
 
 
+def quiet_warnings() -> None:
+    """Hide the libraries' deprecation chatter (`QUIET_WARNINGS`, `QUIET_LOG_MESSAGES`, transformers' advisory notes),
+    show each `ONCE_WARNINGS` warning once and, off a terminal, turn off the libraries' own progress bars; the
+    project's own warnings stay. Called by `run_main` before the script runs."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    for category, message, module in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    for message in ONCE_WARNINGS:
+        warnings.filterwarnings("once", message=message)
+    for name, patterns in QUIET_LOG_MESSAGES.items():
+        logger = logging.getLogger(name)  # the same object the library logs through, created now if not yet
+        if not any(isinstance(f, _DropMessages) for f in logger.filters):
+            logger.addFilter(_DropMessages(patterns))
+    if progress_style() != "bar":
+        quiet_library_bars()
+
+
+def quiet_library_bars() -> None:
+    """Turn off the hub libraries' own tqdm bars (weight loading, downloads, diffusion steps): off a terminal they
+    write carriage-return updates into logs. Already imported libraries are told directly, later ones by environment."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    for library in ("transformers", "diffusers"):
+        if library in sys.modules:
+            __import__(f"{library}.utils.logging", fromlist=["disable_progress_bar"]).disable_progress_bar()
+
+
+def check_keys(raw: dict[str, Any], allowed: Sequence[str], where: str, doc: str | None = None) -> dict[str, Any]:
+    """`raw` unchanged when every key is in `allowed`; else one ConfigError naming the first unknown key, the closest
+    allowed one and where the keys are documented."""
+    for key in raw:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), [str(a) for a in allowed], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (allowed: {', '.join(sorted(map(str, allowed)))})"
+            raise ConfigError(f"{where}: unknown key {key!r}{hint}", doc=doc)
+    return raw
+
+
 def comma_list(value: str | Sequence[str] | None) -> list[str] | None:
     """'a, b,c' -> ['a', 'b', 'c'] (a list passes through; None and '' give None)."""
     if value is None:
@@ -50,6 +126,17 @@ def comma_list(value: str | Sequence[str] | None) -> list[str] | None:
     items = value.split(",") if isinstance(value, str) else list(value)
     items = [str(v).strip() for v in items if str(v).strip()]
     return items or None
+
+
+def int_list(value: str | Sequence[Any] | None) -> list[int] | None:
+    """'1, 2,4' -> [1, 2, 4] (`comma_list` of integers); a non-integer item raises ConfigError naming it."""
+    items = comma_list(value if value is None or isinstance(value, str) else [str(v) for v in value])
+    if items is None:
+        return None
+    try:
+        return [int(item) for item in items]
+    except ValueError:
+        raise ConfigError(f"expected comma-separated integers, got {value!r}") from None
 
 
 def pair(value: str, flag: str = "argument", sep: str = "=") -> tuple[str, str]:
@@ -123,17 +210,34 @@ def _first_line(err: BaseException) -> str:
     return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
-def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> int:
-    """Run `main(argv)`: user-input errors print `error: <message>` on one line and give 2 (`--debug` re-raises with
-    the traceback); other exceptions keep their traceback. Returns the exit status for `sys.exit`."""
+def one_line(err: BaseException, doc: str | None = None) -> str:
+    """`error: <message> (see <doc>)` on one line: the error's own `doc`, else `doc`, names where the input is
+    documented; a YAML error names its file, line and column."""
+    if isinstance(err, yaml.YAMLError):
+        mark = getattr(err, "problem_mark", None)
+        where = f"{getattr(mark, 'name', None) or 'YAML'}" if mark is not None else "YAML"
+        text = f"{display_path(where) if where != 'YAML' else where}: not valid YAML ({_first_line(err)})"
+    else:
+        text = str(err) or type(err).__name__
+    text = " ".join(text.split())
+    doc = getattr(err, "doc", None) or doc
+    return f"error: {text}" + (f" (see {doc})" if doc and doc not in text else "")
+
+
+def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None,
+             doc: str | None = None) -> int:
+    """Run `main(argv)` after `quiet_warnings()`: user-input errors (and YAML errors) print one line, `one_line`, and
+    give 2 (`--debug` prints the traceback instead); other exceptions keep their traceback. `doc` names where the
+    script's inputs are documented (README section or docs/ file). Returns the exit status for `sys.exit`."""
     args = sys.argv[1:] if argv is None else argv
+    quiet_warnings()
     try:
         return int(main(args) or 0)
-    except (UserInputError, FileNotFoundError, NotADirectoryError) as err:
+    except (UserInputError, FileNotFoundError, NotADirectoryError, yaml.YAMLError) as err:
         if "--debug" in args:
             traceback.print_exc()
         else:
-            print(f"error: {err}", file=sys.stderr)
+            print(one_line(err, doc), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to resume", file=sys.stderr)

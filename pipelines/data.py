@@ -1,13 +1,13 @@
 """Dataset manifests (ImageFolder layout + `metadata.jsonl`) and robust image loading.
 
 A manifest is a folder of images with one JSON object per image in `metadata.jsonl`, so that
-`datasets.load_dataset("imagefolder", data_dir=...)` reads it unchanged. Schema in DESIGN.md.
+`datasets.load_dataset("imagefolder", data_dir=...)` reads it unchanged. The row schema is `pipelines.schema`
+(README.md, section 'Data formats').
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,25 +16,13 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 from PIL import Image, ImageOps
 
-from pipelines.errors import UserInputError
 from pipelines.io import atomic_write_text
+from pipelines.jsonl import encode_lines
+from pipelines.schema import (GROUPS, METADATA, REQUIRED, ROLES, SCHEMA_DOC, SPLITS, ManifestError,  # noqa: F401
+                              rows_certainly_valid, validate_row)
 
-METADATA = "metadata.jsonl"
 MANIFEST_INFO = "manifest_info.json"  # optional sidecar: {"image_root": path} when the images live elsewhere
-SPLITS = ("train", "val", "test")
-ROLES = ("id", "ood")
-GROUPS = ("hard", "easy", "near", "far")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
-REQUIRED = ("file_name", "split", "role", "ood_set", "group", "label")
-
-
-class ManifestError(UserInputError):
-    """A manifest line that breaks the schema; names the file, the line and the field."""
-
-    def __init__(self, file: str | os.PathLike, line: int | None, field: str | None, message: str):
-        self.file, self.line, self.field = str(file), line, field
-        where = self.file + (f", line {line}" if line is not None else "") + (f", field '{field}'" if field else "")
-        super().__init__(f"{where}: {message}")
 
 
 class ImageLoadError(OSError):
@@ -43,43 +31,6 @@ class ImageLoadError(OSError):
     def __init__(self, path: str | os.PathLike, reason: str):
         self.path, self.reason = str(path), reason
         super().__init__(f"{path}: {reason}")
-
-
-def validate_row(row: Any, file: str | os.PathLike = METADATA, line: int | None = None) -> dict[str, Any]:
-    """Check one manifest row against the schema and return it; raises `ManifestError` naming the field."""
-    if not isinstance(row, dict):
-        raise ManifestError(file, line, None, f"expected a JSON object, got {type(row).__name__}")
-    for key in REQUIRED:
-        if key not in row:
-            raise ManifestError(file, line, key, "missing required field")
-    name = row["file_name"]
-    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
-        raise ManifestError(file, line, "file_name", f"must be a non-empty relative path inside the folder, got {name!r}")
-    if row["split"] not in SPLITS:
-        raise ManifestError(file, line, "split", f"must be one of {SPLITS}, got {row['split']!r}")
-    if row["role"] not in ROLES:
-        raise ManifestError(file, line, "role", f"must be one of {ROLES}, got {row['role']!r}")
-    label = row["label"]
-    if isinstance(label, bool) or not isinstance(label, int):
-        raise ManifestError(file, line, "label", f"must be an integer, got {label!r}")
-    if row["role"] == "id":
-        if row["ood_set"] is not None:
-            raise ManifestError(file, line, "ood_set", f"must be null for role 'id', got {row['ood_set']!r}")
-        if label < 0:
-            raise ManifestError(file, line, "label", f"ID rows need a class index >= 0, got {label}")
-    else:
-        if not isinstance(row["ood_set"], str) or not row["ood_set"]:
-            raise ManifestError(file, line, "ood_set", f"OOD rows need a non-empty set name, got {row['ood_set']!r}")
-        if label != -1:
-            raise ManifestError(file, line, "label", f"OOD rows have label -1, got {label}")
-    if row["group"] is not None and row["group"] not in GROUPS:
-        raise ManifestError(file, line, "group", f"must be one of {GROUPS} or null, got {row['group']!r}")
-    for key in ("lat", "lon"):
-        if key in row and row[key] is not None and not (isinstance(row[key], (int, float)) and math.isfinite(row[key])):
-            raise ManifestError(file, line, key, f"must be a finite number or null, got {row[key]!r}")
-    if "provenance" in row and not isinstance(row["provenance"], dict):
-        raise ManifestError(file, line, "provenance", "must be a JSON object")
-    return row
 
 
 @dataclass
@@ -142,7 +93,7 @@ def read_manifest(folder: str | os.PathLike, check_files: bool = False, image_ro
     meta = folder / METADATA
     root = Path(image_root) if image_root is not None else _image_root(folder)
     if not meta.is_file():
-        raise ManifestError(meta, None, None, "no metadata.jsonl: not a manifest folder (see DESIGN.md for the format)")
+        raise ManifestError(meta, None, None, "no metadata.jsonl: not a manifest folder")
     rows: list[dict[str, Any]] = []
     for number, row in manifest_lines(meta):
         if isinstance(row, ManifestError):
@@ -198,9 +149,6 @@ def write_manifest(folder: str | os.PathLike, rows: Iterable[dict[str, Any]]) ->
     Each line is `json.dumps(row, default=str)`, produced column-wise for speed (`pipelines.jsonl`); rows are
     checked column-wise first and, when that check cannot vouch for them, row by row (naming the line and field).
     """
-    from pipelines.jsonl import encode_lines
-    from pipelines.manifest_fast import rows_certainly_valid
-
     root = Path(folder)
     meta = root / METADATA
     rows = list(rows)

@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from PIL import Image
 
 from pipelines.data import to_rgb
+from pipelines.hub_ids import DPT_ID
 from pipelines.runtime import load_pretrained, resolve_device, resolve_dtype
 
-DEFAULT_DEPTH_MODEL = "Intel/dpt-hybrid-midas"
+DEFAULT_DEPTH_MODEL = DPT_ID
 
 
 def normalise_depth(depth: np.ndarray) -> Image.Image:

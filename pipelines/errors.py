@@ -7,7 +7,15 @@ from __future__ import annotations
 
 
 class UserInputError(ValueError):
-    """Bad input from the user (config, manifest, table, folder); the message names the file or key and what is allowed."""
+    """Bad input from the user (config, manifest, table, folder); the message names the file or key and what is allowed,
+    and `doc` (optional) where that input is documented: a README section or a docs/ file, never outside the repository."""
+
+    doc: str | None = None
+
+    def __init__(self, *args: object, doc: str | None = None):
+        super().__init__(*args)
+        if doc is not None:
+            self.doc = doc
 
 
 class ConfigError(UserInputError):

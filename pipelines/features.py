@@ -14,11 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
-from tqdm.auto import tqdm
 
+from pipelines.arrays import FeatureSet, LinearHead
 from pipelines.classifier import ImageClassifier
 from pipelines.data import ImageLoadError, Manifest, load_image
 from pipelines.io import atomic_path
+from pipelines.progress import progress
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 
 
@@ -37,16 +38,12 @@ class FeatureCache:
     def __len__(self) -> int:
         return len(self.index)
 
-    def to_featureset(self):
-        """The arrays as a `detectors.base.FeatureSet`-compatible object (imported lazily: pipelines stays lowest)."""
-        from detectors.base import FeatureSet
-
+    def to_featureset(self) -> FeatureSet:
+        """The arrays as a `FeatureSet`."""
         return FeatureSet(self.features, self.logits, self.labels)
 
-    def head(self):
-        """The classifier head as a `detectors.base.LinearHead`."""
-        from detectors.base import LinearHead
-
+    def head(self) -> LinearHead:
+        """The classifier head as a `LinearHead`."""
         return LinearHead(self.head_weight, self.head_bias)
 
     @property
@@ -157,22 +154,72 @@ def _collate(items: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
     return items
 
 
+def _reusable(cache: str | os.PathLike | None, manifest: Manifest, model_id: str, key: str | None) -> FeatureCache | None:
+    """The cache file when it holds this content `key` (without a key: the same manifest fingerprint and model id)."""
+    if cache is None or not Path(cache).is_file():
+        return None
+    found = FeatureCache.load(cache, mmap=True)
+    same = (found.metadata.get("key") == key if key is not None else
+            found.metadata.get("manifest") == manifest.fingerprint() and found.metadata.get("model") == model_id)
+    return found if same else None
+
+
+def _run_shard(classifier: ImageClassifier, manifest: Manifest, loader: DataLoader,
+               device: torch.device, dtype: torch.dtype, bar: Any) -> tuple[list, list, list[int], list[dict]]:
+    """Features, logits, row positions and failures of this process's rows."""
+    feats, logits, index, failures = [], [], [], []
+    for batch in loader:
+        good = [(p, img) for p, img in batch if not isinstance(img, Exception)]
+        failures += [{"index": p, "file": manifest.rows[p]["file_name"], "reason": err.reason}
+                     for p, err in batch if isinstance(err, Exception)]
+        if good:
+            pixels = classifier.preprocess([img for _, img in good]).to(device)
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                z, h = classifier(pixels)
+            feats.append(h.float().cpu().numpy())
+            logits.append(z.float().cpu().numpy())
+            index += [p for p, _ in good]
+        bar.update(len(batch))
+    bar.close()
+    return feats, logits, index, failures
+
+
+def _assemble(parts: list[tuple], classifier: ImageClassifier, manifest: Manifest, key: str | None,
+              dtype: torch.dtype) -> FeatureCache:
+    """The processes' parts in manifest order as one cache."""
+    dim, classes = classifier.head.in_features, classifier.head.out_features
+    all_feats = [a for p in parts for a in p[0]]
+    all_logits = [a for p in parts for a in p[1]]
+    order_index = np.array([i for p in parts for i in p[2]], dtype=np.int64)
+    order = np.argsort(order_index, kind="stable")
+    labels = manifest.labels()
+    return FeatureCache(
+        features=(np.concatenate(all_feats) if all_feats else np.zeros((0, dim), np.float32))[order],
+        logits=(np.concatenate(all_logits) if all_logits else np.zeros((0, classes), np.float32))[order],
+        labels=labels[order_index[order]] if len(order_index) else np.zeros(0, np.int64),
+        index=order_index[order],
+        head_weight=classifier.head.weight.detach().float().cpu().numpy(),
+        head_bias=classifier.head.bias.detach().float().cpu().numpy(),
+        metadata={"model": classifier.model_id, "manifest": manifest.fingerprint(), "key": key or "",
+                  "dtype": str(dtype).replace("torch.", ""),
+                  "failures": sorted((f for p in parts for f in p[3]), key=lambda f: f["index"])},
+    )
+
+
 @torch.inference_mode()
 def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_size: int = 64, device: str | None = None,
                      precision: str = "auto", num_workers: int = 0, cache: str | os.PathLike | None = None,
                      desc: str = "features", key: str | None = None) -> FeatureCache:
     """Run `classifier` once over every row of `manifest` (already the wanted selection) and return the cache.
 
-    With `cache`, an existing file is loaded instead when its metadata carries the same content `key` (or, without a key,
-    the same model id and manifest fingerprint), and a new result is written there. Rows are split across accelerate processes; unreadable images are recorded in
-    `metadata["failures"]` and left out (`index` says which rows are present).
+    With `cache`, an existing file is loaded instead when its metadata carries the same content `key` (or, without a
+    key, the same model id and manifest fingerprint), and a new result is written there. Rows are split across
+    accelerate processes; unreadable images are recorded in `metadata["failures"]` and left out (`index` says which
+    rows are present).
     """
-    if cache is not None and Path(cache).is_file():
-        found = FeatureCache.load(cache, mmap=True)
-        same = (found.metadata.get("key") == key if key is not None else
-                found.metadata.get("manifest") == manifest.fingerprint() and found.metadata.get("model") == classifier.model_id)
-        if same:
-            return found
+    found = _reusable(cache, manifest, classifier.model_id, key)
+    if found is not None:
+        return found
     state = partial_state()
     device = resolve_device(device) if device is not None else state.device
     dtype = resolve_dtype(precision, device)
@@ -180,42 +227,13 @@ def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_s
     with state.split_between_processes(list(range(len(manifest)))) as positions:
         loader = DataLoader(_ManifestImages(manifest, positions), batch_size=batch_size, num_workers=num_workers,
                             collate_fn=_collate)
-        feats, logits, index, failures = [], [], [], []
-        bar = tqdm(total=len(positions), desc=desc, disable=not state.is_main_process, unit="img")
-        for batch in loader:
-            good = [(p, img) for p, img in batch if not isinstance(img, Exception)]
-            failures += [{"index": p, "file": manifest.rows[p]["file_name"], "reason": err.reason}
-                         for p, err in batch if isinstance(err, Exception)]
-            if good:
-                pixels = classifier.preprocess([img for _, img in good]).to(device)
-                with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-                    z, h = classifier(pixels)
-                feats.append(h.float().cpu().numpy())
-                logits.append(z.float().cpu().numpy())
-                index += [p for p, _ in good]
-            bar.update(len(batch))
-        bar.close()
-    parts = [(feats, logits, index, failures)]
+        bar = progress(desc=desc, total=len(positions), unit="img", disable=not state.is_main_process)
+        parts = [_run_shard(classifier, manifest, loader, device, dtype, bar)]
     if state.num_processes > 1:
         from accelerate.utils import gather_object
 
-        parts = gather_object([(feats, logits, index, failures)])
-    dim, classes = classifier.head.in_features, classifier.head.out_features
-    all_feats = [a for p in parts for a in p[0]]
-    all_logits = [a for p in parts for a in p[1]]
-    order_index = np.array([i for p in parts for i in p[2]], dtype=np.int64)
-    order = np.argsort(order_index, kind="stable")
-    labels = manifest.labels()
-    result = FeatureCache(
-        features=(np.concatenate(all_feats) if all_feats else np.zeros((0, dim), np.float32))[order],
-        logits=(np.concatenate(all_logits) if all_logits else np.zeros((0, classes), np.float32))[order],
-        labels=labels[order_index[order]] if len(order_index) else np.zeros(0, np.int64),
-        index=order_index[order],
-        head_weight=classifier.head.weight.detach().float().cpu().numpy(),
-        head_bias=classifier.head.bias.detach().float().cpu().numpy(),
-        metadata={"model": classifier.model_id, "manifest": manifest.fingerprint(), "key": key or "", "dtype": str(dtype).replace("torch.", ""),
-                  "failures": sorted((f for p in parts for f in p[3]), key=lambda f: f["index"])},
-    )
+        parts = gather_object(parts)
+    result = _assemble(parts, classifier, manifest, key, dtype)
     if cache is not None and state.is_main_process:
         result.save(cache)
     return result

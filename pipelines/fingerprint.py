@@ -1,6 +1,6 @@
 """Content fingerprints for cache keys: model weights, preprocessing, image files.
 
-A cache key must change whenever anything that decides the cache's content changes (DESIGN.md): the weights actually
+A cache key must change whenever anything that decides the cache's content changes: the weights actually
 loaded (hashed tensor by tensor, so a retrained model saved into the same folder gets a new key), the preprocessing,
 the precision, the manifest rows and the image files behind them.
 """

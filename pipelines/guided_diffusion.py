@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import torch
 
 # MODEL_FLAGS of openai/guided-diffusion's README for 256x256_diffusion_uncond.pt (a copy with its source is kept in
-# tests/fixtures/hub/openai/guided-diffusion/256x256_diffusion_uncond.json; a test checks they are equal).
+# pipelines/hub_configs/openai/guided-diffusion/256x256_diffusion_uncond.json; a test checks they are equal).
 ADM_256_UNCOND: dict[str, Any] = {
     "attention_resolutions": "32,16,8",
     "class_cond": False,

@@ -1,7 +1,8 @@
 """The real hub configuration files of every default model id, kept in the repository (configuration values only,
 never weights), and the comparison that proves a stand-in differs from them in size fields only.
 
-The files live in `tests/fixtures/hub/<org>/<name>/` (one `SOURCE.md` per model says where each was copied from).
+The files live in `pipelines/hub_configs/<org>/<name>/` (one `SOURCE.md` per model says where each was copied from)
+and ship with the package (package data), so `models: tiny` and `make demo` work in an installed package too.
 `pipelines.tiny` builds every stand-in from these files; `config_diff` is what the tests use to check a saved
 stand-in against the real configuration: both sides go through the library's own config classes (so defaults and
 legacy keys are resolved the same way the real checkpoint's are), metadata keys are dropped, and the leaves that differ
@@ -36,18 +37,20 @@ METADATA_KEYS = frozenset({
 })
 
 
+PACKAGED_CONFIGS = Path(__file__).resolve().parent / "hub_configs"
+
+
 def fixtures_root() -> Path:
-    """The folder of the real hub configs: `$OODFORGE_HUB_FIXTURES`, else `tests/fixtures/hub` of this checkout."""
-    root = Path(os.environ.get(FIXTURES_ENV) or Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hub")
+    """The folder of the real hub configs: `$OODFORGE_HUB_FIXTURES`, else the package's own `pipelines/hub_configs`."""
+    root = Path(os.environ.get(FIXTURES_ENV) or PACKAGED_CONFIGS)
     if not root.is_dir():
-        raise FileNotFoundError(
-            f"hub config fixtures not found at {root}: the tiny stand-ins are built from the real configs kept in the "
-            f"repository's tests/fixtures/hub (install from a checkout with `pip install -e .`, or set {FIXTURES_ENV})")
+        raise FileNotFoundError(f"hub configs not found at {root}: the tiny stand-ins are built from the real configs "
+                                f"shipped in pipelines/hub_configs (docs/hub.md); unset {FIXTURES_ENV} or reinstall")
     return root
 
 
 def model_dir(model_id: str) -> Path:
-    """`tests/fixtures/hub/<org>/<name>` of a hub model id."""
+    """`pipelines/hub_configs/<org>/<name>` of a hub model id."""
     folder = fixtures_root() / model_id
     if not folder.is_dir():
         raise FileNotFoundError(f"no real hub config kept for {model_id!r} (expected {folder})")

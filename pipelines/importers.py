@@ -1,4 +1,10 @@
-"""Manifests from image lists and folders that live elsewhere: OpenOOD v1.5 benchmark image lists and plain folders.
+"""Manifests from the data people have: class folders or tables (ID, with stratified splits and label levels), folders
+of OOD sets, OpenOOD v1.5 benchmark image lists and plain folders.
+
+`import_classes(root, out, ClassImport(...))` turns `ROOT/{train,val,test}/<class>/` (splits kept), a flat
+`ROOT/<class>/` or a table (`file_name`, a label column, any metadata) into one ID manifest; splits are made by
+`pipelines.splits.stratified_split` (largest-remainder counts per stratum). `import_ood_folders` makes one OOD set
+per subfolder.
 
 Each imported set becomes its own metadata-only manifest folder (`<out>/<ood_set>/metadata.jsonl` plus
 `manifest_info.json` with the absolute `image_root`), so nothing is copied and the runner reads it like any manifest.
@@ -10,14 +16,16 @@ OpenOOD uses for them.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from pipelines.data import MANIFEST_INFO, Manifest, list_images, make_row, write_manifest
+from pipelines.data import MANIFEST_INFO, SPLITS, ImageLoadError, Manifest, list_images, load_image, make_row, write_manifest
 from pipelines.errors import UserInputError
 from pipelines.io import atomic_write_json
+from pipelines.splits import parse_ratio, stratified_split
 
 # set name -> image-list file names to look for (first found wins), in OpenOOD's spellings
 EASY_SETS: dict[str, tuple[str, ...]] = {
@@ -159,17 +167,22 @@ def import_folder(folder: str | os.PathLike, out: str | os.PathLike, *, ood_set:
 
 
 def import_openood(openood_root: str | os.PathLike | None, out: str | os.PathLike, *, benchmark: str = "imagenet",
-                   sets: Iterable[str] = tuple(EASY_SETS), group: str | None = "easy", split: str = "test",
+                   sets: Iterable[str] | None = None, group: str | None = "easy", split: str = "test",
                    lists: dict[str, str | os.PathLike] | None = None, folders: dict[str, str | os.PathLike] | None = None,
                    image_root: str | os.PathLike | None = None, skip_missing: bool = False) -> list[ImportResult]:
-    """The given OOD sets (default ShiftedBronzes' five easy sets) from OpenOOD's data folder -> `<out>/<set>/`.
+    """The given OOD sets from OpenOOD's data folder -> `<out>/<set>/`; `sets=None` means ShiftedBronzes' five easy
+    sets when `openood_root` is given, else only the sets named in `lists` / `folders`.
 
     `lists` names an image list per set (instead of looking under `benchmark_imglist/<benchmark>/`), its paths
     relative to `image_root` when given, else to OpenOOD's image folders; `folders` takes a set from a plain image
     folder instead. Writes `<out>/import_summary.json`.
     """
     lists, folders = dict(lists or {}), dict(folders or {})
+    if sets is None:
+        sets = list(EASY_SETS) if openood_root is not None else []
     sets = list(dict.fromkeys([*sets, *lists, *folders]))
+    if not sets:
+        raise ImportListError("nothing to import: give --root (OpenOOD's data folder), --list SET=FILE or --folder SET=DIR")
     results = []
     for name in sets:
         target = Path(out) / name
@@ -177,10 +190,172 @@ def import_openood(openood_root: str | os.PathLike | None, out: str | os.PathLik
             results.append(import_folder(folders[name], target, ood_set=name, group=group, split=split))
             continue
         if openood_root is None and name not in lists:
-            raise ValueError(f"OOD set {name!r}: no OpenOOD root, list or folder given")
+            raise ImportListError(f"OOD set {name!r}: no OpenOOD root (--root), list (--list) or folder (--folder) given")
         list_path = Path(lists[name]) if name in lists else find_imglist(openood_root, benchmark, name)
         root = image_root if name in lists else None
         results.append(import_imglist(list_path, target, ood_set=name, image_root=root, openood_root=openood_root,
                                       group=group, split=split, skip_missing=skip_missing))
     atomic_write_json(Path(out) / "import_summary.json", [r.summary() for r in results])
     return results
+
+
+# -- class folders and tables -> ID manifests ------------------------------------------------------------------
+@dataclass
+class ClassImport:
+    """How `import_classes` reads its source: label levels, the label's level, the split, the stratification."""
+
+    levels: list[str] | None = None
+    label: str | None = None
+    split: str = "4:1:5"
+    stratify: list[str] | None = None
+    seed: int = 0
+    table: str | os.PathLike | None = None
+    probe: bool = True
+
+
+def _folder_rows(root: Path, depth: int) -> list[dict[str, Any]]:
+    """Rows of ROOT/{train,val,test}/<level 1>/.../<level depth>/ (split from the folder) or of ROOT/<levels>/ (no
+    split yet); `parts` holds the level folder names."""
+    splits = [s for s in SPLITS if (root / s).is_dir()]
+    tops = [(root / s, s) for s in splits] if splits else [(root, None)]
+    rows = []
+    for top, split in tops:
+        for folder in sorted(p for p in top.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            images = list_images(folder)
+            if not images:
+                raise ImportListError(f"class folder {folder} holds no images")
+            for path in images:
+                rel = path.relative_to(top)
+                if len(rel.parts) <= depth:
+                    raise ImportListError(f"{path}: expected {depth} level folder(s) above each image ({split or 'no split'})")
+                rows.append({"file_name": path.relative_to(root).as_posix(), "split": split, "parts": rel.parts[:depth]})
+    if not rows:
+        raise ImportListError(f"{root}: no class folders with images (expected ROOT/<class>/ or ROOT/train/<class>/)")
+    return rows
+
+
+def _table_rows(table: Path, columns: list[str]) -> list[dict[str, Any]]:
+    """Rows of a CSV / Parquet table with `file_name` and the named columns (every other column kept as metadata)."""
+    import pandas as pd
+
+    if not table.is_file():
+        raise ImportListError(f"table not found: {table}")
+    frame = pd.read_parquet(table) if table.suffix.lower() in (".parquet", ".pq") else pd.read_csv(table, dtype=str)
+    for column in ["file_name", *columns]:
+        if column not in frame.columns:
+            raise ImportListError(f"{table}: no column {column!r} (columns: {list(frame.columns)})")
+    frame = frame.astype(object).where(frame.notna(), None)
+    rows = frame.to_dict("records")
+    for number, row in enumerate(rows, start=2):
+        missing = [c for c in columns if row.get(c) in (None, "")]
+        if missing:
+            raise ImportListError(f"{table}, row {number}: empty {missing[0]!r}")
+        row["file_name"] = str(row["file_name"])
+        row.setdefault("split", None)
+    return rows
+
+
+def _source_rows(root: Path, options: ClassImport) -> tuple[list[dict[str, Any]], str, list[str]]:
+    """(rows with split or None and level values, the label field, the level fields) of a folder tree or a table."""
+    levels = list(options.levels or [])
+    if options.table is not None:
+        label = options.label or "label"
+        return _table_rows(Path(options.table), list(dict.fromkeys([label, *levels]))), label, levels
+    names = levels or ["class_name"]
+    rows = _folder_rows(root, len(names))
+    for row in rows:
+        row.update(zip(names, row.pop("parts")))
+    label = options.label or names[-1]
+    if label not in names:
+        raise ImportListError(f"--label {label!r} is not one of the folder levels {names}")
+    return rows, label, levels
+
+
+def _assign_splits(rows: list[dict[str, Any]], label: str, options: ClassImport) -> None:
+    """Rows without a split (flat folders, tables without a `split` column) get the seeded stratified split."""
+    if all(row.get("split") in SPLITS for row in rows):
+        return
+    stratify = options.stratify or [label]
+    for column in stratify:
+        if any(column not in row for row in rows):
+            raise ImportListError(f"--stratify: no field {column!r} on the rows (fields: {sorted(rows[0])})")
+    strata = [tuple(str(row[c]) for c in stratify) for row in rows]
+    for row, split in zip(rows, stratified_split(strata, parse_ratio(options.split), options.seed)):
+        row["split"] = split
+
+
+def _check_leaks(root: Path, rows: list[dict[str, Any]]) -> None:
+    """The same image bytes under two splits is one error line naming both files."""
+    seen: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        path = root / row["file_name"]
+        if not path.is_file():
+            continue
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        first = seen.setdefault(digest, row)
+        if first["split"] != row["split"]:
+            raise ImportListError(f"the same image is in two splits: {first['file_name']} ({first['split']}) and "
+                                  f"{row['file_name']} ({row['split']}); remove one")
+
+
+def _probe(root: Path, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Rows whose image decodes, and a failure record {file, reason} for every other one."""
+    kept, failures = [], []
+    for row in rows:
+        try:
+            load_image(root / row["file_name"])
+            kept.append(row)
+        except ImageLoadError as err:
+            failures.append({"file": row["file_name"], "reason": err.reason})
+    return kept, failures
+
+
+def import_classes(root: str | os.PathLike, out: str | os.PathLike, options: ClassImport | None = None) -> ImportResult:
+    """Class folders or a table -> one ID manifest at `out` (images stay in place; module docstring).
+
+    Labels index the sorted class names (the label level's values); each row keeps `class_name` and every level
+    field. `out/class_names.json` = {"names", "label_field", "levels"}; unreadable images go to `out/failures.json`.
+    """
+    root, options = Path(root), options or ClassImport()
+    if not root.is_dir():
+        raise ImportListError(f"image folder not found: {root}")
+    rows, label, levels = _source_rows(root, options)
+    _assign_splits(rows, label, options)
+    _check_leaks(root, rows)
+    rows, failures = _probe(root, rows) if options.probe else (rows, [])
+    if not rows:
+        raise ImportListError(f"{root}: no readable image ({len(failures)} failed, see the failures)")
+    names = sorted({str(row[label]) for row in rows})
+    index = {name: i for i, name in enumerate(names)}
+    reserved = {"file_name", "split", "role", "ood_set", "group", "label", "class_name"}
+    manifest_rows = [make_row(row["file_name"], split=row["split"], role="id", label=index[str(row[label])],
+                              **{k: v for k, v in row.items() if k not in reserved}, class_name=str(row[label]))
+                     for row in rows]
+    result = ImportResult("id", Path(out), write_external_manifest(out, manifest_rows, root), str(root))
+    atomic_write_json(Path(out) / "class_names.json", {"names": names, "label_field": label if options.levels or options.table else None,
+                                                       "levels": levels})
+    atomic_write_json(Path(out) / "failures.json", failures)
+    result.missing = [f["file"] for f in failures]
+    return result
+
+
+def import_ood_folders(root: str | os.PathLike, out: str | os.PathLike, *, group: str | None = None,
+                       split: str = "test") -> ImportResult:
+    """One OOD set per subfolder of `root`, named after it, all in one manifest folder `out` (images in place)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ImportListError(f"image folder not found: {root}")
+    rows = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        images = list_images(folder)
+        if not images:
+            raise ImportListError(f"OOD folder {folder} holds no images")
+        rows += [make_row(p.relative_to(root).as_posix(), split=split, role="ood", ood_set=folder.name, group=group)
+                 for p in images]
+    if not rows:
+        raise ImportListError(f"{root}: no subfolders with images (one OOD set per subfolder)")
+    rows, failures = _probe(root, rows)
+    result = ImportResult(",".join(dict.fromkeys(r["ood_set"] for r in rows)), Path(out),
+                          write_external_manifest(out, rows, root), str(root), [f["file"] for f in failures])
+    atomic_write_json(Path(out) / "failures.json", failures)
+    return result

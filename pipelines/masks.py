@@ -3,14 +3,20 @@
 Three sources, one output format (PIL 'L', 0 = background, 255 = foreground, at the image's size):
 
 - given mask files or images (`load_mask`, the one loader of the pipeline and the generation job): the alpha channel
-  when the mask has one (an RGBA cut-out's transparent background is background), else the luminance; thresholded;
+  when the mask has one that varies (an RGBA cut-out's transparent background is background), else the luminance (a
+  black-and-white mask saved with a constant, e.g. opaque, alpha is read by luminance, with a `MaskWarning`);
+  thresholded;
 - rembg (`rembg_mask`, optional extra ``oodforge[masks]``), the official ZeST choice (its default u2net model, one
-  session per process); its alpha is thresholded;
+  session per process, created up front by `open_rembg` so that an unreachable model fails once); its alpha is
+  thresholded;
 - an OpenCV fallback needing no weights (`opencv_mask`): GrabCut on a downscaled copy, initialised with the border band
   (``margin`` of each side) as sure background and the rest as probable foreground, so that the colour models start
   from "the border is background"; the result keeps the largest connected component and fills its holes. It suits
   object-centred photos on a fairly uniform background (product shots, museum objects); objects that touch the
   border lose the part inside the band.
+
+`check_coverage` warns (`MaskWarning`) about masks covering >= 99% or <= 1% of their image: likely a whole-image or a
+stray-pixel mask rather than an object.
 """
 from __future__ import annotations
 
@@ -31,6 +37,8 @@ from pipelines.errors import UserInputError
 MASK_METHODS = ("auto", "rembg", "opencv")
 MIN_SIDE = 8  # the OpenCV mask needs a border band and an interior: narrower images are refused, not crashed on
 ASPECT_TOLERANCE = 0.01  # a given mask may differ from its image in size (it is resized), not in aspect ratio
+COVERAGE_FULL, COVERAGE_TINY = 0.99, 0.01  # foreground shares warned about (not refused)
+ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 
 
 class MaskError(UserInputError):
@@ -39,6 +47,18 @@ class MaskError(UserInputError):
     def __init__(self, path: str | os.PathLike | None, reason: str):
         self.path, self.reason = (str(path) if path is not None else None), reason
         super().__init__(f"{path}: {reason}" if path is not None else reason)
+
+
+class MaskModelError(UserInputError):
+    """The automatic mask model cannot run (rembg missing, or its model cannot be loaded): the job stops at start-up."""
+
+
+class MaskWarning(UserWarning):
+    """A usable but suspicious mask; `kind` is `constant_alpha`, `coverage_full` or `coverage_tiny`."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
 
 
 def _to_8bit(image: Image.Image) -> Image.Image:
@@ -62,7 +82,7 @@ def binarise(mask: np.ndarray | Image.Image, threshold: int = 128) -> Image.Imag
     if isinstance(mask, Image.Image):
         if mask.mode == "P" and "transparency" in mask.info:
             mask = mask.convert("RGBA")
-        if mask.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        if mask.mode in ALPHA_MODES:
             mask = mask.getchannel("A")
         mask = np.asarray(_to_8bit(mask).convert("L"))
     values = np.asarray(mask)
@@ -96,7 +116,7 @@ def load_mask(source: str | os.PathLike | Image.Image, size: tuple[int, int] | N
     height) when given. An unreadable file raises `ImageLoadError`; a mask whose aspect ratio differs from `size` by
     more than 1% raises `MaskError` (it belongs to another image), both naming the file."""
     path = None if isinstance(source, Image.Image) else Path(source)
-    mask = binarise(source if path is None else _open_mask(path), threshold)
+    mask = binarise(_drop_constant_alpha(source if path is None else _open_mask(path), path), threshold)
     if size is not None and mask.size != tuple(size):
         (width, height), (want_w, want_h) = mask.size, size
         if abs(width / height - want_w / want_h) > ASPECT_TOLERANCE * (want_w / want_h):
@@ -104,6 +124,36 @@ def load_mask(source: str | os.PathLike | Image.Image, size: tuple[int, int] | N
                                   f"(different aspect ratio)")
         mask = mask.resize(tuple(size), Image.NEAREST)
     return mask
+
+
+def _drop_constant_alpha(image: Image.Image, path: Path | None) -> Image.Image:
+    """A mask image whose alpha channel is constant, as its colour channels (so `binarise` reads the luminance), with
+    a `MaskWarning`; any other image unchanged."""
+    if image.mode == "P" and "transparency" in image.info:
+        image = image.convert("RGBA")
+    if image.mode not in ALPHA_MODES:
+        return image
+    low, high = image.getchannel("A").getextrema()
+    if low != high:
+        return image
+    warnings.warn(MaskWarning("constant_alpha", f"{path or 'mask'}: its alpha channel is constant ({low}), so the "
+                                                f"mask is read by luminance"), stacklevel=3)
+    return image.convert("RGBA").convert("RGB")
+
+
+def mask_coverage(mask: Image.Image) -> float:
+    """The foreground share of a binary mask, in [0, 1]."""
+    return float(np.count_nonzero(np.asarray(mask)) / max(1, mask.size[0] * mask.size[1]))
+
+
+def check_coverage(mask: Image.Image, where: str | os.PathLike | None = None) -> float:
+    """The mask's coverage (`mask_coverage`); warns (`MaskWarning`) when it is >= 99% (likely the whole image) or
+    <= 1% (likely stray pixels) but not empty (`is_empty` is the caller's refusal)."""
+    coverage = mask_coverage(mask)
+    if coverage >= COVERAGE_FULL or 0 < coverage <= COVERAGE_TINY:
+        kind = "coverage_full" if coverage >= COVERAGE_FULL else "coverage_tiny"
+        warnings.warn(MaskWarning(kind, f"{where or 'mask'}: the mask covers {coverage:.1%} of the image"), stacklevel=2)
+    return coverage
 
 
 def is_empty(mask: Image.Image) -> bool:
@@ -125,6 +175,20 @@ def rembg_session(model: str = "u2net") -> Any:
     from rembg import new_session
 
     return new_session(model)
+
+
+def open_rembg(model: str = "u2net") -> Any:
+    """Create the process's rembg session now, so that a missing package or an unreachable model stops a job once at
+    start-up (`MaskModelError`, one line) instead of failing every item."""
+    try:
+        return rembg_session(model)
+    except ImportError as err:
+        raise MaskModelError(str(err)) from err
+    except Exception as err:  # noqa: BLE001 - whatever rembg raises while fetching or loading its model
+        raise MaskModelError(
+            f"rembg cannot load its {model!r} model ({type(err).__name__}: {err}); it is downloaded on first use into "
+            f"$U2NET_HOME (default ~/.u2net): place {model}.onnx there, or use mask_method=opencv or a masks folder"
+        ) from err
 
 
 def rembg_mask(image: Image.Image, threshold: int = 1, model: str = "u2net") -> Image.Image:

@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 
 from pipelines.data import to_rgb
+from pipelines.hub_ids import CONTROLNET_ID, DPT_ID, IP_ADAPTER_ID, SDXL_ID
 from pipelines.depth import DepthEstimator
 from pipelines.masks import binarise, foreground_masks, grayscale_init
 from pipelines.runtime import (diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained,
@@ -37,13 +38,13 @@ RESIZE_MODES = ("squash", "pad")
 class ZeSTConfig:
     """Where each ZeST component comes from: hub ids by default, a local folder accepted for each."""
 
-    base: str = "stabilityai/stable-diffusion-xl-base-1.0"
-    controlnet: str = "diffusers/controlnet-depth-sdxl-1.0"
-    ip_adapter: str = "h94/IP-Adapter"
+    base: str = SDXL_ID
+    controlnet: str = CONTROLNET_ID
+    ip_adapter: str = IP_ADAPTER_ID
     ip_adapter_subfolder: str = "sdxl_models"
     ip_adapter_weight: str = "ip-adapter_sdxl_vit-h.safetensors"
     image_encoder: str = "models/image_encoder"  # path inside the ip_adapter repo / folder
-    depth: str = "Intel/dpt-hybrid-midas"
+    depth: str = DPT_ID
     vae: str | None = None  # e.g. "madebyollin/sdxl-vae-fp16-fix" for fp16
 
     def to_dict(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import detectors
-from detectors.generative.bench import (SmallConvClassifier, bench_early_stop_batching, bench_early_stop_features,
+from detectors.benchmarks.diffguard import (SmallConvClassifier, bench_early_stop_batching, bench_early_stop_features,
                                         bench_gradcam_single_pass, contrast_ramp_images)
 from detectors.generative.distances import DISTS, vgg16_features
 from pipelines.classifier import ImageClassifier, find_head

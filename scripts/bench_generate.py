@@ -18,6 +18,7 @@ import ctypes.util
 import json
 import os
 import platform
+import sys
 import tempfile
 import threading
 import time
@@ -31,6 +32,7 @@ from PIL import Image
 from gen.job import GenerationConfig, load_plan, run_generation
 from gen.pairing import PlanItem
 from pipelines.data import load_image
+from pipelines.cli import README_SECTIONS, parser, run_main
 from pipelines.depth import DepthEstimator
 from pipelines.masks import foreground_mask, grayscale_init
 from pipelines.tiny import save_tiny_zest
@@ -138,14 +140,14 @@ def measure(variants: dict[str, Callable[[], None]], n_images: int, rounds: int)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--items", type=int, default=16, help="images generated per measurement")
-    parser.add_argument("--resolution", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; each variant's fastest counts")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/generate.json"))
-    return parser.parse_args(argv)
+    p = parser(__doc__)
+    p.add_argument("--items", type=int, default=16, help="images generated per measurement")
+    p.add_argument("--resolution", type=int, default=64)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds; each variant's fastest counts")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/generate.json"))
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -195,4 +197,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, doc=README_SECTIONS["scripts"]))

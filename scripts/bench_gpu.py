@@ -1,7 +1,9 @@
 """The one prepared GPU benchmark: full-size architectures with random weights (nothing is downloaded).
 
+Section "train": a full-size ResNet-50 trained with the recipe loop (bf16 autocast, channels-last, batch 256) and its
+feature extraction, each against a minimal PyTorch loop in the same process (`pipelines.training.bench`).
 Section "zest": SDXL base UNet + depth ControlNet + VAE + IP-Adapter (ViT-H encoder, image projection) + DPT-hybrid,
-built from the real hub configs (tests/fixtures/hub, pipelines.tiny.zest_configs("full")) directly on the GPU in bf16
+built from the real hub configs (pipelines/hub_configs, pipelines.tiny.zest_configs("full")) directly on the GPU in bf16
 (DPT in fp32), run through `ZeSTPipeline.generate` at 1024 px, 30 steps. Reports images/s per batch size for each
 attention backend (SDPA, xformers when importable), eager and torch.compile, with peak GPU memory, and the
 one-at-a-time loop (batch 1 repeated) as the ratio reference measured in the same process. Each compiled batch size
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import platform
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +31,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from pipelines.cli import README_SECTIONS, comma_list, int_list, parser, run_main
+from pipelines.errors import ConfigError
 from pipelines.io import atomic_write_json
 from pipelines.runtime import resolve_device
 
@@ -166,15 +171,9 @@ def bench_zest(args: argparse.Namespace, budget: Budget, save: Callable[[dict[st
             zest = random_zest_pipeline(size, device, dtype, attention=backend, compile=compiled)
             build_s = time.perf_counter() - started
             if not compiled:  # the reference: one image at a time, batch 1 repeated
-                targets, materials, masks = inputs
-                zest.generate(targets[:1], materials[:1], masks[:1], seeds=[0], **warm_call)
-                _reset_peak(device)
-                seconds = _timed(lambda: [zest.generate([targets[i]], [materials[i]], [masks[i]], seeds=[i], **call)
-                                          for i in range(args.loop_images)], device)
-                baselines[backend] = args.loop_images / seconds
-                add(dict(case=label, mode="loop", batch_size=1, images=args.loop_images, seconds=seconds,
-                         images_per_s=baselines[backend], peak_gib=_peak_gib(device), build_s=build_s))
-                print(f"[zest] {label:16s} loop of {args.loop_images}: {baselines[backend]:.3f} img/s", flush=True)
+                case = _zest_loop(zest, label, inputs, call, warm_call, device, args.loop_images, build_s)
+                baselines[backend] = case["images_per_s"]
+                add(case)
             budget.record(f"{kind}-build", time.perf_counter() - started, batches[0])
             for batch in batches:
                 fits, why = budget.allows(f"{kind}-case", batch)
@@ -190,14 +189,30 @@ def bench_zest(args: argparse.Namespace, budget: Budget, save: Callable[[dict[st
             add(dict(case=label, error=f"{type(err).__name__}: {err}"))
             print(f"[zest] {label}: FAILED {type(err).__name__}: {err}", flush=True)
         _reset_peak(device)
-    timed = [case for case in cases if "images_per_s" in case]
+    _print_zest_table(cases)
+    return section
+
+
+def _zest_loop(zest: Any, label: str, inputs: tuple[list, list, list], call: dict[str, Any], warm_call: dict[str, Any],
+               device: torch.device, loop_images: int, build_s: float) -> dict[str, Any]:
+    """The reference case: `loop_images` images generated one at a time (batch 1 repeated) after one warm-up."""
+    targets, materials, masks = inputs
+    zest.generate(targets[:1], materials[:1], masks[:1], seeds=[0], **warm_call)
+    _reset_peak(device)
+    seconds = _timed(lambda: [zest.generate([targets[i]], [materials[i]], [masks[i]], seeds=[i], **call)
+                              for i in range(loop_images)], device)
+    print(f"[zest] {label:16s} loop of {loop_images}: {loop_images / seconds:.3f} img/s", flush=True)
+    return dict(case=label, mode="loop", batch_size=1, images=loop_images, seconds=seconds,
+                images_per_s=loop_images / seconds, peak_gib=_peak_gib(device), build_s=build_s)
+
+
+def _print_zest_table(cases: list[dict[str, Any]]) -> None:
     print("\n| case | batch | img/s | x vs SDPA loop | peak GiB |\n|---|---|---|---|---|")
-    for case in timed:
+    for case in (c for c in cases if "images_per_s" in c):
         peak = f"{case['peak_gib']:.1f}" if case["peak_gib"] is not None else "-"
         batch = "loop" if case["mode"] == "loop" else case["batch_size"]
         ratio = f"{case['speedup_vs_sdpa_loop']:.2f}" if case.get("speedup_vs_sdpa_loop") else "-"
         print(f"| {case['case']} | {batch} | {case['images_per_s']:.3f} | {ratio} | {peak} |")
-    return section
 
 
 def bench_diffguard(args: argparse.Namespace, budget: Budget, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -205,7 +220,7 @@ def bench_diffguard(args: argparse.Namespace, budget: Budget, save: Callable[[di
     images/s per batch size against the batch-1 loop (the original design's limit under per-sample early stop).
     Its two parts are the cases (each saved when done, each skipped when the budget cannot hold it)."""
     import detectors
-    from detectors.generative.bench import (bench_early_stop_batching, bench_latent_batching, contrast_ramp_images,
+    from detectors.benchmarks.diffguard import (bench_early_stop_batching, bench_latent_batching, contrast_ramp_images,
                                             random_diffguard_models)
 
     device = resolve_device(args.device)
@@ -243,56 +258,107 @@ def bench_diffguard(args: argparse.Namespace, budget: Budget, save: Callable[[di
     return result
 
 
+def bench_train(args: argparse.Namespace, budget: Budget, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """ResNet-50 classifier training (full size, random weights, bf16 autocast, channels-last, batch 256, the recipe's
+    random resized crop at 224) and feature extraction, each against a minimal hand-written PyTorch loop on the same
+    model and synthetic JPEGs in this process (pipelines.training.bench.measure); DataLoader workers decode."""
+    import tempfile
+
+    from pipelines.training.bench import synthetic_manifest
+
+    fits, why = budget.allows("train-resnet50")
+    if not fits:
+        print(f"[train] skipped ({why})", flush=True)
+        return dict(skipped=why)
+    from pipelines.training.bench import measure
+
+    device = resolve_device(args.device)
+    size, batch = ("tiny", 8) if args.dry_run else ("full", args.train_batch_size)
+    started = time.perf_counter()
+    classifier = _resnet_classifier(size, 32 if args.dry_run else 224)
+    with tempfile.TemporaryDirectory() as scratch:
+        manifest = synthetic_manifest(Path(scratch), batch * (2 if args.dry_run else args.train_steps), 48 if args.dry_run else 256)
+        numbers = measure(classifier, manifest, epochs=1, batch_size=batch, num_workers=0 if args.dry_run else args.train_workers,
+                          precision="fp32" if args.dry_run else "bf16", channels_last=device.type == "cuda", device=device,
+                          repeats=1 if args.dry_run else 2)
+    budget.record("train-resnet50", time.perf_counter() - started)
+    numbers["peak_gib"] = _peak_gib(device)
+    print(f"[train] ResNet-50 ({size}) batch {batch}: {numbers['train_images_per_s']:.1f} img/s "
+          f"(x{numbers['train_ratio']:.2f} vs plain loop), features {numbers['feature_images_per_s']:.1f} img/s", flush=True)
+    return dict(model=f"microsoft/resnet-50 ({size}, random weights)", batch_size=batch, dtype="fp32" if args.dry_run else "bf16",
+                channels_last=device.type == "cuda", **numbers)
+
+
+def _resnet_classifier(size: str, image_size: int) -> Any:
+    """A random-weight ResNet-50 (real hub config, or the tiny stand-in) with 100 classes, processor at image_size."""
+    import json
+    import tempfile
+
+    from transformers import AutoImageProcessor
+
+    from pipelines.classifier import ImageClassifier
+    from pipelines.tiny import RESNET_ID, build_model, full_config, tiny_config
+
+    config = {k: v for k, v in (tiny_config if size == "tiny" else full_config)(RESNET_ID).items() if k != "num_labels"}
+    config.update(id2label={str(i): f"c{i}" for i in range(100)}, label2id={f"c{i}": i for i in range(100)})
+    torch.manual_seed(0)
+    model = build_model(config)
+    with tempfile.TemporaryDirectory() as scratch:
+        processor = {**full_config(RESNET_ID, "preprocessor_config.json"), "size": {"shortest_edge": image_size}}
+        (Path(scratch) / "preprocessor_config.json").write_text(json.dumps(processor))
+        return ImageClassifier.from_model(model, AutoImageProcessor.from_pretrained(scratch), f"resnet-50-{size}")
+
+
 DEFAULT_BUDGET_S = 420.0  # 7 minutes of cases; imports, CUDA start-up and the JSON writes fit in the eighth
 # first guesses on one H200 (full size, bf16, 1024 px, 30 steps) before a case of the kind has run; from the published
 # SDXL timings in REFERENCE.md scaled to an H200, plus ZeST's ControlNet; the compiled case includes the compilation
 H200_FIRST_GUESS_S = {"eager-build": 40.0, "eager-case": 8.0, "compile-build": 20.0, "compile-case": 150.0,
-                      "diffguard-pixel": 90.0, "diffguard-latent": 60.0}
+                      "diffguard-pixel": 90.0, "diffguard-latent": 60.0, "train-resnet50": 120.0}
 
 SECTIONS: dict[str, Callable[[argparse.Namespace, Budget, Callable[[dict[str, Any]], None]], dict[str, Any]]] = {
     "zest": bench_zest,
     "diffguard": bench_diffguard,
+    "train": bench_train,
 }
 
 
-def _int_list(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {list(SECTIONS)}")
-    parser.add_argument("--batch-sizes", type=_int_list, default=[1, 2, 4, 8])
-    parser.add_argument("--compile-batch-sizes", type=_int_list, default=[1, 4],
+    p = parser(__doc__, out=True)
+    p.set_defaults(out=Path("benchmarks/gpu.json"))
+    p.add_argument("--sections", type=comma_list, default=list(SECTIONS), help=f"comma-separated subset of {list(SECTIONS)}")
+    p.add_argument("--batch-sizes", type=int_list, default=[1, 2, 4, 8])
+    p.add_argument("--compile-batch-sizes", type=int_list, default=[1, 4],
                         help="batch sizes timed with torch.compile (each new shape recompiles, so keep this short)")
-    parser.add_argument("--compile-backends", type=lambda t: t.split(","), default=["sdpa"],
+    p.add_argument("--compile-backends", type=comma_list, default=["sdpa"],
                         help="attention backends also timed with torch.compile")
-    parser.add_argument("--warmup-steps", type=int, default=4)
-    parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile cases")
-    parser.add_argument("--no-xformers", action="store_true", help="skip xformers even when importable")
-    parser.add_argument("--loop-images", type=int, default=2, help="images in the one-at-a-time reference loop")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--resolution", type=int, default=1024)
-    parser.add_argument("--image-size", type=int, default=768, help="side of the synthetic input images")
-    parser.add_argument("--quick", action="store_true", help="batch sizes 1 and 4, no compile")
-    parser.add_argument("--dry-run", action="store_true",
+    p.add_argument("--warmup-steps", type=int, default=4)
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="skip the torch.compile cases")
+    p.add_argument("--no-xformers", action="store_true", help="skip xformers even when importable")
+    p.add_argument("--loop-images", type=int, default=2, help="images in the one-at-a-time reference loop")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--resolution", type=int, default=1024)
+    p.add_argument("--image-size", type=int, default=768, help="side of the synthetic input images")
+    p.add_argument("--quick", action="store_true", help="batch sizes 1 and 4, no compile")
+    p.add_argument("--dry-run", action="store_true",
                         help="tiny models, fp32, 64 px, 3 steps, batch sizes 1,2, no compile: checks the script on CPU")
-    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                         help="wall-clock budget of the whole run: a case that would not fit (estimated from the cases "
                              "already run, else from H200 first guesses) is recorded as skipped; default keeps a full "
                              "run under 8 minutes on one H200")
-    parser.add_argument("--no-budget", dest="budget_s", action="store_const", const=None, help="run every case")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--out", default="benchmarks/gpu.json")
-    args = parser.parse_args(argv)
-    unknown = sorted(set(args.sections.split(",")) - set(SECTIONS))
+    p.add_argument("--no-budget", dest="budget_s", action="store_const", const=None, help="run every case")
+    p.add_argument("--train-batch-size", type=int, default=256, help="ResNet-50 training case: global batch")
+    p.add_argument("--train-steps", type=int, default=8, help="ResNet-50 training case: steps (images = steps x batch)")
+    p.add_argument("--train-workers", type=int, default=8, help="ResNet-50 training case: DataLoader workers")
+    p.add_argument("--device", default=None)
+    args = p.parse_args(argv)
+    unknown = sorted(set(args.sections) - set(SECTIONS))
     if unknown:
-        parser.error(f"unknown section(s) {unknown}; available: {list(SECTIONS)}")
+        p.error(f"unknown section(s) {unknown}; available: {list(SECTIONS)}")
     if args.quick:
         args.batch_sizes, args.compile = [1, 4], False
     if args.dry_run:
         args.batch_sizes, args.compile, args.steps, args.resolution, args.image_size = [1, 2], False, 3, 64, 48
-        args.out = str(Path(args.out).with_name(Path(args.out).stem + "_dry_run.json"))
+        args.out = args.out.with_name(args.out.stem + "_dry_run.json")
     return args
 
 
@@ -300,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     device = resolve_device(args.device)
     if device.type != "cuda" and not args.dry_run:
-        raise SystemExit("bench_gpu.py needs a CUDA device; use --dry-run to check it on the CPU with tiny models")
+        raise ConfigError("bench_gpu.py needs a CUDA device; use --dry-run to check it on the CPU with tiny models")
     result: dict[str, Any] = {
         "benchmark": "gpu", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
@@ -317,7 +383,7 @@ def main(argv: list[str] | None = None) -> None:
             atomic_write_json(args.out, result)
         return save
 
-    for name in args.sections.split(","):
+    for name in args.sections:
         started = time.perf_counter()
         section = SECTIONS[name](args, budget, saver(name))
         section["section_s"] = time.perf_counter() - started
@@ -327,4 +393,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, doc=README_SECTIONS["scripts"]))

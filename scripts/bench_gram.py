@@ -12,8 +12,8 @@ bounds into [N, F] arrays first. Writes `benchmarks/gram.json`.
 """
 from __future__ import annotations
 
-import argparse
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from detectors.posthoc.gram import class_deviations, gram_deviation, gram_vector
+from pipelines.cli import README_SECTIONS, parser, run_main
 from pipelines.io import atomic_write_json
 
 STAGES = ((256, 56), (512, 28), (1024, 14), (2048, 7))
@@ -45,13 +46,13 @@ def best_time(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rows", type=int, default=5000, help="scored rows for the deviation timing")
-    parser.add_argument("--classes", type=int, default=100)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/gram.json"))
-    args = parser.parse_args(argv)
+    p = parser(__doc__)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rows", type=int, default=5000, help="scored rows for the deviation timing")
+    p.add_argument("--classes", type=int, default=100)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/gram.json"))
+    args = p.parse_args(argv)
     torch.manual_seed(0)
     maps = [torch.relu(torch.randn(args.batch, c, s, s)) for c, s in STAGES]
     powers = range(1, 6)
@@ -93,4 +94,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, doc=README_SECTIONS["scripts"]))

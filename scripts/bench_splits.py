@@ -11,9 +11,10 @@ process's peak RSS). Writes `benchmarks/splits.json`.
 """
 from __future__ import annotations
 
-import argparse
+import os
 import platform
 import resource
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -24,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from gen.insects import SplitConfig, build_splits, read_id_species, synthetic_occurrences, write_splits
+from pipelines.cli import README_SECTIONS, parser, run_main
 from pipelines.io import atomic_write_json
 
 
@@ -110,12 +112,12 @@ def run(rows: int, subsample: int, seed: int) -> dict[str, Any]:
         "speedup_subsample": naive_sub / vec_sub,
         "build_traced_peak_mib": traced_peak / 2**20,
         "process_peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": __import__("os").cpu_count()},
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()},
     }
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--rows", type=int, default=3_000_000)
     p.add_argument("--subsample", type=int, default=30_000)
     p.add_argument("--seed", type=int, default=0)
@@ -133,4 +135,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, doc=README_SECTIONS["scripts"]))

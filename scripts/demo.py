@@ -9,11 +9,15 @@
 """
 from __future__ import annotations
 
-import argparse
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+from pipelines.cli import README_SECTIONS, comma_list, parser, run_main
+
+STAGES = ("generation", "clip")
 
 
 def train_digit_classifier(id_dir: Path, folder: Path, epochs: int, seed: int) -> Path:
@@ -51,12 +55,15 @@ def _last_accuracy(result) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="demo_out", help="output folder (default: demo_out)")
-    parser.add_argument("--epochs", type=int, default=8, help="classifier training epochs")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip", default="", help="comma-separated stages to skip: generation,clip")
-    args = parser.parse_args(argv)
+    p = parser(__doc__, out=True)
+    p.set_defaults(out=Path("demo_out"))
+    p.add_argument("--epochs", type=int, default=8, help="classifier training epochs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip", type=comma_list, default=None, help=f"comma-separated stages to skip: {','.join(STAGES)}")
+    args = p.parse_args(argv)
+    skip = set(args.skip or ())
+    if skip - set(STAGES):
+        p.error(f"--skip: unknown stage(s) {sorted(skip - set(STAGES))}; stages: {', '.join(STAGES)}")
     torch.set_num_threads(max(1, torch.get_num_threads()))
     from detectors.evaluate import EvalConfig, Runner
     from detectors.report import render_summary, write_report
@@ -64,7 +71,6 @@ def main(argv: list[str] | None = None) -> None:
 
     start = time.perf_counter()
     out = Path(args.out)
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     id_dir, ood_dir = (out / "data" / "id", out / "data" / "ood")
     if not (id_dir / "metadata.jsonl").is_file() or not (ood_dir / "metadata.jsonl").is_file():
         id_dir, ood_dir = write_digits(out / "data", seed=args.seed)
@@ -101,7 +107,7 @@ def _optional_stages(out: Path, id_dir: Path, ood_dir: Path, skip: set[str]) -> 
               f"{time.perf_counter() - stage:.0f} s")
         written += [Path(made["manifest"]), Path(made["contact_sheet"])]
     if "clip" not in skip:
-        from detectors.clip.demo import clip_demo
+        from detectors.benchmarks.clip_demo import clip_demo
 
         stage = time.perf_counter()
         idm = read_manifest(id_dir).select(split="test", role="id")
@@ -122,4 +128,4 @@ def _optional_stages(out: Path, id_dir: Path, ood_dir: Path, skip: set[str]) -> 
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, doc=README_SECTIONS["scripts"]))

@@ -3,18 +3,23 @@
 
 Writes splits/<region>/metadata.jsonl (manifest rows: ID train/val/test, local / non-local / non-target OOD, auxiliary
 train/val; file_name relative to --image-root), splits/<region>/manifest_info.json, splits/summary.{csv,md}.
+Bad arguments and tables print one line and exit with status 2 (`--debug` shows the traceback).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import time
 from pathlib import Path
 
 from gen.insects import AUSTRALIA, REGIONS, Box, SplitConfig, make_splits, synthetic_occurrences
+from pipelines.cli import pairs, parser, run_main
+from pipelines.errors import ConfigError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--occurrences", type=Path, help="CSV/Parquet: species, genus, family, lat, lon, file_name [, split, taxon]")
     src.add_argument("--synthetic", type=int, metavar="N", help="generate an N-row synthetic table (written to OUT/synthetic/)")
@@ -48,21 +53,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def split_config(args: argparse.Namespace) -> SplitConfig:
+    """The SplitConfig of the command line (built-in region boxes plus `--box NAME=...`)."""
     regions = dict(REGIONS)
-    for spec in args.box:
-        name, _, text = spec.partition("=")
-        if not name or not text:
-            raise SystemExit(f"--box wants NAME=LAT_MIN,LAT_MAX,LON_MIN,LON_MAX, got {spec!r}")
-        regions[name] = Box.parse(text)
-    config = SplitConfig(regions=regions, pad_lat=args.pad[0], pad_lon=args.pad[1], non_local_box=args.non_local_box,
-                         non_local_cap=args.non_local_cap, aux_per_species=args.aux_per_species or None,
-                         aux_val_size=args.aux_val_size, id_cap=args.id_cap, local_cap=args.local_cap,
-                         non_target_cap=args.non_target_cap, target_taxon=args.target_taxon, seed=args.seed,
-                         aux_species=args.aux_species or None, aux_species_by_region={"c-america": args.aux_species_c_america or None},
-                         min_images=args.min_images, id_fractions=tuple(args.id_fractions), id_val_cap=args.id_val_cap or None,
-                         allow_missing_id_species=args.allow_missing_id_species)
+    for name, text in pairs(args.box, "--box").items():
+        try:
+            regions[name] = Box.parse(text)
+        except ValueError as err:
+            raise ConfigError(f"--box {name}: {err}") from None
+    return SplitConfig(regions=regions, pad_lat=args.pad[0], pad_lon=args.pad[1], non_local_box=args.non_local_box,
+                       non_local_cap=args.non_local_cap, aux_per_species=args.aux_per_species or None,
+                       aux_val_size=args.aux_val_size, id_cap=args.id_cap, local_cap=args.local_cap,
+                       non_target_cap=args.non_target_cap, target_taxon=args.target_taxon, seed=args.seed,
+                       aux_species=args.aux_species or None,
+                       aux_species_by_region={"c-america": args.aux_species_c_america or None},
+                       min_images=args.min_images, id_fractions=tuple(args.id_fractions),
+                       id_val_cap=args.id_val_cap or None, allow_missing_id_species=args.allow_missing_id_species)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = split_config(args)
     if args.synthetic:
         occ, ids = synthetic_occurrences(args.synthetic, seed=args.seed)
         folder = args.out / "synthetic"
@@ -73,24 +84,23 @@ def main(argv: list[str] | None = None) -> None:
         config.target_taxon = config.target_taxon or "moth"
     else:
         if args.id_species is None or args.image_root is None:
-            raise SystemExit("--occurrences needs --id-species and --image-root")
+            raise ConfigError("--occurrences needs --id-species and --image-root")
         occurrences, id_species, image_root = args.occurrences, args.id_species, args.image_root
     start = time.perf_counter()
     written, summary = make_splits(occurrences, id_species, args.out, image_root, config, non_target=args.non_target)
     print(summary.to_string(index=False))
     for region, folder in written.items():
         print(f"wrote {folder}/metadata.jsonl ({region})")
-        missing = config_missing(folder)
+        missing = missing_id_species(folder)
         if missing:
             print(f"  warning: {len(missing)} ID species of {region} not in the splits, e.g. {missing[:5]}")
     print(f"done in {time.perf_counter() - start:.1f} s; summary in {args.out / 'summary.md'}")
+    return 0
 
 
-def config_missing(folder: Path) -> list[str]:
-    import json
-
+def missing_id_species(folder: Path) -> list[str]:
     return json.loads((folder / "manifest_info.json").read_text()).get("missing_id_species", [])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main, doc="docs/species.md"))

@@ -9,9 +9,10 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from pipelines.hub_ids import CLIP_ID
 from pipelines.runtime import load_pretrained, resolve_device
 
-DEFAULT_CLIP = "openai/clip-vit-base-patch16"
+DEFAULT_CLIP = CLIP_ID
 DEFAULT_TEMPLATES = ("a photo of a {}.",)
 LEGACY_EOS_TOKEN_ID = 2  # what OpenAI's CLIP configs (and copies of them) give as text_config.eos_token_id
 

@@ -13,7 +13,8 @@ tower, prompts), src/classification.py + src/prompt/prompt.txt (the 128 test tem
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
 
 import numpy as np
 import torch
@@ -24,9 +25,11 @@ from torch.utils.data import TensorDataset
 from detectors.base import ImageSet
 from detectors.clip import scores
 from detectors.clip.backbone import ClipBackbone
-from detectors.clip.common import CLIP_DEFAULTS, ClipDetector
+from detectors.base import param
+from detectors.clip.backbone import DEFAULT_CLIP
+from detectors.clip.common import ClipDetector
 from detectors.clip.templates import CLIPN_TEMPLATES
-from detectors.clip.training import train_loop
+from detectors.clip.training import Schedule, train_loop
 from detectors.registry import register_detector
 
 STATE_PREFIX = "no."
@@ -124,13 +127,30 @@ class CLIPN(ClipDetector):
     same caption as matched (the official identity when captions are unique), `match="index"` is the identity."""
 
     paper = "Wang et al., CLIPN for Zero-Shot OOD Detection: Teaching CLIP to Say No, ICCV 2023"
-    defaults = {**CLIP_DEFAULTS, "templates": list(CLIPN_TEMPLATES), "caption_template": "a photo of a {}.",
-                "score_rule": "atd", "scale": 100.0, "n_prompts": 16, "epochs": 10, "lr": 3e-4, "betas": (0.9, 0.98),
-                "eps": 1e-6, "weight_decay": 0.2, "schedule": "cosine_step", "warmup_steps": 0, "loss_weight": 0.5,
-                "match": "caption", "train_batch": 512, "seed": 0, "progress": True}
+
+    @dataclass(frozen=True)
+    class Params(ClipDetector.Params):
+        templates: list[str] | None = param(list(CLIPN_TEMPLATES), "class prompt templates (features summed)")
+        caption_template: str = param("a photo of a {}.", "caption of a labelled image without a `text` field")
+        score_rule: Literal["atd", "ctw"] = param("atd", "agreeing-to-differ or competing-to-win")
+        scale: float = param(100.0, "logit scale", gt=0)
+        n_prompts: int = param(16, "learnable 'no' prompt tokens", ge=1)
+        epochs: int = param(10, "training epochs", ge=1)
+        lr: float = param(3e-4, "AdamW learning rate", gt=0)
+        betas: tuple[float, float] = param((0.9, 0.98), "AdamW betas")
+        eps: float = param(1e-6, "AdamW epsilon", gt=0)
+        weight_decay: float = param(0.2, "AdamW weight decay (not on gains, biases, norms)", ge=0)
+        schedule: Schedule = param("cosine_step", "learning-rate schedule")
+        warmup_steps: int = param(0, "linear warm-up steps", ge=0)
+        loss_weight: float = param(0.5, "weight of the summed losses", gt=0)
+        match: Literal["caption", "index"] = param("caption", "which image-text pairs count as matched")
+        train_batch: int = param(512, "training batch size", ge=1)
+        seed: int = param(0, "shuffling seed")
+        progress: bool = param(True, "show a progress bar", runtime=True)
+
     search_space = {"score_rule": ["atd", "ctw"]}
 
-    def __init__(self, model: Any = CLIP_DEFAULTS["model"], processor: Any = None, **params: Any) -> None:
+    def __init__(self, model: Any = DEFAULT_CLIP, processor: Any = None, **params: Any) -> None:
         super().__init__(model, processor, **params)
         self._tower: NoTextTower | None = None
         self._tower_state: dict[str, np.ndarray] | None = None

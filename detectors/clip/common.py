@@ -2,34 +2,37 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import torch
 
-from detectors.base import Detector, ImageSet
+from detectors.base import Detector, ImageSet, Params, param
 from detectors.clip.backbone import DEFAULT_CLIP, DEFAULT_TEMPLATES, ClipBackbone
 from detectors.clip.features import ClipImageFeatures, image_features
 
 MCM_TEMPLATE = "a photo of a {}"  # MCM / GL-MCM's official prompt (no full stop)
 
-CLIP_DEFAULTS: dict[str, Any] = {
-    "model": DEFAULT_CLIP,
-    "class_names": None,
-    "templates": None,
-    "cache_dir": None,
-    "batch_size": 64,
-    "device": None,
-}
-
-
 class ClipDetector(Detector):
     """A detector on a CLIPModel. `model` is a hub id, a local folder or a loaded `CLIPModel` (kept out of `params`,
     which hold its id); `class_names` are the ID classes; `templates` are each method's reference prompts (a class
-    declares them in `defaults`; None falls back to ("a photo of a {}.",))."""
+    declares them in `Params`; None falls back to ("a photo of a {}.",)). `embed_batch_size` is the image-embedding
+    batch (a runtime setting, like `cache_dir` and `device`), not a training batch."""
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        model: str = param(DEFAULT_CLIP, "CLIP hub id or local folder (a loaded model may be passed to the constructor)")
+        class_names: list[str] | None = param(None, "the ID class names (saved: the prompts are made of them)")
+        templates: list[str] | None = param(None, "reference prompts, '{}' standing for the class name")
+        cache_dir: str | os.PathLike | None = param(None, "image-embedding cache folder (None: memory only)", runtime=True)
+        embed_batch_size: int = param(64, "images per embedding batch", runtime=True, ge=1)
+        device: str | torch.device | None = param(None, "torch device (None: the process's accelerator)", runtime=True)
 
     family: ClassVar[str] = "clip"
     inputs: ClassVar[frozenset[str]] = frozenset({"images"})
+    fit_inputs: ClassVar[frozenset[str]] = frozenset()
+    needs: ClassVar[frozenset[str]] = frozenset({"class_names", "cache_dir", "device"})
     reads_patches: ClassVar[bool] = False  # GL-MCM-style scores and LoCoOp read local patch embeddings
 
     def __init__(self, model: Any = DEFAULT_CLIP, processor: Any = None, **params: Any) -> None:
@@ -54,7 +57,7 @@ class ClipDetector(Detector):
 
     def features(self, images: ImageSet | ClipImageFeatures) -> ClipImageFeatures:
         """Cached image embeddings of `images` (the image tower runs once per model and image set)."""
-        return image_features(self.backbone, images, self.params["cache_dir"], self.params["batch_size"],
+        return image_features(self.backbone, images, self.params["cache_dir"], self.params["embed_batch_size"],
                               local=self.reads_patches)
 
     def require_classes(self) -> list[str]:

@@ -69,14 +69,14 @@ def train_prompt_detectors(config: dict[str, Any]) -> list[Path]:
     ID `train_split` rows and save each detector folder `out_dir/<method>-<shots>shot-seed<seed>`."""
     import detectors
     from detectors.base import ImageSet
-    from detectors.clip.backbone import ClipBackbone
+    from detectors.clip.backbone import DEFAULT_CLIP, ClipBackbone
     from pipelines.data import read_manifest
 
     for key in ("manifest", "out_dir"):
         if not config.get(key):
             raise ValueError(f"train_prompts config needs `{key}`")
     class_names = class_names_from(config)
-    backbone = ClipBackbone.load(config.get("model", "openai/clip-vit-base-patch16"), device=config.get("device"))
+    backbone = ClipBackbone.load(config.get("model", DEFAULT_CLIP), device=config.get("device"))
     train = ImageSet.from_manifest(read_manifest(config["manifest"]), split=config.get("train_split", "train"), role="id")
     if not len(train):
         raise ValueError(f"train_prompts: no ID rows in split {config.get('train_split', 'train')!r} of {config['manifest']}")
@@ -115,10 +115,10 @@ def sweep_sets(config: dict[str, Any], train: Any, id_test: Any, ood_sets: dict[
                class_names: list[str]) -> list[dict[str, Any]]:
     """The sweep on given ImageSets (the evaluation runner passes its ID and OOD splits)."""
     import detectors
-    from detectors.clip.backbone import ClipBackbone
+    from detectors.clip.backbone import DEFAULT_CLIP, ClipBackbone
     from detectors.metrics import evaluate
 
-    backbone = ClipBackbone.load(config.get("model", "openai/clip-vit-base-patch16"), device=config.get("device"))
+    backbone = ClipBackbone.load(config.get("model", DEFAULT_CLIP), device=config.get("device"))
     out_dir = Path(config["out_dir"]) if config.get("out_dir") else None
     runs = runs_of(config)
     prefetch_train_features(backbone, train, runs, config.get("cache_dir"))  # one image-tower pass for all runs

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -21,7 +22,8 @@ from detectors.clip.backbone import ClipBackbone
 from detectors.clip.features import subset_imageset
 from detectors.clip.prompts import idlike_loss
 from detectors.clip.scores import cosine
-from detectors.clip.training import PROMPT_DEFAULTS, PromptDetector, train_loop
+from detectors.base import param
+from detectors.clip.training import PromptDetector, Schedule, train_loop
 from detectors.registry import register_detector
 from pipelines.runtime import item_seed
 
@@ -96,26 +98,46 @@ class IDLike(PromptDetector):
     CLIP's logit scale 100, as the official test)."""
 
     paper = "Bai et al., ID-like Prompt Learning for Few-Shot Out-of-Distribution Detection, CVPR 2024"
-    defaults = {**PROMPT_DEFAULTS, "templates": [IDLIKE_TEMPLATE], "shots": 1, "epochs": 3, "lr": 5e-3,
-                "weight_decay": 0.01, "schedule": "constant", "train_batch": 1, "n_ood_prompts": 100,
-                "shared_ood_ctx": False, "n_crops": 256, "n_select": 32, "crop_scale": (0.08, 1.0),
-                "crop_ratio": (3 / 4, 4 / 3), "flip": True, "fixed_crops": False, "lam_ood": 0.3, "lam_div": 0.2,
-                "temperature": 0.01}
+
+    @dataclass(frozen=True)
+    class Params(PromptDetector.Params):
+        templates: list[str] | None = param([IDLIKE_TEMPLATE], "class prompt used to rank the crops")
+        shots: int | None = param(1, "training images per class (None: all)", ge=1)
+        epochs: int = param(3, "training epochs", ge=1)
+        lr: float = param(5e-3, "AdamW learning rate", gt=0)
+        weight_decay: float = param(0.01, "AdamW weight decay", ge=0)
+        schedule: Schedule = param("constant", "learning-rate schedule")
+        train_batch: int = param(1, "training images per batch", ge=1)
+        n_ood_prompts: int = param(100, "learned OOD prompts", ge=1)
+        shared_ood_ctx: bool = param(False, "the OOD prompts share the ID context")
+        n_crops: int = param(256, "random crops per image and epoch", ge=1)
+        n_select: int = param(32, "ID crops and ID-like OOD crops kept per image (<= n_crops)", ge=1)
+        crop_scale: tuple[float, float] = param((0.08, 1.0), "RandomResizedCrop area range")
+        crop_ratio: tuple[float, float] = param((3 / 4, 4 / 3), "RandomResizedCrop aspect-ratio range")
+        flip: bool = param(True, "random horizontal flips")
+        fixed_crops: bool = param(False, "mine the crops once instead of every epoch")
+        lam_ood: float = param(0.3, "weight of the OOD-prompt loss", ge=0)
+        lam_div: float = param(0.2, "weight of the prompt-diversity loss", ge=0)
+        temperature: float = param(0.01, "softmax temperature of the score", gt=0)
+
+        def check(self, dims: dict[str, int] | None = None) -> None:
+            super().check(dims)
+            if self.n_select > self.n_crops:
+                raise ValueError(f"n_select ({self.n_select}) must not exceed n_crops ({self.n_crops})")
+
     search_space = {"temperature": [0.01, 0.1, 1.0]}
     n_ood_param = "n_ood_prompts"
 
     def mine_crops(self, images: Any, labels: torch.Tensor, epoch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """ID crops [N,S,P] and ID-like OOD crops [N,S,P] of every training image, from the crops of `epoch`."""
         p = self.params
-        if p["n_select"] > p["n_crops"]:
-            raise ValueError(f"idlike: n_select ({p['n_select']}) must not exceed n_crops ({p['n_crops']})")
         class_text = self.class_text()
         size = self.backbone.model.config.vision_config.image_size
         id_crops, ood_crops = [], []
         for i in tqdm(range(len(images)), desc=f"ID-like crops (epoch {epoch})", disable=not p["progress"], leave=False):
             crops = random_crops(images.load(i), p["n_crops"], item_seed(p["seed"], f"{epoch}:{i}"), p["crop_scale"],
                                  p["crop_ratio"], size, p["flip"])
-            feats = crop_embeddings(self.backbone, crops, p["batch_size"])
+            feats = crop_embeddings(self.backbone, crops, p["embed_batch_size"])
             near, far = select_crops(feats, class_text[int(labels[i])], p["n_select"])
             id_crops.append(near)
             ood_crops.append(far)

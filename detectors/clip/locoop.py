@@ -3,7 +3,8 @@ whose top-K classes miss the image's label are treated as OOD and their class-so
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -12,7 +13,8 @@ from torch.utils.data import TensorDataset
 from detectors.clip import scores
 from detectors.clip.prompts import locoop_loss
 from detectors.clip.scores import cosine
-from detectors.clip.training import PROMPT_DEFAULTS, PromptDetector, train_loop
+from detectors.base import param
+from detectors.clip.training import PromptDetector, Schedule, train_loop
 from detectors.registry import register_detector
 
 
@@ -29,11 +31,31 @@ class LoCoOp(PromptDetector):
 
     reads_train_features = True
     paper = "Miyai et al., LoCoOp: Few-Shot Out-of-Distribution Detection via Prompt Learning, NeurIPS 2023"
-    defaults = {**PROMPT_DEFAULTS, "epochs": 50, "lr": 0.002, "momentum": 0.9, "weight_decay": 5e-4, "train_batch": 32,
-                "schedule": "cosine_epoch", "warmup_epochs": 1, "warmup_lr": 1e-5, "lam": 0.25, "top_k": None, "score_rule": "glmcm", "temperature": 1.0, "glmcm_lam": 1.0}
+
+    @dataclass(frozen=True)
+    class Params(PromptDetector.Params):
+        epochs: int = param(50, "training epochs", ge=1)
+        lr: float = param(0.002, "SGD learning rate", gt=0)
+        momentum: float = param(0.9, "SGD momentum", ge=0)
+        weight_decay: float = param(5e-4, "SGD weight decay", ge=0)
+        train_batch: int = param(32, "training batch size", ge=1)
+        schedule: Schedule = param("cosine_epoch", "learning-rate schedule")
+        warmup_epochs: int = param(1, "epochs at warmup_lr before the cosine", ge=0)
+        warmup_lr: float = param(1e-5, "warm-up learning rate", gt=0)
+        lam: float = param(0.25, "weight of the OOD-patch entropy term", ge=0)
+        top_k: int | None = param(None, "a patch is OOD when its label is outside its top-K classes (None: 20% of C)",
+                                  ge=1, le="classes")
+        score_rule: Literal["mcm", "glmcm"] = param("glmcm", "score with MCM or GL-MCM on the learned prompts")
+        temperature: float = param(1.0, "softmax temperature of the score", gt=0)
+        glmcm_lam: float = param(1.0, "GL-MCM's weight of the local term", ge=0)
+
     search_space = {"score_rule": ["mcm", "glmcm"]}
 
-    def top_k(self) -> int:
+    def resolved_params(self) -> dict[str, Any]:
+        return {"top_k": self.patch_top_k()} if self.params["class_names"] else {}
+
+    def patch_top_k(self) -> int:
+        """K of the OOD-patch rule: `top_k`, or 20% of the classes when it is None."""
         k = self.params["top_k"] or math.ceil(0.2 * self.num_classes)
         if not 1 <= k <= self.num_classes:
             raise ValueError(f"locoop: top_k must lie in [1, {self.num_classes}], got {k}")
@@ -42,7 +64,7 @@ class LoCoOp(PromptDetector):
     def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
         feats, labels = self.training_features(id_train)
         dataset = TensorDataset(feats.global_, feats.local, labels)
-        learner, top_k, lam = self.learner, self.top_k(), self.params["lam"]
+        learner, top_k, lam = self.learner, self.patch_top_k(), self.params["lam"]
         scale = self.backbone.logit_scale
 
         def step_loss(module: Any, batch: Any) -> torch.Tensor:

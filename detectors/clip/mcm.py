@@ -6,12 +6,14 @@ AtsuMiyai/GL-MCM (same prompt; lambda = 1).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from detectors.clip import scores
-from detectors.clip.common import CLIP_DEFAULTS, MCM_TEMPLATE, ClipDetector
+from detectors.base import param
+from detectors.clip.common import MCM_TEMPLATE, ClipDetector
 from detectors.registry import register_detector
 
 
@@ -21,8 +23,13 @@ class MCM(ClipDetector):
     variant or CLIP's 80-template ensemble are options through `templates`)."""
 
     paper = "Ming et al., Delving into Out-of-Distribution Detection with Vision-Language Representations, NeurIPS 2022"
-    defaults = {**CLIP_DEFAULTS, "templates": [MCM_TEMPLATE], "temperature": 1.0}
-    search_space = {"temperature": [0.5, 1.0, 2.0]}
+
+    @dataclass(frozen=True)
+    class Params(ClipDetector.Params):
+        templates: list[str] | None = param([MCM_TEMPLATE], "class prompts ('{}' = class name)")
+        temperature: float = param(1.0, "softmax temperature T on the cosine similarities", gt=0)
+
+    search_space: dict = {}  # OpenOOD v1.5's mcm.yml: APS_mode False (T = 1, no sweep)
 
     def _score(self, batch: Any) -> np.ndarray:
         return scores.mcm(self.features(batch).global_, self.class_text(), self.params["temperature"])
@@ -35,7 +42,11 @@ class GLMCM(ClipDetector):
     reads_patches = True
 
     paper = "Miyai et al., Zero-Shot In-Distribution Detection in Multi-Object Settings Using Vision-Language Foundation Models, 2023"
-    defaults = {**CLIP_DEFAULTS, "templates": [MCM_TEMPLATE], "temperature": 1.0, "lam": 1.0}
+
+    @dataclass(frozen=True)
+    class Params(MCM.Params):
+        lam: float = param(1.0, "weight of the local (patch) MCM term", ge=0)
+
     search_space = {"lam": [0.5, 1.0]}
 
     def _score(self, batch: Any) -> np.ndarray:

@@ -8,6 +8,7 @@ mmcls/models/ood/clip_ood.py (grouping), custom_config/clip.py (defaults).
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ import numpy as np
 import torch
 
 from detectors.clip import scores
-from detectors.clip.common import CLIP_DEFAULTS, ClipDetector
+from detectors.base import param
+from detectors.clip.common import ClipDetector
 from detectors.clip.wordnet import NEGLABEL_EXCLUDED, neglabel_corpus
 from detectors.registry import register_detector
 
@@ -52,10 +54,25 @@ class NegLabel(ClipDetector):
     """
 
     paper = "Jiang et al., Negative Label Guided OOD Detection with Pretrained Vision-Language Models, ICLR 2024"
-    defaults = {**CLIP_DEFAULTS, "templates": [NOUN_TEMPLATE], "adj_template": ADJ_TEMPLATE, "words": None,
-                "words_file": None, "adjectives": None, "wordnet_dir": None, "wordnet_exclude": list(NEGLABEL_EXCLUDED),
-                "drop_class_names": False, "mine": True, "neg_fraction": 0.15, "n_negatives": None,
-                "percentile": 0.95, "temperature": 0.01, "ngroup": 100, "seed": 0}
+
+    @dataclass(frozen=True)
+    class Params(ClipDetector.Params):
+        templates: list[str] | None = param([NOUN_TEMPLATE], "noun and ID-class prompt")
+        adj_template: str = param(ADJ_TEMPLATE, "adjective prompt")
+        words: list[str] | None = param(None, "candidate negative nouns replacing WordNet's")
+        words_file: str | None = param(None, "a file of candidate nouns, one per line")
+        adjectives: list[str] | None = param(None, "candidate adjectives (with words / words_file)")
+        wordnet_dir: str | None = param(None, "WordNet 3.0 database folder (None: the system's)")
+        wordnet_exclude: list[str] = param(list(NEGLABEL_EXCLUDED), "WordNet lexicographer files left out")
+        drop_class_names: bool = param(False, "remove the ID class names from the candidates")
+        mine: bool = param(True, "keep the candidates least similar to the ID classes (False: all)")
+        neg_fraction: float = param(0.15, "fraction of the candidates kept per part", gt=0, le=1)
+        n_negatives: int | None = param(None, "the paper's M, replacing neg_fraction", ge=1)
+        percentile: float = param(0.95, "quantile of a candidate's similarities to the ID classes", ge=0, le=1)
+        temperature: float = param(0.01, "softmax temperature", gt=0)
+        ngroup: int = param(100, "groups the negatives are split into", ge=1)
+        seed: int = param(0, "seed of the group permutation")
+
     search_space = {"neg_fraction": [0.05, 0.15, 0.3]}
 
     def candidates(self) -> tuple[list[str], list[str]]:

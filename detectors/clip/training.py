@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, ClassVar
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -10,12 +11,12 @@ from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
 from detectors.base import ImageSet
-from detectors.clip.common import CLIP_DEFAULTS, ClipDetector, few_shot_indices, labels_of
+from detectors.base import param
+from detectors.clip.backbone import DEFAULT_CLIP
+from detectors.clip.common import ClipDetector, few_shot_indices, labels_of
 from detectors.clip.features import ClipImageFeatures, image_features
 from detectors.clip.prompts import PromptLearner
 from detectors.clip.scores import cosine
-
-PROMPT_DEFAULTS: dict[str, Any] = {**CLIP_DEFAULTS, "n_ctx": 16, "shots": 16, "seed": 0, "progress": True}
 
 
 def make_accelerator(device: torch.device) -> Any:
@@ -27,6 +28,7 @@ def make_accelerator(device: torch.device) -> Any:
 
 
 SCHEDULES = ("cosine_epoch", "cosine_step", "constant")
+Schedule = Literal["cosine_epoch", "cosine_step", "constant"]
 
 
 def epoch_lr_factor(epoch: int, epochs: int, base_lr: float, warmup_epochs: int = 0, warmup_lr: float = 1e-5) -> float:
@@ -103,10 +105,17 @@ def train_loop(module: torch.nn.Module, dataset: Dataset | Callable[[int], Datas
 class PromptDetector(ClipDetector):
     """A CLIP detector with a learned `PromptLearner`; its context/OOD tokens are the saved state."""
 
+    @dataclass(frozen=True)
+    class Params(ClipDetector.Params):
+        n_ctx: int = param(16, "learned context tokens", ge=1)
+        shots: int | None = param(16, "training images per class (None: all)", ge=1)
+        seed: int = param(0, "seed of the few-shot draw, the context initialisation and the shuffling")
+        progress: bool = param(True, "show a progress bar", runtime=True)
+
     n_ood_param: ClassVar[str | None] = None
     reads_train_features: ClassVar[bool] = False  # trains on the cached image features of its few-shot subset
 
-    def __init__(self, model: Any = CLIP_DEFAULTS["model"], processor: Any = None, **params: Any) -> None:
+    def __init__(self, model: Any = DEFAULT_CLIP, processor: Any = None, **params: Any) -> None:
         super().__init__(model, processor, **params)
         self._learner: PromptLearner | None = None
         self._prompt_state: dict[str, np.ndarray] | None = None
@@ -150,7 +159,7 @@ class PromptDetector(ClipDetector):
         (rows already embedded for another subset of the same ImageSet are not embedded again)."""
         labels, idx = labels_of(images, self.name), self.shot_indices(images)
         p = self.params
-        return image_features(self.backbone, images, p["cache_dir"], p["batch_size"], rows=idx), labels[idx]
+        return image_features(self.backbone, images, p["cache_dir"], p["embed_batch_size"], rows=idx), labels[idx]
 
     def _after_fit(self, losses: list[float]) -> None:
         self.losses = losses

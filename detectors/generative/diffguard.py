@@ -15,23 +15,26 @@ diffusion resolution for everything.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Sequence
+import os
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from detectors.base import Detector, ImageSet
-from detectors.generative.distances import SIMILARITIES, against, build_similarity, psnr
+from detectors.base import Detector, ImageSet, Params, param
+from detectors.generative.distances import against, build_similarity, psnr
 from detectors.generative.gradcam import last_spatial_block, logits_and_cam
 from detectors.generative.latent_backend import LatentDiffusion
 from detectors.generative.pixel_backend import ClassifierGuidance, PixelDiffusion, denoise_from, invert_with_early_stop
 from detectors.registry import register_detector
+from pipelines.hub_ids import SD15_ID
 from pipelines.runtime import diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained, resolve_dtype
 
-DEFAULT_SD_ID = "stable-diffusion-v1-5/stable-diffusion-v1-5"
-REFERENCES = ("auto", "input", "unguided")
+DEFAULT_SD_ID = SD15_ID
+Similarity = Literal["dists", "lpips", "logit_l1", "ssim", "psnr", "l2"]  # distances.SIMILARITIES
 
 
 def resize_center_crop(images: Sequence[Any], resize: int, crop: int) -> torch.Tensor:
@@ -72,56 +75,51 @@ class DiffGuard(Detector):
     family = "generative"
     inputs = frozenset({"images"})
     paper = "Gao et al., DIFFGUARD: Semantic Mismatch-Guided Out-of-Distribution Detection using Pre-trained Diffusion Models, ICCV 2023"
-    defaults: ClassVar[dict[str, Any]] = {
-        "backend": "pixel",
-        "distance": "dists",
-        "reference": "auto",
-        "perceptual_weights": None,
-        "batch_size": 8,
-        "precision": "auto",
-        "seed": 100,
-        "crop_seeds": "shared",
-        "resize_size": None,
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        backend: Literal["pixel", "latent"] = param("pixel", "ADM pixel diffusion (the paper's) or Stable Diffusion latents")
+        distance: Similarity = param("dists", "image similarity scored between input and guided reconstruction")
+        reference: Literal["auto", "input", "unguided"] = param("auto", "what the guided reconstruction is compared with")
+        perceptual_weights: str | os.PathLike | Sequence[str | os.PathLike] | None = param(
+            None, "DISTS / LPIPS weights: a file or folder, or the list of files")
+        batch_size: int = param(8, "images per batch", runtime=True, ge=1)
+        precision: str = param("auto", "compute precision (auto: the runtime's)", runtime=True)
+        seed: int = param(100, "seed of the noise and crops")
+        crop_seeds: Literal["shared", "per_image"] = param("shared", "one crop draw for all images or one per image")
+        resize_size: int | None = param(None, "resize before the centre crop (None: crop * 256 / 224)", ge=1)
         # pixel back-end (guided-diffusion 256x256 uncond, DIFFGUARD exp6.1)
-        "unet_id": None,
-        "adm_flags": None,
-        "num_train_timesteps": 1000,
-        "beta_start": 1e-4,
-        "beta_end": 0.02,
-        "steps": 100,
-        "max_inversion_steps": 90,
-        "early_stop_psnr": 6.39,
-        "early_stop_similarity": "dists",
-        "early_stop_similarity_threshold": 0.38,
-        "denoise_offset": 1,
-        "guidance_scale": 3.0,
-        "n_crops": 8,
-        "crop_size": None,
-        "clean_grad": True,
-        "guidance_grad": "blend",
-        "clip_denoised": True,
+        unet_id: str | None = param(None, "ADM UNet checkpoint or folder")
+        adm_flags: dict | None = param(None, "guided-diffusion model flags")
+        num_train_timesteps: int = param(1000, "diffusion training timesteps", ge=1)
+        beta_start: float = param(1e-4, "linear beta schedule start", gt=0)
+        beta_end: float = param(0.02, "linear beta schedule end", gt=0)
+        steps: int = param(100, "DDIM steps", ge=1)
+        max_inversion_steps: int = param(90, "most DDIM inversion steps", ge=1)
+        early_stop_psnr: float | None = param(6.39, "inversion stops when PSNR to the input falls below this (None: off)")
+        early_stop_similarity: Similarity | None = param("dists", "similarity of the early stop")
+        early_stop_similarity_threshold: float | None = param(0.38, "threshold of the early-stop similarity")
+        denoise_offset: int = param(1, "steps between inversion end and guided denoising start", ge=0)
+        guidance_scale: float = param(3.0, "classifier-guidance scale", ge=0)
+        n_crops: int = param(8, "random crops averaged in the guidance", ge=1)
+        crop_size: int | None = param(None, "guidance crop size (None: the classifier's input size)", ge=1)
+        clean_grad: bool = param(True, "guidance gradient through the predicted clean image")
+        guidance_grad: Literal["blend", "x_t"] = param("blend", "differentiate w.r.t. the blend (official) or x_t")
+        clip_denoised: bool = param(True, "clip predicted clean images to [-1, 1]")
         # latent back-end (our Stable Diffusion variant)
-        "sd_id": DEFAULT_SD_ID,
-        "latent_steps": 25,
-        "cfg_scale": 10.0,
-        "cam_threshold": 0.3,
-        "gradcam_layer": None,
-        "prompt_template": "a photo of a {}",
-        "class_names": None,
-    }
+        sd_id: str = param(DEFAULT_SD_ID, "Stable Diffusion hub id or folder")
+        latent_steps: int = param(25, "latent DDIM steps", ge=1)
+        cfg_scale: float = param(10.0, "classifier-free guidance scale", ge=0)
+        cam_threshold: float = param(0.3, "Grad-CAM mask threshold (above 1: no mask)", ge=0)
+        gradcam_layer: str | None = param(None, "Grad-CAM layer (None: the last spatial block)")
+        prompt_template: str = param("a photo of a {}", "class prompt of the latent back-end")
+        class_names: list[str] | None = param(None, "ID class names for the prompts (saved)")
+
+    fit_inputs = frozenset()
+    needs = frozenset({"classifier", "class_names", "precision"})
 
     def __init__(self, classifier: Any = None, unet: Any = None, pipeline: Any = None, **params: Any) -> None:
         super().__init__(**params)
-        if self.backend not in ("pixel", "latent"):
-            raise ValueError(f"diffguard: backend must be 'pixel' or 'latent', got {self.backend!r}")
-        if self.reference not in REFERENCES:
-            raise ValueError(f"diffguard: reference must be one of {REFERENCES}, got {self.reference!r}")
-        if self.crop_seeds not in ("shared", "per_image"):
-            raise ValueError(f"diffguard: crop_seeds must be 'shared' or 'per_image', got {self.crop_seeds!r}")
-        for key in ("distance", "early_stop_similarity"):
-            value = self.params[key]
-            if value is not None and value not in SIMILARITIES:
-                raise ValueError(f"diffguard: {key} must be one of {SIMILARITIES}, got {value!r}")
         self.classifier, self._unet, self._pipeline = classifier, unet, pipeline
         self._pixel: PixelDiffusion | None = None
         self._latent: LatentDiffusion | None = None

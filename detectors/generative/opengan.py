@@ -21,7 +21,8 @@ Score = D's logit (monotone in D(x) = P(closed-set)), higher = ID.
 from __future__ import annotations
 
 import copy
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from detectors.base import Detector, FeatureSet, LinearHead
+from detectors.base import Detector, FeatureSet, LinearHead, Params, param
 from detectors.metrics import auroc
 from detectors.registry import register_detector
 from pipelines.runtime import resolve_device
@@ -81,34 +82,30 @@ class OpenGAN(Detector):
     family = "generative"
     inputs = frozenset({"features"})
     paper = "Kong & Ramanan, OpenGAN: Open-Set Recognition via Open Data Generation, ICCV 2021"
-    defaults: ClassVar[dict[str, Any]] = {
-        "nz": 100,
-        "width": 64,
-        "epochs": 100,
-        "batch_size": 128,
-        "lr": 1e-4,
-        "d_lr_divisor": 1.5,
-        "beta1": 0.5,
-        "lambda_outlier": 1.0,
-        "lambda_fake": 0.2,
-        "fake_fraction": None,
-        "bn_mode": "eval",
-        "bn_train": None,
-        "joint_batches": None,
-        "seed": 999,
-        "device": None,
-    }
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        nz: int = param(100, "latent size of the generator", ge=1)
+        width: int = param(64, "hidden width of G and D", ge=1)
+        epochs: int = param(100, "training epochs", ge=1)
+        batch_size: int = param(128, "training batch size", ge=1)
+        lr: float = param(1e-4, "generator Adam learning rate", gt=0)
+        d_lr_divisor: float = param(1.5, "discriminator lr = lr / d_lr_divisor", gt=0)
+        beta1: float = param(0.5, "Adam beta1", ge=0, lt=1)
+        lambda_outlier: float = param(1.0, "weight of the real-outlier loss", ge=0)
+        lambda_fake: float = param(0.2, "weight of the generated-feature loss", ge=0)
+        fake_fraction: float | None = param(None, "generated features per real one (None: OpenOOD's batch)", gt=0, le=4)
+        bn_mode: Literal["eval", "batch"] = param("eval", "batch-norm statistics when scoring")
+        bn_train: Literal["openood", "train"] | None = param(None, "batch-norm mode while training")
+        joint_batches: bool | None = param(None, "ID and outlier rows in one batch (None: the method's choice)")
+        seed: int = param(999, "training seed")
+        device: str | torch.device | None = param(None, "torch device", runtime=True)
+
+    fit_inputs = frozenset({"id_val", "ood_val", "aux"})
+    needs = frozenset({"device"})
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        if self.bn_mode not in ("eval", "batch"):
-            raise ValueError(f"opengan: bn_mode must be 'eval' or 'batch', got {self.bn_mode!r}")
-        if self.bn_train not in (None, "openood", "train"):
-            raise ValueError(f"opengan: bn_train must be null, 'openood' or 'train', got {self.bn_train!r}")
-        if self.joint_batches not in (None, True, False):
-            raise ValueError(f"opengan: joint_batches must be null, true or false, got {self.joint_batches!r}")
-        if self.fake_fraction is not None and not 0 < float(self.fake_fraction) <= 4:
-            raise ValueError(f"opengan: fake_fraction must be in (0, 4] or null, got {self.fake_fraction!r}")
         self.discriminator: Discriminator | None = None
         self.history: list[dict[str, float]] = []
         self.best_epoch: int | None = None

@@ -1,6 +1,9 @@
 """ASH (Djurisic et al., ICLR 2023): per sample, keep the top activations (binarise, keep, or keep and sharpen), then energy."""
 from __future__ import annotations
 
+from typing import Literal
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -9,6 +12,7 @@ from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import logsumexp
 from detectors.posthoc import streaming
 from detectors.posthoc.common import stored_features
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 VARIANTS = ("b", "p", "s")
@@ -58,8 +62,15 @@ class ASH(Detector):
     family = "posthoc"
     inputs = frozenset({"features"})
     paper = "Djurisic et al., Extremely Simple Activation Shaping for Out-of-Distribution Detection, ICLR 2023"
-    defaults = {"percentile": 90, "variant": "b"}
-    search_space = {"percentile": [65, 70, 75, 80, 85, 90, 95]}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        percentile: float = param(90, "activations below their per-sample p-th percentile are pruned", ge=0, lt=100)
+        variant: Literal["b", "p", "s"] = param("b", "ASH-B (binarise), ASH-P (prune) or ASH-S (scale)")
+
+    fit_inputs = frozenset({"head"})
+    needs = frozenset()
+    search_space = {"percentile": [65, 70, 75, 80, 85, 90, 95]}  # OpenOOD v1.5
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:

@@ -1,12 +1,15 @@
 """DICE (Sun & Li, ECCV 2022): sparsify the head by keeping the weights with the largest contribution, then energy."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import logsumexp
 from detectors.posthoc import streaming
 from detectors.posthoc.common import feature_mean, stored_features
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 
@@ -22,8 +25,14 @@ class DICE(Detector):
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
     paper = "Sun & Li, DICE: Leveraging Sparsification for Out-of-Distribution Detection, ECCV 2022"
-    defaults = {"percentile": 90}
-    search_space = {"percentile": [10, 30, 50, 70, 90]}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        percentile: float = param(90, "sparsity p: weight contributions below their p-th percentile are zeroed", ge=0, lt=100)
+
+    fit_inputs = frozenset({"head"})
+    needs = frozenset()
+    search_space: dict = {}  # OpenOOD v1.5 fixes p at 90 (configs/postprocessors/dice.yml: APS_mode False, p_list [90])
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:

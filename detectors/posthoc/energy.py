@@ -1,12 +1,14 @@
 """Energy score (EBO): T * logsumexp(z / T) (Liu et al., NeurIPS 2020)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from detectors.base import Detector
 from detectors.posthoc.common import logits_of, logsumexp
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 
@@ -23,8 +25,14 @@ class Energy(Detector):
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Liu et al., Energy-based Out-of-distribution Detection, NeurIPS 2020"
-    defaults: dict[str, Any] = {"temperature": 1.0}
-    search_space: dict[str, list[Any]] = {"temperature": [1, 10, 100, 1000]}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        temperature: float = param(1.0, "energy temperature T: s = T logsumexp(z / T)", gt=0)
+
+    fit_inputs = frozenset()
+    needs = frozenset()
+    search_space: dict[str, list[Any]] = {"temperature": [1]}  # OpenOOD v1.5 configs/postprocessors/ebo.yml
 
     def _score(self, batch: Any) -> np.ndarray:
         return energy_score(logits_of(batch, self.name), self.params["temperature"])

@@ -1,11 +1,14 @@
 """fDBD (Liu & Qin, ICML 2024): mean feature-space distance to the decision boundaries, normalised by the feature scale."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from tqdm.auto import tqdm
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import feature_mean, float32_features
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 BLOCK_ROWS = 4096
@@ -31,8 +34,14 @@ class FDBD(Detector):
     family = "posthoc"
     inputs = frozenset({"features"})
     paper = "Liu & Qin, Fast Decision Boundary based Out-of-Distribution Detector, ICML 2024"
-    defaults = {"distance_as_normalizer": True}
-    search_space = {"distance_as_normalizer": [True, False]}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        distance_as_normalizer: bool = param(True, "divide by ||h - mu_train|| (True) or by ||h|| (False)")
+
+    fit_inputs = frozenset({"head"})
+    needs = frozenset()
+    search_space = {"distance_as_normalizer": [True, False]}  # OpenOOD v1.5
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:

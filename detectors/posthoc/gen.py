@@ -1,12 +1,14 @@
 """GEN: generalized entropy of the top-M softmax probabilities (Liu et al., CVPR 2023)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from detectors.base import Detector
 from detectors.posthoc.common import logits_of, softmax
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 
@@ -26,13 +28,15 @@ class GEN(Detector):
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Liu et al., GEN: Pushing the Limits of Softmax-Based OOD Detection, CVPR 2023"
-    defaults: dict[str, Any] = {"gamma": 0.1, "M": 100}
-    search_space: dict[str, list[Any]] = {"gamma": [0.01, 0.1, 0.5, 1, 2, 5, 10], "M": [10, 50, 100, 200, 500, 1000]}
 
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        if int(self.params["M"]) < 1 or float(self.params["gamma"]) <= 0:
-            raise ValueError(f"gen: M must be >= 1 and gamma > 0, got M={self.params['M']}, gamma={self.params['gamma']}")
+    @dataclass(frozen=True)
+    class Params(Params):
+        gamma: float = param(0.1, "exponent of the generalised entropy", gt=0)
+        M: int = param(100, "number of top softmax probabilities summed", ge=1)
+
+    fit_inputs = frozenset()
+    needs = frozenset()
+    search_space: dict[str, list[Any]] = {"gamma": [0.01, 0.1, 0.5, 1, 2, 5, 10], "M": [10, 50, 100, 200, 500, 1000]}
 
     def _score(self, batch: Any) -> np.ndarray:
         return generalized_entropy_score(logits_of(batch, self.name), float(self.params["gamma"]), int(self.params["M"]))

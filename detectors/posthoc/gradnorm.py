@@ -29,8 +29,8 @@ class GradNorm(Detector):
     family = "posthoc"
     inputs = frozenset({"features"})
     paper = "Huang et al., On the Importance of Gradients for Detecting Distributional Shifts in the Wild, NeurIPS 2021"
-    defaults: dict[str, Any] = {}
-    search_space: dict[str, list[Any]] = {}
+    fit_inputs = frozenset({"head"})
+    needs = frozenset()
     needs_head = True
 
     def _score(self, batch: Any) -> np.ndarray:

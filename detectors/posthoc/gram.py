@@ -13,12 +13,14 @@ keyed by the model, its weights, the image set and the layer / power choice, so 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import hashlib
 import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -26,11 +28,10 @@ from tqdm.auto import tqdm
 
 from detectors.base import Detector, ImageSet, as_numpy
 from detectors.posthoc.common import softmax
+from detectors.params import Params, param
 from detectors.registry import register_detector
 from pipelines.io import atomic_path
 
-LAYERS = ("hidden_states", "relu_conv")
-NORMALIZE = ("train_holdout", "id_val")
 EPS = 1e-6  # OpenOOD's 10**-6 in the deviation's denominators
 ROW_BLOCK = 1024
 _MEMO_ATTR = "_gram_feature_memo"
@@ -131,24 +132,28 @@ class Gram(Detector):
     family = "posthoc"
     inputs = frozenset({"images"})
     paper = "Sastry & Oore, Detecting Out-of-Distribution Examples with Gram Matrices, ICML 2020"
-    defaults: dict[str, Any] = {"powers": [1, 2, 3, 4, 5], "layers": "hidden_states", "normalize": "train_holdout",
-                                "holdout": 0.1, "seed": 0}
-    search_space: dict[str, list[Any]] = {}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        powers: list[int] = param([1, 2, 3, 4, 5], "powers p of the p-th order Gram matrices")
+        layers: Literal["hidden_states", "relu_conv"] = param("hidden_states", "which feature maps are read")
+        normalize: Literal["train_holdout", "id_val"] = param("train_holdout", "where the layer normalisers come from")
+        holdout: float = param(0.1, "fraction of each class's training images held out for the normalisers", gt=0, lt=1)
+        seed: int = param(0, "seed of the holdout draw")
+
+        def check(self, dims: dict[str, int] | None = None) -> None:
+            super().check(dims)
+            if not self.powers or min(self.powers) < 1:
+                raise ValueError(f"powers must be a non-empty list of integers >= 1, got {self.powers!r}")
+
+    fit_inputs = frozenset({"id_val"})
+    needs = frozenset({"classifier", "cache_dir"})
 
     def __init__(self, classifier: Any = None, cache_dir: str | os.PathLike | None = None, batch_size: int = 32,
                  **params: Any) -> None:
         """`classifier`: an ImageClassifier (`hidden_maps`, `preprocess`); `cache_dir`: where Gram features are cached
         (None: in memory only). Both are kept out of params."""
         super().__init__(**params)
-        powers = self.params["powers"]
-        if not powers or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in powers):
-            raise ValueError(f"gram: powers must be a non-empty list of positive integers, got {powers!r}")
-        if self.params["layers"] not in LAYERS:
-            raise ValueError(f"gram: layers must be one of {LAYERS}, got {self.params['layers']!r}")
-        if self.params["normalize"] not in NORMALIZE:
-            raise ValueError(f"gram: normalize must be one of {NORMALIZE}, got {self.params['normalize']!r}")
-        if not 0.0 < float(self.params["holdout"]) < 1.0:
-            raise ValueError(f"gram: holdout must be in (0, 1), got {self.params['holdout']}")
         self.classifier, self.cache_dir, self.batch_size = classifier, cache_dir, int(batch_size)
         self.mins: np.ndarray | None = None  # [K, F]
         self.maxs: np.ndarray | None = None

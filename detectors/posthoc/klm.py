@@ -39,8 +39,8 @@ class KLMatching(Detector):
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings, ICML 2022"
-    defaults: dict[str, Any] = {}
-    search_space: dict[str, list[Any]] = {}
+    fit_inputs = frozenset({"id_val"})
+    needs = frozenset()
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)

@@ -13,12 +13,16 @@ Indexes (`index` parameter):
 """
 from __future__ import annotations
 
+from typing import Literal
+from dataclasses import dataclass
+
 import numpy as np
 from tqdm.auto import tqdm
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import stored_features
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 QUERY_BLOCK = 8192
@@ -56,8 +60,16 @@ class KNN(Detector):
     family = "posthoc"
     inputs = frozenset({"features"})
     paper = "Sun et al., Out-of-Distribution Detection with Deep Nearest Neighbors, ICML 2022"
-    defaults = {"k": 50, "index": "flat", "nprobe": 16}
-    search_space = {"k": [50, 100, 200, 500, 1000]}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        k: int = param(50, "the score is the distance to the k-th nearest train feature", ge=1)
+        index: Literal["flat", "flat16", "ivf", "auto"] = param("flat", "nearest-neighbour index (see the module docstring)")
+        nprobe: int = param(16, "IVF lists searched per query", ge=1)
+
+    fit_inputs = frozenset()
+    needs = frozenset()
+    search_space = {"k": [50, 100, 200, 500, 1000]}  # OpenOOD v1.5
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         if self.index not in INDEXES:

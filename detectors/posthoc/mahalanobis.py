@@ -54,8 +54,8 @@ class Mahalanobis(Detector):
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
     paper = "Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks, NeurIPS 2018"
-    defaults = {}
-    search_space = {}
+    fit_inputs = frozenset()
+    needs = frozenset()
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         self._fit_moments(streaming.moments(stored_features(id_train, self.name), labels_of(id_train, self.name)))

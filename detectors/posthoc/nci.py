@@ -1,11 +1,14 @@
 """NCI (Liu & Qin, CVPR 2025): neural-collapse inspired score, alignment of (h - mu_train) with the predicted class weight."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import feature_mean, model_precision, stored_features
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 
@@ -17,8 +20,14 @@ class NCI(Detector):
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
     paper = "Liu & Qin, Detecting Out-of-Distribution through the Lens of Neural Collapse, CVPR 2025"
-    defaults = {"alpha": 1e-4}
-    search_space = {"alpha": [1e-4, 1e-3, 1e-2, 1e-1]}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        alpha: float = param(1e-4, "weight of the L1 norm term", ge=0)
+
+    fit_inputs = frozenset({"head"})
+    needs = frozenset()
+    search_space = {"alpha": [1e-4, 1e-3, 1e-2, 1e-1]}  # OpenOOD v1.5
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:

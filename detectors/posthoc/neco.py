@@ -1,12 +1,16 @@
 """NECO (Ben Ammar et al., ICLR 2024): share of the feature norm inside the top principal subspace of ID features."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import model_precision, stored_features
 from detectors.posthoc.vim import ranked_eigenvectors, resolve_dim
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 
@@ -23,8 +27,19 @@ class NECO(Detector):
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
     paper = "Ben Ammar et al., NECO: NEural Collapse Based Out-of-distribution detection, ICLR 2024"
-    defaults = {"dim": None, "scale": True, "max_logit": False}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        dim: int | None = param(None, "PCA dimension (<= D; None: ViM's rule)", ge=1, le="features")
+        scale: bool = param(True, "standardise the features before the PCA")
+        max_logit: bool = param(False, "multiply by the max logit (the official choice for ViT/DeiT/Swin)")
+
+    fit_inputs = frozenset({"head"})
+    needs = frozenset()
     search_space = {"dim": [50, 100, 150, 200, 250, 300]}
+
+    def resolved_params(self) -> dict[str, Any]:
+        return {"dim": int(self.components.shape[1])} if "components" in self.__dict__ else {}
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         if self.max_logit and self.head is None:

@@ -5,6 +5,8 @@ divided by the normalisation std per channel (as OpenOOD does), which is an eps 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import math
 from typing import Any
 
@@ -14,6 +16,7 @@ from tqdm.auto import tqdm
 
 from detectors.base import Detector, ImageSet, as_numpy
 from detectors.posthoc.common import softmax
+from detectors.params import Params, param
 from detectors.registry import register_detector
 from pipelines.data import Manifest
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
@@ -42,8 +45,15 @@ class ODIN(Detector):
     family = "posthoc"
     inputs = frozenset({"images"})
     paper = "Liang et al., Enhancing the Reliability of OOD Image Detection in Neural Networks (ODIN), ICLR 2018"
-    defaults: dict[str, Any] = {"temperature": 1000.0, "noise": 0.0014}
-    search_space: dict[str, list[Any]] = {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        temperature: float = param(1000.0, "softmax temperature T", gt=0)
+        noise: float = param(0.0014, "input perturbation step (in normalised pixel units)", ge=0)
+
+    fit_inputs = frozenset()
+    needs = frozenset({"classifier", "device", "precision"})
+    search_space: dict[str, list[Any]] = {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]}  # OpenOOD v1.5
 
     def __init__(self, classifier: Any = None, batch_size: int = 32, device: str | None = None, precision: str = "fp32",
                  **params: Any) -> None:
@@ -105,11 +115,15 @@ class ODIN(Detector):
             for x in tqdm(chunks, total=total, desc="odin", leave=False, disable=total < 2):
                 x = x.to(device=param.device, dtype=param.dtype)
                 with torch.autocast(param.device.type, dtype=dtype, enabled=dtype != torch.float32):
-                    perturbed = odin_perturb(model, x, temperature, noise)
-                    with torch.no_grad():
-                        logits = model(perturbed)[0]
-                scores.append(softmax(as_numpy(logits, np.float64) / temperature).max(axis=1))
+                    scores.append(self._chunk_scores(model, x, temperature, noise))
         finally:
             for module, training in modes:
                 module.training = training
         return np.concatenate(scores) if scores else np.zeros(0)
+
+    def _chunk_scores(self, model: Any, x: torch.Tensor, temperature: float, noise: float) -> np.ndarray:
+        """max softmax(f(x') / T) of one batch of normalised pixels (RP-ODIN re-weights it)."""
+        perturbed = odin_perturb(model, x, temperature, noise)
+        with torch.no_grad():
+            logits = model(perturbed)[0]
+        return softmax(as_numpy(logits, np.float64) / temperature).max(axis=1)

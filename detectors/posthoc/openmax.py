@@ -13,19 +13,21 @@ other scores are options.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from scipy.optimize import brentq
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import labels_of, logits_of, logsumexp
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 LIBMR_TRANSLATE = 10000.0  # libMR's default translate_amount
 DISTANCES = ("eucos", "euclidean", "cosine")
-SCORES = ("openood", "unknown", "max_known", "max_all")
 ROW_BLOCK = 4096
 
 
@@ -123,17 +125,20 @@ class OpenMax(Detector):
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Bendale & Boult, Towards Open Set Deep Networks, CVPR 2016"
-    defaults: dict[str, Any] = {"tailsize": 20, "alpha": 3, "distance": "euclidean", "eu_weight": 1 / 200, "score": "openood"}
-    search_space: dict[str, list[Any]] = {}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        tailsize: int = param(20, "largest distances per class the Weibull is fitted to", ge=2)
+        alpha: int = param(3, "top classes whose activations are revised", ge=1, le="classes")
+        distance: Literal["eucos", "euclidean", "cosine"] = param("euclidean", "distance to the mean activation vectors")
+        eu_weight: float = param(1 / 200, "weight of the euclidean term in eucos", ge=0)
+        score: Literal["openood", "unknown", "max_known", "max_all"] = param("openood", "the confidence returned")
+
+    fit_inputs = frozenset()
+    needs = frozenset()
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        if self.params["distance"] not in DISTANCES:
-            raise ValueError(f"openmax: distance must be one of {DISTANCES}, got {self.params['distance']!r}")
-        if self.params["score"] not in SCORES:
-            raise ValueError(f"openmax: score must be one of {SCORES}, got {self.params['score']!r}")
-        if int(self.params["alpha"]) < 1 or int(self.params["tailsize"]) < 2:
-            raise ValueError(f"openmax: alpha >= 1 and tailsize >= 2 needed, got {self.params['alpha']}, {self.params['tailsize']}")
         self.mavs: np.ndarray | None = None
         self.weibull: np.ndarray | None = None  # [C, 3]: shape, scale, small_score
 

@@ -1,11 +1,14 @@
 """ReAct (Sun et al., NeurIPS 2021): clip penultimate activations at a percentile of ID activations, then energy."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import logsumexp, model_precision, stored_features
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 
@@ -21,8 +24,14 @@ class ReAct(Detector):
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
     paper = "Sun et al., ReAct: Out-of-distribution Detection With Rectified Activations, NeurIPS 2021"
-    defaults = {"percentile": 90}
-    search_space = {"percentile": [85, 90, 95, 99]}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        percentile: float = param(90, "activations are clipped at their p-th percentile on ID data (100: plain energy)", gt=0, le=100)
+
+    fit_inputs = frozenset({"head", "id_val"})
+    needs = frozenset()
+    search_space = {"percentile": [85, 90, 95, 99]}  # OpenOOD v1.5
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:

@@ -1,13 +1,20 @@
-"""RP-MSP and RP-EBO: softmax scores re-weighted by the ID class prior (Jiang et al., ICML 2023)."""
+"""RP-MSP, RP-EBO and RP-GradNorm: scores re-weighted by the ID class prior (Jiang et al., ICML 2023).
+
+RP-GradNorm as Open-Insects runs it (src/openood/postprocessors/rp_gradnorm_postprocessor.py, after the class-prior
+authors' funcs.py): ||h||_1 * ||prior - softmax(Wh + b)||_1 / (D * C), the L1 norm of the gradient w.r.t. W of the
+cross-entropy to the prior (the code divides by 2048, ResNet-50's D, and C; a constant). RP-ODIN: rp_odin.py.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import labels_of, logits_of, softmax
+from detectors.posthoc.common import labels_of, logits_of, raw_features, softmax
 from detectors.posthoc.energy import energy_score
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 
@@ -25,6 +32,8 @@ class _PriorDetector(Detector):
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Jiang et al., Detecting Out-of-distribution Data through In-distribution Class Prior, ICML 2023"
+    fit_inputs = frozenset({"head"})
+    needs = frozenset()
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -65,8 +74,6 @@ class _PriorDetector(Detector):
 class RPMSP(_PriorDetector):
     """s(x) = max_k (softmax(z)_k - prior_k)."""
 
-    defaults: dict[str, Any] = {}
-    search_space: dict[str, list[Any]] = {}
 
     def _score(self, batch: Any) -> np.ndarray:
         _, probs = self._probs_and_prior(batch)
@@ -77,10 +84,32 @@ class RPMSP(_PriorDetector):
 class RPEBO(_PriorDetector):
     """s(x) = T logsumexp(z / T) * (1 - cos(softmax(z), prior))."""
 
-    defaults: dict[str, Any] = {"temperature": 1.0}
-    search_space: dict[str, list[Any]] = {}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        temperature: float = param(1.0, "energy temperature T", gt=0)
 
     def _score(self, batch: Any) -> np.ndarray:
         logits, probs = self._probs_and_prior(batch)
         cosine = probs @ self.prior / (np.linalg.norm(probs, axis=1) * np.linalg.norm(self.prior))
         return energy_score(logits, self.params["temperature"]) * (1.0 - cosine)
+
+
+def rp_gradnorm_score(features: np.ndarray, weight: np.ndarray, bias: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """||h||_1 * ||prior - softmax(Wh + b)||_1 / (D * C); the projection in the features' precision, the rest float64."""
+    h = np.asarray(features)
+    probs = softmax(h @ weight.T.astype(h.dtype, copy=False) + bias.astype(h.dtype, copy=False))
+    return np.abs(h).sum(axis=1, dtype=np.float64) * np.abs(prior[None, :] - probs).sum(axis=1) / weight.size
+
+
+@register_detector("rp_gradnorm")
+class RPGradNorm(_PriorDetector):
+    """GradNorm with the class prior in place of the uniform target, on penultimate features and the linear head."""
+
+    inputs = frozenset({"features"})
+    needs_head = True
+
+    def _score(self, batch: Any) -> np.ndarray:
+        if self.prior is None or self.head is None:
+            raise RuntimeError("rp_gradnorm: call fit(id_train, head=LinearHead(W, b)) before score()")
+        return rp_gradnorm_score(raw_features(batch, self.name), self.head.weight, self.head.bias, self.prior)

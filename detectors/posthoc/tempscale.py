@@ -1,13 +1,16 @@
 """Temperature scaling: MSP of z / T with T fitted on ID-validation NLL (Guo et al., ICML 2017)."""
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
+import torch
 from scipy.optimize import minimize
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import labels_of, logits_of, logsumexp, softmax
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 LOG_T_BOUNDS = (np.log(1e-3), np.log(1e3))
@@ -34,6 +37,26 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, init: float = 1.5) -
     return float(np.exp(result.x[0]))
 
 
+def fit_temperature_lbfgs(logits: np.ndarray, labels: np.ndarray, init: float = 1.5, lr: float = 0.01, max_iter: int = 50) -> float:
+    """OpenOOD v1.5's fit (temp_scaling_postprocessor.py): one `torch.optim.LBFGS([T], lr=0.01, max_iter=50)` step on
+    the mean cross-entropy of z / T from T = 1.5, in float32 as there; it stops short of the exact optimum."""
+    z = torch.as_tensor(np.asarray(logits), dtype=torch.float32)
+    y = torch.as_tensor(np.asarray(labels), dtype=torch.long)
+    if y.min() < 0 or y.max() >= z.shape[1]:
+        raise ValueError(f"tempscale: labels must lie in [0, {z.shape[1]}), got [{int(y.min())}, {int(y.max())}]")
+    temperature = torch.nn.Parameter(torch.full((1,), float(init)))
+    optimizer = torch.optim.LBFGS([temperature], lr=lr, max_iter=max_iter)
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(z / temperature, y)
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return float(temperature.detach()[0])
+
+
 @register_detector("tempscale")
 class TempScale(Detector):
     """Max softmax of z / T; `temperature=None` fits T on ID-val (else ID-train) NLL, a number fixes it.
@@ -46,8 +69,16 @@ class TempScale(Detector):
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Guo et al., On Calibration of Modern Neural Networks, ICML 2017"
-    defaults: dict[str, Any] = {"temperature": None, "output": "logodds"}
-    search_space: dict[str, list[Any]] = {}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        temperature: float | None = param(None, "a fixed temperature T; None fits it on ID validation NLL", gt=0)
+        output: Literal["logodds", "prob"] = param("logodds", "score as the log-odds of the max softmax, or the probability")
+        fit: Literal["lbfgs", "exact"] = param("lbfgs", "T fitting: OpenOOD's torch LBFGS (lr 0.01, 50 iterations from 1.5) "
+                                                        "or the exact NLL optimum")
+
+    fit_inputs = frozenset({"id_val"})
+    needs = frozenset()
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -62,13 +93,18 @@ class TempScale(Detector):
             raise RuntimeError("tempscale: temperature=None means 'fit it'; call fit(id_train, id_val=...) first")
         return self.fitted_temperature
 
+    def resolved_params(self) -> dict[str, Any]:
+        fitted = self.params["temperature"] is None and self.fitted_temperature is not None
+        return {"temperature": self.fitted_temperature} if fitted else {}
+
     def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
         if self.params["temperature"] is not None:
             return
         data = id_val if id_val is not None else id_train
         if not isinstance(data, FeatureSet):
             raise TypeError(f"tempscale: fitting T needs a FeatureSet with logits and labels, got {type(data).__name__}")
-        self.fitted_temperature = fit_temperature(logits_of(data, self.name), labels_of(data, self.name))
+        fit = fit_temperature if self.params["fit"] == "exact" else fit_temperature_lbfgs
+        self.fitted_temperature = fit(logits_of(data, self.name), labels_of(data, self.name))
 
     def _score(self, batch: Any) -> np.ndarray:
         scaled = logits_of(batch, self.name) / self.effective_temperature

@@ -1,12 +1,16 @@
 """Virtual-logit Matching (ViM, Wang et al., CVPR 2022): energy minus the scaled residual off the principal subspace."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import scipy.linalg
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import logsumexp, model_precision, stored_features
+from detectors.params import Params, param
 from detectors.registry import register_detector
 
 
@@ -65,9 +69,22 @@ class ViM(Detector):
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
     paper = "Wang et al., ViM: Out-Of-Distribution with Virtual-logit Matching, CVPR 2022"
-    defaults = {"dim": None}
-    search_space = {"dim": [256, 1000]}
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        dim: int | None = param(None, "principal subspace dimension (< D; None: 1000 for D >= 2048, 256 for D >= 512, "
+                                      "D // 2 below)", ge=1, lt="features")
+
+    fit_inputs = frozenset({"head"})
+    needs = frozenset()
+    search_space = {"dim": [256, 1000]}  # OpenOOD v1.5
     needs_head = True
+
+    def resolved_params(self) -> dict[str, Any]:
+        if "basis" not in self.__dict__:
+            return {}
+        kept = self.basis.shape[1]
+        return {"dim": kept if self.keeps_principal else self.basis.shape[0] - kept}
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         h = stored_features(id_train, self.name)

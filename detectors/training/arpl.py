@@ -12,12 +12,15 @@ class, so `trained_head` (without it) gives the same softmax; `transform` return
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectors.base import LinearHead, as_numpy
+from detectors.base import LinearHead, as_numpy, param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, logsumexp64, softmax64
 from pipelines.training import Objective, TrainBatch
@@ -57,7 +60,13 @@ class ARPL(TrainedDetector):
     """Reciprocal points replace the head; score = MSP of the reciprocal-point logits (or their logsumexp)."""
 
     paper = "Chen et al., Adversarial Reciprocal Points Learning for Open Set Recognition, TPAMI 2021"
-    method_defaults = {"weight_pl": 0.1, "temp": 1.0, "score_rule": "msp"}
+
+    @dataclass(frozen=True)
+    class Params(TrainedDetector.Params):
+        weight_pl: float = param(0.1, "weight of the reciprocal-point loss", ge=0)
+        temp: float = param(1.0, "temperature of the reciprocal-point logits", gt=0)
+        score_rule: Literal["msp", "energy"] = param("msp", "how the trained model scores")
+
     search_space = {"weight_pl": [0.01, 0.1, 1.0]}
     score_rules = ("msp", "energy")
 

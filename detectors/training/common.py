@@ -1,12 +1,18 @@
-"""What every training-time detector shares: fit = train with pipelines.training, score = a rule on the trained heads.
+"""What every training-time detector shares: fit = train with pipelines.training, score = a rule on the trained model.
 
-A training-time detector builds an `Objective` (its loss) from its parameters and trains in one of two modes:
-- full: `fit(ImageSet | Manifest, aux=ImageSet | Manifest)` with `classifier=` given at construction fine-tunes the whole
-  classifier (`pipelines.training.finetune`); re-extract features with the fine-tuned classifier before scoring.
-- fast: `fit(FeatureSet, head=LinearHead, aux=FeatureSet)` trains only the heads on cached penultimate features
-  (`pipelines.training.train_heads`); the head starts from `head` (or from random weights when none is given).
+A training-time detector builds an `Objective` (its loss) from its parameters and trains in one of two modes
+(parameter `mode`, written to results.csv by the runner):
+- "full" (default, the papers' protocol): `fit(ImageSet | Manifest, aux=ImageSet | Manifest)` with `classifier=` given
+  at construction fine-tunes that whole classifier in place on images (`pipelines.training.finetune`; the runner hands
+  each method its own copy). With `work_dir=` (the runner's unit folder) the model is checkpointed there after every
+  epoch, atomically, and a killed run resumes its training; the fine-tuned weights are also part of the detector's saved
+  state. `transform(ImageSet)` re-extracts features and logits with the fine-tuned model into a cache under
+  `work_dir/features`, keyed by the fine-tuned weights, the preprocessing, the precision and the images.
+- "heads" (fast studies): `fit(FeatureSet, head=LinearHead, aux=FeatureSet)` trains only the heads on cached
+  penultimate features of the frozen classifier (`pipelines.training.train_heads`); the backbone never changes.
+The instance's `inputs` says what the runner hands it: {"images"} in full mode, {"features", "logits"} in heads mode.
 Either way the trained closed-set head and the method's extra arrays (branch heads, ...) become the detector's state,
-and `score(FeatureSet)` recomputes every logit from `features` with them (cached logits are not used).
+and scores are recomputed from features with them (cached logits are not used).
 
 Training x post-hoc scoring: `transform(batch)` gives the FeatureSet as the trained model sees it (its features and the
 closed-set logits of its trained head, labels kept) and `trained_head` that head as a `LinearHead`, so any post-hoc
@@ -16,19 +22,18 @@ features; ARPL: reciprocal-point logits, linear up to a per-row constant).
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 
-from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, as_numpy
+from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, Params, as_numpy, param
 from pipelines.training import Objective, finetune, train_heads
 
-# Open-Insects recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine with 2 warm-up epochs, batch 512.
-TRAINING_DEFAULTS: dict[str, Any] = {
-    "epochs": 30, "lr": 1e-3, "batch_size": 512, "weight_decay": 1e-5, "warmup_epochs": 2, "seed": 0,
-    "precision": "auto", "num_workers": 0, "aux_label_field": None,
-}
+MODES = ("full", "heads")
 
 
 def softmax64(logits: np.ndarray) -> np.ndarray:
@@ -52,25 +57,49 @@ def apply_linear(state: dict[str, np.ndarray], prefix: str, features: np.ndarray
 
 
 class TrainedDetector(Detector):
-    """Base of the training-time detectors (family "training"). Subclasses set `method_defaults`, `score_rules`,
-    and implement `objective()` (the loss to train) and `_score_logits(logits, features)`."""
+    """Base of the training-time detectors (family "training"). Subclasses extend `Params` with their method's
+    hyperparameters and `score_rule`, set `score_rules`, and implement `objective()` (the loss to train) and
+    `_score_logits(logits, features)`."""
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        """Open-Insects recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine with 2 warm-up epochs, batch 512."""
+
+        mode: Literal["full", "heads"] = param("full", "fine-tune the whole classifier on images, or heads on cached features")
+        epochs: int = param(30, "training epochs", ge=1)
+        lr: float = param(1e-3, "AdamW learning rate", gt=0)
+        batch_size: int = param(512, "training batch size", ge=1)
+        weight_decay: float = param(1e-5, "AdamW weight decay", ge=0)
+        warmup_epochs: float = param(2, "linear warm-up epochs before the cosine", ge=0)
+        seed: int = param(0, "training seed")
+        precision: str = param("auto", "training precision (auto: bf16 on GPU, fp32 on CPU)", runtime=True)
+        num_workers: int = param(0, "data-loader workers (full mode)", runtime=True, ge=0)
+        aux_label_field: str | None = param(None, "manifest field giving auxiliary rows a class index")
+        score_batch_size: int = param(64, "images per scoring batch", runtime=True, ge=1)
+        score_rule: str = param("msp", "how the trained model scores (one of the class's score_rules)")
 
     family: ClassVar[str] = "training"
-    inputs: ClassVar[frozenset[str]] = frozenset({"features"})
-    method_defaults: ClassVar[dict[str, Any]] = {}
+    inputs: ClassVar[frozenset[str]] = frozenset({"images"})  # the default mode's; each instance sets its own
+    fit_inputs: ClassVar[frozenset[str]] = frozenset({"head", "id_val", "aux"})
+    needs: ClassVar[frozenset[str]] = frozenset({"classifier", "precision", "work_dir"})
     score_rules: ClassVar[tuple[str, ...]] = ("msp",)
+    modes: ClassVar[tuple[str, ...]] = MODES
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.defaults = {**TRAINING_DEFAULTS, **cls.method_defaults}
-
-    def __init__(self, classifier: Any = None, **params: Any) -> None:
+    def __init__(self, classifier: Any = None, work_dir: str | os.PathLike | None = None, **params: Any) -> None:
+        """`classifier`: the ImageClassifier to fine-tune in full mode (trained in place; pass a copy to keep yours);
+        `work_dir`: where full mode writes its per-epoch checkpoint and its feature caches (none: no resume, no cache)."""
         super().__init__(**params)
         if self.params["score_rule"] not in self.score_rules:
             raise ValueError(f"{self.name}: score_rule must be one of {self.score_rules}, got {self.params['score_rule']!r}")
+        if self.params["mode"] not in self.modes:
+            raise ValueError(f"{self.name}: mode must be one of {self.modes}, got {self.params['mode']!r}")
+        self.inputs = frozenset({"images"}) if self.params["mode"] == "full" else frozenset({"features", "logits"})
         self.classifier = classifier
+        self.work_dir = None if work_dir is None else Path(work_dir)
         self.extra: dict[str, np.ndarray] = {}
         self.history: list[dict[str, float]] = []
+        self._features_memo: dict[str, tuple[np.ndarray, Any]] = {}
+        self._weights_key: str | None = None  # fingerprint of the fine-tuned weights (feature cache keys)
 
     # -- to implement ---------------------------------------------------------------------------------------
     def objective(self) -> Objective:
@@ -86,20 +115,30 @@ class TrainedDetector(Detector):
     # -- protocol -------------------------------------------------------------------------------------------
     def fit(self, id_train: Any, *, head: LinearHead | None = None, id_val: Any = None, ood_val: Any = None,
             aux: Any = None) -> "TrainedDetector":
-        """Train (see the module docstring for the two modes); `aux` is the auxiliary (outlier-exposure) set."""
+        """Train (see the module docstring for the two modes); `aux` is the auxiliary (outlier-exposure) set.
+        `ood_val` is accepted for the protocol; selection on it is the runner's."""
         objective = self.objective()
         if objective.uses_aux and aux is None:
             raise ValueError(f"{self.name} trains with auxiliary data: fit(..., aux=<auxiliary FeatureSet, ImageSet or Manifest>)")
         p = self.params
         common = dict(epochs=p["epochs"], lr=p["lr"], batch_size=p["batch_size"], weight_decay=p["weight_decay"],
                       warmup_epochs=p["warmup_epochs"], objective=objective, seed=p["seed"], precision=p["precision"])
-        if isinstance(id_train, FeatureSet):
-            layer, result = self._fit_features(id_train, head, id_val, aux if objective.uses_aux else None, common)
+        aux = aux if objective.uses_aux else None
+        if p["mode"] == "heads":
+            if not isinstance(id_train, FeatureSet):
+                raise TypeError(f"{self.name}: mode 'heads' trains heads on cached features: fit(FeatureSet, head=...), "
+                                f"got {type(id_train).__name__} (mode 'full' fine-tunes on images)")
+            layer, result = self._fit_features(id_train, head, id_val, aux, common)
         else:
-            layer, result = self._fit_images(id_train, id_val, aux if objective.uses_aux else None, common)
+            if isinstance(id_train, FeatureSet):
+                raise TypeError(f"{self.name}: mode 'full' fine-tunes the classifier on images: fit(ImageSet or Manifest); "
+                                "pass mode='heads' to train heads on a FeatureSet")
+            layer, result = self._fit_images(id_train, id_val, aux, common)
         self.head = LinearHead(as_numpy(layer.weight, np.float64), as_numpy(layer.bias, np.float64))
         self.extra = self.export(objective)
         self.history = result.history
+        self._features_memo.clear()
+        self._weights_key = None
         self.fitted = True
         return self
 
@@ -120,17 +159,17 @@ class TrainedDetector(Detector):
                            **common)
 
     def _fit_images(self, id_train: Any, id_val: Any, aux: Any, common: dict[str, Any]):
+        from detectors.training.finetuned import as_manifest, training_key
+
         if self.classifier is None:
-            raise ValueError(f"{self.name}: training on images needs build({self.name!r}, classifier=<ImageClassifier>)")
-
-        def manifest(x: Any) -> Any:
-            return x.manifest if isinstance(x, ImageSet) else x
-
-        train_m = manifest(id_train)
-        if train_m is None or not hasattr(train_m, "rows"):
-            raise TypeError(f"{self.name}: id_train must be a FeatureSet, an ImageSet built from a manifest, or a Manifest")
-        result = finetune(self.classifier, train_m, aux=manifest(aux), val=manifest(id_val), num_workers=self.params["num_workers"],
-                          aux_label_field=self.params["aux_label_field"], **common)
+            raise ValueError(f"{self.name}: mode 'full' fine-tunes a classifier: build({self.name!r}, classifier=<ImageClassifier>)")
+        train_m, aux_m, val_m = (as_manifest(x, what, self.name) for x, what in ((id_train, "id_train"), (aux, "aux"), (id_val, "id_val")))
+        checkpoint, key = None, ""
+        if self.work_dir is not None:
+            checkpoint = self.work_dir / "finetune.pt"
+            key = training_key(self.name, self.params, self.classifier, train_m, aux_m, val_m)
+        result = finetune(self.classifier, train_m, aux=aux_m, val=val_m, num_workers=self.params["num_workers"],
+                          aux_label_field=self.params["aux_label_field"], checkpoint=checkpoint, checkpoint_key=key, **common)
         return self.classifier.head, result
 
     # -- the trained model as a feature extractor (for post-hoc rules) -----------------------------------------
@@ -148,25 +187,54 @@ class TrainedDetector(Detector):
         self._check_fitted()
         return self.head
 
-    def transform(self, batch: FeatureSet) -> FeatureSet:
-        """`batch` as the trained model sees it: features read by its closed-set head, that head's logits, labels kept."""
+    def transform(self, batch: Any) -> FeatureSet:
+        """`batch` as the trained model sees it: features read by its closed-set head, that head's logits, labels kept.
+
+        A FeatureSet holds features of the trained model already (heads mode: of the frozen backbone); an ImageSet or
+        Manifest (full mode) goes through the fine-tuned classifier once (content-keyed cache under work_dir)."""
         self._check_fitted()
-        batch.require("features", who=self.name)
-        features = self.scored_features(np.asarray(batch.features, dtype=np.float64))
-        return FeatureSet(features, self.closed_logits(features), batch.labels)
+        if isinstance(batch, FeatureSet):
+            batch.require("features", who=self.name)
+            raw, labels = batch.features, batch.labels
+        else:
+            raw, labels = self.model_features(batch)
+        features = self.scored_features(np.asarray(raw, dtype=np.float64))
+        return FeatureSet(features, self.closed_logits(features), labels)
+
+    def model_features(self, batch: Any) -> tuple[np.ndarray, Any]:
+        """(penultimate features [N,D], labels) of the fine-tuned classifier on an ImageSet or Manifest."""
+        from detectors.training.finetuned import extract
+
+        if self.classifier is None:
+            raise ValueError(f"{self.name}: scoring images needs the fine-tuned classifier (build(..., classifier=...))")
+        return extract(self, batch)
 
     def _check_fitted(self) -> None:
         if not self.fitted or self.head is None:
             raise RuntimeError(f"{self.name}: call fit() (or from_pretrained) first")
 
-    def _score(self, batch: FeatureSet) -> np.ndarray:
+    def _score(self, batch: Any) -> np.ndarray:
         seen = self.transform(batch)
         return self._score_logits(seen.logits, seen.features)
 
     # -- state ----------------------------------------------------------------------------------------------
     def state(self) -> dict[str, np.ndarray]:
-        return {**super().state(), **self.extra}
+        from detectors.training.finetuned import classifier_arrays
+
+        out = {**super().state(), **self.extra}
+        if self.params["mode"] == "full" and self.classifier is not None and self.fitted:
+            out.update(classifier_arrays(self.classifier))
+        return out
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
+        from detectors.training.finetuned import CLASSIFIER_PREFIX, load_classifier_arrays
+
         super().load_state(state)
-        self.extra = {k: v for k, v in state.items() if not k.startswith("head.")}
+        self.extra = {k: v for k, v in state.items() if not k.startswith(("head.", CLASSIFIER_PREFIX))}
+        if any(k.startswith(CLASSIFIER_PREFIX) for k in state):
+            if self.classifier is None:
+                raise ValueError(f"{self.name}: this saved detector holds a fine-tuned classifier; load it with "
+                                 "from_pretrained(folder, classifier=<an ImageClassifier of the same architecture>)")
+            load_classifier_arrays(self.classifier, state)
+        self._features_memo.clear()
+        self._weights_key = None

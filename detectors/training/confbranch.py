@@ -7,11 +7,15 @@ Score = c (or MSP of the closed head).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, apply_linear, linear_arrays, softmax64
 from pipelines.training import Objective, TrainBatch
@@ -52,7 +56,14 @@ class ConfBranch(TrainedDetector):
     """Train a confidence branch with hints; score = predicted confidence."""
 
     paper = "DeVries & Taylor, Learning Confidence for Out-of-Distribution Detection in Neural Networks, 2018"
-    method_defaults = {"lmbda": 0.1, "budget": 0.3, "eps": 1e-12, "score_rule": "confidence"}
+
+    @dataclass(frozen=True)
+    class Params(TrainedDetector.Params):
+        lmbda: float = param(0.1, "initial weight of the confidence penalty", ge=0)
+        budget: float = param(0.3, "target confidence penalty (lmbda adapts to it)", gt=0)
+        eps: float = param(1e-12, "numerical floor of the confidence", gt=0)
+        score_rule: Literal["confidence", "msp"] = param("confidence", "how the trained model scores")
+
     search_space = {"budget": [0.1, 0.3, 0.5]}
     score_rules = ("confidence", "msp")
 

@@ -7,10 +7,14 @@ model on the whole ID-train / auxiliary sets, once before training; `margins="fi
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, logsumexp64, softmax64
 from pipelines.training import Objective, TrainBatch
@@ -46,7 +50,15 @@ class EnergyOE(TrainedDetector):
     """Train with the energy-bounded OE loss; score = -energy = logsumexp(z) (or MSP)."""
 
     paper = "Liu et al., Energy-based Out-of-distribution Detection, NeurIPS 2020"
-    method_defaults = {"lam": 0.1, "m_in": -25.0, "m_out": -7.0, "margins": "data", "score_rule": "energy"}
+
+    @dataclass(frozen=True)
+    class Params(TrainedDetector.Params):
+        lam: float = param(0.1, "weight of the energy margin loss", ge=0)
+        m_in: float = param(-25.0, "ID energy margin")
+        m_out: float = param(-7.0, "OOD energy margin")
+        margins: Literal["fixed", "data"] = param("data", "fixed margins, or calibrated on the data")
+        score_rule: Literal["energy", "msp"] = param("energy", "how the trained model scores")
+
     search_space = {"lam": [0.01, 0.1, 0.5]}
     score_rules = ("energy", "msp")
 

@@ -12,12 +12,15 @@ The closed-set head is the cosine head: `transform` gives L2-normalised features
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectors.base import LinearHead, as_numpy
+from detectors.base import LinearHead, as_numpy, param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, softmax64
 from pipelines.training import Objective, TrainBatch
@@ -65,7 +68,11 @@ class GODIN(TrainedDetector):
     """Decomposed confidence h / g; score = max softmax of the cosine numerators h (or g)."""
 
     paper = "Hsu et al., Generalized ODIN: Detecting Out-of-distribution Image without Learning from OOD Data, CVPR 2020"
-    method_defaults = {"score_rule": "h"}
+
+    @dataclass(frozen=True)
+    class Params(TrainedDetector.Params):
+        score_rule: Literal["h", "g"] = param("h", "how the trained model scores")
+
     search_space = {"score_rule": ["h", "g"]}
     score_rules = ("h", "g")
 

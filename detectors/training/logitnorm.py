@@ -1,9 +1,13 @@
 """LogitNorm (Wei et al., ICML 2022): cross-entropy on L2-normalised logits divided by a temperature tau."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 
+from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector
 from pipelines.training import Objective, TrainBatch
@@ -27,7 +31,12 @@ class LogitNorm(TrainedDetector):
     """Train with LogitNorm, score with MSP on the trained head."""
 
     paper = "Wei et al., Mitigating Neural Network Overconfidence with Logit Normalization, ICML 2022"
-    method_defaults = {"tau": 0.04, "score_rule": "msp"}
+
+    @dataclass(frozen=True)
+    class Params(TrainedDetector.Params):
+        tau: float = param(0.04, "logit-norm temperature", gt=0)
+        score_rule: Literal["msp"] = param("msp", "how the trained model scores")
+
     search_space = {"tau": [0.01, 0.02, 0.04, 0.06, 0.08]}
 
     def objective(self) -> Objective:

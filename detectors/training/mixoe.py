@@ -11,11 +11,15 @@ spatial layout, so cutmix falls back to mixup there (manifold mixup of penultima
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import math
 
 import torch
 import torch.nn.functional as F
 
+from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector
 from pipelines.training import Objective, TrainBatch
@@ -93,7 +97,16 @@ class MixOE(TrainedDetector):
     """Train with MixOE on ID + auxiliary data, score with MSP."""
 
     paper = "Zhang et al., Mixture Outlier Exposure: Towards Out-of-Distribution Detection in Fine-grained Environments, WACV 2023"
-    method_defaults = {"mix_op": "cutmix", "alpha": 0.1, "beta": 1.0, "lambda_oe": 1.0, "passes": 2, "score_rule": "msp"}
+
+    @dataclass(frozen=True)
+    class Params(TrainedDetector.Params):
+        mix_op: Literal["mixup", "cutmix"] = param("cutmix", "how ID and outlier images are mixed")
+        alpha: float = param(0.1, "Beta(alpha, beta) mixing distribution: alpha", gt=0)
+        beta: float = param(1.0, "Beta(alpha, beta) mixing distribution: beta", gt=0)
+        lambda_oe: float = param(1.0, "weight of the mixed-target loss", ge=0)
+        passes: int = param(2, "forward passes per step", ge=1)
+        score_rule: Literal["msp"] = param("msp", "how the trained model scores")
+
     search_space = {"lambda_oe": [1.0, 5.0, 10.0]}
 
     def objective(self) -> Objective:

@@ -13,13 +13,15 @@ set sizes each step (an epoch covers the ID set). Scores (`score_rule`):
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, apply_linear, linear_arrays, logsumexp64, softmax64
 from pipelines.training import Objective, TrainBatch
@@ -90,5 +92,10 @@ class BranchDetector(TrainedDetector):
 @register_detector("novel_branch")
 class NovelBranch(BranchDetector):
     paper = "Chen et al., Open-Insects: a benchmark for open-set recognition of insects (NovelBranch baseline)"
-    method_defaults: dict[str, Any] = {"score_rule": "msp", "pooled": True}
+
+    @dataclass(frozen=True)
+    class Params(TrainedDetector.Params):
+        score_rule: Literal["msp", "novel"] = param("msp", "how the trained model scores")
+        pooled: bool = param(True, "one pooled novel class (False: one per branch level)")
+
     search_space = {"score_rule": ["msp", "novel"]}

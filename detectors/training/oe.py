@@ -1,9 +1,13 @@
 """Outlier Exposure (Hendrycks et al., ICLR 2019): CE on ID + lambda * cross-entropy to the uniform on auxiliary data."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 
+from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector
 from pipelines.training import Objective, TrainBatch
@@ -36,7 +40,12 @@ class OutlierExposure(TrainedDetector):
     """Train with Outlier Exposure on the auxiliary set, score with MSP."""
 
     paper = "Hendrycks et al., Deep Anomaly Detection with Outlier Exposure, ICLR 2019"
-    method_defaults = {"lam": 0.5, "score_rule": "msp"}
+
+    @dataclass(frozen=True)
+    class Params(TrainedDetector.Params):
+        lam: float = param(0.5, "weight of the uniform cross-entropy on outliers", ge=0)
+        score_rule: Literal["msp"] = param("msp", "how the trained model scores")
+
     search_space = {"lam": [0.1, 0.5, 1.0]}
 
     def objective(self) -> Objective:

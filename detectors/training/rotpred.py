@@ -4,20 +4,23 @@ Uncertainty"), as in OpenOOD v1.5 / Open-Insects (`rot_net` + `rotpred` trainer 
 Training (images only: rotations of feature vectors mean nothing, so there is no heads-only mode): each batch x is
 run once as [x, rot90(x), rot180(x), rot270(x)]; a 4-way rotation head on the penultimate features learns which.
 loss = CE(closed head on the unrotated rows, y) + CE(rotation head on all 4B rows, rotation index).
+Fine-tuned with batch 256 (the Open-Insects recipe for RotPred; the 4 rotations make 1024 rows a step).
 Score ("rotpred", needs the images and the fine-tuned classifier): with p = softmax(closed logits of x) and q_r =
 softmax(rotation logits of rot_r(x)), s = KL(uniform || p) - mean_r KL(onehot_r || q_r) = KL(uniform || p) + mean_r
-log2 q_r[r], KL in bits (log2) as the post-processor computes it; higher = more ID. "msp" scores cached features.
+log2 q_r[r], KL in bits (log2) as the post-processor computes it; higher = more ID. "msp": MSP of the fine-tuned
+closed head (on images, or on a FeatureSet of the fine-tuned model).
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectors.base import FeatureSet, ImageSet, as_numpy
+from detectors.base import ImageSet, as_numpy, param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, apply_linear, linear_arrays, softmax64
 from pipelines.training import Objective, TrainBatch
@@ -71,8 +74,15 @@ class RotPred(TrainedDetector):
 
     inputs = frozenset({"images"})
     paper = "Hendrycks et al., Using Self-Supervised Learning Can Improve Model Robustness and Uncertainty, NeurIPS 2019"
-    method_defaults = {"score_rule": "rotpred", "score_batch_size": 64}
+
+    @dataclass(frozen=True)
+    class Params(TrainedDetector.Params):
+        score_rule: Literal["rotpred", "msp"] = param("rotpred", "how the trained model scores")
+        mode: Literal["full"] = param("full", "rotating needs images: full mode only")
+        batch_size: int = param(256, "training batch size (Open-Insects: 256)", ge=1)
+
     score_rules = ("rotpred", "msp")
+    modes = ("full",)
 
     def objective(self) -> Objective:
         return RotPredLoss()
@@ -80,15 +90,10 @@ class RotPred(TrainedDetector):
     def export(self, objective: Objective) -> dict[str, np.ndarray]:
         return linear_arrays(objective.rot_head, "rot")
 
-    def _fit_features(self, *args: Any, **kwargs: Any):
-        raise ValueError("rotpred rotates images: fit it on images (build('rotpred', classifier=...).fit(ImageSet or Manifest))")
-
     @torch.no_grad()
     def _score(self, batch: Any) -> np.ndarray:
         self._check_fitted()
         if self.params["score_rule"] == "msp":
-            if not isinstance(batch, FeatureSet):
-                raise TypeError("rotpred with score_rule='msp' scores a FeatureSet of the fine-tuned classifier")
             return softmax64(self.transform(batch).logits).max(1)
         if not isinstance(batch, ImageSet):
             raise TypeError("rotpred scores images (an ImageSet) with the fine-tuned classifier; "

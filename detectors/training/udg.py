@@ -18,11 +18,15 @@ Score: MSP of the closed head.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector
 from pipelines.training import Objective, Pass, TrainBatch
@@ -164,8 +168,18 @@ class UDG(TrainedDetector):
     """Unsupervised dual grouping on ID + auxiliary data; score = MSP of the closed head."""
 
     paper = "Yang et al., Semantically Coherent Out-of-Distribution Detection, ICCV 2021"
-    method_defaults = {"num_clusters": 1000, "pca_dim": 256, "purity_ind_thresh": 0.8, "purity_ood_thresh": 0.8,
-                       "oe_enhance_ratio": 2.0, "lambda_oe": 0.5, "lambda_aux": 0.1, "score_rule": "msp"}
+
+    @dataclass(frozen=True)
+    class Params(TrainedDetector.Params):
+        num_clusters: int = param(1000, "k-means clusters", ge=1)
+        pca_dim: int = param(256, "PCA dimension before clustering", ge=1)
+        purity_ind_thresh: float = param(0.8, "cluster purity to count as ID", ge=0, le=1)
+        purity_ood_thresh: float = param(0.8, "cluster purity to count as OOD", ge=0, le=1)
+        oe_enhance_ratio: float = param(2.0, "outlier-exposure enhancement ratio", gt=0)
+        lambda_oe: float = param(0.5, "weight of the OE loss", ge=0)
+        lambda_aux: float = param(0.1, "weight of the auxiliary clustering loss", ge=0)
+        score_rule: Literal["msp"] = param("msp", "how the trained model scores")
+
     search_space = {"num_clusters": [100, 500, 1000]}
 
     def objective(self) -> Objective:

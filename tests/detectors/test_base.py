@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -9,15 +11,18 @@ import torch
 from PIL import Image
 
 from detectors import registry
-from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, as_numpy, check_scores
+from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, Params, as_numpy, check_scores, param
 
 
 class MeanDistance(Detector):
     """Test detector: minus `scale` times the Euclidean distance to the ID training mean."""
 
+    @dataclass(frozen=True)
+    class Params(Params):
+        scale: float = param(1.0, "multiplier of the distance", gt=0)
+
     family = "posthoc"
     inputs = frozenset({"features"})
-    defaults = {"scale": 1.0}
     search_space = {"scale": [0.5, 1.0, 2.0]}
 
     def _fit(self, id_train, *, id_val=None, ood_val=None):
@@ -147,11 +152,107 @@ def test_save_and_load_round_trip(fresh_registry, tmp_path):
 
 def test_accepts():
     class WithClassifier(MeanDistance):
+        needs = frozenset({"classifier"})
+
         def __init__(self, classifier=None, **params):
             super().__init__(**params)
 
     assert MeanDistance.accepts("scale") and not MeanDistance.accepts("classifier")
     assert WithClassifier.accepts("classifier")
+    assert MeanDistance.defaults == {"scale": 1.0}
+
+
+class Typed(Detector):
+    """Every kind of declared type and bound, and a runtime setting."""
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        k: int = param(5, "neighbours", ge=1)
+        dim: int | None = param(None, "subspace", ge=1, lt="features")
+        top: int = param(2, "top classes", le="classes")
+        percentile: float = param(90, "percentile", gt=0, lt=100)
+        mode: Literal["a", "b"] = param("a", "mode")
+        powers: list[int] = param([1, 2], "powers")
+        flag: bool = param(True, "flag")
+        device: str | None = param(None, "device", runtime=True)
+
+    family = "posthoc"
+    needs = frozenset({"device"})
+
+
+@pytest.mark.parametrize("params, dims, message", [
+    ({"k": -5}, None, r"typed: k must be >= 1, got -5"),
+    ({"k": 2.5}, None, r"typed: k must be an integer, got 2.5"),
+    ({"k": True}, None, r"typed: k must be an integer, got True"),
+    ({"percentile": 100}, None, r"typed: percentile must be > 0 and < 100, got 100"),
+    ({"percentile": "hot"}, None, r"typed: percentile must be a number, got 'hot'"),
+    ({"mode": "c"}, None, r"typed: mode must be one of 'a', 'b', got 'c'"),
+    ({"powers": [1, "2"]}, None, r"typed: powers must be a list \(items: an integer\), got \[1, '2'\]"),
+    ({"flag": 1}, None, r"typed: flag must be true or false, got 1"),
+    ({"dim": 8}, {"features": 8, "classes": 3}, r"typed: dim must be >= 1 and < features \(8\)|dim must be >= 1 and < features, got 8"),
+    ({"top": 4}, {"features": 8, "classes": 3}, r"typed: top must be <= classes, got 4 \(not <= classes \(3\)\)"),
+    ({"K": 3}, None, r"typed: unknown parameter\(s\) \['K'\]"),
+])
+def test_check_params_names_the_parameter_and_what_is_allowed(fresh_registry, params, dims, message):
+    fresh_registry.register_detector("typed")(Typed)
+    with pytest.raises(ValueError, match=message):
+        Typed.check_params(params, dims)
+
+
+def test_check_params_accepts_good_values_and_dimension_bounds_wait_for_dims(fresh_registry):
+    fresh_registry.register_detector("typed")(Typed)
+    Typed.check_params({"k": 3, "dim": 100000, "percentile": 99.5, "mode": "b", "powers": [3], "device": "cpu"})
+    Typed.check_params({"dim": 7, "top": 3}, {"features": 8, "classes": 3})
+    with pytest.raises(ValueError, match="typed: dim"):
+        Typed.check_params({"dim": 100000}, {"features": 8})
+    with pytest.raises(ValueError, match="typed: k must be >= 1"):
+        Typed(k=0)  # construction validates too
+
+
+def test_runtime_settings_stay_out_of_saved_config_and_hyperparameters(fresh_registry, tmp_path):
+    fresh_registry.register_detector("typed")(Typed)
+    det = Typed(k=3, device="cpu")
+    assert det.params["device"] == "cpu" and det.k == 3 and "device" not in det.hyperparameters
+    det.save_pretrained(tmp_path / "t")
+    saved = json.loads((tmp_path / "t" / "config.json").read_text())["params"]
+    assert "device" not in saved and saved["k"] == 3 and saved["powers"] == [1, 2]
+    again = registry.load(tmp_path / "t", device="cuda")
+    assert type(again) is Typed and again.params == {**det.params, "device": "cuda"}
+    assert Typed().powers is not Typed().powers  # list defaults are copied per instance
+
+
+def test_registration_checks_declarations(fresh_registry):
+    def declare(**attrs):
+        return type("Bad", (MeanDistance,), attrs)
+
+    cases = [
+        (declare(search_space={"alpha": [1]}), r"search_space key 'alpha' is not a hyperparameter"),
+        (declare(search_space={"scale": [0, 1]}), r"search_space\['scale'\]: scale must be > 0, got 0"),
+        (declare(search_space={"scale": []}), "non-empty list"),
+        (declare(fit_inputs=frozenset({"aux"})), r"fit_inputs declares \['aux'\], which fit\(\) does not accept"),
+        (declare(fit_inputs=frozenset({"labels"})), "not among"),
+        (declare(needs=frozenset({"classifier"})), r"needs \['classifier'\] but the constructor takes \[\]"),
+        (declare(needs_head=True), "needs_head without 'head'"),
+        (declare(fit=lambda self, id_train, *, aux=None: self), r"fit\(\) accepts \['aux'\], missing from fit_inputs"),
+        (declare(__init__=lambda self, classifier=None, **p: None), r"needs \[\] but the constructor takes \['classifier'\]"),
+    ]
+    for i, (cls, message) in enumerate(cases):
+        with pytest.raises(ValueError, match=message):
+            fresh_registry.register_detector(f"bad{i}")(cls)
+
+
+def test_from_pretrained_needs_no_registry_import():
+    """base.py imports nothing from the registry (no circle): the registry hands its lookup to Detector."""
+    import ast
+    import inspect as inspect_
+
+    import detectors.base as base
+
+    tree = ast.parse(inspect_.getsource(base))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert "detectors.registry" not in imported and "detectors" not in imported
+    assert Detector.class_of("msp") is registry.detector_class("msp")
 
 
 # -- registry -----------------------------------------------------------------------------------------------------------
@@ -187,4 +288,4 @@ def test_real_registry_is_consistent():
     for name in names:
         cls = registry.detector_class(name)
         assert cls.name == name and cls.family in {"posthoc", "clip", "generative", "training"}
-        assert set(cls.search_space) <= set(cls.defaults), name
+        assert set(cls.search_space) <= set(cls.defaults) - cls.Params.runtime(), name

@@ -200,7 +200,7 @@ def test_level_head_stays_with_aux_and_select(digits, tmp_path):
     write_manifest(parity_dir, [{**r, "parity": "even" if r["label"] % 2 == 0 else "odd"} for r in idm.rows])
     (parity_dir / "manifest_info.json").write_text(json.dumps({"image_root": str(id_dir)}))
     out = tmp_path / "run"
-    run_config(_config(digits, out, id=str(parity_dir), detectors=["ebo", {"name": "oe", "params": {"epochs": 2}}],
+    run_config(_config(digits, out, id=str(parity_dir), detectors=["ebo", {"name": "oe", "params": {"epochs": 2, "mode": "heads"}}],
                        ood=[{"manifest": str(ood_dir), "sets": ["digits_6_9"]}],
                        aux={"manifest": str(ood_dir), "split": "test", "sets": ["sketch"]},
                        select={"ood_val": {"manifest": str(ood_dir), "split": "test", "sets": ["texture"]}},
@@ -222,7 +222,7 @@ def test_level_head_stays_with_aux_and_select(digits, tmp_path):
 
     aux = level_set(om.select(ood_set="sketch"), ood=True)
     train, test, near = level_set(pm.select(split="train")), level_set(pm.select(split="test")), level_set(om.select(ood_set="digits_6_9"), ood=True)
-    oe = build("oe", epochs=2).fit(train, head=head, id_val=val, aux=aux)
+    oe = build("oe", mode="heads", epochs=2).fit(train, head=head, id_val=val, aux=aux)
     got = pd.read_parquet(out / "scores.parquet")
     got = got[got.method == "oe"]
     np.testing.assert_allclose(got[got.role == "id"]["score"], oe.score(test), atol=1e-6)
@@ -233,7 +233,7 @@ def test_post_hoc_rules_rescore_a_trained_model(digits, tmp_path):
     """`rules:` fit each post-hoc rule on the trained model's outputs (transform, trained_head); same as by hand."""
     id_dir, ood_dir, model = digits
     results = run_config(_config(digits, tmp_path / "run", ood=[{"manifest": str(ood_dir), "sets": ["digits_6_9"]}],
-                                 detectors=[{"name": "logitnorm", "params": {"epochs": 2}, "rules": ["ebo", "knn"]}]))
+                                 detectors=[{"name": "logitnorm", "params": {"epochs": 2, "mode": "heads"}, "rules": ["ebo", "knn"]}]))
     assert list(results["method"]) == ["logitnorm", "logitnorm+ebo", "logitnorm+knn"]
     assert list(results["base"]) == ["logitnorm"] * 3 and list(results["rule"]) == ["", "ebo", "knn"]
     clf = ImageClassifier.from_pretrained(model)
@@ -242,7 +242,7 @@ def test_post_hoc_rules_rescore_a_trained_model(digits, tmp_path):
     val = extract_features(clf, idm.select(split="val", role="id")).to_featureset()
     test = extract_features(clf, idm.select(split="test", role="id")).to_featureset()
     near = extract_features(clf, oodm.select(ood_set="digits_6_9")).to_featureset()
-    trained = build("logitnorm", epochs=2).fit(train.to_featureset(), head=train.head(), id_val=val)
+    trained = build("logitnorm", mode="heads", epochs=2).fit(train.to_featureset(), head=train.head(), id_val=val)
     for rule in ("ebo", "knn"):
         post = build(rule).fit(trained.transform(train.to_featureset()), head=trained.trained_head, id_val=trained.transform(val))
         expect = evaluate(post.score(trained.transform(test)), post.score(trained.transform(near)))

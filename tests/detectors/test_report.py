@@ -101,7 +101,7 @@ def markdown_cells(text: str) -> dict[tuple[str, str], str]:
 
 def test_best_and_second_best_marks_markdown():
     results, scale = report.read_results(results_table())
-    text = report.render_per_set_markdown(report.per_set_table(results), report.Layout.of(results), scale)
+    text = report.to_markdown(report.per_set_view(report.per_set_table(results), report.Layout.of(results), scale))
     cells = markdown_cells(text)
     # sketch_rubbing: FPR best a (10), second b (20); AUROC best b (95), second a (90).
     assert cells[("a", "sketch_rubbing (hard)")] == "**10.00** / _90.00_"
@@ -122,7 +122,7 @@ def test_best_and_second_best_marks_markdown():
 
 def test_latex_marks_and_escaping():
     results, scale = report.read_results(results_table(0.01))
-    text = report.render_per_set_latex(report.per_set_table(results), report.Layout.of(results), scale)
+    text = report.to_latex(report.per_set_view(report.per_set_table(results), report.Layout.of(results), scale))
     assert "sketch\\_rubbing" in text and "sketch_rubbing" not in text
     row_a = next(line for line in text.splitlines() if line.startswith("posthoc & a &"))
     cells = [c.strip() for c in row_a.removesuffix("\\\\").split("&")]
@@ -141,7 +141,7 @@ def test_missing_set_leaves_averages_empty():
     assert np.isnan(table.loc[("clip", "c"), ("easy avg", "fpr95")])
     assert np.isnan(table.loc[("clip", "c"), ("all avg", "auroc")])
     assert table.loc[("clip", "c"), ("hard avg", "fpr95")] == pytest.approx(method_mean(FPR, "c", HARD))
-    cells = markdown_cells(report.render_per_set_markdown(table, report.Layout.of(results), scale))
+    cells = markdown_cells(report.to_markdown(report.per_set_view(table, report.Layout.of(results), scale)))
     assert cells[("c", "texture (easy)")] == "– / –"
     assert cells[("b", "texture (easy)")] == "**5.00** / _60.00_"  # only a and b left: AUROC a 70 > b 60
     families = report.family_table(results).set_index(["family", "group"])
@@ -198,8 +198,9 @@ def transfer_table() -> pd.DataFrame:
 def test_threshold_transfer_markdown():
     lines = report.render_threshold_transfer(transfer_table()).splitlines()
     header = [c.strip() for c in lines[2].strip("|").split("|")]
+    # species_detected is a share of the novel-species IMAGES (detectors.tables), labelled as such
     assert header == ["method", "source", "target", "tpr", "threshold", "precision", "recall", "id_kept", "tp", "fp",
-                      "n_id", "n_ood", "species_detected"]
+                      "n_id", "n_ood", "novel-species images flagged"]
     row_a = [c.strip() for c in lines[4].strip("|").split("|")]
     row_b = [c.strip() for c in lines[5].strip("|").split("|")]
     assert row_a == ["a", "local", "field", "95.00", "0.1235", "80.00", "50.00", "95.00", "20", "5", "100", "40", "75.00"]
@@ -229,7 +230,8 @@ def test_write_report_files_parse_back(tmp_path):
     written = {p.name: p for p in paths}
     tables = {f"{t}.{x}" for t in ("per_set", "table3", "table4") for x in ("md", "tex", "csv")} | {"families.md", "families.csv"}
     names = tables | {"fpr95_by_method.png", "score_density_a.png", "score_density_b.png", "score_density_c.png",
-                      "threshold_transfer.md"}
+                      "threshold_transfer.md", "index.html", "heatmap_auroc.png", "heatmap_fpr95.png",
+                      *(f"roc_{s}.png" for s in SETS)}
     assert set(written) == names and all(p.is_file() for p in written.values())
     percent, _ = report.read_results(results)
     table = report.per_set_table(percent)
@@ -241,7 +243,7 @@ def test_write_report_files_parse_back(tmp_path):
     expected = report.family_table(percent)
     assert list(families.columns) == ["family", "group", "fpr95", "auroc"]
     pd.testing.assert_frame_equal(families, expected, check_dtype=False, rtol=1e-12)
-    for name in names - tables - {"threshold_transfer.md"}:
+    for name in names - tables - {"threshold_transfer.md", "index.html"}:
         assert_png(written[name])
 
 
@@ -323,27 +325,46 @@ def insect_results() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_best_rule_picks_per_base_on_the_selection_set(tmp_path):
+def rule_selection() -> pd.DataFrame:
+    """The runner's choice on validation: ce -> vim and oe -> msp (on local TEST AUROC ce would pick ebo, oe tie)."""
+    rows = [("ce", r, r == "vim") for r in ("msp", "ebo", "vim")] + [("oe", r, r == "msp") for r in ("msp", "ebo", "vim")]
+    return pd.DataFrame([{"base": b, "rule": r, "metric": "auroc", "value": 0.9 if chosen else 0.8,
+                          "ood_val": "aux_val", "chosen": chosen} for b, r, chosen in rows])
+
+
+def test_best_rule_follows_the_validation_choice(tmp_path):
     frame = insect_results()
     results, _ = report.read_results(frame)
-    best = report.best_rule_table(results)
-    # local AUROC: ce -> ebo (85); oe -> msp and ebo tie at 70, the first listed (msp) wins
-    assert list(best.index) == [("ce", "ebo", "ce+ebo"), ("oe", "msp", "oe+msp")]
-    assert best.loc[("ce", "ebo", "ce+ebo"), ("non_moth", "auroc")] == 90
-    assert best.loc[("oe", "msp", "oe+msp"), ("non_local", "fpr95")] == pytest.approx(60)
-    by_non_local = report.best_rule_table(results, on="non_local")
-    assert [i[1] for i in by_non_local.index] == ["vim", "vim"]
-    report.write_report(frame, tmp_path)
+    best = report.best_rule_table(results, report.read_rule_selection(rule_selection()))
+    assert [i[:3] for i in best.index] == [("ce", "vim", "ce+vim"), ("oe", "msp", "oe+msp")]
+    assert best.index[0][3] == "validation (aux_val): auroc 90.00"
+    assert best.loc[("ce", "vim", "ce+vim", best.index[0][3]), ("local", "auroc")] == 75
+    assert best.loc[("oe", "msp", "oe+msp", best.index[1][3]), ("non_local", "fpr95")] == pytest.approx(60)
+    selection = tmp_path / "rule_selection.csv"
+    rule_selection().to_csv(selection, index=False)
+    report.write_report(frame, tmp_path, rule_selection=selection)
     back = pd.read_csv(tmp_path / "best_rule.csv")
-    assert list(back[["base", "rule", "method"]].itertuples(index=False, name=None)) == [("ce", "ebo", "ce+ebo"), ("oe", "msp", "oe+msp")]
+    assert list(back[["base", "rule", "method"]].itertuples(index=False, name=None)) == [("ce", "vim", "ce+vim"), ("oe", "msp", "oe+msp")]
     hand = frame.set_index(["method", "ood_set"])
     for _, row in back.iterrows():
         for s in ("local", "non_local", "non_moth"):
             assert row[f"{s}/auroc"] == hand.loc[(row["method"], s), "auroc"]
-    assert "best AUROC on `local`" in (tmp_path / "best_rule.md").read_text()
+    assert "chosen on validation" in (tmp_path / "best_rule.md").read_text()
+
+
+def test_best_rule_without_selection_picks_nothing_on_test(tmp_path):
+    results, _ = report.read_results(insect_results())
+    listed = report.best_rule_table(results)
+    assert [i[2] for i in listed.index] == [f"{b}+{r}" for b in ("ce", "oe") for r in ("msp", "ebo", "vim")]
+    assert {i[3] for i in listed.index} == {report.NOT_SELECTED}
+    lines = []
+    report.write_report(insect_results(), tmp_path, log=lines.append)
+    assert "not selected on validation" in (tmp_path / "best_rule.md").read_text()
+    assert any("not selected on validation" in line for line in lines)
     with pytest.raises(ValueError, match="lacks column"):
         report.best_rule_table(report.read_results(results_table())[0])
-    with pytest.raises(ValueError, match="'field' is not in the results"):
-        report.best_rule_table(results, on="field")
+    bad = rule_selection().assign(chosen=True)
+    with pytest.raises(ValueError, match="exactly one chosen"):
+        report.read_rule_selection(bad)
     report.write_report(results_table(), tmp_path / "plain")  # no base / rule columns: no best-rule table
     assert not (tmp_path / "plain" / "best_rule.md").exists()

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gen.job import JOB_FOLDER, GenerationConfig, apply_overrides, run_generation
+from gen.job import JOB_FOLDER, GenerationConfig, run_generation
 from gen.ledger import Ledger
+from pipelines.cli import apply_overrides
 from pipelines.data import read_manifest
 from pipelines.runtime import item_seed
 
@@ -136,8 +137,10 @@ def test_a_different_job_in_the_same_folder_is_refused(tmp_path, bronzes, contai
 
 def test_config_rejects_unknown_keys_and_applies_overrides(tmp_path):
     base = {"task": "custom", "targets": "t", "materials": "m", "out": "o"}
-    with pytest.raises(ValueError, match=r"unknown generation config keys \['stepz'\]"):
+    with pytest.raises(ValueError, match=r"generation config: unknown key 'stepz' \(allowed: attention, "):
         GenerationConfig.from_dict({**base, "stepz": 3})
+    with pytest.raises(ValueError, match=r"unknown key 'num_inference_step' \(did you mean 'num_inference_steps'\?\)"):
+        GenerationConfig.from_dict({**base, "num_inference_step": 3})
     with pytest.raises(ValueError, match="'batch_size' must be a positive integer"):
         GenerationConfig.from_dict({**base, "batch_size": 0})
     with pytest.raises(ValueError, match=r"missing required keys \['out'\]"):
@@ -209,3 +212,46 @@ def test_cli_dry_run_prints_the_plan_and_counts(tmp_path, bronzes, containers, c
     assert len(plan_lines.strip().splitlines()) == 2 and "<-" in plan_lines
     assert json.loads(rest)["planned"] == 3
     assert not (tmp_path / "out").exists()
+
+
+def test_contact_sheet_shows_labelled_target_material_output_groups(tmp_path):
+    from PIL import Image, ImageFont
+
+    from gen.sheet import FRAME, GROUP_GAP, MISSING, PAD, contact_sheet, sheet_font, short_name
+
+    colours = {"t.png": (200, 30, 30), "m.png": (30, 200, 30), "o.png": (30, 30, 200), "wide.png": (240, 200, 0)}
+    for name, colour in colours.items():
+        Image.new("RGB", (40, 20) if name == "wide.png" else (24, 24), colour).save(tmp_path / name)
+    rows = [{"file_name": "o.png", "provenance": {"source_target": str(tmp_path / "t.png"),
+                                                  "source_material": str(tmp_path / "m.png")}},
+            {"file_name": "o.png", "provenance": {"source_target": str(tmp_path / "gone.png"),
+                                                  "source_material": str(tmp_path / "wide.png")}},
+            {"file_name": "o.png", "provenance": {"source_target": str(tmp_path / "t.png"),
+                                                  "source_material": str(tmp_path / "m.png")}}]
+    tile = 100
+    sheet = Image.open(contact_sheet(rows, tmp_path, tmp_path / "sheet.png", tile=tile)).convert("RGB")
+    font = sheet_font()
+    line = round(font.getbbox("Ag")[3]) + PAD
+    group = 3 * tile + 2 * PAD
+    assert sheet.size == (2 * group + GROUP_GAP + 2 * PAD, PAD + line + 2 * (tile + line + PAD))
+
+    def centre(item: int, column: int) -> tuple[int, int, int]:
+        lane, side = divmod(item, 2)
+        x = PAD + side * (group + GROUP_GAP) + column * (tile + PAD) + tile // 2
+        return sheet.getpixel((x, PAD + line + lane * (tile + line + PAD) + tile // 2))
+
+    assert [centre(0, c) for c in range(3)] == [colours["t.png"], colours["m.png"], colours["o.png"]]
+    assert centre(1, 1) == colours["wide.png"]  # a 2:1 image fitted into its tile
+    assert sheet.getpixel((PAD + group + GROUP_GAP + 2 * (tile + PAD) + 5, PAD + line + 5)) == colours["o.png"]
+    missing = sheet.crop((PAD + group + GROUP_GAP, PAD + line, PAD + group + GROUP_GAP + tile, PAD + line + tile))
+    assert max(missing.getcolors(tile * tile))[1] == MISSING  # the removed target: a grey tile...
+    assert min(missing.convert("L").getdata()) < 100  # ...saying "unreadable"
+    lane_gap = sheet.crop((PAD + group + 1, PAD + line, PAD + group + GROUP_GAP - 1, sheet.height - PAD))
+    assert FRAME in {colour for _, colour in lane_gap.getcolors(lane_gap.width * lane_gap.height)}  # the rule
+    header = sheet.crop((0, 0, sheet.width, line))
+    assert min(header.convert("L").getdata()) < 100  # the column names are drawn
+    assert isinstance(font, ImageFont.FreeTypeFont) and font.size >= 16
+    long = "a_very_long_container_photo_name_0001234.png"
+    short = short_name(long, font, 150)
+    assert font.getlength(short) <= 150 and short.startswith("a_very") and short.endswith(".png") and "…" in short
+    assert contact_sheet([], tmp_path, tmp_path / "none.png") is None

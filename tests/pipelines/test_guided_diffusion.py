@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from pipelines.guided_diffusion import (ADM_256_UNCOND, attention_levels, build_unet, channel_mult, convert_state_dict,
                                         load_pixel_unet, resolve_flags, save_tiny_adm_unet, shrink_flags)
+from pipelines.hub import fixtures_root
 
 script_util = pytest.importorskip("guided_diffusion.script_util", reason="pip install --no-deps guided-diffusion-sdk")
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "hub" / "openai" / "guided-diffusion" / "256x256_diffusion_uncond.json"
+FIXTURE = fixtures_root() / "openai" / "guided-diffusion" / "256x256_diffusion_uncond.json"
 SIZE_FIELDS = {"image_size", "num_channels", "num_head_channels", "attention_resolutions", "channel_mult"}
 ADM_256_UNCOND_PARAMETERS = 552_814_086  # OpenAI's UNetModel with these flags (the published 552.8 M)
 

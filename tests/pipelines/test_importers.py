@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from PIL import Image
 
@@ -105,3 +106,123 @@ def test_explicit_list_with_its_own_image_root_and_id_folder(tmp_path):
     rows = read_manifest(tmp_path / "id").rows
     assert [(r["role"], r["ood_set"], r["label"], r["category"]) for r in rows] == [("id", None, 2, "a"), ("id", None, 2, "b")]
     assert ids.ood_set == "dtd"
+
+
+# -- class folders and tables -> ID manifests -------------------------------------------------------------------
+from pipelines.importers import ClassImport, import_classes, import_ood_folders  # noqa: E402
+from pipelines.splits import SplitError, quotas, stratified_split  # noqa: E402
+from tests.pipelines.own_data_helpers import class_tree, ood_tree, png  # noqa: E402
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_split_tree_keeps_splits_sorted_labels_and_records_unreadable_images(tmp_path):
+    root = class_tree(tmp_path / "photos", {"train": 3, "val": 1, "test": 2})
+    (root / "test" / "cat" / "broken.png").write_bytes(b"not an image")
+    result = import_classes(root, tmp_path / "id")
+    manifest = read_manifest(tmp_path / "id", check_files=True)
+    assert manifest.root == root.resolve() and len(manifest) == 3 * 6
+    assert {(r["class_name"], r["label"]) for r in manifest} == {("ant", 0), ("bee", 1), ("cat", 2)}
+    assert all(r["file_name"].split("/")[0] == r["split"] for r in manifest)
+    assert json.loads((tmp_path / "id" / "class_names.json").read_text())["names"] == ["ant", "bee", "cat"]
+    failures = json.loads((tmp_path / "id" / "failures.json").read_text())
+    assert [f["file"] for f in failures] == ["test/cat/broken.png"] and result.missing == ["test/cat/broken.png"]
+
+
+def test_largest_remainder_quotas_and_seeded_stratified_split():
+    assert quotas(7, (4, 1, 5)) == [3, 1, 3]      # shares 2.8 / 0.7 / 3.5
+    assert quotas(5, (4, 1, 5)) == [2, 1, 2]      # 2 / 0.5 / 2.5: ties go to the earlier split
+    assert quotas(10, (4, 1, 5)) == [4, 1, 5] and quotas(2, (4, 1, 5)) == [1, 0, 1]
+    for n in range(3, 40):
+        q = quotas(n, (4, 1, 5))
+        assert sum(q) == n and all(abs(c - n * r / 10) < 1 for c, r in zip(q, (4, 1, 5)))
+    strata = ["a"] * 7 + ["b"] * 10
+    splits = stratified_split(strata, (4, 1, 5), seed=3)
+    for key, want in (("a", [3, 1, 3]), ("b", [4, 1, 5])):
+        got = [s for s, k in zip(splits, strata) if k == key]
+        assert [got.count(name) for name in ("train", "val", "test")] == want
+    assert stratified_split(strata, (4, 1, 5), seed=3) == splits != stratified_split(strata, (4, 1, 5), seed=4)
+    with pytest.raises(SplitError, match=r"stratum 'c' has 2 image\(s\), fewer than the 3 splits"):
+        stratified_split(strata + ["c", "c"], (4, 1, 5))
+
+
+def test_flat_folders_and_tables_with_levels_and_strata(tmp_path):
+    rng = np.random.default_rng(0)
+    for name, n in (("ant", 7), ("bee", 10)):
+        for i in range(n):
+            png(tmp_path / "flat" / name / f"{i}.png", (100, 20 * i, 50), rng)
+    import_classes(tmp_path / "flat", tmp_path / "id", ClassImport(split="4:1:5", seed=1))
+    rows = read_manifest(tmp_path / "id").rows
+    assert sorted((r["class_name"], r["split"]) for r in rows).count(("ant", "val")) == 1
+    assert [sum(r["split"] == s and r["class_name"] == "bee" for r in rows) for s in ("train", "val", "test")] == [4, 1, 5]
+    table = pd.DataFrame({"file_name": [r["file_name"] for r in rows],
+                          "category": [r["class_name"] for r in rows],
+                          "fine_era": [f"era{i % 2}" for i in range(len(rows))],
+                          "period": ["early" if i % 2 else "late" for i in range(len(rows))]})
+    table.to_csv(tmp_path / "rows.csv", index=False)
+    options = ClassImport(table=tmp_path / "rows.csv", label="fine_era", levels=["category", "fine_era"],
+                          stratify=["period", "category"], split="4:1:5")
+    import_classes(tmp_path / "flat", tmp_path / "levels", options)
+    saved = read_manifest(tmp_path / "levels").rows
+    assert {r["class_name"] for r in saved} == {"era0", "era1"} and {r["label"] for r in saved} == {0, 1}
+    assert {r["category"] for r in saved} == {"ant", "bee"} and "period" in saved[0]
+    info = json.loads((tmp_path / "levels" / "class_names.json").read_text())
+    assert info == {"names": ["era0", "era1"], "label_field": "fine_era", "levels": ["category", "fine_era"]}
+
+
+def test_nested_level_folders_give_level_fields(tmp_path):
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 2), ("test", 1)):
+        for cat, era in (("ding", "shang"), ("ding", "zhou"), ("gui", "zhou")):
+            for i in range(n):
+                png(tmp_path / "b" / split / cat / era / f"{i}.png", (90, 90, 90), rng)
+    import_classes(tmp_path / "b", tmp_path / "id", ClassImport(levels=["category", "era"]))
+    rows = read_manifest(tmp_path / "id").rows
+    assert {(r["category"], r["era"], r["class_name"], r["label"]) for r in rows} == {
+        ("ding", "shang", "shang", 0), ("ding", "zhou", "zhou", 1), ("gui", "zhou", "zhou", 1)}
+
+
+def test_bad_inputs_are_one_line_each(tmp_path, capsys):
+    cli = _script("import_folder")
+    root = class_tree(tmp_path / "photos", {"train": 2, "test": 1})
+    (root / "train" / "empty").mkdir()
+    assert _run(cli, [str(root), "--out", str(tmp_path / "o1")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: class folder {root / 'train' / 'empty'} holds no images") and err.count("\n") == 1
+    (root / "train" / "empty").rmdir()
+    (root / "test" / "ant" / "copy.png").write_bytes((root / "train" / "ant" / "0.png").read_bytes())
+    assert _run(cli, [str(root), "--out", str(tmp_path / "o2")]) == 2
+    assert "the same image is in two splits: train/ant/0.png (train) and test/ant/copy.png (test)" in capsys.readouterr().err
+    pd.DataFrame({"file_name": ["a.png"], "kind": ["x"]}).to_csv(tmp_path / "t.csv", index=False)
+    assert _run(cli, [str(root), "--out", str(tmp_path / "o3"), "--table", str(tmp_path / "t.csv")]) == 2
+    assert "t.csv: no column 'label'" in capsys.readouterr().err
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        png(tmp_path / "small" / "ant" / f"{i}.png", (10 * i, 0, 0), rng)
+    assert _run(cli, [str(tmp_path / "small"), "--out", str(tmp_path / "o4")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "stratum ('ant',) has 2 image(s), fewer than the 3 splits" in err
+
+
+def _run(cli, argv: list[str]) -> int:
+    from pipelines.cli import run_main
+
+    return run_main(cli.main, argv)
+
+
+def test_ood_subfolders_become_sets_and_openood_folder_needs_no_sets(tmp_path, capsys):
+    ood = ood_tree(tmp_path / "new")
+    result = import_ood_folders(ood, tmp_path / "ood", group="near")
+    rows = read_manifest(tmp_path / "ood", check_files=True).rows
+    assert {(r["ood_set"], r["group"], r["role"], r["label"]) for r in rows} == {("moths", "near", "ood", -1), ("rocks", "near", "ood", -1)}
+    assert result.manifest.root == ood.resolve()
+    cli = _script("import_openood")
+    assert _run(cli, ["--out", str(tmp_path / "easy"), "--folder", f"texture={ood / 'rocks'}"]) == 0
+    assert [r["ood_set"] for r in read_manifest(tmp_path / "easy" / "texture")] == ["texture"] * 4
+    assert _run(cli, ["--out", str(tmp_path / "none")]) == 2
+    assert "nothing to import" in capsys.readouterr().err

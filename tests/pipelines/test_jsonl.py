@@ -9,7 +9,7 @@ import pytest
 
 from pipelines.data import ManifestError, make_row, validate_row, write_manifest
 from pipelines.jsonl import encode_lines
-from pipelines.manifest_fast import rows_certainly_valid
+from pipelines.schema import rows_certainly_valid
 
 
 def previous_writer(rows):

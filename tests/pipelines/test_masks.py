@@ -142,3 +142,71 @@ def test_rembg_runs_one_session_per_process_and_auto_falls_back_with_a_warning(m
         masks.resolve_mask_method("rembg")
     with pytest.raises(ValueError, match="mask method must be one of"):
         masks.resolve_mask_method("grabcut")
+
+
+def _black_and_white(size: tuple[int, int] = (20, 10)) -> np.ndarray:
+    """uint8 [H, W]: white in the left half's middle rows, black elsewhere."""
+    width, height = size
+    values = np.zeros((height, width), np.uint8)
+    values[3:7, 2:width // 2] = 255
+    return values
+
+
+@pytest.mark.parametrize("mode, alpha", [("RGBA", 255), ("RGBA", 0), ("LA", 255)])
+def test_a_mask_with_a_constant_alpha_is_read_by_luminance_with_a_warning(tmp_path, mode, alpha):
+    from pipelines.masks import MaskWarning
+
+    values = _black_and_white()
+    colour = np.dstack([values] * 3) if mode == "RGBA" else values[..., None]
+    path = tmp_path / "mask.png"
+    Image.fromarray(np.dstack([colour, np.full_like(values, alpha)]), mode).save(path)
+    with pytest.warns(MaskWarning, match=f"mask.png: its alpha channel is constant \\({alpha}\\)") as caught:
+        mask = load_mask(path)
+    assert caught[0].message.kind == "constant_alpha"
+    np.testing.assert_array_equal(np.asarray(mask) > 0, values > 0)  # not the whole (or no) image
+
+
+def test_a_varying_alpha_is_still_the_mask_without_a_warning(recwarn):
+    values = _black_and_white()
+    rgba = np.dstack([np.full((*values.shape, 3), 255, np.uint8), values])  # white everywhere, alpha = the object
+    mask = load_mask(Image.fromarray(rgba, "RGBA"))
+    np.testing.assert_array_equal(np.asarray(mask) > 0, values > 0)
+    assert not recwarn.list
+
+
+@pytest.mark.parametrize("share, kind", [(1.0, "coverage_full"), (0.995, "coverage_full"), (0.01, "coverage_tiny"),
+                                         (0.002, "coverage_tiny"), (0.5, None), (0.02, None), (0.98, None), (0.0, None)])
+def test_coverage_at_or_above_99_or_at_or_below_1_percent_is_warned_about(share, kind, recwarn):
+    from pipelines.masks import MaskWarning, check_coverage
+
+    values = np.zeros(1000, np.uint8)
+    values[:round(share * 1000)] = 255
+    assert check_coverage(Image.fromarray(values.reshape(20, 50), "L"), "m.png") == pytest.approx(share)
+    warned = [w.message for w in recwarn.list if isinstance(w.message, MaskWarning)]
+    assert [w.kind for w in warned] == ([kind] if kind else [])
+    if kind:
+        assert f"m.png: the mask covers {share:.1%} of the image" in str(warned[0])
+
+
+def test_an_unloadable_rembg_model_is_one_mask_model_error(monkeypatch):
+    import sys
+    import types
+
+    import pipelines.masks as masks
+
+    attempts = []
+
+    def new_session(model):
+        attempts.append(model)
+        raise ConnectionError("cannot reach github.com")
+
+    monkeypatch.setitem(sys.modules, "rembg", types.SimpleNamespace(new_session=new_session))
+    monkeypatch.setattr(masks, "rembg_available", lambda: True)
+    masks.rembg_session.cache_clear()
+    with pytest.raises(masks.MaskModelError, match=r"rembg cannot load its 'u2net' model \(ConnectionError: cannot "
+                                                   r"reach github.com\).*mask_method=opencv") as raised:
+        masks.open_rembg()
+    assert "\n" not in str(raised.value) and attempts == ["u2net"]
+    monkeypatch.setattr(masks, "rembg_available", lambda: False)
+    with pytest.raises(masks.MaskModelError, match="pip install"):
+        masks.open_rembg()

@@ -179,9 +179,11 @@ if torch.distributed.is_initialized():  # both ranks have written; skip the C++ 
 """
 
 
-def test_two_processes_shard_batches_and_keep_weights_in_sync(tmp_path):
-    """torchrun with 2 CPU processes: each runs half the steps; model and objective heads stay identical."""
+def test_two_processes_split_each_batch_and_match_one_process(tmp_path):
+    """torchrun with 2 CPU processes: each takes half of every global batch, so both run every step (2 epochs x 6
+    batches) and end with the weights (model and objective heads) of the one-process run."""
     import json
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -189,14 +191,21 @@ def test_two_processes_shard_batches_and_keep_weights_in_sync(tmp_path):
     train = _colour_manifest(tmp_path / "data", 8, "train", np.random.default_rng(0))  # 24 rows -> 6 batches of 4
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
+    root = Path(__file__).parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    solo = subprocess.run([sys.executable, str(script), str(train.root), str(tmp_path)], capture_output=True, text=True,
+                          timeout=240, cwd=root, env={**env, "RANK": "solo"})
+    assert solo.returncode == 0, solo.stderr[-2000:]
     torchrun = Path(sys.executable).with_name("torchrun")
     done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), str(train.root), str(tmp_path)],
-                          capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[2])
+                          capture_output=True, text=True, timeout=240, cwd=root, env=env)
     assert done.returncode == 0, _first_error(done.stderr)
+    one = json.loads((tmp_path / "ranksolo.json").read_text())
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    assert len(results) == 2
     assert results[0] == results[1]  # same weights, same (all-reduced) loss on both ranks
-    assert results[0]["steps"] == 2 * 3  # 2 epochs x (6 batches / 2 processes)
+    assert results[0]["steps"] == one["steps"] == 2 * 6
+    for key in ("loss", "head", "genus"):
+        assert results[0][key] == pytest.approx(one[key], rel=1e-4, abs=1e-5)
 
 
 HEADS_SCRIPT = """

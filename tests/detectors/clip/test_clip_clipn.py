@@ -12,7 +12,7 @@ from detectors.clip.clipn import NoTextTower, binary_opposite_losses, semantic_o
 from detectors.clip.clipn_convert import convert_clipn, convert_state_dict
 from detectors.clip.scores import clipn_atd, clipn_ctw, clipn_probabilities
 
-from clip_toys import CLASSES, colour_images
+from helpers.images import CLASSES, colour_images
 
 
 def unit(a: torch.Tensor) -> torch.Tensor:

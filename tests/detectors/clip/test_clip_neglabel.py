@@ -17,7 +17,7 @@ from detectors.clip.neglabel import ADJ_TEMPLATE, NOUN_TEMPLATE, PAPER_NEGATIVES
 from detectors.clip.scores import neglabel
 from detectors.clip.wordnet import NEGLABEL_EXCLUDED, LEXNAMES, neglabel_corpus, read_wordnet
 
-from clip_toys import CLASSES, colour_images
+from helpers.images import CLASSES, colour_images
 
 WORDNET = Path("/usr/share/wordnet")
 needs_wordnet = pytest.mark.skipif(not (WORDNET / "data.noun").is_file(),

@@ -6,11 +6,11 @@ import torch
 from scipy.special import softmax
 
 import detectors
-from detectors.base import Detector, ImageSet
+from detectors.base import ImageSet
 from detectors.clip.idlike import random_crops, resized_crop_box, select_crops
 from detectors.clip.prompts import PLACEHOLDER, PromptLearner, idlike_loss, locoop_loss
 
-from clip_toys import CLASSES, colour_images
+from helpers.images import CLASSES, colour_images
 
 
 def test_prompt_learner_equals_text_tower_when_context_is_the_placeholder_tokens(backbone):
@@ -58,9 +58,8 @@ def test_idlike_loss_equals_hand_computation():
     np.testing.assert_allclose(float(loss), ce + 0.3 * ood + 0.2 * div, rtol=1e-5)
 
 
-def test_locoop_training_lowers_its_loss_and_raises_id_confidence(backbone, tmp_path):
+def test_locoop_training_lowers_its_loss(backbone):
     train = ImageSet(images=colour_images([0], 4, 0) + colour_images([1], 4, 1), labels=np.array([0] * 4 + [1] * 4))
-    id_test = ImageSet(images=colour_images([0], 5, 2) + colour_images([1], 5, 3))
     det = detectors.build("locoop", model=backbone, class_names=CLASSES, epochs=30, lr=0.05, shots=4,
                           score_rule="mcm", progress=False)
     det.fit(train)
@@ -70,13 +69,6 @@ def test_locoop_training_lowers_its_loss_and_raises_id_confidence(backbone, tmp_
     steps = len(det.losses) // 30  # one warm-up epoch at 1e-5, then a cosine over the 30 epochs set once per epoch
     expected = [1e-5] * steps + [0.05 * 0.5 * (1 + np.cos(np.pi * (e - 1) / 30)) for e in range(1, 30) for _ in range(steps)]
     np.testing.assert_allclose(det.lrs, expected)
-    # learned prompts round-trip exactly through save_pretrained / from_pretrained
-    det.save_pretrained(tmp_path / "locoop")
-    loaded = Detector.from_pretrained(tmp_path / "locoop", model=backbone)
-    assert type(loaded) is type(det) and loaded.params == det.params
-    for key, value in det.state().items():
-        np.testing.assert_array_equal(loaded.state()[key], value)
-    np.testing.assert_array_equal(loaded.score(id_test), det.score(id_test))
 
 
 def test_locoop_glmcm_rule_matches_scores_module(backbone):
@@ -89,7 +81,7 @@ def test_locoop_glmcm_rule_matches_scores_module(backbone):
     np.testing.assert_allclose(det.score(images), expected)
 
 
-def test_idlike_crops_selection_training_and_score(backbone, tmp_path):
+def test_idlike_crops_selection_training_and_score(backbone):
     image = colour_images([0], 1, 6, size=48)[0]
     crops = random_crops(image, 6, seed=3, size=32)
     again = random_crops(image, 6, seed=3, size=32)
@@ -115,10 +107,6 @@ def test_idlike_crops_selection_training_and_score(backbone, tmp_path):
     g = g / np.linalg.norm(g, axis=1, keepdims=True)
     expected = softmax(g @ prompts.T / 0.01, axis=1)[:, :2].sum(1)
     np.testing.assert_allclose(det.score(test), expected, rtol=1e-5)
-    det.save_pretrained(tmp_path / "idlike")
-    loaded = Detector.from_pretrained(tmp_path / "idlike", model=backbone)
-    np.testing.assert_array_equal(loaded.state()["prompt.ood"], det.state()["prompt.ood"])
-    np.testing.assert_array_equal(loaded.score(test), det.score(test))
 
 
 def test_schedule_is_constant_warmup_then_per_epoch_cosine():

@@ -17,7 +17,7 @@ import detectors
 from detectors.base import ImageSet
 from detectors.clip.backbone import ClipBackbone
 
-from clip_toys import colour_images
+from helpers.images import colour_images
 
 CLASSES = ["c#", "green"]  # "c#." tokenizes to "c", "#" (id 2: the config's wrong end-of-text id), ".</w>"
 

@@ -9,7 +9,7 @@ import detectors
 from detectors.base import ImageSet
 from pipelines.data import make_row, write_manifest, read_manifest
 
-from clip_toys import CLASSES, colour_images
+from helpers.images import CLASSES, colour_images
 
 
 def unit64(a: torch.Tensor) -> np.ndarray:
@@ -85,7 +85,7 @@ def test_cached_features_skip_the_vision_tower(backbone, tmp_path):
         write_manifest(tmp_path, [make_row(f"{i}.png", label=0) for i in range(5)])
         imset = ImageSet.from_manifest(read_manifest(tmp_path))
         cache = tmp_path / "cache"
-        mcm = detectors.build("mcm", model=backbone, class_names=CLASSES, cache_dir=str(cache), batch_size=2)
+        mcm = detectors.build("mcm", model=backbone, class_names=CLASSES, cache_dir=str(cache), embed_batch_size=2)
         first = mcm.score(imset)
         assert len(calls) == 3  # 5 images in batches of 2
         detectors.build("mcm", model=backbone, class_names=CLASSES, cache_dir=str(cache), temperature=2.0).score(imset)

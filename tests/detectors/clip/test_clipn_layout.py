@@ -1,5 +1,5 @@
 """The CLIPN converter accepts the full-size key layout of CLIPN's released checkpoints: open_clip's ViT-B-16 state
-dict (every key and shape as open_clip 3.3.0 builds it, kept in tests/fixtures/hub/open_clip) plus the "no" text
+dict (every key and shape as open_clip 3.3.0 builds it, kept in pipelines/hub_configs/open_clip) plus the "no" text
 tower's `*_no` keys and `prompt_no`. Everything runs on the meta device: no weights."""
 from __future__ import annotations
 

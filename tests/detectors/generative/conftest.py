@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
-from detectors.generative.bench import SmallConvClassifier, contrast_ramp_images
+from detectors.benchmarks.diffguard import contrast_ramp_images
+from helpers.models import small_conv_classifier
 from pipelines.classifier import ImageClassifier
 
 
@@ -15,8 +15,7 @@ def _single_thread(single_torch_thread):
 
 @pytest.fixture(scope="session")
 def tiny_classifier() -> ImageClassifier:
-    torch.manual_seed(0)
-    return ImageClassifier.from_module(SmallConvClassifier().eval(), image_size=32).eval()
+    return small_conv_classifier()
 
 
 @pytest.fixture(scope="session")

@@ -80,15 +80,12 @@ def test_batched_early_stop_equals_one_at_a_time(pixel_unet, tiny_classifier, sy
     assert not torch.allclose(guided, reference)  # guidance changed the images
 
 
-def test_pixel_detector_loads_scores_and_round_trips(pixel_unet_folder, tiny_classifier, tmp_path, synthetic):
+def test_pixel_detector_loads_and_scores(pixel_unet_folder, tiny_classifier, synthetic):
     det = detectors.build("diffguard", classifier=tiny_classifier, unet_id=str(pixel_unet_folder), early_stop_psnr=15.0,
                           batch_size=2, **FAST)
     images = ImageSet(images=synthetic(3, seed=2))
     scores = det.fit(images).score(images)
     assert scores.shape == (3,) and scores.dtype == np.float64 and np.isfinite(scores).all()
-    loaded = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "dg"), classifier=tiny_classifier)
-    assert loaded.params == det.params
-    np.testing.assert_allclose(loaded.score(images), scores, atol=1e-6)
     with pytest.raises(ValueError, match="unet"):
         detectors.build("diffguard", classifier=tiny_classifier).score(images)
     with pytest.raises(FileNotFoundError, match="perceptual_weights"):

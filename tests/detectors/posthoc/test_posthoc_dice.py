@@ -6,7 +6,7 @@ import detectors
 from detectors import FeatureSet, LinearHead
 
 
-def test_dice_matches_vote_formulation(tmp_path):
+def test_dice_matches_vote_formulation():
     rng = np.random.default_rng(0)
     train, test = np.abs(rng.normal(size=(200, 10))), np.abs(rng.normal(size=(30, 10)))
     head = LinearHead(rng.normal(size=(4, 10)), rng.normal(size=4))
@@ -19,5 +19,3 @@ def test_dice_matches_vote_formulation(tmp_path):
     assert (masked != 0).sum() == round(0.3 * masked.size)
     vote = (test[:, None, :] * masked[None]).sum(2) + head.bias
     np.testing.assert_allclose(det.score(FeatureSet(test)), logsumexp(vote, axis=1), rtol=1e-5)
-    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "dice"))
-    np.testing.assert_array_equal(again.score(FeatureSet(test)), det.score(FeatureSet(test)))

@@ -7,7 +7,7 @@ from detectors import FeatureSet, LinearHead
 
 
 @pytest.mark.parametrize("distance", [True, False])
-def test_fdbd_matches_loop(distance, tmp_path):
+def test_fdbd_matches_loop(distance):
     rng = np.random.default_rng(0)
     train, test = rng.normal(size=(100, 9)) + 1, rng.normal(size=(20, 9))
     head = LinearHead(rng.normal(size=(5, 9)), rng.normal(size=5))
@@ -20,8 +20,6 @@ def test_fdbd_matches_loop(distance, tmp_path):
         total = sum(abs(z[y] - z[k]) / np.linalg.norm(head.weight[y] - head.weight[k]) for k in range(5) if k != y)
         expected.append(total / np.linalg.norm(h - mu))
     np.testing.assert_allclose(det.score(FeatureSet(test)), expected, rtol=1e-5)
-    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "fdbd"))
-    np.testing.assert_array_equal(again.score(FeatureSet(test)), det.score(FeatureSet(test)))
 
 
 def test_fdbd_known_answer_two_classes():

@@ -21,20 +21,18 @@ def _autograd_gradnorm(features, weight, bias):
     return np.array(scores)
 
 
-def test_gradnorm_closed_form_matches_autograd(tmp_path):
+def test_gradnorm_closed_form_matches_autograd():
     rng = np.random.default_rng(0)
     head = LinearHead(rng.normal(size=(5, 8)), rng.normal(size=5))
     train, test = rng.normal(size=(10, 8)), rng.normal(size=(12, 8))
     det = detectors.build("gradnorm").fit(FeatureSet(features=train), head=head)
     expected = _autograd_gradnorm(test, head.weight, head.bias)
     np.testing.assert_allclose(det.score(FeatureSet(features=test)), expected, rtol=1e-10)
-    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "gradnorm"))
-    np.testing.assert_array_equal(again.score(test), det.score(test))
     with pytest.raises(ValueError, match="head"):
         detectors.build("gradnorm").fit(FeatureSet(features=train))
 
 
-def test_she_against_loop_and_round_trip(tmp_path):
+def test_she_against_loop_and_round_trip():
     rng = np.random.default_rng(1)
     n, d, c = 80, 6, 3
     features = rng.normal(size=(n, d))
@@ -49,8 +47,6 @@ def test_she_against_loop_and_round_trip(tmp_path):
     expected = [float(np.dot(h, patterns[int(np.argmax(z))])) for h, z in zip(test_f, test_z)]
     batch = FeatureSet(features=test_f, logits=test_z)
     np.testing.assert_allclose(det.score(batch), expected, rtol=1e-12)
-    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "she"))
-    np.testing.assert_array_equal(again.score(batch), det.score(batch))
 
 
 def test_she_falls_back_to_all_samples_of_a_never_correct_class():

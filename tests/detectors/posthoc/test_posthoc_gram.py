@@ -10,6 +10,7 @@ import detectors
 from detectors import ImageSet
 from detectors.posthoc import gram as gram_module
 from detectors.posthoc.gram import holdout_split
+from helpers.models import tiny_resnet_classifier
 from pipelines.classifier import ImageClassifier
 from pipelines.data import make_row, read_manifest, write_manifest
 
@@ -17,16 +18,7 @@ POWERS = [1, 2, 3]
 
 
 def _hf_classifier(folder, seed=0, classes=3):
-    from transformers import ResNetForImageClassification, ViTImageProcessor
-
-    from pipelines.toydata import tiny_digit_classifier_config
-
-    torch.manual_seed(seed)
-    config, _ = tiny_digit_classifier_config(num_labels=classes)
-    processor = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    ResNetForImageClassification(config).save_pretrained(folder)
-    processor.save_pretrained(folder)
-    return ImageClassifier.from_pretrained(folder)
+    return tiny_resnet_classifier(folder, classes, seed)
 
 
 def _images(n, seed):
@@ -185,14 +177,9 @@ def test_gram_features_are_cached_per_model_and_image_set(tmp_path, monkeypatch,
     assert len(list(cache.glob("gram-*.safetensors"))) == 2
 
 
-def test_gram_round_trips_and_rejects_bad_input(tmp_path, single_torch_thread):
+def test_gram_rejects_bad_input(single_torch_thread):
     torch.manual_seed(3)
     clf = ImageClassifier.from_module(ConvNet(), image_size=16, mean=(0.5,) * 3, std=(0.5,) * 3)
-    labels = np.arange(30) % 3
-    det = detectors.build("gram", classifier=clf, layers="relu_conv").fit(ImageSet(images=_images(30, 4), labels=labels))
-    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "gram"), classifier=clf)
-    test = ImageSet(images=_images(4, 9))
-    np.testing.assert_array_equal(again.score(test), det.score(test))
     with pytest.raises(ValueError, match="powers"):
         detectors.build("gram", powers=[0, 1])
     with pytest.raises(ValueError, match="hidden_states"):

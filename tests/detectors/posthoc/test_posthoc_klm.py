@@ -15,15 +15,13 @@ def _reference_klm(fit_logits, test_logits):
     return np.array([-min(entropy(p, q) for q in templates) for p in softmax(test_logits, axis=1)])
 
 
-def test_klm_against_scipy_entropy_loop(tmp_path):
+def test_klm_against_scipy_entropy_loop():
     rng = np.random.default_rng(0)
     train, val, test = (rng.normal(scale=2.0, size=(n, 5)) for n in (120, 90, 30))
     det = detectors.build("klm").fit(FeatureSet(logits=train), id_val=FeatureSet(logits=val))
     np.testing.assert_allclose(det.score(FeatureSet(logits=test)), _reference_klm(val, test), rtol=1e-10, atol=1e-12)
     train_only = detectors.build("klm").fit(FeatureSet(logits=train))
     np.testing.assert_allclose(train_only.score(test), _reference_klm(train, test), rtol=1e-10, atol=1e-12)
-    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "klm"))
-    np.testing.assert_array_equal(again.score(test), det.score(test))
 
 
 def test_klm_known_answer_and_unpredicted_classes():

@@ -17,7 +17,7 @@ def clusters(n=240, d=12, c=4, seed=0):
     return FeatureSet(centres[labels] + rng.normal(0, 1, (n, d)) @ mixing, labels=labels)
 
 
-def test_mds_matches_lda_covariance_and_scipy_mahalanobis(tmp_path):
+def test_mds_matches_lda_covariance_and_scipy_mahalanobis():
     train, test = clusters(seed=0), clusters(n=50, seed=1)
     det = detectors.build("mds").fit(train)
     lda = LinearDiscriminantAnalysis(solver="lsqr", store_covariance=True).fit(train.features, train.labels)
@@ -26,8 +26,6 @@ def test_mds_matches_lda_covariance_and_scipy_mahalanobis(tmp_path):
     expected = [-min(mahalanobis(x, mu, precision) ** 2 for mu in lda.means_) for x in test.features]
     np.testing.assert_allclose(det.score(test), expected, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(det.score(FeatureSet(lda.means_)), 0.0, atol=1e-9)
-    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "mds"))
-    np.testing.assert_array_equal(again.score(test), det.score(test))
 
 
 def test_point_at_a_class_mean_scores_zero_and_singular_covariance_is_pseudo_inverted():

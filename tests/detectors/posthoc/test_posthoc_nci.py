@@ -5,7 +5,7 @@ import detectors
 from detectors import FeatureSet, LinearHead
 
 
-def test_nci_matches_loop(tmp_path):
+def test_nci_matches_loop():
     rng = np.random.default_rng(0)
     train, test = rng.normal(size=(100, 9)) + 1, rng.normal(size=(20, 9))
     head = LinearHead(rng.normal(size=(5, 9)), rng.normal(size=5))
@@ -16,8 +16,6 @@ def test_nci_matches_loop(tmp_path):
         w = head.weight[np.argmax(head.weight @ h + head.bias)]
         expected.append(w @ (h - mu) / np.linalg.norm(h - mu) + 0.01 * np.abs(h).sum())
     np.testing.assert_allclose(det.score(FeatureSet(test)), expected, rtol=1e-9)
-    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "nci"))
-    np.testing.assert_array_equal(again.score(FeatureSet(test)), det.score(FeatureSet(test)))
 
 
 def test_nci_known_answer_alignment_is_a_cosine_times_weight_norm():

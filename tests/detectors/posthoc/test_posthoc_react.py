@@ -14,7 +14,7 @@ def linear_percentile(values, q):
     return v[lo] + (pos - lo) * (v[min(lo + 1, len(v) - 1)] - v[lo])
 
 
-def test_react_threshold_source_and_energy(tmp_path):
+def test_react_threshold_source_and_energy():
     rng = np.random.default_rng(0)
     train, val, test = (np.abs(rng.normal(size=(n, 10))) for n in (200, 80, 30))
     head = LinearHead(rng.normal(size=(4, 10)), rng.normal(size=4))
@@ -25,8 +25,6 @@ def test_react_threshold_source_and_energy(tmp_path):
     expected = [logsumexp(head.weight @ x + head.bias) for x in clipped]
     np.testing.assert_allclose(det.score(FeatureSet(test)), expected, rtol=1e-5)
     assert np.isclose(detectors.build("react").fit(FeatureSet(train), head=head).threshold, linear_percentile(train, 90), rtol=1e-12)
-    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "react"))
-    np.testing.assert_array_equal(again.score(FeatureSet(test)), det.score(FeatureSet(test)))
 
 
 def test_react_at_percentile_100_is_plain_energy():

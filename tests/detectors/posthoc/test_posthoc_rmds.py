@@ -12,7 +12,7 @@ def clusters(n=240, d=10, c=4, seed=0):
     return FeatureSet(rng.normal(0, 3, (c, d))[labels] + rng.normal(0, 1, (n, d)), labels=labels)
 
 
-def test_rmds_matches_loop_reference(tmp_path):
+def test_rmds_matches_loop_reference():
     train, test = clusters(seed=0), clusters(n=40, seed=1)
     det = detectors.build("rmds").fit(train)
     h, y = train.features.astype(np.float64), train.labels
@@ -25,5 +25,3 @@ def test_rmds_matches_loop_reference(tmp_path):
         background = (x - whole_mean) @ whole_precision @ (x - whole_mean)
         expected.append(max(-(x - m) @ class_precision @ (x - m) + background for m in means))
     np.testing.assert_allclose(det.score(test), expected, rtol=1e-8, atol=1e-8)
-    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "rmds"))
-    np.testing.assert_array_equal(again.score(test), det.score(test))

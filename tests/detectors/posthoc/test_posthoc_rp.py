@@ -14,7 +14,7 @@ def _data(seed=0, n=60, c=4):
     return logits, labels
 
 
-def test_rp_msp_and_rp_ebo_against_loops(tmp_path):
+def test_rp_msp_and_rp_ebo_against_loops():
     logits, labels = _data()
     train = FeatureSet(logits=logits, labels=labels)
     prior = np.array([np.mean(labels == k) for k in range(4)])
@@ -30,9 +30,6 @@ def test_rp_msp_and_rp_ebo_against_loops(tmp_path):
     np.testing.assert_allclose(rp_msp.prior, prior, rtol=1e-15)
     np.testing.assert_allclose(rp_msp.score(FeatureSet(logits=test)), expected_msp, rtol=1e-12)
     np.testing.assert_allclose(rp_ebo.score(FeatureSet(logits=test)), expected_ebo, rtol=1e-12)
-    for det in (rp_msp, rp_ebo):
-        again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / det.name))
-        np.testing.assert_array_equal(again.score(test), det.score(test))
 
 
 def test_rp_msp_with_uniform_prior_is_msp_minus_one_over_c_and_needs_fit():

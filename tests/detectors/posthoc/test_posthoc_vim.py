@@ -28,12 +28,10 @@ def official_vim(train, test, head, dim):
 
 
 @pytest.mark.parametrize("dim", [3, 12])  # principal basis kept / null basis kept
-def test_vim_matches_official_recipe(dim, tmp_path):
+def test_vim_matches_official_recipe(dim):
     train, test, head = setup()
     det = detectors.build("vim", dim=dim).fit(FeatureSet(train), head=head)
     np.testing.assert_allclose(det.score(FeatureSet(test)), official_vim(train, test, head, dim), rtol=1e-5, atol=1e-5)
-    again = detectors.Detector.from_pretrained(det.save_pretrained(tmp_path / "vim"))
-    np.testing.assert_array_equal(again.score(FeatureSet(test)), det.score(FeatureSet(test)))
 
 
 def test_vim_dim_rule_and_errors():

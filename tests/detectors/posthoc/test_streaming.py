@@ -158,7 +158,7 @@ def test_knn_streamed_exact_search_and_float16_ivf_indexes(tmp_path, monkeypatch
     np.testing.assert_allclose(ivf.score(queries), exact.score(queries), atol=2e-3)
     reloaded = detectors.Detector.from_pretrained(ivf.save_pretrained(tmp_path / "ivf"))
     np.testing.assert_array_equal(reloaded.score(queries), ivf.score(queries))
-    with pytest.raises(ValueError, match="index='hnsw'"):
+    with pytest.raises(ValueError, match="knn: index must be one of 'flat', 'flat16', 'ivf', 'auto', got 'hnsw'"):
         detectors.build("knn", index="hnsw").fit(cache)
 
 

@@ -63,7 +63,7 @@ def bench_scoring(backbone: ClipBackbone, n_images: int, batch_size: int, class_
 
     size = backbone.model.config.vision_config.image_size
     pils = random_images(n_images, size)
-    build = lambda: detectors.build("mcm", model=backbone, class_names=class_names, batch_size=batch_size)  # noqa: E731
+    build = lambda: detectors.build("mcm", model=backbone, class_names=class_names, embed_batch_size=batch_size)  # noqa: E731
     build().score(ImageSet(images=random_images(batch_size, size, 1)))  # warm-up
     cached_set = ImageSet(images=pils)
     build().score(cached_set)

@@ -1,11 +1,5 @@
-"""Tiny random-weight stand-ins of the real models, saved with `save_pretrained` in the real folder layouts.
-
-Each stand-in is its model id's real hub configuration (kept in `tests/fixtures/hub/`, see `pipelines.hub`) with
-only the size fields listed in `TINY` shrunk, so the real checkpoints' quirks (CLIP's config eos id 2, scheduler
-flags, activation and norm types, block types) reach every test. Tests, the demo and CPU benchmarks build these once,
-save them and load them back through the same `from_pretrained` code paths users run with hub ids; no weights are
-ever downloaded. `size="full"` builds use the real configs unchanged (random weights, for the GPU benchmark).
-"""
+"""Random-weight stand-ins built from the configs of `pipelines.tiny.configs`, saved with `save_pretrained` in the real
+folder layouts (CLIP, the ZeST components, Stable Diffusion, DIFFGUARD's pixel UNet, single models)."""
 from __future__ import annotations
 
 import json
@@ -13,210 +7,13 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 import torch
 
-DEFAULT_VOCAB_WORDS = (
-    "a", "photo", "of", "the", "best", "quality", "high", "monochrome", "lowres", "bad", "anatomy", "worst", "low",
-    "bronze", "container", "vessel", "moth", "insect", "bird", "dog", "cat", "no", "not", "this", "is",
-)
-TOKENIZER_MAX_LENGTH = 77
-BOS_TOKEN = "<|startoftext|>"
-EOS_TOKEN = "<|endoftext|>"
-
-
-def _byte_symbols() -> list[str]:
-    """The 256 printable characters GPT-2/CLIP byte-level BPE uses for the bytes 0..255, in CLIP's vocabulary order:
-    the printable bytes first ('!' = id 0, '"' = 1, '#' = 2, ...), then the remapped ones (chr(256), chr(257), ...)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    remapped = [256 + n for n in range(256 - len(printable))]
-    return [chr(c) for c in printable + remapped]
-
-
-def _word_merges(words: Iterable[str]) -> list[tuple[str, str]]:
-    """Left-to-right merges that assemble each (lower-case ASCII) word into one `word</w>` token."""
-    merges: list[tuple[str, str]] = []
-    seen: set[tuple[str, str]] = set()
-    for word in words:
-        word = word.lower()
-        if not word.isascii() or not word.isalpha() or len(word) < 2:
-            continue
-        pieces = list(word[:-1]) + [word[-1] + "</w>"]
-        merged = pieces[0]
-        for piece in pieces[1:]:
-            pair = (merged, piece)
-            if pair not in seen:
-                seen.add(pair)
-                merges.append(pair)
-            merged += piece
-    return merges
-
-
-def tiny_tokenizer_vocab(vocab_words: Iterable[str] = DEFAULT_VOCAB_WORDS) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """Vocabulary and merges of a byte-level CLIP BPE: bytes, bytes + `</w>`, merged words, then BOS and EOS last."""
-    symbols = _byte_symbols()
-    tokens = symbols + [s + "</w>" for s in symbols]
-    merges = _word_merges(vocab_words)
-    for left, right in merges:
-        token = left + right
-        if token not in tokens:
-            tokens.append(token)
-    tokens += [BOS_TOKEN, EOS_TOKEN]
-    return {token: i for i, token in enumerate(tokens)}, merges
-
-
-def save_tiny_tokenizer(folder: str | os.PathLike, vocab_words: Iterable[str] = DEFAULT_VOCAB_WORDS,
-                        model_id: str = "openai/clip-vit-base-patch16", subfolder: str = "") -> Path:
-    """Write a working byte-level CLIP BPE tokenizer to `folder` and return the folder.
-
-    The folder holds `vocab.json`, `merges.txt`, `tokenizer.json` and `tokenizer_config.json` (model_max_length 77),
-    loadable with `CLIPTokenizer`, `CLIPTokenizerFast` and `AutoTokenizer`. Its vocabulary size is `len(tokenizer)`;
-    BOS and EOS are the last two ids, as in CLIP's real vocabulary (49406, 49407). The special tokens (bos, eos, pad,
-    unk) are those of `model_id`'s real tokenizer config in `subfolder` (SDXL's `tokenizer_2` pads with "!").
-    """
-    from transformers import CLIPTokenizer
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    vocab, merges = tiny_tokenizer_vocab(vocab_words)
-    special = _tokenizer_special_tokens(model_id, subfolder)
-    tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=TOKENIZER_MAX_LENGTH, **special)
-    tokenizer.save_pretrained(folder)
-    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    merges_text = "#version: 0.2\n" + "".join(f"{left} {right}\n" for left, right in merges)
-    (folder / "merges.txt").write_text(merges_text, encoding="utf-8")
-    config_path = folder / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    config.update(model_max_length=TOKENIZER_MAX_LENGTH, tokenizer_class="CLIPTokenizer")
-    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
-    return folder
-
-
-# --- the shrink table: real hub config -> tiny stand-in ---------------------------------------------------
-SDXL_ID = "stabilityai/stable-diffusion-xl-base-1.0"
-CONTROLNET_ID = "diffusers/controlnet-depth-sdxl-1.0"
-IP_ADAPTER_ID = "h94/IP-Adapter"
-IMAGE_ENCODER_FILE = "models/image_encoder/config.json"
-DPT_ID = "Intel/dpt-hybrid-midas"
-CLIP_ID = "openai/clip-vit-base-patch16"
-SD15_ID = "stable-diffusion-v1-5/stable-diffusion-v1-5"
-SD21_ID = "stabilityai/stable-diffusion-2-1-base"
-RESNET_ID = "microsoft/resnet-50"
-SDXL_VAE_FP16_ID = "madebyollin/sdxl-vae-fp16-fix"
-
-def _prefixed(section: str, fields: dict[str, Any]) -> dict[str, Any]:
-    """`{"a": 1}` -> `{"section.a": 1}` (overrides of a nested config section)."""
-    return {f"{section}.{key}": value for key, value in fields.items()}
-
-
-TINY_VOCAB_SIZE = len(tiny_tokenizer_vocab()[0])  # the tiny BPE's size with the default words; BOS, EOS last
-
-# Only size fields change (hidden sizes, depths, heads, channels, sample/image sizes, the vocabulary size the tiny
-# BPE forces); every other value — token ids, activations, norm types and eps, scheduler flags, block types,
-# projection types — is the real config's. tests/pipelines/test_hub_configs.py proves it per model id.
-_TINY_TEXT = {"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "projection_dim": 32, "vocab_size": TINY_VOCAB_SIZE}
-_TINY_SDXL_UNET = {"block_out_channels": [32, 64, 64], "attention_head_dim": [2, 4, 4],
-                   "transformer_layers_per_block": [1, 2, 2], "cross_attention_dim": 64, "addition_time_embed_dim": 8,
-                   "projection_class_embeddings_input_dim": 6 * 8 + 32, "sample_size": 8}
-_TINY_CLIP_TEXT = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                   "projection_dim": 16, "vocab_size": TINY_VOCAB_SIZE}
-_TINY_CLIP_VISION = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-                     "projection_dim": 16, "image_size": 32, "patch_size": 8}
-
-_TINY_VAE = {"block_out_channels": [32, 32, 64, 64], "sample_size": 64}
-_TINY_SD_UNET = {"block_out_channels": [32, 64, 64, 64], "cross_attention_dim": 32, "sample_size": 8}
-TINY: dict[str, dict[str, dict[str, Any]]] = {
-    SDXL_ID: {
-        "model_index.json": {},
-        "scheduler/scheduler_config.json": {},
-        "tokenizer/tokenizer_config.json": {},
-        "tokenizer_2/tokenizer_config.json": {},
-        "text_encoder/config.json": _TINY_TEXT,
-        "text_encoder_2/config.json": _TINY_TEXT,
-        "unet/config.json": _TINY_SDXL_UNET,
-        "vae/config.json": _TINY_VAE,
-    },
-    CONTROLNET_ID: {"config.json": {k: v for k, v in _TINY_SDXL_UNET.items() if k != "sample_size"}},
-    IP_ADAPTER_ID: {IMAGE_ENCODER_FILE: {"hidden_size": 32, "intermediate_size": 37, "num_hidden_layers": 2,
-                                         "num_attention_heads": 4, "projection_dim": 32}},
-    DPT_ID: {
-        "config.json": {"hidden_size": 32, "intermediate_size": 37, "num_attention_heads": 4, "image_size": 64,
-                        "neck_hidden_sizes": [8, 16, 32, 32], "fusion_hidden_size": 16,
-                        "backbone_featmap_shape": [1, 32, 4, 4], "backbone_config.hidden_sizes": [8, 16, 32, 64],
-                        "backbone_config.embedding_size": 8, "backbone_config.num_groups": 2,
-                        "pooler_output_size": 32},  # derived from hidden_size when absent
-        "preprocessor_config.json": {"size": {"height": 64, "width": 64}},
-    },
-    CLIP_ID: {
-        # transformers rebuilds the vision tower from `vision_config_dict` (CLIPVisionConfig defaults + its keys),
-        # so the vision sizes are shrunk there as well as in `vision_config`
-        "config.json": {"projection_dim": 16, **_prefixed("text_config", _TINY_CLIP_TEXT),
-                        **_prefixed("vision_config", _TINY_CLIP_VISION), **_prefixed("vision_config_dict", _TINY_CLIP_VISION)},
-        "preprocessor_config.json": {"size": 32, "crop_size": 32},
-        "tokenizer_config.json": {},
-    },
-    SD15_ID: {
-        "model_index.json": {},
-        "scheduler/scheduler_config.json": {},
-        "tokenizer/tokenizer_config.json": {},
-        "feature_extractor/preprocessor_config.json": {},
-        "text_encoder/config.json": _TINY_TEXT,
-        "unet/config.json": _TINY_SD_UNET,
-        "vae/config.json": _TINY_VAE,
-    },
-    SD21_ID: {
-        "model_index.json": {},
-        "scheduler/scheduler_config.json": {},
-        "tokenizer/tokenizer_config.json": {},
-        "feature_extractor/preprocessor_config.json": {},
-        "text_encoder/config.json": _TINY_TEXT,
-        "unet/config.json": {**_TINY_SD_UNET, "attention_head_dim": [2, 4, 4, 4]},
-        "vae/config.json": _TINY_VAE,
-    },
-    RESNET_ID: {
-        "config.json": {"embedding_size": 8, "hidden_sizes": [8, 16, 32, 64], "depths": [1, 1, 1, 1]},
-        "preprocessor_config.json": {"size": 32},
-    },
-    SDXL_VAE_FP16_ID: {"config.json": _TINY_VAE},
-}
-# Components a tiny pipeline folder leaves out (listed in the model_index check; never a size field).
-OMITTED_COMPONENTS: dict[str, tuple[str, ...]] = {SD15_ID: ("safety_checker", "requires_safety_checker")}
-
-
-def standin_fingerprint() -> str:
-    """A short hash of what decides the stand-ins: the shrink table and the kept real config files. A folder of
-    stand-ins built once and reused (e.g. `models: tiny` of generation jobs) is stale when this changes."""
-    import hashlib
-
-    from pipelines.hub import fixtures_root
-
-    digest = hashlib.sha256(json.dumps(TINY, sort_keys=True, default=str).encode())
-    for path in sorted(fixtures_root().rglob("*.json")):
-        digest.update(path.relative_to(fixtures_root()).as_posix().encode() + path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def tiny_config(model_id: str, file: str = "config.json") -> dict[str, Any]:
-    """The real config file `file` of `model_id` with the size fields of `TINY` shrunk."""
-    from pipelines.hub import real_config, set_dotted
-
-    return set_dotted(real_config(model_id, file), TINY[model_id][file])
-
-
-def full_config(model_id: str, file: str = "config.json") -> dict[str, Any]:
-    """The real config file (full size)."""
-    from pipelines.hub import real_config
-
-    return real_config(model_id, file)
-
-
-def _config(model_id: str, file: str, size: str) -> dict[str, Any]:
-    if size not in ("tiny", "full"):
-        raise ValueError(f"size must be 'tiny' or 'full', got {size!r}")
-    return tiny_config(model_id, file) if size == "tiny" else full_config(model_id, file)
-
+from pipelines.tiny.configs import (CLIP_ID, DPT_ID, SD15_ID, SDXL_ID, TINY, full_config, sized_config, tiny_config,
+                                    zest_configs)
+from pipelines.tiny.tokenizer import load_tiny_tokenizer
 
 def build_model(config: dict[str, Any]) -> Any:
     """A random-weight model from a config dict: diffusers models by `_class_name`, transformers models by
@@ -236,23 +33,6 @@ def build_model(config: dict[str, Any]) -> Any:
     if arch is None:
         return transformers.AutoModel.from_config(cfg)
     return getattr(transformers, arch)(cfg)
-
-
-def _tokenizer_special_tokens(model_id: str, subfolder: str) -> dict[str, str]:
-    from pipelines.hub import effective_config, real_config
-
-    prefix = f"{subfolder}/" if subfolder else ""
-    special = real_config(model_id, f"{prefix}special_tokens_map.json")
-    eff = effective_config("tokenizer", real_config(model_id, f"{prefix}tokenizer_config.json"), special)
-    return {k: eff[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
-
-
-def load_tiny_tokenizer(model_id: str = CLIP_ID, subfolder: str = "", vocab_words: Iterable[str] = DEFAULT_VOCAB_WORDS):
-    """The tiny BPE as a `CLIPTokenizer` with the special tokens (bos/eos/pad/unk) of `model_id`'s real tokenizer."""
-    with tempfile.TemporaryDirectory() as scratch:
-        from transformers import CLIPTokenizer
-
-        return CLIPTokenizer.from_pretrained(save_tiny_tokenizer(scratch, vocab_words, model_id, subfolder))
 
 
 # --- CLIP ---
@@ -337,19 +117,6 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def zest_configs(size: str = "tiny") -> dict[str, dict[str, Any]]:
-    """The component configs of the ZeST models at `size` ('tiny': `TINY`'s shrink, 'full': the real configs)."""
-    return {
-        "unet": _config(SDXL_ID, "unet/config.json", size),
-        "vae": _config(SDXL_ID, "vae/config.json", size),
-        "text_encoder": _config(SDXL_ID, "text_encoder/config.json", size),
-        "text_encoder_2": _config(SDXL_ID, "text_encoder_2/config.json", size),
-        "controlnet": _config(CONTROLNET_ID, "config.json", size),
-        "image_encoder": _config(IP_ADAPTER_ID, IMAGE_ENCODER_FILE, size),
-        "depth": _config(DPT_ID, "config.json", size),
-    }
-
-
 def random_zest_modules(size: str = "tiny", device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
                         seed: int = 0) -> dict[str, Any]:
     """Random-weight ZeST modules of `size` ('tiny' or 'full' = the real configs) built directly on `device` in `dtype`.
@@ -378,7 +145,7 @@ def dpt_processor(size: str = "tiny"):
     """DPT-hybrid-MiDaS's image processor (square resize, mean/std 0.5) at `size`."""
     from transformers import DPTImageProcessor
 
-    return DPTImageProcessor.from_dict(_config(DPT_ID, "preprocessor_config.json", size))
+    return DPTImageProcessor.from_dict(sized_config(DPT_ID, "preprocessor_config.json", size))
 
 
 def random_zest_pipeline(size: str = "full", device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,

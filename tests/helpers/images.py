@@ -1,4 +1,4 @@
-"""Toy data of the CLIP detector tests: noisy colour images."""
+"""Toy images of the detector tests: noisy colour images and the class names they stand for."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,0 +1,255 @@
+"""Tables computed from the runner's per-sample scores (`scores.parquet`): bootstrap intervals, AUROC per taxonomic
+hop, the field report per novel species and the most ID-looking OOD images.
+
+Scores: higher = more in-distribution; an image is flagged OOD iff score < threshold (`detectors.metrics`). Roles are
+`detectors.tables.SCORE_ROLES`. Metadata of a row (`hop`, `species`, its image) comes from the manifest it was read
+from, through the optional `file_name` / `manifest` columns (`detectors.tables.SCORE_OPTIONAL`).
+"""
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from detectors.metrics import auroc, evaluate
+from detectors.report.tables import group_labels, read_table, text_column
+from detectors.tables import SCORE_COLUMNS, SCORE_OPTIONAL, SCORE_ROLES
+from detectors.training.field import species_detection_share
+from pipelines.data import Manifest, read_manifest
+from pipelines.errors import UserInputError
+
+HOP_LABELS = {1: "same genus", 2: "same family", 3: "farther"}
+"""`hop` of an OOD row (gen.insects): 1 its genus holds an ID species, 2 its family does, 3 neither."""
+
+
+def read_scores(source: pd.DataFrame | str | os.PathLike) -> pd.DataFrame:
+    """The runner's per-sample scores table (`SCORE_COLUMNS`, optionally `SCORE_OPTIONAL`), every role accepted."""
+    frame = read_table(source, SCORE_COLUMNS, "scores table")
+    frame["role"] = frame["role"].astype(str)
+    roles = set(frame["role"]) - set(SCORE_ROLES)
+    if roles:
+        raise UserInputError(f"scores table: column 'role' must be one of {list(SCORE_ROLES)}, found {sorted(roles)}")
+    frame["group"] = group_labels(frame["group"])
+    frame["method"] = frame["method"].astype(str)
+    frame["ood_set"] = frame["ood_set"].astype(str)
+    frame["score"] = frame["score"].astype(np.float64)
+    return frame
+
+
+def has_sources(scores: pd.DataFrame) -> bool:
+    """Whether every row names its image: the `file_name` and `manifest` columns are present and filled."""
+    return all(c in scores.columns and text_column(scores[c]).ne("").all() for c in SCORE_OPTIONAL)
+
+
+def _manifest(folder: str, base: Path | None, memo: dict[str, Manifest]) -> Manifest:
+    """The manifest `folder` names: as given, else relative to the run folder `base` or one of its parents (a
+    config's relative paths are relative to where the run was started)."""
+    if folder not in memo:
+        path = Path(folder)
+        roots = [] if path.is_absolute() or base is None else [base, *base.resolve().parents]
+        found = next((r / path for r in roots if (r / path / "metadata.jsonl").is_file()), path)
+        memo[folder] = read_manifest(path if (path / "metadata.jsonl").is_file() else found)
+    return memo[folder]
+
+
+def attach_metadata(scores: pd.DataFrame, fields: Sequence[str], base: str | os.PathLike | None = None) -> pd.DataFrame:
+    """`scores` with the manifest fields `fields` of each row, and `path` (its image), joined on (manifest, file_name).
+
+    A relative `manifest` is read from the working folder, else from `base` (the run folder) or one of its parents.
+    Needs `has_sources`.
+    """
+    if not has_sources(scores):
+        raise UserInputError(f"scores table: the columns {list(SCORE_OPTIONAL)} are needed to find each row's image")
+    memo: dict[str, Manifest] = {}
+    out = scores.copy()
+    for f in (*fields, "path"):
+        out[f] = None
+    for folder, rows in out.groupby(out["manifest"].astype(str), sort=False):
+        manifest = _manifest(folder, Path(base) if base is not None else None, memo)
+        by_name = {r["file_name"]: r for r in manifest.rows}
+        found = [by_name.get(name) for name in rows["file_name"].astype(str)]
+        if any(r is None for r in found):
+            missing = next(n for n, r in zip(rows["file_name"], found) if r is None)
+            raise UserInputError(f"scores table: file {missing!r} is not in the manifest {folder}")
+        for f in fields:
+            out.loc[rows.index, f] = [r.get(f) for r in found]
+        out.loc[rows.index, "path"] = [str(manifest.path(r)) for r in found]
+    return out
+
+
+# -- bootstrap intervals ----------------------------------------------------------------------------------------------
+def _seed(seed: int, *names: str) -> np.random.SeedSequence:
+    return np.random.SeedSequence([seed, *(zlib.crc32(n.encode()) for n in names)])
+
+
+def resampled_metrics(id_scores: np.ndarray, ood_scores: np.ndarray, id_idx: np.ndarray,
+                      ood_idx: np.ndarray) -> dict[str, np.ndarray]:
+    """AUROC and FPR@95 (fractions, `detectors.metrics` conventions, exact with ties) of each bootstrap replicate.
+
+    Replicate b uses `id_scores[id_idx[b]]` and `ood_scores[ood_idx[b]]`; computed at once from per-replicate counts
+    over the pooled distinct score values (ascending), so a replicate costs O(distinct values), not a sort.
+    """
+    values, inverse = np.unique(np.concatenate([id_scores, ood_scores]), return_inverse=True)
+    n_id, n_ood, n_values, reps = id_idx.shape[1], ood_idx.shape[1], len(values), len(id_idx)
+    offsets = (np.arange(reps) * n_values)[:, None]
+
+    def counts(positions: np.ndarray) -> np.ndarray:
+        flat = np.bincount((positions + offsets).ravel(), minlength=reps * n_values)
+        return flat.reshape(reps, n_values).astype(np.float64)
+
+    c_id = counts(inverse[: len(id_scores)][id_idx])
+    c_ood = counts(inverse[len(id_scores):][ood_idx])
+    id_below = np.cumsum(c_id, axis=1) - c_id
+    area = (c_ood * (id_below + 0.5 * c_id)).sum(axis=1) / (n_id * n_ood)
+    # OOD positive, ranked by -score: the ROC walks the distinct values upwards; FPR@95 = ID share at or below the
+    # first value where >= 95% of OOD is at or below it
+    first = np.argmax(np.cumsum(c_ood, axis=1) / n_ood >= 0.95 - 1e-12, axis=1)
+    fpr95 = np.cumsum(c_id, axis=1)[np.arange(reps), first] / n_id
+    return {"auroc": 1.0 - area, "fpr95": fpr95}
+
+
+def bootstrap_interval(id_scores: np.ndarray, ood_scores: np.ndarray, n: int, rng: np.random.Generator,
+                       level: float = 0.95, memory: int = 4_000_000) -> dict[str, tuple[float, float]]:
+    """Percentile `level` intervals of AUROC and FPR@95 (fractions) over `n` replicates that resample the ID and the
+    OOD scores independently, with replacement; replicates run in blocks of about `memory` counts."""
+    width = max(len(id_scores) + len(ood_scores), 1)
+    block = max(1, min(n, memory // width))
+    draws: dict[str, list[np.ndarray]] = {"auroc": [], "fpr95": []}
+    for start in range(0, n, block):
+        reps = min(block, n - start)
+        id_idx = rng.integers(0, len(id_scores), size=(reps, len(id_scores)))
+        ood_idx = rng.integers(0, len(ood_scores), size=(reps, len(ood_scores)))
+        for k, v in resampled_metrics(id_scores, ood_scores, id_idx, ood_idx).items():
+            draws[k].append(v)
+    tail = (1.0 - level) / 2 * 100
+    return {k: tuple(np.percentile(np.concatenate(v), [tail, 100 - tail])) for k, v in draws.items()}
+
+
+def bootstrap_table(scores: pd.DataFrame, n: int, seed: int = 0, level: float = 0.95) -> pd.DataFrame:
+    """Per (method, test OOD set): AUROC and FPR@95 in percent with their bootstrap `level` interval.
+
+    Columns `method, family, ood_set, group, auroc, auroc_lo, auroc_hi, fpr95, fpr95_lo, fpr95_hi, n_id, n_ood,
+    n_boot`. Point values are computed from the scores; each (method, set) draws from its own stream seeded by
+    (`seed`, method, set), so the intervals do not depend on which other methods are reported.
+    """
+    if n < 1:
+        raise UserInputError(f"--bootstrap: the number of replicates must be >= 1, got {n}")
+    rows = []
+    for method, frame in scores.groupby("method", sort=False):
+        id_scores = frame.loc[frame["role"] == "id", "score"].to_numpy(np.float64)
+        ood = frame[frame["role"] == "ood"]
+        for ood_set, part in ood.groupby("ood_set", sort=False):
+            ood_scores = part["score"].to_numpy(np.float64)
+            point = evaluate(id_scores, ood_scores)
+            rng = np.random.default_rng(_seed(seed, method, ood_set))
+            interval = bootstrap_interval(id_scores, ood_scores, n, rng, level)
+            row = {"method": method, "family": part["family"].iloc[0], "ood_set": ood_set, "group": part["group"].iloc[0]}
+            for metric in ("auroc", "fpr95"):
+                lo, hi = interval[metric]
+                row.update({metric: point[metric] * 100, f"{metric}_lo": lo * 100, f"{metric}_hi": hi * 100})
+            rows.append({**row, "n_id": len(id_scores), "n_ood": len(ood_scores), "n_boot": n})
+    return pd.DataFrame(rows)
+
+
+# -- species: AUROC per hop and the field report per novel species ---------------------------------------------------
+def hop_table(scores: pd.DataFrame) -> pd.DataFrame:
+    """AUROC (percent) of ID test against the OOD rows of each hop, per (method, OOD set) and pooled over the sets.
+
+    `scores` carries a `hop` column (`attach_metadata`). Columns `method, family, ood_set, hop, distance, auroc, n_id,
+    n_ood`; `ood_set` is `all` for the pooled rows; OOD rows without a hop in `HOP_LABELS` are left out.
+    """
+    rows = []
+    for method, frame in scores.groupby("method", sort=False):
+        id_scores = frame.loc[frame["role"] == "id", "score"].to_numpy(np.float64)
+        ood = frame[frame["role"] == "ood"]
+        ood = ood[pd.to_numeric(ood["hop"], errors="coerce").isin(list(HOP_LABELS))]
+        parts = [*ood.groupby("ood_set", sort=False), ("all", ood)]
+        for ood_set, part in parts:
+            for hop, rows_of_hop in part.groupby(part["hop"].astype(int), sort=True):
+                values = rows_of_hop["score"].to_numpy(np.float64)
+                rows.append({"method": method, "family": frame["family"].iloc[0], "ood_set": ood_set, "hop": hop,
+                             "distance": HOP_LABELS[hop], "auroc": auroc(id_scores, values) * 100,
+                             "n_id": len(id_scores), "n_ood": len(values)})
+    return pd.DataFrame(rows, columns=["method", "family", "ood_set", "hop", "distance", "auroc", "n_id", "n_ood"])
+
+
+def species_field_table(scores: pd.DataFrame, transfer: pd.DataFrame) -> pd.DataFrame:
+    """Open-Insects' Table 6 per novel species: for each threshold-transfer row whose target is a field set, each novel
+    species' images, how many are flagged (score < the transferred threshold), `any` (>= 1 flagged) and `majority`
+    (more than half flagged), from `detectors.training.field.species_detection_share`.
+
+    `scores` carries a `species` column (`attach_metadata`). Columns `method, source, target, tpr, threshold, species,
+    images, flagged, share, any, majority`.
+    """
+    novel = scores[scores["role"] == "field_ood"]
+    rows = []
+    for _, rule in transfer[transfer["target"].isin(set(novel["ood_set"]))].iterrows():
+        part = novel[(novel["method"] == rule["method"]) & (novel["ood_set"] == rule["target"])]
+        part = part[part["species"].notna()]
+        if part.empty:
+            continue
+        result = species_detection_share(part["score"].to_numpy(), part["species"], float(rule["threshold"]))
+        images = part["species"].value_counts()
+        for name, share in result["per_species"].items():
+            count = int(images[name])
+            rows.append({"method": rule["method"], "source": rule["source"], "target": rule["target"],
+                         "tpr": rule.get("tpr", np.nan), "threshold": float(rule["threshold"]), "species": name,
+                         "images": count, "flagged": int(round(share * count)), "share": share * 100,
+                         "any": share > 0, "majority": share > 0.5})
+    return pd.DataFrame(rows, columns=["method", "source", "target", "tpr", "threshold", "species", "images", "flagged",
+                                       "share", "any", "majority"])
+
+
+def species_summary(per_species: pd.DataFrame) -> pd.DataFrame:
+    """Per (method, source, target): novel species and images, images flagged, and in percent the image share flagged
+    and the species shares with any / a majority of images flagged."""
+    keys = ["method", "source", "target"]
+    grouped = per_species.groupby(keys, sort=False)
+    out = grouped.agg(species=("species", "size"), images=("images", "sum"), flagged=("flagged", "sum"),
+                      any=("any", "mean"), majority=("majority", "mean")).reset_index()
+    out["images_flagged"] = out["flagged"] / out["images"] * 100
+    out["any"], out["majority"] = out["any"] * 100, out["majority"] * 100
+    return out[[*keys, "species", "images", "flagged", "images_flagged", "any", "majority"]]
+
+
+# -- the most ID-looking OOD images -----------------------------------------------------------------------------------
+def id_looking_table(scores: pd.DataFrame, k: int) -> pd.DataFrame:
+    """Per (OOD set, method): the `k` OOD images with the highest scores (the most ID-looking), best first.
+
+    Columns `ood_set, method, rank, score, id_share, file_name, manifest` (+ `path` when present); `id_share` is the
+    percent of ID test scores below the image's score (100: it looks more ID than every ID test image).
+    """
+    rows = []
+    for method, frame in scores.groupby("method", sort=False):
+        id_scores = np.sort(frame.loc[frame["role"] == "id", "score"].to_numpy(np.float64))
+        for ood_set, part in frame[frame["role"] == "ood"].groupby("ood_set", sort=False):
+            top = part.sort_values("score", ascending=False, kind="mergesort").head(k)
+            for rank, (_, row) in enumerate(top.iterrows(), start=1):
+                below = np.searchsorted(id_scores, row["score"], side="left") / max(len(id_scores), 1) * 100
+                rows.append({"ood_set": ood_set, "method": method, "rank": rank, "score": row["score"],
+                             "id_share": below, **{c: row.get(c) for c in (*SCORE_OPTIONAL, "path") if c in row.index}})
+    return pd.DataFrame(rows)
+
+
+def per_set_auroc(scores: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """{(method, OOD set): AUROC in percent} for every test OOD set, and (method, field set) for the field sets
+    (their own known rows as the ID side)."""
+    out: dict[tuple[str, str], float] = {}
+    for method, frame in scores.groupby("method", sort=False):
+        id_scores = frame.loc[frame["role"] == "id", "score"].to_numpy(np.float64)
+        for ood_set, part in frame[frame["role"] == "ood"].groupby("ood_set", sort=False):
+            out[(method, ood_set)] = auroc(id_scores, part["score"].to_numpy(np.float64)) * 100
+        field = frame[frame["role"].isin(["field_id", "field_ood"])]
+        for ood_set, part in field.groupby("ood_set", sort=False):
+            known, novel = (part.loc[part["role"] == r, "score"].to_numpy(np.float64) for r in ("field_id", "field_ood"))
+            if len(known) and len(novel):
+                out[(method, ood_set)] = auroc(known, novel) * 100
+    return out
+
+
+__all__ = ["HOP_LABELS", "read_scores", "has_sources", "attach_metadata", "resampled_metrics", "bootstrap_interval",
+           "bootstrap_table", "hop_table", "species_field_table", "species_summary", "id_looking_table", "per_set_auroc"]

@@ -1,0 +1,513 @@
+"""The shared accelerate loop: AdamW, cosine schedule with linear warm-up (per step), mixed precision on GPU (fp32 on
+CPU), a tqdm bar per epoch, per-epoch validation accuracy, an atomic checkpoint after every epoch and resume.
+
+`finetune(classifier, train_manifest, ...)` trains the whole `ImageClassifier` on images; `train_heads(head, features,
+...)` trains only linear heads on cached penultimate features (fast studies). Both run `_run`.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from pipelines.checkpoints import load_checkpoint, loader_generators, save_checkpoint
+from pipelines.data import LoadFailure, Manifest
+from pipelines.runtime import resolve_device, resolve_dtype, seed_everything
+from pipelines.training.batchnorm import global_batchnorm
+from pipelines.training.loaders import (ImageRows, PooledRows, PooledTensorBatches, TensorBatches, aux_batch_size,
+                                        aux_labels, collate_pooled, cycle, make_loader, manifest_labels, set_epoch,
+                                        target_values)
+from pipelines.training.objectives import PRIMARY, CrossEntropy, Objective, Pass, TrainBatch
+from pipelines.training.transforms import Normalize
+
+# -- results -------------------------------------------------------------------------------------------------
+@dataclass
+class TrainResult:
+    """What a training run produced: per-epoch history (mean loss, validation accuracy per level and `overall`),
+    images that failed to load (each once), the learning rate of every optimiser step (`lrs`), the number of steps,
+    seconds, and the aux class vocabulary."""
+
+    history: list[dict[str, float]] = field(default_factory=list)
+    failures: list[LoadFailure] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    steps: int = 0
+    seconds: float = 0.0
+    aux_vocab: list[Any] = field(default_factory=list)
+    test: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def final(self) -> dict[str, float]:
+        return self.history[-1] if self.history else {}
+
+
+class _Step(nn.Module):
+    """Model + objective as one module whose forward returns the loss (so distributed wrappers see every parameter)."""
+
+    def __init__(self, model: nn.Module, objective: Objective, compiled: bool = False):
+        super().__init__()
+        self.model, self.objective = model, objective
+        # the compiled wrapper is kept out of the registered submodules, so state_dict keys stay the model's own
+        self._forward = [torch.compile(model) if compiled else model]
+
+    def forward(self, batch: TrainBatch) -> torch.Tensor:
+        inputs = self.objective.inputs(batch)
+        model = self._forward[0] if self.training else self.model
+        if isinstance(inputs, (tuple, list)):  # separate forward passes (batch-norm statistics per pass)
+            outputs = [model(x) for x in inputs]
+            logits, features = torch.cat([o[0] for o in outputs]), torch.cat([o[1] for o in outputs])
+        else:
+            logits, features = model(inputs)
+        return self.objective.loss(logits, features, batch)
+
+
+class _HeadsOnly(nn.Module):
+    """Cached features -> (head(features), features): lets the loop train heads exactly like a full classifier."""
+
+    def __init__(self, head: nn.Linear):
+        super().__init__()
+        self.head = head
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.head(features), features
+
+
+def as_linear(head: Any) -> nn.Linear:
+    """An nn.Linear (float32) from an nn.Linear, a LinearHead-like object (`weight` [C,D], `bias` [C]) or a pair."""
+    if isinstance(head, nn.Linear):
+        return head
+    weight, bias = (head.weight, head.bias) if hasattr(head, "weight") else head
+    weight = torch.as_tensor(np.asarray(weight), dtype=torch.float32)
+    layer = nn.Linear(weight.shape[1], weight.shape[0])
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+        layer.bias.copy_(torch.as_tensor(np.asarray(bias), dtype=torch.float32))
+    return layer
+
+
+# -- the loop ------------------------------------------------------------------------------------------------
+@dataclass
+class LoopSettings:
+    """How `_run` trains: optimiser and schedule values, precision, and the optional speed and resume settings.
+
+    `checkpoint`: a file written atomically after every epoch (`pipelines.checkpoints`: model + objective state and
+    attributes, optimiser, schedule, history); an existing one whose `checkpoint_key` matches is resumed from, another
+    one is ignored and overwritten. `normalize` maps a loader's uint8 batch to the model's
+    input on the device (`transforms.Normalize`). `channels_last` / `compile` are GPU speed options; `sync_bn`
+    normalises batch-norm layers over the global batch when several processes train (`batchnorm.GlobalBatchNorm`)."""
+
+    epochs: int
+    lr: float
+    weight_decay: float
+    warmup_epochs: float
+    seed: int
+    precision: str = "auto"
+    desc: str = "train"
+    checkpoint: Path | None = None
+    checkpoint_key: str = ""
+    normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
+    channels_last: bool = False
+    compile: bool = False
+    sync_bn: bool = True
+
+
+def _mixed_precision(precision: str) -> str:
+    dtype = resolve_dtype(precision, resolve_device())
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "no")
+
+
+def _optimizer(step_module: nn.Module, objective: Objective, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    no_decay = {id(p) for p in objective.no_decay_parameters()}
+    trainable = [p for p in step_module.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trainable if id(p) not in no_decay]},
+              {"params": [p for p in trainable if id(p) in no_decay], "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay)
+
+
+class _Loop:
+    """One training run under accelerate. Image loaders hand each process its share of every global batch
+    (`split_batches`), so the steps, the schedule and (with `sync_bn`) the weights do not depend on the number of
+    processes; cached-feature batches stay whole on every process."""
+
+    def __init__(self, model: nn.Module, objective: Objective, loaders: tuple[Any, Any, Any, Any],
+                 targets: tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]],
+                 settings: LoopSettings, result: TrainResult, failed_files: Callable[[str, int], str]):
+        from accelerate import Accelerator, DataLoaderConfiguration, DistributedDataParallelKwargs
+        from transformers import get_cosine_schedule_with_warmup
+
+        if settings.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {settings.epochs}")
+        self.s, self.result, self.failed_files, self.objective = settings, result, failed_files, objective
+        handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)] if objective.replaces_head else []
+        self.acc = Accelerator(mixed_precision=_mixed_precision(settings.precision), cpu=resolve_device().type == "cpu",
+                               kwargs_handlers=handlers, dataloader_config=DataLoaderConfiguration(split_batches=True))
+        if settings.channels_last and self.acc.device.type == "cuda":
+            model.to(memory_format=torch.channels_last)
+        step_module = _Step(model, objective, compiled=settings.compile)
+        optimizer = _optimizer(step_module, objective, settings.lr, settings.weight_decay)
+        self.step_module, self.optimizer = self.acc.prepare(step_module, optimizer)
+        self.train, self.aux, self.val, self.test = (self.acc.prepare(x) if isinstance(x, DataLoader) else x for x in loaders)
+        self.train_targets, self.val_targets, self.test_targets = targets
+        # one schedule step per optimiser step; with split batches every process takes every global step
+        steps = max(1, len(self.train))
+        self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, int(round(settings.warmup_epochs * steps)),
+                                                         settings.epochs * steps)
+        self.device = self.acc.device
+        self.seen: set[tuple[str, int]] = set()
+
+    def record(self, failed: list[tuple[int, str]], split: str) -> None:
+        for index, reason in failed:
+            if (split, index) not in self.seen:
+                self.seen.add((split, index))
+                self.result.failures.append(LoadFailure(index, self.failed_files(split, index), reason))
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.device, non_blocking=True)
+        return self.s.normalize(x) if self.s.normalize is not None else x
+
+    def passes(self) -> tuple[Pass, Pass | None]:
+        """The model's outputs on every ID-train (and aux) row, for calibration and per-epoch passes."""
+        inner = self.acc.unwrap_model(self.step_module)
+        inner.eval()
+        id_loader, aux_loader = _pass_loaders(self.train, self.aux, self.objective.pooled)
+        id_pass = _all_outputs(inner.model, id_loader, self.inputs, self.acc)
+        return id_pass, (_all_outputs(inner.model, aux_loader, self.inputs, self.acc) if aux_loader is not None else None)
+
+    def run(self) -> TrainResult:
+        start, first = time.perf_counter(), self.resume()
+        if self.objective.needs_calibration and first == 0:
+            id_pass, aux_pass = self.passes()
+            self.acc.unwrap_model(self.step_module).objective.calibrate(id_pass.logits, aux_pass and aux_pass.logits)
+        for epoch in range(first, self.s.epochs):
+            seed_everything(self.s.seed * 7919 + epoch)
+            if self.objective.needs_epoch_pass:
+                self.acc.unwrap_model(self.step_module).objective.epoch_start(epoch, *self.passes())
+            entry = self.train_epoch(epoch)
+            if self.val is not None:
+                entry.update(self.evaluate(self.val, self.val_targets, "val"))
+            self.result.history.append(entry)
+            self.result.seconds += time.perf_counter() - start
+            start = time.perf_counter()
+            self.save(epoch + 1)
+        if self.test is not None:
+            self.result.test = self.evaluate(self.test, self.test_targets, "test")
+        self.result.seconds += time.perf_counter() - start
+        return self.result
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        set_epoch(self.train, epoch)
+        aux_stream = cycle(self.aux, epoch) if self.aux is not None else None
+        self.step_module.train()
+        total, count = 0.0, 0
+        bar = tqdm(self.train, desc=f"{self.s.desc} epoch {epoch + 1}/{self.s.epochs}", leave=False,
+                   disable=not self.acc.is_local_main_process)
+        for step, raw in enumerate(bar):
+            batch = self.batch(raw, aux_stream, epoch, step)
+            if batch is None:
+                continue
+            with self.acc.autocast():
+                loss = self.step_module(batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.acc.backward(loss)
+            self.optimizer.step()
+            self.result.lrs.append(float(self.optimizer.param_groups[0]["lr"]))
+            if not self.acc.optimizer_step_was_skipped:  # fp16 overflow: no step taken, the schedule waits
+                self.scheduler.step()
+            self.result.steps += 1
+            total += float(loss.detach()) * batch.n_id
+            count += batch.n_id
+            bar.set_postfix(loss=f"{total / max(count, 1):.4f}")
+        total, count = self.acc.reduce(torch.tensor([total, count], dtype=torch.float64, device=self.device), "sum").tolist()
+        return {"epoch": epoch + 1, "loss": total / count if count else math.nan, "lr": self.scheduler.get_last_lr()[0]}
+
+    def batch(self, raw: dict[str, Any], aux_stream: Iterator[dict[str, Any]] | None, epoch: int, step: int) -> TrainBatch | None:
+        self.record(raw["failed"], "train")
+        aux = raw["aux"] if "aux" in raw else next(aux_stream) if aux_stream is not None else None
+        if aux is not None:
+            self.record(aux["failed"], "aux")
+        if raw["x"] is None:
+            if self.acc.num_processes > 1:  # the other processes would wait forever in the gradient all-reduce
+                raise RuntimeError(f"every image of a training batch share failed to load on process {self.acc.process_index}: "
+                                   f"{raw['failed'][:3]}; drop unreadable images from the manifest")
+            return None
+        index = raw["index"]
+        has_aux = aux is not None and aux["x"] is not None
+        return TrainBatch(
+            x=self.inputs(raw["x"]), y=raw["y"].to(self.device),
+            targets={k: torch.as_tensor(v[index.cpu().numpy()]).to(self.device) for k, v in self.train_targets.items()},
+            aux_x=self.inputs(aux["x"]) if has_aux else None, aux_y=aux["y"].to(self.device) if has_aux else None,
+            generator=torch.Generator().manual_seed(self.s.seed * 1_000_003 + epoch * 10_007 + step),
+            index=index.to(self.device), aux_index=aux["index"].to(self.device) if has_aux else None)
+
+    def evaluate(self, loader: Any, targets: dict[str, np.ndarray], split: str) -> dict[str, float]:
+        set_epoch(loader, 0)
+        return _evaluate(self.acc.unwrap_model(self.step_module), loader, targets, self.inputs, self.acc,
+                         lambda failed, _: self.record(failed, split))
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------
+    def _saved(self) -> tuple[Any, ...]:
+        inner = self.acc.unwrap_model(self.step_module)
+        return (inner, inner.objective, self.optimizer, self.scheduler, self.result, loader_generators([self.train, self.aux]))
+
+    def save(self, epochs_done: int) -> None:
+        if self.s.checkpoint is None:
+            return
+        if self.acc.is_main_process:
+            save_checkpoint(self.s.checkpoint, self.s.checkpoint_key, epochs_done, *self._saved())
+        self.acc.wait_for_everyone()
+
+    def resume(self) -> int:
+        """Epochs already done according to a matching checkpoint (0 without one); restores every state it holds."""
+        if self.s.checkpoint is None:
+            return 0
+        return load_checkpoint(self.s.checkpoint, self.s.checkpoint_key, *self._saved())
+
+
+def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: Any, val_loader: Any,
+         train_targets: dict[str, np.ndarray], val_targets: dict[str, np.ndarray], *, settings: LoopSettings,
+         result: TrainResult, failed_files: Callable[[str, int], str], test_loader: Any = None,
+         test_targets: dict[str, np.ndarray] | None = None) -> TrainResult:
+    """Train `model` with `objective` (see `_Loop`); returns `result` filled in."""
+    with global_batchnorm(model, settings.sync_bn and _world_size() > 1):
+        loop = _Loop(model, objective, (train_loader, aux_loader, val_loader, test_loader),
+                     (train_targets, val_targets, test_targets or {}), settings, result, failed_files)
+        return loop.run()
+
+
+def _world_size() -> int:
+    from pipelines.runtime import partial_state
+
+    return partial_state(cpu=resolve_device().type == "cpu").num_processes
+
+
+class _SplitPool:
+    """One side ("id" or "aux") of a pooled loader, as a loader of its own (for the calibration / epoch passes)."""
+
+    def __init__(self, pooled: Any, side: str):
+        self.pooled, self.side = pooled, side
+
+    def __len__(self) -> int:
+        return len(self.pooled)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for raw in self.pooled:
+            part = raw["aux"] if self.side == "aux" else raw
+            if part["x"] is not None and len(part["x"]):
+                yield part
+
+
+def _pass_loaders(train_loader: Any, aux_loader: Any, pooled: bool) -> tuple[Any, Any]:
+    """Loaders over every ID-train / aux row for the calibration and epoch passes: cached features in order and
+    without dropping the last batch; image loaders as they are (a dropped last batch stays unseen)."""
+    if isinstance(train_loader, PooledTensorBatches):
+        pool = train_loader.pool
+        n = train_loader.n_id
+        return (TensorBatches(pool.features[:n].numpy(), pool.labels[:n].numpy(), pool.batch_size, False, 0, False),
+                TensorBatches(pool.features[n:].numpy(), pool.labels[n:].numpy(), pool.batch_size, False, 0, False))
+    if pooled:
+        return _SplitPool(train_loader, "id"), _SplitPool(train_loader, "aux")
+
+    def ordered(loader: Any) -> Any:
+        if isinstance(loader, TensorBatches):
+            return TensorBatches(loader.features.numpy(), loader.labels.numpy(), loader.batch_size, False, 0, False)
+        return loader
+
+    return ordered(train_loader), None if aux_loader is None else ordered(aux_loader)
+
+
+@torch.no_grad()
+def _all_outputs(model: nn.Module, loader: Any, inputs: Callable[[torch.Tensor], torch.Tensor], accelerator: Any) -> Pass:
+    """float32 logits and features of every loadable row of `loader` (one pass, no gradient), gathered from every
+    process, sorted by row index with duplicates (whole batches seen by several processes) removed."""
+    logits, features, index, labels = [], [], [], []
+    device = accelerator.device
+    for raw in tqdm(loader, desc="pass over the training rows", leave=False, disable=not accelerator.is_local_main_process):
+        if raw["x"] is not None:
+            with accelerator.autocast():
+                z, h = model(inputs(raw["x"]))
+            logits.append(accelerator.gather_for_metrics(z.float()))
+            features.append(accelerator.gather_for_metrics(h.float()))
+            index.append(accelerator.gather_for_metrics(raw["index"].to(device)))
+            labels.append(accelerator.gather_for_metrics(raw["y"].to(device)))
+    if not logits:
+        raise ValueError("no loadable row in a training set: nothing to compute the model's outputs on")
+    z, h, i, y = torch.cat(logits), torch.cat(features), torch.cat(index), torch.cat(labels)
+    i, first = np.unique(i.cpu().numpy(), return_index=True)
+    first = torch.as_tensor(first, device=z.device)
+    return Pass(z[first].cpu(), h[first].cpu(), torch.as_tensor(i), y[first].cpu())
+
+
+@torch.no_grad()
+def _evaluate(step_module: _Step, loader: Any, targets: dict[str, np.ndarray], inputs: Callable[[torch.Tensor], torch.Tensor],
+              accelerator: Any, record: Callable[[list[tuple[int, str]], str], None]) -> dict[str, float]:
+    """Accuracy per level (`acc_<level>`), and `overall` = share of rows with every level right (failed rows excluded)."""
+    step_module.eval()
+    model, objective = step_module.model, step_module.objective
+    right: dict[str, list[np.ndarray]] = {}
+    for raw in loader:
+        record(raw["failed"], "val")
+        if raw["x"] is None:
+            continue
+        with accelerator.autocast():
+            logits, features = model(inputs(raw["x"]))
+            heads = objective.heads(logits, features)
+        wanted = {PRIMARY: raw["y"].cpu().numpy(), **{k: v[raw["index"].cpu().numpy()] for k, v in targets.items()}}
+        for name, level_logits in heads.items():
+            pred = level_logits.float().argmax(1).cpu().numpy()
+            hits = torch.as_tensor(pred == wanted[name], device=accelerator.device)
+            right.setdefault(name, []).append(accelerator.gather_for_metrics(hits).cpu().numpy())
+    if not right:
+        return {}
+    stacked = {name: np.concatenate(parts) for name, parts in right.items()}
+    out = {f"acc_{name}": float(v.mean()) for name, v in stacked.items()}
+    out["overall"] = float(np.logical_and.reduce(list(stacked.values())).mean())
+    return out
+
+
+# -- public entry points ---------------------------------------------------------------------------------------
+def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: float = 1e-3, batch_size: int = 64,
+             weight_decay: float = 1e-5, warmup_epochs: float = 2, objective: Objective | None = None,
+             aux: Manifest | None = None, aux_label_field: str | None = None, val: Manifest | None = None, seed: int = 0,
+             precision: str = "auto", num_workers: int = 0, augment: Callable[[Any], Any] | None = None,
+             test: Manifest | None = None, transforms: tuple[Callable, Callable] | None = None, **options: Any) -> TrainResult:
+    """Fine-tune `classifier` (an `ImageClassifier`: forward -> (logits, features), `.head`, `.preprocess`) in place.
+
+    `train` holds ID rows (their `label`); `aux` (auxiliary / outlier rows) feeds objectives with `uses_aux`, its class
+    index read from `aux_label_field` (sorted vocabulary; e.g. "species" for Extended). `val` (ID rows) gives the
+    per-epoch accuracy, `test` the accuracy at the end (`TrainResult.test`). Pixels come from the classifier's own
+    `preprocess` after `augment` (PIL -> PIL), or from `transforms` = (train, eval) `(image, rng) -> uint8 tensor`
+    normalised on the device with the classifier's mean and std. `batch_size` is the global batch (split across
+    processes). `options` are `LoopSettings` fields (checkpoint, checkpoint_key, channels_last, compile, sync_bn).
+    Defaults follow the Open-Insects fine-tuning recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine schedule
+    with 2 warm-up epochs.
+    """
+    objective = objective or CrossEntropy()
+    seed_everything(seed)
+    if objective.uses_aux and aux is None:
+        raise ValueError(f"{type(objective).__name__} trains with auxiliary data: pass aux=<Manifest of auxiliary rows>")
+    fields = objective.label_fields()
+    train_values = target_values(train.rows, fields, "train")
+    objective.fit_targets(train_values)
+    targets = [objective.encode_targets(train_values)]
+    targets += [objective.encode_targets(target_values(m.rows, fields, name)) if m is not None else {}
+                for name, m in (("val", val), ("test", test))]
+    aux_y, aux_vocab = aux_labels(aux.rows, aux_label_field) if aux is not None and objective.uses_aux else (None, [])
+    objective.setup(classifier.head.in_features, classifier.head.out_features, len(aux_vocab))
+    if transforms is not None:
+        options.setdefault("normalize", Normalize(classifier.mean.flatten().tolist(), classifier.std.flatten().tolist(),
+                                                  channels_last=options.get("channels_last", False)))
+    pixels = _pixels(classifier.preprocess, augment, transforms, seed)
+    loaders = _image_loaders(objective, train, aux, aux_y, val, test, pixels, batch_size, seed, num_workers)
+    manifests = {"train": train, "aux": aux, "val": val, "test": test}
+    settings = LoopSettings(epochs=epochs, lr=lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs, seed=seed,
+                            precision=precision, desc="finetune", **options)
+    return _run(classifier, objective, *loaders[:3], targets[0], targets[1], settings=settings,
+                result=TrainResult(aux_vocab=aux_vocab), failed_files=lambda split, i: manifests[split].rows[i]["file_name"],
+                test_loader=loaders[3], test_targets=targets[2])
+
+
+def _pixels(preprocess: Callable, augment: Callable | None, transforms: tuple[Callable, Callable] | None,
+            seed: int) -> Callable[[Manifest, np.ndarray, bool], ImageRows]:
+    """A maker of `ImageRows` (training rows augmented, evaluation rows not) for the chosen pixel path."""
+    def rows(manifest: Manifest, labels: np.ndarray, training: bool) -> ImageRows:
+        if transforms is not None:
+            return ImageRows(manifest, labels, None, transform=transforms[0 if training else 1], seed=seed)
+        return ImageRows(manifest, labels, preprocess, augment if training else None)
+
+    return rows
+
+
+def _image_loaders(objective: Objective, train: Manifest, aux: Manifest | None, aux_y: np.ndarray | None,
+                   val: Manifest | None, test: Manifest | None, rows: Callable[[Manifest, np.ndarray, bool], ImageRows],
+                   batch_size: int, seed: int, num_workers: int) -> tuple[Any, Any, Any, Any]:
+    """(train, aux, val, test) DataLoaders; aux is None unless the objective draws a separate auxiliary stream."""
+    train_rows = rows(train, manifest_labels(train, "train"), True)
+    aux_loader = None
+    if objective.uses_aux and objective.pooled:
+        pool = PooledRows(train_rows, rows(aux, aux_y, True))
+        train_loader = make_loader(pool, batch_size, True, seed, num_workers, drop_last=len(pool) > batch_size,
+                                   collate_fn=collate_pooled)
+    else:
+        train_loader = make_loader(train_rows, batch_size, True, seed, num_workers, drop_last=len(train) > batch_size)
+    if objective.uses_aux and not objective.pooled:
+        aux_size = aux_batch_size(objective, batch_size, len(train), len(aux))
+        aux_loader = make_loader(rows(aux, aux_y, True), aux_size, True, seed + 1, num_workers, drop_last=len(aux) > aux_size)
+    evals = [make_loader(rows(m, m.labels(), False), batch_size, False, seed, num_workers) if m is not None else None
+             for m in (val, test)]
+    return train_loader, aux_loader, evals[0], evals[1]
+
+
+def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray, *, epochs: int = 30, lr: float = 1e-3,
+                batch_size: int = 256, weight_decay: float = 1e-5, warmup_epochs: float = 2, objective: Objective | None = None,
+                aux_features: np.ndarray | None = None, aux_labels: np.ndarray | None = None,
+                train_targets: dict[str, Sequence[Any]] | None = None, val_features: np.ndarray | None = None,
+                val_labels: np.ndarray | None = None, val_targets: dict[str, Sequence[Any]] | None = None, seed: int = 0,
+                precision: str = "auto") -> tuple[nn.Linear, TrainResult]:
+    """Fast mode: train only the linear head(s) on cached penultimate features, with the same loop and objectives.
+
+    `head` (nn.Linear, LinearHead or (weight, bias)) initialises the closed-set head; a copy is trained and returned.
+    `aux_labels` are auxiliary class indices (-1 unknown); `*_targets` are raw values per extra label level
+    (multi-granularity). Objectives that transform inputs (MixOE) mix features here instead of pixels.
+    """
+    objective = objective or CrossEntropy()
+    seed_everything(seed)
+    if objective.uses_aux and aux_features is None:
+        raise ValueError(f"{type(objective).__name__} trains with auxiliary data: pass aux_features")
+    layer = _copy_linear(as_linear(head))
+    labels = np.asarray(train_labels, dtype=np.int64)
+    if (labels < 0).any():
+        raise ValueError("train_labels hold -1 (OOD) entries: pass ID features only")
+    encoded_train, encoded_val = _head_targets(objective, train_targets, val_targets)
+    aux_y = None
+    n_aux_classes = 0
+    if objective.uses_aux:
+        aux_y = np.full(len(aux_features), -1, dtype=np.int64) if aux_labels is None else np.asarray(aux_labels, dtype=np.int64)
+        n_aux_classes = int(aux_y.max()) + 1 if (aux_y >= 0).any() else 0
+    objective.setup(layer.in_features, layer.out_features, n_aux_classes)
+    aux_loader = None
+    if objective.uses_aux and objective.pooled:
+        train_loader = PooledTensorBatches(train_features, labels, aux_features, aux_y, batch_size, seed,
+                                           drop_last=len(labels) + len(aux_y) > batch_size)
+    else:
+        train_loader = TensorBatches(train_features, labels, batch_size, True, seed, drop_last=len(labels) > batch_size)
+    if objective.uses_aux and not objective.pooled:
+        aux_size = aux_batch_size(objective, batch_size, len(labels), len(aux_y))
+        aux_loader = TensorBatches(aux_features, aux_y, aux_size, True, seed + 1, drop_last=len(aux_y) > aux_size)
+    val_loader = None
+    if val_features is not None:
+        val_loader = TensorBatches(val_features, np.asarray(val_labels, dtype=np.int64), batch_size, False, seed, False)
+    settings = LoopSettings(epochs=epochs, lr=lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs, seed=seed,
+                            precision=precision, desc="train_heads")
+    result = _run(_HeadsOnly(layer), objective, train_loader, aux_loader, val_loader, encoded_train, encoded_val,
+                  settings=settings, result=TrainResult(), failed_files=lambda split, i: f"{split}[{i}]")
+    return layer, result
+
+
+def _head_targets(objective: Objective, train_targets: dict[str, Sequence[Any]] | None,
+                  val_targets: dict[str, Sequence[Any]] | None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Encoded extra-level targets of the training and validation rows (the objective learns its vocabularies)."""
+    fields = objective.label_fields()
+    missing = set(fields) - set(train_targets or {})
+    if missing:
+        raise ValueError(f"{type(objective).__name__} needs train_targets for level(s) {sorted(missing)}")
+    if not fields:
+        return {}, {}
+    objective.fit_targets({k: list(train_targets[k]) for k in fields})
+    encoded_train = objective.encode_targets({k: list(train_targets[k]) for k in fields})
+    encoded_val = objective.encode_targets({k: list(val_targets[k]) for k in fields}) if val_targets else {}
+    return encoded_train, encoded_val
+
+
+def _copy_linear(layer: nn.Linear) -> nn.Linear:
+    out = nn.Linear(layer.in_features, layer.out_features)
+    with torch.no_grad():
+        out.weight.copy_(layer.weight.detach().float().cpu())
+        out.bias.copy_(layer.bias.detach().float().cpu())
+    return out

@@ -1,0 +1,173 @@
+#!/usr/bin/env python
+"""Check the import layers of the repository: every `import` / `from ... import` node anywhere in a module (top level,
+inside functions, under `if TYPE_CHECKING`) and every `importlib.import_module("literal")` call counts.
+
+    pipelines   imports only pipelines
+    gen         imports pipelines and gen         (never detectors)
+    detectors   imports pipelines and detectors   (never gen)
+    scripts     imports pipelines, gen, detectors (nothing imports scripts)
+
+and no two modules of these packages import each other, directly or through others (an import circle). Prints one
+line per fault (`file:line: a imports b ...`) and exits 1 when there is any; tests are not checked.
+
+    python scripts/check_layers.py            # the repository this script lives in
+    python scripts/check_layers.py --root DIR
+"""
+from __future__ import annotations
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines.cli import README_SECTIONS, parser, run_main
+
+PACKAGES = ("pipelines", "gen", "detectors", "scripts")
+ALLOWED: dict[str, frozenset[str]] = {
+    "pipelines": frozenset({"pipelines"}),
+    "gen": frozenset({"pipelines", "gen"}),
+    "detectors": frozenset({"pipelines", "detectors"}),
+    "scripts": frozenset({"pipelines", "gen", "detectors"}),
+}
+
+
+@dataclass(frozen=True)
+class Edge:
+    """`source` imports `target` at `file:line`."""
+
+    source: str
+    target: str
+    file: str
+    line: int
+
+
+def module_name(path: Path, root: Path) -> str:
+    """Dotted module name of a file below `root` (`pkg/__init__.py` -> `pkg`)."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def find_modules(root: Path) -> dict[str, Path]:
+    """Every module of the checked packages, by dotted name."""
+    return {module_name(p, root): p for top in PACKAGES if (root / top).is_dir()
+            for p in sorted((root / top).rglob("*.py"))}
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The absolute module a (possibly relative) `from` import names."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[:len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _targets(node: ast.AST, module: str, is_package: bool) -> list[str]:
+    """Module names an AST node imports (a `from a import b` names `a.b` when that is a module, else `a`)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom):
+        base = _absolute(node, module, is_package)
+        return [f"{base}.{alias.name}" if base else alias.name for alias in node.names] + [base]
+    if (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+            and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        return [node.args[0].value]
+    return []
+
+
+def imports(path: Path, module: str, known: dict[str, Path], root: Path) -> list[Edge]:
+    """Edges from `module` to the repository modules it imports anywhere in its file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    edges: list[Edge] = []
+    for node in ast.walk(tree):
+        names = _targets(node, module, is_package)
+        if isinstance(node, ast.ImportFrom) and names:
+            names = [n for n in names[:-1] if n in known] or names[-1:]  # `from a import b`: module a.b, else a
+        for name in names:
+            if name.split(".")[0] in PACKAGES and name != module:
+                edges.append(Edge(module, name, str(path.relative_to(root)), node.lineno))
+    return edges
+
+
+def layer_faults(edges: list[Edge]) -> list[str]:
+    """One line per import from a lower layer to a higher one (or between gen and detectors, or into scripts)."""
+    faults = []
+    for e in edges:
+        src, dst = e.source.split(".")[0], e.target.split(".")[0]
+        if dst not in ALLOWED[src]:
+            allowed = ", ".join(sorted(ALLOWED[src]))
+            faults.append(f"{e.file}:{e.line}: {e.source} imports {e.target} ({src} may import only {allowed})")
+    return faults
+
+
+def circles(edges: list[Edge]) -> list[list[str]]:
+    """The import circles: strongly connected groups of two or more modules (Tarjan), each sorted."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        graph.setdefault(e.source, set()).add(e.target)
+        graph.setdefault(e.target, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def circle_faults(edges: list[Edge]) -> list[str]:
+    """One line per import circle, naming each import inside it."""
+    faults = []
+    for group in circles(edges):
+        members = set(group)
+        inside = [f"{e.source} -> {e.target} ({e.file}:{e.line})" for e in edges
+                  if e.source in members and e.target in members]
+        faults.append(f"import circle between {', '.join(group)}: " + "; ".join(inside))
+    return faults
+
+
+def check(root: Path) -> list[str]:
+    """Every layer fault and import circle of the repository at `root`."""
+    known = find_modules(root)
+    edges = [e for name, path in known.items() for e in imports(path, name, known, root)]
+    return layer_faults(edges) + circle_faults(edges)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__)
+    p.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="repository folder")
+    args = p.parse_args(argv)
+    faults = check(args.root)
+    for line in faults:
+        print(line)
+    print(f"layers: {len(faults)} fault(s)" if faults else "layers: ok (no upward import, no import circle)")
+    return 1 if faults else 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main, doc=README_SECTIONS["scripts"]))

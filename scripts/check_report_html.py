@@ -1,0 +1,117 @@
+#!/usr/bin/env python
+"""Check a report's index.html in a real headless Chromium: `python scripts/check_report_html.py REPORT/index.html`.
+
+1. Every file the page references (figures, tables) exists beside it, and every PNG decodes.
+2. Chromium (the Debian package `chromium`) loads the page: every <img> loaded (complete, natural width > 0) and the
+   tables are there; the page's height is measured.
+3. A full-page screenshot is written (default REPORT/index_screenshot.png) for a person to look at.
+
+Prints one line per check; exit status 0 when all pass, 1 when one fails, 2 when Chromium or the page is missing.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from PIL import Image
+
+from detectors.report.html import missing_files, referenced_files
+from pipelines.cli import parser as cli_parser, run_main
+from pipelines.errors import UserInputError
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+PROBE = """<!DOCTYPE html><html><body><iframe id="f" src="{src}" style="width:{width}px;height:2000px"></iframe>
+<pre id="out">pending</pre><script>
+document.getElementById("f").addEventListener("load", () => {{
+  const d = document.getElementById("f").contentDocument;
+  const imgs = [...d.images];
+  const broken = imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute("src"));
+  document.getElementById("out").textContent = JSON.stringify({{images: imgs.length, broken: broken,
+    tables: d.querySelectorAll("table").length, height: d.documentElement.scrollHeight}});
+}});
+</script></body></html>
+"""
+
+
+def find_chromium() -> str | None:
+    """The path of a Chromium binary, or None."""
+    return next((p for p in map(shutil.which, BROWSERS) if p), None)
+
+
+def _chromium(binary: str, *args: str, timeout: float = 120) -> str:
+    flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--allow-file-access-from-files"]
+    done = subprocess.run([binary, *flags, *args], capture_output=True, text=True, timeout=timeout)
+    return done.stdout
+
+
+def probe(binary: str, index: Path, width: int = 1400) -> dict:
+    """What Chromium saw once the page loaded: `images`, `broken` (their src), `tables`, `height` (pixels)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        page = Path(tmp) / "probe.html"
+        page.write_text(PROBE.format(src=index.resolve().as_uri(), width=width), encoding="utf-8")
+        dom = _chromium(binary, "--virtual-time-budget=5000", "--dump-dom", page.as_uri())
+    found = re.search(r'<pre id="out">([^<]*)</pre>', dom)
+    if not found or found.group(1) == "pending":
+        raise RuntimeError(f"Chromium did not load {index} (no probe result)")
+    return json.loads(found.group(1).replace("&quot;", '"'))
+
+
+def screenshot(binary: str, index: Path, path: Path, width: int, height: int) -> Path:
+    """A screenshot of the page at `width` x `height` pixels."""
+    _chromium(binary, f"--window-size={width},{height}", f"--screenshot={path.resolve()}", index.resolve().as_uri())
+    if not path.is_file():
+        raise RuntimeError(f"Chromium wrote no screenshot to {path}")
+    return path
+
+
+def check_files(index: Path) -> list[str]:
+    """Problems with the files the page references: missing, or PNGs that do not decode."""
+    problems = [f"missing: {f}" for f in missing_files(index)]
+    for name in referenced_files(index.read_text(encoding="utf-8")):
+        path = index.parent / name
+        if path.suffix.lower() == ".png" and path.is_file():
+            try:
+                with Image.open(path) as image:
+                    image.verify()
+            except Exception as err:  # noqa: BLE001 - any decoding failure is a broken figure
+                problems.append(f"not a readable PNG: {name} ({type(err).__name__})")
+    return problems
+
+
+def check(index: Path, out: Path | None = None, width: int = 1400, max_height: int = 16000) -> list[str]:
+    """Run every check; returns the problems found (empty: all good). Writes the screenshot."""
+    if not index.is_file():
+        raise UserInputError(f"{index}: no such page")
+    binary = find_chromium()
+    if binary is None:
+        raise UserInputError("Chromium not found: install the Debian package `chromium` (apt-get install -y chromium)")
+    problems = check_files(index)
+    seen = probe(binary, index, width)
+    problems += [f"Chromium could not load image: {src}" for src in seen["broken"]]
+    print(f"chromium: {seen['images']} image(s), {len(seen['broken'])} broken, {seen['tables']} table(s), "
+          f"page height {seen['height']} px")
+    shot = screenshot(binary, index, out or index.parent / "index_screenshot.png", width, min(seen["height"], max_height))
+    print(f"screenshot: {shot}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = cli_parser(__doc__)
+    p.add_argument("index", type=Path, help="the report's index.html")
+    p.add_argument("--screenshot", type=Path, default=None, help="PNG to write (default: beside index.html)")
+    p.add_argument("--width", type=int, default=1400, help="window width in pixels (default 1400)")
+    args = p.parse_args(argv)
+    problems = check(args.index, args.screenshot, args.width)
+    for line in problems:
+        print(f"problem: {line}")
+    print("ok: every referenced file exists and loads" if not problems else f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main, doc="docs/report.md"))

@@ -1,0 +1,64 @@
+#!/usr/bin/env python
+"""Feature maps of the data types (ShiftedBronzes Figure 2(c)):
+`python scripts/feature_map.py --id data/id --ood data/ood --model runs/clf --clip openai/clip-vit-base-patch16 --out fmap`.
+
+Samples `--n` random images (seeded) of the ID test rows and of each OOD set, takes the features of each model (an image
+classifier folder's penultimate layer with `--model`, CLIP's image embedding with `--clip`), embeds them together in
+2-D (t-SNE; `--embedding opentsne` or `umap` when installed) and writes one PNG and one CSV of coordinates per model.
+Features are cached by content under `--cache-dir` and reused on the next run.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from detectors.report.feature_map import (EMBEDDINGS, classifier_features, clip_features, feature_map,
+                                          plot_feature_map, sample_sets)
+from detectors.report.plots import safe_name
+from pipelines.cli import comma_list, parser as cli_parser, run_main
+from pipelines.errors import UserInputError
+
+
+def build_parser():
+    p = cli_parser(__doc__)
+    p.add_argument("--id", required=True, type=Path, help="manifest with the ID rows")
+    p.add_argument("--ood", action="append", type=Path, default=[], help="manifest with OOD sets (repeatable)")
+    p.add_argument("--sets", type=comma_list, default=None, help="comma-separated OOD sets to map (default: all)")
+    p.add_argument("--model", action="append", default=[], help="image classifier folder, e.g. the run's (repeatable)")
+    p.add_argument("--clip", action="append", default=[], help="CLIP hub id or folder (repeatable)")
+    p.add_argument("--out", required=True, type=Path, help="output folder")
+    p.add_argument("--n", type=int, default=200, help="random images per set (default 200, as the paper)")
+    p.add_argument("--seed", type=int, default=0, help="sampling and embedding seed (default 0)")
+    p.add_argument("--split", default="test", help="manifest split to sample (default test)")
+    p.add_argument("--embedding", default="tsne", choices=EMBEDDINGS, help="2-D embedding (default tsne: scikit-learn)")
+    p.add_argument("--perplexity", type=float, default=30.0, help="t-SNE perplexity (default 30)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="feature cache (default OUT/cache)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default=None, help="torch device (default: the accelerate device)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.model and not args.clip:
+        raise UserInputError("feature map: give at least one --model (classifier folder) or --clip (CLIP model)")
+    if args.n < 2:
+        raise UserInputError(f"--n: at least 2 images per set, got {args.n}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    cache = args.cache_dir or args.out / "cache"
+    samples = sample_sets(args.id, args.ood, args.n, args.seed, args.split, args.sets)
+    print("sets: " + ", ".join(f"{s.name} ({len(s.manifest)})" for s in samples))
+    models = [("classifier", m, classifier_features) for m in args.model] + [("clip", m, clip_features) for m in args.clip]
+    for kind, model, extract in models:
+        features = extract(model, samples, cache / kind, args.batch_size, args.device)
+        points = feature_map(samples, features, args.embedding, args.seed, args.perplexity)
+        stem = args.out / f"feature_map_{kind}_{safe_name(Path(model).name)}"
+        points.to_csv(stem.with_suffix(".csv"), index=False)
+        label = {"tsne": "t-SNE", "opentsne": "t-SNE (openTSNE)", "umap": "UMAP"}[args.embedding]
+        title = f"{label} of {kind} features: {Path(model).name} ({args.n} images per set)"
+        print(f"wrote {plot_feature_map(points, title, stem.with_suffix('.png'))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main, doc="docs/report.md"))

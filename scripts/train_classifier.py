@@ -1,0 +1,42 @@
+#!/usr/bin/env python
+"""Train an image classifier on an ID manifest: `python scripts/train_classifier.py --config train.yaml [key=value ...]`.
+
+    python scripts/train_classifier.py --config configs/own_data_train.yaml epochs=30
+    accelerate launch --num_processes 8 scripts/train_classifier.py --config train.yaml recipe=open-insects-scratch
+
+Keys: id (manifest), out, model (hub id or folder; default microsoft/resnet-50), pretrained, recipe
+(open-insects-scratch | open-insects-imagenet | multi-granularity), epochs, batch_size (global), lr, weight_decay,
+warmup_epochs, image_size, levels, seed, precision, num_workers, compile, channels_last, sync_bn (docs/training.md).
+Writes a model folder that `model:` in eval configs loads, with class_names.json, metrics.json and training.png. A
+killed run resumes from its last finished epoch when rerun.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from pipelines.cli import load_yaml, parser, run_main
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__, config=True, overrides=True, out=True)
+    args = p.parse_args(argv)
+    raw = load_yaml(args.config, args.overrides)
+    if args.out is not None:
+        raw["out"] = str(args.out)
+    from pipelines.training.classify import METRICS, train_classifier
+    from pipelines.training.recipes import TrainConfig
+
+    config = TrainConfig.from_dict(raw, where=str(args.config))
+    out = train_classifier(config)
+    from pipelines.runtime import partial_state
+
+    if partial_state().is_main_process:
+        top1 = json.loads((out / METRICS).read_text())["top1"]
+        print(f"top-1 on ID val {top1['val']}, ID test {top1['test']}")
+        print(f"wrote {out} (model, class_names.json, {METRICS}, training.png)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main, doc='docs/training.md'))

@@ -1,0 +1,66 @@
+"""pipelines.progress: a tqdm bar on a terminal; off a terminal, a line per interval and one at the end, never the
+carriage-return updates of a bar; `OODFORGE_PROGRESS` forces a style."""
+import io
+
+import pytest
+
+from pipelines.progress import PROGRESS_ENV, LineProgress, progress, progress_style
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_lines_every_interval_and_a_final_line():
+    out, clock = io.StringIO(), Clock()
+    bar = LineProgress(range(10), "features", unit="img", interval=30.0, stream=out, clock=clock)
+    seen = []
+    for i in bar:
+        seen.append(i)
+        clock.now += 10.0  # 10 s per item: a line after items 3, 6 and 9 (30 s apart)
+    assert seen == list(range(10))
+    lines = out.getvalue().splitlines()
+    assert lines == ["features: 3/10 img (30%), 30 s, 0.1 img/s", "features: 6/10 img (60%), 60 s, 0.1 img/s",
+                     "features: 9/10 img (90%), 90 s, 0.1 img/s", "features: done, 10 img in 100 s, 0.1 img/s"]
+    assert "\r" not in out.getvalue()
+
+
+def test_manual_updates_leave_false_and_disable():
+    out, clock = io.StringIO(), Clock()
+    with LineProgress(desc="inner", total=None, leave=False, interval=5, stream=out, clock=clock) as bar:
+        clock.now = 6
+        bar.update(4)
+    assert out.getvalue() == "inner: 4 it, 6 s, 0.667 it/s\n"  # no final line when leave=False
+    quiet = io.StringIO()
+    with LineProgress(desc="x", total=3, disable=True, interval=0, stream=quiet, clock=clock) as bar:
+        bar.update(3)
+    assert quiet.getvalue() == ""
+
+
+def test_style_follows_the_stream_and_the_environment(monkeypatch):
+    monkeypatch.delenv(PROGRESS_ENV, raising=False)
+    assert progress_style(Terminal()) == "bar" and progress_style(io.StringIO()) == "lines"
+    from tqdm.auto import tqdm
+
+    bar = progress([1, 2], "t", stream=Terminal())
+    assert isinstance(bar, tqdm) and list(bar) == [1, 2]
+    assert isinstance(progress([1], "t", stream=io.StringIO()), LineProgress)
+    monkeypatch.setenv(PROGRESS_ENV, "lines")
+    assert isinstance(progress([1], "t", stream=Terminal()), LineProgress)
+    monkeypatch.setenv(PROGRESS_ENV, "off")
+    out = io.StringIO()
+    assert list(progress([1, 2, 3], "t", stream=out, interval=0)) == [1, 2, 3] and out.getvalue() == ""
+
+
+def test_iterating_without_an_iterable_is_an_error():
+    with pytest.raises(TypeError, match="update"):
+        list(LineProgress(desc="x", stream=io.StringIO()))

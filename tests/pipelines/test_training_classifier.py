@@ -1,0 +1,173 @@
+"""scripts/train_classifier.py on a tiny ResNet-50 stand-in: resume after kill -9 gives the uninterrupted weights,
+2 processes give the 1-process weights (batch norm over the global batch), levels, transforms, config errors."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from pipelines.errors import ConfigError
+from pipelines.importers import ClassImport, import_classes
+from tests.pipelines.own_data_helpers import class_tree, png
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "train_classifier.py"
+ENV_DROP = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """An imported ID manifest and a tiny random-weight ResNet-50 folder."""
+    from pipelines.tiny import save_tiny_model
+
+    base = tmp_path_factory.mktemp("train")
+    import_classes(class_tree(base / "photos", {"train": 8, "val": 2, "test": 2}), base / "id")
+    model = save_tiny_model(base / "tiny", "microsoft/resnet-50")
+    return base, model
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ENV_DROP}
+    return {**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+
+
+def _config(base: Path, model: Path, out: Path, **extra: object) -> Path:
+    values = {"id": str(base / "id"), "out": str(out), "model": str(model), "epochs": 4, "batch_size": 8, "lr": 0.01,
+              "warmup_epochs": 1, "num_workers": 0, "image_size": 32, **extra}
+    path = out.with_suffix(".yaml")
+    path.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in values.items()))
+    return path
+
+
+def _weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "model.safetensors"))
+
+
+def test_killed_run_resumes_to_the_uninterrupted_weights(setup, tmp_path):
+    base, model = setup
+    whole = subprocess.run([sys.executable, str(SCRIPT), "--config", str(_config(base, model, tmp_path / "a", epochs=6))],
+                           env=_env(), capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    config = _config(base, model, tmp_path / "b", epochs=6)
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--config", str(config)], env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint, done = tmp_path / "b" / "checkpoint.pt", 0
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if checkpoint.is_file():
+            done = torch.load(checkpoint, map_location="cpu", weights_only=False)["epoch"]
+            if done >= 2:
+                break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert 1 <= done < 6 and not (tmp_path / "b" / "metrics.json").exists()  # killed mid-run
+    again = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config)], env=_env(), capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=0)
+    history = [json.loads((tmp_path / x / "metrics.json").read_text())["history"] for x in ("a", "b")]
+    assert [h["loss"] for h in history[0]] == pytest.approx([h["loss"] for h in history[1]], abs=0)
+
+
+TORCHRUN_MAIN = """
+import runpy, sys
+from pipelines.runtime import partial_state
+partial_state(cpu=True)
+sys.argv = sys.argv[1:]  # the script and its own arguments
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_two_processes_train_the_one_process_weights(setup, tmp_path):
+    """torchrun, 2 CPU processes, batch norm layers: each process takes half of every global batch of 8 and batch
+    statistics span both halves, so the weights match the 1-process run."""
+    base, model = setup
+    # lr 1e-3: Adam's first steps are about lr * sign(gradient), so a coordinate whose gradient is float noise may move
+    # by up to lr a step in either run; at this lr that stays within the tolerance below (gradients agree to ~1e-6)
+    settings = {"epochs": 2, "lr": 0.001, "warmup_epochs": 0}
+    one = subprocess.run([sys.executable, str(SCRIPT), "--config", str(_config(base, model, tmp_path / "one", **settings))],
+                         env=_env(), capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    launcher = tmp_path / "launch.py"
+    launcher.write_text(TORCHRUN_MAIN)
+    config = _config(base, model, tmp_path / "two", **settings)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    two = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(launcher), str(SCRIPT),
+                          "--config", str(config)], env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert two.returncode == 0, "\n".join(l for l in two.stderr.splitlines() if "rror" in l or "File" in l)[-3000:]
+    a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-3, atol=1e-4, msg=key)
+    m1, m2 = (json.loads((tmp_path / x / "metrics.json").read_text()) for x in ("one", "two"))
+    assert m1["steps"] == m2["steps"] == 2 * 3
+    assert [h["loss"] for h in m2["history"]] == pytest.approx([h["loss"] for h in m1["history"]], rel=1e-4)
+
+
+def test_levels_give_one_head_each_and_the_runner_can_read_them(setup, tmp_path):
+    from pipelines.training.classify import train_classifier
+    from pipelines.training.objectives import MultiGranularity
+    from pipelines.training.recipes import TrainConfig
+
+    base, model = setup
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 4), ("val", 1), ("test", 1)):
+        for cat, era, colour in (("ding", "shang", (200, 0, 0)), ("ding", "zhou", (0, 200, 0)), ("gui", "zhou", (0, 0, 200))):
+            for i in range(n):
+                png(tmp_path / "b" / split / cat / era / f"{i}.png", colour, rng)
+    import_classes(tmp_path / "b", tmp_path / "id", ClassImport(levels=["category", "era"]))
+    config = TrainConfig.from_dict({"id": str(tmp_path / "id"), "out": str(tmp_path / "out"), "model": str(model),
+                                    "recipe": "multi-granularity", "levels": ["category", "era"], "epochs": 1,
+                                    "batch_size": 4, "num_workers": 0, "image_size": 32})
+    out = train_classifier(config)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["heads"] == ["label", "category"] and metrics["label_field"] == "era"
+    assert set(metrics["top1"]["test"]) == {"label", "category", "overall"}
+    assert MultiGranularity.from_pretrained(out).vocab == {"category": ["ding", "gui"]}
+    assert (out / "training.png").stat().st_size > 0
+
+
+def test_eval_transform_matches_the_image_processor(setup):
+    """Training-time evaluation pixels = what the runner's image processor gives (resize shorter side to size / 0.875,
+    centre crop, normalise)."""
+    from pipelines.classifier import ImageClassifier
+    from pipelines.training.classify import transforms_for
+    from pipelines.training.transforms import Normalize
+
+    _, model = setup
+    clf = ImageClassifier.from_pretrained(model)
+    train_tf, eval_tf = transforms_for(clf)
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, (50, 70, 3), dtype=np.uint8))
+    ours = Normalize(clf.mean.flatten().tolist(), clf.std.flatten().tolist())(eval_tf(image)[None])
+    theirs = clf.preprocess([image])
+    assert ours.shape == theirs.shape == (1, 3, 32, 32)
+    assert (ours - theirs).abs().max() < 0.05  # uint8 rounding of the resized pixels
+    crops = [train_tf(image, np.random.default_rng([0, 1, 2])) for _ in range(2)]
+    assert torch.equal(crops[0], crops[1]) and crops[0].shape == (3, 32, 32) and crops[0].dtype == torch.uint8
+
+
+def test_config_errors_name_the_key(tmp_path):
+    from pipelines.training.recipes import TrainConfig
+
+    with pytest.raises(ConfigError, match=r"unknown key 'epoch' \(did you mean 'epochs'\?\)"):
+        TrainConfig.from_dict({"id": "x", "out": "y", "epoch": 3})
+    with pytest.raises(ConfigError, match="recipe 'multi-granularity' needs `levels`"):
+        TrainConfig.from_dict({"id": "x", "out": "y", "recipe": "multi-granularity"})
+    with pytest.raises(ConfigError, match="recipe 'fast' is unknown"):
+        TrainConfig.from_dict({"id": "x", "out": "y", "recipe": "fast"})
+    config = TrainConfig.from_dict({"id": "x", "out": "y", "recipe": "open-insects-scratch", "epochs": 5})
+    assert (config.pretrained, config.epochs, config.batch_size, config.lr, config.warmup_epochs) == (False, 5, 512, 0.01, 6)
