@@ -477,8 +477,10 @@ def _transformed(trained: Detector, data: Any) -> Any:
 
 
 def _params_json(det: Detector) -> str:
-    """The hyperparameters that ran, as JSON (runtime objects and settings left out)."""
-    params = {k: v for k, v in getattr(det, "params", {}).items() if k not in RUNTIME_PARAMS}
+    """The hyperparameters that ran, as JSON: what the fit settled included (`effective_params`), runtime settings
+    and objects left out."""
+    found = det.effective_params() if hasattr(det, "effective_params") else getattr(det, "params", {})
+    params = {k: v for k, v in found.items() if k not in RUNTIME_PARAMS}
     return json.dumps(params, sort_keys=True, default=str)
 
 

@@ -189,25 +189,30 @@ def check_spec(spec: DetectorSpec, where: str, dims: dict[str, int] | None = Non
         if dims is None and not (Path(spec.load) / "config.json").is_file():
             raise ConfigError(f"{where}.load: {spec.load} is not a saved detector folder (no config.json)")
         return None
-    det = None
-    if dims is None:
-        try:
-            det = cls(**spec.params)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"{where}.params: {spec.name}: {err}") from None
     check = getattr(cls, "check_params", None)
     if check is not None:
         try:
             check(dict(spec.params), dims)
         except ValueError as err:
-            raise ConfigError(f"{where}.params.{_param_named(err, spec.params)}: {spec.name}: {err}") from None
-    return det
+            raise ConfigError(f"{where}.params.{_param_named(err, spec.params)}: {_named(err, spec.name)}") from None
+    if dims is not None:
+        return None
+    try:
+        return cls(**spec.params)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}.params: {_named(err, spec.name)}") from None
+
+
+def _named(err: Exception, name: str) -> str:
+    """The error's message, starting with the detector's name once."""
+    text = str(err)
+    return text if text.startswith(f"{name}:") else f"{name}: {text}"
 
 
 def _param_named(err: ValueError, params: Mapping[str, Any]) -> str:
     """The parameter a check_params error names (its first word that is a parameter), else 'value'."""
     words = str(err).replace(":", " ").replace("=", " ").split()
-    return next((w.strip("`'\",.") for w in words if w.strip("`'\",.") in params), words[0].strip("`'\",.") if words else "value")
+    return next((w.strip("`'\",.[]") for w in words if w.strip("`'\",.[]") in params), "value")
 
 
 def check_head(head: Mapping[str, str] | None) -> None:

@@ -257,12 +257,14 @@ def test_rule_rows_accuracy_and_rule_selection_on_validation(digits, tmp_path):
     out = tmp_path / "run"
     results = run_config(_config(digits, out, ood=[{"manifest": str(ood_dir), "sets": ["digits_6_9"]}],
                                  ood_val={"manifest": str(ood_dir), "split": "test", "sets": ["texture"]},
-                                 detectors=["msp", {"name": "logitnorm", "params": {"epochs": 2}, "rules": ["ebo", "knn"]}]))
+                                 detectors=["msp", {"name": "logitnorm", "params": {"epochs": 2, "mode": "heads"},
+                                                    "rules": ["ebo", "knn"]}]))
     rows = results.set_index("method")
     assert list(rows["family"]) == ["posthoc", "training", "training", "training"]
     assert list(rows["base"]) == ["", "logitnorm", "logitnorm", "logitnorm"] and list(rows["rule"]) == ["", "", "ebo", "knn"]
     assert json.loads(rows.loc["logitnorm+knn", "params"])["k"] == build("knn").params["k"]
     assert json.loads(rows.loc["logitnorm", "params"])["epochs"] == 2
+    assert list(rows["mode"]) == ["", "heads", "heads", "heads"]
 
     clf = ImageClassifier.from_pretrained(model)
     idm, oodm = read_manifest(id_dir), read_manifest(ood_dir)
@@ -272,7 +274,7 @@ def test_rule_rows_accuracy_and_rule_selection_on_validation(digits, tmp_path):
     head = extract_features(clf, idm.select(split="train", role="id")).head()
     accuracy = lambda fs: float((fs.logits.argmax(1) == fs.labels).mean())  # noqa: E731
     assert rows.loc["msp", "id_acc"] == pytest.approx(accuracy(feats["test"]))
-    trained = build("logitnorm", epochs=2).fit(feats["train"], head=head, id_val=feats["val"], ood_val=feats["texture"])
+    trained = build("logitnorm", mode="heads", epochs=2).fit(feats["train"], head=head, id_val=feats["val"])
     for method in ("logitnorm", "logitnorm+ebo", "logitnorm+knn"):
         assert rows.loc[method, "id_acc"] == pytest.approx(accuracy(trained.transform(feats["test"])), abs=1e-9)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from PIL import Image
 
 from detectors.base import Detector
+from detectors.params import Params, param
 from detectors.plan import check_spec, make_plan, safe_name
 from detectors.registry import register_detector
 from detectors.runconfig import ConfigError, DetectorSpec
@@ -17,13 +19,19 @@ from pipelines.data import make_row, write_manifest
 from runner_helpers import evaluate_main
 
 
+@dataclass(frozen=True)
+class CheckedParams(Params):
+    k: int = param(5, "a count")
+    dim: int = param(2, "a dimension")
+
+
 @register_detector("plugin_checked")
 class CheckedDetector(Detector):
-    """Declares value checks the way every detector does (`check_params`); the plan must call them."""
+    """Its own value checks (`check_params`, as every detector declares them); the plan must call them."""
 
     family = "plugin"
     inputs = frozenset({"features"})
-    defaults = {"k": 5, "dim": 2}
+    Params = CheckedParams
 
     @classmethod
     def check_params(cls, params: dict, dims: dict | None = None) -> None:
