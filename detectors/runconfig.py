@@ -16,6 +16,7 @@ import yaml
 
 from detectors.registry import available, detector_class
 from detectors.tables import METRICS
+from pipelines.cli import check_keys
 from pipelines.errors import ConfigError
 from pipelines.runtime import PRECISIONS
 
@@ -94,10 +95,7 @@ class EvalConfig:
     def from_dict(cls, raw: Any, source: str = "config") -> "EvalConfig":
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
-        known = set(inspect.signature(cls).parameters)
-        unknown = set(raw) - known
-        if unknown:
-            raise ConfigError(f"{source}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+        check_keys(raw, list(inspect.signature(cls).parameters), source)
         for key in ("id", "ood", "out"):
             if key not in raw:
                 raise ConfigError(f"{source}: missing required key '{key}'")

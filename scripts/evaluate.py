@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from pipelines.cli import comma_list, load_yaml, parser, run_main
+from pipelines.cli import README_SECTIONS, comma_list, load_yaml, parser, run_main
 
 
 def _process_warning(running: int) -> str | None:
@@ -95,4 +95,4 @@ def _report(config, results, runner, dump_config) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(run_main(main, doc=README_SECTIONS["config"]))
