@@ -497,7 +497,7 @@ def rule_selection(validation: list[dict[str, Any]]) -> pd.DataFrame:
     table["chosen"] = False
     for _, rows in table.groupby("base", sort=False):
         sign = -1.0 if LOWER_IS_BETTER.get(rows["metric"].iloc[0], False) else 1.0
-        table.loc[(sign * rows["value"]).idxmax(), "chosen"] = True
+        table.loc[(sign * rows["value"]).fillna(-np.inf).idxmax(), "chosen"] = True  # one per base, NaN never first
     return table
 
 
