@@ -42,7 +42,7 @@ class LineProgress:
         self.iterable, self.desc, self.total, self.unit = iterable, desc, total, unit
         self.leave, self.disable, self.interval = leave, disable, interval
         self.stream, self.clock = stream if stream is not None else sys.stderr, clock
-        self.n, self.closed = 0, False
+        self.n, self.closed, self.postfix = 0, False, ""
         self.start = self.last = clock()
 
     def __iter__(self) -> Iterator[Any]:
@@ -83,16 +83,21 @@ class LineProgress:
     def set_description(self, desc: str) -> None:
         self.desc = desc
 
+    def set_postfix(self, **values: Any) -> None:
+        """Values shown at the end of the next line (e.g. the running loss), as tqdm's `set_postfix`."""
+        self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
+
     def line(self, now: float, final: bool = False) -> str:
         """`desc: 120/500 img (24%), 12 s, 10.0 img/s` (final: `desc: done, 500 img in 50 s, 10.0 img/s`)."""
         elapsed = max(now - self.start, 0.0)
         rate = f"{self.n / elapsed:.3g} {self.unit}/s" if elapsed > 0 else f"- {self.unit}/s"
         label = f"{self.desc}: " if self.desc else ""
+        postfix = f", {self.postfix}" if self.postfix else ""
         if final:
-            return f"{label}done, {self.n} {self.unit} in {elapsed:.0f} s, {rate}"
+            return f"{label}done, {self.n} {self.unit} in {elapsed:.0f} s, {rate}{postfix}"
         count = f"{self.n}/{self.total}" if self.total else str(self.n)
         share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
-        return f"{label}{count} {self.unit}{share}, {elapsed:.0f} s, {rate}"
+        return f"{label}{count} {self.unit}{share}, {elapsed:.0f} s, {rate}{postfix}"
 
     def _print(self, now: float, final: bool = False) -> None:
         print(self.line(now, final), file=self.stream, flush=True)

@@ -16,7 +16,6 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
-from tqdm.auto import tqdm
 
 from detectors.clip.backbone import ClipBackbone
 from detectors.clip.features import subset_imageset
@@ -25,6 +24,7 @@ from detectors.clip.scores import cosine
 from detectors.base import param
 from detectors.clip.training import PromptDetector, Schedule, train_loop
 from detectors.registry import register_detector
+from pipelines.progress import progress as progress_bar
 from pipelines.runtime import item_seed
 
 IDLIKE_TEMPLATE = "a photo of a {}."  # the crop-selection prompt of the official code (with a full stop)
@@ -134,7 +134,7 @@ class IDLike(PromptDetector):
         class_text = self.class_text()
         size = self.backbone.model.config.vision_config.image_size
         id_crops, ood_crops = [], []
-        for i in tqdm(range(len(images)), desc=f"ID-like crops (epoch {epoch})", disable=not p["progress"], leave=False):
+        for i in progress_bar(range(len(images)), desc=f"ID-like crops (epoch {epoch})", disable=not p["progress"], leave=False):
             crops = random_crops(images.load(i), p["n_crops"], item_seed(p["seed"], f"{epoch}:{i}"), p["crop_scale"],
                                  p["crop_ratio"], size, p["flip"])
             feats = crop_embeddings(self.backbone, crops, p["embed_batch_size"])

@@ -8,7 +8,6 @@ from typing import Any, Callable, ClassVar, Literal
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
-from tqdm.auto import tqdm
 
 from detectors.base import ImageSet
 from detectors.base import param
@@ -17,6 +16,7 @@ from detectors.clip.common import ClipDetector, few_shot_indices, labels_of
 from detectors.clip.features import ClipImageFeatures, image_features
 from detectors.clip.prompts import PromptLearner
 from detectors.clip.scores import cosine
+from pipelines.progress import progress as progress_bar
 
 
 def make_accelerator(device: torch.device) -> Any:
@@ -77,7 +77,7 @@ def train_loop(module: torch.nn.Module, dataset: Dataset | Callable[[int], Datas
     module, optimizer = accelerator.prepare(module, optimizer)
     module.train()
     losses: list[float] = []
-    bar = tqdm(desc=desc, disable=not progress, leave=False)
+    bar = progress_bar(desc=desc, disable=not progress, leave=False)
     step = 0
     for epoch in range(epochs):
         loader = accelerator.prepare(DataLoader(make(epoch), batch_size=batch_size, shuffle=True, generator=gen))

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+
+from pipelines.progress import progress as progress_bar
 
 
 @dataclass
@@ -61,7 +62,7 @@ class LatentDiffusion:
         inverse.set_timesteps(self.steps, device=self.device)
         z = z0.float()
         text = null.expand(len(z), -1, -1)
-        for t in tqdm(inverse.timesteps, desc="diffguard latent inversion", leave=False, disable=not progress):
+        for t in progress_bar(inverse.timesteps, desc="diffguard latent inversion", leave=False, disable=not progress):
             z = inverse.step(self._unet(z, t, text), t, z).prev_sample
         return z
 
@@ -77,7 +78,7 @@ class LatentDiffusion:
         inside = F.interpolate(mask.float().to(self.device), size=zT.shape[-2:], mode="nearest") > 0.5
         z = zT.float()
         text = torch.cat([null.expand(len(z), -1, -1), cond])
-        for t in tqdm(scheduler.timesteps, desc="diffguard latent denoising", leave=False, disable=not progress):
+        for t in progress_bar(scheduler.timesteps, desc="diffguard latent denoising", leave=False, disable=not progress):
             eps_null, eps_cond = self._unet(torch.cat([z, z]), t, text).chunk(2)
             eps = torch.where(inside, eps_null + scale * (eps_cond - eps_null), eps_null)
             z = scheduler.step(eps, t, z, eta=0.0).prev_sample

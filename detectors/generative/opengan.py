@@ -28,11 +28,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from detectors.base import Detector, FeatureSet, LinearHead, Params, param
 from detectors.metrics import auroc
 from detectors.registry import register_detector
+from pipelines.progress import progress
 from pipelines.runtime import resolve_device
 
 
@@ -150,7 +150,7 @@ class OpenGAN(Detector):
             weights[1] = 1.0  # OpenGAN-0: errD_real + errD_fake
         best_auroc, best_state = -np.inf, None
         self.history = []
-        for epoch in tqdm(range(int(self.epochs)), desc="opengan", leave=False):
+        for epoch in progress(range(int(self.epochs)), desc="opengan", leave=False):
             train_mode = plan["bn_train"] == "train" or epoch == 0
             netG.train(train_mode)
             netD.train(train_mode)

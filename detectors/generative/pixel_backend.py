@@ -17,7 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
+
+from pipelines.progress import progress as progress_bar
 
 
 def linear_alphas_cumprod(num_train_timesteps: int = 1000, beta_start: float = 1e-4, beta_end: float = 0.02) -> np.ndarray:
@@ -119,7 +120,7 @@ def invert_with_early_stop(model: PixelDiffusion, x0: torch.Tensor, max_steps: i
     x = x0.clone()
     stop = torch.full((len(x0),), max_steps - 1, dtype=torch.long)
     active = torch.arange(len(x0), device=x0.device)
-    for k in tqdm(range(max_steps), desc="diffguard inversion", leave=False, disable=not progress):
+    for k in progress_bar(range(max_steps), desc="diffguard inversion", leave=False, disable=not progress):
         x_new = model.invert_step(x[active], k)
         x[active] = x_new
         if stop_rule is None or k == max_steps - 1:
@@ -140,7 +141,7 @@ def denoise_from(model: PixelDiffusion, x_start: torch.Tensor, start: torch.Tens
     x = x_start.clone()
     start = start.to(x.device)
     top = int(start.max())
-    for k in tqdm(range(top, -1, -1), desc="diffguard denoising", leave=False, disable=not progress):
+    for k in progress_bar(range(top, -1, -1), desc="diffguard denoising", leave=False, disable=not progress):
         active = (start >= k).nonzero().view(-1)
         sub_guided = guided[active] if guided is not None else None
         sub_guidance = None if guidance is None else (lambda xt, x0h, kk, rows, a=active: guidance(xt, x0h, kk, a[rows]))

@@ -4,12 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import feature_mean, float32_features
 from detectors.params import Params, param
 from detectors.registry import register_detector
+from pipelines.progress import progress
 
 BLOCK_ROWS = 4096
 
@@ -53,7 +53,7 @@ class FDBD(Detector):
         h = float32_features(batch, self.name)
         out = np.empty(len(h))
         starts = range(0, len(h), BLOCK_ROWS)
-        for start in tqdm(starts, desc=self.name, disable=len(starts) <= 1, leave=False):
+        for start in progress(starts, desc=self.name, disable=len(starts) <= 1, leave=False):
             block = h[start:start + BLOCK_ROWS]
             logits = self.head(block).astype(np.float64)
             predicted = logits.argmax(axis=1)

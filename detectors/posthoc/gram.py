@@ -24,13 +24,13 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from detectors.base import Detector, ImageSet, as_numpy
 from detectors.posthoc.common import softmax
 from detectors.params import Params, param
 from detectors.registry import register_detector
 from pipelines.io import atomic_path
+from pipelines.progress import progress
 
 EPS = 1e-6  # OpenOOD's 10**-6 in the deviation's denominators
 ROW_BLOCK = 1024
@@ -103,7 +103,7 @@ def compute_gram_features(classifier: Any, batches: Any, powers: list[int], laye
     classifier.eval()
     grams, logits, layer_of = [], [], None
     try:
-        for x in tqdm(batches, total=total, desc="gram features", leave=False, disable=not total or total < 2):
+        for x in progress(batches, total=total, desc="gram features", leave=False, disable=not total or total < 2):
             z, per_layer = classifier.hidden_maps(x.to(device=param.device, dtype=param.dtype), layers,
                                                   reduce=lambda m: [gram_vector(m, p).cpu() for p in powers])
             blocks = [v for layer in per_layer for v in layer]

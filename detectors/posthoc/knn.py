@@ -17,13 +17,13 @@ from typing import Literal
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import stored_features
 from detectors.params import Params, param
 from detectors.registry import register_detector
+from pipelines.progress import progress
 
 QUERY_BLOCK = 8192
 IN_MEMORY_BYTES = 2 << 30  # a float32 bank up to 2 GiB is held in memory; larger ones are searched streamed
@@ -141,7 +141,7 @@ class KNN(Detector):
         block = QUERY_BLOCK if self._source is None else max(QUERY_BLOCK, 4 * streaming.CHUNK_ROWS)
         kth = np.empty(len(h))
         starts = range(0, len(h), block)
-        for start in tqdm(starts, desc="knn", disable=len(starts) <= 1, leave=False):
+        for start in progress(starts, desc="knn", disable=len(starts) <= 1, leave=False):
             rows = slice(start, start + block)
             kth[rows] = self.kth_squared(l2_normalise(h[rows]), k)
         return -np.sqrt(np.maximum(kth, 0.0))

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.linalg
-from tqdm.auto import tqdm
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import labels_of, stored_features
 from detectors.registry import register_detector
+from pipelines.progress import progress
 
 BLOCK_ROWS = 4096
 
@@ -35,7 +35,7 @@ def min_squared_mahalanobis(features: np.ndarray, means: np.ndarray, precision: 
     (read block by block: `features` may be memory-mapped)."""
     mean_terms = np.einsum("cd,cd->c", means @ precision, means)
     out = np.empty(len(features))
-    for rows, t in tqdm(streaming.chunks(features, np.float64, BLOCK_ROWS), desc=desc, leave=False,
+    for rows, t in progress(streaming.chunks(features, np.float64, BLOCK_ROWS), desc=desc, leave=False,
                         total=-(-len(features) // BLOCK_ROWS), disable=len(features) <= BLOCK_ROWS):
         tp = t @ precision
         quad = np.einsum("nd,nd->n", tp, t)

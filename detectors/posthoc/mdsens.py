@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from detectors.base import Detector
 from detectors.posthoc import streaming
@@ -27,6 +26,7 @@ from detectors.posthoc.mahalanobis import spd_inverse
 from detectors.posthoc.pixels import eval_mode, labels_of_images, pixel_batches
 from detectors.params import Params, param
 from detectors.registry import register_detector
+from pipelines.progress import progress
 
 FEATURE_TYPES = ("mean", "stat", "flat")
 
@@ -98,7 +98,7 @@ class MDSEnsemble(Detector):
         chunks, total = pixel_batches(self.classifier, id_train, self.batch_size, self.name)
         parts: list[list[np.ndarray]] = []
         with eval_mode(self.classifier), torch.no_grad():
-            for x in tqdm(chunks, total=total, desc="mdsens fit", leave=False, disable=total < 2):
+            for x in progress(chunks, total=total, desc="mdsens fit", leave=False, disable=total < 2):
                 parts.append([f.cpu().numpy() for f in self._pooled(self.classifier.hidden_maps(x, self.params["maps"])[1])])
         self.stats = []
         for j in range(len(self.params["layers"])):
@@ -124,7 +124,7 @@ class MDSEnsemble(Detector):
             raise RuntimeError("mdsens: call fit(id_train) before score()")
         chunks, total = pixel_batches(self.classifier, batch, self.batch_size, self.name)
         with eval_mode(self.classifier):
-            parts = [self._chunk_scores(x) for x in tqdm(chunks, total=total, desc="mdsens", leave=False, disable=total < 2)]
+            parts = [self._chunk_scores(x) for x in progress(chunks, total=total, desc="mdsens", leave=False, disable=total < 2)]
         return np.concatenate(parts) if parts else np.zeros((0, len(self.stats)))
 
     def _chunk_scores(self, x: torch.Tensor) -> np.ndarray:

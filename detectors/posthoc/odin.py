@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from detectors.base import Detector, ImageSet, as_numpy
 from detectors.posthoc.common import softmax
 from detectors.params import Params, param
 from detectors.registry import register_detector
 from pipelines.data import Manifest
+from pipelines.progress import progress
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 
 
@@ -112,7 +112,7 @@ class ODIN(Detector):
         scores = []
         try:
             chunks, total = self._chunks(batch)
-            for x in tqdm(chunks, total=total, desc="odin", leave=False, disable=total < 2):
+            for x in progress(chunks, total=total, desc="odin", leave=False, disable=total < 2):
                 x = x.to(device=param.device, dtype=param.dtype)
                 with torch.autocast(param.device.type, dtype=dtype, enabled=dtype != torch.float32):
                     scores.append(self._chunk_scores(model, x, temperature, noise))

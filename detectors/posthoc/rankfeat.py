@@ -17,13 +17,13 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from detectors.base import Detector, as_numpy
 from detectors.posthoc.common import logsumexp
 from detectors.posthoc.pixels import eval_mode, pixel_batches
 from detectors.params import Params, param
 from detectors.registry import register_detector
+from pipelines.progress import progress
 
 
 
@@ -110,5 +110,5 @@ class RankFeat(Detector):
         chunks, total = pixel_batches(self.classifier, batch, self.batch_size, self.name)
         with eval_mode(self.classifier):
             parts = [temperature * logsumexp(self.block_logits(x) / temperature, axis=1)
-                     for x in tqdm(chunks, total=total, desc="rankfeat", leave=False, disable=total < 2)]
+                     for x in progress(chunks, total=total, desc="rankfeat", leave=False, disable=total < 2)]
         return np.concatenate(parts) if parts else np.zeros(0)

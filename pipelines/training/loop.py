@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from pipelines.checkpoints import load_checkpoint, loader_generators, save_checkpoint
 from pipelines.data import LoadFailure, Manifest
+from pipelines.progress import progress
 from pipelines.runtime import resolve_device, resolve_dtype, seed_everything
 from pipelines.training.batchnorm import global_batchnorm
 from pipelines.training.loaders import (ImageRows, PooledRows, PooledTensorBatches, TensorBatches, aux_batch_size,
@@ -206,7 +206,7 @@ class _Loop:
         aux_stream = cycle(self.aux, epoch) if self.aux is not None else None
         self.step_module.train()
         total, count = 0.0, 0
-        bar = tqdm(self.train, desc=f"{self.s.desc} epoch {epoch + 1}/{self.s.epochs}", leave=False,
+        bar = progress(self.train, desc=f"{self.s.desc} epoch {epoch + 1}/{self.s.epochs}", leave=False,
                    disable=not self.acc.is_local_main_process)
         for step, raw in enumerate(bar):
             batch = self.batch(raw, aux_stream, epoch, step)
@@ -328,7 +328,7 @@ def _all_outputs(model: nn.Module, loader: Any, inputs: Callable[[torch.Tensor],
     process, sorted by row index with duplicates (whole batches seen by several processes) removed."""
     logits, features, index, labels = [], [], [], []
     device = accelerator.device
-    for raw in tqdm(loader, desc="pass over the training rows", leave=False, disable=not accelerator.is_local_main_process):
+    for raw in progress(loader, desc="pass over the training rows", leave=False, disable=not accelerator.is_local_main_process):
         if raw["x"] is not None:
             with accelerator.autocast():
                 z, h = model(inputs(raw["x"]))

@@ -9,8 +9,9 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from pipelines.errors import ConfigError
+from pipelines.hub_ids import RESNET_ID
 
-DEFAULT_MODEL = "microsoft/resnet-50"
+DEFAULT_MODEL = RESNET_ID
 DOC = "docs/training.md"
 
 RECIPES: dict[str, dict[str, Any]] = {
