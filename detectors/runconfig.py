@@ -15,11 +15,12 @@ from typing import Any
 import yaml
 
 from detectors.registry import available, detector_class
+from detectors.tables import METRICS
+from pipelines.cli import check_keys
 from pipelines.errors import ConfigError
 from pipelines.runtime import PRECISIONS
 
 FAMILIES = ("posthoc", "clip", "generative", "training")
-METRICS = ("auroc", "fpr95", "fpr95_id", "aupr_in", "aupr_out")
 SOURCE_KEYS = {"manifest", "group", "split", "sets"}
 SPEC_KEYS = {"name", "params", "load", "label", "rules"}
 SELECT_KEYS = {"ood_val", "metric"}
@@ -94,10 +95,7 @@ class EvalConfig:
     def from_dict(cls, raw: Any, source: str = "config") -> "EvalConfig":
         if not isinstance(raw, dict):
             raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
-        known = set(inspect.signature(cls).parameters)
-        unknown = set(raw) - known
-        if unknown:
-            raise ConfigError(f"{source}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+        check_keys(raw, list(inspect.signature(cls).parameters), source)
         for key in ("id", "ood", "out"):
             if key not in raw:
                 raise ConfigError(f"{source}: missing required key '{key}'")
@@ -133,8 +131,12 @@ class EvalConfig:
             raise ConfigError(f"precision: one of {list(PRECISIONS)}, got {self.precision!r}")
         specs = detector_specs(self)
         if self.select is not None:
-            _check_mapping(self.select, "select", SELECT_KEYS, required=("ood_val",))
-            _source(self.select["ood_val"], "select.ood_val")
+            _check_mapping(self.select, "select", SELECT_KEYS)
+            if "ood_val" not in self.select and self.ood_val is None:
+                raise ConfigError("select: missing key(s) ['ood_val'] (the OOD-validation rows of the sweeps; or give a "
+                                  "top-level `ood_val`)")
+            if "ood_val" in self.select:
+                _source(self.select["ood_val"], "select.ood_val")
             if self.select.get("metric", "auroc") not in METRICS:
                 raise ConfigError(f"select.metric: {self.select['metric']!r} is not one of {list(METRICS)}")
         if self.ood_val is not None:
@@ -168,7 +170,7 @@ class EvalConfig:
     def sources(self) -> dict[str, Source]:
         """Every non-test manifest selection of the config by its key (select.ood_val, ood_val, aux)."""
         found = {}
-        if self.select:
+        if self.select and "ood_val" in self.select:
             found["select.ood_val"] = _source(self.select["ood_val"], "select.ood_val", split="val")
         if self.ood_val:
             found["ood_val"] = _source(self.ood_val, "ood_val", split="val")

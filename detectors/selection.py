@@ -7,6 +7,7 @@ from typing import Any
 from detectors.base import Detector, LinearHead
 from detectors.metrics import evaluate
 from detectors.registry import build, detector_class
+from detectors.tables import LOWER_IS_BETTER
 
 
 def grid(space: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -21,13 +22,16 @@ def select(name: str, id_val: Any, ood_val: Any, *, id_train: Any = None, head: 
     """Fit `name` on `id_train` (default `id_val`) for every point of its `search_space` and keep the best by `metric`.
 
     Returns (fitted best detector, its parameters, one row per grid point with the point and all metrics).
-    `metric` is maximised except `fpr95`/`fpr95_id`, which are minimised. A point the data cannot take (the detector
-    raises ValueError, e.g. k larger than the training bank) is recorded with its error and skipped.
+    `metric` is maximised, or minimised where `detectors.tables.LOWER_IS_BETTER` says so (FPR@95). A point the data
+    cannot take (the detector raises ValueError, e.g. k larger than the training bank) is recorded with its error and
+    skipped.
     """
     cls = detector_class(name)
     space = cls.search_space if space is None else space
     fit_on = id_val if id_train is None else id_train
-    sign = -1.0 if metric.startswith("fpr") else 1.0
+    if metric not in LOWER_IS_BETTER:
+        raise ValueError(f"select: unknown metric {metric!r}; known: {sorted(LOWER_IS_BETTER)}")
+    sign = -1.0 if LOWER_IS_BETTER[metric] else 1.0
     best: tuple[float, Detector, dict[str, Any]] | None = None
     table = []
     for point in grid(space):

@@ -15,6 +15,9 @@ import numpy as np
 import pandas as pd
 
 from detectors.metrics import precision_recall_at, threshold_at_tpr
+from detectors.tables import TRANSFER_COLUMNS
+from detectors.training.field import species_detection_share
+
 
 def _of(scores: pd.DataFrame, role: str, ood_set: str | None = None) -> pd.DataFrame:
     pick = scores["role"] == role
@@ -23,14 +26,13 @@ def _of(scores: pd.DataFrame, role: str, ood_set: str | None = None) -> pd.DataF
     return scores[pick]
 
 
-def species_detected(flagged: np.ndarray, species: list[Any]) -> dict[str, float]:
-    """Image share and species share of flagged novel-species images (rows without a species are left out)."""
-    frame = pd.DataFrame({"species": pd.Series(species, dtype=object), "flagged": flagged}).dropna(subset=["species"])
-    if frame.empty:
+def species_detected(scores: np.ndarray, species: list[Any], threshold: float) -> dict[str, float]:
+    """`SPECIES_COLUMNS` of a field set's novel rows (score < threshold is flagged; rows without a species are left
+    out), from the one count of `detectors.training.field.species_detection_share`."""
+    if all(s is None or s != s for s in species):
         return {}
-    per_species = frame.groupby("species")["flagged"].any()
-    return {"species_detected": float(frame["flagged"].mean()), "species_any": float(per_species.mean()),
-            "n_novel_species": int(len(per_species))}
+    share = species_detection_share(scores, species, threshold)
+    return {"species_detected": share["image_share"], "species_any": share["any"], "n_novel_species": share["n_species"]}
 
 
 def transfer_table(rules: list[dict[str, Any]], scores: pd.DataFrame, species: dict[str, dict[int, Any]]) -> pd.DataFrame:
@@ -53,11 +55,12 @@ def transfer_table(rules: list[dict[str, Any]], scores: pd.DataFrame, species: d
                     row.update(precision_recall_at(threshold, negatives, novel["score"].to_numpy()) if len(negatives) else
                                _recall_only(threshold, novel["score"].to_numpy()))
                     names = species.get(target, {})
-                    row.update(species_detected(novel["score"].to_numpy() < threshold, [names.get(int(i)) for i in novel["index"]]))
+                    row.update(species_detected(novel["score"].to_numpy(), [names.get(int(i)) for i in novel["index"]], threshold))
                 else:
                     row.update(precision_recall_at(threshold, id_scores, _of(frame, "ood", target)["score"].to_numpy()))
                 rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    return table[[*TRANSFER_COLUMNS, *(c for c in table.columns if c not in TRANSFER_COLUMNS)]] if rows else table
 
 
 def _recall_only(threshold: float, novel: np.ndarray) -> dict[str, float]:

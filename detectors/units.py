@@ -1,7 +1,8 @@
 """Per-detector persistence of the runner: one unit per detector spec, written atomically as it finishes.
 
-`out/units/<method>/` holds `rows.csv` (its results-table rows), `scores.parquet` (its per-sample scores) and, written
-last, `unit.json` (the unit's key and status). A rerun of the same config finds `unit.json` with the same key and skips
+`out/units/<method>/` holds `rows.csv` (its results-table rows), `scores.parquet` (its per-sample scores),
+`validation.json` (its value on ID val against OOD val, for rule selection) and, written last, `unit.json` (the unit's
+key, the parts the key was computed from, and its status). A rerun of the same config finds `unit.json` with the same key and skips
 the unit; a changed key (other parameters, features or data) redoes it. A unit that raised is recorded in
 `out/units/<method>/failure.json` with its traceback in `traceback.txt`, and the runner goes on.
 """
@@ -15,21 +16,19 @@ from typing import Any
 
 import pandas as pd
 
+from detectors.plan import safe_name
 from pipelines.io import atomic_path, atomic_write_json, atomic_write_text
 
-UNIT_VERSION = 1
-
-
-def _safe(method: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_.+" else "_" for c in method)
+UNIT_VERSION = 2
 
 
 @dataclass
 class UnitResult:
-    """What a finished unit wrote: its result rows and per-sample scores."""
+    """What a finished unit wrote: its result rows, per-sample scores and validation records (rule selection)."""
 
     rows: pd.DataFrame
     scores: pd.DataFrame
+    validation: list[dict[str, Any]] | None = None
 
 
 class UnitStore:
@@ -39,7 +38,7 @@ class UnitStore:
         self.root = Path(out) / "units"
 
     def folder(self, unit: str) -> Path:
-        return self.root / _safe(unit)
+        return self.root / safe_name(unit)
 
     def finished(self, unit: str, key: str) -> UnitResult | None:
         """The stored result when the unit finished with this key, else None."""
@@ -51,8 +50,10 @@ class UnitStore:
         if meta.get("key") != key or meta.get("version") != UNIT_VERSION or meta.get("status") != "done":
             return None
         try:
-            return UnitResult(pd.read_csv(folder / "rows.csv", keep_default_na=False, na_values=[""]),
-                              pd.read_parquet(folder / "scores.parquet"))
+            validation = json.loads((folder / "validation.json").read_text()) if (folder / "validation.json").is_file() else None
+            return UnitResult(pd.read_csv(folder / "rows.csv", keep_default_na=False, na_values=[""],
+                                          dtype={"mode": str, "base": str, "rule": str, "params": str}),
+                              pd.read_parquet(folder / "scores.parquet"), validation)
         except (OSError, ValueError):
             return None
 
@@ -64,7 +65,9 @@ class UnitStore:
             result.rows.to_csv(tmp, index=False)
         with atomic_path(folder / "scores.parquet") as tmp:
             result.scores.to_parquet(tmp, index=False)
-        for stale in ("failure.json", "traceback.txt"):
+        if result.validation is not None:
+            atomic_write_json(folder / "validation.json", result.validation)
+        for stale in ("failure.json", "traceback.txt", *(() if result.validation is not None else ("validation.json",))):
             (folder / stale).unlink(missing_ok=True)
         atomic_write_json(folder / "unit.json", {"version": UNIT_VERSION, "key": key, "status": "done", **(info or {})})
 

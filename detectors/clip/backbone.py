@@ -104,8 +104,9 @@ class ClipBackbone:
         return hits.int().argmax(dim=1)
 
     # -- image tower ----------------------------------------------------------------------------------------
-    def image_embeddings(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Projected global embeddings [B,P] and GL-MCM local (per-patch) embeddings [B,L,P], not normalised.
+    def image_embeddings(self, pixel_values: torch.Tensor, local: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Projected global embeddings [B,P] and GL-MCM local (per-patch) embeddings [B,L,P] (None with
+        `local=False`), not normalised.
 
         One pass of the vision tower: the last block runs normally for the CLS token and, for the local features,
         with self-only attention (each token attends only to itself: layer_norm1 -> v_proj -> out_proj, residual,
@@ -118,6 +119,8 @@ class ClipBackbone:
             x = layer(x, None)
         out = last(x, None)
         global_ = self.model.visual_projection(vision.post_layernorm(out[:, 0]))
+        if not local:
+            return global_, None
         attn = last.self_attn
         y = x + attn.out_proj(attn.v_proj(last.layer_norm1(x)))
         y = y + last.mlp(last.layer_norm2(y))

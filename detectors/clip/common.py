@@ -33,6 +33,7 @@ class ClipDetector(Detector):
     inputs: ClassVar[frozenset[str]] = frozenset({"images"})
     fit_inputs: ClassVar[frozenset[str]] = frozenset()
     needs: ClassVar[frozenset[str]] = frozenset({"class_names", "cache_dir", "device"})
+    reads_patches: ClassVar[bool] = False  # GL-MCM-style scores and LoCoOp read local patch embeddings
 
     def __init__(self, model: Any = DEFAULT_CLIP, processor: Any = None, **params: Any) -> None:
         self._backbone: ClipBackbone | None = None
@@ -56,7 +57,8 @@ class ClipDetector(Detector):
 
     def features(self, images: ImageSet | ClipImageFeatures) -> ClipImageFeatures:
         """Cached image embeddings of `images` (the image tower runs once per model and image set)."""
-        return image_features(self.backbone, images, self.params["cache_dir"], self.params["embed_batch_size"])
+        return image_features(self.backbone, images, self.params["cache_dir"], self.params["embed_batch_size"],
+                              local=self.reads_patches)
 
     def require_classes(self) -> list[str]:
         """The ID class names; a clear error when none were given."""

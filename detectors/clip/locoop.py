@@ -27,6 +27,8 @@ class LoCoOp(PromptDetector):
     embeddings (the image tower is frozen), so no image augmentation is applied.
     """
 
+    reads_patches = True
+
     reads_train_features = True
     paper = "Miyai et al., LoCoOp: Few-Shot Out-of-Distribution Detection via Prompt Learning, NeurIPS 2023"
 

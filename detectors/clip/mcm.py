@@ -39,6 +39,8 @@ class MCM(ClipDetector):
 class GLMCM(ClipDetector):
     """s = MCM(global) + lambda * max over patches of MCM(local), lambda = 1 (0.5 in a later version of the paper)."""
 
+    reads_patches = True
+
     paper = "Miyai et al., Zero-Shot In-Distribution Detection in Multi-Object Settings Using Vision-Language Foundation Models, 2023"
 
     @dataclass(frozen=True)

@@ -21,7 +21,8 @@ def species_detection_share(scores: Any, species: Iterable[Any], threshold: floa
 
     `species` gives each score's species (missing values are ignored); `novel_species` restricts the count to the target
     novel species (default: every species present). Returns `n_species`, `n_images`, `any`, `majority` (shares in
-    [0, 1]), `mean_flagged` (mean over species of the flagged share) and `per_species` {species: flagged share}.
+    [0, 1]), `mean_flagged` (mean over species of the flagged share), `image_share` (flagged share of all counted
+    images) and `per_species` {species: flagged share}.
     """
     values = as_numpy(scores, np.float64).reshape(-1)
     names = pd.Series(list(species), dtype=object)
@@ -39,5 +40,5 @@ def species_detection_share(scores: Any, species: Iterable[Any], threshold: floa
     return {
         "n_species": int(len(share)), "n_images": int(len(frame)),
         "any": float((share > 0).mean()), "majority": float((share > 0.5).mean()),
-        "mean_flagged": float(share.mean()), "per_species": {k: float(v) for k, v in share.items()},
+        "mean_flagged": float(share.mean()), "image_share": float(frame["flagged"].mean()), "per_species": {k: float(v) for k, v in share.items()},
     }

@@ -81,6 +81,7 @@ def test_selection_through_runner(digits, tmp_path):
                                          "metric": "auroc"}))
     table = pd.read_csv(tmp_path / "sel" / "selection" / "knn.csv")
     assert len(table) == len(build("knn").search_space["k"])
+    assert set(table["ood_val"]) == {"texture"} and set(table["metric"]) == {"auroc"}  # which split chose
     fitted = table[table["auroc"].notna()]
     assert (fitted["k"] <= 430).all() and (table[table["auroc"].isna()]["k"] > 430).all()  # 430 ID train images
     assert len(results) == 1
@@ -247,3 +248,49 @@ def test_post_hoc_rules_rescore_a_trained_model(digits, tmp_path):
         expect = evaluate(post.score(trained.transform(test)), post.score(trained.transform(near)))
         got = results[results.method == f"logitnorm+{rule}"].iloc[0]
         assert got["auroc"] == pytest.approx(expect["auroc"], abs=1e-9) and got["fpr95"] == pytest.approx(expect["fpr95"], abs=1e-9)
+
+
+def test_rule_rows_accuracy_and_rule_selection_on_validation(digits, tmp_path):
+    """Re-scored rows are family `training` with base/rule; each row's id_acc is the accuracy of the classifier it scores
+    with; rule_selection.csv holds each rule's value on (ID val, OOD val) and marks the best; scores carry file names."""
+    id_dir, ood_dir, model = digits
+    out = tmp_path / "run"
+    results = run_config(_config(digits, out, ood=[{"manifest": str(ood_dir), "sets": ["digits_6_9"]}],
+                                 ood_val={"manifest": str(ood_dir), "split": "test", "sets": ["texture"]},
+                                 detectors=["msp", {"name": "logitnorm", "params": {"epochs": 2, "mode": "heads"},
+                                                    "rules": ["ebo", "knn"]}]))
+    rows = results.set_index("method")
+    assert list(rows["family"]) == ["posthoc", "training", "training", "training"]
+    assert list(rows["base"]) == ["", "logitnorm", "logitnorm", "logitnorm"] and list(rows["rule"]) == ["", "", "ebo", "knn"]
+    assert json.loads(rows.loc["logitnorm+knn", "params"])["k"] == build("knn").params["k"]
+    assert json.loads(rows.loc["logitnorm", "params"])["epochs"] == 2
+    assert list(rows["mode"]) == ["", "heads", "heads", "heads"]
+
+    clf = ImageClassifier.from_pretrained(model)
+    idm, oodm = read_manifest(id_dir), read_manifest(ood_dir)
+    feats = {name: extract_features(clf, m).to_featureset() for name, m in (
+        ("train", idm.select(split="train", role="id")), ("val", idm.select(split="val", role="id")),
+        ("test", idm.select(split="test", role="id")), ("texture", oodm.select(ood_set="texture")))}
+    head = extract_features(clf, idm.select(split="train", role="id")).head()
+    accuracy = lambda fs: float((fs.logits.argmax(1) == fs.labels).mean())  # noqa: E731
+    assert rows.loc["msp", "id_acc"] == pytest.approx(accuracy(feats["test"]))
+    trained = build("logitnorm", mode="heads", epochs=2).fit(feats["train"], head=head, id_val=feats["val"])
+    for method in ("logitnorm", "logitnorm+ebo", "logitnorm+knn"):
+        assert rows.loc[method, "id_acc"] == pytest.approx(accuracy(trained.transform(feats["test"])), abs=1e-9)
+
+    table = pd.read_csv(out / "rule_selection.csv", keep_default_na=False)
+    view = {k: trained.transform(v) for k, v in feats.items()}
+    expect = {"": evaluate(trained.score(feats["val"]), trained.score(feats["texture"]))["auroc"]}
+    for rule in ("ebo", "knn"):
+        post = build(rule).fit(view["train"], head=trained.trained_head, id_val=view["val"])
+        expect[rule] = evaluate(post.score(view["val"]), post.score(view["texture"]))["auroc"]
+    assert list(table["rule"]) == ["", "ebo", "knn"] and set(table["base"]) == {"logitnorm"}
+    assert set(table["metric"]) == {"auroc"} and set(table["ood_val"]) == {"texture"}
+    np.testing.assert_allclose(table["value"], [expect[r] for r in table["rule"]], atol=1e-9)
+    assert list(table["chosen"]) == [r == max(expect, key=expect.get) for r in table["rule"]]
+
+    scores = pd.read_parquet(out / "scores.parquet")
+    test_rows = idm.select(split="test", role="id").rows
+    ids = scores[(scores.method == "msp") & (scores.role == "id")]
+    assert list(ids["file_name"]) == [test_rows[i]["file_name"] for i in ids["index"]]
+    assert set(ids["manifest"]) == {str(id_dir)} and set(scores[scores.role == "ood"]["manifest"]) == {str(ood_dir)}

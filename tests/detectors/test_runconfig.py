@@ -30,7 +30,7 @@ BASE = {"id": "x", "ood": [], "out": "o"}
     ({"chunk_rows": 0}, r"chunk_rows: a positive integer, got 0"),
     ({"cache_hash": "md5"}, r"cache_hash: 'md5' is not one of \['stat', 'content'\]"),
     ({"plugins": ["no_such_module_xyz"]}, r"plugins: cannot import 'no_such_module_xyz'"),
-    ({"detectors": [{"name": "openmax", "params": {"distance": "manhattan"}}]}, r"detectors\[0\]\.params: openmax:"),
+    ({"detectors": [{"name": "openmax", "params": {"distance": "manhattan"}}]}, r"detectors\[0\]\.params\.distance: openmax: distance must be one of"),
 ])
 def test_malformed_config_one_line(extra, message):
     with pytest.raises(ConfigError, match=message) as caught:

@@ -213,3 +213,110 @@ def test_bad_input_matrix_in_evaluation(digits, tmp_path):
     with pytest.raises(ManifestError, match=r"metadata.jsonl, line 2, field 'split'"):
         run_config(eval_config(digits, tmp_path / "run2", detectors=["msp"], ood=[{"manifest": str(broken)}]))
     assert info["bad_lines"][2] == "split" and not (tmp_path / "run2").exists()
+
+
+def test_weights_rewritten_in_place_redo_a_pixel_only_unit(digits, tmp_path):
+    """Classifier weights rewritten with size and mtime kept: the pixel-only ODIN unit is redone, not reused."""
+    id_dir, ood_dir, model = digits
+    folder = tmp_path / "clf"
+    clf = ImageClassifier.from_pretrained(model)
+    clf.save_pretrained(folder)
+    config = eval_config((id_dir, ood_dir, folder), tmp_path / "run", detectors=[{"name": "odin", "params": {"noise": 0.0}}],
+                         ood=[{"manifest": str(ood_dir), "sets": ["texture"]}])
+    before = run_config(config)
+    stamp = _unit_stamp(tmp_path / "run", "odin")
+    weights = {p: p.stat() for p in folder.iterdir()}
+    with torch.no_grad():
+        torch.manual_seed(5)
+        clf.head.weight.copy_(torch.randn_like(clf.head.weight))
+    clf.save_pretrained(folder)
+    for path, st in weights.items():  # same sizes, same mtimes: only the bytes tell
+        assert path.stat().st_size == st.st_size
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = run_config(config)
+    assert _unit_stamp(tmp_path / "run", "odin") != stamp
+    fresh = run_config({**config, "out": str(tmp_path / "fresh")})
+    assert after.iloc[0]["auroc"] == pytest.approx(fresh.iloc[0]["auroc"], abs=1e-9)
+    assert after.iloc[0]["auroc"] != pytest.approx(before.iloc[0]["auroc"], abs=1e-6)
+    record = json.loads((tmp_path / "run" / "units" / "odin" / "unit.json").read_text())["key_parts"]
+    assert {p[0] for p in record["run"]["model"]} >= {"model.safetensors", "config.json"}  # the audit trail
+
+
+def test_console_resume_and_failure_summary(digits, tmp_path, capsys):
+    out = tmp_path / "run"
+    config = eval_config(digits, out, detectors=["msp", "plugin_fail"], plugins=["runner_plugins"],
+                         ood=[{"manifest": str(digits[1]), "sets": ["texture"]}])
+    run_config(config)
+    first = capsys.readouterr().out
+    assert "1 detector failed -> " in first and "resumed:" not in first
+    run_config(config)
+    again = capsys.readouterr().out
+    assert "resumed: 1 of 2 units up to date" in again and "1 detector failed -> " in again
+
+    from runner_helpers import evaluate_main
+
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert evaluate_main().main(["--config", str(path), "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "units to run (1): plugin_fail" in plan and "units to reuse (1): msp" in plan
+
+
+def test_every_detector_failed_is_one_line_and_non_zero(digits, tmp_path, capsys):
+    from runner_helpers import evaluate_main
+
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(eval_config(digits, tmp_path / "run", detectors=["plugin_fail"], plugins=["runner_plugins"],
+                                               ood=[{"manifest": str(digits[1]), "sets": ["texture"]}])))
+    assert evaluate_main().main(["--config", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: no results: every detector failed (1 failure(s)) -> ")
+
+
+def test_process_count_warning(monkeypatch):
+    from runner_helpers import evaluate_main
+
+    warn = evaluate_main()._process_warning
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("ACCELERATE_NUM_PROCESSES", "2")
+    assert "torchrun --nproc_per_node 2" in warn(1) and "ACCELERATE_NUM_PROCESSES=2" in warn(1)
+    assert warn(2) is None
+    monkeypatch.delenv("ACCELERATE_NUM_PROCESSES")
+    assert warn(1) is None
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")  # what `accelerate launch --num_processes 2` leaves on CPU
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert "torchrun --nproc_per_node N" in warn(1)
+
+
+def test_manifest_names_never_leave_the_output_folder(digits, tmp_path):
+    """Traversal strings in ood_set, category, species and a method label stay inside `out/` (sanitised names)."""
+    from pipelines.data import make_row, write_manifest
+
+    id_dir, ood_dir, model = digits
+    oodm = read_manifest(ood_dir).select(ood_set="texture")
+    crafted = tmp_path / "data" / "crafted"
+    crafted.mkdir(parents=True)
+    rows = []
+    for i, r in enumerate(oodm.rows[:12]):
+        (crafted / f"{i}.png").write_bytes(oodm.path(r).read_bytes())
+        name, extra = ("../../x", {"category": "/abs"}) if i < 6 else ("/abs", {"species": "a/b"})
+        rows.append(make_row(f"{i}.png", split="test", role="ood", ood_set=name, group="far", **extra))
+    write_manifest(crafted, rows)
+    field = tmp_path / "data" / "field"
+    field.mkdir()
+    frows = []
+    for i, r in enumerate(read_manifest(ood_dir).select(ood_set="digits_6_9").rows[:6]):
+        (field / f"{i}.png").write_bytes(read_manifest(ood_dir).path(r).read_bytes())
+        frows.append(make_row(f"{i}.png", split="test", role="ood", ood_set="a/b", species=("a/b", "../../s")[i % 2]))
+    write_manifest(field, frows)
+    before = {p for p in tmp_path.rglob("*")}
+    out = tmp_path / "deep" / "run"
+    results = run_config(eval_config(digits, out, detectors=[{"name": "msp", "label": "../../lbl"}, "knn"],
+                                     ood=[{"manifest": str(crafted)}], field=[{"manifest": str(field)}],
+                                     select={"ood_val": {"manifest": str(ood_dir), "split": "test", "sets": ["sketch"]}},
+                                     threshold_transfer=[{"source": "../../x", "targets": ["a/b", "/abs"]}]))
+    assert set(results["ood_set"]) == {"../../x", "/abs"} and set(results["method"]) == {"../../lbl", "knn"}
+    outside = [p for p in tmp_path.rglob("*") if p not in before and out not in p.parents and p != out]
+    assert outside == [tmp_path / "deep"]
+    transfer = pd.read_csv(out / "threshold_transfer.csv")
+    assert set(transfer["target"]) == {"a/b", "/abs"} and transfer["n_novel_species"].dropna().eq(2).all()

@@ -32,3 +32,15 @@ def test_knn_k_sweep_matches_manual_loop():
     assert len(set(manual)) > 1  # the sweep is not degenerate
     fpr_best, fpr_params, _ = detectors.select("knn", id_val, ood_val, id_train=train, space=space, metric="fpr95")
     assert fpr_params == {"k": space["k"][int(np.argmin(fprs))]}
+
+
+def test_rule_selection_marks_the_best_per_method_in_the_metric_direction():
+    from detectors.evaluate import rule_selection
+
+    rows = [{"base": "oe", "rule": "", "metric": "fpr95", "value": 0.4},
+            {"base": "oe", "rule": "knn", "metric": "fpr95", "value": 0.2},
+            {"base": "oe", "rule": "ebo", "metric": "fpr95", "value": 0.3},
+            {"base": "udg", "rule": "", "metric": "auroc", "value": 0.7},
+            {"base": "udg", "rule": "mds", "metric": "auroc", "value": 0.9}]
+    table = rule_selection(rows)
+    assert list(table["chosen"]) == [False, True, False, False, True]  # FPR lower is better, AUROC higher

@@ -88,7 +88,7 @@ def test_cached_features_skip_the_vision_tower(backbone, tmp_path):
         mcm = detectors.build("mcm", model=backbone, class_names=CLASSES, cache_dir=str(cache), embed_batch_size=2)
         first = mcm.score(imset)
         assert len(calls) == 3  # 5 images in batches of 2
-        detectors.build("glmcm", model=backbone, class_names=CLASSES, cache_dir=str(cache)).score(imset)
+        detectors.build("mcm", model=backbone, class_names=CLASSES, cache_dir=str(cache), temperature=2.0).score(imset)
         assert len(calls) == 3  # same ImageSet: memory cache
         fresh = ImageSet.from_manifest(read_manifest(tmp_path))
         again = detectors.build("mcm", model=backbone, class_names=CLASSES, cache_dir=str(cache)).score(fresh)

@@ -1,0 +1,203 @@
+"""The plan as a value: units, kinds and content keys, leak guard and value checks, before (and without) any model."""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from detectors.base import Detector
+from detectors.params import Params, param
+from detectors.plan import check_spec, make_plan, safe_name
+from detectors.registry import register_detector
+from detectors.runconfig import ConfigError, DetectorSpec
+from pipelines.data import make_row, write_manifest
+from runner_helpers import evaluate_main
+
+
+@dataclass(frozen=True)
+class CheckedParams(Params):
+    k: int = param(5, "a count")
+    dim: int = param(2, "a dimension")
+
+
+@register_detector("plugin_checked")
+class CheckedDetector(Detector):
+    """Its own value checks (`check_params`, as every detector declares them); the plan must call them."""
+
+    family = "plugin"
+    inputs = frozenset({"features"})
+    Params = CheckedParams
+
+    @classmethod
+    def check_params(cls, params: dict, dims: dict | None = None) -> None:
+        if params.get("k", 5) < 1:
+            raise ValueError(f"k must be >= 1, got {params['k']}")
+        if dims is not None and params.get("dim", 2) >= dims["features"]:
+            raise ValueError(f"dim must be below the feature dimension {dims['features']}, got {params['dim']}")
+
+
+def _image(path: Path, seed: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(path)
+
+
+def _data(root: Path) -> tuple[Path, Path]:
+    """An ID manifest (train/val/test, 2 classes) and an OOD manifest (test sets near and far, val rows 'near')."""
+    id_rows, ood_rows = [], []
+    for i in range(12):
+        split = ("train", "val", "test")[i % 3]
+        _image(root / "id" / f"{split}_{i}.png", i)
+        id_rows.append(make_row(f"{split}_{i}.png", split=split, role="id", label=i % 2, class_name=f"c{i % 2}"))
+    for i in range(8):
+        name, split = ("near", "far")[i % 2], "test"
+        _image(root / "ood" / f"{name}_{i}.png", 100 + i)
+        ood_rows.append(make_row(f"{name}_{i}.png", split=split, role="ood", ood_set=name, group=name))
+    for i in range(3):  # validation rows named like a test set (Open-Insects: local val vs local test)
+        _image(root / "ood" / f"val_near_{i}.png", 200 + i)
+        ood_rows.append(make_row(f"val_near_{i}.png", split="val", role="ood", ood_set="near", group="near"))
+    write_manifest(root / "id", id_rows)
+    write_manifest(root / "ood", ood_rows)
+    return root / "id", root / "ood"
+
+
+@pytest.fixture
+def data(tmp_path):
+    return _data(tmp_path / "data")
+
+
+def _config(data, tmp_path, **extra):
+    id_dir, ood_dir = data
+    return {"id": str(id_dir), "ood": [{"manifest": str(ood_dir)}], "out": str(tmp_path / "out"),
+            "model": str(tmp_path / "no_model_yet"), **extra}
+
+
+def test_units_and_kinds_without_any_model(data, tmp_path):
+    plan = make_plan(_config(data, tmp_path, detectors=["msp", "knn", {"name": "logitnorm", "rules": ["ebo", "knn"]}],
+                             select={"metric": "auroc"}, ood_val={"manifest": str(data[1]), "split": "val"},
+                             fewshot={"shots": [1]}))
+    assert [(u.kind, u.method) for u in plan.units] == [
+        ("detector", "msp"), ("select", "knn"), ("detector", "logitnorm"), ("rule", "logitnorm+ebo"),
+        ("rule", "logitnorm+knn"), ("fewshot", "fewshot")]
+    assert plan.units[3].parent == "logitnorm" and plan.units[3].rule == "ebo"
+    assert len({u.key for u in plan.units}) == len(plan.units)
+    assert [s.id for s in plan.splits] == ["id-id_train", "id-id_val", "id-id_test", "ood-near", "ood-far", "ood_val-ood_val"]
+    assert plan.class_names == ("c0", "c1") and plan.needs_features
+    # validation rows named like a test set: no clash, and they are the val rows only
+    assert {r["file_name"] for r in plan.ood_val.manifest.rows} == {f"val_near_{i}.png" for i in range(3)}
+    assert plan.select.split == "ood_val-ood_val"
+    assert not (tmp_path / "out").exists()
+    text = plan.describe()
+    assert "units to run (6)" in text and "units to reuse (0)" in text and "id-id_train 4" in text
+
+
+def test_dry_run_prints_the_plan_and_loads_nothing(data, tmp_path, capsys):
+    import yaml
+
+    main = evaluate_main().main
+
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(_config(data, tmp_path, detectors=["msp"])))
+    assert main(["--config", str(path), "--dry-run", "detectors=[msp, ebo]"]) == 0
+    out = capsys.readouterr().out
+    assert "units to run (2): msp, ebo" in out and "caches to build" in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_config_errors_are_one_line_exit_2(data, tmp_path, capsys):
+    import yaml
+
+    from pipelines.cli import run_main
+    main = evaluate_main().main
+
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(_config(data, tmp_path, detectors=[{"name": "plugin_checked", "params": {"k": -5}}],
+                                           plugins=["test_plan"])))
+    assert run_main(main, ["--config", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "detectors[0].params.k: plugin_checked: k must be >= 1" in err
+
+
+def test_unit_keys_follow_content(data, tmp_path):
+    """Weights rewritten in place with size and mtime kept, edited class names, a re-saved load: folder, a runtime
+    argument: each changes the key of the units it concerns (and only those)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"a" * 64)
+    saved = tmp_path / "saved_detector"
+    saved.mkdir()
+    (saved / "config.json").write_text('{"name": "msp", "params": {}}')
+    config = _config(data, tmp_path, model=str(model), detectors=["odin", "mcm", {"name": "ebo", "load": str(saved), "label": "loaded"}])
+    keys = lambda **extra: {u.method: u.key for u in make_plan({**config, **extra}).units}  # noqa: E731
+    before = keys()
+    assert before == keys()
+
+    stat = os.stat(model / "model.safetensors")
+    (model / "model.safetensors").write_bytes(b"b" * 64)
+    os.utime(model / "model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(model / "model.safetensors").st_mtime_ns == stat.st_mtime_ns
+    rewritten = keys()
+    assert all(rewritten[m] != before[m] for m in before)  # pixel-only ODIN included
+
+    names = keys(class_names=["zero", "one"])
+    assert names["mcm"] != rewritten["mcm"] and names["odin"] == rewritten["odin"]  # only MCM reads class names
+
+    stat = os.stat(saved / "config.json")
+    (saved / "config.json").write_text('{"name": "msp", "params":{} }')
+    os.utime(saved / "config.json", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    resaved = keys()
+    assert resaved["loaded"] != rewritten["loaded"] and resaved["odin"] == rewritten["odin"]
+
+    device = keys(device="cpu")
+    assert all(device[m] != resaved[m] for m in ("odin", "mcm"))
+    record = make_plan(config).units[0].parts
+    assert record["runtime"] == {"device": None, "precision": None, "classifier": "run model"}
+
+
+def test_leak_guard_by_content_and_field_rows(data, tmp_path):
+    id_dir, ood_dir = data
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    shutil.copy(ood_dir / "far_1.png", copies / "innocent.png")  # a byte copy of a test OOD image, renamed
+    shutil.copy(id_dir / "test_2.png", copies / "also_innocent.png")  # and of an ID test image
+    _image(copies / "fresh.png", 999)
+    rows = [make_row(n, split="train", role="ood", ood_set="auxiliary") for n in ("fresh.png", "innocent.png")]
+    write_manifest(copies, rows)
+    with pytest.raises(ConfigError, match=r"aux: 1 row\(s\) are byte copies of test images \(first: 'innocent.png'\)"):
+        make_plan(_config(data, tmp_path, detectors=["msp"], aux={"manifest": str(copies), "split": "train"}))
+    write_manifest(copies, [make_row("also_innocent.png", split="val", role="ood", ood_set="v")])
+    with pytest.raises(ConfigError, match=r"ood_val: 1 row\(s\) are byte copies of test images"):
+        make_plan(_config(data, tmp_path, detectors=["msp"], ood_val={"manifest": str(copies), "split": "val"}))
+
+    field = tmp_path / "field"
+    for i in range(2):
+        _image(field / f"f{i}.png", 300 + i)
+    write_manifest(field, [make_row("f0.png", role="id", label=0), make_row("f1.png", role="ood", ood_set="bci")])
+    write_manifest(tmp_path / "field_val", [])
+    with pytest.raises(ConfigError, match=r"ood_val: 1 row\(s\) are field-set rows"):
+        make_plan(_config(data, tmp_path, detectors=["msp"], field=[{"manifest": str(field)}],
+                          ood_val={"manifest": str(field), "split": "test", "sets": ["bci"]}))
+    write_manifest(copies, rows[:1])
+    plan = make_plan(_config(data, tmp_path, detectors=["msp"], aux={"manifest": str(copies), "split": "train"}))
+    assert len(plan.split("aux-aux").manifest) == 1
+
+
+def test_value_checks_in_the_plan_and_with_dims():
+    with pytest.raises(ConfigError, match=r"detectors\[3\]\.params\.k: plugin_checked: k must be >= 1, got 0"):
+        check_spec(DetectorSpec("plugin_checked", {"k": 0}), "detectors[3]")
+    check_spec(DetectorSpec("plugin_checked", {"dim": 8}), "detectors[0]")  # D unknown yet: passes the plan
+    with pytest.raises(ConfigError, match=r"detectors\[0\]\.params\.dim: plugin_checked: dim must be below the feature "
+                                          r"dimension 4, got 8"):
+        check_spec(DetectorSpec("plugin_checked", {"dim": 8}), "detectors[0]", {"features": 4, "classes": 2})
+
+
+@pytest.mark.parametrize("name", ["../../x", "/abs", "a/b", "..", ".hidden", "ok-name_1.2+b"])
+def test_safe_name_is_one_harmless_component(name):
+    safe = safe_name(name)
+    assert "/" not in safe and "\\" not in safe and not safe.startswith(".") and safe
+    assert (safe == name) == (name == "ok-name_1.2+b")
+    assert safe_name("a/b") != safe_name("a_b")
