@@ -21,7 +21,6 @@ import platform
 import random
 import statistics
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import torch
 
 import detectors
 from detectors.benchmarks.diffguard import (SmallConvClassifier, bench_early_stop_features, bench_gradcam_single_pass,
-                                            contrast_ramp_images)
+                                            contrast_ramp_images, timed_seconds)
 from detectors.generative.diffguard import resize_center_crop
 from detectors.generative.pixel_backend import ClassifierGuidance, denoise_from, invert_with_early_stop
 from pipelines.runtime import item_generator
@@ -90,16 +89,6 @@ def official_reconstruct(det, x01: torch.Tensor, labels: torch.Tensor, seeds: li
     return ((torch.cat([o[:1] for o in out]).clamp(-1, 1) + 1) / 2).detach()
 
 
-def _timed(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
-
-
 def bench_batching(det, images: list, batch_sizes: list[int], loop_images: int | None, rounds: int,
                    order_seed: int) -> dict:
     """Seconds of each case per round, cases in a fresh random order every round (after one untimed warm-up pass
@@ -117,7 +106,7 @@ def bench_batching(det, images: list, batch_sizes: list[int], loop_images: int |
     order, times = random.Random(order_seed), {case: [] for case in cases}
     for round_ in range(rounds + 1):  # round 0: warm-up, not kept
         for case in order.sample(cases, len(cases)):
-            seconds = _timed(lambda case=case: run(case), device)
+            seconds = timed_seconds(lambda case=case: run(case), device)
             if round_:
                 times[case].append(seconds)
                 print(f"[diffguard] round {round_}: {case[0]} {case[1]:3d}: {case[2] / seconds:.3f} img/s", flush=True)

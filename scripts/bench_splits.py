@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     result = run(args.rows, args.subsample, args.seed)
     atomic_write_json(args.out, result)
-    print(f"| measure | value |\n|---|---|")
+    print("| measure | value |\n|---|---|")
     for key in ("rows", "rows_written", "vectorised_full_s", "write_manifests_full_s", "naive_loop_full_extrapolated_s",
                 "iterrows_loop_full_extrapolated_s", "speedup_full_vs_naive_extrapolated",
                 "speedup_full_vs_iterrows_extrapolated", "speedup_subsample", "build_traced_peak_mib", "process_peak_rss_mib"):

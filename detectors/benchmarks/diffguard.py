@@ -44,7 +44,7 @@ def contrast_ramp_images(n: int, size: int = 32, seed: int = 0) -> list[Image.Im
     return images
 
 
-def _seconds(fn: Callable[[], Any], device: torch.device) -> float:
+def timed_seconds(fn: Callable[[], Any], device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -78,7 +78,7 @@ def bench_early_stop_batching(detector: DiffGuard, images: list[Image.Image], ba
     best = {case: float("inf") for case in plan}
     for round_ in range(rounds):
         for case in plan:
-            best[case] = min(best[case], _seconds(lambda case=case: run(case[1], case[2]), device))
+            best[case] = min(best[case], timed_seconds(lambda case=case: run(case[1], case[2]), device))
             log(f"[diffguard] round {round_ + 1}: {case[0]} {case[1]:3d}: {case[2] / best[case]:.3f} img/s (best so far)")
     reference = loop_n / best[plan[0]]
     cases = [dict(mode=mode, batch_size=batch, images=n, seconds=best[(mode, batch, n)], images_per_s=n / best[(mode, batch, n)],
@@ -137,12 +137,12 @@ def bench_latent_batching(detector: DiffGuard, images: list[Image.Image], batch_
     x01 = resize_center_crop(images, side, side).to(device)
     labels = detector.predict(x01)
     detector.reconstruct_latent(x01[:1], labels[:1])  # warm-up
-    loop_s = _seconds(lambda: [detector.reconstruct_latent(x01[i:i + 1], labels[i:i + 1]) for i in range(loop_images)], device)
+    loop_s = timed_seconds(lambda: [detector.reconstruct_latent(x01[i:i + 1], labels[i:i + 1]) for i in range(loop_images)], device)
     reference = loop_images / loop_s
     log(f"[diffguard-latent] batch-1 loop: {reference:.3f} img/s")
     cases = [dict(mode="loop", batch_size=1, images=loop_images, seconds=loop_s, images_per_s=reference, ratio=1.0)]
     for batch in batch_sizes:
-        seconds = _seconds(lambda: detector.reconstruct_latent(x01[:batch], labels[:batch]), device)
+        seconds = timed_seconds(lambda: detector.reconstruct_latent(x01[:batch], labels[:batch]), device)
         cases.append(dict(mode="batched", batch_size=batch, images=batch, seconds=seconds, images_per_s=batch / seconds,
                           ratio=batch / seconds / reference))
         log(f"[diffguard-latent] batch {batch:3d}: {batch / seconds:.3f} img/s = {batch / seconds / reference:.2f}x")
@@ -154,7 +154,7 @@ def _best_of(cases: dict[str, Callable[[], Any]], rounds: int, device: torch.dev
     best = {name: float("inf") for name in cases}
     for _ in range(rounds):
         for name, fn in cases.items():
-            best[name] = min(best[name], _seconds(fn, device))
+            best[name] = min(best[name], timed_seconds(fn, device))
     return best
 
 

@@ -61,9 +61,9 @@ def model_digest(classifier: Any) -> str:
     """Identifies a classifier's weights cheaply: model id, parameter shapes and float64 sums."""
     h = hashlib.sha256(str(getattr(classifier, "model_id", type(classifier).__name__)).encode())
     with torch.no_grad():
-        for name, param in classifier.state_dict().items():
-            if torch.is_tensor(param):
-                h.update(f"{name}{tuple(param.shape)}{float(param.double().sum()) if param.numel() else 0.0:.10e}".encode())
+        for name, tensor in classifier.state_dict().items():
+            if torch.is_tensor(tensor):
+                h.update(f"{name}{tuple(tensor.shape)}{float(tensor.double().sum()) if tensor.numel() else 0.0:.10e}".encode())
     return h.hexdigest()[:16]
 
 

@@ -26,7 +26,30 @@ def class_prior(labels: np.ndarray, num_classes: int) -> np.ndarray:
     return np.bincount(labels, minlength=num_classes) / labels.size
 
 
-class _PriorDetector(Detector):
+class PriorState:
+    """The class prior `prior` [C] of a fitted detector, saved with its state (mixed in before the Detector base)."""
+
+    prior: np.ndarray | None = None
+
+    def fitted_prior(self) -> np.ndarray:
+        """The prior, or a clear error before fit."""
+        if self.prior is None:
+            raise RuntimeError(f"{self.name}: call fit(id_train) before score() (the prior comes from the training labels)")
+        return self.prior
+
+    def state(self) -> dict[str, np.ndarray]:
+        out = super().state()  # type: ignore[misc]
+        if self.prior is not None:
+            out["prior"] = self.prior
+        return out
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        super().load_state(state)  # type: ignore[misc]
+        if "prior" in state:
+            self.prior = state["prior"]
+
+
+class _PriorDetector(PriorState, Detector):
     """Shared fitting and state: the class prior estimated from the ID training labels."""
 
     family = "posthoc"
@@ -51,23 +74,11 @@ class _PriorDetector(Detector):
         self.prior = class_prior(labels_of(id_train, self.name), num_classes)
 
     def _probs_and_prior(self, batch: Any) -> tuple[np.ndarray, np.ndarray]:
-        if self.prior is None:
-            raise RuntimeError(f"{self.name}: call fit(id_train) before score() (the prior comes from the training labels)")
+        prior = self.fitted_prior()
         logits = logits_of(batch, self.name)
-        if logits.shape[1] != len(self.prior):
-            raise ValueError(f"{self.name}: logits have {logits.shape[1]} classes, the prior {len(self.prior)}")
+        if logits.shape[1] != len(prior):
+            raise ValueError(f"{self.name}: logits have {logits.shape[1]} classes, the prior {len(prior)}")
         return logits, softmax(logits)
-
-    def state(self) -> dict[str, np.ndarray]:
-        out = super().state()
-        if self.prior is not None:
-            out["prior"] = self.prior
-        return out
-
-    def load_state(self, state: dict[str, np.ndarray]) -> None:
-        super().load_state(state)
-        if "prior" in state:
-            self.prior = state["prior"]
 
 
 @register_detector("rp_msp")

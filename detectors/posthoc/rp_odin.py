@@ -17,7 +17,7 @@ from detectors.base import FeatureSet, as_numpy
 from detectors.posthoc.common import softmax
 from detectors.posthoc.odin import ODIN
 from detectors.posthoc.pixels import labels_of_images
-from detectors.posthoc.rp import class_prior
+from detectors.posthoc.rp import PriorState, class_prior
 from detectors.registry import register_detector
 
 
@@ -28,7 +28,7 @@ def prior_weight(logits: np.ndarray, prior: np.ndarray) -> np.ndarray:
 
 
 @register_detector("rp_odin")
-class RPODIN(ODIN):
+class RPODIN(PriorState, ODIN):
     """ODIN's perturbed MSP times (1 - cos(softmax, class prior)). Needs the classifier, images and ID train labels."""
 
     paper = "Jiang et al., Detecting Out-of-distribution Data through In-distribution Class Prior, ICML 2023"
@@ -49,19 +49,7 @@ class RPODIN(ODIN):
         self.prior = class_prior(labels, num_classes)
 
     def _chunk_scores(self, model: Any, x: torch.Tensor, temperature: float, noise: float) -> np.ndarray:
-        if self.prior is None:
-            raise RuntimeError("rp_odin: call fit(id_train) before score() (the prior comes from the training labels)")
+        prior = self.fitted_prior()
         with torch.no_grad():
             plain = as_numpy(model(x)[0], np.float64)
-        return prior_weight(plain, self.prior) * super()._chunk_scores(model, x, temperature, noise)
-
-    def state(self) -> dict[str, np.ndarray]:
-        out = super().state()
-        if self.prior is not None:
-            out["prior"] = self.prior
-        return out
-
-    def load_state(self, state: dict[str, np.ndarray]) -> None:
-        super().load_state(state)
-        if "prior" in state:
-            self.prior = state["prior"]
+        return prior_weight(plain, prior) * super()._chunk_scores(model, x, temperature, noise)

@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, Params, as_numpy, param
+from detectors.base import Detector, FeatureSet, LinearHead, Params, as_numpy, param
 from pipelines.training import Objective, finetune, train_heads
 
 MODES = ("full", "heads")

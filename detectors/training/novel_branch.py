@@ -14,7 +14,7 @@ set sizes each step (an epoch covers the ID set). Scores (`score_rule`):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch

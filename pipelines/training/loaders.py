@@ -4,7 +4,7 @@ every epoch independent of resumes and of the number of processes."""
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch

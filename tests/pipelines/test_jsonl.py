@@ -2,7 +2,6 @@
 and its column-wise schema check never vouches for a row that validate_row rejects."""
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
