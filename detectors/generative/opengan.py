@@ -130,6 +130,16 @@ class OpenGAN(Detector):
         data.require("features", who=f"opengan ({what})")
         return np.asarray(data.features, dtype=np.float32)
 
+    def _networks(self, dim: int, device: torch.device) -> tuple[nn.Module, nn.Module, Any, Any]:
+        """G and D initialised from the seed (N(0, 0.02) weights) with their Adam optimisers."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(self.seed))
+            netG = Generator(dim, self.nz, self.width).apply(init_weights).to(device)
+            netD = Discriminator(dim, self.width).apply(init_weights).to(device)
+        opt_g = torch.optim.Adam(netG.parameters(), lr=self.lr, betas=(self.beta1, 0.999))
+        opt_d = torch.optim.Adam(netD.parameters(), lr=self.lr / self.d_lr_divisor, betas=(self.beta1, 0.999))
+        return netG, netD, opt_g, opt_d
+
     def _train(self, id_train: FeatureSet, id_val: FeatureSet | None, ood_val: FeatureSet | None,
                outliers: FeatureSet | None) -> None:
         device = resolve_device(self.device)
@@ -138,12 +148,7 @@ class OpenGAN(Detector):
         outlier = torch.from_numpy(out_np).to(device) if out_np is not None else None
         select = id_val is not None and ood_val is not None
         gen = torch.Generator(device="cpu").manual_seed(int(self.seed))
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(self.seed))
-            netG = Generator(real.shape[1], self.nz, self.width).apply(init_weights).to(device)
-            netD = Discriminator(real.shape[1], self.width).apply(init_weights).to(device)
-        opt_d = torch.optim.Adam(netD.parameters(), lr=self.lr / self.d_lr_divisor, betas=(self.beta1, 0.999))
-        opt_g = torch.optim.Adam(netG.parameters(), lr=self.lr, betas=(self.beta1, 0.999))
+        netG, netD, opt_g, opt_d = self._networks(real.shape[1], device)
         plan = self.training_plan(outlier is not None)
         weights = [1.0, float(self.lambda_fake)] + ([float(self.lambda_outlier)] if outlier is not None else [])
         if outlier is None:
