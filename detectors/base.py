@@ -141,6 +141,11 @@ class Detector:
         cls._validated({k: v for k, v in params.items() if k in cls.Params.fields()}, dims)
 
     @classmethod
+    def check_files(cls, params: dict[str, Any]) -> None:
+        """Raise ValueError naming every model file the parameters name and lack (nothing is loaded). The plan calls it
+        after `check_params`; most detectors need no file."""
+
+    @classmethod
     def init_arguments(cls) -> set[str]:
         """Keyword arguments the constructor takes besides the Params fields (runtime objects: classifier, model ...)."""
         named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)

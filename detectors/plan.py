@@ -189,12 +189,12 @@ def check_spec(spec: DetectorSpec, where: str, dims: dict[str, int] | None = Non
         if dims is None and not (Path(spec.load) / "config.json").is_file():
             raise ConfigError(f"{where}.load: {spec.load} is not a saved detector folder (no config.json)")
         return None
-    check = getattr(cls, "check_params", None)
-    if check is not None:
-        try:
-            check(dict(spec.params), dims)
-        except ValueError as err:
-            raise ConfigError(f"{where}.params.{_param_named(err, spec.params)}: {_named(err, spec.name)}") from None
+    try:
+        cls.check_params(dict(spec.params), dims)
+        if dims is None:
+            cls.check_files(dict(spec.params))
+    except ValueError as err:
+        raise ConfigError(f"{where}.params.{_param_named(err, spec.params)}: {_named(err, spec.name)}") from None
     if dims is not None:
         return None
     try:

@@ -128,12 +128,9 @@ class DiffGuard(Detector):
         self._cam_layer: str | None = self.gradcam_layer
 
     @classmethod
-    def check_params(cls, params: dict[str, Any], dims: dict[str, int] | None = None) -> None:
-        """The parameter checks, then the model files the parameters name (`check_model_files`): the runner's plan
-        calls this, so absent weights fail before any detector runs."""
-        parent = getattr(super(), "check_params", None)
-        if parent is not None:
-            parent(params, dims)
+    def check_files(cls, params: dict[str, Any]) -> None:
+        """The model files the parameters name (`check_model_files`): the runner's plan calls this, so absent weights
+        fail before any detector runs."""
         check_model_files(cls(**params).params)
 
     # -- models ---------------------------------------------------------------------------------------------

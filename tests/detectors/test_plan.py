@@ -13,7 +13,7 @@ from PIL import Image
 from detectors.base import Detector
 from detectors.params import Params, param
 from detectors.plan import check_spec, make_plan, safe_name
-from detectors.registry import register_detector
+from detectors import registry
 from detectors.runconfig import ConfigError, DetectorSpec
 from pipelines.data import make_row, write_manifest
 from runner_helpers import evaluate_main
@@ -25,11 +25,10 @@ class CheckedParams(Params):
     dim: int = param(2, "a dimension")
 
 
-@register_detector("plugin_checked")
 class CheckedDetector(Detector):
     """Its own value checks (`check_params`, as every detector declares them); the plan must call them."""
 
-    family = "plugin"
+    family = "posthoc"
     inputs = frozenset({"features"})
     Params = CheckedParams
 
@@ -39,6 +38,14 @@ class CheckedDetector(Detector):
             raise ValueError(f"k must be >= 1, got {params['k']}")
         if dims is not None and params.get("dim", 2) >= dims["features"]:
             raise ValueError(f"dim must be below the feature dimension {dims['features']}, got {params['dim']}")
+
+
+@pytest.fixture()
+def checked_detector(monkeypatch):
+    """CheckedDetector registered as 'plugin_checked' for one test only (the real registry, loaded, stays as it was)."""
+    registry.available()  # every real detector module imported into the real registry first
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    registry.register_detector("plugin_checked")(CheckedDetector)
 
 
 def _image(path: Path, seed: int) -> None:
@@ -108,7 +115,7 @@ def test_dry_run_prints_the_plan_and_loads_nothing(data, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_config_errors_are_one_line_exit_2(data, tmp_path, capsys):
+def test_config_errors_are_one_line_exit_2(data, tmp_path, capsys, checked_detector):
     import yaml
 
     from pipelines.cli import run_main
@@ -186,7 +193,7 @@ def test_leak_guard_by_content_and_field_rows(data, tmp_path):
     assert len(plan.split("aux-aux").manifest) == 1
 
 
-def test_value_checks_in_the_plan_and_with_dims():
+def test_value_checks_in_the_plan_and_with_dims(checked_detector):
     with pytest.raises(ConfigError, match=r"detectors\[3\]\.params\.k: plugin_checked: k must be >= 1, got 0"):
         check_spec(DetectorSpec("plugin_checked", {"k": 0}), "detectors[3]")
     check_spec(DetectorSpec("plugin_checked", {"dim": 8}), "detectors[0]")  # D unknown yet: passes the plan

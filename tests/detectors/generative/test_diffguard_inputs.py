@@ -23,14 +23,14 @@ def test_shiftedbronzes_config_names_diffguard_inputs_and_the_check_names_the_ab
     assert [Path(p).name for p in params["perceptual_weights"]] == ["vgg16-397923af.pth", "DISTS_weights.pt"]
     monkeypatch.chdir(tmp_path)  # the relative placeholders resolve here, where nothing exists yet
     with pytest.raises(ValueError) as err:
-        DiffGuard.check_params(params)
+        DiffGuard.check_files(params)
     message = str(err.value)
     assert "unet_id: weights/256x256_diffusion_uncond.pt does not exist" in message
     assert "weights/vgg16-397923af.pth, weights/DISTS_weights.pt" in message and "\n" not in message
     for name in [params["unet_id"], *params["perceptual_weights"]]:
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_bytes(b"")
-    DiffGuard.check_params(params)
+    DiffGuard.check_files(params)
 
 
 @pytest.mark.parametrize("params, names", [
@@ -42,15 +42,15 @@ def test_shiftedbronzes_config_names_diffguard_inputs_and_the_check_names_the_ab
 ])
 def test_check_names_what_each_configuration_needs(params, names):
     if not names:
-        DiffGuard.check_params(params)
+        DiffGuard.check_files(params)
         return
     with pytest.raises(ValueError) as err:
-        DiffGuard.check_params(params)
+        DiffGuard.check_files(params)
     assert all(name in str(err.value) for name in names), str(err.value)
 
 
 def test_plan_stops_on_absent_diffguard_inputs_before_running(tmp_path, monkeypatch):
-    plan = pytest.importorskip("detectors.plan", reason="the runner's plan module (detectors/plan.py) is not here yet")
+    from detectors import plan
     from pipelines.errors import ConfigError
 
     (spec,) = [s for s in detector_specs(EvalConfig.from_yaml(CONFIG)) if s.name == "diffguard"]
