@@ -364,8 +364,8 @@ class Runner:
         for split in self.plan.of_role("ood"):
             t0 = time.perf_counter()
             ood_scores = det.score(get(split.id))
-            rows.append({"method": method, "family": family, "mode": mode, "base": base, "rule": rule,
-                         "ood_set": split.name, "group": split.group, **compute_metrics(id_scores, ood_scores),
+            rows.append({"method": method, "family": family, "mode": mode, "protocol": self.plan.protocol, "base": base,
+                         "rule": rule, "ood_set": split.name, "group": split.group, **compute_metrics(id_scores, ood_scores),
                          "id_acc": acc, "n_id": len(id_scores), "n_ood": len(ood_scores),
                          "seconds": fit_seconds + time.perf_counter() - t0, "params": params})
             frames.append(frame(split, "ood", split.group or "", ood_scores))

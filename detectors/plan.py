@@ -114,6 +114,7 @@ class Plan:
     fewshot: dict[str, Any] | None = None
     needs_features: bool = False
     run_parts: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    protocol: str = "openood_v1.5"
 
     def split(self, split_id: str) -> Split | None:
         return next((s for s in self.splits if s.id == split_id), None)
@@ -170,14 +171,14 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
                  "head": None if config.head is None else {**config.head, "files": source_fingerprint(config.head["levels"])},
                  "select": config.select, "splits": [[s.role, s.name, s.group, s.data_key] for s in splits],
                  "precision": config.precision, "device": config.device, "batch_size": config.batch_size,
-                 "chunk_rows": config.chunk_rows}
+                 "chunk_rows": config.chunk_rows, "protocol": config.protocol}
     out = Path(config.out)
     cache_dir = Path(config.cache_dir) if config.cache_dir else out / "cache"
     units = plan_units(specs, run_parts, class_names, config)
     # by instance: a training method's `mode` decides whether it reads images (full) or features (heads)
     needs = any(reads_features(det or detector_class(s.name)) or s.rules for det, s in zip(built, specs))
     return Plan(out, cache_dir, runtime, tuple(splits), tuple(units), tuple(config.threshold_transfer), config.head,
-                select, class_names, config.fewshot, needs, run_parts)
+                select, class_names, config.fewshot, needs, run_parts, config.protocol)
 
 
 def check_spec(spec: DetectorSpec, where: str, dims: dict[str, int] | None = None) -> Detector | None:

@@ -29,6 +29,13 @@ TRANSFER_KEYS = {"source", "tpr", "positive", "targets"}
 FEWSHOT_KEYS = {"model", "methods", "shots", "seeds", "device", "plot", "class_names", "class_names_file", "out_dir",
                 "cache_dir", "train_split", "test_split"}
 CACHE_HASHES = ("stat", "content")
+PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
+    # OpenOOD v1.5 (the benchmark papers' tooling): each detector's declared sweep, TempScale's LBFGS temperature fit
+    "openood_v1.5": {},
+    # the same, with TempScale's exact NLL optimum instead of OpenOOD's under-converged LBFGS step
+    "exact": {"tempscale": {"fit": "exact"}},
+}
+"""`protocol:` -> parameter defaults per detector (a detector's own `params` win); every results row names its protocol."""
 
 
 @dataclass
@@ -90,6 +97,7 @@ class EvalConfig:
     fewshot: dict[str, Any] | None = None
     head: dict[str, str] | None = None
     plugins: list[str] = dc_field(default_factory=list)  # modules imported first (custom @register_detector classes)
+    protocol: str = "openood_v1.5"  # PROTOCOLS: the reference's hyperparameter defaults and fits
 
     @classmethod
     def from_dict(cls, raw: Any, source: str = "config") -> "EvalConfig":
@@ -121,6 +129,8 @@ class EvalConfig:
             except ImportError as err:
                 raise ConfigError(f"plugins: cannot import {module!r} ({err})") from None
         _check_list_of_str(self.families, "families", allowed=FAMILIES)
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"protocol: {self.protocol!r} is not one of {list(PROTOCOLS)}")
         if self.cache_hash not in CACHE_HASHES:
             raise ConfigError(f"cache_hash: {self.cache_hash!r} is not one of {list(CACHE_HASHES)}")
         for key in ("batch_size", "chunk_rows"):
@@ -221,6 +231,8 @@ def detector_specs(config: EvalConfig) -> list[DetectorSpec]:
     else:
         shown = f"the string {config.detectors!r} (write [{config.detectors}])" if isinstance(config.detectors, str) else repr(config.detectors)
         raise ConfigError(f"detectors: 'all' or a list of names / {{name, params, load, label, rules}} mappings, got {shown}")
+    for spec in specs:
+        spec.params = {**PROTOCOLS.get(config.protocol, {}).get(spec.name, {}), **spec.params}
     seen: set[str] = set()
     for spec in specs:
         for method in spec.methods():

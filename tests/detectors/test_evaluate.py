@@ -265,6 +265,7 @@ def test_rule_rows_accuracy_and_rule_selection_on_validation(digits, tmp_path):
     assert json.loads(rows.loc["logitnorm+knn", "params"])["k"] == build("knn").params["k"]
     assert json.loads(rows.loc["logitnorm", "params"])["epochs"] == 2
     assert list(rows["mode"]) == ["", "heads", "heads", "heads"]
+    assert set(rows["protocol"]) == {"openood_v1.5"}  # every row names the protocol it ran under
 
     clf = ImageClassifier.from_pretrained(model)
     idm, oodm = read_manifest(id_dir), read_manifest(ood_dir)

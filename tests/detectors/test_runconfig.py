@@ -3,7 +3,7 @@ import pytest
 import yaml
 
 from detectors.evaluate import Runner
-from detectors.runconfig import ConfigError, EvalConfig
+from detectors.runconfig import ConfigError, EvalConfig, detector_specs
 from runner_helpers import eval_config
 
 BASE = {"id": "x", "ood": [], "out": "o"}
@@ -63,3 +63,14 @@ def test_data_checks_in_the_plan(digits, tmp_path):
         with pytest.raises(ConfigError, match=message):
             Runner(EvalConfig.from_dict(eval_config(digits, tmp_path / "x", detectors=["msp"], **extra)))
     assert not (tmp_path / "x").exists()
+
+
+def test_protocol_sets_reference_defaults_and_is_checked():
+    base = {"id": "id", "ood": ["ood"], "out": "out", "detectors": ["tempscale", {"name": "tempscale", "label": "ts_lbfgs",
+                                                                              "params": {"fit": "lbfgs"}}, "msp"]}
+    default = detector_specs(EvalConfig.from_dict(base))
+    assert EvalConfig.from_dict(base).protocol == "openood_v1.5" and [s.params for s in default] == [{}, {"fit": "lbfgs"}, {}]
+    exact = detector_specs(EvalConfig.from_dict({**base, "protocol": "exact"}))
+    assert [s.params for s in exact] == [{"fit": "exact"}, {"fit": "lbfgs"}, {}]  # a detector's own params win
+    with pytest.raises(ConfigError, match="protocol: 'openood' is not one of"):
+        EvalConfig.from_dict({**base, "protocol": "openood"}).validate()
