@@ -9,7 +9,6 @@ records the key's parts so that a reuse can be audited.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -21,24 +20,13 @@ from detectors.registry import detector_class
 from detectors.runconfig import ConfigError, DetectorSpec, EvalConfig, Source
 from pipelines.data import Manifest, read_manifest
 from pipelines.fingerprint import combine, file_identity, images_fingerprint
+from pipelines.io import safe_name
 
 FEATURE_INPUTS = frozenset({"features", "logits"})
 PLAN_VERSION = "unit-v2"
 FEATURES_VERSION = "features-v2"
 TEST_ROLES = ("ood", "field_id", "field_ood")
 LOCATION_PARAMS = ("cache_dir", "work_dir")  # where things are kept, not what they are: left out of unit keys
-
-
-def safe_name(name: Any) -> str:
-    """A name from a manifest or a config as one harmless path component: only letters, digits and `-_.+`, never
-    starting with a dot; a changed name gains a short hash so that 'a/b' and 'a_b' stay apart."""
-    text = str(name)
-    safe = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in text)
-    if safe.startswith("."):
-        safe = "_" + safe.lstrip(".")
-    if safe != text or not safe:
-        safe = f"{safe[:80]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
-    return safe
 
 
 def reads_features(det: type[Detector] | Detector) -> bool:

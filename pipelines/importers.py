@@ -16,7 +16,6 @@ OpenOOD uses for them.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any, Iterable
 
 from pipelines.data import MANIFEST_INFO, SPLITS, ImageLoadError, Manifest, list_images, load_image, make_row, write_manifest
 from pipelines.errors import UserInputError
+from pipelines.fingerprint import file_identity
 from pipelines.io import atomic_write_json
 from pipelines.splits import parse_ratio, stratified_split
 
@@ -288,10 +288,9 @@ def _check_leaks(root: Path, rows: list[dict[str, Any]]) -> None:
     """The same image bytes under two splits is one error line naming both files."""
     seen: dict[str, dict[str, Any]] = {}
     for row in rows:
-        path = root / row["file_name"]
-        if not path.is_file():
+        digest = file_identity(root / row["file_name"], "content")
+        if digest is None:
             continue
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
         first = seen.setdefault(digest, row)
         if first["split"] != row["split"]:
             raise ImportListError(f"the same image is in two splits: {first['file_name']} ({first['split']}) and "

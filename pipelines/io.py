@@ -1,6 +1,7 @@
 """Atomic file writes: a temp file in the same folder, then `os.replace`, so readers never see partial files."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -54,3 +55,15 @@ def _pil_format(suffix: str) -> str:
         return formats[suffix.lower()]
     except KeyError:
         raise ValueError(f"unsupported image suffix {suffix!r}; use one of {sorted(formats)}") from None
+
+
+def safe_name(name: Any) -> str:
+    """A name from a manifest or a config as one harmless path component: only letters, digits and `-_.+`, never
+    starting with a dot; a changed name gains a short hash so that 'a/b' and 'a_b' stay apart."""
+    text = str(name)
+    safe = "".join(c if c.isalnum() or c in "-_.+" else "_" for c in text)
+    if safe.startswith("."):
+        safe = "_" + safe.lstrip(".")
+    if safe != text or not safe:
+        safe = f"{safe[:80]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+    return safe

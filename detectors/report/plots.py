@@ -4,7 +4,6 @@ thumbnail sheets of the most ID-looking OOD images."""
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -15,17 +14,12 @@ import pandas as pd
 from detectors.report.scores import per_set_auroc
 from detectors.report.tables import ALL, LOW_AUROC, Layout, method_summary
 from detectors.tables import COLUMN_LABELS
-from pipelines.io import atomic_path
+from pipelines.io import atomic_path, safe_name
 
 DPI = 120
 ROBUST = (0.5, 99.5)
 """Percentiles of a method's pooled scores that bound its density plots' x axis (heavy tails, e.g. GRAM, would
 otherwise squeeze every histogram into one bin)."""
-
-
-def safe_name(text: str) -> str:
-    """`text` as a file-name part."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "unnamed"
 
 
 def save_figure(figure: Any, path: str | os.PathLike) -> Path:
