@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from detectors.base import Detector, FeatureSet, ImageSet, LinearHead
+from detectors.base import RUNTIME_INPUTS, Detector, FeatureSet, ImageSet, LinearHead
 from detectors.metrics import evaluate as compute_metrics
 from detectors.plan import (FEATURES_VERSION, Plan, Split, Unit, check_spec, key_record, make_plan, reads_features,
                             safe_name)
@@ -43,7 +43,6 @@ from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 __all__ = ["EvalConfig", "OODSource", "Source", "DetectorSpec", "ConfigError", "Plan", "make_plan", "Runner",
            "run_config", "dump_config", "reads_features", "detector_specs", "RESULT_COLUMNS", "SCORE_COLUMNS"]
 
-RUNTIME_PARAMS = ("classifier", "class_names", "cache_dir", "device", "precision", "work_dir", "progress")
 
 
 @dataclass(frozen=True)
@@ -477,10 +476,9 @@ def _transformed(trained: Detector, data: Any) -> Any:
 
 
 def _params_json(det: Detector) -> str:
-    """The hyperparameters that ran, as JSON: what the fit settled included (`effective_params`), runtime settings
-    and objects left out."""
-    found = det.effective_params() if hasattr(det, "effective_params") else getattr(det, "params", {})
-    params = {k: v for k, v in found.items() if k not in RUNTIME_PARAMS}
+    """The hyperparameters that ran, as JSON: what the fit settled included (`effective_params`, runtime settings
+    already left out), and the runtime inputs some detectors also keep as parameters (CLIP's class names) left out."""
+    params = {k: v for k, v in det.effective_params().items() if k not in RUNTIME_INPUTS}
     return json.dumps(params, sort_keys=True, default=str)
 
 
