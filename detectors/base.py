@@ -10,7 +10,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
-from detectors.params import Params, param
+from pipelines.params import Params, param
 from pipelines.arrays import FeatureSet, LinearHead, as_numpy, memory_mapped
 
 __all__ = ["FIT_INPUTS", "RUNTIME_INPUTS", "Detector", "FeatureSet", "ImageSet", "LinearHead", "Params", "as_numpy",
@@ -86,7 +86,7 @@ class Detector:
     """Base class of every detector. Scores: float64 [N], HIGHER = MORE IN-DISTRIBUTION.
 
     Subclasses set `name`, `family`, `inputs`, a frozen dataclass `Params` of hyperparameters (the paper's /
-    OpenOOD v1.5's defaults, types and ranges: `detectors.params`), `fit_inputs` (what `fit` reads, a subset of
+    OpenOOD v1.5's defaults, types and ranges: `pipelines.params`), `fit_inputs` (what `fit` reads, a subset of
     FIT_INPUTS), `needs` (runtime objects the constructor takes, a subset of RUNTIME_INPUTS) and `search_space`
     (OpenOOD v1.5's sweep, used by `detectors.select`). The registry checks these declarations against `fit` and
     `__init__`. `self.params` is a dict of every parameter (read as `self.params[k]` or `self.k`); `hyperparameters`

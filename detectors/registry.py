@@ -41,7 +41,7 @@ def check_declarations(cls: type[Detector]) -> None:
     who = f"{cls.__module__}.{cls.__name__} ({cls.name})"
     params = cls.Params
     if not (dataclasses.is_dataclass(params) and issubclass(params, Params) and params.__dataclass_params__.frozen):
-        raise ValueError(f"{who}: Params must be a frozen dataclass subclassing detectors.params.Params")
+        raise ValueError(f"{who}: Params must be a frozen dataclass subclassing pipelines.params.Params")
     _check_fit_inputs(cls, who)
     _check_needs(cls, who)
     _check_search_space(cls, who)

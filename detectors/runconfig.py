@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from detectors.protocols import PROTOCOLS
 from detectors.registry import available, detector_class
 from detectors.tables import METRICS
 from pipelines.cli import check_keys
@@ -29,13 +30,7 @@ TRANSFER_KEYS = {"source", "tpr", "positive", "targets"}
 FEWSHOT_KEYS = {"model", "methods", "shots", "seeds", "device", "plot", "class_names", "class_names_file", "out_dir",
                 "cache_dir", "train_split", "test_split"}
 CACHE_HASHES = ("stat", "content")
-PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
-    # OpenOOD v1.5 (the benchmark papers' tooling): each detector's declared sweep, TempScale's LBFGS temperature fit
-    "openood_v1.5": {},
-    # the same, with TempScale's exact NLL optimum instead of OpenOOD's under-converged LBFGS step
-    "exact": {"tempscale": {"fit": "exact"}},
-}
-"""`protocol:` -> parameter defaults per detector (a detector's own `params` win); every results row names its protocol."""
+
 
 
 @dataclass

@@ -16,7 +16,7 @@ RESULT_COLUMNS: tuple[str, ...] = ("method", "family", "mode", "protocol", "base
                                    "n_id", "n_ood", "seconds", "params")
 """A row per (method, OOD set). `family` is the row's own family (a rule re-scoring a training method is `training`);
 `mode` says how a training method trained (`full` or `heads`; empty elsewhere); `protocol` the config's `protocol:`
-(`detectors.runconfig.PROTOCOLS`); `base` / `rule` name the trained method
+(`detectors.protocols.PROTOCOLS`); `base` / `rule` name the trained method
 and the post-hoc rule of a re-scored row; `id_acc` is the top-1 ID test accuracy of the classifier the row scores with
 (NaN where no classifier is involved); `params` the JSON of the hyperparameters that ran (chosen ones included)."""
 

@@ -9,7 +9,7 @@ from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import logsumexp
 from detectors.posthoc import streaming
 from detectors.posthoc.common import feature_mean, stored_features
-from detectors.params import Params, param
+from pipelines.params import Params, param
 from detectors.registry import register_detector
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from detectors.base import Detector
 from detectors.posthoc.common import logits_of, softmax
-from detectors.params import Params, param
+from pipelines.params import Params, param
 from detectors.registry import register_detector
 
 

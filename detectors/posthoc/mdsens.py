@@ -24,7 +24,7 @@ from detectors.base import Detector
 from detectors.posthoc import streaming
 from detectors.posthoc.mahalanobis import spd_inverse
 from detectors.posthoc.pixels import eval_mode, labels_of_images, pixel_batches
-from detectors.params import Params, param
+from pipelines.params import Params, param
 from detectors.registry import register_detector
 from pipelines.progress import progress
 

@@ -10,7 +10,7 @@ from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import model_precision, stored_features
 from detectors.posthoc.vim import ranked_eigenvectors, resolve_dim
-from detectors.params import Params, param
+from pipelines.params import Params, param
 from detectors.registry import register_detector
 
 

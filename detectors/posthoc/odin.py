@@ -15,7 +15,7 @@ import torch
 
 from detectors.base import Detector, ImageSet, as_numpy
 from detectors.posthoc.common import softmax
-from detectors.params import Params, param
+from pipelines.params import Params, param
 from detectors.registry import register_detector
 from pipelines.data import Manifest
 from pipelines.progress import progress

@@ -23,7 +23,7 @@ from scipy.optimize import brentq
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import labels_of, logits_of, logsumexp
-from detectors.params import Params, param
+from pipelines.params import Params, param
 from detectors.registry import register_detector
 
 LIBMR_TRANSLATE = 1.0  # libMR's default translate_amount (libmr.MR().translate_amount), which OpenOOD keeps

@@ -21,7 +21,7 @@ import torch
 from detectors.base import Detector, as_numpy
 from detectors.posthoc.common import logsumexp
 from detectors.posthoc.pixels import eval_mode, pixel_batches
-from detectors.params import Params, param
+from pipelines.params import Params, param
 from detectors.registry import register_detector
 from pipelines.progress import progress
 

@@ -14,7 +14,7 @@ import numpy as np
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import labels_of, logits_of, raw_features, softmax
 from detectors.posthoc.energy import energy_score
-from detectors.params import Params, param
+from pipelines.params import Params, param
 from detectors.registry import register_detector
 
 

@@ -11,7 +11,7 @@ from threadpoolctl import threadpool_limits
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import logsumexp, model_precision, stored_features
-from detectors.params import Params, param
+from pipelines.params import Params, param
 from detectors.registry import register_detector
 
 

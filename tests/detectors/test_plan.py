@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from detectors.base import Detector
-from detectors.params import Params, param
+from pipelines.params import Params, param
 from detectors.plan import check_spec, make_plan, safe_name
 from detectors import registry
 from detectors.runconfig import ConfigError, DetectorSpec

@@ -1,0 +1,293 @@
+"""The one typed config layer: detector hyperparameters (`Params`) and every config (`Config`), as frozen dataclasses
+whose fields carry a type, a default, a one-line doc and a range.
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        k: int = param(50, "neighbours: the score is the distance to the k-th", ge=1)
+
+A bound is a number or a dimension name ("features": D, "classes": C) checked once the dimensions are known.
+`runtime=True` marks settings that do not change the scores (device, cache folder, batch sizes, progress bars): they
+stay out of a saved `config.json`, out of `search_space` and out of the recorded hyperparameters.
+"""
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import difflib
+import functools
+import numbers
+import types
+import typing
+from typing import Any, Literal, Sequence, Union
+
+from pipelines.errors import ConfigError
+
+BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b),
+          "le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
+DIMS = ("features", "classes")
+
+
+def param(default: Any, doc: str, *, runtime: bool = False, check: Any = None, **bounds: float | str) -> Any:
+    """A typed field: `default` (lists and dicts are copied per instance; `REQUIRED` for a key the user must give),
+    a one-line `doc`, optional bounds `ge`/`gt`/`le`/`lt` (a number or a name in DIMS), `runtime` (see the module
+    docstring) and `check(value, key)`, a callable raising ConfigError (a path that must exist, say), run by
+    `Config.from_dict`."""
+    unknown = set(bounds) - set(BOUNDS)
+    if unknown:
+        raise TypeError(f"param: unknown bound(s) {sorted(unknown)}; known: {sorted(BOUNDS)}")
+    meta = {"doc": doc, "runtime": runtime, "bounds": bounds, "check": check}
+    if default is dataclasses.MISSING:
+        return dataclasses.field(metadata=meta)
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def type_ok(value: Any, hint: Any) -> bool:
+    """True when `value` is of the annotated type (ints count as floats; bools are neither)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (Union, types.UnionType):
+        return any(type_ok(value, a) for a in args)
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if origin in (list, tuple, typing.Sequence) or hint in (list, tuple):
+        return isinstance(value, (list, tuple)) and all(type_ok(v, args[0]) for v in value) if args else isinstance(value, (list, tuple))
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    return isinstance(value, origin or hint)
+
+
+def describe(hint: Any) -> str:
+    """The annotated type in words, for error messages."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (Union, types.UnionType):
+        return " or ".join(describe(a) for a in args)
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null (None)"}
+    if hint in names:
+        return names[hint]
+    if origin in (list, tuple, typing.Sequence):
+        return f"a list (items: {describe(args[0]) if args else 'any'})"
+    return getattr(hint, "__name__", str(hint))
+
+
+class ParamError(ValueError):
+    """A parameter of the wrong type or out of range: `key` names it, `problem` says what is allowed."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key} {problem}")
+        self.key, self.problem = key, problem
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """Base of every detector's hyperparameters; `check` validates types and ranges (dimension bounds when known).
+    Errors name the parameter; the detector adds its own name (`Detector.check_params`)."""
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    @classmethod
+    def fields(cls) -> dict[str, dataclasses.Field]:
+        return {f.name: f for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def hints(cls) -> dict[str, Any]:
+        return typing.get_type_hints(cls)
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every field's default (a fresh copy of list defaults)."""
+        return {n: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+                for n, f in cls.fields().items() if f.default is not dataclasses.MISSING
+                or f.default_factory is not dataclasses.MISSING}
+
+    @classmethod
+    def runtime(cls) -> frozenset[str]:
+        """Names of the runtime settings (kept out of saved configs and sweeps)."""
+        return frozenset(n for n, f in cls.fields().items() if f.metadata.get("runtime"))
+
+    @classmethod
+    def doc(cls, name: str) -> str:
+        return cls.fields()[name].metadata.get("doc", "")
+
+    def as_dict(self) -> dict[str, Any]:
+        """{name: value} of every field (values not copied)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def check(self, dims: dict[str, int] | None = None) -> None:
+        """Raise ParamError (a ValueError) naming the first parameter of the wrong type or out of its range."""
+        hints = self.hints()
+        for name, f in self.fields().items():
+            value = getattr(self, name)
+            if not type_ok(value, hints[name]):
+                raise ParamError(name, f"must be {describe(hints[name])}, got {value!r}")
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+                check_bounds(name, value, f.metadata.get("bounds", {}), dims)
+
+    def replace(self, **changes: Any) -> "Params":
+        return dataclasses.replace(self, **changes)
+
+
+def check_bounds(name: str, value: float, bounds: dict[str, Any], dims: dict[str, int] | None) -> None:
+    """ValueError when `value` breaks a bound; bounds naming a dimension apply once `dims` gives it."""
+    for key, bound in bounds.items():
+        if isinstance(bound, str):
+            if not dims or dims.get(bound) is None:
+                continue
+            label, bound = f"{bound} ({dims[bound]})", dims[bound]
+        else:
+            label = str(bound)
+        symbol, holds = BOUNDS[key]
+        if not holds(value, bound):
+            allowed = " and ".join(f"{BOUNDS[k][0]} {b}" for k, b in bounds.items())
+            raise ParamError(name, f"must be {allowed}, got {value!r} (not {symbol} {label})")
+
+
+# -- typed configs: one loader, one error path -------------------------------------------------------------------
+
+config = functools.partial(dataclasses.dataclass, frozen=True, kw_only=True)
+"""The decorator of every config class: `@config class EvalConfig(Config): ...` (frozen, keyword-only fields)."""
+
+REQUIRED: Any = dataclasses.MISSING
+"""`param(REQUIRED, "doc")`: a key the user must give (a `Config.from_dict` without it is one error naming it)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(Params):
+    """Base of every typed config (evaluation and its sections, generation, ZeST, training, splits).
+
+    `from_dict(mapping, where)` is the one loader: nested configs, lists and mappings of them, unions, `Literal`
+    enumerations, bounds and per-field `check`s, each fault one `ConfigError` naming the dotted key (an unknown key
+    with its closest match). `to_dict()` gives the mapping back (a YAML round trip is equal). A subclass may accept a
+    shorthand (a bare string for a `Source`) by overriding `from_value`.
+    """
+
+    @classmethod
+    def from_value(cls, value: Any, where: str) -> "Config":
+        """Build from a config value (a mapping; subclasses add shorthands)."""
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: a mapping of {cls.__name__} keys ({', '.join(sorted(cls.fields()))}), "
+                              f"got {_shown(value)}", doc=cls.doc_ref())
+        return cls.from_dict(value, where)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = "config") -> "Config":
+        """The typed value of `raw`; every fault is one `ConfigError` naming `where.key`."""
+        fields, hints = cls.fields(), cls.hints()
+        for key in raw:
+            if key not in fields:
+                raise ConfigError(f"{_join(where, key)}: unknown key{closest(str(key), list(fields))}",
+                                  doc=cls.doc_ref())
+        values: dict[str, Any] = {}
+        for name, f in fields.items():
+            key = _join(where, name)
+            if name not in raw:
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    raise ConfigError(f"{key}: required ({cls.doc(name) or describe(hints[name])})", doc=cls.doc_ref())
+                continue
+            values[name] = convert(raw[name], hints[name], key)
+        try:
+            made = cls(**values)
+        except ConfigError:
+            raise
+        except ParamError as err:  # a bound of one field
+            raise ConfigError(f"{_join(where, err.key)}: {err.problem}", doc=cls.doc_ref()) from None
+        except (ValueError, TypeError) as err:  # cross-field checks of `check()`
+            raise ConfigError(f"{where}: {err}", doc=cls.doc_ref()) from None
+        for name, f in fields.items():
+            check = f.metadata.get("check")
+            if check is not None:
+                check(getattr(made, name), _join(where, name))
+        return made
+
+    @classmethod
+    def doc_ref(cls) -> str | None:
+        """Where this config's keys are documented (README section or docs/ file); subclasses set `DOC`."""
+        return getattr(cls, "DOC", None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain values (nested configs as mappings): `from_dict(to_dict())` is equal."""
+        return {name: plain(getattr(self, name)) for name in self.fields()}
+
+
+def plain(value: Any) -> Any:
+    """A config value as plain YAML-ready data (configs as mappings, tuples as lists)."""
+    if isinstance(value, Config):
+        return value.to_dict()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+def convert(value: Any, hint: Any, where: str) -> Any:
+    """`value` as the annotated type `hint` (ints widen to floats; nested configs built), or one ConfigError naming
+    `where` and what is allowed."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if isinstance(hint, type) and issubclass(hint, Config):
+        return hint.from_value(value, where)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arm in (a for a in args if a is not type(None)):
+            try:
+                return convert(value, arm, where)
+            except ConfigError as err:
+                errors.append(err)
+        if len(errors) == 1:
+            raise errors[0]
+        raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}")
+    if origin is Literal:
+        if any(value == a and type(value) is type(a) for a in args):
+            return value
+        hint_text = closest(str(value), [str(a) for a in args]) if isinstance(value, str) else ""
+        raise ConfigError(f"{where}: must be one of {', '.join(map(repr, args))}, got {_shown(value)}{hint_text}")
+    if origin in (list, tuple, typing.Sequence, collections.abc.Sequence) or hint in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            extra = f" (write [{value}])" if isinstance(value, str) else ""
+            raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}{extra}")
+        item = args[0] if args else Any
+        return [convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: must be a mapping, got {_shown(value)}")
+        item = args[1] if len(args) == 2 else Any
+        return {k: convert(v, item, _join(where, str(k))) for k, v in value.items()}
+    if hint is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    if type_ok(value, hint):
+        return value
+    raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}")
+
+
+def closest(word: str, choices: Sequence[str]) -> str:
+    """' (did you mean 'x'?)' for the closest of `choices`, else ' (allowed: a, b, ...)'; '' with no choices."""
+    if not choices:
+        return ""
+    match = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {match[0]!r}?)" if match else f" (allowed: {', '.join(sorted(choices))})"
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"

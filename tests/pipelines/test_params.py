@@ -1,0 +1,60 @@
+"""The typed config layer: one loader, one error path (pipelines.params), the shared Source."""
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+
+from pipelines.cli import parse_yaml
+from pipelines.errors import ConfigError
+from pipelines.params import REQUIRED, Config, config, param
+from pipelines.sources import Source
+
+
+@config
+class Inner(Config):
+    k: int = param(5, "neighbours", ge=1)
+    name: str = param(REQUIRED, "a name")
+
+
+@config
+class Outer(Config):
+    lr: float = param(1e-3, "learning rate", gt=0)
+    mode: Literal["a", "b"] = param("a", "the mode")
+    inner: list[Inner] = param([], "inner entries")
+    ood: list[Source] = param(REQUIRED, "OOD sources")
+    aux: Source | None = param(None, "an optional source")
+
+
+def test_nested_values_are_typed_and_round_trip():
+    made = Outer.from_dict(parse_yaml("lr: 1e-5\nood: [x, {manifest: y, split: val, group: hard}]\ninner: [{name: q}]"))
+    assert made.lr == 1e-5 and made.inner == [Inner(name="q")]
+    assert made.ood == [Source(manifest="x"), Source(manifest="y", split="val", group="hard")]
+    assert Outer.from_dict(made.to_dict()) == made
+    assert Outer.from_dict(parse_yaml("lr: 2\nood: []")).lr == 2.0  # ints widen to floats
+
+
+@pytest.mark.parametrize("text, message", [
+    ("lr: '1e-5'\nood: []", r"^config.lr: must be a number, got str '1e-5'$"),
+    ("lr: -1\nood: []", r"^config.lr: must be > 0, got -1.0"),
+    ("mode: c\nood: []", r"^config.mode: must be one of 'a', 'b', got str 'c'"),
+    ("ood: [{manifest: x, group: Hard}]", r"^config.ood\[0\].group: .*got str 'Hard' \(did you mean 'hard'\?\)"),
+    ("ood: x", r"^config.ood: must be a list .*\(write \[x\]\)"),
+    ("oodd: []", r"^config.oodd: unknown key \(did you mean 'ood'\?\)"),
+    ("ood: [{manifest: x, splt: val}]", r"^config.ood\[0\].splt: unknown key \(did you mean 'split'\?\)"),
+    ("ood: []\ninner: [{name: q, k: 0}]", r"^config.inner\[0\].k: must be >= 1, got 0"),
+    ("ood: []\ninner: [{}]", r"^config.inner\[0\].name: required \(a name\)"),
+    ("lr: 1", r"^config.ood: required"),
+    ("ood: [{manifest: x, sets: []}]", r"sets must name at least one"),
+    ("ood: [2024]", r"^config.ood\[0\]: a mapping of Source keys"),
+])
+def test_every_fault_is_one_line_naming_the_key(text, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        Outer.from_dict(parse_yaml(text))
+    assert "\n" not in str(err.value)
+
+
+def test_source_split_defaults_to_the_key_it_stands_under():
+    assert Source(manifest="m").read_split("test") == "test"
+    assert Source(manifest="m", split="all").read_split("test") is None
+    assert Source(manifest="m", split="val").read_split(None) == "val"
