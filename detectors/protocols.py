@@ -14,3 +14,20 @@ PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
     "exact": {"tempscale": {"fit": "exact"}},
 }
 """`protocol:` -> parameter defaults per detector (a detector's own `params` win)."""
+
+SWEEPS: dict[str, dict[str, dict[str, list[Any]]]] = {
+    "openood_v1.5": {},
+    "exact": {},
+}
+"""`protocol:` -> the sweep grid per detector where it differs from the detector's declared `search_space`."""
+
+
+def protocol_params(protocol: str, name: str) -> dict[str, Any]:
+    """The parameter defaults `protocol` gives detector `name` (a config's own `params` win over them)."""
+    return dict(PROTOCOLS[protocol].get(name, {}))
+
+
+def sweep_space(protocol: str, name: str, declared: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """The grid `protocol` sweeps for detector `name` on OOD validation (`declared`: the class's `search_space`);
+    an empty grid means the protocol runs its defaults."""
+    return dict(SWEEPS[protocol].get(name, declared))

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from detectors.protocols import PROTOCOLS
+from detectors.protocols import PROTOCOLS, protocol_params
 from detectors.registry import available, detector_class
 from detectors.tables import METRICS
 from pipelines.cli import check_keys
@@ -227,7 +227,7 @@ def detector_specs(config: EvalConfig) -> list[DetectorSpec]:
         shown = f"the string {config.detectors!r} (write [{config.detectors}])" if isinstance(config.detectors, str) else repr(config.detectors)
         raise ConfigError(f"detectors: 'all' or a list of names / {{name, params, load, label, rules}} mappings, got {shown}")
     for spec in specs:
-        spec.params = {**PROTOCOLS.get(config.protocol, {}).get(spec.name, {}), **spec.params}
+        spec.params = {**protocol_params(config.protocol, spec.name), **spec.params}
     seen: set[str] = set()
     for spec in specs:
         for method in spec.methods():
