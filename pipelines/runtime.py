@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterable, TypeVar
 import numpy as np
 import torch
 
+from pipelines.errors import ConfigError
+
 T = TypeVar("T")
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
@@ -111,6 +113,34 @@ def is_local(path_or_id: str | os.PathLike) -> bool:
     return Path(path_or_id).expanduser().exists()
 
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?$")
+WEIGHT_FILE_SUFFIXES = tuple(f".{s}" for s in (*WEIGHT_SUFFIXES, "pt", "pth", "ckpt"))  # a local model folder holds one
+
+
+def looks_local(path_or_id: str | os.PathLike) -> bool:
+    """True for a value meant as a local path: it exists, or is not of a hub id's form (`org/name` or `name`), e.g.
+    `runs/own/classifier`, `./model`, `~/m`, `/abs/path`."""
+    text = str(path_or_id)
+    return is_local(text) or text.startswith((".", "/", "~")) or not HUB_ID.match(text)
+
+
+def check_model_ref(value: str | None, key: str) -> None:
+    """A `param(check=...)` for model fields: a hub id passes (it is looked up at load time); a local path must be
+    a folder holding weight files (in it or one level down, as diffusers pipelines keep them), else one ConfigError
+    naming `key` (and never hub advice)."""
+    if value is None or not looks_local(value):
+        return
+    folder = Path(value).expanduser()
+    if not folder.exists():
+        raise ConfigError(f"{key}: the local model folder {value!r} does not exist")
+    if folder.is_file():
+        return
+    found = any(p.suffix in WEIGHT_FILE_SUFFIXES for pattern in ("*", "*/*") for p in folder.glob(pattern))
+    if not found:
+        raise ConfigError(f"{key}: the local model folder {value!r} holds no weight files "
+                          f"({', '.join('*' + s for s in WEIGHT_FILE_SUFFIXES)})")
+
+
 def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, what: str = "model", **kwargs: Any) -> T:
     """Call `loader(name_or_path, **kwargs)` (a `from_pretrained`); offline misses raise one clear error.
 
@@ -120,8 +150,9 @@ def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, w
     try:
         return loader(target, **kwargs)
     except (OSError, ValueError) as err:
-        if is_local(name_or_path):
-            raise OSError(f"could not load {what} from local folder {target!r}: {err}") from err
+        if looks_local(name_or_path):
+            first = " ".join(str(err).split())[:300]
+            raise ConfigError(f"could not load {what} from the local folder {target!r}: {first}") from err
         raise OSError(
             f"could not load {what} {target!r}: it is neither a local folder nor in the Hugging Face cache, and the hub "
             f"could not be reached ({type(err).__name__}). Download it on a connected machine "

@@ -58,3 +58,17 @@ def test_source_split_defaults_to_the_key_it_stands_under():
     assert Source(manifest="m").read_split("test") == "test"
     assert Source(manifest="m", split="all").read_split("test") is None
     assert Source(manifest="m", split="val").read_split(None) == "val"
+
+
+def test_model_refs_local_paths_must_hold_weights_hub_ids_pass(tmp_path):
+    from pipelines.runtime import check_model_ref
+
+    check_model_ref("microsoft/resnet-50", "model")  # a hub id: looked up when loaded
+    with pytest.raises(ConfigError, match=r"^model: the local model folder 'runs/own/clasifier' does not exist$"):
+        check_model_ref("runs/own/clasifier", "model")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no weight files"):
+        check_model_ref(str(tmp_path / "empty"), "models.base")
+    (tmp_path / "ok" / "unet").mkdir(parents=True)
+    (tmp_path / "ok" / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
+    check_model_ref(str(tmp_path / "ok"), "models.base")
