@@ -34,6 +34,7 @@ def arpl_logits(features: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
 
 
 class ARPLLoss(Objective):
+    advances_schedule = False  # the reference trainer never advances its step counter (lr constant within an epoch)
     replaces_head = True
 
     def __init__(self, weight_pl: float = 0.1, temp: float = 1.0):

@@ -16,6 +16,8 @@ from pipelines.training import Objective, TrainBatch
 class LogitNormLoss(Objective):
     """CE(z / (tau * (||z||_2 + 1e-7)), y) on the ID samples."""
 
+    advances_schedule = False  # the reference trainer never advances its step counter (lr constant within an epoch)
+
     def __init__(self, tau: float = 0.04):
         super().__init__()
         self.tau = float(tau)

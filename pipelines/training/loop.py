@@ -1,5 +1,6 @@
-"""The shared accelerate loop: AdamW, cosine schedule with linear warm-up (per step), mixed precision on GPU (fp32 on
-CPU), a tqdm bar per epoch, per-epoch validation accuracy, an atomic checkpoint after every epoch and resume.
+"""The shared accelerate loop: AdamW, a per-step schedule (`schedule`: "clean" warm-up + cosine, or "reference", the
+Open-Insect trainers' timm schedule and step counter), mixed precision on GPU unless `precision: fp32` (fp32 on CPU), a
+tqdm bar per epoch, per-epoch validation accuracy, an atomic checkpoint after every epoch and resume.
 
 `finetune(classifier, train_manifest, ...)` trains the whole `ImageClassifier` on images; `train_heads(head, features,
 ...)` trains only linear heads on cached penultimate features (fast studies). Both run `_run`.
@@ -7,6 +8,7 @@ CPU), a tqdm bar per epoch, per-epoch validation accuracy, an atomic checkpoint 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from pipelines.checkpoints import load_checkpoint, loader_generators, save_checkpoint
 from pipelines.data import LoadFailure, Manifest
+from pipelines.errors import ConfigError
 from pipelines.progress import progress
 from pipelines.runtime import resolve_device, resolve_dtype, seed_everything
 from pipelines.training.batchnorm import global_batchnorm
@@ -26,6 +29,7 @@ from pipelines.training.loaders import (ImageRows, PooledRows, PooledTensorBatch
                                         aux_labels, collate_pooled, cycle, make_loader, manifest_labels, set_epoch,
                                         target_values)
 from pipelines.training.objectives import PRIMARY, CrossEntropy, Objective, Pass, TrainBatch
+from pipelines.training.schedule import describe, make_scheduler
 from pipelines.training.transforms import Normalize
 
 # -- results -------------------------------------------------------------------------------------------------
@@ -101,7 +105,8 @@ class LoopSettings:
     attributes, optimiser, schedule, history); an existing one whose `checkpoint_key` matches is resumed from, another
     one is ignored and overwritten. `normalize` maps a loader's uint8 batch to the model's
     input on the device (`transforms.Normalize`). `channels_last` / `compile` are GPU speed options; `sync_bn`
-    normalises batch-norm layers over the global batch when several processes train (`batchnorm.GlobalBatchNorm`)."""
+    normalises batch-norm layers over the global batch when several processes train (`batchnorm.GlobalBatchNorm`).
+    `schedule`: "clean" or "reference" (`pipelines.training.schedule`)."""
 
     epochs: int
     lr: float
@@ -116,6 +121,25 @@ class LoopSettings:
     channels_last: bool = False
     compile: bool = False
     sync_bn: bool = True
+    schedule: str = "clean"
+
+
+def drop_last(rows: int, batch_size: int, keep_partial: bool) -> bool:
+    """Whether a training loader drops its last partial batch: always when more rows than one batch (`keep_partial`
+    false, protocol `exact`), else only a last batch of exactly one row, on which batch norm cannot train (the
+    reference keeps every partial batch)."""
+    if not keep_partial:
+        return rows > batch_size
+    return rows > batch_size and rows % batch_size == 1
+
+
+def _rows(loader: Any) -> int:
+    """The number of rows a training loader draws from (the reference's `dataset.train.len`)."""
+    if hasattr(loader, "dataset"):
+        return len(loader.dataset)
+    if hasattr(loader, "pool"):
+        return len(loader.pool.labels)
+    return len(loader.labels)
 
 
 def _mixed_precision(precision: str) -> str:
@@ -140,10 +164,15 @@ class _Loop:
                  targets: tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]],
                  settings: LoopSettings, result: TrainResult, failed_files: Callable[[str, int], str]):
         from accelerate import Accelerator, DataLoaderConfiguration, DistributedDataParallelKwargs
-        from transformers import get_cosine_schedule_with_warmup
 
         if settings.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {settings.epochs}")
+        if settings.warmup_epochs >= settings.epochs:  # train_classifier refuses it (TrainConfig); said, never silent
+            print(f"{settings.desc}: warning: warmup_epochs ({settings.warmup_epochs:g}) >= epochs ({settings.epochs}): "
+                  "every step is in the warm-up", file=sys.stderr, flush=True)
+        if len(loaders[0]) == 0:
+            raise ConfigError(f"batch_size: {_rows(loaders[0])} training rows make no batch: no optimiser step would run "
+                              "(lower batch_size or keep the last partial batch)")
         self.s, self.result, self.failed_files, self.objective = settings, result, failed_files, objective
         handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)] if objective.replaces_head else []
         self.acc = Accelerator(mixed_precision=_mixed_precision(settings.precision), cpu=resolve_device().type == "cpu",
@@ -156,9 +185,11 @@ class _Loop:
         self.train, self.aux, self.val, self.test = (self.acc.prepare(x) if isinstance(x, DataLoader) else x for x in loaders)
         self.train_targets, self.val_targets, self.test_targets = targets
         # one schedule step per optimiser step; with split batches every process takes every global step
-        steps = max(1, len(self.train))
-        self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, int(round(settings.warmup_epochs * steps)),
-                                                         settings.epochs * steps)
+        self.batches = len(self.train)
+        self.scheduler = make_scheduler(self.optimizer, settings.schedule, epochs=settings.epochs,
+                                        warmup_epochs=settings.warmup_epochs, batches=self.batches,
+                                        rows=_rows(loaders[0]), batch_size=_batch_size(loaders[0]),
+                                        advances=objective.advances_schedule)
         self.device = self.acc.device
         self.seen: set[tuple[str, int]] = set()
 
@@ -187,6 +218,7 @@ class _Loop:
             self.acc.unwrap_model(self.step_module).objective.calibrate(id_pass.logits, aux_pass and aux_pass.logits)
         for epoch in range(first, self.s.epochs):
             seed_everything(self.s.seed * 7919 + epoch)
+            self.acc.unwrap_model(self.step_module).objective.start_epoch(epoch)
             if self.objective.needs_epoch_pass:
                 self.acc.unwrap_model(self.step_module).objective.epoch_start(epoch, *self.passes())
             entry = self.train_epoch(epoch)
@@ -199,13 +231,17 @@ class _Loop:
         if self.test is not None:
             self.result.test = self.evaluate(self.test, self.test_targets, "test")
         self.result.seconds += time.perf_counter() - start
+        if self.acc.is_main_process and first < self.s.epochs:
+            print(f"{self.s.desc}: " + describe(self.s.schedule, self.result.lrs, epochs=self.s.epochs, batches=self.batches,
+                                                warmup_epochs=self.s.warmup_epochs, lr=self.s.lr), flush=True)
         return self.result
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         set_epoch(self.train, epoch)
-        aux_stream = cycle(self.aux, epoch) if self.aux is not None else None
+        active = self.acc.unwrap_model(self.step_module).objective.aux_active(epoch)
+        aux_stream = cycle(self.aux, epoch) if self.aux is not None and active else None
         self.step_module.train()
-        total, count = 0.0, 0
+        total, count, steps_before = 0.0, 0, self.result.steps
         bar = progress(self.train, desc=f"{self.s.desc} epoch {epoch + 1}/{self.s.epochs}", leave=False,
                    disable=not self.acc.is_local_main_process)
         for step, raw in enumerate(bar):
@@ -225,6 +261,8 @@ class _Loop:
             count += batch.n_id
             bar.set_postfix(loss=f"{total / max(count, 1):.4f}")
         total, count = self.acc.reduce(torch.tensor([total, count], dtype=torch.float64, device=self.device), "sum").tolist()
+        if self.result.steps == steps_before:
+            raise RuntimeError(f"{self.s.desc} epoch {epoch + 1}: no optimiser step (every training batch failed to load)")
         return {"epoch": epoch + 1, "loss": total / count if count else math.nan, "lr": self.scheduler.get_last_lr()[0]}
 
     def batch(self, raw: dict[str, Any], aux_stream: Iterator[dict[str, Any]] | None, epoch: int, step: int) -> TrainBatch | None:
@@ -279,6 +317,10 @@ def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: 
         loop = _Loop(model, objective, (train_loader, aux_loader, val_loader, test_loader),
                      (train_targets, val_targets, test_targets or {}), settings, result, failed_files)
         return loop.run()
+
+
+def _batch_size(loader: Any) -> int:
+    return int(loader.batch_size if hasattr(loader, "batch_size") else loader.pool.batch_size)
 
 
 def _world_size() -> int:
@@ -376,15 +418,19 @@ def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: fl
              weight_decay: float = 1e-5, warmup_epochs: float = 2, objective: Objective | None = None,
              aux: Manifest | None = None, aux_label_field: str | None = None, val: Manifest | None = None, seed: int = 0,
              precision: str = "auto", num_workers: int = 0, augment: Callable[[Any], Any] | None = None,
-             test: Manifest | None = None, transforms: tuple[Callable, Callable] | None = None, **options: Any) -> TrainResult:
+             test: Manifest | None = None, transforms: tuple[Callable, Callable] | None = None,
+             keep_last_batch: bool = False, **options: Any) -> TrainResult:
     """Fine-tune `classifier` (an `ImageClassifier`: forward -> (logits, features), `.head`, `.preprocess`) in place.
 
     `train` holds ID rows (their `label`); `aux` (auxiliary / outlier rows) feeds objectives with `uses_aux`, its class
     index read from `aux_label_field` (sorted vocabulary; e.g. "species" for Extended). `val` (ID rows) gives the
     per-epoch accuracy, `test` the accuracy at the end (`TrainResult.test`). Pixels come from the classifier's own
     `preprocess` after `augment` (PIL -> PIL), or from `transforms` = (train, eval) `(image, rng) -> uint8 tensor`
-    normalised on the device with the classifier's mean and std. `batch_size` is the global batch (split across
-    processes). `options` are `LoopSettings` fields (checkpoint, checkpoint_key, channels_last, compile, sync_bn).
+    normalised on the device with the classifier's mean and std; auxiliary rows of a separate aux stream get the eval
+    transform (the reference's test preprocessor for its `oe` split), pooled aux rows the training one.
+    `batch_size` is the global batch (split across processes); `keep_last_batch` keeps the last partial training batch
+    (`drop_last`). `options` are `LoopSettings` fields (checkpoint, checkpoint_key, channels_last, compile, sync_bn,
+    schedule).
     Defaults follow the Open-Insects fine-tuning recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine schedule
     with 2 warm-up epochs.
     """
@@ -404,7 +450,8 @@ def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: fl
         options.setdefault("normalize", Normalize(classifier.mean.flatten().tolist(), classifier.std.flatten().tolist(),
                                                   channels_last=options.get("channels_last", False)))
     pixels = _pixels(classifier.preprocess, augment, transforms, seed)
-    loaders = _image_loaders(objective, train, aux, aux_y, val, test, pixels, batch_size, seed, num_workers)
+    loaders = _image_loaders(objective, train, aux, aux_y, val, test, pixels, batch_size, seed, num_workers,
+                             keep_last_batch, aux_train_pixels=transforms is None)
     manifests = {"train": train, "aux": aux, "val": val, "test": test}
     settings = LoopSettings(epochs=epochs, lr=lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs, seed=seed,
                             precision=precision, desc="finetune", **options)
@@ -426,19 +473,23 @@ def _pixels(preprocess: Callable, augment: Callable | None, transforms: tuple[Ca
 
 def _image_loaders(objective: Objective, train: Manifest, aux: Manifest | None, aux_y: np.ndarray | None,
                    val: Manifest | None, test: Manifest | None, rows: Callable[[Manifest, np.ndarray, bool], ImageRows],
-                   batch_size: int, seed: int, num_workers: int) -> tuple[Any, Any, Any, Any]:
-    """(train, aux, val, test) DataLoaders; aux is None unless the objective draws a separate auxiliary stream."""
+                   batch_size: int, seed: int, num_workers: int, keep_last_batch: bool = False,
+                   aux_train_pixels: bool = True) -> tuple[Any, Any, Any, Any]:
+    """(train, aux, val, test) DataLoaders; aux is None unless the objective draws a separate auxiliary stream (its
+    rows with the training pixels when `aux_train_pixels`, else the evaluation ones)."""
     train_rows = rows(train, manifest_labels(train, "train"), True)
     aux_loader = None
     if objective.uses_aux and objective.pooled:
         pool = PooledRows(train_rows, rows(aux, aux_y, True))
-        train_loader = make_loader(pool, batch_size, True, seed, num_workers, drop_last=len(pool) > batch_size,
-                                   collate_fn=collate_pooled)
+        train_loader = make_loader(pool, batch_size, True, seed, num_workers,
+                                   drop_last=drop_last(len(pool), batch_size, keep_last_batch), collate_fn=collate_pooled)
     else:
-        train_loader = make_loader(train_rows, batch_size, True, seed, num_workers, drop_last=len(train) > batch_size)
+        train_loader = make_loader(train_rows, batch_size, True, seed, num_workers,
+                                   drop_last=drop_last(len(train), batch_size, keep_last_batch))
     if objective.uses_aux and not objective.pooled:
         aux_size = aux_batch_size(objective, batch_size, len(train), len(aux))
-        aux_loader = make_loader(rows(aux, aux_y, True), aux_size, True, seed + 1, num_workers, drop_last=len(aux) > aux_size)
+        aux_loader = make_loader(rows(aux, aux_y, aux_train_pixels), aux_size, True, seed + 1, num_workers,
+                                 drop_last=drop_last(len(aux), aux_size, keep_last_batch))
     evals = [make_loader(rows(m, m.labels(), False), batch_size, False, seed, num_workers) if m is not None else None
              for m in (val, test)]
     return train_loader, aux_loader, evals[0], evals[1]
@@ -449,7 +500,7 @@ def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray,
                 aux_features: np.ndarray | None = None, aux_labels: np.ndarray | None = None,
                 train_targets: dict[str, Sequence[Any]] | None = None, val_features: np.ndarray | None = None,
                 val_labels: np.ndarray | None = None, val_targets: dict[str, Sequence[Any]] | None = None, seed: int = 0,
-                precision: str = "auto") -> tuple[nn.Linear, TrainResult]:
+                precision: str = "auto", keep_last_batch: bool = False, schedule: str = "clean") -> tuple[nn.Linear, TrainResult]:
     """Fast mode: train only the linear head(s) on cached penultimate features, with the same loop and objectives.
 
     `head` (nn.Linear, LinearHead or (weight, bias)) initialises the closed-set head; a copy is trained and returned.
@@ -474,17 +525,19 @@ def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray,
     aux_loader = None
     if objective.uses_aux and objective.pooled:
         train_loader = PooledTensorBatches(train_features, labels, aux_features, aux_y, batch_size, seed,
-                                           drop_last=len(labels) + len(aux_y) > batch_size)
+                                           drop_last=drop_last(len(labels) + len(aux_y), batch_size, keep_last_batch))
     else:
-        train_loader = TensorBatches(train_features, labels, batch_size, True, seed, drop_last=len(labels) > batch_size)
+        train_loader = TensorBatches(train_features, labels, batch_size, True, seed,
+                                     drop_last=drop_last(len(labels), batch_size, keep_last_batch))
     if objective.uses_aux and not objective.pooled:
         aux_size = aux_batch_size(objective, batch_size, len(labels), len(aux_y))
-        aux_loader = TensorBatches(aux_features, aux_y, aux_size, True, seed + 1, drop_last=len(aux_y) > aux_size)
+        aux_loader = TensorBatches(aux_features, aux_y, aux_size, True, seed + 1,
+                                   drop_last=drop_last(len(aux_y), aux_size, keep_last_batch))
     val_loader = None
     if val_features is not None:
         val_loader = TensorBatches(val_features, np.asarray(val_labels, dtype=np.int64), batch_size, False, seed, False)
     settings = LoopSettings(epochs=epochs, lr=lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs, seed=seed,
-                            precision=precision, desc="train_heads")
+                            precision=precision, desc="train_heads", schedule=schedule)
     result = _run(_HeadsOnly(layer), objective, train_loader, aux_loader, val_loader, encoded_train, encoded_val,
                   settings=settings, result=TrainResult(), failed_files=lambda split, i: f"{split}[{i}]")
     return layer, result

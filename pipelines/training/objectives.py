@@ -57,6 +57,10 @@ class Objective(nn.Module):
     - `replaces_head`: the objective computes its own closed-set logits from the features (ARPL, G-ODIN), so the
       classifier's head gets no gradient (DDP is told to expect unused parameters).
     - `no_decay_parameters()`: parameters trained without weight decay (G-ODIN's h).
+    - `advances_schedule`: false for objectives whose reference trainer never advances its step counter (LogitNorm,
+      ARPL: `pipelines.training.schedule`); only the "reference" schedule reads it.
+    - `start_epoch(epoch)`: called before every epoch (from 0); `aux_active(epoch)`: whether the loop draws
+      auxiliary batches in that epoch (MCD's `start_epoch_ft`).
     - `label_fields()`: extra label levels {level: manifest field}; `encode_targets` maps raw values to indices.
     - `heads(logits, features)`: logits per label level, used for validation accuracy.
     """
@@ -67,6 +71,7 @@ class Objective(nn.Module):
     needs_calibration: bool = False
     needs_epoch_pass: bool = False
     replaces_head: bool = False
+    advances_schedule: bool = True
 
     def setup(self, feature_dim: int, num_classes: int, num_aux_classes: int = 0) -> None:
         """Build extra heads; the default has none."""
@@ -79,6 +84,13 @@ class Objective(nn.Module):
 
     def no_decay_parameters(self) -> list[nn.Parameter]:
         return []
+
+    def start_epoch(self, epoch: int) -> None:
+        """Called before every epoch (from 0); default nothing."""
+
+    def aux_active(self, epoch: int) -> bool:
+        """Whether epoch `epoch` (from 0) draws auxiliary batches (default: always, for objectives with aux)."""
+        return True
 
     def inputs(self, batch: TrainBatch) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if batch.aux_x is None:
