@@ -19,12 +19,13 @@ import torch
 from pipelines.classifier import ImageClassifier
 from pipelines.data import Manifest, read_manifest
 from pipelines.errors import ConfigError
+from pipelines.hub_ids import RESNET_ID
 from pipelines.io import atomic_write_json
 from pipelines.runtime import load_pretrained, seed_everything
 from pipelines.training.loop import TrainResult, finetune
 from pipelines.training.objectives import PRIMARY, CrossEntropy, MultiGranularity, Objective
 from pipelines.training.recipes import TrainConfig
-from pipelines.training.transforms import RandomResizedCrop, ResizeCenterCrop
+from pipelines.training.transforms import Compose, ResizeCenterCrop, reference_eval, reference_train
 
 CLASS_NAMES = "class_names.json"
 METRICS = "metrics.json"
@@ -53,55 +54,83 @@ def _has_weights(model: str) -> bool:
     return not folder.is_dir() or any((folder / name).is_file() for name in WEIGHT_FILES)
 
 
+def _config_source(model: str) -> str:
+    """Where the architecture and processor configs come from: the model itself, or, for a torchvision checkpoint or
+    an untrained hub model whose configs ship in pipelines/hub_configs, those files (no download)."""
+    from pipelines.hub import PACKAGED_CONFIGS
+    from pipelines.torchvision_resnet import is_torchvision_checkpoint
+
+    if is_torchvision_checkpoint(model):
+        return str(PACKAGED_CONFIGS / RESNET_ID)
+    packaged = PACKAGED_CONFIGS / model
+    return str(packaged) if not Path(model).exists() and (packaged / "config.json").is_file() else model
+
+
 def build_classifier(config: TrainConfig, class_names: list[str]) -> ImageClassifier:
-    """The backbone with a new head of len(class_names) outputs: pretrained weights, or random initialisation from
-    the model's config when `pretrained: false` or the folder holds no weights. `image_size` resizes the processor."""
+    """The backbone with a new head of len(class_names) outputs: pretrained weights (a transformers model, or a
+    torchvision ResNet checkpoint converted on load), or random initialisation from the model's config when
+    `pretrained: false` or the folder holds no weights. The processor is set to the config's evaluation pixels."""
     from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
+
+    from pipelines.torchvision_resnet import is_torchvision_checkpoint, load_torchvision_resnet
 
     labels = {"id2label": dict(enumerate(class_names)),
               "label2id": {name: i for i, name in enumerate(class_names)}}
     seed_everything(config.seed)
-    if config.pretrained and _has_weights(config.model):
-        model = load_pretrained(AutoModelForImageClassification.from_pretrained, config.model, "image classifier",
-                                ignore_mismatched_sizes=True, **labels)
-    else:
-        model_config = load_pretrained(AutoConfig.from_pretrained, config.model, "model config", **labels)
-        model = AutoModelForImageClassification.from_config(model_config)
-    processor = load_pretrained(AutoImageProcessor.from_pretrained, config.model, "image processor")
-    if config.image_size is not None:
-        _resize_processor(processor, config.image_size)
-    classifier = ImageClassifier.from_model(model, processor, config.model)
-    return classifier
+    torchvision_file = is_torchvision_checkpoint(config.model)
+    source = _config_source(config.model) if torchvision_file or not config.pretrained else config.model
+    try:
+        if config.pretrained and not torchvision_file and _has_weights(config.model):
+            model = load_pretrained(AutoModelForImageClassification.from_pretrained, config.model, "image classifier",
+                                    ignore_mismatched_sizes=True, **labels)
+        else:
+            model_config = load_pretrained(AutoConfig.from_pretrained, source, "model config", **labels)
+            model = AutoModelForImageClassification.from_config(model_config)
+            if config.pretrained and torchvision_file:
+                load_torchvision_resnet(config.model, model)
+        processor = load_pretrained(AutoImageProcessor.from_pretrained, source, "image processor")
+    except OSError as err:  # a hub model neither cached nor reachable: one line naming the key
+        raise ConfigError(f"model: {' '.join(str(err).split())}") from None
+    _set_eval_pixels(processor, config)
+    return ImageClassifier.from_model(model, processor, RESNET_ID if torchvision_file else config.model)
 
 
-def _resize_processor(processor: Any, size: int) -> None:
+def _set_eval_pixels(processor: Any, config: TrainConfig) -> None:
+    """`image_size` (and `pre_size`: the resize before the centre crop, bilinear as the reference's) on the processor,
+    so the saved model folder evaluates as it was validated."""
+    size = config.image_size
+    if size is None:
+        return
     if getattr(processor, "crop_pct", None) is not None or "shortest_edge" in dict(processor.size or {}):
         processor.size = {"shortest_edge": size}
+        if config.pre_size is not None:
+            crop_pct = size / config.pre_size
+            # the processor resizes to int(size / crop_pct): keep that the integer pre_size despite float rounding
+            processor.crop_pct = crop_pct if int(size / crop_pct) == config.pre_size else size / (config.pre_size + 0.5)
+            processor.resample = 2  # bilinear: the reference's `interpolation: bilinear`
     else:
         processor.size = {"height": size, "width": size}
     if getattr(processor, "do_center_crop", False):
         processor.crop_size = {"height": size, "width": size}
 
 
-def transforms_for(classifier: ImageClassifier) -> tuple[RandomResizedCrop, Any]:
-    """(train, eval) transforms at the classifier's input size; evaluation matches the image processor: resize +
-    centre crop for ConvNext-style processors (`crop_pct`), the processor itself otherwise."""
+def transforms_for(classifier: ImageClassifier, config: TrainConfig | None = None) -> tuple[Compose, Any]:
+    """(train, eval) transforms at the classifier's input size. Training: the config's `augment` branch (default
+    "imagenet": RandomResizedCrop + flip). Evaluation: the reference's Resize(pre_size) + CenterCrop when `pre_size`
+    is set, else what the image processor does (resize + centre crop for ConvNext-style processors, the processor
+    itself otherwise)."""
     size = classifier.image_size[0]
+    augment = config.augment if config is not None else "imagenet"
     crop_pct = getattr(classifier.processor, "crop_pct", None)
+    pre_size = config.pre_size if config is not None and config.pre_size is not None else (
+        int(size / crop_pct) if crop_pct is not None else size)
+    train = reference_train(augment, size, pre_size)
+    if config is not None and config.pre_size is not None:
+        return train, reference_eval(size, config.pre_size)
     if crop_pct is not None:
-        return RandomResizedCrop(size), ResizeCenterCrop(size, crop_pct if size < 384 else 1.0,
-                                                         resample=int(getattr(classifier.processor, "resample", 3)))
-    return RandomResizedCrop(size), _ProcessorTransform(classifier)
-
-
-class _ProcessorTransform:
-    """Evaluation pixels through the classifier's own image processor (already normalised floats)."""
-
-    def __init__(self, classifier: ImageClassifier):
-        self.preprocess = classifier.preprocess
-
-    def __call__(self, image: Any, rng: Any = None) -> torch.Tensor:
-        return self.preprocess([image])[0]
+        return train, Compose([ResizeCenterCrop(size, crop_pct if size < 384 else 1.0,
+                                                resample=int(getattr(classifier.processor, "resample", 3)))])
+    return train, _ProcessorTransform(classifier)
 
 
 def _splits(config: TrainConfig) -> tuple[Manifest, Manifest, Manifest | None, Manifest | None]:
@@ -143,12 +172,17 @@ def train_classifier(config: TrainConfig) -> Path:
     state = partial_state()
     if config.batch_size % state.num_processes:
         raise ConfigError(f"batch_size {config.batch_size} is the global batch: it must divide by the {state.num_processes} processes")
+    transforms = transforms_for(classifier, config)
+    if state.is_main_process:
+        print(f"recipe {config.recipe}, protocol {config.protocol}: train pixels {transforms[0]!r}; eval pixels "
+              f"{transforms[1]!r}; batch {config.batch_size} ({'last partial batch dropped' if config.drop_last else 'last partial batch kept'}), "
+              f"precision {config.precision}", flush=True)
     result = finetune(classifier, train, val=val, test=test, objective=objective, epochs=config.epochs, lr=config.lr,
                       batch_size=config.batch_size, weight_decay=config.weight_decay, warmup_epochs=config.warmup_epochs,
-                      seed=config.seed, precision=config.precision, num_workers=config.num_workers,
-                      transforms=transforms_for(classifier), checkpoint=out / "checkpoint.pt",
-                      checkpoint_key=run_key(config, manifest), channels_last=config.channels_last, compile=config.compile,
-                      sync_bn=config.sync_bn)
+                      seed=config.seed, precision=config.precision, num_workers=config.workers(),
+                      transforms=transforms, keep_last_batch=not config.drop_last, schedule=config.schedule,
+                      checkpoint=out / "checkpoint.pt", checkpoint_key=run_key(config, manifest),
+                      channels_last=config.channels_last, compile=config.compile, sync_bn=config.sync_bn)
     if state.is_main_process:
         _write_outputs(out, config, classifier, objective, result, class_names, label_field)
     state.wait_for_everyone()

@@ -130,7 +130,7 @@ def test_levels_give_one_head_each_and_the_runner_can_read_them(setup, tmp_path)
                 png(tmp_path / "b" / split / cat / era / f"{i}.png", colour, rng)
     import_classes(tmp_path / "b", tmp_path / "id", ClassImport(levels=["category", "era"]))
     config = TrainConfig.from_dict({"id": str(tmp_path / "id"), "out": str(tmp_path / "out"), "model": str(model),
-                                    "recipe": "multi-granularity", "levels": ["category", "era"], "epochs": 1,
+                                    "recipe": "multi-granularity", "levels": ["category", "era"], "epochs": 1, "warmup_epochs": 0,
                                     "batch_size": 4, "num_workers": 0, "image_size": 32})
     out = train_classifier(config)
     metrics = json.loads((out / "metrics.json").read_text())
@@ -163,11 +163,17 @@ def test_eval_transform_matches_the_image_processor(setup):
 def test_config_errors_name_the_key(tmp_path):
     from pipelines.training.recipes import TrainConfig
 
-    with pytest.raises(ConfigError, match=r"unknown key 'epoch' \(did you mean 'epochs'\?\)"):
-        TrainConfig.from_dict({"id": "x", "out": "y", "epoch": 3})
+    base = {"id": str(tmp_path), "out": "y"}
+    with pytest.raises(ConfigError, match=r"epoch: unknown key \(did you mean 'epochs'\?\)"):
+        TrainConfig.from_dict({**base, "epoch": 3})
     with pytest.raises(ConfigError, match="recipe 'multi-granularity' needs `levels`"):
-        TrainConfig.from_dict({"id": "x", "out": "y", "recipe": "multi-granularity"})
-    with pytest.raises(ConfigError, match="recipe 'fast' is unknown"):
-        TrainConfig.from_dict({"id": "x", "out": "y", "recipe": "fast"})
-    config = TrainConfig.from_dict({"id": "x", "out": "y", "recipe": "open-insects-scratch", "epochs": 5})
-    assert (config.pretrained, config.epochs, config.batch_size, config.lr, config.warmup_epochs) == (False, 5, 512, 0.01, 6)
+        TrainConfig.from_dict({**base, "recipe": "multi-granularity"})
+    with pytest.raises(ConfigError, match="recipe: must be one of"):
+        TrainConfig.from_dict({**base, "recipe": "fast"})
+    config = TrainConfig.from_dict({**base, "recipe": "open-insects-scratch", "epochs": 7})
+    assert (config.pretrained, config.epochs, config.batch_size, config.lr, config.warmup_epochs) == (False, 7, 512, 0.01, 6)
+    assert (config.protocol, config.schedule, config.drop_last, config.precision) == ("open-insects", "reference", False, "fp32")
+    assert (config.augment, config.image_size, config.pre_size) == ("ami", 126, 128)
+    exact = TrainConfig.from_dict({**base, "protocol": "exact"})
+    assert (exact.schedule, exact.drop_last, exact.precision, exact.augment, exact.image_size) == ("clean", True, "auto", "imagenet", None)
+    assert TrainConfig.from_dict(exact.to_dict()) == exact
