@@ -31,3 +31,26 @@ def sweep_space(protocol: str, name: str, declared: dict[str, list[Any]]) -> dic
     """The grid `protocol` sweeps for detector `name` on OOD validation (`declared`: the class's `search_space`);
     an empty grid means the protocol runs its defaults."""
     return dict(SWEEPS[protocol].get(name, declared))
+
+
+# -- training-time methods under `open-insects` (helper "trainproto"; sweep grids live above) -------------------------
+def _open_insects_training() -> dict[str, dict[str, Any]]:
+    """Each training-time method as Open-Insect's trainers ran it: the loop settings of
+    `pipelines.training.recipes.TRAINING_PROTOCOLS["open-insects"]` (timm schedule with the step counter, last partial
+    batch kept, fp32), MixOE dropping its last batch (`mixoe_trainer.py`), MCD's `start_epoch_ft: 90`
+    (`configs/pipelines/train/train_mcd.yml`) and G-ODIN's h in both optimisers (`godin_trainer.py`)."""
+    from pipelines.training.recipes import TRAINING_PROTOCOLS
+
+    loop = dict(TRAINING_PROTOCOLS["open-insects"])
+    methods = ("arpl", "confbranch", "energy_oe", "extended", "godin", "logitnorm", "mcd", "mixoe", "novel_branch", "oe",
+               "rotpred", "udg")
+    out = {name: dict(loop) for name in methods}
+    out["mixoe"]["drop_last"] = True
+    out["mcd"]["start_epoch_ft"] = 90
+    out["godin"]["h_optimizer"] = "both"
+    return out
+
+
+for _name, _values in _open_insects_training().items():
+    PROTOCOLS.setdefault("open-insects", {}).setdefault(_name, {}).update(_values)
+SWEEPS.setdefault("open-insects", {})

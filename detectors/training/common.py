@@ -4,7 +4,9 @@ A training-time detector builds an `Objective` (its loss) from its parameters an
 (parameter `mode`, written to results.csv by the runner):
 - "full" (default, the papers' protocol): `fit(ImageSet | Manifest, aux=ImageSet | Manifest)` with `classifier=` given
   at construction fine-tunes that whole classifier in place on images (`pipelines.training.finetune`; the runner hands
-  each method its own copy). With `work_dir=` (the runner's unit folder) the model is checkpointed there after every
+  each method its own copy). Training rows get Open-Insect's fine-tuning preprocessor (`augment: region`: Resize to
+  the processor's resize, CenterCrop, flip, RandomCrop with padding 4, new pixels every epoch); a separate auxiliary
+  stream gets the evaluation pixels, as the reference's `oe` split (docs/training.md). With `work_dir=` (the runner's unit folder) the model is checkpointed there after every
   epoch, atomically, and a killed run resumes its training; the fine-tuned weights are also part of the detector's saved
   state. `transform(ImageSet)` re-extracts features and logits with the fine-tuned model into a cache under
   `work_dir/features`, keyed by the fine-tuned weights, the preprocessing, the precision and the images.
@@ -71,8 +73,15 @@ class TrainedDetector(Detector):
         batch_size: int = param(512, "training batch size", ge=1)
         weight_decay: float = param(1e-5, "AdamW weight decay", ge=0)
         warmup_epochs: float = param(2, "linear warm-up epochs before the cosine", ge=0)
+        schedule: Literal["clean", "reference"] = param(
+            "clean", "lr schedule: clean warm-up + cosine, or the reference trainers' timm schedule and step counter")
+        drop_last: bool = param(True, "drop the last partial training batch (the reference keeps it, MixOE excepted)")
+        augment: Literal["region", "none"] = param(
+            "region", "full-mode training pixels: Open-Insect's fine-tuning preprocessor (resize, centre crop, flip, "
+            "RandomCrop with padding 4), or the processor's pixels unchanged")
         seed: int = param(0, "training seed")
-        precision: str = param("auto", "training precision (auto: bf16 on GPU, fp32 on CPU)", runtime=True)
+        precision: str = param("auto", "training precision (auto: bf16 on GPU, fp32 on CPU; the reference: fp32)",
+                               runtime=True)
         num_workers: int = param(0, "data-loader workers (full mode)", runtime=True, ge=0)
         aux_label_field: str | None = param(None, "manifest field giving auxiliary rows a class index")
         score_batch_size: int = param(64, "images per scoring batch", runtime=True, ge=1)
@@ -122,7 +131,8 @@ class TrainedDetector(Detector):
             raise ValueError(f"{self.name} trains with auxiliary data: fit(..., aux=<auxiliary FeatureSet, ImageSet or Manifest>)")
         p = self.params
         common = dict(epochs=p["epochs"], lr=p["lr"], batch_size=p["batch_size"], weight_decay=p["weight_decay"],
-                      warmup_epochs=p["warmup_epochs"], objective=objective, seed=p["seed"], precision=p["precision"])
+                      warmup_epochs=p["warmup_epochs"], objective=objective, seed=p["seed"], precision=p["precision"],
+                      schedule=p["schedule"], keep_last_batch=not p["drop_last"])
         aux = aux if objective.uses_aux else None
         if p["mode"] == "heads":
             if not isinstance(id_train, FeatureSet):
@@ -160,6 +170,7 @@ class TrainedDetector(Detector):
 
     def _fit_images(self, id_train: Any, id_val: Any, aux: Any, common: dict[str, Any]):
         from detectors.training.finetuned import as_manifest, training_key
+        from pipelines.training.classify import transforms_for
 
         if self.classifier is None:
             raise ValueError(f"{self.name}: mode 'full' fine-tunes a classifier: build({self.name!r}, classifier=<ImageClassifier>)")
@@ -168,8 +179,10 @@ class TrainedDetector(Detector):
         if self.work_dir is not None:
             checkpoint = self.work_dir / "finetune.pt"
             key = training_key(self.name, self.params, self.classifier, train_m, aux_m, val_m)
+        transforms = None if self.params["augment"] == "none" else transforms_for(self.classifier, self.params["augment"])
         result = finetune(self.classifier, train_m, aux=aux_m, val=val_m, num_workers=self.params["num_workers"],
-                          aux_label_field=self.params["aux_label_field"], checkpoint=checkpoint, checkpoint_key=key, **common)
+                          aux_label_field=self.params["aux_label_field"], checkpoint=checkpoint, checkpoint_key=key,
+                          transforms=transforms, **common)
         return self.classifier.head, result
 
     # -- the trained model as a feature extractor (for post-hoc rules) -----------------------------------------

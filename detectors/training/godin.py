@@ -2,7 +2,13 @@
 
 On penultimate features h: numerators h_k(x) = cos(h, w_k) (cosine similarity: both L2-normalised with +1e-4 on the
 norm, no bias; w initialised Kaiming-normal), denominator g(x) = sigmoid(BN(v . h + c)) (a 1-unit linear layer,
-BatchNorm1d, sigmoid). Training: CE(h(x) / g(x), y); h trains without weight decay (its own parameter group).
+BatchNorm1d, sigmoid). Training: CE(h(x) / g(x), y); h trains without weight decay (its own parameter group,
+`h_optimizer: no_decay`). The reference trainer (`godin_trainer.py`) puts h.weight in the decayed AdamW over all
+parameters and again in a weight-decay-0 `h_optimizer`, so h takes two Adam steps per batch (`h_optimizer: both`,
+protocol `open-insects`): both optimisers see the same gradients, so their moments agree and the second step is
+lr * m_hat / (sqrt(v_hat) + eps) from the first one's state; its lr stays the base lr (the reference's `h_scheduler`
+wraps the other optimiser). Its `scheduler.step()` without the epoch timm requires would stop the published trainer;
+the main optimiser follows the protocol's schedule here.
 Scores (`score_rule`): "h" = max softmax of the numerators (what OpenOOD's G-ODIN post-processor returns), "g" = g(x).
 The reference also perturbs the input image (noise_magnitude 0.0025) before scoring; scores here are computed on
 cached features, so that step is not applied (documented deviation).
@@ -35,8 +41,9 @@ def _normalise(x: torch.Tensor) -> torch.Tensor:
 class GODINLoss(Objective):
     replaces_head = True
 
-    def __init__(self) -> None:
+    def __init__(self, h_optimizer: str = "no_decay") -> None:
         super().__init__()
+        self.h_optimizer = h_optimizer
         self.h: nn.Linear | None = None
         self.g: nn.Sequential | None = None
 
@@ -46,7 +53,10 @@ class GODINLoss(Objective):
         self.g = nn.Sequential(nn.Linear(feature_dim, 1), nn.BatchNorm1d(1), nn.Sigmoid())
 
     def no_decay_parameters(self) -> list[nn.Parameter]:
-        return list(self.h.parameters())
+        return [] if self.h_optimizer == "both" else list(self.h.parameters())
+
+    def twice_stepped_parameters(self) -> list[nn.Parameter]:
+        return list(self.h.parameters()) if self.h_optimizer == "both" else []
 
     def numerators(self, features: torch.Tensor) -> torch.Tensor:
         return _normalise(features) @ _normalise(self.h.weight).T
@@ -72,12 +82,14 @@ class GODIN(TrainedDetector):
     @dataclass(frozen=True)
     class Params(TrainedDetector.Params):
         score_rule: Literal["h", "g"] = param("h", "how the trained model scores")
+        h_optimizer: Literal["no_decay", "both"] = param(
+            "no_decay", "h without weight decay, or as the reference: in the decayed AdamW and a weight-decay-0 one")
 
     search_space = {"score_rule": ["h", "g"]}
     score_rules = ("h", "g")
 
     def objective(self) -> Objective:
-        return GODINLoss()
+        return GODINLoss(self.params["h_optimizer"])
 
     def export(self, objective: Objective) -> dict[str, np.ndarray]:
         linear, bn = objective.g[0], objective.g[1]

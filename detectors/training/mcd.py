@@ -8,9 +8,10 @@ margin 1.2. H is the trainer's `entropy`, which takes the softmax and the sum ov
 entropy of the batch's columns (`entropy_over="batch"`, the code's default); `entropy_over="classes"` takes the usual
 per-sample entropy over classes. Score = -sum_k |softmax(fc1)_k - softmax(fc2)_k| (higher = more ID), or "msp" of fc1.
 
-The trainer's `start_epoch_ft` (90 in train_mcd.yml) trains both heads with CE only before the aux phase; that first
-phase is the training of the classifier we start from, so the fine-tune here is the aux phase throughout (Open-Insects
-fine-tunes 30 epochs with the same yml, where epoch < 90 always holds and the aux term is never reached).
+The trainer's `start_epoch_ft` (90 in train_mcd.yml) trains both heads with CE only, on ID batches alone, while
+epoch_idx (from 1) is below it. Open-Insects fine-tunes 30 epochs with that yml, so its MCD never reaches the aux term:
+protocol `open-insects` sets `start_epoch_ft: 90` (`detectors/protocols.py`). The default, 0 (protocol `exact`), runs
+the aux phase throughout, the method as published.
 """
 from __future__ import annotations
 
@@ -43,12 +44,17 @@ def discrepancy(logits1: np.ndarray, logits2: np.ndarray) -> np.ndarray:
 class MCDLoss(Objective):
     uses_aux = True
 
-    def __init__(self, lambda_oe: float = 1.0, margin: float = 1.2, entropy_over: str = "batch"):
+    def __init__(self, lambda_oe: float = 1.0, margin: float = 1.2, entropy_over: str = "batch", start_epoch_ft: int = 0):
         super().__init__()
         if entropy_over not in ("batch", "classes"):
             raise ValueError(f"entropy_over must be 'batch' or 'classes', got {entropy_over!r}")
         self.lambda_oe, self.margin, self.entropy_over = float(lambda_oe), float(margin), entropy_over
+        self.start_epoch_ft = int(start_epoch_ft)
         self.fc2: nn.Linear | None = None
+
+    def aux_active(self, epoch: int) -> bool:
+        """The reference's `epoch_idx >= start_epoch_ft` (epoch_idx = epoch + 1): before it, ID batches only."""
+        return epoch + 1 >= self.start_epoch_ft
 
     def setup(self, feature_dim: int, num_classes: int, num_aux_classes: int = 0) -> None:
         self.fc2 = nn.Linear(feature_dim, num_classes)
@@ -74,6 +80,8 @@ class MCD(TrainedDetector):
         lambda_oe: float = param(1.0, "weight of the discrepancy loss on auxiliary data", ge=0)
         margin: float = param(1.2, "discrepancy margin", ge=0)
         entropy_over: Literal["batch", "classes"] = param("batch", "entropy over the batch (the code) or over classes")
+        start_epoch_ft: int = param(0, "first epoch (from 1) with the auxiliary term; train_mcd.yml: 90 (never reached "
+                                       "in a 30-epoch fine-tune)", ge=0)
         score_rule: Literal["discrepancy", "msp"] = param("discrepancy", "how the trained model scores")
 
     search_space = {"margin": [0.6, 1.2, 2.4]}
@@ -81,7 +89,7 @@ class MCD(TrainedDetector):
 
     def objective(self) -> Objective:
         p = self.params
-        return MCDLoss(p["lambda_oe"], p["margin"], p["entropy_over"])
+        return MCDLoss(p["lambda_oe"], p["margin"], p["entropy_over"], p["start_epoch_ft"])
 
     def export(self, objective: Objective) -> dict[str, np.ndarray]:
         return linear_arrays(objective.fc2, "fc2")

@@ -114,23 +114,33 @@ def _set_eval_pixels(processor: Any, config: TrainConfig) -> None:
         processor.crop_size = {"height": size, "width": size}
 
 
-def transforms_for(classifier: ImageClassifier, config: TrainConfig | None = None) -> tuple[Compose, Any]:
-    """(train, eval) transforms at the classifier's input size. Training: the config's `augment` branch (default
-    "imagenet": RandomResizedCrop + flip). Evaluation: the reference's Resize(pre_size) + CenterCrop when `pre_size`
-    is set, else what the image processor does (resize + centre crop for ConvNext-style processors, the processor
-    itself otherwise)."""
+def transforms_for(classifier: ImageClassifier, augment: str = "imagenet", pre_size: int | None = None) -> tuple[Compose, Any]:
+    """(train, eval) transforms at the classifier's input size. Training: the `augment` branch of
+    `transforms.reference_train` ("region" resizes to `pre_size`, default the processor's resize). Evaluation: the
+    reference's Resize(pre_size) + CenterCrop when `pre_size` is given, else what the image processor does (resize +
+    centre crop for ConvNext-style processors, the processor itself otherwise)."""
     size = classifier.image_size[0]
-    augment = config.augment if config is not None else "imagenet"
     crop_pct = getattr(classifier.processor, "crop_pct", None)
-    pre_size = config.pre_size if config is not None and config.pre_size is not None else (
-        int(size / crop_pct) if crop_pct is not None else size)
-    train = reference_train(augment, size, pre_size)
-    if config is not None and config.pre_size is not None:
-        return train, reference_eval(size, config.pre_size)
+    train = reference_train(augment, size, pre_size or (int(size / crop_pct) if crop_pct is not None else size))
+    if pre_size is not None:
+        return train, reference_eval(size, pre_size)
     if crop_pct is not None:
         return train, Compose([ResizeCenterCrop(size, crop_pct if size < 384 else 1.0,
                                                 resample=int(getattr(classifier.processor, "resample", 3)))])
     return train, _ProcessorTransform(classifier)
+
+
+class _ProcessorTransform:
+    """Evaluation pixels through the classifier's own image processor (already normalised floats)."""
+
+    def __init__(self, classifier: ImageClassifier):
+        self.preprocess = classifier.preprocess
+
+    def __call__(self, image: Any, rng: Any = None) -> torch.Tensor:
+        return self.preprocess([image])[0]
+
+    def __repr__(self) -> str:
+        return "the image processor"
 
 
 def _splits(config: TrainConfig) -> tuple[Manifest, Manifest, Manifest | None, Manifest | None]:
@@ -172,7 +182,7 @@ def train_classifier(config: TrainConfig) -> Path:
     state = partial_state()
     if config.batch_size % state.num_processes:
         raise ConfigError(f"batch_size {config.batch_size} is the global batch: it must divide by the {state.num_processes} processes")
-    transforms = transforms_for(classifier, config)
+    transforms = transforms_for(classifier, config.augment, config.pre_size)
     if state.is_main_process:
         print(f"recipe {config.recipe}, protocol {config.protocol}: train pixels {transforms[0]!r}; eval pixels "
               f"{transforms[1]!r}; batch {config.batch_size} ({'last partial batch dropped' if config.drop_last else 'last partial batch kept'}), "

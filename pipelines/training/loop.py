@@ -155,6 +155,23 @@ def _optimizer(step_module: nn.Module, objective: Objective, lr: float, weight_d
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay)
 
 
+@torch.no_grad()
+def second_adam_step(optimizer: Any, params: Sequence[nn.Parameter], lr: float) -> None:
+    """The step a second AdamW (weight decay 0, `lr`, the same betas and eps) would take on `params` right after
+    `optimizer` stepped: it sees the same gradients, so its moments equal `optimizer`'s; the update is
+    lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps), torch's AdamW arithmetic."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    for group in inner.param_groups:
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            if not any(p is q for q in params) or p not in inner.state:
+                continue
+            state = inner.state[p]
+            step = float(state["step"])
+            denom = (state["exp_avg_sq"].sqrt() / math.sqrt(1 - beta2 ** step)).add_(group["eps"])
+            p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** step))
+
+
 class _Loop:
     """One training run under accelerate. Image loaders hand each process its share of every global batch
     (`split_batches`), so the steps, the schedule and (with `sync_bn`) the weights do not depend on the number of
@@ -191,6 +208,7 @@ class _Loop:
                                         rows=_rows(loaders[0]), batch_size=_batch_size(loaders[0]),
                                         advances=objective.advances_schedule)
         self.device = self.acc.device
+        self.twice = list(self.acc.unwrap_model(self.step_module).objective.twice_stepped_parameters())
         self.seen: set[tuple[str, int]] = set()
 
     def record(self, failed: list[tuple[int, str]], split: str) -> None:
@@ -253,6 +271,8 @@ class _Loop:
             self.optimizer.zero_grad(set_to_none=True)
             self.acc.backward(loss)
             self.optimizer.step()
+            if self.twice and not self.acc.optimizer_step_was_skipped:
+                second_adam_step(self.optimizer, self.twice, self.s.lr)
             self.result.lrs.append(float(self.optimizer.param_groups[0]["lr"]))
             if not self.acc.optimizer_step_was_skipped:  # fp16 overflow: no step taken, the schedule waits
                 self.scheduler.step()

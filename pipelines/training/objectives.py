@@ -57,6 +57,8 @@ class Objective(nn.Module):
     - `replaces_head`: the objective computes its own closed-set logits from the features (ARPL, G-ODIN), so the
       classifier's head gets no gradient (DDP is told to expect unused parameters).
     - `no_decay_parameters()`: parameters trained without weight decay (G-ODIN's h).
+    - `twice_stepped_parameters()`: parameters that also sit in a second, weight-decay-0 AdamW at the base lr, as
+      G-ODIN's reference trainer has them (`loop.second_adam_step`).
     - `advances_schedule`: false for objectives whose reference trainer never advances its step counter (LogitNorm,
       ARPL: `pipelines.training.schedule`); only the "reference" schedule reads it.
     - `start_epoch(epoch)`: called before every epoch (from 0); `aux_active(epoch)`: whether the loop draws
@@ -83,6 +85,9 @@ class Objective(nn.Module):
         """Called before every epoch with the model's outputs on every ID-train / aux row; when `needs_epoch_pass`."""
 
     def no_decay_parameters(self) -> list[nn.Parameter]:
+        return []
+
+    def twice_stepped_parameters(self) -> list[nn.Parameter]:
         return []
 
     def start_epoch(self, epoch: int) -> None:
