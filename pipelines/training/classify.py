@@ -25,6 +25,7 @@ from pipelines.runtime import load_pretrained, seed_everything
 from pipelines.training.loop import TrainResult, finetune
 from pipelines.training.objectives import PRIMARY, CrossEntropy, MultiGranularity, Objective
 from pipelines.training.recipes import TrainConfig
+from pipelines.training.schedule import lr_landmarks
 from pipelines.training.transforms import Compose, ResizeCenterCrop, reference_eval, reference_train
 
 CLASS_NAMES = "class_names.json"
@@ -208,18 +209,20 @@ def _write_outputs(out: Path, config: TrainConfig, classifier: ImageClassifier, 
         objective.save_pretrained(out)
     atomic_write_json(out / CLASS_NAMES, {"names": class_names, "label_field": label_field, "levels": heads[1:]})
     atomic_write_json(out / "train_config.json", config.as_dict())
-    atomic_write_json(out / METRICS, metrics(result, heads, label_field))
+    atomic_write_json(out / METRICS, metrics(result, heads, label_field, config.warmup_epochs))
     plot_history(result.history, out / "training.png")
 
 
-def metrics(result: TrainResult, heads: list[str], label_field: str | None) -> dict[str, Any]:
-    """Top-1 accuracy per head on ID val (last epoch) and ID test, `overall` (every head right), the history."""
+def metrics(result: TrainResult, heads: list[str], label_field: str | None, warmup_epochs: float = 0) -> dict[str, Any]:
+    """Top-1 accuracy per head on ID val (last epoch) and ID test, `overall` (every head right), the lr at the
+    schedule's landmarks (`lr_landmarks`), the history."""
     def top1(values: dict[str, float]) -> dict[str, float]:
         out = {head: values[f"acc_{head}"] for head in heads if f"acc_{head}" in values}
         return {**out, "overall": values["overall"]} if len(heads) > 1 and "overall" in values else out
 
     return {"top1": {"val": top1(result.final), "test": top1(result.test)}, "heads": heads, "label_field": label_field,
             "id_acc": result.test.get(f"acc_{PRIMARY}"), "epochs": len(result.history), "steps": result.steps,
+            "lr_at": lr_landmarks(result.lrs, len(result.lrs) // max(len(result.history), 1), warmup_epochs),
             "seconds": round(result.seconds, 3), "history": result.history,
             "failures": [vars(f) for f in result.failures]}
 

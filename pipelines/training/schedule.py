@@ -89,16 +89,24 @@ def make_scheduler(optimizer: torch.optim.Optimizer, schedule: str, *, epochs: i
     raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
 
 
+def lr_landmarks(lrs: list[float], batches: int, warmup_epochs: float) -> dict[str, float]:
+    """The lr at step 0, step 1, the first step after the warm-up, the last epoch's first step and the last step
+    (`lrs`: the lr of every step in order, `batches` a epoch)."""
+    if not lrs:
+        return {}
+    warm = min(int(round(warmup_epochs * batches)), len(lrs) - 1)
+    return {"step_0": lrs[0], "step_1": lrs[min(1, len(lrs) - 1)], "warmup_end": lrs[warm],
+            "last_epoch_first": lrs[max(len(lrs) - batches, 0)], "last": lrs[-1]}
+
+
 def describe(schedule: str, lrs: list[float], *, epochs: int, batches: int, warmup_epochs: float, lr: float) -> str:
-    """One line stating the effective schedule: its kind, steps, warm-up and the lr at steps 0 / 1 / warm-up end /
-    the last epoch's first and last step (`lrs`: the lr of every step, in order)."""
+    """One line stating the effective schedule: its kind, steps, warm-up and the lr at its landmarks."""
     if not lrs:
         return f"schedule {schedule}: no optimiser step"
-    warm = min(int(round(warmup_epochs * batches)), len(lrs) - 1)
-    last_epoch = lrs[-batches:]
+    at = lr_landmarks(lrs, batches, warmup_epochs)
     return (f"schedule {schedule}: {epochs} epochs x {batches} steps, warm-up {warmup_epochs:g} epochs, base lr {lr:g}; "
-            f"lr at step 0 {lrs[0]:.3g}, step 1 {lrs[min(1, len(lrs) - 1)]:.3g}, step {warm} {lrs[warm]:.3g}, "
-            f"last epoch {last_epoch[0]:.3g} -> {last_epoch[-1]:.3g}")
+            f"lr at step 0 {at['step_0']:.3g}, step 1 {at['step_1']:.3g}, warm-up end {at['warmup_end']:.3g}, "
+            f"last epoch {at['last_epoch_first']:.3g} -> {at['last']:.3g}")
 
 
 def planned_lrs(schedule: str, *, epochs: int, warmup_epochs: float, batches: int, rows: int, batch_size: int,

@@ -93,7 +93,8 @@ def _classifier(tmp: Path, splits: Path) -> Path:
     save_tiny_model(tmp / "tiny_resnet", RESNET_ID)
     (tmp / "train.yaml").write_text(yaml.safe_dump({"id": str(splits), "model": str(tmp / "tiny_resnet"), "pretrained": False,
                                                     "recipe": "open-insects-scratch", "out": str(tmp / "classifier")}))
-    _script("train_classifier.py", "--config", tmp / "train.yaml", "epochs=2", "batch_size=32", "lr=0.003", "seed=0", cwd=tmp)
+    _script("train_classifier.py", "--config", tmp / "train.yaml", "epochs=2", "warmup_epochs=1", "batch_size=32",
+            "lr=0.003", "seed=0", cwd=tmp)
     return tmp / "classifier"
 
 
@@ -153,3 +154,62 @@ def test_species_protocol_through_the_scripts(tmp_path):
     transfer = pd.read_csv(run / "threshold_transfer.csv")
     assert set(transfer["target"]) == {"bci"} and (transfer["n_id"] == 8).all() and (transfer["n_ood"] == 8).all()
     assert (tmp_path / "report" / "best_rule.csv").is_file()
+
+
+def test_open_insects_protocol_trains_as_the_reference_code(tmp_path):
+    """splits -> classifier -> species config under `protocol: open-insects`, scaled down: the recipe values, the
+    preprocessing, the schedule at steps 0 / 1 / warm-up end / last (against a transcription of the reference trainer
+    loop), the training methods' protocol parameters and their fine-tuning schedules."""
+    import torch
+
+    from tests.pipelines.training.test_training_schedule import trainer_lrs
+
+    splits = _splits(tmp_path)
+    from pipelines.tiny import RESNET_ID, save_tiny_model
+
+    save_tiny_model(tmp_path / "tiny_resnet", RESNET_ID)
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump({"id": str(splits), "model": str(tmp_path / "tiny_resnet"),
+                                                         "pretrained": False, "recipe": "open-insects-scratch",
+                                                         "out": str(tmp_path / "classifier")}))
+    _script("train_classifier.py", "--config", tmp_path / "train.yaml", "epochs=4", "warmup_epochs=2", "batch_size=16",
+            cwd=tmp_path)
+    model = tmp_path / "classifier"
+    config = json.loads((model / "train_config.json").read_text())
+    assert {k: config[k] for k in ("protocol", "schedule", "drop_last", "precision", "augment", "image_size", "pre_size",
+                                   "lr", "weight_decay", "pretrained")} == {
+        "protocol": "open-insects", "schedule": "reference", "drop_last": False, "precision": "fp32", "augment": "ami",
+        "image_size": 126, "pre_size": 128, "lr": 0.01, "weight_decay": 1e-5, "pretrained": False}
+    processor = json.loads((model / "preprocessor_config.json").read_text())
+    assert int(126 / processor["crop_pct"]) == 128 and processor["resample"] == 2  # eval: Resize(128) + CenterCrop(126)
+    from pipelines.data import read_manifest
+
+    n_train = len(read_manifest(splits).select(role="id", split="train"))
+    metrics = json.loads((model / "metrics.json").read_text())
+    want = trainer_lrs(4, 2, n_train, 16, 0.01)
+    batches, spe = -(-n_train // 16), int(n_train / 16) + 1
+    assert metrics["steps"] == 4 * batches  # the last partial batch kept
+    at = metrics["lr_at"]
+    assert at["step_0"] == 0.0 and at["step_1"] == pytest.approx(want[1]) and at["warmup_end"] == pytest.approx(want[2 * batches])
+    assert at["step_1"] == pytest.approx(0.01 * (spe + 1) / (2 * spe))  # the warm-up starts halfway
+    assert at["last"] == pytest.approx(want[-1]) and at["last"] == 0.0  # the last epoch at lr 0
+
+    raw = yaml.safe_load(CONFIG.read_text())
+    fine_tune = {"epochs": 2, "warmup_epochs": 1, "batch_size": 16}
+    raw.update(model=str(model), id=str(splits), out=str(tmp_path / "run"), protocol="open-insects",
+               ood=[{**o, "manifest": str(splits)} for o in raw["ood"]], aux={**raw["aux"], "manifest": str(splits)},
+               ood_val={**raw["ood_val"], "manifest": str(splits)},
+               detectors=["msp", {"name": "mcd", "params": fine_tune}, {"name": "logitnorm", "params": fine_tune}])
+    raw.pop("field"), raw.pop("threshold_transfer", None)
+    (tmp_path / "eval.yaml").write_text(yaml.safe_dump(raw))
+    _script("evaluate.py", "--config", tmp_path / "eval.yaml", cwd=tmp_path)
+    results = pd.read_csv(tmp_path / "run" / "results.csv", keep_default_na=False)
+    assert set(results["protocol"]) == {"open-insects"}
+    params = {m: json.loads(results[results.method == m]["params"].iloc[0]) for m in ("mcd", "logitnorm")}
+    for name in params:
+        assert (params[name]["schedule"], params[name]["drop_last"], params[name]["augment"]) == ("reference", False, "region")
+    assert params["mcd"]["start_epoch_ft"] == 90
+    for name, advances in (("mcd", True), ("logitnorm", False)):
+        checkpoints = list((tmp_path / "run").rglob(f"*{name}*/**/finetune.pt"))
+        assert len(checkpoints) == 1, checkpoints
+        lrs = torch.load(checkpoints[0], map_location="cpu", weights_only=False)["lrs"]
+        assert lrs == pytest.approx(trainer_lrs(2, 1, n_train, 16, 1e-3, advances)), name
