@@ -76,9 +76,10 @@ class TrainedDetector(Detector):
         schedule: Literal["clean", "reference"] = param(
             "clean", "lr schedule: clean warm-up + cosine, or the reference trainers' timm schedule and step counter")
         drop_last: bool = param(True, "drop the last partial training batch (the reference keeps it, MixOE excepted)")
-        augment: Literal["region", "none"] = param(
-            "region", "full-mode training pixels: Open-Insect's fine-tuning preprocessor (resize, centre crop, flip, "
-            "RandomCrop with padding 4), or the processor's pixels unchanged")
+        augment: Literal["region", "ami", "none"] = param(
+            "region", "full-mode training pixels: the preprocessor branch Open-Insect's finetune.sh selects (resize, "
+            "centre crop, flip, RandomCrop with padding 4), its ami branch (RandomResizedCrop 0.3-1, flip, "
+            "RandAugment(2, 9)), or the processor's pixels unchanged")
         seed: int = param(0, "training seed")
         precision: str = param("auto", "training precision (auto: bf16 on GPU, fp32 on CPU; the reference: fp32)",
                                runtime=True)
