@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipelines.classifier import ImageClassifier
 from pipelines.data import Manifest, load_image, make_row, write_manifest
-from pipelines.training.transforms import Normalize, RandomResizedCrop
+from pipelines.training.transforms import Normalize, reference_train
 
 
 def synthetic_manifest(folder: Path, n: int, side: int, classes: int = 4, seed: int = 0) -> Manifest:
@@ -43,7 +43,7 @@ class _PlainRows(Dataset):
     """The hand-written baseline's dataset: decode, random resized crop + flip, uint8 tensor."""
 
     def __init__(self, manifest: Manifest, size: int, seed: int):
-        self.manifest, self.crop, self.seed = manifest, RandomResizedCrop(size), seed
+        self.manifest, self.crop, self.seed = manifest, reference_train("imagenet", size, size), seed
 
     def __len__(self) -> int:
         return len(self.manifest)
