@@ -208,7 +208,7 @@ class _Loop:
                                         rows=_rows(loaders[0]), batch_size=_batch_size(loaders[0]),
                                         advances=objective.advances_schedule)
         self.device = self.acc.device
-        self.twice = list(self.acc.unwrap_model(self.step_module).objective.twice_stepped_parameters())
+        self.twice = list(objective.twice_stepped_parameters())
         self.seen: set[tuple[str, int]] = set()
 
     def record(self, failed: list[tuple[int, str]], split: str) -> None:
@@ -236,7 +236,6 @@ class _Loop:
             self.acc.unwrap_model(self.step_module).objective.calibrate(id_pass.logits, aux_pass and aux_pass.logits)
         for epoch in range(first, self.s.epochs):
             seed_everything(self.s.seed * 7919 + epoch)
-            self.acc.unwrap_model(self.step_module).objective.start_epoch(epoch)
             if self.objective.needs_epoch_pass:
                 self.acc.unwrap_model(self.step_module).objective.epoch_start(epoch, *self.passes())
             entry = self.train_epoch(epoch)
@@ -256,8 +255,7 @@ class _Loop:
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         set_epoch(self.train, epoch)
-        active = self.acc.unwrap_model(self.step_module).objective.aux_active(epoch)
-        aux_stream = cycle(self.aux, epoch) if self.aux is not None and active else None
+        aux_stream = cycle(self.aux, epoch) if self.aux is not None and self.objective.aux_active(epoch) else None
         self.step_module.train()
         total, count, steps_before = 0.0, 0, self.result.steps
         bar = progress(self.train, desc=f"{self.s.desc} epoch {epoch + 1}/{self.s.epochs}", leave=False,

@@ -61,8 +61,7 @@ class Objective(nn.Module):
       G-ODIN's reference trainer has them (`loop.second_adam_step`).
     - `advances_schedule`: false for objectives whose reference trainer never advances its step counter (LogitNorm,
       ARPL: `pipelines.training.schedule`); only the "reference" schedule reads it.
-    - `start_epoch(epoch)`: called before every epoch (from 0); `aux_active(epoch)`: whether the loop draws
-      auxiliary batches in that epoch (MCD's `start_epoch_ft`).
+    - `aux_active(epoch)`: whether the loop draws auxiliary batches in epoch `epoch` (from 0; MCD's `start_epoch_ft`).
     - `label_fields()`: extra label levels {level: manifest field}; `encode_targets` maps raw values to indices.
     - `heads(logits, features)`: logits per label level, used for validation accuracy.
     """
@@ -89,9 +88,6 @@ class Objective(nn.Module):
 
     def twice_stepped_parameters(self) -> list[nn.Parameter]:
         return []
-
-    def start_epoch(self, epoch: int) -> None:
-        """Called before every epoch (from 0); default nothing."""
 
     def aux_active(self, epoch: int) -> bool:
         """Whether epoch `epoch` (from 0) draws auxiliary batches (default: always, for objectives with aux)."""
