@@ -156,6 +156,3 @@ class TrainConfig(Config):
         import torch
 
         return min(8, os.cpu_count() or 1) if torch.cuda.is_available() else 0
-
-    def as_dict(self) -> dict[str, Any]:
-        return self.to_dict()
