@@ -2,10 +2,11 @@
 multi-granularity heads; per-epoch atomic checkpoints and resume; the same weights on 1 or N processes.
 
 - `objectives`: `Objective`, `TrainBatch`, `Pass`, `CrossEntropy`, `MultiGranularity`;
-- `loaders`: image rows, cached-feature batches, the epoch-seeded sampler; `transforms`: random resized crop + flip,
-  resize + centre crop (PIL / torch);
+- `loaders`: image rows, cached-feature batches, the epoch-seeded sampler; `transforms`: torchvision's ops without
+  torchvision (RandAugment, RandomResizedCrop, Resize, CenterCrop, RandomCrop, flip) and Open-Insect's preprocessors;
+- `schedule`: the "clean" and the "reference" (Open-Insect's step counter) lr schedules;
 - `loop`: `finetune` (a whole `ImageClassifier` on images), `train_heads` (linear heads on cached features);
-- `batchnorm`: batch norm over the global batch across processes; `recipes` + `classify`: `train_classifier(config)`
+- `batchnorm`: batch norm over the global batch across processes; `recipes` (recipes, protocols, `TrainConfig`) + `classify`: `train_classifier(config)`
   behind `scripts/train_classifier.py`; `bench`: the measurements of `scripts/bench_train.py`.
 """
 from pipelines.training.loaders import aux_batch_size
