@@ -4,9 +4,10 @@
     python scripts/train_classifier.py --config configs/own_data_train.yaml epochs=30
     accelerate launch --num_processes 8 scripts/train_classifier.py --config train.yaml recipe=open-insects-scratch
 
-Keys: id (manifest), out, model (hub id or folder; default microsoft/resnet-50), pretrained, recipe
-(open-insects-scratch | open-insects-imagenet | multi-granularity), epochs, batch_size (global), lr, weight_decay,
-warmup_epochs, image_size, levels, seed, precision, num_workers, compile, channels_last, sync_bn (docs/training.md).
+Keys: id (manifest), out, model (hub id, folder or torchvision ResNet-50 .pth; default microsoft/resnet-50), pretrained,
+recipe (open-insects-scratch | open-insects-imagenet | multi-granularity), protocol (open-insects | exact), epochs,
+batch_size (global), lr, weight_decay, warmup_epochs, schedule, drop_last, augment, image_size, pre_size, levels, seed,
+precision, num_workers, compile, channels_last, sync_bn (docs/training.md).
 Writes a model folder that `model:` in eval configs loads, with class_names.json, metrics.json and training.png. A
 killed run resumes from its last finished epoch when rerun.
 """
