@@ -132,6 +132,7 @@ with torch.no_grad():
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _has_torchvision(), reason="the oracle is Debian's torchvision: apt-get install -y python3-torchvision")
 def test_full_resnet50_matches_torchvision_itself(tmp_path):
     depths, widths = [3, 4, 6, 3], [256, 512, 1024, 2048]
