@@ -105,3 +105,42 @@ def test_full_mode_fine_tuning_changes_its_input_pixels_every_epoch(tmp_path, si
         assert len(seen) == 3 and all(len(epoch) == len(rows) for epoch in seen)
         changed = [sum(seen[e][i] != seen[e + 1][i] for i in range(len(rows))) for e in range(2)]
         assert changed == ([len(rows)] * 2 if augment == "region" else [0, 0]), (augment, changed)
+
+
+def test_a_separate_aux_stream_gets_the_evaluation_pixels(tmp_path, single_torch_thread, monkeypatch):
+    """OE draws auxiliary batches beside the ID ones: the ID rows are augmented every epoch, the aux rows get the
+    reference's test preprocessor (the same pixels every epoch), as its `oe` split does."""
+    from helpers.models import tiny_resnet_classifier
+
+    from detectors.training.oe import OELoss
+    from pipelines.data import Manifest
+
+    rng = np.random.default_rng(1)
+    rows, aux_rows = [], []
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(tmp_path / f"id{i}.png")
+        Image.fromarray(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(tmp_path / f"aux{i}.png")
+        rows.append(make_row(f"id{i}.png", split="train", label=i % 2))
+        aux_rows.append(make_row(f"aux{i}.png", split="train", role="ood", ood_set="auxiliary"))
+    manifest = write_manifest(tmp_path, rows)
+    aux = Manifest(tmp_path, aux_rows)
+    seen: dict[str, dict[tuple[int, int], bytes]] = {"id": {}, "aux": {}}
+    original = OELoss.loss
+    epoch = {"steps": 0}
+
+    def recording(self, logits, features, batch):
+        e = epoch["steps"] // 2  # 4 ID rows, batch 2: two steps an epoch
+        epoch["steps"] += 1
+        for i, x in zip(batch.index.tolist(), batch.x):
+            seen["id"][(e, i)] = x.numpy().tobytes()
+        for i, x in zip(batch.aux_index.tolist(), batch.aux_x):
+            seen["aux"][(e, i)] = x.numpy().tobytes()
+        return original(self, logits, features, batch)
+
+    monkeypatch.setattr(OELoss, "loss", recording)
+    clf = tiny_resnet_classifier(tmp_path / "model", classes=2, size=16)
+    build("oe", classifier=clf, epochs=2, batch_size=2, warmup_epochs=0, lr=1e-3, precision="fp32").fit(manifest, aux=aux)
+    id_changed = [seen["id"][(0, i)] != seen["id"][(1, i)] for i in range(4)]
+    aux_both = [i for i in range(4) if (0, i) in seen["aux"] and (1, i) in seen["aux"]]
+    assert all(id_changed) and aux_both
+    assert all(seen["aux"][(0, i)] == seen["aux"][(1, i)] for i in aux_both)
