@@ -144,7 +144,7 @@ def save_checkpoint(path: str | os.PathLike, key: str, epoch: int, module: nn.Mo
         "torch_rng": torch.get_rng_state(), "generators": [None if g is None else g.get_state() for g in generators],
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
-    save_tree(path, state, {"format": FORMAT, "key": key})
+    save_tree(path, state, {"format": FORMAT, "key": key, "epoch": str(epoch)})
 
 
 def checkpoint_matches(path: str | os.PathLike, key: str) -> bool:

@@ -6,6 +6,7 @@ a run wrote. `remove_orphan_temps` deletes the temp files a killed writer left b
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ _OWNER = re.compile(r"\.(?P<host>[0-9a-f]{8})-(?P<pid>\d+)\.tmp(\.[^./]*)?$")
 FOREIGN_TEMP_SECONDS = 24 * 3600  # a temp of another host's writer is taken for an orphan after this long
 
 
+@functools.lru_cache(maxsize=1)
 def _host() -> str:
     return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
@@ -39,9 +41,16 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             break
         except FileExistsError:
             continue
+        except OSError as err:
+            err.filename = os.fspath(path)
+            raise
     try:
         yield tmp_path
         os.replace(tmp_path, path)
+    except OSError as err:  # a full disk or a refused write names the file being written, not its temp file
+        if err.filename is None or os.fspath(err.filename) == os.fspath(tmp_path):
+            err.filename, err.filename2 = os.fspath(path), None
+        raise
     finally:
         if tmp_path.exists():
             tmp_path.unlink()

@@ -6,9 +6,9 @@
 
 Keys: id (manifest), out, model (hub id or folder; default microsoft/resnet-50), pretrained, recipe
 (open-insects-scratch | open-insects-imagenet | multi-granularity), epochs, batch_size (global), lr, weight_decay,
-warmup_epochs, image_size, levels, seed, precision, num_workers, compile, channels_last, sync_bn (docs/training.md).
-Writes a model folder that `model:` in eval configs loads, with class_names.json, metrics.json and training.png. A
-killed run resumes from its last finished epoch when rerun.
+warmup_epochs, image_size, levels, seed, precision, num_workers, compile, channels_last, sync_bn, cache_hash
+(docs/training.md). Writes a model folder that `model:` in eval configs loads, with class_names.json, metrics.json and
+training.png. A killed run resumes from its last finished epoch when rerun; a finished one rerun does nothing.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     if partial_state().is_main_process:
         top1 = json.loads((out / METRICS).read_text())["top1"]
         print(f"top-1 on ID val {top1['val']}, ID test {top1['test']}")
-        print(f"wrote {out} (model, class_names.json, {METRICS}, training.png)")
+        print(f"model folder {out} (model, class_names.json, {METRICS}, training.png)")
     return 0
 
 

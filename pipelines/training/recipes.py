@@ -52,6 +52,7 @@ class TrainConfig:
     compile: bool = False
     channels_last: bool = True
     sync_bn: bool = True
+    cache_hash: str = "stat"  # image identity in the run's key: stat (size + mtime) or content (sha256 of the bytes)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "config") -> "TrainConfig":
@@ -93,6 +94,8 @@ class TrainConfig:
             raise ConfigError(f"{where}: `image_size` must be an integer >= 8, got {self.image_size!r}")
         if self.levels is not None and (not isinstance(self.levels, list) or not all(isinstance(v, str) for v in self.levels)):
             raise ConfigError(f"{where}: `levels` must be a list of field names, got {self.levels!r}")
+        if self.cache_hash not in ("stat", "content"):
+            raise ConfigError(f"{where}: `cache_hash` must be stat or content, got {self.cache_hash!r}")
         if self.precision not in ("auto", "bf16", "fp16", "fp32"):
             raise ConfigError(f"{where}: `precision` must be auto, bf16, fp16 or fp32, got {self.precision!r}")
 

@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+from pipelines.checkpoints import read_metadata
 from pipelines.errors import ConfigError
 from pipelines.importers import ClassImport, import_classes
 from tests.pipelines.own_data_helpers import class_tree, png
@@ -61,11 +62,11 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(setup, tmp_path):
     config = _config(base, model, tmp_path / "b", epochs=6)
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--config", str(config)], env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoint, done = tmp_path / "b" / "checkpoint.pt", 0
+    checkpoint, done = tmp_path / "b" / "checkpoint.safetensors", 0
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         if checkpoint.is_file():
-            done = torch.load(checkpoint, map_location="cpu", weights_only=False)["epoch"]
+            done = int((read_metadata(checkpoint) or {}).get("epoch", 0))
             if done >= 2:
                 break
         time.sleep(0.05)
