@@ -262,42 +262,15 @@ def test_cache_hash_content_sees_a_rewrite_with_the_mtime_restored(setup, tmp_pa
         _train_config(tmp_path, model, cache_hash="mtime")
 
 
-SLOW_WRITE = """
-import contextlib, pathlib, runpy, sys, time
-import pipelines.io as io
-real, name, marker = io.atomic_path, sys.argv[1], pathlib.Path(sys.argv[2])
-
-@contextlib.contextmanager
-def slow(path):
-    with real(path) as tmp:
-        yield tmp
-        if pathlib.Path(path).name == name:  # written, not yet renamed: the test kills us here
-            marker.write_text(str(tmp))
-            time.sleep(300)
-
-io.atomic_path = slow
-sys.argv = sys.argv[3:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 def test_a_kill_during_a_write_leaves_no_temp_file_after_the_rerun(setup, tmp_path):
     """SIGKILL while the checkpoint is written (its temp file complete, not renamed): the rerun removes that temp
     file and ends with a complete output folder."""
+    from helpers.killed import kill_during_write
+
     base, model = setup
-    launcher, marker = tmp_path / "slow.py", tmp_path / "writing"
-    launcher.write_text(SLOW_WRITE)
     config = _config(base, model, tmp_path / "out", epochs=2)
-    proc = subprocess.Popen([sys.executable, str(launcher), "checkpoint.safetensors", str(marker), str(SCRIPT),
-                             "--config", str(config)], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None and not marker.exists():
-        time.sleep(0.05)
-    assert marker.exists(), "the run never reached the checkpoint write"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    temp = Path(marker.read_text())
-    assert temp.is_file() and temp.parent == tmp_path / "out"
+    temp = kill_during_write(SCRIPT, ["--config", config], "checkpoint.safetensors", _env(), tmp_path / "kill")
+    assert temp.parent == tmp_path / "out"
     again = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config)], env=_env(), capture_output=True,
                            text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
