@@ -5,9 +5,11 @@ A training-time detector builds an `Objective` (its loss) from its parameters an
 - "full" (default, the papers' protocol): `fit(ImageSet | Manifest, aux=ImageSet | Manifest)` with `classifier=` given
   at construction fine-tunes that whole classifier in place on images (`pipelines.training.finetune`; the runner hands
   each method its own copy). With `work_dir=` (the runner's unit folder) the model is checkpointed there after every
-  epoch, atomically, and a killed run resumes its training; the fine-tuned weights are also part of the detector's saved
-  state. `transform(ImageSet)` re-extracts features and logits with the fine-tuned model into a cache under
-  `work_dir/features`, keyed by the fine-tuned weights, the preprocessing, the precision and the images.
+  epoch, atomically (safetensors + JSON, no pickle), and a killed run resumes its training; once trained, the detector
+  saves itself to `work_dir/model` (`save_pretrained`: heads, config and the fine-tuned classifier's own model folder),
+  which `from_pretrained` / the runner's `load:` read back without training. `transform(ImageSet)` re-extracts
+  features and logits with the fine-tuned model into a cache under `work_dir/features`, keyed by the fine-tuned
+  weights, the preprocessing, the precision and the images.
 - "heads" (fast studies): `fit(FeatureSet, head=LinearHead, aux=FeatureSet)` trains only the heads on cached
   penultimate features of the frozen classifier (`pipelines.training.train_heads`); the backbone never changes.
 The instance's `inputs` says what the runner hands it: {"images"} in full mode, {"features", "logits"} in heads mode.
