@@ -192,3 +192,25 @@ def test_foreign_pt_files_of_diffguard_distances_and_clipn(tmp_path):
             load_it(bad)
         assert str(bad) in str(err.value) and "\n" not in str(err.value) and "weights_only" not in str(err.value)
     assert not marker.exists()
+
+
+def test_feature_caches_of_a_copied_run_folder(tiny, tmp_path):
+    """Every feature cache replaced by a pickle: the rerun reads none of them as code, warns once per file, computes
+    them again and ends with the same results."""
+    root, model, _ = tiny
+    config = _eval_yaml(root, tmp_path / "run", model, ["msp"])
+    first = _script("evaluate.py", "--config", config)
+    assert first.returncode == 0, first.stderr[-3000:]
+    caches = sorted((tmp_path / "run" / "cache").rglob("*.safetensors"))
+    assert caches
+    marker = tmp_path / "ran"
+    for cache in caches:
+        plant(cache, marker)
+    again = _script("evaluate.py", "--config", config)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert not marker.exists()
+    warnings = [line for line in again.stderr.splitlines() if "ignoring the feature cache" in line]
+    assert len(warnings) == len(caches) and "weights_only" not in again.stderr
+    from pipelines.features import FeatureCache
+
+    assert all(len(FeatureCache.load(c)) for c in caches)  # rewritten as real caches
