@@ -37,7 +37,7 @@ from detectors.transfer import transfer_table
 from detectors.units import UnitResult, UnitStore
 from pipelines.data import ImageLoadError, Manifest, load_image
 from pipelines.fingerprint import combine, images_fingerprint, preprocessing_fingerprint, weights_fingerprint
-from pipelines.io import atomic_path, atomic_write_json
+from pipelines.io import atomic_path, atomic_write_json, remove_orphan_temps
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 
 __all__ = ["EvalConfig", "OODSource", "Source", "DetectorSpec", "ConfigError", "Plan", "make_plan", "Runner",
@@ -385,6 +385,10 @@ class Runner:
         """Prepare features, run every unit (skipping finished ones), write the outputs; return the results table."""
         main = partial_state().is_main_process
         self.plan.out.mkdir(parents=True, exist_ok=True)
+        if main:  # the temp files a killed run's writes left (a live writer's stay)
+            remove_orphan_temps(self.plan.out)
+            if not self.plan.cache_dir.resolve().is_relative_to(self.plan.out.resolve()):
+                remove_orphan_temps(self.plan.cache_dir)
         self.data = self.prepare()
         self._check_dims()
         done: list[UnitResult] = []

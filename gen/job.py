@@ -32,7 +32,7 @@ from gen.shards import FINISHED_FOLDER, mark_finished, pending_batches, wait_for
 from gen.sheet import CONTACT_SHEET_IMAGES, contact_sheet
 from pipelines.data import write_manifest
 from pipelines.errors import ConfigError
-from pipelines.io import atomic_write_json
+from pipelines.io import atomic_write_json, remove_orphan_temps
 from pipelines.masks import MaskModelError, open_rembg, resolve_mask_method
 from pipelines.progress import progress
 from pipelines.runtime import partial_state, resolve_dtype
@@ -102,15 +102,9 @@ def load_plan(config: GenerationConfig) -> list[PlanItem]:
 
 
 def remove_stale_temp_files(out: Path) -> int:
-    """Delete temp files left by a killed writer (pipelines.io names them `.<name>.<random>.tmp<suffix>`)."""
-    removed = 0
-    for folder in (out, out / "images", out / JOB_FOLDER, out / JOB_FOLDER / "ledger"):
-        if folder.is_dir():
-            for path in folder.iterdir():
-                if path.is_file() and path.name.startswith(".") and ".tmp" in path.name:
-                    path.unlink()
-                    removed += 1
-    return removed
+    """Delete temp files left by a killed writer (`pipelines.io.remove_orphan_temps`) in the job's folders."""
+    folders = (out, out / "images", out / JOB_FOLDER, out / JOB_FOLDER / "ledger")
+    return sum(remove_orphan_temps(folder, recursive=False) for folder in folders)
 
 
 def check_output(config: GenerationConfig) -> None:

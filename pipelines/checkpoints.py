@@ -1,22 +1,35 @@
-"""Per-epoch training checkpoints: everything the shared loop needs to continue a killed run where it stopped.
+"""Per-epoch training checkpoints: everything the shared loop needs to continue a killed run where it stopped, stored
+without pickles.
 
-One file (torch.save, written atomically) holds the model + objective weights, the optimiser and schedule, the epochs
-done, the run's history so far, the objective's plain Python attributes (margins, lambda schedules, cluster tables),
-the global torch (and CUDA) RNG and the data loaders' shuffling generators. `key` names what the run trains (the caller's content
-key); a file with another key is ignored and overwritten, never resumed.
+One safetensors file (written atomically) holds every tensor of the state: the model + objective weights, the
+optimiser's moments, the global torch (and CUDA) RNG and the data loaders' shuffling generators; its metadata holds
+the rest as JSON: the epochs done, the run's history, the schedule, the optimiser's settings and the objective's plain
+Python attributes (margins, lambda schedules, cluster tables), with placeholders naming the tensors. Reading one
+parses JSON and tensors only, so a planted file cannot run code: a file that is not such a checkpoint (a pickle, a
+truncated write, another format) is ignored with one warning line and overwritten, like one with another `key` (the
+caller's content key of what the run trains).
+
+`safe_torch_load` is the one way the project reads a `.pt`/`.bin` file it did not write: tensors only
+(`weights_only=True`), and a file holding anything else is one `UserInputError` line naming it.
 """
 from __future__ import annotations
 
+import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from pipelines.errors import UserInputError
 from pipelines.io import atomic_path
 
-FORMAT = "oodforge-train-checkpoint-v1"
+FORMAT = "oodforge-train-checkpoint-v2"
+_TENSOR, _ARRAY, _TUPLE, _ITEMS = "$tensor", "$array", "$tuple", "$items"
+_MARKS = (_TENSOR, _ARRAY, _TUPLE, _ITEMS)
 
 
 def loader_generators(loaders: list[Any]) -> list[torch.Generator | None]:
@@ -41,35 +54,125 @@ def _plain_attributes(objective: nn.Module) -> dict[str, Any]:
     return {k: v for k, v in vars(objective).items() if not k.startswith("_") and k != "training"}
 
 
+# -- a state tree as JSON + named tensors --------------------------------------------------------------------------
+def encode_tree(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """`obj` (dicts, lists, tuples, scalars, strings, None, tensors, numpy arrays) as JSON-ready values; every tensor
+    goes into `tensors` under a new name and is replaced by a placeholder. Anything else is a TypeError."""
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        name = f"t{len(tensors)}"
+        tensors[name] = obj.detach().to("cpu", copy=True).contiguous()  # a copy: shared storage is saved twice
+        return {_TENSOR: name}
+    if isinstance(obj, np.ndarray):
+        if obj.dtype == object:
+            raise TypeError("a checkpoint holds numeric arrays only, not object arrays")
+        return {_ARRAY: encode_tree(torch.from_numpy(np.ascontiguousarray(obj)), tensors)[_TENSOR]}
+    if isinstance(obj, tuple):
+        return {_TUPLE: [encode_tree(v, tensors) for v in obj]}
+    if isinstance(obj, list):
+        return [encode_tree(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and k not in _MARKS for k in obj):
+            return {k: encode_tree(v, tensors) for k, v in obj.items()}
+        return {_ITEMS: [[encode_tree(k, tensors), encode_tree(v, tensors)] for k, v in obj.items()]}
+    raise TypeError(f"a checkpoint cannot hold a {type(obj).__name__} (plain values, tensors and arrays only)")
+
+
+def decode_tree(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """The inverse of `encode_tree`: placeholders back to the named tensors (numpy arrays where they were)."""
+    if isinstance(obj, list):
+        return [decode_tree(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if _TENSOR in obj:
+        return tensors[obj[_TENSOR]]
+    if _ARRAY in obj:
+        return tensors[obj[_ARRAY]].numpy()
+    if _TUPLE in obj:
+        return tuple(decode_tree(v, tensors) for v in obj[_TUPLE])
+    if _ITEMS in obj:
+        return {_hashable(decode_tree(k, tensors)): decode_tree(v, tensors) for k, v in obj[_ITEMS]}
+    return {k: decode_tree(v, tensors) for k, v in obj.items()}
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key
+
+
+def save_tree(path: str | os.PathLike, tree: Any, metadata: dict[str, str]) -> None:
+    """Write `tree` atomically as one safetensors file: its tensors, and the rest as JSON in the metadata (`tree`)."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    encoded = json.dumps(encode_tree(tree, tensors))
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={**metadata, "tree": encoded})
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, str] | None:
+    """The metadata of a safetensors file (its header only), None when the file is not a readable safetensors file."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return dict(handle.metadata() or {})
+    except Exception:  # noqa: BLE001 - safetensors raises its own error (or OSError) for anything else
+        return None
+
+
+def load_tree(path: str | os.PathLike) -> Any:
+    """The tree `save_tree` wrote (JSON and tensors only: nothing in the file is executed)."""
+    from safetensors.torch import load_file
+
+    meta = read_metadata(path)
+    if meta is None or "tree" not in meta:
+        raise ValueError(f"{path}: not a checkpoint written by save_tree")
+    return decode_tree(json.loads(meta["tree"]), load_file(str(path)))
+
+
+# -- training checkpoints ------------------------------------------------------------------------------------------
 def save_checkpoint(path: str | os.PathLike, key: str, epoch: int, module: nn.Module, objective: nn.Module,
                     optimizer: Any, scheduler: Any, result: Any, generators: list[torch.Generator | None]) -> None:
     """Write the state after `epoch` epochs (atomic: a reader sees the previous file or this one, never a part)."""
     state = {
-        "format": FORMAT, "key": key, "epoch": epoch, "module": module.state_dict(),
-        "objective": _plain_attributes(objective), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "history": result.history, "lrs": result.lrs, "steps": result.steps, "seconds": result.seconds,
+        "epoch": epoch, "module": module.state_dict(), "objective": _plain_attributes(objective),
+        "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "history": result.history,
+        "lrs": torch.tensor(result.lrs, dtype=torch.float64), "steps": result.steps, "seconds": result.seconds,
         "torch_rng": torch.get_rng_state(), "generators": [None if g is None else g.get_state() for g in generators],
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    save_tree(path, state, {"format": FORMAT, "key": key, "epoch": str(epoch)})
+
+
+def checkpoint_matches(path: str | os.PathLike, key: str) -> bool:
+    """True when `path` is a checkpoint of this format for `key` (its header alone is read). A file there that is not
+    one is reported in one warning line."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    meta = read_metadata(path)
+    if meta is None or meta.get("format") != FORMAT:
+        print(f"[oodforge] ignoring {path}: not an oodforge training checkpoint ({FORMAT}); it will be overwritten",
+              file=sys.stderr)
+        return False
+    return meta.get("key") == key
 
 
 def load_checkpoint(path: str | os.PathLike, key: str, module: nn.Module, objective: nn.Module, optimizer: Any,
                     scheduler: Any, result: Any, generators: list[torch.Generator | None]) -> int:
     """Restore a matching checkpoint into the given objects; return the number of epochs it had done (0: none)."""
-    path = Path(path)
-    if not path.is_file():
+    if not checkpoint_matches(path, key):
         return 0
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("key") != key:
-        return 0
+    state = load_tree(path)
     module.load_state_dict(state["module"])
     for name, value in state["objective"].items():
         setattr(objective, name, value)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    result.history, result.lrs, result.steps = list(state["history"]), list(state["lrs"]), int(state["steps"])
+    result.history, result.lrs, result.steps = list(state["history"]), state["lrs"].tolist(), int(state["steps"])
     result.seconds = float(state["seconds"])
     torch.set_rng_state(state["torch_rng"])
     if state.get("cuda_rng") is not None and torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
@@ -78,3 +181,20 @@ def load_checkpoint(path: str | os.PathLike, key: str, module: nn.Module, object
         if gen is not None and saved is not None:
             gen.set_state(saved)
     return int(state["epoch"])
+
+
+def safe_torch_load(path: str | os.PathLike, what: str = "checkpoint") -> Any:
+    """`torch.load` of a file from elsewhere with tensors and plain containers only (`weights_only=True`); a file
+    holding anything else (pickled code or objects) is one UserInputError line naming it, never run."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise UserInputError(unsafe_pickle_message(path, what)) from err
+
+
+def unsafe_pickle_message(path: str | os.PathLike, what: str) -> str:
+    """The one line for a weight file refused because it holds more than tensors."""
+    return (f"{what} {os.fspath(path)!r} holds pickled objects other than tensors and is refused (loading it could run "
+            "code); re-save its tensors as safetensors or a tensors-only state dict")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import errno
 import logging
 import os
 import re
@@ -323,3 +324,24 @@ def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | N
     except KeyboardInterrupt:
         print("interrupted: rerun the same command to resume", file=sys.stderr)
         return 130
+    except OSError as err:
+        if err.errno not in DISK_ERRORS:
+            raise
+        if "--debug" in args:
+            traceback.print_exc()
+        else:
+            print(disk_error_line(err), file=sys.stderr)
+        return 2
+
+
+DISK_ERRORS = {errno.ENOSPC: "free some disk space", errno.EDQUOT: "free some of your disk quota",
+               errno.EACCES: "fix its permissions or choose another folder",
+               errno.EPERM: "fix its permissions or choose another folder", errno.EROFS: "choose a writable folder"}
+
+
+def disk_error_line(err: OSError) -> str:
+    """One line for a full disk or a refused file operation: the path, the system's reason and what to do."""
+    path = err.filename2 if err.filename2 is not None else err.filename
+    where = f"{display_path(os.fsdecode(path))}: " if path is not None else ""
+    reason = err.strerror or errno.errorcode.get(err.errno, str(err.errno))
+    return f"error: {where}{reason}; {DISK_ERRORS[err.errno]}, then rerun the same command (finished work is kept)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,8 @@ def map_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
         if len(prefix) != 8:
             raise ValueError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
         length = int.from_bytes(prefix, "little")
+        if length > path.stat().st_size - 8:  # a foreign file (a pickle's first bytes): never read gigabytes for it
+            raise ValueError(f"{path}: not a safetensors file (its header length {length} exceeds the file)")
         try:
             header = json.loads(fh.read(length))
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -158,7 +161,12 @@ def _reusable(cache: str | os.PathLike | None, manifest: Manifest, model_id: str
     """The cache file when it holds this content `key` (without a key: the same manifest fingerprint and model id)."""
     if cache is None or not Path(cache).is_file():
         return None
-    found = FeatureCache.load(cache, mmap=True)
+    try:
+        found = FeatureCache.load(cache, mmap=True)
+    except (OSError, ValueError, KeyError, TypeError) as err:  # a truncated, foreign or planted file: computed again
+        print(f"[oodforge] ignoring the feature cache {cache}: {' '.join(str(err).split())[:200]}; it will be rewritten",
+              file=sys.stderr)
+        return None
     same = (found.metadata.get("key") == key if key is not None else
             found.metadata.get("manifest") == manifest.fingerprint() and found.metadata.get("model") == model_id)
     return found if same else None

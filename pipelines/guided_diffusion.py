@@ -26,6 +26,8 @@ from typing import Any, Mapping
 
 import torch
 
+from pipelines.checkpoints import safe_torch_load
+
 # MODEL_FLAGS of openai/guided-diffusion's README for 256x256_diffusion_uncond.pt (a copy with its source is kept in
 # pipelines/hub_configs/openai/guided-diffusion/256x256_diffusion_uncond.json; a test checks they are equal).
 ADM_256_UNCOND: dict[str, Any] = {
@@ -262,7 +264,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(path))
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = safe_torch_load(path, "guided-diffusion checkpoint")
     if not isinstance(state, Mapping):
         raise ValueError(f"{path}: expected a state dict, got {type(state).__name__}")
     return dict(state)

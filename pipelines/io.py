@@ -1,29 +1,99 @@
-"""Atomic file writes: a temp file in the same folder, then `os.replace`, so readers never see partial files."""
+"""Atomic file writes: a temp file in the same folder, then `os.replace`, so readers never see partial files.
+
+A temp file is named `.<name>.<random>.<host>-<pid>.tmp<suffix>` (host: 8 hex digits of the host name's hash) and
+created with mode 0666 minus the process umask, as `open` would (0644 under umask 022), so other accounts can read what
+a run wrote. `remove_orphan_temps` deletes the temp files a killed writer left behind, and only those.
+"""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
-import tempfile
+import re
+import secrets
+import socket
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+TEMP_PATTERN = re.compile(r"^\.[^/]+\.[^./]+\.tmp(\.[^./]*)?$")  # what atomic_path names its temp files (and did before owners)
+_OWNER = re.compile(r"\.(?P<host>[0-9a-f]{8})-(?P<pid>\d+)\.tmp(\.[^./]*)?$")
+FOREIGN_TEMP_SECONDS = 24 * 3600  # a temp of another host's writer is taken for an orphan after this long
+
+
+@functools.lru_cache(maxsize=1)
+def _host() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temp path beside `path`; on success it is renamed onto `path`, on error removed."""
+    """Yield a temp path beside `path` (created empty, umask honoured); on success it is renamed onto `path`, on error
+    removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp" + path.suffix, dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    while True:
+        tmp_path = path.parent / f".{path.name}.{secrets.token_hex(4)}.{_host()}-{os.getpid()}.tmp{path.suffix}"
+        try:
+            os.close(os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            break
+        except FileExistsError:
+            continue
+        except OSError as err:
+            err.filename = os.fspath(path)
+            raise
     try:
         yield tmp_path
         os.replace(tmp_path, path)
+    except OSError as err:  # a full disk or a refused write names the file being written, not its temp file
+        if err.filename is None or os.fspath(err.filename) == os.fspath(tmp_path):
+            err.filename, err.filename2 = os.fspath(path), None
+        raise
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another account's live process
+        return True
+    return True
+
+
+def is_orphan_temp(path: Path) -> bool:
+    """True for a temp file of `atomic_path` whose writer is gone: its process no longer runs on this host, its writer
+    is not recorded (older names), or it belongs to another host and is older than `FOREIGN_TEMP_SECONDS`."""
+    if not TEMP_PATTERN.match(path.name):
+        return False
+    owner = _OWNER.search(path.name)
+    if owner is None:
+        return True
+    if owner["host"] == _host():
+        return not _alive(int(owner["pid"]))
+    try:
+        return time.time() - path.stat().st_mtime > FOREIGN_TEMP_SECONDS
+    except OSError:
+        return False
+
+
+def remove_orphan_temps(folder: str | os.PathLike, recursive: bool = True) -> int:
+    """Delete the orphaned temp files (`is_orphan_temp`) in `folder` (and below it); returns how many. A temp file of
+    a writer still running (another process on the same output) is left alone; nothing else is touched."""
+    root = Path(folder)
+    if not root.is_dir():
+        return 0
+    removed = 0
+    for path in (root.rglob(".*.tmp*") if recursive else root.glob(".*.tmp*")):
+        if path.is_file() and not path.is_symlink() and is_orphan_temp(path):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

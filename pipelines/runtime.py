@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, TypeVar
 import numpy as np
 import torch
 
-from pipelines.errors import ConfigError
+from pipelines.errors import ConfigError, UserInputError
 
 T = TypeVar("T")
 
@@ -146,10 +146,16 @@ def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, w
 
     The error names the hub id and says how to pass a local folder instead.
     """
+    import pickle
+
     target = str(Path(name_or_path).expanduser()) if is_local(name_or_path) else str(name_or_path)
     try:
         return loader(target, **kwargs)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, pickle.UnpicklingError) as err:
+        if _refused_pickle(err):  # transformers / diffusers read .bin files tensors-only: one line, no unsafe advice
+            raise UserInputError(f"could not load {what} from {target!r}: a weight file in it holds pickled objects "
+                                 "other than tensors and is refused (loading it could run code); re-save the weights "
+                                 "as safetensors") from err
         if looks_local(name_or_path):
             first = " ".join(str(err).split())[:300]
             raise ConfigError(f"could not load {what} from the local folder {target!r}: {first}") from err
@@ -158,6 +164,18 @@ def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, w
             f"could not be reached ({type(err).__name__}). Download it on a connected machine "
             f"(`huggingface-cli download {target} --local-dir DIR`) and pass DIR instead of the hub id."
         ) from err
+
+
+def _refused_pickle(err: BaseException | None) -> bool:
+    """True when `err` or an error it was raised from is a refused (non-tensor) pickle."""
+    import pickle
+
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, pickle.UnpicklingError):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
 
 
 def list_model_files(name_or_path: str | os.PathLike) -> list[str]:

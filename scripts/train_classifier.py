@@ -7,9 +7,9 @@
 Keys: id (manifest), out, model (hub id, folder or torchvision ResNet-50 .pth; default microsoft/resnet-50), pretrained,
 recipe (open-insects-scratch | open-insects-imagenet | multi-granularity), protocol (open-insects | exact), epochs,
 batch_size (global), lr, weight_decay, warmup_epochs, schedule, drop_last, augment, image_size, pre_size, levels, seed,
-precision, num_workers, compile, channels_last, sync_bn (docs/training.md).
+precision, num_workers, compile, channels_last, sync_bn, cache_hash (docs/training.md).
 Writes a model folder that `model:` in eval configs loads, with class_names.json, metrics.json and training.png. A
-killed run resumes from its last finished epoch when rerun.
+killed run resumes from its last finished epoch when rerun; a finished one rerun does nothing.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     if partial_state().is_main_process:
         top1 = json.loads((out / METRICS).read_text())["top1"]
         print(f"top-1 on ID val {top1['val']}, ID test {top1['test']}")
-        print(f"wrote {out} (model, class_names.json, {METRICS}, training.png)")
+        print(f"model folder {out} (model, class_names.json, {METRICS}, training.png)")
     return 0
 
 

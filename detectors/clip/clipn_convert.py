@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from detectors.clip.clipn import STATE_PREFIX
+from pipelines.checkpoints import safe_torch_load
 
 _BLOCK = re.compile(r"^(?P<tower>visual\.transformer|transformer|transformer_no)\.resblocks\.(?P<i>\d+)\.(?P<rest>.+)$")
 _BLOCK_PARTS = {
@@ -117,7 +118,7 @@ def convert_clipn(checkpoint: str | os.PathLike | dict[str, Any], out_dir: str |
     from pipelines.runtime import load_pretrained
 
     if not isinstance(checkpoint, dict):
-        checkpoint = torch.load(str(checkpoint), map_location="cpu", weights_only=True)
+        checkpoint = safe_torch_load(checkpoint, "CLIPN checkpoint")
     state = strip_wrappers(checkpoint)
     clip_state, no_state = convert_state_dict(state)
     if isinstance(processor, (str, os.PathLike)):

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipelines.checkpoints import safe_torch_load
+
 SIMILARITIES = ("dists", "lpips", "logit_l1", "ssim", "psnr", "l2")
 Similarity = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -126,7 +128,7 @@ def load_weight_files(paths: str | os.PathLike | Sequence[str | os.PathLike] | N
 
             state.update(load_file(path))
         else:
-            state.update(torch.load(path, map_location="cpu", weights_only=True))
+            state.update(safe_torch_load(path, f"{what} weight file"))
     return state
 
 

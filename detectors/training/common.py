@@ -6,10 +6,13 @@ A training-time detector builds an `Objective` (its loss) from its parameters an
   at construction fine-tunes that whole classifier in place on images (`pipelines.training.finetune`; the runner hands
   each method its own copy). Training rows get Open-Insect's fine-tuning preprocessor (`augment: region`: Resize to
   the processor's resize, CenterCrop, flip, RandomCrop with padding 4, new pixels every epoch); a separate auxiliary
-  stream gets the evaluation pixels, as the reference's `oe` split (docs/training.md). With `work_dir=` (the runner's unit folder) the model is checkpointed there after every
-  epoch, atomically, and a killed run resumes its training; the fine-tuned weights are also part of the detector's saved
-  state. `transform(ImageSet)` re-extracts features and logits with the fine-tuned model into a cache under
-  `work_dir/features`, keyed by the fine-tuned weights, the preprocessing, the precision and the images.
+  stream gets the evaluation pixels, as the reference's `oe` split (docs/training.md). With `work_dir=` (the runner's
+  unit folder) the model is checkpointed there after every
+  epoch, atomically (safetensors + JSON, no pickle), and a killed run resumes its training; once trained, the detector
+  saves itself to `work_dir/model` (`save_pretrained`: heads, config and the fine-tuned classifier's own model folder),
+  which `from_pretrained` / the runner's `load:` read back without training. `transform(ImageSet)` re-extracts
+  features and logits with the fine-tuned model into a cache under `work_dir/features`, keyed by the fine-tuned
+  weights, the preprocessing, the precision and the images.
 - "heads" (fast studies): `fit(FeatureSet, head=LinearHead, aux=FeatureSet)` trains only the heads on cached
   penultimate features of the frozen classifier (`pipelines.training.train_heads`); the backbone never changes.
 The instance's `inputs` says what the runner hands it: {"images"} in full mode, {"features", "logits"} in heads mode.
@@ -32,7 +35,9 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from detectors.base import Detector, FeatureSet, LinearHead, Params, as_numpy, param
+from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, Params, as_numpy, param
+from pipelines.data import Manifest
+from pipelines.fingerprint import weights_fingerprint
 from pipelines.training import Objective, finetune, train_heads
 
 MODES = ("full", "heads")
@@ -148,10 +153,19 @@ class TrainedDetector(Detector):
         self.head = LinearHead(as_numpy(layer.weight, np.float64), as_numpy(layer.bias, np.float64))
         self.extra = self.export(objective)
         self.history = result.history
-        self._features_memo.clear()
-        self._weights_key = None
+        self._forget_features()
         self.fitted = True
+        if self.work_dir is not None:
+            self._save_artifact()
         return self
+
+    def _save_artifact(self) -> None:
+        """The trained detector as `work_dir/model` (`save_pretrained`, main process): what `load:` reads back."""
+        from detectors.training.finetuned import ARTIFACT
+        from pipelines.runtime import partial_state
+
+        if partial_state().is_main_process:
+            self.save_pretrained(self.work_dir / ARTIFACT)
 
     def _fit_features(self, id_train: FeatureSet, head: Any, id_val: Any, aux: Any, common: dict[str, Any]):
         id_train.require("features", "labels", who=self.name)
@@ -170,7 +184,7 @@ class TrainedDetector(Detector):
                            **common)
 
     def _fit_images(self, id_train: Any, id_val: Any, aux: Any, common: dict[str, Any]):
-        from detectors.training.finetuned import as_manifest, training_key
+        from detectors.training.finetuned import CHECKPOINT, as_manifest, training_key
         from pipelines.training.classify import transforms_for
 
         if self.classifier is None:
@@ -178,7 +192,7 @@ class TrainedDetector(Detector):
         train_m, aux_m, val_m = (as_manifest(x, what, self.name) for x, what in ((id_train, "id_train"), (aux, "aux"), (id_val, "id_val")))
         checkpoint, key = None, ""
         if self.work_dir is not None:
-            checkpoint = self.work_dir / "finetune.pt"
+            checkpoint = self.work_dir / CHECKPOINT
             key = training_key(self.name, self.params, self.classifier, train_m, aux_m, val_m)
         transforms = None if self.params["augment"] == "none" else transforms_for(self.classifier, self.params["augment"])
         result = finetune(self.classifier, train_m, aux=aux_m, val=val_m, num_workers=self.params["num_workers"],
@@ -216,12 +230,31 @@ class TrainedDetector(Detector):
         return FeatureSet(features, self.closed_logits(features), labels)
 
     def model_features(self, batch: Any) -> tuple[np.ndarray, Any]:
-        """(penultimate features [N,D], labels) of the fine-tuned classifier on an ImageSet or Manifest."""
-        from detectors.training.finetuned import extract
+        """(penultimate features [N,D], labels) of the fine-tuned classifier on an ImageSet or Manifest; manifest rows
+        go through a feature cache under `work_dir/features` keyed by the current weights (kept in memory too)."""
+        from detectors.training.finetuned import cached_features, features_key, forward_images
 
         if self.classifier is None:
             raise ValueError(f"{self.name}: scoring images needs the fine-tuned classifier (build(..., classifier=...))")
-        return extract(self, batch)
+        p = self.params
+        manifest = batch if isinstance(batch, Manifest) else batch.manifest if isinstance(batch, ImageSet) else None
+        if manifest is None:
+            if isinstance(batch, ImageSet):
+                return forward_images(self.classifier, batch, p["score_batch_size"]), batch.labels
+            raise TypeError(f"{self.name}: transform/score take a FeatureSet, an ImageSet or a Manifest, got {type(batch).__name__}")
+        if self._weights_key is None:
+            self._weights_key = weights_fingerprint(self.classifier)
+        key = features_key(self._weights_key, self.classifier, manifest, p["precision"])
+        if key not in self._features_memo:
+            cache_dir = None if self.work_dir is None else self.work_dir / "features"
+            self._features_memo[key] = cached_features(self.name, self.classifier, manifest, key, cache_dir,
+                                                       p["score_batch_size"], p["precision"])
+        return self._features_memo[key]
+
+    def _forget_features(self) -> None:
+        """The weights changed (trained, loaded): features computed before are not theirs."""
+        self._features_memo.clear()
+        self._weights_key = None
 
     def _check_fitted(self) -> None:
         if not self.fitted or self.head is None:
@@ -232,13 +265,42 @@ class TrainedDetector(Detector):
         return self._score_logits(seen.logits, seen.features)
 
     # -- state ----------------------------------------------------------------------------------------------
+    def _fine_tuned(self) -> bool:
+        return self.params["mode"] == "full" and self.classifier is not None and self.fitted
+
     def state(self) -> dict[str, np.ndarray]:
+        """The trained heads and extra arrays; in full mode also a plain-module classifier's weights (a transformers
+        classifier is saved as its own model folder by `save_pretrained`)."""
         from detectors.training.finetuned import classifier_arrays
 
         out = {**super().state(), **self.extra}
-        if self.params["mode"] == "full" and self.classifier is not None and self.fitted:
+        if self._fine_tuned() and getattr(self.classifier, "kind", None) != "hf":
             out.update(classifier_arrays(self.classifier))
         return out
+
+    def save_pretrained(self, folder: str | os.PathLike) -> Path:
+        """`config.json` + `model.safetensors` (heads, extra arrays) and, in full mode with a transformers classifier,
+        `classifier/` (the fine-tuned model folder: config, weights, image processor), which `from_pretrained` loads."""
+        from detectors.training.finetuned import CLASSIFIER_FOLDER
+
+        folder = Path(folder)
+        if self._fine_tuned() and getattr(self.classifier, "kind", None) == "hf":
+            self.classifier.model.to(memory_format=torch.contiguous_format)
+            self.classifier.save_pretrained(folder / CLASSIFIER_FOLDER)
+        return super().save_pretrained(folder)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | os.PathLike, **overrides: Any) -> "TrainedDetector":
+        """A saved trained detector; one holding `classifier/` scores with that fine-tuned classifier (a `classifier`
+        given here is replaced by it), one holding a plain module's arrays needs `classifier=` of its architecture."""
+        from detectors.training.finetuned import CLASSIFIER_FOLDER
+
+        saved = Path(folder) / CLASSIFIER_FOLDER
+        if (saved / "config.json").is_file():
+            from pipelines.classifier import ImageClassifier
+
+            overrides["classifier"] = ImageClassifier.from_pretrained(saved)
+        return super().from_pretrained(folder, **overrides)
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
         from detectors.training.finetuned import CLASSIFIER_PREFIX, load_classifier_arrays
@@ -250,5 +312,4 @@ class TrainedDetector(Detector):
                 raise ValueError(f"{self.name}: this saved detector holds a fine-tuned classifier; load it with "
                                  "from_pretrained(folder, classifier=<an ImageClassifier of the same architecture>)")
             load_classifier_arrays(self.classifier, state)
-        self._features_memo.clear()
-        self._weights_key = None
+        self._forget_features()

@@ -1,7 +1,9 @@
-"""Full-mode plumbing of the training-time detectors: what keys a fine-tuning run, the fine-tuned model's features
-(content-keyed cache), and the fine-tuned weights as part of the detector's saved state."""
+"""Full-mode plumbing of the training-time detectors: what keys a fine-tuning run and names its files, the fine-tuned
+model's features (content-keyed cache), and the fine-tuned weights as part of the detector's saved state (a
+transformers classifier as its own model folder, a plain module as arrays)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,9 @@ from pipelines.data import Manifest
 from pipelines.features import FeatureCache, cache_path, extract_features
 from pipelines.fingerprint import combine, images_fingerprint, preprocessing_fingerprint, weights_fingerprint
 
+CHECKPOINT = "finetune.safetensors"  # the per-epoch resume checkpoint in work_dir (pipelines.checkpoints: no pickle)
+ARTIFACT = "model"  # work_dir/model: the trained detector (save_pretrained) once training has finished
+CLASSIFIER_FOLDER = "classifier"  # <saved detector>/classifier: the fine-tuned transformers classifier
 CLASSIFIER_PREFIX = "classifier."
 SCORING_ONLY = ("score_rule", "score_batch_size", "num_workers")  # parameters that do not change the trained model
 
@@ -33,35 +38,31 @@ def training_key(name: str, params: dict[str, Any], classifier: Any, *manifests:
                    [None if m is None else images_fingerprint(m) for m in manifests])
 
 
-def extract(det: Any, batch: Any) -> tuple[np.ndarray, np.ndarray | None]:
-    """(features [N,D], labels) of `det.classifier` on an ImageSet or Manifest; manifest rows go through
-    `pipelines.features.extract_features` with a cache under `det.work_dir/features` keyed by the current weights."""
-    clf, params = det.classifier, det.params
-    manifest = batch if isinstance(batch, Manifest) else batch.manifest if isinstance(batch, ImageSet) else None
-    if manifest is None:
-        if isinstance(batch, ImageSet):
-            return _forward(clf, batch, params["score_batch_size"]), batch.labels
-        raise TypeError(f"{det.name}: transform/score take a FeatureSet, an ImageSet or a Manifest, got {type(batch).__name__}")
-    if det._weights_key is None:
-        det._weights_key = weights_fingerprint(clf)
-    key = combine("trained-features-v1", det._weights_key, preprocessing_fingerprint(clf), images_fingerprint(manifest),
-                  params["precision"])
-    if key not in det._features_memo:
-        cache = None if det.work_dir is None else cache_path(det.work_dir / "features", manifest.root.name, key)
-        found = extract_features(clf, manifest, batch_size=params["score_batch_size"], precision=params["precision"],
-                                 cache=cache, key=key, desc=f"{det.name} features")
-        if cache is not None and cache.is_file():  # keep the memory-mapped file, not a second copy in memory
-            found = FeatureCache.load(cache, mmap=True)
-        if len(found) != len(manifest):
-            bad = [f["file"] for f in found.failures][:3]
-            raise ValueError(f"{det.name}: {len(manifest) - len(found)} image(s) could not be loaded ({bad}); "
-                             "leave unreadable images out of the scored sets")
-        det._features_memo[key] = (np.asarray(found.features), np.asarray(found.labels))
-    return det._features_memo[key]
+def features_key(weights_key: str, classifier: Any, manifest: Manifest, precision: str) -> str:
+    """Content key of the fine-tuned model's features on `manifest`: its weights' fingerprint, the preprocessing, the
+    images and the precision."""
+    return combine("trained-features-v1", weights_key, preprocessing_fingerprint(classifier), images_fingerprint(manifest),
+                   precision)
+
+
+def cached_features(who: str, classifier: Any, manifest: Manifest, key: str, cache_dir: Path | None, batch_size: int,
+                    precision: str) -> tuple[np.ndarray, np.ndarray]:
+    """(features [N,D], labels) of `classifier` on every row of `manifest`, through `pipelines.features.extract_features`
+    with a cache file under `cache_dir` named by `key` (none: no cache); an unreadable image is an error."""
+    cache = None if cache_dir is None else cache_path(cache_dir, manifest.root.name, key)
+    found = extract_features(classifier, manifest, batch_size=batch_size, precision=precision, cache=cache, key=key,
+                             desc=f"{who} features")
+    if cache is not None and cache.is_file():  # keep the memory-mapped file, not a second copy in memory
+        found = FeatureCache.load(cache, mmap=True)
+    if len(found) != len(manifest):
+        bad = [f["file"] for f in found.failures][:3]
+        raise ValueError(f"{who}: {len(manifest) - len(found)} image(s) could not be loaded ({bad}); "
+                         "leave unreadable images out of the scored sets")
+    return np.asarray(found.features), np.asarray(found.labels)
 
 
 @torch.no_grad()
-def _forward(classifier: Any, images: ImageSet, batch_size: int) -> np.ndarray:
+def forward_images(classifier: Any, images: ImageSet, batch_size: int) -> np.ndarray:
     """Penultimate features of in-memory images (no cache: they have no file identity)."""
     classifier.eval()
     device = next(classifier.parameters()).device

@@ -4,12 +4,17 @@
 The output folder holds the transformers model (`config.json` with `id2label` = the class names, weights) and its
 image processor, `class_names.json`, `levels.json` + `levels.safetensors` when trained with label levels (the runner's
 `head: {levels: <folder>, level: <name>}` reads them), `metrics.json` (top-1 accuracy per head on ID val and ID test,
-the per-epoch history), `training.png`, the resolved `train_config.json` and `checkpoint.pt` (the last epoch's full
-state: a rerun resumes from it, or does nothing when the run is complete).
+the per-epoch history and the run's key), `training.png`, the resolved `train_config.json` and
+`checkpoint.safetensors` (the last epoch's full state, no pickle: a killed run resumes from it).
+
+The run's key (`run_key`) covers what decides the folder's content: the settings, the starting model's files, the class
+names and the ID rows with each image file's identity (`cache_hash`: stat or content, as the evaluation caches). A rerun
+whose key equals the one in `metrics.json` (written last) does nothing: no file is rewritten, so the folder's
+fingerprint and every evaluation unit keyed by it stay as they are. Another key trains again (from scratch: the
+checkpoint's key differs too).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -20,7 +25,8 @@ from pipelines.classifier import ImageClassifier
 from pipelines.data import Manifest, read_manifest
 from pipelines.errors import ConfigError
 from pipelines.hub_ids import RESNET_ID
-from pipelines.io import atomic_write_json
+from pipelines.fingerprint import combine, images_fingerprint, source_identity
+from pipelines.io import atomic_write_json, remove_orphan_temps
 from pipelines.runtime import load_pretrained, seed_everything
 from pipelines.training.loop import TrainResult, finetune
 from pipelines.training.objectives import PRIMARY, CrossEntropy, MultiGranularity, Objective
@@ -30,6 +36,7 @@ from pipelines.training.transforms import Compose, ResizeCenterCrop, reference_e
 
 CLASS_NAMES = "class_names.json"
 METRICS = "metrics.json"
+CHECKPOINT = "checkpoint.safetensors"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
@@ -163,26 +170,46 @@ def _objective(config: TrainConfig, label_field: str | None, train: Manifest) ->
     return MultiGranularity({level: level for level in extra}) if extra else CrossEntropy()
 
 
-def run_key(config: TrainConfig, manifest: Manifest) -> str:
-    """What decides the trained weights: every setting but the output folder and the worker count, and the rows."""
-    settings = {k: v for k, v in config.as_dict().items() if k not in ("out", "num_workers")}
-    text = json.dumps(settings, sort_keys=True) + manifest.fingerprint()
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def run_key(config: TrainConfig, class_names: list[str], label_field: str | None,
+            splits: tuple[Manifest | None, ...]) -> str:
+    """What decides the output folder: every setting but the output folder, the worker count and the identity mode,
+    the starting model's files (`source_identity`), the class names, and the ID train/val/test rows with each image
+    file's identity in the `cache_hash` mode."""
+    settings = {k: v for k, v in config.as_dict().items() if k not in ("out", "num_workers", "cache_hash")}
+    return combine("train-classifier-v2", settings, source_identity(config.model), class_names, label_field,
+                   [None if m is None else images_fingerprint(m, config.cache_hash) for m in splits])
+
+
+def finished(out: Path, key: str) -> bool:
+    """True when `out` holds the complete output of the run keyed `key` (its `metrics.json`, written last, says so)."""
+    try:
+        metrics = json.loads((out / METRICS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(metrics, dict) and metrics.get("run_key") == key and _has_weights(str(out))
 
 
 def train_classifier(config: TrainConfig) -> Path:
-    """Train `config.model` on the ID manifest `config.id` and write the output folder (module docstring)."""
+    """Train `config.model` on the ID manifest `config.id` and write the output folder (module docstring); a rerun
+    of a finished run with the same key touches nothing."""
     from pipelines.runtime import partial_state
 
     manifest, train, val, test = _splits(config)
     class_names, label_field = class_names_of(manifest, config.id)
-    classifier = build_classifier(config, class_names)
-    objective = _objective(config, label_field, train)
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
     state = partial_state()
+    key = run_key(config, class_names, label_field, (train, val, test))
+    if finished(out, key):
+        if state.is_main_process:
+            print(f"[oodforge] {out} is up to date (same settings, starting model, class names and images): nothing to do")
+        return out
     if config.batch_size % state.num_processes:
         raise ConfigError(f"batch_size {config.batch_size} is the global batch: it must divide by the {state.num_processes} processes")
+    classifier = build_classifier(config, class_names)
+    objective = _objective(config, label_field, train)
+    out.mkdir(parents=True, exist_ok=True)
+    if state.is_main_process:
+        remove_orphan_temps(out)  # what a killed run's writes left (a live writer's temp files stay)
     transforms = transforms_for(classifier, config.augment, config.pre_size)
     if state.is_main_process:
         print(f"recipe {config.recipe}, protocol {config.protocol}: train pixels {transforms[0]!r}; eval pixels "
@@ -192,16 +219,18 @@ def train_classifier(config: TrainConfig) -> Path:
                       batch_size=config.batch_size, weight_decay=config.weight_decay, warmup_epochs=config.warmup_epochs,
                       seed=config.seed, precision=config.precision, num_workers=config.workers(),
                       transforms=transforms, keep_last_batch=not config.drop_last, schedule=config.schedule,
-                      checkpoint=out / "checkpoint.pt", checkpoint_key=run_key(config, manifest),
+                      checkpoint=out / CHECKPOINT, checkpoint_key=key,
                       channels_last=config.channels_last, compile=config.compile, sync_bn=config.sync_bn)
     if state.is_main_process:
-        _write_outputs(out, config, classifier, objective, result, class_names, label_field)
+        _write_outputs(out, config, classifier, objective, result, class_names, label_field, key)
     state.wait_for_everyone()
     return out
 
 
 def _write_outputs(out: Path, config: TrainConfig, classifier: ImageClassifier, objective: Objective,
-                   result: TrainResult, class_names: list[str], label_field: str | None) -> None:
+                   result: TrainResult, class_names: list[str], label_field: str | None, key: str) -> None:
+    """Every output file, `metrics.json` (with the run's key) last: its presence says the folder is complete."""
+    (out / METRICS).unlink(missing_ok=True)
     classifier.model.to(memory_format=torch.contiguous_format)
     classifier.save_pretrained(out)
     heads = [PRIMARY, *getattr(objective, "levels", {})]
@@ -209,8 +238,8 @@ def _write_outputs(out: Path, config: TrainConfig, classifier: ImageClassifier, 
         objective.save_pretrained(out)
     atomic_write_json(out / CLASS_NAMES, {"names": class_names, "label_field": label_field, "levels": heads[1:]})
     atomic_write_json(out / "train_config.json", config.as_dict())
-    atomic_write_json(out / METRICS, metrics(result, heads, label_field, config.warmup_epochs))
     plot_history(result.history, out / "training.png")
+    atomic_write_json(out / METRICS, {**metrics(result, heads, label_field, config.warmup_epochs), "run_key": key})
 
 
 def metrics(result: TrainResult, heads: list[str], label_field: str | None, warmup_epochs: float = 0) -> dict[str, Any]:

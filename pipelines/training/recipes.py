@@ -112,6 +112,8 @@ class TrainConfig(Config):
     compile: bool = param(False, "torch.compile the model (GPU speed option)", runtime=True)
     channels_last: bool = param(True, "channels-last memory on GPU", runtime=True)
     sync_bn: bool = param(True, "batch-norm statistics over the global batch with several processes")
+    cache_hash: Literal["stat", "content"] = param("stat", "image identity in the run's key: stat (size + mtime) or "
+                                                           "content (sha256 of the bytes)")
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "") -> "TrainConfig":

@@ -1,10 +1,19 @@
-"""Runtime policy (dtype, seeds, clear loading errors) and atomic writes."""
+"""Runtime policy (dtype, seeds, clear loading errors) and atomic writes (umask kept, orphans of killed writers
+removed, a full disk or a refused write one line naming the file)."""
+import errno
 import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from pipelines.io import atomic_path, atomic_write_json, atomic_write_text
+import pipelines.io as io
+from pipelines.io import atomic_path, atomic_write_json, atomic_write_text, remove_orphan_temps
 from pipelines.runtime import item_generator, item_seed, load_pretrained, resolve_dtype
 
 
@@ -45,6 +54,119 @@ def test_atomic_write_leaves_nothing_on_error(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["out.json"]
     atomic_write_text(tmp_path / "sub" / "t.txt", "hi")
     assert (tmp_path / "sub" / "t.txt").read_text() == "hi"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_atomic_writes_keep_the_umask(tmp_path, umask):
+    """0666 minus the umask, as `open` gives: 0644 under 022 (readable by other accounts), not mkstemp's 0600."""
+    old = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x")
+        with atomic_path(tmp_path / "b.bin") as tmp:
+            assert stat.S_IMODE(tmp.stat().st_mode) == 0o666 & ~umask  # the temp file already has the final mode
+            tmp.write_bytes(b"y")
+        plain = tmp_path / "plain.txt"
+        plain.write_text("z")
+    finally:
+        os.umask(old)
+    for name in ("a.txt", "b.bin"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == stat.S_IMODE(plain.stat().st_mode) == 0o666 & ~umask
+
+
+def _dead_pid() -> int:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(done.stdout)
+
+
+def test_only_orphaned_temp_files_are_removed(tmp_path, monkeypatch):
+    host = io._host()
+    (tmp_path / "sub").mkdir()
+    dead = _dead_pid()
+    orphans = [tmp_path / f".r.csv.ab12cd34.{host}-{dead}.tmp.csv",  # its writer is gone
+               tmp_path / "sub" / f".c.safetensors.00ff00ff.{host}-{dead}.tmp.safetensors",
+               tmp_path / ".m.json.k2x9_q7z.tmp.json",  # the older name, which recorded no writer
+               tmp_path / f".old.png.ab12cd34.0badf00d-{os.getpid()}.tmp.png"]  # another host's, a day old
+    kept = [tmp_path / f".live.csv.ab12cd34.{host}-{os.getpid()}.tmp.csv",  # a writer still running (this process)
+            tmp_path / f".new.png.ab12cd34.0badf00d-{dead}.tmp.png",  # another host's, recent: it may still run
+            tmp_path / ".tmp", tmp_path / ".notes.tmp", tmp_path / "data.tmp.csv", tmp_path / "x.csv"]  # not ours
+    for path in orphans + kept:
+        path.write_text("partial")
+    day = time.time() - io.FOREIGN_TEMP_SECONDS - 60
+    os.utime(orphans[-1], (day, day))
+    (tmp_path / f".link.csv.ab12cd34.{host}-{dead}.tmp.csv").symlink_to(tmp_path / "x.csv")
+    assert remove_orphan_temps(tmp_path / "missing") == 0
+    assert remove_orphan_temps(tmp_path, recursive=False) == 3
+    assert remove_orphan_temps(tmp_path) == 1
+    assert all(not p.exists() for p in orphans) and all(p.exists() for p in kept)
+    assert (tmp_path / "x.csv").read_text() == "partial"  # the symlink's target is untouched
+
+
+WRITER = """
+import sys, time
+from pipelines.io import atomic_path
+with atomic_path(sys.argv[1]) as tmp:
+    with open(tmp, "wb") as fh:
+        fh.write(b"half of the bytes")
+        fh.flush()
+        print(tmp, flush=True)
+        time.sleep(120)
+"""
+
+
+def test_a_temp_file_of_a_writer_killed_mid_write_is_removed(tmp_path):
+    """SIGKILL while writing: the temp file stays (nothing can clean up), the target is untouched, and the next
+    sweep removes exactly that temp file."""
+    target = tmp_path / "out.parquet"
+    target.write_bytes(b"previous complete file")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(target)], stdout=subprocess.PIPE, text=True, env=env)
+    temp = Path(proc.stdout.readline().strip())
+    assert temp.is_file() and temp.parent == tmp_path
+    assert remove_orphan_temps(tmp_path) == 0  # its writer still runs: left alone
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert temp.is_file()
+    assert remove_orphan_temps(tmp_path) == 1
+    assert sorted(os.listdir(tmp_path)) == ["out.parquet"] and target.read_bytes() == b"previous complete file"
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT])
+def test_a_full_disk_or_refused_write_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys, code):
+    from pipelines import cli
+
+    target = tmp_path / "run" / "results.csv"
+
+    def full(self, data):
+        raise OSError(code, os.strerror(code))  # what a write() gives: no file name
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    assert cli.run_main(lambda argv: atomic_write_text(target, "a,b\n"), []) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"{target}: {os.strerror(code)}" in err and "rerun" in err
+    assert not [p for p in target.parent.iterdir()]  # the temp file went with the error
+
+
+def test_other_os_errors_keep_their_traceback(monkeypatch):
+    from pipelines import cli
+
+    def broken(argv):
+        raise OSError(errno.EIO, "Input/output error")
+
+    with pytest.raises(OSError, match="Input/output"):
+        cli.run_main(broken, [])
+
+
+def test_a_refused_replace_names_the_target(tmp_path, monkeypatch, capsys):
+    from pipelines import cli
+
+    def refuse(src, dst):
+        raise PermissionError(errno.EACCES, "Permission denied", str(src), None, str(dst))
+
+    monkeypatch.setattr(io.os, "replace", refuse)
+    assert cli.run_main(lambda argv: atomic_write_text(tmp_path / "report.html", "<p>"), []) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'report.html'}: Permission denied" in err and ".tmp" not in err
 
 
 SDXL_FILES = [  # the layout of stabilityai/stable-diffusion-xl-base-1.0 (abridged)

@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+from pipelines.checkpoints import read_metadata
 from pipelines.errors import ConfigError
 from pipelines.importers import ClassImport, import_classes
 from tests.pipelines.own_data_helpers import class_tree, png
@@ -61,11 +62,11 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(setup, tmp_path):
     config = _config(base, model, tmp_path / "b", epochs=6)
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--config", str(config)], env=_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoint, done = tmp_path / "b" / "checkpoint.pt", 0
+    checkpoint, done = tmp_path / "b" / "checkpoint.safetensors", 0
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         if checkpoint.is_file():
-            done = torch.load(checkpoint, map_location="cpu", weights_only=False)["epoch"]
+            done = int((read_metadata(checkpoint) or {}).get("epoch", 0))
             if done >= 2:
                 break
         time.sleep(0.05)
@@ -177,3 +178,108 @@ def test_config_errors_name_the_key(tmp_path):
     exact = TrainConfig.from_dict({**base, "protocol": "exact"})
     assert (exact.schedule, exact.drop_last, exact.precision, exact.augment, exact.image_size) == ("clean", True, "auto", "imagenet", None)
     assert TrainConfig.from_dict(exact.to_dict()) == exact
+
+
+# -- the run's key: images by identity, a finished rerun a true no-op, kills leave no temp files ---------------------
+def _train_config(tmp: Path, model: Path, **extra: object):
+    from pipelines.training.recipes import TrainConfig
+
+    return TrainConfig.from_dict({"id": str(tmp / "id"), "out": str(tmp / "out"), "model": str(model), "epochs": 1,
+                                  "batch_size": 8, "lr": 0.01, "warmup_epochs": 0, "num_workers": 0, "image_size": 32,
+                                  **extra})
+
+
+def _own_manifest(tmp: Path) -> Path:
+    """An imported ID manifest of the test's own (its images get rewritten), PNGs stored uncompressed so a rewrite with
+    other pixels keeps the file size."""
+    from pipelines.data import read_manifest
+
+    import_classes(class_tree(tmp / "photos", {"train": 4, "val": 1, "test": 1}), tmp / "id")
+    for row in read_manifest(tmp / "id").rows:
+        path = read_manifest(tmp / "id").path(row)
+        Image.open(path).save(path, compress_level=0)
+    return tmp / "id"
+
+
+def _rewrite_class(tmp: Path, label: int, colour: tuple[int, int, int], keep_mtime: bool = False) -> int:
+    """Every image of class `label` with new pixels (same size on disk); `keep_mtime` puts the old mtime back."""
+    from pipelines.data import read_manifest
+
+    manifest = read_manifest(tmp / "id")
+    paths = [manifest.path(r) for r in manifest.rows if r["label"] == label]
+    for path in paths:
+        before = path.stat()
+        Image.new("RGB", Image.open(path).size, colour).save(path, compress_level=0)
+        assert path.stat().st_size == before.st_size
+        if keep_mtime:
+            os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    return len(paths)
+
+
+def _folder_state(folder: Path) -> dict[str, tuple[int, bytes]]:
+    return {p.relative_to(folder).as_posix(): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _run_key(out: Path) -> str:
+    return json.loads((out / "metrics.json").read_text())["run_key"]
+
+
+def test_a_finished_rerun_rewrites_nothing_and_changed_images_train_again(setup, tmp_path, monkeypatch, capsys):
+    import pipelines.training.classify as classify
+    from pipelines.fingerprint import source_identity
+
+    _, model = setup
+    _own_manifest(tmp_path)
+    out = classify.train_classifier(_train_config(tmp_path, model))
+    before, identity, key = _folder_state(out), source_identity(out), _run_key(out)
+    real_build = classify.build_classifier
+    monkeypatch.setattr(classify, "build_classifier", lambda *a: pytest.fail("a finished run must not load the model"))
+    capsys.readouterr()
+    classify.train_classifier(_train_config(tmp_path, model, num_workers=1))  # the worker count decides nothing
+    assert "up to date" in capsys.readouterr().out
+    assert _folder_state(out) == before and source_identity(out) == identity  # evaluation units keyed by it stay
+
+    # every class-0 image rewritten (new bytes and mtime): the stale model is not kept
+    monkeypatch.setattr(classify, "build_classifier", real_build)
+    assert _rewrite_class(tmp_path, 0, (250, 250, 250)) == 6
+    classify.train_classifier(_train_config(tmp_path, model))
+    assert _run_key(out) != key and _weights(out) != before["model.safetensors"]
+    assert (out / "metrics.json").stat().st_mtime_ns != before["metrics.json"][0]
+
+    # what `cache_hash: stat` can miss (README): a same-size rewrite with the mtime put back
+    key, weights = _run_key(out), (out / "model.safetensors").read_bytes()
+    _rewrite_class(tmp_path, 0, (5, 5, 5), keep_mtime=True)
+    classify.train_classifier(_train_config(tmp_path, model))
+    assert _run_key(out) == key and (out / "model.safetensors").read_bytes() == weights
+
+
+def test_cache_hash_content_sees_a_rewrite_with_the_mtime_restored(setup, tmp_path):
+    from pipelines.training.classify import train_classifier
+
+    _, model = setup
+    _own_manifest(tmp_path)
+    out = train_classifier(_train_config(tmp_path, model, cache_hash="content"))
+    key = _run_key(out)
+    _rewrite_class(tmp_path, 0, (5, 5, 5), keep_mtime=True)
+    train_classifier(_train_config(tmp_path, model, cache_hash="content"))
+    assert _run_key(out) != key
+    with pytest.raises(ConfigError, match="cache_hash"):
+        _train_config(tmp_path, model, cache_hash="mtime")
+
+
+def test_a_kill_during_a_write_leaves_no_temp_file_after_the_rerun(setup, tmp_path):
+    """SIGKILL while the checkpoint is written (its temp file complete, not renamed): the rerun removes that temp
+    file and ends with a complete output folder."""
+    from helpers.killed import kill_during_write
+
+    base, model = setup
+    config = _config(base, model, tmp_path / "out", epochs=2)
+    temp = kill_during_write(SCRIPT, ["--config", config], "checkpoint.safetensors", _env(), tmp_path / "kill")
+    assert temp.parent == tmp_path / "out"
+    again = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config)], env=_env(), capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    out = tmp_path / "out"
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+    assert json.loads((out / "metrics.json").read_text())["epochs"] == 2 and _weights(out)

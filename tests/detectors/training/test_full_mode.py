@@ -8,8 +8,10 @@ import pytest
 import torch
 from PIL import Image
 
-from detectors import FeatureSet, ImageSet, build
-from detectors.base import Detector
+from safetensors.numpy import load_file
+
+from detectors import FeatureSet, ImageSet, build, load
+from pipelines.checkpoints import read_metadata
 from pipelines.classifier import ImageClassifier
 from pipelines.data import Manifest, make_row, write_manifest
 from pipelines.tiny import RESNET_ID, save_tiny_model
@@ -99,11 +101,45 @@ def test_transform_reextracts_with_the_finetuned_model_into_a_keyed_cache(data, 
     assert np.isclose(det.trained_head.weight, clf.head.weight.detach().double().numpy()).all()
     caches = sorted((tmp_path / "features").glob("*.safetensors"))
     assert len(caches) == 1
-    # the saved detector carries the fine-tuned weights: a fresh copy of the base model scores the same
-    loaded = Detector.from_pretrained(det.save_pretrained(tmp_path / "saved"), classifier=_classifier(model))
+    # the trained detector is an artifact: fit wrote work_dir/model (config, heads, the fine-tuned classifier's
+    # folder), which loads back with no classifier given (a given one is replaced) and scores the same
+    artifact = tmp_path / "model"
+    assert (artifact / "config.json").is_file() and (artifact / "classifier" / "model.safetensors").is_file()
+    assert not [k for k in load_file(str(artifact / "model.safetensors")) if k.startswith("classifier.")]
+    for loaded in (load(artifact), load(artifact, classifier=_classifier(model))):
+        np.testing.assert_allclose(loaded.score(ImageSet(manifest=test)), det.score(ImageSet(manifest=test)), rtol=1e-6)
+    # the fine-tuned classifier is a model folder of its own: `model:` of an eval config can name it
+    reloaded = ImageClassifier.from_pretrained(artifact / "classifier")
+    for a, b in zip(reloaded.state_dict().values(), clf.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_a_plain_module_classifier_is_saved_as_arrays(data, tmp_path):
+    """A classifier that is not a transformers model has no model folder: its weights go into model.safetensors and
+    loading needs a classifier of the same architecture."""
+    train, test, _, model = data
+    hf = _classifier(model)
+    plain = ImageClassifier.from_module(_Plain(hf), image_size=hf.image_size, head=hf.head)
+    det = build("logitnorm", classifier=plain, **FAST).fit(ImageSet(manifest=train))
+    folder = det.save_pretrained(tmp_path / "saved")
+    assert not (folder / "classifier").exists()
+    assert any(k.startswith("classifier.") for k in load_file(str(folder / "model.safetensors")))
+    fresh = _classifier(model)
+    loaded = load(folder, classifier=ImageClassifier.from_module(_Plain(fresh), image_size=fresh.image_size, head=fresh.head))
     np.testing.assert_allclose(loaded.score(ImageSet(manifest=test)), det.score(ImageSet(manifest=test)), rtol=1e-6)
     with pytest.raises(ValueError, match="classifier"):
-        Detector.from_pretrained(tmp_path / "saved")
+        load(folder)
+
+
+class _Plain(torch.nn.Module):
+    """A transformers classifier behind a plain `(logits, features)` forward."""
+
+    def __init__(self, hf: ImageClassifier):
+        super().__init__()
+        self.inner, self.head = hf, hf.head
+
+    def forward(self, x):
+        return self.inner(x)
 
 
 def test_killed_run_resumes_from_its_last_epoch(data, tmp_path, monkeypatch):
@@ -136,10 +172,10 @@ def test_killed_run_resumes_from_its_last_epoch(data, tmp_path, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     # another starting model is another run: the checkpoint is not resumed (calibration runs, a new key is written)
     monkeypatch.undo()
-    key = torch.load(tmp_path / "run" / "finetune.pt", weights_only=False)["key"]
+    key = read_metadata(tmp_path / "run" / "finetune.safetensors")["key"]
     other = _classifier(model)
     with torch.no_grad():
         other.head.bias.add_(1.0)
     build("energy_oe", classifier=other, work_dir=tmp_path / "run", **params).fit(
         ImageSet(manifest=train), aux=ImageSet(manifest=aux_sets["a"]))
-    assert torch.load(tmp_path / "run" / "finetune.pt", weights_only=False)["key"] != key
+    assert read_metadata(tmp_path / "run" / "finetune.safetensors")["key"] != key
