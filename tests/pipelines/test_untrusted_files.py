@@ -107,7 +107,7 @@ def test_train_classifier_output_folder(tiny, tmp_path, capsys):
     plant(out / "checkpoint.pt", marker)
     plant(out / CHECKPOINT, marker)
     config = TrainConfig.from_dict({"id": str(root / "id"), "out": str(out), "model": str(model), "epochs": 1,
-                                    "batch_size": 8, "num_workers": 0, "image_size": 32})
+                                    "batch_size": 8, "warmup_epochs": 0, "num_workers": 0, "image_size": 32})
     train_classifier(config)
     assert not marker.exists()
     assert json.loads((out / "metrics.json").read_text())["epochs"] == 1
@@ -124,7 +124,7 @@ def test_a_model_folder_with_only_a_pickle(tiny, tmp_path):
     assert "pickled objects other than tensors" in _one_line(done) and str(pickled) in done.stderr
     train = tmp_path / "train.yaml"
     train.write_text(yaml.safe_dump({"id": str(root / "id"), "out": str(tmp_path / "clf"), "model": str(pickled),
-                                     "pretrained": True, "epochs": 1, "batch_size": 8, "num_workers": 0}))
+                                     "pretrained": True, "epochs": 1, "warmup_epochs": 0, "batch_size": 8, "num_workers": 0}))
     assert "pickled objects other than tensors" in _one_line(_script("train_classifier.py", "--config", train))
     assert not marker.exists()
 
