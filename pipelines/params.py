@@ -245,7 +245,10 @@ def convert(value: Any, hint: Any, where: str) -> Any:
         if value is None and type(None) in args:
             return None
         errors = []
-        for arm in (a for a in args if a is not type(None)):
+        arms = [a for a in args if a is not type(None)]
+        if isinstance(value, dict):  # a mapping is meant for the config arm: its own fault, named, is the error
+            arms = [a for a in arms if isinstance(a, type) and issubclass(a, Config)] or arms
+        for arm in arms:
             try:
                 return convert(value, arm, where)
             except ConfigError as err:

@@ -30,7 +30,7 @@ def test_lines_every_interval_and_a_final_line():
     assert seen == list(range(10))
     lines = out.getvalue().splitlines()
     assert lines == ["features: 3/10 img (30%), 30 s, 0.1 img/s", "features: 6/10 img (60%), 60 s, 0.1 img/s",
-                     "features: 9/10 img (90%), 90 s, 0.1 img/s", "features: done, 10 img in 100 s, 0.1 img/s"]
+                     "features: 9/10 img (90%), 90 s, 0.1 img/s", "features: 10 img in 100 s, 0.1 img/s"]
     assert "\r" not in out.getvalue()
 
 
