@@ -28,8 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = run_generation(config)
     if "manifest" in summary:
         print(json.dumps(summary, indent=2))
-        print(f"generate: {summary['done']} done, {len(summary['failed'])} failed, {summary['skipped']} skipped "
-              f"(finished before), of {summary['planned']} planned", file=sys.stderr)
+        done, skipped = summary["done"], summary["skipped"]  # done: every finished item; skipped: finished before
+        print(f"generate: {done - skipped} done, {len(summary['failed'])} failed, {skipped} skipped (finished "
+              f"before); {done} of {summary['planned']} planned in the manifest", file=sys.stderr)
     return 0
 
 
