@@ -192,6 +192,11 @@ class ZeSTPipeline:
         """
         from diffusers import AutoencoderKL, ControlNetModel
 
+        from pipelines.cli import quiet_library_bars
+        from pipelines.progress import progress_style
+
+        if progress_style() != "bar":  # diffusers' loading bar writes carriage returns into logs
+            quiet_library_bars()
         device = resolve_device(device)
         if dtype is None or isinstance(dtype, str):
             dtype = resolve_dtype(dtype or "auto", device)
