@@ -75,6 +75,7 @@ class DiffGuard(Detector):
 
     family = "generative"
     inputs = frozenset({"images"})
+    keeps_batches = True  # a killed rerun resumes within a set (Detector.score)
     paper = "Gao et al., DIFFGUARD: Semantic Mismatch-Guided Out-of-Distribution Detection using Pre-trained Diffusion Models, ICCV 2023"
 
     @dataclass(frozen=True)
@@ -126,6 +127,17 @@ class DiffGuard(Detector):
         self._latent: LatentDiffusion | None = None
         self._similarities: dict[str, Any] = {}
         self._cam_layer: str | None = self.gradcam_layer
+
+    def batch_identity(self) -> dict[str, Any]:
+        """The base identity plus the diffusion and perceptual models' sources (files, sizes, mtimes)."""
+        from pipelines.fingerprint import source_identity, weights_fingerprint
+
+        weights = self.perceptual_weights
+        weights = weights if isinstance(weights, (list, tuple)) else [weights]
+        given = [self._unet, getattr(self._pipeline, "unet", None)]  # models passed in instead of unet_id / sd_id
+        return {**super().batch_identity(), "unet": source_identity(self.unet_id), "sd": source_identity(self.sd_id),
+                "perceptual": [source_identity(w) for w in weights],
+                "given": [weights_fingerprint(m) for m in given if hasattr(m, "state_dict")]}
 
     @classmethod
     def check_files(cls, params: dict[str, Any]) -> None:
