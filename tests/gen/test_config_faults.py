@@ -143,3 +143,18 @@ def test_failures_are_counted_as_failures(tmp_path, capsys, containers, bronzes,
     err = capsys.readouterr().err
     assert "generate: 0 done, 7 failed, 0 skipped (finished before); 0 of 7 planned in the manifest" in err
     assert "7 img in" in err and "done=0, failed=7" in err and "done, 7 img" not in err
+
+
+def test_an_unavailable_hub_model_is_one_line_and_the_corrected_rerun_runs(tmp_path, capsys, containers, bronzes,
+                                                                          fake_zest, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    missing = ", ".join(f"{key}: oodforge-tests/no-such-{key}" for key in ("base", "controlnet", "ip_adapter", "depth"))
+    config = write_config(tmp_path, containers, bronzes, f"models: {{{missing}}}")
+    assert run_main(MAIN, ["--config", str(config)]) == 2
+    line = error_line(capsys)
+    assert "could not load" in line and "oodforge-tests/no-such-" in line and "pass DIR instead" in line
+    corrected = GenerationConfig.from_yaml(config, ["models=null"])  # e.g. the real models, now downloaded
+    assert run_generation(corrected, pipeline=fake_zest())["done"] == 7
