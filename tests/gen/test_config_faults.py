@@ -158,3 +158,29 @@ def test_an_unavailable_hub_model_is_one_line_and_the_corrected_rerun_runs(tmp_p
     assert "could not load" in line and "oodforge-tests/no-such-" in line and "pass DIR instead" in line
     corrected = GenerationConfig.from_yaml(config, ["models=null"])  # e.g. the real models, now downloaded
     assert run_generation(corrected, pipeline=fake_zest())["done"] == 7
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (SCRIPTS.parent / "configs").glob("gen_*.yaml")))
+def test_the_shipped_generation_configs_load(name):
+    config = GenerationConfig.from_yaml(SCRIPTS.parent / "configs" / name)
+    assert config.task in ("transferred_container", "custom") and config.call().strength == 0.9999
+
+
+def test_the_generation_config_classes_are_documented_and_round_trip_through_yaml(tmp_path):
+    """Every field of GenerationConfig, ZeSTConfig and ZeSTCall has a one-line doc; a config written as YAML reads
+    back equal."""
+    import yaml
+
+    from pipelines.zest import ZeSTCall, ZeSTConfig
+
+    for cls in (GenerationConfig, ZeSTConfig, ZeSTCall):
+        undocumented = [name for name in cls.fields() if not cls.doc(name) or "\n" in cls.doc(name)]
+        assert not undocumented, (cls.__name__, undocumented)
+    assert ZeSTConfig.from_dict(ZeSTConfig().to_dict()) == ZeSTConfig() and ZeSTCall.from_dict({}) == ZeSTCall()
+    config = GenerationConfig.from_dict({"task": "custom", "targets": {"manifest": "t", "split": "test", "sets": ["a"]},
+                                         "materials": "m", "out": "o", "models": {"vae": "madebyollin/sdxl-vae-fp16-fix"},
+                                         "name": "x", "feather": 2.0})
+    path = tmp_path / "again.yaml"
+    path.write_text(yaml.safe_dump(config.to_dict()))
+    assert GenerationConfig.from_yaml(path) == config
+    assert GenerationConfig.from_dict({**config.to_dict(), "models": "tiny"}).models == "tiny"
