@@ -255,7 +255,9 @@ def convert(value: Any, hint: Any, where: str) -> Any:
                 errors.append(err)
         if len(errors) == 1:
             raise errors[0]
-        raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}")
+        words = [a for arm in arms if typing.get_origin(arm) is Literal for a in typing.get_args(arm) if isinstance(a, str)]
+        hint_text = closest(value, words) if isinstance(value, str) and words else ""
+        raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}{hint_text}")
     if origin is Literal:
         if any(value == a and type(value) is type(a) for a in args):
             return value

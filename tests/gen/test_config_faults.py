@@ -20,7 +20,7 @@ FAULTS = [  # (config lines added to a valid config, the error's text after "err
     ("stepz: 3", "stepz: unknown key (allowed: attention, "),
     ("models: {bsae: stabilityai/sdxl}", "models.bsae: unknown key (did you mean 'base'?)"),
     ("models: {base: /no/such/dir}", "models.base: the local model folder '/no/such/dir' does not exist"),
-    ("models: tini", "models: must be ZeSTConfig or one of 'tiny'"),
+    ("models: tini", "models: must be ZeSTConfig or one of 'tiny' or null (None), got str 'tini' (did you mean 'tiny'?)"),
     ("name: 2024", "name: must be a string, got int 2024"),
     ("strength: 1.5", "strength: must be > 0 and <= 1, got 1.5"),
     ("strength: 0", "strength: must be > 0 and <= 1, got 0.0"),
