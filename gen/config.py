@@ -71,10 +71,6 @@ class GenerationConfig(ZeSTCall):
             raise ConfigError("out: must be a folder path, got ''")
 
     @classmethod
-    def keys(cls) -> list[str]:
-        return list(cls.fields())
-
-    @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "") -> "GenerationConfig":
         """The typed config of a mapping; every fault is one `ConfigError` naming the key (`models.base: ...`)."""
         if not isinstance(raw, dict):
