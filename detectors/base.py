@@ -63,6 +63,13 @@ class ImageSet:
         for start in range(0, len(self), batch_size):
             yield start, [self.load(i) for i in range(start, min(start + batch_size, len(self)))]
 
+    def rows(self, start: int, stop: int) -> "ImageSet":
+        """The images start..stop (manifest-backed or in memory), with their labels."""
+        labels = None if self.labels is None else self.labels[start:stop]
+        if self.images is not None:
+            return ImageSet(images=list(self.images[start:stop]), labels=labels)
+        return ImageSet(manifest=type(self.manifest)(self.manifest.root, self.manifest.rows[start:stop]), labels=labels)
+
 
 FIT_INPUTS = ("head", "id_val", "ood_val", "aux")
 """Optional inputs of `Detector.fit` besides the ID training data (a detector declares those it reads in `fit_inputs`)."""
@@ -106,12 +113,18 @@ class Detector:
     needs: ClassVar[frozenset[str]] = frozenset()
     fits_from_shards: ClassVar[bool] = False  # statistics that are sums: under accelerate each process fits its shard
     class_of: ClassVar[Callable[[str], type["Detector"]] | None] = None  # set by detectors.registry (no import here)
+    keeps_batches: ClassVar[bool] = False
+    """Scores images slowly: with a `work_dir` (a runtime input, then in `needs`), `score` of a manifest's images keeps
+    each finished batch (`pipelines.batches`), so a killed rerun resumes within a set."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.defaults = cls.Params.defaults()
+        if cls.keeps_batches:
+            cls.needs = frozenset(cls.needs) | {"work_dir"}
 
     def __init__(self, **params: Any) -> None:
+        self.batches_dir = params.pop("work_dir", None) if self.keeps_batches else None
         unknown = set(params) - set(self.Params.fields())
         if unknown:
             raise TypeError(f"{self.name}: unknown parameter(s) {sorted(unknown)}; known: {sorted(self.Params.fields())}")
@@ -149,7 +162,8 @@ class Detector:
     def init_arguments(cls) -> set[str]:
         """Keyword arguments the constructor takes besides the Params fields (runtime objects: classifier, model ...)."""
         named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        return {p for p, v in inspect.signature(cls.__init__).parameters.items() if p != "self" and v.kind in named}
+        taken = {p for p, v in inspect.signature(cls.__init__).parameters.items() if p != "self" and v.kind in named}
+        return taken | ({"work_dir"} if cls.keeps_batches else set())
 
     @property
     def hyperparameters(self) -> dict[str, Any]:
@@ -191,8 +205,38 @@ class Detector:
         """Method-specific fitting; the default has nothing to learn."""
 
     def score(self, batch: Any) -> np.ndarray:
-        """float64 [N] scores, higher = more in-distribution."""
+        """float64 [N] scores, higher = more in-distribution (a manifest's images in kept batches: `keeps_batches`)."""
+        if self.batches_dir is not None and isinstance(batch, ImageSet) and batch.manifest is not None:
+            return check_scores(self._kept_scores(batch), self.name)
         return check_scores(self._score(batch), self.name)
+
+    def _kept_scores(self, batch: ImageSet) -> np.ndarray:
+        """`_score` batch by batch (the detector's batch size, times the processes), each batch's scores kept in
+        `work_dir` under the detector's identity and the images' (`pipelines.batches`)."""
+        from pipelines.batches import kept_batches
+        from pipelines.fingerprint import images_fingerprint
+        from pipelines.runtime import partial_state
+
+        chunk = int(getattr(self, "batch_size", 1) or 1) * partial_state().num_processes
+        identity = {**self.batch_identity(), "images": images_fingerprint(batch.manifest)}
+        return kept_batches(self.batches_dir, identity, batch.keys, chunk,
+                            lambda start, stop: self._score(batch.rows(start, stop)))
+
+    def batch_identity(self) -> dict[str, Any]:
+        """What decides this detector's scores of given images, for its kept batches: name, every parameter, the
+        learned state and the classifier's weights and preprocessing (detectors with other models add theirs)."""
+        import hashlib
+
+        from pipelines.fingerprint import preprocessing_fingerprint, weights_fingerprint
+
+        state = [[k, str(v.dtype), list(v.shape), hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()]
+                 for k, v in sorted((k, as_numpy(v)) for k, v in self.state().items())]
+        identity: dict[str, Any] = {"detector": self.name, "params": self.params, "state": state,
+                                    **{k: str(self.__dict__[k]) for k in ("device", "precision") if k in self.__dict__}}
+        classifier = self.__dict__.get("classifier")
+        if classifier is not None and hasattr(classifier, "state_dict"):
+            identity["classifier"] = [weights_fingerprint(classifier), preprocessing_fingerprint(classifier)]
+        return identity
 
     def _score(self, batch: Any) -> np.ndarray:
         raise NotImplementedError

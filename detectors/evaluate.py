@@ -35,6 +35,7 @@ from detectors.selection import select
 from detectors.tables import LOWER_IS_BETTER, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
 from detectors.transfer import transfer_table
 from detectors.units import UnitResult, UnitStore
+from pipelines.batches import clear_kept_batches
 from pipelines.data import ImageLoadError, Manifest, load_image
 from pipelines.fingerprint import combine, images_fingerprint, preprocessing_fingerprint, weights_fingerprint
 from pipelines.io import atomic_path, atomic_write_json, remove_orphan_temps
@@ -424,6 +425,7 @@ class Runner:
         if main:
             self.store.write(unit.method, unit.key, found, {"method": unit.method, "kind": unit.kind,
                                                             "key_parts": key_record(unit, self.plan)})
+            clear_kept_batches(self.store.folder(unit.method) / "work")  # the unit's scores are written: not needed
         return found
 
     def _console_summary(self) -> None:

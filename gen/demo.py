@@ -61,8 +61,9 @@ def generation_demo(out_dir: str | os.PathLike, batch_size: int = 4) -> dict[str
     targets, materials = out_dir / "inputs" / "targets", out_dir / "inputs" / "materials"
     _write(_skimage_images(TARGETS) or _synthetic_images(TARGETS, seed=0), lambda n: targets / f"{n}.png")
     _write(_skimage_images(MATERIALS) or _synthetic_images(MATERIALS, seed=1), lambda n: materials / n / f"{n}.png")
-    config = GenerationConfig(task="custom", name="demo_transfer", targets=str(targets), materials=str(materials),
-                              out=str(out_dir / "generated"), models="tiny", resolution=64, num_inference_steps=2,
-                              batch_size=batch_size, seed=0, precision="fp32")
+    config = GenerationConfig.from_dict(dict(
+        task="custom", name="demo_transfer", targets=str(targets), materials=str(materials),
+        out=str(out_dir / "generated"), models="tiny", resolution=64, num_inference_steps=2, batch_size=batch_size,
+        seed=0, precision="fp32"))
     summary = run_generation(config)
     return {"manifest": summary["manifest"], "contact_sheet": summary["contact_sheet"], "summary": summary}

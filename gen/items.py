@@ -141,12 +141,10 @@ def sync_folder(folder: Path) -> None:
 
 def call_pipeline(pipe: Any, ready: list[Prepared], config: GenerationConfig) -> list[Image.Image]:
     seeds = [config.item_seed(r.item.index) for r in ready]
-    return pipe(
-        [r.target for r in ready], [r.material for r in ready], masks=[r.mask for r in ready], seeds=seeds,
-        num_inference_steps=config.num_inference_steps, strength=config.strength, guidance_scale=config.guidance_scale,
-        controlnet_conditioning_scale=config.controlnet_conditioning_scale, ip_adapter_scale=config.ip_adapter_scale,
-        resolution=config.resolution, resize=config.resize, composite=config.composite,
-    )
+    call = config.call().call_kwargs()
+    call.pop("mask_method")  # the masks are made by then (prepare_item)
+    return pipe([r.target for r in ready], [r.material for r in ready], masks=[r.mask for r in ready], seeds=seeds,
+                **call)
 
 
 def generate_batch(pipe: Any, batch: list[PlanItem], config: GenerationConfig, ledger: Ledger,

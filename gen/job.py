@@ -14,7 +14,6 @@ plan.json, ledger/, finished/, summary.json, contact_sheet.png), hidden so that 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -36,13 +35,14 @@ from pipelines.io import atomic_write_json, remove_orphan_temps
 from pipelines.masks import MaskModelError, open_rembg, resolve_mask_method
 from pipelines.progress import progress
 from pipelines.runtime import partial_state, resolve_dtype
+from pipelines.zest import ZeSTConfig
 
 SHOWN_FILES = 5  # example files per summary warning
 
 __all__ = [  # the job's API, including the names re-exported from gen.config, gen.items, gen.shards and gen.sheet
     "CONTACT_SHEET_IMAGES", "FINISHED_FOLDER", "ITEM_ERRORS", "JOB_FOLDER", "NOT_DECISIVE", "PIPELINE_NAME",
-    "GenerationConfig", "Prepared", "build_pipeline", "check_output", "check_size", "contact_sheet",
-    "failure", "finalize", "format_plan", "generate_batch", "is_done", "job_plan", "load_plan", "mark_finished",
+    "GenerationConfig", "Prepared", "build_pipeline", "check_job", "check_output", "check_size", "contact_sheet",
+    "failure", "finalize", "format_plan", "generate_batch", "is_done", "job_plan", "job_started", "load_plan", "mark_finished",
     "mask_index", "output_row", "plan_summary", "prepare_item", "prepare_output", "remove_stale_temp_files",
     "resolve_models", "run_generation", "tiny_models_folder", "wait_for_shards",
 ]
@@ -57,16 +57,12 @@ def tiny_models_folder() -> Path:
     return Path(cache) / f"tiny_zest-{standin_fingerprint()}"
 
 
-def resolve_models(models: Any, state: Any = None):
-    """A `ZeSTConfig` from a config's `models` value; "tiny" builds the tiny models on the main process first."""
-    from pipelines.zest import ZeSTConfig
-
+def resolve_models(models: ZeSTConfig | str | None, state: Any = None) -> ZeSTConfig:
+    """The `ZeSTConfig` of a config's typed `models` value; "tiny" builds the tiny models on the main process first."""
     if models is None:
         return ZeSTConfig()
-    if isinstance(models, dict):
-        return ZeSTConfig.from_dict(models)
-    if models != "tiny":
-        raise ConfigError(f"models must be null, 'tiny' or a ZeSTConfig mapping, got {models!r}")
+    if isinstance(models, ZeSTConfig):
+        return models
     folder = tiny_models_folder()
     marker = folder / "zest_config.json"
     if state is not None and not state.is_main_process:
@@ -90,10 +86,32 @@ def build_pipeline(config: GenerationConfig, state: Any):
 
 
 def job_plan(config: GenerationConfig) -> JobPlan:
-    """The job's plan: stored pairs when the inputs are unchanged, else refused or extended (gen.jobplan)."""
-    return build_plan(config.task, config.targets, config.materials, Path(config.out) / JOB_FOLDER,
+    """The job's plan: stored pairs when the inputs are unchanged, else refused or extended (gen.jobplan); a job
+    folder whose job never finished an item is planned afresh."""
+    out = Path(config.out)
+    return build_plan(config.task, config.targets, config.materials, out / JOB_FOLDER,
                       per_target=config.per_target, seed=config.seed, inherit=config.inherit, limit=config.limit,
-                      plan_change=config.plan_change)
+                      plan_change=config.plan_change, stored_plan=job_started(out))
+
+
+def job_started(out: Path) -> bool:
+    """True when the job in `out` finished at least one item (its image is there): only then is its config and plan
+    binding on a rerun. A job refused or failed at start-up, or whose every item failed, left nothing to keep."""
+    records = Ledger(out / JOB_FOLDER / "ledger").records()
+    return any(is_done(record, out) for record in records.values())
+
+
+def check_job(config: GenerationConfig) -> JobPlan:
+    """Every start-up check of a run, shared by `--dry-run`: the `out` folder holds no other job, the plan (inputs
+    read, stored plan honoured or refused) and an automatic mask method that can run. Returns the plan."""
+    check_output(config)
+    plan = job_plan(config)
+    if config.masks is None and plan.items:
+        try:
+            resolve_mask_method(config.mask_method)
+        except ImportError as err:
+            raise MaskModelError(f"mask_method: {err}") from err
+    return plan
 
 
 def load_plan(config: GenerationConfig) -> list[PlanItem]:
@@ -112,13 +130,16 @@ def check_output(config: GenerationConfig) -> None:
     from an older job.json counts as its default."""
     out = Path(config.out)
     job_file = out / JOB_FOLDER / "job.json"
-    if not job_file.is_file():
+    if not job_file.is_file() or not job_started(out):
         return
     previous = json.loads(job_file.read_text(encoding="utf-8"))
     if previous.get("fingerprint") == config.fingerprint():
         return
-    defaults = {f.name: f.default for f in dataclasses.fields(GenerationConfig) if f.default is not dataclasses.MISSING}
-    old = {**defaults, **previous.get("config", {})}
+    old = {**GenerationConfig.defaults(), **previous.get("config", {})}
+    try:  # an earlier job.json may hold a shorter form (a `models` subset): compare typed values
+        old = GenerationConfig.from_dict(old).to_dict()
+    except ConfigError:
+        pass
     new = config.decisive()
     changed = sorted(k for k in new if json.dumps(old.get(k), default=str) != json.dumps(new[k], default=str))
     if changed:
@@ -131,6 +152,8 @@ def prepare_output(config: GenerationConfig, plan: JobPlan) -> None:
     out = Path(config.out)
     remove_stale_temp_files(out)
     shutil.rmtree(out / JOB_FOLDER / FINISHED_FOLDER, ignore_errors=True)
+    if not job_started(out):  # failed records of a job that kept nothing (say, refused at start-up) are not this job's
+        shutil.rmtree(out / JOB_FOLDER / "ledger", ignore_errors=True)
     store_plan(out / JOB_FOLDER, plan)
     atomic_write_json(out / JOB_FOLDER / "job.json",
                       {"fingerprint": config.fingerprint(), "config": config.to_dict(), "plan_hash": plan.plan_hash,
@@ -218,8 +241,7 @@ def run_generation(config: GenerationConfig | dict[str, Any], *, pipeline: Any =
     """
     config = config if isinstance(config, GenerationConfig) else GenerationConfig.from_dict(config)
     out = Path(config.out)
-    check_output(config)
-    plan = job_plan(config)
+    plan = check_job(config)
     if dry_run:
         return {"dry_run": True, **plan_summary(config, plan)}
     started = time.perf_counter()
@@ -268,6 +290,7 @@ def run_shard(config: GenerationConfig, plan: list[PlanItem], ledger: Ledger, st
             for batch in mine:
                 done, bad = generate_batch(pipe, batch, config, ledger, masks, mask_method, dtype)
                 generated, failed = generated + done, failed + bad
+                bar.set_postfix(done=generated, failed=failed)
                 bar.update(len(batch))
             bar.close()
     return mask_method, dtype, {"skipped": len(plan) - len(pending), "generated_here": generated,

@@ -9,9 +9,10 @@ pair (an item whose input is gone fails with "file not found"), and the inputs a
 once (the targets; the materials for `transferred_bronze`) are planned among themselves over the other side's current
 inputs and appended after the stored items.
 
-An input is a folder (a manifest or plain images: every row) or a `Source` mapping `{manifest: DIR, split: test,
-sets: [...]}` that keeps the rows of one split (`split: null`: every split) and, optionally, of the named `ood_set`s,
-so that train and val images cannot become generated test data. Inputs are read leniently: a manifest line that breaks
+An input is a `pipelines.sources.Source`: a folder (a manifest or plain images: every row) or a mapping `{manifest: DIR,
+split: test, sets: [...]}` that keeps the rows of one split (`split: null` or `all`: every split, the default of a
+generation input) and, optionally, of the named `ood_set`s, so that train and val images cannot become generated test
+data. Inputs are read leniently: a manifest line that breaks
 the schema, or repeats a file name, is skipped and reported (file, line, field, reason) instead of stopping the job.
 """
 from __future__ import annotations
@@ -24,15 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from gen.pairing import PlanItem, covered_side, inherited_labels, load_source, output_name, plan_task
-from pipelines.cli import check_keys
-from pipelines.data import METADATA, SPLITS, Manifest, ManifestError, _image_root, make_row, manifest_lines
+from pipelines.data import METADATA, Manifest, ManifestError, _image_root, make_row, manifest_lines
 from pipelines.errors import ConfigError, UserInputError
 from pipelines.io import atomic_write_json
+from pipelines.sources import Source
 
 PLAN_FILE = "plan.json"
-PLAN_CHANGES = ("refuse", "extend")
 SHOWN_NAMES = 5
-SOURCE_KEYS = ("manifest", "split", "sets")
 
 
 class PlanChangedError(UserInputError):
@@ -66,49 +65,17 @@ def plan_hash(pairs: list[tuple[str, str]]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-@dataclass(frozen=True)
-class Source:
-    """An input of a job: a folder, optionally limited to one split (None: every split) and to some OOD sets."""
-
-    manifest: str
-    split: str | None = None
-    sets: tuple[str, ...] | None = None
-
-
-SourceValue = Any  # a folder path, a {manifest, split, sets} mapping, or a Source
-
-
-def parse_source(value: SourceValue, key: str) -> Source:
-    """A config's `targets` / `materials` value as a `Source`: a folder (every row) or a mapping whose `split` defaults
-    to `test`; anything else is a `ConfigError` naming `key`."""
-    if isinstance(value, Source):
-        return value
-    if isinstance(value, (str, os.PathLike)) and str(value):
-        return Source(str(value))
-    if not isinstance(value, dict):
-        raise ConfigError(f"config {key!r} must be a folder path or a mapping {{manifest, split, sets}}, got {value!r}")
-    check_keys(value, SOURCE_KEYS, key)
-    if not isinstance(value.get("manifest"), (str, os.PathLike)) or not str(value.get("manifest")):
-        raise ConfigError(f"{key}: missing key(s) ['manifest'] (the folder to read)")
-    split = value.get("split", "test")
-    if split is not None and split not in SPLITS:
-        raise ConfigError(f"{key}.split must be one of {SPLITS} or null (every split), got {split!r}")
-    sets = value.get("sets")
-    if sets is not None and (not isinstance(sets, list) or not sets or not all(isinstance(s, str) for s in sets)):
-        raise ConfigError(f"{key}.sets must be a list of ood_set names, got {sets!r}")
-    return Source(str(value["manifest"]), split, tuple(sets) if sets is not None else None)
-
-
-def read_source(source: SourceValue, what: str) -> tuple[Manifest, list[dict[str, Any]]]:
-    """The rows of an input (`parse_source`) kept by its split and sets, and the manifest lines skipped as bad."""
-    spec = parse_source(source, what)
+def read_source(spec: Source, what: str) -> tuple[Manifest, list[dict[str, Any]]]:
+    """The rows of an input kept by its split (`split: null`: every split) and sets, and the manifest lines skipped
+    as bad."""
     manifest, skipped = _read_folder(spec.manifest, what)
-    if spec.split is None and spec.sets is None:
+    split = spec.read_split(None)
+    if split is None and spec.sets is None:
         return manifest, skipped
-    kept = manifest.select(**({} if spec.split is None else {"split": spec.split}),
+    kept = manifest.select(**({} if split is None else {"split": split}),
                            **({} if spec.sets is None else {"ood_set": list(spec.sets)}))
     if not kept.rows:
-        wanted = " and ".join(([f"split {spec.split!r}"] if spec.split else [])
+        wanted = " and ".join(([f"split {split!r}"] if split else [])
                               + ([f"ood_set in {list(spec.sets)}"] if spec.sets else []))
         there = ", ".join(sorted(manifest.ood_sets())) or "none"
         raise ConfigError(f"{what}: no row of {spec.manifest} with {wanted} (sets there: {there}; splits there: "
@@ -184,16 +151,15 @@ def read_stored(job_folder: Path) -> dict[str, Any] | None:
     return stored
 
 
-def build_plan(task: str, targets_source: SourceValue, materials_source: SourceValue, job_folder: Path, *,
+def build_plan(task: str, targets_source: Source, materials_source: Source, job_folder: Path, *,
                per_target: int = 1, seed: int = 0, inherit: str | None = None, limit: int | None = None,
-               plan_change: str = "refuse") -> JobPlan:
-    """The job's plan: the stored one when the inputs are unchanged, else refused or extended (module docstring)."""
-    if plan_change not in PLAN_CHANGES:
-        raise ConfigError(f"plan_change must be one of {PLAN_CHANGES}, got {plan_change!r}")
+               plan_change: str = "refuse", stored_plan: bool = True) -> JobPlan:
+    """The job's plan: the stored one when the inputs are unchanged, else refused or extended (module docstring).
+    `stored_plan=False` plans afresh, ignoring a stored plan (a job that never finished an item)."""
     targets, skipped_targets = read_source(targets_source, "targets")
     materials, skipped_materials = read_source(materials_source, "materials")
     target_names, material_names = _names(targets.rows), _names(materials.rows)
-    stored = read_stored(job_folder)
+    stored = read_stored(job_folder) if stored_plan else None
     extended = 0
     if stored is None:
         items = plan_task(task, targets, materials, per_target=per_target, seed=seed, inherit=inherit)
@@ -217,10 +183,9 @@ def build_plan(task: str, targets_source: SourceValue, materials_source: SourceV
     return JobPlan(items, pairs, target_names, material_names, skipped_targets + skipped_materials, extended, warnings)
 
 
-def mixed_splits_warning(source: SourceValue, manifest: Manifest, what: str) -> str | None:
-    """A warning when an input given as a bare folder holds train or val rows (all of them are used then)."""
-    spec = parse_source(source, what)
-    if spec.split is not None or spec.sets is not None:
+def mixed_splits_warning(spec: Source, manifest: Manifest, what: str) -> str | None:
+    """A warning when an input read whole (no split, no sets) holds train or val rows (all of them are used then)."""
+    if spec.read_split(None) is not None or spec.sets is not None:
         return None
     other = sum(row["split"] != "test" for row in manifest.rows)
     if not other:

@@ -46,6 +46,9 @@ ONCE_WARNINGS = (r"mask_method 'auto': rembg is not installed",)
 QUIET_LOG_MESSAGES: dict[str, tuple[str, ...]] = {
     # transformers 5 without torchvision: every `<X>ImageProcessor` silently uses its PIL twin, which is what we want
     "transformers.utils.import_utils": (r"`\w+` requires torchvision \(not installed\); falling back",),
+    # diffusers warns on every `.to(dtype)` of a model, also when no module is to be kept in fp32 (the empty list);
+    # ZeST's pipeline moves its VAE so on every call (SDXL's fp32 upcast): one line per image
+    "diffusers.models.modeling_utils": (r"There are modules in \w+ that should be kept in float32: \[\]\.",),
 }
 """Library log records an entry point drops: {logger name: message regexes}."""
 

@@ -245,14 +245,19 @@ def convert(value: Any, hint: Any, where: str) -> Any:
         if value is None and type(None) in args:
             return None
         errors = []
-        for arm in (a for a in args if a is not type(None)):
+        arms = [a for a in args if a is not type(None)]
+        if isinstance(value, dict):  # a mapping is meant for the config arm: its own fault, named, is the error
+            arms = [a for a in arms if isinstance(a, type) and issubclass(a, Config)] or arms
+        for arm in arms:
             try:
                 return convert(value, arm, where)
             except ConfigError as err:
                 errors.append(err)
         if len(errors) == 1:
             raise errors[0]
-        raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}")
+        words = [a for arm in arms if typing.get_origin(arm) is Literal for a in typing.get_args(arm) if isinstance(a, str)]
+        hint_text = closest(value, words) if isinstance(value, str) and words else ""
+        raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}{hint_text}")
     if origin is Literal:
         if any(value == a and type(value) is type(a) for a in args):
             return value

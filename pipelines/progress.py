@@ -88,13 +88,14 @@ class LineProgress:
         self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
 
     def line(self, now: float, final: bool = False) -> str:
-        """`desc: 120/500 img (24%), 12 s, 10.0 img/s` (final: `desc: done, 500 img in 50 s, 10.0 img/s`)."""
+        """`desc: 120/500 img (24%), 12 s, 10.0 img/s` (final: `desc: 500 img in 50 s, 10.0 img/s`: the count is of
+        units processed, not succeeded; a caller with failures says so in `set_postfix`, e.g. `done=467, failed=33`)."""
         elapsed = max(now - self.start, 0.0)
         rate = f"{self.n / elapsed:.3g} {self.unit}/s" if elapsed > 0 else f"- {self.unit}/s"
         label = f"{self.desc}: " if self.desc else ""
         postfix = f", {self.postfix}" if self.postfix else ""
         if final:
-            return f"{label}done, {self.n} {self.unit} in {elapsed:.0f} s, {rate}{postfix}"
+            return f"{label}{self.n} {self.unit} in {elapsed:.0f} s, {rate}{postfix}"
         count = f"{self.n}/{self.total}" if self.total else str(self.n)
         share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
         return f"{label}{count} {self.unit}{share}, {elapsed:.0f} s, {rate}{postfix}"

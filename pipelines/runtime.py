@@ -141,6 +141,10 @@ def check_model_ref(value: str | None, key: str) -> None:
                           f"({', '.join('*' + s for s in WEIGHT_FILE_SUFFIXES)})")
 
 
+class ModelUnavailableError(UserInputError, OSError):
+    """A hub model that is neither cached nor reachable: the user's setup, so one line (an OSError as before)."""
+
+
 def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, what: str = "model", **kwargs: Any) -> T:
     """Call `loader(name_or_path, **kwargs)` (a `from_pretrained`); offline misses raise one clear error.
 
@@ -159,7 +163,7 @@ def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, w
         if looks_local(name_or_path):
             first = " ".join(str(err).split())[:300]
             raise ConfigError(f"could not load {what} from the local folder {target!r}: {first}") from err
-        raise OSError(
+        raise ModelUnavailableError(
             f"could not load {what} {target!r}: it is neither a local folder nor in the Hugging Face cache, and the hub "
             f"could not be reached ({type(err).__name__}). Download it on a connected machine "
             f"(`huggingface-cli download {target} --local-dir DIR`) and pass DIR instead of the hub id."

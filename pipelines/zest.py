@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, get_args
 
 import cv2
 import numpy as np
@@ -24,40 +23,79 @@ from PIL import Image
 from pipelines.data import to_rgb
 from pipelines.hub_ids import CONTROLNET_ID, DPT_ID, IP_ADAPTER_ID, SDXL_ID
 from pipelines.depth import DepthEstimator
-from pipelines.masks import binarise, foreground_masks, grayscale_init
-from pipelines.runtime import (diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained,
+from pipelines.masks import MASK_METHODS, binarise, foreground_masks, grayscale_init
+from pipelines.params import Config, ParamError, config, param
+from pipelines.runtime import (check_model_ref, diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained,
                                model_revision, resolve_device, resolve_dtype, select_variant)
 
 PROMPT = "best quality, high quality"
 NEGATIVE_PROMPT = "monochrome, lowres, bad anatomy, worst quality, low quality"
 DEFAULT_SEED = 42
-RESIZE_MODES = ("squash", "pad")
 
 
-@dataclass
-class ZeSTConfig:
-    """Where each ZeST component comes from: hub ids by default, a local folder accepted for each."""
+MaskMethod = Literal[MASK_METHODS]  # type: ignore[valid-type]
+ResizeMode = Literal["squash", "pad"]
+RESIZE_MODES = get_args(ResizeMode)
 
-    base: str = SDXL_ID
-    controlnet: str = CONTROLNET_ID
-    ip_adapter: str = IP_ADAPTER_ID
-    ip_adapter_subfolder: str = "sdxl_models"
-    ip_adapter_weight: str = "ip-adapter_sdxl_vit-h.safetensors"
-    image_encoder: str = "models/image_encoder"  # path inside the ip_adapter repo / folder
-    depth: str = DPT_ID
-    vae: str | None = None  # e.g. "madebyollin/sdxl-vae-fp16-fix" for fp16
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+@config
+class ZeSTConfig(Config):
+    """Where each ZeST component comes from: hub ids by default, a local folder accepted for each (a local path must
+    be a folder holding weight files: `pipelines.runtime.check_model_ref`)."""
+
+    DOC = "docs/zest.md"
+
+    base: str = param(SDXL_ID, "SDXL base pipeline: hub id or folder", check=check_model_ref)
+    controlnet: str = param(CONTROLNET_ID, "depth ControlNet: hub id or folder", check=check_model_ref)
+    ip_adapter: str = param(IP_ADAPTER_ID, "IP-Adapter repo: hub id or folder", check=check_model_ref)
+    ip_adapter_subfolder: str = param("sdxl_models", "folder of the IP-Adapter weights inside `ip_adapter`")
+    ip_adapter_weight: str = param("ip-adapter_sdxl_vit-h.safetensors", "IP-Adapter weight file name")
+    image_encoder: str = param("models/image_encoder", "image encoder folder inside the `ip_adapter` repo / folder")
+    depth: str = param(DPT_ID, "DPT depth model: hub id or folder", check=check_model_ref)
+    vae: str | None = param(None, "replacement VAE (e.g. madebyollin/sdxl-vae-fp16-fix for fp16); null: the base's",
+                            check=check_model_ref)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ZeSTConfig":
-        """Build from a mapping; an unknown key raises an error naming it and the known keys."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"ZeSTConfig: unknown key(s) {unknown}; known keys are {sorted(known)}")
-        return cls(**{k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in d.items()})
+    def from_value(cls, value: Any, where: str) -> "ZeSTConfig":
+        if isinstance(value, dict):  # folders given as paths
+            value = {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in value.items()}
+        return super().from_value(value, where)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = "models") -> "ZeSTConfig":
+        return super().from_dict(raw, where)
+
+
+@config
+class ZeSTCall(Config):
+    """ZeST's call parameters, defined once: the defaults of `ZeSTPipeline.__call__` / `generate` and of a generation
+    config (ZeST's demo notebook, REFERENCE.md). Values that would fail every item are refused here."""
+
+    DOC = "docs/zest.md"
+
+    num_inference_steps: int = param(30, "denoising steps (ZeST: 30)", ge=1)
+    strength: float = param(0.9999, "noise level the init image starts from, in (0, 1] (ZeST: 0.9999)", gt=0, le=1)
+    guidance_scale: float = param(5.0, "classifier-free guidance scale (ZeST: 5.0; <= 1 turns guidance off)", ge=0)
+    controlnet_conditioning_scale: float = param(0.9, "depth ControlNet scale (ZeST: 0.9)", ge=0)
+    ip_adapter_scale: float = param(1.0, "IP-Adapter (material exemplar) scale (ZeST: 1.0)", ge=0)
+    resolution: int = param(1024, "side of the square the models work at, a multiple of 8 (ZeST: 1024)", ge=8)
+    resize: ResizeMode = param("squash", "squash to the square (ZeST) or pad to it, cropped back after")
+    composite: bool = param(False, "paste the result over the original through the feathered mask")
+    feather: float = param(3.0, "std in pixels of the composite's mask feathering", ge=0)
+    mask_method: MaskMethod = param("auto", "masks of targets without a given one: auto (rembg if installed, else "
+                                            "OpenCV), rembg or opencv")
+
+    def check(self, dims: dict[str, int] | None = None) -> None:
+        super().check(dims)
+        if self.resolution % 8:
+            raise ParamError("resolution", f"must be a multiple of 8 (the VAE's factor), got {self.resolution}")
+        if int(self.num_inference_steps * self.strength) < 1:
+            raise ParamError("strength", f"times num_inference_steps must reach 1 denoising step, got "
+                                         f"{self.strength} x {self.num_inference_steps}")
+
+    def call_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of `ZeSTPipeline.__call__`."""
+        return {name: getattr(self, name) for name in ZeSTCall.fields()}
 
 
 def diffusers_pipeline_class():
@@ -154,6 +192,11 @@ class ZeSTPipeline:
         """
         from diffusers import AutoencoderKL, ControlNetModel
 
+        from pipelines.cli import quiet_library_bars
+        from pipelines.progress import progress_style
+
+        if progress_style() != "bar":  # diffusers' loading bar writes carriage returns into logs
+            quiet_library_bars()
         device = resolve_device(device)
         if dtype is None or isinstance(dtype, str):
             dtype = resolve_dtype(dtype or "auto", device)
@@ -234,53 +277,52 @@ class ZeSTPipeline:
 
     @torch.inference_mode()
     def generate(self, targets: Sequence[Image.Image], materials: Sequence[Image.Image],
-                 masks: Sequence[Any] | None = None, seeds: Sequence[int] | None = None, num_inference_steps: int = 30,
-                 strength: float = 0.9999, guidance_scale: float = 5.0, controlnet_conditioning_scale: float = 0.9,
-                 ip_adapter_scale: float = 1.0, resolution: int = 1024, resize: str = "squash",
-                 mask_method: str = "auto") -> tuple[np.ndarray, list[Image.Image]]:
-        """One batched diffusion call: float images [B, resolution, resolution, 3] in [0, 1] and full-size masks."""
+                 masks: Sequence[Any] | None = None, seeds: Sequence[int] | None = None,
+                 **params: Any) -> tuple[np.ndarray, list[Image.Image]]:
+        """One batched diffusion call with the `ZeSTCall` keys `params` (unset: ZeST's): float images
+        [B, resolution, resolution, 3] in [0, 1] and full-size masks."""
+        call = ZeSTCall.from_dict(params, "zest")
         if len(materials) != len(targets):
             raise ValueError(f"materials: got {len(materials)} exemplars for {len(targets)} targets")
         if seeds is None:
             seeds = [item_seed(DEFAULT_SEED, index) for index in range(len(targets))]
         if len(seeds) != len(targets):
             raise ValueError(f"seeds: got {len(seeds)} seeds for {len(targets)} targets")
-        if resize not in RESIZE_MODES:
-            raise ValueError(f"resize must be one of {RESIZE_MODES}, got {resize!r}")
+        resolution, guidance_scale = call.resolution, call.guidance_scale
         batch = len(targets)
-        inits, fitted_masks, controls, full_masks = self.prepare(targets, masks, resolution, resize, mask_method)
+        inits, fitted_masks, controls, full_masks = self.prepare(targets, masks, resolution, call.resize,
+                                                                 call.mask_method)
         cfg = guidance_scale > 1.0
         positive, negative, pooled, negative_pooled = (e.repeat(batch, *[1] * (e.dim() - 1)) for e in self.prompt_embeds)
-        self.pipe.set_ip_adapter_scale(ip_adapter_scale)
+        self.pipe.set_ip_adapter_scale(call.ip_adapter_scale)
         images = self.pipe(
             prompt_embeds=positive, negative_prompt_embeds=negative, pooled_prompt_embeds=pooled,
             negative_pooled_prompt_embeds=negative_pooled, image=inits, mask_image=fitted_masks, control_image=controls,
             ip_adapter_image_embeds=[self.exemplar_embeds(materials, cfg)], height=resolution, width=resolution,
-            num_inference_steps=num_inference_steps, strength=strength, guidance_scale=guidance_scale,
-            controlnet_conditioning_scale=controlnet_conditioning_scale, num_images_per_prompt=1,
+            num_inference_steps=call.num_inference_steps, strength=call.strength, guidance_scale=guidance_scale,
+            controlnet_conditioning_scale=call.controlnet_conditioning_scale, num_images_per_prompt=1,
             generator=[item_generator(seed) for seed in seeds], output_type="np",
         ).images
         return np.asarray(images, dtype=np.float32), full_masks
 
     def __call__(self, targets: list[Image.Image], materials: list[Image.Image], masks: list[Any] | None = None,
-                 seeds: list[int] | None = None, num_inference_steps: int = 30, strength: float = 0.9999,
-                 guidance_scale: float = 5.0, controlnet_conditioning_scale: float = 0.9,
-                 ip_adapter_scale: float = 1.0, resolution: int = 1024, resize: str = "squash",
-                 composite: bool = False, feather: float = 3.0, mask_method: str = "auto") -> list[Image.Image]:
+                 seeds: list[int] | None = None, **call: Any) -> list[Image.Image]:
         """Transfer each material onto its target; returns RGB images at each target's size.
 
         masks: given foreground masks (files or images, None entries computed by `mask_method`: auto = rembg when
         installed, else the OpenCV fallback with a warning; see pipelines.masks).
         seeds: one per target (default: `item_seed(42, index)`); generators live on the CPU so results do not
-        depend on the device's RNG. resize: 'squash' (ZeST) or 'pad' (aspect-preserving, cropped back).
-        composite: paste the result over the original through the mask feathered by a Gaussian of std `feather` px.
+        depend on the device's RNG. `call`: any `ZeSTCall` key (num_inference_steps, strength, guidance_scale,
+        controlnet_conditioning_scale, ip_adapter_scale, resolution, resize: 'squash' (ZeST) or 'pad'
+        (aspect-preserving, cropped back), composite: paste the result over the original through the mask feathered
+        by a Gaussian of std `feather` px, mask_method); unset keys are ZeST's defaults, a bad value one ConfigError.
         """
-        arrays, full_masks = self.generate(
-            targets, materials, masks, seeds, num_inference_steps, strength, guidance_scale,
-            controlnet_conditioning_scale, ip_adapter_scale, resolution, resize, mask_method)
+        params = ZeSTCall.from_dict(call, "zest")
+        arrays, full_masks = self.generate(targets, materials, masks, seeds, **call)
+        resize = params.resize
         outputs = []
         for array, target, mask in zip(arrays, targets, full_masks):
             image = unfit_square(Image.fromarray(np.rint(array * 255).astype(np.uint8), mode="RGB"), target.size, resize)
-            outputs.append(composite_background(image, target, mask, feather) if composite else image)
+            outputs.append(composite_background(image, target, mask, params.feather) if params.composite else image)
         return outputs
 

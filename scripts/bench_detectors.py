@@ -24,11 +24,11 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 import detectors
 from detectors import FeatureSet, LinearHead
 from pipelines.io import atomic_write_json
+from pipelines.progress import progress
 
 Sizes = dict[str, int]
 # name -> (sizes, fitted detector) -> {"fit"|"score": (float32 flops, float64 flops)}; flops = 2 x multiply-adds.
@@ -330,11 +330,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     train, val, test, head = make_data(args)
     names = args.only or [n for n in detectors.available("posthoc") if "images" not in detectors.detector_class(n).inputs]
     rows, fitted = [], {}
-    for name in tqdm(names, desc="detectors"):
+    bar = progress(names, "detectors", unit="detector")
+    for name in bar:
         row, det, _ = bench_detector(name, train, val, test, head, machine)
         rows.append(row)
         fitted[name] = (row, det)
-        tqdm.write(f"{name}: fit {row['fit_s']:.2f}s, score {row['score_s']:.2f}s ({row['score_over_floor']:.2f}x floor)")
+        bar.write(f"{name}: fit {row['fit_s']:.2f}s, score {row['score_s']:.2f}s ({row['score_over_floor']:.2f}x floor)")
     result = {"machine": machine, "sizes": {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test,
                                             "dim": args.dim, "classes": args.classes},
               "detectors": rows, "references": references(fitted, test, head, args)}

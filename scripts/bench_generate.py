@@ -36,7 +36,7 @@ from pipelines.cli import README_SECTIONS, parser, run_main
 from pipelines.depth import DepthEstimator
 from pipelines.masks import foreground_mask, grayscale_init
 from pipelines.tiny import save_tiny_zest
-from pipelines.zest import NEGATIVE_PROMPT, PROMPT, ZeSTConfig, ZeSTPipeline
+from pipelines.zest import NEGATIVE_PROMPT, PROMPT, ZeSTCall, ZeSTConfig, ZeSTPipeline
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
@@ -110,14 +110,15 @@ def original_style_loop(pipe: Any, depth: DepthEstimator, items: list[PlanItem],
     """One image per call; inputs rebuilt and the prompt and exemplar encoded on every call; seed 42 as in ZeST."""
     out.mkdir(parents=True, exist_ok=True)
     size = (resolution, resolution)
+    zest = ZeSTCall()  # ZeST's call defaults
     for item in items:
         target, material = load_image(item.target), load_image(item.material)
         mask = foreground_mask(target)
         control = depth([target])[0].resize(size).convert("RGB")
         image = pipe(prompt=PROMPT, negative_prompt=NEGATIVE_PROMPT, image=grayscale_init(target, mask).resize(size),
                      mask_image=mask.resize(size), control_image=control, ip_adapter_image=material,
-                     height=resolution, width=resolution, num_inference_steps=steps, strength=0.9999,
-                     guidance_scale=5.0, controlnet_conditioning_scale=0.9,
+                     height=resolution, width=resolution, num_inference_steps=steps, strength=zest.strength,
+                     guidance_scale=zest.guidance_scale, controlnet_conditioning_scale=zest.controlnet_conditioning_scale,
                      generator=torch.Generator().manual_seed(42)).images[0]
         image.resize(target.size).save(out / Path(item.output).name)
 

@@ -3,7 +3,7 @@
 Multi-GPU: `accelerate launch --num_processes N scripts/generate.py --config gen.yaml`; two CPU processes:
 `torchrun --nproc_per_node 2 scripts/generate.py --config gen.yaml`. Rerun the same command to resume.
 Overrides use the config's keys (`batch_size=4`, `limit=100`, `models.vae=DIR`); `--dry-run` prints the plan only
-(and refuses, naming the changes, when the input folders changed since the job's plan was stored). Config errors and
+and runs every start-up check of the run (it refuses, in the same one line, where the run would). Config errors and
 changed inputs print one line and exit with status 2 (`--debug` shows the traceback).
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from gen.job import GenerationConfig, format_plan, job_plan, plan_summary, run_generation
+from gen.job import GenerationConfig, check_job, format_plan, plan_summary, run_generation
 from pipelines.cli import README_SECTIONS, parser, run_main
 
 
@@ -21,13 +21,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     config = GenerationConfig.from_yaml(args.config, args.overrides)
     if args.dry_run:
-        plan = job_plan(config)
+        plan = check_job(config)  # every start-up check of the run: where the run would refuse, so does this
         print(format_plan(plan.items, args.show))
         print(json.dumps(plan_summary(config, plan), indent=2))
         return 0
     summary = run_generation(config)
     if "manifest" in summary:
         print(json.dumps(summary, indent=2))
+        done, skipped = summary["done"], summary["skipped"]  # done: every finished item; skipped: finished before
+        print(f"generate: {done - skipped} done, {len(summary['failed'])} failed, {skipped} skipped (finished "
+              f"before); {done} of {summary['planned']} planned in the manifest", file=sys.stderr)
     return 0
 
 

@@ -17,12 +17,12 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from detectors.base import ImageSet
 from detectors.clip.backbone import ClipBackbone
 from pipelines.fingerprint import images_fingerprint, weights_fingerprint
 from pipelines.io import atomic_path
+from pipelines.progress import progress as progress_bar
 
 _MEMO_ATTR = "_clip_feature_memo"
 _ROW_MEMO_ATTR = "_clip_feature_row_memo"
@@ -83,7 +83,8 @@ def compute_image_features(backbone: ClipBackbone, images: ImageSet, batch_size:
     globals_, locals_ = [], []
     batches = images.batches(batch_size)
     total = -(-len(images) // batch_size)
-    for _, pils in tqdm(batches, total=total, desc="CLIP image features", disable=not progress, leave=False):
+    for _, pils in progress_bar(batches, "CLIP image features", total=total, unit="batch", disable=not progress,
+                                leave=False):
         with backbone.autocast():
             g, l = backbone.image_embeddings(backbone.preprocess(pils), local=local)
         globals_.append(g.float().cpu())

@@ -22,7 +22,6 @@ from typing import Any, Literal, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from detectors.base import Detector, ImageSet, Params, param
 from detectors.generative.diffguard_inputs import check_model_files
@@ -32,6 +31,7 @@ from detectors.generative.latent_backend import LatentDiffusion
 from detectors.generative.pixel_backend import ClassifierGuidance, PixelDiffusion, denoise_from, invert_with_early_stop
 from detectors.registry import register_detector
 from pipelines.hub_ids import SD15_ID
+from pipelines.progress import progress as progress_bar
 from pipelines.runtime import diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained, resolve_dtype
 
 DEFAULT_SD_ID = SD15_ID
@@ -75,6 +75,7 @@ class DiffGuard(Detector):
 
     family = "generative"
     inputs = frozenset({"images"})
+    keeps_batches = True  # a killed rerun resumes within a set (Detector.score)
     paper = "Gao et al., DIFFGUARD: Semantic Mismatch-Guided Out-of-Distribution Detection using Pre-trained Diffusion Models, ICCV 2023"
 
     @dataclass(frozen=True)
@@ -126,6 +127,17 @@ class DiffGuard(Detector):
         self._latent: LatentDiffusion | None = None
         self._similarities: dict[str, Any] = {}
         self._cam_layer: str | None = self.gradcam_layer
+
+    def batch_identity(self) -> dict[str, Any]:
+        """The base identity plus the diffusion and perceptual models' sources (files, sizes, mtimes)."""
+        from pipelines.fingerprint import source_identity, weights_fingerprint
+
+        weights = self.perceptual_weights
+        weights = weights if isinstance(weights, (list, tuple)) else [weights]
+        given = [self._unet, getattr(self._pipeline, "unet", None)]  # models passed in instead of unet_id / sd_id
+        return {**super().batch_identity(), "unet": source_identity(self.unet_id), "sd": source_identity(self.sd_id),
+                "perceptual": [source_identity(w) for w in weights],
+                "given": [weights_fingerprint(m) for m in given if hasattr(m, "state_dict")]}
 
     @classmethod
     def check_files(cls, params: dict[str, Any]) -> None:
@@ -321,7 +333,8 @@ class DiffGuard(Detector):
         distance = self.similarity(self.distance)
         scores = []
         total = -(-len(batch) // self.batch_size)
-        for start, images in tqdm(batch.batches(self.batch_size), total=total, desc=f"diffguard ({self.backend})", leave=False):
+        for start, images in progress_bar(batch.batches(self.batch_size), f"diffguard ({self.backend})", total=total,
+                                          unit="batch", leave=False):
             x = resize_center_crop(images, resize, crop).to(self.device)
             if self.backend == "pixel":
                 guided, reference = self.pixel_pair(x, self.predict(x), self.crop_seed_list(batch.keys[start:start + len(images)]))

@@ -131,6 +131,7 @@ class Gram(Detector):
 
     family = "posthoc"
     inputs = frozenset({"images"})
+    keeps_batches = True  # a killed rerun resumes within a set (Detector.score)
     paper = "Sastry & Oore, Detecting Out-of-Distribution Examples with Gram Matrices, ICML 2020"
 
     @dataclass(frozen=True)

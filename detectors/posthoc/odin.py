@@ -44,6 +44,7 @@ class ODIN(Detector):
 
     family = "posthoc"
     inputs = frozenset({"images"})
+    keeps_batches = True  # a killed rerun resumes within a set (Detector.score)
     paper = "Liang et al., Enhancing the Reliability of OOD Image Detection in Neural Networks (ODIN), ICLR 2018"
 
     @dataclass(frozen=True)

@@ -68,6 +68,7 @@ class RankFeat(Detector):
 
     family = "posthoc"
     inputs = frozenset({"images"})
+    keeps_batches = True  # a killed rerun resumes within a set (Detector.score)
     paper = "Song et al., RankFeat: Rank-1 Feature Removal for Out-of-distribution Detection, NeurIPS 2022"
 
     @dataclass(frozen=True)

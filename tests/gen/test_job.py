@@ -14,7 +14,9 @@ from gen.job import JOB_FOLDER, GenerationConfig, run_generation
 from gen.ledger import Ledger
 from pipelines.cli import apply_overrides
 from pipelines.data import read_manifest
+from pipelines.errors import ConfigError
 from pipelines.runtime import item_seed
+from pipelines.zest import ZeSTConfig
 
 
 def config_for(tmp_path: Path, targets: Path, materials: Path, **extra) -> GenerationConfig:
@@ -137,19 +139,20 @@ def test_a_different_job_in_the_same_folder_is_refused(tmp_path, bronzes, contai
 
 def test_config_rejects_unknown_keys_and_applies_overrides(tmp_path):
     base = {"task": "custom", "targets": "t", "materials": "m", "out": "o"}
-    with pytest.raises(ValueError, match=r"generation config: unknown key 'stepz' \(allowed: attention, "):
+    with pytest.raises(ConfigError, match=r"^stepz: unknown key \(allowed: attention, "):
         GenerationConfig.from_dict({**base, "stepz": 3})
-    with pytest.raises(ValueError, match=r"unknown key 'num_inference_step' \(did you mean 'num_inference_steps'\?\)"):
+    with pytest.raises(ConfigError, match=r"^num_inference_step: unknown key \(did you mean 'num_inference_steps'\?\)"):
         GenerationConfig.from_dict({**base, "num_inference_step": 3})
-    with pytest.raises(ValueError, match="'batch_size' must be a positive integer"):
+    with pytest.raises(ConfigError, match="^batch_size: must be >= 1, got 0"):
         GenerationConfig.from_dict({**base, "batch_size": 0})
-    with pytest.raises(ValueError, match=r"missing required keys \['out'\]"):
+    with pytest.raises(ConfigError, match=r"^out: required"):
         GenerationConfig.from_dict({k: v for k, v in base.items() if k != "out"})
     path = tmp_path / "gen.yaml"
     path.write_text("task: custom\ntargets: t\nmaterials: m\nout: o\nmodels: {depth: Intel/dpt-hybrid-midas}\n")
-    config = GenerationConfig.from_yaml(path, ["batch_size=4", "models.vae=/x/vae", "limit=null", "composite=true"])
+    config = GenerationConfig.from_yaml(path, ["batch_size=4", "models.vae=madebyollin/sdxl-vae-fp16-fix", "limit=null",
+                                               "composite=true"])
     assert (config.batch_size, config.limit, config.composite) == (4, None, True)
-    assert config.models == {"depth": "Intel/dpt-hybrid-midas", "vae": "/x/vae"}
+    assert config.models == ZeSTConfig(depth="Intel/dpt-hybrid-midas", vae="madebyollin/sdxl-vae-fp16-fix")
     assert apply_overrides({"a": 1}, ["a=2"]) == {"a": 2}
 
 

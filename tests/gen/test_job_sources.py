@@ -87,15 +87,16 @@ def test_manifest_sources_are_limited_to_a_split_and_sets(tmp_path, containers, 
 
 def test_bad_source_mappings_are_config_errors_naming_the_key(tmp_path, containers, image_writer):
     bronzes = split_manifest(tmp_path / "bronzes", image_writer)
-    for materials, message in [({"manifest": str(bronzes), "splt": "test"}, r"materials: unknown key 'splt' \(did you mean 'split'\?\)"),
-                               ({"split": "test"}, r"materials: missing key\(s\) \['manifest'\]"),
-                               ({"manifest": str(bronzes), "split": "dev"}, "materials.split must be one of"),
-                               ({"manifest": str(bronzes), "sets": "sketch"}, "materials.sets must be a list")]:
+    for materials, message in [({"manifest": str(bronzes), "splt": "test"}, r"^materials.splt: unknown key \(did you mean 'split'\?\)"),
+                               ({"split": "test"}, r"^materials.manifest: required"),
+                               ({"manifest": str(bronzes), "split": "dev"}, "^materials.split: must be one of"),
+                               ({"manifest": str(bronzes), "sets": "sketch"}, "^materials.sets: must be a list"),
+                               ({"manifest": str(bronzes), "group": "hard"}, "^materials.group: generated images are")]:
         with pytest.raises(ConfigError, match=message):
             config_for(tmp_path, str(containers), materials)
     with pytest.raises(ConfigError, match=r"materials: no row of .*bronzes with split .test. and ood_set in "
                                           r"\[.sculpture.\] \(sets there: container, sketch;"):
-        job_plan(config_for(tmp_path, str(containers), {"manifest": str(bronzes), "sets": ["sculpture"]}))
+        job_plan(config_for(tmp_path, str(containers), {"manifest": str(bronzes), "split": "test", "sets": ["sculpture"]}))
 
 
 def test_changing_a_source_filter_is_a_different_job(tmp_path, containers, fake_zest, image_writer):
@@ -116,5 +117,8 @@ def test_a_bare_folder_with_train_and_val_rows_is_warned_about(tmp_path, contain
     summary = run_generation(config_for(tmp_path / "b", str(containers), str(bronzes), mask_method="opencv"),
                              pipeline=fake_zest())
     assert summary["warnings"] == [expected]
-    filtered = run_generation(config_for(tmp_path / "c", str(containers), {"manifest": str(bronzes)}), dry_run=True)
+    whole = run_generation(config_for(tmp_path / "c", str(containers), {"manifest": str(bronzes)}), dry_run=True)
+    assert whole["warnings"] == [expected]  # a mapping without a split reads every split too (pipelines.sources)
+    filtered = run_generation(config_for(tmp_path / "d", str(containers), {"manifest": str(bronzes), "split": "test"}),
+                              dry_run=True)
     assert "warnings" not in filtered

@@ -58,6 +58,10 @@ def test_resumed_and_two_process_runs_write_identical_files(tmp_path, bronzes, c
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert '"processes": 2' in result.stdout
+    # the console: no diffusers chatter (a warning per model move, the loading bar) and no carriage returns in logs
+    assert "should be kept in float32" not in result.stderr and "Loading pipeline components" not in result.stderr
+    assert "\r" not in result.stderr
+    assert "generate: 4 done, 0 failed, 0 skipped (finished before); 4 of 4 planned in the manifest" in result.stderr
     two = read_manifest(tmp_path / "two", check_files=True)
     assert [r["file_name"] for r in two] == [r["file_name"] for r in manifest]
     for row in manifest:

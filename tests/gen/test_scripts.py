@@ -25,7 +25,7 @@ def test_generate_config_errors_are_one_line_and_status_2(tmp_path, capsys):
     config = tmp_path / "gen.yaml"
     config.write_text(f"task: custom\ntargets: {tmp_path}\nmaterials: {tmp_path}\nout: {tmp_path / 'out'}\nstepz: 3\n")
     assert run_main(main, ["--config", str(config), "--dry-run"]) == 2
-    assert "generation config: unknown key 'stepz'" in one_line_error(capsys)
+    assert one_line_error(capsys).startswith(f"error: {config}: stepz: unknown key (allowed: attention, ")
     config.write_text("task: custom\ntargets: [unclosed\n")
     assert run_main(main, ["--config", str(config), "--dry-run"]) == 2
     assert "not valid YAML" in one_line_error(capsys)
@@ -33,17 +33,18 @@ def test_generate_config_errors_are_one_line_and_status_2(tmp_path, capsys):
     assert "no such config file" in one_line_error(capsys)
 
 
-def test_generate_refuses_changed_inputs_in_one_line(tmp_path, capsys, bronzes, image_writer):
+def test_generate_refuses_changed_inputs_in_one_line(tmp_path, capsys, bronzes, image_writer, fake_zest):
     targets = tmp_path / "targets"
     image_writer(targets, ["a.png", "b.png"], seed=1)
     config = tmp_path / "gen.yaml"
-    config.write_text(f"task: transferred_container\ntargets: {targets}\nmaterials: {bronzes}\nout: {tmp_path / 'out'}\n")
+    config.write_text(f"task: transferred_container\ntargets: {targets}\nmaterials: {bronzes}\nout: {tmp_path / 'out'}\n"
+                      "resolution: 16\nmask_method: opencv\n")
     main = script_main("generate.py")
-    from gen.job import GenerationConfig, job_plan
-    from gen.jobplan import store_plan
+    from gen.job import GenerationConfig, run_generation
 
-    store_plan(tmp_path / "out" / ".job", job_plan(GenerationConfig.from_yaml(config)))
+    run_generation(GenerationConfig.from_yaml(config), pipeline=fake_zest())  # a job with finished items
     image_writer(targets, ["c.png"], seed=2)
+    capsys.readouterr()
     assert run_main(main, ["--config", str(config), "--dry-run"]) == 2
     assert "targets added: c.png" in one_line_error(capsys)
     assert run_main(main, ["--config", str(config), "--dry-run", "plan_change=extend"]) == 0

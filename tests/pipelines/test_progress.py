@@ -30,7 +30,7 @@ def test_lines_every_interval_and_a_final_line():
     assert seen == list(range(10))
     lines = out.getvalue().splitlines()
     assert lines == ["features: 3/10 img (30%), 30 s, 0.1 img/s", "features: 6/10 img (60%), 60 s, 0.1 img/s",
-                     "features: 9/10 img (90%), 90 s, 0.1 img/s", "features: done, 10 img in 100 s, 0.1 img/s"]
+                     "features: 9/10 img (90%), 90 s, 0.1 img/s", "features: 10 img in 100 s, 0.1 img/s"]
     assert "\r" not in out.getvalue()
 
 
@@ -64,3 +64,43 @@ def test_style_follows_the_stream_and_the_environment(monkeypatch):
 def test_iterating_without_an_iterable_is_an_error():
     with pytest.raises(TypeError, match="update"):
         list(LineProgress(desc="x", stream=io.StringIO()))
+
+
+def test_every_bar_of_the_project_goes_through_pipelines_progress():
+    """A bar made with tqdm directly ignores OODFORGE_PROGRESS and writes carriage returns into logs: only
+    pipelines/progress.py may import tqdm."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    direct = [str(p.relative_to(root)) for folder in ("pipelines", "gen", "detectors", "scripts")
+              for p in sorted((root / folder).rglob("*.py"))
+              if re.search(r"^\s*(from tqdm|import tqdm)", p.read_text(encoding="utf-8"), re.M)]
+    assert direct == ["pipelines/progress.py"]
+
+
+@pytest.mark.parametrize("style", ["lines", "off"])
+def test_the_clip_feature_bar_honours_the_environment(monkeypatch, capsys, style):
+    """The CLIP-feature loop (once a raw tqdm bar) prints no carriage return under lines / off."""
+    import torch
+    from PIL import Image
+
+    from detectors.base import ImageSet
+    from detectors.clip.features import compute_image_features
+
+    class Backbone:
+        def autocast(self):
+            return torch.autocast("cpu", enabled=False)
+
+        def preprocess(self, pils):
+            return torch.zeros(len(pils), 3)
+
+        def image_embeddings(self, x, local=True):
+            return torch.ones(len(x), 2), None
+
+    monkeypatch.setenv(PROGRESS_ENV, style)
+    images = ImageSet(images=[Image.new("RGB", (4, 4))] * 5)
+    feats = compute_image_features(Backbone(), images, batch_size=2, local=False)
+    assert feats.global_.shape == (5, 2)
+    err = capsys.readouterr().err
+    assert "\r" not in err and (err == "" if style == "off" else True)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import numpy as np
+from pathlib import Path
+
 import pytest
 from PIL import Image
 
@@ -43,11 +45,42 @@ def first_alone(tiny_zest, inputs):
     return tiny_zest.generate(targets[:1], materials[:1], masks[:1], seeds=[11], **FAST)[0][0]
 
 
-def test_config_round_trip_and_unknown_key():
+def test_config_round_trip_and_unknown_key(tmp_path):
+    from pipelines.errors import ConfigError
+
     cfg = ZeSTConfig(vae="madebyollin/sdxl-vae-fp16-fix")
     assert ZeSTConfig.from_dict(cfg.to_dict()) == cfg
-    with pytest.raises(ValueError, match="ip_adaptor"):
+    with pytest.raises(ConfigError, match=r"^models.ip_adaptor: unknown key \(did you mean 'ip_adapter'\?\)$"):
         ZeSTConfig.from_dict({"ip_adaptor": "h94/IP-Adapter"})
+    with pytest.raises(ConfigError, match=r"^models.base: the local model folder '/no/such/dir' does not exist$"):
+        ZeSTConfig.from_dict({"base": "/no/such/dir"})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"^models.depth: the local model folder .* holds no weight files"):
+        ZeSTConfig.from_dict({"depth": str(tmp_path / "empty")})
+
+
+def test_call_defaults_are_zest_s_and_defined_once():
+    """ZeST's call parameters live in ZeSTCall only: the pipeline's methods take them as keywords without defaults
+    of their own, a generation config inherits them, and no other module spells 0.9999."""
+    import inspect
+    import re
+
+    from gen.config import GenerationConfig
+    from pipelines.errors import ConfigError
+    from pipelines.zest import ZeSTCall
+
+    call = ZeSTCall()
+    assert (call.num_inference_steps, call.strength, call.guidance_scale, call.controlnet_conditioning_scale,
+            call.ip_adapter_scale, call.resolution, call.resize) == (30, 0.9999, 5.0, 0.9, 1.0, 1024, "squash")
+    for method in (ZeSTPipeline.__call__, ZeSTPipeline.generate):
+        assert not set(inspect.signature(method).parameters) & set(ZeSTCall.fields())
+    assert {k: v for k, v in GenerationConfig.defaults().items() if k in ZeSTCall.fields()} == ZeSTCall.defaults()
+    root = Path(__file__).resolve().parents[2]
+    spelled = [str(p.relative_to(root)) for folder in ("pipelines", "gen", "detectors", "scripts")
+               for p in (root / folder).rglob("*.py") if re.search(r"(?<![\d.])0\.9999(?!\d)", p.read_text())]
+    assert spelled == ["pipelines/zest.py"]
+    with pytest.raises(ConfigError, match=r"^zest.strength: must be > 0 and <= 1, got 1.5"):
+        ZeSTCall.from_dict({"strength": 1.5}, "zest")
 
 
 def test_prompt_is_zest_s_and_text_encoders_are_dropped(tiny_zest, tiny_zest_config):

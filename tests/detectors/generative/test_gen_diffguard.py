@@ -135,3 +135,17 @@ def test_stop_rule_is_psnr_or_similarity_below_threshold(tiny_classifier):
     assert off.stop_rule(x0) is None
     with pytest.raises(ValueError, match="early_stop_similarity"):
         detectors.build("diffguard", early_stop_similarity="cosine")
+
+
+def test_the_docs_list_exactly_the_parameters_diffguard_accepts():
+    """docs/generative.md's DIFFGUARD table: every name in its first column is a DiffGuard parameter (no
+    `early_stop_steps`, which the plan refuses), and every parameter is there."""
+    import re
+    from pathlib import Path
+
+    from detectors.generative.diffguard import DiffGuard
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "generative.md").read_text(encoding="utf-8")
+    table = text.split("Parameters (defaults from the paper's code", 1)[1].split("\n\n", 2)[1]
+    documented = {name for line in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", line.split("|")[1])}
+    assert documented == set(DiffGuard.Params.fields())
