@@ -119,8 +119,9 @@ def read_archive(path: str | os.PathLike) -> pd.DataFrame:
         if not media:
             return core
         ext = _read_data_file(members, media[0], "coreid", path)
-    if "type" in ext.columns:  # GBIF: StillImage / MovingImage / Sound (blank kept)
-        ext = ext[ext["type"].isna() | ext["type"].str.contains("image", case=False, na=False)]
+    if "type" in ext.columns:  # GBIF: StillImage / MovingImage / Sound; a blank type is kept
+        kind = ext["type"].astype("string").str.strip().str.casefold().str.rsplit("/", n=1).str[-1]
+        ext = ext[ext["type"].isna() | kind.isin(["stillimage", "image"]).fillna(False).to_numpy(bool)]
     ext = ext.drop(columns=[c for c in ext.columns if c in core.columns and c != "gbifID"])
     return core.merge(ext, on="gbifID", how="inner", validate="one_to_many")
 
@@ -263,8 +264,8 @@ def coordinates(frame: pd.DataFrame, source: str = "occurrence table") -> tuple[
     for column, limit in (("lat", 90.0), ("lon", 180.0)):
         text = frame[column]
         values = pd.to_numeric(text, errors="coerce").to_numpy(dtype=np.float64)
-        bad = (np.isnan(values) & text.notna().to_numpy() & (text.astype("string").str.strip() != "").to_numpy(bool)) \
-            | (np.abs(values) > limit)
+        given = (text.astype("string").str.strip() != "").fillna(False).to_numpy(bool)  # blank: no coordinates
+        bad = (np.isnan(values) & given) | (np.abs(values) > limit)
         if bad.any():
             first = int(np.flatnonzero(bad)[0])
             raise TableError(f"{source}: {row_name(frame, first)}: {column} {text.iloc[first]!r} is not a "
