@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from gen.insects import MakeSplitsConfig, REGIONS, make_splits, shortfall_lines, synthetic_occurrences
-from pipelines.cli import pairs, parse_yaml, parser, run_main
+from pipelines.cli import pairs, parser, run_main
+from pipelines.curation.flags import cli_value, flag_error
 from pipelines.errors import ConfigError
 
 FLAGS = {"split.pad_lat": "--pad", "split.pad_lon": "--pad", "split.regions": "--box",
@@ -68,13 +69,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _value(text: Any) -> Any:
-    """A command-line value read as YAML 1.2 reads it (numbers become numbers; the config then checks the type)."""
-    if isinstance(text, list):
-        return [_value(t) for t in text]
-    return parse_yaml(text) if isinstance(text, str) and text.strip() else text
-
-
 def options(args: argparse.Namespace) -> MakeSplitsConfig:
     """The typed options of the command line; a fault is one ConfigError naming the flag."""
     split: dict[str, Any] = {}
@@ -83,39 +77,24 @@ def options(args: argparse.Namespace) -> MakeSplitsConfig:
                  "non_target_cap", "seed"):
         value = getattr(args, name)
         if value is not None:
-            split[name] = value if name in ("non_local_box", "target_taxon") else _value(value)
+            split[name] = value if name in ("non_local_box", "target_taxon") else cli_value(value)
             if name in NONE_IF_ZERO and split[name] == 0:
                 split[name] = None
     if args.pad is not None:
-        split["pad_lat"], split["pad_lon"] = _value(args.pad)
+        split["pad_lat"], split["pad_lon"] = cli_value(args.pad)
     if args.aux_species_c_america is not None:
-        count = _value(args.aux_species_c_america)
+        count = cli_value(args.aux_species_c_america)
         split["aux_species_by_region"] = {"c-america": None if count == 0 else count}
     if args.box:
         split["regions"] = {**REGIONS, **pairs(args.box, "--box")}
-    raw = {"occurrences": args.occurrences, "synthetic": _value(args.synthetic), "id_species": args.id_species,
+    raw = {"occurrences": args.occurrences, "synthetic": cli_value(args.synthetic), "id_species": args.id_species,
            "image_root": args.image_root, "out": args.out, "non_target": args.non_target,
            "check_files": args.check_files, "split": split,
            "taxa": {"preset": args.taxon_filter, "include": args.include, "exclude": args.exclude}}
     try:
         return MakeSplitsConfig.from_dict({k: v for k, v in raw.items() if v is not None}, "")
     except ConfigError as err:
-        raise ConfigError(_with_flag(str(err)), doc=err.doc) from None
-
-
-def _with_flag(message: str) -> str:
-    """'split.id_fractions: ...' -> '--id-fractions: ...', 'split.regions.mars: ...' -> '--box mars: ...'."""
-    key, found, rest = message.partition(": ")
-    if not found or " " in key:
-        return message
-    if not key:  # a check across options
-        return rest
-    parts = key.split(".")
-    for n in range(len(parts), 0, -1):
-        prefix = ".".join(parts[:n])
-        if prefix in FLAGS:
-            return " ".join([FLAGS[prefix], *parts[n:]]) + f": {rest}"
-    return f"--{parts[min(1, len(parts) - 1)].replace('_', '-')}: {rest}"
+        raise flag_error(err, FLAGS) from None
 
 
 def main(argv: list[str] | None = None) -> int:
