@@ -6,11 +6,13 @@ import io
 import json
 import os
 import runpy
+import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,12 +22,17 @@ import pandas as pd
 import pytest
 from PIL import Image
 
+from helpers.gbif import build_archive
 from pipelines.cli import run_main
 from pipelines.curation.fetch import HostLimiter
 from pipelines.curation.gbif import image_file_name
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "fetch_images.py"
+
+
+def seed(path: str) -> int:
+    return zlib.crc32(path.encode())
 
 
 def png(seed: int, size: tuple[int, int] = (200, 150)) -> bytes:
@@ -36,7 +43,7 @@ def png(seed: int, size: tuple[int, int] = (200, 150)) -> bytes:
 
 
 class Server:
-    """Paths: /img/N.png (an image), /slow/N.png (after 0.15 s), /flaky/N.png (500 on the first request), /fail/N
+    """Paths: /img/N.png (an image seeded by the path; any other path too), /slow/N.png (after 0.15 s), /flaky/N.png (500 on the first request), /fail/N
     (always 500), /missing/N (404), /redirect/N.png (302 to /img/N.png), /dup/N.png (the bytes of /img/0.png),
     /tiny/N.png (16 x 16), /short/N (10 bytes), /hang/N (longer than the test's timeout), /thumb/N.jpg."""
 
@@ -52,7 +59,7 @@ class Server:
                 with threading.Lock():
                     server.counts[self.path] += 1
                 kind, _, name = self.path.strip("/").partition("/")
-                n = int("".join(c for c in name if c.isdigit()) or 0)
+                n = seed(self.path)
                 if kind == "slow":
                     time.sleep(0.15)
                 if kind == "hang":
@@ -66,7 +73,7 @@ class Server:
                     self.send_header("Location", f"/img/{n}.png")
                     self.end_headers()
                     return None
-                body = {"dup": png(0), "tiny": png(n, (16, 16)), "short": b"0123456789"}.get(kind) or png(n)
+                body = {"dup": png(seed("/img/0.png")), "tiny": png(n, (16, 16)), "short": b"0123456789"}.get(kind) or png(n)
                 self.send_response(200)
                 self.send_header("Content-Type", "image/png")
                 self.send_header("Content-Length", str(len(body)))
@@ -215,7 +222,7 @@ def test_classifier_filter_drops_a_class_and_records_it(server, tmp_path, capsys
     table(server.base, paths).to_csv(tmp_path / "occ.csv", index=False)
     out = tmp_path / "out"
     with torch.no_grad():
-        images = [Image.open(io.BytesIO(png(i))).convert("RGB") for i in range(1, 13)]
+        images = [Image.open(io.BytesIO(png(seed(p)))).convert("RGB") for p in paths]
         predicted = model(model.preprocess(images))[0].argmax(1).tolist()
     names = model.class_names
     drop = names[Counter(predicted).most_common(1)[0][0]]
@@ -231,3 +238,33 @@ def test_classifier_filter_drops_a_class_and_records_it(server, tmp_path, capsys
     assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), "--filter-model",
                   str(tmp_path / "lifestage"), "--drop-class", "pupa"]) == 2
     assert "drop_class: ['pupa'] not among the classifier's classes" in capsys.readouterr().err
+
+
+def test_readme_path_gbif_zip_to_images_to_splits(server, tmp_path):
+    """The README's two commands as written (fetch_images then make_splits on the same GBIF zip), the archive's image
+    URLs served on the loopback (only `--rate` added for speed)."""
+    readme = (ROOT / "README.md").read_text()
+    lines = [line for line in readme.splitlines()
+             if line.startswith(("python scripts/fetch_images.py --occurrences gbif.zip",
+                                 "python scripts/make_splits.py --occurrences gbif.zip"))]
+    assert [line.split()[1] for line in lines] == ["scripts/fetch_images.py", "scripts/make_splits.py"]
+    path, ids = build_archive(tmp_path / "download", base=server.base)
+    path.rename(tmp_path / "gbif.zip")
+    ids.to_csv(tmp_path / "ids.csv", index=False)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OODFORGE_PROGRESS": "off"}
+    for line in lines:
+        _, script, *argv = shlex.split(line)
+        extra = ["--rate", "500"] if "fetch_images" in script else []
+        run = subprocess.run([sys.executable, str(ROOT / script), *argv, *extra], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+    fetched = json.loads((tmp_path / "data/moths/fetch_summary.json").read_text())
+    assert fetched["dropped"] == {"taxon filter": 24, "blank species": 1, "duplicate URL": 1} and not fetched["failed"]
+    record = json.loads((tmp_path / "splits/summary.json").read_text())
+    assert record["dropped"] == {"taxon filter": 24, "no coordinates": 1, "duplicate URL": 1, "missing file": 1}
+    assert record["shortfalls"] == [{"region": "ne-america", "what": "auxiliary species with >= 20 images",
+                                     "requested": 8000, "found": 4}]
+    rows = [json.loads(line) for line in open(tmp_path / "splits/ne-america/metadata.jsonl")]
+    assert {r["species"] for r in rows if r["role"] == "id"} == {"Idmoth sp0", "Idmoth sp1", "Idmoth sp2"}
+    assert all((tmp_path / "data/moths" / r["file_name"]).is_file() and r["gbifID"] and r["speciesKey"] for r in rows)
+    assert len(rows) == sum(s["images"] for s in record["sets"])
