@@ -8,7 +8,8 @@ reads are loaded (`KEEP`), straight from the zip member (nothing is extracted). 
 detected from the header line (tab, comma, semicolon or bar; tab-separated files are read unquoted, as GBIF writes
 them). Every value is read as text; coordinates become numbers in `clean`.
 
-`normalise` maps the GBIF names (`decimalLatitude` -> `lat`, `decimalLongitude` -> `lon`, `identifier` -> `url`)
+`normalise` maps the GBIF names (`decimalLatitude` -> `lat`, `decimalLongitude` -> `lon`, `identifier` -> `url` when
+it holds http(s) URLs)
 and derives `file_name` from the URL (`image_file_name`, the layout `fetch_images` writes) where the table has none.
 """
 from __future__ import annotations
@@ -122,7 +123,8 @@ def read_archive(path: str | os.PathLike) -> pd.DataFrame:
     if "type" in ext.columns:  # GBIF: StillImage / MovingImage / Sound; a blank type is kept
         kind = ext["type"].astype("string").str.strip().str.casefold().str.rsplit("/", n=1).str[-1]
         ext = ext[ext["type"].isna() | kind.isin(["stillimage", "image"]).fillna(False).to_numpy(bool)]
-    ext = ext.drop(columns=[c for c in ext.columns if c in core.columns and c != "gbifID"])
+    # the image's own terms win: GBIF's occurrence.txt has dcterms identifier / type / license columns of its own
+    core = core.drop(columns=[c for c in ext.columns if c in core.columns and c != "gbifID"])
     return core.merge(ext, on="gbifID", how="inner", validate="one_to_many")
 
 
@@ -179,13 +181,21 @@ class _Members:
 # -- GBIF names, file names ------------------------------------------------------------------------------------
 
 def normalise(frame: pd.DataFrame, source: str = "occurrence table") -> pd.DataFrame:
-    """GBIF names mapped (`RENAME`, a column already named so wins) and `file_name` derived from `url` when absent."""
-    rename = {k: v for k, v in RENAME.items() if k in frame.columns and v not in frame.columns}
+    """GBIF names mapped (`RENAME`, a column already named so wins; identifier only when it holds URLs) and
+    `file_name` derived from `url` when absent."""
+    rename = {k: v for k, v in RENAME.items() if k in frame.columns and v not in frame.columns
+              and (v != "url" or _urls(frame[k]))}
     frame = frame.rename(columns=rename)
     frame = frame.loc[:, ~frame.columns.duplicated()]
     if "file_name" not in frame.columns and "url" in frame.columns:
         frame["file_name"] = [image_file_name(u) if isinstance(u, str) and u else None for u in frame["url"]]
     return frame
+
+
+def _urls(column: pd.Series) -> bool:
+    """True when every non-blank value is an http(s) URL (occurrence.txt's own dcterms identifier is not)."""
+    values = column.dropna().astype(str)
+    return bool(len(values)) and bool(values.str.match(r"https?://").all())
 
 
 def image_file_name(url: str) -> str:
