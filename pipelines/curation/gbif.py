@@ -103,7 +103,8 @@ def _read_text(handle: Any, sep: str, skip: int, names: list[str] | None, usecol
 
 def read_archive(path: str | os.PathLike) -> pd.DataFrame:
     """Core joined with the multimedia extension on the core id, one row per still image (the core alone when the
-    archive has no multimedia extension). The id column is named `gbifID`."""
+    archive has no multimedia extension). The id column is named `gbifID`. A zip without meta.xml holding one file
+    (GBIF's SIMPLE_CSV download) is that table."""
     from dwca.descriptors import ArchiveDescriptor
 
     path = Path(path)
@@ -111,8 +112,7 @@ def read_archive(path: str | os.PathLike) -> pd.DataFrame:
         try:
             descriptor = ArchiveDescriptor(members.text("meta.xml"))
         except KeyError:
-            raise TableError(f"{path}: a zip without meta.xml (not a Darwin Core Archive); give occurrence.txt itself "
-                             "or the whole GBIF download") from None
+            return members.single_table()
         except Exception as err:  # noqa: BLE001 (the reader's XML and descriptor errors)
             raise TableError(f"{path}: meta.xml is not a Darwin Core Archive descriptor ({err})") from None
         core = _read_data_file(members, descriptor.core, "id", path)
@@ -172,6 +172,15 @@ class _Members:
                 raise KeyError(name)
             return open(self.path / name, encoding=encoding, newline="")
         return io.TextIOWrapper(self.zip.open(name), encoding=encoding, newline="")
+
+    def single_table(self) -> pd.DataFrame:
+        """The one table of a zip without meta.xml (GBIF's SIMPLE_CSV download: one tab-separated file)."""
+        names = [n for n in self.zip.namelist() if not n.endswith("/")] if self.zip is not None else []
+        if len(names) != 1:
+            raise TableError(f"{self.path}: no meta.xml (not a Darwin Core Archive) and {len(names)} files, not one "
+                             "table; give occurrence.txt itself or the whole GBIF download")
+        with self.open(names[0], "utf-8-sig") as handle:
+            return _read_text(handle, _delimiter(handle.readline()), 0, None)
 
     def text(self, name: str) -> str:
         with self.open(name, "utf-8") as handle:

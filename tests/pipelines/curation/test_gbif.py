@@ -54,6 +54,14 @@ def test_plain_tables_have_their_delimiter_detected(archive, tmp_path):
     tab.to_parquet(tmp_path / "occ.parquet")
     for name in ("occ.csv", "occ_semicolon.csv", "occ.parquet"):
         pd.testing.assert_frame_equal(read_table(tmp_path / name), tab, check_dtype=False)
+    with zipfile.ZipFile(tmp_path / "simple.zip", "w") as zf:  # GBIF's SIMPLE_CSV download: one TSV, no meta.xml
+        zf.write(tmp_path / "occurrence.txt", "0012345-250101000000000.csv")
+    pd.testing.assert_frame_equal(read_occurrences(tmp_path / "simple.zip"), read_occurrences(tmp_path / "occurrence.txt"))
+    with zipfile.ZipFile(tmp_path / "two.zip", "w") as zf:
+        zf.writestr("a.csv", "x\n1\n")
+        zf.writestr("b.csv", "x\n2\n")
+    with pytest.raises(TableError, match="two.zip: no meta.xml .* and 2 files, not one table"):
+        read_occurrences(tmp_path / "two.zip")
     mapped = read_occurrences(tmp_path / "occurrence.txt")
     assert {"lat", "lon"} <= set(mapped.columns) and "file_name" not in mapped.columns  # no URL in the core alone
     (tmp_path / "empty.csv").write_text("")
