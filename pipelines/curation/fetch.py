@@ -16,6 +16,7 @@ filter `OUT/filtered.csv` (the rows it dropped, with the predicted class).
 from __future__ import annotations
 
 import hashlib
+import http.client
 import io
 import json
 import re
@@ -119,7 +120,7 @@ def download(url: str, cfg: FetchConfig, limiter: HostLimiter) -> bytes:
             reason = f"HTTP {err.code}"
             if err.code != 429 and err.code < 500:
                 raise FetchFailure(reason, True) from None
-        except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as err:
+        except (TimeoutError, urllib.error.URLError, http.client.HTTPException, OSError) as err:
             cause = getattr(err, "reason", err)
             reason = "timeout" if isinstance(cause, TimeoutError) or "timed out" in str(cause) else f"connection: {cause}"
             if isinstance(err, urllib.error.URLError) and isinstance(cause, ValueError):
@@ -185,9 +186,13 @@ class Fetcher:
         remove_stale_temp_files(self.out / "images")
         self.records = read_ledger(self.out / LEDGER)
         self.position = {u: i for i, u in enumerate(rows["url"])}
-        for record in self.records.values():
+        for record in list(self.records.values()):
             if record["status"] == "ok":
-                self._keep(record["sha256"], record["url"], record["file_name"])
+                try:
+                    self._keep(record["sha256"], record["url"], record["file_name"])
+                except FetchFailure as failure:  # the plan's order changed: the earlier URL keeps the content
+                    (self.out / record["file_name"]).unlink(missing_ok=True)
+                    self._record(record["url"], record["file_name"], failure=failure)
         todo = [(u, f) for u, f in zip(rows["url"], rows["file_name"]) if not self._finished(u, f)]
         (self.out / LEDGER).parent.mkdir(parents=True, exist_ok=True)
         with open(self.out / LEDGER, "a", encoding="utf-8") as self.ledger, \

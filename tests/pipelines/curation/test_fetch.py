@@ -268,3 +268,16 @@ def test_readme_path_gbif_zip_to_images_to_splits(server, tmp_path):
     assert {r["species"] for r in rows if r["role"] == "id"} == {"Idmoth sp0", "Idmoth sp1", "Idmoth sp2"}
     assert all((tmp_path / "data/moths" / r["file_name"]).is_file() and r["gbifID"] and r["speciesKey"] for r in rows)
     assert len(rows) == sum(s["images"] for s in record["sets"])
+
+
+def test_the_url_earliest_in_the_table_keeps_a_duplicated_content(server, tmp_path, capsys):
+    out = tmp_path / "out"
+    for order in (["/img/0.png", "/dup/8.png"], ["/dup/8.png", "/img/0.png"]):
+        table(server.base, order).to_csv(tmp_path / "occ.csv", index=False)
+        assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), "--retry-failed", *FAST]) == 0
+        kept = pd.read_csv(out / "images.csv", dtype=str)
+        assert kept["url"].tolist() == [server.base + order[0]]
+        assert [p.name for p in (out / "images").rglob("*.png")] == [Path(kept["file_name"][0]).name]
+        reasons = pd.read_csv(out / "failures.csv")["reason"].tolist()
+        assert reasons == [f"duplicate content of {kept['file_name'][0]}"]
+    capsys.readouterr()
