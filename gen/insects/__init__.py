@@ -1,7 +1,8 @@
 """Geographic open-set splits for species recognition (Open-Insects protocol) from occurrence metadata.
 
-Input: an occurrence table (CSV or Parquet, one row per image: `species, genus, family, lat, lon, file_name`, optional
-`split` for given ID splits and `taxon` to mark non-target rows) and the ID species of each region (`region, species`).
+Input: an occurrence table (a GBIF Darwin Core Archive, or CSV / TSV / Parquet, one row per image: `species, genus,
+family, lat, lon, file_name`, optional `split` for given ID splits and `taxon` to mark non-target rows; GBIF names
+mapped and rows dropped by counted reasons in pipelines.curation.gbif) and the ID species of each region (`region, species`).
 Per region it builds, with vectorised pandas/numpy (no loop over rows):
 
 - species with fewer than `min_images` (5) images are dropped first (from every set).
@@ -34,13 +35,15 @@ Manifests hold metadata only: `file_name` is the image path relative to the user
 from __future__ import annotations
 
 from gen.insects.manifests import (SET_FIELDS, load_region, make_splits, manifest_rows, manifest_table, object_columns,
-                                   summarize, write_splits)
+                                   read_input, shortfall_lines, summarize, summary_record, write_splits)
+from gen.insects.options import MakeSplitsConfig
 from gen.insects.occurrences import (AUSTRALIA, OCCURRENCE_COLUMNS, REGIONS, Box, TableError, check_occurrences,
                                      key_strings, read_id_species, read_table, synthetic_occurrences)
 from gen.insects.splits import SETS, SplitConfig, Splits, build_splits, id_counts, rank_in_group
 
 __all__ = [
-    "AUSTRALIA", "OCCURRENCE_COLUMNS", "REGIONS", "SETS", "SET_FIELDS", "Box", "SplitConfig", "Splits", "TableError",
+    "AUSTRALIA", "OCCURRENCE_COLUMNS", "REGIONS", "SETS", "SET_FIELDS", "Box", "MakeSplitsConfig", "SplitConfig", "Splits",
+    "TableError", "read_input", "shortfall_lines", "summary_record",
     "build_splits", "check_occurrences", "id_counts", "key_strings", "load_region", "make_splits", "manifest_rows",
     "manifest_table", "object_columns", "rank_in_group", "read_id_species", "read_table", "summarize",
     "synthetic_occurrences", "write_splits",

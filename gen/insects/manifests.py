@@ -4,6 +4,7 @@ folders."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any
@@ -11,8 +12,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gen.insects.occurrences import read_id_species, read_table
-from gen.insects.splits import SETS, SplitConfig, Splits, build_splits
+from gen.insects.occurrences import GBIF_ID_COLUMNS, OCCURRENCE_COLUMNS, TableError, read_id_species
+from gen.insects.splits import MIN_IMAGES, SETS, SplitConfig, Splits, build_splits
+from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, MISSING_FILE, NO_COORDINATES, TAXON_FILTER, TaxonFilter,
+                                     clean, is_archive, normalise, read_occurrences)
 from pipelines.data import MANIFEST_INFO, METADATA, Manifest, ManifestError, read_manifest, write_manifest
 from pipelines.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from pipelines.jsonl import column_texts, join_lines
@@ -63,6 +66,7 @@ def manifest_table(frame: pd.DataFrame, non_target_name: str) -> pd.DataFrame:
         "label": frame["label"].astype(np.int64),
         "species": frame["species"], "genus": frame["genus"], "family": frame["family"],
         "hop": frame["hop"].astype(np.int64), "lat": frame["lat"], "lon": frame["lon"],
+        **{c: frame[c] for c in GBIF_ID_COLUMNS if c in frame.columns},
     })
 
 
@@ -106,8 +110,36 @@ def summarize(splits: Splits) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def write_splits(splits: Splits, out_dir: str | os.PathLike, image_root: str | os.PathLike) -> dict[str, Path]:
-    """Write `out_dir/<region>/metadata.jsonl` + `manifest_info.json` (image root, parameters) per region and `out_dir/summary.{csv,md}`."""
+DROP_ORDER = (TAXON_FILTER, BLANK_SPECIES, NO_COORDINATES, DUPLICATE_URL, MISSING_FILE, MIN_IMAGES)
+
+
+def summary_record(splits: Splits, dropped: dict[str, int] | None = None) -> dict[str, Any]:
+    """The machine-readable summary (`summary.json`): per (region, set) its name ("id" or the ood_set), role, split,
+    species and images, and the same per hop; the rows dropped by reason; the shortfalls."""
+    sets = []
+    for region, frame in splits.regions.items():
+        for name in SETS:
+            rows = frame[frame["set"] == name]
+            if rows.empty:
+                continue
+            split, role, ood_set, _ = SET_FIELDS[name]
+            if ood_set == "non_target":
+                ood_set = splits.config.non_target_name
+            hops = rows.groupby("hop").agg(species=("species", "nunique"), images=("file_name", "size"))
+            sets.append({"region": region, "set": name, "name": ood_set or "id", "role": role, "split": split,
+                         "species": int(rows["species"].nunique()), "images": int(len(rows)),
+                         "hops": [{"hop": int(h), "species": int(r.species), "images": int(r.images)}
+                                  for h, r in hops.iterrows()]})
+    counts = Counter(dropped or {}) + Counter(splits.dropped)
+    ordered = {reason: int(counts[reason]) for reason in DROP_ORDER if counts[reason]}
+    ordered.update({k: int(v) for k, v in counts.items() if k not in ordered and v})
+    return {"sets": sets, "dropped": ordered, "shortfalls": splits.shortfalls}
+
+
+def write_splits(splits: Splits, out_dir: str | os.PathLike, image_root: str | os.PathLike,
+                 dropped: dict[str, int] | None = None) -> dict[str, Path]:
+    """Write `out_dir/<region>/metadata.jsonl` + `manifest_info.json` (image root, parameters) per region and
+    `out_dir/summary.{csv,md,json}` (`dropped`: rows dropped before the builder, by reason)."""
     out_dir = Path(out_dir)
     written = {}
     for region, frame in splits.regions.items():
@@ -123,15 +155,32 @@ def write_splits(splits: Splits, out_dir: str | os.PathLike, image_root: str | o
         })
         written[region] = folder
     summary = summarize(splits)
+    record = summary_record(splits, dropped)
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "summary.csv", summary.to_csv(index=False))
-    atomic_write_text(out_dir / "summary.md", _markdown(summary))
+    atomic_write_json(out_dir / "summary.json", record)
+    atomic_write_text(out_dir / "summary.md", _markdown(summary) + _dropped_markdown(record))
     return written
 
 
 def _markdown(table: pd.DataFrame) -> str:
     header = "| " + " | ".join(table.columns) + " |\n|" + "---|" * len(table.columns) + "\n"
     return header + "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in table.itertuples(index=False))
+
+
+def _dropped_markdown(record: dict[str, Any]) -> str:
+    text = "\n## Rows dropped\n\n" + (_markdown(pd.DataFrame(
+        {"reason": list(record["dropped"]), "rows": list(record["dropped"].values())})) if record["dropped"] else "none\n")
+    text += "\n## Shortfalls\n\n"
+    if not record["shortfalls"]:
+        return text + "none\n"
+    return text + _markdown(pd.DataFrame(record["shortfalls"])[["region", "what", "requested", "found"]])
+
+
+def shortfall_lines(record: dict[str, Any]) -> list[str]:
+    """One warning line per shortfall."""
+    return [f"warning: {s['region']}: {s['requested']} {s['what']} requested, {s['found']} found"
+            for s in record["shortfalls"]]
 
 
 def load_region(folder: str | os.PathLike, image_root: str | os.PathLike | None = None) -> Manifest:
@@ -142,11 +191,30 @@ def load_region(folder: str | os.PathLike, image_root: str | os.PathLike | None 
     return read_manifest(folder, image_root=image_root)
 
 
+def read_input(occurrences: str | os.PathLike | pd.DataFrame, taxa: TaxonFilter | None = None,
+               image_root: str | os.PathLike | None = None, check_files: bool | None = None) -> tuple[pd.DataFrame, Counter]:
+    """An occurrence table (a frame, a table file or a GBIF archive) cleaned for the splits, and the rows dropped by
+    reason (`pipelines.curation.gbif.clean`). `check_files` (default: on for archives) drops rows whose image is not
+    under `image_root`."""
+    if isinstance(occurrences, pd.DataFrame):
+        frame, source, archive = normalise(occurrences), "occurrence table", False
+    else:
+        frame, source, archive = read_occurrences(occurrences), f"occurrence table {occurrences}", is_archive(occurrences)
+    missing = [c for c in OCCURRENCE_COLUMNS if c not in frame.columns]
+    if missing:
+        raise TableError(f"occurrence table: missing column(s) {missing}; needs {list(OCCURRENCE_COLUMNS)} (GBIF names "
+                         f"such as decimalLatitude are mapped; {source.removeprefix('occurrence table ')})")
+    check = archive if check_files is None else check_files
+    return clean(frame, taxa, source=source, image_root=image_root if check else None)
+
+
 def make_splits(occurrences: str | os.PathLike | pd.DataFrame, id_species: str | os.PathLike | pd.DataFrame,
                 out_dir: str | os.PathLike, image_root: str | os.PathLike, config: SplitConfig | None = None,
-                non_target: str | os.PathLike | pd.DataFrame | None = None) -> tuple[dict[str, Path], pd.DataFrame]:
-    """Read the tables (paths or frames), build the splits, write the manifests; returns (folders, summary table)."""
-    occ = occurrences if isinstance(occurrences, pd.DataFrame) else read_table(occurrences)
-    extra = non_target if non_target is None or isinstance(non_target, pd.DataFrame) else read_table(non_target)
+                non_target: str | os.PathLike | pd.DataFrame | None = None, taxa: TaxonFilter | None = None,
+                check_files: bool | None = None) -> tuple[dict[str, Path], pd.DataFrame, dict[str, Any]]:
+    """Read the tables (frames, files or GBIF archives), build the splits, write the manifests; returns (folders,
+    summary table, summary record)."""
+    occ, dropped = read_input(occurrences, taxa, image_root, check_files)
+    extra = non_target if non_target is None or isinstance(non_target, pd.DataFrame) else read_occurrences(non_target)
     splits = build_splits(occ, read_id_species(id_species), config, non_target=extra)
-    return write_splits(splits, out_dir, image_root), summarize(splits)
+    return write_splits(splits, out_dir, image_root, dropped), summarize(splits), summary_record(splits, dropped)

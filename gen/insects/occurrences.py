@@ -1,38 +1,52 @@
-"""The input of the species splits: occurrence tables (CSV or Parquet), the ID species of each region, taxon names
-compared as strings, region boxes, and a synthetic occurrence table of realistic shape."""
+"""The input of the species splits: occurrence tables (GBIF archives, CSV / TSV / Parquet: pipelines.curation.gbif), the
+ID species of each region, taxon names compared as strings, region boxes, and a synthetic occurrence table of realistic
+shape."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from pipelines.errors import UserInputError
-
-
-class TableError(UserInputError):
-    """A bad occurrence or ID species table (or region box): the message names the table, column or value."""
-
+from pipelines.curation.gbif import TableError, read_table
+from pipelines.errors import ConfigError
+from pipelines.params import Config, param
 
 OCCURRENCE_COLUMNS = ("species", "genus", "family", "lat", "lon", "file_name")
+GBIF_ID_COLUMNS = ("gbifID", "speciesKey", "genusKey", "familyKey", "url")
+"""Kept on every manifest row when the occurrence table has them (GBIF downloads do)."""
 
 
-@dataclass(frozen=True)
-class Box:
-    """A latitude/longitude box; `contains` is strict on every edge."""
+@dataclasses.dataclass(frozen=True)
+class Box(Config):
+    """A latitude/longitude box; `contains` is strict on every edge. A config value may be a mapping, a list of four
+    numbers or the text `lat_min,lat_max,lon_min,lon_max`."""
 
-    lat_min: float
-    lat_max: float
-    lon_min: float
-    lon_max: float
+    lat_min: float = param(0.0, "southern edge (degrees)")
+    lat_max: float = param(0.0, "northern edge (degrees)")
+    lon_min: float = param(0.0, "western edge (degrees)")
+    lon_max: float = param(0.0, "eastern edge (degrees)")
 
-    def __post_init__(self) -> None:
+    def check(self, dims: dict[str, int] | None = None) -> None:
+        super().check(dims)
         if not (self.lat_min < self.lat_max and self.lon_min < self.lon_max):
-            raise TableError(f"box needs lat_min < lat_max and lon_min < lon_max, got {self}")
+            raise TableError(f"a box needs lat_min < lat_max and lon_min < lon_max, got "
+                             f"{self.lat_min},{self.lat_max},{self.lon_min},{self.lon_max}")
+
+    @classmethod
+    def from_value(cls, value: Any, where: str) -> "Box":
+        if isinstance(value, str):
+            try:
+                return cls.parse(value)
+            except TableError as err:
+                raise ConfigError(f"{where}: {err}") from None
+        if isinstance(value, (list, tuple)):
+            return cls.from_dict(dict(zip(("lat_min", "lat_max", "lon_min", "lon_max"), value)), where) \
+                if len(value) == 4 else cls.from_value(",".join(map(str, value)), where)
+        return super().from_value(value, where)
 
     def padded(self, lat: float, lon: float) -> "Box":
         return Box(self.lat_min - lat, self.lat_max + lat, self.lon_min - lon, self.lon_max + lon)
@@ -60,17 +74,6 @@ REGIONS = {
 AUSTRALIA = Box(-44, -10, 113, 154)
 
 
-def read_table(path: str | os.PathLike) -> pd.DataFrame:
-    """A CSV or Parquet table."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"table not found: {path}")
-    if path.suffix.lower() in (".parquet", ".pq"):
-        return pd.read_parquet(path)
-    # taxon names / keys stay text (a numeric key column with a blank would read as float and lose digits)
-    return pd.read_csv(path, low_memory=False, dtype={c: str for c in ("species", "genus", "family", "speciesKey")})
-
-
 def check_occurrences(occ: pd.DataFrame, source: str = "occurrence table") -> pd.DataFrame:
     """Validate the columns and file names; taxonomy becomes categorical, coordinates float64."""
     missing = [c for c in OCCURRENCE_COLUMNS if c not in occ.columns]
@@ -84,6 +87,9 @@ def check_occurrences(occ: pd.DataFrame, source: str = "occurrence table") -> pd
         occ[col] = key_strings(occ[col])
     for col in ("lat", "lon"):
         occ[col] = pd.to_numeric(occ[col], errors="coerce").astype(np.float64)
+    for col in GBIF_ID_COLUMNS[:-1]:  # keys as text ("1001", never 1001.0)
+        if col in occ.columns:
+            occ[col] = pd.Series(np.asarray(key_strings(occ[col]), dtype=object), index=occ.index).where(occ[col].notna())
     return occ
 
 

@@ -3,54 +3,70 @@ fancy indexing (a few linear passes over the table, no loop over rows). See gen.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
 
-from gen.insects.occurrences import AUSTRALIA, OCCURRENCE_COLUMNS, REGIONS, Box, TableError, check_occurrences
+from gen.insects.occurrences import (AUSTRALIA, GBIF_ID_COLUMNS, OCCURRENCE_COLUMNS, REGIONS, Box, TableError,
+                                     check_occurrences)
+from pipelines.curation.gbif import BLANK_SPECIES
+from pipelines.errors import ConfigError
+from pipelines.params import Config, config, param
 from pipelines.runtime import item_seed
 
+MIN_IMAGES = "< min images"  # a drop reason beside pipelines.curation.gbif's
 SETS = ("id_train", "id_val", "id_test", "local_test", "local_val", "non_local_test", "non_local_val",
         "non_target_test", "non_target_val", "aux_train", "aux_val")
 
 
-@dataclass
-class SplitConfig:
-    """Parameters of the split builder (defaults: Open-Insects)."""
+def _check_fractions(fractions: list[float], key: str) -> None:
+    if len(fractions) != 3 or not all(0 <= f <= 1 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
+        raise ConfigError(f"{key}: three fractions TRAIN VAL TEST in [0, 1] summing to 1, got "
+                          f"{' '.join(f'{f:g}' for f in fractions)} (sum {sum(fractions):g})")
 
-    regions: dict[str, Box] = field(default_factory=lambda: dict(REGIONS))
-    pad_lat: float = 1.0
-    pad_lon: float = 3.0
-    non_local_box: Box = AUSTRALIA
-    min_images: int = 5  # species with fewer images are dropped (1 keeps every species)
-    id_fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)  # AMI-GBIF; (0.4, 0.1, 0.5) was this project's former default
-    id_min_rule: bool = True  # test / val rows only for species with >= 1/fraction images (AMI-GBIF); False: always
-    id_val_cap: int | None = 10  # Open-Insects; None keeps every val image
-    id_val_uncapped: tuple[str, ...] = ("c-america",)  # regions whose ID val the reference code leaves uncapped
-    allow_missing_id_species: bool = False
-    id_cap: int | None = None
-    local_val_fraction: float = 0.1
-    local_val_min_images: int = 31
-    local_cap: int | None = None
-    non_local_cap: int = 30
-    non_local_val_fraction: float = 0.1
-    non_target_val_fraction: float = 0.1
-    non_target_cap: int | None = None
-    aux_per_species: int | None = 20
-    aux_species: int | None = 8000  # None: every auxiliary species (at most aux_per_species images each)
-    aux_species_by_region: dict[str, int | None] = field(default_factory=lambda: {"c-america": 4000})
-    aux_val_size: int | None = None
-    target_taxon: str | None = None
-    non_target_name: str = "non_target"
-    seed: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["regions"] = {k: asdict(v) for k, v in self.regions.items()}
-        out["non_local_box"] = asdict(self.non_local_box)
-        return out
+def _check_counts(counts: dict[str, int | None], key: str) -> None:
+    for region, count in counts.items():
+        if count is not None and count < 1:
+            raise ConfigError(f"{key}.{region}: must be >= 1 or null (every species), got {count}")
+
+
+@config
+class SplitConfig(Config):
+    """Parameters of the split builder (defaults: Open-Insects); `SplitConfig.from_dict` checks every one."""
+
+    DOC = "docs/species.md"
+
+    regions: dict[str, Box] = param(dict(REGIONS), "region name -> box (lat_min, lat_max, lon_min, lon_max)")
+    pad_lat: float = param(1.0, "local OOD box padding, degrees latitude", ge=0)
+    pad_lon: float = param(3.0, "local OOD box padding, degrees longitude", ge=0)
+    non_local_box: Box = param(AUSTRALIA, "box of the non-local OOD species (continental Australia)")
+    min_images: int = param(5, "species with fewer images are dropped (1 keeps every species)", ge=1)
+    id_fractions: tuple[float, float, float] = param(
+        (0.7, 0.1, 0.2), "ID train / val / test share per species (AMI-GBIF; (0.4, 0.1, 0.5) was this project's "
+        "former default)", check=_check_fractions)
+    id_min_rule: bool = param(True, "test / val rows only for species with >= 1/fraction images (AMI-GBIF)")
+    id_val_cap: int | None = param(10, "ID val images a species at most (Open-Insects); None keeps every one", ge=1)
+    id_val_uncapped: tuple[str, ...] = param(("c-america",), "regions whose ID val the reference code leaves uncapped")
+    allow_missing_id_species: bool = param(False, "an ID species absent from the table is a shortfall, not an error")
+    id_cap: int | None = param(None, "images an ID species at most", ge=1)
+    local_val_fraction: float = param(0.1, "local OOD share given to val", ge=0, le=1)
+    local_val_min_images: int = param(31, "local OOD species give val images only with at least this many", ge=1)
+    local_cap: int | None = param(None, "images a local OOD species at most", ge=1)
+    non_local_cap: int = param(30, "non-local OOD test images a species at most", ge=1)
+    non_local_val_fraction: float = param(0.1, "non-local val size as a share of its test size", ge=0, le=1)
+    non_target_val_fraction: float = param(0.1, "non-target OOD share given to val", ge=0, le=1)
+    non_target_cap: int | None = param(None, "non-target test images at most", ge=1)
+    aux_per_species: int | None = param(20, "auxiliary train images a species (None: no cap)", ge=1)
+    aux_species: int | None = param(8000, "auxiliary species drawn (None: every auxiliary species)", ge=1)
+    aux_species_by_region: dict[str, int | None] = param({"c-america": 4000}, "aux_species per region",
+                                                         check=_check_counts)
+    aux_val_size: int | None = param(None, "auxiliary val images (None: as many as ID val)", ge=0)
+    target_taxon: str | None = param(None, "value of the `taxon` column that is the target (others: non-target OOD)")
+    non_target_name: str = param("non_target", "ood_set name of the non-target rows")
+    seed: int = param(0, "every random choice is seeded from it and the region / set name", ge=0)
 
 
 def _rng(seed: int, key: str) -> np.random.Generator:
@@ -131,11 +147,14 @@ class _Taxonomy:
 @dataclass
 class Splits:
     """Per region, a frame of the selected occurrence rows (file_name, species, genus, family, lat, lon) with `set`,
-    `label`, `hop`, `aux_label`; plus the species requested as ID but absent from the table."""
+    `label`, `hop`, `aux_label`; the species requested as ID but absent from the table; the rows dropped by reason
+    (`dropped`) and every request the data fell short of (`shortfalls`: region, what, requested, found)."""
 
     regions: dict[str, pd.DataFrame]
     missing_id_species: dict[str, list[str]]
     config: SplitConfig
+    dropped: dict[str, int] = field(default_factory=dict)
+    shortfalls: list[dict[str, Any]] = field(default_factory=list)
 
 
 def build_splits(occurrences: pd.DataFrame, id_species: dict[str, list[str]], config: SplitConfig | None = None,
@@ -151,9 +170,12 @@ def build_splits(occurrences: pd.DataFrame, id_species: dict[str, list[str]], co
     tax = _Taxonomy.of(occ, target)
     lat, lon = occ["lat"].to_numpy(), occ["lon"].to_numpy()
     valid = target & (tax.row_species >= 0)
+    dropped = {BLANK_SPECIES: int((target & (tax.row_species < 0)).sum())}
     n_species = len(tax.species)
     images = np.bincount(tax.row_species[valid], minlength=n_species)
-    valid &= images[np.maximum(tax.row_species, 0)] >= config.min_images  # species with too few images are dropped
+    few = valid & (images[np.maximum(tax.row_species, 0)] < config.min_images)  # species with too few images: dropped
+    dropped[MIN_IMAGES] = int(few.sum())
+    valid &= ~few
     present = _flag(n_species, tax.row_species[valid])
 
     is_id = {r: tax.species_flags(names) & present for r, names in id_species.items()}
@@ -170,7 +192,8 @@ def build_splits(occurrences: pd.DataFrame, id_species: dict[str, list[str]], co
     row_sp = np.where(valid, tax.row_species, 0)  # species code per row (0 where invalid; masked by `valid` below)
     given = _given_id_split(occ, valid & np.logical_or.reduce([is_id[r][row_sp] for r in id_species])) if id_species else None
     shared = _non_local_sets(row_sp, valid & non_local[row_sp], config) + _non_target_sets(~target, config)
-    out = {}
+    out, shortfalls = {}, [dict(region=r, what="ID species", requested=len(set(id_species[r])),
+                                 found=len(set(id_species[r])) - len(missing[r])) for r in sorted(id_species) if missing[r]]
     for region in sorted(id_species):
         picks = _id_sets(row_sp, valid & is_id[region][row_sp], config, region, given)
         picks += _local_sets(row_sp, valid & local[region][row_sp], config, region) + shared
@@ -179,10 +202,12 @@ def build_splits(occurrences: pd.DataFrame, id_species: dict[str, list[str]], co
         genus_ok = (tax.species_genus < 0) | ~drop[np.maximum(tax.species_genus, 0)]
         aux_species = present & ~is_id[region] & ~local[region] & ~non_local & genus_ok
         n_id_val = int(sum(len(index) for name, index in picks if name == "id_val"))
-        picks += _aux_sets(row_sp, valid & aux_species[row_sp], config, region, n_id_val)
+        aux, shortfall = _aux_sets(row_sp, valid & aux_species[row_sp], config, region, n_id_val)
+        picks += aux
+        shortfalls += [dict(region=region, **shortfall)] if shortfall else []
         out[region] = _region_frame(occ, tax, picks, _ranks(tax.species, is_id[region]), id_genera,
                                     tax.family_flags(np.flatnonzero(is_id[region])))
-    return Splits(out, missing, config)
+    return Splits(out, missing, config, {k: v for k, v in dropped.items() if v}, shortfalls)
 
 
 def _with_non_target(occurrences: pd.DataFrame, non_target: pd.DataFrame | None, config: SplitConfig) -> tuple[pd.DataFrame, np.ndarray]:
@@ -325,8 +350,11 @@ def _non_target_sets(mask: np.ndarray, config: SplitConfig) -> Picks:
     return [("non_target_test", np.sort(test)), ("non_target_val", np.sort(val))]
 
 
-def _aux_sets(row_sp: np.ndarray, mask: np.ndarray, config: SplitConfig, region: str, n_id_val: int) -> Picks:
+def _aux_sets(row_sp: np.ndarray, mask: np.ndarray, config: SplitConfig, region: str,
+              n_id_val: int) -> tuple[Picks, dict[str, Any] | None]:
+    """The auxiliary sets and the shortfall (fewer species with >= aux_per_species images than requested), if any."""
     rows = np.flatnonzero(mask)
+    shortfall = None
     rng = _rng(config.seed, f"{region}:aux")
     val = _sample(rows, n_id_val if config.aux_val_size is None else config.aux_val_size, rng)
     train = np.setdiff1d(rows, val, assume_unique=True)
@@ -336,11 +364,14 @@ def _aux_sets(row_sp: np.ndarray, mask: np.ndarray, config: SplitConfig, region:
         if n_species is not None:  # n_species species with >= aux_per_species images, aux_per_species each
             eligible = np.unique(row_sp[train][size >= config.aux_per_species])
             chosen = _sample(eligible, n_species, rng)
+            if len(eligible) < n_species:
+                shortfall = dict(what=f"auxiliary species with >= {config.aux_per_species} images",
+                                 requested=int(n_species), found=int(len(eligible)))
             keep = np.isin(row_sp[train], chosen) & (rank < config.aux_per_species)
         else:
             keep = rank < config.aux_per_species
         train = train[keep]
-    return [("aux_train", train), ("aux_val", val)]
+    return [("aux_train", train), ("aux_val", val)], shortfall
 
 
 def _region_frame(occ: pd.DataFrame, tax: _Taxonomy, picks: Picks, id_rank: np.ndarray, id_genera: np.ndarray,
@@ -356,7 +387,7 @@ def _region_frame(occ: pd.DataFrame, tax: _Taxonomy, picks: Picks, id_rank: np.n
     hop = np.where(is_id_row, 0, np.where(hop, 1, np.where(fam, 2, 3)))
     aux_rank = _ranks(tax.species, _flag(len(tax.species), sp[sets == SETS.index("aux_train")]))
     aux_label = np.where((sets >= SETS.index("aux_train")) & (sp >= 0), aux_rank[np.maximum(sp, 0)], -1)
-    frame = occ.iloc[rows][list(OCCURRENCE_COLUMNS)].reset_index(drop=True)
+    frame = occ.iloc[rows][[*OCCURRENCE_COLUMNS, *(c for c in GBIF_ID_COLUMNS if c in occ.columns)]].reset_index(drop=True)
     frame["set"] = pd.Categorical.from_codes(sets, categories=SETS)
     frame["label"] = np.where(is_id_row, id_rank[np.maximum(sp, 0)], -1).astype(np.int64)
     frame["hop"] = hop.astype(np.int64)

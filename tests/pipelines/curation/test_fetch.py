@@ -1,0 +1,283 @@
+"""fetch_images against a threaded HTTP server on 127.0.0.1 started by the test: slow, failing (500 / 404), flaky,
+redirecting, hanging, duplicate and thumbnail URLs; resume after a rerun and after a kill -9; the classifier filter."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import runpy
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from helpers.gbif import build_archive
+from pipelines.cli import run_main
+from pipelines.curation.fetch import HostLimiter
+from pipelines.curation.gbif import image_file_name
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "scripts" / "fetch_images.py"
+
+
+def seed(path: str) -> int:
+    return zlib.crc32(path.encode())
+
+
+def png(seed: int, size: tuple[int, int] = (200, 150)) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+class Server:
+    """Paths: /img/N.png (an image seeded by the path; any other path too), /slow/N.png (after 0.15 s), /flaky/N.png (500 on the first request), /fail/N
+    (always 500), /missing/N (404), /redirect/N.png (302 to /img/N.png), /dup/N.png (the bytes of /img/0.png),
+    /tiny/N.png (16 x 16), /short/N (10 bytes), /hang/N (longer than the test's timeout), /thumb/N.jpg."""
+
+    def __init__(self):
+        self.counts: Counter = Counter()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_GET(self):
+                with threading.Lock():
+                    server.counts[self.path] += 1
+                kind, _, name = self.path.strip("/").partition("/")
+                n = seed(self.path)
+                if kind == "slow":
+                    time.sleep(0.15)
+                if kind == "hang":
+                    time.sleep(1.5)
+                if kind in ("fail",) or (kind == "flaky" and server.counts[self.path] == 1):
+                    return self.send_error(500)
+                if kind == "missing":
+                    return self.send_error(404)
+                if kind == "redirect":
+                    self.send_response(302)
+                    self.send_header("Location", f"/img/{n}.png")
+                    self.end_headers()
+                    return None
+                body = {"dup": png(seed("/img/0.png")), "tiny": png(n, (16, 16)), "short": b"0123456789"}.get(kind) or png(n)
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+                return None
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "Server":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture()
+def server():
+    with Server() as s:
+        yield s
+
+
+def table(base: str, paths: list[str], species: list[str] | None = None) -> pd.DataFrame:
+    return pd.DataFrame({"gbifID": [str(1000 + i) for i in range(len(paths))], "url": [base + p for p in paths],
+                         "species": species or [f"Moth sp{i % 3}" for i in range(len(paths))],
+                         "genus": "Moth", "family": "Noctuidae", "decimalLatitude": "50.0", "decimalLongitude": "-70.0"})
+
+
+def fetch(argv: list[str]) -> int:
+    return run_main(runpy.run_path(str(SCRIPT))["main"], argv)
+
+
+FAST = ["--rate", "200", "--backoff", "0.01", "--timeout", "0.5", "--min-bytes", "100", "--min-side", "32", "--workers", "4"]
+
+
+def test_fetch_records_every_failure_and_a_rerun_fetches_only_what_is_missing(server, tmp_path, capsys):
+    paths = ["/img/1.png", "/img/2.png", "/slow/3.png", "/flaky/4.png", "/fail/5", "/missing/6", "/redirect/7.png",
+             "/img/0.png", "/dup/8.png", "/tiny/9.png", "/short/10", "/hang/11", "/thumb/12.jpg", "/img/1.png"]
+    table(server.base, paths).to_csv(tmp_path / "occ.csv", index=False)
+    out = tmp_path / "fetched"
+    argv = ["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), "--retries", "2", *FAST]
+    assert fetch(argv) == 0
+    images = pd.read_csv(out / "images.csv", dtype=str)
+    want = ["/img/1.png", "/img/2.png", "/slow/3.png", "/flaky/4.png", "/redirect/7.png", "/img/0.png"]
+    assert sorted(images["url"]) == sorted(server.base + p for p in want)
+    assert images["file_name"].tolist() == [image_file_name(u) for u in images["url"]]
+    for name in images["file_name"]:
+        assert Image.open(out / name).size == (200, 150)
+    assert "lat" in images.columns and images["gbifID"].notna().all()  # GBIF names mapped, ids kept
+    failures = pd.read_csv(out / "failures.csv").set_index("url")["reason"]
+    reasons = {u.removeprefix(server.base): r for u, r in failures.items()}
+    assert reasons == {"/fail/5": "HTTP 500 (after 2 retries)", "/missing/6": "HTTP 404",
+                       "/dup/8.png": f"duplicate content of {image_file_name(server.base + '/img/0.png')}",
+                       "/tiny/9.png": "thumbnail (16x16 < min_side=32)", "/short/10": "too small (10 bytes < min_bytes=100)",
+                       "/hang/11": "timeout (after 2 retries)", "/thumb/12.jpg": "thumbnail URL"}
+    assert server.counts["/fail/5"] == 3 and server.counts["/missing/6"] == 1 and server.counts["/flaky/4.png"] == 2
+    assert server.counts["/thumb/12.jpg"] == 0 and server.counts["/img/1.png"] == 1  # the duplicate URL fetched once
+    summary = json.loads((out / "fetch_summary.json").read_text())
+    assert summary["dropped"] == {"duplicate URL": 1} and summary["kept"] == 6
+    assert summary["failed"] == {"HTTP 500": 1, "HTTP 404": 1, "duplicate content": 1, "thumbnail": 1, "too small": 1,
+                                 "timeout": 1, "thumbnail URL": 1}
+    before = Counter(server.counts)
+    assert fetch(argv) == 0  # rerun: only the transient failures (500, timeout) are tried again
+    again = {p: server.counts[p] - before[p] for p in server.counts if server.counts[p] != before[p]}
+    assert again == {"/fail/5": 3, "/hang/11": 3}
+    assert pd.read_csv(out / "images.csv", dtype=str)["url"].tolist() == images["url"].tolist()
+    capsys.readouterr()
+
+
+def test_cap_per_species_taxon_filter_and_bad_options(server, tmp_path, capsys):
+    paths = [f"/img/{i}.png" for i in range(1, 9)]
+    frame = table(server.base, paths, species=["Moth a"] * 5 + ["Moth b"] * 2 + [""])
+    frame.loc[6, "family"] = "Nymphalidae"
+    frame.to_csv(tmp_path / "occ.tsv", index=False, sep="\t")
+    out = tmp_path / "out"
+    assert fetch(["--occurrences", str(tmp_path / "occ.tsv"), "--out", str(out), "--per-species", "3",
+                  "--exclude", "family=Nymphalidae", *FAST]) == 0
+    images = pd.read_csv(out / "images.csv", dtype=str)
+    assert images["species"].value_counts().to_dict() == {"Moth a": 3, "Moth b": 1}
+    summary = json.loads((out / "fetch_summary.json").read_text())
+    assert summary["dropped"] == {"taxon filter": 1, "blank species": 1, "over the species cap": 2}
+    capsys.readouterr()
+    for extra, message in ((["--rate", "0"], "--rate: must be > 0"), (["--workers", "two"], "--workers: must be an integer"),
+                           (["--per-species", "-1"], "--per-species: must be >= 1"),
+                           (["--thumbnail-pattern", "(["], "--thumbnail-pattern: not a regular expression"),
+                           (["--taxon-filter", "moth"], "--taxon-filter: must be one of 'moths'")):
+        assert fetch(["--occurrences", str(tmp_path / "occ.tsv"), "--out", str(tmp_path / "bad"), *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and message in err, err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_kill_9_mid_run_then_rerun_fetches_only_what_is_missing(server, tmp_path):
+    paths = [f"/slow/{i}.png" for i in range(24)]
+    table(server.base, paths).to_csv(tmp_path / "occ.csv", index=False)
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(SCRIPT), "--occurrences", str(tmp_path / "occ.csv"), "--out", str(out),
+           "--workers", "2", "--rate", "200", "--min-bytes", "100", "--min-side", "32"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OODFORGE_PROGRESS": "off"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list((out / "images").rglob("*.png"))) < 4:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    done = {p.relative_to(out).as_posix() for p in (out / "images").rglob("*.png") if not p.name.startswith(".")}
+    assert 4 <= len(done) < len(paths), "the kill came too late to test a resume"
+    for name in done:  # never a partial file under the final name
+        assert Image.open(out / name).size == (200, 150)
+    counts_at_kill = Counter(server.counts)
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    names = {server.base + p: image_file_name(server.base + p) for p in paths}
+    for url, name in names.items():
+        path = url.removeprefix(server.base)
+        assert server.counts[path] - counts_at_kill[path] == (0 if name in done else 1), path
+    images = pd.read_csv(out / "images.csv", dtype=str)
+    assert sorted(images["file_name"]) == sorted(names.values())
+    assert not [p for p in out.rglob(".*.tmp*")]  # the killed run's temp files are gone
+
+
+def test_hostlimiter_spaces_request_starts_per_host():
+    limiter = HostLimiter(rate=20)
+    start = time.monotonic()
+    for _ in range(6):
+        limiter.wait("http://a.example/x")
+    limiter.wait("http://b.example/x")  # another host does not wait for a's slots
+    assert time.monotonic() - start >= 5 / 20 * 0.95
+
+
+def test_classifier_filter_drops_a_class_and_records_it(server, tmp_path, capsys):
+    """The life-stage filter: any image-classifier folder (a tiny random ResNet here) over the fetched images."""
+    import torch
+    from helpers.models import tiny_resnet_classifier
+
+    model = tiny_resnet_classifier(tmp_path / "lifestage", classes=3, seed=1)
+    paths = [f"/img/{i}.png" for i in range(1, 13)]
+    table(server.base, paths).to_csv(tmp_path / "occ.csv", index=False)
+    out = tmp_path / "out"
+    with torch.no_grad():
+        images = [Image.open(io.BytesIO(png(seed(p)))).convert("RGB") for p in paths]
+        predicted = model(model.preprocess(images))[0].argmax(1).tolist()
+    names = model.class_names
+    drop = names[Counter(predicted).most_common(1)[0][0]]
+    assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), *FAST,
+                  "--filter-model", str(tmp_path / "lifestage"), "--drop-class", drop]) == 0
+    filtered = pd.read_csv(out / "filtered.csv", dtype=str)
+    kept = pd.read_csv(out / "images.csv", dtype=str)
+    want = {server.base + p for p, c in zip(paths, predicted) if names[c] == drop}
+    assert set(filtered["url"]) == want and set(filtered["predicted"]) == {drop}
+    assert set(kept["url"]) == {server.base + p for p in paths} - want
+    assert json.loads((out / "fetch_summary.json").read_text())["filtered"] == {drop: len(want)}
+    capsys.readouterr()
+    assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), "--filter-model",
+                  str(tmp_path / "lifestage"), "--drop-class", "pupa"]) == 2
+    assert "drop_class: ['pupa'] not among the classifier's classes" in capsys.readouterr().err
+
+
+def test_readme_path_gbif_zip_to_images_to_splits(server, tmp_path):
+    """The README's two commands as written (fetch_images then make_splits on the same GBIF zip), the archive's image
+    URLs served on the loopback (only `--rate` added for speed)."""
+    readme = (ROOT / "README.md").read_text()
+    lines = [line for line in readme.splitlines()
+             if line.startswith(("python scripts/fetch_images.py --occurrences gbif.zip",
+                                 "python scripts/make_splits.py --occurrences gbif.zip"))]
+    assert [line.split()[1] for line in lines] == ["scripts/fetch_images.py", "scripts/make_splits.py"]
+    path, ids = build_archive(tmp_path / "download", base=server.base)
+    path.rename(tmp_path / "gbif.zip")
+    ids.to_csv(tmp_path / "ids.csv", index=False)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OODFORGE_PROGRESS": "off"}
+    for line in lines:
+        _, script, *argv = shlex.split(line)
+        extra = ["--rate", "500"] if "fetch_images" in script else []
+        run = subprocess.run([sys.executable, str(ROOT / script), *argv, *extra], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+    fetched = json.loads((tmp_path / "data/moths/fetch_summary.json").read_text())
+    assert fetched["dropped"] == {"taxon filter": 24, "blank species": 1, "duplicate URL": 1} and not fetched["failed"]
+    record = json.loads((tmp_path / "splits/summary.json").read_text())
+    assert record["dropped"] == {"taxon filter": 24, "no coordinates": 1, "duplicate URL": 1, "missing file": 1}
+    assert record["shortfalls"] == [{"region": "ne-america", "what": "auxiliary species with >= 20 images",
+                                     "requested": 8000, "found": 4}]
+    rows = [json.loads(line) for line in open(tmp_path / "splits/ne-america/metadata.jsonl")]
+    assert {r["species"] for r in rows if r["role"] == "id"} == {"Idmoth sp0", "Idmoth sp1", "Idmoth sp2"}
+    assert all((tmp_path / "data/moths" / r["file_name"]).is_file() and r["gbifID"] and r["speciesKey"] for r in rows)
+    assert len(rows) == sum(s["images"] for s in record["sets"])
+
+
+def test_the_url_earliest_in_the_table_keeps_a_duplicated_content(server, tmp_path, capsys):
+    out = tmp_path / "out"
+    for order in (["/img/0.png", "/dup/8.png"], ["/dup/8.png", "/img/0.png"]):
+        table(server.base, order).to_csv(tmp_path / "occ.csv", index=False)
+        assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), "--retry-failed", *FAST]) == 0
+        kept = pd.read_csv(out / "images.csv", dtype=str)
+        assert kept["url"].tolist() == [server.base + order[0]]
+        assert [p.name for p in (out / "images").rglob("*.png")] == [Path(kept["file_name"][0]).name]
+        reasons = pd.read_csv(out / "failures.csv")["reason"].tolist()
+        assert reasons == [f"duplicate content of {kept['file_name'][0]}"]
+    capsys.readouterr()
