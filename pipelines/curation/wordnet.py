@@ -7,6 +7,7 @@ container curation (`pipelines.curation.containers`: noun hyponymy). ImageNet's 
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -113,7 +114,15 @@ class Nouns:
 
     @classmethod
     def load(cls, root: str | os.PathLike | None = None) -> "Nouns":
+        """The nouns of the database at `wordnet_dir(root)`, parsed once per process while its files are unchanged."""
         folder = wordnet_dir(root)
+        stamps = tuple((folder / name).stat().st_mtime_ns if (folder / name).is_file() else None
+                       for name in ("data.noun", "index.noun"))
+        return cls._parse(folder.resolve(), stamps)
+
+    @classmethod
+    @functools.lru_cache(maxsize=2)
+    def _parse(cls, folder: Path, stamps: tuple[int | None, ...]) -> "Nouns":
         synsets = {s.offset: s for s in read_synsets(folder / "data.noun")}
         senses: dict[str, list[int]] = {}
         index = folder / "index.noun"
