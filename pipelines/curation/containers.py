@@ -10,9 +10,11 @@ categories (83 left) and the images where the container is a secondary instance 
    baskets. `container.n.01` itself would also take every wheeled vehicle (WordNet files a car under container);
 2. ImageNet-1K's 1,000 categories removed (`imagenet1k_wnids.txt`, shipped beside this module; source in
    `imagenet1k_wnids.SOURCE.md`);
-3. optionally, the secondary-instance filter: CLIP zero-shot over the main prompt ("a photo of a {}.") and the
-   secondary ones ("a photo of a person holding a {}.", ...), each image of a category scored with the softmax
-   share of the main prompt at CLIP's logit scale; an image whose share is below `threshold` is dropped.
+3. optionally, the secondary-instance filter: CLIP zero-shot, the main prompt ("a photo of a {}.") against each
+   secondary one ("a photo of a person holding a {}.", "a photo of a baby with a {}.", ...): an image's share is the
+   smallest two-way softmax share of the main prompt, min over s of sigmoid(scale * (cos(main) - cos(s))) at CLIP's
+   logit scale, and an image whose share is below `threshold` is dropped (0.5: every secondary prompt must lose to
+   the main one).
 
 Output (`curate`): an OOD manifest (`ood_set: container`, `group: hard`, split test, images left in place; rows keep
 `category`, `wnid`, `synset`), `categories.csv` (per category: images found, dropped, kept), `categories.png` (kept
@@ -63,7 +65,8 @@ def _prompts(values: list[str], key: str) -> None:
 
 @config
 class SecondaryFilter(Config):
-    """CLIP zero-shot: drop an image whose main-prompt softmax share is below `threshold`."""
+    """CLIP zero-shot: drop an image whose main prompt does not beat each secondary prompt by a two-way share of at
+    least `threshold`."""
 
     DOC = "README.md, section 'Your own data'"
 
@@ -71,7 +74,8 @@ class SecondaryFilter(Config):
     main: str = param(MAIN_PROMPT, "the prompt of the container as the main object", check=_prompt)
     secondary: list[str] = param(list(SECONDARY_PROMPTS), "prompts of the container as a secondary instance",
                                  check=_prompts)
-    threshold: float = param(0.5, "the main prompt's least softmax share over main + secondary prompts", gt=0, lt=1)
+    threshold: float = param(0.5, "least two-way softmax share of the main prompt against each secondary one",
+                             gt=0, lt=1)
     batch_size: int = param(64, "images per CLIP batch", ge=1, runtime=True)
 
 
@@ -148,12 +152,13 @@ def choose_categories(cfg: ContainerCuration, nouns: Nouns, present: Sequence[st
     return chosen, record
 
 
-def prompt_probabilities(images: np.ndarray, texts: np.ndarray, scale: float) -> np.ndarray:
-    """CLIP's zero-shot softmax [N,T] over the prompts `texts` [T,P] of L2-normalised image embeddings [N,P] at the
-    logit scale `scale`; column 0 (the main prompt) is the share the filter thresholds."""
-    logits = scale * np.asarray(images, np.float64) @ np.asarray(texts, np.float64).T
-    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return weights / weights.sum(axis=1, keepdims=True)
+def main_share(logits: Sequence[float]) -> tuple[float, int]:
+    """(the main prompt's smallest two-way softmax share against a secondary prompt, that prompt's index) of one
+    image's zero-shot logits [main, secondary...] (logit scale x cosine)."""
+    values = np.asarray(logits, np.float64)
+    shares = 1.0 / (1.0 + np.exp(values[1:] - values[0]))
+    worst = int(np.argmin(shares))
+    return float(shares[worst]), worst + 1
 
 
 class ClipScorer:
@@ -172,8 +177,8 @@ def _score_key(flt: SecondaryFilter, scorer: ClipScorer, category: Category) -> 
 
 
 def score_category(root: Path, category: Category, flt: SecondaryFilter, scorer: ClipScorer, cache: Path) -> dict[str, Any]:
-    """{"key", "prompts", "scores": {file: [probability of each prompt, main first]}, "failures": {file: reason}},
-    cached in `cache/<wnid>.json`."""
+    """{"key", "prompts", "logits": {file: [logit scale x cosine of each prompt, main first]}, "failures": {file:
+    reason}}, cached in `cache/<wnid>.json` (the threshold is applied afterwards: changing it rescores nothing)."""
     key = _score_key(flt, scorer, category)
     path = cache / f"{category.wnid}.json"
     if path.is_file():
@@ -182,7 +187,7 @@ def score_category(root: Path, category: Category, flt: SecondaryFilter, scorer:
             return saved
     prompts = [p.format(category.label) for p in [flt.main, *flt.secondary]]
     texts = scorer.encode_texts(prompts)
-    scores: dict[str, list[float]] = {}
+    logits: dict[str, list[float]] = {}
     failures: dict[str, str] = {}
     for start in range(0, len(category.files), flt.batch_size):
         batch, images = [], []
@@ -194,9 +199,9 @@ def score_category(root: Path, category: Category, flt: SecondaryFilter, scorer:
                 failures[name] = err.reason
         if not images:
             continue
-        probs = prompt_probabilities(scorer.encode_images(images), texts, scorer.logit_scale)
-        scores.update({name: [float(v) for v in row] for name, row in zip(batch, probs)})
-    result = {"key": key, "prompts": prompts, "scores": scores, "failures": failures}
+        values = scorer.logit_scale * np.asarray(scorer.encode_images(images), np.float64) @ np.asarray(texts, np.float64).T
+        logits.update({name: [float(v) for v in row] for name, row in zip(batch, values)})
+    result = {"key": key, "prompts": prompts, "logits": logits, "failures": failures}
     atomic_write_json(path, result)
     return result
 
@@ -244,30 +249,34 @@ def curate(cfg: ContainerCuration, out: str | Path, scorer: ClipScorer | None = 
         kept = category.files
         if cfg.filter is not None:
             scored = score_category(root, category, cfg.filter, scorer, out / ".scores")
-            kept = [f for f in category.files if f in scored["scores"] and scored["scores"][f][0] >= cfg.filter.threshold]
+            kept = []
             for name in category.files:
                 if name in scored["failures"]:
                     dropped.append([name, category.wnid, category.label, "", "", f"unreadable: {scored['failures'][name]}"])
-                elif scored["scores"][name][0] < cfg.filter.threshold:
-                    probs = scored["scores"][name]
-                    best = int(np.argmax(probs[1:])) + 1
-                    dropped.append([name, category.wnid, category.label, f"{probs[0]:.4f}", scored["prompts"][best],
+                    continue
+                share, worst = main_share(scored["logits"][name])
+                if share >= cfg.filter.threshold:
+                    kept.append(name)
+                else:
+                    dropped.append([name, category.wnid, category.label, f"{share:.4f}", scored["prompts"][worst],
                                     "secondary instance"])
         rows += [make_row(f, split="test", role="ood", ood_set=cfg.ood_set, group=cfg.group, category=category.label,
                           wnid=category.wnid, synset=category.synset) for f in kept]
         table.append([category.wnid, category.synset, category.label, len(category.files),
                       len(category.files) - len(kept), len(kept)])
-    if not rows:
-        raise UserInputError(f"{root}: no image left in the {len(categories)} chosen categories")
     out.mkdir(parents=True, exist_ok=True)
-    write_external_manifest(out, rows, root)
     _csv(out / "categories.csv", ["wnid", "synset", "category", "images", "dropped", "kept"], table)
-    _csv(out / "dropped.csv", ["file_name", "wnid", "category", "main_share", "top_secondary_prompt", "reason"], dropped)
-    plot_counts({f"{r[2]} ({r[0]})": r[5] for r in table}, out / "categories.png",
-                f"{cfg.ood_set}: {len(rows)} images in {len(table)} categories")
+    _csv(out / "dropped.csv", ["file_name", "wnid", "category", "main_share", "strongest_secondary_prompt", "reason"],
+         dropped)
     record.update({"imagenet21k": str(root.resolve()), "images_found": sum(r[3] for r in table),
                    "images_dropped": len(dropped), "images_kept": len(rows),
                    "filter": None if cfg.filter is None else {**cfg.filter.to_dict(), "model": scorer.model_id},
                    "config": cfg.to_dict()})
     atomic_write_json(out / "curation.json", record)
+    if not rows:
+        raise UserInputError(f"{root}: no image left in the {len(categories)} chosen categories (every drop is in "
+                             f"{out / 'dropped.csv'})")
+    write_external_manifest(out, rows, root)
+    plot_counts({f"{r[2]} ({r[0]})": r[5] for r in table}, out / "categories.png",
+                f"{cfg.ood_set}: {len(rows)} images in {len(table)} categories")
     return record
