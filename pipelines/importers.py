@@ -16,15 +16,19 @@ OpenOOD uses for them.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from pipelines.data import MANIFEST_INFO, SPLITS, ImageLoadError, Manifest, list_images, load_image, make_row, write_manifest
+from pipelines.class_names import ClassNames, model_class_names, write_class_names
+from pipelines.data import (IMAGE_SUFFIXES, MANIFEST_INFO, SPLITS, ImageLoadError, Manifest, load_image, make_row,
+                            write_manifest)
 from pipelines.errors import UserInputError
 from pipelines.fingerprint import file_identity
-from pipelines.io import atomic_write_json
+from pipelines.io import atomic_write_json, safe_name
+from pipelines.schema import COORDINATES, inside_folder
 from pipelines.splits import parse_ratio, stratified_split
 
 # set name -> image-list file names to look for (first found wins), in OpenOOD's spellings
@@ -52,11 +56,59 @@ class ImportResult:
     manifest: Manifest
     source: str
     missing: list[str] = field(default_factory=list)
+    skipped: "Skipped" = field(default_factory=lambda: Skipped())
 
     def summary(self) -> dict[str, Any]:
         return {"ood_set": self.ood_set, "images": len(self.manifest), "folder": str(self.folder),
                 "image_root": str(self.manifest.root), "source": self.source, "missing": len(self.missing),
-                "missing_examples": self.missing[:5]}
+                "missing_examples": self.missing[:5], **self.skipped.summary()}
+
+
+@dataclass
+class Skipped:
+    """What a folder scan left out, by reason: hidden (dot-named) files and folders, dangling symlinks."""
+
+    hidden: list[str] = field(default_factory=list)
+    dangling_links: list[str] = field(default_factory=list)
+
+    def add(self, other: "Skipped") -> None:
+        self.hidden += other.hidden
+        self.dangling_links += other.dangling_links
+
+    def summary(self) -> dict[str, Any]:
+        return {"hidden": len(self.hidden), "hidden_examples": self.hidden[:5],
+                "dangling_links": len(self.dangling_links), "dangling_link_examples": self.dangling_links[:5]}
+
+    def line(self) -> str | None:
+        """One line for the command's output, None when nothing was skipped."""
+        parts = [f"{len(self.hidden)} hidden (dot-named) entries"] if self.hidden else []
+        parts += [f"{len(self.dangling_links)} dangling symlink(s)"] if self.dangling_links else []
+        return f"skipped {' and '.join(parts)} (e.g. {(self.hidden + self.dangling_links)[0]})" if parts else None
+
+
+def scan_images(folder: str | os.PathLike, relative_to: str | os.PathLike | None = None) -> tuple[list[Path], Skipped]:
+    """Image files below `folder` (recursively, sorted) and what was left out: a dot-named file or folder (not
+    descended) and a symlink whose target does not exist, each named relative to `relative_to` (default `folder`)."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder not found: {root}")
+    base = Path(relative_to) if relative_to is not None else root
+    images, skipped = [], Skipped()
+    for top, dirs, files in os.walk(root, followlinks=True):
+        here = Path(top)
+        for name in sorted(dirs):
+            if name.startswith("."):
+                skipped.hidden.append((here / name).relative_to(base).as_posix() + "/")
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in files:
+            path = here / name
+            if name.startswith("."):
+                skipped.hidden.append(path.relative_to(base).as_posix())
+            elif path.is_symlink() and not path.exists():
+                skipped.dangling_links.append(path.relative_to(base).as_posix())
+            elif path.suffix.lower() in IMAGE_SUFFIXES:
+                images.append(path)
+    return sorted(images), skipped
 
 
 def read_imglist(path: str | os.PathLike) -> list[tuple[str, str]]:
@@ -152,7 +204,7 @@ def import_folder(folder: str | os.PathLike, out: str | os.PathLike, *, ood_set:
     as `category`.
     """
     folder = Path(folder)
-    images = list_images(folder)
+    images, skipped = scan_images(folder)
     if not images:
         raise ImportListError(f"image folder {folder} holds no images")
     names = [p.relative_to(folder).as_posix() for p in images]
@@ -163,7 +215,7 @@ def import_folder(folder: str | os.PathLike, out: str | os.PathLike, *, ood_set:
         extra = {"category": parts[0]} if category_from_subfolder and len(parts) > 1 else {}
         rows.append(make_row(file_name, split=split, role=role, label=label, ood_set=name if role == "ood" else None,
                              group=group, **extra))
-    return ImportResult(name, Path(out), write_external_manifest(out, rows, folder), str(folder))
+    return ImportResult(name, Path(out), write_external_manifest(out, rows, folder), str(folder), skipped=skipped)
 
 
 def import_openood(openood_root: str | os.PathLike | None, out: str | os.PathLike, *, benchmark: str = "imagenet",
@@ -185,7 +237,7 @@ def import_openood(openood_root: str | os.PathLike | None, out: str | os.PathLik
         raise ImportListError("nothing to import: give --root (OpenOOD's data folder), --list SET=FILE or --folder SET=DIR")
     results = []
     for name in sets:
-        target = Path(out) / name
+        target = Path(out) / safe_name(name)  # a name from the command line never leaves `out`
         if name in folders:
             results.append(import_folder(folders[name], target, ood_set=name, group=group, split=split))
             continue
@@ -213,15 +265,30 @@ class ClassImport:
     probe: bool = True
 
 
-def _folder_rows(root: Path, depth: int) -> list[dict[str, Any]]:
+def _subfolders(top: Path, root: Path, skipped: Skipped) -> list[Path]:
+    """The visible subfolders of `top`, sorted; dot-named ones and dangling links go to `skipped` (named from `root`)."""
+    folders = []
+    for path in sorted(top.iterdir()):
+        name = path.relative_to(root).as_posix()
+        if path.name.startswith("."):
+            skipped.hidden.append(name + ("/" if path.is_dir() else ""))
+        elif path.is_symlink() and not path.exists():
+            skipped.dangling_links.append(name)
+        elif path.is_dir():
+            folders.append(path)
+    return folders
+
+
+def _folder_rows(root: Path, depth: int, skipped: Skipped) -> list[dict[str, Any]]:
     """Rows of ROOT/{train,val,test}/<level 1>/.../<level depth>/ (split from the folder) or of ROOT/<levels>/ (no
-    split yet); `parts` holds the level folder names."""
+    split yet); `parts` holds the level folder names. Hidden entries and dangling links go to `skipped`."""
     splits = [s for s in SPLITS if (root / s).is_dir()]
     tops = [(root / s, s) for s in splits] if splits else [(root, None)]
     rows = []
     for top, split in tops:
-        for folder in sorted(p for p in top.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            images = list_images(folder)
+        for folder in _subfolders(top, root, skipped):
+            images, left_out = scan_images(folder, relative_to=root)
+            skipped.add(left_out)
             if not images:
                 raise ImportListError(f"class folder {folder} holds no images")
             for path in images:
@@ -234,35 +301,77 @@ def _folder_rows(root: Path, depth: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _table_rows(table: Path, columns: list[str]) -> list[dict[str, Any]]:
-    """Rows of a CSV / Parquet table with `file_name` and the named columns (every other column kept as metadata)."""
+def _read_table(table: Path) -> Any:
+    """A CSV or Parquet table as a DataFrame of strings / values; an unreadable or empty one is one error line."""
     import pandas as pd
 
     if not table.is_file():
         raise ImportListError(f"table not found: {table}")
-    frame = pd.read_parquet(table) if table.suffix.lower() in (".parquet", ".pq") else pd.read_csv(table, dtype=str)
+    parquet = table.suffix.lower() in (".parquet", ".pq")
+    try:
+        frame = pd.read_parquet(table) if parquet else pd.read_csv(table, dtype=str)
+    except pd.errors.EmptyDataError:
+        raise ImportListError(f"{table}: the table is empty (expected a header line: file_name, a label column, ...)") from None
+    except Exception as err:  # pyarrow / parser errors of a corrupt or foreign file
+        kind = "Parquet" if parquet else "CSV"
+        raise ImportListError(f"{table}: not a readable {kind} table ({' '.join(str(err).split())[:200]})") from None
+    if frame.empty:
+        raise ImportListError(f"{table}: the table has a header but no rows")
+    return frame
+
+
+def _table_row(table: Path, index: int) -> str:
+    """Where a table row is: CSV line number (the header is line 1), or Parquet row number (from 1)."""
+    return f"{table}, line {index + 2}" if table.suffix.lower() not in (".parquet", ".pq") else f"{table}, row {index + 1}"
+
+
+def _table_rows(table: Path, columns: list[str]) -> list[dict[str, Any]]:
+    """Rows of a CSV / Parquet table with `file_name` and the named columns (every other column kept as metadata).
+    A `split` column must hold train, val or test on every row; lat / lon are read as numbers. Each fault names the
+    table row."""
+    frame = _read_table(table)
     for column in ["file_name", *columns]:
         if column not in frame.columns:
             raise ImportListError(f"{table}: no column {column!r} (columns: {list(frame.columns)})")
     frame = frame.astype(object).where(frame.notna(), None)
     rows = frame.to_dict("records")
-    for number, row in enumerate(rows, start=2):
-        missing = [c for c in columns if row.get(c) in (None, "")]
+    seen: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        missing = [c for c in ["file_name", *columns] if row.get(c) in (None, "")]
         if missing:
-            raise ImportListError(f"{table}, row {number}: empty {missing[0]!r}")
+            raise ImportListError(f"{_table_row(table, index)}: empty {missing[0]!r}")
         row["file_name"] = str(row["file_name"])
+        if not inside_folder(row["file_name"]):
+            raise ImportListError(f"{_table_row(table, index)}: file_name must be a relative path inside the image "
+                                  f"folder, got {row['file_name']!r}")
+        first = seen.setdefault(row["file_name"], index)
+        if first != index:
+            raise ImportListError(f"{_table_row(table, index)}: file_name {row['file_name']!r} is already on "
+                                  f"{_table_row(table, first).rsplit(', ', 1)[1]}")
+        if "split" in frame.columns and row["split"] not in SPLITS:
+            raise ImportListError(f"{_table_row(table, index)}: split must be one of {', '.join(SPLITS)}, got "
+                                  f"{row['split']!r} (drop the split column to split by --split)")
         row.setdefault("split", None)
+        for key in COORDINATES:
+            if row.get(key) is not None:
+                try:
+                    row[key] = float(row[key])
+                except (TypeError, ValueError):
+                    row[key] = math.nan
+                if not math.isfinite(row[key]):
+                    raise ImportListError(f"{_table_row(table, index)}: {key} must be a finite number, got "
+                                          f"{frame[key].iloc[index]!r}")
     return rows
 
 
-def _source_rows(root: Path, options: ClassImport) -> tuple[list[dict[str, Any]], str, list[str]]:
+def _source_rows(root: Path, options: ClassImport, skipped: Skipped) -> tuple[list[dict[str, Any]], str, list[str]]:
     """(rows with split or None and level values, the label field, the level fields) of a folder tree or a table."""
     levels = list(options.levels or [])
     if options.table is not None:
         label = options.label or "label"
         return _table_rows(Path(options.table), list(dict.fromkeys([label, *levels]))), label, levels
     names = levels or ["class_name"]
-    rows = _folder_rows(root, len(names))
+    rows = _folder_rows(root, len(names), skipped)
     for row in rows:
         row.update(zip(names, row.pop("parts")))
     label = options.label or names[-1]
@@ -318,7 +427,8 @@ def import_classes(root: str | os.PathLike, out: str | os.PathLike, options: Cla
     root, options = Path(root), options or ClassImport()
     if not root.is_dir():
         raise ImportListError(f"image folder not found: {root}")
-    rows, label, levels = _source_rows(root, options)
+    skipped = Skipped()
+    rows, label, levels = _source_rows(root, options, skipped)
     _assign_splits(rows, label, options)
     _check_leaks(root, rows)
     rows, failures = _probe(root, rows) if options.probe else (rows, [])
@@ -330,12 +440,17 @@ def import_classes(root: str | os.PathLike, out: str | os.PathLike, options: Cla
     manifest_rows = [make_row(row["file_name"], split=row["split"], role="id", label=index[str(row[label])],
                               **{k: v for k, v in row.items() if k not in reserved}, class_name=str(row[label]))
                      for row in rows]
-    result = ImportResult("id", Path(out), write_external_manifest(out, manifest_rows, root), str(root))
-    atomic_write_json(Path(out) / "class_names.json", {"names": names, "label_field": label if options.levels or options.table else None,
-                                                       "levels": levels})
-    atomic_write_json(Path(out) / "failures.json", failures)
-    result.missing = [f["file"] for f in failures]
+    result = ImportResult("id", Path(out), write_external_manifest(out, manifest_rows, root), str(root),
+                          [f["file"] for f in failures], skipped)
+    write_class_names(out, ClassNames(names, label if options.levels or options.table else None, levels))
+    _write_records(result, failures)
     return result
+
+
+def _write_records(result: ImportResult, failures: list[dict[str, str]]) -> None:
+    """`failures.json` (unreadable images) and `import_summary.json` (counts, what was skipped) beside the manifest."""
+    atomic_write_json(result.folder / "failures.json", failures)
+    atomic_write_json(result.folder / "import_summary.json", result.summary())
 
 
 def import_ood_folders(root: str | os.PathLike, out: str | os.PathLike, *, group: str | None = None,
@@ -344,17 +459,82 @@ def import_ood_folders(root: str | os.PathLike, out: str | os.PathLike, *, group
     root = Path(root)
     if not root.is_dir():
         raise ImportListError(f"image folder not found: {root}")
-    rows = []
-    for folder in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        images = list_images(folder)
-        if not images:
-            raise ImportListError(f"OOD folder {folder} holds no images")
-        rows += [make_row(p.relative_to(root).as_posix(), split=split, role="ood", ood_set=folder.name, group=group)
-                 for p in images]
+    rows, skipped = _set_rows(root, "OOD", lambda name: dict(role="ood", ood_set=name, group=group, split=split))
     if not rows:
         raise ImportListError(f"{root}: no subfolders with images (one OOD set per subfolder)")
     rows, failures = _probe(root, rows)
     result = ImportResult(",".join(dict.fromkeys(r["ood_set"] for r in rows)), Path(out),
-                          write_external_manifest(out, rows, root), str(root), [f["file"] for f in failures])
-    atomic_write_json(Path(out) / "failures.json", failures)
+                          write_external_manifest(out, rows, root), str(root), [f["file"] for f in failures], skipped)
+    _write_records(result, failures)
+    return result
+
+
+def _set_rows(root: Path, kind: str, fields: Any) -> tuple[list[dict[str, Any]], Skipped]:
+    """Rows of every image under each subfolder of `root`, `fields(folder name)` on each; what was skipped."""
+    rows, skipped = [], Skipped()
+    for folder in _subfolders(root, root, skipped):
+        images, left_out = scan_images(folder, relative_to=root)
+        skipped.add(left_out)
+        if not images:
+            raise ImportListError(f"{kind} folder {folder} holds no images")
+        rows += [make_row(p.relative_to(root).as_posix(), **fields(folder.name)) for p in images]
+    return rows, skipped
+
+
+# -- field sets: known-species folders are the set's own ID rows, the others its novel rows ------------------------
+def _species_key(name: str) -> str:
+    return " ".join(name.replace("_", " ").split()).casefold()
+
+
+def import_field(root: str | os.PathLike, out: str | os.PathLike, *, model: str | os.PathLike,
+                 known: Iterable[str] | None = None, ood_set: str = "field", group: str | None = None,
+                 split: str = "test") -> ImportResult:
+    """A field set from species folders `root/<species>/`: the folders of species the classifier `model` knows
+    become ID rows (label = the classifier's index of the species, by its class names), every other folder novel
+    rows (role ood, `ood_set`); every row keeps `species` (the folder's, or the classifier's spelling of it).
+
+    A folder matches a class by name, also with underscores as spaces and in any case. `known` names the folders
+    the user says are known species: each must be a class of the classifier, and no other folder may be one.
+    """
+    root, model = Path(root), Path(model)
+    if not root.is_dir():
+        raise ImportListError(f"image folder not found: {root}")
+    classes = model_class_names(model) if model.is_dir() else None
+    if classes is None or not classes.names:
+        raise ImportListError(f"--model {model}: not a classifier folder with class names (class_names.json or "
+                              "config.json id2label)")
+    exact = {name: i for i, name in enumerate(classes.names)}
+    loose = {_species_key(name): i for i, name in enumerate(classes.names)}
+    folders = [p.name for p in _subfolders(root, root, Skipped())]
+    match = {f: exact.get(f, loose.get(_species_key(f))) for f in folders}
+    if known is not None:
+        known = list(known)
+        for name in known:
+            if name not in match:
+                raise ImportListError(f"--known {name!r}: no such folder in {root} (folders: {folders[:8]})")
+            if match[name] is None:
+                raise ImportListError(f"--known {name!r}: the classifier {model} has no class {name!r} "
+                                      f"({len(classes.names)} classes, e.g. {classes.names[:5]})")
+        extra = [f for f in folders if f not in known and match[f] is not None]
+        if extra:
+            raise ImportListError(f"{root / extra[0]}: a class of the classifier but not in --known; add it there "
+                                  "or rename the folder")
+    ids = {f for f in folders if match[f] is not None} if known is None else set(known)
+    if not ids:
+        raise ImportListError(f"{root}: no folder is a species of the classifier {model} (classes, e.g. "
+                              f"{classes.names[:5]}): a field set needs its own known-species images")
+    if len(ids) == len(folders):
+        raise ImportListError(f"{root}: every folder is a known species: a field set needs novel-species folders too")
+
+    def fields(name: str) -> dict[str, Any]:
+        if name in ids:
+            label = match[name]
+            return dict(role="id", label=label, split=split, species=classes.names[label], class_name=classes.names[label])
+        return dict(role="ood", ood_set=ood_set, group=group, split=split, species=name)
+
+    rows, skipped = _set_rows(root, "species", fields)
+    rows, failures = _probe(root, rows)
+    result = ImportResult(ood_set, Path(out), write_external_manifest(out, rows, root), str(root),
+                          [f["file"] for f in failures], skipped)
+    _write_records(result, failures)
     return result

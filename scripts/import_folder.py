@@ -6,14 +6,21 @@
     python scripts/import_folder.py bronzes --out data/bronze --table rows.csv --label fine_era \\
         --levels category,coarse_era,fine_era --split 4:1:5 --stratify period,category
     python scripts/import_folder.py photos_new --out data/own_ood --ood --group near   # one OOD set per subfolder
+    python scripts/import_folder.py field_photos --field --model runs/own/classifier --name bci --out data/field_bci
 
 Labels index the sorted class names (folder names, or the label column / level); `DIR/class_names.json` holds them
 and every row its `class_name`. `--levels` names label levels (nested folders above the images, or table columns)
 for multi-granularity heads; the label is the last level unless `--label` names another. Splits: per stratum
 (default: the label), largest-remainder counts of the ratio (e.g. 7 images at 4:1:5 -> 3 / 1 / 3), shuffled with
 `--seed`; a stratum with fewer images than non-zero splits is an error. A table's own `split` column is kept when
-every row has train, val or test. The same image (bytes) in two splits is an error. Unreadable images are left out and listed in
-`DIR/failures.json`.
+every row has train, val or test (one other value is an error naming the table line). The same image (bytes) in two
+splits is an error. Unreadable images are left out and listed in `DIR/failures.json`; hidden (dot-named) files and
+folders and dangling symlinks are left out and counted in `DIR/import_summary.json`.
+
+`--field`: ROOT/<species>/ folders make a field set (`field:` in eval configs): the folders of species the classifier
+`--model` knows (its class_names.json or config.json id2label; underscores may stand for spaces) are the set's ID rows,
+labelled by the classifier's index, every other folder its novel rows (ood_set `--name`, default field), all with
+`species`. `--known a,b` names the known folders instead; one the classifier does not know is an error.
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ import sys
 from pathlib import Path
 
 from pipelines.cli import comma_list, parser, run_main
-from pipelines.importers import ClassImport, import_classes, import_ood_folders
+from pipelines.importers import ClassImport, import_classes, import_field, import_ood_folders
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,10 +42,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the split (default 0)")
     p.add_argument("--ood", action="store_true", help="ROOT's subfolders are OOD sets (one set each, named after it)")
     p.add_argument("--group", default=None, help="group of the OOD rows (hard|easy|near|far)")
+    p.add_argument("--field", action="store_true", help="ROOT's species folders are a field set (known + novel species)")
+    p.add_argument("--model", type=Path, default=None, help="--field: the classifier folder whose class names are the known species")
+    p.add_argument("--known", type=comma_list, default=None, help="--field: comma-separated known-species folders (default: those the classifier knows)")
+    p.add_argument("--name", default="field", help="--field: the field set's name, ood_set of its novel rows (default field)")
     args = p.parse_args(argv)
     if args.out is None:
         p.error("--out is required")
-    if args.ood:
+    if args.field and args.ood:
+        p.error("--field and --ood exclude each other")
+    if args.field and args.model is None:
+        p.error("--field needs --model (the classifier folder)")
+    if args.field:
+        result = import_field(args.root, args.out, model=args.model, known=args.known, ood_set=args.name, group=args.group)
+        known = sorted({r["species"] for r in result.manifest.rows if r["role"] == "id"})
+        novel = sorted({r["species"] for r in result.manifest.rows if r["role"] == "ood"})
+        ids = sum(r["role"] == "id" for r in result.manifest.rows)
+        print(f"field set {args.name}: {ids} images of {len(known)} known species, {len(result.manifest) - ids} of "
+              f"{len(novel)} novel species -> {args.out}")
+    elif args.ood:
         result = import_ood_folders(args.root, args.out, group=args.group)
         sets = sorted({r["ood_set"] for r in result.manifest.rows})
         print(f"{len(result.manifest)} OOD images in {len(sets)} set(s) {sets} -> {args.out}")
@@ -51,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(result.manifest)} ID images, {classes} classes, {counts} -> {args.out}")
     if result.missing:
         print(f"{len(result.missing)} unreadable image(s) left out: {Path(args.out) / 'failures.json'}")
+    if result.skipped.line():
+        print(f"{result.skipped.line()}: {Path(args.out) / 'import_summary.json'}")
     return 0
 
 

@@ -8,8 +8,9 @@
 
 Default with --root: ShiftedBronzes' five easy sets (species, imagenet_o, inaturalist, texture, openimage_o) from
 `<root>/benchmark_imglist/<benchmark>/test_<set>.txt`; without --root, the sets given by --list / --folder. One
-manifest folder per set under `--out` (`<out>/<set>/metadata.jsonl` + `manifest_info.json` naming the image folder),
-and `<out>/import_summary.json`.
+manifest folder per set under `--out` (`<out>/<set>/metadata.jsonl` + `manifest_info.json` naming the image folder;
+a set name is made a safe folder name, `pipelines.io.safe_name`, so no name leaves `--out`), and
+`<out>/import_summary.json` (per set: images, missing, hidden and dangling-link entries skipped).
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
                              image_root=args.image_root, skip_missing=args.skip_missing)
     for row in (r.summary() for r in results):
         note = f", {row['missing']} missing left out" if row["missing"] else ""
+        note += f", {row['hidden']} hidden and {row['dangling_links']} dangling link(s) skipped" if row["hidden"] or row["dangling_links"] else ""
         print(f"{row['ood_set']}: {row['images']} images -> {row['folder']} (images in {row['image_root']}{note})")
     return 0
 

@@ -1,1 +1,1 @@
-"""Curation of the data people have into this project's inputs: GBIF archives, image downloads, ImageNet-21K categories."""
+"""Curating the data the papers start from: GBIF archives, image downloads, ImageNet-21K container categories."""

@@ -206,13 +206,20 @@ def save_tiny_zest(folder: str | os.PathLike, seed: int = 0) -> "ZeSTConfig":
     return config
 
 
-def save_tiny_model(folder: str | os.PathLike, model_id: str, file: str = "config.json", seed: int = 0) -> Path:
+def save_tiny_model(folder: str | os.PathLike, model_id: str, file: str = "config.json", seed: int = 0,
+                    labels: int | None = None) -> Path:
     """One random-weight model of `model_id` at tiny size (e.g. microsoft/resnet-50, madebyollin/sdxl-vae-fp16-fix),
-    saved with its image processor when the model id keeps one."""
+    saved with its image processor when the model id keeps one; `labels` gives a classifier that many outputs
+    (`id2label` LABEL_0, LABEL_1, ...)."""
     folder = Path(folder)
+    config = tiny_config(model_id, file)
+    if labels is not None:
+        config.pop("num_labels", None)
+        config["id2label"] = {str(i): f"LABEL_{i}" for i in range(labels)}
+        config["label2id"] = {f"LABEL_{i}": i for i in range(labels)}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        build_model(tiny_config(model_id, file)).eval().save_pretrained(folder)
+        build_model(config).eval().save_pretrained(folder)
     if "preprocessor_config.json" in TINY[model_id]:
         from transformers import AutoImageProcessor
 

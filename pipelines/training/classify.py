@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from pipelines.class_names import ClassNames, names_from_rows, read_class_names, write_class_names
 from pipelines.classifier import ImageClassifier
 from pipelines.data import Manifest, read_manifest
 from pipelines.errors import ConfigError
@@ -34,27 +35,16 @@ from pipelines.training.recipes import TrainConfig
 from pipelines.training.schedule import lr_landmarks
 from pipelines.training.transforms import Compose, ResizeCenterCrop, reference_eval, reference_train
 
-CLASS_NAMES = "class_names.json"
 METRICS = "metrics.json"
 CHECKPOINT = "checkpoint.safetensors"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
-def read_class_names(folder: str | Path) -> dict[str, Any] | None:
-    """`class_names.json` of a manifest or model folder: {"names": [...], "label_field": str | None, "levels": [...]}."""
-    path = Path(folder) / CLASS_NAMES
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-
-
 def class_names_of(manifest: Manifest, folder: str | Path) -> tuple[list[str], str | None]:
-    """Class names (index = label) and the field the label came from: `class_names.json`, else rows' `class_name`."""
-    saved = read_class_names(folder)
-    if saved is not None:
-        return list(saved["names"]), saved.get("label_field")
-    names: dict[int, str] = {}
-    for row in manifest.rows:
-        names.setdefault(row["label"], str(row.get("class_name", row["label"])))
-    return [names.get(i, str(i)) for i in range(max(names) + 1)], None
+    """Class names (index = label) and the field the label came from: `class_names.json`, else the ID rows'
+    `class_name` / `species` (`pipelines.class_names`)."""
+    saved = read_class_names(folder) or names_from_rows(manifest.rows)
+    return list(saved.names), saved.label_field
 
 
 def _has_weights(model: str) -> bool:
@@ -236,7 +226,7 @@ def _write_outputs(out: Path, config: TrainConfig, classifier: ImageClassifier, 
     heads = [PRIMARY, *getattr(objective, "levels", {})]
     if isinstance(objective, MultiGranularity):
         objective.save_pretrained(out)
-    atomic_write_json(out / CLASS_NAMES, {"names": class_names, "label_field": label_field, "levels": heads[1:]})
+    write_class_names(out, ClassNames(class_names, label_field, heads[1:]))
     atomic_write_json(out / "train_config.json", config.as_dict())
     plot_history(result.history, out / "training.png")
     atomic_write_json(out / METRICS, {**metrics(result, heads, label_field, config.warmup_epochs), "run_key": key})

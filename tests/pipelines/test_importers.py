@@ -226,3 +226,150 @@ def test_ood_subfolders_become_sets_and_openood_folder_needs_no_sets(tmp_path, c
     assert [r["ood_set"] for r in read_manifest(tmp_path / "easy" / "texture")] == ["texture"] * 4
     assert _run(cli, ["--out", str(tmp_path / "none")]) == 2
     assert "nothing to import" in capsys.readouterr().err
+
+
+# -- import edges: table rows named, one bad split refused, skipped entries counted, names kept inside --out ---------
+def _table(tmp_path: Path, root: Path, **columns) -> Path:
+    names = [p.relative_to(root).as_posix() for p in sorted(root.rglob("*.png"))]
+    frame = pd.DataFrame({"file_name": names, "label": [n.split("/")[-2] for n in names]})
+    for key, values in columns.items():
+        frame[key] = values(len(names)) if callable(values) else values
+    frame.to_csv(tmp_path / "rows.csv", index=False)
+    return tmp_path / "rows.csv"
+
+
+def test_table_faults_name_the_table_line_and_one_bad_split_is_refused(tmp_path, capsys):
+    cli = _script("import_folder")
+    root = class_tree(tmp_path / "photos", {"train": 2, "test": 2})
+    splits = lambda n: ["train", "test"] * (n // 2)  # noqa: E731
+    table = _table(tmp_path, root, split=splits)
+    assert _run(cli, [str(root), "--out", str(tmp_path / "ok"), "--table", str(table)]) == 0
+    kept = read_manifest(tmp_path / "ok").rows
+    assert [r["split"] for r in kept] == splits(len(kept))  # the table's own splits, nothing re-split
+
+    frame = pd.read_csv(table)
+    frame.loc[4, "split"] = "tset"
+    frame.to_csv(table, index=False)
+    assert _run(cli, [str(root), "--out", str(tmp_path / "o1"), "--table", str(table)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {table}, line 6: split must be one of train, val, test, got 'tset'") and err.count("\n") == 1
+    assert not (tmp_path / "o1" / "metadata.jsonl").exists()
+
+    base = pd.read_csv(table).drop(columns="split")
+    cases = [("lat", "abc", "line 3: lat must be a finite number, got 'abc'"),
+             ("lat", "inf", "line 3: lat must be a finite number, got 'inf'"),
+             ("file_name", "../escape.png", "line 3: file_name must be a relative path inside the image folder"),
+             ("file_name", "test/ant/0.png", "line 3: file_name 'test/ant/0.png' is already on line 2")]
+    for column, value, message in cases:
+        frame = base.assign(lat=1.5).astype(object)
+        frame.loc[1, column] = value
+        frame.to_csv(table, index=False)
+        assert _run(cli, [str(root), "--out", str(tmp_path / "o2"), "--table", str(table)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {table}, {message}") and err.count("\n") == 1, err
+    base.assign(lat=1.5).to_csv(table, index=False)
+    assert _run(cli, [str(root), "--out", str(tmp_path / "o3"), "--table", str(table)]) == 0
+    assert {r["lat"] for r in read_manifest(tmp_path / "o3").rows} == {1.5}  # numbers, not strings
+
+
+def test_empty_csv_and_corrupt_parquet_are_one_line(tmp_path, capsys):
+    cli = _script("import_folder")
+    root = class_tree(tmp_path / "photos", {"train": 2, "test": 1})
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "header.csv").write_text("file_name,label\n")
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not parquet")
+    expected = {"empty.csv": "the table is empty", "header.csv": "the table has a header but no rows",
+                "bad.parquet": "not a readable Parquet table"}
+    for name, message in expected.items():
+        assert _run(cli, [str(root), "--out", str(tmp_path / "o"), "--table", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {tmp_path / name}: {message}") and err.count("\n") == 1, err
+
+
+def test_hidden_entries_and_dangling_links_are_counted(tmp_path, capsys):
+    cli = _script("import_folder")
+    root = class_tree(tmp_path / "photos", {"train": 2, "test": 1})
+    png(root / "train" / ".thumbnails" / "t.png", (0, 0, 0), np.random.default_rng(1))
+    png(root / "train" / "ant" / ".DS_hidden.png", (0, 0, 0), np.random.default_rng(2))
+    (root / "train" / "bee" / "gone.png").symlink_to(tmp_path / "nowhere.png")
+    (root / "test" / "lost_class").symlink_to(tmp_path / "nowhere_dir")
+    assert _run(cli, [str(root), "--out", str(tmp_path / "id")]) == 0
+    summary = json.loads((tmp_path / "id" / "import_summary.json").read_text())
+    assert summary["hidden"] == 2 and set(summary["hidden_examples"]) == {"train/.thumbnails/", "train/ant/.DS_hidden.png"}
+    assert summary["dangling_links"] == 2 and set(summary["dangling_link_examples"]) == {"train/bee/gone.png", "test/lost_class"}
+    assert len(read_manifest(tmp_path / "id")) == 9
+    assert "skipped 2 hidden (dot-named) entries and 2 dangling symlink(s)" in capsys.readouterr().out
+
+    ood = ood_tree(tmp_path / "new")
+    (ood / ".cache").mkdir()
+    (ood / "moths" / "dead.png").symlink_to(tmp_path / "nowhere.png")
+    result = import_ood_folders(ood, tmp_path / "ood")
+    assert (result.skipped.hidden, result.skipped.dangling_links) == ([".cache/"], ["moths/dead.png"])
+    assert json.loads((tmp_path / "ood" / "import_summary.json").read_text())["dangling_links"] == 1
+    plain = import_folder(ood / "moths", tmp_path / "plain", ood_set="moths")
+    assert plain.skipped.dangling_links == ["dead.png"] and plain.summary()["dangling_links"] == 1
+
+
+def test_names_from_the_command_line_never_leave_out(tmp_path):
+    cli = _script("import_openood")
+    ood = ood_tree(tmp_path / "new")
+    out = tmp_path / "nest" / "easy"
+    assert _run(cli, ["--out", str(out), "--folder", f"../escape_set={ood / 'rocks'}", "--folder", f"a/b={ood / 'moths'}"]) == 0
+    assert not (tmp_path / "nest" / "escape_set").exists()
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("metadata.jsonl"))
+    assert len(written) == 2 and all("/" not in w.removesuffix("/metadata.jsonl") for w in written)
+    summary = json.loads((out / "import_summary.json").read_text())
+    assert [row["ood_set"] for row in summary] == ["../escape_set", "a/b"]  # the names themselves are kept as data
+    assert all(Path(row["folder"]).parent == out for row in summary)
+
+
+# -- field sets --------------------------------------------------------------------------------------------------
+def _classifier_folder(path: Path, names: list[str], as_id2label: bool = False) -> Path:
+    path.mkdir(parents=True)
+    if as_id2label:
+        (path / "config.json").write_text(json.dumps({"id2label": {str(i): n for i, n in enumerate(names)}}))
+    else:
+        (path / "class_names.json").write_text(json.dumps({"names": names, "label_field": "species", "levels": []}))
+    return path
+
+
+def _species_tree(root: Path, species: list[str], n: int = 2) -> Path:
+    rng = np.random.default_rng(3)
+    for k, name in enumerate(species):
+        for i in range(n):
+            png(root / name / f"{i}.png", (30 * k, 90, 90), rng)
+    return root
+
+
+def test_field_set_from_folders_labels_known_species_by_the_classifier(tmp_path, capsys):
+    from pipelines.importers import import_field
+
+    classes = ["Actias luna", "Antheraea polyphemus", "Hyalophora cecropia"]
+    model = _classifier_folder(tmp_path / "clf", classes)
+    root = _species_tree(tmp_path / "field", ["Hyalophora_cecropia", "Actias luna", "Nova species", "Unknown moth"])
+    cli = _script("import_folder")
+    assert _run(cli, [str(root), "--field", "--model", str(model), "--name", "bci", "--out", str(tmp_path / "f")]) == 0
+    rows = read_manifest(tmp_path / "f", check_files=True).rows
+    ids = {(r["species"], r["label"], r["split"]) for r in rows if r["role"] == "id"}
+    assert ids == {("Actias luna", 0, "test"), ("Hyalophora cecropia", 2, "test")}
+    novel = {(r["species"], r["ood_set"], r["label"]) for r in rows if r["role"] == "ood"}
+    assert novel == {("Nova species", "bci", -1), ("Unknown moth", "bci", -1)}
+    assert "field set bci: 4 images of 2 known species, 4 of 2 novel species" in capsys.readouterr().out
+
+    # the classifier's config.json id2label works the same; --known names the known folders
+    by_config = _classifier_folder(tmp_path / "clf2", classes, as_id2label=True)
+    result = import_field(root, tmp_path / "f2", model=by_config, known=["Actias luna", "Hyalophora_cecropia"])
+    assert {r["label"] for r in result.manifest.rows if r["role"] == "id"} == {0, 2}
+
+    refusals = [(["--known", "Nova species"], "--known 'Nova species': the classifier"),
+                (["--known", "Actias luna"], "Hyalophora_cecropia: a class of the classifier but not in --known"),
+                (["--known", "Missing"], "--known 'Missing': no such folder")]
+    for extra, message in refusals:
+        assert _run(cli, [str(root), "--field", "--model", str(model), "--out", str(tmp_path / "f3"), *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    unrelated = _classifier_folder(tmp_path / "clf3", ["Danaus plexippus"])
+    assert _run(cli, [str(root), "--field", "--model", str(unrelated), "--out", str(tmp_path / "f4")]) == 2
+    assert "no folder is a species of the classifier" in capsys.readouterr().err
+    assert _run(cli, [str(root), "--field", "--model", str(tmp_path), "--out", str(tmp_path / "f5")]) == 2
+    assert "not a classifier folder with class names" in capsys.readouterr().err

@@ -15,7 +15,8 @@ import detectors
 from detectors.base import ImageSet
 from detectors.clip.neglabel import ADJ_TEMPLATE, NOUN_TEMPLATE, PAPER_NEGATIVES, mine_negatives
 from detectors.clip.scores import neglabel
-from detectors.clip.wordnet import NEGLABEL_EXCLUDED, LEXNAMES, neglabel_corpus, read_wordnet
+from detectors.clip.wordnet import NEGLABEL_EXCLUDED, neglabel_corpus
+from pipelines.curation.wordnet import LEXNAMES, read_wordnet
 
 from helpers.images import CLASSES, colour_images
 
