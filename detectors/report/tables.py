@@ -258,14 +258,15 @@ def method_summary(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def family_group_table(results: pd.DataFrame) -> pd.DataFrame:
-    """ShiftedBronzes' Table 4: index family, columns (group, metric) for each group in layout order, then `all`.
+    """ShiftedBronzes' Table 4: index family, columns (group, metric) for `all`, then each group in layout order
+    (the paper's All | Hard | Easy).
 
     The values of `family_table` in wide form: per family, the mean over its methods of each method's mean per-set
     value over the group's sets (plain means; NaN when a method lacks one of the sets).
     """
     layout = Layout.of(results)
     long = family_table(results).set_index(["family", "group"])
-    columns = [(g, m) for g in [*layout.groups, ALL] for m in CELL_METRICS]
+    columns = [(g, m) for g in [ALL, *layout.groups] for m in CELL_METRICS]
     table = pd.DataFrame({(g, m): [long.loc[(f, g), m] for f in layout.families] for g, m in columns},
                          index=pd.Index(list(layout.families), name="family"))
     table.columns = pd.MultiIndex.from_tuples(columns, names=["column", "metric"])

@@ -158,7 +158,7 @@ def test_low_auroc_flag_id_acc_and_heads_rows(run):
 
 
 def test_families_average_their_own_rows(run):
-    table4 = pd.read_csv(out_csv := run["out"] / "table4.csv").set_index("family")
+    table4 = pd.read_csv(out_csv := run["out"] / "sb_table4.csv").set_index("family")
     assert out_csv.is_file() and list(table4.index) == ["posthoc", "training"]
     results = pd.read_csv(run["folder"] / "results.csv")
     for family in ("posthoc", "training"):

@@ -85,7 +85,7 @@ def test_rescored_rows_average_in_the_training_family(tmp_path):
     wrong = _family_rows().groupby("family")["auroc"].mean()  # grouping by the stale labels
     assert wrong["posthoc"] == pytest.approx(77.5) and wrong["training"] == pytest.approx(60.0)
     report.write_report(_family_rows(), tmp_path)
-    table4 = pd.read_csv(tmp_path / "table4.csv").set_index("family")
+    table4 = pd.read_csv(tmp_path / "sb_table4.csv").set_index("family")
     assert table4.loc["posthoc", "all/auroc"] == pytest.approx(92.0)
     assert list(pd.read_csv(tmp_path / "table3.csv")["family"]) == ["posthoc", "posthoc", *["training"] * 3]
 
