@@ -49,8 +49,34 @@ def new_figure(width: float, height: float) -> Any:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(width, height), layout="constrained")
+    figure = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
+    return figure
+
+
+def grid_figure(nrows: int, ncols: int, panel: tuple[float, float], margins: tuple[float, float, float, float] =
+                (0.7, 0.2, 0.55, 0.55), gaps: tuple[float, float] = (0.6, 0.75)) -> tuple[Any, Any]:
+    """A figure of `nrows` x `ncols` panels of `panel` (width, height) inches with fixed `margins` (left, right, top,
+    bottom) and `gaps` (between columns, rows) in inches: no layout engine, so it is laid out and drawn once, with no
+    layout pass. Returns (figure, axes array [nrows, ncols])."""
+    left, right, top, bottom = margins
+    width = left + right + ncols * panel[0] + (ncols - 1) * gaps[0]
+    height = top + bottom + nrows * panel[1] + (nrows - 1) * gaps[1]
+    figure = new_figure(width, height)
+    figure.set_layout_engine(None)
+    grid = figure.subplots(nrows, ncols, squeeze=False)
+    figure.subplots_adjust(left=left / width, right=1 - right / width, top=1 - top / height, bottom=bottom / height,
+                           wspace=gaps[0] / panel[0], hspace=gaps[1] / panel[1])
+    return figure, grid
+
+
+def fixed_layout(figure: Any) -> Any:
+    """Lay `figure` out once and drop its layout engine, so that saving draws it once (matplotlib otherwise runs a
+    layout draw before each save)."""
+    engine = figure.get_layout_engine()
+    if engine is not None:
+        engine.execute(figure)
+        figure.set_layout_engine(None)
     return figure
 
 
@@ -59,6 +85,7 @@ def save_figure(figure: Any, path: str | os.PathLike, formats: Sequence[str] = (
     the first format's) path."""
     path = Path(path)
     written = []
+    fixed_layout(figure)
     for fmt in formats:
         target = path.with_suffix(f".{fmt}")
         with atomic_path(target) as tmp:
@@ -122,5 +149,5 @@ def render(jobs: Sequence[Job], formats: Sequence[str] = ("png",), workers: int 
     return [p for p in results if p is not None]
 
 
-__all__ = ["DPI", "FORMATS", "COLORS", "MARKERS", "LINESTYLES", "Style", "styles", "new_figure", "save_figure",
+__all__ = ["DPI", "FORMATS", "COLORS", "MARKERS", "LINESTYLES", "Style", "styles", "new_figure", "grid_figure", "fixed_layout", "save_figure",
            "overlapping_ticks", "Job", "render"]

@@ -121,17 +121,19 @@ def open_insects_table2(runs: list[Run]) -> tuple[View, pd.DataFrame]:
     for c in CATEGORIES:
         rows += [(c, m) for m in dict.fromkeys(long.loc[long["category"] == c, "row"])]
     index = pd.MultiIndex.from_tuples(rows, names=["category", "row"])
-    wide = pd.DataFrame(index=index)
-    rules = pd.DataFrame(index=index)
+    values: dict[tuple[str, str], pd.Series] = {}
+    rule_of: dict[str, pd.Series] = {}
     for run in runs:
         part = long[long["region"] == run.name]
         auroc = part.pivot_table(index=["category", "row"], columns="ood_set", values="auroc", sort=False)
         for s in sets:
-            wide[(run.name, s)] = auroc[s].reindex(index) if s in auroc.columns else np.nan
+            values[(run.name, s)] = auroc[s].reindex(index) if s in auroc.columns else pd.Series(np.nan, index=index)
         first = part.drop_duplicates("row").set_index(["category", "row"])
         acc = first["id_acc"] if "id_acc" in first.columns else pd.Series(np.nan, index=first.index)
-        wide[(run.name, "id_acc")] = acc.reindex(index).astype(np.float64)
-        rules[run.name] = first["rule"].reindex(index).fillna("")
+        values[(run.name, "id_acc")] = acc.reindex(index).astype(np.float64)
+        rule_of[run.name] = first["rule"].reindex(index).fillna("")
+    wide = pd.DataFrame(values, index=index)
+    rules = pd.DataFrame(rule_of, index=index)
     categories = pd.Series([k[0] for k in index], index=index)
     marks = {c: _marks(wide[c], categories) for c in wide.columns}
     with_rules = [r.name for r in runs if (rules[r.name] != "").any()]

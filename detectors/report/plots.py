@@ -11,6 +11,7 @@ binned Gaussian KDE), thumbnails are decoded once at reduced size (PIL `draft` +
 from __future__ import annotations
 
 import os
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from detectors.report.figures import COLORS, Style, new_figure, styles
+from detectors.report.figures import COLORS, DPI, Style, grid_figure, new_figure, styles
 from detectors.report.names import family_label, method_label
 from detectors.report.tables import ALL, LOW_AUROC, Layout
 from detectors.tables import COLUMN_LABELS
@@ -193,8 +194,7 @@ def density_figure(method: str, panels: Sequence[Panel], axis: ScoreAxis, bins: 
     edges = axis.edges(bins)
     ncols = min(3, max(len(panels), 1))
     nrows = max(1, -(-len(panels) // ncols))
-    figure = new_figure(4.4 * ncols, 3.0 * nrows + 0.5)
-    grid = figure.subplots(nrows, ncols, squeeze=False)
+    figure, grid = grid_figure(nrows, ncols, (3.6, 2.3), margins=(0.75, 0.2, 0.75, 0.55), gaps=(0.85, 0.8))
     for axes in grid.ravel()[len(panels):]:
         figure.delaxes(axes)
     reference, ood = Style("black", "", "-"), Style(COLORS[1], "", "--")
@@ -229,8 +229,8 @@ def kde(values: np.ndarray, grid: np.ndarray) -> np.ndarray:
 def best_densities_figure(panels: Sequence[tuple[str, dict[str, np.ndarray]]], points: int = 512) -> Any:
     """ShiftedBronzes Figure 6: per method, the densities of ID test scores and of the pooled OOD scores of each group
     (hard, easy), x limits at the `ROBUST` percentiles of the method's scores. `panels`: (method, {series: scores})."""
-    figure = new_figure(4.8 * len(panels), 3.6)
-    grid = figure.subplots(1, len(panels), squeeze=False)[0]
+    figure, grid = grid_figure(1, len(panels), (4.0, 2.8), margins=(0.75, 0.2, 0.75, 0.55), gaps=(0.85, 0.8))
+    grid = grid[0]
     for axes, (method, series) in zip(grid, panels):
         lo, hi = robust_limits(np.concatenate(list(series.values())))
         xs = np.linspace(lo, hi, points)
@@ -297,8 +297,8 @@ def fewshot_figure(frame: pd.DataFrame, metrics: Sequence[str] = ("auroc", "fpr9
     and line style and are nudged apart on x so that none hides another. `frame`: the runner's `fewshot.csv`."""
     groups = list(dict.fromkeys(frame["group"].fillna("other").astype(str)))
     panels = [("id_acc", None)] + [(m, g) for m in metrics for g in groups]
-    figure = new_figure(3.3 * len(panels), 3.4)
-    grid = figure.subplots(1, len(panels), squeeze=False)[0]
+    figure, grid = grid_figure(1, len(panels), (2.6, 2.4), gaps=(0.55, 0.6))
+    grid = grid[0]
     methods = list(dict.fromkeys(frame["method"]))
     shots = sorted(frame["shots"].unique())
     for axes, (metric, group) in zip(grid, panels):
@@ -410,9 +410,12 @@ def sheet_figure(rows: Sequence[tuple[str, Sequence[Tile]]], title: str) -> Any:
                 mosaic[top:top + h, left:left + w] = pixels
             lines = tile.lines if pixels is not None else ("unreadable", *tile.lines)
             captions.append((x0 + TILE / 2, y0 + TILE + 8, "\n".join(lines)))
-    dots = 100
-    figure = new_figure(mosaic.shape[1] / dots + 1.6, mosaic.shape[0] / dots + 0.5)
-    axes = figure.add_subplot()
+    left, top, bottom = 1.7, 0.5, 0.1  # inches: row labels, title; the mosaic itself maps 1:1 to pixels at DPI
+    height, width = mosaic.shape[0] / DPI, mosaic.shape[1] / DPI
+    figure = new_figure(width + left + 0.1, height + top + bottom)
+    figure.set_layout_engine(None)  # a fixed layout: one draw
+    total_w, total_h = figure.get_size_inches()
+    axes = figure.add_axes((left / total_w, bottom / total_h, width / total_w, height / total_h))
     axes.imshow(mosaic, interpolation="nearest")
     for x, y, text in captions:
         axes.text(x, y, text, ha="center", va="top", fontsize=4.5, linespacing=1.1)
@@ -421,7 +424,7 @@ def sheet_figure(rows: Sequence[tuple[str, Sequence[Tile]]], title: str) -> Any:
     for spine in axes.spines.values():
         spine.set_visible(False)
     axes.tick_params(length=0)
-    axes.set_title(title, fontsize="small")
+    axes.set_title(textwrap.fill(title, max(30, int(total_w / 0.075))), fontsize="small")
     return figure
 
 
