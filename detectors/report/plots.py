@@ -35,7 +35,8 @@ GROUP_STYLES = {ALL: Style("black", "o", "-"), "hard": Style(COLORS[1], "^", "--
 
 
 def _group_style(name: str, i: int) -> Style:
-    return GROUP_STYLES.get(name) or styles(i + 4)[i + 3]
+    """The style of group `name` ('hard OOD' is 'hard'); other groups take the palette's i-th style after them."""
+    return GROUP_STYLES.get(name.removesuffix(" OOD")) or styles(i + 4)[i + 3]
 
 
 # -- heatmap ----------------------------------------------------------------------------------------------------------
@@ -278,7 +279,7 @@ def fpr95_figure(summary: pd.DataFrame, layout: Layout) -> Any:
                   fontweight="bold", fontsize="small")
         if last < xs.max():
             axes.axvline(last + 1, color="grey", linewidth=0.8, linestyle=":")
-    axes.set_xticks(xs, [method_label(m) for m in layout.methods], rotation=55, ha="right", fontsize="small")
+    axes.set_xticks(xs, [method_label(m) for m in layout.methods], rotation=90, fontsize="small")
     axes.set(ylabel="FPR@95 (%)", ylim=(-3, 103), xlim=(xs.min() - 0.7, xs.max() + 0.7))
     axes.set_title("FPR@95 per method, grouped by family (lower is better)", pad=20, fontsize="medium")
     axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
