@@ -14,7 +14,6 @@ Prints the ratios to the baseline and writes benchmarks/report.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import tempfile

@@ -24,11 +24,11 @@ from detectors.report.scores import (HOP_LABELS, attach_metadata, bootstrap_inte
                                      hop_table, id_looking_table, per_set_auroc, read_scores, resampled_metrics,
                                      species_field_table, species_summary)
 from detectors.report.sections import grid_csv, render_threshold_transfer, transfer_view
-from detectors.report.tables import (ALL, AVERAGE, CELL_METRICS, FAMILY_ORDER, GROUP_MISSING, GROUP_ORDER, LOW_AUROC,
+from detectors.report.tables import (ALL, AVERAGE, companion_files, CELL_METRICS, FAMILY_ORDER, GROUP_MISSING, GROUP_ORDER, LOW_AUROC,
                                      NOT_SELECTED, Layout, best_rule_table, family_group_table, family_table, low_auroc,
                                      method_info, method_summary, per_set_table, rank_marks, read_results,
                                      read_rule_selection, read_table, select_methods, to_percent)
-from detectors.report.write import LAYOUTS, companion_files, write_open_insects, write_report
+from detectors.report.write import LAYOUTS, write_open_insects, write_report
 
 __all__ = [
     "Section", "index_html", "missing_files", "referenced_files",

@@ -24,11 +24,10 @@ from detectors.report import plots
 from detectors.report.html import Section
 from detectors.report.names import CATEGORIES, category, family_label, method_label
 from detectors.report.render import MISSING, Part, View, frame_view, grid_view, number, per_set_view, scale_note
-from detectors.report.scores import attach_metadata, has_sources, species_field_table, species_summary
+from detectors.report.scores import attach_metadata, has_sources, read_scores, species_field_table, species_summary
 from detectors.report.sections import Out, grid_csv
-from detectors.report.tables import (ALL, Layout, family_group_table, method_info, method_summary, per_set_table,
+from detectors.report.tables import (ALL, Layout, companion_files, family_group_table, method_info, method_summary, per_set_table,
                                      read_results, read_rule_selection, read_table, text_column, to_percent)
-from detectors.tables import COLUMN_LABELS
 from pipelines.data import read_manifest
 from pipelines.errors import UserInputError
 
@@ -51,9 +50,6 @@ class Run:
 
     @classmethod
     def read(cls, name: str, results: str | os.PathLike, scores: bool = True) -> "Run":
-        from detectors.report.scores import read_scores
-        from detectors.report.write import companion_files
-
         frame, scale = read_results(results)
         found = companion_files(results)
         selection = read_rule_selection(found["rule_selection"]) if "rule_selection" in found else None
@@ -237,9 +233,9 @@ def hop_counts(folder: str | os.PathLike) -> pd.DataFrame:
     return out[["region", "set", "split", "hop", "species", "images"]]
 
 
-def table2_section(out: Out, runs: list[Run]) -> tuple[Section, pd.DataFrame]:
+def table2_section(out: Out, runs: list[Run]) -> Section:
     view, flat = open_insects_table2(runs)
-    return Section("Table 2/7: AUROC per OOD type and ID accuracy", [view], out.tables("table2", [view], flat)), flat
+    return Section("Table 2/7: AUROC per OOD type and ID accuracy", [view], out.tables("table2", [view], flat))
 
 
 def table4_section(out: Out, runs: list[Run]) -> Section | None:
@@ -258,7 +254,7 @@ def table5_section(out: Out, splits: Path) -> Section:
         hops = hops.astype({"hop": object})
         views.append(frame_view(hops, "Species and images per set, split and taxonomic hop (0 ID; 1 same genus, 2 same "
                                       "family, 3 farther), from the region manifests.",
-                                {"species": ".0f", "images": ".0f"}, ))
+                                {"species": ".0f", "images": ".0f"}))
     csv = pd.concat([table.assign(part="sets"), hops.assign(part="hops")], ignore_index=True) if not hops.empty else table
     return Section("Table 5: species and images per set and hop", views, out.tables("table5", views, csv))
 
@@ -320,7 +316,8 @@ def figure3_section(out: Out, runs: list[Run], per_species: int = 4) -> Section 
     return Section("Figure 3: novel species in the field set, flagged or missed", images=images) if images else None
 
 
-def figure1_section(out: Out, table2: pd.DataFrame, runs: list[Run]) -> Section:
+def figure1_section(out: Out, runs: list[Run]) -> Section:
+    """Figure 1: the AUROC of Table 2's rows per OOD type and region."""
     long = pd.concat([chosen_rows(r).assign(region=r.name) for r in runs], ignore_index=True)
     order = [s for s in OOD_TYPES if s in set(long["ood_set"])] + [s for s in dict.fromkeys(long["ood_set"])
                                                                     if s not in OOD_TYPES]
@@ -333,10 +330,9 @@ def figure1_section(out: Out, table2: pd.DataFrame, runs: list[Run]) -> Section:
 
 def open_insects_sections(out: Out, runs: list[Run], splits: Path | None) -> list[Section]:
     """Every Open-Insects section whose inputs exist."""
-    table2, flat = table2_section(out, runs)
-    sections = [table2]
+    sections = [table2_section(out, runs)]
     for section in (table4_section(out, runs), table5_section(out, splits) if splits is not None else None,
-                    table6_section(out, runs), figure1_section(out, flat, runs), figure3_section(out, runs)):
+                    table6_section(out, runs), figure1_section(out, runs), figure3_section(out, runs)):
         if section is not None and (section.views or section.images):
             sections.append(section)
     return sections

@@ -34,10 +34,21 @@ AVERAGE = "average"
 LOW_AUROC = 50.0
 """AUROC (percent) below which a set is flagged: the detector ranks that OOD set as more in-distribution than ID."""
 RULE_SELECTION_COLUMNS = ("base", "rule", "metric", "value", "ood_val", "chosen")
+COMPANIONS = {"scores": "scores.parquet", "threshold_transfer": "threshold_transfer.csv",
+              "rule_selection": "rule_selection.csv", "fewshot": "fewshot.csv"}
+"""The files the runner writes beside the results table."""
 NOT_SELECTED = "not selected on validation"
 
 
 # -- reading ----------------------------------------------------------------------------------------------------------
+def companion_files(results_path: str | os.PathLike) -> dict[str, Path]:
+    """Files the runner writes beside the results table and that exist: `scores`, `threshold_transfer`,
+    `rule_selection`, `fewshot`."""
+    folder = Path(results_path).parent
+    return {k: folder / name for k, name in COMPANIONS.items() if (folder / name).is_file()}
+
+
+
 def read_table(source: pd.DataFrame | str | os.PathLike, required: Sequence[str], what: str) -> pd.DataFrame:
     """A DataFrame from a frame, a .csv or a .parquet file, checked for the `required` columns."""
     if isinstance(source, pd.DataFrame):
@@ -360,7 +371,7 @@ def best_rule_table(results: pd.DataFrame, selection: pd.DataFrame | None = None
     return out
 
 
-__all__ = ["CELL_METRICS", "FAMILY_ORDER", "GROUP_ORDER", "GROUP_MISSING", "ALL", "AVERAGE", "LOW_AUROC", "NOT_SELECTED",
+__all__ = ["COMPANIONS", "companion_files", "CELL_METRICS", "FAMILY_ORDER", "GROUP_ORDER", "GROUP_MISSING", "ALL", "AVERAGE", "LOW_AUROC", "NOT_SELECTED",
            "read_table", "metric_scale", "to_percent", "group_labels", "text_column", "read_results",
            "select_methods", "ordered", "Layout", "per_set_table", "method_info", "family_table", "method_summary",
            "family_group_table", "low_auroc", "rank_marks", "read_rule_selection", "best_rule_table"]

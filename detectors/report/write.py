@@ -15,6 +15,7 @@ import pandas as pd
 
 from detectors.report.figures import render
 from detectors.report.html import Section, index_html
+from detectors.report.papers import Run, open_insects_sections, region_name, shiftedbronzes_sections
 from detectors.report.scores import has_sources, read_scores
 from detectors.report.sections import (TRANSFER_REQUIRED, Out, best_rule_section, bootstrap_section, curves_section,
                                        figure_section, hop_section, id_looking_section, per_set_sections,
@@ -23,18 +24,9 @@ from detectors.report.tables import Layout, read_results, read_rule_selection, r
 from pipelines.errors import UserInputError
 
 Table = pd.DataFrame | str | os.PathLike
-COMPANIONS = {"scores": "scores.parquet", "threshold_transfer": "threshold_transfer.csv",
-              "rule_selection": "rule_selection.csv", "fewshot": "fewshot.csv"}
 LAYOUTS = ("generic", "open-insects", "shiftedbronzes")
 FIGURES = {"png": ("png",), "pdf": ("png", "pdf"), "none": ()}
 """`--figures`: PNG (the page's), PNG and a publication PDF of each, or no figures."""
-
-
-def companion_files(results_path: str | os.PathLike) -> dict[str, Path]:
-    """Files the runner writes beside the results table and that exist: `scores`, `threshold_transfer`,
-    `rule_selection`, `fewshot`."""
-    folder = Path(results_path).parent
-    return {k: folder / name for k, name in COMPANIONS.items() if (folder / name).is_file()}
 
 
 def _run_dir(*sources: Table | None) -> Path | None:
@@ -122,8 +114,6 @@ def write_report(results: Table, out_dir: str | os.PathLike, *, methods: Sequenc
     found = _restricted(read_scores(scores), order.methods) if scores is not None else None
     sections = [warnings_section(out, frame)]
     if layout == "shiftedbronzes":
-        from detectors.report.papers import shiftedbronzes_sections
-
         sections += shiftedbronzes_sections(out, frame, scale, found, Path(classifier) if classifier else None,
                                             Path(fewshot) if fewshot else None,
                                             Path(feature_maps) if feature_maps else None)
@@ -148,8 +138,6 @@ def write_open_insects(results: Sequence[str | tuple[str, str | os.PathLike]], o
     """Open-Insects' tables and figures from one run per region (`results`: results-table paths, or (region, path);
     a bare path is named by its run folder), each with its companion files: table2 (Table 2/7), table4 (threshold
     transfer), table5 (from `splits`' summary and region manifests), table6, figure1, figure3_<region>_<set>."""
-    from detectors.report.papers import Run, open_insects_sections, region_name
-
     out = _out(out_dir, figures, log)
     specs = [region_name(str(r)) if not isinstance(r, tuple) else (r[0], Path(r[1])) for r in results]
     names = [n for n, _ in specs]
@@ -163,4 +151,4 @@ def write_open_insects(results: Sequence[str | tuple[str, str | os.PathLike]], o
     return _finish(out, title, sections, workers)
 
 
-__all__ = ["COMPANIONS", "LAYOUTS", "FIGURES", "companion_files", "write_report", "write_open_insects"]
+__all__ = ["LAYOUTS", "FIGURES", "write_report", "write_open_insects"]
