@@ -25,7 +25,7 @@ from detectors.report.html import Section
 from detectors.report.names import CATEGORIES, category, family_label, method_label
 from detectors.report.render import MISSING, Part, View, frame_view, grid_view, number, per_set_view, scale_note
 from detectors.report.scores import attach_metadata, has_sources, read_scores, species_field_table, species_summary
-from detectors.report.sections import Out, grid_csv
+from detectors.report.sections import Out, field_sheets, grid_csv
 from detectors.report.tables import (ALL, Layout, companion_files, family_group_table, method_info, method_summary, per_set_table,
                                      read_results, read_rule_selection, read_table, text_column, to_percent)
 from pipelines.data import read_manifest
@@ -302,17 +302,7 @@ def figure3_section(out: Out, runs: list[Run], per_species: int = 4) -> Section 
         if field is None:
             continue
         chosen = run.transfer[run.transfer["method"].isin(set(chosen_rows(run)["method"]))]
-        for target, rules in chosen.groupby("target", sort=False):
-            rule = rules.sort_values("recall", ascending=False, kind="mergesort").iloc[0]
-            novel = field[(field["role"] == "field_ood") & (field["ood_set"] == target) &
-                          (field["method"] == rule["method"]) & field["species"].notna()]
-            if novel.empty:
-                continue
-            novel = novel.assign(flagged=novel["score"] < float(rule["threshold"]))
-            shown = novel.groupby("species", sort=False, group_keys=False).head(per_species)
-            title = (f"{run.name}, {target}: novel-species images, {method_label(rule['method'])} at the threshold "
-                     f"from {rule['source']} (red frame: flagged; grey: missed)")
-            images += out.figure(plots.field_sheet, f"figure3_{run.name}_{target}", rows=shown, title=title)
+        images += field_sheets(out, field, chosen, f"figure3_{run.name}", run.name, per_species)
     return Section("Figure 3: novel species in the field set, flagged or missed", images=images) if images else None
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from detectors.report import plots
 from detectors.report.figures import Job
 from detectors.report.html import Section
+from detectors.report.names import method_label
 from detectors.report.render import (Cell, Part, View, frame_view, grid_view, number, per_set_view, scale_note, to_latex,
                                      to_markdown)
 from detectors.report.scores import (HOP_LABELS, attach_metadata, bootstrap_table, has_sources, hop_table,
@@ -269,7 +270,29 @@ def species_section(out: Out, scores: pd.DataFrame, transfer: pd.DataFrame | Non
                                 {"images": ".0f"}))
     section.views += views
     section.files = out.tables("species_field", views, per_species)
+    if "path" in scores.columns:
+        section.images += field_sheets(out, scores, transfer, "field_sheet")
     return section
+
+
+def field_sheets(out: Out, scores: pd.DataFrame, transfer: pd.DataFrame, stem: str, name: str = "",
+                 per_species: int = 4) -> list[str]:
+    """Open-Insects Figure 3 per field set among the transfer targets: up to `per_species` images of each novel species
+    for the transfer row of best recall, each marked flagged (score < its threshold) or missed. `scores` carries
+    `species` and `path` (`attach_metadata`); sheets are `<stem>_<target>.png`."""
+    images = []
+    novel_rows = scores[(scores["role"] == "field_ood") & scores["species"].notna()]
+    for target, rules in transfer[transfer["target"].isin(set(novel_rows["ood_set"]))].groupby("target", sort=False):
+        rule = rules.sort_values("recall", ascending=False, kind="mergesort").iloc[0]
+        novel = novel_rows[(novel_rows["ood_set"] == target) & (novel_rows["method"] == rule["method"])]
+        if novel.empty:
+            continue
+        novel = novel.assign(flagged=novel["score"] < float(rule["threshold"]))
+        shown = novel.groupby("species", sort=False, group_keys=False).head(per_species)
+        title = (f"{name + ', ' if name else ''}{target}: novel-species images, {method_label(rule['method'])} at the "
+                 f"threshold from {rule['source']} (red frame: flagged; grey: missed)")
+        images += out.figure(plots.field_sheet, f"{stem}_{target}", rows=shown, title=title)
+    return images
 
 
 def id_looking_section(out: Out, scores: pd.DataFrame, k: int) -> Section:
@@ -303,4 +326,4 @@ def with_metadata(scores: pd.DataFrame, run_dir: Path | None) -> pd.DataFrame | 
 
 __all__ = ["Out", "grid_csv", "warnings_section", "per_set_sections", "best_rule_section", "transfer_view",
            "render_threshold_transfer", "transfer_section", "figure_section", "curves_section", "interval_views",
-           "bootstrap_section", "hop_section", "species_section", "id_looking_section", "with_metadata"]
+           "bootstrap_section", "hop_section", "species_section", "field_sheets", "id_looking_section", "with_metadata"]
