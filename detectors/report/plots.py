@@ -425,7 +425,8 @@ def sheet_figure(rows: Sequence[tuple[str, Sequence[Tile]]], title: str) -> Any:
     for spine in axes.spines.values():
         spine.set_visible(False)
     axes.tick_params(length=0)
-    axes.set_title(textwrap.fill(title, max(30, int(total_w / 0.075))), fontsize="small")
+    figure.text(0.5, 1 - 0.06 / total_h, textwrap.fill(title, max(30, int(total_w / 0.085))), ha="center", va="top",
+                fontsize="small")
     return figure
 
 

@@ -30,7 +30,7 @@ def read_scores(source: pd.DataFrame | str | os.PathLike) -> pd.DataFrame:
     """The runner's per-sample scores table (`SCORE_COLUMNS`, optionally `SCORE_OPTIONAL`), every role accepted."""
     frame = read_table(source, SCORE_COLUMNS, "scores table")
     frame["role"] = frame["role"].astype(str)
-    roles = set(frame["role"]) - set(SCORE_ROLES)
+    roles = set(frame["role"].unique()) - set(SCORE_ROLES)
     if roles:
         raise UserInputError(f"scores table: column 'role' must be one of {list(SCORE_ROLES)}, found {sorted(roles)}")
     frame["group"] = group_labels(frame["group"])
@@ -187,7 +187,7 @@ def species_field_table(scores: pd.DataFrame, transfer: pd.DataFrame) -> pd.Data
     """
     novel = scores[scores["role"] == "field_ood"]
     rows = []
-    for _, rule in transfer[transfer["target"].isin(set(novel["ood_set"]))].iterrows():
+    for _, rule in transfer[transfer["target"].isin(novel["ood_set"].unique())].iterrows():
         part = novel[(novel["method"] == rule["method"]) & (novel["ood_set"] == rule["target"])]
         part = part[part["species"].notna()]
         if part.empty:

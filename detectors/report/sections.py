@@ -183,10 +183,12 @@ def density_panels(rows: pd.DataFrame, method: str, aurocs: dict[tuple[str, str]
 
 
 def curves_section(out: Out, scores: pd.DataFrame, layout: Layout) -> Section:
-    """ROC curves per OOD set and score densities per method."""
+    """ROC curves per OOD set and score densities per method (nothing is computed when figures are off)."""
+    if not out.formats:
+        return Section("ROC curves and score densities")
     by_method = {m: rows for m, rows in scores.groupby("method", sort=False)}
     methods = [m for m in layout.methods if m in by_method]
-    sets = [s for s in layout.sets if s in set(scores.loc[scores["role"] == "ood", "ood_set"])]
+    sets = [s for s in layout.sets if s in set(scores.loc[scores["role"] == "ood", "ood_set"].unique())]
     aurocs = per_set_auroc(scores)
     images = []
     for s in sets:
@@ -282,7 +284,7 @@ def field_sheets(out: Out, scores: pd.DataFrame, transfer: pd.DataFrame, stem: s
     `species` and `path` (`attach_metadata`); sheets are `<stem>_<target>.png`."""
     images = []
     novel_rows = scores[(scores["role"] == "field_ood") & scores["species"].notna()]
-    for target, rules in transfer[transfer["target"].isin(set(novel_rows["ood_set"]))].groupby("target", sort=False):
+    for target, rules in transfer[transfer["target"].isin(novel_rows["ood_set"].unique())].groupby("target", sort=False):
         rule = rules.sort_values("recall", ascending=False, kind="mergesort").iloc[0]
         novel = novel_rows[(novel_rows["ood_set"] == target) & (novel_rows["method"] == rule["method"])]
         if novel.empty:
