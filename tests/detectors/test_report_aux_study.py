@@ -89,3 +89,19 @@ def test_aux_study_runs_each_count_and_reuses_finished_runs(digits, tmp_path):
     with contextlib.redirect_stdout(again):
         assert _cli().main(args) == 0
     assert again.getvalue().count("finished run reused") == 2
+
+    # the Open-Insects layout from these real runs (one per count, as regions), cell by cell against the scores
+    spec = importlib.util.spec_from_file_location("report_cli_aux", ROOT / "scripts" / "report.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    runs = {c: tmp_path / "study" / f"species_{c}" for c in (2, 6)}
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(["--layout", "open-insects", "--figures", "none", "--out", str(tmp_path / "oi"),
+                         "--results", *(f"aux{c}={r / 'results.csv'}" for c, r in runs.items())]) == 0
+    table2 = pd.read_csv(tmp_path / "oi" / "table2.csv").set_index("row")
+    assert list(table2.index) == ["oe"] and table2.loc["oe", "category"] == "Training with auxiliary data"
+    for count, run in runs.items():
+        auroc = table.loc[table["species"] == count, "auroc"].iloc[0]  # sklearn-checked above
+        assert table2.loc["oe", f"aux{count}/digits_6_9"] == pytest.approx(auroc)
+        acc = pd.read_csv(run / "results.csv")["id_acc"].iloc[0]
+        assert table2.loc["oe", f"aux{count}/id_acc"] == pytest.approx(100 * acc)
