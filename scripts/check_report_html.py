@@ -4,7 +4,10 @@
 1. Every file the page references (figures, tables) exists beside it, and every PNG decodes.
 2. Chromium (the Debian package `chromium`) loads the page: every <img> loaded (complete, natural width > 0) and the
    tables are there; the page's height is measured.
-3. A full-page screenshot is written (default REPORT/index_screenshot.png) for a person to look at.
+3. The whole page is captured for a person to look at: one screenshot (default REPORT/index_screenshot.png) when it
+   is at most `--tile` pixels high, else tiles of `--tile` pixels top to bottom (index_screenshot_01.png, ...), each a
+   window onto the page shifted by its offset, so that no part is lost; it says how many. When the page's height
+   cannot be read it says so and counts that as a problem.
 
 Prints one line per check; exit status 0 when all pass, 1 when one fails, 2 when Chromium or the page is missing.
 """
@@ -61,12 +64,38 @@ def probe(binary: str, index: Path, width: int = 1400) -> dict:
     return json.loads(found.group(1).replace("&quot;", '"'))
 
 
+TILE_PAGE = """<!DOCTYPE html><html><body style="margin:0;overflow:hidden">
+<iframe src="{src}" scrolling="no" style="position:absolute;left:0;top:-{offset}px;width:{width}px;height:{height}px;
+border:0"></iframe></body></html>
+"""
+
+
 def screenshot(binary: str, index: Path, path: Path, width: int, height: int) -> Path:
     """A screenshot of the page at `width` x `height` pixels."""
-    _chromium(binary, f"--window-size={width},{height}", f"--screenshot={path.resolve()}", index.resolve().as_uri())
+    _chromium(binary, "--virtual-time-budget=5000", f"--window-size={width},{height}", f"--screenshot={path.resolve()}",
+              index.resolve().as_uri())
     if not path.is_file():
         raise RuntimeError(f"Chromium wrote no screenshot to {path}")
     return path
+
+
+def tile_offsets(height: int, tile: int) -> list[tuple[int, int]]:
+    """(offset, tile height) of the tiles covering a page `height` pixels high, top to bottom."""
+    return [(top, min(tile, height - top)) for top in range(0, max(height, 1), tile)]
+
+
+def screenshots(binary: str, index: Path, path: Path, width: int, height: int, tile: int) -> list[Path]:
+    """The whole page: `path` when it fits in one `tile`, else `path`_01.png, ... one per tile."""
+    if height <= tile:
+        return [screenshot(binary, index, path, width, height)]
+    shots = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (offset, size) in enumerate(tile_offsets(height, tile), start=1):
+            page = Path(tmp) / f"tile{i}.html"
+            page.write_text(TILE_PAGE.format(src=index.resolve().as_uri(), offset=offset, width=width, height=height),
+                            encoding="utf-8")
+            shots.append(screenshot(binary, page, path.with_name(f"{path.stem}_{i:02d}.png"), width, size))
+    return shots
 
 
 def check_files(index: Path) -> list[str]:
@@ -83,8 +112,8 @@ def check_files(index: Path) -> list[str]:
     return problems
 
 
-def check(index: Path, out: Path | None = None, width: int = 1400, max_height: int = 16000) -> list[str]:
-    """Run every check; returns the problems found (empty: all good). Writes the screenshot."""
+def check(index: Path, out: Path | None = None, width: int = 1400, tile: int = 8000) -> list[str]:
+    """Run every check; returns the problems found (empty: all good). Writes the screenshots of the whole page."""
     if not index.is_file():
         raise UserInputError(f"{index}: no such page")
     binary = find_chromium()
@@ -95,8 +124,13 @@ def check(index: Path, out: Path | None = None, width: int = 1400, max_height: i
     problems += [f"Chromium could not load image: {src}" for src in seen["broken"]]
     print(f"chromium: {seen['images']} image(s), {len(seen['broken'])} broken, {seen['tables']} table(s), "
           f"page height {seen['height']} px")
-    shot = screenshot(binary, index, out or index.parent / "index_screenshot.png", width, min(seen["height"], max_height))
-    print(f"screenshot: {shot}")
+    height = int(seen.get("height") or 0)
+    if height <= 0:
+        problems.append(f"the page's height could not be read: only the first {tile} px were captured")
+        height = tile
+    shots = screenshots(binary, index, out or index.parent / "index_screenshot.png", width, height, tile)
+    print(f"screenshot: the whole page ({height} px) in {len(shots)} tile(s) of at most {tile} px: " +
+          ", ".join(str(s) for s in shots))
     return problems
 
 
@@ -105,8 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("index", type=Path, help="the report's index.html")
     p.add_argument("--screenshot", type=Path, default=None, help="PNG to write (default: beside index.html)")
     p.add_argument("--width", type=int, default=1400, help="window width in pixels (default 1400)")
+    p.add_argument("--tile", type=int, default=8000, help="tallest screenshot in pixels; taller pages are tiled "
+                   "(default 8000)")
     args = p.parse_args(argv)
-    problems = check(args.index, args.screenshot, args.width)
+    if args.tile < 100:
+        raise UserInputError(f"--tile: at least 100 pixels, got {args.tile}")
+    problems = check(args.index, args.screenshot, args.width, args.tile)
     for line in problems:
         print(f"problem: {line}")
     print("ok: every referenced file exists and loads" if not problems else f"{len(problems)} problem(s)")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from detectors.report.feature_map import (EMBEDDINGS, classifier_features, clip_features, feature_map,
                                           plot_feature_map, sample_sets)
-from detectors.report.plots import safe_name
 from pipelines.cli import comma_list, parser as cli_parser, run_main
 from pipelines.errors import UserInputError
+from pipelines.io import safe_name
 
 
 def build_parser():

@@ -1,25 +1,36 @@
 #!/usr/bin/env python
 """Render a run into a report: `python scripts/report.py --results RUN/results.csv --out RUN/report`.
 
-Reads results.csv and, when they lie beside it, scores.parquet, threshold_transfer.csv and rule_selection.csv. Writes
-Table 3 / per-set / Table 4 / family tables (md, tex, csv), the best rule per training method, the threshold-transfer
-table, FPR@95 by family, AUROC and FPR@95 heatmaps, ROC curves per set, score densities per method, bootstrap intervals
-(`--bootstrap N`), AUROC per taxonomic hop, the field report per novel species, the most ID-looking OOD images, and
-index.html showing them all (see docs/report.md). Prints the summary and a warning per set with AUROC below 50.
+Reads results.csv and, when they lie beside it, scores.parquet, threshold_transfer.csv, rule_selection.csv and
+fewshot.csv. The generic layout writes Table 3 / per-set / family tables (md, tex, csv), the best rule per training
+method, the threshold-transfer table, FPR@95 by family, heatmaps, ROC curves, score densities, bootstrap intervals
+(`--bootstrap N`), AUROC per taxonomic hop, the field report per novel species, the most ID-looking OOD images and
+index.html showing them all. `--layout shiftedbronzes` writes that paper's Tables 2-4 and Figures 5, 6, 7, 2(c);
+`--layout open-insects` takes one `--results` per region and writes that paper's Tables 2/7, 4, 5, 6 and Figures 1
+and 3 (see docs/report.md). Prints the summary and a warning per set with AUROC below 50.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from detectors.report import companion_files, render_summary, write_report
+from detectors.report import LAYOUTS, companion_files, render_summary, write_open_insects, write_report
+from detectors.report.write import FIGURES
 from pipelines.cli import comma_list, parser as cli_parser, run_main
+from pipelines.errors import UserInputError
 
 
 def build_parser():
     p = cli_parser(__doc__)
-    p.add_argument("--results", required=True, type=Path, help="results table (.csv or .parquet), one row per (method, ood_set)")
+    p.add_argument("--results", required=True, nargs="+", metavar="[REGION=]PATH",
+                   help="results table (.csv or .parquet), one row per (method, ood_set); with --layout open-insects "
+                        "one per region (REGION=PATH, or PATH named by its run folder)")
     p.add_argument("--out", required=True, type=Path, help="output folder")
+    p.add_argument("--layout", default="generic", choices=LAYOUTS, help="tables and figures in a paper's shapes "
+                   "(default generic)")
+    p.add_argument("--figures", default="png", choices=list(FIGURES),
+                   help="png (default), pdf (also a publication PDF of each figure) or none")
+    p.add_argument("--workers", type=int, default=None, help="figure processes (default: the CPUs)")
     p.add_argument("--methods", type=comma_list, default=None, help="comma-separated methods to report (default: all)")
     p.add_argument("--scores", type=Path, default=None,
                    help="per-sample scores .parquet (default: scores.parquet beside --results, if any)")
@@ -31,17 +42,36 @@ def build_parser():
                    help="bootstrap replicates for 95%% intervals of AUROC and FPR@95 (default 0: none)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--top-k", type=int, default=8, help="most ID-looking OOD images per set and method (default 8; 0: none)")
+    p.add_argument("--classifier", type=Path, default=None,
+                   help="shiftedbronzes: the classifier folder (or its metrics.json) for Table 2")
+    p.add_argument("--fewshot", type=Path, default=None,
+                   help="shiftedbronzes: few-shot table for Figure 7 (default: fewshot.csv beside --results, if any)")
+    p.add_argument("--feature-maps", type=Path, default=None,
+                   help="shiftedbronzes: folder of scripts/feature_map.py outputs (feature_map_*.csv) for Figure 2(c)")
+    p.add_argument("--splits", type=Path, default=None,
+                   help="open-insects: the species splits folder (summary.json or summary.csv, region manifests) for "
+                        "Table 5")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    found = companion_files(args.results)
-    written = write_report(args.results, args.out, methods=args.methods, scores=args.scores or found.get("scores"),
+    if args.layout == "open-insects":
+        written = write_open_insects(args.results, args.out, splits=args.splits, figures=args.figures, log=print,
+                                     workers=args.workers)
+        print(f"wrote {len(written)} files to {args.out}; open {args.out / 'index.html'}")
+        return 0
+    if len(args.results) > 1:
+        raise UserInputError(f"--results: one table for --layout {args.layout} (several only with open-insects)")
+    results = Path(args.results[0])
+    found = companion_files(results)
+    written = write_report(results, args.out, methods=args.methods, scores=args.scores or found.get("scores"),
                            threshold_transfer=args.threshold_transfer or found.get("threshold_transfer"),
                            rule_selection=args.rule_selection or found.get("rule_selection"),
-                           bootstrap=args.bootstrap, seed=args.seed, top_k=args.top_k, log=print)
-    print(render_summary(args.results, args.methods))
+                           bootstrap=args.bootstrap, seed=args.seed, top_k=args.top_k, log=print, layout=args.layout,
+                           figures=args.figures, classifier=args.classifier, fewshot=args.fewshot or found.get("fewshot"),
+                           feature_maps=args.feature_maps, workers=args.workers)
+    print(render_summary(results, args.methods))
     print(f"wrote {len(written)} files to {args.out}; open {args.out / 'index.html'}")
     return 0
 

@@ -3,16 +3,20 @@
 - `tables`: read the results table; layout; per-set (Table 3), family (Table 4) and best-rule tables.
 - `scores`: tables from scores.parquet: bootstrap intervals, AUROC per hop, field report per species, ID-looking images.
 - `render`: one table value (`View`) and its markdown, LaTeX and HTML renderers.
-- `plots`: heatmaps, ROC curves, score densities, FPR@95 by family (Figure 5), thumbnail sheets.
-- `html`: index.html; `sections` / `write`: the whole report (`write_report`).
+- `plots`: heatmaps, ROC curves, score densities, FPR@95 by family, the papers' figures, thumbnail sheets;
+  `figures`: styles, one-draw saving, rendering in worker processes, tick-overlap checks.
+- `names`: the one table of display names (families, methods, Open-Insects' categories).
+- `papers`: the Open-Insects and ShiftedBronzes layouts.
+- `html`: index.html; `sections` / `write`: the whole report (`write_report`, `write_open_insects`).
 
 Formats are `detectors.tables`'. Everything rendered is in percent.
 """
 from __future__ import annotations
 
 from detectors.report.html import Section, index_html, missing_files, referenced_files
-from detectors.report.plots import (ScoreAxis, plot_fpr95, plot_heatmap, plot_id_looking, plot_method_densities, plot_roc,
-                                    plot_score_densities, robust_limits)
+from detectors.report.figures import DPI, Job, new_figure, overlapping_ticks, render, save_figure, styles
+from detectors.report.names import FAMILY_LABELS, METHOD_LABELS, category, family_label, method_label
+from detectors.report.plots import ScoreAxis, kde, robust_limits, roc_points
 from detectors.report.render import (DAGGER, FLAG_NOTE, MISSING, Part, View, flag_lines, frame_view, grid_view,
                                      latex_escape, markdown_table, per_set_view, render_summary, summary_view, to_html,
                                      to_latex, to_markdown)
@@ -20,16 +24,17 @@ from detectors.report.scores import (HOP_LABELS, attach_metadata, bootstrap_inte
                                      hop_table, id_looking_table, per_set_auroc, read_scores, resampled_metrics,
                                      species_field_table, species_summary)
 from detectors.report.sections import grid_csv, render_threshold_transfer, transfer_view
-from detectors.report.tables import (ALL, AVERAGE, CELL_METRICS, FAMILY_ORDER, GROUP_MISSING, GROUP_ORDER, LOW_AUROC,
+from detectors.report.tables import (ALL, AVERAGE, companion_files, CELL_METRICS, FAMILY_ORDER, GROUP_MISSING, GROUP_ORDER, LOW_AUROC,
                                      NOT_SELECTED, Layout, best_rule_table, family_group_table, family_table, low_auroc,
                                      method_info, method_summary, per_set_table, rank_marks, read_results,
                                      read_rule_selection, read_table, select_methods, to_percent)
-from detectors.report.write import companion_files, write_report
+from detectors.report.write import LAYOUTS, write_open_insects, write_report
 
 __all__ = [
     "Section", "index_html", "missing_files", "referenced_files",
-    "ScoreAxis", "plot_fpr95", "plot_heatmap", "plot_id_looking", "plot_method_densities", "plot_roc", "plot_score_densities",
-    "robust_limits",
+    "DPI", "Job", "new_figure", "overlapping_ticks", "render", "save_figure", "styles",
+    "FAMILY_LABELS", "METHOD_LABELS", "category", "family_label", "method_label",
+    "ScoreAxis", "kde", "robust_limits", "roc_points",
     "DAGGER", "FLAG_NOTE", "MISSING", "Part", "View", "flag_lines", "frame_view", "grid_view", "latex_escape",
     "markdown_table", "per_set_view", "render_summary", "summary_view", "to_html", "to_latex", "to_markdown",
     "HOP_LABELS", "attach_metadata", "bootstrap_interval", "bootstrap_table", "has_sources", "hop_table",
@@ -38,5 +43,5 @@ __all__ = [
     "ALL", "AVERAGE", "CELL_METRICS", "FAMILY_ORDER", "GROUP_MISSING", "GROUP_ORDER", "LOW_AUROC", "NOT_SELECTED",
     "Layout", "best_rule_table", "family_group_table", "family_table", "low_auroc", "method_info", "method_summary",
     "per_set_table", "rank_marks", "read_results", "read_rule_selection", "read_table", "select_methods", "to_percent",
-    "companion_files", "write_report",
+    "LAYOUTS", "companion_files", "write_open_insects", "write_report",
 ]

@@ -11,7 +11,7 @@ import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -121,22 +121,29 @@ def feature_map(samples: list[Sample], features: list[Features], method: str = "
     return pd.DataFrame({"set": names, "file_name": files, "x": xy[:, 0], "y": xy[:, 1]})
 
 
-def plot_feature_map(points: pd.DataFrame, title: str, path: str | os.PathLike) -> Path:
-    """A scatter of the embedding, one colour (and marker) per set, ID first."""
-    from detectors.report.plots import new_figure, save_figure
+def feature_map_figure(points: pd.DataFrame, title: str) -> Any:
+    """A scatter of the embedding, one colour and marker per set (`figures.styles`), ID first."""
+    from detectors.report.figures import new_figure, styles
 
-    figure = new_figure(7.0, 6.0)
+    figure = new_figure(7.5, 6.0)
     axes = figure.add_subplot()
-    markers = "o^sDvP*X"
-    for i, (name, part) in enumerate(points.groupby("set", sort=False)):
-        axes.scatter(part["x"], part["y"], s=14, alpha=0.8, marker=markers[i % len(markers)], color=f"C{i % 10}",
-                     linewidths=0, label=f"{name} (n={len(part)})")
+    groups = list(points.groupby("set", sort=False))
+    for style, (name, part) in zip(styles(len(groups)), groups):
+        axes.scatter(part["x"], part["y"], s=14, alpha=0.8, marker=style.marker, color=style.color, linewidths=0,
+                     label=f"{name} (n={len(part)})")
     axes.set_xticks([])
     axes.set_yticks([])
-    axes.set_title(title)
+    axes.set_title(title, fontsize="medium")
     axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), markerscale=1.5)
-    return save_figure(figure, path)
+    return figure
+
+
+def plot_feature_map(points: pd.DataFrame, title: str, path: str | os.PathLike) -> Path:
+    """`feature_map_figure` saved as a PNG."""
+    from detectors.report.figures import save_figure
+
+    return save_figure(feature_map_figure(points, title), path)
 
 
 __all__ = ["EMBEDDINGS", "Sample", "sample_sets", "classifier_features", "clip_features", "embed_2d", "feature_map",
-           "plot_feature_map"]
+           "feature_map_figure", "plot_feature_map"]

@@ -1,8 +1,9 @@
 """One table value (`View`) and its three renderers: markdown, LaTeX (booktabs) and HTML.
 
 Every table of the report is first built as a `View` (cells already formatted, with best / second-best marks and the
-low-AUROC flag as data), then rendered by `to_markdown`, `to_latex` or `to_html`. Marks: markdown **bold** / _italics_,
-LaTeX \\textbf / \\underline, HTML <b> / <u>; a flagged value carries a dagger.
+low-AUROC flag as data), then rendered by `to_markdown`, `to_latex` or `to_html`. Marks: 1 bold, 2 underlined, 3 both
+(markdown **bold** / _italics_ for underline, which it lacks; LaTeX \\textbf / \\underline; HTML <b> / <u>); a flagged
+value carries a dagger.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ FLAG_NOTE = f"{DAGGER} AUROC below {LOW_AUROC:.0f}: the detector scores this OOD
 
 @dataclass(frozen=True)
 class Part:
-    """A formatted value: `mark` 1 best, 2 second best, 0 none; `flag` a low AUROC."""
+    """A formatted value: `mark` 1 bold (best), 2 underlined (second best, or best overall), 3 both, 0 none; `flag` a
+    low AUROC."""
 
     text: str
     mark: int = 0
@@ -77,7 +79,7 @@ def _notes(view: View) -> list[str]:
 
 
 def _md_part(part: Part) -> str:
-    text = {1: "**{}**", 2: "_{}_"}.get(part.mark, "{}").format(part.text)
+    text = {1: "**{}**", 2: "_{}_", 3: "**_{}_**"}.get(part.mark, "{}").format(part.text)
     return text + DAGGER if part.flag else text
 
 
@@ -112,7 +114,8 @@ def latex_escape(text: str) -> str:
 
 
 def _tex_part(part: Part) -> str:
-    text = {1: r"\textbf{{{}}}", 2: r"\underline{{{}}}"}.get(part.mark, "{}").format(latex_escape(part.text))
+    text = {1: r"\textbf{{{}}}", 2: r"\underline{{{}}}", 3: r"\textbf{{\underline{{{}}}}}"}.get(part.mark, "{}")
+    text = text.format(latex_escape(part.text))
     return text + r"\textsuperscript{\dag}" if part.flag else text
 
 
@@ -149,7 +152,7 @@ def to_latex(view: View) -> str:
 
 def _html_part(part: Part) -> str:
     text = html.escape(part.text)
-    text = {1: "<b>{}</b>", 2: "<u>{}</u>"}.get(part.mark, "{}").format(text)
+    text = {1: "<b>{}</b>", 2: "<u>{}</u>", 3: "<b><u>{}</u></b>"}.get(part.mark, "{}").format(text)
     return f'{text}<span class="flag" title="{html.escape(FLAG_NOTE)}">{DAGGER}</span>' if part.flag else text
 
 
@@ -209,7 +212,7 @@ def per_set_view(table: pd.DataFrame, layout: Layout, scale: str, info: pd.DataF
         first = [(Part(number(info.loc[method, "id_acc"])),)] if acc else []
         rows.append(((family, _method_label(method, info)), [*first, *row]))
     note = (f"Cells: FPR@95 (lower is better) / AUROC (higher is better), in percent. {scale_note(scale)} "
-            "Best per column and metric in bold, second best in italics (LaTeX: underlined).")
+            "Best per column and metric in bold, second best underlined (markdown: italics).")
     flagged = any(p.flag for _, cs in rows for c in cs for p in c)
     return View(note, ["Family", "Method"], columns, rows, spans, short, merge_first=True,
                 extra_notes=[FLAG_NOTE] if flagged else [])

@@ -30,7 +30,7 @@ def read_scores(source: pd.DataFrame | str | os.PathLike) -> pd.DataFrame:
     """The runner's per-sample scores table (`SCORE_COLUMNS`, optionally `SCORE_OPTIONAL`), every role accepted."""
     frame = read_table(source, SCORE_COLUMNS, "scores table")
     frame["role"] = frame["role"].astype(str)
-    roles = set(frame["role"]) - set(SCORE_ROLES)
+    roles = set(frame["role"].unique()) - set(SCORE_ROLES)
     if roles:
         raise UserInputError(f"scores table: column 'role' must be one of {list(SCORE_ROLES)}, found {sorted(roles)}")
     frame["group"] = group_labels(frame["group"])
@@ -187,7 +187,7 @@ def species_field_table(scores: pd.DataFrame, transfer: pd.DataFrame) -> pd.Data
     """
     novel = scores[scores["role"] == "field_ood"]
     rows = []
-    for _, rule in transfer[transfer["target"].isin(set(novel["ood_set"]))].iterrows():
+    for _, rule in transfer[transfer["target"].isin(novel["ood_set"].unique())].iterrows():
         part = novel[(novel["method"] == rule["method"]) & (novel["ood_set"] == rule["target"])]
         part = part[part["species"].notna()]
         if part.empty:
@@ -220,19 +220,21 @@ def species_summary(per_species: pd.DataFrame) -> pd.DataFrame:
 def id_looking_table(scores: pd.DataFrame, k: int) -> pd.DataFrame:
     """Per (OOD set, method): the `k` OOD images with the highest scores (the most ID-looking), best first.
 
-    Columns `ood_set, method, rank, score, id_share, file_name, manifest` (+ `path` when present); `id_share` is the
-    percent of ID test scores below the image's score (100: it looks more ID than every ID test image).
+    Columns `ood_set, method, rank, score, id_share, file_name, manifest` (+ `species`, `path` when present);
+    `id_share` is the percent of ID test scores below the image's score (100: it looks more ID than every ID test
+    image). Ties keep the table's order.
     """
-    rows = []
+    extra = [c for c in (*SCORE_OPTIONAL, "species", "path") if c in scores.columns]
+    parts = []
     for method, frame in scores.groupby("method", sort=False):
         id_scores = np.sort(frame.loc[frame["role"] == "id", "score"].to_numpy(np.float64))
         for ood_set, part in frame[frame["role"] == "ood"].groupby("ood_set", sort=False):
             top = part.sort_values("score", ascending=False, kind="mergesort").head(k)
-            for rank, (_, row) in enumerate(top.iterrows(), start=1):
-                below = np.searchsorted(id_scores, row["score"], side="left") / max(len(id_scores), 1) * 100
-                rows.append({"ood_set": ood_set, "method": method, "rank": rank, "score": row["score"],
-                             "id_share": below, **{c: row.get(c) for c in (*SCORE_OPTIONAL, "path") if c in row.index}})
-    return pd.DataFrame(rows)
+            below = np.searchsorted(id_scores, top["score"].to_numpy(), side="left") / max(len(id_scores), 1) * 100
+            parts.append(pd.DataFrame({"ood_set": ood_set, "method": method, "rank": np.arange(1, len(top) + 1),
+                                       "score": top["score"].to_numpy(), "id_share": below,
+                                       **{c: top[c].to_numpy() for c in extra}}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
 def per_set_auroc(scores: pd.DataFrame) -> dict[tuple[str, str], float]:

@@ -5,34 +5,41 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pandas as pd
 
+import numpy as np
+
 from detectors.report import plots
+from detectors.report.figures import Job
 from detectors.report.html import Section
+from detectors.report.names import method_label
 from detectors.report.render import (Cell, Part, View, frame_view, grid_view, number, per_set_view, scale_note, to_latex,
                                      to_markdown)
 from detectors.report.scores import (HOP_LABELS, attach_metadata, bootstrap_table, has_sources, hop_table,
                                      id_looking_table, per_set_auroc, species_field_table, species_summary)
 from detectors.report.tables import (NOT_SELECTED, Layout, best_rule_table, family_group_table, family_table, low_auroc,
-                                     method_info, per_set_table, read_table, text_column, to_percent)
+                                     method_info, method_summary, per_set_table, read_table, text_column, to_percent)
 from detectors.tables import COLUMN_LABELS, SPECIES_COLUMNS, TRANSFER_COLUMNS, TRANSFER_RATES
-from pipelines.io import atomic_write_text
+from pipelines.io import atomic_write_text, safe_name
 
 TRANSFER_REQUIRED = tuple(c for c in TRANSFER_COLUMNS if c != "tpr")
+"""Threshold-transfer columns every table has (older tables lack `tpr` and the species columns)."""
 SHEET_METHODS = 12
 """At most this many methods (those of best AUROC on the set) get a row in a set's thumbnail sheet."""
-"""Threshold-transfer columns every table has (older tables lack `tpr` and the species columns)."""
 
 
 @dataclass
 class Out:
-    """The report folder: writes files atomically and remembers them; `log` gets one line per skipped part."""
+    """The report folder: writes files atomically and remembers them; queues figures (`jobs`, rendered together by
+    `figures.render`) unless `formats` is empty; `log` gets one line per skipped part."""
 
     folder: Path
     log: Callable[[str], None] = lambda line: None
+    formats: tuple[str, ...] = ("png",)
     written: list[Path] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list)
 
     def text(self, name: str, text: str) -> str:
         atomic_write_text(self.folder / name, text)
@@ -48,12 +55,17 @@ class Out:
             names.append(self.text(f"{stem}.csv", csv.to_csv(index=False)))
         return names
 
-    def figure(self, path: Path) -> str:
-        self.written.append(path)
-        return path.name
+    def figure(self, build: Callable[..., Any], stem: str, **kwargs: Any) -> list[str]:
+        """Queue `build(**kwargs)` as `<stem>.png` (and the other formats); returns [the PNG's name], or [] when
+        figures are off."""
+        if not self.formats:
+            return []
+        path = self.folder / f"{safe_name(stem)}.png"
+        self.jobs.append(Job(build, path, kwargs))
+        return [path.name]
 
     def skip(self, section: Section, line: str) -> Section:
-        section.text.append(line)
+        """Log why `section` has nothing; it stays empty, and the page leaves empty sections out."""
         self.log(f"report: {section.title}: {line}")
         return section
 
@@ -94,7 +106,7 @@ def per_set_sections(out: Out, results: pd.DataFrame, scale: str) -> list[Sectio
              f"{scale_note(scale)}")
     view4 = grid_view(table4, ["Family"], note4, flag=False)
     fam = frame_view(families, f"Family means (plain means over methods of per-set values), in percent. {scale_note(scale)}")
-    files = out.tables("table4", [view4], grid_csv(table4)) + out.tables("families", [fam], families, latex=False)
+    files = out.tables("sb_table4", [view4], grid_csv(table4)) + out.tables("families", [fam], families, latex=False)
     sections.append(Section("Table 4: family x group", [view4, fam], files))
     return sections
 
@@ -141,23 +153,52 @@ def transfer_section(out: Out, transfer: pd.DataFrame) -> Section:
     return Section("Threshold transfer", [view], out.tables("threshold_transfer", [view], latex=False))
 
 
-def figure_section(out: Out, results: pd.DataFrame) -> Section:
-    """Figure 5 (FPR@95 grouped by family) and the AUROC / FPR@95 heatmaps."""
+def figure_section(out: Out, results: pd.DataFrame, fpr95: bool = True) -> Section:
+    """Figure 5 (FPR@95 grouped by family; with `fpr95`) and the AUROC / FPR@95 heatmaps."""
     layout = Layout.of(results)
     table3 = per_set_table(results, averages=False)
-    images = [out.figure(plots.plot_fpr95(results, out.folder / "fpr95_by_method.png"))]
+    images = out.figure(plots.fpr95_figure, "fpr95_by_method", summary=method_summary(results), layout=layout) \
+        if fpr95 else []
     for metric in ("auroc", "fpr95"):
-        images.append(out.figure(plots.plot_heatmap(table3, layout, metric, out.folder / f"heatmap_{metric}.png")))
+        images += out.figure(plots.heatmap_figure, f"heatmap_{metric}", table=table3, layout=layout, metric=metric)
     return Section("Figures: FPR@95 by family, heatmaps", images=images)
 
 
 # -- from the per-sample scores ---------------------------------------------------------------------------------------
+def _scores_of(rows: pd.DataFrame, role: str, ood_set: str | None = None) -> np.ndarray:
+    mask = rows["role"] == role if ood_set is None else (rows["role"] == role) & (rows["ood_set"] == ood_set)
+    return rows.loc[mask, "score"].to_numpy(np.float64)
+
+
+def density_panels(rows: pd.DataFrame, method: str, aurocs: dict[tuple[str, str], float]) -> list[plots.Panel]:
+    """A method's density panels: per test OOD set (ID test vs the set), then per field set (known vs novel rows)."""
+    id_scores = _scores_of(rows, "id")
+    out = [(s, id_scores, p["score"].to_numpy(np.float64), ("ID test", "OOD"), aurocs.get((method, s), np.nan))
+           for s, p in rows[rows["role"] == "ood"].groupby("ood_set", sort=False)]
+    for s, p in rows[rows["role"].isin(["field_id", "field_ood"])].groupby("ood_set", sort=False):
+        known, novel = _scores_of(p, "field_id"), _scores_of(p, "field_ood")
+        if len(novel):
+            out.append((f"{s} (field)", known, novel, ("field known", "field novel"), aurocs.get((method, s), np.nan)))
+    return out
+
+
 def curves_section(out: Out, scores: pd.DataFrame, layout: Layout) -> Section:
-    """ROC curves per OOD set and score densities per method."""
-    methods = [m for m in layout.methods if m in set(scores["method"])]
-    sets = [s for s in layout.sets if s in set(scores.loc[scores["role"] == "ood", "ood_set"])]
-    images = [out.figure(plots.plot_roc(scores, s, methods, out.folder / f"roc_{plots.safe_name(s)}.png")) for s in sets]
-    images += [out.figure(p) for p in plots.plot_score_densities(scores, out.folder, methods)]
+    """ROC curves per OOD set and score densities per method (nothing is computed when figures are off)."""
+    if not out.formats:
+        return Section("ROC curves and score densities")
+    by_method = {m: rows for m, rows in scores.groupby("method", sort=False)}
+    methods = [m for m in layout.methods if m in by_method]
+    sets = [s for s in layout.sets if s in set(scores.loc[scores["role"] == "ood", "ood_set"].unique())]
+    aurocs = per_set_auroc(scores)
+    images = []
+    for s in sets:
+        curves = [(m, _scores_of(by_method[m], "id"), _scores_of(by_method[m], "ood", s), aurocs[(m, s)])
+                  for m in methods if (m, s) in aurocs]
+        images += out.figure(plots.roc_figure, f"roc_{s}", curves=curves, ood_set=s)
+    for m in methods:
+        rows = by_method[m]
+        images += out.figure(plots.density_figure, f"score_density_{m}", method=m,
+                             panels=density_panels(rows, m, aurocs), axis=plots.ScoreAxis.of(rows))
     return Section("ROC curves and score densities", images=images)
 
 
@@ -231,7 +272,29 @@ def species_section(out: Out, scores: pd.DataFrame, transfer: pd.DataFrame | Non
                                 {"images": ".0f"}))
     section.views += views
     section.files = out.tables("species_field", views, per_species)
+    if "path" in scores.columns:
+        section.images += field_sheets(out, scores, transfer, "field_sheet")
     return section
+
+
+def field_sheets(out: Out, scores: pd.DataFrame, transfer: pd.DataFrame, stem: str, name: str = "",
+                 per_species: int = 4) -> list[str]:
+    """Open-Insects Figure 3 per field set among the transfer targets: up to `per_species` images of each novel species
+    for the transfer row of best recall, each marked flagged (score < its threshold) or missed. `scores` carries
+    `species` and `path` (`attach_metadata`); sheets are `<stem>_<target>.png`."""
+    images = []
+    novel_rows = scores[(scores["role"] == "field_ood") & scores["species"].notna()]
+    for target, rules in transfer[transfer["target"].isin(novel_rows["ood_set"].unique())].groupby("target", sort=False):
+        rule = rules.sort_values("recall", ascending=False, kind="mergesort").iloc[0]
+        novel = novel_rows[(novel_rows["ood_set"] == target) & (novel_rows["method"] == rule["method"])]
+        if novel.empty:
+            continue
+        novel = novel.assign(flagged=novel["score"] < float(rule["threshold"]))
+        shown = novel.groupby("species", sort=False, group_keys=False).head(per_species)
+        title = (f"{name + ', ' if name else ''}{target}: novel-species images, {method_label(rule['method'])} at the "
+                 f"threshold from {rule['source']} (red frame: flagged; grey: missed)")
+        images += out.figure(plots.field_sheet, f"{stem}_{target}", rows=shown, title=title)
+    return images
 
 
 def id_looking_section(out: Out, scores: pd.DataFrame, k: int) -> Section:
@@ -247,9 +310,10 @@ def id_looking_section(out: Out, scores: pd.DataFrame, k: int) -> Section:
         best = sorted(dict.fromkeys(part["method"]), key=lambda m: -aurocs[(m, ood_set)])[:SHEET_METHODS]
         shown = part[part["method"].isin(best)].sort_values("method", key=lambda c: c.map(best.index), kind="mergesort")
         note = f" ({SHEET_METHODS} methods of best AUROC)" if len(best) < part["method"].nunique() else ""
-        path = out.folder / f"id_looking_{plots.safe_name(ood_set)}.png"
-        section.images.append(out.figure(plots.plot_id_looking(shown, ood_set + note, path)))
+        section.images += out.figure(plots.id_looking_sheet, f"id_looking_{ood_set}", rows=shown,
+                                     ood_set=ood_set + note)
     shown = table.drop(columns=[c for c in ("path", "manifest") if c in table.columns])
+    shown = shown[[c for c in ("ood_set", "method", "rank", "score", "id_share", "species", "file_name") if c in shown]]
     view = frame_view(shown, f"Per OOD set and method, the {k} OOD images with the highest scores (most ID-looking); "
                       "`id_share`: percent of ID test scores below the image's score.", {"rank": ".0f", "score": ".4g"})
     section.views.append(view)
@@ -264,4 +328,4 @@ def with_metadata(scores: pd.DataFrame, run_dir: Path | None) -> pd.DataFrame | 
 
 __all__ = ["Out", "grid_csv", "warnings_section", "per_set_sections", "best_rule_section", "transfer_view",
            "render_threshold_transfer", "transfer_section", "figure_section", "curves_section", "interval_views",
-           "bootstrap_section", "hop_section", "species_section", "id_looking_section", "with_metadata"]
+           "bootstrap_section", "hop_section", "species_section", "field_sheets", "id_looking_section", "with_metadata"]

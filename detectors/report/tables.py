@@ -34,10 +34,21 @@ AVERAGE = "average"
 LOW_AUROC = 50.0
 """AUROC (percent) below which a set is flagged: the detector ranks that OOD set as more in-distribution than ID."""
 RULE_SELECTION_COLUMNS = ("base", "rule", "metric", "value", "ood_val", "chosen")
+COMPANIONS = {"scores": "scores.parquet", "threshold_transfer": "threshold_transfer.csv",
+              "rule_selection": "rule_selection.csv", "fewshot": "fewshot.csv"}
+"""The files the runner writes beside the results table."""
 NOT_SELECTED = "not selected on validation"
 
 
 # -- reading ----------------------------------------------------------------------------------------------------------
+def companion_files(results_path: str | os.PathLike) -> dict[str, Path]:
+    """Files the runner writes beside the results table and that exist: `scores`, `threshold_transfer`,
+    `rule_selection`, `fewshot`."""
+    folder = Path(results_path).parent
+    return {k: folder / name for k, name in COMPANIONS.items() if (folder / name).is_file()}
+
+
+
 def read_table(source: pd.DataFrame | str | os.PathLike, required: Sequence[str], what: str) -> pd.DataFrame:
     """A DataFrame from a frame, a .csv or a .parquet file, checked for the `required` columns."""
     if isinstance(source, pd.DataFrame):
@@ -82,9 +93,11 @@ def to_percent(frame: pd.DataFrame, columns: Iterable[str]) -> tuple[pd.DataFram
 
 
 def group_labels(groups: pd.Series) -> pd.Series:
-    """Group names as strings; null or empty -> `GROUP_MISSING`."""
-    labels = groups.astype(object).where(groups.notna(), "").astype(str).str.strip()
-    return labels.where(labels != "", GROUP_MISSING)
+    """Group names as strings; null or empty -> `GROUP_MISSING` (cleaned once per distinct value: scores tables have
+    millions of rows and a handful of groups)."""
+    codes, uniques = pd.factorize(groups, use_na_sentinel=True)
+    names = [str(u).strip() or GROUP_MISSING for u in uniques] + [GROUP_MISSING]
+    return pd.Series(np.array(names, dtype=object)[codes], index=groups.index)
 
 
 def text_column(values: pd.Series) -> pd.Series:
@@ -258,14 +271,15 @@ def method_summary(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def family_group_table(results: pd.DataFrame) -> pd.DataFrame:
-    """ShiftedBronzes' Table 4: index family, columns (group, metric) for each group in layout order, then `all`.
+    """ShiftedBronzes' Table 4: index family, columns (group, metric) for `all`, then each group in layout order
+    (the paper's All | Hard | Easy).
 
     The values of `family_table` in wide form: per family, the mean over its methods of each method's mean per-set
     value over the group's sets (plain means; NaN when a method lacks one of the sets).
     """
     layout = Layout.of(results)
     long = family_table(results).set_index(["family", "group"])
-    columns = [(g, m) for g in [*layout.groups, ALL] for m in CELL_METRICS]
+    columns = [(g, m) for g in [ALL, *layout.groups] for m in CELL_METRICS]
     table = pd.DataFrame({(g, m): [long.loc[(f, g), m] for f in layout.families] for g, m in columns},
                          index=pd.Index(list(layout.families), name="family"))
     table.columns = pd.MultiIndex.from_tuples(columns, names=["column", "metric"])
@@ -359,7 +373,7 @@ def best_rule_table(results: pd.DataFrame, selection: pd.DataFrame | None = None
     return out
 
 
-__all__ = ["CELL_METRICS", "FAMILY_ORDER", "GROUP_ORDER", "GROUP_MISSING", "ALL", "AVERAGE", "LOW_AUROC", "NOT_SELECTED",
+__all__ = ["COMPANIONS", "companion_files", "CELL_METRICS", "FAMILY_ORDER", "GROUP_ORDER", "GROUP_MISSING", "ALL", "AVERAGE", "LOW_AUROC", "NOT_SELECTED",
            "read_table", "metric_scale", "to_percent", "group_labels", "text_column", "read_results",
            "select_methods", "ordered", "Layout", "per_set_table", "method_info", "family_table", "method_summary",
            "family_group_table", "low_auroc", "rank_marks", "read_rule_selection", "best_rule_table"]

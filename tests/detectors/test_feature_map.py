@@ -110,3 +110,21 @@ def test_feature_map_input_errors(tmp_path):
         cli.main(["--id", str(id_dir), "--ood", str(ood_dir), "--out", str(tmp_path / "o")])
     with pytest.raises(UserInputError, match="split 'val'"):
         cli.main(["--id", str(id_dir), "--split", "val", "--model", "x", "--out", str(tmp_path / "o")])
+
+
+def test_feature_map_figure_one_style_per_set():
+    import pandas as pd
+
+    from detectors.report.feature_map import feature_map_figure
+    from detectors.report.figures import overlapping_ticks
+
+    rng = np.random.default_rng(0)
+    sets = ["ID", "transferred_bronze", "container", "transferred_container", "sketch_rubbing"]
+    points = pd.DataFrame({"set": np.repeat(sets, 20), "x": rng.normal(size=100), "y": rng.normal(size=100)})
+    figure = feature_map_figure(points, "t-SNE")
+    assert len(figure.axes) == 1 and overlapping_ticks(figure) == []
+    collections = figure.axes[0].collections
+    assert len(collections) == 5 and all(len(c.get_offsets()) == 20 for c in collections)
+    colours = {tuple(np.round(c.get_facecolor()[0][:3], 3)) for c in collections}
+    assert len(colours) == 5
+    assert [t.get_text() for t in figure.axes[0].get_legend().get_texts()][0] == "ID (n=20)"

@@ -85,7 +85,7 @@ def test_shiftedbronzes_config_end_to_end(digits, tmp_path):
     assert set(results["family"]) == {"posthoc", "clip", "generative"}
 
     write_report(results, tmp_path / "report")
-    table4 = pd.read_csv(tmp_path / "report" / "table4.csv")
+    table4 = pd.read_csv(tmp_path / "report" / "sb_table4.csv")
     # independent: per family, the mean over methods of each method's mean over the group's sets (percent)
     for family, rows in results.groupby("family"):
         for group in ("hard", "easy"):

@@ -228,7 +228,7 @@ def test_write_report_files_parse_back(tmp_path):
     results = results_table(0.01)
     paths = report.write_report(results, tmp_path / "out", scores=scores_table(), threshold_transfer=transfer_table())
     written = {p.name: p for p in paths}
-    tables = {f"{t}.{x}" for t in ("per_set", "table3", "table4") for x in ("md", "tex", "csv")} | {"families.md", "families.csv"}
+    tables = {f"{t}.{x}" for t in ("per_set", "table3", "sb_table4") for x in ("md", "tex", "csv")} | {"families.md", "families.csv"}
     names = tables | {"fpr95_by_method.png", "score_density_a.png", "score_density_b.png", "score_density_c.png",
                       "threshold_transfer.md", "index.html", "heatmap_auroc.png", "heatmap_fpr95.png",
                       *(f"roc_{s}.png" for s in SETS)}
@@ -292,9 +292,9 @@ def test_table3_and_table4_against_plain_pandas_means(tmp_path):
         assert table3.loc[row.method, f"{row.ood_set}/auroc"] == pytest.approx(row.auroc)
         assert table3.loc[row.method, f"{row.ood_set}/fpr95"] == pytest.approx(row.fpr95)
 
-    table4 = pd.read_csv(tmp_path / "table4.csv").set_index("family")
+    table4 = pd.read_csv(tmp_path / "sb_table4.csv").set_index("family")
     assert list(table4.index) == ["posthoc", "generative", "clip"]
-    assert list(table4.columns) == [f"{g}/{m}" for g in ("hard", "easy", "all") for m in ("fpr95", "auroc")]
+    assert list(table4.columns) == [f"{g}/{m}" for g in ("all", "hard", "easy") for m in ("fpr95", "auroc")]  # the paper: All | Hard | Easy
     for family in ("posthoc", "generative", "clip"):
         rows = frame[frame["family"] == family]
         for group in ("hard", "easy", "all"):
@@ -302,9 +302,9 @@ def test_table3_and_table4_against_plain_pandas_means(tmp_path):
             per_method = part.groupby("method")[["fpr95", "auroc"]].mean()  # per method over the group's sets
             for metric in ("fpr95", "auroc"):
                 assert table4.loc[family, f"{group}/{metric}"] == pytest.approx(per_method[metric].mean(), rel=1e-12)
-    tex = (tmp_path / "table4.tex").read_text()
+    tex = (tmp_path / "sb_table4.tex").read_text()
     assert tex.count("\\begin{tabular}") == 1 and "generative &" in tex
-    md = (tmp_path / "table4.md").read_text()
+    md = (tmp_path / "sb_table4.md").read_text()
     best_hard_auroc = table4["hard/auroc"].idxmax()
     assert f"| {best_hard_auroc} |" in md and f"/ **{table4.loc[best_hard_auroc, 'hard/auroc']:.2f}**" in md
 

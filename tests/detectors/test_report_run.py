@@ -158,7 +158,7 @@ def test_low_auroc_flag_id_acc_and_heads_rows(run):
 
 
 def test_families_average_their_own_rows(run):
-    table4 = pd.read_csv(out_csv := run["out"] / "table4.csv").set_index("family")
+    table4 = pd.read_csv(out_csv := run["out"] / "sb_table4.csv").set_index("family")
     assert out_csv.is_file() and list(table4.index) == ["posthoc", "training"]
     results = pd.read_csv(run["folder"] / "results.csv")
     for family in ("posthoc", "training"):
@@ -244,6 +244,26 @@ def test_index_html_references_every_figure_and_table(run):
                     "taxonomic distance", "novel species", "ID-looking"):
         assert heading in page
     assert "<table>" in page and 'class="flag"' in page
+    assert "field_sheet_bci.png" in pngs  # Figure 3: the field set's novel species, flagged or missed
+
+
+def test_field_sheet_marks_each_novel_image_flagged_or_missed(run):
+    """The sheet's captions against the transfer row of best recall and the scores, by hand."""
+    from detectors.report import plots
+
+    transfer = pd.read_csv(run["folder"] / "threshold_transfer.csv")
+    rule = transfer[transfer["target"] == "bci"].sort_values("recall", ascending=False, kind="mergesort").iloc[0]
+    scores = run["scores"]
+    novel = scores[(scores["method"] == rule["method"]) & (scores["role"] == "field_ood")]
+    species = {r["file_name"]: r["species"] for r in run["rows"]["field"]}
+    rows = novel.assign(species=novel["file_name"].map(species), path="missing.png",
+                        flagged=novel["score"] < rule["threshold"])
+    figure = plots.field_sheet(rows.groupby("species", sort=False, group_keys=False).head(4), "bci")
+    texts = [t.get_text() for t in figure.axes[0].texts]
+    shown = rows.groupby("species", sort=False, group_keys=False).head(4)
+    assert sum("flagged" in t for t in texts) == int(shown["flagged"].sum())
+    assert sum("missed" in t for t in texts) == int((~shown["flagged"]).sum())
+    assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == list(dict.fromkeys(shown["species"]))
 
 
 def test_older_run_without_traceability_columns(tmp_path, run):

@@ -85,7 +85,7 @@ def test_rescored_rows_average_in_the_training_family(tmp_path):
     wrong = _family_rows().groupby("family")["auroc"].mean()  # grouping by the stale labels
     assert wrong["posthoc"] == pytest.approx(77.5) and wrong["training"] == pytest.approx(60.0)
     report.write_report(_family_rows(), tmp_path)
-    table4 = pd.read_csv(tmp_path / "table4.csv").set_index("family")
+    table4 = pd.read_csv(tmp_path / "sb_table4.csv").set_index("family")
     assert table4.loc["posthoc", "all/auroc"] == pytest.approx(92.0)
     assert list(pd.read_csv(tmp_path / "table3.csv")["family"]) == ["posthoc", "posthoc", *["training"] * 3]
 
@@ -139,3 +139,28 @@ def test_density_axis_spreads_gram_like_scores():
     assert (np.histogram(ids, np.linspace(edges[0], edges[-1], 41))[0] > 0).sum() == 1
     msp = pd.DataFrame({"role": ["id"] * 500 + ["ood"] * 300, "score": np.r_[rng.beta(8, 1, 500), rng.beta(2, 2, 300)]})
     assert report.ScoreAxis.of(msp).scale == 0  # ordinary scores keep a linear axis
+
+
+def test_tile_offsets_cover_the_page():
+    check = _check_script()
+    assert check.tile_offsets(34107, 8000) == [(0, 8000), (8000, 8000), (16000, 8000), (24000, 8000), (32000, 2107)]
+    assert check.tile_offsets(500, 8000) == [(0, 500)]
+
+
+@pytest.mark.skipif(_check_script().find_chromium() is None, reason="Chromium (Debian package `chromium`) not installed")
+def test_a_tall_page_is_captured_whole_in_tiles(tmp_path, capsys):
+    page = tmp_path / "index.html"
+    page.write_text('<!DOCTYPE html><html><body style="margin:0"><div style="height:2300px;background:#fff"></div>'
+                    '<div style="height:200px;background:#f00"></div></body></html>')
+    check = _check_script()
+    assert check.main([str(page), "--tile", "1000"]) == 0
+    printed = capsys.readouterr().out
+    assert "in 3 tile(s)" in printed
+    from PIL import Image
+
+    with Image.open(tmp_path / "index_screenshot_03.png") as last:  # the red block at the very bottom is captured
+        assert last.height == 500
+        red = np.asarray(last.convert("RGB"))[300:480, 10:100]
+        assert (red[..., 0] > 200).all() and (red[..., 1] < 60).all()
+    with Image.open(tmp_path / "index_screenshot_01.png") as first:
+        assert first.height == 1000 and (np.asarray(first.convert("RGB"))[:900] > 240).all()

@@ -1,0 +1,115 @@
+"""Open-Insects Figure 4: OOD AUROC against the number of auxiliary species at a fixed auxiliary image budget.
+
+`subsample` draws, deterministically, `count` species of the auxiliary rows and `budget` images spread evenly over
+them (the paper fixes 80,000 images and varies the species); `write_subsample` writes them as a manifest whose
+`image_root` is the source's and whose `aux_label`s are renumbered 0..count-1 (Extended's second head has one class per
+auxiliary species). `scripts/aux_study.py` runs the evaluation once per count and `study_table` / `study_figure` read
+the runs back.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from pipelines.data import MANIFEST_INFO, Manifest, read_manifest, write_manifest
+from pipelines.errors import UserInputError
+from pipelines.io import atomic_write_json
+
+
+def aux_rows(folder: str | os.PathLike, split: str = "train") -> Manifest:
+    """The auxiliary rows (those with an `aux_label`) of split `split` of a manifest."""
+    manifest = read_manifest(folder)
+    rows = [r for r in manifest.rows if r.get("split") == split and r.get("aux_label") is not None]
+    if not rows:
+        raise UserInputError(f"aux study: {folder} has no auxiliary rows (with aux_label) in split {split!r}")
+    return Manifest(manifest.root, rows)
+
+
+def _order(values: Sequence[str], seed: int) -> list[str]:
+    """`values` in a seeded pseudo-random order that does not depend on the other values (crc32 of seed and value)."""
+    return sorted(values, key=lambda v: (zlib.crc32(f"{seed}:{v}".encode()), v))
+
+
+def subsample(rows: Sequence[dict[str, Any]], count: int, budget: int, seed: int = 0) -> list[dict[str, Any]]:
+    """`count` species (seeded order: a smaller count's species are among a larger count's) and up to `budget` images,
+    `budget // count` per species (the first `budget % count` species one more), each species' images in seeded order;
+    a species with fewer images gives all it has. `aux_label` is renumbered 0..count-1 in species order."""
+    by_species: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_species.setdefault(str(row.get("species", row["aux_label"])), []).append(row)
+    if count < 1 or count > len(by_species):
+        raise UserInputError(f"aux study: {count} species asked for; the auxiliary set has {len(by_species)}")
+    if budget < count:
+        raise UserInputError(f"aux study: a budget of {budget} images cannot cover {count} species")
+    chosen = _order(list(by_species), seed)[:count]
+    out = []
+    for i, species in enumerate(chosen):
+        images = {r["file_name"]: r for r in by_species[species]}
+        take = budget // count + (1 if i < budget % count else 0)
+        out += [{**images[name], "aux_label": i} for name in _order(list(images), seed)[:take]]
+    return out
+
+
+def write_subsample(source: Manifest, rows: list[dict[str, Any]], folder: str | os.PathLike) -> str:
+    """`rows` as a manifest in `folder` (images stay where they are: `image_root` is the source's); rewritten only when
+    its content changes, so a finished run on it stays valid. Returns the content's hash."""
+    folder = Path(folder)
+    text = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
+    digest = hashlib.sha256((str(Path(source.root).resolve()) + "\n" + text).encode()).hexdigest()
+    stamp = folder / "subsample.json"
+    if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")).get("sha256") == digest:
+        return digest
+    write_manifest(folder, rows)
+    atomic_write_json(folder / MANIFEST_INFO, {"image_root": str(Path(source.root).resolve())})
+    atomic_write_json(stamp, {"sha256": digest, "images": len(rows),
+                              "species": len({r["aux_label"] for r in rows})})
+    return digest
+
+
+def study_table(runs: dict[int, Path], method: str) -> pd.DataFrame:
+    """Per species count and OOD set, the AUROC (percent) of `method` in that count's run: its row with the rule
+    chosen on validation (rule_selection.csv), else its own score. Columns `species, images, ood_set, method, auroc`."""
+    from detectors.report.papers import Run, chosen_rows
+
+    parts = []
+    for count, results in sorted(runs.items()):
+        run = Run.read(str(count), results, scores=False)
+        rows = chosen_rows(run)
+        rows = rows[rows["row"] == method]
+        if rows.empty:
+            raise UserInputError(f"aux study: {results} has no row of method {method!r}")
+        stamp = Path(results).parent / "aux" / "subsample.json"
+        images = json.loads(stamp.read_text(encoding="utf-8"))["images"] if stamp.is_file() else np.nan
+        parts.append(pd.DataFrame({"species": count, "images": images, "ood_set": rows["ood_set"],
+                                   "method": rows["method"], "auroc": rows["auroc"]}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def study_figure(table: pd.DataFrame, title: str) -> Any:
+    """AUROC per OOD set against the number of auxiliary species (log x), one style per set."""
+    from detectors.report.figures import new_figure, styles
+
+    figure = new_figure(6.0, 4.0)
+    axes = figure.add_subplot()
+    sets = list(dict.fromkeys(table["ood_set"]))
+    for style, ood_set in zip(styles(len(sets)), sets):
+        part = table[table["ood_set"] == ood_set].sort_values("species")
+        axes.plot(part["species"], part["auroc"], **style.kwargs(), linewidth=1.5, markersize=6, label=ood_set)
+    counts = sorted(table["species"].unique())
+    axes.set_xscale("log")
+    axes.set_xticks(counts, [str(c) for c in counts])
+    axes.minorticks_off()
+    axes.set(xlabel="auxiliary species (fixed image budget)", ylabel="AUROC (%)", ylim=(-2, 102))
+    axes.set_title(title, fontsize="medium")
+    axes.legend(fontsize="small")
+    return figure
+
+
+__all__ = ["aux_rows", "subsample", "write_subsample", "study_table", "study_figure"]

@@ -1,0 +1,105 @@
+#!/usr/bin/env python
+"""Auxiliary-diversity study (Open-Insects Figure 4): one method at a fixed auxiliary image budget for several numbers
+of auxiliary species, AUROC per OOD set against the count.
+
+    python scripts/aux_study.py --config configs/species_ne-america.yaml --method novel_branch \\
+        --budget 80000 --species 100,1000,8000 --out runs/aux_study [key=value ...]
+
+For each count K the config's `aux` rows (split `train`, or the config's `aux.split`) are subsampled deterministically
+(`--seed`: K species, budget / K images each; a smaller count's species are among a larger one's) into OUT/species_K/aux
+and `scripts/evaluate.py` runs the config with that `aux`, only `--method` (its entry in the config, rules included),
+into OUT/species_K. A count whose run finished on the same subsample and config is reused; an unfinished one resumes
+(the runner skips finished units). Writes OUT/aux_study.csv (species, images, ood_set, method, auroc) and
+OUT/aux_study.png (and .pdf with `--figures pdf`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from detectors.report.aux_study import aux_rows, study_figure, study_table, subsample, write_subsample
+from detectors.report.figures import save_figure
+from pipelines.cli import comma_list, load_yaml, parser as cli_parser, run_main
+from pipelines.errors import UserInputError
+from pipelines.io import atomic_write_json, atomic_write_text
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        counts = sorted({int(v) for v in comma_list(text)})
+    except ValueError:
+        raise UserInputError(f"--species: comma-separated whole numbers, got {text!r}") from None
+    if not counts or counts[0] < 1:
+        raise UserInputError(f"--species: positive counts, got {text!r}")
+    return counts
+
+
+def _method_entry(raw: dict, method: str) -> dict:
+    for entry in raw.get("detectors") or []:
+        spec = entry if isinstance(entry, dict) else {"name": entry}
+        if spec.get("name") == method:
+            return spec
+    return {"name": method}
+
+
+def _aux_source(raw: dict, where: str) -> tuple[str, str]:
+    aux = raw.get("aux")
+    if aux is None:
+        raise UserInputError(f"{where}: `aux` is not set: the study subsamples the config's auxiliary rows")
+    if isinstance(aux, str):
+        return aux, "train"
+    return str(aux["manifest"]), aux.get("split") or "train"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = cli_parser(__doc__, config=True, overrides=True)
+    p.add_argument("--method", required=True, help="the detector to study (its config entry is used when present)")
+    p.add_argument("--species", required=True, type=_counts, help="comma-separated numbers of auxiliary species")
+    p.add_argument("--budget", required=True, type=int, help="auxiliary images per run (the paper: 80000)")
+    p.add_argument("--out", required=True, type=Path, help="study folder: one run folder per count")
+    p.add_argument("--seed", type=int, default=0, help="subsampling seed (default 0)")
+    p.add_argument("--figures", default="png", choices=("png", "pdf"), help="png (default) or pdf (also a PDF)")
+    args = p.parse_args(argv)
+    raw = load_yaml(args.config, args.overrides)
+    manifest, split = _aux_source(raw, str(args.config))
+    source = aux_rows(manifest, split)
+    entry = _method_entry(raw, args.method)
+    config_key = hashlib.sha256(json.dumps([str(Path(args.config).resolve()), args.overrides, entry],
+                                           sort_keys=True, default=str).encode()).hexdigest()
+    runs = {}
+    for count in args.species:
+        run = args.out / f"species_{count}"
+        digest = write_subsample(source, subsample(source.rows, count, args.budget, args.seed), run / "aux")
+        done = run / "aux_study_done.json"
+        key = {"subsample": digest, "config": config_key}
+        if done.is_file() and json.loads(done.read_text(encoding="utf-8")) == key and (run / "results.csv").is_file():
+            print(f"species {count}: finished run reused ({run})")
+        else:
+            print(f"species {count}: evaluating into {run}")
+            overrides = [*args.overrides, f"aux={json.dumps({'manifest': str((run / 'aux').resolve()), 'split': split})}",
+                         f"out={run}", f"detectors={json.dumps([entry])}"]
+            done.unlink(missing_ok=True)
+            finished = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--config", str(args.config),
+                                       *overrides])
+            if finished.returncode != 0:
+                raise UserInputError(f"aux study: the evaluation for {count} species failed (exit "
+                                     f"{finished.returncode}); rerun to resume it")
+            atomic_write_json(done, key)
+        runs[count] = run / "results.csv"
+    table = study_table(runs, args.method)
+    atomic_write_text(args.out / "aux_study.csv", table.to_csv(index=False))
+    formats = ("png", "pdf") if args.figures == "pdf" else ("png",)
+    title = f"{args.method}: AUROC vs auxiliary species ({args.budget} images)"
+    path = save_figure(study_figure(table, title), args.out / "aux_study.png", formats)
+    print(table.to_string(index=False))
+    print(f"wrote {args.out / 'aux_study.csv'} and {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main, doc="docs/report.md"))
