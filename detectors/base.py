@@ -112,9 +112,10 @@ class Detector:
         cls.defaults = cls.Params.defaults()
 
     def __init__(self, **params: Any) -> None:
-        unknown = set(params) - set(self.Params.fields())
-        if unknown:
-            raise TypeError(f"{self.name}: unknown parameter(s) {sorted(unknown)}; known: {sorted(self.Params.fields())}")
+        try:
+            self.refuse_unknown(params, set(self.Params.fields()))
+        except ValueError as err:
+            raise TypeError(str(err)) from None
         self.params: dict[str, Any] = self._validated(params).as_dict()
         self.head: LinearHead | None = None
         self.fitted = False
@@ -134,11 +135,15 @@ class Detector:
         """Raise ValueError naming the parameter and what is allowed: unknown names, wrong types, values out of range
         (bounds on the feature dimension D or the number of classes C apply when `dims` = {"features": D,
         "classes": C} gives them)."""
-        known = set(cls.Params.fields()) | cls.init_arguments()
+        cls.refuse_unknown(params, set(cls.Params.fields()) | cls.init_arguments())
+        cls._validated({k: v for k, v in params.items() if k in cls.Params.fields()}, dims)
+
+    @classmethod
+    def refuse_unknown(cls, params: dict[str, Any], known: set[str]) -> None:
+        """The one unknown-parameter check: ValueError naming the unknown names and the known ones."""
         unknown = set(params) - known
         if unknown:
             raise ValueError(f"{cls.name}: unknown parameter(s) {sorted(unknown)}; known: {sorted(known)}")
-        cls._validated({k: v for k, v in params.items() if k in cls.Params.fields()}, dims)
 
     @classmethod
     def check_files(cls, params: dict[str, Any]) -> None:

@@ -252,6 +252,9 @@ def convert(value: Any, hint: Any, where: str) -> Any:
                 errors.append(err)
         if len(errors) == 1:
             raise errors[0]
+        deeper = [e for e in errors if str(e).split(":", 1)[0] != where]  # an arm that got inside the value
+        if len(deeper) == 1:
+            raise deeper[0]
         raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}")
     if origin is Literal:
         if any(value == a and type(value) is type(a) for a in args):

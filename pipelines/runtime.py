@@ -141,6 +141,21 @@ def check_model_ref(value: str | None, key: str) -> None:
                           f"({', '.join('*' + s for s in WEIGHT_FILE_SUFFIXES)})")
 
 
+DEVICE_FORM = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def check_device(value: str | None, key: str) -> None:
+    """A `param(check=...)` for device fields: null, `auto`, `cpu`, `cuda`, `cuda:N` or `mps` (the devices torch
+    accepts that this project runs on), else one ConfigError naming `key`."""
+    if value is not None and not DEVICE_FORM.match(str(value)):
+        raise ConfigError(f"{key}: must be cpu, cuda, cuda:N, mps or auto (null: auto), got {value!r}")
+
+
+def runtime_device(value: str | None) -> str | None:
+    """A config's device as `resolve_device` takes it: `auto` and null are None (the first CUDA device, else CPU)."""
+    return None if value in (None, "auto") else value
+
+
 def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, what: str = "model", **kwargs: Any) -> T:
     """Call `loader(name_or_path, **kwargs)` (a `from_pretrained`); offline misses raise one clear error.
 

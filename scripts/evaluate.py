@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from detectors.plan import make_plan
     from detectors.units import UnitStore
 
-    config = EvalConfig.from_dict(raw, str(args.config))
+    config = EvalConfig.load(raw, args.config)
     plan = make_plan(config)
     if args.dry_run:
         store = UnitStore(plan.out)

@@ -14,7 +14,7 @@ from detectors.base import Detector
 from pipelines.params import Params, param
 from detectors.plan import check_spec, make_plan, safe_name
 from detectors import registry
-from detectors.runconfig import ConfigError, DetectorSpec
+from detectors.runconfig import ConfigError
 from pipelines.data import make_row, write_manifest
 from runner_helpers import evaluate_main
 
@@ -80,7 +80,7 @@ def data(tmp_path):
 def _config(data, tmp_path, **extra):
     id_dir, ood_dir = data
     return {"id": str(id_dir), "ood": [{"manifest": str(ood_dir)}], "out": str(tmp_path / "out"),
-            "model": str(tmp_path / "no_model_yet"), **extra}
+            "model": "org/no-model-yet", **extra}  # a hub id: checked when loaded, and nothing loads here
 
 
 def test_units_and_kinds_without_any_model(data, tmp_path):
@@ -90,7 +90,7 @@ def test_units_and_kinds_without_any_model(data, tmp_path):
     assert [(u.kind, u.method) for u in plan.units] == [
         ("detector", "msp"), ("select", "knn"), ("detector", "logitnorm"), ("rule", "logitnorm+ebo"),
         ("rule", "logitnorm+knn"), ("fewshot", "fewshot")]
-    assert plan.units[3].parent == "logitnorm" and plan.units[3].rule == "ebo"
+    assert plan.units[3].parent.method == "logitnorm" and plan.units[3].rule == "ebo"
     assert len({u.key for u in plan.units}) == len(plan.units)
     assert [s.id for s in plan.splits] == ["id-id_train", "id-id_val", "id-id_test", "ood-near", "ood-far", "ood_val-ood_val"]
     assert plan.class_names == ("c0", "c1") and plan.needs_features
@@ -195,11 +195,13 @@ def test_leak_guard_by_content_and_field_rows(data, tmp_path):
 
 def test_value_checks_in_the_plan_and_with_dims(checked_detector):
     with pytest.raises(ConfigError, match=r"detectors\[3\]\.params\.k: plugin_checked: k must be >= 1, got 0"):
-        check_spec(DetectorSpec("plugin_checked", {"k": 0}), "detectors[3]")
-    check_spec(DetectorSpec("plugin_checked", {"dim": 8}), "detectors[0]")  # D unknown yet: passes the plan
+        make_plan_of = registry.detector_class("plugin_checked")
+        check_spec(make_plan_of, {"k": 0}, None, "detectors[3]", {"features": 4, "classes": 2})
+    cls = registry.detector_class("plugin_checked")
+    check_spec(cls, {"dim": 8}, None, "detectors[0]")  # D unknown yet: passes the plan
     with pytest.raises(ConfigError, match=r"detectors\[0\]\.params\.dim: plugin_checked: dim must be below the feature "
                                           r"dimension 4, got 8"):
-        check_spec(DetectorSpec("plugin_checked", {"dim": 8}), "detectors[0]", {"features": 4, "classes": 2})
+        check_spec(cls, {"dim": 8}, None, "detectors[0]", {"features": 4, "classes": 2})
 
 
 @pytest.mark.parametrize("name", ["../../x", "/abs", "a/b", "..", ".hidden", "ok-name_1.2+b"])
