@@ -54,10 +54,13 @@ def named(err: Exception, name: str) -> str:
     return text if text.startswith(f"{name}:") else f"{name}: {text}"
 
 
+STRIP = "`'\",.;[]()"
+
+
 def param_named(err: Exception, params: dict[str, Any]) -> str:
     """The parameter an error names (its first word that is a parameter), else 'value'."""
     words = str(err).replace(":", " ").replace("=", " ").split()
-    return next((w.strip("`'\",.[]()") for w in words if w.strip("`'\",.[]()") in params), "value")
+    return next((w.strip(STRIP) for w in words if w.strip(STRIP) in params), "value")
 
 
 def _key(where: str, key: str) -> str:

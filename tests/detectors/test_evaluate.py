@@ -62,14 +62,14 @@ def test_runner_matches_direct_computation(digits, tmp_path):
 
 def test_yaml_config_errors(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"id": "x", "ood": [], "out": "o", "detetcors": "all"}))
-    with pytest.raises(ValueError, match="detetcors"):
+    path.write_text(yaml.safe_dump({"id": "x", "ood": ["o"], "out": "o", "detetcors": "all"}))
+    with pytest.raises(ValueError, match=r"bad.yaml: detetcors: unknown key \(did you mean 'detectors'\?\)"):
         EvalConfig.from_yaml(path)
-    path.write_text(yaml.safe_dump({"ood": [], "out": "o"}))
-    with pytest.raises(ValueError, match="'id'"):
+    path.write_text(yaml.safe_dump({"ood": ["o"], "out": "o"}))
+    with pytest.raises(ValueError, match="id: required"):
         EvalConfig.from_yaml(path)
     with pytest.raises(ValueError, match=r"detectors\[0\].name: unknown detector 'no_such_method'"):
-        Runner(EvalConfig.from_dict({"id": "x", "ood": [], "out": "o", "detectors": ["no_such_method"]}))
+        Runner(EvalConfig.from_dict({"id": "x", "ood": ["o"], "out": "o", "detectors": ["no_such_method"]}))
 
 
 def test_selection_through_runner(digits, tmp_path):
