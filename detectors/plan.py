@@ -21,6 +21,7 @@ from detectors.registry import detector_class
 from detectors.runconfig import (ConfigError, DetectorSpec, EvalConfig, FewShot, Head, Source, Transfer, named,
                                  param_named)
 from pipelines.data import Manifest, read_manifest
+from pipelines.errors import UserInputError
 from pipelines.fingerprint import combine, file_identity, images_fingerprint
 from pipelines.io import safe_name
 from pipelines.runtime import runtime_device
@@ -272,7 +273,7 @@ def resolve_splits(config: EvalConfig) -> list[Split]:
 
 
 def id_splits(folder: str) -> list[Split]:
-    manifest = read_manifest(folder)
+    manifest = read(folder, "id")
     splits = [Split(f"id_{s}", "id", manifest.select(role="id", split=s), source=str(folder), where="id")
               for s in ("train", "val", "test")]
     if not len(splits[2].manifest):
@@ -299,7 +300,7 @@ def field_splits(sources: list[Source], taken: set[str]) -> list[Split]:
     out: list[Split] = []
     for i, src in enumerate(sources):
         where, split = f"field[{i}]", src.read_split(SPLIT_DEFAULTS["field"])
-        manifest = _select(read_manifest(src.manifest), split)
+        manifest = _select(read(src.manifest, where), split)
         novel = sets_of(src, where, SPLIT_DEFAULTS["field"])
         if len(novel) != 1:
             raise ConfigError(f"{where}: a field set has one novel set, found {sorted(novel)}; pick one with `sets:`")
@@ -312,6 +313,14 @@ def field_splits(sources: list[Source], taken: set[str]) -> list[Split]:
     return out
 
 
+def read(folder: str, where: str) -> Manifest:
+    """The manifest in `folder`; a missing or malformed one is one ConfigError naming the config key first."""
+    try:
+        return read_manifest(folder)
+    except (UserInputError, OSError) as err:
+        raise ConfigError(f"{where}: {err}", doc=getattr(err, "doc", None)) from None
+
+
 def _select(manifest: Manifest, split: str | None, **conditions: Any) -> Manifest:
     return manifest.select(**conditions, **({} if split is None else {"split": split}))
 
@@ -319,7 +328,7 @@ def _select(manifest: Manifest, split: str | None, **conditions: Any) -> Manifes
 def sets_of(src: Source, where: str, default_split: str) -> dict[str, Manifest]:
     """The OOD sets of a source (role ood rows of its split, `sets` honoured), each with rows."""
     split = src.read_split(default_split)
-    manifest = _select(read_manifest(src.manifest), split, role="ood")
+    manifest = _select(read(src.manifest, where), split, role="ood")
     names = src.sets or manifest.ood_sets()
     if not names:
         raise ConfigError(f"{where}: {src.manifest} has no OOD rows with split {split!r}")
@@ -340,7 +349,7 @@ def merged(parts: dict[str, Manifest]) -> Manifest:
 def aux_rows(src: Source) -> Manifest:
     """Auxiliary (outlier-exposure) rows: the `auxiliary` set by default when the manifest has one; never ID rows."""
     split = src.read_split(SPLIT_DEFAULTS["aux"])
-    manifest = _select(read_manifest(src.manifest), split)
+    manifest = _select(read(src.manifest, "aux"), split)
     sets = src.sets or (["auxiliary"] if "auxiliary" in manifest.ood_sets() else None)
     if sets:
         manifest = Manifest(manifest.root, [r for r in manifest.rows if r["role"] == "ood" and r["ood_set"] in sets])
