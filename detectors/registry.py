@@ -13,8 +13,8 @@ from typing import Any, Callable
 from detectors.base import FIT_INPUTS, PROTOCOL_FIT, RUNTIME_INPUTS, Detector, Params, read_config
 
 _REGISTRY: dict[str, type[Detector]] = {}
-FAMILIES: tuple[str, ...] = ("posthoc", "clip", "generative", "training")
-"""The detector families, one package each (`detectors.<family>`): the one list of them."""
+FAMILIES: tuple[str, ...] = ("posthoc", "training", "generative", "clip")
+"""The detector families, one package each (`detectors.<family>`), in the reports' order: the one list of them."""
 _loaded = False
 
 

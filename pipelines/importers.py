@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from pipelines.data import MANIFEST_INFO, SPLITS, ImageLoadError, Manifest, list_images, load_image, make_row, write_manifest
+from pipelines.schema import write_class_names
 from pipelines.errors import UserInputError
 from pipelines.fingerprint import file_identity
 from pipelines.io import atomic_write_json
@@ -331,8 +332,7 @@ def import_classes(root: str | os.PathLike, out: str | os.PathLike, options: Cla
                               **{k: v for k, v in row.items() if k not in reserved}, class_name=str(row[label]))
                      for row in rows]
     result = ImportResult("id", Path(out), write_external_manifest(out, manifest_rows, root), str(root))
-    atomic_write_json(Path(out) / "class_names.json", {"names": names, "label_field": label if options.levels or options.table else None,
-                                                       "levels": levels})
+    write_class_names(out, names, label if options.levels or options.table else None, levels)
     atomic_write_json(Path(out) / "failures.json", failures)
     result.missing = [f["file"] for f in failures]
     return result

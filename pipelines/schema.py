@@ -21,6 +21,9 @@ GROUPS = ("hard", "easy", "near", "far")
 REQUIRED = ("file_name", "split", "role", "ood_set", "group", "label")
 COORDINATES = ("lat", "lon")
 SCHEMA_DOC = "README.md, section 'Data formats'"
+CLASS_NAMES_FILE = "class_names.json"
+"""Beside a manifest or in a model folder: {"names": [...] (index = label), "label_field": str | None (the row field
+the labels came from), "levels": [...] (the coarser label levels, may be empty)}; `write_class_names` writes it."""
 
 
 class ManifestError(UserInputError):
@@ -131,3 +134,22 @@ def table_certainly_valid(table: Any) -> bool:
                 and (ood_names.empty or (pd.api.types.infer_dtype(ood_names, skipna=False) == "string"
                                          and (ood_names.str.len() > 0).all()))
                 and (label[~is_id] == -1).all() and not np.isinf(coordinates).any())
+
+
+def write_class_names(folder: str | os.PathLike, names: list[str], label_field: str | None,
+                      levels: list[Any]) -> PurePath:
+    """Write `folder/class_names.json` (`CLASS_NAMES_FILE`, the one definition of its schema) atomically."""
+    from pipelines.io import atomic_write_json
+
+    path = PurePath(folder) / CLASS_NAMES_FILE
+    atomic_write_json(path, {"names": list(names), "label_field": label_field, "levels": list(levels)})
+    return path
+
+
+def read_class_names(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """`class_names.json` of a manifest or model folder (`CLASS_NAMES_FILE`), None when there is none."""
+    import json
+    from pathlib import Path
+
+    path = Path(folder) / CLASS_NAMES_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None

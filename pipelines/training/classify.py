@@ -22,19 +22,14 @@ from pipelines.errors import ConfigError
 from pipelines.io import atomic_write_json
 from pipelines.runtime import load_pretrained, seed_everything
 from pipelines.training.loop import TrainResult, finetune
+from pipelines.schema import CLASS_NAMES_FILE, read_class_names, write_class_names
 from pipelines.training.objectives import PRIMARY, CrossEntropy, MultiGranularity, Objective
 from pipelines.training.recipes import TrainConfig
 from pipelines.training.transforms import RandomResizedCrop, ResizeCenterCrop
 
-CLASS_NAMES = "class_names.json"
+CLASS_NAMES = CLASS_NAMES_FILE
 METRICS = "metrics.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-
-def read_class_names(folder: str | Path) -> dict[str, Any] | None:
-    """`class_names.json` of a manifest or model folder: {"names": [...], "label_field": str | None, "levels": [...]}."""
-    path = Path(folder) / CLASS_NAMES
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def class_names_of(manifest: Manifest, folder: str | Path) -> tuple[list[str], str | None]:
@@ -162,7 +157,7 @@ def _write_outputs(out: Path, config: TrainConfig, classifier: ImageClassifier, 
     heads = [PRIMARY, *getattr(objective, "levels", {})]
     if isinstance(objective, MultiGranularity):
         objective.save_pretrained(out)
-    atomic_write_json(out / CLASS_NAMES, {"names": class_names, "label_field": label_field, "levels": heads[1:]})
+    write_class_names(out, class_names, label_field, heads[1:])
     atomic_write_json(out / "train_config.json", config.as_dict())
     atomic_write_json(out / METRICS, metrics(result, heads, label_field))
     plot_history(result.history, out / "training.png")
