@@ -220,8 +220,19 @@ def check_spec(cls: type[Detector], params: Mapping[str, Any], load: str | None,
 
 
 def check_head(head: Head | None) -> None:
-    if head is not None and not Path(head.levels).is_dir():
+    """`head.levels` is a saved multi-granularity head (its `levels.json`) and `head.level` one of its levels, checked
+    as the run checks them, without loading weights."""
+    if head is None:
+        return
+    if not Path(head.levels).is_dir():
         raise ConfigError(f"head.levels: {head.levels} is not a folder (a saved multi-granularity head)")
+    try:
+        levels = json.loads((Path(head.levels) / "levels.json").read_text(encoding="utf-8"))["levels"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(f"head.levels: {head.levels} holds no readable levels.json (written by train_classifier "
+                          "with label levels)") from None
+    if head.level not in levels:
+        raise ConfigError(f"head.level: {head.level!r} is not a level of {head.levels} {sorted(levels)}")
 
 
 def check_fewshot(fewshot: FewShot | None, class_names: tuple[str, ...] | None) -> None:

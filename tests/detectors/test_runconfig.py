@@ -123,3 +123,16 @@ def test_plan_units_carry_resolved_params(digits, tmp_path):
     assert units["logitnorm+tempscale"].parent is units["logitnorm"]
     assert units["logitnorm"].rules == ("logitnorm+tempscale", "logitnorm+knn")
     assert not (tmp_path / "out").exists()
+
+
+def test_readme_lists_only_keys_the_config_accepts():
+    """The README's evaluation config example parses as an EvalConfig mapping: every key it names is accepted."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("## Evaluation", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    raw = parse_yaml(block)
+    assert set(raw) <= set(EvalConfig.fields()), set(raw) - set(EvalConfig.fields())
+    assert {"device", "num_workers", "protocol", "cache_hash"} <= set(raw)
+    EvalConfig.from_dict({**raw, "model": "org/classifier", "head": None, "plugins": []})  # the example is valid as typed
