@@ -135,15 +135,17 @@ class Detector:
         """Raise ValueError naming the parameter and what is allowed: unknown names, wrong types, values out of range
         (bounds on the feature dimension D or the number of classes C apply when `dims` = {"features": D,
         "classes": C} gives them)."""
-        cls.refuse_unknown(params, set(cls.Params.fields()) | cls.init_arguments())
+        cls.refuse_unknown(params, set(cls.Params.fields()) | cls.init_arguments(), shown=set(cls.Params.fields()))
         cls._validated({k: v for k, v in params.items() if k in cls.Params.fields()}, dims)
 
     @classmethod
-    def refuse_unknown(cls, params: dict[str, Any], known: set[str]) -> None:
-        """The one unknown-parameter check: ValueError naming the unknown names and the known ones."""
+    def refuse_unknown(cls, params: dict[str, Any], known: set[str], shown: set[str] | None = None) -> None:
+        """The one unknown-parameter check: ValueError naming the unknown names and the known ones (`shown`: those to
+        list, the parameters without the runtime objects a runner passes)."""
         unknown = set(params) - known
         if unknown:
-            raise ValueError(f"{cls.name}: unknown parameter(s) {sorted(unknown)}; known: {sorted(known)}")
+            listed = sorted(known if shown is None else shown)
+            raise ValueError(f"{cls.name}: unknown parameter(s) {sorted(unknown)}; known: {listed}")
 
     @classmethod
     def check_files(cls, params: dict[str, Any]) -> None:

@@ -1,11 +1,14 @@
-"""The runner's plan as a value: `make_plan(config)` checks the whole config, resolves every source into splits, guards
-against leaks, and lists the units with their content keys, before any model loads.
+"""The runner's plan as a value: `make_plan(config)` reads the typed config (`EvalConfig`, parsed once), resolves
+every source into splits, guards against leaks, and lists fully resolved units with their content keys, before any
+model loads.
 
-`Runner(plan)` (detectors.evaluate) executes a `Plan` and never reads the raw config; `scripts/evaluate.py --dry-run`
-prints `Plan.describe()`. A unit's key is computed here from content only: the files of the classifier and of every
+`Runner(plan)` (detectors.evaluate) executes a `Plan` and never reads the config; `scripts/evaluate.py --dry-run`
+prints `Plan.describe()`. A unit holds its detector class and its parameters with the protocol merged in (rule units
+too). Its key (`unit_key`, the one recipe) is computed from content only: the files of the classifier and of every
 folder a detector loads (hashed byte by byte, so weights rewritten in place with size and mtime kept give a new key),
-the rows and image files of every split, `class_names`, and every runtime setting that decides a result. `unit.json`
-records the key's parts so that a reuse can be audited.
+the rows and image files of only the splits the unit reads (`unit_reads`, from its class's `fit_inputs`),
+`class_names` where it reads them, and every runtime setting that decides a result. `unit.json` records the key's
+parts so that a reuse can be audited.
 """
 from __future__ import annotations
 
@@ -181,10 +184,10 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     if config.select is not None:
         which = "ood_val-select_ood_val" if config.select.ood_val is not None else "ood_val-ood_val"
         select = Selection(config.select.metric, which)
-    run_parts = {"version": PLAN_VERSION, "features": FEATURES_VERSION, "model": source_fingerprint(config.model),
-                 "head": None if config.head is None else {**config.head.to_dict(),
-                                                           "files": source_fingerprint(config.head.levels)},
-                 "precision": config.precision, "device": config.device, "batch_size": config.batch_size,
+    classifier = {"model": source_fingerprint(config.model),
+                  "head": None if config.head is None else {**config.head.to_dict(),
+                                                            "files": source_fingerprint(config.head.levels)}}
+    run_parts = {"version": PLAN_VERSION, "features": FEATURES_VERSION, "precision": config.precision, "device": config.device, "batch_size": config.batch_size,
                  "chunk_rows": config.chunk_rows, "protocol": config.protocol}
     out = Path(config.out)
     cache_dir = Path(config.cache_dir) if config.cache_dir else out / "cache"
@@ -193,9 +196,9 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     if needs and not config.model:
         raise ConfigError("model: a classifier hub id or folder is needed by the chosen detectors (they read its "
                           "features or logits)", doc=config.doc_ref())
-    units = plan_units(specs, classes, merged, splits, run_parts, class_names, config, select)
+    units = plan_units(specs, classes, merged, built, splits, run_parts, classifier, class_names, config, select)
     return Plan(out, cache_dir, runtime, tuple(splits), tuple(units), tuple(config.threshold_transfer), config.head,
-                select, class_names, config.fewshot, needs, run_parts, config.protocol, tuple(empty_set_warnings(splits)),
+                select, class_names, config.fewshot, needs, {**run_parts, "classifier": classifier}, config.protocol, tuple(empty_set_warnings(splits)),
                 config)
 
 
@@ -485,23 +488,27 @@ def _path_params(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def plan_units(specs: list[DetectorSpec], classes: list[type[Detector]], params: list[dict[str, Any]],
-               splits: list[Split], run_parts: Mapping[str, Any], class_names: tuple[str, ...] | None,
-               config: EvalConfig, select: Selection | None) -> list[Unit]:
+               built: list[Detector | None], splits: list[Split], run_parts: Mapping[str, Any],
+               classifier: Mapping[str, Any], class_names: tuple[str, ...] | None, config: EvalConfig,
+               select: Selection | None) -> list[Unit]:
     """One unit per spec (`select` when swept), one `rule` unit per rule after it (its parameters resolved as a
-    detector's, protocol merged), a `fewshot` unit last; every key by `unit_key`."""
+    detector's, protocol merged), a `fewshot` unit last; every key by `unit_key`. `classifier` (the model's and the
+    head's files) is in the key of the units that read the classifier's features or take the classifier."""
     run_key = combine(run_parts)
     runtime = _runtime(config)
     units: list[Unit] = []
-    for spec, cls, merged_params in zip(specs, classes, params):
+    for i, (spec, cls, merged_params, det) in enumerate(zip(specs, classes, params, built)):
         kind = "select" if select is not None and selectable(spec, cls) else "detector"
         reads = unit_reads(cls, kind)
+        uses_classifier = reads_features(det or cls) or "classifier" in cls.needs or bool(spec.rules)
         parts = {"kind": kind, "name": cls.name, "params": merged_params, "load": source_fingerprint(spec.load),
+                 "classifier": dict(classifier) if uses_classifier else None,
                  "param_files": _path_params(merged_params),
                  "class_names": list(class_names) if class_names and "class_names" in cls.needs else None,
                  "runtime": {k: v for k, v in runtime.items() if k in cls.needs},
                  "select": asdict(select) if select is not None and reads & {"ood_val"} else None}
         unit = Unit(kind, spec.method, *unit_key(run_key, parts, splits, reads), detector=cls, params=merged_params,
-                    load=spec.load, rules=tuple(spec.methods()[1:]), where=f"detectors[{len(units)}]")
+                    load=spec.load, rules=tuple(spec.methods()[1:]), where=f"detectors[{i}]")
         units.append(unit)
         for rule in spec.rules:
             rule_cls = detector_class(rule.name)
