@@ -21,15 +21,14 @@ from typing import Any, Iterable, Mapping
 from detectors.base import Detector
 from detectors.protocols import protocol_params
 from detectors.registry import detector_class
-from detectors.runconfig import (ConfigError, DetectorSpec, EvalConfig, FewShot, Head, Source, Transfer, named,
-                                 param_named)
+from detectors.runconfig import (FEATURE_INPUTS, ConfigError, DetectorSpec, EvalConfig, FewShot, Head, Source,
+                                 Transfer, named, param_named)
 from pipelines.data import Manifest, read_manifest
 from pipelines.errors import UserInputError
 from pipelines.fingerprint import combine, file_identity, images_fingerprint
 from pipelines.io import safe_name
 from pipelines.runtime import runtime_device
 
-FEATURE_INPUTS = frozenset({"features", "logits"})
 PLAN_VERSION = "unit-v3"
 FEATURES_VERSION = "features-v2"
 TEST_ROLES = ("ood", "field_id", "field_ood")

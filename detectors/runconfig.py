@@ -32,7 +32,8 @@ Metric = Literal[METRICS]  # type: ignore[valid-type]
 Protocol = Literal[tuple(PROTOCOLS)]  # type: ignore[valid-type]
 CacheHash = Literal[IDENTITY_MODES]  # type: ignore[valid-type]
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
-FEATURE_LEVEL = frozenset({"features", "logits"})
+FEATURE_INPUTS = frozenset({"features", "logits"})
+"""The inputs of a feature-level detector (scored on cached features / logits, or a rule on a trained model's)."""
 
 
 def typed_params(cls: type[Detector], raw: dict[str, Any], where: str) -> dict[str, Any]:
@@ -91,7 +92,7 @@ class RuleSpec(Config):
     def from_dict(cls, raw: dict[str, Any], where: str = "rule") -> "RuleSpec":
         made = super().from_dict(raw, where)
         rule = _detector(made.name, f"{where}.name")
-        if rule.family != "posthoc" or not frozenset(rule.inputs) <= FEATURE_LEVEL:
+        if rule.family != "posthoc" or not frozenset(rule.inputs) <= FEATURE_INPUTS:
             raise ConfigError(f"{where}: {made.name!r} is not a feature-level post-hoc detector", doc=DOC)
         return cls(name=made.name, params=typed_params(rule, made.params, f"{where}.params"))
 
@@ -180,8 +181,6 @@ class FewShot(Config):
     class_names_file: str | None = param(None, "a file with one class name a line; null: the run's")
     out_dir: str | None = param(None, "where prompts are saved; null: out/fewshot")
     cache_dir: str | None = param(None, "the CLIP feature cache; null: cache_dir/clip")
-    train_split: str | None = param(None, "unused by the runner (it gives the run's ID train rows)")
-    test_split: str | None = param(None, "unused by the runner (it gives the run's ID test rows)")
 
     def check(self, dims: dict[str, int] | None = None) -> None:
         super().check(dims)
