@@ -67,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from pipelines.runtime import partial_state
 
-    warning = _process_warning(partial_state().num_processes)
-    if warning:
-        print(warning, file=sys.stderr)
+    for warning in [*(f"warning: {w}" for w in plan.warnings), _process_warning(partial_state().num_processes)]:
+        if warning:
+            print(warning, file=sys.stderr)
     runner = Runner(plan)
     results = runner.run()
     if not _finish_processes():
