@@ -122,8 +122,7 @@ class Plan:
     needs_features: bool = False
     run_parts: Mapping[str, Any] = field(default_factory=dict, compare=False)
     protocol: str = "openood_v1.5"
-    warnings: tuple[str, ...] = ()
-    config: EvalConfig | None = field(default=None, compare=False)  # the typed config planned (for the record)
+    warnings: tuple[str, ...] = ()  # what the run will leave out (an OOD set with no image file)
 
     def split(self, split_id: str) -> Split | None:
         return next((s for s in self.splits if s.id == split_id), None)
@@ -197,8 +196,7 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
                           "features or logits)", doc=config.doc_ref())
     units = plan_units(specs, classes, merged, built, splits, run_parts, classifier, class_names, config, select)
     return Plan(out, cache_dir, runtime, tuple(splits), tuple(units), tuple(config.threshold_transfer), config.head,
-                select, class_names, config.fewshot, needs, {**run_parts, "classifier": classifier}, config.protocol, tuple(empty_set_warnings(splits)),
-                config)
+                select, class_names, config.fewshot, needs, {**run_parts, "classifier": classifier}, config.protocol, tuple(empty_set_warnings(splits)))
 
 
 def check_spec(cls: type[Detector], params: Mapping[str, Any], load: str | None, where: str,
