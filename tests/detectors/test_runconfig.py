@@ -136,3 +136,19 @@ def test_readme_lists_only_keys_the_config_accepts():
     assert set(raw) <= set(EvalConfig.fields()), set(raw) - set(EvalConfig.fields())
     assert {"device", "num_workers", "protocol", "cache_hash"} <= set(raw)
     EvalConfig.from_dict({**raw, "model": "org/classifier", "head": None, "plugins": []})  # the example is valid as typed
+
+
+@pytest.mark.parametrize("device, ok", [(None, True), ("auto", True), ("cpu", True), ("cuda", True), ("cuda:1", True),
+                                        ("mps", True), ("gpu", False), ("cuda:", False), ("CPU", False), ("cuda:0 ", False)])
+def test_device_values_are_the_ones_torch_takes(device, ok):
+    import torch
+
+    from pipelines.runtime import runtime_device
+
+    if not ok:
+        with pytest.raises(ConfigError, match=r"^device: must be cpu, cuda, cuda:N, mps or auto"):
+            EvalConfig.from_dict({**BASE, "device": device})
+        return
+    config = EvalConfig.from_dict({**BASE, "device": device})
+    resolved = runtime_device(config.device)
+    assert resolved is None or torch.device(resolved).type in ("cpu", "cuda", "mps")  # torch parses what we accept
