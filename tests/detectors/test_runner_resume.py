@@ -263,7 +263,7 @@ def test_weights_rewritten_in_place_redo_a_pixel_only_unit(digits, tmp_path):
     assert after.iloc[0]["auroc"] == pytest.approx(fresh.iloc[0]["auroc"], abs=1e-9)
     assert after.iloc[0]["auroc"] != pytest.approx(before.iloc[0]["auroc"], abs=1e-6)
     record = json.loads((tmp_path / "run" / "units" / "odin" / "unit.json").read_text())["key_parts"]
-    assert {p[0] for p in record["run"]["model"]} >= {"model.safetensors", "config.json"}  # the audit trail
+    assert {p[0] for p in record["unit"]["classifier"]["model"]} >= {"model.safetensors", "config.json"}  # audit trail
 
 
 def test_console_resume_and_failure_summary(digits, tmp_path, capsys):
