@@ -125,9 +125,10 @@ class Detector:
 
     def __init__(self, **params: Any) -> None:
         self.batches_dir = params.pop("work_dir", None) if self.keeps_batches else None
-        unknown = set(params) - set(self.Params.fields())
-        if unknown:
-            raise TypeError(f"{self.name}: unknown parameter(s) {sorted(unknown)}; known: {sorted(self.Params.fields())}")
+        try:
+            self.refuse_unknown(params, set(self.Params.fields()))
+        except ValueError as err:
+            raise TypeError(str(err)) from None
         self.params: dict[str, Any] = self._validated(params).as_dict()
         self.head: LinearHead | None = None
         self.fitted = False
@@ -147,11 +148,17 @@ class Detector:
         """Raise ValueError naming the parameter and what is allowed: unknown names, wrong types, values out of range
         (bounds on the feature dimension D or the number of classes C apply when `dims` = {"features": D,
         "classes": C} gives them)."""
-        known = set(cls.Params.fields()) | cls.init_arguments()
+        cls.refuse_unknown(params, set(cls.Params.fields()) | cls.init_arguments(), shown=set(cls.Params.fields()))
+        cls._validated({k: v for k, v in params.items() if k in cls.Params.fields()}, dims)
+
+    @classmethod
+    def refuse_unknown(cls, params: dict[str, Any], known: set[str], shown: set[str] | None = None) -> None:
+        """The one unknown-parameter check: ValueError naming the unknown names and the known ones (`shown`: those to
+        list, the parameters without the runtime objects a runner passes)."""
         unknown = set(params) - known
         if unknown:
-            raise ValueError(f"{cls.name}: unknown parameter(s) {sorted(unknown)}; known: {sorted(known)}")
-        cls._validated({k: v for k, v in params.items() if k in cls.Params.fields()}, dims)
+            listed = sorted(known if shown is None else shown)
+            raise ValueError(f"{cls.name}: unknown parameter(s) {sorted(unknown)}; known: {listed}")
 
     @classmethod
     def check_files(cls, params: dict[str, Any]) -> None:

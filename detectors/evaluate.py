@@ -29,20 +29,20 @@ from detectors.metrics import evaluate as compute_metrics
 from detectors.plan import (FEATURES_VERSION, Plan, Split, Unit, check_spec, key_record, make_plan, reads_features,
                             safe_name)
 from detectors.posthoc.streaming import across_processes, chunk_rows, process_rows
-from detectors.registry import build, detector_class
-from detectors.runconfig import ConfigError, DetectorSpec, EvalConfig, OODSource, Source, detector_specs
+from detectors.runconfig import ConfigError, DetectorSpec, EvalConfig, Source
 from detectors.selection import select
 from detectors.tables import LOWER_IS_BETTER, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
 from detectors.transfer import transfer_table
 from detectors.units import UnitResult, UnitStore
 from pipelines.batches import clear_kept_batches
 from pipelines.data import ImageLoadError, Manifest, load_image
-from pipelines.fingerprint import combine, images_fingerprint, preprocessing_fingerprint, weights_fingerprint
+from pipelines.fingerprint import (combine, image_identity, images_fingerprint, preprocessing_fingerprint,
+                                   weights_fingerprint)
 from pipelines.io import atomic_path, atomic_write_json, remove_orphan_temps
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 
-__all__ = ["EvalConfig", "OODSource", "Source", "DetectorSpec", "ConfigError", "Plan", "make_plan", "Runner",
-           "run_config", "dump_config", "reads_features", "detector_specs", "RESULT_COLUMNS", "SCORE_COLUMNS"]
+__all__ = ["EvalConfig", "Source", "DetectorSpec", "ConfigError", "Plan", "make_plan", "Runner", "run_config",
+           "dump_config", "reads_features", "RESULT_COLUMNS", "SCORE_COLUMNS"]
 
 
 
@@ -73,6 +73,8 @@ class Runner:
         self.head: LinearHead | None = None
         self.data: dict[str, Prepared] = {}
         self.image_failures: list[dict[str, Any]] = []
+        self.set_failures: list[dict[str, Any]] = []  # test sets with no loadable row: recorded, left out
+        self._left_out: set[str] = set()
         self.detector_failures: list[dict[str, Any]] = []
         self.reused = 0
         self._trained: dict[str, Detector] = {}
@@ -86,9 +88,7 @@ class Runner:
     def _load_classifier(self):
         from pipelines.classifier import ImageClassifier
 
-        if self.classifier is None:
-            if not self.plan.runtime.model:
-                raise ConfigError("model: a classifier hub id or folder is needed by the chosen detectors")
+        if self.classifier is None:  # the plan refuses a run whose detectors need one without `model`
             clf = ImageClassifier.from_pretrained(self.plan.runtime.model).to(self._device()).eval()
             dtype = resolve_dtype(self.plan.runtime.precision, self._device())
             self._model_key = combine(FEATURES_VERSION, weights_fingerprint(clf), preprocessing_fingerprint(clf), str(dtype))
@@ -155,13 +155,13 @@ class Runner:
         every split (aux, validation and field sets included)."""
         from pipelines.training import MultiGranularity
 
-        spec = self.plan.head or {}
-        objective = MultiGranularity.from_pretrained(spec["levels"])
-        if spec["level"] not in objective.levels:
-            raise ConfigError(f"head.level: {spec['level']!r} is not a level of {spec['levels']} {sorted(objective.levels)}")
-        self.head = LinearHead(*objective.level_head(spec["level"]))
-        field_name = objective.levels[spec["level"]]
-        vocab = {v: i for i, v in enumerate(objective.vocab[spec["level"]])}
+        spec = self.plan.head
+        objective = MultiGranularity.from_pretrained(spec.levels)
+        if spec.level not in objective.levels:
+            raise ConfigError(f"head.level: {spec.level!r} is not a level of {spec.levels} {sorted(objective.levels)}")
+        self.head = LinearHead(*objective.level_head(spec.level))
+        field_name = objective.levels[spec.level]
+        vocab = {v: i for i, v in enumerate(objective.vocab[spec.level])}
         out = {}
         for split in splits:
             prepared = data[split.id]
@@ -173,7 +173,7 @@ class Runner:
             features = prepared.features.features
             logits = self.head(features.astype(np.float64)).astype(np.float32)
             out[split.id] = Prepared(FeatureSet(features, logits, labels), prepared.index,
-                                     combine(prepared.key, "head", spec["levels"], spec["level"]))
+                                     combine(prepared.key, "head", spec.levels, spec.level))
         return out
 
     def _check_dims(self) -> None:
@@ -184,8 +184,9 @@ class Runner:
         fs = train.features
         dims = {"features": None if fs.features is None else int(fs.features.shape[1]),
                 "classes": None if fs.logits is None else int(fs.logits.shape[1])}
-        for i, unit in enumerate(u for u in self.plan.units if u.kind in ("detector", "select")):
-            check_spec(unit.spec, f"detectors[{i}]", dims)
+        for unit in self.plan.units:
+            if unit.kind in ("detector", "select"):
+                check_spec(unit.detector, unit.params, unit.load, unit.where, dims)
 
     # -- data given to detectors ---------------------------------------------------------------------------
     def _split_data(self, det: Detector, split_id: str) -> Any:
@@ -235,11 +236,11 @@ class Runner:
             return
         det.fit(train, **kwargs)
 
-    def _build(self, spec: DetectorSpec, method: str) -> Detector:
-        """The detector of a spec, with the runtime objects its class `needs` (a training method gets its own copy of
-        the classifier, which it fine-tunes; the others share one)."""
-        cls = detector_class(spec.name)
-        params = dict(spec.params)
+    def _build(self, unit: Unit) -> Detector:
+        """The detector of a unit (its resolved parameters), with the runtime objects its class `needs` (a training
+        method gets its own copy of the classifier, which it fine-tunes; the others share one)."""
+        cls, method = unit.detector, unit.method
+        params = dict(unit.params)
         rt = self.plan.runtime
         runtime = {"class_names": list(self.plan.class_names) if self.plan.class_names else None,
                    "cache_dir": str(self.plan.cache_dir / cls.family), "device": rt.device,
@@ -251,8 +252,8 @@ class Runner:
         for key, value in runtime.items():
             if value is not None and key not in params and key in cls.needs:
                 params[key] = value
-        if spec.load:
-            return cls.from_pretrained(spec.load, **params)
+        if unit.load:
+            return cls.from_pretrained(unit.load, **params)
         return cls(**params)
 
     # -- units -----------------------------------------------------------------------------------------------
@@ -263,10 +264,10 @@ class Runner:
         if unit.kind == "rule":
             return self._rule_unit(unit)
         start = time.perf_counter()
-        det = self._selected(unit) if unit.kind == "select" else self._build(unit.spec, unit.method)
+        det = self._selected(unit) if unit.kind == "select" else self._build(unit)
         if not det.fitted:
             self._fit(det)
-        if unit.spec.rules:
+        if unit.rules:
             self._trained[unit.method] = det
         training = det.family == "training"
         mode = str(det.params.get("mode", "")) if training else ""
@@ -279,31 +280,32 @@ class Runner:
         """A post-hoc rule fitted and scored on the trained model's outputs (`transform`, `trained_head`)."""
         trained = self._parent(unit)
         if not hasattr(trained, "transform"):
-            raise TypeError(f"{unit.parent}: rules need a training-time detector with transform() and trained_head")
+            raise TypeError(f"{unit.parent.method}: rules need a training-time detector with transform() and trained_head")
         start = time.perf_counter()
-        scorer = build(unit.rule)
+        scorer = unit.detector(**unit.params)  # the rule's resolved parameters (protocol merged)
         view = lambda split_id: _transformed(trained, self._split_data(trained, split_id))  # noqa: E731
         scorer.fit(view("id-id_train"), head=trained.trained_head, id_val=view("id-id_val"))
         mode = str(trained.params.get("mode", ""))
-        scored = self._score_all(scorer, unit.method, "training", mode, unit.parent, unit.rule, start,
+        scored = self._score_all(scorer, unit.method, "training", mode, unit.parent.method, unit.rule, start,
                                  self._accuracy(scorer, trained), view=view)
-        return _result(scored, self._validation(scorer, unit.parent, unit.rule, view))
+        return _result(scored, self._validation(scorer, unit.parent.method, unit.rule, view))
 
     def _parent(self, unit: Unit) -> Detector:
         """The trained detector a rule re-scores: kept from its unit in this run, else fitted again (not rewritten)."""
-        if unit.parent not in self._trained:
-            det = self._build(unit.spec, unit.parent)
+        parent = unit.parent
+        if parent.method not in self._trained:
+            det = self._build(parent)
             if not det.fitted:
                 self._fit(det)
-            self._trained[unit.parent] = det
-        return self._trained[unit.parent]
+            self._trained[parent.method] = det
+        return self._trained[parent.method]
 
     def _selected(self, unit: Unit) -> Detector:
         """A validation sweep (ID val against OOD val) on cached features; the best point's detector, fitted."""
-        spec, sel = unit.spec, self.plan.select
-        det, _, table = select(spec.name, self.data["id-id_val"].features, self.data[sel.split].features,
+        sel = self.plan.select
+        det, _, table = select(unit.name, self.data["id-id_val"].features, self.data[sel.split].features,
                                id_train=self.data["id-id_train"].features, head=self.head, metric=sel.metric,
-                               fixed=spec.params)
+                               fixed=dict(unit.params))
         if partial_state().is_main_process:  # which split chose: ID val against these OOD-validation sets
             sets = ",".join(sorted({r["ood_set"] for r in self.plan.split(sel.split).manifest.rows}))
             frame = pd.DataFrame(table).assign(metric=sel.metric, id_val="id_val", ood_val=sets)
@@ -361,7 +363,7 @@ class Runner:
         fit_seconds = time.perf_counter() - start
         params = _params_json(det)
         frames, rows = [frame(test, "id", "id", id_scores)], []
-        for split in self.plan.of_role("ood"):
+        for split in (s for s in self.plan.of_role("ood") if s.id not in self._left_out):
             t0 = time.perf_counter()
             ood_scores = det.score(get(split.id))
             rows.append({"method": method, "family": family, "mode": mode, "protocol": self.plan.protocol, "base": base,
@@ -383,7 +385,24 @@ class Runner:
 
     # -- run ---------------------------------------------------------------------------------------------------
     def run(self) -> pd.DataFrame:
-        """Prepare features, run every unit (skipping finished ones), write the outputs; return the results table."""
+        """Prepare features, run every unit (skipping finished ones), write the outputs; return the results table.
+        Every cache key identifies images by the plan's `cache_hash`."""
+        with image_identity(self.plan.runtime.cache_hash):
+            return self._run()
+
+    def _leave_out_empty_sets(self) -> None:
+        """Test OOD and field sets none of whose rows loaded: recorded in failures.json (`sets`) and left out, so the
+        other sets are scored."""
+        for split in self.plan.of_role("ood", "field_ood"):
+            prepared = self.data.get(split.id)
+            if prepared is None or not len(prepared.index):
+                self._left_out.add(split.id)
+                reason = f"none of its {len(split.manifest)} image(s) could be loaded (see `images`)"
+                self.set_failures.append({"split": split.name, "role": split.role, "config": split.where,
+                                          "reason": reason})
+                print(f"[oodforge] warning: {split.where} set {split.name!r}: {reason}; left out")
+
+    def _run(self) -> pd.DataFrame:
         main = partial_state().is_main_process
         self.plan.out.mkdir(parents=True, exist_ok=True)
         if main:  # the temp files a killed run's writes left (a live writer's stay)
@@ -391,6 +410,7 @@ class Runner:
             if not self.plan.cache_dir.resolve().is_relative_to(self.plan.out.resolve()):
                 remove_orphan_temps(self.plan.cache_dir)
         self.data = self.prepare()
+        self._leave_out_empty_sets()
         self._check_dims()
         done: list[UnitResult] = []
         rows = self.plan.runtime.chunk_rows
@@ -399,8 +419,8 @@ class Runner:
                 found = self._unit(unit, main)
                 if found is not None:
                     done.append(found)
-                if unit.kind == "rule" and unit.rule == unit.spec.rules[-1]:
-                    self._trained.pop(unit.parent, None)  # its last rule ran: the trained model can go
+                if unit.kind == "rule" and unit.method == unit.parent.rules[-1]:
+                    self._trained.pop(unit.parent.method, None)  # its last rule ran: the trained model can go
                 if main:
                     self._write_outputs(done, final=False)
         if main:
@@ -431,7 +451,9 @@ class Runner:
     def _console_summary(self) -> None:
         if self.reused:
             print(f"resumed: {self.reused} of {len(self.plan.units)} units up to date")
-        n_images, n_units = len(self.image_failures), len(self.detector_failures)
+        n_images, n_units, n_sets = len(self.image_failures), len(self.detector_failures), len(self.set_failures)
+        if n_sets:
+            print(f"{n_sets} set{'s' if n_sets > 1 else ''} left out (no loadable image) -> {self.plan.out / 'failures.json'}")
         if n_images:
             print(f"{n_images} image{'s' if n_images > 1 else ''} unreadable -> {self.plan.out / 'failures.json'}")
         if n_units:
@@ -440,7 +462,8 @@ class Runner:
     def _write_outputs(self, done: list[UnitResult], final: bool) -> None:
         out = self.plan.out
         _write_csv(_results(done), out / "results.csv")
-        atomic_write_json(out / "failures.json", {"images": self.image_failures, "detectors": self.detector_failures})
+        atomic_write_json(out / "failures.json", {"images": self.image_failures, "sets": self.set_failures,
+                                                  "detectors": self.detector_failures})
         if not final:
             return
         scores = pd.concat([u.scores for u in done], ignore_index=True) if done else pd.DataFrame(columns=SCORE_COLUMNS)
@@ -452,7 +475,8 @@ class Runner:
         if self.plan.transfer and len(scores):
             species = {s.name: {int(i): s.manifest.rows[i].get("species") for i in self.data[s.id].index}
                        for s in self.plan.of_role("field_ood") if s.id in self.data}
-            _write_csv(transfer_table(list(self.plan.transfer), scores, species), out / "threshold_transfer.csv")
+            rules = [t.to_dict() for t in self.plan.transfer]
+            _write_csv(transfer_table(rules, scores, species), out / "threshold_transfer.csv")
 
     def _fewshot(self) -> None:
         """Few-shot sweep of prompt-learning detectors (shots x seeds) on the run's ID and OOD splits
@@ -460,7 +484,8 @@ class Runner:
         from detectors.clip.fewshot import class_names_from, plot_fewshot, sweep_sets
 
         out = self.plan.out
-        sweep_config = {"out_dir": str(out / "fewshot"), "cache_dir": str(self.plan.cache_dir / "clip"), **self.plan.fewshot}
+        given_keys = {k: v for k, v in self.plan.fewshot.to_dict().items() if v is not None}
+        sweep_config = {"out_dir": str(out / "fewshot"), "cache_dir": str(self.plan.cache_dir / "clip"), **given_keys}
         given = sweep_config.get("class_names") or sweep_config.get("class_names_file")
         names = class_names_from(sweep_config) if given else (list(self.plan.class_names) if self.plan.class_names else None)
         if not names:
@@ -523,8 +548,7 @@ def run_config(config: Plan | EvalConfig | dict[str, Any] | str | Path) -> pd.Da
 
 
 def dump_config(config: EvalConfig, path: str | Path) -> None:
-    """Write a config back as YAML (for the record next to the results)."""
-    raw = {k: v for k, v in config.__dict__.items() if v not in (None, [], {})}
-    raw["ood"] = [{k: v for k, v in o.__dict__.items() if v is not None} for o in config.ood]
+    """Write a config back as YAML (for the record next to the results): `EvalConfig.dump()`, keys at their default
+    left out."""
     with atomic_path(path) as tmp:
-        tmp.write_text(yaml.safe_dump(json.loads(json.dumps(raw, default=str)), sort_keys=False))
+        tmp.write_text(yaml.safe_dump(config.dump(), sort_keys=False))

@@ -12,12 +12,15 @@ PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
     "openood_v1.5": {},
     # the same, with TempScale's exact NLL optimum instead of OpenOOD's under-converged LBFGS step
     "exact": {"tempscale": {"fit": "exact"}},
+    # Open-Insect's own code (the species configs' default; its grids and training recipes are filled in separately)
+    "open-insects": {},
 }
 """`protocol:` -> parameter defaults per detector (a detector's own `params` win)."""
 
 SWEEPS: dict[str, dict[str, dict[str, list[Any]]]] = {
     "openood_v1.5": {},
     "exact": {},
+    "open-insects": {},
 }
 """`protocol:` -> the sweep grid per detector where it differs from the detector's declared `search_space`."""
 

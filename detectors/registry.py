@@ -13,7 +13,8 @@ from typing import Any, Callable
 from detectors.base import FIT_INPUTS, PROTOCOL_FIT, RUNTIME_INPUTS, Detector, Params, read_config
 
 _REGISTRY: dict[str, type[Detector]] = {}
-_FAMILY_PACKAGES = ("posthoc", "clip", "generative", "training")
+FAMILIES: tuple[str, ...] = ("posthoc", "training", "generative", "clip")
+"""The detector families, one package each (`detectors.<family>`), in the reports' order: the one list of them."""
 _loaded = False
 
 
@@ -87,7 +88,7 @@ def _load_all() -> None:
     global _loaded
     if _loaded:
         return
-    for family in _FAMILY_PACKAGES:
+    for family in FAMILIES:
         package = importlib.import_module(f"detectors.{family}")
         for info in pkgutil.iter_modules(package.__path__):
             if not info.name.startswith("_"):

@@ -1,61 +1,128 @@
-"""The runner's config and its validation: every key is checked before any model loads (the runner's "plan" step).
+"""The evaluation config as one typed value (README: Evaluation): `EvalConfig.from_dict(raw, where)` or
+`EvalConfig.from_yaml(path, overrides)` is the only parse, built on `pipelines.params.Config`.
 
-`EvalConfig.from_dict` / `from_yaml` read the mapping; `EvalConfig.validate()` checks types, allowed keys and values,
-detector names and parameters, and raises `ConfigError` with one line that names the key and what is allowed.
+Every section is a frozen dataclass with defaults, ranges and one-line docs; every fault (an unknown key with its
+closest match, a wrong type, a value out of range, a local model path that does not exist, an unknown detector or
+parameter) is one `ConfigError` naming the dotted key, before any model loads. A detector entry is resolved to its
+registered class once, and its `params` are converted and checked by that class (`Detector.check_params`) once.
 """
 from __future__ import annotations
 
 import importlib
-import inspect
-from dataclasses import dataclass
-from dataclasses import field as dc_field
-from pathlib import Path
-from typing import Any
+import os
+from typing import Any, Literal, Sequence
 
-import yaml
-
-from detectors.protocols import PROTOCOLS, protocol_params
-from detectors.registry import available, detector_class
+from detectors.base import Detector
+from detectors.protocols import PROTOCOLS
+from detectors.registry import FAMILIES, detector_class
 from detectors.tables import METRICS
-from pipelines.cli import check_keys
+from pipelines.cli import display_path, load_yaml
 from pipelines.errors import ConfigError
-from pipelines.runtime import PRECISIONS
+from pipelines.fingerprint import IDENTITY_MODES
+from pipelines.params import REQUIRED, Config, config, convert, param, plain
+from pipelines.runtime import PRECISIONS, check_device, check_model_ref
+from pipelines.sources import Source
 
-FAMILIES = ("posthoc", "clip", "generative", "training")
-SOURCE_KEYS = {"manifest", "group", "split", "sets"}
-SPEC_KEYS = {"name", "params", "load", "label", "rules"}
-SELECT_KEYS = {"ood_val", "metric"}
-HEAD_KEYS = {"levels", "level"}
-TRANSFER_KEYS = {"source", "tpr", "positive", "targets"}
-FEWSHOT_KEYS = {"model", "methods", "shots", "seeds", "device", "plot", "class_names", "class_names_file", "out_dir",
-                "cache_dir", "train_split", "test_split"}
-CACHE_HASHES = ("stat", "content")
+__all__ = ["ConfigError", "DetectorSpec", "EvalConfig", "FewShot", "Head", "RuleSpec", "Select", "Source", "Transfer",
+           "typed_params"]
 
-
-
-@dataclass
-class Source:
-    """A manifest selection: which split to read, an optional group override and optional OOD-set filter."""
-
-    manifest: str
-    group: str | None = None
-    split: str = "test"
-    sets: list[str] | None = None
+DOC = "README.md, section 'Evaluation'"
+Family = Literal[FAMILIES]  # type: ignore[valid-type]
+Metric = Literal[METRICS]  # type: ignore[valid-type]
+Protocol = Literal[tuple(PROTOCOLS)]  # type: ignore[valid-type]
+CacheHash = Literal[IDENTITY_MODES]  # type: ignore[valid-type]
+Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
+FEATURE_INPUTS = frozenset({"features", "logits"})
+"""The inputs of a feature-level detector (scored on cached features / logits, or a rule on a trained model's)."""
 
 
-OODSource = Source  # the name used for `ood:` entries
+def typed_params(cls: type[Detector], raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """`raw` as `cls`'s parameters: each known field converted to its annotated type (`1` -> `1.0` for a float), then
+    `cls.check_params` (unknown names, types, ranges, the detector's own value checks); a fault is one ConfigError
+    naming `where.<parameter>`."""
+    hints = cls.Params.hints()
+    values = {k: convert(v, hints[k], f"{where}.{k}") if k in hints else v for k, v in raw.items()}
+    try:
+        cls.check_params(values)
+    except ValueError as err:
+        raise ConfigError(f"{where}.{param_named(err, values)}: {named(err, cls.name)}", doc=DOC) from None
+    return values
 
 
-@dataclass
-class DetectorSpec:
-    """A detector entry: registry name, parameters, optional saved state folder, label, and post-hoc `rules` that
-    re-score a training-time method's trained model (one result row set per rule, method `<label>+<rule>`)."""
+def named(err: Exception, name: str) -> str:
+    """The error's message, starting with the detector's name once."""
+    text = str(err)
+    return text if text.startswith(f"{name}:") else f"{name}: {text}"
 
-    name: str
-    params: dict[str, Any] = dc_field(default_factory=dict)
-    load: str | None = None
-    label: str | None = None
-    rules: list[str] = dc_field(default_factory=list)
+
+STRIP = "`'\",.;[]()"
+
+
+def param_named(err: Exception, params: dict[str, Any]) -> str:
+    """The parameter an error names (its first word that is a parameter), else 'value'."""
+    words = str(err).replace(":", " ").replace("=", " ").split()
+    return next((w.strip(STRIP) for w in words if w.strip(STRIP) in params), "value")
+
+
+def _key(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _detector(name: str, where: str) -> type[Detector]:
+    try:
+        return detector_class(name)
+    except KeyError as err:
+        raise ConfigError(f"{where}: {err.args[0]}", doc=DOC) from None
+
+
+@config
+class RuleSpec(Config):
+    """A post-hoc rule re-scoring a training-time method's trained model (a bare name: its defaults)."""
+
+    DOC = DOC
+
+    name: str = param(REQUIRED, "a feature-level post-hoc detector (msp, ebo, vim, knn, ...)")
+    params: dict[str, Any] = param({}, "the rule's parameters over its defaults (and the protocol's)")
+
+    @classmethod
+    def from_value(cls, value: Any, where: str) -> "RuleSpec":
+        return super().from_value({"name": value} if isinstance(value, str) else value, where)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = "rule") -> "RuleSpec":
+        made = super().from_dict(raw, where)
+        rule = _detector(made.name, f"{where}.name")
+        if rule.family != "posthoc" or not frozenset(rule.inputs) <= FEATURE_INPUTS:
+            raise ConfigError(f"{where}: {made.name!r} is not a feature-level post-hoc detector", doc=DOC)
+        return cls(name=made.name, params=typed_params(rule, made.params, f"{where}.params"))
+
+
+@config
+class DetectorSpec(Config):
+    """A detector entry (a bare name: its defaults): registry name, parameters, a saved state folder, a label, and
+    post-hoc `rules` that re-score a training-time method's trained model (rows `<label>+<rule>`)."""
+
+    DOC = DOC
+
+    name: str = param(REQUIRED, "the registered detector name (detectors.available())")
+    params: dict[str, Any] = param({}, "parameters over the detector's defaults (and the protocol's); checked by its Params")
+    load: str | None = param(None, "a folder written by save_pretrained: its saved state is loaded instead of fitting")
+    label: str | None = param(None, "the method name of its result rows (default: name)")
+    rules: list[RuleSpec] = param([], "post-hoc rules re-scoring a training-time method's trained model")
+
+    @classmethod
+    def from_value(cls, value: Any, where: str) -> "DetectorSpec":
+        return super().from_value({"name": value} if isinstance(value, str) else value, where)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = "detector") -> "DetectorSpec":
+        made = super().from_dict(raw, where)
+        det = _detector(made.name, f"{where}.name")
+        if made.rules and det.family != "training":
+            raise ConfigError(f"{where}.rules: only training-time methods re-score with post-hoc rules; {det.name} is "
+                              f"{det.family}", doc=DOC)
+        return cls(name=made.name, params=typed_params(det, made.params, f"{where}.params"), load=made.load,
+                   label=made.label, rules=made.rules)
 
     @property
     def method(self) -> str:
@@ -63,204 +130,153 @@ class DetectorSpec:
 
     def methods(self) -> list[str]:
         """The method labels this spec writes: itself, then one per rule."""
-        return [self.method, *(f"{self.method}+{r}" for r in self.rules)]
+        return [self.method, *(f"{self.method}+{r.name}" for r in self.rules)]
 
 
-@dataclass
-class EvalConfig:
-    """Everything the runner needs (README: Evaluation). Unknown keys are an error."""
+@config
+class Select(Config):
+    """Hyperparameter sweeps on OOD validation (ID val against OOD val, on cached features)."""
 
-    id: str
-    ood: list[Source]
-    out: str
-    model: str | None = None
-    detectors: Any = "all"
-    families: list[str] = dc_field(default_factory=lambda: ["posthoc"])
-    cache_dir: str | None = None
-    cache_hash: str = "stat"  # image identity in cache keys: "stat" (size + mtime) or "content" (sha256 of the bytes)
-    batch_size: int = 64
-    chunk_rows: int | None = None  # rows per chunk of streamed fits (default detectors.posthoc.streaming.CHUNK_ROWS)
-    device: str | None = None
-    precision: str = "auto"
-    num_workers: int = 0
-    select: dict[str, Any] | None = None
-    ood_val: dict[str, Any] | None = None  # OOD validation rows given to every detector's fit (OpenGAN's epoch choice)
-    threshold_transfer: list[dict[str, Any]] = dc_field(default_factory=list)
-    field: list[dict[str, Any]] = dc_field(default_factory=list)  # field sets: their own ID and novel rows
-    class_names: list[str] | None = None
-    aux: dict[str, Any] | None = None
-    fewshot: dict[str, Any] | None = None
-    head: dict[str, str] | None = None
-    plugins: list[str] = dc_field(default_factory=list)  # modules imported first (custom @register_detector classes)
-    protocol: str = "openood_v1.5"  # PROTOCOLS: the reference's hyperparameter defaults and fits
+    DOC = DOC
+
+    ood_val: Source | None = param(None, "the OOD-validation rows of the sweeps (split default val); null: top-level ood_val")
+    metric: Metric = param("auroc", "the validation metric the sweep maximises (fpr95: minimises)")
+
+
+@config
+class Transfer(Config):
+    """Threshold transfer: a threshold at `tpr` on `source`, precision / recall on each target."""
+
+    DOC = DOC
+
+    source: str = param(REQUIRED, "the OOD set the threshold is set on")
+    tpr: float = param(0.95, "the true-positive rate the threshold keeps on the source", gt=0, le=1)
+    positive: Literal["ood", "id"] = param("ood", "which side counts as positive")
+    targets: list[str] = param(REQUIRED, "OOD or field sets the threshold is transferred to")
+
+
+@config
+class Head(Config):
+    """Score with one head of a multi-granularity classifier."""
+
+    DOC = DOC
+
+    levels: str = param(REQUIRED, "the saved multi-granularity head folder (pipelines.training.MultiGranularity)")
+    level: str = param(REQUIRED, "the level whose head scores (e.g. genus)")
+
+
+@config
+class FewShot(Config):
+    """The few-shot sweep of prompt-learning detectors (shots x seeds) on the run's splits."""
+
+    DOC = DOC
+
+    model: str | None = param(None, "the CLIP model (hub id or folder); null: the CLIP default", check=check_model_ref)
+    methods: dict[str, dict[str, Any]] | None = param(None, "method -> parameter overrides; null: locoop and idlike")
+    shots: list[int] | None = param(None, "shots per class; null: 1, 2, 4, 8, 16")
+    seeds: list[int] | None = param(None, "seeds of each shots value; null: [1]")
+    device: str | None = param(None, "torch device of the sweep (cpu, cuda, cuda:N, mps, auto)", check=check_device)
+    plot: str | None = param(None, "the figure path; null: out/fewshot.png")
+    class_names: list[str] | None = param(None, "class names of the prompts; null: the run's")
+    class_names_file: str | None = param(None, "a file with one class name a line; null: the run's")
+    out_dir: str | None = param(None, "where prompts are saved; null: out/fewshot")
+    cache_dir: str | None = param(None, "the CLIP feature cache; null: cache_dir/clip")
+
+    def check(self, dims: dict[str, int] | None = None) -> None:
+        super().check(dims)
+        for key in ("shots", "seeds"):
+            values = getattr(self, key)
+            if values is not None and (not values or min(values) < (1 if key == "shots" else 0)):
+                raise ValueError(f"{key} must be a non-empty list of {'positive' if key == 'shots' else 'non-negative'}"
+                                 f" integers, got {values!r}")
+
+
+@config
+class EvalConfig(Config):
+    """Everything the evaluation runner needs (README: Evaluation)."""
+
+    DOC = DOC
+
+    id: str = param(REQUIRED, "the ID manifest folder (train / val / test rows)")
+    ood: list[Source] = param(REQUIRED, "test OOD manifests (split default test); every ood_set is a column")
+    out: str = param(REQUIRED, "the output folder")
+    model: str | None = param(None, "the classifier (hub id or local folder with weights)", check=check_model_ref)
+    detectors: Literal["all"] | list[DetectorSpec] = param("all", "'all' (every detector of `families`) or a list of "
+                                                           "names / {name, params, load, label, rules}")
+    families: list[Family] = param(["posthoc"], "the families `detectors: all` means")
+    cache_dir: str | None = param(None, "feature caches (shared across runs and processes); null: out/cache")
+    cache_hash: CacheHash = param("stat", "image identity in every cache key: stat (size + mtime) or content (sha256)")
+    batch_size: int = param(64, "images per feature-extraction batch", ge=1)
+    chunk_rows: int | None = param(None, "rows per chunk of streamed fits; null: OODFORGE_CHUNK_ROWS or 16384", ge=1)
+    device: str | None = param(None, "torch device: cpu, cuda, cuda:N, mps or auto (null: auto)", check=check_device)
+    precision: Precision = param("auto", "feature-extraction precision (auto: bf16 on GPU, fp32 on CPU)")
+    num_workers: int = param(0, "image-loading worker processes", ge=0)
+    select: Select | None = param(None, "sweep each selectable detector on OOD validation")
+    ood_val: Source | None = param(None, "OOD validation (split default val): fit inputs, sweeps and rule choice")
+    threshold_transfer: list[Transfer] = param([], "threshold-transfer rules")
+    field: list[Source] = param([], "field sets (split default test): their own ID rows and one novel OOD set")
+    class_names: list[str] | None = param(None, "class names by label; null: the ID rows' class_name")
+    aux: Source | None = param(None, "auxiliary outliers (split default train; the `auxiliary` set when present)")
+    fewshot: FewShot | None = param(None, "the few-shot prompt-learning sweep")
+    head: Head | None = param(None, "score with one head of a multi-granularity classifier")
+    plugins: list[str] = param([], "modules imported first (your own @register_detector classes)")
+    protocol: Protocol = param("openood_v1.5", "the reference protocol merged into every unit (detectors.protocols)")
 
     @classmethod
-    def from_dict(cls, raw: Any, source: str = "config") -> "EvalConfig":
+    def from_dict(cls, raw: Any, where: str = "") -> "EvalConfig":
+        """The typed config of a mapping; errors name the key (`ood[0].group: ...`), after `where` when given."""
         if not isinstance(raw, dict):
-            raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
-        check_keys(raw, list(inspect.signature(cls).parameters), source)
-        for key in ("id", "ood", "out"):
-            if key not in raw:
-                raise ConfigError(f"{source}: missing required key '{key}'")
-        ood = raw["ood"]
-        if not isinstance(ood, list):
-            raise ConfigError(f"{source}: 'ood' must be a list of manifest folders or {{manifest, group, split, sets}} mappings")
-        sources = [_source(entry, f"ood[{i}]") for i, entry in enumerate(ood)]
-        return cls(**{**raw, "ood": sources})
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> "EvalConfig":
-        with open(path, encoding="utf-8") as fh:
-            raw = yaml.safe_load(fh) or {}
-        return cls.from_dict(raw, str(path))
-
-    # -- validation (before any model loads) ----------------------------------------------------------------
-    def validate(self) -> list[DetectorSpec]:
-        """Check every key; import `plugins`; return the detector specs. Raises ConfigError naming the key."""
-        _check_list_of_str(self.plugins, "plugins")
-        for module in self.plugins:
-            try:
+            raise ConfigError(f"{where or 'config'}: expected a mapping of keys at the top level, got "
+                              f"{type(raw).__name__}", doc=DOC)
+        for i, module in enumerate(convert(raw.get("plugins", []), list[str], _key(where, "plugins"))):
+            try:  # before the detector entries are resolved: they may name the plugins' detectors
                 importlib.import_module(module)
             except ImportError as err:
-                raise ConfigError(f"plugins: cannot import {module!r} ({err})") from None
-        _check_list_of_str(self.families, "families", allowed=FAMILIES)
-        if self.protocol not in PROTOCOLS:
-            raise ConfigError(f"protocol: {self.protocol!r} is not one of {list(PROTOCOLS)}")
-        if self.cache_hash not in CACHE_HASHES:
-            raise ConfigError(f"cache_hash: {self.cache_hash!r} is not one of {list(CACHE_HASHES)}")
-        for key in ("batch_size", "chunk_rows"):
-            value = getattr(self, key)
-            if (value is not None or key == "batch_size") and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{key}: a positive integer, got {value!r}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision: one of {list(PRECISIONS)}, got {self.precision!r}")
-        specs = detector_specs(self)
-        if self.select is not None:
-            _check_mapping(self.select, "select", SELECT_KEYS)
-            if "ood_val" not in self.select and self.ood_val is None:
-                raise ConfigError("select: missing key(s) ['ood_val'] (the OOD-validation rows of the sweeps; or give a "
-                                  "top-level `ood_val`)")
-            if "ood_val" in self.select:
-                _source(self.select["ood_val"], "select.ood_val")
-            if self.select.get("metric", "auroc") not in METRICS:
-                raise ConfigError(f"select.metric: {self.select['metric']!r} is not one of {list(METRICS)}")
-        if self.ood_val is not None:
-            _source(self.ood_val, "ood_val")
-        if self.aux is not None:
-            _source(self.aux, "aux")
-        self.field_sources()
-        if self.head is not None:
-            _check_mapping(self.head, "head", HEAD_KEYS, required=tuple(HEAD_KEYS))
-        if not isinstance(self.threshold_transfer, list):
-            raise ConfigError("threshold_transfer: a list of {source, tpr, positive, targets} mappings")
-        for i, rule in enumerate(self.threshold_transfer):
-            where = f"threshold_transfer[{i}]"
-            _check_mapping(rule, where, TRANSFER_KEYS, required=("source", "targets"))
-            _check_list_of_str(rule["targets"], f"{where}.targets")
-            tpr = rule.get("tpr", 0.95)
-            if not isinstance(tpr, (int, float)) or not 0 < tpr <= 1:
-                raise ConfigError(f"{where}.tpr: a number in (0, 1], got {tpr!r}")
-            if rule.get("positive", "ood") not in ("ood", "id"):
-                raise ConfigError(f"{where}.positive: 'ood' or 'id', got {rule['positive']!r}")
-        if self.fewshot is not None:
-            _check_mapping(self.fewshot, "fewshot", FEWSHOT_KEYS)
-        if self.class_names is not None:
-            _check_list_of_str(self.class_names, "class_names")
-        return specs
+                raise ConfigError(f"{_key(where, 'plugins')}[{i}]: cannot import {module!r} ({err})", doc=DOC) from None
+        return super().from_dict(raw, where)
 
-    def field_sources(self) -> list[Source]:
-        """The `field:` entries as sources (split `test` unless given)."""
-        return [_source(entry, f"field[{i}]") for i, entry in enumerate(self.field)]
+    @classmethod
+    def load(cls, raw: Any, source: str | os.PathLike) -> "EvalConfig":
+        """`from_dict` of a config read from `source` (a file): an error names the file, then the key."""
+        try:
+            return cls.from_dict(raw)
+        except ConfigError as err:
+            raise ConfigError(f"{display_path(source)}: {err}", doc=err.doc) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike, overrides: Sequence[str] | None = None) -> "EvalConfig":
+        """The config in a YAML file (`base:` chain and `key=value` overrides applied, `pipelines.cli.load_yaml`)."""
+        return cls.load(load_yaml(path, overrides), path)
+
+    def check(self, dims: dict[str, int] | None = None) -> None:
+        super().check(dims)
+        if not self.ood:
+            raise ConfigError("ood: give at least one OOD manifest (the test OOD sets)", doc=DOC)
+        if self.detectors != "all" and not self.detectors:
+            raise ConfigError("detectors: give at least one detector (or `all`)", doc=DOC)
+        if self.select is not None and self.select.ood_val is None and self.ood_val is None:
+            raise ConfigError("select.ood_val: required without a top-level `ood_val` (the OOD-validation rows of the "
+                              "sweeps)", doc=DOC)
+        seen: set[str] = set()
+        for method in (m for spec in self.specs() for m in spec.methods()):
+            if method in seen:
+                raise ConfigError(f"detectors: method {method!r} appears twice; give one a `label`", doc=DOC)
+            seen.add(method)
+
+    def specs(self) -> list[DetectorSpec]:
+        """The detector entries (`all`: every registered detector of `families`)."""
+        if self.detectors != "all":
+            return list(self.detectors)
+        from detectors.registry import available
+
+        return [DetectorSpec(name=n) for fam in self.families for n in available(fam)]
 
     def sources(self) -> dict[str, Source]:
-        """Every non-test manifest selection of the config by its key (select.ood_val, ood_val, aux)."""
-        found = {}
-        if self.select and "ood_val" in self.select:
-            found["select.ood_val"] = _source(self.select["ood_val"], "select.ood_val", split="val")
-        if self.ood_val:
-            found["ood_val"] = _source(self.ood_val, "ood_val", split="val")
-        if self.aux:
-            found["aux"] = _source(self.aux, "aux", split="train")
-        return found
+        """The validation and auxiliary selections by key (select.ood_val, ood_val, aux)."""
+        found = {"select.ood_val": self.select.ood_val if self.select else None, "ood_val": self.ood_val, "aux": self.aux}
+        return {k: v for k, v in found.items() if v is not None}
 
-
-def _source(entry: Any, where: str, split: str = "test") -> Source:
-    if isinstance(entry, Source):
-        return entry
-    if isinstance(entry, str):
-        return Source(entry, split=split)
-    _check_mapping(entry, where, SOURCE_KEYS, required=("manifest",))
-    if entry.get("sets") is not None:
-        _check_list_of_str(entry["sets"], f"{where}.sets")
-    return Source(**{"split": split, **entry})
-
-
-def _check_mapping(value: Any, where: str, allowed: set[str], required: tuple[str, ...] = ()) -> None:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: a mapping with keys {sorted(allowed)}, got {type(value).__name__} {value!r}")
-    unknown = set(value) - allowed
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
-    missing = [k for k in required if k not in value]
-    if missing:
-        raise ConfigError(f"{where}: missing key(s) {missing}")
-
-
-def _check_list_of_str(value: Any, where: str, allowed: tuple[str, ...] | None = None) -> None:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        shown = f"the string {value!r} (write [{value}])" if isinstance(value, str) else repr(value)
-        raise ConfigError(f"{where}: a list of names, got {shown}")
-    if allowed is not None:
-        bad = [v for v in value if v not in allowed]
-        if bad:
-            raise ConfigError(f"{where}: unknown {bad}; allowed: {list(allowed)}")
-
-
-def detector_specs(config: EvalConfig) -> list[DetectorSpec]:
-    """Expand `detectors:` ('all', or a list of names / {name, params, load, label, rules}) with every name and
-    parameter checked against the registry; method labels must be unique."""
-    if config.detectors == "all":
-        specs = [DetectorSpec(n) for fam in config.families for n in available(fam)]
-    elif isinstance(config.detectors, list):
-        specs = [_spec(entry, f"detectors[{i}]") for i, entry in enumerate(config.detectors)]
-    else:
-        shown = f"the string {config.detectors!r} (write [{config.detectors}])" if isinstance(config.detectors, str) else repr(config.detectors)
-        raise ConfigError(f"detectors: 'all' or a list of names / {{name, params, load, label, rules}} mappings, got {shown}")
-    for spec in specs:
-        spec.params = {**protocol_params(config.protocol, spec.name), **spec.params}
-    seen: set[str] = set()
-    for spec in specs:
-        for method in spec.methods():
-            if method in seen:
-                raise ConfigError(f"detectors: method {method!r} appears twice; give one a `label`")
-            seen.add(method)
-    return specs
-
-
-def _spec(entry: Any, where: str) -> DetectorSpec:
-    if isinstance(entry, str):
-        entry = {"name": entry}
-    _check_mapping(entry, where, SPEC_KEYS, required=("name",))
-    try:
-        cls = detector_class(entry["name"])
-    except KeyError as err:
-        raise ConfigError(f"{where}.name: {err.args[0]}") from None
-    params = entry.get("params") or {}
-    if not isinstance(params, dict):
-        raise ConfigError(f"{where}.params: a mapping of parameter values, got {params!r}")
-    allowed = set(cls.defaults) | {p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "params")}
-    unknown = set(params) - allowed
-    if unknown:
-        raise ConfigError(f"{where}.params: unknown parameter(s) {sorted(unknown)} for {cls.name}; allowed: {sorted(allowed)}")
-    rules = entry.get("rules") or []
-    _check_list_of_str(rules, f"{where}.rules")
-    if rules and cls.family != "training":
-        raise ConfigError(f"{where}.rules: only training-time methods re-score with post-hoc rules; {cls.name} is {cls.family}")
-    for rule in rules:
-        try:
-            rule_cls = detector_class(rule)
-        except KeyError as err:
-            raise ConfigError(f"{where}.rules: {err.args[0]}") from None
-        if rule_cls.family != "posthoc" or not rule_cls.inputs <= {"features", "logits"}:
-            raise ConfigError(f"{where}.rules: {rule!r} is not a feature-level post-hoc detector")
-    return DetectorSpec(entry["name"], dict(params), entry.get("load"), entry.get("label"), list(rules))
+    def dump(self) -> dict[str, Any]:
+        """The config as YAML-ready data, keys at their default left out (`from_dict(dump())` is equal)."""
+        defaults = self.defaults()
+        return {k: v for k, v in self.to_dict().items() if k not in defaults or v != plain(defaults[k])}

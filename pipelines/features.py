@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from pipelines.arrays import FeatureSet, LinearHead
 from pipelines.classifier import ImageClassifier
 from pipelines.data import ImageLoadError, Manifest, load_image
-from pipelines.io import atomic_path
+from pipelines.io import atomic_path, safe_name
 from pipelines.progress import progress
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 
@@ -132,8 +132,7 @@ def map_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
 def cache_path(cache_dir: str | os.PathLike, name: str, key: str) -> Path:
     """`cache_dir/<name>-<key>.safetensors`; `key` is a content key (`pipelines.fingerprint`) of everything that decides
     the cache's content, so a changed model, preprocessing, precision, row or image file never reuses a stale file."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-    return Path(cache_dir) / f"{safe}-{key}.safetensors"
+    return Path(cache_dir) / f"{safe_name(name)}-{key}.safetensors"
 
 
 class _ManifestImages(Dataset):

@@ -6,16 +6,34 @@ the precision, the manifest rows and the image files behind them.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
 from pipelines.data import Manifest
 
 _CHUNK = 1 << 24
+IDENTITY_MODES = ("stat", "content")
+"""How an image file is identified in cache keys: `stat` (size + mtime_ns, cheap) or `content` (sha256 of the bytes)."""
+_IDENTITY = contextvars.ContextVar("image_identity", default="stat")
+
+
+@contextlib.contextmanager
+def image_identity(mode: str) -> Iterator[None]:
+    """Within the block, every fingerprint that is not given a mode identifies images by `mode` (a run's
+    `cache_hash`, so that it reaches every cache: run features, trained features, CLIP features, fine-tunes)."""
+    if mode not in IDENTITY_MODES:
+        raise ValueError(f"image identity mode must be one of {IDENTITY_MODES}, got {mode!r}")
+    token = _IDENTITY.set(mode)
+    try:
+        yield
+    finally:
+        _IDENTITY.reset(token)
 
 
 def _digest(parts: Iterable[Any]) -> str:
@@ -53,8 +71,10 @@ def preprocessing_fingerprint(classifier: Any) -> str:
     return _digest([settings])
 
 
-def file_identity(path: os.PathLike | str, mode: str = "stat") -> Any:
-    """What identifies an image file's bytes: (size, mtime_ns) with `stat`, the sha256 with `content`; None if absent."""
+def file_identity(path: os.PathLike | str, mode: str | None = None) -> Any:
+    """What identifies an image file's bytes: (size, mtime_ns) with `stat`, the sha256 with `content` (None: the
+    `image_identity` in force, `stat` by default); None if absent."""
+    mode = mode or _IDENTITY.get()
     try:
         if mode == "content":
             h = hashlib.sha256()
@@ -68,9 +88,10 @@ def file_identity(path: os.PathLike | str, mode: str = "stat") -> Any:
         return None
 
 
-def images_fingerprint(manifest: Manifest, mode: str = "stat") -> str:
-    """The rows (with their resolved root) and each image file's identity, in row order."""
-    if mode not in ("stat", "content"):
+def images_fingerprint(manifest: Manifest, mode: str | None = None) -> str:
+    """The rows (with their resolved root) and each image file's identity (`file_identity`), in row order."""
+    mode = mode or _IDENTITY.get()
+    if mode not in IDENTITY_MODES:
         raise ValueError(f"image identity mode must be 'stat' or 'content', got {mode!r}")
     return _digest([str(manifest.root.resolve()), manifest.fingerprint(),
                     *(file_identity(manifest.path(r), mode) for r in manifest.rows)])
@@ -88,7 +109,7 @@ def source_identity(name_or_path: str | os.PathLike | None) -> Any:
     for folder, _, files in sorted(os.walk(root)):
         for name in sorted(files):
             path = os.path.join(folder, name)
-            found.append([os.path.relpath(path, root), file_identity(path)])
+            found.append([os.path.relpath(path, root), file_identity(path, "stat")])
     return found
 
 

@@ -255,6 +255,9 @@ def convert(value: Any, hint: Any, where: str) -> Any:
                 errors.append(err)
         if len(errors) == 1:
             raise errors[0]
+        deeper = [e for e in errors if str(e).split(":", 1)[0] != where]  # an arm that got inside the value
+        if len(deeper) == 1:
+            raise deeper[0]
         words = [a for arm in arms if typing.get_origin(arm) is Literal for a in typing.get_args(arm) if isinstance(a, str)]
         hint_text = closest(value, words) if isinstance(value, str) and words else ""
         raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}{hint_text}")

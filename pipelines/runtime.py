@@ -141,6 +141,19 @@ def check_model_ref(value: str | None, key: str) -> None:
                           f"({', '.join('*' + s for s in WEIGHT_FILE_SUFFIXES)})")
 
 
+DEVICE_FORM = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def check_device(value: str | None, key: str) -> None:
+    """A `param(check=...)` for device fields: null, `auto`, `cpu`, `cuda`, `cuda:N` or `mps` (the devices torch
+    accepts that this project runs on), else one ConfigError naming `key`."""
+    if value is not None and not DEVICE_FORM.match(str(value)):
+        raise ConfigError(f"{key}: must be cpu, cuda, cuda:N, mps or auto (null: auto), got {value!r}")
+
+
+def runtime_device(value: str | None) -> str | None:
+    """A config's device as `resolve_device` takes it: `auto` and null are None (the first CUDA device, else CPU)."""
+    return None if value in (None, "auto") else value
 class ModelUnavailableError(UserInputError, OSError):
     """A hub model that is neither cached nor reachable: the user's setup, so one line (an OSError as before)."""
 

@@ -2,8 +2,9 @@
 """Run detectors on an ID manifest and OOD manifests: `python scripts/evaluate.py --config eval.yaml [key=value ...]`.
 
 Writes results.csv, scores.parquet, failures.json (and threshold_transfer.csv, rule_selection.csv) to the config's
-`out` folder and prints the summary table. `--dry-run` prints the plan (units to run and to reuse, caches) and exits
-without loading any model. Works under `accelerate launch` or `torchrun` (feature extraction is split across processes).
+`out` folder and prints the summary table. `--dry-run` runs every check the run runs before its first model loads
+(the typed config, overrides included, then the data), prints the plan (units to run and to reuse, caches, warnings)
+and exits; both exit 2 with one line naming the key where the config is refused. Works under `accelerate launch` or `torchrun` (feature extraction is split across processes).
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from detectors.plan import make_plan
     from detectors.units import UnitStore
 
-    config = EvalConfig.from_dict(raw, str(args.config))
+    config = EvalConfig.load(raw, args.config)
     plan = make_plan(config)
     if args.dry_run:
         store = UnitStore(plan.out)
@@ -66,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from pipelines.runtime import partial_state
 
-    warning = _process_warning(partial_state().num_processes)
-    if warning:
-        print(warning, file=sys.stderr)
+    for warning in [*(f"warning: {w}" for w in plan.warnings), _process_warning(partial_state().num_processes)]:
+        if warning:
+            print(warning, file=sys.stderr)
     runner = Runner(plan)
     results = runner.run()
     if not _finish_processes():

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-DEMO_METRICS = ("auroc", "fpr95", "fpr95_id", "aupr_in", "aupr_out")
+from detectors.tables import METRICS as DEMO_METRICS
 
 
 def clip_demo(out_dir: str, id_images: Sequence[Any], id_labels: Sequence[int], class_names: Sequence[str],

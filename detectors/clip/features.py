@@ -21,6 +21,7 @@ import torch
 from detectors.base import ImageSet
 from detectors.clip.backbone import ClipBackbone
 from pipelines.fingerprint import images_fingerprint, weights_fingerprint
+from pipelines.io import safe_name
 from pipelines.io import atomic_path
 from pipelines.progress import progress as progress_bar
 
@@ -71,7 +72,7 @@ def images_key(images: ImageSet) -> str:
 def cache_file(backbone: ClipBackbone, images: ImageSet, cache_dir: str | os.PathLike) -> Path:
     """The safetensors file of one (model weights, image set content) pair."""
     digest = hashlib.sha256(f"{weights_key(backbone)}|{images_key(images)}".encode()).hexdigest()[:16]
-    slug = "".join(c if c.isalnum() else "-" for c in Path(backbone.model_id).name)[-40:]
+    slug = safe_name(Path(backbone.model_id).name)[-40:]
     return Path(cache_dir) / f"{slug}-{digest}.safetensors"
 
 

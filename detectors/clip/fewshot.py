@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from detectors.tables import METRICS
+
 DEFAULT_SHOTS = (1, 2, 4, 8, 16)
 DEFAULT_METHODS = {"locoop": {}, "idlike": {}}
-METRICS = ("auroc", "fpr95", "fpr95_id", "aupr_in", "aupr_out")
 
 
 def class_names_from(config: dict[str, Any]) -> list[str]:

@@ -29,7 +29,7 @@ from detectors.base import Detector, ImageSet, as_numpy
 from detectors.posthoc.common import softmax
 from pipelines.params import Params, param
 from detectors.registry import register_detector
-from pipelines.io import atomic_path
+from pipelines.io import atomic_path, safe_name
 from pipelines.progress import progress
 
 EPS = 1e-6  # OpenOOD's 10**-6 in the deviation's denominators
@@ -166,7 +166,7 @@ class Gram(Detector):
         if self.cache_dir is None or images.cache_key is None:
             return None
         key = f"{model_digest(self.classifier)}|{images.cache_key}|{self.params['layers']}|{list(self.params['powers'])}"
-        slug = "".join(c if c.isalnum() else "-" for c in Path(str(self.classifier.model_id)).name)[-40:]
+        slug = safe_name(Path(str(self.classifier.model_id)).name)[-40:]
         return Path(self.cache_dir) / f"gram-{slug}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors"
 
     def features(self, batch: Any) -> GramFeatures:

@@ -21,13 +21,15 @@ from typing import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from detectors.registry import FAMILIES
 from detectors.tables import METRICS, RESULT_REQUIRED
 from pipelines.errors import UserInputError
+from pipelines.schema import GROUPS
 
 CELL_METRICS = ("fpr95", "auroc")
 PERCENT_COLUMNS = (*METRICS, "id_acc")
-FAMILY_ORDER = ("posthoc", "training", "generative", "clip")
-GROUP_ORDER = ("hard", "easy", "near", "far")
+FAMILY_ORDER = FAMILIES
+GROUP_ORDER = GROUPS
 GROUP_MISSING = "other"
 ALL = "all"
 AVERAGE = "average"

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, Params, as_numpy, param
+from detectors.posthoc.common import logsumexp, softmax
 from pipelines.data import Manifest
 from pipelines.fingerprint import weights_fingerprint
 from pipelines.training import Objective, finetune, train_heads
@@ -43,15 +44,7 @@ from pipelines.training import Objective, finetune, train_heads
 MODES = ("full", "heads")
 
 
-def softmax64(logits: np.ndarray) -> np.ndarray:
-    z = logits - logits.max(1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(1, keepdims=True)
-
-
-def logsumexp64(logits: np.ndarray) -> np.ndarray:
-    m = logits.max(1)
-    return m + np.log(np.exp(logits - m[:, None]).sum(1))
+softmax64, logsumexp64 = softmax, logsumexp  # float64 over the class axis of [N, C]: the one definition
 
 
 def linear_arrays(layer: torch.nn.Linear, prefix: str) -> dict[str, np.ndarray]:

@@ -62,14 +62,14 @@ def test_runner_matches_direct_computation(digits, tmp_path):
 
 def test_yaml_config_errors(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"id": "x", "ood": [], "out": "o", "detetcors": "all"}))
-    with pytest.raises(ValueError, match="detetcors"):
+    path.write_text(yaml.safe_dump({"id": "x", "ood": ["o"], "out": "o", "detetcors": "all"}))
+    with pytest.raises(ValueError, match=r"bad.yaml: detetcors: unknown key \(did you mean 'detectors'\?\)"):
         EvalConfig.from_yaml(path)
-    path.write_text(yaml.safe_dump({"ood": [], "out": "o"}))
-    with pytest.raises(ValueError, match="'id'"):
+    path.write_text(yaml.safe_dump({"ood": ["o"], "out": "o"}))
+    with pytest.raises(ValueError, match="id: required"):
         EvalConfig.from_yaml(path)
     with pytest.raises(ValueError, match=r"detectors\[0\].name: unknown detector 'no_such_method'"):
-        Runner(EvalConfig.from_dict({"id": "x", "ood": [], "out": "o", "detectors": ["no_such_method"]}))
+        Runner(EvalConfig.from_dict({"id": "x", "ood": ["o"], "out": "o", "detectors": ["no_such_method"]}))
 
 
 def test_selection_through_runner(digits, tmp_path):
@@ -295,3 +295,24 @@ def test_rule_rows_accuracy_and_rule_selection_on_validation(digits, tmp_path):
     ids = scores[(scores.method == "msp") & (scores.role == "id")]
     assert list(ids["file_name"]) == [test_rows[i]["file_name"] for i in ids["index"]]
     assert set(ids["manifest"]) == {str(id_dir)} and set(scores[scores.role == "ood"]["manifest"]) == {str(ood_dir)}
+
+
+def test_an_ood_set_with_no_loadable_image_is_recorded_and_the_others_scored(digits, tmp_path, capsys):
+    """One OOD set whose images are all missing: the plan warns, the run records it in failures.json (`sets`) and
+    leaves it out, and every detector still scores the valid sets (it used to fail with "ood_scores is empty")."""
+    from detectors.plan import make_plan
+    from pipelines.data import make_row
+
+    ghost = tmp_path / "ghost"
+    ghost.mkdir()
+    write_manifest(ghost, [make_row(f"g{i}.png", split="test", role="ood", ood_set="ghost", group="far") for i in range(3)])
+    config = _config(digits, tmp_path / "run", detectors=["msp", "knn"],
+                     ood=[{"manifest": str(digits[1]), "sets": ["texture"]}, {"manifest": str(ghost)}])
+    plan = make_plan(config)
+    assert plan.warnings and "ood[1]: none of the 3 image file(s) of set 'ghost' exists" in plan.warnings[0]
+    results = run_config(plan)
+    assert set(results["method"]) == {"msp", "knn"} and set(results["ood_set"]) == {"texture"}
+    failures = json.loads((tmp_path / "run" / "failures.json").read_text())
+    assert [(f["split"], f["config"]) for f in failures["sets"]] == [("ghost", "ood[1]")]
+    assert {f["file"] for f in failures["images"]} == {"g0.png", "g1.png", "g2.png"} and not failures["detectors"]
+    assert "ood[1] set 'ghost'" in capsys.readouterr().out

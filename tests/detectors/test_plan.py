@@ -14,7 +14,7 @@ from detectors.base import Detector
 from pipelines.params import Params, param
 from detectors.plan import check_spec, make_plan, safe_name
 from detectors import registry
-from detectors.runconfig import ConfigError, DetectorSpec
+from detectors.runconfig import ConfigError
 from pipelines.data import make_row, write_manifest
 from runner_helpers import evaluate_main
 
@@ -80,7 +80,7 @@ def data(tmp_path):
 def _config(data, tmp_path, **extra):
     id_dir, ood_dir = data
     return {"id": str(id_dir), "ood": [{"manifest": str(ood_dir)}], "out": str(tmp_path / "out"),
-            "model": str(tmp_path / "no_model_yet"), **extra}
+            "model": "org/no-model-yet", **extra}  # a hub id: checked when loaded, and nothing loads here
 
 
 def test_units_and_kinds_without_any_model(data, tmp_path):
@@ -90,7 +90,7 @@ def test_units_and_kinds_without_any_model(data, tmp_path):
     assert [(u.kind, u.method) for u in plan.units] == [
         ("detector", "msp"), ("select", "knn"), ("detector", "logitnorm"), ("rule", "logitnorm+ebo"),
         ("rule", "logitnorm+knn"), ("fewshot", "fewshot")]
-    assert plan.units[3].parent == "logitnorm" and plan.units[3].rule == "ebo"
+    assert plan.units[3].parent.method == "logitnorm" and plan.units[3].rule == "ebo"
     assert len({u.key for u in plan.units}) == len(plan.units)
     assert [s.id for s in plan.splits] == ["id-id_train", "id-id_val", "id-id_test", "ood-near", "ood-far", "ood_val-ood_val"]
     assert plan.class_names == ("c0", "c1") and plan.needs_features
@@ -148,7 +148,8 @@ def test_unit_keys_follow_content(data, tmp_path):
     os.utime(model / "model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert os.stat(model / "model.safetensors").st_mtime_ns == stat.st_mtime_ns
     rewritten = keys()
-    assert all(rewritten[m] != before[m] for m in before)  # pixel-only ODIN included
+    assert {m for m in before if rewritten[m] != before[m]} == {"odin", "loaded"}  # pixel-only ODIN takes it; CLIP's
+    # MCM never reads the classifier, so its unit is kept
 
     names = keys(class_names=["zero", "one"])
     assert names["mcm"] != rewritten["mcm"] and names["odin"] == rewritten["odin"]  # only MCM reads class names
@@ -195,11 +196,13 @@ def test_leak_guard_by_content_and_field_rows(data, tmp_path):
 
 def test_value_checks_in_the_plan_and_with_dims(checked_detector):
     with pytest.raises(ConfigError, match=r"detectors\[3\]\.params\.k: plugin_checked: k must be >= 1, got 0"):
-        check_spec(DetectorSpec("plugin_checked", {"k": 0}), "detectors[3]")
-    check_spec(DetectorSpec("plugin_checked", {"dim": 8}), "detectors[0]")  # D unknown yet: passes the plan
+        make_plan_of = registry.detector_class("plugin_checked")
+        check_spec(make_plan_of, {"k": 0}, None, "detectors[3]", {"features": 4, "classes": 2})
+    cls = registry.detector_class("plugin_checked")
+    check_spec(cls, {"dim": 8}, None, "detectors[0]")  # D unknown yet: passes the plan
     with pytest.raises(ConfigError, match=r"detectors\[0\]\.params\.dim: plugin_checked: dim must be below the feature "
                                           r"dimension 4, got 8"):
-        check_spec(DetectorSpec("plugin_checked", {"dim": 8}), "detectors[0]", {"features": 4, "classes": 2})
+        check_spec(cls, {"dim": 8}, None, "detectors[0]", {"features": 4, "classes": 2})
 
 
 @pytest.mark.parametrize("name", ["../../x", "/abs", "a/b", "..", ".hidden", "ok-name_1.2+b"])
@@ -208,3 +211,87 @@ def test_safe_name_is_one_harmless_component(name):
     assert "/" not in safe and "\\" not in safe and not safe.startswith(".") and safe
     assert (safe == name) == (name == "ok-name_1.2+b")
     assert safe_name("a/b") != safe_name("a_b")
+
+
+def test_a_unit_key_covers_only_the_splits_it_reads(data, tmp_path):
+    """Changing `aux` reruns the units that read it (OE, OpenGAN) and not msp / mds / knn (issue 27); changing
+    `ood_val` reruns what fits or selects on it, not msp."""
+    id_dir, ood_dir = data
+    extra = tmp_path / "aux"
+    for i in range(4):
+        _image(extra / f"a{i}.png", 500 + i)
+    write_manifest(extra, [make_row(f"a{i}.png", split="train", role="ood", ood_set="auxiliary") for i in range(4)])
+    detectors = ["msp", "mds", "knn", "opengan", {"name": "oe", "params": {"mode": "heads"}}, "tempscale"]
+    keys = lambda **extra_keys: {u.method: u.key for u in make_plan(_config(data, tmp_path, detectors=detectors,  # noqa: E731
+                                                                            **extra_keys)).units}
+    ood_val = {"manifest": str(ood_dir), "split": "val"}
+    before = keys(aux={"manifest": str(extra)}, ood_val=ood_val)
+    write_manifest(extra, [make_row(f"a{i}.png", split="train", role="ood", ood_set="auxiliary") for i in range(3)])
+    after = keys(aux={"manifest": str(extra)}, ood_val=ood_val)
+    assert {m for m in before if before[m] != after[m]} == {"opengan", "oe"}
+    without_val = keys(aux={"manifest": str(extra)})
+    assert {m for m in after if after[m] != without_val[m]} == {"opengan", "oe"}  # tempscale reads id_val only
+    plan = make_plan(_config(data, tmp_path, detectors=detectors, aux={"manifest": str(extra)}, ood_val=ood_val))
+    reads = {u.method: u.parts["reads"] for u in plan.units}
+    assert "aux" not in reads["msp"] and "ood_val" not in reads["msp"] and "id_val" not in reads["msp"]
+    assert {"aux", "ood_val", "id_val"} <= set(reads["opengan"]) and "id_val" in reads["tempscale"]
+
+
+def test_cache_hash_reaches_every_cache(data, tmp_path, monkeypatch):
+    """`cache_hash: content` is in force while the runner runs (`image_identity`), so every cache keyed by images
+    without an explicit mode (trained features, CLIP features, fine-tunes) sees a same-size rewrite with the mtime
+    kept; `stat` does not."""
+    from detectors.base import ImageSet
+    from detectors.clip.features import images_key
+    from detectors.evaluate import Runner
+    from pipelines.data import read_manifest
+    from pipelines.fingerprint import _IDENTITY, image_identity
+
+    id_dir, _ = data
+    manifest = read_manifest(id_dir).select(split="train")
+    path = manifest.path(manifest.rows[0])
+    keys = {}
+    for mode in ("stat", "content"):
+        with image_identity(mode):
+            keys[mode] = images_key(ImageSet(manifest=manifest))
+    stat = os.stat(path)
+    data_bytes = bytearray(path.read_bytes())
+    data_bytes[-1] ^= 1
+    path.write_bytes(bytes(data_bytes))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    for mode in ("stat", "content"):
+        with image_identity(mode):
+            changed = images_key(ImageSet(manifest=manifest)) != keys[mode]
+        assert changed == (mode == "content")
+
+    seen = []
+    monkeypatch.setattr(Runner, "_run", lambda self: seen.append(_IDENTITY.get()))
+    Runner(make_plan(_config(data, tmp_path, detectors=["msp"], cache_hash="content"))).run()
+    assert seen == ["content"] and _IDENTITY.get() == "stat"
+    plans = {h: make_plan(_config(data, tmp_path, detectors=["msp"], cache_hash=h)) for h in ("stat", "content")}
+    assert plans["stat"].units[0].key != plans["content"].units[0].key
+
+
+def test_plan_warns_about_a_set_with_no_image(data, tmp_path):
+    id_dir, ood_dir = data
+    for path in ood_dir.glob("far_*.png"):
+        path.unlink()
+    plan = make_plan(_config(data, tmp_path, detectors=["msp"]))
+    assert len(plan.warnings) == 1 and "ood[0]: none of the 4 image file(s) of set 'far' exists" in plan.warnings[0]
+    assert "warning: ood[0]: none of the 4" in plan.describe()
+
+
+def test_aux_and_ood_val_must_be_disjoint(data, tmp_path):
+    _, ood_dir = data
+    with pytest.raises(ConfigError, match=r"^aux and ood_val: 3 row\(s\) are in both \(first: 'val_near_0.png'\)"):
+        make_plan(_config(data, tmp_path, detectors=["msp"], ood_val={"manifest": str(ood_dir)},
+                          aux={"manifest": str(ood_dir), "split": "val", "sets": ["near"]}))
+    with pytest.raises(ConfigError, match=r"^aux and select.ood_val: "):
+        make_plan(_config(data, tmp_path, detectors=["knn"], select={"ood_val": {"manifest": str(ood_dir)}},
+                          aux={"manifest": str(ood_dir), "split": "val", "sets": ["near"]}))
+
+
+def test_model_is_needed_by_feature_detectors(data, tmp_path):
+    config = {k: v for k, v in _config(data, tmp_path, detectors=["msp"]).items() if k != "model"}
+    with pytest.raises(ConfigError, match=r"^model: a classifier hub id or folder is needed"):
+        make_plan(config)

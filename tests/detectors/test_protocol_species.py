@@ -24,6 +24,7 @@ import yaml
 from PIL import Image
 
 from gen.insects import load_region, synthetic_occurrences
+from pipelines.cli import load_yaml
 from pipelines.data import make_row, write_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +100,7 @@ def _classifier(tmp: Path, splits: Path) -> Path:
 
 
 def _eval_config(tmp: Path, splits: Path, field: Path, model: Path) -> Path:
-    raw = yaml.safe_load(CONFIG.read_text())
+    raw = load_yaml(CONFIG)  # the region file over species_base.yaml
     raw.update(model=str(model), id=str(splits), out=str(tmp / "run"), ood=[{**o, "manifest": str(splits)} for o in raw["ood"]],
                aux={**raw["aux"], "manifest": str(splits)}, ood_val={**raw["ood_val"], "manifest": str(splits)},
                field=[{"manifest": str(field)}])

@@ -56,6 +56,29 @@ def test_changed_parameters_redo_only_that_unit(digits, tmp_path):
     assert len(results) == 6
 
 
+def test_changed_aux_redoes_only_the_units_that_read_it(digits, tmp_path):
+    """Issue 27: every split was in every unit's key, so changing `aux` reran msp and knn; now only OE reruns."""
+    from PIL import Image
+
+    from pipelines.data import make_row, write_manifest
+
+    aux = tmp_path / "aux"
+    aux.mkdir()
+    for i in range(6):
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (28, 28, 3), dtype=np.uint8)).save(aux / f"a{i}.png")
+    rows = [make_row(f"a{i}.png", split="train", role="ood", ood_set="auxiliary") for i in range(6)]
+    write_manifest(aux, rows[:5])
+    out = tmp_path / "run"
+    detectors = ["msp", {"name": "knn", "params": {"k": 5}}, {"name": "oe", "params": {"mode": "heads", "epochs": 1}}]
+    ood = [{"manifest": str(digits[1]), "sets": ["texture"]}]
+    run_config(eval_config(digits, out, detectors=detectors, ood=ood, aux={"manifest": str(aux)}))
+    stamps = {m: _unit_stamp(out, m) for m in ("msp", "knn", "oe")}
+    write_manifest(aux, rows)
+    results = run_config(eval_config(digits, out, detectors=detectors, ood=ood, aux={"manifest": str(aux)}))
+    assert {m for m in stamps if _unit_stamp(out, m) != stamps[m]} == {"oe"}
+    assert set(results["method"]) == {"msp", "knn", "oe"}
+
+
 def test_retrained_model_in_the_same_folder_never_reuses_features(digits, tmp_path):
     """Content-addressed caches: the key hashes the weights actually loaded, not the folder name."""
     id_dir, ood_dir, model = digits
@@ -182,7 +205,8 @@ def test_bad_input_matrix_in_evaluation(digits, tmp_path):
     detectors alike, the others are recorded with file and reason; bad manifest lines are refused in the plan."""
     from badinputs import bad_images, bad_manifest
 
-    from pipelines.data import ManifestError, make_row, write_manifest
+    from pipelines.data import make_row, write_manifest
+    from pipelines.errors import ConfigError
 
     folder = tmp_path / "bad"
     cases = bad_images(folder)
@@ -210,7 +234,7 @@ def test_bad_input_matrix_in_evaluation(digits, tmp_path):
         (broken / case.path.name).write_bytes(case.path.read_bytes())
     moved = {k: type(v)(v.name, broken / v.path.name, v.loads) for k, v in good.items()}
     info = bad_manifest(broken, moved, role="ood", ood_set="awkward", label=-1)
-    with pytest.raises(ManifestError, match=r"metadata.jsonl, line 2, field 'split'"):
+    with pytest.raises(ConfigError, match=r"^ood\[0\]: .*metadata.jsonl, line 2, field 'split'"):  # key, then line
         run_config(eval_config(digits, tmp_path / "run2", detectors=["msp"], ood=[{"manifest": str(broken)}]))
     assert info["bad_lines"][2] == "split" and not (tmp_path / "run2").exists()
 
@@ -239,7 +263,7 @@ def test_weights_rewritten_in_place_redo_a_pixel_only_unit(digits, tmp_path):
     assert after.iloc[0]["auroc"] == pytest.approx(fresh.iloc[0]["auroc"], abs=1e-9)
     assert after.iloc[0]["auroc"] != pytest.approx(before.iloc[0]["auroc"], abs=1e-6)
     record = json.loads((tmp_path / "run" / "units" / "odin" / "unit.json").read_text())["key_parts"]
-    assert {p[0] for p in record["run"]["model"]} >= {"model.safetensors", "config.json"}  # the audit trail
+    assert {p[0] for p in record["unit"]["classifier"]["model"]} >= {"model.safetensors", "config.json"}  # audit trail
 
 
 def test_console_resume_and_failure_summary(digits, tmp_path, capsys):

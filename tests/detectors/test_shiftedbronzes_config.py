@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from detectors.evaluate import EvalConfig, detector_specs
+from detectors.evaluate import EvalConfig
 from detectors.registry import detector_class
+from pipelines.sources import Source
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "shiftedbronzes.yaml"
 
@@ -18,12 +19,15 @@ GENERATIVE = ["DIFFGUARD", "OpenGAN"]
 
 
 def test_config_holds_the_papers_sets_groups_detectors_and_families():
-    config = EvalConfig.from_yaml(CONFIG)  # unknown keys or malformed entries raise here
+    # unknown keys, malformed entries, detector names and parameters raise here; the config's local model folder does
+    # not exist here (it is checked at load), so a hub id stands in
+    config = EvalConfig.from_yaml(CONFIG, ["model=org/bronze-classifier"])
     sets = [(name, src.group) for src in config.ood for name in src.sets]
     assert sets == [(s, "hard") for s in HARD] + [(s, "easy") for s in EASY]
-    assert all(src.split == "test" for src in config.ood)
+    assert all(src.read_split("test") == "test" for src in config.ood)
+    assert config.protocol == "openood_v1.5"
 
-    specs = detector_specs(config)  # unknown detector names raise here
+    specs = config.detectors
     by_family: dict[str, list[str]] = {}
     for spec in specs:
         cls = detector_class(spec.name)
@@ -40,5 +44,5 @@ def test_config_holds_the_papers_sets_groups_detectors_and_families():
     assert detector_class("openmax").defaults["distance"] == "euclidean"
     assert detector_class("gram").defaults["powers"] == [1, 2, 3, 4, 5]
     assert "outliers" not in params["OpenGAN"] and config.aux is None  # OpenGAN-0, as OpenOOD ran it
-    assert config.ood_val == {"manifest": "data/ood_val", "split": "val"}  # its per-epoch selection on OOD-val
+    assert config.ood_val == Source(manifest="data/ood_val", split="val")  # its per-epoch selection on OOD-val
 

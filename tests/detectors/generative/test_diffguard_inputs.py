@@ -6,14 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from detectors.evaluate import EvalConfig, detector_specs
+from detectors.evaluate import EvalConfig
 from detectors.generative.diffguard import DiffGuard
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "shiftedbronzes.yaml"
+HUB_MODEL = ["model=org/bronze-classifier"]  # the config's local model folder does not exist here (checked at load)
 
 
 def _diffguard_params() -> dict:
-    (spec,) = [s for s in detector_specs(EvalConfig.from_yaml(CONFIG)) if s.name == "diffguard"]
+    (spec,) = [s for s in EvalConfig.from_yaml(CONFIG, HUB_MODEL).detectors if s.name == "diffguard"]
     return dict(spec.params)
 
 
@@ -53,7 +54,7 @@ def test_plan_stops_on_absent_diffguard_inputs_before_running(tmp_path, monkeypa
     from detectors import plan
     from pipelines.errors import ConfigError
 
-    (spec,) = [s for s in detector_specs(EvalConfig.from_yaml(CONFIG)) if s.name == "diffguard"]
+    (spec,) = [s for s in EvalConfig.from_yaml(CONFIG, HUB_MODEL).detectors if s.name == "diffguard"]
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="unet_id.*256x256_diffusion_uncond.pt"):
-        plan.check_spec(spec, "detectors[17]")
+        plan.check_spec(DiffGuard, spec.params, None, "detectors[17]")
