@@ -7,9 +7,54 @@ from detectors.metrics import auroc, evaluate
 from detectors.selection import grid
 
 
-def test_grid_is_the_cartesian_product():
+def recursive_generator(lists):
+    """OpenOOD's Evaluator.recursive_generator (openood/evaluation_api/evaluator.py), restated: the first list varies
+    fastest."""
+    if len(lists) == 1:
+        return [[x] for x in lists[0]]
+    return [y + [x] for x in lists[-1] for y in recursive_generator(lists[:-1])]
+
+
+def test_grid_is_the_cartesian_product_in_openoods_order():
     assert grid({"a": [1, 2], "b": ["x"]}) == [{"a": 1, "b": "x"}, {"a": 2, "b": "x"}]
     assert grid({}) == [{}]
+    space = {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028], "c": ["u", "v", "w"]}
+    assert [list(p.values()) for p in grid(space)] == recursive_generator(list(space.values()))
+    assert [tuple(p.values()) for p in grid(space)][:3] == [(1, 0.0014, "u"), (10, 0.0014, "u"), (100, 0.0014, "u")]
+
+
+def test_a_tie_keeps_the_first_point_in_openoods_order():
+    """GEN with M >= C classes scores every class alike, so its M points tie: the first in OpenOOD's order wins."""
+    rng = np.random.default_rng(0)
+    id_val = FeatureSet(logits=rng.normal(0, 1, (40, 3)) + [4, 0, 0])
+    ood_val = FeatureSet(logits=rng.normal(0, 1, (40, 3)))
+    space = {"M": [5, 3], "gamma": [0.1]}
+    _, params, table = detectors.select("gen", id_val, ood_val, space=space)
+    assert table[0]["auroc"] == table[1]["auroc"]  # M >= C: the top-M entropy is the same
+    assert params == {"M": 5, "gamma": 0.1}  # the first point wins the tie (OpenOOD: `auroc > max_auroc`)
+    space = {"gamma": [0.1, 0.5], "M": [5, 3]}
+    _, params, table = detectors.select("gen", id_val, ood_val, space=space)
+    order = [(row["gamma"], row["M"]) for row in table]
+    assert order == [(0.1, 5), (0.5, 5), (0.1, 3), (0.5, 3)]  # the first key fastest
+    best = max(row["auroc"] for row in table)
+    assert (params["gamma"], params["M"]) == next(p for p, row in zip(order, table) if row["auroc"] == best)
+
+
+def test_a_nan_metric_never_wins(monkeypatch):
+    import detectors.selection as selection
+
+    rng = np.random.default_rng(1)
+    id_val, ood_val = FeatureSet(rng.normal(2, 1, (30, 4))), FeatureSet(rng.normal(0, 1, (30, 4)))
+    real = selection.evaluate
+    calls = []
+
+    def first_is_nan(a, b):
+        calls.append(1)
+        return {**real(a, b), "auroc": float("nan")} if len(calls) == 1 else real(a, b)
+
+    monkeypatch.setattr(selection, "evaluate", first_is_nan)
+    _, params, table = selection.select("knn", id_val, ood_val, id_train=id_val, space={"k": [1, 2]})
+    assert np.isnan(table[0]["auroc"]) and params == {"k": 2}
 
 
 def test_knn_k_sweep_matches_manual_loop():
