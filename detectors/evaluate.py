@@ -31,7 +31,7 @@ from detectors.plan import (FEATURES_VERSION, Plan, Split, Unit, check_spec, key
 from detectors.posthoc.streaming import across_processes, chunk_rows, process_rows
 from detectors.registry import build, detector_class
 from detectors.runconfig import ConfigError, DetectorSpec, EvalConfig, OODSource, Source, detector_specs
-from detectors.selection import select
+from detectors.selection import defaults_note, select
 from detectors.tables import LOWER_IS_BETTER, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
 from detectors.transfer import transfer_table
 from detectors.units import UnitResult, UnitStore
@@ -76,6 +76,7 @@ class Runner:
         self.reused = 0
         self._trained: dict[str, Detector] = {}
         self._images: dict[str, ImageSet] = {}
+        self._selected_on: dict[str, str] = {}  # swept units: the metric and the validation splits that chose
 
     # -- features ------------------------------------------------------------------------------------------
     def _device(self):
@@ -298,13 +299,19 @@ class Runner:
         return self._trained[unit.parent]
 
     def _selected(self, unit: Unit) -> Detector:
-        """A validation sweep (ID val against OOD val) on cached features; the best point's detector, fitted."""
+        """The protocol's validation sweep (`unit.parts["sweep"]`, ID val against OOD val) on cached features or, for
+        image-level detectors, on the validation images; the best point's detector, fitted."""
         spec, sel = unit.spec, self.plan.select
-        det, _, table = select(spec.name, self.data["id-id_val"].features, self.data[sel.split].features,
-                               id_train=self.data["id-id_train"].features, head=self.head, metric=sel.metric,
-                               fixed=spec.params)
+        probe = self._build(spec, unit.method)  # what the detector reads and its fit inputs, for every point alike
+        fit_kwargs = {k: v for k, v in self._fit_kwargs(probe).items() if k != "id_val"}
+        fit_kwargs["id_val"] = self._split_data(probe, "id-id_val")
+        make = lambda params: self._build(DetectorSpec(spec.name, params), unit.method)  # noqa: E731
+        det, _, table = select(spec.name, fit_kwargs["id_val"], self._split_data(probe, sel.split),
+                               id_train=self._split_data(probe, "id-id_train"), space=unit.parts["sweep"],
+                               metric=sel.metric, fixed=spec.params, make=make, fit_kwargs=fit_kwargs)
+        sets = ",".join(sorted({r["ood_set"] for r in self.plan.split(sel.split).manifest.rows}))
+        self._selected_on[unit.method] = f"{sel.metric}: id_val vs ood_val[{sets}]"
         if partial_state().is_main_process:  # which split chose: ID val against these OOD-validation sets
-            sets = ",".join(sorted({r["ood_set"] for r in self.plan.split(sel.split).manifest.rows}))
             frame = pd.DataFrame(table).assign(metric=sel.metric, id_val="id_val", ood_val=sets)
             _write_csv(frame, self.plan.out / "selection" / f"{safe_name(unit.method)}.csv")
         return det
@@ -366,7 +373,8 @@ class Runner:
             rows.append({"method": method, "family": family, "mode": mode, "protocol": self.plan.protocol, "base": base,
                          "rule": rule, "ood_set": split.name, "group": split.group, **compute_metrics(id_scores, ood_scores),
                          "id_acc": acc, "n_id": len(id_scores), "n_ood": len(ood_scores),
-                         "seconds": fit_seconds + time.perf_counter() - t0, "params": params})
+                         "seconds": fit_seconds + time.perf_counter() - t0, "params": params,
+                         "selected_on": self._selected_on.get(method, "")})
             frames.append(frame(split, "ood", split.group or "", ood_scores))
         for split in self.plan.of_role("field_id", "field_ood"):
             if split.id in self.data and len(self.data[split.id].index):
@@ -387,6 +395,9 @@ class Runner:
         self.plan.out.mkdir(parents=True, exist_ok=True)
         self.data = self.prepare()
         self._check_dims()
+        note = defaults_note(self.plan)
+        if note and main:
+            print(note)
         done: list[UnitResult] = []
         rows = self.plan.runtime.chunk_rows
         with chunk_rows(rows) if rows else contextlib.nullcontext():
@@ -502,7 +513,7 @@ def rule_selection(validation: list[dict[str, Any]]) -> pd.DataFrame:
 def _results(done: list[UnitResult]) -> pd.DataFrame:
     frames = [u.rows for u in done if len(u.rows)]
     results = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(RESULT_COLUMNS))
-    results[["mode", "base", "rule"]] = results[["mode", "base", "rule"]].fillna("")
+    results[["mode", "base", "rule", "selected_on"]] = results[["mode", "base", "rule", "selected_on"]].fillna("")
     return results
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from detectors.base import Detector
+from detectors.protocols import unit_sweep
 from detectors.registry import detector_class
 from detectors.runconfig import ConfigError, DetectorSpec, EvalConfig, Source
 from pipelines.data import Manifest, read_manifest
@@ -152,9 +153,9 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     id_train = next(s for s in splits if s.id == "id-id_train")
     class_names = tuple(config.class_names) if config.class_names else class_names_of(id_train.manifest)
     select = None
-    if config.select is not None:
-        which = "ood_val-select_ood_val" if "ood_val" in config.select else "ood_val-ood_val"
-        select = Selection(config.select.get("metric", "auroc"), which)
+    if config.select is not None or config.ood_val is not None:  # OOD validation given: the protocol's sweeps run
+        which = "ood_val-select_ood_val" if config.select and "ood_val" in config.select else "ood_val-ood_val"
+        select = Selection((config.select or {}).get("metric", "auroc"), which)
     run_parts = {"version": PLAN_VERSION, "features": FEATURES_VERSION, "model": source_fingerprint(config.model),
                  "head": None if config.head is None else {**config.head, "files": source_fingerprint(config.head["levels"])},
                  "select": config.select, "splits": [[s.role, s.name, s.group, s.data_key] for s in splits],
@@ -413,8 +414,10 @@ def plan_units(specs: list[DetectorSpec], run_parts: Mapping[str, Any], class_na
     units: list[Unit] = []
     for spec in specs:
         cls = detector_class(spec.name)
-        kind = "select" if config.select is not None and selectable(spec) else "detector"
-        parts = {"kind": kind, "spec": {k: v for k, v in spec.__dict__.items() if k != "rules"},
+        has_val = config.select is not None or config.ood_val is not None
+        sweep = unit_sweep(config.protocol, cls, has_val, spec.params) if selectable(spec) else {}
+        kind = "select" if sweep else "detector"
+        parts = {"kind": kind, "sweep": sweep, "spec": {k: v for k, v in spec.__dict__.items() if k != "rules"},
                  "load": source_fingerprint(spec.load), "param_files": _path_params(spec.params),
                  "class_names": list(class_names) if class_names and "class_names" in cls.needs else None,
                  "runtime": {k: v for k, v in _runtime(config).items() if k in cls.needs}}
@@ -437,9 +440,9 @@ def _runtime(config: EvalConfig) -> dict[str, Any]:
 
 
 def selectable(spec: DetectorSpec) -> bool:
-    """Post-hoc-style detectors with a sweep (training-time methods need auxiliary data and are not swept here)."""
-    cls = detector_class(spec.name)
-    return reads_features(cls) and bool(cls.search_space) and spec.load is None and cls.family != "training"
+    """Post-hoc-style detectors, on cached features or on images (ODIN, RP-ODIN), fitted here (not `load:`);
+    training-time methods are not swept (a point would retrain). The grid is the protocol's (`unit_sweep`)."""
+    return spec.load is None and detector_class(spec.name).family != "training"
 
 
 def key_record(unit: Unit, plan: Plan) -> dict[str, Any]:

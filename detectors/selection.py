@@ -64,3 +64,18 @@ def select(name: str, id_val: Any, ood_val: Any, *, id_train: Any = None, head: 
     if best is None:
         raise ValueError(f"select({name!r}): no point of the search space could be fitted: {table}")
     return best[1], best[2], table
+
+
+def defaults_note(plan: Any) -> str | None:
+    """One line for a run without OOD validation whose protocol would sweep some of its units (None otherwise)."""
+    from detectors.plan import selectable
+    from detectors.protocols import unit_sweep
+
+    if plan.select is not None:
+        return None
+    names = [u.method for u in plan.units if u.kind == "detector" and selectable(u.spec)
+             and unit_sweep(plan.protocol, detector_class(u.spec.name), True, u.spec.params)]
+    if not names:
+        return None
+    return (f"[oodforge] no OOD validation (`ood_val`): defaults ran where protocol {plan.protocol} sweeps "
+            f"({', '.join(names)})")

@@ -89,3 +89,33 @@ def test_rule_selection_marks_the_best_per_method_in_the_metric_direction():
             {"base": "udg", "rule": "mds", "metric": "auroc", "value": 0.9}]
     table = rule_selection(rows)
     assert list(table["chosen"]) == [False, True, False, False, True]  # FPR lower is better, AUROC higher
+
+
+def test_runner_sweeps_by_default_with_ood_val_and_says_when_defaults_ran(digits, tmp_path, capsys):
+    """With `ood_val` (no `select:`) the protocol's grids run, ODIN's on the validation images; rows say what chose.
+    Without OOD validation one line says that defaults ran."""
+    import json
+
+    import pandas as pd
+
+    from detectors.evaluate import run_config
+    from tests.detectors.runner_helpers import eval_config
+
+    _, ood_dir, _ = digits
+    val = {"manifest": str(ood_dir), "split": "test", "sets": ["texture"]}
+    config = eval_config(digits, tmp_path / "swept", detectors=["odin", "ebo", {"name": "knn", "params": {"k": 5}}],
+                         ood=[{"manifest": str(ood_dir), "sets": ["digits_6_9"]}], ood_val=val, protocol="open-insects")
+    results = run_config(config)
+    rows = results.set_index("method")
+    assert rows.loc["odin", "selected_on"] == "auroc: id_val vs ood_val[texture]"
+    assert rows.loc["ebo", "selected_on"] == "" and rows.loc["knn", "selected_on"] == ""  # one point; k given
+    table = pd.read_csv(tmp_path / "swept" / "selection" / "odin.csv")
+    assert list(zip(table["temperature"], table["noise"])) == [(t, n) for n in (0.0014, 0.0028) for t in (1, 10, 100, 1000)]
+    chosen = json.loads(rows.loc["odin", "params"])
+    best = table.loc[table["auroc"].idxmax()]  # idxmax: the first maximum, as OpenOOD's
+    assert (chosen["temperature"], chosen["noise"]) == (best["temperature"], best["noise"])
+    assert not (tmp_path / "swept" / "selection" / "knn.csv").exists()
+    capsys.readouterr()
+    run_config({**config, "out": str(tmp_path / "plain"), "ood_val": None})
+    lines = [line for line in capsys.readouterr().out.splitlines() if "defaults ran" in line]
+    assert lines == ["[oodforge] no OOD validation (`ood_val`): defaults ran where protocol open-insects sweeps (odin)"]
