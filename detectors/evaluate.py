@@ -306,11 +306,15 @@ class Runner:
         fit_kwargs = {k: v for k, v in self._fit_kwargs(probe).items() if k != "id_val"}
         fit_kwargs["id_val"] = self._split_data(probe, "id-id_val")
         make = lambda params: self._build(DetectorSpec(spec.name, params), unit.method)  # noqa: E731
-        det, _, table = select(spec.name, fit_kwargs["id_val"], self._split_data(probe, sel.split),
-                               id_train=self._split_data(probe, "id-id_train"), space=unit.parts["sweep"],
-                               metric=sel.metric, fixed=spec.params, make=make, fit_kwargs=fit_kwargs)
         sets = ",".join(sorted({r["ood_set"] for r in self.plan.split(sel.split).manifest.rows}))
-        self._selected_on[unit.method] = f"{sel.metric}: id_val vs ood_val[{sets}]"
+        try:
+            det, _, table = select(spec.name, fit_kwargs["id_val"], self._split_data(probe, sel.split),
+                                   id_train=self._split_data(probe, "id-id_train"), space=unit.parts["sweep"],
+                                   metric=sel.metric, fixed=spec.params, make=make, fit_kwargs=fit_kwargs)
+            self._selected_on[unit.method] = f"{sel.metric}: id_val vs ood_val[{sets}]"
+        except ValueError as err:  # no grid point fits these features (e.g. NECO's dims on D = 64): the defaults run
+            det, table = probe, [{"error": str(err)}]
+            self._selected_on[unit.method] = "defaults: no grid point fits the data"
         if partial_state().is_main_process:  # which split chose: ID val against these OOD-validation sets
             frame = pd.DataFrame(table).assign(metric=sel.metric, id_val="id_val", ood_val=sets)
             _write_csv(frame, self.plan.out / "selection" / f"{safe_name(unit.method)}.csv")

@@ -103,7 +103,7 @@ def test_runner_sweeps_by_default_with_ood_val_and_says_when_defaults_ran(digits
 
     _, ood_dir, _ = digits
     val = {"manifest": str(ood_dir), "split": "test", "sets": ["texture"]}
-    config = eval_config(digits, tmp_path / "swept", detectors=["odin", "ebo", {"name": "knn", "params": {"k": 5}}],
+    config = eval_config(digits, tmp_path / "swept", detectors=["odin", "ebo", {"name": "knn", "params": {"k": 5}}, "neco"],
                          ood=[{"manifest": str(ood_dir), "sets": ["digits_6_9"]}], ood_val=val, protocol="open-insects")
     results = run_config(config)
     rows = results.set_index("method")
@@ -115,7 +115,10 @@ def test_runner_sweeps_by_default_with_ood_val_and_says_when_defaults_ran(digits
     best = table.loc[table["auroc"].idxmax()]  # idxmax: the first maximum, as OpenOOD's
     assert (chosen["temperature"], chosen["noise"]) == (best["temperature"], best["noise"])
     assert not (tmp_path / "swept" / "selection" / "knn.csv").exists()
+    # NECO's open-insects dims (100 ... 400) exceed these 64-d features: recorded, and its defaults run
+    assert rows.loc["neco", "selected_on"] == "defaults: no grid point fits the data"
+    assert "no point of the search space" in pd.read_csv(tmp_path / "swept" / "selection" / "neco.csv")["error"][0]
     capsys.readouterr()
     run_config({**config, "out": str(tmp_path / "plain"), "ood_val": None})
     lines = [line for line in capsys.readouterr().out.splitlines() if "defaults ran" in line]
-    assert lines == ["[oodforge] no OOD validation (`ood_val`): defaults ran where protocol open-insects sweeps (odin)"]
+    assert lines == ["[oodforge] no OOD validation (`ood_val`): defaults ran where protocol open-insects sweeps (odin, neco)"]
