@@ -22,7 +22,7 @@ PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
 # Read from OpenOOD's configs/postprocessors/<name>.yml (Jingkang50/OpenOOD at 3c35632; Open-Insect's copies at e0aa51e
 # are the same files unless noted). A postprocessor with `APS_mode: False` (DICE, MDS, RMDS, MSP, MLS, KLM, SHE, MCM,
 # GradNorm, RankFeat, OpenMax, TempScale, RP-MSP, RP-GradNorm) runs its defaults: an empty grid here. A one-point grid
-# (EBO's temperature [1], MDSEns's noise [0.0014], RP-EBO's temperature [1], Gram's powers) is its default: no sweep.
+# (EBO's temperature [1], MDSEns's noise [0.0014], RP-EBO's temperature [1]) is its default, evaluated on validation.
 # Detectors absent from a table (NECO under openood_v1.5: OpenOOD has no neco.yml; the CLIP and generative families)
 # sweep their class's declared `search_space`.
 _OPENOOD = {
@@ -41,6 +41,7 @@ _OPENOOD = {
     "vim": {},
     "rp_ebo": {"temperature": [1]},                                               # Open-Insect rp_ebo.yml
     "rp_odin": {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]},   # Open-Insect rp_odin.yml (images)
+    # gram.yml's powers_list [[1, 2, 3, 4, 5]] is its default powers: none of ours to sweep
     **{name: {} for name in ("mds", "rmds", "msp", "mls", "klm", "she", "gradnorm", "rankfeat", "openmax", "tempscale",
                              "gram", "mcm", "rp_msp", "rp_gradnorm")},
 }
@@ -71,8 +72,8 @@ def unit_sweep(protocol: str, cls: type, has_ood_val: bool, given: Any = ()) -> 
     """The grid a unit of detector class `cls` sweeps under `protocol`; empty = its defaults run.
 
     Only with OOD validation rows (`has_ood_val`), never for training-time methods (their sweep retrains), and the keys
-    a config's own `params` give (`given`) are fixed, not swept. A grid of one point is that point as a default."""
+    a config's own `params` give (`given`) are fixed, not swept. A one-point grid (EBO's [1]) still runs, as OpenOOD's
+    APS does: its row in `selection/<method>.csv` records the validation metric."""
     if not has_ood_val or getattr(cls, "family", "") == "training":
         return {}
-    space = {k: v for k, v in sweep_space(protocol, cls.name, cls.search_space).items() if k not in set(given)}
-    return space if any(len(v) > 1 for v in space.values()) else {}
+    return {k: v for k, v in sweep_space(protocol, cls.name, cls.search_space).items() if k not in set(given)}

@@ -64,7 +64,7 @@ def test_unit_sweep():
     assert unit_sweep("openood_v1.5", knn, True) == {"k": [50, 100, 200, 500, 1000]}
     assert unit_sweep("openood_v1.5", knn, False) == {}  # no OOD validation: defaults run
     assert unit_sweep("openood_v1.5", knn, True, given=["k"]) == {}  # the config's own value is fixed
-    assert unit_sweep("openood_v1.5", detector_class("ebo"), True) == {}  # [1]: the default, nothing to sweep
+    assert unit_sweep("openood_v1.5", detector_class("ebo"), True) == {"temperature": [1]}  # run and recorded, as APS
     assert unit_sweep("openood_v1.5", detector_class("dice"), True) == {}
     assert unit_sweep("open-insects", neco, True) == {"dim": [100, 200, 300, 400]}
     assert unit_sweep("openood_v1.5", neco, True) == neco.search_space  # no neco.yml in OpenOOD: the declared grid

@@ -108,7 +108,8 @@ def test_runner_sweeps_by_default_with_ood_val_and_says_when_defaults_ran(digits
     results = run_config(config)
     rows = results.set_index("method")
     assert rows.loc["odin", "selected_on"] == "auroc: id_val vs ood_val[texture]"
-    assert rows.loc["ebo", "selected_on"] == "" and rows.loc["knn", "selected_on"] == ""  # one point; k given
+    assert rows.loc["ebo", "selected_on"] == rows.loc["odin", "selected_on"]  # one point (T 1), recorded as APS does
+    assert rows.loc["knn", "selected_on"] == ""  # k given: fixed, no sweep
     table = pd.read_csv(tmp_path / "swept" / "selection" / "odin.csv")
     assert list(zip(table["temperature"], table["noise"])) == [(t, n) for n in (0.0014, 0.0028) for t in (1, 10, 100, 1000)]
     chosen = json.loads(rows.loc["odin", "params"])
@@ -121,4 +122,4 @@ def test_runner_sweeps_by_default_with_ood_val_and_says_when_defaults_ran(digits
     capsys.readouterr()
     run_config({**config, "out": str(tmp_path / "plain"), "ood_val": None})
     lines = [line for line in capsys.readouterr().out.splitlines() if "defaults ran" in line]
-    assert lines == ["[oodforge] no OOD validation (`ood_val`): defaults ran where protocol open-insects sweeps (odin, neco)"]
+    assert lines == ["[oodforge] no OOD validation (`ood_val`): defaults ran where protocol open-insects sweeps (odin, ebo, neco)"]
