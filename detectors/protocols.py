@@ -23,8 +23,8 @@ PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
 # are the same files unless noted). A postprocessor with `APS_mode: False` (DICE, MDS, RMDS, MSP, MLS, KLM, SHE, MCM,
 # GradNorm, RankFeat, OpenMax, TempScale, RP-MSP, RP-GradNorm) runs its defaults: an empty grid here. A one-point grid
 # (EBO's temperature [1], MDSEns's noise [0.0014], RP-EBO's temperature [1]) is its default, evaluated on validation.
-# Detectors absent from a table (NECO under openood_v1.5: OpenOOD has no neco.yml; the CLIP and generative families)
-# sweep their class's declared `search_space`.
+# Detectors absent from a table (NECO under openood_v1.5: OpenOOD has no neco.yml; the CLIP, generative and training
+# families) run their defaults in a run; `sweep_space` gives their declared `search_space` for `detectors.select`.
 _OPENOOD = {
     "ash": {"percentile": [65, 70, 75, 80, 85, 90, 95]},                         # ash.yml
     "dice": {},                                                                   # dice.yml: APS off, p 90
@@ -71,9 +71,10 @@ def sweep_space(protocol: str, name: str, declared: dict[str, list[Any]]) -> dic
 def unit_sweep(protocol: str, cls: type, has_ood_val: bool, given: Any = ()) -> dict[str, list[Any]]:
     """The grid a unit of detector class `cls` sweeps under `protocol`; empty = its defaults run.
 
-    Only with OOD validation rows (`has_ood_val`), never for training-time methods (their sweep retrains), and the keys
+    Only with OOD validation rows (`has_ood_val`), only for detectors in the protocol's table (`SWEEPS`: the reference's
+    post-hoc postprocessors; training-time methods, CLIP prompt learners and OpenGAN would retrain per point), and the keys
     a config's own `params` give (`given`) are fixed, not swept. A one-point grid (EBO's [1]) still runs, as OpenOOD's
     APS does: its row in `selection/<method>.csv` records the validation metric."""
-    if not has_ood_val or getattr(cls, "family", "") == "training":
+    if not has_ood_val or cls.name not in SWEEPS[protocol]:  # the protocol's table only (no training, CLIP, OpenGAN)
         return {}
     return {k: v for k, v in sweep_space(protocol, cls.name, cls.search_space).items() if k not in set(given)}

@@ -67,7 +67,9 @@ def test_unit_sweep():
     assert unit_sweep("openood_v1.5", detector_class("ebo"), True) == {"temperature": [1]}  # run and recorded, as APS
     assert unit_sweep("openood_v1.5", detector_class("dice"), True) == {}
     assert unit_sweep("open-insects", neco, True) == {"dim": [100, 200, 300, 400]}
-    assert unit_sweep("openood_v1.5", neco, True) == neco.search_space  # no neco.yml in OpenOOD: the declared grid
+    assert unit_sweep("openood_v1.5", neco, True) == {}  # no neco.yml in OpenOOD: its defaults
+    assert sweep_space("openood_v1.5", "neco", neco.search_space) == neco.search_space  # what select() sweeps
+    assert unit_sweep("openood_v1.5", detector_class("locoop"), True) == {}  # CLIP prompt learners: not in the table
     assert unit_sweep("open-insects", detector_class("oe"), True) == {}  # training-time methods are not swept
     assert unit_sweep("open-insects", detector_class("rp_odin"), True) == OPENOOD["odin"]
     gen = unit_sweep("openood_v1.5", detector_class("gen"), True, given=["M"])
