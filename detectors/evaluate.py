@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import json
 import os
 import time
@@ -30,7 +31,7 @@ from detectors.plan import (FEATURES_VERSION, Plan, Split, Unit, check_spec, key
                             safe_name)
 from detectors.posthoc.streaming import across_processes, chunk_rows, process_rows
 from detectors.runconfig import ConfigError, DetectorSpec, EvalConfig, Source
-from detectors.selection import select
+from detectors.selection import defaults_note, select
 from detectors.tables import LOWER_IS_BETTER, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
 from detectors.transfer import transfer_table
 from detectors.units import UnitResult, UnitStore
@@ -79,6 +80,7 @@ class Runner:
         self.reused = 0
         self._trained: dict[str, Detector] = {}
         self._images: dict[str, ImageSet] = {}
+        self._selected_on: dict[str, str] = {}  # swept units: the metric and the validation splits that chose
 
     # -- features ------------------------------------------------------------------------------------------
     def _device(self):
@@ -301,13 +303,23 @@ class Runner:
         return self._trained[parent.method]
 
     def _selected(self, unit: Unit) -> Detector:
-        """A validation sweep (ID val against OOD val) on cached features; the best point's detector, fitted."""
+        """The protocol's validation sweep (`unit.parts["sweep"]`, ID val against OOD val) on cached features or, for
+        image-level detectors, on the validation images; the best point's detector, fitted."""
         sel = self.plan.select
-        det, _, table = select(unit.name, self.data["id-id_val"].features, self.data[sel.split].features,
-                               id_train=self.data["id-id_train"].features, head=self.head, metric=sel.metric,
-                               fixed=dict(unit.params))
+        probe = self._build(unit)  # what the detector reads and its fit inputs, for every point alike
+        fit_kwargs = {k: v for k, v in self._fit_kwargs(probe).items() if k != "id_val"}
+        fit_kwargs["id_val"] = self._split_data(probe, "id-id_val")
+        make = lambda params: self._build(dataclasses.replace(unit, params=params))  # noqa: E731
+        sets = ",".join(sorted({r["ood_set"] for r in self.plan.split(sel.split).manifest.rows}))
+        try:
+            det, _, table = select(unit.name, fit_kwargs["id_val"], self._split_data(probe, sel.split),
+                                   id_train=self._split_data(probe, "id-id_train"), space=unit.parts["sweep"],
+                                   metric=sel.metric, fixed=dict(unit.params), make=make, fit_kwargs=fit_kwargs)
+            self._selected_on[unit.method] = f"{sel.metric}: id_val vs ood_val[{sets}]"
+        except ValueError as err:  # no grid point fits these features (e.g. NECO's dims on D = 64): the defaults run
+            det, table = probe, [{"error": str(err)}]
+            self._selected_on[unit.method] = "defaults: no grid point fits the data"
         if partial_state().is_main_process:  # which split chose: ID val against these OOD-validation sets
-            sets = ",".join(sorted({r["ood_set"] for r in self.plan.split(sel.split).manifest.rows}))
             frame = pd.DataFrame(table).assign(metric=sel.metric, id_val="id_val", ood_val=sets)
             _write_csv(frame, self.plan.out / "selection" / f"{safe_name(unit.method)}.csv")
         return det
@@ -369,7 +381,8 @@ class Runner:
             rows.append({"method": method, "family": family, "mode": mode, "protocol": self.plan.protocol, "base": base,
                          "rule": rule, "ood_set": split.name, "group": split.group, **compute_metrics(id_scores, ood_scores),
                          "id_acc": acc, "n_id": len(id_scores), "n_ood": len(ood_scores),
-                         "seconds": fit_seconds + time.perf_counter() - t0, "params": params})
+                         "seconds": fit_seconds + time.perf_counter() - t0, "params": params,
+                         "selected_on": self._selected_on.get(method, "")})
             frames.append(frame(split, "ood", split.group or "", ood_scores))
         for split in self.plan.of_role("field_id", "field_ood"):
             if split.id in self.data and len(self.data[split.id].index):
@@ -412,6 +425,9 @@ class Runner:
         self.data = self.prepare()
         self._leave_out_empty_sets()
         self._check_dims()
+        note = defaults_note(self.plan)
+        if note and main:
+            print(note)
         done: list[UnitResult] = []
         rows = self.plan.runtime.chunk_rows
         with chunk_rows(rows) if rows else contextlib.nullcontext():
@@ -533,7 +549,7 @@ def rule_selection(validation: list[dict[str, Any]]) -> pd.DataFrame:
 def _results(done: list[UnitResult]) -> pd.DataFrame:
     frames = [u.rows for u in done if len(u.rows)]
     results = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(RESULT_COLUMNS))
-    results[["mode", "base", "rule"]] = results[["mode", "base", "rule"]].fillna("")
+    results[["mode", "base", "rule", "selected_on"]] = results[["mode", "base", "rule", "selected_on"]].fillna("")
     return results
 
 

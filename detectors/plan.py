@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from detectors.base import Detector
-from detectors.protocols import protocol_params
+from detectors.protocols import protocol_params, unit_sweep
 from detectors.registry import detector_class
 from detectors.runconfig import (FEATURE_INPUTS, ConfigError, DetectorSpec, EvalConfig, FewShot, Head, Source,
                                  Transfer, named, param_named)
@@ -179,9 +179,10 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     class_names = tuple(config.class_names) if config.class_names else class_names_of(id_train.manifest)
     check_fewshot(config.fewshot, class_names)
     select = None
-    if config.select is not None:
-        which = "ood_val-select_ood_val" if config.select.ood_val is not None else "ood_val-ood_val"
-        select = Selection(config.select.metric, which)
+    if config.select is not None or config.ood_val is not None:  # OOD validation given: the protocol's sweeps run
+        which = "ood_val-select_ood_val" if config.select is not None and config.select.ood_val is not None \
+            else "ood_val-ood_val"
+        select = Selection(config.select.metric if config.select is not None else "auroc", which)
     classifier = {"model": source_fingerprint(config.model),
                   "head": None if config.head is None else {**config.head.to_dict(),
                                                             "files": source_fingerprint(config.head.levels)}}
@@ -495,11 +496,12 @@ def plan_units(specs: list[DetectorSpec], classes: list[type[Detector]], params:
     runtime = _runtime(config)
     units: list[Unit] = []
     for i, (spec, cls, merged_params, det) in enumerate(zip(specs, classes, params, built)):
-        kind = "select" if select is not None and selectable(spec, cls) else "detector"
+        sweep = unit_sweep(config.protocol, cls, select is not None, spec.params) if selectable(spec.load, cls) else {}
+        kind = "select" if sweep else "detector"
         reads = unit_reads(cls, kind)
         uses_classifier = reads_features(det or cls) or "classifier" in cls.needs or bool(spec.rules)
-        parts = {"kind": kind, "name": cls.name, "params": merged_params, "load": source_fingerprint(spec.load),
-                 "classifier": dict(classifier) if uses_classifier else None,
+        parts = {"kind": kind, "sweep": sweep, "name": cls.name, "params": merged_params,
+                 "load": source_fingerprint(spec.load), "classifier": dict(classifier) if uses_classifier else None,
                  "param_files": _path_params(merged_params),
                  "class_names": list(class_names) if class_names and "class_names" in cls.needs else None,
                  "runtime": {k: v for k, v in runtime.items() if k in cls.needs},
@@ -556,9 +558,10 @@ def _runtime(config: EvalConfig) -> dict[str, Any]:
             "classifier": "run model" if config.model else None}
 
 
-def selectable(spec: DetectorSpec, cls: type[Detector]) -> bool:
-    """Post-hoc-style detectors with a sweep (training-time methods need auxiliary data and are not swept here)."""
-    return reads_features(cls) and bool(cls.search_space) and spec.load is None and cls.family != "training"
+def selectable(load: str | None, cls: type[Detector]) -> bool:
+    """Post-hoc-style detectors, on cached features or on images (ODIN, RP-ODIN), fitted here (not `load:`);
+    training-time methods are not swept (a point would retrain). The grid is the protocol's (`unit_sweep`)."""
+    return load is None and cls.family != "training"
 
 
 def key_record(unit: Unit, plan: Plan) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Named protocols: what each benchmark's reference code ran, per detector (parameter defaults and fits).
+"""Named protocols: what each benchmark's reference code ran, per detector (parameter defaults, fits and sweeps).
 
 `protocol:` in an evaluation config names one; the plan merges it into every unit (a detector's own `params` win) and
 every results row names it. docs/references.md lists each difference between `exact` and the reference protocols.
@@ -8,21 +8,53 @@ from __future__ import annotations
 from typing import Any
 
 PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
-    # OpenOOD v1.5 (the benchmark papers' tooling): each detector's declared sweep, TempScale's LBFGS temperature fit
-    "openood_v1.5": {},
-    # the same, with TempScale's exact NLL optimum instead of OpenOOD's under-converged LBFGS step
-    "exact": {"tempscale": {"fit": "exact"}},
-    # Open-Insect's own code (the species configs' default; its grids and training recipes are filled in separately)
-    "open-insects": {},
+    # OpenOOD v1.5 (the benchmark papers' tooling): its postprocessor defaults, TempScale's LBFGS temperature fit
+    "openood_v1.5": {"vim": {"default_dim": 256}},  # configs/postprocessors/vim.yml: dim 256
+    # Open-Insect (RolnickLab/Open-Insect, an OpenOOD v1.5 fork): its own configs/postprocessors where they differ
+    "open-insects": {"vim": {"default_dim": 256}, "neco": {"default_dim": 100}},  # vim.yml; neco.yml: dim 100
+    # OpenOOD v1.5 with the documented corrections: TempScale's exact NLL optimum instead of the under-converged LBFGS
+    "exact": {"vim": {"default_dim": 256}, "tempscale": {"fit": "exact"}},
 }
 """`protocol:` -> parameter defaults per detector (a detector's own `params` win)."""
 
+
+# -- sweep grids (APS: ID val against OOD val, AUROC, first maximum wins) ---------------------------------------------
+# Read from OpenOOD's configs/postprocessors/<name>.yml (Jingkang50/OpenOOD at 3c35632; Open-Insect's copies at e0aa51e
+# are the same files unless noted). A postprocessor with `APS_mode: False` (DICE, MDS, RMDS, MSP, MLS, KLM, SHE, MCM,
+# GradNorm, RankFeat, OpenMax, TempScale, RP-MSP, RP-GradNorm) runs its defaults: an empty grid here. A one-point grid
+# (EBO's temperature [1], MDSEns's noise [0.0014], RP-EBO's temperature [1]) is its default, evaluated on validation.
+# Detectors absent from a table (NECO under openood_v1.5: OpenOOD has no neco.yml; the CLIP, generative and training
+# families) run their defaults in a run; `sweep_space` gives their declared `search_space` for `detectors.select`.
+_OPENOOD = {
+    "ash": {"percentile": [65, 70, 75, 80, 85, 90, 95]},                         # ash.yml
+    "dice": {},                                                                   # dice.yml: APS off, p 90
+    "ebo": {"temperature": [1]},                                                  # ebo.yml (v1.5 tag: [1, 10, 100, 1000])
+    "fdbd": {"distance_as_normalizer": [True, False]},                           # fdbd.yml
+    "gen": {"gamma": [0.01, 0.1, 0.5, 1, 2, 5, 10], "M": [10, 50, 100, 200, 500, 1000]},  # gen.yml
+    "knn": {"k": [50, 100, 200, 500, 1000]},                                      # knn.yml: K_list
+    "mdsens": {"noise": [0.0014]},                                                # mds_ensemble.yml
+    "nci": {"alpha": [0.0001, 0.001, 0.01, 0.1]},                                 # nci.yml
+    "odin": {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]},      # odin.yml (on images)
+    "react": {"percentile": [85, 90, 95, 99]},                                    # react.yml
+    # vim.yml sweeps dim [256, 1000], but OpenOOD's ViM computes its principal space once in setup() at the default
+    # (setup_flag) and set_hyperparam() only relabels it: every point scores alike, the first (256) is kept.
+    "vim": {},
+    "rp_ebo": {"temperature": [1]},                                               # Open-Insect rp_ebo.yml
+    "rp_odin": {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]},   # Open-Insect rp_odin.yml (images)
+    # gram.yml's powers_list [[1, 2, 3, 4, 5]] is its default powers: none of ours to sweep
+    **{name: {} for name in ("mds", "rmds", "msp", "mls", "klm", "she", "gradnorm", "rankfeat", "openmax", "tempscale",
+                             "gram", "mcm", "rp_msp", "rp_gradnorm")},
+}
 SWEEPS: dict[str, dict[str, dict[str, list[Any]]]] = {
-    "openood_v1.5": {},
-    "exact": {},
-    "open-insects": {},
+    "openood_v1.5": _OPENOOD,
+    "open-insects": {**_OPENOOD,
+                     "react": {"percentile": [10, 65, 85, 90, 95, 99]},           # Open-Insect react.yml
+                     "neco": {"dim": [100, 200, 300, 400]}},                      # Open-Insect neco.yml
+    # correction: ViM refitted at every point of vim.yml's grid (OpenOOD's sweep never refits, see above)
+    "exact": {**_OPENOOD, "vim": {"dim": [256, 1000]}},
 }
 """`protocol:` -> the sweep grid per detector where it differs from the detector's declared `search_space`."""
+# -- end of sweep grids -------------------------------------------------------------------------------------------------
 
 
 def protocol_params(protocol: str, name: str) -> dict[str, Any]:
@@ -33,10 +65,22 @@ def protocol_params(protocol: str, name: str) -> dict[str, Any]:
 def sweep_space(protocol: str, name: str, declared: dict[str, list[Any]]) -> dict[str, list[Any]]:
     """The grid `protocol` sweeps for detector `name` on OOD validation (`declared`: the class's `search_space`);
     an empty grid means the protocol runs its defaults."""
-    return dict(SWEEPS[protocol].get(name, declared))
+    return {k: list(v) for k, v in SWEEPS[protocol].get(name, declared).items()}
 
 
-# -- training-time methods under `open-insects` (helper "trainproto"; sweep grids live above) -------------------------
+def unit_sweep(protocol: str, cls: type, has_ood_val: bool, given: Any = ()) -> dict[str, list[Any]]:
+    """The grid a unit of detector class `cls` sweeps under `protocol`; empty = its defaults run.
+
+    Only with OOD validation rows (`has_ood_val`), only for detectors in the protocol's table (`SWEEPS`: the reference's
+    post-hoc postprocessors; training-time methods, CLIP prompt learners and OpenGAN would retrain per point), and the keys
+    a config's own `params` give (`given`) are fixed, not swept. A one-point grid (EBO's [1]) still runs, as OpenOOD's
+    APS does: its row in `selection/<method>.csv` records the validation metric."""
+    if not has_ood_val or cls.name not in SWEEPS[protocol]:  # the protocol's table only (no training, CLIP, OpenGAN)
+        return {}
+    return {k: v for k, v in sweep_space(protocol, cls.name, cls.search_space).items() if k not in set(given)}
+
+
+# -- training-time methods under `open-insects` (sweep grids live above) ---------------------------------------------
 def _open_insects_training() -> dict[str, dict[str, Any]]:
     """Each training-time method as Open-Insect's trainers ran it: the loop settings of
     `pipelines.training.recipes.TRAINING_PROTOCOLS["open-insects"]` (timm schedule with the step counter, last partial
@@ -55,5 +99,4 @@ def _open_insects_training() -> dict[str, dict[str, Any]]:
 
 
 for _name, _values in _open_insects_training().items():
-    PROTOCOLS.setdefault("open-insects", {}).setdefault(_name, {}).update(_values)
-SWEEPS.setdefault("open-insects", {})
+    PROTOCOLS["open-insects"].setdefault(_name, {}).update(_values)

@@ -43,7 +43,10 @@ def pool_map(feature_map: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 def half_squared_distances(features: torch.Tensor, means: torch.Tensor, precision: torch.Tensor) -> torch.Tensor:
-    """0.5 (f - mu_c)^T P (f - mu_c) for every row and class, [B, K] (expanded: no [B, K, F] tensor)."""
+    """0.5 (f - mu_c)^T P (f - mu_c) for every row and class, [B, K] (expanded: no [B, K, F] tensor; about the mean of
+    the class means, as `mahalanobis.min_squared_mahalanobis`, so the expansion cancels less)."""
+    origin = means.mean(0)
+    features, means = features - origin, means - origin
     fp = features @ precision
     quad = (fp * features).sum(1, keepdim=True)
     return 0.5 * (quad - 2.0 * fp @ means.T + ((means @ precision) * means).sum(1)[None, :])
@@ -103,8 +106,8 @@ class MDSEnsemble(Detector):
                 parts.append([f.cpu().numpy() for f in self._pooled(self.classifier.hidden_maps(x, self.params["maps"])[1])])
         self.stats = []
         for j in range(len(self.params["layers"])):
-            moments = streaming.moments(np.concatenate([p[j] for p in parts]), labels)
-            self.stats.append((moments.means(), spd_inverse(moments.within_scatter() / moments.n)))
+            scatter = streaming.class_scatter(np.concatenate([p[j] for p in parts]), labels)
+            self.stats.append((scatter.stats.means(), spd_inverse(scatter.within / scatter.stats.n)))
         self.alpha = self._fit_alpha(id_val, ood_val) if self.params["alpha"] == "fit" else np.asarray(self.params["alpha"], float)
 
     def _fit_alpha(self, id_val: Any, ood_val: Any) -> np.ndarray:

@@ -30,7 +30,9 @@ class NECO(Detector):
 
     @dataclass(frozen=True)
     class Params(Params):
-        dim: int | None = param(None, "PCA dimension (<= D; None: ViM's rule)", ge=1, le="features")
+        dim: int | None = param(None, "PCA dimension (<= D; None: `default_dim`, else ViM's rule)", ge=1, le="features")
+        default_dim: int | None = param(None, "the dimension `dim: null` takes where D allows (protocol open-insects: "
+                                              "Open-Insect's neco.yml, 100); None: ViM's rule", ge=1)
         scale: bool = param(True, "standardise the features before the PCA")
         max_logit: bool = param(False, "multiply by the max logit (the official choice for ViT/DeiT/Swin)")
 
@@ -45,7 +47,7 @@ class NECO(Detector):
         if self.max_logit and self.head is None:
             raise ValueError("neco: max_logit=True needs the classifier's linear head: fit(..., head=LinearHead(W, b))")
         h = stored_features(id_train, self.name)
-        dim = resolve_dim(self.dim, h.shape[1], self.name)
+        dim = resolve_dim(self.dim, h.shape[1], self.name, self.default_dim)
         stats = streaming.moments(h)
         mean, covariance = stats.mean(), stats.pooled_scatter() / stats.n
         if self.scale:

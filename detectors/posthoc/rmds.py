@@ -15,11 +15,12 @@ class RelativeMahalanobis(Mahalanobis):
 
     paper = "Ren et al., A Simple Fix to Mahalanobis Distance for Improving Near-OOD Detection, arXiv 2106.09022, 2021"
 
-    def _fit_moments(self, stats: streaming.Moments) -> None:
-        """MDS's class Gaussians and, from the same pass, the class-agnostic mean and precision."""
-        super()._fit_moments(stats)
-        self.background_mean = stats.mean()
-        self.background_precision = spd_inverse(stats.pooled_scatter() / stats.n)
+    def _fit_scatter(self, scatter: streaming.ClassScatter) -> None:
+        """MDS's class Gaussians and, from the same passes, the class-agnostic mean and `pinvh` precision (OpenOOD:
+        EmpiricalCovariance(assume_centered=False) on all train features)."""
+        super()._fit_scatter(scatter)
+        self.background_mean = scatter.stats.mean()
+        self.background_precision = spd_inverse(scatter.pooled() / scatter.stats.n)
 
     def _score(self, batch) -> np.ndarray:
         h = stored_features(batch, self.name)

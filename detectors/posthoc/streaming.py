@@ -276,6 +276,38 @@ def moments(array: np.ndarray, groups: np.ndarray | None = None, *, scatter: Any
     return merged
 
 
+@dataclass
+class ClassScatter:
+    """Group moments (counts, means) and the within-group scatter W = sum_g sum_{x in g} (x - mu_g)(x - mu_g)^T."""
+
+    stats: Moments
+    within: np.ndarray
+
+    def pooled(self) -> np.ndarray:
+        """sum (x - mu)(x - mu)^T over all rows: W + sum_g n_g (mu_g - mu)(mu_g - mu)^T (a sum of PSD terms)."""
+        spread = (self.stats.means() - self.stats.mean()) * np.sqrt(self.stats.count)[:, None]
+        return self.within + spread.T @ spread
+
+
+def class_scatter(array: np.ndarray, groups: np.ndarray) -> ClassScatter:
+    """The class-centred scatter of a (memory-mapped) array [N,D] in two streamed passes: group means first, then the
+    products of the rows centred on their group's mean (float64), reduced across processes inside `across_processes`.
+
+    `Moments.within_scatter()` subtracts sum_g s_g s_g^T from the raw scatter in one pass; where the classes are far
+    apart that leaves rounding eigenvalues of order eps * ||between scatter|| in the null space of a singular tied
+    covariance (D > N - C), which a pseudo-inverse would invert. Centred products keep that null space at the rounding
+    of the centred rows, as sklearn's EmpiricalCovariance on class-centred features (OpenOOD's MDS fit)."""
+    labels = np.asarray(groups)
+    stats = moments(array, labels, scatter=False)
+    means, at = stats.means(), np.searchsorted(stats.groups, labels.astype(np.int64))
+    within = np.zeros((array.shape[1], array.shape[1]))
+    for part, block in chunks(array, np.float64):
+        block -= means[at[part]]
+        within += block.T @ block
+    (within,) = reduce_sum(within)
+    return ClassScatter(stats, within)
+
+
 def _single_group_float32(rows: np.ndarray, shift: np.ndarray | None) -> Moments:
     """Moments.of(rows, scatter=np.float32) for float32 rows and one group, centred and multiplied in float32."""
     if shift is None:

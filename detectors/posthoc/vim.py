@@ -24,9 +24,13 @@ def principal_dim(feature_dim: int) -> int:
     return max(1, feature_dim // 2)
 
 
-def resolve_dim(dim: int | None, feature_dim: int, who: str) -> int:
-    """`dim` or the default rule, checked to lie in [1, D)."""
-    dim = principal_dim(feature_dim) if dim is None else int(dim)
+def resolve_dim(dim: int | None, feature_dim: int, who: str, default: int | None = None) -> int:
+    """`dim`, else `default` (a protocol's default: OpenOOD's 256 for ViM) where 1 <= default < D, else the default
+    rule (`principal_dim`; a reference default the features cannot take would leave no residual); checked to lie in
+    [1, D)."""
+    if dim is None:
+        dim = default if default is not None and 1 <= default < feature_dim else principal_dim(feature_dim)
+    dim = int(dim)
     if not 1 <= dim < feature_dim:
         raise ValueError(f"{who}: dim={dim} must satisfy 1 <= dim < D (feature dimension {feature_dim})")
     return dim
@@ -99,8 +103,10 @@ class ViM(Detector):
 
     @dataclass(frozen=True)
     class Params(Params):
-        dim: int | None = param(None, "principal subspace dimension (< D; None: 1000 for D >= 2048, 256 for D >= 512, "
-                                      "D // 2 below)", ge=1, lt="features")
+        dim: int | None = param(None, "principal subspace dimension (< D; None: `default_dim`, else 1000 for D >= 2048, "
+                                      "256 for D >= 512, D // 2 below)", ge=1, lt="features")
+        default_dim: int | None = param(None, "the dimension `dim: null` takes where D allows (protocols: OpenOOD's 256, "
+                                              "vim.yml); None: the rule", ge=1)
 
     fit_inputs = frozenset({"head"})
     needs = frozenset()
@@ -115,7 +121,7 @@ class ViM(Detector):
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         h = stored_features(id_train, self.name)
-        dim = resolve_dim(self.dim, h.shape[1], self.name)
+        dim = resolve_dim(self.dim, h.shape[1], self.name, self.default_dim)
         self.origin = virtual_origin(self.head.weight, self.head.bias)
         # products in float32 like the reference (sklearn EmpiricalCovariance on float32 features), summed in float64
         covariance = streaming.moments(h, scatter=np.float32).second_moment_about(self.origin)

@@ -57,3 +57,38 @@ def test_duplicated_unit_gives_the_scores_of_the_reduced_features():
     reduced = detectors.build("mds").fit(train).score(test)
     duplicated = detectors.build("mds").fit(FeatureSet(widen(train.features), labels=train.labels)).score(FeatureSet(widen(test.features)))
     np.testing.assert_allclose(duplicated, reduced, rtol=1e-6)
+
+
+@pytest.mark.parametrize("n, d", [(600, 2048), (430, 512)])  # ResNet-50's pooled features; a stage-4 map flattened
+def test_singular_tied_covariance_agrees_with_sklearn(n, d):
+    """D > N - C: the precision is pinvh's (sklearn's EmpiricalCovariance), not the inverse of rounding eigenvalues."""
+    from tests.detectors.posthoc.singular_helpers import auroc, oracle_scores, singular_case
+
+    train, labels, id_test, ood_test = singular_case(n, d)
+    assert d > n - 10
+    det = detectors.build("mds").fit(FeatureSet(train, labels=labels))
+    ours = det.score(FeatureSet(id_test)), det.score(FeatureSet(ood_test))
+    for scores in ours:
+        assert np.isfinite(scores).all() and np.unique(scores).size == scores.size
+    oracle = oracle_scores(train, labels, id_test), oracle_scores(train, labels, ood_test)
+    assert auroc(*oracle) > 0.9  # the structure is there to be found
+    assert abs(auroc(*ours) - auroc(*oracle)) < 1e-3
+    np.testing.assert_allclose(np.r_[ours], np.r_[oracle], rtol=1e-4)
+
+
+def test_pinvh_cut_is_scipys():
+    """Eigenvalues at or below D * eps * max|lambda| are dropped, those above kept (negative ones too), as pinvh."""
+    import scipy.linalg
+
+    from detectors.posthoc.mahalanobis import pinvh, pinvh_cutoff, spd_inverse
+
+    rng = np.random.default_rng(0)
+    vectors = np.linalg.qr(rng.normal(size=(6, 6)))[0]
+    cut = pinvh_cutoff(np.array([4.0]), 6)
+    values = np.array([4.0, 1.0, -0.5, 3 * cut, 0.5 * cut, 0.0])
+    matrix = (vectors * values) @ vectors.T
+    matrix = (matrix + matrix.T) / 2
+    np.testing.assert_allclose(pinvh(matrix), scipy.linalg.pinvh(matrix), rtol=1e-6, atol=1e-6 / cut)
+    np.testing.assert_allclose(spd_inverse(matrix), scipy.linalg.pinvh(matrix), rtol=1e-6, atol=1e-6 / cut)
+    well = np.cov(rng.normal(size=(50, 6)).T)  # positive definite, well conditioned: the Cholesky path
+    np.testing.assert_allclose(spd_inverse(well), scipy.linalg.pinvh(well), rtol=1e-10)

@@ -93,3 +93,35 @@ def test_mdsens_layers_alpha_fit_on_validation_and_errors(tmp_path):
         build("mdsens", layers=[0, 1], feature_types=["mean", "mean"], alpha=[1.0])
     with pytest.raises(ValueError, match="ood_val"):
         build("mdsens", classifier=clf, alpha="fit").fit(train)
+
+
+class WideConvNet(ConvNet):
+    """ConvNet with 24 channels: with 16 training images of 2 classes the tied covariance is singular (D > N - C)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = torch.nn.Conv2d(3, 24, 3), torch.nn.Linear(24, 2)
+
+
+def test_mdsens_singular_covariance_is_sklearns_pinvh():
+    from PIL import Image
+    from sklearn.covariance import EmpiricalCovariance
+
+    from pipelines.classifier import ImageClassifier
+
+    torch.manual_seed(0)
+    clf = ImageClassifier.from_module(WideConvNet(), image_size=6)
+    rng = np.random.default_rng(2)
+    images = [Image.fromarray(rng.integers(0, 255, (6, 6, 3)).astype(np.uint8)) for _ in range(16)]
+    labels = np.repeat([0, 1], 8)
+    det = build("mdsens", classifier=clf, maps="relu_conv").fit(ImageSet(images=images, labels=labels))
+    w, b = clf.model.conv.weight.detach().double().numpy(), clf.model.conv.bias.detach().double().numpy()
+    f = _pooled_conv(clf.preprocess(images).double().numpy(), w, b)
+    means = np.stack([f[labels == c].mean(0) for c in (0, 1)])
+    oracle = EmpiricalCovariance(assume_centered=False).fit(f - means[labels]).precision_
+    got_means, got_precision = det.stats[0]
+    assert np.linalg.matrix_rank(oracle) == 14  # N - C
+    np.testing.assert_allclose(got_means, means, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_precision, oracle, rtol=1e-3, atol=1e-3 * np.abs(oracle).max())
+    scores = det.score(ImageSet(images=[Image.fromarray(rng.integers(0, 255, (6, 6, 3)).astype(np.uint8)) for _ in range(6)]))
+    assert np.isfinite(scores).all() and np.unique(scores).size == scores.size

@@ -118,3 +118,30 @@ def test_odin_on_a_reloaded_transformers_classifier_matches_per_sample_backward(
             out = clf.model(pixel_values=perturbed).logits.double().numpy()
         expected.append(softmax(out / temperature, axis=1).max())
     np.testing.assert_allclose(scores, expected, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["odin", "rp_odin"])
+def test_image_level_sweep_on_validation_images_matches_a_manual_loop(name):
+    """ODIN / RP-ODIN sweep OpenOOD's T x noise grid on ID-val and OOD-val images (the runner's builder `make` gives
+    each point the shared classifier); the chosen point is the manual loop's first maximum, in OpenOOD's order."""
+    from detectors.metrics import auroc
+    from detectors.protocols import sweep_space
+    from detectors.selection import grid, select
+
+    clf = _classifier(seed=3)
+    rng = np.random.default_rng(4)
+    image = lambda low, high: Image.fromarray(rng.integers(low, high, (6, 6, 3)).astype(np.uint8))  # noqa: E731
+    train = ImageSet(images=[image(0, 256) for _ in range(20)], labels=np.r_[np.zeros(12, int), np.arange(8) % 4 + 1])  # a skewed prior
+    id_val = ImageSet(images=[image(0, 256) for _ in range(12)], labels=np.arange(12) % 5)
+    ood_val = ImageSet(images=[image(40, 216) for _ in range(12)])
+    space = sweep_space("open-insects", name, {})
+    assert space == {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]}
+    make = lambda params: detectors.build(name, classifier=clf, **params)  # noqa: E731
+    best, params, table = select(name, id_val, ood_val, id_train=train, space=space, make=make, fit_kwargs={})
+    manual = []
+    for point in grid(space):
+        det = make(point).fit(train)
+        manual.append(auroc(det.score(id_val), det.score(ood_val)))
+    assert [row["auroc"] for row in table] == manual and len(set(manual)) > 1
+    assert params == grid(space)[int(np.argmax(manual))]  # argmax: the first maximum
+    assert best.fitted and (best.temperature, best.noise) == (params["temperature"], params["noise"])

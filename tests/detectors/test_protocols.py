@@ -1,0 +1,82 @@
+"""detectors.protocols: the sweep grids each protocol runs, as the reference's postprocessor YAMLs give them
+(OpenOOD's configs/postprocessors/*.yml, Open-Insect's copies where they differ), and `unit_sweep`'s rules."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+import detectors
+from detectors import FeatureSet
+from detectors.protocols import PROTOCOLS, SWEEPS, protocol_params, sweep_space, unit_sweep
+from detectors.registry import detector_class
+
+# the reference's values, restated from the YAML files (postprocessor_sweep; APS_mode False -> no sweep)
+OPENOOD = {"ash": {"percentile": [65, 70, 75, 80, 85, 90, 95]}, "dice": {}, "ebo": {"temperature": [1]},
+           "knn": {"k": [50, 100, 200, 500, 1000]}, "react": {"percentile": [85, 90, 95, 99]},
+           "odin": {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]}, "mcm": {}, "mds": {}, "she": {},
+           "nci": {"alpha": [0.0001, 0.001, 0.01, 0.1]}, "fdbd": {"distance_as_normalizer": [True, False]},
+           "gen": {"gamma": [0.01, 0.1, 0.5, 1, 2, 5, 10], "M": [10, 50, 100, 200, 500, 1000]}}
+
+
+def test_openood_grids_are_the_yamls():
+    for name, grid in OPENOOD.items():
+        assert sweep_space("openood_v1.5", name, {"declared": [1]}) == grid, name
+
+
+def test_open_insects_differs_where_its_yamls_do():
+    assert sweep_space("open-insects", "react", {}) == {"percentile": [10, 65, 85, 90, 95, 99]}
+    assert sweep_space("open-insects", "neco", {}) == {"dim": [100, 200, 300, 400]}
+    assert protocol_params("open-insects", "neco") == {"default_dim": 100}
+    assert sweep_space("open-insects", "rp_odin", {}) == OPENOOD["odin"]
+    for name in ("ash", "knn", "odin", "ebo", "dice", "gen"):
+        assert sweep_space("open-insects", name, {}) == OPENOOD[name]
+
+
+def test_vim_runs_256_as_the_code_and_exact_refits_the_grid():
+    for protocol in PROTOCOLS:
+        assert protocol_params(protocol, "vim") == {"default_dim": 256}
+    assert sweep_space("openood_v1.5", "vim", {"dim": [256, 1000]}) == {}  # OpenOOD's sweep never refits
+    assert sweep_space("exact", "vim", {}) == {"dim": [256, 1000]}
+    rng = np.random.default_rng(0)
+    w, b = rng.normal(size=(4, 300)), rng.normal(size=4)
+    train = FeatureSet(rng.normal(size=(400, 300)))
+    det = detectors.build("vim", **protocol_params("openood_v1.5", "vim")).fit(train, head=(w, b))
+    assert det.effective_params()["dim"] == 256
+    small = FeatureSet(rng.normal(size=(100, 40)))  # D <= 256: the rule (the reference's 256 leaves no residual)
+    det = detectors.build("vim", default_dim=256).fit(small, head=(w[:, :40], b))
+    assert det.effective_params()["dim"] == 20
+
+
+def test_every_grid_names_real_parameters_and_one_point_grids_are_the_defaults():
+    assert set(SWEEPS) == set(PROTOCOLS) >= {"openood_v1.5", "open-insects", "exact"}
+    for protocol, table in SWEEPS.items():
+        for name, grid in table.items():
+            cls = detector_class(name)
+            fields = {f.name: f.default for f in dataclasses.fields(cls.Params)}
+            assert set(grid) <= set(fields), (protocol, name)
+            for key, values in grid.items():
+                if len(values) == 1:
+                    assert values[0] == fields[key], (protocol, name, key)
+
+
+def test_unit_sweep():
+    knn, neco = detector_class("knn"), detector_class("neco")
+    assert unit_sweep("openood_v1.5", knn, True) == {"k": [50, 100, 200, 500, 1000]}
+    assert unit_sweep("openood_v1.5", knn, False) == {}  # no OOD validation: defaults run
+    assert unit_sweep("openood_v1.5", knn, True, given=["k"]) == {}  # the config's own value is fixed
+    assert unit_sweep("openood_v1.5", detector_class("ebo"), True) == {"temperature": [1]}  # run and recorded, as APS
+    assert unit_sweep("openood_v1.5", detector_class("dice"), True) == {}
+    assert unit_sweep("open-insects", neco, True) == {"dim": [100, 200, 300, 400]}
+    assert unit_sweep("openood_v1.5", neco, True) == {}  # no neco.yml in OpenOOD: its defaults
+    assert sweep_space("openood_v1.5", "neco", neco.search_space) == neco.search_space  # what select() sweeps
+    assert unit_sweep("openood_v1.5", detector_class("locoop"), True) == {}  # CLIP prompt learners: not in the table
+    assert unit_sweep("open-insects", detector_class("oe"), True) == {}  # training-time methods are not swept
+    assert unit_sweep("open-insects", detector_class("rp_odin"), True) == OPENOOD["odin"]
+    gen = unit_sweep("openood_v1.5", detector_class("gen"), True, given=["M"])
+    assert gen == {"gamma": OPENOOD["gen"]["gamma"]}
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_unknown_protocol_names_fail(protocol):
+    with pytest.raises(KeyError):
+        sweep_space(protocol + "-typo", "knn", {})
