@@ -3,7 +3,6 @@ G-ODIN's two optimisers, MCD's start epoch, full-mode fine-tuning pixels that ch
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 from PIL import Image
 

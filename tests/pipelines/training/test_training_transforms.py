@@ -7,7 +7,6 @@ resampling filters may differ by one grey level); the random ops' sampling rules
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
