@@ -13,8 +13,11 @@ from typing import Any, Callable
 from detectors.base import FIT_INPUTS, PROTOCOL_FIT, RUNTIME_INPUTS, Detector, Params, read_config
 
 _REGISTRY: dict[str, type[Detector]] = {}
-FAMILIES: tuple[str, ...] = ("posthoc", "training", "generative", "clip")
-"""The detector families, one package each (`detectors.<family>`), in the reports' order: the one list of them."""
+FAMILY_LABELS: dict[str, str] = {"posthoc": "Post-hoc", "training": "Training-time", "generative": "Generation-based",
+                                 "clip": "VLM-based"}
+"""The detector families, one package each (`detectors.<family>`), in the reports' order, with the names the papers
+print (ShiftedBronzes' Tables 3 and 4, Figure 5): the one list of them."""
+FAMILIES: tuple[str, ...] = tuple(FAMILY_LABELS)
 _loaded = False
 
 

@@ -109,12 +109,12 @@ def test_one_file_name_sanitiser():
 
 
 def test_class_names_json_schema_once():
-    """The file name appears as a value in one module (docstrings aside), and only schema.py spells its keys."""
+    """The file name appears as a value in one module (docstrings aside), and only class_names.py spells its keys."""
     named = [f"{name}:{node.lineno}" for name, tree in SOURCES for node in ast.walk(tree)
              if isinstance(node, ast.Constant) and node.value == CLASS_NAMES_FILE and id(node) not in _docstrings(tree)]
-    assert [n.split(":")[0] for n in named] == ["pipelines/schema.py"], named
+    assert [n.split(":")[0] for n in named] == ["pipelines/class_names.py"], named
     schema = _where({"names", "label_field", "levels"})
-    assert all(s.startswith("pipelines/schema.py:") for s in schema) and schema, schema
+    assert all(s.startswith("pipelines/class_names.py:") for s in schema) and schema, schema
 
 
 def test_a_second_definition_is_found(tmp_path):

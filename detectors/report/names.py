@@ -5,9 +5,8 @@ these labels. A name missing here is shown as it is.
 """
 from __future__ import annotations
 
-FAMILY_LABELS: dict[str, str] = {"posthoc": "Post-hoc", "clip": "VLM-based", "generative": "Generation-based",
-                                 "training": "Training-time"}
-"""ShiftedBronzes' family names (its Tables 3 and 4, Figure 5)."""
+from detectors.registry import FAMILY_LABELS
+
 
 METHOD_LABELS: dict[str, str] = {
     "ash": "ASH", "dice": "DICE", "ebo": "EBO", "fdbd": "fDBD", "gen": "GEN", "gradnorm": "GradNorm", "gram": "Gram",

@@ -230,7 +230,8 @@ def test_a_unit_key_covers_only_the_splits_it_reads(data, tmp_path):
     after = keys(aux={"manifest": str(extra)}, ood_val=ood_val)
     assert {m for m in before if before[m] != after[m]} == {"opengan", "oe"}
     without_val = keys(aux={"manifest": str(extra)})
-    assert {m for m in after if after[m] != without_val[m]} == {"opengan", "oe"}  # tempscale reads id_val only
+    # tempscale reads id_val only; knn sweeps its k on OOD validation (openood_v1.5's knn.yml), so it reads ood_val
+    assert {m for m in after if after[m] != without_val[m]} == {"opengan", "oe", "knn"}
     plan = make_plan(_config(data, tmp_path, detectors=detectors, aux={"manifest": str(extra)}, ood_val=ood_val))
     reads = {u.method: u.parts["reads"] for u in plan.units}
     assert "aux" not in reads["msp"] and "ood_val" not in reads["msp"] and "id_val" not in reads["msp"]

@@ -194,7 +194,7 @@ def test_open_insects_protocol_trains_as_the_reference_code(tmp_path):
     assert at["step_1"] == pytest.approx(0.01 * (spe + 1) / (2 * spe))  # the warm-up starts halfway
     assert at["last"] == pytest.approx(want[-1]) and at["last"] == 0.0  # the last epoch at lr 0
 
-    raw = yaml.safe_load(CONFIG.read_text())
+    raw = load_yaml(CONFIG)  # the region file over species_base.yaml
     fine_tune = {"epochs": 2, "warmup_epochs": 1, "batch_size": 16}
     raw.update(model=str(model), id=str(splits), out=str(tmp_path / "run"), protocol="open-insects",
                ood=[{**o, "manifest": str(splits)} for o in raw["ood"]], aux={**raw["aux"], "manifest": str(splits)},

@@ -108,7 +108,7 @@ def test_species_rows_name_the_trained_model_classes(tmp_path, single_torch_thre
     write_manifest(tmp_path / "img", rows)
     model = save_tiny_model(tmp_path / "tiny", RESNET_ID)
     out = train_classifier(TrainConfig.from_dict({"id": str(tmp_path / "img"), "model": str(model), "pretrained": False,
-                                                  "out": str(tmp_path / "clf"), "epochs": 1, "batch_size": 6,
+                                                  "out": str(tmp_path / "clf"), "epochs": 1, "warmup_epochs": 0, "batch_size": 6,
                                                   "image_size": 32, "num_workers": 0}))
     saved = json.loads((out / "class_names.json").read_text())
     assert saved["names"] == species and saved["label_field"] == "species"
