@@ -80,13 +80,10 @@ class RuleSpec(Config):
     """A post-hoc rule re-scoring a training-time method's trained model (a bare name: its defaults)."""
 
     DOC = DOC
+    SHORTHAND = "name"
 
     name: str = param(REQUIRED, "a feature-level post-hoc detector (msp, ebo, vim, knn, ...)")
     params: dict[str, Any] = param({}, "the rule's parameters over its defaults (and the protocol's)")
-
-    @classmethod
-    def from_value(cls, value: Any, where: str) -> "RuleSpec":
-        return super().from_value({"name": value} if isinstance(value, str) else value, where)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "rule") -> "RuleSpec":
@@ -103,16 +100,13 @@ class DetectorSpec(Config):
     post-hoc `rules` that re-score a training-time method's trained model (rows `<label>+<rule>`)."""
 
     DOC = DOC
+    SHORTHAND = "name"
 
     name: str = param(REQUIRED, "the registered detector name (detectors.available())")
     params: dict[str, Any] = param({}, "parameters over the detector's defaults (and the protocol's); checked by its Params")
     load: str | None = param(None, "a folder written by save_pretrained: its saved state is loaded instead of fitting")
     label: str | None = param(None, "the method name of its result rows (default: name)")
     rules: list[RuleSpec] = param([], "post-hoc rules re-scoring a training-time method's trained model")
-
-    @classmethod
-    def from_value(cls, value: Any, where: str) -> "DetectorSpec":
-        return super().from_value({"name": value} if isinstance(value, str) else value, where)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "detector") -> "DetectorSpec":

@@ -172,11 +172,16 @@ class Config(Params):
     shorthand (a bare string for a `Source`) by overriding `from_value`.
     """
 
+    SHORTHAND: typing.ClassVar[str | None] = None
+    """The key a bare string stands for (`Source`: "manifest", a detector entry: "name"); None: no shorthand."""
+
     @classmethod
     def from_value(cls, value: Any, where: str) -> "Config":
-        """Build from a config value (a mapping; subclasses add shorthands)."""
+        """Build from a config value: a mapping, or a bare string for the `SHORTHAND` key (subclasses may add more)."""
         if isinstance(value, cls):
             return value
+        if isinstance(value, str) and cls.SHORTHAND is not None:
+            value = {cls.SHORTHAND: value}
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: a mapping of {cls.__name__} keys ({', '.join(sorted(cls.fields()))}), "
                               f"got {_shown(value)}", doc=cls.doc_ref())

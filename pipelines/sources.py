@@ -7,7 +7,7 @@ shorthand for `{manifest: FOLDER}`. `split: null` means the documented default o
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pipelines.params import REQUIRED, Config, config, param
 from pipelines.schema import GROUPS
@@ -21,17 +21,13 @@ class Source(Config):
     """A manifest selection: folder, split, group override, OOD-set filter."""
 
     DOC = "README.md, section 'Data formats'"
+    SHORTHAND = "manifest"
 
     manifest: str = param(REQUIRED, "the manifest folder (images + metadata.jsonl, or manifest_info.json)")
     split: SplitName | None = param(None, "the split to read; null: the default of the key it stands under; all: every split")
     group: GroupName | None = param(None, "the OOD group of every row read (hard, easy, near, far); null: the manifest's")
     sets: list[str] | None = param(None, "only these ood_set names; null: every set")
 
-    @classmethod
-    def from_value(cls, value: Any, where: str) -> "Source":
-        if isinstance(value, str):
-            value = {"manifest": value}
-        return super().from_value(value, where)
 
     def check(self, dims: dict[str, int] | None = None) -> None:
         super().check(dims)

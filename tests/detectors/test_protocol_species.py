@@ -24,6 +24,8 @@ import yaml
 from PIL import Image
 
 from gen.insects import load_region, synthetic_occurrences
+from detectors.training.finetuned import CHECKPOINT
+from pipelines.checkpoints import load_tree
 from pipelines.cli import load_yaml
 from pipelines.data import make_row, write_manifest
 
@@ -161,8 +163,6 @@ def test_open_insects_protocol_trains_as_the_reference_code(tmp_path):
     """splits -> classifier -> species config under `protocol: open-insects`, scaled down: the recipe values, the
     preprocessing, the schedule at steps 0 / 1 / warm-up end / last (against a transcription of the reference trainer
     loop), the training methods' protocol parameters and their fine-tuning schedules."""
-    import torch
-
     from tests.pipelines.training.test_training_schedule import trainer_lrs
 
     splits = _splits(tmp_path)
@@ -210,7 +210,7 @@ def test_open_insects_protocol_trains_as_the_reference_code(tmp_path):
         assert (params[name]["schedule"], params[name]["drop_last"], params[name]["augment"]) == ("reference", False, "region")
     assert params["mcd"]["start_epoch_ft"] == 90
     for name, advances in (("mcd", True), ("logitnorm", False)):
-        checkpoints = list((tmp_path / "run").rglob(f"*{name}*/**/finetune.pt"))
+        checkpoints = list((tmp_path / "run").rglob(f"*{name}*/**/{CHECKPOINT}"))
         assert len(checkpoints) == 1, checkpoints
-        lrs = torch.load(checkpoints[0], map_location="cpu", weights_only=False)["lrs"]
+        lrs = load_tree(checkpoints[0])["lrs"].tolist()
         assert lrs == pytest.approx(trainer_lrs(2, 1, n_train, 16, 1e-3, advances)), name
