@@ -275,8 +275,13 @@ def convert(value: Any, hint: Any, where: str) -> Any:
         if not isinstance(value, (list, tuple)):
             extra = f" (write [{value}])" if isinstance(value, str) else ""
             raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}{extra}")
+        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):  # tuple[X, Y, Z]: fixed length
+            if len(value) != len(args):
+                raise ConfigError(f"{where}: must be {len(args)} values, got {_shown(value)}")
+            return tuple(convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
         item = args[0] if args else Any
-        return [convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        items = [convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple or hint is tuple else items
     if origin is dict or hint is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: must be a mapping, got {_shown(value)}")

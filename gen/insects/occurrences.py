@@ -13,7 +13,7 @@ import pandas as pd
 
 from pipelines.curation.gbif import TableError, read_table
 from pipelines.errors import ConfigError
-from pipelines.params import Config, param
+from pipelines.params import REQUIRED, Config, param
 
 OCCURRENCE_COLUMNS = ("species", "genus", "family", "lat", "lon", "file_name")
 GBIF_ID_COLUMNS = ("gbifID", "speciesKey", "genusKey", "familyKey", "url")
@@ -25,10 +25,10 @@ class Box(Config):
     """A latitude/longitude box; `contains` is strict on every edge. A config value may be a mapping, a list of four
     numbers or the text `lat_min,lat_max,lon_min,lon_max`."""
 
-    lat_min: float = param(0.0, "southern edge (degrees)")
-    lat_max: float = param(0.0, "northern edge (degrees)")
-    lon_min: float = param(0.0, "western edge (degrees)")
-    lon_max: float = param(0.0, "eastern edge (degrees)")
+    lat_min: float = param(REQUIRED, "southern edge (degrees)")
+    lat_max: float = param(REQUIRED, "northern edge (degrees)")
+    lon_min: float = param(REQUIRED, "western edge (degrees)")
+    lon_max: float = param(REQUIRED, "eastern edge (degrees)")
 
     def check(self, dims: dict[str, int] | None = None) -> None:
         super().check(dims)
