@@ -8,14 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
-from PIL import Image
 
 from pipelines.cli import run_main
-from pipelines.data import make_row, write_manifest
-from runner_helpers import evaluate_main
+from runner_helpers import evaluate_main, id_ood_manifests
 
 REFUSED = [
     # (case id, overrides, keys dropped, the start of the one line after "error: <file>: ")
@@ -72,30 +69,12 @@ ACCEPTED = [
 ]
 
 
-def _image(path: Path, seed: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(path)
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
     """An ID manifest (train/val/test), an OOD manifest (test sets near and far; val rows of set near), a model
     folder with a weight file (never loaded: every case is refused first) and an empty folder."""
     root = tmp_path_factory.mktemp("faults")
-    id_rows, ood_rows = [], []
-    for i in range(9):
-        split = ("train", "val", "test")[i % 3]
-        _image(root / "id" / f"{split}_{i}.png", i)
-        id_rows.append(make_row(f"{split}_{i}.png", split=split, role="id", label=i % 2, class_name=f"c{i % 2}"))
-    for i in range(4):
-        name = ("near", "far")[i % 2]
-        _image(root / "ood" / f"{name}_{i}.png", 100 + i)
-        ood_rows.append(make_row(f"{name}_{i}.png", split="test", role="ood", ood_set=name, group="near"))
-    for i in range(3):
-        _image(root / "ood" / f"val_{i}.png", 200 + i)
-        ood_rows.append(make_row(f"val_{i}.png", split="val", role="ood", ood_set="near", group="near"))
-    write_manifest(root / "id", id_rows)
-    write_manifest(root / "ood", ood_rows)
+    id_ood_manifests(root)
     (root / "model").mkdir()
     (root / "model" / "model.safetensors").write_bytes(b"not loaded")
     (root / "empty").mkdir()

@@ -4,11 +4,8 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from detectors.base import Detector
 from pipelines.params import Params, param
@@ -16,7 +13,7 @@ from detectors.plan import check_spec, make_plan, safe_name
 from detectors import registry
 from detectors.runconfig import ConfigError
 from pipelines.data import make_row, write_manifest
-from runner_helpers import evaluate_main
+from runner_helpers import evaluate_main, id_ood_manifests, noise_image
 
 
 @dataclass(frozen=True)
@@ -48,33 +45,11 @@ def checked_detector(monkeypatch):
     registry.register_detector("plugin_checked")(CheckedDetector)
 
 
-def _image(path: Path, seed: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(np.random.default_rng(seed).integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(path)
-
-
-def _data(root: Path) -> tuple[Path, Path]:
-    """An ID manifest (train/val/test, 2 classes) and an OOD manifest (test sets near and far, val rows 'near')."""
-    id_rows, ood_rows = [], []
-    for i in range(12):
-        split = ("train", "val", "test")[i % 3]
-        _image(root / "id" / f"{split}_{i}.png", i)
-        id_rows.append(make_row(f"{split}_{i}.png", split=split, role="id", label=i % 2, class_name=f"c{i % 2}"))
-    for i in range(8):
-        name, split = ("near", "far")[i % 2], "test"
-        _image(root / "ood" / f"{name}_{i}.png", 100 + i)
-        ood_rows.append(make_row(f"{name}_{i}.png", split=split, role="ood", ood_set=name, group=name))
-    for i in range(3):  # validation rows named like a test set (Open-Insects: local val vs local test)
-        _image(root / "ood" / f"val_near_{i}.png", 200 + i)
-        ood_rows.append(make_row(f"val_near_{i}.png", split="val", role="ood", ood_set="near", group="near"))
-    write_manifest(root / "id", id_rows)
-    write_manifest(root / "ood", ood_rows)
-    return root / "id", root / "ood"
 
 
 @pytest.fixture
 def data(tmp_path):
-    return _data(tmp_path / "data")
+    return id_ood_manifests(tmp_path / "data")
 
 
 def _config(data, tmp_path, **extra):
@@ -172,7 +147,7 @@ def test_leak_guard_by_content_and_field_rows(data, tmp_path):
     copies.mkdir()
     shutil.copy(ood_dir / "far_1.png", copies / "innocent.png")  # a byte copy of a test OOD image, renamed
     shutil.copy(id_dir / "test_2.png", copies / "also_innocent.png")  # and of an ID test image
-    _image(copies / "fresh.png", 999)
+    noise_image(copies / "fresh.png", 999)
     rows = [make_row(n, split="train", role="ood", ood_set="auxiliary") for n in ("fresh.png", "innocent.png")]
     write_manifest(copies, rows)
     with pytest.raises(ConfigError, match=r"aux: 1 row\(s\) are byte copies of test images \(first: 'innocent.png'\)"):
@@ -183,7 +158,7 @@ def test_leak_guard_by_content_and_field_rows(data, tmp_path):
 
     field = tmp_path / "field"
     for i in range(2):
-        _image(field / f"f{i}.png", 300 + i)
+        noise_image(field / f"f{i}.png", 300 + i)
     write_manifest(field, [make_row("f0.png", role="id", label=0), make_row("f1.png", role="ood", ood_set="bci")])
     write_manifest(tmp_path / "field_val", [])
     with pytest.raises(ConfigError, match=r"ood_val: 1 row\(s\) are field-set rows"):
@@ -219,7 +194,7 @@ def test_a_unit_key_covers_only_the_splits_it_reads(data, tmp_path):
     id_dir, ood_dir = data
     extra = tmp_path / "aux"
     for i in range(4):
-        _image(extra / f"a{i}.png", 500 + i)
+        noise_image(extra / f"a{i}.png", 500 + i)
     write_manifest(extra, [make_row(f"a{i}.png", split="train", role="ood", ood_set="auxiliary") for i in range(4)])
     detectors = ["msp", "mds", "knn", "opengan", {"name": "oe", "params": {"mode": "heads"}}, "tempscale"]
     keys = lambda **extra_keys: {u.method: u.key for u in make_plan(_config(data, tmp_path, detectors=detectors,  # noqa: E731
@@ -273,7 +248,7 @@ def test_cache_hash_reaches_every_cache(data, tmp_path, monkeypatch):
     assert plans["stat"].units[0].key != plans["content"].units[0].key
 
 
-def test_plan_warns_about_a_set_with_no_image(data, tmp_path):
+def test_plan_warns_about_a_set_with_nonoise_image(data, tmp_path):
     id_dir, ood_dir = data
     for path in ood_dir.glob("far_*.png"):
         path.unlink()
