@@ -1,4 +1,5 @@
-"""The one command-line layer of the scripts: config plus `key=value` overrides, list and pair parsing, `--debug`,
+"""The one command-line layer of the scripts: config plus `key=value` overrides, list and pair parsing, typed options
+(`cli_value`, `flag_error`: a config key named as the flag the user typed), `--debug`,
 and `run_main`, which turns the user's own mistakes into one line and exit status 2.
 
 A script is `def main(argv=None) -> int | None` built on `parser()` and ended with
@@ -239,6 +240,29 @@ def _list_item(items: list[Any], name: str, where: str, key: str) -> dict[str, A
     if not isinstance(items[index], dict):
         raise ConfigError(f"{where}: the item {key!r} is {items[index]!r}, not a mapping")
     return items[index]
+
+
+def cli_value(text: Any) -> Any:
+    """A command-line value as YAML 1.2 reads it (numbers become numbers; the config then checks the type)."""
+    if isinstance(text, list):
+        return [cli_value(t) for t in text]
+    return parse_yaml(text) if isinstance(text, str) and text.strip() else text
+
+
+def flag_error(err: ConfigError, flags: dict[str, str]) -> ConfigError:
+    """`err` naming the flag: `flags` maps a dotted key (or its prefix) to a flag, any other key `K` (or `section.K`)
+    is `--K` with dashes; the rest of a longer key follows the flag (`split.regions.mars` -> `--box mars`)."""
+    key, found, rest = str(err).partition(": ")
+    if not found or " " in key:
+        return err
+    if not key:  # a check across options
+        return ConfigError(rest, doc=err.doc)
+    parts = key.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in flags:
+            return ConfigError(" ".join([flags[prefix], *parts[n:]]) + f": {rest}", doc=err.doc)
+    return ConfigError(f"--{parts[min(1, len(parts) - 1)].replace('_', '-')}: {rest}", doc=err.doc)
 
 
 def load_yaml(path: str | os.PathLike, overrides: Sequence[str] | None = None) -> dict[str, Any]:

@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 import sys
 
-from pipelines.cli import parser, run_main
+from pipelines.cli import cli_value, flag_error, parser, run_main
 from pipelines.curation.fetch import FetchConfig, fetch_images
-from pipelines.curation.flags import cli_value, flag_error
 from pipelines.errors import ConfigError
 
 FLAGS = {"taxa.preset": "--taxon-filter"}

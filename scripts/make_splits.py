@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gen.insects import MakeSplitsConfig, REGIONS, make_splits, shortfall_lines, synthetic_occurrences
-from pipelines.cli import pairs, parser, run_main
-from pipelines.curation.flags import cli_value, flag_error
+from pipelines.cli import cli_value, flag_error, pairs, parser, run_main
 from pipelines.errors import ConfigError
 
 FLAGS = {"split.pad_lat": "--pad", "split.pad_lon": "--pad", "split.regions": "--box",
