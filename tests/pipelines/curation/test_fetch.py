@@ -182,12 +182,15 @@ def test_kill_9_mid_run_then_rerun_fetches_only_what_is_missing(server, tmp_path
            "--workers", "2", "--rate", "200", "--min-bytes", "100", "--min-side", "32"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OODFORGE_PROGRESS": "off"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    def finished() -> set[str]:  # a writer's temp file (`.<name>.<random>.tmp.png`) is not a finished image
+        return {p.relative_to(out).as_posix() for p in (out / "images").rglob("*.png") if not p.name.startswith(".")}
+
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list((out / "images").rglob("*.png"))) < 4:
+    while time.monotonic() < deadline and len(finished()) < 4:
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
-    done = {p.relative_to(out).as_posix() for p in (out / "images").rglob("*.png") if not p.name.startswith(".")}
+    done = finished()
     assert 4 <= len(done) < len(paths), "the kill came too late to test a resume"
     for name in done:  # never a partial file under the final name
         assert Image.open(out / name).size == (200, 150)
