@@ -119,9 +119,13 @@ WEIGHT_FILE_SUFFIXES = tuple(f".{s}" for s in (*WEIGHT_SUFFIXES, "pt", "pth", "c
 
 def looks_local(path_or_id: str | os.PathLike) -> bool:
     """True for a value meant as a local path: it exists, or is not of a hub id's form (`org/name` or `name`), e.g.
-    `runs/own/classifier`, `./model`, `~/m`, `/abs/path`."""
+    `runs/own/classifier`, `./model`, `~/m`, `/abs/path`; or it has a hub id's form `a/b` but `a` is a folder here
+    and `a/b` is no model in the Hugging Face cache (`runs/x` after a typo, or before its training ran)."""
     text = str(path_or_id)
-    return is_local(text) or text.startswith((".", "/", "~")) or not HUB_ID.match(text)
+    if is_local(text) or text.startswith((".", "/", "~")) or not HUB_ID.match(text):
+        return True
+    owner, _, name = text.partition("/")
+    return bool(name) and Path(owner).is_dir() and hub_commit(text) is None
 
 
 def check_model_ref(value: str | None, key: str) -> None:

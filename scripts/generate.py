@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from gen.job import GenerationConfig, check_job, format_plan, plan_summary, run_generation
+from gen.job import JOB_FOLDER, GenerationConfig, check_job, format_plan, plan_summary, run_generation
 from pipelines.cli import README_SECTIONS, parser, run_main
 
 
@@ -29,8 +29,14 @@ def main(argv: list[str] | None = None) -> int:
     if "manifest" in summary:
         print(json.dumps(summary, indent=2))
         done, skipped = summary["done"], summary["skipped"]  # done: every finished item; skipped: finished before
-        print(f"generate: {done - skipped} done, {len(summary['failed'])} failed, {skipped} skipped (finished "
+        failed = summary["failed"]
+        print(f"generate: {done - skipped} done, {len(failed)} failed, {skipped} skipped (finished "
               f"before); {done} of {summary['planned']} planned in the manifest", file=sys.stderr)
+        if failed and not done:  # nothing to keep: the run failed, whatever its counts say
+            first = failed[0]
+            print(f"error: every planned item failed ({len(failed)}); the first, {first['file']} "
+                  f"({first['stage']}): {first['reason']} -> {config.out}/{JOB_FOLDER}/summary.json", file=sys.stderr)
+            return 1
     return 0
 
 

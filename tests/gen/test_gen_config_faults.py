@@ -139,9 +139,10 @@ def test_failures_are_counted_as_failures(tmp_path, capsys, containers, bronzes,
     config = write_config(tmp_path, containers, bronzes, "batch_size: 2")
     monkeypatch.setattr("gen.job.build_pipeline", lambda *a: FailsEveryItem())
     monkeypatch.setenv("OODFORGE_PROGRESS", "lines")
-    assert run_main(MAIN, ["--config", str(config)]) == 0
+    assert run_main(MAIN, ["--config", str(config)]) == 1  # every item failed: the run failed
     err = capsys.readouterr().err
     assert "generate: 0 done, 7 failed, 0 skipped (finished before); 0 of 7 planned in the manifest" in err
+    assert err.strip().splitlines()[-1].startswith("error: every planned item failed (7); the first, ")
     assert "7 img in" in err and "done=0, failed=7" in err and "done, 7 img" not in err
 
 

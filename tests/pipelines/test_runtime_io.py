@@ -262,3 +262,24 @@ def test_model_revision_is_the_cached_commit_or_a_folder_hash(monkeypatch, tmp_p
         fh.seek(-1, 2)
         fh.write(b"\x00")
     assert folder_hash(tmp_path / "tail") != revision
+
+
+def test_a_hub_id_shaped_path_under_a_local_folder_is_a_missing_local_folder(monkeypatch, tmp_path):
+    from pipelines.errors import ConfigError
+    from pipelines.runtime import check_model_ref, looks_local
+
+    monkeypatch.chdir(tmp_path)
+    _fake_hub_cache(monkeypatch, tmp_path / "cache", "runs/cached", ["config.json"], "0" * 40)
+    (tmp_path / "runs").mkdir()
+    assert looks_local("runs/x") and not looks_local("org/x")  # `runs` is a folder here; `org` is not
+    assert not looks_local("runs/cached")  # a hub model of that name is in the cache: the hub id wins
+    with pytest.raises(ConfigError, match=r"^model: the local model folder 'runs/x' does not exist$"):
+        check_model_ref("runs/x", "model")
+    check_model_ref("org/x", "model")  # a hub id is looked up when loaded
+
+    def loader(name, **kwargs):
+        raise OSError("no such folder")
+
+    with pytest.raises(ConfigError) as err:  # never hub advice for a local path
+        load_pretrained(loader, "runs/x", "classifier")
+    assert "local folder 'runs/x'" in str(err.value) and "huggingface-cli" not in str(err.value)
