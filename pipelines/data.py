@@ -150,17 +150,24 @@ def write_manifest(folder: str | os.PathLike, rows: Iterable[dict[str, Any]]) ->
     checked column-wise first and, when that check cannot vouch for them, row by row (naming the line and field).
     """
     root = Path(folder)
-    meta = root / METADATA
     rows = list(rows)
-    if not rows_certainly_valid(rows):
-        seen: set[str] = set()
-        for number, row in enumerate(rows, start=1):
-            validate_row(row, meta, number)
-            if row["file_name"] in seen:
-                raise ManifestError(meta, number, "file_name", f"duplicate file_name {row['file_name']!r}")
-            seen.add(row["file_name"])
-    atomic_write_text(meta, encode_lines(rows))
+    check_manifest_rows(root, rows)
+    atomic_write_text(root / METADATA, encode_lines(rows))
     return Manifest(root, rows)
+
+
+def check_manifest_rows(folder: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
+    """The checks `write_manifest` runs before it writes: schema-valid rows and unique file names, else a
+    ManifestError naming `folder/metadata.jsonl`, the line and the field."""
+    meta = Path(folder) / METADATA
+    if rows_certainly_valid(rows):
+        return
+    seen: set[str] = set()
+    for number, row in enumerate(rows, start=1):
+        validate_row(row, meta, number)
+        if row["file_name"] in seen:
+            raise ManifestError(meta, number, "file_name", f"duplicate file_name {row['file_name']!r}")
+        seen.add(row["file_name"])
 
 
 def make_row(file_name: str, *, split: str = "test", role: str = "id", label: int = 0, ood_set: str | None = None,

@@ -11,7 +11,6 @@ and exit with status 2 (`--debug` shows the traceback).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ NONE_IF_ZERO = ("aux_per_species", "aux_species", "id_val_cap")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = parser(__doc__)
+    p = parser(__doc__, dry_run=True)
     p.add_argument("--occurrences", help="GBIF Darwin Core Archive (zip or unpacked folder) or CSV/TSV/Parquet: species, "
                                          "genus, family, lat, lon, file_name [, split, taxon] (GBIF names mapped)")
     p.add_argument("--synthetic", metavar="N", help="generate an N-row synthetic table (written to OUT/synthetic/)")
@@ -97,15 +96,17 @@ def options(args: argparse.Namespace) -> MakeSplitsConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = options(parse_args(argv))
+    args = parse_args(argv)
+    opts, dry_run = options(args), args.dry_run
     out = Path(opts.out)
     config = opts.split
     if opts.synthetic:
         occ, ids = synthetic_occurrences(opts.synthetic, seed=config.seed)
         folder = out / "synthetic"
-        folder.mkdir(parents=True, exist_ok=True)
-        occ.to_parquet(folder / "occurrences.parquet", index=False)
-        ids.to_csv(folder / "id_species.csv", index=False)
+        if not dry_run:
+            folder.mkdir(parents=True, exist_ok=True)
+            occ.to_parquet(folder / "occurrences.parquet", index=False)
+            ids.to_csv(folder / "id_species.csv", index=False)
         occurrences, id_species, image_root = occ, ids, Path(opts.image_root or folder)
         if config.target_taxon is None:
             config = config.replace(target_taxon="moth")
@@ -113,23 +114,23 @@ def main(argv: list[str] | None = None) -> int:
         occurrences, id_species, image_root = Path(opts.occurrences), Path(opts.id_species), Path(opts.image_root)
     start = time.perf_counter()
     written, summary, record = make_splits(occurrences, id_species, out, image_root, config,
-                                           non_target=opts.non_target, taxa=opts.taxa, check_files=opts.check_files)
+                                           non_target=opts.non_target, taxa=opts.taxa, check_files=opts.check_files,
+                                           dry_run=dry_run)
     print(summary.to_string(index=False))
     if record["dropped"]:
         print("rows dropped: " + ", ".join(f"{reason} {n}" for reason, n in record["dropped"].items()))
     for line in shortfall_lines(record):
         print(line)
     for region, folder in written.items():
-        print(f"wrote {folder}/metadata.jsonl ({region})")
-        missing = missing_id_species(folder)
+        print(f"{'would write' if dry_run else 'wrote'} {folder}/metadata.jsonl ({region})")
+        missing = record["missing_id_species"].get(region, [])
         if missing:
             print(f"  warning: {len(missing)} ID species of {region} not in the splits, e.g. {missing[:5]}")
+    if dry_run:
+        print(f"dry run: every check passed in {time.perf_counter() - start:.1f} s; nothing written")
+        return 0
     print(f"done in {time.perf_counter() - start:.1f} s; summary in {out / 'summary.md'} and {out / 'summary.json'}")
     return 0
-
-
-def missing_id_species(folder: Path) -> list[str]:
-    return json.loads((folder / "manifest_info.json").read_text()).get("missing_id_species", [])
 
 
 if __name__ == "__main__":

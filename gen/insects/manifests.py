@@ -16,7 +16,8 @@ from gen.insects.occurrences import GBIF_ID_COLUMNS, OCCURRENCE_COLUMNS, TableEr
 from gen.insects.splits import MIN_IMAGES, SETS, SplitConfig, Splits, build_splits
 from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, MISSING_FILE, NO_COORDINATES, TAXON_FILTER, TaxonFilter,
                                      clean, is_archive, normalise, read_occurrences)
-from pipelines.data import MANIFEST_INFO, METADATA, Manifest, ManifestError, read_manifest, write_manifest
+from pipelines.data import (MANIFEST_INFO, METADATA, Manifest, ManifestError, check_manifest_rows, read_manifest,
+                            write_manifest)
 from pipelines.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from pipelines.jsonl import column_texts, join_lines
 from pipelines.schema import table_certainly_valid
@@ -133,7 +134,8 @@ def summary_record(splits: Splits, dropped: dict[str, int] | None = None) -> dic
     counts = Counter(dropped or {}) + Counter(splits.dropped)
     ordered = {reason: int(counts[reason]) for reason in DROP_ORDER if counts[reason]}
     ordered.update({k: int(v) for k, v in counts.items() if k not in ordered and v})
-    return {"sets": sets, "dropped": ordered, "shortfalls": splits.shortfalls}
+    return {"sets": sets, "dropped": ordered, "shortfalls": splits.shortfalls,
+            "missing_id_species": {region: list(names) for region, names in splits.missing_id_species.items() if names}}
 
 
 def write_splits(splits: Splits, out_dir: str | os.PathLike, image_root: str | os.PathLike,
@@ -211,10 +213,18 @@ def read_input(occurrences: str | os.PathLike | pd.DataFrame, taxa: TaxonFilter 
 def make_splits(occurrences: str | os.PathLike | pd.DataFrame, id_species: str | os.PathLike | pd.DataFrame,
                 out_dir: str | os.PathLike, image_root: str | os.PathLike, config: SplitConfig | None = None,
                 non_target: str | os.PathLike | pd.DataFrame | None = None, taxa: TaxonFilter | None = None,
-                check_files: bool | None = None) -> tuple[dict[str, Path], pd.DataFrame, dict[str, Any]]:
+                check_files: bool | None = None, dry_run: bool = False) -> tuple[dict[str, Path], pd.DataFrame, dict[str, Any]]:
     """Read the tables (frames, files or GBIF archives), build the splits, write the manifests; returns (folders,
-    summary table, summary record)."""
+    summary table, summary record). `dry_run` runs every check, manifest rows included, and writes nothing (the
+    folders returned are those a run would write)."""
     occ, dropped = read_input(occurrences, taxa, image_root, check_files)
     extra = non_target if non_target is None or isinstance(non_target, pd.DataFrame) else read_occurrences(non_target)
     splits = build_splits(occ, read_id_species(id_species), config, non_target=extra)
-    return write_splits(splits, out_dir, image_root, dropped), summarize(splits), summary_record(splits, dropped)
+    if dry_run:
+        folders = {region: Path(out_dir) / region for region in splits.regions}
+        for region, frame in splits.regions.items():
+            if _manifest_bytes(frame, splits.config.non_target_name) is None:
+                check_manifest_rows(folders[region], manifest_rows(frame, splits.config.non_target_name))
+    else:
+        folders = write_splits(splits, out_dir, image_root, dropped)
+    return folders, summarize(splits), summary_record(splits, dropped)

@@ -47,3 +47,30 @@ def test_a_latitude_that_is_not_a_number_is_refused_naming_the_row(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert "occ.csv: row file_name=y.jpg: lat 'abc' is not a latitude" in err and "\n" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_dry_run_prints_what_the_run_writes_and_writes_nothing(tmp_path, capsys):
+    main = runpy.run_path(str(SCRIPT))["main"]
+    argv = ["--synthetic", "3000", "--aux-species", "0", "--out", str(tmp_path / "out")]
+    assert run_main(main, [*argv, "--dry-run"]) == 0
+    dry = capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
+    assert run_main(main, argv) == 0
+    run = capsys.readouterr().out
+    written = sorted(p.parent.name for p in (tmp_path / "out").glob("*/metadata.jsonl"))
+    assert written and [f"would write {tmp_path / 'out' / r}/metadata.jsonl ({r})" in dry for r in written] == [True] * len(written)
+    table = lambda text: text.split("\nwould write")[0].split("\nwrote")[0]  # the summary table and drop lines
+    assert table(dry) == table(run) and "dry run: every check passed" in dry
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_dry_run_refuses_where_the_run_refuses(tmp_path, capsys, dry_run):
+    (tmp_path / "occ.csv").write_text("species,genus,family,lat,lon,file_name\n"
+                                      + "".join(f"a b,a,f,45,-75,{i}.jpg\n" for i in range(20)))
+    (tmp_path / "ids.csv").write_text("region,species\nne-america,a b\nne-america,c d\n")
+    argv = ["--occurrences", str(tmp_path / "occ.csv"), "--id-species", str(tmp_path / "ids.csv"), "--image-root",
+            str(tmp_path), "--out", str(tmp_path / "out"), *(["--dry-run"] if dry_run else [])]
+    assert run_main(runpy.run_path(str(SCRIPT))["main"], argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "c d" in err and "allow-missing-id-species" in err, err
+    assert not (tmp_path / "out").exists()
