@@ -284,3 +284,37 @@ def test_the_url_earliest_in_the_table_keeps_a_duplicated_content(server, tmp_pa
         reasons = pd.read_csv(out / "failures.csv")["reason"].tolist()
         assert reasons == [f"duplicate content of {kept['file_name'][0]}"]
     capsys.readouterr()
+
+
+def test_a_full_disk_stops_the_fetch_in_one_line_and_the_rerun_resumes(server, tmp_path, capsys, monkeypatch):
+    import errno
+
+    import pipelines.curation.fetch as fetch_module
+
+    paths = [f"/img/{i}.png" for i in range(40)]
+    table(server.base, paths).to_csv(tmp_path / "occ.csv", index=False)
+    out = tmp_path / "out"
+    argv = ["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), *FAST]
+    real_write, writes = fetch_module.atomic_write_bytes, []
+
+    def write_until_full(path, data):
+        if len(writes) >= 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path))
+        writes.append(path)
+        real_write(path, data)
+
+    monkeypatch.setattr(fetch_module, "atomic_write_bytes", write_until_full)
+    assert fetch(argv) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "No space left on device" in errors[0] and "Traceback" not in err, err
+    assert "free some disk space, then rerun the same command" in errors[0]
+    assert sum(server.counts.values()) < len(paths)  # the fetch stopped: the queued downloads were not all made
+    done = {p.name for p in (out / "images").rglob("*.png") if not p.name.startswith(".")}
+    assert len(done) == 3
+    monkeypatch.setattr(fetch_module, "atomic_write_bytes", real_write)
+    counts_before = Counter(server.counts)
+    assert fetch(argv) == 0
+    assert len(pd.read_csv(out / "images.csv")) == len(paths)
+    refetched = [p for p in paths if server.counts[p] > counts_before[p]]
+    assert len(refetched) == len(paths) - 3  # the three finished images are not downloaded again
