@@ -29,6 +29,7 @@ from detectors.base import RUNTIME_INPUTS, Detector, FeatureSet, ImageSet, Linea
 from detectors.metrics import evaluate as compute_metrics
 from detectors.plan import (FEATURES_VERSION, Plan, Split, Unit, check_spec, key_record, make_plan, reads_features,
                             safe_name)
+from detectors.posthoc.pixels import pixel_memo
 from detectors.posthoc.streaming import across_processes, chunk_rows, process_rows
 from detectors.runconfig import ConfigError, DetectorSpec, EvalConfig, Source
 from detectors.selection import defaults_note, select
@@ -312,9 +313,10 @@ class Runner:
         make = lambda params: self._build(dataclasses.replace(unit, params=params))  # noqa: E731
         sets = ",".join(sorted({r["ood_set"] for r in self.plan.split(sel.split).manifest.rows}))
         try:
-            det, _, table = select(unit.name, fit_kwargs["id_val"], self._split_data(probe, sel.split),
-                                   id_train=self._split_data(probe, "id-id_train"), space=unit.parts["sweep"],
-                                   metric=sel.metric, fixed=dict(unit.params), make=make, fit_kwargs=fit_kwargs)
+            with pixel_memo(self.plan.runtime.sweep_pixel_mb):  # image-level sweeps preprocess the images once
+                det, _, table = select(unit.name, fit_kwargs["id_val"], self._split_data(probe, sel.split),
+                                       id_train=self._split_data(probe, "id-id_train"), space=unit.parts["sweep"],
+                                       metric=sel.metric, fixed=dict(unit.params), make=make, fit_kwargs=fit_kwargs)
             self._selected_on[unit.method] = f"{sel.metric}: id_val vs ood_val[{sets}]"
         except ValueError as err:  # no grid point fits these features (e.g. NECO's dims on D = 64): the defaults run
             det, table = probe, [{"error": str(err)}]

@@ -71,6 +71,7 @@ class Runtime:
     num_workers: int
     chunk_rows: int | None
     cache_hash: str
+    sweep_pixel_mb: float = 1024
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     check_transfer(config.threshold_transfer, splits)
     check_head(config.head)
     runtime = Runtime(config.model, runtime_device(config.device), config.precision, config.batch_size,
-                      config.num_workers, config.chunk_rows, config.cache_hash)
+                      config.num_workers, config.chunk_rows, config.cache_hash, config.sweep_pixel_mb)
     id_train = next(s for s in splits if s.id == "id-id_train")
     class_names = tuple(config.class_names) if config.class_names else class_names_of(id_train.manifest)
     check_fewshot(config.fewshot, class_names)

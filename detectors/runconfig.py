@@ -205,6 +205,9 @@ class EvalConfig(Config):
     device: str | None = param(None, "torch device: cpu, cuda, cuda:N, mps or auto (null: auto)", check=check_device)
     precision: Precision = param("auto", "feature-extraction precision (auto: bf16 on GPU, fp32 on CPU)")
     num_workers: int = param(0, "image-loading worker processes", ge=0)
+    sweep_pixel_mb: float = param(1024, "memory (MiB) for the validation images' preprocessed pixels, kept across the "
+                                        "grid points of an image-level sweep (ODIN, ...); 0: preprocess at every point",
+                                  ge=0)
     select: Select | None = param(None, "sweep each selectable detector on OOD validation")
     ood_val: Source | None = param(None, "OOD validation (split default val): fit inputs, sweeps and rule choice")
     threshold_transfer: list[Transfer] = param([], "threshold-transfer rules")

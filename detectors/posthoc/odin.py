@@ -15,6 +15,7 @@ import torch
 
 from detectors.base import Detector, ImageSet, as_numpy
 from detectors.posthoc.common import softmax
+from detectors.posthoc.pixels import preprocessed
 from pipelines.params import Params, param
 from detectors.registry import register_detector
 from pipelines.data import Manifest
@@ -72,8 +73,7 @@ class ODIN(Detector):
     def _chunks(self, batch: Any) -> tuple[Any, int]:
         """Normalised pixel-value batches [b,3,H,W] and their number."""
         if isinstance(batch, ImageSet):
-            chunks = (self.classifier.preprocess(images) for _, images in batch.batches(self.batch_size))
-            return chunks, math.ceil(len(batch) / self.batch_size)
+            return preprocessed(self.classifier, batch, self.batch_size), math.ceil(len(batch) / self.batch_size)
         if isinstance(batch, torch.Tensor) and batch.ndim == 4 and batch.is_floating_point():
             return batch.split(self.batch_size), math.ceil(len(batch) / self.batch_size)
         raise TypeError(f"odin: score takes an ImageSet or a float tensor [B,3,H,W] of preprocessed images, got "
