@@ -11,18 +11,12 @@ Without the memo every grid point decodes and resizes the ID and OOD validation 
 """
 from __future__ import annotations
 
-import json
-import platform
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
-
 from pipelines.cli import parser, run_main
-from pipelines.io import atomic_write_json
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="interleaved runs of each sweep; the best time counts")
     args = p.parse_args(argv)
     out = Path(args.out or "benchmarks/sweep.json")
-    from bench_train import _classifier
+    from bench_train import _classifier, write_result
 
     from detectors import build
     from detectors.base import ImageSet
@@ -63,13 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     best = {name: min(values) for name, values in times.items()}
     numbers = {"plain_s": best["plain"], "memo_s": best["memo"], "ratio": best["plain"] / best["memo"],
                "memo_hits": hits, "same_choice": chosen["plain"] == chosen["memo"], "chosen": chosen["memo"]}
-    result = {"benchmark": "sweep", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-              "torch": torch.__version__, "threads": torch.get_num_threads(), "model": f"microsoft/resnet-50 ({args.size})",
-              "settings": {k: v for k, v in vars(args).items() if k not in ("out", "debug")}, **numbers}
-    atomic_write_json(out, result)
-    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in numbers.items()}, indent=1))
-    print(f"wrote {out}")
+    write_result(out, "sweep", device, args, numbers)
     return 0
 
 

@@ -16,6 +16,7 @@ import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -49,14 +50,20 @@ def main(argv: list[str] | None = None) -> int:
         numbers = measure(classifier, manifest, epochs=args.epochs, batch_size=args.batch_size, num_workers=args.workers,
                           precision=args.precision, channels_last=device.type == "cuda", device=device,
                           repeats=args.repeats)
-    result = {"benchmark": "train", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    write_result(out, "train", device, args, numbers)
+    return 0
+
+
+def write_result(out: Path, benchmark: str, device: torch.device, args: Any, numbers: dict[str, Any]) -> None:
+    """benchmarks/<name>.json: what ran where (device, torch, threads, the stand-in's size, the settings) and the
+    numbers; the numbers printed."""
+    result = {"benchmark": benchmark, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
               "torch": torch.__version__, "threads": torch.get_num_threads(), "model": f"microsoft/resnet-50 ({args.size})",
               "settings": {k: v for k, v in vars(args).items() if k not in ("out", "debug")}, **numbers}
     atomic_write_json(out, result)
     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in numbers.items()}, indent=1))
     print(f"wrote {out}")
-    return 0
 
 
 def _classifier(size: str, image_size: int):
