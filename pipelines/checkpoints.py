@@ -161,6 +161,13 @@ def checkpoint_matches(path: str | os.PathLike, key: str) -> bool:
     return meta.get("key") == key
 
 
+def checkpoint_epoch(path: str | os.PathLike, key: str) -> int:
+    """Epochs a matching checkpoint has done (its header alone is read); 0 without one."""
+    if not checkpoint_matches(path, key):
+        return 0
+    return int((read_metadata(path) or {}).get("epoch", 0))
+
+
 def load_checkpoint(path: str | os.PathLike, key: str, module: nn.Module, objective: nn.Module, optimizer: Any,
                     scheduler: Any, result: Any, generators: list[torch.Generator | None]) -> int:
     """Restore a matching checkpoint into the given objects; return the number of epochs it had done (0: none)."""

@@ -9,7 +9,8 @@ recipe (open-insects-scratch | open-insects-imagenet | multi-granularity), proto
 batch_size (global), lr, weight_decay, warmup_epochs, schedule, drop_last, augment, image_size, pre_size, levels, seed,
 precision, num_workers, compile, channels_last, sync_bn, cache_hash (docs/training.md).
 Writes a model folder that `model:` in eval configs loads, with class_names.json, metrics.json and training.png. A
-killed run resumes from its last finished epoch when rerun; a finished one rerun does nothing.
+killed run resumes from its last finished epoch when rerun; a finished one rerun does nothing. `--dry-run` runs every
+check the run makes before it loads the model and prints the plan (rows, classes, schedule, new / resumes / up to date).
 """
 from __future__ import annotations
 
@@ -20,15 +21,18 @@ from pipelines.cli import load_yaml, parser, run_main
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__, config=True, overrides=True, out=True)
+    p = parser(__doc__, config=True, overrides=True, out=True, dry_run=True)
     args = p.parse_args(argv)
     raw = load_yaml(args.config, args.overrides)
     if args.out is not None:
         raw["out"] = str(args.out)
-    from pipelines.training.classify import METRICS, train_classifier
+    from pipelines.training.classify import METRICS, check_training, train_classifier
     from pipelines.training.recipes import TrainConfig
 
     config = TrainConfig.from_dict(raw, where=str(args.config))
+    if args.dry_run:  # every check the run makes before it loads the model; nothing written
+        print(check_training(config).describe(config))
+        return 0
     out = train_classifier(config)
     from pipelines.runtime import partial_state
 

@@ -16,6 +16,8 @@ checkpoint's key differs too).
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +31,12 @@ from pipelines.hub_ids import RESNET_ID
 from pipelines.fingerprint import combine, images_fingerprint, source_identity
 from pipelines.io import atomic_write_json, remove_orphan_temps
 from pipelines.runtime import load_pretrained, seed_everything
-from pipelines.training.loop import TrainResult, finetune
+from pipelines.checkpoints import checkpoint_epoch
+from pipelines.training.loop import TrainResult, finetune, no_batch_message
 from pipelines.training.objectives import PRIMARY, CrossEntropy, MultiGranularity, Objective
 from pipelines.training.recipes import TrainConfig
-from pipelines.training.schedule import lr_landmarks
+from pipelines.training.schedule import describe as describe_schedule
+from pipelines.training.schedule import lr_landmarks, planned_lrs
 from pipelines.training.transforms import Compose, ResizeCenterCrop, reference_eval, reference_train
 
 METRICS = "metrics.json"
@@ -184,19 +188,17 @@ def train_classifier(config: TrainConfig) -> Path:
     of a finished run with the same key touches nothing."""
     from pipelines.runtime import partial_state
 
-    manifest, train, val, test = _splits(config)
-    class_names, label_field = class_names_of(manifest, config.id)
+    plan = check_training(config)
+    train, val, test = plan.train, plan.val, plan.test
+    class_names, label_field, key = plan.class_names, plan.label_field, plan.key
     out = Path(config.out)
     state = partial_state()
-    key = run_key(config, class_names, label_field, (train, val, test))
-    if finished(out, key):
+    if plan.state == "up to date":
         if state.is_main_process:
             print(f"[oodforge] {out} is up to date (same settings, starting model, class names and images): nothing to do")
         return out
-    if config.batch_size % state.num_processes:
-        raise ConfigError(f"batch_size {config.batch_size} is the global batch: it must divide by the {state.num_processes} processes")
     classifier = build_classifier(config, class_names)
-    objective = _objective(config, label_field, train)
+    objective = plan.objective
     out.mkdir(parents=True, exist_ok=True)
     if state.is_main_process:
         remove_orphan_temps(out)  # what a killed run's writes left (a live writer's temp files stay)
@@ -215,6 +217,62 @@ def train_classifier(config: TrainConfig) -> Path:
         _write_outputs(out, config, classifier, objective, result, class_names, label_field, key)
     state.wait_for_everyone()
     return out
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What `check_training` found: the ID splits, class names, objective, the run's key and state, and the
+    optimiser steps an epoch takes."""
+
+    train: Manifest
+    val: Manifest | None
+    test: Manifest | None
+    class_names: list[str]
+    label_field: str | None
+    objective: Objective
+    key: str
+    state: str  # "up to date", "resumes after epoch N" or "new"
+    batches: int
+
+    def describe(self, config: TrainConfig) -> str:
+        """The plan in a few lines (the dry run's output)."""
+        sizes = ", ".join(f"{name} {0 if m is None else len(m)}" for name, m in
+                          (("train", self.train), ("val", self.val), ("test", self.test)))
+        lrs = planned_lrs(config.schedule, epochs=config.epochs, warmup_epochs=config.warmup_epochs,
+                          batches=self.batches, rows=len(self.train), batch_size=config.batch_size, lr=config.lr,
+                          advances=self.objective.advances_schedule)
+        heads = [PRIMARY, *getattr(self.objective, "levels", {})]
+        return "\n".join([
+            f"train {config.model} on {config.id} -> {config.out} ({self.state})",
+            f"ID rows: {sizes}; {len(self.class_names)} classes ({self.label_field or 'label'}); heads {heads}",
+            f"recipe {config.recipe}, protocol {config.protocol}, batch {config.batch_size} "
+            f"({'last partial batch dropped' if config.drop_last else 'last partial batch kept'}), precision "
+            f"{config.precision}",
+            describe_schedule(config.schedule, lrs, epochs=config.epochs, batches=self.batches,
+                              warmup_epochs=config.warmup_epochs, lr=config.lr)])
+
+
+def check_training(config: TrainConfig) -> TrainingPlan:
+    """Every check `train_classifier` runs before it loads the model (shared by `--dry-run`): the ID splits, the
+    class names, the label levels, the global batch against the processes and a batch an epoch at least."""
+    from pipelines.runtime import partial_state
+
+    manifest, train, val, test = _splits(config)
+    class_names, label_field = class_names_of(manifest, config.id)
+    key = run_key(config, class_names, label_field, (train, val, test))
+    out = Path(config.out)
+    objective = _objective(config, label_field, train)
+    batches = len(train) // config.batch_size if config.drop_last else math.ceil(len(train) / config.batch_size)
+    if finished(out, key):  # nothing will run: the run-time checks below do not apply
+        return TrainingPlan(train, val, test, class_names, label_field, objective, key, "up to date", batches)
+    processes = partial_state().num_processes
+    if config.batch_size % processes:
+        raise ConfigError(f"batch_size {config.batch_size} is the global batch: it must divide by the {processes} processes")
+    if not batches:
+        raise ConfigError(no_batch_message(len(train)))
+    epoch = checkpoint_epoch(out / CHECKPOINT, key)
+    state = f"resumes after epoch {epoch}" if epoch else "new"
+    return TrainingPlan(train, val, test, class_names, label_field, objective, key, state, batches)
 
 
 def _write_outputs(out: Path, config: TrainConfig, classifier: ImageClassifier, objective: Objective,

@@ -283,3 +283,37 @@ def test_a_kill_during_a_write_leaves_no_temp_file_after_the_rerun(setup, tmp_pa
     out = tmp_path / "out"
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
     assert json.loads((out / "metrics.json").read_text())["epochs"] == 2 and _weights(out)
+
+
+def test_dry_run_states_the_plan_the_run_follows_and_writes_nothing(setup, tmp_path, capsys, monkeypatch):
+    import runpy
+
+    import pipelines.training.classify as classify
+    from pipelines.cli import run_main
+
+    main = runpy.run_path(str(SCRIPT))["main"]
+    _, model = setup
+    _own_manifest(tmp_path)
+    config = tmp_path / "train.yaml"
+    config.write_text(f"id: {tmp_path / 'id'}\nout: {tmp_path / 'out'}\nmodel: {model}\nepochs: 2\nbatch_size: 4\n"
+                      "lr: 0.01\nwarmup_epochs: 1\nimage_size: 32\n")
+    real_build = classify.build_classifier
+    monkeypatch.setattr(classify, "build_classifier", lambda *a: pytest.fail("a dry run loads no model"))
+    assert run_main(main, ["--config", str(config), "--dry-run"]) == 0
+    dry = capsys.readouterr().out.splitlines()
+    assert not (tmp_path / "out").exists()
+    assert dry[0].endswith("(new)") and "ID rows: train 12, val 3, test 3; 3 classes" in dry[1]
+    monkeypatch.setattr(classify, "build_classifier", real_build)
+    assert run_main(main, ["--config", str(config)]) == 0
+    run = capsys.readouterr().out
+    schedule = next(line for line in dry if line.startswith("schedule "))
+    assert schedule.startswith("schedule reference: 2 epochs x 3 steps") and f": {schedule}" in run  # the run's own line
+    assert run_main(main, ["--config", str(config), "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("(up to date)")
+    for override, message in ((["epochs=3", "drop_last=true", "batch_size=16"], "batch_size: 12 training rows make no batch"),
+                              (["levels=[order]"], "levels: the ID train rows of")):
+        for dry_run in (["--dry-run"], []):  # refused alike, before anything is written
+            assert run_main(main, ["--config", str(config), *override, "--out", str(tmp_path / "bad"), *dry_run]) == 2
+            err = capsys.readouterr().err.strip()
+            assert err.startswith("error: ") and message in err and "\n" not in err, err
+            assert not (tmp_path / "bad").exists()
