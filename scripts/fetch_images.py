@@ -5,7 +5,9 @@
 Writes OUT/images/... (one file per URL, atomically), OUT/images.csv (the fetched rows with file_name), OUT/failures.csv
 (every URL that failed, with its reason), OUT/fetch_summary.json; with `--filter-model DIR --drop-class NAME` the
 classifier's dropped rows go to OUT/filtered.csv. Rerun the same command after an interruption (kill -9 included): it
-fetches only what is missing. Bad options print one line and exit 2 (`--debug` shows the traceback).
+fetches only what is missing. `--dry-run` reads and filters the input, counts what is already fetched and what is
+left, checks the filter classifier, and requests nothing. Bad options print one line and exit 2 (`--debug` shows the
+traceback).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import json
 import sys
 
 from pipelines.cli import cli_value, flag_error, parser, run_main
-from pipelines.curation.fetch import FetchConfig, fetch_images
+from pipelines.curation.fetch import FetchConfig, fetch_images, fetch_plan, filter_classes
 from pipelines.errors import ConfigError
 
 FLAGS = {"taxa.preset": "--taxon-filter"}
@@ -21,7 +23,7 @@ NUMBERS = ("per_species", "workers", "rate", "timeout", "retries", "backoff", "m
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__)
+    p = parser(__doc__, dry_run=True)
     p.add_argument("--occurrences", required=True, help="GBIF Darwin Core Archive (zip or folder) or a CSV/TSV/Parquet table with url, species")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--taxon-filter", default=None, metavar="NAME", help="a named taxon rule: moths (Open-Insects)")
@@ -56,6 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         raise flag_error(err, FLAGS) from None
     if bool(args.filter_model) != bool(args.drop_class):
         raise ConfigError("--filter-model and --drop-class go together")
+    if args.filter_model:  # checked before any download (its config only), and again by the run
+        try:
+            filter_classes(args.filter_model, args.drop_class)
+        except ConfigError as err:
+            raise flag_error(err, FLAGS) from None
+    if args.dry_run:  # the input read and filtered, the ledger and files counted; no request, nothing written
+        print(json.dumps(fetch_plan(cfg), indent=2))
+        return 0
     summary = fetch_images(cfg, args.filter_model, args.drop_class)
     print(json.dumps(summary, indent=2))
     print(f"images.csv: {summary['kept']} rows; failures.csv: {sum(summary['failed'].values())} rows (in {cfg.out})")

@@ -298,6 +298,23 @@ def remove_stale_temp_files(folder: Path) -> int:
     return removed
 
 
+def filter_classes(model: str, drop: Iterable[str]) -> list[str]:
+    """The class names of the filter classifier (its config's `id2label`, read without its weights); a class to drop
+    that it does not know is one ConfigError, so a fetch is refused before it downloads anything."""
+    from transformers import AutoConfig
+
+    from pipelines.runtime import check_model_ref, load_pretrained
+
+    check_model_ref(model, "filter_model")
+    config = load_pretrained(AutoConfig.from_pretrained, model, "the filter classifier's config")
+    id2label = getattr(config, "id2label", None) or {}
+    names = [str(id2label[i]) for i in range(len(id2label))]
+    unknown = sorted(set(drop) - set(names))
+    if unknown:
+        raise ConfigError(f"drop_class: {unknown} not among the classifier's classes {names}")
+    return names
+
+
 def drop_by_classifier(images: pd.DataFrame, root: Path, model: str, drop: Iterable[str], batch_size: int = 32,
                        device: str = "cpu") -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run an image-classifier folder over the fetched images; rows whose predicted class is in `drop` (class names
@@ -307,11 +324,8 @@ def drop_by_classifier(images: pd.DataFrame, root: Path, model: str, drop: Itera
     from pipelines.classifier import ImageClassifier
     from pipelines.data import load_image
 
+    names = filter_classes(model, drop)
     classifier = ImageClassifier.from_pretrained(model).to(device).eval()
-    names = classifier.class_names or [str(i) for i in range(classifier.num_classes)]
-    unknown = sorted(set(drop) - set(names))
-    if unknown:
-        raise ConfigError(f"drop_class: {unknown} not among the classifier's classes {names}")
     predicted, probability = [], []
     with torch.no_grad():
         for start in range(0, len(images), batch_size):
@@ -329,6 +343,8 @@ def fetch_images(cfg: FetchConfig, filter_model: str | None = None, drop_class: 
     """Plan, fetch, write images.csv / failures.csv / fetch_summary.json (and filtered.csv); returns the summary."""
     out = Path(cfg.out)
     planned = plan(cfg)
+    if filter_model is not None:
+        filter_classes(filter_model, drop_class)
     records = Fetcher(cfg).run(planned.rows)
     rows = planned.rows
     status = [records.get(u, {}).get("status") for u in rows["url"]]
@@ -349,6 +365,27 @@ def fetch_images(cfg: FetchConfig, filter_model: str | None = None, drop_class: 
                                                              filtered.get("predicted", pd.Series()).value_counts().items()}}
     atomic_write_text(out / "fetch_summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def fetch_plan(cfg: FetchConfig) -> dict[str, Any]:
+    """What `fetch_images` would do, from the input and the ledger alone (the dry run: nothing requested or
+    written): rows planned and dropped, how many are already fetched, failed for good (retried only with
+    `retry_failed`), and left to fetch, and across how many hosts."""
+    planned = plan(cfg)
+    records, out = read_ledger(Path(cfg.out) / LEDGER), Path(cfg.out)
+    done = final = 0
+    hosts = set()
+    for url, file_name in zip(planned.rows["url"], planned.rows["file_name"]):
+        record = records.get(url)
+        if (out / file_name).is_file():
+            done += 1
+        elif record is not None and record["status"] == "failed" and record["final"] and not cfg.retry_failed:
+            final += 1
+        else:
+            hosts.add(urlsplit(url).netloc)
+    todo = len(planned.rows) - done - final
+    return {"planned": int(len(planned.rows)), "dropped": dict(planned.dropped), "already_fetched": done,
+            "failed_for_good": final, "to_fetch": todo, "hosts": len(hosts)}
 
 
 def _reason_kind(reason: str) -> str:

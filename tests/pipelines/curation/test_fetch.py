@@ -240,7 +240,42 @@ def test_classifier_filter_drops_a_class_and_records_it(server, tmp_path, capsys
     capsys.readouterr()
     assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), "--filter-model",
                   str(tmp_path / "lifestage"), "--drop-class", "pupa"]) == 2
-    assert "drop_class: ['pupa'] not among the classifier's classes" in capsys.readouterr().err
+    assert "--drop-class: ['pupa'] not among the classifier's classes" in capsys.readouterr().err
+    requests = sum(server.counts.values())
+    assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(tmp_path / "never"), "--filter-model",
+                  str(tmp_path / "lifestage"), "--drop-class", "pupa"]) == 2
+    assert sum(server.counts.values()) == requests and not (tmp_path / "never").exists()  # refused before any download
+    capsys.readouterr()
+    assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(tmp_path / "x"), "--filter-model",
+                  str(tmp_path / "no-such-model"), "--drop-class", "pupa"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --filter-model: the local model folder") and "huggingface" not in err, err
+
+
+def test_dry_run_counts_what_a_run_would_fetch_and_requests_nothing(server, tmp_path, capsys):
+    paths = ["/img/1.png", "/img/2.png", "/missing/3", "/img/4.png", "/img/4.png"]
+    frame = table(server.base, paths)
+    frame.loc[3, "species"] = ""
+    frame.to_csv(tmp_path / "occ.csv", index=False)
+    out = tmp_path / "out"
+    argv = ["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), *FAST]
+
+    def dry() -> dict:
+        capsys.readouterr()
+        before = sum(server.counts.values())
+        assert fetch([*argv, "--dry-run"]) == 0
+        assert sum(server.counts.values()) == before  # nothing requested
+        return json.loads(capsys.readouterr().out)
+
+    first = dry()
+    assert not out.exists()
+    assert first == {"planned": 4, "dropped": {"blank species": 1}, "already_fetched": 0, "failed_for_good": 0,
+                     "to_fetch": 4, "hosts": 1}  # the blank-species row goes first, so its URL's other row is kept
+    assert fetch(argv) == 0
+    after = dry()
+    assert (after["already_fetched"], after["failed_for_good"], after["to_fetch"]) == (3, 1, 0)  # the 404 is final
+    assert fetch([*argv, "--retry-failed", "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["to_fetch"] == 1
 
 
 def test_readme_path_gbif_zip_to_images_to_splits(server, tmp_path):
