@@ -10,7 +10,9 @@ For each count K the config's `aux` rows (split `train`, or the config's `aux.sp
 and `scripts/evaluate.py` runs the config with that `aux`, only `--method` (its entry in the config, rules included),
 into OUT/species_K. A count whose run finished on the same subsample and config is reused; an unfinished one resumes
 (the runner skips finished units). Writes OUT/aux_study.csv (species, images, ood_set, method, auroc) and
-OUT/aux_study.png (and .pdf with `--figures pdf`).
+OUT/aux_study.png (and .pdf with `--figures pdf`). Every count and the config (evaluate's checks) are checked before
+the first run; a count whose evaluation fails is recorded (OUT/aux_study_failures.json, exit 1) and the others go on.
+`--dry-run` runs those checks and prints each count's subsample and state (new, resumes, reused); nothing written.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from detectors.report.aux_study import aux_rows, study_figure, study_table, subsample, write_subsample
+from detectors.report.aux_study import (aux_rows, study_figure, study_table, subsample, subsample_digest,
+                                        write_subsample)
 from detectors.report.figures import save_figure
 from pipelines.cli import comma_list, load_yaml, parser as cli_parser, run_main
 from pipelines.errors import UserInputError
@@ -57,7 +60,7 @@ def _aux_source(raw: dict, where: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli_parser(__doc__, config=True, overrides=True)
+    p = cli_parser(__doc__, config=True, overrides=True, dry_run=True)
     p.add_argument("--method", required=True, help="the detector to study (its config entry is used when present)")
     p.add_argument("--species", required=True, type=_counts, help="comma-separated numbers of auxiliary species")
     p.add_argument("--budget", required=True, type=int, help="auxiliary images per run (the paper: 80000)")
@@ -71,13 +74,23 @@ def main(argv: list[str] | None = None) -> int:
     entry = _method_entry(raw, args.method)
     config_key = hashlib.sha256(json.dumps([str(Path(args.config).resolve()), args.overrides, entry],
                                            sort_keys=True, default=str).encode()).hexdigest()
-    runs = {}
-    for count in args.species:
+    drawn = {count: subsample(source.rows, count, args.budget, args.seed) for count in args.species}  # every count checked
+    _check_config(raw, args.config, entry, args.out)
+    if args.dry_run:
+        for count, rows in drawn.items():
+            run = args.out / f"species_{count}"
+            state = "finished run reused" if _reused(run, subsample_digest(source, rows), config_key) else \
+                ("resumes" if run.is_dir() else "new")
+            print(f"species {count}: {len(rows)} images, {len({r['aux_label'] for r in rows})} species -> {run} ({state})")
+        print("dry run: every check passed; nothing written")
+        return 0
+    runs, failed = {}, {}
+    for count, rows in drawn.items():
         run = args.out / f"species_{count}"
-        digest = write_subsample(source, subsample(source.rows, count, args.budget, args.seed), run / "aux")
+        digest = write_subsample(source, rows, run / "aux")
         done = run / "aux_study_done.json"
         key = {"subsample": digest, "config": config_key}
-        if done.is_file() and json.loads(done.read_text(encoding="utf-8")) == key and (run / "results.csv").is_file():
+        if _reused(run, digest, config_key):
             print(f"species {count}: finished run reused ({run})")
         else:
             print(f"species {count}: evaluating into {run}")
@@ -86,11 +99,19 @@ def main(argv: list[str] | None = None) -> int:
             done.unlink(missing_ok=True)
             finished = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--config", str(args.config),
                                        *overrides])
-            if finished.returncode != 0:
-                raise UserInputError(f"aux study: the evaluation for {count} species failed (exit "
-                                     f"{finished.returncode}); rerun to resume it")
+            if finished.returncode != 0:  # recorded; the other counts go on
+                failed[count] = f"exit {finished.returncode}"
+                print(f"species {count}: the evaluation failed (exit {finished.returncode}); the other counts go on",
+                      file=sys.stderr)
+                continue
             atomic_write_json(done, key)
         runs[count] = run / "results.csv"
+    if failed:
+        atomic_write_json(args.out / "aux_study_failures.json", failed)
+    else:
+        (args.out / "aux_study_failures.json").unlink(missing_ok=True)
+    if not runs:
+        raise UserInputError(f"aux study: every count's evaluation failed ({failed}); see their run folders under {args.out}")
     table = study_table(runs, args.method)
     atomic_write_text(args.out / "aux_study.csv", table.to_csv(index=False))
     formats = ("png", "pdf") if args.figures == "pdf" else ("png",)
@@ -98,7 +119,27 @@ def main(argv: list[str] | None = None) -> int:
     path = save_figure(study_figure(table, title), args.out / "aux_study.png", formats)
     print(table.to_string(index=False))
     print(f"wrote {args.out / 'aux_study.csv'} and {path}")
+    if failed:
+        print(f"error: the evaluation of {len(failed)} count(s) failed ({', '.join(map(str, failed))} species): the "
+              f"table holds the others; rerun to resume them ({args.out / 'aux_study_failures.json'})", file=sys.stderr)
+        return 1
     return 0
+
+
+def _reused(run: Path, digest: str, config_key: str) -> bool:
+    """True when `run` holds a finished evaluation on this subsample and config."""
+    done = run / "aux_study_done.json"
+    return done.is_file() and json.loads(done.read_text(encoding="utf-8")) == {"subsample": digest, "config": config_key} \
+        and (run / "results.csv").is_file()
+
+
+def _check_config(raw: dict, config: Path, entry: dict, out: Path) -> None:
+    """The checks `evaluate.py --dry-run` runs, on the config as each count's run gets it (only the studied method;
+    the config's own auxiliary rows stand in for their subsamples): a bad config is one line before any run."""
+    from detectors.evaluate import EvalConfig
+    from detectors.plan import make_plan
+
+    make_plan(EvalConfig.load({**raw, "detectors": [entry], "out": str(out / "check")}, config))
 
 
 if __name__ == "__main__":

@@ -57,12 +57,17 @@ def subsample(rows: Sequence[dict[str, Any]], count: int, budget: int, seed: int
     return out
 
 
+def subsample_digest(source: Manifest, rows: list[dict[str, Any]]) -> str:
+    """The hash of a subsample's content: the source's image root and the rows."""
+    text = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
+    return hashlib.sha256((str(Path(source.root).resolve()) + "\n" + text).encode()).hexdigest()
+
+
 def write_subsample(source: Manifest, rows: list[dict[str, Any]], folder: str | os.PathLike) -> str:
     """`rows` as a manifest in `folder` (images stay where they are: `image_root` is the source's); rewritten only when
     its content changes, so a finished run on it stays valid. Returns the content's hash."""
     folder = Path(folder)
-    text = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
-    digest = hashlib.sha256((str(Path(source.root).resolve()) + "\n" + text).encode()).hexdigest()
+    digest = subsample_digest(source, rows)
     stamp = folder / "subsample.json"
     if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")).get("sha256") == digest:
         return digest

@@ -51,7 +51,7 @@ def _cli():
 
 
 @pytest.mark.slow
-def test_aux_study_runs_each_count_and_reuses_finished_runs(digits, tmp_path):
+def test_aux_study_runs_each_count_and_reuses_finished_runs(digits, tmp_path, monkeypatch, capsys):
     import yaml
 
     id_dir, ood_dir, model = digits
@@ -89,6 +89,7 @@ def test_aux_study_runs_each_count_and_reuses_finished_runs(digits, tmp_path):
     with contextlib.redirect_stdout(again):
         assert _cli().main(args) == 0
     assert again.getvalue().count("finished run reused") == 2
+    _dry_run_failures_and_bad_configs(args, tmp_path)
 
     # the Open-Insects layout from these real runs (one per count, as regions), cell by cell against the scores
     spec = importlib.util.spec_from_file_location("report_cli_aux", ROOT / "scripts" / "report.py")
@@ -105,3 +106,47 @@ def test_aux_study_runs_each_count_and_reuses_finished_runs(digits, tmp_path):
         assert table2.loc["oe", f"aux{count}/digits_6_9"] == pytest.approx(auroc)
         acc = pd.read_csv(run / "results.csv")["id_acc"].iloc[0]
         assert table2.loc["oe", f"aux{count}/id_acc"] == pytest.approx(100 * acc)
+
+
+def _dry_run_failures_and_bad_configs(args: list[str], tmp_path: Path) -> None:
+    """On the finished study: a dry run states each count and writes nothing; a count whose evaluation fails is
+    recorded while the others go on (exit 1); a bad config or count is one line before any run (exit 2)."""
+    import subprocess
+
+    from pipelines.cli import run_main
+
+    study = tmp_path / "study"
+    before = {p: p.stat().st_mtime_ns for p in study.rglob("*")}
+    with_three = [*args[:args.index("--species") + 1], "2,3,6", *args[args.index("--species") + 2:]]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert run_main(_cli().main, [*with_three, "--dry-run"]) == 0
+    lines = printed.getvalue().splitlines()
+    assert lines[0] == f"species 2: 12 images, 2 species -> {study / 'species_2'} (finished run reused)"
+    assert lines[1] == f"species 3: 12 images, 3 species -> {study / 'species_3'} (new)"
+    assert {p: p.stat().st_mtime_ns for p in study.rglob("*")} == before and not (tmp_path / "study" / "check").exists()
+
+    real = subprocess.run
+
+    def species_3_fails(command, *a, **k):
+        if f"out={study / 'species_3'}" in command:
+            return subprocess.CompletedProcess(command, 1)
+        return real(command, *a, **k)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess, "run", species_3_fails)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+            assert run_main(_cli().main, with_three) == 1
+    assert err.getvalue().strip().splitlines()[-1].startswith("error: the evaluation of 1 count(s) failed (3 species)")
+    assert json.loads((study / "aux_study_failures.json").read_text()) == {"3": "exit 1"}
+    assert sorted(set(pd.read_csv(study / "aux_study.csv")["species"])) == [2, 6]  # the others are in the table
+
+    for extra, message in ((["detectors=[{name: oe, params: {epochs: 0}}]"], "detectors[0].params.epochs: oe: epochs must be >= 1"),
+                           (["--species", "2,99"], "99 species asked for; the auxiliary set has 8")):
+        out = tmp_path / "refused"
+        argv = [*args[:-1], str(out), *extra]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+            assert run_main(_cli().main, argv) == 2
+        line = err.getvalue().strip()
+        assert line.startswith("error: ") and "\n" not in line and message in line, line
+        assert not out.exists()  # refused before any run
