@@ -136,7 +136,11 @@ def check_model_ref(value: str | None, key: str) -> None:
         return
     folder = Path(value).expanduser()
     if not folder.exists():
-        raise ConfigError(f"{key}: the local model folder {value!r} does not exist")
+        why = ""
+        if HUB_ID.match(str(value)):  # of a hub id's form, read as a path because its first part is a folder here
+            why = (f" (read as a path: the folder {str(value).partition('/')[0]!r} is here; a hub model of that name is "
+                   "read as one once it is in the Hugging Face cache)")
+        raise ConfigError(f"{key}: the local model folder {value!r} does not exist{why}")
     if folder.is_file():
         return
     found = any(p.suffix in WEIGHT_FILE_SUFFIXES for pattern in ("*", "*/*") for p in folder.glob(pattern))

@@ -273,7 +273,8 @@ def test_a_hub_id_shaped_path_under_a_local_folder_is_a_missing_local_folder(mon
     (tmp_path / "runs").mkdir()
     assert looks_local("runs/x") and not looks_local("org/x")  # `runs` is a folder here; `org` is not
     assert not looks_local("runs/cached")  # a hub model of that name is in the cache: the hub id wins
-    with pytest.raises(ConfigError, match=r"^model: the local model folder 'runs/x' does not exist$"):
+    with pytest.raises(ConfigError, match=r"^model: the local model folder 'runs/x' does not exist \(read as a path: "
+                                          r"the folder 'runs' is here; a hub model of that name is read as one once"):
         check_model_ref("runs/x", "model")
     check_model_ref("org/x", "model")  # a hub id is looked up when loaded
 
