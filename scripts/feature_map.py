@@ -5,22 +5,25 @@
 Samples `--n` random images (seeded) of the ID test rows and of each OOD set, takes the features of each model (an image
 classifier folder's penultimate layer with `--model`, CLIP's image embedding with `--clip`), embeds them together in
 2-D (t-SNE; `--embedding opentsne` or `umap` when installed) and writes one PNG and one CSV of coordinates per model.
-Features are cached by content under `--cache-dir` and reused on the next run.
+Features are cached by content under `--cache-dir` and reused on the next run. Model paths and the embedding's package
+are checked before any work; a model that cannot be loaded is reported and the others go on (exit 1). `--dry-run`
+runs the checks, samples the sets and prints them; no model is loaded.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from detectors.report.feature_map import (EMBEDDINGS, classifier_features, clip_features, feature_map,
-                                          plot_feature_map, sample_sets)
+from detectors.report.feature_map import (EMBEDDINGS, check_embedding, classifier_features, clip_features,
+                                          feature_map, plot_feature_map, sample_sets)
 from pipelines.cli import comma_list, parser as cli_parser, run_main
 from pipelines.errors import UserInputError
 from pipelines.io import safe_name
+from pipelines.runtime import check_model_ref
 
 
 def build_parser():
-    p = cli_parser(__doc__)
+    p = cli_parser(__doc__, dry_run=True)
     p.add_argument("--id", required=True, type=Path, help="manifest with the ID rows")
     p.add_argument("--ood", action="append", type=Path, default=[], help="manifest with OOD sets (repeatable)")
     p.add_argument("--sets", type=comma_list, default=None, help="comma-separated OOD sets to map (default: all)")
@@ -44,21 +47,37 @@ def main(argv: list[str] | None = None) -> int:
         raise UserInputError("feature map: give at least one --model (classifier folder) or --clip (CLIP model)")
     if args.n < 2:
         raise UserInputError(f"--n: at least 2 images per set, got {args.n}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    cache = args.cache_dir or args.out / "cache"
+    for flag, values in (("--model", args.model), ("--clip", args.clip)):
+        for value in values:
+            check_model_ref(value, flag)
+    check_embedding(args.embedding)
     samples = sample_sets(args.id, args.ood, args.n, args.seed, args.split, args.sets)
     print("sets: " + ", ".join(f"{s.name} ({len(s.manifest)})" for s in samples))
     models = [("classifier", m, classifier_features) for m in args.model] + [("clip", m, clip_features) for m in args.clip]
+    if args.dry_run:
+        print(f"models: {', '.join(f'{kind} {model}' for kind, model, _ in models)}; embedding {args.embedding}")
+        print("dry run: every check passed; no model loaded, nothing written")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    cache = args.cache_dir or args.out / "cache"
+    failed = []
     for kind, model, extract in models:
-        features = extract(model, samples, cache / kind, args.batch_size, args.device)
+        try:
+            features = extract(model, samples, cache / kind, args.batch_size, args.device)
+        except UserInputError as err:  # this model is the user's fault (say, not cached offline): the others go on
+            failed.append(f"{kind} {model}: {err}")
+            print(f"feature map: {kind} {model} failed: {err}; the other models go on", file=sys.stderr)
+            continue
         points = feature_map(samples, features, args.embedding, args.seed, args.perplexity)
         stem = args.out / f"feature_map_{kind}_{safe_name(Path(model).name)}"
         points.to_csv(stem.with_suffix(".csv"), index=False)
         label = {"tsne": "t-SNE", "opentsne": "t-SNE (openTSNE)", "umap": "UMAP"}[args.embedding]
         title = f"{label} of {kind} features: {Path(model).name} ({args.n} images per set)"
         print(f"wrote {plot_feature_map(points, title, stem.with_suffix('.png'))}")
+    if failed:
+        print(f"error: {len(failed)} of {len(models)} model(s) failed; the maps of the others are written", file=sys.stderr)
+        return 1
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(run_main(main, doc="docs/report.md"))

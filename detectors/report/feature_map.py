@@ -86,6 +86,21 @@ def clip_features(model: str, samples: list[Sample], cache_dir: Path, batch_size
     return out
 
 
+EMBEDDING_PACKAGES = {"opentsne": ("openTSNE", "openTSNE"), "umap": ("umap", "umap-learn")}
+"""The optional embeddings: module to import, package to install."""
+
+
+def check_embedding(method: str) -> None:
+    """`method` is an embedding this machine can run, else one UserInputError (before any feature is extracted)."""
+    import importlib.util
+
+    if method not in EMBEDDINGS:
+        raise UserInputError(f"--embedding: one of {list(EMBEDDINGS)}, got {method!r}")
+    if method in EMBEDDING_PACKAGES and importlib.util.find_spec(EMBEDDING_PACKAGES[method][0]) is None:
+        raise UserInputError(f"--embedding {method}: not installed (pip install {EMBEDDING_PACKAGES[method][1]}), or "
+                             "use the default tsne (scikit-learn)")
+
+
 def embed_2d(features: np.ndarray, method: str = "tsne", seed: int = 0, perplexity: float = 30.0) -> np.ndarray:
     """[N, 2] coordinates: PCA to 50 dimensions (when wider), then t-SNE (scikit-learn or openTSNE) or UMAP."""
     from sklearn.decomposition import PCA
@@ -145,5 +160,5 @@ def plot_feature_map(points: pd.DataFrame, title: str, path: str | os.PathLike) 
     return save_figure(feature_map_figure(points, title), path)
 
 
-__all__ = ["EMBEDDINGS", "Sample", "sample_sets", "classifier_features", "clip_features", "embed_2d", "feature_map",
+__all__ = ["EMBEDDINGS", "EMBEDDING_PACKAGES", "Sample", "check_embedding", "sample_sets", "classifier_features", "clip_features", "embed_2d", "feature_map",
            "feature_map_figure", "plot_feature_map"]

@@ -112,6 +112,37 @@ def test_feature_map_input_errors(tmp_path):
         cli.main(["--id", str(id_dir), "--split", "val", "--model", "x", "--out", str(tmp_path / "o")])
 
 
+def test_feature_map_checks_before_work_and_a_failing_model_does_not_stop_the_others(tmp_path, capsys, monkeypatch):
+    from pipelines.cli import run_main
+
+    id_dir, ood_dir = _sets(tmp_path / "data")
+    clf, _ = _models(tmp_path)
+    main = _cli().main
+    capsys.readouterr()
+    base = ["--id", str(id_dir), "--ood", str(ood_dir), "--n", "8", "--perplexity", "3", "--device", "cpu"]
+    out = tmp_path / "out"
+    for extra, message in ((["--model", str(tmp_path / "no-such-clf")], "--model: the local model folder"),
+                           (["--model", str(clf), "--embedding", "umap"], "--embedding umap: not installed (pip install umap-learn)")):
+        if "umap" in extra:
+            monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "umap" else object())
+        assert run_main(main, [*base, *extra, "--out", str(out)]) == 2
+        line = capsys.readouterr().err.strip()
+        assert line.startswith("error: ") and message in line and "\n" not in line, line
+        assert not out.exists()  # refused before any work
+        monkeypatch.undo()
+    assert run_main(main, [*base, "--model", str(clf), "--clip", "oodforge-tests/no-such-clip", "--out", str(out),
+                           "--dry-run"]) == 0
+    assert "dry run: every check passed" in capsys.readouterr().out and not out.exists()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert run_main(main, [*base, "--clip", "oodforge-tests/no-such-clip", "--model", str(clf), "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "clip oodforge-tests/no-such-clip failed" in err and err.strip().splitlines()[-1].startswith("error: 1 of 2")
+    assert (out / "feature_map_classifier_clf.png").is_file()  # the model after the failing one still ran
+
+
 def test_feature_map_figure_one_style_per_set():
     import pandas as pd
 
