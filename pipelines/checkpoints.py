@@ -162,10 +162,12 @@ def checkpoint_matches(path: str | os.PathLike, key: str) -> bool:
 
 
 def checkpoint_epoch(path: str | os.PathLike, key: str) -> int:
-    """Epochs a matching checkpoint has done (its header alone is read); 0 without one."""
-    if not checkpoint_matches(path, key):
+    """Epochs a checkpoint of this format for `key` has done (its header alone is read, silently: the run's resume
+    reports a foreign file); 0 without one."""
+    meta = read_metadata(path) if Path(path).is_file() else None
+    if meta is None or meta.get("format") != FORMAT or meta.get("key") != key:
         return 0
-    return int((read_metadata(path) or {}).get("epoch", 0))
+    return int(meta.get("epoch", 0))
 
 
 def load_checkpoint(path: str | os.PathLike, key: str, module: nn.Module, objective: nn.Module, optimizer: Any,

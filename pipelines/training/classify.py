@@ -32,7 +32,7 @@ from pipelines.fingerprint import combine, images_fingerprint, source_identity
 from pipelines.io import atomic_write_json, remove_orphan_temps
 from pipelines.runtime import load_pretrained, seed_everything
 from pipelines.checkpoints import checkpoint_epoch
-from pipelines.training.loop import TrainResult, finetune, no_batch_message
+from pipelines.training.loop import TrainResult, drop_last, finetune
 from pipelines.training.objectives import PRIMARY, CrossEntropy, MultiGranularity, Objective
 from pipelines.training.recipes import TrainConfig
 from pipelines.training.schedule import describe as describe_schedule
@@ -254,7 +254,7 @@ class TrainingPlan:
 
 def check_training(config: TrainConfig) -> TrainingPlan:
     """Every check `train_classifier` runs before it loads the model (shared by `--dry-run`): the ID splits, the
-    class names, the label levels, the global batch against the processes and a batch an epoch at least."""
+    class names, the label levels and the global batch against the processes."""
     from pipelines.runtime import partial_state
 
     manifest, train, val, test = _splits(config)
@@ -262,14 +262,13 @@ def check_training(config: TrainConfig) -> TrainingPlan:
     key = run_key(config, class_names, label_field, (train, val, test))
     out = Path(config.out)
     objective = _objective(config, label_field, train)
-    batches = len(train) // config.batch_size if config.drop_last else math.ceil(len(train) / config.batch_size)
+    dropped = drop_last(len(train), config.batch_size, not config.drop_last)  # the training loader's own rule
+    batches = len(train) // config.batch_size if dropped else math.ceil(len(train) / config.batch_size)
     if finished(out, key):  # nothing will run: the run-time checks below do not apply
         return TrainingPlan(train, val, test, class_names, label_field, objective, key, "up to date", batches)
     processes = partial_state().num_processes
     if config.batch_size % processes:
         raise ConfigError(f"batch_size {config.batch_size} is the global batch: it must divide by the {processes} processes")
-    if not batches:
-        raise ConfigError(no_batch_message(len(train)))
     epoch = checkpoint_epoch(out / CHECKPOINT, key)
     state = f"resumes after epoch {epoch}" if epoch else "new"
     return TrainingPlan(train, val, test, class_names, label_field, objective, key, state, batches)

@@ -172,12 +172,6 @@ def second_adam_step(optimizer: Any, params: Sequence[nn.Parameter], lr: float) 
             p.addcdiv_(state["exp_avg"], denom, value=-lr / (1 - beta1 ** step))
 
 
-def no_batch_message(rows: int) -> str:
-    """The one line of a training set that makes no batch."""
-    return (f"batch_size: {rows} training rows make no batch: no optimiser step would run (lower batch_size or keep "
-            "the last partial batch)")
-
-
 class _Loop:
     """One training run under accelerate. Image loaders hand each process its share of every global batch
     (`split_batches`), so the steps, the schedule and (with `sync_bn`) the weights do not depend on the number of
@@ -194,7 +188,8 @@ class _Loop:
             print(f"{settings.desc}: warning: warmup_epochs ({settings.warmup_epochs:g}) >= epochs ({settings.epochs}): "
                   "every step is in the warm-up", file=sys.stderr, flush=True)
         if len(loaders[0]) == 0:
-            raise ConfigError(no_batch_message(_rows(loaders[0])))
+            raise ConfigError(f"batch_size: {_rows(loaders[0])} training rows make no batch: no optimiser step would run "
+                              "(lower batch_size or keep the last partial batch)")
         self.s, self.result, self.failed_files, self.objective = settings, result, failed_files, objective
         handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)] if objective.replaces_head else []
         self.acc = Accelerator(mixed_precision=_mixed_precision(settings.precision), cpu=resolve_device().type == "cpu",

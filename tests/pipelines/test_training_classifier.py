@@ -310,8 +310,8 @@ def test_dry_run_states_the_plan_the_run_follows_and_writes_nothing(setup, tmp_p
     assert schedule.startswith("schedule reference: 2 epochs x 3 steps") and f": {schedule}" in run  # the run's own line
     assert run_main(main, ["--config", str(config), "--dry-run"]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("(up to date)")
-    for override, message in ((["epochs=3", "drop_last=true", "batch_size=16"], "batch_size: 12 training rows make no batch"),
-                              (["levels=[order]"], "levels: the ID train rows of")):
+    for override, message in ((["levels=[order]"], "levels: the ID train rows of"),
+                              ([f"id={tmp_path / 'photos'}"], "metadata.jsonl")):
         for dry_run in (["--dry-run"], []):  # refused alike, before anything is written
             assert run_main(main, ["--config", str(config), *override, "--out", str(tmp_path / "bad"), *dry_run]) == 2
             err = capsys.readouterr().err.strip()
