@@ -16,10 +16,9 @@ from gen.insects.occurrences import GBIF_ID_COLUMNS, OCCURRENCE_COLUMNS, TableEr
 from gen.insects.splits import MIN_IMAGES, SETS, SplitConfig, Splits, build_splits
 from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, MISSING_FILE, NO_COORDINATES, TAXON_FILTER, TaxonFilter,
                                      clean, is_archive, normalise, read_occurrences)
-from pipelines.data import (MANIFEST_INFO, METADATA, Manifest, ManifestError, check_manifest_rows, read_manifest,
-                            write_manifest)
+from pipelines.data import MANIFEST_INFO, METADATA, Manifest, ManifestError, check_manifest_rows, read_manifest
 from pipelines.io import atomic_write_bytes, atomic_write_json, atomic_write_text
-from pipelines.jsonl import column_texts, join_lines
+from pipelines.jsonl import column_texts, encode_lines, join_lines
 from pipelines.schema import table_certainly_valid
 
 SET_FIELDS = {  # set -> (split, role, ood_set, group)
@@ -81,8 +80,8 @@ def _aux_labels(frame: pd.DataFrame, table: pd.DataFrame) -> list[tuple[int, int
 
 def _manifest_bytes(frame: pd.DataFrame, non_target_name: str) -> bytes | None:
     """metadata.jsonl bytes of manifest_rows(frame) (json.dumps(row, default=str) per line), built column by column;
-    None when `pipelines.schema.table_certainly_valid` cannot vouch for every row (write_manifest then names the bad
-    line)."""
+    None when `pipelines.schema.table_certainly_valid` cannot vouch for every row (`region_manifest` then names the
+    bad line)."""
     table = manifest_table(frame, non_target_name)
     if not table_certainly_valid(table):
         return None
@@ -96,6 +95,17 @@ def _manifest_bytes(frame: pd.DataFrame, non_target_name: str) -> bytes | None:
     for i, value in _aux_labels(frame, table):
         aux[i] = f', "aux_label": {value}'
     return join_lines(pieces + [aux, "}\n"])
+
+
+def region_manifest(folder: Path, frame: pd.DataFrame, non_target_name: str) -> bytes:
+    """A region's checked metadata.jsonl bytes: built column by column (`_manifest_bytes`), or, where that cannot
+    vouch for every row, row by row with `check_manifest_rows` (a bad row is a ManifestError naming its line)."""
+    text = _manifest_bytes(frame, non_target_name)
+    if text is not None:
+        return text
+    rows = manifest_rows(frame, non_target_name)
+    check_manifest_rows(folder, rows)
+    return encode_lines(rows).encode("utf-8")
 
 
 def summarize(splits: Splits) -> pd.DataFrame:
@@ -146,11 +156,7 @@ def write_splits(splits: Splits, out_dir: str | os.PathLike, image_root: str | o
     written = {}
     for region, frame in splits.regions.items():
         folder = out_dir / region
-        text = _manifest_bytes(frame, splits.config.non_target_name)
-        if text is None:  # validates row by row and names the bad line
-            write_manifest(folder, manifest_rows(frame, splits.config.non_target_name))
-        else:
-            atomic_write_bytes(folder / METADATA, text)
+        atomic_write_bytes(folder / METADATA, region_manifest(folder, frame, splits.config.non_target_name))
         atomic_write_json(folder / MANIFEST_INFO, {
             "image_root": str(Path(image_root).expanduser().resolve()), "region": region,
             "missing_id_species": splits.missing_id_species.get(region, []), "config": splits.config.to_dict(),
@@ -222,9 +228,8 @@ def make_splits(occurrences: str | os.PathLike | pd.DataFrame, id_species: str |
     splits = build_splits(occ, read_id_species(id_species), config, non_target=extra)
     if dry_run:
         folders = {region: Path(out_dir) / region for region in splits.regions}
-        for region, frame in splits.regions.items():
-            if _manifest_bytes(frame, splits.config.non_target_name) is None:
-                check_manifest_rows(folders[region], manifest_rows(frame, splits.config.non_target_name))
+        for region, frame in splits.regions.items():  # built and checked as the run does, not written
+            region_manifest(folders[region], frame, splits.config.non_target_name)
     else:
         folders = write_splits(splits, out_dir, image_root, dropped)
     return folders, summarize(splits), summary_record(splits, dropped)
