@@ -71,7 +71,7 @@ class Runtime:
     num_workers: int
     chunk_rows: int | None
     cache_hash: str
-    sweep_pixel_mb: float = 1024
+    sweep_pixel_mb: float
 
 
 @dataclass(frozen=True)

@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         for count, rows in drawn.items():
             run = args.out / f"species_{count}"
-            state = "finished run reused" if _reused(run, subsample_digest(source, rows), config_key) else \
-                ("resumes" if run.is_dir() else "new")
+            key = {"subsample": subsample_digest(source, rows), "config": config_key}
+            state = "finished run reused" if _reused(run, key) else ("resumes" if run.is_dir() else "new")
             print(f"species {count}: {len(rows)} images, {len({r['aux_label'] for r in rows})} species -> {run} ({state})")
         print("dry run: every check passed; nothing written")
         return 0
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         digest = write_subsample(source, rows, run / "aux")
         done = run / "aux_study_done.json"
         key = {"subsample": digest, "config": config_key}
-        if _reused(run, digest, config_key):
+        if _reused(run, key):
             print(f"species {count}: finished run reused ({run})")
         else:
             print(f"species {count}: evaluating into {run}")
@@ -126,11 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _reused(run: Path, digest: str, config_key: str) -> bool:
-    """True when `run` holds a finished evaluation on this subsample and config."""
+def _reused(run: Path, key: dict[str, str]) -> bool:
+    """True when `run` holds a finished evaluation under `key` (its subsample's digest and the config's)."""
     done = run / "aux_study_done.json"
-    return done.is_file() and json.loads(done.read_text(encoding="utf-8")) == {"subsample": digest, "config": config_key} \
-        and (run / "results.csv").is_file()
+    return done.is_file() and json.loads(done.read_text(encoding="utf-8")) == key and (run / "results.csv").is_file()
 
 
 def _check_config(raw: dict, config: Path, entry: dict, out: Path) -> None:

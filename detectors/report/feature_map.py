@@ -160,5 +160,5 @@ def plot_feature_map(points: pd.DataFrame, title: str, path: str | os.PathLike) 
     return save_figure(feature_map_figure(points, title), path)
 
 
-__all__ = ["EMBEDDINGS", "EMBEDDING_PACKAGES", "Sample", "check_embedding", "sample_sets", "classifier_features", "clip_features", "embed_2d", "feature_map",
-           "feature_map_figure", "plot_feature_map"]
+__all__ = ["EMBEDDINGS", "EMBEDDING_PACKAGES", "Sample", "check_embedding", "sample_sets", "classifier_features",
+           "clip_features", "embed_2d", "feature_map", "feature_map_figure", "plot_feature_map"]
