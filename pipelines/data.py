@@ -220,17 +220,20 @@ def to_rgb(image: Image.Image, background: tuple[int, int, int] = (255, 255, 255
 MAX_PIXELS = 40_000_000  # decompression-bomb guard of `load_image` (PIL's own warns at 89 MP and refuses at 179 MP)
 
 
-def load_image(path: str | os.PathLike, max_pixels: int | None = MAX_PIXELS) -> Image.Image:
+def load_image(path: str | os.PathLike | Any, max_pixels: int | None = MAX_PIXELS) -> Image.Image:
     """Load an image as RGB (see `to_rgb`); raises `ImageLoadError` naming the file and the reason when it is missing,
     empty, undecodable or larger than `max_pixels` (checked on the header, before any pixel is decoded; None = no
-    limit), so a corrupt or huge file is a recorded failure, never a crash or a memory blow-up."""
-    path = Path(path)
+    limit), so a corrupt or huge file is a recorded failure, never a crash or a memory blow-up.
+
+    `path` is a file path or what `Manifest.path` returns for any image store: an object with `is_file()`, `stat()`
+    and `open("rb")` (a `pathlib.Path`, or a member of a shard)."""
+    path = path if hasattr(path, "open") and hasattr(path, "stat") else Path(path)
     if not path.is_file():
         raise ImageLoadError(path, "file not found")
     if path.stat().st_size == 0:
         raise ImageLoadError(path, "empty file (0 bytes)")
     try:
-        with Image.open(path) as img:
+        with path.open("rb") as fh, Image.open(fh) as img:
             width, height = img.size
             if max_pixels is not None and width * height > max_pixels:
                 raise ImageLoadError(path, f"image too large: {width}x{height} = {width * height / 1e6:.1f} MP exceeds "

@@ -1,0 +1,133 @@
+"""One writer per output folder: a lock file naming its holder (host, pid, command, start time).
+
+`folder_lock(folder, command)` creates `folder/.oodforge.lock` exclusively (`O_CREAT | O_EXCL`, umask kept) and removes
+it on exit. A second process on the same folder waits up to `wait` seconds, then is refused in one line naming the
+holder (`FolderBusy`, exit 2 through `pipelines.cli.run_main`). A lock whose holder is gone (same host, its pid no
+longer runs or now belongs to another process, told by the process's start time) is taken over, and a warning says so;
+a lock of another host is never taken over (its liveness cannot be checked), so it names the host and the file to
+delete by hand. Takeovers are serialised by an `flock` on `folder/.oodforge.lock.guard`, so two late-comers never both
+take one stale lock.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from pipelines.errors import UserInputError
+from pipelines.io import _alive
+
+LOCK_NAME = ".oodforge.lock"
+log = logging.getLogger(__name__)
+
+
+class FolderBusy(UserInputError):
+    """Another live process holds the folder's lock."""
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (`/proc/<pid>/stat` field 22), None where unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _holder_text(holder: dict[str, Any]) -> str:
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
+    return f"pid {holder.get('pid')} on {holder.get('host')} ({holder.get('command')}, since {since})"
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    """The lock's holder, {} for an unreadable or half-written lock file, None when the file is gone."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return {}
+    try:
+        holder = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _gone(holder: dict[str, Any], path: Path) -> bool:
+    """True when the holder is a process of this host that no longer runs (or a pid now reused by another process).
+    A lock file that holds no readable holder counts as gone once it is a minute old (a writer killed between the
+    create and the write)."""
+    if not holder:
+        try:
+            return time.time() - path.stat().st_mtime > 60
+        except OSError:
+            return True
+    if holder.get("host") != socket.gethostname():
+        return False
+    pid = int(holder.get("pid", -1))
+    if pid <= 0 or not _alive(pid):
+        return True
+    started = holder.get("started")
+    return started is not None and _start_time(pid) not in (None, started)
+
+
+def _create(path: Path, command: str) -> bool:
+    """Create the lock file exclusively with this process as holder; False when it exists."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return False
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "started": _start_time(os.getpid()), "command": command,
+          "since": time.time()}
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(me) + "\n")
+    return True
+
+
+def _take_over_if_gone(path: Path) -> bool:
+    """Remove a stale lock under the guard's flock (re-read there, so only one late-comer removes it)."""
+    guard = path.with_name(path.name + ".guard")
+    with open(guard, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        holder = _read(path)
+        if holder is None:
+            return True
+        if not _gone(holder, path):
+            return False
+        log.warning("%s: taking over the stale lock of %s, which no longer runs", path.parent,
+                    _holder_text(holder) if holder else "an unknown writer")
+        path.unlink(missing_ok=True)
+        return True
+
+
+@contextmanager
+def folder_lock(folder: str | os.PathLike, command: str, wait: float = 0.0, poll: float = 0.2) -> Iterator[Path]:
+    """Hold `folder`'s lock for the block (the folder is created if missing). Waits up to `wait` seconds for a live
+    holder to finish, then raises FolderBusy naming it; a stale lock is taken over with a warning."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_NAME
+    deadline = time.monotonic() + wait
+    while not _create(path, command):
+        if _take_over_if_gone(path):
+            continue
+        if time.monotonic() >= deadline:
+            holder = _read(path) or {}
+            where = "" if holder.get("host") in (None, socket.gethostname()) else \
+                f"; it is another host's lock: once that run is over, delete {path}"
+            raise FolderBusy(f"{folder}: in use by {_holder_text(holder)}; wait for it to finish or pass another "
+                             f"output folder{where}")
+        time.sleep(poll)
+    try:
+        yield path
+    finally:
+        holder = _read(path)
+        if holder and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+            path.unlink(missing_ok=True)

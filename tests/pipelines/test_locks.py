@@ -1,0 +1,89 @@
+"""One writer per folder: a live holder refuses a second process, a dead or reused pid's lock is taken over."""
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from pipelines.locks import LOCK_NAME, FolderBusy, _start_time, folder_lock
+
+HOLD = textwrap.dedent("""
+    import sys
+    from pipelines.locks import folder_lock
+    with folder_lock(sys.argv[1], "holder"):
+        print("held", flush=True)
+        sys.stdin.read()  # until the test closes stdin (or kills us)
+""")
+
+
+def _holder(folder):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "held"  # the lock is held from here on: no timing window
+    return proc
+
+
+def test_a_live_holder_refuses_a_second_writer_in_one_line(tmp_path):
+    proc = _holder(tmp_path)
+    try:
+        with pytest.raises(FolderBusy) as err:
+            with folder_lock(tmp_path, "second"):
+                pass
+        message = str(err.value)
+        assert f"pid {proc.pid} on {socket.gethostname()} (holder" in message and "\n" not in message
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    assert not (tmp_path / LOCK_NAME).exists()  # released on exit
+    with folder_lock(tmp_path, "after"):
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["command"] == "after"
+
+
+def test_a_killed_holders_lock_is_taken_over_and_said_so(tmp_path, caplog):
+    proc = _holder(tmp_path)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert (tmp_path / LOCK_NAME).exists()  # kill -9 leaves the file behind
+    with caplog.at_level(logging.WARNING, logger="pipelines.locks"):
+        with folder_lock(tmp_path, "rerun"):
+            assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert any(f"stale lock of pid {proc.pid}" in r.getMessage() for r in caplog.records)
+
+
+def test_a_reused_pid_is_not_taken_for_the_holder(tmp_path):
+    # our own pid, but another start time: the process that wrote the lock is gone and its pid was reused
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": "1",
+                                                  "command": "old", "since": 0}))
+    assert _start_time(os.getpid()) != "1"
+    with folder_lock(tmp_path, "new"):
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["command"] == "new"
+
+
+def test_another_hosts_lock_is_never_taken_over(tmp_path):
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"host": "elsewhere", "pid": 1, "command": "train", "since": 0}))
+    with pytest.raises(FolderBusy, match=f"another host's lock: once that run is over, delete .*{LOCK_NAME}"):
+        with folder_lock(tmp_path, "here"):
+            pass
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["host"] == "elsewhere"
+
+
+def test_waiting_takes_the_lock_once_the_holder_finishes(tmp_path):
+    proc = _holder(tmp_path)
+    proc.stdin.close()  # the holder exits on its own; we wait for it within `wait`
+    with folder_lock(tmp_path, "waiter", wait=60, poll=0.01):
+        assert json.loads((tmp_path / LOCK_NAME).read_text())["command"] == "waiter"
+    proc.wait(timeout=30)
+
+
+def test_the_lock_file_keeps_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        with folder_lock(tmp_path, "mode"):
+            assert (tmp_path / LOCK_NAME).stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(old)
