@@ -316,7 +316,8 @@ class Runner:
             with pixel_memo(self.plan.runtime.sweep_pixel_mb):  # image-level sweeps preprocess the images once
                 det, _, table = select(unit.name, fit_kwargs["id_val"], self._split_data(probe, sel.split),
                                        id_train=self._split_data(probe, "id-id_train"), space=unit.parts["sweep"],
-                                       metric=sel.metric, fixed=dict(unit.params), make=make, fit_kwargs=fit_kwargs)
+                                       metric=sel.metric, fixed=dict(unit.params), make=make, fit_kwargs=fit_kwargs,
+                                       ties=sel.ties)
             self._selected_on[unit.method] = f"{sel.metric}: id_val vs ood_val[{sets}]"
         except ValueError as err:  # no grid point fits these features (e.g. NECO's dims on D = 64): the defaults run
             det, table = probe, [{"error": str(err)}]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from detectors.base import Detector
-from detectors.protocols import protocol_params, unit_sweep
+from detectors.protocols import TIES, protocol_params, unit_sweep
 from detectors.registry import detector_class
 from detectors.runconfig import (FEATURE_INPUTS, ConfigError, DetectorSpec, EvalConfig, FewShot, Head, Source,
                                  Transfer, named, param_named)
@@ -104,6 +104,7 @@ class Unit:
 class Selection:
     metric: str
     split: str  # id of the OOD-validation split the sweeps use
+    ties: str = "last"  # which tied point a sweep keeps (detectors.selection.TIE_RULES)
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,8 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     if config.select is not None or config.ood_val is not None:  # OOD validation given: the protocol's sweeps run
         which = "ood_val-select_ood_val" if config.select is not None and config.select.ood_val is not None \
             else "ood_val-ood_val"
-        select = Selection(config.select.metric if config.select is not None else "auroc", which)
+        ties = config.select.ties if config.select is not None and config.select.ties else TIES[config.protocol]
+        select = Selection(config.select.metric if config.select is not None else "auroc", which, ties)
     classifier = {"model": source_fingerprint(config.model),
                   "head": None if config.head is None else {**config.head.to_dict(),
                                                             "files": source_fingerprint(config.head.levels)}}

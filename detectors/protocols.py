@@ -18,7 +18,7 @@ PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
 """`protocol:` -> parameter defaults per detector (a detector's own `params` win)."""
 
 
-# -- sweep grids (APS: ID val against OOD val, AUROC, first maximum wins) ---------------------------------------------
+# -- sweep grids (APS: ID val against OOD val, AUROC, the tie rule below) -------------------------------------------
 # Read from OpenOOD's configs/postprocessors/<name>.yml (Jingkang50/OpenOOD at 3c35632; Open-Insect's copies at e0aa51e
 # are the same files unless noted). A postprocessor with `APS_mode: False` (DICE, MDS, RMDS, MSP, MLS, KLM, SHE, MCM,
 # GradNorm, RankFeat, OpenMax, TempScale, RP-MSP, RP-GradNorm) runs its defaults: an empty grid here. A one-point grid
@@ -37,7 +37,8 @@ _OPENOOD = {
     "odin": {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]},      # odin.yml (on images)
     "react": {"percentile": [85, 90, 95, 99]},                                    # react.yml
     # vim.yml sweeps dim [256, 1000], but OpenOOD's ViM computes its principal space once in setup() at the default
-    # (setup_flag) and set_hyperparam() only relabels it: every point scores alike, the first (256) is kept.
+    # (setup_flag) and set_hyperparam() only relabels it: every point scores alike, as at 256 (the search's last-maximum
+    # rule then labels the run 1000, vim_postprocessor.py:71-72; its scores stay those of 256).
     "vim": {},
     "rp_ebo": {"temperature": [1]},                                               # Open-Insect rp_ebo.yml
     "rp_odin": {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]},   # Open-Insect rp_odin.yml (images)
@@ -54,6 +55,26 @@ SWEEPS: dict[str, dict[str, dict[str, list[Any]]]] = {
     "exact": {**_OPENOOD, "vim": {"dim": [256, 1000]}},
 }
 """`protocol:` -> the sweep grid per detector where it differs from the detector's declared `search_space`."""
+
+TIE_RULES: tuple[str, ...] = ("last", "first")
+"""Which of several grid points equal to the best metric a sweep keeps. `last`: the reference's run,
+`OODEvaluator.hyperparam_search` (Open-Insect src/openood/evaluators/ood_evaluator.py:421-425; OpenOOD
+openood/evaluators/ood_evaluator.py:258-262) sets every point equal to the maximum in turn, so the last one sticks;
+`first`: OpenOOD's unified `Evaluator.hyperparam_search` (openood/evaluation_api/evaluator.py:418-422, `auroc >
+max_auroc` keeps a `final_index`)."""
+
+TIES: dict[str, str] = {
+    # Open-Insect's eval.sh runs scripts/main.py -> TestOODPipeline -> OODEvaluator.eval_ood (configs/pipelines/test/
+    # test_ood.yml: evaluator ood), whose hyperparam_search (src/openood/evaluators/ood_evaluator.py:388-427) notes
+    # the maximum with `>` (:421), then sets every point equal to it in turn (:423-425): the last maximum sticks
+    "open-insects": "last",
+    # OpenOOD's main.py pipelines run the same code (openood/evaluators/ood_evaluator.py:258-262); its unified
+    # Evaluator (openood/evaluation_api/evaluator.py:418-422, scripts/eval_ood.py) keeps the first: `select.ties: first`
+    "openood_v1.5": "last",
+    "exact": "last",  # no correction: the reference protocol's rule
+}
+"""`protocol:` -> which of several grid points tied at the best validation metric the sweep keeps
+(`TIE_RULES`; `select.ties` in a config overrides it)."""
 # -- end of sweep grids -------------------------------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ import os
 from typing import Any, Literal, Sequence
 
 from detectors.base import Detector
-from detectors.protocols import PROTOCOLS
+from detectors.protocols import PROTOCOLS, TIE_RULES
 from detectors.registry import FAMILIES, detector_class
 from detectors.tables import METRICS
 from pipelines.cli import display_path, load_yaml
@@ -30,6 +30,7 @@ DOC = "README.md, section 'Evaluation'"
 Family = Literal[FAMILIES]  # type: ignore[valid-type]
 Metric = Literal[METRICS]  # type: ignore[valid-type]
 Protocol = Literal[tuple(PROTOCOLS)]  # type: ignore[valid-type]
+TieRule = Literal[TIE_RULES]  # type: ignore[valid-type]
 CacheHash = Literal[IDENTITY_MODES]  # type: ignore[valid-type]
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
 FEATURE_INPUTS = frozenset({"features", "logits"})
@@ -135,6 +136,8 @@ class Select(Config):
 
     ood_val: Source | None = param(None, "the OOD-validation rows of the sweeps (split default val); null: top-level ood_val")
     metric: Metric = param("auroc", "the validation metric the sweep maximises (fpr95: minimises)")
+    ties: TieRule | None = param(None, "which of several points tied at the best metric is kept: last (the reference's "
+                                       "ood_evaluator.py) or first; null: the protocol's (detectors.protocols.TIES)")
 
 
 @config

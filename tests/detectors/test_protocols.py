@@ -80,3 +80,29 @@ def test_unit_sweep():
 def test_unknown_protocol_names_fail(protocol):
     with pytest.raises(KeyError):
         sweep_space(protocol + "-typo", "knn", {})
+
+
+def test_every_protocol_breaks_ties_as_the_reference_search_and_a_config_can_say_first():
+    """TIES: the last maximum under every protocol (Open-Insect's and OpenOOD's OODEvaluator.hyperparam_search);
+    `select.ties` is a typed key: `first` accepted (OpenOOD's unified evaluator), anything else one line naming it."""
+    from detectors.protocols import TIE_RULES, TIES
+    from detectors.runconfig import Select
+    from pipelines.errors import ConfigError
+
+    assert set(TIES) == set(PROTOCOLS) and set(TIES.values()) <= set(TIE_RULES)
+    assert TIES["open-insects"] == TIES["openood_v1.5"] == "last"
+    assert Select.from_dict({"ties": "first"}, "select").ties == "first"
+    assert Select.from_dict({}, "select").ties is None  # the protocol's
+    with pytest.raises(ConfigError, match=r"select\.ties"):
+        Select.from_dict({"ties": "middle"}, "select")
+
+
+def test_the_plan_takes_the_protocols_tie_rule_unless_the_config_names_one(tmp_path):
+    from detectors.plan import make_plan
+    from tests.detectors.runner_helpers import id_ood_manifests
+
+    id_dir, ood_dir = id_ood_manifests(tmp_path)
+    base = {"id": str(id_dir), "ood": [{"manifest": str(ood_dir), "sets": ["far"]}], "out": str(tmp_path / "out"),
+            "detectors": ["msp"], "ood_val": {"manifest": str(ood_dir), "sets": ["near"]}, "model": "microsoft/resnet-50"}
+    assert make_plan({**base, "protocol": "open-insects"}).select.ties == "last"
+    assert make_plan({**base, "select": {"ties": "first"}}).select.ties == "first"
