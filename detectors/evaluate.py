@@ -381,7 +381,8 @@ class Runner:
         for split in (s for s in self.plan.of_role("ood") if s.id not in self._left_out):
             t0 = time.perf_counter()
             ood_scores = det.score(get(split.id))
-            rows.append({"method": method, "family": family, "mode": mode, "protocol": self.plan.protocol, "base": base,
+            rows.append({"method": method, "family": family, "mode": mode, "protocol": self.plan.protocol,
+                         "checkpoint": self.plan.checkpoint, "base": base,
                          "rule": rule, "ood_set": split.name, "group": split.group, **compute_metrics(id_scores, ood_scores),
                          "id_acc": acc, "n_id": len(id_scores), "n_ood": len(ood_scores),
                          "seconds": fit_seconds + time.perf_counter() - t0, "params": params,
@@ -552,7 +553,9 @@ def rule_selection(validation: list[dict[str, Any]]) -> pd.DataFrame:
 def _results(done: list[UnitResult]) -> pd.DataFrame:
     frames = [u.rows for u in done if len(u.rows)]
     results = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(RESULT_COLUMNS))
-    results[["mode", "base", "rule", "selected_on"]] = results[["mode", "base", "rule", "selected_on"]].fillna("")
+    text = ["mode", "checkpoint", "base", "rule", "selected_on"]  # rows of units written before `checkpoint`: empty
+    results = results.reindex(columns=[*results.columns, *(c for c in text if c not in results)])
+    results[text] = results[text].fillna("")
     return results
 
 

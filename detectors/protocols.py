@@ -78,6 +78,24 @@ TIES: dict[str, str] = {
 # -- end of sweep grids -------------------------------------------------------------------------------------------------
 
 
+# -- which checkpoint of a trained classifier the protocol evaluates -------------------------------------------------
+CHECKPOINTS: dict[str, str] = {
+    # OpenOOD v1.5's evaluation loads each training run's best.ckpt (scripts/eval_ood.py:147), the file its recorder
+    # keeps for the best ID-val accuracy (openood/recorders/base_recorder.py:40-50)
+    "openood_v1.5": "best",
+    # Open-Insect's eval.sh:71 loads `$WEIGHT_DIR/${METHOD}_${REGION}.pth`, the released weights
+    # (download_pretrained_weights.py:15-33 copies them under their own names), so its code does not say which epoch
+    # they are; its recorder keeps best.ckpt and last_epoch<N>_acc<a>.ckpt (src/openood/recorders/base_recorder.py:
+    # 40-62) and the configs it inherits point `network.checkpoint` at best.ckpt (configs/networks/resnet18_32x32.yml:5):
+    # the best, as OpenOOD's own evaluation
+    "open-insects": "best",
+    "exact": "last",  # no epoch chosen on ID val: the weights training ends with
+}
+"""`protocol:` -> the checkpoint (`last` | `best`, pipelines.training.loop.CHECKPOINT_CHOICES) of a trained classifier
+folder the evaluation loads and the training-time methods' fine-tunes score with (config `checkpoint:` and a training
+detector's `params.checkpoint` override it)."""
+
+
 def protocol_params(protocol: str, name: str) -> dict[str, Any]:
     """The parameter defaults `protocol` gives detector `name` (a config's own `params` win over them)."""
     return dict(PROTOCOLS[protocol].get(name, {}))
@@ -110,14 +128,20 @@ def _open_insects_training() -> dict[str, dict[str, Any]]:
     from pipelines.training.recipes import TRAINING_PROTOCOLS
 
     loop = dict(TRAINING_PROTOCOLS["open-insects"])
-    methods = ("arpl", "confbranch", "energy_oe", "extended", "godin", "logitnorm", "mcd", "mixoe", "novel_branch", "oe",
-               "rotpred", "udg")
-    out = {name: dict(loop) for name in methods}
+    out = {name: dict(loop) for name in TRAINING_METHODS}
     out["mixoe"]["drop_last"] = True
     out["mcd"]["start_epoch_ft"] = 90
     out["godin"]["h_optimizer"] = "both"
     return out
 
 
+TRAINING_METHODS = ("arpl", "confbranch", "energy_oe", "extended", "godin", "logitnorm", "mcd", "mixoe", "novel_branch",
+                    "oe", "rotpred", "udg")
+"""The training-time methods the reference protocols fine-tune (their settings above)."""
+
 for _name, _values in _open_insects_training().items():
     PROTOCOLS["open-insects"].setdefault(_name, {}).update(_values)
+for _protocol, _choice in CHECKPOINTS.items():  # the fine-tunes score with the protocol's checkpoint
+    if _choice != "last":
+        for _name in TRAINING_METHODS:
+            PROTOCOLS[_protocol].setdefault(_name, {})["checkpoint"] = _choice
