@@ -105,7 +105,7 @@ class Unit:
 class Selection:
     metric: str
     split: str  # id of the OOD-validation split the sweeps use
-    ties: str = "last"  # which tied point a sweep keeps (detectors.selection.TIE_RULES)
+    ties: str = "last"  # which tied point a sweep keeps (detectors.protocols.TIE_RULES)
 
 
 @dataclass(frozen=True)
@@ -217,22 +217,28 @@ def classifier_checkpoint(model: str | None, given: str | None, protocol: str) -
     `checkpoints.json`) gives the folder of `given`, else of the protocol's choice (`CHECKPOINTS`), its last where the
     run kept no best (trained without ID val rows); any other model runs as it is, recorded "". An explicit `best` that
     the model does not keep is one ConfigError line."""
+    def folder_of(name: str) -> Path | None:
+        try:
+            return checkpoint_folder(model, name)
+        except UserInputError as err:  # a malformed or planted checkpoints.json
+            raise ConfigError(f"model: {err}") from None
+
     try:
         index = None if model is None or not os.path.isdir(model) else read_checkpoint_index(model)
-        if index is None:
-            if given == "best":
-                raise ConfigError(f"checkpoint: best: model {model} is not a train_classifier folder keeping a best "
-                                  "epoch (no checkpoints.json); use checkpoint: last or leave it out")
-            return model, ""
-        choice = given or CHECKPOINTS[protocol]
-        folder = checkpoint_folder(model, choice)
-        if folder is None and given:
-            raise ConfigError(f"checkpoint: {given}: {model} keeps no {given} checkpoint (trained without ID val rows: "
-                              "its checkpoints.json has none); use checkpoint: last")
-        if folder is None:
-            choice, folder = "last", checkpoint_folder(model, "last")
     except UserInputError as err:
-        raise ConfigError(f"model: {err}", doc=getattr(err, "doc", None)) from None
+        raise ConfigError(f"model: {err}") from None
+    if index is None:
+        if given == "best":
+            raise ConfigError(f"checkpoint: best: model {model} is not a train_classifier folder keeping a best epoch "
+                              "(no checkpoints.json); use checkpoint: last or leave it out")
+        return model, ""
+    choice = given or CHECKPOINTS[protocol]
+    folder = folder_of(choice)
+    if folder is None and given:
+        raise ConfigError(f"checkpoint: {given}: {model} keeps no {given} checkpoint (trained without ID val rows: its "
+                          "checkpoints.json has none); use checkpoint: last")
+    if folder is None:
+        choice, folder = "last", folder_of("last")
     if folder is None:
         raise ConfigError(f"model: {model}: its checkpoints.json names no last checkpoint")
     return (model if folder == Path(model).resolve() else str(folder)), choice

@@ -10,7 +10,9 @@ A training-time detector builds an `Objective` (its loss) from its parameters an
   unit folder) the model is checkpointed there after every
   epoch, atomically (safetensors + JSON, no pickle), and a killed run resumes its training; once trained, the detector
   saves itself to `work_dir/model` (`save_pretrained`: heads, config and the fine-tuned classifier's own model folder),
-  which `from_pretrained` / the runner's `load:` read back without training. `transform(ImageSet)` re-extracts
+  which `from_pretrained` / the runner's `load:` read back without training. With ID val rows the fine-tune also
+  keeps its best epoch by ID-val accuracy (later ties win, the reference's `best.ckpt`); `checkpoint` says which of
+  the two scores (the reference protocols: `best`), from one training. `transform(ImageSet)` re-extracts
   features and logits with the fine-tuned model into a cache under `work_dir/features`, keyed by the fine-tuned
   weights, the preprocessing, the precision and the images.
 - "heads" (fast studies): `fit(FeatureSet, head=LinearHead, aux=FeatureSet)` trains only the heads on cached

@@ -476,4 +476,4 @@ def test_evaluate_runs_the_checkpoint_the_config_or_protocol_names(setup, best_a
     for bad, message in ((model, "checkpoint: best: model"), (best_and_last / "best", "checkpoint: best: model")):
         code = run_main(main, ["--config", str(path), "--out", str(tmp_path / "bad"), f"model={bad}", "checkpoint=best"])
         err = capsys.readouterr().err.strip()
-        assert code == 2 and message in err and "\n" not in err, err
+        assert code == 2 and err.startswith(f"error: {message}") and "\n" not in err, err

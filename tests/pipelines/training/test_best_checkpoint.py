@@ -191,3 +191,30 @@ def test_last_weights_stay_and_the_best_tests_on_its_own_weights(monkeypatch, tm
     assert result.kept == "last" and result.best == 4 and best_result.best_test == result.best_test
     assert any(not torch.equal(last.state_dict()[k], v) for k, v in best.state_dict().items())
     assert result.test.keys() == result.best_test.keys() and not math.isnan(result.best_test[BEST_METRIC])
+
+
+def test_a_planted_checkpoint_index_cannot_point_outside_the_model_folder(tmp_path):
+    import json
+
+    from pipelines.checkpoints import CHECKPOINT_INDEX, INDEX_FORMAT, checkpoint_folder
+    from pipelines.errors import UserInputError
+
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text("{}")
+    model = tmp_path / "model"
+    (model / "best").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    (model / "best" / "config.json").write_text("{}")
+    for folder, ok in (("best", True), (".", True), ("../other", False), (str(tmp_path / "other"), False),
+                       ("missing", False), (3, False)):
+        (model / CHECKPOINT_INDEX).write_text(json.dumps({"format": INDEX_FORMAT, "best": {"folder": folder}, "last": None}))
+        if ok:
+            assert checkpoint_folder(model, "best") == (model / folder).resolve()
+        else:
+            with pytest.raises(UserInputError, match="not a model folder inside"):
+                checkpoint_folder(model, "best")
+    assert checkpoint_folder(model, "last") is None
+    (model / CHECKPOINT_INDEX).write_text('{"format": "something else"}')
+    with pytest.raises(UserInputError, match="not an oodforge checkpoint index"):
+        checkpoint_folder(model, "best")
+    assert checkpoint_folder(tmp_path / "other", "best") is None  # no index: nothing kept
