@@ -316,7 +316,8 @@ class Runner:
             with pixel_memo(self.plan.runtime.sweep_pixel_mb):  # image-level sweeps preprocess the images once
                 det, _, table = select(unit.name, fit_kwargs["id_val"], self._split_data(probe, sel.split),
                                        id_train=self._split_data(probe, "id-id_train"), space=unit.parts["sweep"],
-                                       metric=sel.metric, fixed=dict(unit.params), make=make, fit_kwargs=fit_kwargs)
+                                       metric=sel.metric, fixed=dict(unit.params), make=make, fit_kwargs=fit_kwargs,
+                                       ties=sel.ties)
             self._selected_on[unit.method] = f"{sel.metric}: id_val vs ood_val[{sets}]"
         except ValueError as err:  # no grid point fits these features (e.g. NECO's dims on D = 64): the defaults run
             det, table = probe, [{"error": str(err)}]
@@ -380,7 +381,8 @@ class Runner:
         for split in (s for s in self.plan.of_role("ood") if s.id not in self._left_out):
             t0 = time.perf_counter()
             ood_scores = det.score(get(split.id))
-            rows.append({"method": method, "family": family, "mode": mode, "protocol": self.plan.protocol, "base": base,
+            rows.append({"method": method, "family": family, "mode": mode, "protocol": self.plan.protocol,
+                         "checkpoint": self.plan.checkpoint, "base": base,
                          "rule": rule, "ood_set": split.name, "group": split.group, **compute_metrics(id_scores, ood_scores),
                          "id_acc": acc, "n_id": len(id_scores), "n_ood": len(ood_scores),
                          "seconds": fit_seconds + time.perf_counter() - t0, "params": params,
@@ -551,7 +553,9 @@ def rule_selection(validation: list[dict[str, Any]]) -> pd.DataFrame:
 def _results(done: list[UnitResult]) -> pd.DataFrame:
     frames = [u.rows for u in done if len(u.rows)]
     results = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(RESULT_COLUMNS))
-    results[["mode", "base", "rule", "selected_on"]] = results[["mode", "base", "rule", "selected_on"]].fillna("")
+    text = ["mode", "checkpoint", "base", "rule", "selected_on"]  # rows of units written before `checkpoint`: empty
+    results = results.reindex(columns=[*results.columns, *(c for c in text if c not in results)])
+    results[text] = results[text].fillna("")
     return results
 
 

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from detectors.base import Detector
-from detectors.protocols import protocol_params, unit_sweep
+from detectors.protocols import CHECKPOINTS, TIES, protocol_params, unit_sweep
 from detectors.registry import detector_class
 from detectors.runconfig import (FEATURE_INPUTS, ConfigError, DetectorSpec, EvalConfig, FewShot, Head, Source,
                                  Transfer, named, param_named)
+from pipelines.checkpoints import checkpoint_folder, read_checkpoint_index
 from pipelines.data import Manifest, read_manifest
 from pipelines.errors import UserInputError
 from pipelines.fingerprint import combine, file_identity, images_fingerprint
@@ -104,6 +105,7 @@ class Unit:
 class Selection:
     metric: str
     split: str  # id of the OOD-validation split the sweeps use
+    ties: str = "last"  # which tied point a sweep keeps (detectors.protocols.TIE_RULES)
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class Plan:
     run_parts: Mapping[str, Any] = field(default_factory=dict, compare=False)
     protocol: str = "openood_v1.5"
     warnings: tuple[str, ...] = ()  # what the run will leave out (an OOD set with no image file)
+    checkpoint: str = ""  # the trained classifier's checkpoint that runs (last | best; "" for a folder without one)
 
     def split(self, split_id: str) -> Split | None:
         return next((s for s in self.splits if s.id == split_id), None)
@@ -143,7 +146,8 @@ class Plan:
         run = [u.method for u in self.units if u.method not in done]
         reuse = [u.method for u in self.units if u.method in done]
         sizes = ", ".join(f"{s.id} {len(s.manifest)}" for s in self.splits if len(s.manifest))
-        caches = (f"feature caches (model {self.runtime.model}): {sizes}" if self.needs_features
+        model = f"{self.runtime.model}, checkpoint {self.checkpoint}" if self.checkpoint else self.runtime.model
+        caches = (f"feature caches (model {model}): {sizes}" if self.needs_features
                   else f"image probes (pixel-only run): {sizes}")
         return "\n".join([f"plan: {len(self.units)} unit(s), out {self.out}",
                           f"units to run ({len(run)}): {', '.join(run) or '-'}",
@@ -165,6 +169,10 @@ def as_config(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Eva
 def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Plan:
     """Check and resolve a config (object, mapping or YAML path) into a Plan. Raises ConfigError naming the key."""
     config = as_config(config)
+    model, checkpoint = classifier_checkpoint(config.model, config.checkpoint, config.protocol)
+    if checkpoint:  # the chosen checkpoint's folder is the run's model; its level heads too, when they are the folder's
+        levels_here = config.head is not None and Path(config.head.levels).resolve() == Path(config.model).resolve()
+        config = replace(config, model=model, head=replace(config.head, levels=model) if levels_here else config.head)
     specs = config.specs()
     classes = [detector_class(spec.name) for spec in specs]  # each entry resolved to its class once
     merged = [{**protocol_params(config.protocol, spec.name), **spec.params} for spec in specs]
@@ -183,10 +191,12 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     if config.select is not None or config.ood_val is not None:  # OOD validation given: the protocol's sweeps run
         which = "ood_val-select_ood_val" if config.select is not None and config.select.ood_val is not None \
             else "ood_val-ood_val"
-        select = Selection(config.select.metric if config.select is not None else "auroc", which)
+        ties = config.select.ties if config.select is not None and config.select.ties else TIES[config.protocol]
+        select = Selection(config.select.metric if config.select is not None else "auroc", which, ties)
     classifier = {"model": source_fingerprint(config.model),
                   "head": None if config.head is None else {**config.head.to_dict(),
-                                                            "files": source_fingerprint(config.head.levels)}}
+                                                            "files": source_fingerprint(config.head.levels)},
+                  **({"checkpoint": checkpoint} if checkpoint else {})}
     run_parts = {"version": PLAN_VERSION, "features": FEATURES_VERSION, "precision": config.precision, "device": config.device, "batch_size": config.batch_size,
                  "chunk_rows": config.chunk_rows, "protocol": config.protocol}
     out = Path(config.out)
@@ -198,7 +208,40 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
                           "features or logits)", doc=config.doc_ref())
     units = plan_units(specs, classes, merged, built, splits, run_parts, classifier, class_names, config, select)
     return Plan(out, cache_dir, runtime, tuple(splits), tuple(units), tuple(config.threshold_transfer), config.head,
-                select, class_names, config.fewshot, needs, {**run_parts, "classifier": classifier}, config.protocol, tuple(empty_set_warnings(splits)))
+                select, class_names, config.fewshot, needs, {**run_parts, "classifier": classifier}, config.protocol, tuple(empty_set_warnings(splits)),
+                checkpoint)
+
+
+def classifier_checkpoint(model: str | None, given: str | None, protocol: str) -> tuple[str | None, str]:
+    """(the folder the run loads as its classifier, the checkpoint recorded). A train_classifier folder (its
+    `checkpoints.json`) gives the folder of `given`, else of the protocol's choice (`CHECKPOINTS`), its last where the
+    run kept no best (trained without ID val rows); any other model runs as it is, recorded "". An explicit `best` that
+    the model does not keep is one ConfigError line."""
+    def folder_of(name: str) -> Path | None:
+        try:
+            return checkpoint_folder(model, name)
+        except UserInputError as err:  # a malformed or planted checkpoints.json
+            raise ConfigError(f"model: {err}") from None
+
+    try:
+        index = None if model is None or not os.path.isdir(model) else read_checkpoint_index(model)
+    except UserInputError as err:
+        raise ConfigError(f"model: {err}") from None
+    if index is None:
+        if given == "best":
+            raise ConfigError(f"checkpoint: best: model {model} is not a train_classifier folder keeping a best epoch "
+                              "(no checkpoints.json); use checkpoint: last or leave it out")
+        return model, ""
+    choice = given or CHECKPOINTS[protocol]
+    folder = folder_of(choice)
+    if folder is None and given:
+        raise ConfigError(f"checkpoint: {given}: {model} keeps no {given} checkpoint (trained without ID val rows: its "
+                          "checkpoints.json has none); use checkpoint: last")
+    if folder is None:
+        choice, folder = "last", folder_of("last")
+    if folder is None:
+        raise ConfigError(f"model: {model}: its checkpoints.json names no last checkpoint")
+    return (model if folder == Path(model).resolve() else str(folder)), choice
 
 
 def check_spec(cls: type[Detector], params: Mapping[str, Any], load: str | None, where: str,
@@ -496,7 +539,11 @@ def plan_units(specs: list[DetectorSpec], classes: list[type[Detector]], params:
     run_key = combine(run_parts)
     runtime = _runtime(config)
     units: list[Unit] = []
+    id_val = next(s for s in splits if s.id == "id-id_val")
     for i, (spec, cls, merged_params, det) in enumerate(zip(specs, classes, params, built)):
+        if merged_params.get("checkpoint") == "best" and not spec.load and not len(id_val.manifest):
+            raise ConfigError(f"detectors[{i}].params.checkpoint: best chooses {spec.method}'s fine-tuned epoch by ID "
+                              f"val accuracy, and {id_val.source} has no ID val rows (give `checkpoint: last`)")
         sweep = unit_sweep(config.protocol, cls, select is not None, spec.params) if selectable(spec.load, cls) else {}
         kind = "select" if sweep else "detector"
         reads = unit_reads(cls, kind)

@@ -18,7 +18,7 @@ PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
 """`protocol:` -> parameter defaults per detector (a detector's own `params` win)."""
 
 
-# -- sweep grids (APS: ID val against OOD val, AUROC, first maximum wins) ---------------------------------------------
+# -- sweep grids (APS: ID val against OOD val, AUROC, the tie rule below) -------------------------------------------
 # Read from OpenOOD's configs/postprocessors/<name>.yml (Jingkang50/OpenOOD at 3c35632; Open-Insect's copies at e0aa51e
 # are the same files unless noted). A postprocessor with `APS_mode: False` (DICE, MDS, RMDS, MSP, MLS, KLM, SHE, MCM,
 # GradNorm, RankFeat, OpenMax, TempScale, RP-MSP, RP-GradNorm) runs its defaults: an empty grid here. A one-point grid
@@ -37,7 +37,8 @@ _OPENOOD = {
     "odin": {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]},      # odin.yml (on images)
     "react": {"percentile": [85, 90, 95, 99]},                                    # react.yml
     # vim.yml sweeps dim [256, 1000], but OpenOOD's ViM computes its principal space once in setup() at the default
-    # (setup_flag) and set_hyperparam() only relabels it: every point scores alike, the first (256) is kept.
+    # (setup_flag) and set_hyperparam() only relabels it: every point scores alike, as at 256 (the search's last-maximum
+    # rule then labels the run 1000, vim_postprocessor.py:71-72; its scores stay those of 256).
     "vim": {},
     "rp_ebo": {"temperature": [1]},                                               # Open-Insect rp_ebo.yml
     "rp_odin": {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]},   # Open-Insect rp_odin.yml (images)
@@ -54,7 +55,45 @@ SWEEPS: dict[str, dict[str, dict[str, list[Any]]]] = {
     "exact": {**_OPENOOD, "vim": {"dim": [256, 1000]}},
 }
 """`protocol:` -> the sweep grid per detector where it differs from the detector's declared `search_space`."""
+
+TIE_RULES: tuple[str, ...] = ("last", "first")
+"""Which of several grid points equal to the best metric a sweep keeps. `last`: the reference's run,
+`OODEvaluator.hyperparam_search` (Open-Insect src/openood/evaluators/ood_evaluator.py:421-425; OpenOOD
+openood/evaluators/ood_evaluator.py:258-262) sets every point equal to the maximum in turn, so the last one sticks;
+`first`: OpenOOD's unified `Evaluator.hyperparam_search` (openood/evaluation_api/evaluator.py:418-422, `auroc >
+max_auroc` keeps a `final_index`)."""
+
+TIES: dict[str, str] = {
+    # Open-Insect's eval.sh runs scripts/main.py -> TestOODPipeline -> OODEvaluator.eval_ood (configs/pipelines/test/
+    # test_ood.yml: evaluator ood), whose hyperparam_search (src/openood/evaluators/ood_evaluator.py:388-427) notes
+    # the maximum with `>` (:421), then sets every point equal to it in turn (:423-425): the last maximum sticks
+    "open-insects": "last",
+    # OpenOOD's main.py pipelines run the same code (openood/evaluators/ood_evaluator.py:258-262); its unified
+    # Evaluator (openood/evaluation_api/evaluator.py:418-422, scripts/eval_ood.py) keeps the first: `select.ties: first`
+    "openood_v1.5": "last",
+    "exact": "last",  # no correction: the reference protocol's rule
+}
+"""`protocol:` -> which of several grid points tied at the best validation metric the sweep keeps
+(`TIE_RULES`; `select.ties` in a config overrides it)."""
 # -- end of sweep grids -------------------------------------------------------------------------------------------------
+
+
+# -- which checkpoint of a trained classifier the protocol evaluates -------------------------------------------------
+CHECKPOINTS: dict[str, str] = {
+    # OpenOOD v1.5's evaluation loads each training run's best.ckpt (scripts/eval_ood.py:147), the file its recorder
+    # keeps for the best ID-val accuracy (openood/recorders/base_recorder.py:40-50)
+    "openood_v1.5": "best",
+    # Open-Insect's eval.sh:71 loads `$WEIGHT_DIR/${METHOD}_${REGION}.pth`, the released weights
+    # (download_pretrained_weights.py:15-33 copies them under their own names), so its code does not say which epoch
+    # they are; its recorder keeps best.ckpt and last_epoch<N>_acc<a>.ckpt (src/openood/recorders/base_recorder.py:
+    # 40-62) and the configs it inherits point `network.checkpoint` at best.ckpt (configs/networks/resnet18_32x32.yml:5):
+    # the best, as OpenOOD's own evaluation
+    "open-insects": "best",
+    "exact": "last",  # no epoch chosen on ID val: the weights training ends with
+}
+"""`protocol:` -> the checkpoint (`last` | `best`, pipelines.training.loop.CHECKPOINT_CHOICES) of a trained classifier
+folder the evaluation loads and the training-time methods' fine-tunes score with (config `checkpoint:` and a training
+detector's `params.checkpoint` override it)."""
 
 
 def protocol_params(protocol: str, name: str) -> dict[str, Any]:
@@ -89,14 +128,20 @@ def _open_insects_training() -> dict[str, dict[str, Any]]:
     from pipelines.training.recipes import TRAINING_PROTOCOLS
 
     loop = dict(TRAINING_PROTOCOLS["open-insects"])
-    methods = ("arpl", "confbranch", "energy_oe", "extended", "godin", "logitnorm", "mcd", "mixoe", "novel_branch", "oe",
-               "rotpred", "udg")
-    out = {name: dict(loop) for name in methods}
+    out = {name: dict(loop) for name in TRAINING_METHODS}
     out["mixoe"]["drop_last"] = True
     out["mcd"]["start_epoch_ft"] = 90
     out["godin"]["h_optimizer"] = "both"
     return out
 
 
+TRAINING_METHODS = ("arpl", "confbranch", "energy_oe", "extended", "godin", "logitnorm", "mcd", "mixoe", "novel_branch",
+                    "oe", "rotpred", "udg")
+"""The training-time methods the reference protocols fine-tune (their settings above)."""
+
 for _name, _values in _open_insects_training().items():
     PROTOCOLS["open-insects"].setdefault(_name, {}).update(_values)
+for _protocol, _choice in CHECKPOINTS.items():  # the fine-tunes score with the protocol's checkpoint
+    if _choice != "last":
+        for _name in TRAINING_METHODS:
+            PROTOCOLS[_protocol].setdefault(_name, {})["checkpoint"] = _choice

@@ -13,7 +13,7 @@ import os
 from typing import Any, Literal, Sequence
 
 from detectors.base import Detector
-from detectors.protocols import PROTOCOLS
+from detectors.protocols import PROTOCOLS, TIE_RULES
 from detectors.registry import FAMILIES, detector_class
 from detectors.tables import METRICS
 from pipelines.cli import display_path, load_yaml
@@ -21,6 +21,7 @@ from pipelines.errors import ConfigError
 from pipelines.fingerprint import IDENTITY_MODES
 from pipelines.params import REQUIRED, Config, config, convert, param, plain
 from pipelines.runtime import PRECISIONS, check_device, check_model_ref
+from pipelines.training.loop import CHECKPOINT_CHOICES
 from pipelines.sources import Source
 
 __all__ = ["ConfigError", "DetectorSpec", "EvalConfig", "FewShot", "Head", "RuleSpec", "Select", "Source", "Transfer",
@@ -30,6 +31,8 @@ DOC = "README.md, section 'Evaluation'"
 Family = Literal[FAMILIES]  # type: ignore[valid-type]
 Metric = Literal[METRICS]  # type: ignore[valid-type]
 Protocol = Literal[tuple(PROTOCOLS)]  # type: ignore[valid-type]
+TieRule = Literal[TIE_RULES]  # type: ignore[valid-type]
+Checkpoint = Literal[CHECKPOINT_CHOICES]  # type: ignore[valid-type]
 CacheHash = Literal[IDENTITY_MODES]  # type: ignore[valid-type]
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
 FEATURE_INPUTS = frozenset({"features", "logits"})
@@ -135,6 +138,8 @@ class Select(Config):
 
     ood_val: Source | None = param(None, "the OOD-validation rows of the sweeps (split default val); null: top-level ood_val")
     metric: Metric = param("auroc", "the validation metric the sweep maximises (fpr95: minimises)")
+    ties: TieRule | None = param(None, "which of several points tied at the best metric is kept: last (the reference's "
+                                       "ood_evaluator.py) or first; null: the protocol's (detectors.protocols.TIES)")
 
 
 @config
@@ -195,6 +200,9 @@ class EvalConfig(Config):
     ood: list[Source] = param(REQUIRED, "test OOD manifests (split default test); every ood_set is a column")
     out: str = param(REQUIRED, "the output folder")
     model: str | None = param(None, "the classifier (hub id or local folder with weights)", check=check_model_ref)
+    checkpoint: Checkpoint | None = param(None, "which checkpoint of a train_classifier folder (its checkpoints.json) "
+                                                "runs: last or best (ID-val top-1); null: the protocol's "
+                                                "(detectors.protocols.CHECKPOINTS), a folder without best/ its last")
     detectors: Literal["all"] | list[DetectorSpec] = param("all", "'all' (every detector of `families`) or a list of "
                                                            "names / {name, params, load, label, rules}")
     families: list[Family] = param(["posthoc"], "the families `detectors: all` means")

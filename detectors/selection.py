@@ -12,14 +12,15 @@ from typing import Any, Callable
 
 from detectors.base import Detector, LinearHead
 from detectors.metrics import evaluate
+from detectors.protocols import TIE_RULES
 from detectors.registry import build, detector_class
 from detectors.tables import LOWER_IS_BETTER
 
 
 def grid(space: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """Every combination of a `search_space` in OpenOOD's order (`Evaluator.recursive_generator`): the FIRST key varies
-    fastest, the last slowest (an empty space gives one empty point). With `select`'s first-maximum rule this decides
-    which point a tie keeps, as the reference's."""
+    """Every combination of a `search_space` in OpenOOD's order (`recursive_generator`): the FIRST key varies fastest,
+    the last slowest (an empty space gives one empty point). With `select`'s tie rule this decides which point a tie
+    keeps, as the reference's: under `ties="last"` the tied point whose LAST key comes latest in its list wins."""
     keys = list(space)
     slowest_first = [space[k] for k in reversed(keys)]
     return [dict(zip(keys, reversed(values))) for values in itertools.product(*slowest_first)]
@@ -28,14 +29,16 @@ def grid(space: dict[str, list[Any]]) -> list[dict[str, Any]]:
 def select(name: str, id_val: Any, ood_val: Any, *, id_train: Any = None, head: LinearHead | None = None,
            space: dict[str, list[Any]] | None = None, metric: str = "auroc", fixed: dict[str, Any] | None = None,
            make: Callable[[dict[str, Any]], Detector] | None = None, fit_kwargs: dict[str, Any] | None = None,
-           ) -> tuple[Detector, dict[str, Any], list[dict[str, Any]]]:
+           ties: str = "last") -> tuple[Detector, dict[str, Any], list[dict[str, Any]]]:
     """Fit `name` on `id_train` (default `id_val`) for every point of `space` (default its `search_space`), score ID
     val against OOD val and keep the best by `metric`.
 
-    Returns (fitted best detector, its parameters, one row per grid point with the point and all metrics).
-    `metric` is maximised, or minimised where `detectors.tables.LOWER_IS_BETTER` says so (FPR@95); the first best
-    point wins a tie (OpenOOD: `if auroc > max_auroc`), a NaN metric never wins. A point the data cannot take (the
-    detector raises ValueError, e.g. k larger than the training bank) is recorded with its error and skipped.
+    Returns (fitted best detector, its parameters, one row per grid point in `grid` order with the point, all metrics
+    and `chosen`, True on the kept row only). `metric` is maximised, or minimised where
+    `detectors.tables.LOWER_IS_BETTER` says so (FPR@95). Of the points equal to the best value, `ties` keeps the last
+    (the reference's run) or the first (`TIE_RULES`). A NaN metric never wins; when every fitted point's metric is
+    NaN the first fitted point is kept (the reference would keep its config's defaults). A point the data cannot take
+    (the detector raises ValueError, e.g. k larger than the training bank) is recorded with its error and skipped.
     `make(params)` builds a point's detector (default `build(name, **params)`; the runner passes its builder, which
     adds the classifier image-level detectors need); `fit_kwargs` replace the default fit inputs (`head`, `id_val`).
     """
@@ -45,9 +48,11 @@ def select(name: str, id_val: Any, ood_val: Any, *, id_train: Any = None, head: 
     if metric not in LOWER_IS_BETTER:
         raise ValueError(f"select: unknown metric {metric!r}; known: {sorted(LOWER_IS_BETTER)}")
     sign = -1.0 if LOWER_IS_BETTER[metric] else 1.0
+    if ties not in TIE_RULES:
+        raise ValueError(f"select: unknown tie rule {ties!r}; known: {list(TIE_RULES)}")
     make = make or (lambda params: build(name, **params))
     kwargs = {"head": head, "id_val": id_val} if fit_kwargs is None else fit_kwargs
-    best: tuple[float, Detector, dict[str, Any]] | None = None
+    fitted: list[tuple[int, float, Detector, dict[str, Any]]] = []  # (table row, signed metric, detector, params)
     table = []
     for point in grid(space):
         params = {**(fixed or {}), **point}
@@ -55,15 +60,26 @@ def select(name: str, id_val: Any, ood_val: Any, *, id_train: Any = None, head: 
             det = make(params).fit(fit_on, **kwargs)
             metrics = evaluate(det.score(id_val), det.score(ood_val))
         except ValueError as err:
-            table.append({**point, "error": str(err)})
+            table.append({**point, "error": str(err), "chosen": False})
             continue
-        table.append({**point, **metrics})
-        value = sign * metrics[metric]
-        if best is None or (not math.isnan(value) and (math.isnan(best[0]) or value > best[0])):
-            best = (value, det, params)
-    if best is None:
+        table.append({**point, **metrics, "chosen": False})
+        fitted.append((len(table) - 1, sign * metrics[metric], det, params))
+    if not fitted:
         raise ValueError(f"select({name!r}): no point of the search space could be fitted: {table}")
-    return best[1], best[2], table
+    row, _, det, params = fitted[kept_index([value for _, value, _, _ in fitted], ties)]
+    table[row]["chosen"] = True
+    return det, params, table
+
+
+def kept_index(values: list[float], ties: str = "last") -> int:
+    """The position `select` keeps among signed metric `values` (higher is better): of those equal to the largest
+    non-NaN value, the last or the first (`ties`); position 0 when every value is NaN."""
+    finite = [v for v in values if not math.isnan(v)]
+    if not finite:
+        return 0
+    best = max(finite)
+    tied = [i for i, v in enumerate(values) if v == best]
+    return tied[-1] if ties == "last" else tied[0]
 
 
 def defaults_note(plan: Any) -> str | None:

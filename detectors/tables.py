@@ -12,11 +12,13 @@ LOWER_IS_BETTER: dict[str, bool] = {"auroc": False, "fpr95": True, "fpr95_id": T
                                     "id_acc": False}
 """Direction of each metric: selection maximises the others and minimises these."""
 
-RESULT_COLUMNS: tuple[str, ...] = ("method", "family", "mode", "protocol", "base", "rule", "ood_set", "group", *METRICS, "id_acc",
-                                   "n_id", "n_ood", "seconds", "params", "selected_on")
+RESULT_COLUMNS: tuple[str, ...] = ("method", "family", "mode", "protocol", "checkpoint", "base", "rule", "ood_set", "group",
+                                   *METRICS, "id_acc", "n_id", "n_ood", "seconds", "params", "selected_on")
 """A row per (method, OOD set). `family` is the row's own family (a rule re-scoring a training method is `training`);
 `mode` says how a training method trained (`full` or `heads`; empty elsewhere); `protocol` the config's `protocol:`
-(`detectors.protocols.PROTOCOLS`); `base` / `rule` name the trained method
+(`detectors.protocols.PROTOCOLS`); `checkpoint` which checkpoint of a trained classifier folder the run's classifier is
+(`last` / `best`; empty for a model without `checkpoints.json`; a training method's own fine-tune says its choice in
+`params`); `base` / `rule` name the trained method
 and the post-hoc rule of a re-scored row; `id_acc` is the top-1 ID test accuracy of the classifier the row scores with
 (NaN where no classifier is involved); `params` the JSON of the hyperparameters that ran (chosen ones included);
 `selected_on` how a swept unit chose them (`auroc: id_val vs ood_val[<sets>]`; empty where defaults ran)."""

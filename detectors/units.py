@@ -52,7 +52,8 @@ class UnitStore:
         try:
             validation = json.loads((folder / "validation.json").read_text()) if (folder / "validation.json").is_file() else None
             return UnitResult(pd.read_csv(folder / "rows.csv", keep_default_na=False, na_values=[""],
-                                          dtype={"mode": str, "base": str, "rule": str, "params": str}),
+                                          dtype={"mode": str, "checkpoint": str, "base": str, "rule": str,
+                                                 "params": str}),
                               pd.read_parquet(folder / "scores.parquet"), validation)
         except (OSError, ValueError):
             return None

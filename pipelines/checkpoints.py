@@ -207,3 +207,96 @@ def unsafe_pickle_message(path: str | os.PathLike, what: str) -> str:
     """The one line for a weight file refused because it holds more than tensors."""
     return (f"{what} {os.fspath(path)!r} holds pickled objects other than tensors and is refused (loading it could run "
             "code); re-save its tensors as safetensors or a tensors-only state dict")
+
+
+# -- the best epoch's weights (beside the per-epoch checkpoint) ------------------------------------------------------
+BEST_FORMAT = "oodforge-best-weights-v1"
+
+
+def best_path(checkpoint: str | os.PathLike) -> Path:
+    """Where the best epoch's weights of a run checkpointed at `checkpoint` are kept: `<stem>.best<suffix>` beside it."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.with_name(f"{checkpoint.stem}.best{checkpoint.suffix}")
+
+
+def save_best(path: str | os.PathLike, key: str, epoch: int, module: nn.Module, objective: nn.Module,
+              metrics: dict[str, Any]) -> None:
+    """Write the weights after `epoch` epochs (model + objective state and the objective's plain attributes) and that
+    epoch's validation entry, atomically, as one safetensors file (no pickle)."""
+    state = {"epoch": epoch, "module": module.state_dict(), "objective": _plain_attributes(objective), "metrics": metrics}
+    save_tree(path, state, {"format": BEST_FORMAT, "key": key, "epoch": str(epoch)})
+
+
+def best_epoch_saved(path: str | os.PathLike, key: str) -> int:
+    """The epoch whose weights `path` holds for the run `key` (its header alone is read); 0 without such a file."""
+    meta = read_metadata(path) if Path(path).is_file() else None
+    if meta is None or meta.get("format") != BEST_FORMAT or meta.get("key") != key:
+        return 0
+    return int(meta.get("epoch", 0))
+
+
+def load_best(path: str | os.PathLike, key: str, module: nn.Module, objective: nn.Module) -> int:
+    """Load what `save_best` wrote for the run `key` into `module` (its state dict) and `objective` (its plain
+    attributes); return the epoch. A file of another run or format is a ValueError naming it."""
+    if not best_epoch_saved(path, key):
+        raise ValueError(f"{path}: no best-epoch weights of this run ({BEST_FORMAT}, its key)")
+    state = load_tree(path)
+    module.load_state_dict(state["module"])
+    for name, value in state["objective"].items():
+        setattr(objective, name, value)
+    return int(state["epoch"])
+
+
+def checkpoint_history(path: str | os.PathLike, key: str) -> list[dict[str, Any]] | None:
+    """The per-epoch history a training checkpoint of this format for `key` holds, read from its JSON header (no
+    tensor is loaded); None without one."""
+    meta = read_metadata(path) if Path(path).is_file() else None
+    if meta is None or meta.get("format") != FORMAT or meta.get("key") != key or "tree" not in meta:
+        return None
+    history = json.loads(meta["tree"]).get("history")
+    return history if isinstance(history, list) else None
+
+
+# -- which weights a trained model folder holds (`checkpoints.json`) ------------------------------------------------
+CHECKPOINT_INDEX = "checkpoints.json"
+INDEX_FORMAT = "oodforge-checkpoints-v1"
+
+
+def write_checkpoint_index(folder: str | os.PathLike, entries: dict[str, dict[str, Any] | None], rule: str) -> None:
+    """`folder/checkpoints.json`: per checkpoint name (`last`, `best`) the sub-folder holding its model (`.`: the
+    folder itself), its epoch and validation accuracy, or None where the run kept none; `rule` says how `best` chose."""
+    from pipelines.io import atomic_write_json
+
+    atomic_write_json(Path(folder) / CHECKPOINT_INDEX, {"format": INDEX_FORMAT, "rule": rule, **entries})
+
+
+def read_checkpoint_index(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The `checkpoints.json` of a model folder; None for a hub id, a file or a folder without one. A file that is
+    not such an index is a UserInputError naming it."""
+    path = Path(folder) / CHECKPOINT_INDEX
+    if not path.is_file():
+        return None
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UserInputError(f"{path}: not readable as JSON ({err})") from None
+    if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
+        raise UserInputError(f"{path}: not an oodforge checkpoint index ({INDEX_FORMAT})")
+    return index
+
+
+def checkpoint_folder(model: str | os.PathLike, name: str) -> Path | None:
+    """The model folder of checkpoint `name` of a trained model folder (its `checkpoints.json`), None where the run
+    kept none. The index's sub-folder must lie inside `model` and hold a config.json (a planted index cannot point
+    elsewhere): otherwise a UserInputError naming the file."""
+    index = read_checkpoint_index(model)
+    entry = None if index is None else index.get(name)
+    if entry is None:
+        return None
+    root = Path(model).resolve()
+    where = entry.get("folder") if isinstance(entry, dict) else None
+    target = (root / where).resolve() if isinstance(where, str) else None
+    if target is None or not target.is_relative_to(root) or not (target / "config.json").is_file():
+        raise UserInputError(f"{Path(model) / CHECKPOINT_INDEX}: checkpoint {name!r} names {where!r}, not a model folder "
+                             f"inside {model}")
+    return target

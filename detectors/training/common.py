@@ -10,7 +10,9 @@ A training-time detector builds an `Objective` (its loss) from its parameters an
   unit folder) the model is checkpointed there after every
   epoch, atomically (safetensors + JSON, no pickle), and a killed run resumes its training; once trained, the detector
   saves itself to `work_dir/model` (`save_pretrained`: heads, config and the fine-tuned classifier's own model folder),
-  which `from_pretrained` / the runner's `load:` read back without training. `transform(ImageSet)` re-extracts
+  which `from_pretrained` / the runner's `load:` read back without training. With ID val rows the fine-tune also
+  keeps its best epoch by ID-val accuracy (later ties win, the reference's `best.ckpt`); `checkpoint` says which of
+  the two scores (the reference protocols: `best`), from one training. `transform(ImageSet)` re-extracts
   features and logits with the fine-tuned model into a cache under `work_dir/features`, keyed by the fine-tuned
   weights, the preprocessing, the precision and the images.
 - "heads" (fast studies): `fit(FeatureSet, head=LinearHead, aux=FeatureSet)` trains only the heads on cached
@@ -85,6 +87,10 @@ class TrainedDetector(Detector):
         aux_label_field: str | None = param(None, "manifest field giving auxiliary rows a class index")
         score_batch_size: int = param(64, "images per scoring batch", runtime=True, ge=1)
         score_rule: str = param("msp", "how the trained model scores (one of the class's score_rules)")
+        checkpoint: Literal["last", "best"] = param(
+            "last", "which fine-tuned weights score: the last epoch's, or the best ID-val top-1 epoch's, a later epoch "
+            "winning a tie (the reference's best.ckpt, base_recorder.py:40-50; needs id_val); the reference protocols: "
+            "best (detectors.protocols.CHECKPOINTS)")
 
     family: ClassVar[str] = "training"
     inputs: ClassVar[frozenset[str]] = frozenset({"images"})  # the default mode's; each instance sets its own
@@ -133,6 +139,9 @@ class TrainedDetector(Detector):
                       warmup_epochs=p["warmup_epochs"], objective=objective, seed=p["seed"], precision=p["precision"],
                       schedule=p["schedule"], keep_last_batch=not p["drop_last"])
         aux = aux if objective.uses_aux else None
+        if p["checkpoint"] == "best" and id_val is None:
+            raise ValueError(f"{self.name}: checkpoint 'best' chooses the fine-tune's epoch by ID validation accuracy: "
+                             "fit(..., id_val=...) (or checkpoint: last)")
         if p["mode"] == "heads":
             if not isinstance(id_train, FeatureSet):
                 raise TypeError(f"{self.name}: mode 'heads' trains heads on cached features: fit(FeatureSet, head=...), "
@@ -174,7 +183,7 @@ class TrainedDetector(Detector):
                            aux_features=None if aux is None else aux.features,
                            aux_labels=None if aux is None or aux.labels is None else aux.labels,
                            val_features=None if val is None else val.features, val_labels=None if val is None else val.labels,
-                           **common)
+                           weights=self.params["checkpoint"], **common)
 
     def _fit_images(self, id_train: Any, id_val: Any, aux: Any, common: dict[str, Any]):
         from detectors.training.finetuned import CHECKPOINT, as_manifest, training_key
@@ -186,11 +195,15 @@ class TrainedDetector(Detector):
         checkpoint, key = None, ""
         if self.work_dir is not None:
             checkpoint = self.work_dir / CHECKPOINT
-            key = training_key(self.name, self.params, self.classifier, train_m, aux_m, val_m)
+            # one training whichever checkpoint scores: both are kept, so switching `checkpoint` trains nothing again
+            trained = {k: v for k, v in self.params.items() if k != "checkpoint"}
+            key = training_key(self.name, trained, self.classifier, train_m, aux_m, val_m)
         transforms = None if self.params["augment"] == "none" else transforms_for(self.classifier, self.params["augment"])
         result = finetune(self.classifier, train_m, aux=aux_m, val=val_m, num_workers=self.params["num_workers"],
                           aux_label_field=self.params["aux_label_field"], checkpoint=checkpoint, checkpoint_key=key,
-                          transforms=transforms, **common)
+                          transforms=transforms, keep_best=checkpoint is not None and val_m is not None,
+                          weights=self.params["checkpoint"],
+                          **common)
         return self.classifier.head, result
 
     # -- the trained model as a feature extractor (for post-hoc rules) -----------------------------------------

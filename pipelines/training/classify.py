@@ -1,11 +1,16 @@
 """`train_classifier(config)`: an ID manifest -> a trained image classifier folder (what `model:` in eval configs and
 `ImageClassifier.from_pretrained` load), with its class names, `metrics.json` and a loss / accuracy plot.
 
-The output folder holds the transformers model (`config.json` with `id2label` = the class names, weights) and its
-image processor, `class_names.json`, `levels.json` + `levels.safetensors` when trained with label levels (the runner's
-`head: {levels: <folder>, level: <name>}` reads them), `metrics.json` (top-1 accuracy per head on ID val and ID test,
-the per-epoch history and the run's key), `training.png`, the resolved `train_config.json` and
-`checkpoint.safetensors` (the last epoch's full state, no pickle: a killed run resumes from it).
+The output folder holds the transformers model of the LAST epoch (`config.json` with `id2label` = the class names,
+weights) and its image processor, `class_names.json`, `levels.json` + `levels.safetensors` when trained with label
+levels (the runner's `head: {levels: <folder>, level: <name>}` reads them), and `best/`, the same files for the BEST
+epoch by ID-val top-1 accuracy (later ties win, as the reference's `best.ckpt`; no `best/` when the best epoch is the
+last, none without ID val rows). `checkpoints.json` says which folder holds which (`pipelines.checkpoints`), what the
+evaluation's `checkpoint: last|best` reads. Beside them: `metrics.json` (top-1 accuracy per head on ID val and ID test
+of the last epoch, `checkpoints` with both epochs' accuracies, the per-epoch history and the run's key), `training.png`,
+the resolved `train_config.json`, `checkpoint.safetensors` (the last epoch's full state, no pickle: a killed run
+resumes from it) and `checkpoint.best.safetensors` (the best epoch's weights, written after its epoch's checkpoint, so a
+killed and resumed run keeps the best an uninterrupted one keeps).
 
 The run's key (`run_key`) covers what decides the folder's content: the settings, the starting model's files, the class
 names and the ID rows with each image file's identity (`cache_hash`: stat or content, as the evaluation caches). A rerun
@@ -31,8 +36,8 @@ from pipelines.hub_ids import RESNET_ID
 from pipelines.fingerprint import combine, images_fingerprint, source_identity
 from pipelines.io import atomic_write_json, remove_orphan_temps
 from pipelines.runtime import load_pretrained, seed_everything
-from pipelines.checkpoints import checkpoint_epoch
-from pipelines.training.loop import TrainResult, drop_last, finetune
+from pipelines.checkpoints import checkpoint_epoch, write_checkpoint_index
+from pipelines.training.loop import TrainResult, drop_last, finetune, load_best_weights
 from pipelines.training.objectives import PRIMARY, CrossEntropy, MultiGranularity, Objective
 from pipelines.training.recipes import TrainConfig
 from pipelines.training.schedule import describe as describe_schedule
@@ -41,6 +46,10 @@ from pipelines.training.transforms import Compose, ResizeCenterCrop, reference_e
 
 METRICS = "metrics.json"
 CHECKPOINT = "checkpoint.safetensors"
+BEST_FOLDER = "best"
+BEST_RULE = ("best: the epoch of highest ID-val top-1 accuracy (primary head), a later epoch winning a tie "
+             "(Open-Insect/OpenOOD src/openood/recorders/base_recorder.py:40-55, `acc >= best_acc`); last: the final "
+             "epoch (:57-62)")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
@@ -211,7 +220,7 @@ def train_classifier(config: TrainConfig) -> Path:
                       batch_size=config.batch_size, weight_decay=config.weight_decay, warmup_epochs=config.warmup_epochs,
                       seed=config.seed, precision=config.precision, num_workers=config.workers(),
                       transforms=transforms, keep_last_batch=not config.drop_last, schedule=config.schedule,
-                      checkpoint=out / CHECKPOINT, checkpoint_key=key,
+                      checkpoint=out / CHECKPOINT, checkpoint_key=key, keep_best=True,
                       channels_last=config.channels_last, compile=config.compile, sync_bn=config.sync_bn)
     if state.is_main_process:
         _write_outputs(out, config, classifier, objective, result, class_names, label_field, key)
@@ -242,9 +251,11 @@ class TrainingPlan:
                           batches=self.batches, rows=len(self.train), batch_size=config.batch_size, lr=config.lr,
                           advances=self.objective.advances_schedule)
         heads = [PRIMARY, *getattr(self.objective, "levels", {})]
+        kept = (f"checkpoints: last (the folder) and best by ID-val top-1 ({BEST_FOLDER}/, later ties win)" if self.val
+                else "checkpoints: last only (no ID val rows to choose a best epoch)")
         return "\n".join([
             f"train {config.model} on {config.id} -> {config.out} ({self.state})",
-            f"ID rows: {sizes}; {len(self.class_names)} classes ({self.label_field or 'label'}); heads {heads}",
+            f"ID rows: {sizes}; {len(self.class_names)} classes ({self.label_field or 'label'}); heads {heads}", kept,
             f"recipe {config.recipe}, protocol {config.protocol}, batch {config.batch_size} "
             f"({'last partial batch dropped' if config.drop_last else 'last partial batch kept'}), precision "
             f"{config.precision}",
@@ -276,25 +287,60 @@ def check_training(config: TrainConfig) -> TrainingPlan:
 
 def _write_outputs(out: Path, config: TrainConfig, classifier: ImageClassifier, objective: Objective,
                    result: TrainResult, class_names: list[str], label_field: str | None, key: str) -> None:
-    """Every output file, `metrics.json` (with the run's key) last: its presence says the folder is complete."""
+    """Every output file, `metrics.json` (with the run's key) last: its presence says the folder is complete. The
+    last epoch's model first, then the best epoch's in `best/` (or none when it is the last), then `checkpoints.json`."""
     (out / METRICS).unlink(missing_ok=True)
-    classifier.model.to(memory_format=torch.contiguous_format)
-    classifier.save_pretrained(out)
     heads = [PRIMARY, *getattr(objective, "levels", {})]
-    if isinstance(objective, MultiGranularity):
-        objective.save_pretrained(out)
-    write_class_names(out, ClassNames(class_names, label_field, heads[1:]))
+    names = ClassNames(class_names, label_field, heads[1:])
+    _save_model(out, classifier, objective, names)
     atomic_write_json(out / "train_config.json", config.as_dict())
     plot_history(result.history, out / "training.png")
-    atomic_write_json(out / METRICS, {**metrics(result, heads, label_field, config.warmup_epochs), "run_key": key})
+    entries = checkpoint_entries(result, heads)
+    best_folder = out / BEST_FOLDER
+    if entries["best"] is not None and entries["best"]["folder"] == BEST_FOLDER:
+        load_best_weights(result, classifier, objective)
+        _save_model(best_folder, classifier, objective, names)
+    elif best_folder.is_dir():  # a previous run's best epoch: this run has none apart from the last
+        import shutil
+
+        shutil.rmtree(best_folder)
+    write_checkpoint_index(out, entries, BEST_RULE)
+    atomic_write_json(out / METRICS, {**metrics(result, heads, label_field, config.warmup_epochs), "checkpoints": entries,
+                                      "run_key": key})
+
+
+def _save_model(folder: Path, classifier: ImageClassifier, objective: Objective, names: ClassNames) -> None:
+    """The classifier's model folder (weights, config, processor), its level heads and its class names."""
+    classifier.model.to(memory_format=torch.contiguous_format)
+    classifier.save_pretrained(folder)
+    if isinstance(objective, MultiGranularity):
+        objective.save_pretrained(folder)
+    write_class_names(folder, names)
+
+
+def _top1(values: dict[str, float], heads: list[str]) -> dict[str, float]:
+    out = {head: values[f"acc_{head}"] for head in heads if f"acc_{head}" in values}
+    return {**out, "overall": values["overall"]} if len(heads) > 1 and "overall" in values else out
+
+
+def checkpoint_entries(result: TrainResult, heads: list[str]) -> dict[str, dict[str, Any] | None]:
+    """`last` and `best` (None without ID val accuracy) as `checkpoints.json` records them: the folder holding the
+    model (`.`: the output folder itself; the best epoch's is `best/` unless it is the last epoch), the epoch, its
+    top-1 accuracy per head on ID val and on ID test."""
+    last = {"folder": ".", "epoch": len(result.history), "val": _top1(result.final, heads),
+            "test": _top1(result.test, heads)}
+    if result.best is None:
+        return {"last": last, "best": None}
+    folder = "." if result.best == len(result.history) else BEST_FOLDER
+    return {"last": last, "best": {"folder": folder, "epoch": result.best, "val": _top1(result.best_entry, heads),
+                                   "test": _top1(result.best_test, heads)}}
 
 
 def metrics(result: TrainResult, heads: list[str], label_field: str | None, warmup_epochs: float = 0) -> dict[str, Any]:
     """Top-1 accuracy per head on ID val (last epoch) and ID test, `overall` (every head right), the lr at the
     schedule's landmarks (`lr_landmarks`), the history."""
     def top1(values: dict[str, float]) -> dict[str, float]:
-        out = {head: values[f"acc_{head}"] for head in heads if f"acc_{head}" in values}
-        return {**out, "overall": values["overall"]} if len(heads) > 1 and "overall" in values else out
+        return _top1(values, heads)
 
     return {"top1": {"val": top1(result.final), "test": top1(result.test)}, "heads": heads, "label_field": label_field,
             "id_acc": result.test.get(f"acc_{PRIMARY}"), "epochs": len(result.history), "steps": result.steps,

@@ -1,12 +1,14 @@
 """The shared accelerate loop: AdamW, a per-step schedule (`schedule`: "clean" warm-up + cosine, or "reference", the
 Open-Insect trainers' timm schedule and step counter), mixed precision on GPU unless `precision: fp32` (fp32 on CPU), a
-tqdm bar per epoch, per-epoch validation accuracy, an atomic checkpoint after every epoch and resume.
+tqdm bar per epoch, per-epoch validation accuracy, an atomic checkpoint after every epoch and resume, and the best
+epoch's weights by ID-val accuracy kept beside the last (`keep_best`; `best_epoch` is the reference's rule).
 
 `finetune(classifier, train_manifest, ...)` trains the whole `ImageClassifier` on images; `train_heads(head, features,
 ...)` trains only linear heads on cached penultimate features (fast studies). Both run `_run`.
 """
 from __future__ import annotations
 
+import copy
 import math
 import sys
 import time
@@ -19,7 +21,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from pipelines.checkpoints import load_checkpoint, loader_generators, save_checkpoint
+from pipelines.checkpoints import (best_epoch_saved, best_path, checkpoint_history, checkpoint_matches, load_best,
+                                   load_checkpoint, loader_generators, save_best, save_checkpoint)
 from pipelines.data import LoadFailure, Manifest
 from pipelines.errors import ConfigError
 from pipelines.progress import progress
@@ -33,11 +36,31 @@ from pipelines.training.schedule import describe, make_scheduler
 from pipelines.training.transforms import Normalize
 
 # -- results -------------------------------------------------------------------------------------------------
+CHECKPOINT_CHOICES: tuple[str, ...] = ("last", "best")
+"""Which weights a trained model scores with: the last epoch's, or the best epoch's by ID-val accuracy (`best_epoch`)."""
+BEST_METRIC = f"acc_{PRIMARY}"
+"""The history entry the best epoch is chosen by: top-1 accuracy of the primary head on ID val."""
+
+
+def best_epoch(history: list[dict[str, float]]) -> int | None:
+    """The epoch the reference keeps as `best.ckpt` (Open-Insect / OpenOOD `recorders/base_recorder.py:40-50`): from
+    a best accuracy of 0.0, every epoch whose ID-val accuracy is `>=` the best so far replaces it, so of equal
+    accuracies the later epoch wins. An epoch without validation accuracy (or a NaN one) never does; None without any."""
+    best_acc, found = 0.0, None
+    for entry in history:
+        acc = entry.get(BEST_METRIC)
+        if acc is not None and acc >= best_acc:
+            best_acc, found = acc, int(entry["epoch"])
+    return found
+
+
 @dataclass
 class TrainResult:
     """What a training run produced: per-epoch history (mean loss, validation accuracy per level and `overall`),
     images that failed to load (each once), the learning rate of every optimiser step (`lrs`), the number of steps,
-    seconds, and the aux class vocabulary."""
+    seconds, and the aux class vocabulary. With the best epoch kept (`keep_best`): `best` its number (`best_epoch`),
+    `best_test` the test accuracy of its weights, and where they are (`best_file`, or in memory); `kept` names the
+    weights the model holds once training returns (`last` or `best`)."""
 
     history: list[dict[str, float]] = field(default_factory=list)
     failures: list[LoadFailure] = field(default_factory=list)
@@ -46,10 +69,47 @@ class TrainResult:
     seconds: float = 0.0
     aux_vocab: list[Any] = field(default_factory=list)
     test: dict[str, float] = field(default_factory=dict)
+    best: int | None = None
+    best_test: dict[str, float] = field(default_factory=dict)
+    best_file: Path | None = None
+    best_key: str = ""
+    kept: str = "last"
+    best_state: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def final(self) -> dict[str, float]:
         return self.history[-1] if self.history else {}
+
+    @property
+    def best_entry(self) -> dict[str, float]:
+        """The history entry of the best epoch ({} without one)."""
+        return next((h for h in self.history if h.get("epoch") == self.best), {}) if self.best else {}
+
+
+def load_best_weights(result: TrainResult, model: nn.Module, objective: Objective) -> int:
+    """Put the best epoch's weights of a finished run into `model` and `objective` (as `_Step` saved them); return the
+    epoch. A run that kept no best epoch is a ValueError."""
+    if result.best is None:
+        raise ValueError("this run kept no best epoch (no ID validation accuracy)")
+    step = _Step(model, objective)
+    if result.best_state is not None:
+        return _restore(step, result.best_state)
+    return load_best(result.best_file, result.best_key, step, objective)
+
+
+def _snapshot(step: nn.Module) -> dict[str, Any]:
+    """A copy of a `_Step`'s weights and its objective's plain attributes, in memory (CPU)."""
+    from pipelines.checkpoints import _plain_attributes
+
+    return {"epoch": 0, "module": {k: v.detach().to("cpu", copy=True) for k, v in step.state_dict().items()},
+            "objective": copy.deepcopy(_plain_attributes(step.objective))}
+
+
+def _restore(step: nn.Module, state: dict[str, Any]) -> int:
+    step.load_state_dict(state["module"])
+    for name, value in copy.deepcopy(state["objective"]).items():
+        setattr(step.objective, name, value)
+    return int(state["epoch"])
 
 
 class _Step(nn.Module):
@@ -106,7 +166,10 @@ class LoopSettings:
     one is ignored and overwritten. `normalize` maps a loader's uint8 batch to the model's
     input on the device (`transforms.Normalize`). `channels_last` / `compile` are GPU speed options; `sync_bn`
     normalises batch-norm layers over the global batch when several processes train (`batchnorm.GlobalBatchNorm`).
-    `schedule`: "clean" or "reference" (`pipelines.training.schedule`)."""
+    `schedule`: "clean" or "reference" (`pipelines.training.schedule`). `keep_best` keeps the best epoch's weights by
+    ID-val accuracy (`best_epoch`) beside the last: in `pipelines.checkpoints.best_path(checkpoint)` with a checkpoint
+    (written after the epoch's checkpoint, so a killed run resumes to the same best), else in memory; `weights` names
+    the weights the model holds when training returns (`best` implies `keep_best` and needs validation rows)."""
 
     epochs: int
     lr: float
@@ -122,6 +185,8 @@ class LoopSettings:
     compile: bool = False
     sync_bn: bool = True
     schedule: str = "clean"
+    keep_best: bool = False
+    weights: str = "last"
 
 
 def drop_last(rows: int, batch_size: int, keep_partial: bool) -> bool:
@@ -190,6 +255,12 @@ class _Loop:
         if len(loaders[0]) == 0:
             raise ConfigError(f"batch_size: {_rows(loaders[0])} training rows make no batch: no optimiser step would run "
                               "(lower batch_size or keep the last partial batch)")
+        if settings.weights not in CHECKPOINT_CHOICES:
+            raise ValueError(f"weights must be one of {list(CHECKPOINT_CHOICES)}, got {settings.weights!r}")
+        if settings.weights == "best" and loaders[2] is None:
+            raise ValueError(f"{settings.desc}: the best epoch is chosen by ID validation accuracy: pass validation rows "
+                             "(or keep the last epoch's weights)")
+        self.tracks_best = (settings.keep_best or settings.weights == "best") and loaders[2] is not None
         self.s, self.result, self.failed_files, self.objective = settings, result, failed_files, objective
         handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)] if objective.replaces_head else []
         self.acc = Accelerator(mixed_precision=_mixed_precision(settings.precision), cpu=resolve_device().type == "cpu",
@@ -245,8 +316,10 @@ class _Loop:
             self.result.seconds += time.perf_counter() - start
             start = time.perf_counter()
             self.save(epoch + 1)
+            self.keep_best(epoch + 1)
         if self.test is not None:
             self.result.test = self.evaluate(self.test, self.test_targets, "test")
+        self.finish_best()
         self.result.seconds += time.perf_counter() - start
         if self.acc.is_main_process and first < self.s.epochs:
             print(f"{self.s.desc}: " + describe(self.s.schedule, self.result.lrs, epochs=self.s.epochs, batches=self.batches,
@@ -320,10 +393,69 @@ class _Loop:
         self.acc.wait_for_everyone()
 
     def resume(self) -> int:
-        """Epochs already done according to a matching checkpoint (0 without one); restores every state it holds."""
-        if self.s.checkpoint is None:
+        """Epochs already done according to a matching checkpoint (0 without one); restores every state it holds. A run
+        that keeps its best epoch resumes only when the best epoch's weights are there: the best epoch of the saved
+        history is either the checkpoint's own epoch (its weights are rewritten from the restored state) or an earlier
+        one whose file `keep_best` wrote before any later checkpoint; otherwise training starts over (one warning)."""
+        if self.s.checkpoint is None or not checkpoint_matches(self.s.checkpoint, self.s.checkpoint_key):
             return 0
-        return load_checkpoint(self.s.checkpoint, self.s.checkpoint_key, *self._saved())
+        if self.tracks_best:
+            history = checkpoint_history(self.s.checkpoint, self.s.checkpoint_key) or []
+            best, done = best_epoch(history), len(history)
+            found = best_epoch_saved(best_path(self.s.checkpoint), self.s.checkpoint_key)
+            if best is not None and best != done and found != best:
+                if self.acc.is_main_process:
+                    print(f"[oodforge] {best_path(self.s.checkpoint)} does not hold the best epoch ({best}) of "
+                          f"{self.s.checkpoint} ({'epoch ' + str(found) if found else 'no such file'}): training starts "
+                          "over", file=sys.stderr, flush=True)
+                return 0
+        first = load_checkpoint(self.s.checkpoint, self.s.checkpoint_key, *self._saved())
+        if self.tracks_best:
+            self.keep_best(first)
+        return first
+
+    # -- the best epoch ------------------------------------------------------------------------------------------
+    def keep_best(self, epochs_done: int) -> None:
+        """After epoch `epochs_done` (saved): when it is the best so far (`best_epoch`), keep its weights, unless the
+        file already holds them (a resumed run)."""
+        if not self.tracks_best or best_epoch(self.result.history) != epochs_done:
+            return
+        inner = self.acc.unwrap_model(self.step_module)
+        self.result.best = epochs_done
+        if self.s.checkpoint is None:
+            self.result.best_state = {**_snapshot(inner), "epoch": epochs_done}
+            return
+        path = best_path(self.s.checkpoint)
+        self.result.best_file, self.result.best_key = path, self.s.checkpoint_key
+        if self.acc.is_main_process and best_epoch_saved(path, self.s.checkpoint_key) != epochs_done:
+            save_best(path, self.s.checkpoint_key, epochs_done, inner, inner.objective, self.result.history[-1])
+        self.acc.wait_for_everyone()
+
+    def finish_best(self) -> None:
+        """The best epoch found (a resumed run's from its history), its weights' test accuracy, and the weights the
+        model keeps (`weights`)."""
+        if not self.tracks_best:
+            return
+        self.result.best = best_epoch(self.result.history)
+        if self.result.best is None:
+            if self.s.weights == "best":
+                raise ValueError(f"{self.s.desc}: no epoch has an ID validation accuracy (every validation image failed "
+                                 "to load?): there is no best epoch to keep")
+            return
+        if self.s.checkpoint is not None:
+            self.result.best_file, self.result.best_key = best_path(self.s.checkpoint), self.s.checkpoint_key
+        inner = self.acc.unwrap_model(self.step_module)
+        if self.result.best == len(self.result.history):  # the last epoch is the best: the model holds it already
+            self.result.best_test = dict(self.result.test)
+            self.result.kept = self.s.weights
+            return
+        last = _snapshot(inner) if self.s.weights == "last" else None
+        load_best_weights(self.result, inner.model, inner.objective)
+        if self.test is not None:
+            self.result.best_test = self.evaluate(self.test, self.test_targets, "test")
+        if last is not None:
+            _restore(inner, last)
+        self.result.kept = self.s.weights
 
 
 def _run(model: nn.Module, objective: Objective, train_loader: Any, aux_loader: Any, val_loader: Any,
@@ -448,7 +580,7 @@ def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: fl
     transform (the reference's test preprocessor for its `oe` split), pooled aux rows the training one.
     `batch_size` is the global batch (split across processes); `keep_last_batch` keeps the last partial training batch
     (`drop_last`). `options` are `LoopSettings` fields (checkpoint, checkpoint_key, channels_last, compile, sync_bn,
-    schedule).
+    schedule, keep_best, weights: the best epoch by ID-val accuracy kept beside the last, and which the model holds).
     Defaults follow the Open-Insects fine-tuning recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine schedule
     with 2 warm-up epochs.
     """
@@ -518,12 +650,15 @@ def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray,
                 aux_features: np.ndarray | None = None, aux_labels: np.ndarray | None = None,
                 train_targets: dict[str, Sequence[Any]] | None = None, val_features: np.ndarray | None = None,
                 val_labels: np.ndarray | None = None, val_targets: dict[str, Sequence[Any]] | None = None, seed: int = 0,
-                precision: str = "auto", keep_last_batch: bool = False, schedule: str = "clean") -> tuple[nn.Linear, TrainResult]:
+                precision: str = "auto", keep_last_batch: bool = False, schedule: str = "clean",
+                weights: str = "last") -> tuple[nn.Linear, TrainResult]:
     """Fast mode: train only the linear head(s) on cached penultimate features, with the same loop and objectives.
 
     `head` (nn.Linear, LinearHead or (weight, bias)) initialises the closed-set head; a copy is trained and returned.
     `aux_labels` are auxiliary class indices (-1 unknown); `*_targets` are raw values per extra label level
-    (multi-granularity). Objectives that transform inputs (MixOE) mix features here instead of pixels.
+    (multi-granularity). Objectives that transform inputs (MixOE) mix features here instead of pixels. `weights`:
+    the returned head is the last epoch's, or the best epoch's by validation accuracy (`best_epoch`; needs
+    `val_features`).
     """
     objective = objective or CrossEntropy()
     seed_everything(seed)
@@ -555,7 +690,7 @@ def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray,
     if val_features is not None:
         val_loader = TensorBatches(val_features, np.asarray(val_labels, dtype=np.int64), batch_size, False, seed, False)
     settings = LoopSettings(epochs=epochs, lr=lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs, seed=seed,
-                            precision=precision, desc="train_heads", schedule=schedule)
+                            precision=precision, desc="train_heads", schedule=schedule, weights=weights)
     result = _run(_HeadsOnly(layer), objective, train_loader, aux_loader, val_loader, encoded_train, encoded_val,
                   settings=settings, result=TrainResult(), failed_files=lambda split, i: f"{split}[{i}]")
     return layer, result

@@ -80,3 +80,60 @@ def test_unit_sweep():
 def test_unknown_protocol_names_fail(protocol):
     with pytest.raises(KeyError):
         sweep_space(protocol + "-typo", "knn", {})
+
+
+def test_every_protocol_breaks_ties_as_the_reference_search_and_a_config_can_say_first():
+    """TIES: the last maximum under every protocol (Open-Insect's and OpenOOD's OODEvaluator.hyperparam_search);
+    `select.ties` is a typed key: `first` accepted (OpenOOD's unified evaluator), anything else one line naming it."""
+    from detectors.protocols import TIE_RULES, TIES
+    from detectors.runconfig import Select
+    from pipelines.errors import ConfigError
+
+    assert set(TIES) == set(PROTOCOLS) and set(TIES.values()) <= set(TIE_RULES)
+    assert TIES["open-insects"] == TIES["openood_v1.5"] == "last"
+    assert Select.from_dict({"ties": "first"}, "select").ties == "first"
+    assert Select.from_dict({}, "select").ties is None  # the protocol's
+    with pytest.raises(ConfigError, match=r"select\.ties"):
+        Select.from_dict({"ties": "middle"}, "select")
+
+
+def test_the_plan_takes_the_protocols_tie_rule_unless_the_config_names_one(tmp_path):
+    from detectors.plan import make_plan
+    from tests.detectors.runner_helpers import id_ood_manifests
+
+    id_dir, ood_dir = id_ood_manifests(tmp_path)
+    base = {"id": str(id_dir), "ood": [{"manifest": str(ood_dir), "sets": ["far"]}], "out": str(tmp_path / "out"),
+            "detectors": ["msp"], "ood_val": {"manifest": str(ood_dir), "sets": ["near"]}, "model": "microsoft/resnet-50"}
+    assert make_plan({**base, "protocol": "open-insects"}).select.ties == "last"
+    assert make_plan({**base, "select": {"ties": "first"}}).select.ties == "first"
+
+
+def test_checkpoints_per_protocol_and_the_fine_tunes_follow():
+    """The reference protocols evaluate and fine-tune with the best ID-val epoch (best.ckpt), exact with the last;
+    a training method's own `params.checkpoint` wins, and best without ID val rows is refused in the plan."""
+    from detectors.protocols import CHECKPOINTS, TRAINING_METHODS
+    from pipelines.training.loop import CHECKPOINT_CHOICES
+
+    assert set(CHECKPOINTS) == set(PROTOCOLS) and set(CHECKPOINTS.values()) <= set(CHECKPOINT_CHOICES)
+    assert CHECKPOINTS["open-insects"] == CHECKPOINTS["openood_v1.5"] == "best" and CHECKPOINTS["exact"] == "last"
+    for name in TRAINING_METHODS:
+        assert detector_class(name).Params().checkpoint == "last"  # the class default: exact's
+        assert protocol_params("open-insects", name)["checkpoint"] == protocol_params("openood_v1.5", name)["checkpoint"] == "best"
+        assert "checkpoint" not in protocol_params("exact", name)
+
+
+def test_a_best_fine_tune_without_id_val_rows_is_refused_in_the_plan(tmp_path):
+    from detectors.plan import make_plan
+    from pipelines.data import read_manifest, write_manifest
+    from pipelines.errors import ConfigError
+    from tests.detectors.runner_helpers import id_ood_manifests
+
+    id_dir, ood_dir = id_ood_manifests(tmp_path)
+    manifest = read_manifest(id_dir)
+    write_manifest(id_dir, [r for r in manifest.rows if r["split"] != "val"])
+    base = {"id": str(id_dir), "ood": [{"manifest": str(ood_dir), "sets": ["far"]}], "out": str(tmp_path / "out"),
+            "model": "microsoft/resnet-50", "protocol": "open-insects"}
+    with pytest.raises(ConfigError, match=r"detectors\[0\]\.params\.checkpoint: best"):
+        make_plan({**base, "detectors": [{"name": "oe", "params": {"mode": "heads"}}]})
+    plan = make_plan({**base, "detectors": [{"name": "oe", "params": {"mode": "heads", "checkpoint": "last"}}]})
+    assert plan.units[0].params["checkpoint"] == "last"

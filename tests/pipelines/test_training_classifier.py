@@ -317,3 +317,163 @@ def test_dry_run_states_the_plan_the_run_follows_and_writes_nothing(setup, tmp_p
             err = capsys.readouterr().err.strip()
             assert err.startswith("error: ") and message in err and "\n" not in err, err
             assert not (tmp_path / "bad").exists()
+
+
+# -- the best epoch beside the last: kill -9 and resume, checkpoints.json, evaluation with checkpoint: best | last -----
+CURVE = [0.2, 0.6, 0.4, 0.6, 0.5, 0.3]  # scripted ID-val top-1: best epoch 4 (ties with 2, the later wins), last 6
+SCRIPTED = """
+import contextlib, json, pathlib, runpy, sys, time
+import pipelines.io as io
+curve, kill_at, marker = json.loads(sys.argv[1]), int(sys.argv[2]), pathlib.Path(sys.argv[3])
+real, count = io.atomic_path, [0]
+
+@contextlib.contextmanager
+def slow(path):  # the kill_at-th write of the best epoch's weights: written, not renamed, killed here
+    with real(path) as tmp:
+        yield tmp
+        if pathlib.Path(path).name == "checkpoint.best.safetensors":
+            count[0] += 1
+            if count[0] == kill_at:
+                marker.write_text(str(tmp))
+                time.sleep(600)
+
+io.atomic_path = slow  # before pipelines.checkpoints binds it
+import pipelines.training.loop as loop
+measured = loop._Loop.evaluate
+
+def evaluate(self, loader, targets, split):  # the validation accuracy of epoch i is curve[i]
+    out = measured(self, loader, targets, split)
+    return {**out, "acc_label": curve[len(self.result.history)]} if split == "val" else out
+
+loop._Loop.evaluate = evaluate
+sys.argv = sys.argv[4:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _scripted_run(tmp_path: Path, config: Path, kill_at: int = 0) -> subprocess.Popen:
+    launcher, marker = tmp_path / "scripted.py", tmp_path / f"killed-{config.stem}"
+    launcher.write_text(SCRIPTED)
+    return subprocess.Popen([sys.executable, str(launcher), json.dumps(CURVE), str(kill_at), str(marker), str(SCRIPT),
+                             "--config", str(config)], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+
+
+@pytest.fixture(scope="module")
+def best_and_last(setup, tmp_path_factory):
+    """A 6-epoch run whose scripted validation curve peaks at epoch 4 (uninterrupted)."""
+    base, model = setup
+    tmp = tmp_path_factory.mktemp("best")
+    proc = _scripted_run(tmp, _config(base, model, tmp / "whole", epochs=6))
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
+    return tmp / "whole"
+
+
+def test_the_folder_keeps_the_best_epoch_beside_the_last_and_says_which(best_and_last):
+    from pipelines.checkpoints import checkpoint_folder, read_checkpoint_index
+
+    out = best_and_last
+    index = read_checkpoint_index(out)
+    assert index["last"]["folder"] == "." and index["last"]["epoch"] == 6 and index["last"]["val"]["label"] == 0.3
+    assert index["best"]["folder"] == "best" and index["best"]["epoch"] == 4 and index["best"]["val"]["label"] == 0.6
+    assert "base_recorder.py:40-55" in index["rule"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["checkpoints"] == {k: index[k] for k in ("last", "best")}
+    assert checkpoint_folder(out, "best") == (out / "best").resolve() and checkpoint_folder(out, "last") == out.resolve()
+    assert int(read_metadata(out / "checkpoint.best.safetensors")["epoch"]) == 4
+    best, last = _weights(out / "best"), _weights(out)
+    assert best.keys() == last.keys() and any(not torch.equal(best[k], last[k]) for k in best)
+    assert {"config.json", "preprocessor_config.json", "class_names.json"} <= {p.name for p in (out / "best").iterdir()}
+
+
+def test_kill_9_while_the_best_is_written_resumes_to_the_uninterrupted_best(setup, best_and_last, tmp_path):
+    """SIGKILL during the third write of the best weights (epoch 4's; epochs 1 and 2 were the best before): the
+    checkpoint says epoch 4, the best file still epoch 2; the rerun rewrites epoch 4's from the restored state and ends
+    with the uninterrupted run's best/ and last weights."""
+    base, model = setup
+    config = _config(base, model, tmp_path / "b", epochs=6)
+    proc = _scripted_run(tmp_path, config, kill_at=3)
+    marker = tmp_path / f"killed-{config.stem}"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and not marker.exists():
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert marker.exists(), "the run never wrote the best weights a third time"
+    out = tmp_path / "b"
+    assert int(read_metadata(out / "checkpoint.safetensors")["epoch"]) == 4
+    assert int(read_metadata(out / "checkpoint.best.safetensors")["epoch"]) == 2
+    again = _scripted_run(tmp_path, config)
+    assert again.wait(timeout=300) == 0, again.stderr.read()[-2000:]
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+    for folder in (Path("best"), Path(".")):
+        a, b = _weights(best_and_last / folder), _weights(out / folder)
+        for key in a:
+            torch.testing.assert_close(b[key], a[key], rtol=0, atol=0)
+    assert json.loads((out / "checkpoints.json").read_text()) == json.loads((best_and_last / "checkpoints.json").read_text())
+
+
+def test_no_val_rows_keep_the_last_only(setup, tmp_path):
+    from pipelines.checkpoints import read_checkpoint_index
+    from pipelines.training.classify import train_classifier
+
+    _, model = setup
+    import_classes(class_tree(tmp_path / "photos", {"train": 3, "test": 1}), tmp_path / "id")
+    out = train_classifier(_train_config(tmp_path, model, epochs=2))
+    index = read_checkpoint_index(out)
+    assert index["best"] is None and index["last"]["epoch"] == 2 and not (out / "best").exists()
+    assert not (out / "checkpoint.best.safetensors").exists()
+    from detectors.plan import classifier_checkpoint
+
+    assert classifier_checkpoint(str(out), None, "open-insects") == (str(out), "last")  # the protocol's best: none
+    with pytest.raises(ConfigError, match="keeps no best checkpoint"):
+        classifier_checkpoint(str(out), "best", "open-insects")
+    assert classifier_checkpoint(str(model), None, "open-insects") == (str(model), "")  # not a trained folder
+
+
+def _ood_manifest(root: Path) -> Path:
+    from pipelines.data import make_row, write_manifest
+    from tests.pipelines.own_data_helpers import ood_tree
+
+    ood_tree(root, ("rocks",), n=6)
+    rows = [make_row(f"rocks/{i}.png", split="test", role="ood", ood_set="rocks") for i in range(6)]
+    write_manifest(root, rows)
+    return root
+
+
+def test_evaluate_runs_the_checkpoint_the_config_or_protocol_names(setup, best_and_last, tmp_path, capsys):
+    """scripts/evaluate.py on the trained folder: protocol open-insects runs best/ (the reference evaluates best.ckpt),
+    `checkpoint=last` the folder's own weights, exact its last; rows and unit keys say which; an explicit best the
+    model does not keep is one line, exit 2."""
+    import pandas as pd
+    import yaml
+
+    from pipelines.cli import run_main
+    from tests.detectors.runner_helpers import evaluate_main
+
+    base, model = setup
+    main = evaluate_main().main
+    config = {"model": str(best_and_last), "id": str(base / "id"), "detectors": ["msp"], "protocol": "open-insects",
+              "ood": [{"manifest": str(_ood_manifest(tmp_path / "ood"))}], "out": str(tmp_path / "unused")}
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(config))
+    runs = {"protocol": [], "last": ["checkpoint=last"], "exact": ["protocol=exact"],
+            "best folder": [f"model={best_and_last / 'best'}"]}
+    found = {}
+    for name, overrides in runs.items():
+        out = tmp_path / name.replace(" ", "_")
+        assert run_main(main, ["--config", str(path), "--out", str(out), *overrides]) == 0
+        rows = pd.read_csv(out / "results.csv", keep_default_na=False)
+        scores = pd.read_parquet(out / "scores.parquet")
+        unit = json.loads((out / "units" / "msp" / "unit.json").read_text())
+        found[name] = (rows["checkpoint"][0], scores["score"].to_numpy(), unit["key_parts"]["run"]["classifier"])
+    assert [found[n][0] for n in runs] == ["best", "last", "last", ""]
+    np.testing.assert_array_equal(found["protocol"][1], found["best folder"][1])  # best/ scored, as named directly
+    np.testing.assert_array_equal(found["last"][1], found["exact"][1])
+    assert not np.array_equal(found["protocol"][1], found["last"][1])
+    assert found["protocol"][2]["checkpoint"] == "best" and found["protocol"][2] != found["last"][2]
+    capsys.readouterr()
+    for bad, message in ((model, "checkpoint: best: model"), (best_and_last / "best", "checkpoint: best: model")):
+        code = run_main(main, ["--config", str(path), "--out", str(tmp_path / "bad"), f"model={bad}", "checkpoint=best"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.startswith(f"error: {message}") and "\n" not in err, err

@@ -36,7 +36,8 @@ def test_second_adam_step_is_a_second_weight_decay_0_adamw():
 
 def test_protocol_entries_are_the_reference_trainers():
     for name in ("oe", "logitnorm", "arpl", "novel_branch", "udg"):
-        assert protocol_params("open-insects", name) == {"schedule": "reference", "drop_last": False, "precision": "fp32"}
+        assert protocol_params("open-insects", name) == {"schedule": "reference", "drop_last": False, "precision": "fp32",
+                                                         "checkpoint": "best"}
     assert protocol_params("open-insects", "mixoe")["drop_last"] is True
     assert protocol_params("open-insects", "mcd")["start_epoch_ft"] == 90
     assert protocol_params("open-insects", "godin")["h_optimizer"] == "both"
