@@ -96,7 +96,11 @@ def _create(path: Path, command: str) -> bool:
 
 
 def _take_over_if_gone(path: Path) -> bool:
-    """Remove a stale lock under the guard's flock (re-read there, so only one late-comer removes it)."""
+    """Remove a stale lock under the guard's flock (re-read there, so only one late-comer removes it). A live holder
+    is told without the guard, so a refused writer leaves no file behind."""
+    holder = _read(path)
+    if holder is not None and not _gone(holder, path):
+        return False
     guard = path.with_name(path.name + ".guard")
     with open(guard, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
