@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from pipelines.errors import ConfigError, UserInputError
+from pipelines.io import open_regular
 
 T = TypeVar("T")
 
@@ -400,7 +401,7 @@ def folder_hash(folder: str | os.PathLike, chunk: int = 1 << 20) -> str:
     for path in files:
         size = path.stat().st_size
         digest.update(f"{path.relative_to(root).as_posix() if path != root else path.name}\0{size}\0".encode())
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:  # a FIFO swapped in after the listing is refused, never read
             digest.update(fh.read(chunk))
             if size > 2 * chunk:
                 fh.seek(size - chunk)
