@@ -167,29 +167,28 @@ def walk_files(folder: str | os.PathLike, suffixes: Iterable[str],
             entries = sorted(listing, key=lambda e: e.name)
         below = []
         for entry in entries:
-            path = here / entry.name
-            rel = _rel(path, base)
-            wanted_name = entry.name.lower().endswith(wanted)
-            if entry.name.startswith("."):
-                skipped.hidden.append(rel + ("/" if entry.is_dir() else ""))
+            name = entry.name
+            wanted_name = name.lower().endswith(wanted)
+            if name.startswith("."):
+                skipped.hidden.append(_rel(here / name, base) + ("/" if entry.is_dir() else ""))
                 continue
             if entry.is_symlink():
-                _link(path, rel, boundary, skipped, named=wanted_name)
+                _link(here / name, _rel(here / name, base), boundary, skipped, named=wanted_name)
                 continue
             info = entry.stat(follow_symlinks=False)
             if stat.S_ISDIR(info.st_mode):
-                check_name(entry.name, str(path))
+                check_name(name, entry.path)
                 key = (info.st_dev, info.st_ino)
                 if key in visited:
-                    skipped.loops.append(rel + "/")
+                    skipped.loops.append(_rel(here / name, base) + "/")
                 else:
                     visited.add(key)
-                    below.append(path)
+                    below.append(here / name)
             elif stat.S_ISREG(info.st_mode):
                 if wanted_name:
-                    check_name(entry.name, str(path))
-                    files.append(path)
+                    check_name(name, entry.path)
+                    files.append(here / name)
             else:
-                skipped.not_regular.append(f"{rel} ({file_kind(info.st_mode)})")
+                skipped.not_regular.append(f"{_rel(here / name, base)} ({file_kind(info.st_mode)})")
         stack.extend(reversed(below))
     return sorted(files), skipped
