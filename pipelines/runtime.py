@@ -139,8 +139,9 @@ def looks_local(path_or_id: str | os.PathLike) -> bool:
 
 def check_model_ref(value: str | None, key: str) -> None:
     """A `param(check=...)` for model fields: a hub id passes (it is looked up at load time); a local path must be
-    a folder holding weight files (in it or one level down, as diffusers pipelines keep them), else one ConfigError
-    naming `key` (and never hub advice)."""
+    a folder holding weight files (in it or one level down, as diffusers pipelines keep them) that passes
+    `check_model_folder` (no code of its own, well-formed safetensors), else one ConfigError naming `key` (and never
+    hub advice)."""
     if value is None or not looks_local(value):
         return
     folder = Path(value).expanduser()
@@ -156,6 +157,16 @@ def check_model_ref(value: str | None, key: str) -> None:
     if not found:
         raise ConfigError(f"{key}: the local model folder {value!r} holds no weight files "
                           f"({', '.join('*' + s for s in WEIGHT_FILE_SUFFIXES)})")
+    check_safe_folder(folder, key)
+
+
+def check_safe_folder(value: str | os.PathLike, key: str) -> None:
+    """`check_model_folder` as a config check (one ConfigError naming `key`): the load's own checks, run when the
+    config is read, so that a dry run refuses the folder too."""
+    try:
+        check_model_folder(value, "the model")
+    except UserInputError as err:
+        raise ConfigError(f"{key}: {err}") from None
 
 
 DEVICE_FORM = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")

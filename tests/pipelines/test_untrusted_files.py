@@ -247,7 +247,9 @@ def test_a_safetensors_header_declaring_2_62_bytes_is_one_line_wherever_it_is_re
     train = tmp_path / "train.yaml"
     train.write_text(yaml.safe_dump({"id": str(root / "id"), "out": str(tmp_path / "clf"), "model": str(bombed),
                                      "pretrained": True, "epochs": 1, "warmup_epochs": 0, "batch_size": 8, "num_workers": 0}))
-    assert "declares a 4611686018427387904-byte header" in _in_process("train_classifier.py", capsys, "--config", train)
+    for dry in ([], ["--dry-run"]):
+        assert "declares a 4611686018427387904-byte header" in _in_process("train_classifier.py", capsys, "--config",
+                                                                          train, *dry)
 
     from detectors import build
     from detectors.base import FeatureSet
@@ -291,5 +293,7 @@ def test_a_model_folder_that_needs_its_own_code_is_refused_whatever_stdin_holds(
     train.write_text(yaml.safe_dump({"id": str(root / "id"), "out": str(tmp_path / "clf"), "model": str(folder),
                                      "pretrained": False, "epochs": 1, "warmup_epochs": 0, "batch_size": 8,
                                      "num_workers": 0}))
-    assert "never runs a model folder's own code" in _in_process("train_classifier.py", capsys, "--config", train)
+    for dry in ([], ["--dry-run"]):  # the dry run refuses it too, before any work
+        assert "never runs a model folder's own code" in _in_process("train_classifier.py", capsys, "--config", train,
+                                                                     *dry)
     assert not marker.exists()
