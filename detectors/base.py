@@ -10,6 +10,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
+from pipelines.checkpoints import check_safetensors
 from pipelines.params import Params, param
 from pipelines.arrays import FeatureSet, LinearHead, as_numpy, memory_mapped
 
@@ -291,6 +292,7 @@ class Detector:
         det = klass(**{**config["params"], **overrides})
         weights = Path(folder) / "model.safetensors"
         if weights.is_file():
+            check_safetensors(weights)  # a header that does not fit the file: one line, not a SafetensorError
             det.load_state(load_file(str(weights)))
         det.fitted = bool(config.get("fitted", True))
         return det

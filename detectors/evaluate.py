@@ -41,6 +41,7 @@ from pipelines.data import ImageLoadError, Manifest, load_image
 from pipelines.fingerprint import (combine, image_identity, images_fingerprint, preprocessing_fingerprint,
                                    weights_fingerprint)
 from pipelines.io import atomic_path, atomic_write_json, remove_orphan_temps
+from pipelines.locks import output_lock
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 
 __all__ = ["EvalConfig", "Source", "DetectorSpec", "ConfigError", "Plan", "make_plan", "Runner", "run_config",
@@ -404,7 +405,8 @@ class Runner:
     def run(self) -> pd.DataFrame:
         """Prepare features, run every unit (skipping finished ones), write the outputs; return the results table.
         Every cache key identifies images by the plan's `cache_hash`."""
-        with image_identity(self.plan.runtime.cache_hash):
+        with image_identity(self.plan.runtime.cache_hash), \
+                output_lock(self.plan.out, "evaluate", partial_state().is_main_process):  # one writer per output folder
             return self._run()
 
     def _leave_out_empty_sets(self) -> None:

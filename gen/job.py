@@ -32,6 +32,7 @@ from gen.sheet import CONTACT_SHEET_IMAGES, contact_sheet
 from pipelines.data import write_manifest
 from pipelines.errors import ConfigError
 from pipelines.io import atomic_write_json, remove_orphan_temps
+from pipelines.locks import output_lock
 from pipelines.masks import MaskModelError, open_rembg, resolve_mask_method
 from pipelines.progress import progress
 from pipelines.runtime import partial_state, resolve_dtype
@@ -244,8 +245,15 @@ def run_generation(config: GenerationConfig | dict[str, Any], *, pipeline: Any =
     plan = check_job(config)
     if dry_run:
         return {"dry_run": True, **plan_summary(config, plan)}
-    started = time.perf_counter()
     state = state or partial_state()
+    with output_lock(out, "generate", state.is_main_process):  # one writer per output folder
+        return _run_generation(config, plan, state, pipeline)
+
+
+def _run_generation(config: GenerationConfig, plan: JobPlan, state: Any, pipeline: Any) -> dict[str, Any]:
+    """`run_generation` past its checks, with the output folder locked."""
+    out = Path(config.out)
+    started = time.perf_counter()
     if state.is_main_process:
         prepare_output(config, plan)
     state.wait_for_everyone()  # collectives only at the start (here and in building tiny models): none at the end

@@ -11,6 +11,12 @@ caller's content key of what the run trains).
 
 `safe_torch_load` is the one way the project reads a `.pt`/`.bin` file it did not write: tensors only
 (`weights_only=True`), and a file holding anything else is one `UserInputError` line naming it.
+
+`check_safetensors` is what every safetensors read does first (here, in `pipelines.runtime.load_pretrained` for the
+libraries' own loads, and in detectors' `from_pretrained`): the header a file declares must fit in the file and in
+safetensors' own 100 MB limit, be a JSON object, and every tensor's byte range must lie in the file; else one
+`UnsafeFileError` line naming the file (a 2^62-byte header was a SafetensorError traceback). Only regular files are
+opened (`pipelines.io.open_regular`).
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ import torch
 from torch import nn
 
 from pipelines.errors import UserInputError
-from pipelines.io import atomic_path
+from pipelines.io import atomic_path, open_regular
 
 FORMAT = "oodforge-train-checkpoint-v2"
 _TENSOR, _ARRAY, _TUPLE, _ITEMS = "$tensor", "$array", "$tuple", "$items"
@@ -102,6 +108,50 @@ def _hashable(key: Any) -> Any:
     return tuple(_hashable(k) for k in key) if isinstance(key, (list, tuple)) else key
 
 
+SAFETENSORS_HEADER_LIMIT = 100_000_000  # bytes: safetensors' own limit on a header (its MAX_HEADER_SIZE)
+
+
+class UnsafeFileError(UserInputError):
+    """A weight or cache file that is not what it claims to be (a safetensors header that does not fit its file)."""
+
+
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Refuse, in one `UnsafeFileError` line naming `path`, a file that is not a well-formed safetensors file: a
+    non-regular file, one shorter than its 8-byte header length, a declared header larger than the file or than
+    `SAFETENSORS_HEADER_LIMIT`, a header that is not a JSON object, or a tensor whose byte range leaves the file."""
+    def refuse(reason: str) -> UnsafeFileError:
+        return UnsafeFileError(f"{os.fspath(path)}: not a readable safetensors file ({reason}); refused")
+
+    try:
+        with open_regular(path) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            prefix = fh.read(8)
+            if len(prefix) < 8:
+                raise refuse(f"{size} bytes, shorter than the 8-byte header length")
+            length = int.from_bytes(prefix, "little")
+            if length > min(size - 8, SAFETENSORS_HEADER_LIMIT):
+                limit = "the file's" if length > size - 8 else "safetensors' limit of"
+                raise refuse(f"it declares a {length}-byte header, more than {limit} "
+                             f"{min(size - 8, SAFETENSORS_HEADER_LIMIT)} bytes")
+            raw = fh.read(length)
+    except OSError as err:
+        raise refuse(err.strerror or type(err).__name__) from None
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise refuse("its header is not JSON") from None
+    if not isinstance(header, dict):
+        raise refuse("its header is not a JSON object")
+    data = size - 8 - length
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1] <= data):
+            raise refuse(f"tensor {name!r} has data_offsets {offsets!r} outside its {data} data bytes")
+
+
 def save_tree(path: str | os.PathLike, tree: Any, metadata: dict[str, str]) -> None:
     """Write `tree` atomically as one safetensors file: its tensors, and the rest as JSON in the metadata (`tree`)."""
     from safetensors.torch import save_file
@@ -117,6 +167,7 @@ def read_metadata(path: str | os.PathLike) -> dict[str, str] | None:
     from safetensors import safe_open
 
     try:
+        check_safetensors(path)
         with safe_open(str(path), framework="pt") as handle:
             return dict(handle.metadata() or {})
     except Exception:  # noqa: BLE001 - safetensors raises its own error (or OSError) for anything else
@@ -127,6 +178,7 @@ def load_tree(path: str | os.PathLike) -> Any:
     """The tree `save_tree` wrote (JSON and tensors only: nothing in the file is executed)."""
     from safetensors.torch import load_file
 
+    check_safetensors(path)
     meta = read_metadata(path)
     if meta is None or "tree" not in meta:
         raise ValueError(f"{path}: not a checkpoint written by save_tree")

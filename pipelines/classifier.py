@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipelines.io import umask_modes
 from pipelines.runtime import load_pretrained
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -102,8 +103,9 @@ class ImageClassifier(nn.Module):
         if self.kind != "hf":
             raise TypeError("save_pretrained needs a transformers classifier; save a plain module's state_dict yourself")
         folder = Path(folder)
-        self.model.save_pretrained(folder)
-        self.processor.save_pretrained(folder)
+        with umask_modes(folder):  # transformers' safetensors writer makes model.safetensors 0600: the umask decides
+            self.model.save_pretrained(folder)
+            self.processor.save_pretrained(folder)
         return folder
 
     # -- inference ------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from pipelines.io import atomic_write_text
 from pipelines.jsonl import encode_lines
 from pipelines.schema import (GROUPS, METADATA, REQUIRED, ROLES, SCHEMA_DOC, SPLITS, ManifestError,  # noqa: F401
                               rows_certainly_valid, validate_row)
+from pipelines.walk import walk_files
 
 MANIFEST_INFO = "manifest_info.json"  # optional sidecar: {"image_root": path} when the images live elsewhere
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
@@ -179,11 +181,12 @@ def make_row(file_name: str, *, split: str = "test", role: str = "id", label: in
 
 
 def list_images(folder: str | os.PathLike) -> list[Path]:
-    """Image files below `folder`, recursively, sorted by relative path."""
-    root = Path(folder)
-    if not root.is_dir():
-        raise FileNotFoundError(f"image folder not found: {root}")
-    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
+    """Image files below `folder`, recursively, sorted by relative path: regular files only, no symlink followed, no
+    hidden entry (`pipelines.walk.walk_files`); what was left out is logged in one warning line."""
+    images, skipped = walk_files(folder, IMAGE_SUFFIXES)
+    if skipped.line():
+        logging.getLogger(__name__).warning("%s: %s", folder, skipped.line())
+    return images
 
 
 def open_image_source(folder: str | os.PathLike, **defaults: Any) -> Manifest:

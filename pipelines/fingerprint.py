@@ -73,17 +73,22 @@ def preprocessing_fingerprint(classifier: Any) -> str:
 
 def file_identity(path: os.PathLike | str, mode: str | None = None) -> Any:
     """What identifies an image file's bytes: (size, mtime_ns) with `stat`, the sha256 with `content` (None: the
-    `image_identity` in force, `stat` by default); None if absent."""
+    `image_identity` in force, `stat` by default); None if absent or not a regular file (a FIFO, socket or device is
+    never opened: reading a FIFO would block forever)."""
+    import stat
+
+    from pipelines.io import open_regular
+
     mode = mode or _IDENTITY.get()
     try:
         if mode == "content":
             h = hashlib.sha256()
-            with open(path, "rb") as fh:
+            with open_regular(path) as fh:
                 while block := fh.read(_CHUNK):
                     h.update(block)
             return h.hexdigest()
         st = os.stat(path)
-        return [st.st_size, st.st_mtime_ns]
+        return [st.st_size, st.st_mtime_ns] if stat.S_ISREG(st.st_mode) else None
     except OSError:
         return None
 

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import torch
 
-from pipelines.checkpoints import safe_torch_load
+from pipelines.checkpoints import check_safetensors, safe_torch_load
 
 # MODEL_FLAGS of openai/guided-diffusion's README for 256x256_diffusion_uncond.pt (a copy with its source is kept in
 # pipelines/hub_configs/openai/guided-diffusion/256x256_diffusion_uncond.json; a test checks they are equal).
@@ -263,6 +263,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
+        check_safetensors(path)
         return load_file(str(path))
     state = safe_torch_load(path, "guided-diffusion checkpoint")
     if not isinstance(state, Mapping):

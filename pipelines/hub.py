@@ -226,7 +226,7 @@ def saved_effective(path: str | os.PathLike, kind: str, cls_name: str | None = N
     if kind == "tokenizer":
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(path.parent)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, trust_remote_code=False)  # never a folder's code
         saved = json.loads(path.read_text(encoding="utf-8"))
         config = {key: str(getattr(tokenizer, key)) for key in ("bos_token", "eos_token", "pad_token", "unk_token")}
         config.update(model_max_length=tokenizer.model_max_length, do_lower_case=saved.get("do_lower_case", True),

@@ -9,6 +9,12 @@ per subfolder.
 Each imported set becomes its own metadata-only manifest folder (`<out>/<ood_set>/metadata.jsonl` plus
 `manifest_info.json` with the absolute `image_root`), so nothing is copied and the runner reads it like any manifest.
 
+The folders and tables come from strangers: folders are walked by `pipelines.walk` (no symlink followed, FIFOs and
+devices never opened, a name with a control character refused), every path read from a table or image list must
+resolve under its image folder (else one error line naming the row), and every image is decoded once: one that does
+not decode is left out and recorded in `<out>/failures.json`. Each output folder is held by one importer at a time
+(`pipelines.locks.folder_lock`).
+
 OpenOOD's data folder (what its download script builds) holds `benchmark_imglist/<benchmark>/test_<set>.txt` with one
 `<path> <label>` line per image (the path relative to `images_largescale/` or `images_classic/`, split at the first
 space, as OpenOOD's ImglistDataset does). `EASY_SETS` maps ShiftedBronzes' five easy OOD sets to the list names
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -27,9 +34,11 @@ from pipelines.data import (IMAGE_SUFFIXES, MANIFEST_INFO, SPLITS, ImageLoadErro
                             write_manifest)
 from pipelines.errors import UserInputError
 from pipelines.fingerprint import file_identity
-from pipelines.io import atomic_write_json, safe_name
+from pipelines.io import NotRegularFile, atomic_write_json, check_regular, safe_name
+from pipelines.locks import folder_lock
 from pipelines.schema import COORDINATES, inside_folder
 from pipelines.splits import parse_ratio, stratified_split
+from pipelines.walk import Skipped, check_name, resolve_inside, subfolders, unsafe_character, walk_files
 
 # set name -> image-list file names to look for (first found wins), in OpenOOD's spellings
 EASY_SETS: dict[str, tuple[str, ...]] = {
@@ -49,66 +58,28 @@ class ImportListError(UserInputError):
 
 @dataclass
 class ImportResult:
-    """One imported set: its manifest folder and manifest (root = the image folder), its source, images left out."""
+    """One imported set: its manifest folder and manifest (root = the image folder), its source, listed images not
+    found (`missing`), images that do not decode (`failures`: file, reason) and what the folder walk skipped."""
 
     ood_set: str
     folder: Path
     manifest: Manifest
     source: str
     missing: list[str] = field(default_factory=list)
-    skipped: "Skipped" = field(default_factory=lambda: Skipped())
+    skipped: Skipped = field(default_factory=Skipped)
+    failures: list[dict[str, str]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         return {"ood_set": self.ood_set, "images": len(self.manifest), "folder": str(self.folder),
                 "image_root": str(self.manifest.root), "source": self.source, "missing": len(self.missing),
-                "missing_examples": self.missing[:5], **self.skipped.summary()}
-
-
-@dataclass
-class Skipped:
-    """What a folder scan left out, by reason: hidden (dot-named) files and folders, dangling symlinks."""
-
-    hidden: list[str] = field(default_factory=list)
-    dangling_links: list[str] = field(default_factory=list)
-
-    def add(self, other: "Skipped") -> None:
-        self.hidden += other.hidden
-        self.dangling_links += other.dangling_links
-
-    def summary(self) -> dict[str, Any]:
-        return {"hidden": len(self.hidden), "hidden_examples": self.hidden[:5],
-                "dangling_links": len(self.dangling_links), "dangling_link_examples": self.dangling_links[:5]}
-
-    def line(self) -> str | None:
-        """One line for the command's output, None when nothing was skipped."""
-        parts = [f"{len(self.hidden)} hidden (dot-named) entries"] if self.hidden else []
-        parts += [f"{len(self.dangling_links)} dangling symlink(s)"] if self.dangling_links else []
-        return f"skipped {' and '.join(parts)} (e.g. {(self.hidden + self.dangling_links)[0]})" if parts else None
+                "missing_examples": self.missing[:5], "unreadable": len(self.failures),
+                "unreadable_examples": [f["file"] for f in self.failures[:5]], **self.skipped.summary()}
 
 
 def scan_images(folder: str | os.PathLike, relative_to: str | os.PathLike | None = None) -> tuple[list[Path], Skipped]:
-    """Image files below `folder` (recursively, sorted) and what was left out: a dot-named file or folder (not
-    descended) and a symlink whose target does not exist, each named relative to `relative_to` (default `folder`)."""
-    root = Path(folder)
-    if not root.is_dir():
-        raise FileNotFoundError(f"image folder not found: {root}")
-    base = Path(relative_to) if relative_to is not None else root
-    images, skipped = [], Skipped()
-    for top, dirs, files in os.walk(root, followlinks=True):
-        here = Path(top)
-        for name in sorted(dirs):
-            if name.startswith("."):
-                skipped.hidden.append((here / name).relative_to(base).as_posix() + "/")
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in files:
-            path = here / name
-            if name.startswith("."):
-                skipped.hidden.append(path.relative_to(base).as_posix())
-            elif path.is_symlink() and not path.exists():
-                skipped.dangling_links.append(path.relative_to(base).as_posix())
-            elif path.suffix.lower() in IMAGE_SUFFIXES:
-                images.append(path)
-    return sorted(images), skipped
+    """Image files below `folder` (recursively, sorted) and what was left out (`pipelines.walk.walk_files`: hidden
+    entries, symlinks, loops, FIFOs, sockets and devices), each named relative to `relative_to` (default `folder`)."""
+    return walk_files(folder, IMAGE_SUFFIXES, relative_to)
 
 
 def read_imglist(path: str | os.PathLike) -> list[tuple[str, str]]:
@@ -125,6 +96,8 @@ def read_imglist(path: str | os.PathLike) -> list[tuple[str, str]]:
             name, _, rest = line.strip().partition(" ")
             if Path(name).is_absolute() or ".." in Path(name).parts:
                 raise ImportListError(f"{path}, line {number}: image path must be relative, got {name!r}")
+            if unsafe_character(name) is not None:
+                raise ImportListError(f"{path}, line {number}: image path {name!r} holds a control character")
             entries.append((name, rest.strip()))
     if not entries:
         raise ImportListError(f"{path}: the image list is empty")
@@ -162,8 +135,17 @@ def write_external_manifest(folder: str | os.PathLike, rows: Iterable[dict[str, 
     return Manifest(root, manifest.rows)
 
 
+def _check_inside(root: Path, names: Iterable[str], where: Any) -> None:
+    """Every name, resolved with its symlinks, must lie under `root`: else one error line (`where(name)` says where
+    the name was read)."""
+    for name in names:
+        if resolve_inside(root, name) is None:
+            raise ImportListError(f"{where(name)}: image path {name!r} leads outside the image folder {root} (through a "
+                                  "symlink); refused")
+
+
 def _keep_existing(root: Path, names: list[str], where: str, skip_missing: bool) -> tuple[list[str], list[str]]:
-    missing = [n for n in names if not (root / n).is_file()]
+    missing = [n for n in names if not (root / n).exists()]
     if missing and not skip_missing:
         raise ImportListError(f"{where}: {len(missing)} of {len(names)} images not found under {root} (e.g. "
                            f"{missing[:3]}); pass skip_missing / --skip-missing to import the rest")
@@ -188,12 +170,20 @@ def import_imglist(list_path: str | os.PathLike, out: str | os.PathLike, *, ood_
     else:
         root = Path(image_root)
     labels = dict(entries)
-    names, missing = _keep_existing(root, list(dict.fromkeys(n for n, _ in entries)), str(list_path), skip_missing)
-    rows = [make_row(n, split=split, role="ood", ood_set=ood_set, group=group, source_list=list_path.name,
-                     source_label=labels[n]) for n in names]
-    if not rows:
-        raise ImportListError(f"{list_path}: no image left to import")
-    return ImportResult(ood_set, Path(out), write_external_manifest(out, rows, root), str(list_path), missing)
+    unique = list(dict.fromkeys(n for n, _ in entries))
+    _check_inside(root, unique, lambda name: list_path)
+    with folder_lock(out, "import_openood"):
+        names, missing = _keep_existing(root, unique, str(list_path), skip_missing)
+        rows = [make_row(n, split=split, role="ood", ood_set=ood_set, group=group, source_list=list_path.name,
+                         source_label=labels[n]) for n in names]
+        rows, failures = _probe(root, rows)
+        if not rows:
+            raise ImportListError(f"{list_path}: no image left to import ({len(missing)} missing, {len(failures)} "
+                                  "that do not decode)")
+        result = ImportResult(ood_set, Path(out), write_external_manifest(out, rows, root), str(list_path), missing,
+                              failures=failures)
+        atomic_write_json(result.folder / "failures.json", failures)
+    return result
 
 
 def import_folder(folder: str | os.PathLike, out: str | os.PathLike, *, ood_set: str | None, group: str | None = "easy",
@@ -215,7 +205,15 @@ def import_folder(folder: str | os.PathLike, out: str | os.PathLike, *, ood_set:
         extra = {"category": parts[0]} if category_from_subfolder and len(parts) > 1 else {}
         rows.append(make_row(file_name, split=split, role=role, label=label, ood_set=name if role == "ood" else None,
                              group=group, **extra))
-    return ImportResult(name, Path(out), write_external_manifest(out, rows, folder), str(folder), skipped=skipped)
+    with folder_lock(out, "import_folder"):
+        rows, failures = _probe(folder, rows)
+        if not rows:
+            raise ImportListError(f"image folder {folder}: none of its {len(failures)} images decodes (e.g. "
+                                  f"{failures[0]['file']}: {failures[0]['reason']})")
+        result = ImportResult(name, Path(out), write_external_manifest(out, rows, folder), str(folder), skipped=skipped,
+                              failures=failures)
+        atomic_write_json(result.folder / "failures.json", failures)
+    return result
 
 
 def import_openood(openood_root: str | os.PathLike | None, out: str | os.PathLike, *, benchmark: str = "imagenet",
@@ -236,18 +234,20 @@ def import_openood(openood_root: str | os.PathLike | None, out: str | os.PathLik
     if not sets:
         raise ImportListError("nothing to import: give --root (OpenOOD's data folder), --list SET=FILE or --folder SET=DIR")
     results = []
-    for name in sets:
-        target = Path(out) / safe_name(name)  # a name from the command line never leaves `out`
-        if name in folders:
-            results.append(import_folder(folders[name], target, ood_set=name, group=group, split=split))
-            continue
-        if openood_root is None and name not in lists:
-            raise ImportListError(f"OOD set {name!r}: no OpenOOD root (--root), list (--list) or folder (--folder) given")
-        list_path = Path(lists[name]) if name in lists else find_imglist(openood_root, benchmark, name)
-        root = image_root if name in lists else None
-        results.append(import_imglist(list_path, target, ood_set=name, image_root=root, openood_root=openood_root,
-                                      group=group, split=split, skip_missing=skip_missing))
-    atomic_write_json(Path(out) / "import_summary.json", [r.summary() for r in results])
+    with folder_lock(out, "import_openood"):
+        for name in sets:
+            target = Path(out) / safe_name(name)  # a name from the command line never leaves `out`
+            if name in folders:
+                results.append(import_folder(folders[name], target, ood_set=name, group=group, split=split))
+                continue
+            if openood_root is None and name not in lists:
+                raise ImportListError(f"OOD set {name!r}: no OpenOOD root (--root), list (--list) or folder (--folder) "
+                                      "given")
+            list_path = Path(lists[name]) if name in lists else find_imglist(openood_root, benchmark, name)
+            root = image_root if name in lists else None
+            results.append(import_imglist(list_path, target, ood_set=name, image_root=root, openood_root=openood_root,
+                                          group=group, split=split, skip_missing=skip_missing))
+        atomic_write_json(Path(out) / "import_summary.json", [r.summary() for r in results])
     return results
 
 
@@ -262,21 +262,12 @@ class ClassImport:
     stratify: list[str] | None = None
     seed: int = 0
     table: str | os.PathLike | None = None
-    probe: bool = True
 
 
 def _subfolders(top: Path, root: Path, skipped: Skipped) -> list[Path]:
-    """The visible subfolders of `top`, sorted; dot-named ones and dangling links go to `skipped` (named from `root`)."""
-    folders = []
-    for path in sorted(top.iterdir()):
-        name = path.relative_to(root).as_posix()
-        if path.name.startswith("."):
-            skipped.hidden.append(name + ("/" if path.is_dir() else ""))
-        elif path.is_symlink() and not path.exists():
-            skipped.dangling_links.append(name)
-        elif path.is_dir():
-            folders.append(path)
-    return folders
+    """The visible real subfolders of `top`, sorted (`pipelines.walk.subfolders`: names checked, symlinks never
+    followed); what was left out goes to `skipped`, named from `root`."""
+    return subfolders(top, skipped, relative_to=root)
 
 
 def _folder_rows(root: Path, depth: int, skipped: Skipped) -> list[dict[str, Any]]:
@@ -325,10 +316,11 @@ def _table_row(table: Path, index: int) -> str:
     return f"{table}, line {index + 2}" if table.suffix.lower() not in (".parquet", ".pq") else f"{table}, row {index + 1}"
 
 
-def _table_rows(table: Path, columns: list[str]) -> list[dict[str, Any]]:
+def _table_rows(table: Path, columns: list[str], root: Path) -> list[dict[str, Any]]:
     """Rows of a CSV / Parquet table with `file_name` and the named columns (every other column kept as metadata).
-    A `split` column must hold train, val or test on every row; lat / lon are read as numbers. Each fault names the
-    table row."""
+    A `split` column must hold train, val or test on every row; lat / lon are read as numbers; a file_name must lie
+    under `root` once resolved, and the named (label) columns hold no control characters. Each fault names the table
+    row."""
     frame = _read_table(table)
     for column in ["file_name", *columns]:
         if column not in frame.columns:
@@ -341,9 +333,12 @@ def _table_rows(table: Path, columns: list[str]) -> list[dict[str, Any]]:
         if missing:
             raise ImportListError(f"{_table_row(table, index)}: empty {missing[0]!r}")
         row["file_name"] = str(row["file_name"])
-        if not inside_folder(row["file_name"]):
+        if not inside_folder(row["file_name"]) or unsafe_character(row["file_name"]) is not None:
             raise ImportListError(f"{_table_row(table, index)}: file_name must be a relative path inside the image "
                                   f"folder, got {row['file_name']!r}")
+        _check_inside(root, [row["file_name"]], lambda name: _table_row(table, index))
+        for column in columns:
+            check_name(str(row[column]), f"{_table_row(table, index)}: {column} {str(row[column])!r}")
         first = seen.setdefault(row["file_name"], index)
         if first != index:
             raise ImportListError(f"{_table_row(table, index)}: file_name {row['file_name']!r} is already on "
@@ -369,7 +364,7 @@ def _source_rows(root: Path, options: ClassImport, skipped: Skipped) -> tuple[li
     levels = list(options.levels or [])
     if options.table is not None:
         label = options.label or "label"
-        return _table_rows(Path(options.table), list(dict.fromkeys([label, *levels]))), label, levels
+        return _table_rows(Path(options.table), list(dict.fromkeys([label, *levels])), root), label, levels
     names = levels or ["class_name"]
     rows = _folder_rows(root, len(names), skipped)
     for row in rows:
@@ -406,16 +401,37 @@ def _check_leaks(root: Path, rows: list[dict[str, Any]]) -> None:
                                   f"{row['file_name']} ({row['split']}); remove one")
 
 
+PROBE_THREADS = 4  # images decoded at once by `_probe` (PIL releases the GIL while it decodes)
+
+
+def _decode_failure(path: Path) -> str | None:
+    """Why the image at `path` cannot be used (not found, not a regular file, does not decode), None when it decodes."""
+    try:
+        check_regular(path)  # a FIFO or device is never opened
+        load_image(path)
+    except FileNotFoundError:
+        return "file not found"
+    except NotRegularFile as err:
+        return err.strerror
+    except ImageLoadError as err:
+        return err.reason
+    return None
+
+
+def decode_failures(root: str | os.PathLike, names: Iterable[str]) -> dict[str, str]:
+    """{name: reason} for each image `root / name` that cannot be used (not found, not a regular file, does not
+    decode), in the order given; every image is decoded once (`PROBE_THREADS` at a time)."""
+    names = list(names)
+    with ThreadPoolExecutor(PROBE_THREADS) as pool:
+        reasons = pool.map(_decode_failure, (Path(root) / name for name in names))
+        return {name: reason for name, reason in zip(names, reasons) if reason is not None}
+
+
 def _probe(root: Path, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
-    """Rows whose image decodes, and a failure record {file, reason} for every other one."""
-    kept, failures = [], []
-    for row in rows:
-        try:
-            load_image(root / row["file_name"])
-            kept.append(row)
-        except ImageLoadError as err:
-            failures.append({"file": row["file_name"], "reason": err.reason})
-    return kept, failures
+    """Rows whose image decodes, and a failure record {file, reason} for every other one (in row order)."""
+    reasons = decode_failures(root, [row["file_name"] for row in rows])
+    kept = [row for row in rows if row["file_name"] not in reasons]
+    return kept, [{"file": name, "reason": reason} for name, reason in reasons.items()]
 
 
 def import_classes(root: str | os.PathLike, out: str | os.PathLike, options: ClassImport | None = None) -> ImportResult:
@@ -431,25 +447,27 @@ def import_classes(root: str | os.PathLike, out: str | os.PathLike, options: Cla
     rows, label, levels = _source_rows(root, options, skipped)
     _assign_splits(rows, label, options)
     _check_leaks(root, rows)
-    rows, failures = _probe(root, rows) if options.probe else (rows, [])
-    if not rows:
-        raise ImportListError(f"{root}: no readable image ({len(failures)} failed, see the failures)")
-    names = sorted({str(row[label]) for row in rows})
-    index = {name: i for i, name in enumerate(names)}
-    reserved = {"file_name", "split", "role", "ood_set", "group", "label", "class_name"}
-    manifest_rows = [make_row(row["file_name"], split=row["split"], role="id", label=index[str(row[label])],
-                              **{k: v for k, v in row.items() if k not in reserved}, class_name=str(row[label]))
-                     for row in rows]
-    result = ImportResult("id", Path(out), write_external_manifest(out, manifest_rows, root), str(root),
-                          [f["file"] for f in failures], skipped)
-    write_class_names(out, ClassNames(names, label if options.levels or options.table else None, levels))
-    _write_records(result, failures)
+    with folder_lock(out, "import_folder"):
+        rows, failures = _probe(root, rows)
+        if not rows:
+            raise ImportListError(f"{root}: no readable image ({len(failures)} failed, e.g. {failures[0]['file']}: "
+                                  f"{failures[0]['reason']})")
+        names = sorted({str(row[label]) for row in rows})
+        index = {name: i for i, name in enumerate(names)}
+        reserved = {"file_name", "split", "role", "ood_set", "group", "label", "class_name"}
+        manifest_rows = [make_row(row["file_name"], split=row["split"], role="id", label=index[str(row[label])],
+                                  **{k: v for k, v in row.items() if k not in reserved}, class_name=str(row[label]))
+                         for row in rows]
+        result = ImportResult("id", Path(out), write_external_manifest(out, manifest_rows, root), str(root),
+                              skipped=skipped, failures=failures)
+        write_class_names(out, ClassNames(names, label if options.levels or options.table else None, levels))
+        _write_records(result)
     return result
 
 
-def _write_records(result: ImportResult, failures: list[dict[str, str]]) -> None:
+def _write_records(result: ImportResult) -> None:
     """`failures.json` (unreadable images) and `import_summary.json` (counts, what was skipped) beside the manifest."""
-    atomic_write_json(result.folder / "failures.json", failures)
+    atomic_write_json(result.folder / "failures.json", result.failures)
     atomic_write_json(result.folder / "import_summary.json", result.summary())
 
 
@@ -462,10 +480,14 @@ def import_ood_folders(root: str | os.PathLike, out: str | os.PathLike, *, group
     rows, skipped = _set_rows(root, "OOD", lambda name: dict(role="ood", ood_set=name, group=group, split=split))
     if not rows:
         raise ImportListError(f"{root}: no subfolders with images (one OOD set per subfolder)")
-    rows, failures = _probe(root, rows)
-    result = ImportResult(",".join(dict.fromkeys(r["ood_set"] for r in rows)), Path(out),
-                          write_external_manifest(out, rows, root), str(root), [f["file"] for f in failures], skipped)
-    _write_records(result, failures)
+    with folder_lock(out, "import_folder"):
+        rows, failures = _probe(root, rows)
+        if not rows:
+            raise ImportListError(f"{root}: no readable image ({len(failures)} failed, e.g. {failures[0]['file']}: "
+                                  f"{failures[0]['reason']})")
+        result = ImportResult(",".join(dict.fromkeys(r["ood_set"] for r in rows)), Path(out),
+                              write_external_manifest(out, rows, root), str(root), skipped=skipped, failures=failures)
+        _write_records(result)
     return result
 
 
@@ -533,8 +555,13 @@ def import_field(root: str | os.PathLike, out: str | os.PathLike, *, model: str 
         return dict(role="ood", ood_set=ood_set, group=group, split=split, species=name)
 
     rows, skipped = _set_rows(root, "species", fields)
-    rows, failures = _probe(root, rows)
-    result = ImportResult(ood_set, Path(out), write_external_manifest(out, rows, root), str(root),
-                          [f["file"] for f in failures], skipped)
-    _write_records(result, failures)
+    with folder_lock(out, "import_folder"):
+        rows, failures = _probe(root, rows)
+        if not {row["role"] for row in rows} >= {"id", "ood"}:
+            raise ImportListError(f"{root}: after leaving out the {len(failures)} image(s) that do not decode (e.g. "
+                                  f"{failures[0]['file']}: {failures[0]['reason']}), a field set needs readable "
+                                  "known-species and novel-species images")
+        result = ImportResult(ood_set, Path(out), write_external_manifest(out, rows, root), str(root), skipped=skipped,
+                              failures=failures)
+        _write_records(result)
     return result

@@ -2,10 +2,15 @@
 
 A temp file is named `.<name>.<random>.<host>-<pid>.tmp<suffix>` (host: 8 hex digits of the host name's hash) and
 created with mode 0666 minus the process umask, as `open` would (0644 under umask 022), so other accounts can read what
-a run wrote. `remove_orphan_temps` deletes the temp files a killed writer left behind, and only those.
+a run wrote; the mode is set again just before the rename, because a library that writes the temp path its own way
+(safetensors' writer replaces it with a 0600 file) would otherwise decide it. `umask_modes` does the same for the files
+a library's `save_pretrained` writes into a folder. `remove_orphan_temps` deletes the temp files a killed writer left
+behind, and only those. `open_regular` is how a reader opens a file from strangers: a FIFO, socket or device is refused
+without blocking on it.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
@@ -13,6 +18,8 @@ import os
 import re
 import secrets
 import socket
+import stat
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +33,99 @@ FOREIGN_TEMP_SECONDS = 24 * 3600  # a temp of another host's writer is taken for
 @functools.lru_cache(maxsize=1)
 def _host() -> str:
     return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (`/proc/self/status`), else set and restored
+    under a lock."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode `open` gives a new file: 0666 minus the umask (0644 under umask 022)."""
+    return 0o666 & ~current_umask()
+
+
+def keep_umask(path: str | os.PathLike) -> None:
+    """Give a regular file (never a symlink's target) the mode `open` would have: 0666 minus the umask."""
+    info = os.lstat(path)
+    if stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) != file_mode():
+        os.chmod(path, file_mode())
+
+
+def _file_states(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """{relative path: (inode, size, mtime_ns)} of the regular files below `folder` (symlinks not followed)."""
+    states = {}
+    for top, _dirs, files in os.walk(folder):
+        for name in files:
+            info = os.lstat(os.path.join(top, name))
+            if stat.S_ISREG(info.st_mode):
+                states[os.path.relpath(os.path.join(top, name), folder)] = (info.st_ino, info.st_size, info.st_mtime_ns)
+    return states
+
+
+@contextmanager
+def umask_modes(folder: str | os.PathLike) -> Iterator[Path]:
+    """Around a library's own writer (transformers' and diffusers' `save_pretrained`, safetensors' `save_file`, which
+    create files 0600): every file created or rewritten below `folder` in the block gets 0666 minus the umask, as the
+    project's own writes do; files the block did not touch keep their mode."""
+    folder = Path(folder)
+    before = _file_states(folder) if folder.is_dir() else {}
+    try:
+        yield folder
+    finally:
+        if folder.is_dir():
+            for name, state in _file_states(folder).items():
+                if before.get(name) != state:
+                    keep_umask(folder / name)
+
+
+class NotRegularFile(OSError):
+    """A path that is a FIFO, socket, device or folder where a file was expected; never opened for reading."""
+
+
+def check_regular(path: str | os.PathLike, mode: int | None = None) -> None:
+    """Raise `NotRegularFile` unless `path` (its target, for a symlink) is a regular file; FileNotFoundError when it
+    does not exist. `mode`: an `st_mode` already read."""
+    mode = os.stat(path).st_mode if mode is None else mode
+    if not stat.S_ISREG(mode):
+        raise NotRegularFile(errno.EINVAL, f"not a regular file ({file_kind(mode)})", os.fspath(path))
+
+
+def open_regular(path: str | os.PathLike) -> Any:
+    """Open a file for binary reading only when it is a regular file (a symlink's target counts): a FIFO, socket or
+    device raises `NotRegularFile` at once, without being opened; the open itself is non-blocking and checked again
+    with fstat, so a file swapped for a FIFO in between cannot block the reader either."""
+    check_regular(path)  # devices are not even opened (opening some has effects)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        check_regular(path, os.fstat(fd).st_mode)  # the same file still: swapped for a FIFO in between, refused
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def file_kind(mode: int) -> str:
+    """What a stat mode is, in words: regular file, folder, FIFO, socket, character device, block device, symlink."""
+    kinds = ((stat.S_ISREG, "regular file"), (stat.S_ISDIR, "folder"), (stat.S_ISFIFO, "FIFO"),
+             (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+             (stat.S_ISLNK, "symlink"))
+    return next((word for test, word in kinds if test(mode)), "special file")
 
 
 @contextmanager
@@ -46,6 +146,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             raise
     try:
         yield tmp_path
+        keep_umask(tmp_path)  # a library may have replaced the temp file with one of its own mode
         os.replace(tmp_path, path)
     except OSError as err:  # a full disk or a refused write names the file being written, not its temp file
         if err.filename is None or os.fspath(err.filename) == os.fspath(tmp_path):

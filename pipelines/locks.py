@@ -6,7 +6,11 @@ holder (`FolderBusy`, exit 2 through `pipelines.cli.run_main`). A lock whose hol
 longer runs or now belongs to another process, told by the process's start time) is taken over, and a warning says so;
 a lock of another host is never taken over (its liveness cannot be checked), so it names the host and the file to
 delete by hand. Takeovers are serialised by an `flock` on `folder/.oodforge.lock.guard`, so two late-comers never both
-take one stale lock.
+take one stale lock. A folder the lock created is removed again when the block leaves it empty (a failed run leaves no
+empty output folder behind).
+
+`output_lock(folder, command, main)` is the lock of a multi-process run (accelerate, torchrun): only the main process
+takes it, since only it writes the outputs; a refusal stops the main process, and the launcher stops the others.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import logging
 import os
 import socket
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -92,7 +96,11 @@ def _create(path: Path, command: str) -> bool:
 
 
 def _take_over_if_gone(path: Path) -> bool:
-    """Remove a stale lock under the guard's flock (re-read there, so only one late-comer removes it)."""
+    """Remove a stale lock under the guard's flock (re-read there, so only one late-comer removes it). A live holder
+    is told without the guard, so a refused writer leaves no file behind."""
+    holder = _read(path)
+    if holder is not None and not _gone(holder, path):
+        return False
     guard = path.with_name(path.name + ".guard")
     with open(guard, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -112,6 +120,7 @@ def folder_lock(folder: str | os.PathLike, command: str, wait: float = 0.0, poll
     """Hold `folder`'s lock for the block (the folder is created if missing). Waits up to `wait` seconds for a live
     holder to finish, then raises FolderBusy naming it; a stale lock is taken over with a warning."""
     folder = Path(folder)
+    created = _missing_parents(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
     deadline = time.monotonic() + wait
@@ -131,3 +140,27 @@ def folder_lock(folder: str | os.PathLike, command: str, wait: float = 0.0, poll
         holder = _read(path)
         if holder and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
             path.unlink(missing_ok=True)
+        _remove_if_empty(created)
+
+
+def _missing_parents(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_if_empty(created: list[Path]) -> None:
+    """Remove the folders `folder_lock` created, deepest first, as long as they are empty."""
+    for folder in created:
+        try:
+            folder.rmdir()  # refused (OSError) when anything is in it
+        except OSError:
+            return
+
+
+def output_lock(folder: str | os.PathLike, command: str, main: bool = True, wait: float = 0.0) -> Any:
+    """`folder_lock(folder, command, wait)` in the process that writes the outputs (`main`), nothing in the others."""
+    return folder_lock(folder, command, wait) if main else nullcontext(Path(folder) / LOCK_NAME)

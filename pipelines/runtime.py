@@ -1,9 +1,17 @@
 """Device, dtype and attention policy, accelerate state, reproducible per-item seeds, model loading: clear offline
-errors, half-precision weight variants and the revision of what was loaded (for provenance)."""
+errors, half-precision weight variants and the revision of what was loaded (for provenance).
+
+`load_pretrained` is the one door every model, config and processor comes in by, and model folders come from
+strangers: it never runs a folder's own code (`trust_remote_code=False` to every transformers and diffusers loader,
+and a folder that would need its code, `custom_code_reason`, is refused in one line before the library is called, so
+transformers never asks on stdin), and every safetensors file in the folder must pass
+`pipelines.checkpoints.check_safetensors` first.
+"""
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import random
 import re
@@ -14,6 +22,7 @@ import numpy as np
 import torch
 
 from pipelines.errors import ConfigError, UserInputError
+from pipelines.io import open_regular
 
 T = TypeVar("T")
 
@@ -130,8 +139,9 @@ def looks_local(path_or_id: str | os.PathLike) -> bool:
 
 def check_model_ref(value: str | None, key: str) -> None:
     """A `param(check=...)` for model fields: a hub id passes (it is looked up at load time); a local path must be
-    a folder holding weight files (in it or one level down, as diffusers pipelines keep them), else one ConfigError
-    naming `key` (and never hub advice)."""
+    a folder holding weight files (in it or one level down, as diffusers pipelines keep them) that passes
+    `check_model_folder` (no code of its own, well-formed safetensors), else one ConfigError naming `key` (and never
+    hub advice)."""
     if value is None or not looks_local(value):
         return
     folder = Path(value).expanduser()
@@ -147,6 +157,16 @@ def check_model_ref(value: str | None, key: str) -> None:
     if not found:
         raise ConfigError(f"{key}: the local model folder {value!r} holds no weight files "
                           f"({', '.join('*' + s for s in WEIGHT_FILE_SUFFIXES)})")
+    check_safe_folder(folder, key)
+
+
+def check_safe_folder(value: str | os.PathLike, key: str) -> None:
+    """`check_model_folder` as a config check (one ConfigError naming `key`): the load's own checks, run when the
+    config is read, so that a dry run refuses the folder too."""
+    try:
+        check_model_folder(value, "the model")
+    except UserInputError as err:
+        raise ConfigError(f"{key}: {err}") from None
 
 
 DEVICE_FORM = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -166,17 +186,126 @@ class ModelUnavailableError(UserInputError, OSError):
     """A hub model that is neither cached nor reachable: the user's setup, so one line (an OSError as before)."""
 
 
+class CustomCodeRefused(ConfigError):
+    """A model folder that needs its own Python code to load: refused, whatever the user or stdin says."""
+
+
+CONFIG_FILE_LIMIT = 10_000_000  # bytes: a config file larger than this is not read by the custom-code check
+_CLASS_FIELDS = ("image_processor_type", "feature_extractor_type", "processor_class", "tokenizer_class",
+                 "video_processor_type")
+
+
+def _native(config: dict[str, Any]) -> bool:
+    """True when the libraries load what `config` describes with their own classes (its `auto_map` unused)."""
+    if "_class_name" in config:  # diffusers' configs name their class
+        import diffusers
+
+        return isinstance(config["_class_name"], str) and hasattr(diffusers, config["_class_name"])
+    import transformers
+
+    if "model_type" in config:
+        from transformers import CONFIG_MAPPING
+
+        return config["model_type"] in CONFIG_MAPPING
+    names = [config[key] for key in _CLASS_FIELDS if isinstance(config.get(key), str)]
+    return bool(names) and all(hasattr(transformers, name.removesuffix("Fast")) for name in names)
+
+
+def _config_files(folder: Path) -> list[Path]:
+    """The JSON configuration files of a model folder and of its component subfolders (diffusers' layout)."""
+    found = []
+    for pattern in ("*.json", "*/*.json"):
+        for path in sorted(folder.glob(pattern)):
+            if ("config" in path.name or path.name == "model_index.json") and path.is_file():
+                found.append(path)
+    return found
+
+
+def custom_code_reason(folder: str | os.PathLike) -> str | None:
+    """Why loading the model folder would run code it ships, None when it would not: a config with an `auto_map`
+    whose class the libraries do not have (an unknown `model_type`, image-processor or tokenizer class, or diffusers
+    class), or a diffusers pipeline (`model_index.json`) with a component from a library other than diffusers and
+    transformers (its code would come from the folder)."""
+    root = Path(folder)
+    for path in _config_files(root):
+        try:
+            if path.stat().st_size > CONFIG_FILE_LIMIT:
+                continue
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # the library reports an unreadable config in its own words
+        if not isinstance(config, dict):
+            continue
+        name = path.relative_to(root).as_posix()
+        if "auto_map" in config and not _native(config):
+            kind = f"model_type {config['model_type']!r}" if "model_type" in config else "classes"
+            return f"{name} maps its {kind} to Python code in the folder (auto_map {config['auto_map']!r:.120})"
+        if path.name == "model_index.json":
+            if isinstance(config.get("_class_name"), str) and not _native({"_class_name": config["_class_name"]}):
+                return f"{name}: the pipeline class {config['_class_name']!r} is not one of diffusers'"
+            for key, value in config.items():
+                if isinstance(value, list) and len(value) == 2 and value[0] not in (None, "diffusers", "transformers"):
+                    return f"{name}: component {key!r} comes from {value[0]!r}, code shipped with the folder"
+    return None
+
+
+def _model_folder(name_or_path: str | os.PathLike) -> Path | None:
+    """The folder a load would read: the local folder, or the cached hub snapshot of a hub id (None: neither)."""
+    if is_local(name_or_path):
+        folder = Path(name_or_path).expanduser()
+        return folder if folder.is_dir() else None
+    return hub_snapshot(str(name_or_path)) if HUB_ID.match(str(name_or_path)) else None
+
+
+def check_model_folder(name_or_path: str | os.PathLike, what: str = "model") -> None:
+    """Every check `load_pretrained` makes before a library reads a model folder: no code of its own to run
+    (`custom_code_reason`), every safetensors file well formed (`check_safetensors`); one error line otherwise."""
+    from pipelines.checkpoints import check_safetensors
+
+    if is_local(name_or_path) and Path(name_or_path).expanduser().suffix == ".safetensors":
+        check_safetensors(Path(name_or_path).expanduser())  # a single-file checkpoint
+    folder = _model_folder(name_or_path)
+    if folder is None:
+        return
+    reason = custom_code_reason(folder)
+    if reason is not None:
+        raise CustomCodeRefused(f"could not load {what} from {str(name_or_path)!r}: {reason}; the project never runs "
+                                "a model folder's own code (use a model transformers or diffusers implements)")
+    for path in sorted(folder.rglob("*.safetensors")):
+        check_safetensors(path)
+
+
+def _remote_code_flag(loader: Callable[..., Any]) -> dict[str, bool]:
+    """`{"trust_remote_code": False}` for the libraries' `from_pretrained` loaders (transformers asks on stdin
+    without it; diffusers' pipelines take it too), `{}` for other callables."""
+    module = getattr(loader, "__module__", "") or ""
+    named = getattr(loader, "__name__", "") == "from_pretrained"
+    return {"trust_remote_code": False} if named and module.split(".")[0] in ("transformers", "diffusers") else {}
+
+
+def _remote_code_error(err: BaseException) -> bool:
+    """True when a library refused a load because the model needs its own code (trust_remote_code is False)."""
+    return "trust_remote_code" in str(err) or "custom code" in str(err)
+
+
 def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, what: str = "model", **kwargs: Any) -> T:
-    """Call `loader(name_or_path, **kwargs)` (a `from_pretrained`); offline misses raise one clear error.
+    """Call `loader(name_or_path, **kwargs)` (a `from_pretrained`) with `trust_remote_code=False`, after the folder's
+    checks (`check_model_folder`); offline misses raise one clear error.
 
     The error names the hub id and says how to pass a local folder instead.
     """
     import pickle
 
     target = str(Path(name_or_path).expanduser()) if is_local(name_or_path) else str(name_or_path)
+    check_model_folder(name_or_path, what)
+    kwargs = {**kwargs, **_remote_code_flag(loader)}
     try:
         return loader(target, **kwargs)
     except (OSError, ValueError, pickle.UnpicklingError) as err:
+        if _remote_code_error(err) and not isinstance(err, OSError):
+            raise CustomCodeRefused(f"could not load {what} from {target!r}: it needs Python code of its own, and the "
+                                    "project never runs a model's own code (use a model transformers or diffusers "
+                                    "implements)") from err
         if _refused_pickle(err):  # transformers / diffusers read .bin files tensors-only: one line, no unsafe advice
             raise UserInputError(f"could not load {what} from {target!r}: a weight file in it holds pickled objects "
                                  "other than tensors and is refused (loading it could run code); re-save the weights "
@@ -189,6 +318,11 @@ def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, w
             f"could not be reached ({type(err).__name__}). Download it on a connected machine "
             f"(`huggingface-cli download {target} --local-dir DIR`) and pass DIR instead of the hub id."
         ) from err
+    except Exception as err:
+        if type(err).__name__ != "SafetensorError":  # safetensors' own error type derives from Exception only
+            raise
+        raise ConfigError(f"could not load {what} from {target!r}: a weight file is not a readable safetensors file "
+                          f"({' '.join(str(err).split())[:200]})") from err
 
 
 def _refused_pickle(err: BaseException | None) -> bool:
@@ -278,7 +412,7 @@ def folder_hash(folder: str | os.PathLike, chunk: int = 1 << 20) -> str:
     for path in files:
         size = path.stat().st_size
         digest.update(f"{path.relative_to(root).as_posix() if path != root else path.name}\0{size}\0".encode())
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:  # a FIFO swapped in after the listing is refused, never read
             digest.update(fh.read(chunk))
             if size > 2 * chunk:
                 fh.seek(size - chunk)

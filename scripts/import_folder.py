@@ -14,8 +14,11 @@ for multi-granularity heads; the label is the last level unless `--label` names 
 (default: the label), largest-remainder counts of the ratio (e.g. 7 images at 4:1:5 -> 3 / 1 / 3), shuffled with
 `--seed`; a stratum with fewer images than non-zero splits is an error. A table's own `split` column is kept when
 every row has train, val or test (one other value is an error naming the table line). The same image (bytes) in two
-splits is an error. Unreadable images are left out and listed in `DIR/failures.json`; hidden (dot-named) files and
-folders and dangling symlinks are left out and counted in `DIR/import_summary.json`.
+splits is an error. Unreadable images (also 0-byte or text files named .jpg) are left out and listed in
+`DIR/failures.json`; hidden (dot-named) files and folders, symlinks (never followed: dangling, leading out of ROOT, or
+to what ROOT already holds), folders reached twice and FIFOs, sockets or devices are left out and counted in
+`DIR/import_summary.json`. A folder or image name with a control character (a newline, ...) is refused: rename it.
+A table's file_name must lie under ROOT once its symlinks are resolved. One import writes DIR at a time.
 
 `--field`: ROOT/<species>/ folders make a field set (`field:` in eval configs): the folders of species the classifier
 `--model` knows (its class_names.json or config.json id2label; underscores may stand for spaces) are the set's ID rows,
@@ -71,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         counts = {s: sum(r["split"] == s for r in result.manifest.rows) for s in ("train", "val", "test")}
         classes = len({r["label"] for r in result.manifest.rows})
         print(f"{len(result.manifest)} ID images, {classes} classes, {counts} -> {args.out}")
-    if result.missing:
-        print(f"{len(result.missing)} unreadable image(s) left out: {Path(args.out) / 'failures.json'}")
+    if result.failures:
+        print(f"{len(result.failures)} unreadable image(s) left out: {Path(args.out) / 'failures.json'}")
     if result.skipped.line():
         print(f"{result.skipped.line()}: {Path(args.out) / 'import_summary.json'}")
     return 0

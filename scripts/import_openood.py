@@ -10,7 +10,10 @@ Default with --root: ShiftedBronzes' five easy sets (species, imagenet_o, inatur
 `<root>/benchmark_imglist/<benchmark>/test_<set>.txt`; without --root, the sets given by --list / --folder. One
 manifest folder per set under `--out` (`<out>/<set>/metadata.jsonl` + `manifest_info.json` naming the image folder;
 a set name is made a safe folder name, `pipelines.io.safe_name`, so no name leaves `--out`), and
-`<out>/import_summary.json` (per set: images, missing, hidden and dangling-link entries skipped).
+`<out>/import_summary.json` (per set: images, missing, unreadable, and what a folder walk skipped: hidden entries,
+symlinks, loops, FIFOs / sockets / devices). Every image is decoded once: one that does not decode is left out and
+listed in `<out>/<set>/failures.json`. A listed path that leads outside its image folder (through a symlink) is
+refused in one line.
 """
 from __future__ import annotations
 
@@ -38,9 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     results = import_openood(args.root, args.out, benchmark=args.benchmark, sets=args.sets, group=args.group,
                              lists=pairs(args.list, "--list"), folders=pairs(args.folder, "--folder"),
                              image_root=args.image_root, skip_missing=args.skip_missing)
-    for row in (r.summary() for r in results):
+    for result in results:
+        row = result.summary()
         note = f", {row['missing']} missing left out" if row["missing"] else ""
-        note += f", {row['hidden']} hidden and {row['dangling_links']} dangling link(s) skipped" if row["hidden"] or row["dangling_links"] else ""
+        note += f", {row['unreadable']} unreadable left out (failures.json)" if row["unreadable"] else ""
+        note += f"; {result.skipped.line()}" if result.skipped.line() else ""
         print(f"{row['ood_set']}: {row['images']} images -> {row['folder']} (images in {row['image_root']}{note})")
     return 0
 

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from pipelines.cli import parser, run_main
+from pipelines.io import umask_modes
 
 KINDS = ("classifier", "clip", "zest", "diffguard-unet")
 
@@ -51,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--out is required")
     if args.labels is not None and (args.kind != "classifier" or args.labels < 1):
         p.error("--labels takes a positive number and belongs to the classifier")
-    print(f"wrote {args.kind} stand-in {args.out}: {make(args.kind, args.out, args.labels, args.seed)}")
+    with umask_modes(args.out):  # the libraries' own writers make weights 0600: the umask decides
+        usage = make(args.kind, args.out, args.labels, args.seed)
+    print(f"wrote {args.kind} stand-in {args.out}: {usage}")
     return 0
 
 

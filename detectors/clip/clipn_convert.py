@@ -12,6 +12,7 @@ import torch
 
 from detectors.clip.clipn import STATE_PREFIX
 from pipelines.checkpoints import safe_torch_load
+from pipelines.io import umask_modes
 
 _BLOCK = re.compile(r"^(?P<tower>visual\.transformer|transformer|transformer_no)\.resblocks\.(?P<i>\d+)\.(?P<rest>.+)$")
 _BLOCK_PARTS = {
@@ -134,9 +135,10 @@ def convert_clipn(checkpoint: str | os.PathLike | dict[str, Any], out_dir: str |
         raise KeyError(f"converted CLIPN weights do not match CLIPModel: missing {missing}, unexpected {unexpected}")
     out_dir = Path(out_dir)
     clip_dir = out_dir / "clip"
-    model.save_pretrained(clip_dir)
-    if processor is not None:
-        processor.save_pretrained(clip_dir)
+    with umask_modes(clip_dir):  # transformers writes model.safetensors 0600: the umask decides, as for every output
+        model.save_pretrained(clip_dir)
+        if processor is not None:
+            processor.save_pretrained(clip_dir)
     detector = CLIPN(model=str(clip_dir), class_names=class_names or [], n_prompts=int(no_state[STATE_PREFIX + "prompt"].shape[0]))
     detector.load_state({k: v.float().numpy() for k, v in no_state.items()})
     detector.fitted = True

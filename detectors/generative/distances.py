@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipelines.checkpoints import safe_torch_load
+from pipelines.checkpoints import check_safetensors, safe_torch_load
 
 SIMILARITIES = ("dists", "lpips", "logit_l1", "ssim", "psnr", "l2")
 Similarity = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -126,6 +126,7 @@ def load_weight_files(paths: str | os.PathLike | Sequence[str | os.PathLike] | N
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file
 
+            check_safetensors(path)
             state.update(load_file(path))
         else:
             state.update(safe_torch_load(path, f"{what} weight file"))

@@ -22,6 +22,12 @@ images per category, the paper's Figure 2(b)), `dropped.csv` (every dropped imag
 `curation.json` (the roots or categories and what they resolved to, the ImageNet-1K categories removed, the filter's
 model, prompts and threshold). Scores are cached per category (`.scores/<wnid>.json`, keyed by the model, the prompts
 and the category's files): a rerun after a kill scores only what is missing.
+
+The tree comes from strangers: wnid folders and their images are walked by `pipelines.walk` (no symlink followed, so
+a "jpg" linked to /etc/passwd is never listed; FIFOs and devices never opened; what was left out is counted in
+`curation.json`, `skipped`), and without the filter every image is decoded once all the same (`.probe/<wnid>.json`,
+keyed by the category's files and their sizes and times): a 0-byte or text file named .jpg is dropped as unreadable
+and listed in `dropped.csv`, never put into the manifest. One curation writes `out` at a time.
 """
 from __future__ import annotations
 
@@ -35,13 +41,16 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from pipelines.curation.wordnet import Nouns
-from pipelines.data import ImageLoadError, list_images, load_image, make_row
+from pipelines.data import IMAGE_SUFFIXES, ImageLoadError, load_image, make_row
 from pipelines.errors import ConfigError, UserInputError
+from pipelines.fingerprint import file_identity
 from pipelines.hub_ids import CLIP_ID
-from pipelines.importers import write_external_manifest
+from pipelines.importers import decode_failures, write_external_manifest
 from pipelines.io import atomic_path, atomic_write_json, atomic_write_text
+from pipelines.locks import folder_lock
 from pipelines.params import REQUIRED, Config, config, param
 from pipelines.sources import GroupName
+from pipelines.walk import Skipped, subfolders, walk_files
 
 IMAGENET1K_FILE = Path(__file__).with_name("imagenet1k_wnids.txt")
 DEFAULT_ROOTS: tuple[str, ...] = ("vessel.n.03", "dish.n.01", "cup.n.01", "glass.n.02", "basket.n.01")
@@ -110,11 +119,12 @@ def imagenet1k_wnids() -> frozenset[str]:
     return frozenset(IMAGENET1K_FILE.read_text(encoding="utf-8").split())
 
 
-def tree_wnids(root: Path) -> list[str]:
-    """The wnid folders of an ImageNet-21K folder, sorted."""
+def tree_wnids(root: Path, skipped: Skipped | None = None) -> list[str]:
+    """The wnid folders of an ImageNet-21K folder, sorted (real folders: a symlinked one goes to `skipped`)."""
     if not root.is_dir():
         raise UserInputError(f"ImageNet-21K folder not found: {root}")
-    wnids = sorted(p.name for p in root.iterdir() if p.is_dir() and _WNID.fullmatch(p.name))
+    wnids = sorted(p.name for p in subfolders(root, skipped if skipped is not None else Skipped())
+                   if _WNID.fullmatch(p.name))
     if not wnids:
         raise UserInputError(f"{root}: no wnid folders (expected {root}/n03147509/*.jpg, ...)")
     return wnids
@@ -206,6 +216,21 @@ def score_category(root: Path, category: Category, flt: SecondaryFilter, scorer:
     return result
 
 
+def probe_category(root: Path, category: Category, cache: Path) -> dict[str, str]:
+    """{file: reason} of the category's images that do not decode, cached in `cache/<wnid>.json` (keyed by the files
+    and their sizes and modification times)."""
+    identities = [file_identity(root / name, "stat") for name in category.files]
+    key = hashlib.sha256(json.dumps([category.files, identities]).encode()).hexdigest()[:16]
+    path = cache / f"{category.wnid}.json"
+    if path.is_file():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if saved.get("key") == key:
+            return saved["failures"]
+    failures = decode_failures(root, category.files)
+    atomic_write_json(path, {"key": key, "failures": failures})
+    return failures
+
+
 def plot_counts(counts: dict[str, int], path: Path, title: str) -> None:
     """Images per category, largest first, as a bar chart (the paper's Figure 2(b))."""
     import matplotlib
@@ -237,17 +262,33 @@ def _csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> No
 
 def curate(cfg: ContainerCuration, out: str | Path, scorer: ClipScorer | None = None) -> dict[str, Any]:
     """The container manifest and its records under `out` (module docstring); returns `curation.json`'s content."""
-    root, out = Path(cfg.imagenet21k), Path(out)
     if cfg.filter is not None and scorer is None:
         raise ValueError("curate: the secondary-instance filter needs a ClipScorer")
+    with folder_lock(out, "curate_containers"):
+        return _curate(cfg, Path(out), scorer)
+
+
+def _category_files(root: Path, wnid: str, skipped: Skipped) -> list[str]:
+    images, left_out = walk_files(root / wnid, IMAGE_SUFFIXES, relative_to=root)
+    skipped.add(left_out)
+    return [p.relative_to(root).as_posix() for p in images]
+
+
+def _curate(cfg: ContainerCuration, out: Path, scorer: ClipScorer | None) -> dict[str, Any]:
+    root = Path(cfg.imagenet21k)
     nouns = Nouns.load(cfg.wordnet_dir)
-    chosen, record = choose_categories(cfg, nouns, tree_wnids(root))
-    categories = [Category(w, nouns.name(w), nouns.label(w),
-                           [p.relative_to(root).as_posix() for p in list_images(root / w)]) for w in chosen]
+    skipped = Skipped()
+    chosen, record = choose_categories(cfg, nouns, tree_wnids(root, skipped))
+    categories = [Category(w, nouns.name(w), nouns.label(w), _category_files(root, w, skipped)) for w in chosen]
     rows, table, dropped = [], [], []
     for category in categories:
         kept = category.files
-        if cfg.filter is not None:
+        if cfg.filter is None:
+            failures = probe_category(root, category, out / ".probe")
+            kept = [name for name in category.files if name not in failures]
+            dropped += [[name, category.wnid, category.label, "", "", f"unreadable: {failures[name]}"]
+                        for name in category.files if name in failures]
+        else:
             scored = score_category(root, category, cfg.filter, scorer, out / ".scores")
             kept = []
             for name in category.files:
@@ -269,7 +310,7 @@ def curate(cfg: ContainerCuration, out: str | Path, scorer: ClipScorer | None = 
     _csv(out / "dropped.csv", ["file_name", "wnid", "category", "main_share", "strongest_secondary_prompt", "reason"],
          dropped)
     record.update({"imagenet21k": str(root.resolve()), "images_found": sum(r[3] for r in table),
-                   "images_dropped": len(dropped), "images_kept": len(rows),
+                   "images_dropped": len(dropped), "images_kept": len(rows), "skipped": skipped.summary(),
                    "filter": None if cfg.filter is None else {**cfg.filter.to_dict(), "model": scorer.model_id},
                    "config": cfg.to_dict()})
     atomic_write_json(out / "curation.json", record)

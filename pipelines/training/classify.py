@@ -194,7 +194,17 @@ def finished(out: Path, key: str) -> bool:
 
 def train_classifier(config: TrainConfig) -> Path:
     """Train `config.model` on the ID manifest `config.id` and write the output folder (module docstring); a rerun
-    of a finished run with the same key touches nothing."""
+    of a finished run with the same key touches nothing. One run writes a folder at a time: a second one on the same
+    `out` is refused in one line (`pipelines.locks.FolderBusy`)."""
+    from pipelines.locks import output_lock
+    from pipelines.runtime import partial_state
+
+    with output_lock(config.out, "train_classifier", partial_state().is_main_process):
+        return _train_classifier(config)
+
+
+def _train_classifier(config: TrainConfig) -> Path:
+    """`train_classifier` with the output folder locked."""
     from pipelines.runtime import partial_state
 
     plan = check_training(config)

@@ -204,10 +204,13 @@ class MultiGranularity(Objective):
     def from_pretrained(cls, folder: str | os.PathLike) -> "MultiGranularity":
         from safetensors.torch import load_file
 
+        from pipelines.checkpoints import check_safetensors
+
         folder = Path(folder)
         config = json.loads((folder / "levels.json").read_text())
         objective = cls(config["levels"], config["weights"])
         objective.vocab = config["vocab"]
+        check_safetensors(folder / "levels.safetensors")
         state = load_file(str(folder / "levels.safetensors"))
         objective.setup(state[f"{next(iter(objective.levels))}.weight"].shape[1], 0)
         objective.level_heads.load_state_dict(state)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pipelines.errors import ConfigError
 from pipelines.hub_ids import RESNET_ID
 from pipelines.params import REQUIRED, Config, config, convert, param
-from pipelines.runtime import check_model_ref, looks_local
+from pipelines.runtime import check_model_ref, check_safe_folder, looks_local
 
 DEFAULT_MODEL = RESNET_ID
 DOC = "docs/training.md"
@@ -67,6 +67,7 @@ def check_model(value: str, key: str) -> None:
     path = Path(value).expanduser()
     if path.is_dir() and not (path / "config.json").is_file():
         raise ConfigError(f"{key}: the local model folder {value!r} has no config.json", doc=DOC)
+    check_safe_folder(value, key)  # no code of its own, well-formed safetensors: the dry run refuses what the run would
     if not path.exists():
         check_model_ref(value, key)
 

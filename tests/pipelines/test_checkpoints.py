@@ -114,3 +114,53 @@ def test_safe_torch_load_reads_tensors_and_refuses_anything_else(tmp_path):
     assert not (tmp_path / "ran").exists()
     assert message.startswith("ADM checkpoint") and "bad.pt" in message and "\n" not in message
     assert "weights_only" not in message
+
+
+# -- safetensors headers that do not fit their file (issue 32, row 6: a SafetensorError traceback) -------------------
+def header_bomb(path, declared: int = 2 ** 62):
+    """A file whose 8-byte header length declares `declared` bytes, followed by a tiny JSON header."""
+    path.write_bytes(declared.to_bytes(8, "little") + b'{"__metadata__": {}}')
+    return path
+
+
+def _file(path, header: bytes, data: bytes = b"") -> object:
+    path.write_bytes(len(header).to_bytes(8, "little") + header + data)
+    return path
+
+
+def test_check_safetensors_refuses_each_malformed_header_in_one_line(tmp_path):
+    from safetensors.torch import save_file
+
+    from pipelines.checkpoints import UnsafeFileError, check_safetensors
+
+    save_file({"w": torch.ones(3)}, str(tmp_path / "good.safetensors"))
+    check_safetensors(tmp_path / "good.safetensors")
+    os.mkfifo(tmp_path / "pipe.safetensors")
+    cases = {
+        header_bomb(tmp_path / "bomb.safetensors"): "declares a 4611686018427387904-byte header, more than the file's",
+        header_bomb(tmp_path / "big.safetensors", 200_000_000): "more than the file's",
+        _file(tmp_path / "text.safetensors", b"not json"): "its header is not JSON",
+        _file(tmp_path / "list.safetensors", b"[1, 2]"): "its header is not a JSON object",
+        _file(tmp_path / "range.safetensors", b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}',
+              b"\0" * 8): "tensor 'w' has data_offsets [0, 16] outside its 8 data bytes",
+        tmp_path / "pipe.safetensors": "not a regular file (FIFO)",
+    }
+    (tmp_path / "short.safetensors").write_bytes(b"\x01\x02")
+    cases[tmp_path / "short.safetensors"] = "2 bytes, shorter than the 8-byte header length"
+    for path, reason in cases.items():
+        with pytest.raises(UnsafeFileError) as err:
+            check_safetensors(path)
+        message = str(err.value)
+        assert message.startswith(f"{path}: not a readable safetensors file (") and "\n" not in message
+        assert reason in message, message
+
+
+def test_a_header_bomb_checkpoint_is_ignored_and_load_tree_refuses_it(tmp_path, capsys):
+    from pipelines.checkpoints import UnsafeFileError
+
+    bomb = header_bomb(tmp_path / "checkpoint.safetensors")
+    assert read_metadata(bomb) is None
+    assert not checkpoint_matches(bomb, "k")
+    assert "ignoring" in capsys.readouterr().err
+    with pytest.raises(UnsafeFileError, match="declares a 4611686018427387904-byte header"):
+        load_tree(bomb)

@@ -131,7 +131,7 @@ def test_split_tree_keeps_splits_sorted_labels_and_records_unreadable_images(tmp
     assert all(r["file_name"].split("/")[0] == r["split"] for r in manifest)
     assert json.loads((tmp_path / "id" / "class_names.json").read_text())["names"] == ["ant", "bee", "cat"]
     failures = json.loads((tmp_path / "id" / "failures.json").read_text())
-    assert [f["file"] for f in failures] == ["test/cat/broken.png"] and result.missing == ["test/cat/broken.png"]
+    assert [f["file"] for f in failures] == ["test/cat/broken.png"] and result.failures == failures and not result.missing
 
 
 def test_largest_remainder_quotas_and_seeded_stratified_split():

@@ -4,28 +4,11 @@ import logging
 import os
 import signal
 import socket
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
+from helpers.locks import start_holder as _holder
 from pipelines.locks import LOCK_NAME, FolderBusy, _start_time, folder_lock
-
-HOLD = textwrap.dedent("""
-    import sys
-    from pipelines.locks import folder_lock
-    with folder_lock(sys.argv[1], "holder"):
-        print("held", flush=True)
-        sys.stdin.read()  # until the test closes stdin (or kills us)
-""")
-
-
-def _holder(folder):
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout.readline().strip() == "held"  # the lock is held from here on: no timing window
-    return proc
 
 
 def test_a_live_holder_refuses_a_second_writer_in_one_line(tmp_path):
@@ -87,3 +70,36 @@ def test_the_lock_file_keeps_the_umask(tmp_path):
             assert (tmp_path / LOCK_NAME).stat().st_mode & 0o777 == 0o644
     finally:
         os.umask(old)
+
+
+def test_a_folder_the_lock_created_is_removed_when_left_empty(tmp_path):
+    target = tmp_path / "new" / "out"
+    with pytest.raises(RuntimeError):
+        with folder_lock(target, "fails"):
+            raise RuntimeError("the run failed before writing")
+    assert not (tmp_path / "new").exists()  # no empty output folder left behind
+    with folder_lock(target, "writes"):
+        (target / "result.txt").write_text("kept")
+    assert (target / "result.txt").is_file() and not (target / LOCK_NAME).exists()
+
+
+def test_only_the_main_process_takes_a_multi_process_runs_lock(tmp_path):
+    from pipelines.locks import output_lock
+
+    with output_lock(tmp_path, "train", main=False):
+        assert not (tmp_path / LOCK_NAME).exists()
+    with output_lock(tmp_path, "train", main=True):
+        assert (tmp_path / LOCK_NAME).exists()
+
+
+def test_importers_hold_their_output_folder(tmp_path):
+    from helpers.locks import held
+    from pipelines.importers import import_classes, import_ood_folders
+    from tests.pipelines.own_data_helpers import class_tree, ood_tree
+
+    root, ood = class_tree(tmp_path / "photos", {"train": 1, "test": 1}), ood_tree(tmp_path / "new")
+    with held(tmp_path / "out") as holder:
+        for run in (lambda: import_classes(root, tmp_path / "out"), lambda: import_ood_folders(ood, tmp_path / "out")):
+            with pytest.raises(FolderBusy, match=f"in use by pid {holder.pid} on "):
+                run()
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [LOCK_NAME]

@@ -71,4 +71,7 @@ def test_model_refs_local_paths_must_hold_weights_hub_ids_pass(tmp_path):
         check_model_ref(str(tmp_path / "empty"), "models.base")
     (tmp_path / "ok" / "unet").mkdir(parents=True)
     (tmp_path / "ok" / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError, match="not a readable safetensors file"):  # the load's own checks run here too
+        check_model_ref(str(tmp_path / "ok"), "models.base")
+    (tmp_path / "ok" / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(b"\x02\0\0\0\0\0\0\0{}")
     check_model_ref(str(tmp_path / "ok"), "models.base")

@@ -170,9 +170,8 @@ def test_a_detector_load_folder(tiny, tmp_path, where):
     else:
         (folder / where).unlink()
     plant(folder / where, marker)
-    with pytest.raises(Exception) as err:  # noqa: PT011 - the classifier folder: ours; model.safetensors: safetensors'
+    with pytest.raises(UserInputError) as err:  # the classifier folder: a refused pickle; model.safetensors: its header
         load(folder)
-    assert isinstance(err.value, UserInputError) == where.startswith("classifier/")
     assert "weights_only" not in str(err.value) and "\n" not in str(err.value).strip()
     results = run_config(_eval_yaml(root, tmp_path / "run", model, [{"name": "logitnorm", "load": str(folder)}]))
     failures = json.loads((tmp_path / "run" / "failures.json").read_text())["detectors"]
@@ -214,3 +213,87 @@ def test_feature_caches_of_a_copied_run_folder(tiny, tmp_path):
     from pipelines.features import FeatureCache
 
     assert all(len(FeatureCache.load(c)) for c in caches)  # rewritten as real caches
+
+
+def _in_process(name: str, capsys, *args: str) -> str:
+    """The one error line of `scripts/<name>` run in this process (exit 2)."""
+    import runpy
+
+    from pipelines.cli import run_main
+
+    capsys.readouterr()
+    code = run_main(runpy.run_path(str(ROOT / "scripts" / name))["main"], list(map(str, args)))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_a_safetensors_header_declaring_2_62_bytes_is_one_line_wherever_it_is_read(tiny, tmp_path, capsys):
+    """Issue 32, row 6 (a SafetensorError traceback): the header bomb as a model folder's weights (evaluate and
+    train_classifier), a detector folder's state, a label-levels folder and the diffusion / distance weight files."""
+    from detectors import load
+    from detectors.generative.distances import load_weight_files
+    from pipelines.checkpoints import UnsafeFileError
+    from pipelines.guided_diffusion import read_checkpoint
+    from pipelines.training.objectives import MultiGranularity
+    from tests.pipelines.test_checkpoints import header_bomb
+
+    root, model, _ = tiny
+    bombed = tmp_path / "bombed"
+    shutil.copytree(model, bombed)
+    header_bomb(bombed / "model.safetensors")
+    err = _in_process("evaluate.py", capsys, "--config", _eval_yaml(root, tmp_path / "run", bombed, ["msp"]))
+    assert "declares a 4611686018427387904-byte header" in err and "SafetensorError" not in err
+    train = tmp_path / "train.yaml"
+    train.write_text(yaml.safe_dump({"id": str(root / "id"), "out": str(tmp_path / "clf"), "model": str(bombed),
+                                     "pretrained": True, "epochs": 1, "warmup_epochs": 0, "batch_size": 8, "num_workers": 0}))
+    for dry in ([], ["--dry-run"]):
+        assert "declares a 4611686018427387904-byte header" in _in_process("train_classifier.py", capsys, "--config",
+                                                                          train, *dry)
+
+    from detectors import build
+    from detectors.base import FeatureSet
+
+    rng = np.random.default_rng(0)
+    folder = build("mds").fit(FeatureSet(rng.normal(size=(20, 4)), rng.normal(size=(20, 2)),
+                                         np.arange(20) % 2)).save_pretrained(tmp_path / "det")
+    header_bomb(folder / "model.safetensors")
+    levels = tmp_path / "levels"
+    levels.mkdir()
+    (levels / "levels.json").write_text(json.dumps({"levels": {"genus": "genus"}, "weights": {}, "vocab": {}}))
+    header_bomb(levels / "levels.safetensors")
+    readers = [lambda: load(folder), lambda: MultiGranularity.from_pretrained(levels),
+               lambda: read_checkpoint(header_bomb(tmp_path / "unet.safetensors")),
+               lambda: load_weight_files(header_bomb(tmp_path / "dists.safetensors"), "dists")]
+    for read in readers:
+        with pytest.raises(UnsafeFileError, match="declares a 4611686018427387904-byte header") as err:
+            read()
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow  # the command in a subprocess, so that its stdin holds the "y"
+def test_a_model_folder_that_needs_its_own_code_is_refused_whatever_stdin_holds(tiny, tmp_path, capsys):
+    """Issue 32, row 5: with "y" piped in, `evaluate` ran the folder's Python. Now refused in one line before
+    transformers reads the folder (it never prompts), by evaluate (the command, "y" on its stdin) and train_classifier."""
+    from safetensors.torch import save_file
+
+    from tests.pipelines.test_remote_code import evil_folder
+
+    root, _, _ = tiny
+    marker = tmp_path / "ran"
+    folder = evil_folder(tmp_path / "evil", marker)
+    save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))  # a folder with weights, as `model:` wants
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--config",
+                           str(_eval_yaml(root, tmp_path / "run", folder, ["msp"]))], input="y\n" * 20, env=_env(),
+                          capture_output=True, text=True, timeout=600)
+    err = _one_line(done)
+    assert "maps its model_type 'evilnet' to Python code in the folder" in err and "never runs" in err
+    assert "[y/N]" not in done.stdout + done.stderr and "trust_remote_code=True" not in err
+    train = tmp_path / "train.yaml"
+    train.write_text(yaml.safe_dump({"id": str(root / "id"), "out": str(tmp_path / "clf"), "model": str(folder),
+                                     "pretrained": False, "epochs": 1, "warmup_epochs": 0, "batch_size": 8,
+                                     "num_workers": 0}))
+    for dry in ([], ["--dry-run"]):  # the dry run refuses it too, before any work
+        assert "never runs a model folder's own code" in _in_process("train_classifier.py", capsys, "--config", train,
+                                                                     *dry)
+    assert not marker.exists()
