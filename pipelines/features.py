@@ -137,11 +137,13 @@ def cache_path(cache_dir: str | os.PathLike, name: str, key: str) -> Path:
 
 class ManifestPixels(Dataset):
     """Manifest rows by position -> (position, pixels or None, failure reason): `pixels.load(path, rng)` runs where
-    the item is made (a loader worker), with `rng` seeded by (seed, position), so a random fit transform draws the
-    same pixels whatever the workers; an unreadable image gives its reason instead of a crash."""
+    the item is made (a loader worker), with `rng` seeded by (seed, offset + position), so a random fit transform draws
+    the same pixels whatever the workers (`offset`: where these rows start in a larger set); an unreadable image gives
+    its reason instead of a crash."""
 
-    def __init__(self, manifest: Manifest, positions: list[int], pixels: Any, seed: int = 0):
-        self.manifest, self.positions, self.pixels, self.seed = manifest, positions, pixels, int(seed)
+    def __init__(self, manifest: Manifest, positions: list[int], pixels: Any, seed: int = 0, offset: int = 0):
+        self.manifest, self.positions, self.pixels = manifest, positions, pixels
+        self.seed, self.offset = int(seed), int(offset)
 
     def __len__(self) -> int:
         return len(self.positions)
@@ -150,7 +152,7 @@ class ManifestPixels(Dataset):
         pos = self.positions[i]
         try:
             path = self.manifest.path(self.manifest.rows[pos])
-            return pos, self.pixels.load(path, np.random.default_rng([self.seed, pos])), ""
+            return pos, self.pixels.load(path, np.random.default_rng([self.seed, self.offset + pos])), ""
         except ImageLoadError as err:
             return pos, None, err.reason
 

@@ -185,11 +185,30 @@ def run_pixels(classifier: Any, protocol: str, settings: PixelSettings | None = 
     return RunPixels(eval_pixels, fit, settings.seed)
 
 
-def training_decode(protocol: str, draft: bool = True) -> tuple[Decode, Decode]:
-    """(training, evaluation) decodes of a training run under `protocol`: the protocol's orientation; training
-    pixels drafted when `draft` (random crops: no reference pixels to equal), evaluation pixels in full."""
+def finetune_transforms(classifier: Any, augment: str, draft: bool = True) -> tuple[Compose, Any]:
+    """(training, evaluation) pixels of a fine-tune of `classifier`: the `augment` branch of
+    `transforms.reference_train` at the classifier's reference sizes (`reference_sizes`; pre_size from its evaluation
+    transform when that is the reference one) decoded with its orientation (drafted when `draft`), and its own
+    evaluation pixels for validation and a separate auxiliary stream (the reference's test preprocessor on aux rows)."""
+    record = reference_record(classifier.pixels)
+    image_size, pre_size = reference_sizes(classifier, record)
+    orient = getattr(getattr(classifier.pixels, "decode", None), "orient", True)
+    return reference_train(augment, image_size, pre_size, Decode(draft=draft, orient=orient)), classifier.pixels
+
+
+def training_pixels(classifier: Any, transforms: tuple[Any, Any], protocol: str, draft: bool = True) -> tuple[Any, Any]:
+    """A classifier training run's (train, eval) transforms decoded as `protocol` reads images (its orientation;
+    training JPEGs drafted when `draft`: random crops have no reference pixels to equal; evaluation ones in full),
+    the evaluation transform set as the classifier's `pixels` (so its saved folder records a reference one)."""
     orient = PROTOCOL_PIXELS[protocol].orient
-    return Decode(draft=draft, orient=orient), Decode(draft=False, orient=orient)
+    train, evaluate = transforms
+    if hasattr(train, "with_decode"):
+        train = train.with_decode(Decode(draft=draft, orient=orient))
+    if hasattr(evaluate, "with_decode"):
+        evaluate = evaluate.with_decode(Decode(draft=False, orient=orient))
+    if reference_record(evaluate) is not None:
+        classifier.pixels = evaluate
+    return train, evaluate
 
 
 def default_workers() -> int:
