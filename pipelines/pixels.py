@@ -165,8 +165,10 @@ class RunPixels:
 def run_pixels(classifier: Any, protocol: str, settings: PixelSettings | None = None,
                record: dict[str, Any] | None = None) -> RunPixels:
     """The pixels of an evaluation run under `protocol` with `settings` (null keys: the protocol's) for `classifier`,
-    whose model folder's `record` gives the reference sizes and, under `exact`, the transform it was validated with."""
+    whose model folder's `record` (default: `classifier.record`) gives the reference sizes and, under `exact`, the
+    transform it was validated with."""
     settings = settings or PixelSettings()
+    record = record if record is not None else getattr(classifier, "record", None)
     chosen = PROTOCOL_PIXELS[protocol]
     orient = chosen.orient if settings.orient is None else settings.orient
     eval_decode = Decode(draft=settings.draft, orient=orient)
