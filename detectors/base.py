@@ -271,6 +271,8 @@ class Detector:
 
         chunk = int(getattr(self, "batch_size", 1) or 1) * partial_state().num_processes
         identity = {**self.batch_identity(), "images": images_fingerprint(batch.manifest)}
+        if batch.pixels is not None:  # rows made with their own pixels (fit pixels), not the classifier's
+            identity["pixels"] = batch.pixels_identity()
         return kept_batches(self.batches_dir, identity, batch.keys, chunk,
                             lambda start, stop: self._score(batch.rows(start, stop)))
 

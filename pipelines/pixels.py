@@ -39,6 +39,8 @@ from pipelines.training.transforms import Compose, Resize, reference_eval, refer
 
 EVAL_TRANSFORMS = ("reference", "processor")
 FIT_PIXELS = ("train", "eval")
+EvalTransform = Literal[EVAL_TRANSFORMS]  # type: ignore[valid-type]
+FitPixels = Literal[FIT_PIXELS]  # type: ignore[valid-type]
 RECORD = "eval_pixels.json"
 """The model folder's record of the evaluation transform it was trained and validated with (written by
 `ImageClassifier.save_pretrained`, read by `ImageClassifier.from_pretrained`)."""
@@ -49,8 +51,8 @@ DOC = "docs/training.md, section 'Pixels'"
 class ProtocolPixels:
     """A protocol's pixels: the evaluation transform, the fit pixels of ID train rows, EXIF orientation."""
 
-    eval: Literal["reference", "processor"]
-    fit: Literal["train", "eval"]
+    eval: EvalTransform
+    fit: FitPixels
     orient: bool
 
 
@@ -68,10 +70,10 @@ class PixelSettings(Config):
 
     DOC = DOC
 
-    eval: Literal["reference", "processor"] | None = param(
+    eval: EvalTransform | None = param(
         None, "evaluation transform: reference (torchvision Resize + CenterCrop, as Open-Insect and OpenOOD) or processor "
               "(the model's image processor); null: the protocol's, or under `exact` the model folder's record")
-    fit: Literal["train", "eval"] | None = param(
+    fit: FitPixels | None = param(
         None, "pixels of the ID train rows detectors fit on: train (Open-Insect's region branch, seeded) or eval; null: "
               "the protocol's")
     orient: bool | None = param(None, "apply EXIF orientation (the references do not); null: the protocol's")
