@@ -22,6 +22,9 @@ class ImageSet:
     """Images for detectors that read pixels: PIL images in memory, or a manifest's rows loaded lazily.
 
     `keys` identify the images for caches (manifest file names, or positions); `labels` are optional class indices.
+    `pixels` is the transform its rows are made with when not the classifier's evaluation pixels (the fit pixels of ID
+    train rows, `pipelines.pixels`), drawn per (`seed`, row `offset + i`); `num_workers` loader workers make them
+    (None: `pipelines.pixels.default_workers()`).
     """
 
     images: Sequence[Any] | None = None
@@ -29,6 +32,10 @@ class ImageSet:
     labels: np.ndarray | None = None
     cache_key: str | None = None
     keys: list[str] = field(default_factory=list)
+    pixels: Any = None
+    seed: int = 0
+    num_workers: int | None = 0
+    offset: int = 0
 
     def __post_init__(self) -> None:
         if (self.images is None) == (self.manifest is None):
@@ -39,6 +46,10 @@ class ImageSet:
                 self.labels = self.manifest.labels()
             if self.cache_key is None:
                 self.cache_key = f"{self.manifest.root.name}-{self.manifest.fingerprint()}"
+                if self.pixels is not None:  # rows made with their own pixels: another content
+                    from pipelines.fingerprint import combine
+
+                    self.cache_key += "-" + combine(self.pixels_identity())[:12]
         else:
             self.keys = [str(i) for i in range(len(self.images))]
         self.labels = as_numpy(self.labels)
@@ -64,12 +75,46 @@ class ImageSet:
         for start in range(0, len(self), batch_size):
             yield start, [self.load(i) for i in range(start, min(start + batch_size, len(self)))]
 
-    def rows(self, start: int, stop: int) -> "ImageSet":
-        """The images start..stop (manifest-backed or in memory), with their labels."""
-        labels = None if self.labels is None else self.labels[start:stop]
+    def pixels_identity(self) -> Any:
+        """What decides its own pixels (None: the classifier's evaluation pixels decide)."""
+        if self.pixels is None:
+            return None
+        return {"pixels": self.pixels.identity() if hasattr(self.pixels, "identity") else repr(self.pixels),
+                "seed": self.seed}
+
+    def pixel_batches(self, pixels: Any, batch_size: int):
+        """Yield (start, tensor [b,3,H,W]) batches in order, not yet normalised: `self.pixels` or else `pixels` (a
+        `pipelines.pixels` transform) of each image, made in `num_workers` loader workers for manifest rows. A row that
+        does not load raises `ImageLoadError` (runners probe their rows first)."""
+        import torch
+
+        from pipelines.data import ImageLoadError
+        from pipelines.features import ManifestPixels, pixel_loader
+
+        pixels = self.pixels if self.pixels is not None else pixels
         if self.images is not None:
-            return ImageSet(images=list(self.images[start:stop]), labels=labels)
-        return ImageSet(manifest=type(self.manifest)(self.manifest.root, self.manifest.rows[start:stop]), labels=labels)
+            for start in range(0, len(self), batch_size):
+                rows = range(start, min(start + batch_size, len(self)))
+                yield start, torch.stack([pixels(self.images[i], np.random.default_rng([self.seed, self.offset + i]))
+                                          for i in rows])
+            return
+        dataset = ManifestPixels(self.manifest, list(range(len(self))), pixels, self.seed, self.offset)
+        start = 0
+        for positions, x, failed in pixel_loader(dataset, batch_size, self.num_workers):
+            if failed:
+                position, reason = failed[0]
+                raise ImageLoadError(self.manifest.path(self.manifest.rows[position]), reason)
+            yield start, x
+            start += len(positions)
+
+    def rows(self, start: int, stop: int) -> "ImageSet":
+        """The images start..stop (manifest-backed or in memory), with their labels and pixels."""
+        labels = None if self.labels is None else self.labels[start:stop]
+        common = dict(labels=labels, pixels=self.pixels, seed=self.seed, num_workers=self.num_workers,
+                      offset=self.offset + start)
+        if self.images is not None:
+            return ImageSet(images=list(self.images[start:stop]), **common)
+        return ImageSet(manifest=type(self.manifest)(self.manifest.root, self.manifest.rows[start:stop]), **common)
 
 
 FIT_INPUTS = ("head", "id_val", "ood_val", "aux")
@@ -227,6 +272,8 @@ class Detector:
 
         chunk = int(getattr(self, "batch_size", 1) or 1) * partial_state().num_processes
         identity = {**self.batch_identity(), "images": images_fingerprint(batch.manifest)}
+        if batch.pixels is not None:  # rows made with their own pixels (fit pixels), not the classifier's
+            identity["pixels"] = batch.pixels_identity()
         return kept_batches(self.batches_dir, identity, batch.keys, chunk,
                             lambda start, stop: self._score(batch.rows(start, stop)))
 

@@ -37,7 +37,7 @@ from detectors.tables import LOWER_IS_BETTER, RESULT_COLUMNS, SCORE_COLUMNS, SCO
 from detectors.transfer import transfer_table
 from detectors.units import UnitResult, UnitStore
 from pipelines.batches import clear_kept_batches
-from pipelines.data import ImageLoadError, Manifest, load_image
+from pipelines.data import Manifest
 from pipelines.fingerprint import (combine, image_identity, images_fingerprint, preprocessing_fingerprint,
                                    weights_fingerprint)
 from pipelines.io import atomic_path, atomic_write_json, remove_orphan_temps
@@ -83,6 +83,7 @@ class Runner:
         self._trained: dict[str, Detector] = {}
         self._images: dict[str, ImageSet] = {}
         self._selected_on: dict[str, str] = {}  # swept units: the metric and the validation splits that chose
+        self.pixels = None  # the run's pixels (pipelines.pixels.RunPixels), set with the classifier
 
     # -- features ------------------------------------------------------------------------------------------
     def _device(self):
@@ -93,11 +94,23 @@ class Runner:
         from pipelines.classifier import ImageClassifier
 
         if self.classifier is None:  # the plan refuses a run whose detectors need one without `model`
+            from pipelines.pixels import run_pixels
+
             clf = ImageClassifier.from_pretrained(self.plan.runtime.model).to(self._device()).eval()
+            self.pixels = run_pixels(clf, self.plan.protocol, self.plan.runtime.pixels, clf.record)
+            clf.pixels = self.pixels.eval  # every evaluation pixel path makes them (pipelines.pixels)
             dtype = resolve_dtype(self.plan.runtime.precision, self._device())
             self._model_key = combine(FEATURES_VERSION, weights_fingerprint(clf), preprocessing_fingerprint(clf), str(dtype))
             self.classifier = clf
         return self.classifier
+
+    def _fit_pixels(self, split_id: str) -> Any:
+        """The pixels of a split's rows when they are not the evaluation pixels: the protocol's fit pixels of ID train
+        rows (`pipelines.pixels.PROTOCOL_PIXELS`), else None."""
+        if split_id != "id-id_train" or not self.plan.runtime.model:
+            return None
+        self._load_classifier()
+        return self.pixels.fit
 
     def _features(self, split: Split) -> Prepared:
         """The split's feature cache (built once, content-keyed), memory-mapped; records its unreadable images."""
@@ -105,10 +118,13 @@ class Runner:
 
         rt = self.plan.runtime
         clf = self._load_classifier()
-        key = combine(self._model_key, images_fingerprint(split.manifest, rt.cache_hash))
+        fit = self._fit_pixels(split.id)  # ID train rows: the protocol's fit pixels (train: seeded draws per row)
+        key = combine(self._model_key, images_fingerprint(split.manifest, rt.cache_hash),
+                      *([self.pixels.fit_identity()] if fit is not None else []))
         path = cache_path(self.plan.cache_dir, split.id, key)
         cache = extract_features(clf, split.manifest, batch_size=rt.batch_size, device=str(self._device()),
-                                 precision=rt.precision, num_workers=rt.num_workers, key=key, cache=path, desc=split.name)
+                                 precision=rt.precision, num_workers=rt.num_workers, key=key, cache=path, desc=split.name,
+                                 pixels=fit, seed=self.pixels.seed)
         state = partial_state()
         if state.num_processes > 1:
             state.wait_for_everyone()  # the main process has written the file
@@ -129,12 +145,13 @@ class Runner:
         if path.is_file():
             failures = json.loads(path.read_text())
         else:
-            failures = []
-            for pos, row in enumerate(split.manifest.rows):
-                try:
-                    load_image(split.manifest.path(row))
-                except ImageLoadError as err:
-                    failures.append({"index": pos, "file": row["file_name"], "reason": err.reason})
+            from pipelines.features import ManifestPixels, pixel_loader
+
+            rows = split.manifest.rows
+            dataset = ManifestPixels(split.manifest, list(range(len(rows))), _Probe())
+            failures = [{"index": pos, "file": rows[pos]["file_name"], "reason": reason}
+                        for _, _, failed in pixel_loader(dataset, self.plan.runtime.batch_size, self.plan.runtime.num_workers)
+                        for pos, reason in failed]
             if partial_state().is_main_process:
                 atomic_write_json(path, failures)
         bad = {f["index"] for f in failures}
@@ -203,7 +220,10 @@ class Runner:
         if split_id not in self._images:
             split = self.plan.split(split_id)
             rows = [split.manifest.rows[i] for i in prepared.index]
-            self._images[split_id] = ImageSet(manifest=Manifest(split.manifest.root, rows), labels=self._labels(split_id))
+            fit = self._fit_pixels(split_id)
+            self._images[split_id] = ImageSet(manifest=Manifest(split.manifest.root, rows), labels=self._labels(split_id),
+                                              pixels=fit, seed=self.pixels.seed if fit is not None else 0,
+                                              num_workers=self.plan.runtime.num_workers)
         return self._images[split_id]
 
     def _labels(self, split_id: str) -> np.ndarray:
@@ -522,6 +542,19 @@ class Runner:
     def _split_data_images(self, split_id: str) -> ImageSet:
         split, prepared = self.plan.split(split_id), self.data[split_id]
         return ImageSet(manifest=Manifest(split.manifest.root, [split.manifest.rows[i] for i in prepared.index]))
+
+
+class _Probe:
+    """A pixel transform that only checks a file decodes: the whole JPEG stream read at the coarsest DCT scale (a
+    truncated or corrupt file fails as in a full decode), nothing kept."""
+
+    def load(self, path: Any, rng: Any = None) -> Any:
+        import torch
+
+        from pipelines.decode import Decode, Region, decode
+
+        decode(path, Decode(draft=True), lambda width, height: Region((0, 0, width, height), (1, 1)))
+        return torch.zeros(0, dtype=torch.uint8)
 
 
 def _transformed(trained: Detector, data: Any) -> Any:

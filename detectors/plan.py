@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping
 
 from detectors.base import Detector
 from detectors.protocols import CHECKPOINTS, TIES, protocol_params, unit_sweep
+from pipelines.pixels import PixelSettings
 from detectors.registry import detector_class
 from detectors.runconfig import (FEATURE_INPUTS, ConfigError, DetectorSpec, EvalConfig, FewShot, Head, Source,
                                  Transfer, named, param_named)
@@ -31,7 +32,7 @@ from pipelines.io import safe_name
 from pipelines.runtime import runtime_device
 
 PLAN_VERSION = "unit-v3"
-FEATURES_VERSION = "features-v2"
+FEATURES_VERSION = "features-v3"  # v3: pixels made by pipelines.pixels (the reference transform under open-insects)
 TEST_ROLES = ("ood", "field_id", "field_ood")
 LOCATION_PARAMS = ("cache_dir", "work_dir")  # where things are kept, not what they are: left out of unit keys
 
@@ -69,10 +70,11 @@ class Runtime:
     device: str | None  # None: auto (the first CUDA device, else the CPU)
     precision: str
     batch_size: int
-    num_workers: int
+    num_workers: int | None
     chunk_rows: int | None
     cache_hash: str
     sweep_pixel_mb: float
+    pixels: PixelSettings = PixelSettings()
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     check_transfer(config.threshold_transfer, splits)
     check_head(config.head)
     runtime = Runtime(config.model, runtime_device(config.device), config.precision, config.batch_size,
-                      config.num_workers, config.chunk_rows, config.cache_hash, config.sweep_pixel_mb)
+                      config.num_workers, config.chunk_rows, config.cache_hash, config.sweep_pixel_mb, config.pixels)
     id_train = next(s for s in splits if s.id == "id-id_train")
     class_names = tuple(config.class_names) if config.class_names else class_names_of(id_train.manifest)
     check_fewshot(config.fewshot, class_names)
@@ -198,7 +200,7 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
                                                             "files": source_fingerprint(config.head.levels)},
                   **({"checkpoint": checkpoint} if checkpoint else {})}
     run_parts = {"version": PLAN_VERSION, "features": FEATURES_VERSION, "precision": config.precision, "device": config.device, "batch_size": config.batch_size,
-                 "chunk_rows": config.chunk_rows, "protocol": config.protocol}
+                 "chunk_rows": config.chunk_rows, "protocol": config.protocol, "pixels": config.pixels.to_dict()}
     out = Path(config.out)
     cache_dir = Path(config.cache_dir) if config.cache_dir else out / "cache"
     # by instance: a training method's `mode` decides whether it reads images (full) or features (heads)

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from detectors.posthoc.odin import REFERENCE_GRAD_STD
+
 PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
     # OpenOOD v1.5 (the benchmark papers' tooling): its postprocessor defaults, TempScale's LBFGS temperature fit
     "openood_v1.5": {"vim": {"default_dim": 256}},  # configs/postprocessors/vim.yml: dim 256
     # Open-Insect (RolnickLab/Open-Insect, an OpenOOD v1.5 fork): its own configs/postprocessors where they differ
-    "open-insects": {"vim": {"default_dim": 256}, "neco": {"default_dim": 100}},  # vim.yml; neco.yml: dim 100
+    "open-insects": {"vim": {"default_dim": 256}, "neco": {"default_dim": 100},  # vim.yml; neco.yml: dim 100
+                     # eval.sh:67 names the region, missing from transform.py:3-12: odin_postprocessor.py:18-21 takes 0.5
+                     "odin": {"grad_std": REFERENCE_GRAD_STD}, "rp_odin": {"grad_std": REFERENCE_GRAD_STD}},
     # OpenOOD v1.5 with the documented corrections: TempScale's exact NLL optimum instead of the under-converged LBFGS
     "exact": {"vim": {"default_dim": 256}, "tempscale": {"fit": "exact"}},
 }

@@ -20,6 +20,7 @@ from pipelines.cli import display_path, load_yaml
 from pipelines.errors import ConfigError
 from pipelines.fingerprint import IDENTITY_MODES
 from pipelines.params import REQUIRED, Config, config, convert, param, plain
+from pipelines.pixels import PixelSettings
 from pipelines.runtime import PRECISIONS, check_device, check_model_ref
 from pipelines.training.loop import CHECKPOINT_CHOICES
 from pipelines.sources import Source
@@ -212,7 +213,8 @@ class EvalConfig(Config):
     chunk_rows: int | None = param(None, "rows per chunk of streamed fits; null: OODFORGE_CHUNK_ROWS or 16384", ge=1)
     device: str | None = param(None, "torch device: cpu, cuda, cuda:N, mps or auto (null: auto)", check=check_device)
     precision: Precision = param("auto", "feature-extraction precision (auto: bf16 on GPU, fp32 on CPU)")
-    num_workers: int = param(0, "image-loading worker processes", ge=0)
+    num_workers: int | None = param(None, "image-loading worker processes; null: every core but one beside a GPU, 0 "
+                                          "on a CPU-only machine (pipelines.pixels.default_workers)", ge=0)
     sweep_pixel_mb: float = param(1024, "memory (MiB) for the validation images' preprocessed pixels, kept across the "
                                         "grid points of an image-level sweep (ODIN, ...); 0: preprocess at every point",
                                   ge=0)
@@ -226,6 +228,8 @@ class EvalConfig(Config):
     head: Head | None = param(None, "score with one head of a multi-granularity classifier")
     plugins: list[str] = param([], "modules imported first (your own @register_detector classes)")
     protocol: Protocol = param("openood_v1.5", "the reference protocol merged into every unit (detectors.protocols)")
+    pixels: PixelSettings = param(PixelSettings(), "how images become pixels: evaluation transform, fit pixels, EXIF "
+                                                   "orientation, JPEG draft (pipelines.pixels; null keys: the protocol's)")
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "") -> "EvalConfig":

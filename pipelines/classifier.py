@@ -3,6 +3,11 @@
 `ImageClassifier.forward(pixel_values) -> (logits, features)` where features are the head's input (penultimate layer).
 Two sources: a transformers `AutoModelForImageClassification` (hub id or local folder), or any `torch.nn.Module`
 returning `(logits, features)`. Training lives in `pipelines/training/` (`scripts/train_classifier.py`).
+
+Its evaluation pixels are `pixels` (`pipelines.pixels`): a transform from an image (or, with `load`, an image file) to
+a uint8 [3,H,W] tensor, which `standardize` normalises on the device in whole batches, or the image processor itself
+(normalised floats, passed through). Loader workers run `pixels`; `preprocess` runs both in-process. A model folder
+records a reference evaluation transform in `eval_pixels.json` (`save_pretrained` writes it, `from_pretrained` reads it).
 """
 from __future__ import annotations
 
@@ -10,13 +15,13 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pipelines.io import umask_modes
 from pipelines.runtime import load_pretrained
+from pipelines.training.transforms import Normalize
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -60,6 +65,15 @@ class ImageClassifier(nn.Module):
         self._captured: torch.Tensor | None = None
         if kind == "hf":
             self.head.register_forward_pre_hook(self._capture)
+        self.standardize = Normalize(self.mean.flatten().tolist(), self.std.flatten().tolist())
+        self.pixels: Any = self.own_pixels()
+        self.record: dict[str, Any] | None = None  # the model folder's eval_pixels.json (pipelines.pixels.RECORD)
+
+    def own_pixels(self) -> Any:
+        """The model's own evaluation pixels: its image processor, or a plain module's bicubic resize."""
+        from pipelines.pixels import ProcessorPixels, module_pixels
+
+        return ProcessorPixels(self.processor) if self.processor is not None else module_pixels(self.image_size)
 
     def _capture(self, module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
         self._captured = args[0]
@@ -70,9 +84,15 @@ class ImageClassifier(nn.Module):
         """A transformers image classifier and its image processor (hub id or local folder)."""
         from transformers import AutoImageProcessor, AutoModelForImageClassification
 
+        from pipelines.pixels import read_record, record_pixels
+
         model = load_pretrained(AutoModelForImageClassification.from_pretrained, name_or_path, "image classifier", **kwargs)
         processor = load_pretrained(AutoImageProcessor.from_pretrained, name_or_path, "image processor")
-        return cls.from_model(model.eval(), processor, str(name_or_path))
+        made = cls.from_model(model.eval(), processor, str(name_or_path))
+        made.record = read_record(name_or_path)
+        if made.record is not None:  # the transform it was trained and validated with
+            made.pixels = record_pixels(made.record)
+        return made
 
     @classmethod
     def from_model(cls, model: nn.Module, processor: Any, model_id: str = "module") -> "ImageClassifier":
@@ -102,10 +122,18 @@ class ImageClassifier(nn.Module):
         """Save a transformers classifier with its processor (reload with `from_pretrained(folder)`)."""
         if self.kind != "hf":
             raise TypeError("save_pretrained needs a transformers classifier; save a plain module's state_dict yourself")
+        from pipelines.io import atomic_write_json
+        from pipelines.pixels import RECORD, reference_record
+
         folder = Path(folder)
         with umask_modes(folder):  # transformers' safetensors writer makes model.safetensors 0600: the umask decides
             self.model.save_pretrained(folder)
             self.processor.save_pretrained(folder)
+        record = reference_record(self.pixels)
+        if record is not None:
+            atomic_write_json(folder / RECORD, record)
+        else:
+            (folder / RECORD).unlink(missing_ok=True)
         return folder
 
     # -- inference ------------------------------------------------------------------------------------------
@@ -127,14 +155,10 @@ class ImageClassifier(nn.Module):
         return logits, features.flatten(1)
 
     def preprocess(self, images: Sequence[Any]) -> torch.Tensor:
-        """PIL images -> normalised pixel values [B,3,H,W] (the model's own image processor when it has one)."""
-        if self.processor is not None:
-            # PIL images are height x width x channels; saying so keeps a 1x1 or 2x2 image from being read as
-            # channels-first (transformers 5.2 guesses the layout from the shape)
-            return self.processor(images=list(images), return_tensors="pt", input_data_format="channels_last")["pixel_values"]
-        arrays = [np.asarray(img.convert("RGB").resize(self.image_size[::-1], resample=3), dtype=np.float32) / 255.0 for img in images]
-        x = torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2)
-        return (x - self.mean.cpu()) / self.std.cpu()
+        """PIL images -> normalised pixel values [B,3,H,W] on the CPU: `pixels` per image, then `standardize`."""
+        if not len(images):
+            return torch.zeros((0, 3, *self.image_size))
+        return self.standardize(torch.stack([self.pixels(image) for image in images]))
 
     def normalize(self, x01: torch.Tensor) -> torch.Tensor:
         """Differentiable: images in [0,1] of any size -> bilinear resize to `image_size` -> normalised."""

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 from PIL import Image, ImageOps
 
+from pipelines.decode import MAX_PIXELS, Decode, ImageLoadError, decode, to_rgb_mode  # noqa: F401
 from pipelines.io import atomic_write_text
 from pipelines.jsonl import encode_lines
 from pipelines.schema import (GROUPS, METADATA, REQUIRED, ROLES, SCHEMA_DOC, SPLITS, ManifestError,  # noqa: F401
@@ -25,14 +26,6 @@ from pipelines.walk import walk_files
 
 MANIFEST_INFO = "manifest_info.json"  # optional sidecar: {"image_root": path} when the images live elsewhere
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff", ".gif")
-
-
-class ImageLoadError(OSError):
-    """An image that cannot be read or decoded; names the file."""
-
-    def __init__(self, path: str | os.PathLike, reason: str):
-        self.path, self.reason = str(path), reason
-        super().__init__(f"{path}: {reason}")
 
 
 @dataclass
@@ -200,54 +193,20 @@ def open_image_source(folder: str | os.PathLike, **defaults: Any) -> Manifest:
 
 def to_rgb(image: Image.Image, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
     """Any PIL mode to 8-bit RGB: EXIF orientation applied, alpha composited on `background`,
-    CMYK/palette/grayscale converted, 16-bit and float images rescaled to 0-255."""
-    image = ImageOps.exif_transpose(image)
-    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-        arr = np.asarray(image, dtype=np.float64)
-        high = 65535.0 if image.mode.startswith("I;16") or arr.max() > 255 else 255.0
-        if image.mode == "F":
-            lo, hi = float(arr.min()), float(arr.max())
-            arr = (arr - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros_like(arr)
-        else:
-            arr = arr / high * 255.0
-        image = Image.fromarray(np.clip(np.rint(arr), 0, 255).astype(np.uint8), "L")
-    if image.mode == "P":
-        image = image.convert("RGBA")
-    if image.mode in ("RGBA", "LA", "PA", "RGBa", "La"):
-        rgba = image.convert("RGBA")
-        canvas = Image.new("RGBA", rgba.size, background + (255,))
-        image = Image.alpha_composite(canvas, rgba)
-    return image.convert("RGB")
+    CMYK/palette/grayscale converted, 16-bit and float images rescaled to 0-255 (`pipelines.decode.to_rgb_mode`)."""
+    return to_rgb_mode(ImageOps.exif_transpose(image), background)
 
 
-MAX_PIXELS = 40_000_000  # decompression-bomb guard of `load_image` (PIL's own warns at 89 MP and refuses at 179 MP)
-
-
-def load_image(path: str | os.PathLike | Any, max_pixels: int | None = MAX_PIXELS) -> Image.Image:
-    """Load an image as RGB (see `to_rgb`); raises `ImageLoadError` naming the file and the reason when it is missing,
-    empty, undecodable or larger than `max_pixels` (checked on the header, before any pixel is decoded; None = no
-    limit), so a corrupt or huge file is a recorded failure, never a crash or a memory blow-up.
+def load_image(path: str | os.PathLike | Any, max_pixels: int | None = MAX_PIXELS, orient: bool = True) -> Image.Image:
+    """Load an image as RGB at full size (see `to_rgb`; `orient=False` keeps the stored pixel order); raises
+    `ImageLoadError` naming the file and the reason when it is missing, empty, undecodable or larger than `max_pixels`
+    (checked on the header, before any pixel is decoded; None = no limit), so a corrupt or huge file is a recorded
+    failure, never a crash or a memory blow-up. Orientation and mode conversion copy the pixels only when they change
+    them (`pipelines.decode`).
 
     `path` is a file path or what `Manifest.path` returns for any image store: an object with `is_file()`, `stat()`
     and `open("rb")` (a `pathlib.Path`, or a member of a shard)."""
-    path = path if hasattr(path, "open") and hasattr(path, "stat") else Path(path)
-    if not path.is_file():
-        raise ImageLoadError(path, "file not found")
-    if path.stat().st_size == 0:
-        raise ImageLoadError(path, "empty file (0 bytes)")
-    try:
-        with path.open("rb") as fh, Image.open(fh) as img:
-            width, height = img.size
-            if max_pixels is not None and width * height > max_pixels:
-                raise ImageLoadError(path, f"image too large: {width}x{height} = {width * height / 1e6:.1f} MP exceeds "
-                                           f"the {max_pixels / 1e6:g} MP limit (decompression-bomb guard; raise max_pixels "
-                                           f"to load it)")
-            img.load()
-            return to_rgb(img)
-    except ImageLoadError:
-        raise
-    except Exception as err:  # PIL raises many types for corrupt data (and DecompressionBombError past its own limit)
-        raise ImageLoadError(path, f"cannot decode image ({type(err).__name__}: {err})") from err
+    return decode(path, Decode(draft=False, orient=orient, max_pixels=max_pixels))[0].image
 
 
 @dataclass

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipelines.arrays import FeatureSet, LinearHead
 from pipelines.classifier import ImageClassifier
-from pipelines.data import ImageLoadError, Manifest, load_image
+from pipelines.data import ImageLoadError, Manifest
 from pipelines.io import atomic_path, safe_name
 from pipelines.progress import progress
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
@@ -135,25 +135,44 @@ def cache_path(cache_dir: str | os.PathLike, name: str, key: str) -> Path:
     return Path(cache_dir) / f"{safe_name(name)}-{key}.safetensors"
 
 
-class _ManifestImages(Dataset):
-    """Loads manifest images by position; an unreadable image yields its error message instead of a crash."""
+class ManifestPixels(Dataset):
+    """Manifest rows by position -> (position, pixels or None, failure reason): `pixels.load(path, rng)` runs where
+    the item is made (a loader worker), with `rng` seeded by (seed, offset + position), so a random fit transform draws
+    the same pixels whatever the workers (`offset`: where these rows start in a larger set); an unreadable image gives
+    its reason instead of a crash."""
 
-    def __init__(self, manifest: Manifest, positions: list[int]):
-        self.manifest, self.positions = manifest, positions
+    def __init__(self, manifest: Manifest, positions: list[int], pixels: Any, seed: int = 0, offset: int = 0):
+        self.manifest, self.positions, self.pixels = manifest, positions, pixels
+        self.seed, self.offset = int(seed), int(offset)
 
     def __len__(self) -> int:
         return len(self.positions)
 
-    def __getitem__(self, i: int) -> tuple[int, Any]:
+    def __getitem__(self, i: int) -> tuple[int, torch.Tensor | None, str]:
         pos = self.positions[i]
         try:
-            return pos, load_image(self.manifest.path(self.manifest.rows[pos]))
+            path = self.manifest.path(self.manifest.rows[pos])
+            return pos, self.pixels.load(path, np.random.default_rng([self.seed, self.offset + pos])), ""
         except ImageLoadError as err:
-            return pos, err
+            return pos, None, err.reason
 
 
-def _collate(items: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
-    return items
+def collate_pixels(items: list[tuple[int, torch.Tensor | None, str]]) -> tuple[list[int], torch.Tensor | None,
+                                                                               list[tuple[int, str]]]:
+    """(positions of the loaded rows, their pixels stacked, (position, reason) of the others); runs in the worker."""
+    good = [(pos, x) for pos, x, _ in items if x is not None]
+    stacked = torch.stack([x for _, x in good]) if good else None
+    return [pos for pos, _ in good], stacked, [(pos, reason) for pos, x, reason in items if x is None]
+
+
+def pixel_loader(dataset: Dataset, batch_size: int, num_workers: int | None) -> DataLoader:
+    """Batches of `collate_pixels` in order; `num_workers` None: `pipelines.pixels.default_workers()`."""
+    from pipelines.pixels import default_workers
+
+    workers = default_workers() if num_workers is None else int(num_workers)
+    return DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_pixels,
+                      pin_memory=torch.cuda.is_available(), persistent_workers=False,
+                      prefetch_factor=4 if workers else None)
 
 
 def _reusable(cache: str | os.PathLike | None, manifest: Manifest, model_id: str, key: str | None) -> FeatureCache | None:
@@ -173,20 +192,18 @@ def _reusable(cache: str | os.PathLike | None, manifest: Manifest, model_id: str
 
 def _run_shard(classifier: ImageClassifier, manifest: Manifest, loader: DataLoader,
                device: torch.device, dtype: torch.dtype, bar: Any) -> tuple[list, list, list[int], list[dict]]:
-    """Features, logits, row positions and failures of this process's rows."""
+    """Features, logits, row positions and failures of this process's rows (pixels normalised on the device)."""
     feats, logits, index, failures = [], [], [], []
-    for batch in loader:
-        good = [(p, img) for p, img in batch if not isinstance(img, Exception)]
-        failures += [{"index": p, "file": manifest.rows[p]["file_name"], "reason": err.reason}
-                     for p, err in batch if isinstance(err, Exception)]
-        if good:
-            pixels = classifier.preprocess([img for _, img in good]).to(device)
+    for positions, pixels, failed in loader:
+        failures += [{"index": p, "file": manifest.rows[p]["file_name"], "reason": reason} for p, reason in failed]
+        if pixels is not None:
+            x = classifier.standardize(pixels.to(device, non_blocking=True))
             with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-                z, h = classifier(pixels)
+                z, h = classifier(x)
             feats.append(h.float().cpu().numpy())
             logits.append(z.float().cpu().numpy())
-            index += [p for p, _ in good]
-        bar.update(len(batch))
+            index += positions
+        bar.update(len(positions) + len(failed))
     bar.close()
     return feats, logits, index, failures
 
@@ -215,14 +232,16 @@ def _assemble(parts: list[tuple], classifier: ImageClassifier, manifest: Manifes
 
 @torch.inference_mode()
 def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_size: int = 64, device: str | None = None,
-                     precision: str = "auto", num_workers: int = 0, cache: str | os.PathLike | None = None,
-                     desc: str = "features", key: str | None = None) -> FeatureCache:
+                     precision: str = "auto", num_workers: int | None = None, cache: str | os.PathLike | None = None,
+                     desc: str = "features", key: str | None = None, pixels: Any = None, seed: int = 0) -> FeatureCache:
     """Run `classifier` once over every row of `manifest` (already the wanted selection) and return the cache.
 
-    With `cache`, an existing file is loaded instead when its metadata carries the same content `key` (or, without a
-    key, the same model id and manifest fingerprint), and a new result is written there. Rows are split across
-    accelerate processes; unreadable images are recorded in `metadata["failures"]` and left out (`index` says which
-    rows are present).
+    Pixels are `pixels` (default: the classifier's evaluation pixels, `classifier.pixels`; a random transform draws
+    per (seed, row)), made in `num_workers` loader workers (None: `pipelines.pixels.default_workers()`) and normalised
+    on the device. With `cache`, an existing file is loaded instead when its metadata carries the same content `key`
+    (or, without a key, the same model id and manifest fingerprint), and a new result is written there; the key must
+    cover the pixels. Rows are split across accelerate processes; unreadable images are recorded in
+    `metadata["failures"]` and left out (`index` says which rows are present).
     """
     found = _reusable(cache, manifest, classifier.model_id, key)
     if found is not None:
@@ -232,8 +251,8 @@ def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_s
     dtype = resolve_dtype(precision, device)
     classifier = classifier.to(device).eval()
     with state.split_between_processes(list(range(len(manifest)))) as positions:
-        loader = DataLoader(_ManifestImages(manifest, positions), batch_size=batch_size, num_workers=num_workers,
-                            collate_fn=_collate)
+        dataset = ManifestPixels(manifest, positions, classifier.pixels if pixels is None else pixels, seed)
+        loader = pixel_loader(dataset, batch_size, num_workers)
         bar = progress(desc=desc, total=len(positions), unit="img", disable=not state.is_main_process)
         parts = [_run_shard(classifier, manifest, loader, device, dtype, bar)]
     if state.num_processes > 1:

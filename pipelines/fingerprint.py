@@ -60,7 +60,8 @@ def weights_fingerprint(module: torch.nn.Module) -> str:
 
 
 def preprocessing_fingerprint(classifier: Any) -> str:
-    """The image processor's configuration (or the plain resize/normalise settings of a wrapped module)."""
+    """The image processor's configuration (or the plain resize/normalise settings of a wrapped module) and the
+    evaluation pixels the classifier makes (`classifier.pixels`, `pipelines.pixels`)."""
     processor = getattr(classifier, "processor", None)
     if processor is not None and hasattr(processor, "to_dict"):
         settings: Any = processor.to_dict()
@@ -68,7 +69,8 @@ def preprocessing_fingerprint(classifier: Any) -> str:
         settings = {"image_size": getattr(classifier, "image_size", None),
                     "mean": getattr(classifier, "mean", torch.zeros(0)).flatten().tolist(),
                     "std": getattr(classifier, "std", torch.zeros(0)).flatten().tolist()}
-    return _digest([settings])
+    pixels = getattr(classifier, "pixels", None)
+    return _digest([settings, pixels.identity() if hasattr(pixels, "identity") else None])
 
 
 def file_identity(path: os.PathLike | str, mode: str | None = None) -> Any:

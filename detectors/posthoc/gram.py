@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from detectors.base import Detector, ImageSet, as_numpy
+from detectors.posthoc.pixels import pixel_batches
 from detectors.posthoc.common import softmax
 from pipelines.params import Params, param
 from detectors.registry import register_detector
@@ -165,7 +166,10 @@ class Gram(Detector):
     def _cache_file(self, images: ImageSet) -> Path | None:
         if self.cache_dir is None or images.cache_key is None:
             return None
-        key = f"{model_digest(self.classifier)}|{images.cache_key}|{self.params['layers']}|{list(self.params['powers'])}"
+        from pipelines.fingerprint import preprocessing_fingerprint
+
+        key = (f"{model_digest(self.classifier)}|{preprocessing_fingerprint(self.classifier)}|{images.cache_key}|"
+               f"{self.params['layers']}|{list(self.params['powers'])}")
         slug = safe_name(Path(str(self.classifier.model_id)).name)[-40:]
         return Path(self.cache_dir) / f"gram-{slug}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors"
 
@@ -193,8 +197,8 @@ class Gram(Detector):
             if len(feats) != len(batch):
                 raise ValueError(f"gram feature cache {path} holds {len(feats)} images, the image set {len(batch)}: delete it")
         else:
-            chunks = (self.classifier.preprocess(images) for _, images in batch.batches(self.batch_size))
-            feats = compute_gram_features(self.classifier, chunks, powers, layers, math.ceil(len(batch) / self.batch_size))
+            chunks, total = pixel_batches(self.classifier, batch, self.batch_size, self.name)
+            feats = compute_gram_features(self.classifier, chunks, powers, layers, total)
             if path is not None:
                 feats.save(path, {"model": str(self.classifier.model_id), "images": str(batch.cache_key),
                                   "layers": layers, "powers": str(powers)})

@@ -23,6 +23,7 @@ import torch
 from detectors.base import Detector
 from detectors.posthoc import streaming
 from detectors.posthoc.mahalanobis import spd_inverse
+from detectors.posthoc.odin import REFERENCE_GRAD_STD
 from detectors.posthoc.pixels import eval_mode, labels_of_images, pixel_batches
 from pipelines.params import Params, param
 from detectors.registry import register_detector
@@ -68,7 +69,7 @@ class MDSEnsemble(Detector):
         feature_types: list[Literal["mean", "stat", "flat"]] = param(["mean"], "pooling of each layer's map")
         alpha: list[float] | Literal["fit"] = param([1.0], "layer weights, or 'fit' (logistic regression on ID/OOD val)")
         maps: Literal["hidden_states", "relu_conv"] = param("hidden_states", "which feature maps are read")
-        grad_std: float = param(0.5, "divisor of the input gradient (OpenOOD: 0.5 for every channel)", gt=0)
+        grad_std: float = param(REFERENCE_GRAD_STD, "divisor of the input gradient (OpenOOD: 0.5 for every channel)", gt=0)
 
         def check(self, dims: dict[str, int] | None = None) -> None:
             super().check(dims)

@@ -1,13 +1,17 @@
 """ODIN: temperature-scaled MSP after a small input perturbation (Liang et al., ICLR 2018).
 
-x' = x - eps * sign(-grad_x log max_k softmax(f(x) / T)_k), applied to the normalised pixel values with the step
-divided by the normalisation std per channel (as OpenOOD does), which is an eps step in [0, 1] pixel space.
+x' = x - eps * sign(-grad_x log max_k softmax(f(x) / T)_k) / s, applied to the normalised pixel values. OpenOOD's
+`odin_postprocessor.py:18-21` (Open-Insect's copy: the same lines) sets s to the std of `normalization_dict[dataset.name]`
+(`preprocessors/transform.py:3-12`) and to 0.5 for a dataset name missing there. OpenOOD v1.5's evaluation API names
+the benchmark (imagenet, ...: `evaluation_api/postprocessor.py:94-95`), so s is the normalisation std, an eps step in
+[0, 1] pixel space (`grad_std: null`, the default and `exact`'s); Open-Insect's `scripts/eval.sh:67` sets
+`dataset.name` to the region, which the table lacks, so s = 0.5 there (`grad_std: 0.5`, protocol `open-insects`,
+ODIN and RP-ODIN alike; `REFERENCE_GRAD_STD`, which MDSEns's postprocessor divides by too).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import math
 from typing import Any
 
 import numpy as np
@@ -15,7 +19,7 @@ import torch
 
 from detectors.base import Detector, ImageSet, as_numpy
 from detectors.posthoc.common import softmax
-from detectors.posthoc.pixels import preprocessed
+from detectors.posthoc.pixels import pixel_batches
 from pipelines.params import Params, param
 from detectors.registry import register_detector
 from pipelines.data import Manifest
@@ -23,9 +27,16 @@ from pipelines.progress import progress
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 
 
-def odin_perturb(classifier: Any, pixel_values: torch.Tensor, temperature: float, noise: float) -> torch.Tensor:
-    """The perturbed normalised input x - noise * sign(grad CE(f(x)/T, argmax f(x))) / std (sign(0) counts as +1)."""
-    std = getattr(classifier, "std", None)
+REFERENCE_GRAD_STD = 0.5
+"""The gradient divisor of OpenOOD's ODIN for a dataset name missing from its normalisation table
+(`odin_postprocessor.py:20-21`): what Open-Insect's runs divide by; MDSEns's postprocessor divides by it always."""
+
+
+def odin_perturb(classifier: Any, pixel_values: torch.Tensor, temperature: float, noise: float,
+                 grad_std: float | None = None) -> torch.Tensor:
+    """The perturbed normalised input x - noise * sign(grad CE(f(x)/T, argmax f(x))) / s (sign(0) counts as +1), s the
+    classifier's normalisation std per channel, or `grad_std` for every channel when given."""
+    std = getattr(classifier, "std", None) if grad_std is None else torch.tensor(float(grad_std))
     if std is None:
         raise AttributeError("odin: the classifier needs a `std` attribute (normalisation std, shape [1,3,1,1])")
     x = pixel_values.detach().requires_grad_(True)
@@ -52,6 +63,8 @@ class ODIN(Detector):
     class Params(Params):
         temperature: float = param(1000.0, "softmax temperature T", gt=0)
         noise: float = param(0.0014, "input perturbation step (in normalised pixel units)", ge=0)
+        grad_std: float | None = param(None, "divisor of the gradient sign: null the classifier's normalisation std "
+                                             "(OpenOOD on a named benchmark), 0.5 Open-Insect's runs", gt=0)
 
     fit_inputs = frozenset()
     needs = frozenset({"classifier", "device", "precision"})
@@ -70,15 +83,6 @@ class ODIN(Detector):
         self.device, self.precision = device, precision
         resolve_dtype(precision)  # a bad precision fails at construction
 
-    def _chunks(self, batch: Any) -> tuple[Any, int]:
-        """Normalised pixel-value batches [b,3,H,W] and their number."""
-        if isinstance(batch, ImageSet):
-            return preprocessed(self.classifier, batch, self.batch_size), math.ceil(len(batch) / self.batch_size)
-        if isinstance(batch, torch.Tensor) and batch.ndim == 4 and batch.is_floating_point():
-            return batch.split(self.batch_size), math.ceil(len(batch) / self.batch_size)
-        raise TypeError(f"odin: score takes an ImageSet or a float tensor [B,3,H,W] of preprocessed images, got "
-                        f"{type(batch).__name__}{tuple(batch.shape) if isinstance(batch, torch.Tensor) else ''}")
-
     def _score(self, batch: Any) -> np.ndarray:
         if self.classifier is None:
             raise ValueError("odin needs the classifier: build('odin', classifier=ImageClassifier...)")
@@ -93,7 +97,8 @@ class ODIN(Detector):
 
         rows = batch.manifest.rows
         with state.split_between_processes(list(range(len(rows)))) as mine:
-            part = ImageSet(manifest=Manifest(batch.manifest.root, [rows[i] for i in mine]))
+            part = ImageSet(manifest=Manifest(batch.manifest.root, [rows[i] for i in mine]), pixels=batch.pixels,
+                            seed=batch.seed, num_workers=batch.num_workers, offset=batch.offset + (mine[0] if mine else 0))
             scores = self._score_local(part) if mine else np.zeros(0)
             pieces = gather_object([(list(mine), scores.tolist())])
         out = np.empty(len(rows), dtype=np.float64)
@@ -112,9 +117,8 @@ class ODIN(Detector):
         model.eval()
         scores = []
         try:
-            chunks, total = self._chunks(batch)
-            for x in progress(chunks, total=total, desc="odin", leave=False, disable=total < 2):
-                x = x.to(device=param.device, dtype=param.dtype)
+            chunks, total = pixel_batches(model, batch, self.batch_size, self.name)
+            for x in progress(chunks, total=total, desc=self.name, leave=False, disable=total < 2):
                 with torch.autocast(param.device.type, dtype=dtype, enabled=dtype != torch.float32):
                     scores.append(self._chunk_scores(model, x, temperature, noise))
         finally:
@@ -124,7 +128,7 @@ class ODIN(Detector):
 
     def _chunk_scores(self, model: Any, x: torch.Tensor, temperature: float, noise: float) -> np.ndarray:
         """max softmax(f(x') / T) of one batch of normalised pixels (RP-ODIN re-weights it)."""
-        perturbed = odin_perturb(model, x, temperature, noise)
+        perturbed = odin_perturb(model, x, temperature, noise, self.params["grad_std"])
         with torch.no_grad():
             logits = model(perturbed)[0]
         return softmax(as_numpy(logits, np.float64) / temperature).max(axis=1)

@@ -1,10 +1,12 @@
-"""Shared by the post-hoc detectors that run the classifier on pixels (ODIN, RP-ODIN, RankFeat, MDSEns): batches of
-normalised pixel values from an ImageSet or a tensor, and eval mode restored module by module afterwards.
+"""Shared by the post-hoc detectors that run the classifier on pixels (ODIN, RP-ODIN, RankFeat, MDSEns, Gram): batches
+of normalised pixel values from an ImageSet (made by its pixels or the classifier's evaluation pixels, in loader
+workers, normalised on the device) or a tensor, and eval mode restored module by module afterwards.
 
-Within `pixel_memo(megabytes)` the preprocessed batches of manifest images are kept in memory (least recently used
-first out), keyed by the classifier's preprocessing and each image file's identity (`pipelines.fingerprint`): an
-image-level sweep scores the same validation images at every grid point, and decoding and resizing them once is
-enough. What a batch holds is the same tensor values either way, so scores are bitwise equal with and without it.
+Within `pixel_memo(megabytes)` the pixel batches of manifest images (uint8 for the transforms of `pipelines.pixels`)
+are kept in memory (least recently used first out), keyed by the classifier's preprocessing, the set's own pixels and
+each image file's identity (`pipelines.fingerprint`): an image-level sweep scores the same validation images at every
+grid point, and decoding and resizing them once is enough. What a batch holds is the same tensor values either way, so
+scores are bitwise equal with and without it.
 """
 from __future__ import annotations
 
@@ -62,38 +64,44 @@ def pixel_memo(megabytes: float) -> Iterator[PixelMemo | None]:
 
 
 def preprocessed(classifier: Any, batch: ImageSet, batch_size: int) -> Iterator[torch.Tensor]:
-    """The classifier's preprocessing of `batch`, `batch_size` images at a time (kept ones from `pixel_memo`)."""
+    """The pixels of `batch` (its own `pixels`, else the classifier's evaluation pixels: `ImageSet.pixel_batches`),
+    `batch_size` images at a time, not yet normalised; within `pixel_memo` a manifest's batches are kept (all of them
+    read back when every one is kept, else all made again)."""
     memo = _MEMO.get()
     if memo is None or batch.manifest is None:
-        yield from (classifier.preprocess(images) for _, images in batch.batches(batch_size))
+        yield from (x for _, x in batch.pixel_batches(classifier.pixels, batch_size))
         return
     from pipelines.fingerprint import file_identity, preprocessing_fingerprint
 
-    setting = preprocessing_fingerprint(classifier)
+    setting = json.dumps([preprocessing_fingerprint(classifier), batch.pixels_identity()], default=str)
+    keys = []
     for start in range(0, len(batch), batch_size):
-        stop = min(start + batch_size, len(batch))
-        paths = [batch.manifest.path(row) for row in batch.manifest.rows[start:stop]]
-        key = (setting, json.dumps([[str(path), file_identity(path)] for path in paths]))
-        x = memo.get(key)
-        if x is None:
-            x = classifier.preprocess([batch.load(i) for i in range(start, stop)])
-            memo.put(key, x)
+        paths = [batch.manifest.path(row) for row in batch.manifest.rows[start:start + batch_size]]
+        keys.append((setting, batch.offset + start, json.dumps([[str(p), file_identity(p)] for p in paths])))
+    kept = [memo.get(key) for key in keys]
+    if all(x is not None for x in kept):
+        yield from kept
+        return
+    for key, (_, x) in zip(keys, batch.pixel_batches(classifier.pixels, batch_size)):
+        memo.put(key, x)
         yield x
 
 
 def pixel_batches(classifier: Any, batch: Any, batch_size: int, who: str) -> tuple[Iterator[torch.Tensor], int]:
-    """Normalised pixel-value batches [b,3,H,W] of an ImageSet (the classifier's preprocessing) or a float tensor of
-    preprocessed images, on the classifier's device and dtype; and their number."""
+    """Normalised pixel-value batches [b,3,H,W] of an ImageSet (its pixels, normalised on the classifier's device by
+    `classifier.standardize`) or of a float tensor of preprocessed images, on the classifier's device and dtype; and
+    their number."""
     param = next(classifier.parameters())
 
     def moved(chunks: Any) -> Iterator[torch.Tensor]:
-        return (x.to(device=param.device, dtype=param.dtype) for x in chunks)
+        return (classifier.standardize(x.to(device=param.device)).to(dtype=param.dtype) for x in chunks)
 
     if isinstance(batch, ImageSet):
         return moved(preprocessed(classifier, batch, batch_size)), math.ceil(len(batch) / batch_size)
     if isinstance(batch, torch.Tensor) and batch.ndim == 4 and batch.is_floating_point():
         return moved(batch.split(batch_size)), math.ceil(len(batch) / batch_size)
-    raise TypeError(f"{who}: takes an ImageSet or a float tensor [B,3,H,W] of preprocessed images, got {type(batch).__name__}")
+    raise TypeError(f"{who}: takes an ImageSet or a float tensor [B,3,H,W] of preprocessed images, got "
+                    f"{type(batch).__name__}{tuple(batch.shape) if isinstance(batch, torch.Tensor) else ''}")
 
 
 def labels_of_images(data: Any, who: str) -> np.ndarray:

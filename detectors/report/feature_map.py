@@ -53,13 +53,16 @@ Features = tuple[np.ndarray, np.ndarray]
 
 
 def classifier_features(folder: str | os.PathLike, samples: list[Sample], cache_dir: Path, batch_size: int = 64,
-                        device: str | None = None) -> list[Features]:
-    """Penultimate-layer features of an image classifier folder, per sample."""
+                        device: str | None = None, protocol: str = "exact") -> list[Features]:
+    """Penultimate-layer features of an image classifier folder, per sample, with the evaluation pixels of `protocol`
+    (`pipelines.pixels.run_pixels`; `exact`: the folder's recorded transform, else its processor)."""
     from pipelines.classifier import ImageClassifier
     from pipelines.features import cache_path, extract_features
     from pipelines.fingerprint import combine, images_fingerprint, preprocessing_fingerprint, weights_fingerprint
+    from pipelines.pixels import run_pixels
 
     clf = ImageClassifier.from_pretrained(str(folder)).eval()
+    clf.pixels = run_pixels(clf, protocol, record=clf.record).eval
     model_key = combine("feature-map-v1", weights_fingerprint(clf), preprocessing_fingerprint(clf))
     out = []
     for sample in samples:

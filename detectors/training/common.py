@@ -5,8 +5,10 @@ A training-time detector builds an `Objective` (its loss) from its parameters an
 - "full" (default, the papers' protocol): `fit(ImageSet | Manifest, aux=ImageSet | Manifest)` with `classifier=` given
   at construction fine-tunes that whole classifier in place on images (`pipelines.training.finetune`; the runner hands
   each method its own copy). Training rows get Open-Insect's fine-tuning preprocessor (`augment: region`: Resize to
-  the processor's resize, CenterCrop, flip, RandomCrop with padding 4, new pixels every epoch); a separate auxiliary
-  stream gets the evaluation pixels, as the reference's `oe` split (docs/training.md). With `work_dir=` (the runner's
+  the evaluation transform's resize, CenterCrop, flip, RandomCrop with padding 4, new pixels every epoch, JPEGs
+  drafted to the crop's need); validation rows and a separate auxiliary stream get the classifier's evaluation pixels
+  (`classifier.pixels`: under `open-insects` the reference's Resize + CenterCrop), as the reference's `oe` split
+  (docs/training.md). With `work_dir=` (the runner's
   unit folder) the model is checkpointed there after every
   epoch, atomically (safetensors + JSON, no pickle), and a killed run resumes its training; once trained, the detector
   saves itself to `work_dir/model` (`save_pretrained`: heads, config and the fine-tuned classifier's own model folder),
@@ -83,7 +85,8 @@ class TrainedDetector(Detector):
         seed: int = param(0, "training seed")
         precision: str = param("auto", "training precision (auto: bf16 on GPU, fp32 on CPU; the reference: fp32)",
                                runtime=True)
-        num_workers: int = param(0, "data-loader workers (full mode)", runtime=True, ge=0)
+        num_workers: int | None = param(None, "data-loader workers (full mode); null: every core but one beside a GPU, "
+                                              "0 on a CPU-only machine", runtime=True, ge=0)
         aux_label_field: str | None = param(None, "manifest field giving auxiliary rows a class index")
         score_batch_size: int = param(64, "images per scoring batch", runtime=True, ge=1)
         score_rule: str = param("msp", "how the trained model scores (one of the class's score_rules)")
@@ -187,19 +190,24 @@ class TrainedDetector(Detector):
 
     def _fit_images(self, id_train: Any, id_val: Any, aux: Any, common: dict[str, Any]):
         from detectors.training.finetuned import CHECKPOINT, as_manifest, training_key
-        from pipelines.training.classify import transforms_for
+        from pipelines.fingerprint import preprocessing_fingerprint
+        from pipelines.pixels import default_workers, finetune_transforms
 
         if self.classifier is None:
             raise ValueError(f"{self.name}: mode 'full' fine-tunes a classifier: build({self.name!r}, classifier=<ImageClassifier>)")
         train_m, aux_m, val_m = (as_manifest(x, what, self.name) for x, what in ((id_train, "id_train"), (aux, "aux"), (id_val, "id_val")))
+        # training rows: the augment branch; validation and aux rows: the classifier's evaluation pixels (pipelines.pixels)
+        transforms = None if self.params["augment"] == "none" else finetune_transforms(self.classifier, self.params["augment"])
         checkpoint, key = None, ""
         if self.work_dir is not None:
             checkpoint = self.work_dir / CHECKPOINT
             # one training whichever checkpoint scores: both are kept, so switching `checkpoint` trains nothing again
             trained = {k: v for k, v in self.params.items() if k != "checkpoint"}
-            key = training_key(self.name, trained, self.classifier, train_m, aux_m, val_m)
-        transforms = None if self.params["augment"] == "none" else transforms_for(self.classifier, self.params["augment"])
-        result = finetune(self.classifier, train_m, aux=aux_m, val=val_m, num_workers=self.params["num_workers"],
+            pixels = {"pixels": preprocessing_fingerprint(self.classifier),
+                      "train": None if transforms is None else transforms[0].identity()}
+            key = training_key(self.name, {**trained, **pixels}, self.classifier, train_m, aux_m, val_m)
+        workers = default_workers() if self.params["num_workers"] is None else self.params["num_workers"]
+        result = finetune(self.classifier, train_m, aux=aux_m, val=val_m, num_workers=workers,
                           aux_label_field=self.params["aux_label_field"], checkpoint=checkpoint, checkpoint_key=key,
                           transforms=transforms, keep_best=checkpoint is not None and val_m is not None,
                           weights=self.params["checkpoint"],

@@ -35,6 +35,7 @@ from pipelines.errors import ConfigError
 from pipelines.hub_ids import RESNET_ID
 from pipelines.fingerprint import combine, images_fingerprint, source_identity
 from pipelines.io import atomic_write_json, remove_orphan_temps
+from pipelines.pixels import training_pixels
 from pipelines.runtime import load_pretrained, seed_everything
 from pipelines.checkpoints import checkpoint_epoch, write_checkpoint_index
 from pipelines.training.loop import TrainResult, drop_last, finetune, load_best_weights
@@ -221,7 +222,8 @@ def _train_classifier(config: TrainConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     if state.is_main_process:
         remove_orphan_temps(out)  # what a killed run's writes left (a live writer's temp files stay)
-    transforms = transforms_for(classifier, config.augment, config.pre_size)
+    transforms = training_pixels(classifier, transforms_for(classifier, config.augment, config.pre_size), config.protocol,
+                                 config.draft)
     if state.is_main_process:
         print(f"recipe {config.recipe}, protocol {config.protocol}: train pixels {transforms[0]!r}; eval pixels "
               f"{transforms[1]!r}; batch {config.batch_size} ({'last partial batch dropped' if config.drop_last else 'last partial batch kept'}), "

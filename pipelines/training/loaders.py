@@ -16,8 +16,10 @@ from pipelines.training.objectives import Objective
 class ImageRows(Dataset):
     """Manifest rows -> (pixels or None, class index, row position, failure reason).
 
-    Pixels come from `transform(image, rng)` (a uint8 tensor; `rng` seeded by (seed, epoch, row), see `set_epoch`),
-    else from `augment(image)` then `preprocess([image])[0]` (normalised floats, the classifier's own processor)."""
+    Pixels come from `transform.load(path, rng)` (a uint8 tensor decoded for the transform's crop,
+    `transforms.Compose.load`; `rng` seeded by (seed, epoch, row), see `set_epoch`), or `transform(image, rng)` for a
+    transform without `load`, else from `augment(image)` then `preprocess([image])[0]` (normalised floats, the
+    classifier's own processor)."""
 
     def __init__(self, manifest: Manifest, labels: np.ndarray, preprocess: Callable[[list[Any]], torch.Tensor] | None,
                  augment: Callable[[Any], Any] | None = None, transform: Callable[[Any, Any], torch.Tensor] | None = None,
@@ -32,15 +34,21 @@ class ImageRows(Dataset):
         return len(self.manifest.rows)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor | None, int, int, str]:
+        path = self.manifest.path(self.manifest.rows[i])
         try:
-            image = load_image(self.manifest.path(self.manifest.rows[i]))
+            if self.transform is not None and hasattr(self.transform, "load"):  # decoded for the transform's crop
+                return self.transform.load(path, self._rng(i)), int(self.labels[i]), i, ""
+            image = load_image(path)
         except ImageLoadError as err:
             return None, int(self.labels[i]), i, err.reason
         if self.transform is not None:
-            return self.transform(image, np.random.default_rng([self.seed, self.epoch, i])), int(self.labels[i]), i, ""
+            return self.transform(image, self._rng(i)), int(self.labels[i]), i, ""
         if self.augment is not None:
             image = self.augment(image)
         return self.preprocess([image])[0], int(self.labels[i]), i, ""
+
+    def _rng(self, i: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, self.epoch, i])
 
 
 class EpochSampler(Sampler[int]):

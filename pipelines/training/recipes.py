@@ -108,8 +108,10 @@ class TrainConfig(Config):
     seed: int = param(0, "seed of initialisation, order and augmentation")
     precision: Literal["auto", "bf16", "fp16", "fp32"] | None = param(None, "training precision (auto: bf16 on GPU)",
                                                                       runtime=True)
-    num_workers: int | None = param(None, "data-loader workers; null: min(8, CPUs) beside a GPU, 0 on the CPU",
+    num_workers: int | None = param(None, "data-loader workers; null: every core but one beside a GPU, 0 on the CPU",
                                     ge=0, runtime=True)
+    draft: bool = param(True, "decode training JPEGs at the DCT scale the random crop needs (false: full decode; "
+                              "docs/training.md gives the measured difference)")
     compile: bool = param(False, "torch.compile the model (GPU speed option)", runtime=True)
     channels_last: bool = param(True, "channels-last memory on GPU", runtime=True)
     sync_bn: bool = param(True, "batch-norm statistics over the global batch with several processes")
@@ -151,11 +153,8 @@ class TrainConfig(Config):
             raise ConfigError(f"pre_size ({self.pre_size}) must be at least image_size ({self.image_size})", doc=DOC)
 
     def workers(self) -> int:
-        """`num_workers`, or the default: decoding beside a GPU; on the CPU workers would compete with the model."""
-        if self.num_workers is not None:
-            return self.num_workers
-        import os
+        """`num_workers`, or the default (`pipelines.pixels.default_workers`): every core but one beside a GPU; on the
+        CPU workers would compete with the model."""
+        from pipelines.pixels import default_workers
 
-        import torch
-
-        return min(8, os.cpu_count() or 1) if torch.cuda.is_available() else 0
+        return self.num_workers if self.num_workers is not None else default_workers()

@@ -2,7 +2,10 @@
 semantics (`torchvision.transforms` 0.14+ on PIL images: the same boxes, rounding, resampling filters and fills).
 
 Each op maps `(PIL image, rng) -> PIL image`; `Compose(ops)` runs them and returns the uint8 [3,H,W] tensor the loaders
-hand on (normalisation happens on the device, on whole batches: `Normalize`). Randomness comes from a NumPy generator
+hand on (normalisation happens on the device, on whole batches: `Normalize`). `Compose.load(path, rng)` decodes a file
+for its ops (`pipelines.decode`): the first op plans the box of the full image it reads (`plan`), so with
+`Decode(draft=True)` a JPEG is decoded at the coarsest DCT scale that still has the op's output pixels, and the op
+applies its full-size geometry to the smaller image (`apply`); without draft the pixels are those of a full decode. Randomness comes from a NumPy generator
 seeded per (seed, epoch, row), so an image's augmentation does not depend on the worker, the process or a resume (the
 draws follow torchvision's rules; the stream is not torch's global generator).
 
@@ -23,35 +26,60 @@ preprocessor branches (`src/openood/preprocessors/base_preprocessor.py`, `test_p
 from __future__ import annotations
 
 import math
-from typing import Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 import torch
 from PIL import Image, ImageEnhance, ImageOps
+
+from pipelines.decode import Decode, Decoded, Region, decode, to_rgb_mode
 
 Op = Callable[[Image.Image, np.random.Generator], Image.Image]
 
 
 def to_uint8_tensor(image: Image.Image) -> torch.Tensor:
     """An RGB PIL image -> uint8 tensor [3,H,W]."""
-    return torch.from_numpy(np.asarray(image.convert("RGB"), dtype=np.uint8).copy()).permute(2, 0, 1).contiguous()
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    return torch.from_numpy(np.array(rgb, dtype=np.uint8)).permute(2, 0, 1).contiguous()
 
 
 class Compose:
-    """Run PIL ops in order (RGB first), return the uint8 [3,H,W] tensor."""
+    """Run PIL ops in order (RGB first), return the uint8 [3,H,W] tensor; `load` decodes a file for them (`decode`:
+    draft and orientation, `pipelines.decode.Decode`)."""
 
-    def __init__(self, ops: Sequence[Op]):
-        self.ops = list(ops)
+    def __init__(self, ops: Sequence[Op], decode: Decode = Decode()):
+        self.ops, self.decode = list(ops), decode
 
     def __call__(self, image: Image.Image, rng: np.random.Generator | None = None) -> torch.Tensor:
         rng = rng if rng is not None else np.random.default_rng(0)
-        image = image.convert("RGB")
+        image = to_rgb_mode(image)
         for op in self.ops:
             image = op(image, rng)
         return to_uint8_tensor(image)
 
+    def load(self, path: Any, rng: np.random.Generator | None = None) -> torch.Tensor:
+        """Decode `path` (raises `ImageLoadError`) and run the ops: the first one on the decoded image through its
+        planned region when it plans one, the others as `__call__` does."""
+        rng = rng if rng is not None else np.random.default_rng(0)
+        first = self.ops[0] if self.ops and hasattr(self.ops[0], "plan") else None
+        planner = (lambda width, height: first.plan(width, height, rng)) if first is not None else None
+        decoded, region = decode(path, self.decode, planner)
+        image = first.apply(decoded, region) if first is not None else decoded.image
+        for op in self.ops[1 if first is not None else 0:]:
+            image = op(image, rng)
+        return to_uint8_tensor(image)
+
+    def with_decode(self, decode: Decode) -> "Compose":
+        """The same ops with another decode."""
+        return Compose(self.ops, decode)
+
+    def identity(self) -> dict[str, Any]:
+        """What decides the pixels (for cache keys): the ops and the decode."""
+        return {"ops": repr(self.ops), "decode": self.decode.identity()}
+
     def __repr__(self) -> str:
-        return f"Compose({self.ops!r})"
+        draft = ", draft" if self.decode.draft else ""
+        return f"Compose({self.ops!r}{draft}{'' if self.decode.orient else ', stored orientation'})"
 
 
 class RandomResizedCrop:
@@ -85,6 +113,17 @@ class RandomResizedCrop:
         left, top, w, h = self.box(*image.size, rng)
         return image.crop((left, top, left + w, top + h)).resize((self.size, self.size), self.resample)
 
+    def plan(self, width: int, height: int, rng: np.random.Generator) -> Region:
+        """The crop box drawn on the full size (the draws of `__call__`), written at size x size."""
+        left, top, w, h = self.box(width, height, rng)
+        return Region((left, top, left + w, top + h), (self.size, self.size))
+
+    def apply(self, decoded: Decoded, region: Region) -> Image.Image:
+        """Crop and resize at full scale; from a coarser decode, resize the box's pixels in one step."""
+        if decoded.scale == 1:
+            return decoded.image.crop(region.box).resize(region.out, self.resample)
+        return decoded.image.resize(region.out, self.resample, box=decoded.box(region.box))
+
     def __repr__(self) -> str:
         return f"RandomResizedCrop({self.size}, scale={self.scale}, ratio={self.ratio})"
 
@@ -107,8 +146,23 @@ class Resize:
     def __call__(self, image: Image.Image, rng: np.random.Generator | None = None) -> Image.Image:
         return image.resize(resized_size(*image.size, self.size), self.resample)
 
+    def plan(self, width: int, height: int, rng: np.random.Generator | None = None) -> Region:
+        """The whole image, written at the size the full image resizes to."""
+        return Region((0, 0, width, height), resized_size(width, height, self.size))
+
+    def apply(self, decoded: Decoded, region: Region) -> Image.Image:
+        return _resize_whole(decoded, region, self.resample)
+
     def __repr__(self) -> str:
         return f"Resize({self.size})"
+
+
+def _resize_whole(decoded: Decoded, region: Region, resample: int) -> Image.Image:
+    """The decoded image resized to `region.out`; from a coarser decode, the full image's exact extent (its last DCT
+    block may be partial)."""
+    if decoded.scale == 1:
+        return decoded.image.resize(region.out, resample)
+    return decoded.image.resize(region.out, resample, box=decoded.box(region.box))
 
 
 def _pad(image: Image.Image, left: int, top: int, right: int, bottom: int) -> Image.Image:
@@ -272,11 +326,18 @@ class ResizeCenterCrop:
         self.size, self.crop_pct, self.resample = int(size), float(crop_pct), resample
 
     def __call__(self, image: Image.Image, rng: np.random.Generator | None = None) -> Image.Image:
+        return self._crop(image.resize(self.plan(*image.size).out, self.resample))
+
+    def plan(self, width: int, height: int, rng: np.random.Generator | None = None) -> Region:
         short = int(self.size / self.crop_pct)
-        width, height = image.size
         new = (short, int(short * height / width)) if width <= height else (int(short * width / height), short)
-        image = image.resize(new, self.resample)
-        left, top = (new[0] - self.size) // 2, (new[1] - self.size) // 2
+        return Region((0, 0, width, height), new)
+
+    def apply(self, decoded: Decoded, region: Region) -> Image.Image:
+        return self._crop(_resize_whole(decoded, region, self.resample))
+
+    def _crop(self, image: Image.Image) -> Image.Image:
+        left, top = (image.width - self.size) // 2, (image.height - self.size) // 2
         return image.crop((left, top, left + self.size, top + self.size))
 
     def __repr__(self) -> str:
@@ -290,21 +351,23 @@ AUGMENTS = ("ami", "region", "imagenet")
 <region>`), "imagenet" (RandomResizedCrop(0.08-1) + flip, torchvision's ImageNet recipe, our `exact` one)."""
 
 
-def reference_train(augment: Literal["ami", "region", "imagenet"], image_size: int, pre_size: int) -> Compose:
+def reference_train(augment: Literal["ami", "region", "imagenet"], image_size: int, pre_size: int,
+                    decode: Decode = Decode()) -> Compose:
     """The training transform of one `BasePreprocessor` branch at `image_size` (`pre_size`: the region branch's resize)."""
     if augment == "ami":
         return Compose([RandomResizedCrop(image_size, scale=(0.3, 1.0)), HorizontalFlip(), RandAugment(2, 9),
-                        Resize((image_size, image_size))])
+                        Resize((image_size, image_size))], decode)
     if augment == "region":
-        return Compose([Resize(pre_size), CenterCrop(image_size), HorizontalFlip(), RandomCrop(image_size, padding=4)])
+        return Compose([Resize(pre_size), CenterCrop(image_size), HorizontalFlip(), RandomCrop(image_size, padding=4)],
+                       decode)
     if augment == "imagenet":
-        return Compose([RandomResizedCrop(image_size), HorizontalFlip()])
+        return Compose([RandomResizedCrop(image_size), HorizontalFlip()], decode)
     raise ValueError(f"augment must be one of {AUGMENTS}, got {augment!r}")
 
 
-def reference_eval(image_size: int, pre_size: int) -> Compose:
+def reference_eval(image_size: int, pre_size: int, decode: Decode = Decode()) -> Compose:
     """`TestStandardPreProcessor`: Resize(pre_size) + CenterCrop(image_size), bilinear (the aux rows' pixels too)."""
-    return Compose([Resize(pre_size), CenterCrop(image_size)])
+    return Compose([Resize(pre_size), CenterCrop(image_size)], decode)
 
 
 class Normalize:

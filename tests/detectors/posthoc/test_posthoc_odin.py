@@ -30,8 +30,9 @@ def _classifier(seed=0, size=6, classes=5):
     return ImageClassifier.from_module(FlatLinear(size, classes), image_size=size, mean=(0.5, 0.4, 0.3), std=STD)
 
 
-def _reference_odin(classifier, pixel_values, temperature, noise):
-    """float64: grad_x CE(z/T, argmax z) = W^T (softmax(z/T) - onehot) / T for z = W x + b."""
+def _reference_odin(classifier, pixel_values, temperature, noise, divisor=STD):
+    """float64: grad_x CE(z/T, argmax z) = W^T (softmax(z/T) - onehot) / T for z = W x + b; the sign step divided by
+    `divisor` per channel (odin_postprocessor.py:40-50)."""
     w = classifier.head.weight.detach().double().numpy()
     b = classifier.head.bias.detach().double().numpy()
     x = pixel_values.double().numpy()
@@ -40,9 +41,30 @@ def _reference_odin(classifier, pixel_values, temperature, noise):
     p = softmax(z / temperature, axis=1)
     p[np.arange(len(z)), z.argmax(axis=1)] -= 1.0
     grad = (p @ w / temperature).reshape(x.shape)
-    step = np.where(grad >= 0, 1.0, -1.0) / np.array(STD)[None, :, None, None]
+    step = np.where(grad >= 0, 1.0, -1.0) / np.broadcast_to(np.asarray(divisor, float), (3,))[None, :, None, None]
     perturbed = (x - noise * step).reshape(len(x), -1)
     return softmax((perturbed @ w.T + b) / temperature, axis=1).max(axis=1)
+
+
+def test_odin_divides_by_05_under_open_insects_and_by_the_std_otherwise():
+    """Open-Insect's eval.sh:67 names the region, absent from transform.py:3-12, so odin_postprocessor.py:18-21 divides
+    the sign step by 0.5 (ODIN and RP-ODIN); OpenOOD on a named benchmark and `exact` by the normalisation std."""
+    from detectors.posthoc.mdsens import MDSEnsemble
+    from detectors.posthoc.odin import REFERENCE_GRAD_STD
+    from detectors.protocols import protocol_params
+
+    assert REFERENCE_GRAD_STD == 0.5 and MDSEnsemble.defaults["grad_std"] == REFERENCE_GRAD_STD  # one definition
+    for name in ("odin", "rp_odin"):
+        assert protocol_params("open-insects", name)["grad_std"] == 0.5
+        assert "grad_std" not in protocol_params("openood_v1.5", name) and "grad_std" not in protocol_params("exact", name)
+    clf = _classifier(seed=2)
+    x = torch.randn(6, 3, 6, 6, generator=torch.Generator().manual_seed(3))
+    temperature, noise = 10.0, 0.05
+    half = detectors.build("odin", classifier=clf, temperature=temperature, noise=noise, grad_std=0.5).score(x)
+    np.testing.assert_allclose(half, _reference_odin(clf, x, temperature, noise, divisor=0.5), rtol=1e-5)
+    std = detectors.build("odin", classifier=clf, temperature=temperature, noise=noise).score(x)
+    np.testing.assert_allclose(std, _reference_odin(clf, x, temperature, noise), rtol=1e-5)
+    assert np.abs(half - std).max() > 1e-4  # the two steps differ: the test sees the divisor
 
 
 @pytest.mark.parametrize("temperature, noise", [(1000.0, 0.0014), (10.0, 0.05)])

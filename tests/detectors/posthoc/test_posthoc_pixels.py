@@ -16,16 +16,36 @@ from detectors.posthoc.pixels import PixelMemo, pixel_memo, preprocessed
 from pipelines.data import make_row, write_manifest
 
 
+class Scaled:
+    """A pixel transform with a setting (image -> float tensor / factor), counting the images it makes."""
+
+    def __init__(self, factor: float):
+        self.factor, self.calls = factor, 0
+
+    def __call__(self, image, rng=None):
+        self.calls += 1
+        return torch.from_numpy(np.asarray(image, dtype=np.float32)).permute(2, 0, 1) / self.factor
+
+    def load(self, path, rng=None):
+        from pipelines.data import load_image
+
+        return self(load_image(path))
+
+    def identity(self):
+        return {"factor": self.factor}
+
+
 class Scale:
-    """A stand-in with a preprocessing setting: images -> float tensors (counted)."""
+    """A classifier stand-in with a preprocessing setting: its pixels scale the images (counted), no normalisation."""
 
     def __init__(self, factor: float = 1.0):
-        self.image_size, self.calls = 4, 0
+        self.image_size = 4
         self.mean, self.std = torch.zeros(3), torch.full((3,), factor)
+        self.pixels, self.standardize = Scaled(factor), (lambda x: x)
 
-    def preprocess(self, images):
-        self.calls += 1
-        return torch.stack([torch.from_numpy(np.asarray(i, dtype=np.float32)).permute(2, 0, 1) for i in images]) / self.std[:, None, None]
+    @property
+    def calls(self) -> int:
+        return self.pixels.calls
 
 
 @pytest.fixture()
@@ -39,10 +59,10 @@ def images(tmp_path):
 def test_kept_batches_are_the_same_values_and_each_is_preprocessed_once(images):
     clf = Scale()
     plain = list(preprocessed(clf, images, 2))
-    assert clf.calls == 3
+    assert clf.calls == 5
     with pixel_memo(1) as memo:
         first, again = list(preprocessed(clf, images, 2)), list(preprocessed(clf, images, 2))
-    assert clf.calls == 6 and (memo.hits, memo.misses) == (3, 3)
+    assert clf.calls == 10 and (memo.hits, memo.misses) == (3, 3)
     for a, b, c in zip(plain, first, again):
         assert torch.equal(a, b) and torch.equal(a, c)
     again[0].add_(1)  # a detector changing its batch in place does not change the kept one
@@ -80,12 +100,12 @@ def test_the_least_recently_used_batch_goes_first_and_an_oversized_one_is_not_ke
 
 def test_an_odin_sweep_chooses_and_scores_alike_with_the_memo_and_preprocesses_once(digits, tmp_path, monkeypatch):
     from detectors.evaluate import run_config
-    from pipelines.classifier import ImageClassifier
+    from pipelines.features import ManifestPixels
     from tests.detectors.runner_helpers import eval_config
 
     calls = []
-    real = ImageClassifier.preprocess
-    monkeypatch.setattr(ImageClassifier, "preprocess", lambda self, images: calls.append(len(images)) or real(self, images))
+    real = ManifestPixels.__getitem__
+    monkeypatch.setattr(ManifestPixels, "__getitem__", lambda self, i: calls.append(1) or real(self, i))
     _, ood_dir, _ = digits
     counts, tables, scores = {}, {}, {}
     for memo in (0, 1024):

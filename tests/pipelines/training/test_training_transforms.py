@@ -222,3 +222,94 @@ def test_reference_pipelines_give_the_reference_sizes_and_vary_per_draw():
         assert np.array_equal(a.numpy(), tf(image, np.random.default_rng([0, 0, 3])).numpy())  # same seed, same pixels
     expected = np.asarray(image.resize((170, 128), Image.BILINEAR))[1:127, 22:148]  # round(44 / 2) = 22, round(2 / 2) = 1
     assert np.array_equal(evaluation(image).permute(1, 2, 0).numpy(), expected)
+
+
+# -- the evaluation transform on files, against torchvision 0.14 ------------------------------------------------------
+FILE_ORACLE = r"""
+import json, sys
+import numpy as np
+from PIL import Image, ImageOps
+import torchvision.transforms as T
+
+files = json.loads(open(sys.argv[1]).read())
+evaluate = T.Compose([T.Resize(128, interpolation=T.InterpolationMode.BILINEAR), T.CenterCrop(126)])
+out = {}
+for i, f in enumerate(files):
+    with open(f, "rb") as fh:  # torchvision.datasets.folder.pil_loader, as Open-Insect's ImglistDataset reads
+        img = Image.open(fh)
+        out[f"stored{i}"] = np.asarray(evaluate(img.convert("RGB")))
+    with open(f, "rb") as fh:
+        out[f"upright{i}"] = np.asarray(evaluate(ImageOps.exif_transpose(Image.open(fh)).convert("RGB")))
+np.savez(sys.argv[2], **out)
+"""
+EVAL_TOLERANCE = 1  # Pillow 13 against Debian's 9.4: a downscaling filter's sums rounded apart by one grey level
+DRAFT_TOLERANCE = {"max": 4, "mean": 0.75}  # draft (DCT scale keeping twice the output) against the full decode, on
+# camera-like content (benchmarks/decode.json: max 3, mean 0.44 at 3 MP); pure noise or hard 32 px blocks reach 7
+
+
+def _sized_files(folder: Path) -> list[tuple[Path, int]]:
+    """(file, L mod 4): small noise images whose resized long side L = int(128 * long / short) takes each class mod 4
+    (landscape and portrait), and two camera-sized JPEGs (3 MP) with L = 1 and 3 mod 4, one with EXIF orientation 6."""
+    rng = np.random.default_rng(5)
+    made = []
+    for i, (w, h) in enumerate([(130, 96), (131, 96), (132, 96), (133, 96), (96, 134), (96, 135), (97, 129), (200, 150)]):
+        path = folder / f"small{i}.png"
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path)
+        made.append((path, int(128 * max(w, h) / min(w, h)) % 4))
+    for i, (w, orientation) in enumerate([(2030, 6), (2054, 1)]):
+        field = Image.fromarray(rng.integers(0, 256, (26, w // 64 + 2, 3), dtype=np.uint8)).resize((w, 1536), Image.BICUBIC)
+        yy, xx = np.mgrid[0:1536, 0:w]
+        edges = ((((xx // 97) + (yy // 131)) % 2) * 50 - 25)[..., None]  # camera-like: smooth colour, edges, sensor noise
+        image = np.clip(np.asarray(field, np.float32) + edges + rng.normal(0, 6, (1536, w, 3)), 0, 255).astype(np.uint8)
+        exif = Image.Exif()
+        if orientation != 1:
+            exif[0x0112] = orientation
+        path = folder / f"camera{i}.jpg"
+        Image.fromarray(image).save(path, "JPEG", quality=90, exif=exif.tobytes())
+        made.append((path, int(128 * w / 1536) % 4))
+    return made
+
+
+@pytest.fixture(scope="module")
+def file_oracle(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("files")
+    files = _sized_files(folder)
+    (folder / "files.json").write_text(json.dumps([str(f) for f, _ in files]))
+    (folder / "oracle.py").write_text(FILE_ORACLE)
+    done = subprocess.run([SYSTEM_PYTHON, str(folder / "oracle.py"), str(folder / "files.json"), str(folder / "out.npz")],
+                          capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return files, dict(np.load(folder / "out.npz"))
+
+
+@needs_torchvision
+def test_reference_eval_equals_torchvision_on_every_size_class_and_draft_stays_within_its_tolerance(file_oracle):
+    from pipelines.decode import Decode
+
+    files, theirs = file_oracle
+    assert {c for _, c in files} == {0, 1, 2, 3}
+    floor_differs = []
+    for i, (path, size_class) in enumerate(files):
+        for orient, key in ((False, "stored"), (True, "upright")):
+            ours = T.reference_eval(126, 128, Decode(orient=orient)).load(path).permute(1, 2, 0).numpy().astype(int)
+            want = theirs[f"{key}{i}"].astype(int)
+            assert ours.shape == want.shape == (126, 126, 3)
+            assert np.abs(ours - want).max() <= EVAL_TOLERANCE, (path.name, orient, size_class)
+        drafted = T.reference_eval(126, 128, Decode(draft=True, orient=False)).load(path).permute(1, 2, 0).numpy()
+        diff = np.abs(drafted.astype(int) - theirs[f"stored{i}"].astype(int))
+        assert diff.max() <= DRAFT_TOLERANCE["max"] and diff.mean() <= DRAFT_TOLERANCE["mean"], (path.name, diff.max(), diff.mean())
+        # a floor offset (transformers' centre crop) is one pixel off exactly where L = 1 (mod 4)
+        floor = T.Compose([T.Resize(128), _FloorCrop(126)], Decode(orient=False)).load(path).permute(1, 2, 0).numpy()
+        floor_differs.append((size_class, int(np.abs(floor.astype(int) - theirs[f"stored{i}"].astype(int)).max())))
+    assert all((size_class == 1) == (worst > EVAL_TOLERANCE) for size_class, worst in floor_differs), floor_differs
+
+
+class _FloorCrop:
+    """A centre crop with floor offsets (the image processor's)."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __call__(self, image, rng=None):
+        left, top = (image.width - self.size) // 2, (image.height - self.size) // 2
+        return image.crop((left, top, left + self.size, top + self.size))
