@@ -4,6 +4,7 @@ training rows), every training method builds in full mode, a fourth region is a 
 are overridden from the command line by name."""
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from detectors.evaluate import EvalConfig
@@ -22,9 +23,12 @@ RULES = ["msp", "ebo", "mls", "react", "vim", "knn", "mds"]
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
-    """A local model folder with a weight file, standing in for the region's classifier (`model` is checked at load)."""
+    """A local model folder with a (valid, tiny) weight file, standing in for the region's classifier (`model` is
+    checked at load: a weight file that is not safetensors is refused)."""
+    from safetensors.numpy import save_file
+
     folder = tmp_path_factory.mktemp("classifier")
-    (folder / "model.safetensors").write_bytes(b"0")
+    save_file({"w": np.zeros(1, np.float32)}, str(folder / "model.safetensors"))
     return str(folder)
 
 
