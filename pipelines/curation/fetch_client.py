@@ -237,15 +237,18 @@ class Client:
             try:
                 conn.request("GET", target, headers=self.headers)
                 response = conn.getresponse()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as err:
+            except (http.client.RemoteDisconnected, http.client.ImproperConnectionState, ConnectionResetError,
+                    BrokenPipeError) as err:
                 raise _Stale() from err
             status, headers = response.status, response.headers
             if status != 200:
                 body = response.read(DRAIN + 1) if (response.length or 0) <= DRAIN else b""
                 keep = not response.will_close and response.isclosed()
+                response.close()
                 return status, headers, body
             body = self._body(response)
             keep = not response.will_close
+            response.close()  # read to its end: the connection is free for the next request
             return status, headers, body
         except Exception as err:  # noqa: BLE001 - every failure becomes a FetchFailure (or _Stale) below
             fired = token is not None and WATCHDOG.cancel(token)
