@@ -207,6 +207,12 @@ class Fetcher:
             raise self.error
 
     def _worker(self, scheduler: Scheduler, bar: Any) -> None:
+        try:
+            self._work(scheduler, bar)
+        finally:
+            self.client.close_thread()
+
+    def _work(self, scheduler: Scheduler, bar: Any) -> None:
         cfg = self.cfg
         while (job := scheduler.take()) is not None:
             host, item, started = job

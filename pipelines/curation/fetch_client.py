@@ -202,6 +202,11 @@ class Client:
             target = parts.geturl()
         return conn, target
 
+    def close_thread(self) -> None:
+        """Close this thread's kept-alive connections (a worker's last call)."""
+        for conn in self.local.__dict__.pop("pool", {}).values():
+            conn.close()
+
     def _drop(self, conn: http.client.HTTPConnection) -> None:
         conn.close()
         pool = self.local.__dict__.get("pool", {})
