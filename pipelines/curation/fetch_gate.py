@@ -5,7 +5,7 @@
 - **Adaptive rate** (`HostState`). A host starts unthrottled (or at `cap` requests a second when set). A 429 or 503
   starts a *throttle round*: the host is paused for its `Retry-After` (at most `retry_after_max`; without one,
   `backoff` doubling per round), and its rate drops to `DECREASE` x the requests it answered in the last second (its
-  measured allowance). Answers to requests started before the round began do not cut it again. Each success raises
+  measured allowance; half its rate, or half the workers, when it answered none). Answers to requests started before the round began do not cut it again. Each success raises
   the rate by `RECOVERY` per second, so a host that allows more is probed upwards again.
 - **Give up.** After `give_up_after` throttle rounds in a row with no success between them, the host's remaining
   items are handed back (`Scheduler.given_up`) to be recorded as transient failures: the run goes on with the other
@@ -188,17 +188,17 @@ class Scheduler:
             now, host = self.clock(), self.hosts[host_name]
             host.throttles += 1
             host.last_retry_after = retry_after
-            if started >= host.round_began:  # a new round: requests started before the last cut do not cut again
+            if started > host.round_began:  # a new round: requests started before the last cut do not cut again
                 host.rounds += 1
                 host.round_began = now
                 while host.answered and host.answered[0] < now - WINDOW:
                     host.answered.popleft()
                 allowance = len(host.answered) / WINDOW
-                base = allowance if allowance > 0 else (host.rate if math.isfinite(host.rate) else 1.0) / 2
+                base = allowance if allowance > 0 else (host.rate if math.isfinite(host.rate) else self.workers) / 2
                 host.rate = max(MIN_RATE, DECREASE * base)
-                host.grown_at = now
                 pause = self.backoff * 2 ** (host.rounds - 1)
                 host.paused_until = now + min(self.retry_after_max, max(retry_after or 0.0, pause))
+                host.grown_at = host.paused_until  # the rate grows from the pause's end
             heapq.heappush(host.retry, (host.paused_until, next(self.seq), item))
             if host.rounds >= self.give_up_after and not host.given_up:
                 host.given_up = True
