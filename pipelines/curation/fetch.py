@@ -194,8 +194,12 @@ class Fetcher:
                                         name=f"fetch-{i}") for i in range(min(cfg.workers, len(items)))]
             for thread in threads:
                 thread.start()
-            for thread in threads:
-                thread.join()
+            try:
+                for thread in threads:
+                    thread.join()
+            except BaseException:  # Ctrl-C: the workers finish the image in hand and take no other
+                scheduler.stop()
+                raise
         for host, item in scheduler.given_up:
             state = scheduler.hosts[host]
             entry = self.given_up.setdefault(host, {"urls": 0, "rounds": state.rounds,
@@ -218,7 +222,7 @@ class Fetcher:
             host, item, started = job
             try:
                 try:
-                    self._fetch(item)
+                    self._fetch(item, lambda: scheduler.answered(host))
                 except Throttled as throttle:
                     scheduler.throttled(host, item, started, throttle.retry_after)
                     continue
@@ -317,9 +321,11 @@ class Fetcher:
 
     # -- one URL -------------------------------------------------------------------------------------------------
 
-    def _fetch(self, item: Item) -> None:
+    def _fetch(self, item: Item, answered: Any = None) -> None:
         cfg = self.cfg
         data = self.client.get(item.url)
+        if answered is not None:
+            answered()
         if len(data) < cfg.min_bytes:
             raise FetchFailure(f"too small ({len(data)} bytes < min_bytes={cfg.min_bytes})", True)
         prepared = prepare(data, item.file_name, self.short_side, cfg.max_pixels, cfg.quality)

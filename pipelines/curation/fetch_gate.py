@@ -5,8 +5,11 @@
 - **Adaptive rate** (`HostState`). A host starts unthrottled (or at `cap` requests a second when set). A 429 or 503
   starts a *throttle round*: the host is paused for its `Retry-After` (at most `retry_after_max`; without one,
   `backoff` doubling per round), and its rate drops to `DECREASE` x the requests it answered in the last second (its
-  measured allowance; half its rate, or half the workers, when it answered none). Answers to requests started before the round began do not cut it again. Each success raises
-  the rate by `RECOVERY` per second, so a host that allows more is probed upwards again.
+  measured allowance, bodies received; half its rate, or half the workers, when it answered none). Answers to
+  requests started before the round began do not cut it again. Successes raise the rate by `RECOVERY` a second, ten
+  times slower between `PLATEAU` and `PROBE` times the last allowance (so the fetch runs long just under what the
+  host allows and throttle rounds are rare), at the full pace again above it (a host that allows more is probed
+  upwards).
 - **Give up.** After `give_up_after` throttle rounds in a row with no success between them, the host's remaining
   items are handed back (`Scheduler.given_up`) to be recorded as transient failures: the run goes on with the other
   hosts, and a rerun tries them again.
@@ -26,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 DECREASE = 0.9  # the rate after a throttle round, as a share of the host's measured allowance
-RECOVERY = 0.01  # the rate's growth per second of successes (1 %/s: about 10 s from 0.9x back to the allowance)
+RECOVERY = 0.01  # the rate's growth per second of successes (1 %/s: about 7 s from 0.9x to 0.97x the allowance)
+PLATEAU, PROBE, NEAR_CEILING = 0.97, 1.05, 0.1  # between 0.97x and 1.05x the last allowance growth is 0.1 %/s
 MIN_RATE = 0.05  # requests a second a host is never paced below
 WINDOW = 1.0  # seconds over which a host's answered requests are counted
 
@@ -54,7 +58,8 @@ class HostState:
     paused_until: float = 0.0
     round_began: float = -math.inf  # when the current throttle round began
     rounds: int = 0  # throttle rounds in a row with no success
-    answered: deque = field(default_factory=deque)  # times of successes in the last WINDOW seconds
+    answered: deque = field(default_factory=deque)  # times of answers (bodies) in the last WINDOW seconds
+    ceiling: float = math.inf  # the allowance measured at the last throttle round
     grown_at: float = 0.0
     gen: int = 0
     given_up: bool = False
@@ -159,17 +164,24 @@ class Scheduler:
                     return picked[0].name, picked[1], now
                 self.cond.wait(None if picked is None else max(0.0, picked - now))
 
+    def answered(self, host_name: str) -> None:
+        """The host answered a request with its body (counted towards its measured allowance)."""
+        with self.cond:
+            now, host = self.clock(), self.hosts[host_name]
+            host.answered.append(now)
+            while host.answered and host.answered[0] < now - WINDOW:
+                host.answered.popleft()
+
     def succeeded(self, host_name: str, started: float) -> None:
         """The item is done (fetched, or failed for a reason that is not the host's)."""
         with self.cond:
             now, host = self.clock(), self.hosts[host_name]
             host.rounds = 0
-            host.answered.append(now)
-            while host.answered and host.answered[0] < now - WINDOW:
-                host.answered.popleft()
             if math.isfinite(host.rate):
-                host.rate = min(self.cap or math.inf, host.rate * (1 + RECOVERY) ** max(0.0, now - host.grown_at))
-            host.grown_at = now
+                near = PLATEAU * host.ceiling <= host.rate <= PROBE * host.ceiling
+                growth = RECOVERY * (NEAR_CEILING if near else 1.0)
+                host.rate = min(self.cap or math.inf, host.rate * (1 + growth) ** max(0.0, now - host.grown_at))
+            host.grown_at = max(now, host.grown_at)
             self._settle(host, now)
 
     finished = succeeded
@@ -195,6 +207,7 @@ class Scheduler:
                     host.answered.popleft()
                 allowance = len(host.answered) / WINDOW
                 base = allowance if allowance > 0 else (host.rate if math.isfinite(host.rate) else self.workers) / 2
+                host.ceiling = base
                 host.rate = max(MIN_RATE, DECREASE * base)
                 pause = self.backoff * 2 ** (host.rounds - 1)
                 host.paused_until = now + min(self.retry_after_max, max(retry_after or 0.0, pause))

@@ -61,7 +61,8 @@ def test_a_throttle_round_pauses_the_host_for_retry_after_and_cuts_the_rate_once
     clock = Clock()
     s = scheduler(items("a", 40), clock, workers=4)
     for _ in range(20):  # 20 answered within the last second
-        s.succeeded(ready_now(s)[0], clock.now)
+        s.answered(ready_now(s)[0])
+        s.succeeded("a", clock.now)
         clock.now += 0.01
     jobs = [ready_now(s) for _ in range(3)]
     started = clock.now
@@ -80,7 +81,16 @@ def test_a_throttle_round_pauses_the_host_for_retry_after_and_cuts_the_rate_once
     s.succeeded("a", clock.now)
     pause_end = started + 3.0
     assert host.rate == pytest.approx(DECREASE * 20 * (1 + RECOVERY) ** (clock.now - pause_end), rel=1e-6)  # 1 %/s
-    assert host.rounds == 0
+    assert host.rounds == 0 and host.ceiling == 20
+    before = host.rate
+    assert 0.97 * 20 <= before <= 1.05 * 20
+    clock.now += 100.0  # near the last allowance: 0.1 %/s
+    s.succeeded("a", clock.now)
+    assert host.rate == pytest.approx(before * 1.001 ** 100, rel=1e-6) and host.rate > 1.05 * 20
+    before = host.rate
+    clock.now += 10.0  # past 1.05x without a 429: the host allows more, probed at 1 %/s again
+    s.succeeded("a", clock.now)
+    assert host.rate == pytest.approx(before * 1.01 ** 10, rel=1e-6)
 
 
 def test_retry_after_is_capped_and_without_it_the_pause_doubles_per_round():
