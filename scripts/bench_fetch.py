@@ -20,7 +20,6 @@ pandas<3), and is skipped when that interpreter is missing.
 """
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -38,6 +37,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+from pipelines.cli import parser, run_main
 from pipelines.io import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,7 +186,7 @@ def run_img2dataset(python: str, urls: list[str], work: Path, workers: int, retr
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--images", type=int, default=400, help="URLs per run (distinct images)")
     p.add_argument("--side", type=int, default=768, help="the originals' shorter side (4:3); 1536 for 3 MP")
     p.add_argument("--rps", type=float, default=20, help="requests a second the throttled host allows (below what "
@@ -263,4 +263,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -188,7 +188,9 @@ def test_dry_run_counts_what_a_run_would_fetch_and_requests_nothing(server, tmp_
         before = sum(server.counts.values())
         assert fetch([*argv, "--dry-run"]) == 0
         assert sum(server.counts.values()) == before  # nothing requested
-        return json.loads(capsys.readouterr().out)
+        captured = capsys.readouterr()
+        assert captured.err.startswith("estimate: ")  # the cost in words, before any work
+        return json.loads(captured.out)
 
     first = dry()
     assert not out.exists()

@@ -43,3 +43,18 @@ def test_without_a_ledger_the_benchmark_figures_are_used_and_said(tmp_path):
     missing = estimate(todo, {}, bench=tmp_path / "none.json")
     assert missing["source"] is None and missing["text"].startswith("no measured rate")
     assert estimate([], {}, bench=bench)["text"] == "nothing left to fetch"
+
+
+def test_the_benchmark_writes_the_figures_the_estimate_reads(tmp_path):
+    import runpy
+
+    script = runpy.run_path(str(BENCH.parents[1] / "scripts" / "bench_fetch.py"))
+    out = tmp_path / "fetch.json"
+    assert script["main"](["--images", "12", "--side", "200", "--rps", "1000", "--repeats", "1", "--scenarios",
+                           "fast,throttled", "--img2dataset-python", str(tmp_path / "none"), "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    ours = record["scenarios"]["throttled"]["best"]["ours"]
+    assert ours["ok"] == 12 and ours["rc"] == 0 and record["img2dataset"] is None
+    assert record["paper_estimate"]["images"] == 2_912_168 and record["estimate_inputs"]["host_allows_rps"] == 50
+    got = estimate(["http://h/1.jpg"], {}, bench=out)
+    assert got["source"].startswith("benchmarks/fetch.json") and got["bytes_per_image"] == round(ours["bytes_per_image"])
