@@ -475,9 +475,10 @@ def fetch_plan(cfg: FetchConfig) -> dict[str, Any]:
             done += 1
         else:
             todo.append(url)
+    hosts = Counter(map(host_of, todo))
     return {"planned": int(len(planned.rows)), "dropped": dict(planned.dropped), "already_fetched": done,
-            "failed_for_good": final, "refused": refused, "to_fetch": len(todo),
-            "hosts": len({host_of(u) for u in todo}), "estimate": estimate(todo, records)}
+            "failed_for_good": final, "refused": refused, "to_fetch": len(todo), "hosts": len(hosts),
+            "estimate": estimate(hosts, records)}
 
 
 def _reason_kind(reason: str) -> str:

@@ -39,9 +39,9 @@ def ledger_rates(records: dict[str, dict[str, Any]]) -> tuple[dict[str, float], 
     return rates, (statistics.fmean(sizes) if sizes else None), sum(len(s) for s in times.values())
 
 
-def estimate(todo: list[str], records: dict[str, dict[str, Any]], bench: Path = BENCH) -> dict[str, Any]:
-    """The estimate for the URLs `todo`: source, hours, disk, the slowest host and its rate, and one line of text."""
-    left = Counter(host_of(u) for u in todo)
+def estimate(left: Counter, records: dict[str, dict[str, Any]], bench: Path = BENCH) -> dict[str, Any]:
+    """The estimate for `left` (host -> URLs left to fetch): source, hours, disk, the slowest host and its rate, and
+    one line of text."""
     rates, per_image, finished = ledger_rates(records)
     if rates and finished >= MIN_RECORDS:
         source = f"this --out's ledger ({finished} finished images)"

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import time
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Callable
 
 from pipelines.curation.fetch_client import FetchFailure
@@ -57,7 +57,7 @@ class Paths:
     """Resolves `file_name`s under `out` (realpaths of their folders cached: one lstat a file after the first)."""
 
     def __init__(self, out: Path):
-        self.out = out
+        self.out, self.out_text = out, os.fspath(out)
         self.root = os.path.realpath(out)
         self.folders: dict[str, bool] = {}
 
@@ -66,21 +66,21 @@ class Paths:
             raise FetchFailure("unsafe file_name: blank", True)
         if "\0" in file_name:
             raise FetchFailure("unsafe file_name: holds a NUL byte", True)
-        pure = PurePosixPath(file_name)
-        if pure.is_absolute() or os.path.isabs(file_name):
+        if os.path.isabs(file_name):
             raise FetchFailure(f"unsafe file_name {file_name!r}: absolute (it must lie under --out)", True)
-        if ".." in pure.parts or not pure.parts:
+        if ".." in file_name.split("/"):
             raise FetchFailure(f"unsafe file_name {file_name!r}: '..' leaves --out", True)
-        path = self.out / pure
-        folder = str(path.parent)
+        path = os.path.join(self.out_text, os.path.normpath(file_name))
+        folder = os.path.dirname(path)
         inside = self.folders.get(folder)
         if inside is None:
             inside = self.folders[folder] = _under(os.path.realpath(folder), self.root)
-        if not inside or (path.is_symlink() and not _under(os.path.realpath(path), self.root)):
+        if os.path.islink(path):
+            where = "leads outside --out" if not _under(os.path.realpath(path), self.root) else "is never written through"
+            raise FetchFailure(f"unsafe file_name {file_name!r}: a symlink {where}", True)
+        if not inside:
             raise FetchFailure(f"unsafe file_name {file_name!r}: a symlink leads outside --out", True)
-        if path.is_symlink():
-            raise FetchFailure(f"unsafe file_name {file_name!r}: a symlink (never written through)", True)
-        return path
+        return Path(path)
 
 
 def _under(path: str, root: str) -> bool:

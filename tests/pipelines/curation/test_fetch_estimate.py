@@ -3,10 +3,16 @@ benchmarks/fetch.json, else a line saying there is none; the slowest host sets t
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
-from pipelines.curation.fetch_estimate import BENCH, estimate, ledger_rates
+from pipelines.curation.fetch_client import host_of
+from pipelines.curation.fetch_estimate import BENCH, estimate as estimate_hosts, ledger_rates
+
+
+def estimate(urls, records, bench):
+    return estimate_hosts(Counter(map(host_of, urls)), records, bench=bench)
 
 
 def ok(host: str, i: int, t: float, size: int = 1000) -> tuple[str, dict]:
@@ -56,5 +62,5 @@ def test_the_benchmark_writes_the_figures_the_estimate_reads(tmp_path):
     ours = record["scenarios"]["throttled"]["best"]["ours"]
     assert ours["ok"] == 12 and ours["rc"] == 0 and record["img2dataset"] is None
     assert record["paper_estimate"]["images"] == 2_912_168 and record["estimate_inputs"]["host_allows_rps"] == 50
-    got = estimate(["http://h/1.jpg"], {}, bench=out)
+    got = estimate(["http://h/1.jpg"], {}, out)
     assert got["source"].startswith("benchmarks/fetch.json") and got["bytes_per_image"] == round(ours["bytes_per_image"])
