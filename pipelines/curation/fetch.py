@@ -53,6 +53,7 @@ __all__ = ["FetchConfig", "FetchFailure", "Fetcher", "HostsThrottled", "LEDGER",
            "filter_classes", "plan", "read_ledger"]
 
 SPECIES_CAP = "over the species cap"
+DUPLICATE_FILE_NAME = "duplicate file_name"
 ORIGINALS = "originals"
 IMAGE_COLUMNS = ("sha256", "width", "height", "bytes", "original_width", "original_height", "original_bytes")
 log = logging.getLogger(__name__)
@@ -136,6 +137,8 @@ def plan(cfg: FetchConfig) -> Plan:
     drop(frame["species"].isna() | (frame["species"].astype("string").str.strip() == "").fillna(True), BLANK_SPECIES)
     drop(frame["url"].isna(), "no URL")
     drop(frame["url"].duplicated(), DUPLICATE_URL)
+    if "file_name" in frame.columns:  # a table's own names: two URLs never write one file
+        drop(frame["file_name"].duplicated() & frame["file_name"].notna(), DUPLICATE_FILE_NAME)
     if cfg.per_species is not None:
         key = [hashlib.sha256(str(u).encode()).hexdigest() for u in frame["url"]]
         order = frame.assign(_key=key).sort_values(["species", "_key"], kind="stable")
@@ -235,7 +238,8 @@ class Fetcher:
                         failure = FetchFailure(f"{failure.reason} (after {item.attempt} retries)", False)
                     self._record(item.url, item.file_name, failure=failure)
                 scheduler.finished(host, started)
-                bar.update(1)
+                with self.lock:
+                    bar.update(1)
             except BaseException as err:  # noqa: BLE001 - a full disk, a bug: the run stops, the main thread raises it
                 with self.lock:
                     self.error = self.error or err

@@ -65,7 +65,7 @@ def test_hostile_file_names_are_refused_per_row_and_nothing_outside_out_is_touch
     os.symlink(outside / "victim.jpg", out / "images" / "file-link.jpg")  # a file inside that leads outside
     rows = {"/img/1.png": "../escaped.jpg", "/img/2.png": str(outside / "absolute.jpg"),
             "/img/3.png": "images/link/through.jpg", "/img/4.png": "images/file-link.jpg", "/img/5.png": "",
-            "/img/6.png": "images/a/../../../up.jpg", "/img/7.png": "images/ok.png"}
+            "/img/6.png": "images/a/../../../up.jpg", "/img/7.png": "images/ok.png", "/img/8.png": "images/ok.png"}
     urls = [server.base + p for p in rows]
     write_table(tmp_path / "occ.csv", urls, list(rows.values()))
     assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), *FAST]) == 0
@@ -74,6 +74,8 @@ def test_hostile_file_names_are_refused_per_row_and_nothing_outside_out_is_touch
     assert "blank" in reasons[urls[4]][0] and "absolute" in reasons[urls[1]][0] and "'..'" in reasons[urls[0]][0]
     assert "symlink" in reasons[urls[2]][0] and "symlink" in reasons[urls[3]][0]
     assert pd.read_csv(out / "images.csv")["file_name"].tolist() == ["images/ok.png"]  # the rest went on
+    summary = json.loads((out / "fetch_summary.json").read_text())
+    assert summary["dropped"] == {"duplicate file_name": 1}  # a second URL never writes over the first's file
     assert files_under(outside) == {"victim.jpg"} and (outside / "victim.jpg").read_bytes() == png(1)
     assert not (tmp_path / "escaped.jpg").exists() and not (tmp_path / "up.jpg").exists()
     assert sum(server.counts.values()) == 1  # refused rows are never requested
