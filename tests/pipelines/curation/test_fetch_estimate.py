@@ -51,6 +51,7 @@ def test_without_a_ledger_the_benchmark_figures_are_used_and_said(tmp_path):
     assert estimate([], {}, bench=bench)["text"] == "nothing left to fetch"
 
 
+@pytest.mark.slow  # two fetch_images processes
 def test_the_benchmark_writes_the_figures_the_estimate_reads(tmp_path):
     import runpy
 
