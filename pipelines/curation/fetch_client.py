@@ -151,6 +151,7 @@ class Client:
         self.timeout, self.max_bytes = timeout, max_bytes
         self.local = threading.local()
         self.proxies = {k: v for k, v in getproxies().items() if k in SCHEMES}
+        self.tls = ssl.create_default_context()  # one for every connection (loading the CA bundle is not free)
 
     def get(self, url: str) -> bytes:
         """The body of `url` after redirects; FetchFailure (or Throttled) otherwise."""
@@ -192,13 +193,13 @@ class Client:
                 conn = http.client.HTTPConnection(p.hostname, p.port or 80, timeout=self.timeout)
                 if https:  # CONNECT tunnel through the proxy, TLS to the host
                     conn = http.client.HTTPSConnection(p.hostname, p.port or 80, timeout=self.timeout,
-                                                       context=ssl.create_default_context())
+                                                       context=self.tls)
                     conn.set_tunnel(host, port or 443)
                 else:
                     target = parts.geturl()
             elif https:
                 conn = http.client.HTTPSConnection(host, port, timeout=self.timeout,
-                                                   context=ssl.create_default_context())
+                                                   context=self.tls)
             else:
                 conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
             pool[key] = conn
@@ -302,7 +303,7 @@ def _failure(err: Exception, fired: bool) -> Exception:
     if isinstance(err, TimeoutError) or "timed out" in str(err):
         return FetchFailure("timeout", False)
     if isinstance(err, ssl.SSLCertVerificationError):
-        return FetchFailure(f"TLS: {err.verify_message or err}", True)
+        return FetchFailure(f"TLS: certificate verify failed ({err.verify_message or err.reason})", True)
     if isinstance(err, (http.client.InvalidURL, UnicodeError)) or type(err) is ValueError:
         return FetchFailure(f"bad URL: {err}", True)
     if isinstance(err, (OSError, http.client.HTTPException)):

@@ -18,13 +18,14 @@ Lies: `/truncate/N.png?times=` (Content-Length above what is sent, then the conn
 requests, default all).
 Redirects: `/redirect/N.png` (302 to /img/N.png), `/loop/N` (302 to itself), `/to/N?url=` (302 to any URL),
 `/chain/N?hops=` (a chain of `hops` redirects ending at an image).
-`counts` holds requests per path (query included), `times` their arrival (time.monotonic) in order.
+`HostileServer(tls=(cert, key))` serves the same over https. `counts` holds requests per path (query included), `times` their arrival (time.monotonic) in order.
 """
 from __future__ import annotations
 
 import functools
 import gzip
 import io
+import ssl
 import struct
 import threading
 import time
@@ -85,7 +86,7 @@ class _QuietServer(ThreadingHTTPServer):
 class HostileServer:
     """The server (see the module docstring); a context manager that starts and stops it."""
 
-    def __init__(self, gate_from: int = 0):
+    def __init__(self, gate_from: int = 0, tls: tuple[str, str] | None = None):
         self.counts: Counter = Counter()
         self.times: list[tuple[str, float]] = []
         self.gate_from = gate_from
@@ -114,7 +115,11 @@ class HostileServer:
 
         self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        if tls is not None:  # (certificate file, key file): https
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     def __enter__(self) -> "HostileServer":

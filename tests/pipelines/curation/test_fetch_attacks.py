@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 import time
@@ -120,8 +121,6 @@ def test_images_without_a_ledger_folder_work_and_a_kill_between_rename_and_ledge
     assert failures(out) == {urls[1]: ("file_name exists and this fetch did not write it (its content differs): move "
                                        "it away or use another --out", True)}
     assert replaced.read_bytes() == png(1234)
-    import shutil
-
     shutil.rmtree(out / ".fetch")  # issue 32: images/ without .fetch/ was rc 2 on every rerun
     files = {p: p.stat().st_mtime_ns for p in (out / "images").rglob("*.png")}
     assert fetch(argv) == 0 and (out / LEDGER).is_file()
@@ -263,3 +262,24 @@ def test_a_second_fetch_on_the_same_out_is_refused_in_one_line(tmp_path, capsys)
     with folder_lock(out, "fetch_images"):  # the lock also holds in-process
         assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), *FAST]) == 2
     assert "in use by pid" in capsys.readouterr().err
+
+
+# -- https: the same client over TLS -----------------------------------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_https_fetches_with_a_trusted_certificate_refuses_an_untrusted_one_and_cuts_a_drip(tmp_path, monkeypatch):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    with HostileServer(tls=(str(cert), str(key))) as server:
+        urls = [server.base + p for p in ("/img/1.png", "/redirect/2.png", "/img/3.png", "/drip/4.jpg")]
+        write_table(tmp_path / "occ.csv", urls)
+        argv = ["--occurrences", str(tmp_path / "occ.csv"), "--retries", "0", *FAST]
+        assert fetch([*argv, "--out", str(tmp_path / "untrusted")]) == 0
+        reasons = failures(tmp_path / "untrusted")
+        assert all(r.startswith("TLS: certificate verify failed") and final for r, final in reasons.values())
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the certificate trusted, as a CA bundle would
+        assert fetch([*argv, "--out", str(tmp_path / "trusted")]) == 0
+        assert sorted(pd.read_csv(tmp_path / "trusted" / "images.csv")["url"]) == sorted(urls[:3])
+        assert failures(tmp_path / "trusted") == {urls[3]: ("timeout", False)}  # the watchdog cuts TLS reads too
