@@ -24,13 +24,14 @@ import threading
 import time
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 from urllib.request import getproxies, proxy_bypass
 
 SCHEMES = ("http", "https")
 REDIRECTS = (301, 302, 303, 307, 308)
 MAX_REDIRECTS = 5
 _HOST_END = re.compile(r"[/?#]")
+TARGET_SAFE = "/%?=&:@!$'()*+,;~[]"  # kept as they are in a request target; spaces and non-ASCII are percent-encoded
 CHUNK = 1 << 18
 DRAIN = 1 << 16  # an error or redirect body up to this size is read so that its connection can be reused
 
@@ -179,7 +180,7 @@ class Client:
     def _connection(self, parts: Any) -> tuple[http.client.HTTPConnection, str]:
         """This thread's kept-alive connection for the URL's host (a new one when none), and the request target."""
         scheme, host, port = parts.scheme.lower(), parts.hostname, parts.port
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        target = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), safe=TARGET_SAFE)
         proxy = self.proxies.get(scheme)
         if proxy and proxy_bypass(host):
             proxy = None

@@ -136,7 +136,7 @@ def test_only_http_and_https_urls_and_redirects(server, tmp_path):
     bad = [f"file://{secret}", "file:///dev/zero", "ftp://127.0.0.1/x.png", "data:image/png;base64,iVBORw0KGgo=",
            "gopher://127.0.0.1/x", "javascript:alert(1)", "http:///no-host.png", "http://127.0.0.1:99999/port.png"]
     redirects = [f"/to/1?url=file://{secret}", "/to/2?url=ftp://127.0.0.1/x", "/loop/3", "/chain/4?hops=6",
-                 "/chain/5?hops=3"]
+                 "/chain/5?hops=3", "/img/é 6.png"]
     urls = bad + [server.base + p for p in redirects]
     out = tmp_path / "out"
     write_table(tmp_path / "occ.csv", urls, [f"images/{i}.png" for i in range(len(urls))])
@@ -147,7 +147,8 @@ def test_only_http_and_https_urls_and_redirects(server, tmp_path):
     assert reasons[bad[6]] == ("bad URL: no host", True) and reasons[bad[7]][0].startswith("bad URL")
     assert reasons[server.base + "/loop/3"] == ("redirect loop", True)
     assert reasons[server.base + "/chain/4?hops=6"] == ("more than 5 redirects", True)
-    assert pd.read_csv(out / "images.csv")["url"].tolist() == [server.base + "/chain/5?hops=3"]
+    assert pd.read_csv(out / "images.csv")["url"].tolist() == [server.base + p for p in redirects[-2:]]
+    assert "/img/%C3%A9%206.png" in server.counts  # a space and non-ASCII percent-encoded, not a bad URL
     assert png(7) not in {p.read_bytes() for p in (out / "images").rglob("*.png")}
 
 
