@@ -5,9 +5,13 @@
 Writes OUT/images/... (one file per URL, atomically), OUT/images.csv (the fetched rows with file_name), OUT/failures.csv
 (every URL that failed, with its reason), OUT/fetch_summary.json; with `--filter-model DIR --drop-class NAME` the
 classifier's dropped rows go to OUT/filtered.csv. Rerun the same command after an interruption (kill -9 included): it
-fetches only what is missing. `--dry-run` reads and filters the input, counts what is already fetched and what is
-left, checks the filter classifier, and requests nothing. Bad options print one line and exit 2 (`--debug` shows the
-traceback).
+fetches only what is missing; a second fetch on the same --out is refused while one runs. Images are resized on
+fetch (the shorter side to --short-side 512, never upscaled; 0 keeps the originals, --keep-originals keeps both).
+Each host's request rate adapts: unthrottled until it answers 429/503, then paced below what it allowed, paused for
+its Retry-After, probed upwards again; a host that answers only 429/503 is given up (its URLs recorded as transient
+failures, exit 2 once the rest is written). `--dry-run` reads and filters the input, counts what is already fetched
+and what is left, prints the estimated time and disk (from this --out's ledger, else benchmarks/fetch.json), checks
+the filter classifier, and requests nothing. Bad options print one line and exit 2 (`--debug` shows the traceback).
 """
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ from pipelines.curation.fetch import FetchConfig, fetch_images, fetch_plan, filt
 from pipelines.errors import ConfigError
 
 FLAGS = {"taxa.preset": "--taxon-filter"}
-NUMBERS = ("per_species", "workers", "rate", "timeout", "retries", "backoff", "min_bytes", "min_side", "max_bytes")
+NUMBERS = ("per_species", "workers", "rate", "timeout", "retries", "backoff", "retry_after_max", "give_up_after",
+           "short_side", "quality", "max_pixels", "min_bytes", "min_side", "max_bytes")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,11 +35,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--include", action="append", default=[], metavar="RANK=VALUE[,VALUE]", help="fetch only these taxa")
     p.add_argument("--exclude", action="append", default=[], metavar="RANK=VALUE[,VALUE]", help="skip these taxa")
     p.add_argument("--per-species", default=None, help="images a species at most (default 1000; 0 = no cap)")
-    p.add_argument("--workers", default=None, help="parallel downloads (default 8)")
-    p.add_argument("--rate", default=None, help="requests a second per host (default 2)")
-    p.add_argument("--timeout", default=None, help="seconds a request may take (default 30)")
-    p.add_argument("--retries", default=None, help="retries of timeouts, connection errors, 429 and 5xx (default 3)")
+    p.add_argument("--workers", default=None, help="parallel downloads, shared fairly between hosts (default 32)")
+    p.add_argument("--rate", default=None, help="a fixed cap of requests a second per host (default: none, adaptive)")
+    p.add_argument("--timeout", default=None, help="seconds a request may take, connect to last byte (default 30)")
+    p.add_argument("--retries", default=None, help="retries of timeouts, connection errors, truncations and 5xx (default 3)")
     p.add_argument("--backoff", default=None, help="seconds before the first retry, doubled each time (default 1)")
+    p.add_argument("--retry-after-max", default=None, help="longest pause a host's Retry-After imposes (default 60 s)")
+    p.add_argument("--give-up-after", default=None, help="429/503 rounds in a row before a host is left for a rerun (default 10)")
+    p.add_argument("--short-side", default=None, help="resize on fetch: the shorter side at most this (default 512; 0 = keep originals)")
+    p.add_argument("--quality", default=None, help="JPEG/WebP quality of resized images (default 95)")
+    p.add_argument("--keep-originals", action="store_true", default=None, help="also keep the downloaded files under OUT/originals/")
+    p.add_argument("--max-pixels", default=None, help="refuse images with more pixels, from their header (default 40000000)")
     p.add_argument("--min-bytes", default=None, help="drop smaller downloads (default 1024)")
     p.add_argument("--min-side", default=None, help="drop images whose longer side is shorter (thumbnails; default 128)")
     p.add_argument("--max-bytes", default=None, help="refuse larger downloads (default 64 MiB)")
@@ -44,12 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drop-class", action="append", default=[], metavar="NAME", help="drop images it predicts as NAME (repeatable)")
     args = p.parse_args(argv)
     raw = {"occurrences": args.occurrences, "out": args.out, "retry_failed": args.retry_failed,
+           "keep_originals": args.keep_originals,
            "taxa": {"preset": args.taxon_filter, "include": args.include, "exclude": args.exclude}}
     for name in NUMBERS:
         if getattr(args, name) is not None:
             raw[name] = cli_value(getattr(args, name))
     if raw.get("per_species") == 0:
         raw["per_species"] = None
+    if raw.get("short_side") == 0:
+        raw["short_side"] = None
     if args.thumbnail_pattern is not None:
         raw["thumbnail_pattern"] = args.thumbnail_pattern or None
     try:
@@ -64,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as err:
             raise flag_error(err, FLAGS) from None
     if args.dry_run:  # the input read and filtered, the ledger and files counted; no request, nothing written
-        print(json.dumps(fetch_plan(cfg), indent=2))
+        planned = fetch_plan(cfg)
+        print(json.dumps(planned, indent=2))
+        print(f"estimate: {planned['estimate']['text']}", file=sys.stderr)
         return 0
     summary = fetch_images(cfg, args.filter_model, args.drop_class)
     print(json.dumps(summary, indent=2))

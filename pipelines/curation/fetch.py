@@ -1,48 +1,62 @@
 """Resumable image download for occurrence tables: an archive or table in, images plus a table with `file_name` out.
 
-A small client on the standard library (`urllib.request`, threads): a worker pool with a per-host rate limit,
-retries with exponential backoff on timeouts, connection errors, 429 and 5xx (4xx are final), a timeout per request;
-a cap per species (the first `per_species` URLs in the order of a URL hash, so the cap does not depend on the table's
-order); dedupe by URL and by content hash; minimum-size and thumbnail filters (a URL pattern and the image's longer
-side). Each image is written atomically (`pipelines.io`) at `image_file_name(url)`, the name make_splits derives from
-the same URL, so a file present is complete; the outcome of every URL is appended to `OUT/.fetch/ledger.jsonl`. A
-rerun (after a kill -9 too) fetches only what is missing: finished files and final failures are skipped, transient
-failures are retried, temp files of a killed run are removed.
+A client on the standard library (`fetch_client`: http.client, keep-alive, a wall-clock deadline per request, only
+http/https), worker threads fed by a per-host scheduler (`fetch_gate`: an adaptive rate per host that backs off on
+429/503 and honours `Retry-After`, a fair share of the workers between hosts, an optional fixed cap `rate`), retries
+with exponential backoff on timeouts, connection errors, truncated bodies and 5xx (other 4xx are final); a cap per
+species (the first `per_species` URLs in the order of a URL hash, so the cap does not depend on the table's order);
+dedupe by URL and by content hash; minimum-size and thumbnail filters (a URL pattern and the original's longer side);
+a pixel cap read from the header before any decode; resize on fetch (`fetch_resize`: the shorter side to
+`short_side`, never upscaling, as img2dataset's keep_ratio). Each image is written atomically (`pipelines.io`) at its
+`file_name` (`image_file_name(url)`, the name make_splits derives from the same URL, unless the table has its own),
+which must lie under `out` (`fetch_ledger.Paths`). Every outcome is appended to `OUT/.fetch/ledger.jsonl`; a file
+present counts as done only when the ledger says this URL wrote it, and nothing is deleted that the ledger does not
+prove the fetch wrote. A rerun (after a kill -9 too) fetches only what is missing: finished files and final failures
+are skipped, transient failures are retried, temp files of a killed run are removed. One fetch at a time per `out`
+(`pipelines.locks.folder_lock`).
 
 Outputs: `OUT/images/...`, `OUT/images.csv` (the input's rows that were fetched, with file_name, sha256, width,
-height), `OUT/failures.csv` (url, file_name, species, reason, final), `OUT/fetch_summary.json`, and with a classifier
-filter `OUT/filtered.csv` (the rows it dropped, with the predicted class).
+height, bytes and the original's original_width, original_height, original_bytes), `OUT/failures.csv` (url,
+file_name, species, reason, final), `OUT/fetch_summary.json`, with `keep_originals` the downloaded bytes under
+`OUT/originals/<file_name>`, and with a classifier filter `OUT/filtered.csv` (the rows it dropped, with the
+predicted class).
 """
 from __future__ import annotations
 
 import hashlib
-import http.client
-import io
 import json
+import logging
 import re
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
-from urllib.parse import urlsplit
 
 import numpy as np
 import pandas as pd
 
+from pipelines.curation.fetch_client import Client, FetchFailure, Throttled, host_of
+from pipelines.curation.fetch_estimate import estimate
+from pipelines.curation.fetch_gate import Item, Scheduler
+from pipelines.curation.fetch_ledger import LEDGER, FileStore, Ledger, Paths, file_sha256, read_ledger
+from pipelines.curation.fetch_resize import prepare
 from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, TAXON_FILTER, TaxonFilter, TableError,
                                      read_occurrences)
-from pipelines.errors import ConfigError
-from pipelines.io import atomic_write_bytes, atomic_write_text
+from pipelines.errors import ConfigError, UserInputError
+from pipelines.io import atomic_write_bytes, atomic_write_text, remove_orphan_temps
+from pipelines.locks import folder_lock
 from pipelines.params import REQUIRED, Config, config, param
 from pipelines.progress import progress
 
+__all__ = ["FetchConfig", "FetchFailure", "Fetcher", "HostsThrottled", "LEDGER", "Plan", "fetch_images", "fetch_plan",
+           "filter_classes", "plan", "read_ledger"]
+
 SPECIES_CAP = "over the species cap"
-LEDGER = Path(".fetch") / "ledger.jsonl"
+DUPLICATE_FILE_NAME = "duplicate file_name"
+ORIGINALS = "originals"
+IMAGE_COLUMNS = ("sha256", "width", "height", "bytes", "original_width", "original_height", "original_bytes")
+log = logging.getLogger(__name__)
 
 
 def _check_pattern(pattern: str | None, key: str) -> None:
@@ -62,72 +76,35 @@ class FetchConfig(Config):
     out: str = param(REQUIRED, "output folder (images, images.csv, failures.csv)")
     taxa: TaxonFilter = param(TaxonFilter(), "which taxa to fetch")
     per_species: int | None = param(1000, "images a species at most (Open-Insects: 1,000); None: no cap", ge=1)
-    workers: int = param(8, "parallel downloads", ge=1, runtime=True)
-    rate: float = param(2.0, "requests a second per host at most", gt=0)
-    timeout: float = param(30.0, "seconds a request may take", gt=0)
-    retries: int = param(3, "retries of a transient failure (timeout, connection error, 429, 5xx)", ge=0)
-    backoff: float = param(1.0, "seconds before the first retry, doubled each time", ge=0)
+    workers: int = param(32, "parallel downloads (shared fairly between the hosts with work)", ge=1, runtime=True)
+    rate: float | None = param(None, "requests a second per host at most, a fixed cap; None: adaptive only (starts "
+                                     "unthrottled, backs off on 429/503)", gt=0)
+    timeout: float = param(30.0, "seconds a request may take, connect to last byte (a wall-clock deadline)", gt=0)
+    retries: int = param(3, "retries of a transient failure (timeout, connection error, truncated body, 5xx)", ge=0)
+    backoff: float = param(1.0, "seconds before the first retry, doubled each time (also a throttled host's pause "
+                                "when it sends no Retry-After)", ge=0)
+    retry_after_max: float = param(60.0, "the longest pause a host's Retry-After imposes, in seconds", ge=0)
+    give_up_after: int = param(10, "throttle rounds (429/503) in a row with no success before a host's URLs are left "
+                                   "for a rerun", ge=1)
+    short_side: int | None = param(512, "resize on fetch: a larger shorter side is scaled down to this (img2dataset's "
+                                        "keep_ratio, never upscaled); 0 or None keeps the originals", ge=0)
+    quality: int = param(95, "JPEG / WebP quality of resized images (img2dataset's encode_quality)", ge=1, le=100)
+    keep_originals: bool = param(False, "also keep the downloaded bytes under OUT/originals/")
+    max_pixels: int = param(40_000_000, "images with more pixels are refused from their header, before decoding (PIL's "
+                                        "bomb limit is 89.5 MP)", ge=1)
     min_bytes: int = param(1024, "smaller downloads are dropped", ge=0)
     min_side: int = param(128, "thumbnail filter: images whose longer side is shorter are dropped", ge=0)
     thumbnail_pattern: str | None = param(r"(?i)(thumb|/square\.|_sq\.)", "URLs matching it are not fetched",
                                           check=_check_pattern)
     max_bytes: int = param(64 * 2**20, "larger downloads are refused", ge=1)
     retry_failed: bool = param(False, "retry URLs whose failure was final (4xx, filters) too")
-    user_agent: str = param("oodforge-fetch/0.1 (research image download)", "the User-Agent header")
+    user_agent: str = param("oodforge-fetch/0.2 (research image download)", "the User-Agent header")
 
 
-class FetchFailure(Exception):
-    """One URL's failure: `reason` in words, `final` when a rerun should not retry it."""
+class HostsThrottled(UserInputError):
+    """Hosts that answered only 429/503 until given up; their URLs are recorded as transient failures."""
 
-    def __init__(self, reason: str, final: bool):
-        super().__init__(reason)
-        self.reason, self.final = reason, final
-
-
-class HostLimiter:
-    """At most `rate` request starts a second per host (the slot is reserved under a lock, the wait is outside it)."""
-
-    def __init__(self, rate: float):
-        self.interval = 1.0 / rate
-        self.next: dict[str, float] = {}
-        self.lock = threading.Lock()
-
-    def wait(self, url: str) -> None:
-        host = urlsplit(url).netloc
-        with self.lock:
-            now = time.monotonic()
-            start = max(now, self.next.get(host, now))
-            self.next[host] = start + self.interval
-        if start > now:
-            time.sleep(start - now)
-
-
-def download(url: str, cfg: FetchConfig, limiter: HostLimiter) -> bytes:
-    """The bytes at `url` (redirects followed), retried with backoff on transient failures; else FetchFailure."""
-    reason = ""
-    for attempt in range(cfg.retries + 1):
-        if attempt:
-            time.sleep(cfg.backoff * 2 ** (attempt - 1))
-        limiter.wait(url)
-        try:
-            request = urllib.request.Request(url, headers={"User-Agent": cfg.user_agent})
-            with urllib.request.urlopen(request, timeout=cfg.timeout) as response:
-                data = response.read(cfg.max_bytes + 1)
-            if len(data) > cfg.max_bytes:
-                raise FetchFailure(f"larger than max_bytes={cfg.max_bytes}", True)
-            return data
-        except urllib.error.HTTPError as err:
-            reason = f"HTTP {err.code}"
-            if err.code != 429 and err.code < 500:
-                raise FetchFailure(reason, True) from None
-        except (TimeoutError, urllib.error.URLError, http.client.HTTPException, OSError) as err:
-            cause = getattr(err, "reason", err)
-            reason = "timeout" if isinstance(cause, TimeoutError) or "timed out" in str(cause) else f"connection: {cause}"
-            if isinstance(err, urllib.error.URLError) and isinstance(cause, ValueError):
-                raise FetchFailure(f"bad URL: {cause}", True) from None
-        except ValueError as err:  # not a URL urllib can open
-            raise FetchFailure(f"bad URL: {err}", True) from None
-    raise FetchFailure(f"{reason} (after {cfg.retries} retries)" if cfg.retries else reason, False)
+    doc = "docs/species.md"
 
 
 @dataclass
@@ -160,46 +137,180 @@ def plan(cfg: FetchConfig) -> Plan:
     drop(frame["species"].isna() | (frame["species"].astype("string").str.strip() == "").fillna(True), BLANK_SPECIES)
     drop(frame["url"].isna(), "no URL")
     drop(frame["url"].duplicated(), DUPLICATE_URL)
+    if "file_name" in frame.columns:  # a table's own names: two URLs never write one file
+        drop(frame["file_name"].duplicated() & frame["file_name"].notna(), DUPLICATE_FILE_NAME)
     if cfg.per_species is not None:
-        key = [hashlib.sha256(u.encode()).hexdigest() for u in frame["url"]]
+        key = [hashlib.sha256(str(u).encode()).hexdigest() for u in frame["url"]]
         order = frame.assign(_key=key).sort_values(["species", "_key"], kind="stable")
         rank = order.groupby("species", sort=False).cumcount()
         over = pd.Series(rank.to_numpy() >= cfg.per_species, index=order.index).reindex(frame.index)
         drop(over.to_numpy(), SPECIES_CAP)
-    return Plan(frame.reset_index(drop=True), dropped)
+    frame = frame.reset_index(drop=True)
+    frame["url"] = frame["url"].astype(str)
+    frame["file_name"] = [f if isinstance(f, str) else None for f in frame["file_name"]]
+    return Plan(frame, dropped)
 
 
 class Fetcher:
-    """Downloads a plan's URLs into `out`, resumably (see the module docstring)."""
+    """Downloads a plan's URLs into `out`, resumably (see the module docstring). `store` writes a finished image
+    (one file each by default)."""
 
-    def __init__(self, cfg: FetchConfig):
+    def __init__(self, cfg: FetchConfig, store: Any = None):
         self.cfg, self.out = cfg, Path(cfg.out)
-        self.limiter = HostLimiter(cfg.rate)
+        self.short_side = cfg.short_side or None
+        self.paths = Paths(self.out)
+        self.client = Client(cfg.user_agent, cfg.timeout, cfg.max_bytes)
+        self.store = store if store is not None else FileStore(self.out, lambda p, d: atomic_write_bytes(p, d))
         self.thumbnail = re.compile(cfg.thumbnail_pattern) if cfg.thumbnail_pattern else None
         self.lock = threading.RLock()
         self.seen: dict[str, tuple[int, str, str]] = {}  # content hash -> (plan position, file_name, url) of its holder
         self.position: dict[str, int] = {}
         self.records: dict[str, dict[str, Any]] = {}  # url -> last ledger record
+        self.ledger: Ledger | None = None
+        self.error: BaseException | None = None
+        self.given_up: dict[str, dict[str, Any]] = {}  # host -> {urls, rounds, retry_after}
+
+    # -- the run -------------------------------------------------------------------------------------------------
 
     def run(self, rows: pd.DataFrame) -> dict[str, dict[str, Any]]:
         """Fetch every row's URL not already done; returns url -> record (status ok or failed)."""
-        remove_stale_temp_files(self.out / "images")
+        for folder in ("images", ORIGINALS):
+            remove_orphan_temps(self.out / folder)
         self.records = read_ledger(self.out / LEDGER)
-        self.position = {u: i for i, u in enumerate(rows["url"])}
+        self.ledger = Ledger(self.out)
+        try:
+            self.position = {u: i for i, u in enumerate(rows["url"])}
+            self._reload()
+            items = [item for item in map(self._classify, rows["url"], rows["file_name"]) if item is not None]
+            if items:
+                self._download(items)
+        finally:
+            self.ledger.close()
+        return self.records
+
+    def _download(self, items: list[Item]) -> None:
+        cfg = self.cfg
+        scheduler = Scheduler(items, host_of, workers=cfg.workers, cap=cfg.rate, backoff=cfg.backoff,
+                              retry_after_max=cfg.retry_after_max, give_up_after=cfg.give_up_after)
+        with progress(desc="fetch", total=len(items), unit="img") as bar:
+            threads = [threading.Thread(target=self._worker, args=(scheduler, bar), daemon=True,
+                                        name=f"fetch-{i}") for i in range(min(cfg.workers, len(items)))]
+            for thread in threads:
+                thread.start()
+            try:
+                for thread in threads:
+                    thread.join()
+            except BaseException:  # Ctrl-C: the workers finish the image in hand and take no other
+                scheduler.stop()
+                raise
+        for host, item in scheduler.given_up:
+            state = scheduler.hosts[host]
+            entry = self.given_up.setdefault(host, {"urls": 0, "rounds": state.rounds,
+                                                    "retry_after": state.last_retry_after})
+            entry["urls"] += 1
+            self._record(item.url, item.file_name, failure=FetchFailure(
+                f"host throttled: {state.rounds} rounds of HTTP 429/503 with no success (rerun later)", False))
+        if self.error is not None:
+            raise self.error
+
+    def _worker(self, scheduler: Scheduler, bar: Any) -> None:
+        try:
+            self._work(scheduler, bar)
+        finally:
+            self.client.close_thread()
+
+    def _work(self, scheduler: Scheduler, bar: Any) -> None:
+        cfg = self.cfg
+        while (job := scheduler.take()) is not None:
+            host, item, started = job
+            try:
+                try:
+                    self._fetch(item, lambda: scheduler.answered(host))
+                except Throttled as throttle:
+                    scheduler.throttled(host, item, started, throttle.retry_after)
+                    continue
+                except FetchFailure as failure:
+                    if not failure.final and item.attempt < cfg.retries:
+                        item.attempt += 1
+                        scheduler.retry(host, item, cfg.backoff * 2 ** (item.attempt - 1))
+                        continue
+                    if not failure.final and item.attempt:
+                        failure = FetchFailure(f"{failure.reason} (after {item.attempt} retries)", False)
+                    self._record(item.url, item.file_name, failure=failure)
+                scheduler.finished(host, started)
+                with self.lock:
+                    bar.update(1)
+            except BaseException as err:  # noqa: BLE001 - a full disk, a bug: the run stops, the main thread raises it
+                with self.lock:
+                    self.error = self.error or err
+                scheduler.stop()
+                return
+
+    # -- what is done already ------------------------------------------------------------------------------------
+
+    def _reload(self) -> None:
+        """The ledger's finished images claim their contents (an earlier URL in this plan's order wins)."""
         for record in list(self.records.values()):
-            if record["status"] == "ok":
+            if record.get("status") == "ok" and record.get("url") in self.position:
                 try:
                     self._keep(record["sha256"], record["url"], record["file_name"])
                 except FetchFailure as failure:  # the plan's order changed: the earlier URL keeps the content
-                    (self.out / record["file_name"]).unlink(missing_ok=True)
+                    self._remove_ours(record)
                     self._record(record["url"], record["file_name"], failure=failure)
-        todo = [(u, f) for u, f in zip(rows["url"], rows["file_name"]) if not self._finished(u, f)]
-        (self.out / LEDGER).parent.mkdir(parents=True, exist_ok=True)
-        with open(self.out / LEDGER, "a", encoding="utf-8") as self.ledger, \
-                ThreadPoolExecutor(self.cfg.workers) as pool:
-            for _ in progress(pool.map(self._fetch, *zip(*todo)) if todo else [], "fetch", total=len(todo), unit="img"):
-                pass
-        return self.records
+
+    def _classify(self, url: str, file_name: Any) -> Item | None:
+        """None when the URL needs no request (done, failed for good, refused); else its Item (`foreign` when a
+        file the ledger does not prove this fetch wrote sits at its path)."""
+        record = self.records.get(url)
+        try:
+            path = self.paths.resolve(file_name)
+        except FetchFailure as failure:
+            self._record(url, file_name, failure=failure)
+            return None
+        if record is not None and record["status"] == "failed" and record.get("final") and not self.cfg.retry_failed:
+            return None
+        if self.thumbnail is not None and self.thumbnail.search(url):
+            self._record(url, file_name, failure=FetchFailure("thumbnail URL", True))
+            return None
+        try:
+            size = path.stat().st_size if path.is_file() else None
+        except OSError:
+            size = None
+        if size is None:
+            if path.exists():
+                self._record(url, file_name, failure=FetchFailure(f"file_name {file_name!r} exists and is not a "
+                                                                  "regular file", True))
+                return None
+            return Item(url, file_name)
+        if record is not None and record.get("file_name") == file_name and record.get("bytes") == size:
+            if record["status"] == "ok":
+                return None
+            if record["status"] == "writing" and file_sha256(path) == record.get("sha256"):
+                self._adopt(url, file_name, {k: record[k] for k in IMAGE_COLUMNS if k in record})
+                return None
+        return Item(url, file_name, extra={"foreign": True})
+
+    def _adopt(self, url: str, file_name: str, info: dict[str, Any]) -> None:
+        """Record a file this URL wrote (the ledger's `writing` line and its hash prove it) as finished."""
+        try:
+            with self.lock:
+                self._keep(info["sha256"], url, file_name)
+                self._record(url, file_name, ok=info)
+        except FetchFailure as failure:
+            self._remove_ours({"url": url, "file_name": file_name, **info})
+            self._record(url, file_name, failure=failure)
+
+    def _remove_ours(self, record: dict[str, Any]) -> None:
+        """Delete an image the ledger says this fetch wrote, if it is still exactly that (its size and hash)."""
+        try:
+            path = self.paths.resolve(record.get("file_name"))
+        except FetchFailure:
+            return
+        if path.is_file() and path.stat().st_size == record.get("bytes") and file_sha256(path) == record.get("sha256"):
+            self.store.remove(path)
+            original = self.out / ORIGINALS / record["file_name"]
+            if original.is_file() and not original.is_symlink():
+                self.store.remove(original)
 
     def _keep(self, digest: str, url: str, file_name: str) -> tuple[int, str, str] | None:
         """Make `url` the holder of the content `digest` unless a URL earlier in the plan holds it; returns the holder
@@ -212,90 +323,50 @@ class Fetcher:
         self.seen[digest] = here
         return first if first is not None and first[2] != url else None
 
-    def _finished(self, url: str, file_name: str) -> bool:
-        """Done (its file exists: atomic writes never leave a partial one) or failed for good."""
-        record = self.records.get(url)
-        if (self.out / file_name).is_file():
-            if record is None or record["status"] != "ok":  # killed between the rename and the ledger line
-                try:
-                    info = _image_record((self.out / file_name).read_bytes())
-                    self._keep(info["sha256"], url, file_name)
-                    self._record(url, file_name, ok=info)
-                except FetchFailure as failure:
-                    (self.out / file_name).unlink()
-                    self._record(url, file_name, failure=failure)
-            return True
-        return record is not None and record["status"] == "failed" and record["final"] and not self.cfg.retry_failed
+    # -- one URL -------------------------------------------------------------------------------------------------
 
-    def _fetch(self, url: str, file_name: str) -> None:
-        try:
-            if self.thumbnail is not None and self.thumbnail.search(url):
-                raise FetchFailure("thumbnail URL", True)
-            data = download(url, self.cfg, self.limiter)
-            if len(data) < self.cfg.min_bytes:
-                raise FetchFailure(f"too small ({len(data)} bytes < min_bytes={self.cfg.min_bytes})", True)
-            info = _image_record(data)
-            if max(info["width"], info["height"]) < self.cfg.min_side:
-                raise FetchFailure(f"thumbnail ({info['width']}x{info['height']} < min_side={self.cfg.min_side})", True)
-            with self.lock:  # writes are serialised so that a replaced holder is never half-written
-                replaced = self._keep(info["sha256"], url, file_name)
-                atomic_write_bytes(self.out / file_name, data)
-                self._record(url, file_name, ok=info)
-                if replaced is not None:
-                    (self.out / replaced[1]).unlink(missing_ok=True)
-                    self._record(replaced[2], replaced[1], failure=FetchFailure(f"duplicate content of {file_name}", True))
-        except FetchFailure as failure:
-            self._record(url, file_name, failure=failure)
+    def _fetch(self, item: Item, answered: Any = None) -> None:
+        cfg = self.cfg
+        data = self.client.get(item.url)
+        if answered is not None:
+            answered()
+        if len(data) < cfg.min_bytes:
+            raise FetchFailure(f"too small ({len(data)} bytes < min_bytes={cfg.min_bytes})", True)
+        prepared = prepare(data, item.file_name, self.short_side, cfg.max_pixels, cfg.quality)
+        if max(prepared.original_width, prepared.original_height) < cfg.min_side:
+            raise FetchFailure(f"thumbnail ({prepared.original_width}x{prepared.original_height} < "
+                               f"min_side={cfg.min_side})", True)
+        path = self.paths.resolve(item.file_name)
+        info = prepared.record()
+        if item.extra.get("foreign"):
+            if not (path.is_file() and file_sha256(path) == info["sha256"]):
+                raise FetchFailure("file_name exists and this fetch did not write it (its content differs): move it "
+                                   "away or use another --out", True)
+            return self._adopt(item.url, item.file_name, info)
+        with self.lock:  # writes are serialised so that a replaced holder is never half-written
+            replaced = self._keep(info["sha256"], item.url, item.file_name)
+            self.ledger.write({"url": item.url, "file_name": item.file_name, "status": "writing", **info})
+            self.write_image(path, prepared.data, data if cfg.keep_originals else None, item.file_name)
+            self._record(item.url, item.file_name, ok=info)
+            if replaced is not None:
+                self._remove_ours(self.records.get(replaced[2], {}))
+                self._record(replaced[2], replaced[1],
+                             failure=FetchFailure(f"duplicate content of {item.file_name}", True))
+        return None
 
-    def _record(self, url: str, file_name: str, *, ok: dict[str, Any] | None = None,
+    def write_image(self, path: Path, data: bytes, original: bytes | None, file_name: str) -> None:
+        """The one step that stores a finished image (and, on request, its original)."""
+        if original is not None:
+            self.store.write(self.paths.resolve(f"{ORIGINALS}/{file_name}"), original)
+        self.store.write(path, data)
+
+    def _record(self, url: str, file_name: Any, *, ok: dict[str, Any] | None = None,
                 failure: FetchFailure | None = None) -> None:
         record = {"url": url, "file_name": file_name, "status": "ok", **ok} if ok is not None else \
             {"url": url, "file_name": file_name, "status": "failed", "reason": failure.reason, "final": failure.final}
         with self.lock:
             self.records[url] = record
-            if getattr(self, "ledger", None) is not None and not self.ledger.closed:
-                self.ledger.write(json.dumps(record) + "\n")
-                self.ledger.flush()
-            else:
-                with open(self.out / LEDGER, "a", encoding="utf-8") as handle:
-                    handle.write(json.dumps(record) + "\n")
-
-
-def _image_record(data: bytes) -> dict[str, Any]:
-    """sha256, width, height and bytes of an image; FetchFailure when it does not decode."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            image.load()
-            width, height = image.size
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
-        raise FetchFailure(f"not an image ({type(err).__name__})", True) from None
-    return {"sha256": hashlib.sha256(data).hexdigest(), "width": int(width), "height": int(height), "bytes": len(data)}
-
-
-def read_ledger(path: Path) -> dict[str, dict[str, Any]]:
-    """url -> its last record (a line cut short by a kill is skipped)."""
-    records: dict[str, dict[str, Any]] = {}
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            records[record["url"]] = record
-    return records
-
-
-def remove_stale_temp_files(folder: Path) -> int:
-    """Delete temp files a killed writer left (pipelines.io names them `.<name>.<random>.tmp<suffix>`)."""
-    removed = 0
-    if folder.is_dir():
-        for path in folder.rglob(".*.tmp*"):
-            if path.is_file():
-                path.unlink()
-                removed += 1
-    return removed
+            self.ledger.write(record)
 
 
 def filter_classes(model: str, drop: Iterable[str]) -> list[str]:
@@ -340,18 +411,35 @@ def drop_by_classifier(images: pd.DataFrame, root: Path, model: str, drop: Itera
 
 
 def fetch_images(cfg: FetchConfig, filter_model: str | None = None, drop_class: Iterable[str] = ()) -> dict[str, Any]:
-    """Plan, fetch, write images.csv / failures.csv / fetch_summary.json (and filtered.csv); returns the summary."""
+    """Plan, fetch (holding OUT's lock), write images.csv / failures.csv / fetch_summary.json (and filtered.csv);
+    returns the summary. Hosts given up for throttling raise HostsThrottled once everything is written."""
     out = Path(cfg.out)
     planned = plan(cfg)
     if filter_model is not None:
         filter_classes(filter_model, drop_class)
-    records = Fetcher(cfg).run(planned.rows)
-    rows = planned.rows
+    with folder_lock(out, "fetch_images"):
+        fetcher = Fetcher(cfg)
+        records = fetcher.run(planned.rows)
+        summary = _write_outputs(cfg, planned, records, filter_model, drop_class)
+    if fetcher.given_up:
+        hosts = "; ".join(f"{h}: {v['urls']} URLs after {v['rounds']} rounds"
+                          + (f" (last Retry-After {v['retry_after']:.0f} s)" if v["retry_after"] is not None else "")
+                          for h, v in sorted(fetcher.given_up.items()))
+        raise HostsThrottled(f"{out}: hosts answered only HTTP 429/503 and were given up ({hosts}); their URLs are "
+                             "in failures.csv as transient failures and everything else is written: rerun the same "
+                             "command later (or with --rate) to fetch them")
+    return summary
+
+
+def _write_outputs(cfg: FetchConfig, planned: Plan, records: dict[str, dict[str, Any]], filter_model: str | None,
+                   drop_class: Iterable[str]) -> dict[str, Any]:
+    out, rows = Path(cfg.out), planned.rows
     status = [records.get(u, {}).get("status") for u in rows["url"]]
     ok = rows.loc[[s == "ok" for s in status]].copy()
-    for key in ("sha256", "width", "height"):
-        ok[key] = [records[u][key] for u in ok["url"]]
-    failed = [records[u] | {"species": s} for u, s in zip(rows["url"], rows["species"]) if records.get(u, {}).get("status") == "failed"]
+    for key in IMAGE_COLUMNS:
+        ok[key] = [records[u].get(key) for u in ok["url"]]
+    failed = [records[u] | {"species": s} for u, s in zip(rows["url"], rows["species"])
+              if records.get(u, {}).get("status") == "failed"]
     filtered = ok.iloc[:0]
     if filter_model is not None and len(ok):
         ok, filtered = drop_by_classifier(ok, out, filter_model, drop_class)
@@ -370,22 +458,31 @@ def fetch_images(cfg: FetchConfig, filter_model: str | None = None, drop_class: 
 def fetch_plan(cfg: FetchConfig) -> dict[str, Any]:
     """What `fetch_images` would do, from the input and the ledger alone (the dry run: nothing requested or
     written): rows planned and dropped, how many are already fetched, failed for good (retried only with
-    `retry_failed`), and left to fetch, and across how many hosts."""
+    `retry_failed`), refused (unsafe file_name) and left to fetch, across how many hosts, and the estimated time and
+    disk (`fetch_estimate`)."""
     planned = plan(cfg)
-    records, out = read_ledger(Path(cfg.out) / LEDGER), Path(cfg.out)
-    done = final = 0
-    hosts = set()
+    out = Path(cfg.out)
+    records, paths = read_ledger(out / LEDGER), Paths(out)
+    done = final = refused = 0
+    todo = []
     for url, file_name in zip(planned.rows["url"], planned.rows["file_name"]):
         record = records.get(url)
-        if (out / file_name).is_file():
-            done += 1
-        elif record is not None and record["status"] == "failed" and record["final"] and not cfg.retry_failed:
+        try:
+            path = paths.resolve(file_name)
+        except FetchFailure:
+            refused += 1
+            continue
+        if record is not None and record["status"] == "failed" and record.get("final") and not cfg.retry_failed:
             final += 1
+        elif (record is not None and record["status"] in ("ok", "writing") and record.get("file_name") == file_name
+              and path.is_file() and path.stat().st_size == record.get("bytes")):
+            done += 1
         else:
-            hosts.add(urlsplit(url).netloc)
-    todo = len(planned.rows) - done - final
+            todo.append(url)
+    hosts = Counter(map(host_of, todo))
     return {"planned": int(len(planned.rows)), "dropped": dict(planned.dropped), "already_fetched": done,
-            "failed_for_good": final, "to_fetch": todo, "hosts": len(hosts)}
+            "failed_for_good": final, "refused": refused, "to_fetch": len(todo), "hosts": len(hosts),
+            "estimate": estimate(hosts, records)}
 
 
 def _reason_kind(reason: str) -> str:

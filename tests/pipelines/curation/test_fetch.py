@@ -1,5 +1,7 @@
-"""fetch_images against a threaded HTTP server on 127.0.0.1 started by the test: slow, failing (500 / 404), flaky,
-redirecting, hanging, duplicate and thumbnail URLs; resume after a rerun and after a kill -9; the classifier filter."""
+"""fetch_images against the misbehaving loopback server (`helpers.http_server`): failing (500 / 404), flaky,
+redirecting, hanging, duplicate and thumbnail URLs; resume after a rerun and after a kill -9 (at a point the server's
+gate fixes, not a timing window); the classifier filter; the dry run. The attacks of issue 32 are in
+test_fetch_attacks.py, the scheduler and the resize in their own files."""
 from __future__ import annotations
 
 import io
@@ -10,97 +12,25 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
-import time
-import zlib
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image
 
 from helpers.gbif import build_archive
+from helpers.http_server import HostileServer, png, seed
 from pipelines.cli import run_main
-from pipelines.curation.fetch import HostLimiter
 from pipelines.curation.gbif import image_file_name
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "fetch_images.py"
 
 
-def seed(path: str) -> int:
-    return zlib.crc32(path.encode())
-
-
-def png(seed: int, size: tuple[int, int] = (200, 150)) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-class Server:
-    """Paths: /img/N.png (an image seeded by the path; any other path too), /slow/N.png (after 0.15 s), /flaky/N.png (500 on the first request), /fail/N
-    (always 500), /missing/N (404), /redirect/N.png (302 to /img/N.png), /dup/N.png (the bytes of /img/0.png),
-    /tiny/N.png (16 x 16), /short/N (10 bytes), /hang/N (longer than the test's timeout), /thumb/N.jpg."""
-
-    def __init__(self):
-        self.counts: Counter = Counter()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
-            def do_GET(self):
-                with threading.Lock():
-                    server.counts[self.path] += 1
-                kind, _, name = self.path.strip("/").partition("/")
-                n = seed(self.path)
-                if kind == "slow":
-                    time.sleep(0.15)
-                if kind == "hang":
-                    time.sleep(1.5)
-                if kind in ("fail",) or (kind == "flaky" and server.counts[self.path] == 1):
-                    return self.send_error(500)
-                if kind == "missing":
-                    return self.send_error(404)
-                if kind == "redirect":
-                    self.send_response(302)
-                    self.send_header("Location", f"/img/{n}.png")
-                    self.end_headers()
-                    return None
-                body = {"dup": png(seed("/img/0.png")), "tiny": png(n, (16, 16)), "short": b"0123456789"}.get(kind) or png(n)
-                self.send_response(200)
-                self.send_header("Content-Type", "image/png")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                try:
-                    self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-                return None
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self) -> "Server":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture()
 def server():
-    with Server() as s:
+    with HostileServer() as s:
         yield s
 
 
@@ -114,7 +44,7 @@ def fetch(argv: list[str]) -> int:
     return run_main(runpy.run_path(str(SCRIPT))["main"], argv)
 
 
-FAST = ["--rate", "200", "--backoff", "0.01", "--timeout", "0.5", "--min-bytes", "100", "--min-side", "32", "--workers", "4"]
+FAST = ["--backoff", "0.01", "--timeout", "0.5", "--min-bytes", "100", "--min-side", "32", "--workers", "4"]
 
 
 def test_fetch_records_every_failure_and_a_rerun_fetches_only_what_is_missing(server, tmp_path, capsys):
@@ -129,7 +59,8 @@ def test_fetch_records_every_failure_and_a_rerun_fetches_only_what_is_missing(se
     assert sorted(images["url"]) == sorted(server.base + p for p in want)
     assert images["file_name"].tolist() == [image_file_name(u) for u in images["url"]]
     for name in images["file_name"]:
-        assert Image.open(out / name).size == (200, 150)
+        with Image.open(out / name) as image:
+            assert image.size == (200, 150)
     assert "lat" in images.columns and images["gbifID"].notna().all()  # GBIF names mapped, ids kept
     failures = pd.read_csv(out / "failures.csv").set_index("url")["reason"]
     reasons = {u.removeprefix(server.base): r for u, r in failures.items()}
@@ -174,45 +105,37 @@ def test_cap_per_species_taxon_filter_and_bad_options(server, tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
-def test_kill_9_mid_run_then_rerun_fetches_only_what_is_missing(server, tmp_path):
-    paths = [f"/slow/{i}.png" for i in range(24)]
-    table(server.base, paths).to_csv(tmp_path / "occ.csv", index=False)
+def test_kill_9_mid_run_then_rerun_fetches_only_what_is_missing(tmp_path):
+    """The server answers the first 6 URLs and holds the rest: once both workers are held, exactly 6 images are
+    finished (each worker finishes an image before it takes the next), and the kill comes then."""
+    paths = [f"/gate/{i}.png" for i in range(24)]
     out = tmp_path / "out"
     cmd = [sys.executable, str(SCRIPT), "--occurrences", str(tmp_path / "occ.csv"), "--out", str(out),
-           "--workers", "2", "--rate", "200", "--min-bytes", "100", "--min-side", "32"]
+           "--workers", "2", "--min-bytes", "100", "--min-side", "32"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OODFORGE_PROGRESS": "off"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    def finished() -> set[str]:  # a writer's temp file (`.<name>.<random>.tmp.png`) is not a finished image
-        return {p.relative_to(out).as_posix() for p in (out / "images").rglob("*.png") if not p.name.startswith(".")}
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(finished()) < 4:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
-    done = finished()
-    assert 4 <= len(done) < len(paths), "the kill came too late to test a resume"
-    for name in done:  # never a partial file under the final name
-        assert Image.open(out / name).size == (200, 150)
-    counts_at_kill = Counter(server.counts)
-    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
-    names = {server.base + p: image_file_name(server.base + p) for p in paths}
-    for url, name in names.items():
-        path = url.removeprefix(server.base)
-        assert server.counts[path] - counts_at_kill[path] == (0 if name in done else 1), path
+    with HostileServer(gate_from=6) as server:
+        table(server.base, paths).to_csv(tmp_path / "occ.csv", index=False)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert server.wait_blocked(2), proc.stderr.read() if proc.poll() is not None else "no request held"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        done = {p.relative_to(out).as_posix() for p in (out / "images").rglob("*.png") if not p.name.startswith(".")}
+        names = {server.base + p: image_file_name(server.base + p) for p in paths}
+        assert done == {names[server.base + p] for p in paths[:6]}
+        for name in done:  # never a partial file under the final name
+            with Image.open(out / name) as image:
+                assert image.size == (200, 150)
+        counts_at_kill = Counter(server.counts)
+        server.release.set()
+        run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        for url, name in names.items():
+            path = url.removeprefix(server.base)
+            assert server.counts[path] - counts_at_kill[path] == (0 if name in done else 1), path
     images = pd.read_csv(out / "images.csv", dtype=str)
     assert sorted(images["file_name"]) == sorted(names.values())
     assert not [p for p in out.rglob(".*.tmp*")]  # the killed run's temp files are gone
-
-
-def test_hostlimiter_spaces_request_starts_per_host():
-    limiter = HostLimiter(rate=20)
-    start = time.monotonic()
-    for _ in range(6):
-        limiter.wait("http://a.example/x")
-    limiter.wait("http://b.example/x")  # another host does not wait for a's slots
-    assert time.monotonic() - start >= 5 / 20 * 0.95
+    assert not (out / ".oodforge.lock").exists()  # the killed run's lock was taken over, the rerun's removed
 
 
 def test_classifier_filter_drops_a_class_and_records_it(server, tmp_path, capsys):
@@ -265,12 +188,16 @@ def test_dry_run_counts_what_a_run_would_fetch_and_requests_nothing(server, tmp_
         before = sum(server.counts.values())
         assert fetch([*argv, "--dry-run"]) == 0
         assert sum(server.counts.values()) == before  # nothing requested
-        return json.loads(capsys.readouterr().out)
+        captured = capsys.readouterr()
+        assert captured.err.startswith("estimate: ")  # the cost in words, before any work
+        return json.loads(captured.out)
 
     first = dry()
     assert not out.exists()
+    estimate = first.pop("estimate")
     assert first == {"planned": 4, "dropped": {"blank species": 1}, "already_fetched": 0, "failed_for_good": 0,
-                     "to_fetch": 4, "hosts": 1}  # the blank-species row goes first, so its URL's other row is kept
+                     "refused": 0, "to_fetch": 4, "hosts": 1}  # the blank-species row goes first, so its URL's other row is kept
+    assert estimate["source"] is None or estimate["source"].startswith("benchmarks/fetch.json")
     assert fetch(argv) == 0
     after = dry()
     assert (after["already_fetched"], after["failed_for_good"], after["to_fetch"]) == (3, 1, 0)  # the 404 is final
@@ -280,7 +207,7 @@ def test_dry_run_counts_what_a_run_would_fetch_and_requests_nothing(server, tmp_
 
 def test_readme_path_gbif_zip_to_images_to_splits(server, tmp_path):
     """The README's two commands as written (fetch_images then make_splits on the same GBIF zip), the archive's image
-    URLs served on the loopback (only `--rate` added for speed)."""
+    URLs served on the loopback."""
     readme = (ROOT / "README.md").read_text()
     lines = [line for line in readme.splitlines()
              if line.startswith(("python scripts/fetch_images.py --occurrences gbif.zip",
@@ -292,7 +219,7 @@ def test_readme_path_gbif_zip_to_images_to_splits(server, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OODFORGE_PROGRESS": "off"}
     for line in lines:
         _, script, *argv = shlex.split(line)
-        extra = ["--rate", "500"] if "fetch_images" in script else []
+        extra = []
         run = subprocess.run([sys.executable, str(ROOT / script), *argv, *extra], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr

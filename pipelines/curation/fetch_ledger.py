@@ -1,0 +1,108 @@
+"""What fetch_images wrote, and where it may write: the ledger, paths kept under `--out`, the image store.
+
+- `OUT/.fetch/ledger.jsonl`: one JSON line per outcome, the last line of a URL wins. `writing` (the sha256 and size
+  about to be written) goes before an image's rename, `ok` after it, so a file found at a path is the project's only
+  when the ledger says this URL wrote exactly it (a run killed between the two lines is told by the hash).
+- `Paths.resolve(file_name)`: a table's `file_name` as a path under `--out`, or a final FetchFailure: blank,
+  absolute, `..`, or reaching outside through a symlink (in `images/` or at the file itself).
+- `FileStore`: one file per image, written atomically; the one place a finished image is written or removed, so
+  another store (shards) can stand in.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from pipelines.curation.fetch_client import FetchFailure
+
+LEDGER = Path(".fetch") / "ledger.jsonl"
+
+
+def read_ledger(path: Path) -> dict[str, dict[str, Any]]:
+    """url -> its last record (a line cut short by a kill, or not a record, is skipped)."""
+    records: dict[str, dict[str, Any]] = {}
+    if path.is_file():
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("url"), str):
+                    records[record["url"]] = record
+    return records
+
+
+class Ledger:
+    """Appends records (flushed line by line) to OUT/.fetch/ledger.jsonl; the folder is created if missing."""
+
+    def __init__(self, out: Path):
+        self.path = out / LEDGER
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.handle.write(json.dumps({**record, "t": round(time.time(), 3)}) + "\n")
+        self.handle.flush()
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+class Paths:
+    """Resolves `file_name`s under `out` (realpaths of their folders cached: one lstat a file after the first)."""
+
+    def __init__(self, out: Path):
+        self.out, self.out_text = out, os.fspath(out)
+        self.root = os.path.realpath(out)
+        self.folders: dict[str, bool] = {}
+
+    def resolve(self, file_name: Any) -> Path:
+        if not isinstance(file_name, str) or not file_name.strip():
+            raise FetchFailure("unsafe file_name: blank", True)
+        if "\0" in file_name:
+            raise FetchFailure("unsafe file_name: holds a NUL byte", True)
+        if os.path.isabs(file_name):
+            raise FetchFailure(f"unsafe file_name {file_name!r}: absolute (it must lie under --out)", True)
+        if ".." in file_name.split("/"):
+            raise FetchFailure(f"unsafe file_name {file_name!r}: '..' leaves --out", True)
+        path = os.path.join(self.out_text, os.path.normpath(file_name))
+        folder = os.path.dirname(path)
+        inside = self.folders.get(folder)
+        if inside is None:
+            inside = self.folders[folder] = _under(os.path.realpath(folder), self.root)
+        if os.path.islink(path):
+            where = "leads outside --out" if not _under(os.path.realpath(path), self.root) else "is never written through"
+            raise FetchFailure(f"unsafe file_name {file_name!r}: a symlink {where}", True)
+        if not inside:
+            raise FetchFailure(f"unsafe file_name {file_name!r}: a symlink leads outside --out", True)
+        return Path(path)
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class FileStore:
+    """One file per image under `out` (`write` atomic through `writer`, pipelines.io's by default)."""
+
+    def __init__(self, out: Path, writer: Callable[[Path, bytes], None]):
+        self.out, self.writer = out, writer
+
+    def write(self, path: Path, data: bytes) -> None:
+        self.writer(path, data)
+
+    def remove(self, path: Path) -> None:
+        path.unlink(missing_ok=True)
