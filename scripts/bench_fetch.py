@@ -138,7 +138,7 @@ def table(path: Path, urls: list[str]) -> Path:
 def run_ours(urls: list[str], work: Path, workers: int, first: "callable") -> dict:
     out = work / "ours"
     cmd = [sys.executable, str(ROOT / "scripts" / "fetch_images.py"), "--occurrences", str(table(work / "t.csv", urls)),
-           "--out", str(out), "--workers", str(workers), "--per-species", "0", "--min-bytes", "0", "--min-side", "0"]
+           "--out", str(out), "--workers", str(workers), "--resize", "keep_ratio", "--per-species", "0", "--min-bytes", "0", "--min-side", "0"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                           env={"PYTHONPATH": str(ROOT), "OODFORGE_PROGRESS": "off", "PATH": "/usr/bin:/bin"})

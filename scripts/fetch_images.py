@@ -6,7 +6,8 @@ Writes OUT/images/... (one file per URL, atomically), OUT/images.csv (the fetche
 (every URL that failed, with its reason), OUT/fetch_summary.json; with `--filter-model DIR --drop-class NAME` the
 classifier's dropped rows go to OUT/filtered.csv. Rerun the same command after an interruption (kill -9 included): it
 fetches only what is missing; a second fetch on the same --out is refused while one runs. Images are resized on
-fetch (the shorter side to --short-side 512, never upscaled; 0 keeps the originals, --keep-originals keeps both).
+fetch (--resize reference: as Open-Insect's download.py, the shorter side to 224, JPEG quality 75; keep_ratio:
+img2dataset's, 512 at most; none keeps the originals; --keep-originals keeps both).
 Each host's request rate adapts: unthrottled until it answers 429/503, then paced below what it allowed, paused for
 its Retry-After, probed upwards again; a host that answers only 429/503 is given up (its URLs recorded as transient
 failures, exit 2 once the rest is written). `--dry-run` reads and filters the input, counts what is already fetched
@@ -42,8 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backoff", default=None, help="seconds before the first retry, doubled each time (default 1)")
     p.add_argument("--retry-after-max", default=None, help="longest pause a host's Retry-After imposes (default 60 s)")
     p.add_argument("--give-up-after", default=None, help="429/503 rounds in a row before a host is left for a rerun (default 10)")
-    p.add_argument("--short-side", default=None, help="resize on fetch: the shorter side at most this (default 512; 0 = keep originals)")
-    p.add_argument("--quality", default=None, help="JPEG/WebP quality of resized images (default 95)")
+    p.add_argument("--resize", default=None, choices=["reference", "keep_ratio", "none"],
+                   help="resize on fetch: reference (Open-Insect's download.py: shorter side 224, JPEG quality 75; the "
+                        "default), keep_ratio (img2dataset's: shorter side 512 at most, quality 95), none (originals)")
+    p.add_argument("--short-side", default=None, help="the shorter side of resized images (default: the mode's, 224 / 512)")
+    p.add_argument("--quality", default=None, help="JPEG/WebP quality of resized images (default: the mode's, 75 / 95)")
     p.add_argument("--keep-originals", action="store_true", default=None, help="also keep the downloaded files under OUT/originals/")
     p.add_argument("--max-pixels", default=None, help="refuse images with more pixels, from their header (default 40000000)")
     p.add_argument("--min-bytes", default=None, help="drop smaller downloads (default 1024)")
@@ -55,15 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drop-class", action="append", default=[], metavar="NAME", help="drop images it predicts as NAME (repeatable)")
     args = p.parse_args(argv)
     raw = {"occurrences": args.occurrences, "out": args.out, "retry_failed": args.retry_failed,
-           "keep_originals": args.keep_originals,
+           "keep_originals": args.keep_originals, "resize": args.resize,
            "taxa": {"preset": args.taxon_filter, "include": args.include, "exclude": args.exclude}}
     for name in NUMBERS:
         if getattr(args, name) is not None:
             raw[name] = cli_value(getattr(args, name))
     if raw.get("per_species") == 0:
         raw["per_species"] = None
-    if raw.get("short_side") == 0:
-        raw["short_side"] = None
     if args.thumbnail_pattern is not None:
         raw["thumbnail_pattern"] = args.thumbnail_pattern or None
     try:

@@ -6,8 +6,8 @@ http/https), worker threads fed by a per-host scheduler (`fetch_gate`: an adapti
 with exponential backoff on timeouts, connection errors, truncated bodies and 5xx (other 4xx are final); a cap per
 species (the first `per_species` URLs in the order of a URL hash, so the cap does not depend on the table's order);
 dedupe by URL and by content hash; minimum-size and thumbnail filters (a URL pattern and the original's longer side);
-a pixel cap read from the header before any decode; resize on fetch (`fetch_resize`: the shorter side to
-`short_side`, never upscaling, as img2dataset's keep_ratio). Each image is written atomically (`pipelines.io`) at its
+a pixel cap read from the header before any decode; resize on fetch (`fetch_resize`: by default the reference's,
+Open-Insect's download.py: the shorter side to 224, PIL's JPEG quality 75; img2dataset's keep_ratio one key away). Each image is written atomically (`pipelines.io`) at its
 `file_name` (`image_file_name(url)`, the name make_splits derives from the same URL, unless the table has its own),
 which must lie under `out` (`fetch_ledger.Paths`). Every outcome is appended to `OUT/.fetch/ledger.jsonl`; a file
 present counts as done only when the ledger says this URL wrote it, and nothing is deleted that the ledger does not
@@ -31,7 +31,7 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 import numpy as np
 import pandas as pd
@@ -40,7 +40,7 @@ from pipelines.curation.fetch_client import Client, FetchFailure, Throttled, hos
 from pipelines.curation.fetch_estimate import estimate
 from pipelines.curation.fetch_gate import Item, Scheduler
 from pipelines.curation.fetch_ledger import LEDGER, FileStore, Ledger, Paths, file_sha256, read_ledger
-from pipelines.curation.fetch_resize import prepare
+from pipelines.curation.fetch_resize import MODE_DEFAULTS, prepare
 from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, TAXON_FILTER, TaxonFilter, TableError,
                                      read_occurrences)
 from pipelines.errors import ConfigError, UserInputError
@@ -86,9 +86,13 @@ class FetchConfig(Config):
     retry_after_max: float = param(60.0, "the longest pause a host's Retry-After imposes, in seconds", ge=0)
     give_up_after: int = param(10, "throttle rounds (429/503) in a row with no success before a host's URLs are left "
                                    "for a rerun", ge=1)
-    short_side: int | None = param(512, "resize on fetch: a larger shorter side is scaled down to this (img2dataset's "
-                                        "keep_ratio, never upscaled); 0 or None keeps the originals", ge=0)
-    quality: int = param(95, "JPEG / WebP quality of resized images (img2dataset's encode_quality)", ge=1, le=100)
+    resize: Literal["reference", "keep_ratio", "none"] = param(
+        "reference", "resize on fetch: `reference` as Open-Insect's download.py:10-31 (torchvision Resize(224) on the "
+                     "shorter side, up or down, no EXIF transpose, PIL's JPEG quality 75), `keep_ratio` as img2dataset "
+                     "(shorter side 512, never upscaled, area filter, EXIF applied, quality 95), `none`: the originals")
+    short_side: int | None = param(None, "the shorter side of resized images (None: the mode's, 224 / 512)", ge=1)
+    quality: int | None = param(None, "JPEG / WebP quality of resized images (None: the mode's, 75 / 95)", ge=1,
+                                le=100)
     keep_originals: bool = param(False, "also keep the downloaded bytes under OUT/originals/")
     max_pixels: int = param(40_000_000, "images with more pixels are refused from their header, before decoding (PIL's "
                                         "bomb limit is 89.5 MP)", ge=1)
@@ -157,7 +161,9 @@ class Fetcher:
 
     def __init__(self, cfg: FetchConfig, store: Any = None):
         self.cfg, self.out = cfg, Path(cfg.out)
-        self.short_side = cfg.short_side or None
+        defaults = MODE_DEFAULTS.get(cfg.resize, {})
+        self.short_side = None if cfg.resize == "none" else cfg.short_side or defaults["short_side"]
+        self.quality = cfg.quality or defaults.get("quality", 95)
         self.paths = Paths(self.out)
         self.client = Client(cfg.user_agent, cfg.timeout, cfg.max_bytes)
         self.store = store if store is not None else FileStore(self.out, lambda p, d: atomic_write_bytes(p, d))
@@ -332,7 +338,7 @@ class Fetcher:
             answered()
         if len(data) < cfg.min_bytes:
             raise FetchFailure(f"too small ({len(data)} bytes < min_bytes={cfg.min_bytes})", True)
-        prepared = prepare(data, item.file_name, self.short_side, cfg.max_pixels, cfg.quality)
+        prepared = prepare(data, item.file_name, self.short_side, cfg.max_pixels, self.quality, cfg.resize)
         if max(prepared.original_width, prepared.original_height) < cfg.min_side:
             raise FetchFailure(f"thumbnail ({prepared.original_width}x{prepared.original_height} < "
                                f"min_side={cfg.min_side})", True)

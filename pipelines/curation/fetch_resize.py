@@ -1,5 +1,13 @@
-"""Check and resize a downloaded image before it is written (img2dataset's `keep_ratio` resize, never upscaling).
+"""Check and resize a downloaded image before it is written: the reference's resize (`reference`, the default) or
+img2dataset's (`keep_ratio`), or none.
 
+`reference` is what Open-Insect's `download.py:10-31` did to every image its `download.sh` fetched (`--resize_size 224`):
+PIL open, `convert("RGB")` (EXIF orientation NOT applied), torchvision `Resize(224)` (the shorter side to 224 whether
+larger or smaller, the longer one truncated, `int(224 * long / short)`; PIL bilinear on the full decode), then
+`Image.save(path)`: the file name's format at PIL's defaults (JPEG quality 75). Its pixels are the reference
+dataset's, so the protocol's Resize(128) + CenterCrop(126) then reads the images the paper's models read.
+
+`keep_ratio` (img2dataset's, `resizer.py`):
 - The header is read first: more than `max_pixels` pixels is refused before any pixel is decoded (PIL's own bomb
   limit is `Image.MAX_IMAGE_PIXELS`, 89.5 MP; the default cap here is well under it).
 - An image whose shorter side is at most `short_side` (or any image when `short_side` is None) is kept byte for byte,
@@ -22,6 +30,10 @@ from pathlib import PurePosixPath
 from pipelines.curation.fetch_client import FetchFailure
 
 ENCODERS = {".png": "PNG", ".webp": "WEBP"}  # any other suffix is encoded as JPEG
+RESIZE_MODES = ("reference", "keep_ratio", "none")
+MODE_DEFAULTS = {"reference": {"short_side": 224, "quality": 75},  # download.sh: --resize_size 224; PIL's save default
+                 "keep_ratio": {"short_side": 512, "quality": 95}}  # img2dataset's encode_quality
+"""The shorter side and encoder quality each resize mode uses when `short_side` / `quality` are not given."""
 TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 UPRIGHT = {2: 0, 3: 3, 4: 1, 5: 5, 6: 4, 7: 6, 8: 2}  # orientation -> PIL Image.Transpose value (ImageOps.exif_transpose's)
 
@@ -49,9 +61,10 @@ def target_size(width: int, height: int, short_side: int) -> tuple[int, int]:
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
-def prepare(data: bytes, file_name: str, short_side: int | None, max_pixels: int, quality: int = 95) -> Prepared:
+def prepare(data: bytes, file_name: str, short_side: int | None, max_pixels: int, quality: int = 95,
+            mode: str = "keep_ratio") -> Prepared:
     """The bytes to store for a download and its sizes; FetchFailure (final) when it is not a whole image or has
-    more than `max_pixels` pixels."""
+    more than `max_pixels` pixels. `mode` is one of `RESIZE_MODES` (`none`, or `short_side` None: the originals)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -59,6 +72,8 @@ def prepare(data: bytes, file_name: str, short_side: int | None, max_pixels: int
             width, height = image.size
             if width * height > max_pixels:
                 raise FetchFailure(f"too many pixels ({width}x{height} > max_pixels={max_pixels})", True)
+            if mode == "reference" and short_side:
+                return _reference(image, data, file_name, short_side, quality)
             orientation = image.getexif().get(0x0112) if hasattr(image, "getexif") else None
             upright = (height, width) if orientation in TRANSPOSED else (width, height)
             if not short_side or min(width, height) <= short_side:
@@ -81,6 +96,16 @@ def prepare(data: bytes, file_name: str, short_side: int | None, max_pixels: int
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as err:
         raise FetchFailure(f"not an image ({type(err).__name__})", True) from None
     return Prepared(_encode(small, file_name, quality, icc), *small.size, *upright, len(data))
+
+
+def _reference(image, data: bytes, file_name: str, short_side: int, quality: int) -> Prepared:
+    """Open-Insect's `resize_image`: the full decode in RGB (no EXIF transpose), torchvision's Resize(short_side)
+    (`pipelines.training.transforms.Resize`, checked against torchvision 0.14), saved in the file name's format."""
+    from pipelines.training.transforms import Resize
+
+    image.load()
+    small = Resize(short_side)(image.convert("RGB"))
+    return Prepared(_encode(small, file_name, quality, None), *small.size, *image.size, len(data))
 
 
 def _flatten(image):

@@ -59,8 +59,8 @@ def test_fetch_records_every_failure_and_a_rerun_fetches_only_what_is_missing(se
     assert sorted(images["url"]) == sorted(server.base + p for p in want)
     assert images["file_name"].tolist() == [image_file_name(u) for u in images["url"]]
     for name in images["file_name"]:
-        with Image.open(out / name) as image:
-            assert image.size == (200, 150)
+        with Image.open(out / name) as image:  # the reference resize: 200 x 150 -> shorter side 224, int(224 * 4 / 3)
+            assert image.size == (298, 224)
     assert "lat" in images.columns and images["gbifID"].notna().all()  # GBIF names mapped, ids kept
     failures = pd.read_csv(out / "failures.csv").set_index("url")["reason"]
     reasons = {u.removeprefix(server.base): r for u, r in failures.items()}
@@ -124,7 +124,7 @@ def test_kill_9_mid_run_then_rerun_fetches_only_what_is_missing(tmp_path):
         assert done == {names[server.base + p] for p in paths[:6]}
         for name in done:  # never a partial file under the final name
             with Image.open(out / name) as image:
-                assert image.size == (200, 150)
+                assert image.size == (298, 224)
         counts_at_kill = Counter(server.counts)
         server.release.set()
         run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

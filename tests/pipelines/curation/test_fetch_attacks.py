@@ -24,7 +24,9 @@ from pipelines.locks import folder_lock
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "fetch_images.py"
-FAST = ["--backoff", "0.01", "--timeout", "1", "--min-bytes", "100", "--min-side", "32", "--workers", "4"]
+# keep_ratio keeps a small original byte for byte, so a row can compare what is stored with what the server sent
+FAST = ["--backoff", "0.01", "--timeout", "1", "--min-bytes", "100", "--min-side", "32", "--workers", "4",
+        "--resize", "keep_ratio"]
 
 
 @pytest.fixture()

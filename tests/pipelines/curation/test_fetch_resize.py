@@ -92,3 +92,21 @@ def test_the_pixel_cap_is_read_from_the_header_before_any_decode():
         prepare(jpeg(9, 1200, 900)[:-2000], "images/x.jpg", 512, CAP)  # truncated: named, final
     with pytest.raises(FetchFailure, match=r"not an image \(OSError\)"):
         prepare(jpeg(9, 683, 512)[:-2000], "images/x.jpg", 512, CAP)  # also when it would be kept as is
+
+
+def test_the_reference_resize_is_open_insects_download_py():
+    """`resize: reference` = Open-Insect's download.py: RGB without EXIF transpose, torchvision Resize(224) (the
+    shorter side up or down, the longer one truncated; `pipelines.training.transforms.Resize`, itself checked against
+    torchvision 0.14), saved in the file name's format at PIL's defaults (JPEG quality 75)."""
+    from pipelines.training.transforms import Resize
+
+    for width, height, orientation in ((1200, 901, 6), (150, 200, 1)):  # a large one rotated by EXIF; a small one
+        data = jpeg(7, width, height, orientation=orientation)
+        out = prepare(data, "images/x.jpg", 224, CAP, 75, "reference")
+        with Image.open(io.BytesIO(data)) as full:
+            want = Resize(224)(full.convert("RGB"))
+        buffer = io.BytesIO()
+        want.save(buffer, format="JPEG")  # PIL's default quality, as `image.save(fpath)`
+        assert out.data == buffer.getvalue()
+        assert (out.width, out.height) == want.size and (out.original_width, out.original_height) == (width, height)
+    assert want.size == (224, 298)  # 150 x 200 upscaled: int(224 * 200 / 150)
