@@ -162,7 +162,6 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> tuple[int, int]:
     """Add a regular member; returns (offset of its data, its size)."""
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = len(data), 0o444, 0
-    start = tar.offset
     tar.addfile(info, io.BytesIO(data))
     padded = -(-len(data) // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
     return tar.offset - padded, len(data)
@@ -385,6 +384,25 @@ def pack_manifest(source: str | os.PathLike, out: str | os.PathLike, config: Pac
     return write_shard_manifest(out, manifest.rows, result, source), result
 
 
+def pack_manifests(folders: Sequence[str | os.PathLike], store: str | os.PathLike, config: PackConfig | None = None, *,
+                   workers: int = 1, on_shard: Callable[[dict[str, Any]], None] | None = None) -> PackResult:
+    """Several manifest folders (e.g. make_splits' regions, which share images) -> one store: each image packed
+    once (by file_name, the first manifest's source kept), then each folder's rows rewritten to point into it."""
+    manifests = [(Path(f), read_manifest(f)) for f in folders]
+    for folder, manifest in manifests:
+        check_source_rows(manifest, folder / "metadata.jsonl")
+    sources = ((r["file_name"], m.path(r)) for _, m in manifests for r in m.rows)
+    result = pack_images(sources, store, config, workers=workers, on_shard=on_shard)
+    for folder, manifest in manifests:
+        write_shard_manifest(folder, manifest.rows, result, folder)
+    return result
+
+
+def default_workers() -> int:
+    """Processes a pack uses by default: every CPU but one."""
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
 def write_shard_manifest(out: Path, rows: list[dict[str, Any]], result: PackResult,
                          source: Path | None = None) -> Manifest:
     """`out/metadata.jsonl` (rows pointing into `result`'s store) and `out/manifest_info.json` (the store as image
@@ -458,4 +476,4 @@ def estimate(plan: PackPlan, config: PackConfig, workers: int) -> dict[str, Any]
 
 __all__ = ["PackConfig", "PackError", "PackPlan", "PackResult", "SHARD_FOLDER", "estimate", "pack_images",
            "pack_manifest", "plan_pack", "plan_shards", "shard_rows", "stored_image", "write_shard",
-           "write_shard_manifest", "record_mtimes"]
+           "write_shard_manifest", "record_mtimes", "pack_manifests", "default_workers"]

@@ -189,7 +189,11 @@ class MemberPath:
         return MemberPath, (self.shard, self.member, self.offset, self.size)
 
     def resolve(self) -> "MemberPath":
-        return MemberPath(self.shard.resolve(), self.member, self.offset, self.size)
+        """The member of the shard's resolved path (resolved once per shard and process)."""
+        shard = _RESOLVED.get(self.shard)
+        if shard is None:
+            shard = _RESOLVED.setdefault(self.shard, self.shard.resolve())
+        return MemberPath(shard, self.member, self.offset, self.size)
 
     def is_file(self) -> bool:
         """The shard is a regular file long enough to hold the member (the header is checked when it is read)."""
@@ -225,6 +229,7 @@ class MemberPath:
 
 
 _SAFE_SHARDS: dict[str, bool] = {}
+_RESOLVED: dict[Path, Path] = {}
 
 
 def member_path(root: Path, row: dict[str, Any]) -> MemberPath:

@@ -15,7 +15,6 @@ store checks in stat mode without re-hashing). Format and measurements: docs/sha
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -23,15 +22,11 @@ from pipelines.cli import cli_value, flag_error, parser, run_main
 from pipelines.data import METADATA, read_manifest
 from pipelines.errors import ConfigError, UserInputError
 from pipelines.progress import progress
-from pipelines.shards import (SHARD_FOLDER, PackConfig, check_source_rows, estimate, pack_manifest, plan_pack,
-                              record_mtimes)
+from pipelines.shards import (SHARD_FOLDER, PackConfig, check_source_rows, default_workers, estimate, pack_manifest,
+                              plan_pack, record_mtimes)
 from pipelines.store import STORE_FILE, ShardError, is_shard_row, read_store, verify_shard
 
 DOC = "docs/shards.md"
-
-
-def default_workers() -> int:
-    return max(1, (os.cpu_count() or 1) - 1)
 
 
 def config_of(args) -> PackConfig:
