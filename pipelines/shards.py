@@ -133,8 +133,8 @@ def stored_image(data: bytes, suffix: str, config: PackConfig) -> tuple[bytes, s
             target = (max(1, round(width * scale)), max(1, round(height * scale)))
             if img.format == "JPEG":
                 img.draft("RGB", target)  # DCT scaling to the smallest size at or above the target
-            rgb = to_rgb(img)
-            if rgb.size != (width, height) and rgb.size[::-1] == (width, height):  # EXIF rotated: swap the target
+            rgb = to_rgb(img)  # EXIF orientation applied: a quarter turn swaps the sides
+            if width != height and (rgb.width > rgb.height) != (width > height):
                 target = target[::-1]
             resized = rgb.resize(target, Image.Resampling.LANCZOS)
     except Exception as err:  # PIL raises many types for corrupt data

@@ -323,7 +323,7 @@ def file_sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-_VERIFIED: dict[tuple[str, int, int, str], str] = {}  # (path, size, mtime_ns, mode) -> sha256, per process
+_VERIFIED: dict[tuple[Any, ...], str] = {}  # a shard file's state and the mode -> its checked sha256, per process
 
 
 def check_shard(path: Path, record: ShardRecord, mode: str) -> str:
@@ -340,7 +340,7 @@ def check_shard(path: Path, record: ShardRecord, mode: str) -> str:
         what = "truncated" if st.st_size < record.size else "grown"
         raise ShardError(f"{path}: {st.st_size} bytes, the store recorded {record.size} ({what} since it was packed); "
                          "re-pack it (scripts/pack_shards.py) or restore the file")
-    key = (str(path), st.st_size, st.st_mtime_ns, mode)
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, mode)  # ctime: no utime hides a write
     if key in _VERIFIED:
         return _VERIFIED[key]
     if mode == "stat" and st.st_mtime_ns == record.mtime_ns:
@@ -426,8 +426,8 @@ def scan_tar(path: str | os.PathLike) -> list[TarMember]:
                 if info.isdir():
                     continue
                 if not info.isreg() or info.issparse():
-                    kind = ("symlink" if info.issym() else "hardlink" if info.islnk() else
-                            "device" if info.isdev() else "sparse file" if info.issparse() else f"type {info.type!r}")
+                    kind = ("symlink" if info.issym() else "hardlink" if info.islnk() else "FIFO" if info.isfifo()
+                            else "device" if info.isdev() else "sparse file" if info.issparse() else f"type {info.type!r}")
                     raise ShardError(f"{path}: member {info.name!r} is a {kind}; shards hold regular files only")
                 if not safe_member_name(info.name):
                     raise ShardError(f"{path}: member name {info.name!r} would leave the folder (absolute or '..'); "
@@ -464,7 +464,8 @@ def verify_shard(path: Path, record: ShardRecord | None = None) -> list[str]:
         elif [member.offset, member.size] != list(entry[:2]):
             problems.append(f"{path}: member {name!r} is at offset {member.offset} ({member.size} bytes), the index "
                             f"says {entry[0]} ({entry[1]} bytes)")
-    extra = sorted(set(found) - set(index["members"]))
+    sidecars = {name.rsplit(".", 1)[0] + ".json" for name in index["members"]}  # each image's <key>.json
+    extra = sorted(set(found) - set(index["members"]) - sidecars)
     if extra:
         problems.append(f"{path}: {len(extra)} member(s) not in the index (first: {extra[0]!r})")
     return problems
