@@ -33,6 +33,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Sequence
 
 from PIL import Image
 
+from pipelines.class_names import CLASS_NAMES
 from pipelines.data import (IMAGE_SUFFIXES, MANIFEST_INFO, Manifest, ManifestError, read_manifest, to_rgb,
                             write_manifest)
 from pipelines.errors import UserInputError
@@ -421,9 +422,9 @@ def write_shard_manifest(out: Path, rows: list[dict[str, Any]], result: PackResu
         except (OSError, json.JSONDecodeError):
             info = {}
     if source is not None and source.resolve() != out.resolve():
-        names = source / "class_names.json"
+        names = source / CLASS_NAMES
         if names.is_file():
-            shutil.copyfile(names, out / "class_names.json")
+            shutil.copyfile(names, out / CLASS_NAMES)
     manifest = write_manifest(out, shard_rows(rows, result, root))
     atomic_write_json(info_path, {**info, "image_root": image_root, "store": "shards"})
     return Manifest(root, manifest.rows)

@@ -102,6 +102,7 @@ class _Handles:
 
 
 _HANDLES = _Handles()
+_ROOT = Path()
 
 
 def _header_fields(block: bytes) -> tuple[str, int, bytes]:
@@ -132,18 +133,21 @@ def read_member(shard: str | os.PathLike, member: str, offset: int, size: int) -
             if offset + size > os.fstat(fd).st_size:
                 raise OSError(f"{where}: the shard ends before the member's {size} bytes at offset {offset} "
                               "(truncated since it was indexed)")
-            data = os.pread(fd, BLOCK + size, offset - BLOCK)
+            header = os.pread(fd, BLOCK, offset - BLOCK)  # two reads: no copy of the member's bytes
+            data = os.pread(fd, size, offset)
             break
         except OSError as err:
             if err.errno is None or attempt:  # our own message, or a second failure
                 raise
             _HANDLES.drop(path)  # a descriptor closed under us (LRU in another thread): reopen once
-    name, declared, kind = _header_fields(data[:BLOCK])
+    name, declared, kind = _header_fields(header)
     long_name = len(member.encode("utf-8")) > 100  # PAX / GNU long names: the header holds a cut copy
     if (name != member and not long_name) or declared != size or kind not in (b"0", b"\0", b"7"):
         raise OSError(f"{where}: the tar header at offset {offset - BLOCK} names {name!r} ({declared} bytes), not this "
                       "member: the shard changed since the manifest was written (re-pack it)")
-    return data[BLOCK:]
+    if len(data) != size:
+        raise OSError(f"{where}: the shard ends inside the member (truncated since it was indexed)")
+    return data
 
 
 class _StatResult:
@@ -163,7 +167,8 @@ class MemberPath:
     __slots__ = ("shard", "member", "offset", "size")
 
     def __init__(self, shard: str | os.PathLike, member: str, offset: int, size: int):
-        self.shard, self.member, self.offset, self.size = Path(shard), member, offset, size
+        self.shard = shard if type(shard) is type(_ROOT) else Path(shard)
+        self.member, self.offset, self.size = member, offset, size
 
     @property
     def name(self) -> str:
@@ -230,6 +235,7 @@ class MemberPath:
 
 _SAFE_SHARDS: dict[str, bool] = {}
 _RESOLVED: dict[Path, Path] = {}
+_JOINED: dict[tuple[Path, str], Path] = {}  # (image root, shard name) -> the shard's path, built once
 
 
 def member_path(root: Path, row: dict[str, Any]) -> MemberPath:
@@ -244,7 +250,10 @@ def member_path(root: Path, row: dict[str, Any]) -> MemberPath:
         raise ShardError(f"{row.get('file_name')!r}: invalid shard reference (shard_file {shard!r}, shard_member "
                          f"{member!r}, shard_offset {offset!r}, shard_bytes {size!r}): a shard inside the image root "
                          "and the member's position are needed")
-    return MemberPath(root / shard, member, offset, size)
+    joined = _JOINED.get((root, shard))
+    if joined is None:
+        joined = _JOINED.setdefault((root, shard), root / shard)
+    return MemberPath(joined, member, offset, size)
 
 
 def image_path(text: str | os.PathLike) -> Path | MemberPath:

@@ -92,8 +92,7 @@ def test_bad_sources_and_options_are_one_line(source, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_a_changed_shard_stops_evaluation_planning_with_one_line(source, tmp_path):
-    from detectors.plan import resolve_splits  # noqa: F401  (the plan keys splits with images_fingerprint)
+def test_a_changed_shard_is_a_shard_error_naming_it(source, tmp_path):
     from pipelines.fingerprint import images_fingerprint
     from pipelines.store import ShardError
 
