@@ -60,11 +60,6 @@ class Manifest:
     def paths(self) -> list[Path | MemberPath]:
         return [self.path(r) for r in self.rows]
 
-    @property
-    def store(self) -> str:
-        """`shards` when any row's image is a shard member, else `folder`."""
-        return "shards" if any(is_shard_row(r) for r in self.rows) else "folder"
-
     def labels(self) -> np.ndarray:
         return np.array([r["label"] for r in self.rows], dtype=np.int64)
 

@@ -96,10 +96,6 @@ class _Handles:
             if fd is not None and self.pid == os.getpid():
                 os.close(fd)
 
-    def clear(self) -> None:
-        for path in list(self.fds):
-            self.drop(path)
-
 
 _HANDLES = _Handles()
 _ROOT = Path()
