@@ -152,3 +152,29 @@ def test_the_run_key_follows_the_shard_digest_not_its_location(stores, tmp_path)
     assert images_fingerprint(a) == images_fingerprint(b) == images_fingerprint(b, "content")
     assert images_fingerprint(a) != images_fingerprint(read_manifest(both["folder"][0]))
     assert np.array_equal([r["label"] for r in a.rows], [r["label"] for r in b.rows])
+
+
+@pytest.mark.slow
+def test_two_processes_on_shards_give_one_process_on_the_folder(stores, tmp_path):
+    """torchrun with 2 CPU processes reading the shard store: the same table as one process on the folder store."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    (both, model) = stores
+    config = {"model": str(model), "detectors": ["msp", "knn", "odin"],
+              "ood": [{"manifest": str(both["shards"][1]), "sets": ["texture"]}], "id": str(both["shards"][0]),
+              "out": str(tmp_path / "two")}
+    path = tmp_path / "eval.yaml"
+    path.write_text(yaml.safe_dump(config))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "scripts/evaluate.py", "--config",
+                           str(path)], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = pd.read_csv(tmp_path / "two" / "results.csv")
+    one = run_config({**config, "id": str(both["folder"][0]), "ood": [{"manifest": str(both["folder"][1]),
+                                                                      "sets": ["texture"]}], "out": str(tmp_path / "one")})
+    columns = ["auroc", "fpr95", "fpr95_id", "aupr_in", "aupr_out", "n_id", "n_ood"]
+    pd.testing.assert_frame_equal(two[["method", "ood_set", *columns]], one[["method", "ood_set", *columns]],
+                                  check_exact=False, atol=1e-6)
