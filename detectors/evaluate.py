@@ -119,7 +119,7 @@ class Runner:
         rt = self.plan.runtime
         clf = self._load_classifier()
         fit = self._fit_pixels(split.id)  # ID train rows: the protocol's fit pixels (train: seeded draws per row)
-        key = combine(self._model_key, images_fingerprint(split.manifest, rt.cache_hash),
+        key = combine(self._model_key, split.data_key or images_fingerprint(split.manifest, rt.cache_hash),
                       *([self.pixels.fit_identity()] if fit is not None else []))
         path = cache_path(self.plan.cache_dir, split.id, key)
         cache = extract_features(clf, split.manifest, batch_size=rt.batch_size, device=str(self._device()),
@@ -140,7 +140,7 @@ class Runner:
 
     def _probe(self, split: Split) -> Prepared:
         """Pixel-only runs: find the rows whose image loads (cached per image-set key), so failures are excluded alike."""
-        key = combine("probe-v1", images_fingerprint(split.manifest, self.plan.runtime.cache_hash))
+        key = combine("probe-v1", split.data_key or images_fingerprint(split.manifest, self.plan.runtime.cache_hash))
         path = self.plan.cache_dir / "probe" / f"{split.id}-{key}.json"
         if path.is_file():
             failures = json.loads(path.read_text())

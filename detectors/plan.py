@@ -423,21 +423,23 @@ def aux_rows(src: Source) -> Manifest:
 # -- checks -------------------------------------------------------------------------------------------------------------
 def check_leaks(splits: list[Split]) -> None:
     """`aux` / `ood_val` rows may not be test OOD rows, field-set rows, or byte copies of any test image (ID test, OOD,
-    field): compared by path, then by content (sha256, only for files whose size matches a test file's)."""
+    field): compared by resolved path (a shard row's: its shard's and member's), then by content (sha256, only for
+    images whose size matches a test image's), in either image store."""
     tests = [s for s in splits if s.role in TEST_ROLES or s.id == "id-id_test"]
-    by_path = {str(s.manifest.path(r).resolve()): s.role for s in tests for r in s.manifest.rows}
+    test_paths = {str(p): (p, s.role) for s in tests for p in (s.manifest.path(r).resolve() for r in s.manifest.rows)}
+    by_path = {key: role for key, (_, role) in test_paths.items()}
     check_aux_apart(splits)
     for split in splits:
         if split.role not in ("aux", "ood_val"):
             continue
         where = split.where
-        paths = {r["file_name"]: str(split.manifest.path(r).resolve()) for r in split.manifest.rows}
+        paths = {r["file_name"]: split.manifest.path(r).resolve() for r in split.manifest.rows}
         for role, what in (("ood", "test OOD rows"), ("field_id", "field-set rows"), ("field_ood", "field-set rows")):
-            hits = [name for name, p in paths.items() if by_path.get(p) == role]
+            hits = [name for name, p in paths.items() if by_path.get(str(p)) == role]
             if hits:
                 raise ConfigError(f"{where}: {len(hits)} row(s) are {what} (first: {hits[0]!r}); validation and "
                                   "auxiliary data must be disjoint from the evaluated sets")
-        copies = byte_copies(list(paths.items()), [p for p in by_path])
+        copies = byte_copies(list(paths.items()), [p for p, _ in test_paths.values()])
         if copies:
             raise ConfigError(f"{where}: {len(copies)} row(s) are byte copies of test images (first: {copies[0]!r}); "
                               "validation and auxiliary data must be disjoint from the evaluated sets")
@@ -457,28 +459,29 @@ def check_aux_apart(splits: list[Split]) -> None:
                               "outliers (trained on) and OOD validation (selected on) must be disjoint")
 
 
-def byte_copies(candidates: list[tuple[str, str]], tests: list[str]) -> list[str]:
-    """Names of `candidates` (name, path) whose bytes equal a test file's (sizes first, then sha256)."""
-    def size(path: str) -> int | None:
+def byte_copies(candidates: list[tuple[str, Any]], tests: list[Any]) -> list[str]:
+    """Names of `candidates` (name, image path: a file path or a shard member) whose bytes equal a test image's
+    (sizes first, then sha256)."""
+    def size(path: Any) -> int | None:
         try:
-            return os.stat(path).st_size
+            return (Path(path) if isinstance(path, str) else path).stat().st_size
         except OSError:
             return None
 
-    test_sizes: dict[int, list[str]] = {}
+    test_sizes: dict[int, list[Any]] = {}
     for path in tests:
         n = size(path)
         if n is not None:
             test_sizes.setdefault(n, []).append(path)
     hashes: dict[str, Any] = {}
-    digest = lambda p: hashes.setdefault(p, file_identity(p, "content"))  # noqa: E731
+    digest = lambda p: hashes.setdefault(str(p), file_identity(p, "content"))  # noqa: E731
     found = []
     for name, path in candidates:
         n = size(path)
         if n is None or n not in test_sizes:
             continue
         mine = digest(path)
-        if mine is not None and any(digest(t) == mine for t in test_sizes[n] if t != path):
+        if mine is not None and any(digest(t) == mine for t in test_sizes[n] if str(t) != str(path)):
             found.append(name)
     return found
 

@@ -17,6 +17,7 @@ from gen.config import GenerationConfig
 from gen.ledger import DONE, FAILED, Ledger
 from gen.pairing import PlanItem
 from pipelines.data import ImageLoadError, list_images, load_image, make_row
+from pipelines.store import image_path
 from pipelines.io import atomic_path
 from pipelines.masks import MIN_SIDE, MaskError, MaskWarning, check_coverage, foreground_mask, is_empty, load_mask
 
@@ -85,8 +86,8 @@ def prepare_item(item: PlanItem, masks: dict[str, list[Path]] | None, mask_metho
     """Load the target and material, check their size and make the target's binary mask (the given file, read by
     alpha when it has one that varies, else `mask_method`); raises naming the file when any of it fails or the mask
     is empty. Mask warnings (constant alpha, coverage >= 99% or <= 1%) are kept with the item."""
-    target = check_size(load_image(item.target), item.target)
-    material = check_size(load_image(item.material), item.material)
+    target = check_size(load_image(image_path(item.target)), item.target)  # a file or a shard member's "<shard>#<member>"
+    material = check_size(load_image(image_path(item.material)), item.material)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", MaskWarning)
         mask, source, where = _item_mask(item, target, masks, mask_method)

@@ -22,6 +22,7 @@ from pipelines.io import atomic_write_text
 from pipelines.jsonl import encode_lines
 from pipelines.schema import (GROUPS, METADATA, REQUIRED, ROLES, SCHEMA_DOC, SPLITS, ManifestError,  # noqa: F401
                               rows_certainly_valid, validate_row)
+from pipelines.store import MemberPath, is_shard_row, member_path, missing_members
 from pipelines.walk import walk_files
 
 MANIFEST_INFO = "manifest_info.json"  # optional sidecar: {"image_root": path} when the images live elsewhere
@@ -44,11 +45,14 @@ class Manifest:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.rows)
 
-    def path(self, row: dict[str, Any]) -> Path:
-        """Absolute path of a row's image."""
-        return self.root / row["file_name"]
+    def path(self, row: dict[str, Any]) -> Path | MemberPath:
+        """Where a row's image is: `root / file_name`, or for a row of the shard store (`shard_file` set) its member
+        (`pipelines.store.MemberPath`, with the `Path` surface loaders use: is_file, stat, open('rb'), resolve)."""
+        if row.get("shard_file") is None:
+            return self.root / row["file_name"]
+        return member_path(self.root, row)
 
-    def paths(self) -> list[Path]:
+    def paths(self) -> list[Path | MemberPath]:
         return [self.path(r) for r in self.rows]
 
     def labels(self) -> np.ndarray:
@@ -79,10 +83,11 @@ class Manifest:
 
 
 def read_manifest(folder: str | os.PathLike, check_files: bool = False, image_root: str | os.PathLike | None = None) -> Manifest:
-    """Read and validate `folder/metadata.jsonl`. With `check_files`, every image must exist.
+    """Read and validate `folder/metadata.jsonl`. With `check_files`, every image must exist (`missing_images`).
 
     `file_name`s are relative to `image_root` when given, else to the `image_root` of `folder/manifest_info.json`
-    when that sidecar exists (absolute, or relative to `folder`), else to `folder` (the ImageFolder layout).
+    when that sidecar exists (absolute, or relative to `folder`), else to `folder` (the ImageFolder layout). Rows of
+    the shard store name their shard relative to that root (`pipelines.store`).
     """
     folder = Path(folder)
     meta = folder / METADATA
@@ -90,13 +95,46 @@ def read_manifest(folder: str | os.PathLike, check_files: bool = False, image_ro
     if not meta.is_file():
         raise ManifestError(meta, None, None, "no metadata.jsonl: not a manifest folder")
     rows: list[dict[str, Any]] = []
+    numbers: list[int] = []
     for number, row in manifest_lines(meta):
         if isinstance(row, ManifestError):
             raise row
-        if check_files and not (root / row["file_name"]).is_file():
-            raise ManifestError(meta, number, "file_name", f"image not found: {root / row['file_name']}")
         rows.append(row)
-    return Manifest(root, rows)
+        numbers.append(number)
+    manifest = Manifest(root, rows)
+    if check_files:
+        for pos, reason in missing_images(manifest):
+            raise ManifestError(meta, numbers[pos], "file_name", reason)
+    return manifest
+
+
+def missing_images(manifest: Manifest) -> Iterator[tuple[int, str]]:
+    """(row position, reason) of each row whose image is absent, in row order: a folder row's file is looked up in
+    one directory listing per folder (not one stat per file); a shard row's shard must exist with its recorded size
+    and hold the member's byte range (`pipelines.store.missing_members`)."""
+    listed: dict[str, set[str] | None] = {}
+    missing = dict(missing_members(manifest.root, manifest.rows))
+    for pos, row in enumerate(manifest.rows):
+        if pos in missing:
+            yield pos, missing[pos]
+            continue
+        if is_shard_row(row):
+            continue
+        folder, _, name = os.path.join(manifest.root, row["file_name"]).rpartition(os.sep)
+        files = listed.get(folder, ())
+        if files == ():
+            files = listed[folder] = _files_in(folder)
+        if files is None or name not in files:
+            yield pos, f"image not found: {manifest.root / row['file_name']}"
+
+
+def _files_in(folder: str) -> set[str] | None:
+    """Names of the regular files (symlinks followed) in `folder`; None when it cannot be listed."""
+    try:
+        with os.scandir(folder or os.sep) as entries:
+            return {e.name for e in entries if e.is_file()}
+    except OSError:
+        return None
 
 
 def manifest_lines(meta: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any] | ManifestError]]:

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from pipelines.data import Manifest
+from pipelines.store import MemberPath, is_shard_row, shard_identities
 
 _CHUNK = 1 << 24
 IDENTITY_MODES = ("stat", "content")
@@ -82,6 +83,8 @@ def file_identity(path: os.PathLike | str, mode: str | None = None) -> Any:
     from pipelines.io import open_regular
 
     mode = mode or _IDENTITY.get()
+    if isinstance(path, MemberPath):  # a shard member (pipelines.store)
+        return path.identity(mode)
     try:
         if mode == "content":
             h = hashlib.sha256()
@@ -96,12 +99,23 @@ def file_identity(path: os.PathLike | str, mode: str | None = None) -> Any:
 
 
 def images_fingerprint(manifest: Manifest, mode: str | None = None) -> str:
-    """The rows (with their resolved root) and each image file's identity (`file_identity`), in row order."""
+    """The rows and the identity of the images behind them, by store.
+
+    Folder store: the resolved root and each image file's identity (`file_identity`), in row order. Shard store
+    (rows with `shard_file`, `pipelines.store`): the rows (which name shard and member) and each shard's recorded
+    sha256, once its file is checked against the store's record (`stat`: size and mtime; `content`: re-hashed); a
+    shard that changed is a `ShardError` naming it. The shard key does not depend on where the store lies, and rows
+    of both stores in one manifest get both parts."""
     mode = mode or _IDENTITY.get()
     if mode not in IDENTITY_MODES:
         raise ValueError(f"image identity mode must be 'stat' or 'content', got {mode!r}")
-    return _digest([str(manifest.root.resolve()), manifest.fingerprint(),
-                    *(file_identity(manifest.path(r), mode) for r in manifest.rows)])
+    shards = {r["shard_file"] for r in manifest.rows if is_shard_row(r)}
+    if not shards:
+        return _digest([str(manifest.root.resolve()), manifest.fingerprint(),
+                        *(file_identity(manifest.path(r), mode) for r in manifest.rows)])
+    files = [file_identity(manifest.path(r), mode) for r in manifest.rows if not is_shard_row(r)]
+    folder = [str(manifest.root.resolve()), *files] if files else []
+    return _digest(["shards-v1", manifest.fingerprint(), shard_identities(manifest.root, shards, mode), *folder])
 
 
 def source_identity(name_or_path: str | os.PathLike | None) -> Any:

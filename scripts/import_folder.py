@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, default=None, help="--field: the classifier folder whose class names are the known species")
     p.add_argument("--known", type=comma_list, default=None, help="--field: comma-separated known-species folders (default: those the classifier knows)")
     p.add_argument("--name", default="field", help="--field: the field set's name, ood_set of its novel rows (default field)")
+    p.add_argument("--store", choices=("folder", "shards"), default="folder",
+                   help="folder: rows point at the images where they are (default); shards: the images are packed "
+                        "into DIR/shards/ (resized to 512 px on the shorter side; docs/shards.md)")
     args = p.parse_args(argv)
     if args.out is None:
         p.error("--out is required")
@@ -74,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         counts = {s: sum(r["split"] == s for r in result.manifest.rows) for s in ("train", "val", "test")}
         classes = len({r["label"] for r in result.manifest.rows})
         print(f"{len(result.manifest)} ID images, {classes} classes, {counts} -> {args.out}")
+    if args.store == "shards":
+        from pipelines.shards import pack_workers, pack_manifest
+
+        packed = pack_manifest(args.out, args.out, workers=pack_workers())[1]
+        print(f"packed into {len(packed.written) + len(packed.kept)} shard(s) in {packed.store}")
     if result.failures:
         print(f"{len(result.failures)} unreadable image(s) left out: {Path(args.out) / 'failures.json'}")
     if result.skipped.line():

@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--local-cap", default=None, help="images a local OOD species at most (default: all)")
     p.add_argument("--non-target-cap", default=None, help="non-target test images at most (default: all)")
     p.add_argument("--seed", default=None, help="seed of every random choice (default 0)")
+    p.add_argument("--store", choices=("folder", "shards"), default="folder",
+                   help="folder: rows point into --image-root (default); shards: the regions' images are packed once "
+                        "into OUT/shards/ and every region's rows point there (docs/shards.md)")
     return p.parse_args(argv)
 
 
@@ -129,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     if dry_run:
         print(f"dry run: every check passed in {time.perf_counter() - start:.1f} s; nothing written")
         return 0
+    if args.store == "shards":
+        from pipelines.shards import pack_workers, pack_manifests
+
+        packed = pack_manifests(list(written.values()), out / "shards", workers=pack_workers())
+        print(f"packed {len(packed.members)} images into {len(packed.written) + len(packed.kept)} shard(s) in "
+              f"{packed.store} ({len(packed.missing)} missing)")
     print(f"done in {time.perf_counter() - start:.1f} s; summary in {out / 'summary.md'} and {out / 'summary.json'}")
     return 0
 
