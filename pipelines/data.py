@@ -132,9 +132,17 @@ def _files_in(folder: str) -> set[str] | None:
     """Names of the regular files (symlinks followed) in `folder`; None when it cannot be listed."""
     try:
         with os.scandir(folder or os.sep) as entries:
-            return {e.name for e in entries if e.is_file()}
+            return {e.name for e in entries if _is_file(e)}
     except OSError:
         return None
+
+
+def _is_file(entry: os.DirEntry) -> bool:
+    """A directory entry that is (or links to) a regular file; a link loop or an unreadable target is not."""
+    try:
+        return entry.is_file()
+    except OSError:  # ELOOP of a self-referential link: DirEntry.is_file raises all but ENOENT
+        return False
 
 
 def manifest_lines(meta: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any] | ManifestError]]:

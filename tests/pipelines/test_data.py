@@ -179,3 +179,14 @@ def test_huge_image_is_refused_from_its_header_without_decoding(tmp_path, monkey
     monkeypatch.undo()
     with Image.open(huge) as image:  # a real, valid 1-bit PNG: only its size is the problem
         assert image.size == (10_000, 5_000) and image.mode == "1"
+
+
+def test_check_files_is_not_fooled_by_a_link_loop_beside_the_images(tmp_path):
+    """A self-referential symlink in an image folder (ELOOP on stat) leaves the folder's real images found."""
+    from pipelines.data import make_row, read_manifest, write_manifest
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "0.png").write_bytes(b"x")
+    (tmp_path / "a" / "loop.jpg").symlink_to("loop.jpg")
+    write_manifest(tmp_path, [make_row("a/0.png")])
+    assert [r["file_name"] for r in read_manifest(tmp_path, check_files=True).rows] == ["a/0.png"]
