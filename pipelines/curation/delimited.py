@@ -1,20 +1,20 @@
 """Delimited text (a Darwin Core Archive's data file, a CSV / TSV table) streamed through pyarrow's CSV reader into an
 Arrow table of text columns, only the columns asked for, within `TableLimits`.
 
-Memory: the reader holds a few blocks of 1 MiB (a longer line retries with a larger block, up to `max_line_bytes`;
-a longer line is refused, so a 1 GiB field never reaches memory) plus the kept columns' text; rows past `max_rows` or kept text past `max_kept_bytes` stop the read
+Memory: the file is read 1 MiB at a time and parsed in chunks of whole rows (a row longer than `max_line_bytes` is
+refused once that many bytes hold no row end, so a 1 GiB field never reaches memory) plus the kept columns' text; rows past `max_rows` or kept text past `max_kept_bytes` stop the read
 with one line naming the key. Every value is text (a blank is null); a row with another number of fields than the
 file's first row is refused naming its line.
 """
 from __future__ import annotations
 
 import codecs
-import csv
 import io
 import os
+import re
 import stat
 from dataclasses import dataclass
-from typing import IO, Any, Callable
+from typing import IO, Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -79,9 +79,9 @@ class Dialect:
             raise TableError(f"{source}: unknown text encoding {self.encoding!r}") from None
 
 
-FIRST_BLOCK = 1 << 20
-"""The reader's first block (1 MiB): pyarrow's memory pool keeps some 30 blocks' worth, so blocks stay small unless a
-line needs more."""
+BLOCK = 1 << 20
+"""Bytes read at a time (1 MiB): pyarrow parses whole rows a chunk of about this size at a time (its memory pool
+keeps some 30 chunks' worth, so chunks stay small; a longer row makes a longer chunk, up to `max_line_bytes`)."""
 Opener = Callable[[], IO[bytes]]
 """Opens the file afresh (the first line is peeked, then the whole file streamed)."""
 
@@ -109,22 +109,35 @@ def first_lines(opener: Opener, dialect: Dialect, count: int, limits: TableLimit
                                      " (TableLimits)", doc=TableLimits.DOC)
                 lines.append(line.lstrip("\ufeff") if not lines else line)
         except UnicodeDecodeError as err:
-            raise TableError(f"{source}: not {dialect.encoding} text ({err.reason} at byte {err.start})") from None
+            raise TableError(f"{source}: not valid {dialect.encoding} text ({err.reason})") from None
     return [line.rstrip("\r\n") for line in lines]
 
 
 def split_line(line: str, dialect: Dialect) -> list[str]:
-    """One line's fields, quotes honoured as the dialect says."""
-    quoting = csv.QUOTE_NONE if dialect.quote is None else csv.QUOTE_MINIMAL
-    return next(csv.reader([line], delimiter=dialect.sep, quoting=quoting, quotechar=dialect.quote or '"'), [])
+    """One line's fields, quotes honoured as the dialect says (by the reader's own parser)."""
+    if dialect.quote is None:
+        return line.split(dialect.sep)
+    parse = pacsv.ParseOptions(delimiter=dialect.sep, quote_char=dialect.quote, double_quote=True, escape_char=False,
+                               newlines_in_values=True)
+    data = (line + "\n").encode("utf-8")
+    read = pacsv.ReadOptions(autogenerate_column_names=True, use_threads=False, block_size=max(len(data) * 2, 4096))
+    try:
+        width = pacsv.read_csv(io.BytesIO(data), read_options=read, parse_options=parse).num_columns
+        convert = pacsv.ConvertOptions(column_types={f"f{i}": pa.string() for i in range(width)},
+                                       strings_can_be_null=False, quoted_strings_can_be_null=False)
+        row = pacsv.read_csv(io.BytesIO(data), read_options=read, parse_options=parse, convert_options=convert)
+    except pa.ArrowInvalid:
+        return [line]
+    return [row.column(i)[0].as_py() for i in range(width)]
 
 
 def read_delimited(opener: Opener, dialect: Dialect, columns: dict[str, int] | None, limits: TableLimits, source: str,
                    *, names: list[str] | None = None, keep: Callable[[pa.RecordBatch], Any] | None = None,
-                   size: int | None = None) -> pa.Table:
+                   size: int | None = None, declared: dict[str, int] | None = None) -> pa.Table:
     """The file's columns as text: `columns` maps a name to a column index (None: every column, named `names`, the
     header's). `keep(batch)` may return a boolean mask of the rows to keep (applied per block, so what is dropped is
-    never held). `size` is the file's uncompressed size when known (checked against `max_member_bytes` first)."""
+    never held). `size` is the file's uncompressed size when known (checked against `max_member_bytes` first);
+    `declared` (name -> index of every column a descriptor declares, read or not) must fit the file too."""
     dialect.check(source)
     if size is not None and size > limits.max_member_bytes:
         raise TableError(f"{source}: {size:,} bytes uncompressed, over {limits.describe('max_member_bytes')} "
@@ -135,65 +148,116 @@ def read_delimited(opener: Opener, dialect: Dialect, columns: dict[str, int] | N
     if names is not None and data and width != len(names):
         raise TableError(f"{source}: line {dialect.header_lines + 1} has {width} fields, the header {len(names)}")
     wanted = dict(columns) if columns is not None else {name: i for i, name in enumerate(names or [])}
-    beyond = {name: i for name, i in wanted.items() if i >= width}
+    beyond = {name: i for name, i in {**(declared or {}), **wanted}.items() if i >= width}
     if beyond:
         name, index = next(iter(beyond.items()))
         raise TableError(f"{source}: column {index} ({name}) is beyond the file's {width} columns")
     raw_names = [f"c{i}" for i in range(width)]
     used = sorted(set(wanted.values()))
     schema = pa.schema([(raw_names[i], pa.string()) for i in used])
-    batches: list[pa.RecordBatch] = []
-    if data:
-        block = min(FIRST_BLOCK, limits.max_line_bytes)
-        while True:  # small blocks hold little memory; a longer line retries with a larger block, up to the cap
-            try:
-                batches = _batches(opener, dialect, raw_names, used, block, limits, source, wanted, keep)
-                break
-            except _LongLine:
-                if block >= limits.max_line_bytes:
-                    raise TableError(f"{source}: a line is longer than {limits.describe('max_line_bytes')} "
-                                     "(TableLimits)", doc=TableLimits.DOC) from None
-                block = min(block * 4, limits.max_line_bytes)
-            finally:
-                pa.default_memory_pool().release_unused()
+    try:
+        batches = _batches(opener, dialect, raw_names, used, limits, source, wanted, keep) if data else []
+    finally:
+        pa.default_memory_pool().release_unused()
     table = pa.Table.from_batches(batches, schema=schema)
     return pa.table({name: table.column(raw_names[index]) for name, index in wanted.items()})
 
 
-class _LongLine(Exception):
-    """A line longer than the reader's block."""
+def _row_pattern(dialect: Dialect) -> re.Pattern[bytes]:
+    """One row of a quoted file, as pyarrow parses it: a field opening with the quote runs to the closing quote
+    (a doubled quote is one quote; separators and line ends inside are text), the rest of a field is literal."""
+    q, sep = re.escape(dialect.quote.encode()), re.escape(dialect.sep.encode())
+    field = rb"(?:%s(?:[^%s]|%s%s)*%s[^%s\r\n]*|[^%s%s\r\n][^%s\r\n]*|)" % (q, q, q, q, q, sep, q, sep, sep)
+    return re.compile(rb"%s(?:%s%s)*(?:\r\n|\n|\r)" % (field, sep, field))
 
 
-def _batches(opener: Opener, dialect: Dialect, raw_names: list[str], used: list[int], block: int, limits: TableLimits,
+def _complete(buffer: bytes, row: re.Pattern[bytes] | None) -> int:
+    """The length of the longest prefix of `buffer` made of whole rows."""
+    if row is None:
+        return max(buffer.rfind(b"\n"), buffer.rfind(b"\r")) + 1
+    end, match = 0, row.match(buffer)
+    while match is not None and match.end() > end:
+        end = match.end()
+        match = row.match(buffer, end)
+    return end
+
+
+def _blocks(opener: Opener, dialect: Dialect) -> Iterator[bytes]:
+    """The file's bytes as UTF-8 in blocks of about `BLOCK` (another encoding is transcoded on the way)."""
+    utf8 = codecs.lookup(dialect.encoding).name == "utf-8"
+    decoder = None if utf8 else codecs.getincrementaldecoder(dialect.encoding)(errors="strict")
+    with opener() as stream:
+        while True:
+            raw = stream.read(BLOCK)
+            if decoder is not None:
+                text = decoder.decode(raw, final=not raw)
+                raw, done = text.encode("utf-8"), not raw
+                if raw:
+                    yield raw
+                if done:
+                    return
+                continue
+            if not raw:
+                return
+            yield raw
+
+
+def _chunks(opener: Opener, dialect: Dialect, limits: TableLimits, source: str) -> Iterator[tuple[bytes, int]]:
+    """Whole rows in chunks of about `BLOCK` bytes, each with the file line its first row starts on; a row longer
+    than `max_line_bytes` is refused once that many bytes hold no row end (memory: one row and one block)."""
+    row = None if dialect.quote is None else _row_pattern(dialect)
+    pending, line, ends = b"", 1, None
+    for block in _blocks(opener, dialect):
+        pending += block
+        cut = _complete(pending, row)
+        if not cut:
+            if len(pending) > limits.max_line_bytes:
+                hint = " (a quote that never closes?)" if row is not None else ""
+                raise TableError(f"{source}: line {line} is longer than {limits.describe('max_line_bytes')}{hint} "
+                                 "(TableLimits)", doc=TableLimits.DOC)
+            continue
+        chunk, pending = pending[:cut], pending[cut:]
+        ends = ends or (b"\n" if b"\n" in chunk else b"\r")
+        yield chunk, line
+        line += chunk.count(ends)
+    if pending.strip(b"\r\n"):
+        yield pending + b"\n", line
+
+
+def _batches(opener: Opener, dialect: Dialect, raw_names: list[str], used: list[int], limits: TableLimits,
              source: str, wanted: dict[str, int], keep: Callable[[pa.RecordBatch], Any] | None) -> list[pa.RecordBatch]:
-    read = pacsv.ReadOptions(use_threads=False, block_size=block, skip_rows=dialect.header_lines,
-                             column_names=raw_names, encoding=dialect.encoding)
+    """Each chunk of whole rows parsed by pyarrow from memory (no Python file is handed to pyarrow's threads)."""
     parse = pacsv.ParseOptions(delimiter=dialect.sep, quote_char=dialect.quote or False, double_quote=True,
                                escape_char=False, newlines_in_values=dialect.quote is not None, ignore_empty_lines=True)
     convert = pacsv.ConvertOptions(column_types={raw_names[i]: pa.string() for i in used},
                                    include_columns=[raw_names[i] for i in used], strings_can_be_null=True,
                                    null_values=[""], quoted_strings_can_be_null=True)
-    batches, rows, kept = [], 0, 0
-    with opener() as stream:
+    batches, rows, kept, skip = [], 0, 0, dialect.header_lines
+    for chunk, line in _chunks(opener, dialect, limits, source):
+        read = pacsv.ReadOptions(use_threads=False, block_size=len(chunk) + 1, skip_rows=skip, column_names=raw_names)
         try:
-            for batch in pacsv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert):
-                rows += batch.num_rows
-                if rows > limits.max_rows:
-                    raise TableError(f"{source}: more than {limits.describe('max_rows')} rows (TableLimits)",
-                                     doc=TableLimits.DOC)
-                if keep is not None:
-                    batch = batch.filter(keep(batch.rename_columns(_names(batch, wanted, raw_names))))
-                kept += batch.nbytes
-                if kept > limits.max_kept_bytes:
-                    raise TableError(f"{source}: the columns read hold more than {limits.describe('max_kept_bytes')} "
-                                     "(TableLimits)", doc=TableLimits.DOC)
-                batches.append(batch)
+            table = pacsv.read_csv(pa.py_buffer(chunk), read_options=read, parse_options=parse,
+                                   convert_options=convert)
         except pa.ArrowInvalid as err:
-            if "straddles" in str(err):
-                raise _LongLine() from None
-            raise TableError(_reason(err, source, dialect)) from None
-        except (pa.ArrowException, UnicodeDecodeError) as err:
+            if "Empty CSV" in str(err):  # only header lines (or blank lines) so far
+                skip = max(skip - chunk.count(b"\n"), 0)
+                continue
+            raise TableError(_reason(err, source, dialect, line - 1)) from None
+        except pa.ArrowException as err:
             raise TableError(f"{source}: not readable ({_short(err)})") from None
+        skip = 0
+        for batch in table.to_batches():
+            rows += batch.num_rows
+            if rows > limits.max_rows:
+                raise TableError(f"{source}: more than {limits.describe('max_rows')} rows (TableLimits)",
+                                 doc=TableLimits.DOC)
+            if keep is not None:
+                batch = batch.filter(keep(batch.rename_columns(_names(batch, wanted, raw_names))))
+            kept += batch.nbytes
+            if kept > limits.max_kept_bytes:
+                raise TableError(f"{source}: the columns read hold more than {limits.describe('max_kept_bytes')} "
+                                 "(TableLimits)", doc=TableLimits.DOC)
+            batches.append(batch)
     return batches
 
 
@@ -209,7 +273,7 @@ def _short(err: BaseException) -> str:
     return " ".join(str(err).split())[:200]
 
 
-def _reason(err: pa.ArrowInvalid, source: str, dialect: Dialect) -> str:
+def _reason(err: pa.ArrowInvalid, source: str, dialect: Dialect, offset: int = 0) -> str:
     text = str(err)
     if "UTF8" in text or "UTF-8" in text:
         return f"{source}: not valid {dialect.encoding} text ({_short(err)})"
@@ -219,7 +283,7 @@ def _reason(err: pa.ArrowInvalid, source: str, dialect: Dialect) -> str:
         expected, _, got = rest.partition(", got ")
         got = got.split(":", 1)[0]
         if where.isdigit() and expected.startswith("Expected") and got.strip().isdigit():
-            return (f"{source}: line {where} has {got.strip()} fields, the file's first line "
+            return (f"{source}: line {int(where) + offset} has {got.strip()} fields, the file's first line "
                     f"{expected.removeprefix('Expected ').removesuffix(' columns')}")
     return f"{source}: not readable ({_short(err)})"
 

@@ -226,6 +226,7 @@ def read_data_file(members: Members, descriptor: FileDescriptor, keep_names: Cal
     if descriptor.id_index is not None:
         indexed.append((descriptor.id_index, 0, ID))
     columns = {name: index for index, _, name in sorted(indexed)}
+    declared = {item.name: item.index for item in descriptor.fields if item.index is not None}
     parts = []
     for location in descriptor.locations:
         try:
@@ -233,7 +234,7 @@ def read_data_file(members: Members, descriptor: FileDescriptor, keep_names: Cal
         except KeyError:
             raise TableError(f"{members.path}: meta.xml names {location}, which the archive does not hold") from None
         parts.append(read_delimited(opener, descriptor.dialect, columns, limits, members.source(location),
-                                    keep=keep_rows, size=size))
+                                    keep=keep_rows, size=size, declared=declared))
     table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
     if sum(len(p) for p in parts) > limits.max_rows:
         raise TableError(f"{members.source(descriptor.locations[0])}: more than {limits.describe('max_rows')} rows "
