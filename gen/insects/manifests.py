@@ -4,6 +4,7 @@ folders."""
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
@@ -13,8 +14,9 @@ import numpy as np
 import pandas as pd
 
 from gen.insects.occurrences import GBIF_ID_COLUMNS, OCCURRENCE_COLUMNS, SPLIT_COLUMNS, TableError, read_id_species
-from gen.insects.splits import MIN_IMAGES, SETS, SplitConfig, Splits, build_splits
-from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, MISSING_FILE, NO_COORDINATES, TAXON_FILTER, TaxonFilter,
+from gen.insects.splits import MIN_IMAGES, SETS, SplitConfig, Splits, build_splits, check_region_names
+from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, MISSING_FILE, NO_COORDINATES, NO_FILE_NAME, TAXON_FILTER,
+                                     TableLimits, TaxonFilter,
                                      clean, is_archive, normalise, read_occurrences)
 from pipelines.data import MANIFEST_INFO, METADATA, Manifest, ManifestError, check_manifest_rows, read_manifest
 from pipelines.io import atomic_path, atomic_write_json, atomic_write_text
@@ -177,7 +179,7 @@ def summarize(splits: Splits) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-DROP_ORDER = (TAXON_FILTER, BLANK_SPECIES, NO_COORDINATES, DUPLICATE_URL, MISSING_FILE, MIN_IMAGES)
+DROP_ORDER = (TAXON_FILTER, BLANK_SPECIES, NO_COORDINATES, DUPLICATE_URL, NO_FILE_NAME, MISSING_FILE, MIN_IMAGES)
 
 
 def summary_record(splits: Splits, dropped: dict[str, int] | None = None) -> dict[str, Any]:
@@ -209,6 +211,7 @@ def write_splits(splits: Splits, out_dir: str | os.PathLike, image_root: str | o
     """Write `out_dir/<region>/metadata.jsonl` + `manifest_info.json` (image root, parameters) per region and
     `out_dir/summary.{csv,md,json}` (`dropped`: rows dropped before the builder, by reason)."""
     out_dir = Path(out_dir)
+    check_region_names(splits.regions, "regions")
     written = {}
     for region, frame in splits.regions.items():
         write_region(out_dir / region, frame, splits, region, image_root)
@@ -251,14 +254,16 @@ def load_region(folder: str | os.PathLike, image_root: str | os.PathLike | None 
 
 
 def read_input(occurrences: str | os.PathLike | pd.DataFrame, taxa: TaxonFilter | None = None,
-               image_root: str | os.PathLike | None = None, check_files: bool | None = None) -> tuple[pd.DataFrame, Counter]:
+               image_root: str | os.PathLike | None = None, check_files: bool | None = None,
+               limits: TableLimits | None = None) -> tuple[pd.DataFrame, Counter]:
     """An occurrence table (a frame, a table file or a GBIF archive) cleaned for the splits, and the rows dropped by
     reason (`pipelines.curation.gbif.clean`). `check_files` (default: on for archives) drops rows whose image is not
     under `image_root`. Only the columns the split builder reads are kept (`SPLIT_COLUMNS`)."""
     if isinstance(occurrences, pd.DataFrame):
         frame, source, archive = normalise(occurrences), "occurrence table", False
     else:
-        frame, source, archive = read_occurrences(occurrences), f"occurrence table {occurrences}", is_archive(occurrences)
+        frame, source, archive = (read_occurrences(occurrences, limits), f"occurrence table {occurrences}",
+                                  is_archive(occurrences))
     missing = [c for c in OCCURRENCE_COLUMNS if c not in frame.columns]
     if missing:
         raise TableError(f"occurrence table: missing column(s) {missing}; needs {list(OCCURRENCE_COLUMNS)} (GBIF names "
@@ -275,17 +280,31 @@ def read_input(occurrences: str | os.PathLike | pd.DataFrame, taxa: TaxonFilter 
 def make_splits(occurrences: str | os.PathLike | pd.DataFrame, id_species: str | os.PathLike | pd.DataFrame,
                 out_dir: str | os.PathLike, image_root: str | os.PathLike, config: SplitConfig | None = None,
                 non_target: str | os.PathLike | pd.DataFrame | None = None, taxa: TaxonFilter | None = None,
-                check_files: bool | None = None, dry_run: bool = False) -> tuple[dict[str, Path], pd.DataFrame, dict[str, Any]]:
+                check_files: bool | None = None, dry_run: bool = False, timings: dict[str, Any] | None = None,
+                limits: TableLimits | None = None) -> tuple[dict[str, Path], pd.DataFrame, dict[str, Any]]:
     """Read the tables (frames, files or GBIF archives), build the splits, write the manifests; returns (folders,
     summary table, summary record). `dry_run` runs every check, manifest rows included, and writes nothing (the
-    folders returned are those a run would write)."""
-    occ, dropped = read_input(occurrences, taxa, image_root, check_files)
-    extra = non_target if non_target is None or isinstance(non_target, pd.DataFrame) else read_occurrences(non_target)
+    folders returned are those a run would write). `timings`, when given, receives the seconds of each stage
+    (`read`, `build`, `manifests`), the rows read and the manifest bytes (`gen.insects.cost` estimates a run from
+    them)."""
+    timings = {} if timings is None else timings
+    start = time.perf_counter()
+    occ, dropped = read_input(occurrences, taxa, image_root, check_files, limits)
+    extra = non_target if non_target is None or isinstance(non_target, pd.DataFrame) else \
+        read_occurrences(non_target, limits)
+    timings.update(read=time.perf_counter() - start, rows=len(occ) + sum(dropped.values()))
+    start = time.perf_counter()
     splits = build_splits(occ, read_id_species(id_species), config, non_target=extra)
+    del occ, extra
+    timings["build"] = time.perf_counter() - start
+    start = time.perf_counter()
     if dry_run:
         folders = {region: Path(out_dir) / region for region in splits.regions}
-        for region, frame in splits.regions.items():  # built and checked as the run does, not written
-            write_region(folders[region], frame, splits, region, image_root, dry_run=True)
+        check_region_names(splits.regions, "regions")
+        timings["bytes"] = sum(write_region(folders[region], frame, splits, region, image_root, dry_run=True)
+                               for region, frame in splits.regions.items())  # built and checked, not written
     else:
         folders = write_splits(splits, out_dir, image_root, dropped)
+        timings["bytes"] = sum((folder / METADATA).stat().st_size for folder in folders.values())
+    timings.update(manifests=time.perf_counter() - start, manifest_rows=sum(map(len, splits.regions.values())))
     return folders, summarize(splits), summary_record(splits, dropped)
