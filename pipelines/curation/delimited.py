@@ -220,8 +220,8 @@ def _chunks(opener: Opener, dialect: Dialect, limits: TableLimits, source: str) 
         ends = ends or (b"\n" if b"\n" in chunk else b"\r")
         yield chunk, line
         line += chunk.count(ends)
-    if pending.strip(b"\r\n"):
-        yield pending + b"\n", line
+    if pending.strip(b"\r\n"):  # the last row (no line end, or a quote left open)
+        yield pending if pending.endswith((b"\n", b"\r")) else pending + b"\n", line
 
 
 def _batches(opener: Opener, dialect: Dialect, raw_names: list[str], used: list[int], limits: TableLimits,
@@ -240,7 +240,7 @@ def _batches(opener: Opener, dialect: Dialect, raw_names: list[str], used: list[
                                    convert_options=convert)
         except pa.ArrowInvalid as err:
             if "Empty CSV" in str(err):  # only header lines (or blank lines) so far
-                skip = max(skip - chunk.count(b"\n"), 0)
+                skip = max(skip - max(chunk.count(b"\n"), chunk.count(b"\r")), 0)
                 continue
             raise TableError(_reason(err, source, dialect, line - 1)) from None
         except pa.ArrowException as err:

@@ -37,8 +37,6 @@ from pipelines.curation.paths import blank_names, files_under, leaving_names, re
 from pipelines.errors import ConfigError
 from pipelines.params import Config, config, param
 
-__all__ = ["TableError", "TableLimits"]  # re-exported: callers import them from here
-
 # GBIF name -> this project's name (other columns keep their GBIF names: speciesKey, taxonRank, basisOfRecord, ...)
 RENAME = {"decimalLatitude": "lat", "decimalLongitude": "lon", "identifier": "url", "accessURI": "url"}
 KEEP = ("gbifID", "id", "coreid", "kingdom", "phylum", "class", "order", "family", "genus", "species", "scientificName",

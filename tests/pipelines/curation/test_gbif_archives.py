@@ -145,3 +145,29 @@ def test_terms_outside_gbif_keep_their_names_and_the_media_type_rule(tmp_path):
     frame = read_occurrences(write_archive(tmp_path / "ac", {"meta.xml": meta, "occurrence.txt": occ,
                                                              "multimedia.txt": media}))
     assert frame["url"].tolist() == ["https://a.org/1.jpg", "https://a.org/2.jpg"]
+
+
+def test_rows_cut_at_any_byte_read_alike(tmp_path, monkeypatch):
+    """Blocks of 7 bytes, so that every row, quote, CRLF and BOM straddles reads: the rows, and the line a ragged row
+    is named by, equal those of a whole-file read (Python's csv module as the oracle for the quoted file)."""
+    import csv
+    import io
+
+    import pipelines.curation.delimited as delimited
+
+    quoted = 'a,b,c\r\n1,"x, ""y""",z\r\n2,"two\r\nlines",w\r\n3,,"last"\r\n4,q,"r\n'
+    plain = "\ufeffspecies\tlat\r\n" + "".join(f"s{i}\t{i}.5\r\n" for i in range(40))
+    (tmp_path / "q.csv").write_text(quoted, newline="")
+    (tmp_path / "p.tsv").write_text(plain, newline="")
+    whole = {name: read_table(tmp_path / name) for name in ("q.csv", "p.tsv")}
+    monkeypatch.setattr(delimited, "BLOCK", 7)
+    for name, frame in whole.items():
+        pd.testing.assert_frame_equal(read_table(tmp_path / name), frame)
+    rows = list(csv.reader(io.StringIO(quoted, newline="")))
+    assert whole["q.csv"].fillna("").values.tolist() == rows[1:]
+    (tmp_path / "r.tsv").write_text(plain + "ragged\n" + "s\t1\n")
+    from pipelines.curation.gbif import TableError
+    import pytest
+
+    with pytest.raises(TableError, match=r"r.tsv: line 42 has 1 fields, the file's first line 2"):
+        read_table(tmp_path / "r.tsv")
