@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from helpers.gbif import (DC, DWC, GBIF, GBIF_CORE, GBIF_MEDIA, MEDIA_TERMS, OCC_TERMS, archive_xml, build_archive,
                           gbif_meta, section, small_gbif, tsv, write_archive)
-from pipelines.curation.gbif import KEEP, read_archive, read_occurrences, read_table
+from pipelines.curation.gbif import KEEP, TableError, read_archive, read_occurrences, read_table
 
 
 def test_rows_equal_the_reference_readers_star_rows(tmp_path):
@@ -166,8 +167,5 @@ def test_rows_cut_at_any_byte_read_alike(tmp_path, monkeypatch):
     rows = list(csv.reader(io.StringIO(quoted, newline="")))
     assert whole["q.csv"].fillna("").values.tolist() == rows[1:]
     (tmp_path / "r.tsv").write_text(plain + "ragged\n" + "s\t1\n")
-    from pipelines.curation.gbif import TableError
-    import pytest
-
     with pytest.raises(TableError, match=r"r.tsv: line 42 has 1 fields, the file's first line 2"):
         read_table(tmp_path / "r.tsv")
