@@ -11,19 +11,26 @@ and exit with status 2 (`--debug` shows the traceback).
 from __future__ import annotations
 
 import argparse
+import io
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from gen.insects import MakeSplitsConfig, REGIONS, make_splits, shortfall_lines, synthetic_occurrences
+from gen.insects.cost import estimate, write_rate
 from pipelines.cli import cli_value, flag_error, pairs, parser, run_main
+from pipelines.curation.gbif import TableLimits
 from pipelines.errors import ConfigError
 
 FLAGS = {"split.pad_lat": "--pad", "split.pad_lon": "--pad", "split.regions": "--box",
          "split.aux_species_by_region": "--aux-species-c-america", "taxa.preset": "--taxon-filter"}
 """Config keys whose flag is not `--` + the key's last part with dashes (for one-line errors)."""
 NONE_IF_ZERO = ("aux_per_species", "aux_species", "id_val_cap")
+RATES = Path(__file__).resolve().parents[1] / "benchmarks" / "splits.json"
+"""Where the dry run's estimate takes the disk write rate from (`scripts/bench_splits.py` measures it)."""
+LIMITS = ("max_rows", "max_member_bytes", "max_line_bytes", "max_kept_bytes")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,6 +74,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--store", choices=("folder", "shards"), default="folder",
                    help="folder: rows point into --image-root (default); shards: the regions' images are packed once "
                         "into OUT/shards/ and every region's rows point there (docs/shards.md)")
+    for key in LIMITS:
+        p.add_argument("--" + key.replace("_", "-"), default=None, metavar="N",
+                       help=f"TableLimits.{key} of the occurrence table or archive (default {getattr(TableLimits(), key):,}; "
+                            "bytes may be written 16MiB, 2GiB)")
     return p.parse_args(argv)
 
 
@@ -88,9 +99,10 @@ def options(args: argparse.Namespace) -> MakeSplitsConfig:
         split["aux_species_by_region"] = {"c-america": None if count == 0 else count}
     if args.box:
         split["regions"] = {**REGIONS, **pairs(args.box, "--box")}
+    limits = {key: byte_count(getattr(args, key)) for key in LIMITS if getattr(args, key) is not None}
     raw = {"occurrences": args.occurrences, "synthetic": cli_value(args.synthetic), "id_species": args.id_species,
            "image_root": args.image_root, "out": args.out, "non_target": args.non_target,
-           "check_files": args.check_files, "split": split,
+           "check_files": args.check_files, "split": split, "limits": limits,
            "taxa": {"preset": args.taxon_filter, "include": args.include, "exclude": args.exclude}}
     try:
         return MakeSplitsConfig.from_dict({k: v for k, v in raw.items() if v is not None}, "")
@@ -98,11 +110,24 @@ def options(args: argparse.Namespace) -> MakeSplitsConfig:
         raise flag_error(err, FLAGS) from None
 
 
+UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
+         "gb": 10**9, "tb": 10**12}
+
+
+def byte_count(text: str) -> Any:
+    """`16MiB` / `2 GB` / `1000` as a number (anything else is left for the config's type check to refuse)."""
+    match = re.fullmatch(r"\s*([0-9][0-9_,]*)\s*([A-Za-z]*)\s*", text)
+    if match and match.group(2).lower() in UNITS:
+        return int(match.group(1).replace("_", "").replace(",", "")) * UNITS[match.group(2).lower()]
+    return cli_value(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     opts, dry_run = options(args), args.dry_run
     out = Path(opts.out)
     config = opts.split
+    extra_bytes = 0
     if opts.synthetic:
         occ, ids = synthetic_occurrences(opts.synthetic, seed=config.seed)
         folder = out / "synthetic"
@@ -110,15 +135,19 @@ def main(argv: list[str] | None = None) -> int:
             folder.mkdir(parents=True, exist_ok=True)
             occ.to_parquet(folder / "occurrences.parquet", index=False)
             ids.to_csv(folder / "id_species.csv", index=False)
+        else:  # the bytes the run writes there, measured in memory
+            sink = io.BytesIO()
+            occ.to_parquet(sink, index=False)
+            extra_bytes = sink.tell() + len(ids.to_csv(index=False).encode())
         occurrences, id_species, image_root = occ, ids, Path(opts.image_root or folder)
         if config.target_taxon is None:
             config = config.replace(target_taxon="moth")
     else:
         occurrences, id_species, image_root = Path(opts.occurrences), Path(opts.id_species), Path(opts.image_root)
-    start = time.perf_counter()
+    start, timings = time.perf_counter(), {}
     written, summary, record = make_splits(occurrences, id_species, out, image_root, config,
                                            non_target=opts.non_target, taxa=opts.taxa, check_files=opts.check_files,
-                                           dry_run=dry_run)
+                                           dry_run=dry_run, timings=timings, limits=opts.limits)
     print(summary.to_string(index=False))
     if record["dropped"]:
         print("rows dropped: " + ", ".join(f"{reason} {n}" for reason, n in record["dropped"].items()))
@@ -131,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  warning: {len(missing)} ID species of {region} not in the splits, e.g. {missing[:5]}")
     if dry_run:
         print(f"dry run: every check passed in {time.perf_counter() - start:.1f} s; nothing written")
+        for line in estimate(timings, write_rate(RATES), extra_bytes):
+            print(line)
         return 0
     if args.store == "shards":
         from pipelines.shards import pack_workers, pack_manifests

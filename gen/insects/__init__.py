@@ -35,7 +35,7 @@ Manifests hold metadata only: `file_name` is the image path relative to the user
 from __future__ import annotations
 
 from gen.insects.manifests import (SET_FIELDS, load_region, make_splits, manifest_rows, manifest_table, object_columns,
-                                   read_input, shortfall_lines, summarize, summary_record, write_splits)
+                                   read_input, shortfall_lines, summarize, summary_record, write_region, write_splits)
 from gen.insects.options import MakeSplitsConfig
 from gen.insects.occurrences import (AUSTRALIA, OCCURRENCE_COLUMNS, REGIONS, Box, TableError, check_occurrences,
                                      key_strings, read_id_species, read_table, synthetic_occurrences)
@@ -46,5 +46,5 @@ __all__ = [
     "TableError", "read_input", "shortfall_lines", "summary_record",
     "build_splits", "check_occurrences", "id_counts", "key_strings", "load_region", "make_splits", "manifest_rows",
     "manifest_table", "object_columns", "rank_in_group", "read_id_species", "read_table", "summarize",
-    "synthetic_occurrences", "write_splits",
+    "synthetic_occurrences", "write_region", "write_splits",
 ]

@@ -4,20 +4,22 @@ folders."""
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pandas as pd
 
-from gen.insects.occurrences import GBIF_ID_COLUMNS, OCCURRENCE_COLUMNS, TableError, read_id_species
-from gen.insects.splits import MIN_IMAGES, SETS, SplitConfig, Splits, build_splits
-from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, MISSING_FILE, NO_COORDINATES, TAXON_FILTER, TaxonFilter,
+from gen.insects.occurrences import GBIF_ID_COLUMNS, OCCURRENCE_COLUMNS, SPLIT_COLUMNS, TableError, read_id_species
+from gen.insects.splits import MIN_IMAGES, SETS, SplitConfig, Splits, build_splits, check_region_names
+from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, MISSING_FILE, NO_COORDINATES, NO_FILE_NAME, TAXON_FILTER,
+                                     TableLimits, TaxonFilter,
                                      clean, is_archive, normalise, read_occurrences)
 from pipelines.data import MANIFEST_INFO, METADATA, Manifest, ManifestError, check_manifest_rows, read_manifest
-from pipelines.io import atomic_write_bytes, atomic_write_json, atomic_write_text
+from pipelines.io import atomic_path, atomic_write_json, atomic_write_text
 from pipelines.jsonl import column_texts, encode_lines, join_lines
 from pipelines.schema import table_certainly_valid
 
@@ -78,34 +80,90 @@ def _aux_labels(frame: pd.DataFrame, table: pd.DataFrame) -> list[tuple[int, int
     return list(zip(aux.tolist(), frame["aux_label"].fillna(-1).to_numpy()[aux].astype(np.int64).tolist()))
 
 
+MANIFEST_CHUNK_ROWS = 100_000
+"""Rows encoded at a time: the JSON text of a chunk is built in memory, never a whole region's (millions of rows)."""
+
+
 def _manifest_bytes(frame: pd.DataFrame, non_target_name: str) -> bytes | None:
     """metadata.jsonl bytes of manifest_rows(frame) (json.dumps(row, default=str) per line), built column by column;
     None when `pipelines.schema.table_certainly_valid` cannot vouch for every row (`region_manifest` then names the
     bad line)."""
+    chunks = _manifest_chunks(frame, non_target_name)
+    return None if chunks is None else b"".join(chunks)
+
+
+def _manifest_chunks(frame: pd.DataFrame, non_target_name: str) -> Iterator[bytes] | None:
+    """`_manifest_bytes` as chunks of `MANIFEST_CHUNK_ROWS` lines, or None (the table is checked whole first)."""
     table = manifest_table(frame, non_target_name)
     if not table_certainly_valid(table):
         return None
-    pieces: list[Any] = []
-    for number, name in enumerate(table.columns):
-        texts = column_texts(table[name])
-        if texts is None:
-            return None
-        pieces += [("{" if number == 0 else ", ") + encode_basestring_ascii(name) + ": ", texts]
-    aux = [""] * len(table)
-    for i, value in _aux_labels(frame, table):
-        aux[i] = f', "aux_label": {value}'
-    return join_lines(pieces + [aux, "}\n"])
+    aux = dict(_aux_labels(frame, table))
+
+    def encode(start: int) -> bytes | None:
+        part = table.iloc[start:start + MANIFEST_CHUNK_ROWS]
+        pieces: list[Any] = []
+        for number, name in enumerate(part.columns):
+            texts = column_texts(part[name])
+            if texts is None:
+                return None
+            pieces += [("{" if number == 0 else ", ") + encode_basestring_ascii(name) + ": ", texts]
+        tail = [f', "aux_label": {aux[i]}' if i in aux else "" for i in range(start, start + len(part))]
+        return join_lines(pieces + [tail, "}\n"])
+
+    first = encode(0) if len(table) else b""
+    if first is None:
+        return None
+
+    def chunks() -> Iterator[bytes]:
+        yield first
+        for start in range(MANIFEST_CHUNK_ROWS, len(table), MANIFEST_CHUNK_ROWS):
+            text = encode(start)
+            if text is None:  # a later chunk holds a value the column encoder cannot vouch for
+                yield from _row_chunks(frame.iloc[start:], non_target_name)
+                return
+            yield text
+
+    return chunks()
+
+
+def _row_chunks(frame: pd.DataFrame, non_target_name: str) -> Iterator[bytes]:
+    for start in range(0, len(frame), MANIFEST_CHUNK_ROWS):
+        yield encode_lines(manifest_rows(frame.iloc[start:start + MANIFEST_CHUNK_ROWS], non_target_name)).encode("utf-8")
+
+
+def region_manifest_chunks(folder: Path, frame: pd.DataFrame, non_target_name: str) -> Iterator[bytes]:
+    """A region's checked metadata.jsonl bytes, in chunks: built column by column (`_manifest_chunks`), or, where
+    that cannot vouch for every row, row by row with `check_manifest_rows` (a bad row is a ManifestError naming its
+    line); every check runs before the first chunk is returned."""
+    chunks = _manifest_chunks(frame, non_target_name)
+    if chunks is not None:
+        return chunks
+    check_manifest_rows(folder, manifest_rows(frame, non_target_name))
+    return _row_chunks(frame, non_target_name)
 
 
 def region_manifest(folder: Path, frame: pd.DataFrame, non_target_name: str) -> bytes:
-    """A region's checked metadata.jsonl bytes: built column by column (`_manifest_bytes`), or, where that cannot
-    vouch for every row, row by row with `check_manifest_rows` (a bad row is a ManifestError naming its line)."""
-    text = _manifest_bytes(frame, non_target_name)
-    if text is not None:
-        return text
-    rows = manifest_rows(frame, non_target_name)
-    check_manifest_rows(folder, rows)
-    return encode_lines(rows).encode("utf-8")
+    """A region's checked metadata.jsonl bytes (`region_manifest_chunks` joined)."""
+    return b"".join(region_manifest_chunks(folder, frame, non_target_name))
+
+
+def write_region(folder: Path, frame: pd.DataFrame, splits: Splits, region: str, image_root: str | os.PathLike,
+                 dry_run: bool = False) -> int:
+    """The one place a region's manifest is written: `folder/metadata.jsonl` (streamed, atomic) and
+    `manifest_info.json`; returns the bytes written (a dry run builds and checks the same bytes, writes nothing)."""
+    chunks = region_manifest_chunks(folder, frame, splits.config.non_target_name)
+    if dry_run:
+        return sum(map(len, chunks))
+    size = 0
+    with atomic_path(folder / METADATA) as tmp, open(tmp, "wb") as handle:
+        for chunk in chunks:
+            handle.write(chunk)
+            size += len(chunk)
+    atomic_write_json(folder / MANIFEST_INFO, {
+        "image_root": str(Path(image_root).expanduser().resolve()), "region": region,
+        "missing_id_species": splits.missing_id_species.get(region, []), "config": splits.config.to_dict(),
+    })
+    return size
 
 
 def summarize(splits: Splits) -> pd.DataFrame:
@@ -121,7 +179,7 @@ def summarize(splits: Splits) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-DROP_ORDER = (TAXON_FILTER, BLANK_SPECIES, NO_COORDINATES, DUPLICATE_URL, MISSING_FILE, MIN_IMAGES)
+DROP_ORDER = (TAXON_FILTER, BLANK_SPECIES, NO_COORDINATES, DUPLICATE_URL, NO_FILE_NAME, MISSING_FILE, MIN_IMAGES)
 
 
 def summary_record(splits: Splits, dropped: dict[str, int] | None = None) -> dict[str, Any]:
@@ -153,15 +211,11 @@ def write_splits(splits: Splits, out_dir: str | os.PathLike, image_root: str | o
     """Write `out_dir/<region>/metadata.jsonl` + `manifest_info.json` (image root, parameters) per region and
     `out_dir/summary.{csv,md,json}` (`dropped`: rows dropped before the builder, by reason)."""
     out_dir = Path(out_dir)
+    check_region_names(splits.regions, "regions")
     written = {}
     for region, frame in splits.regions.items():
-        folder = out_dir / region
-        atomic_write_bytes(folder / METADATA, region_manifest(folder, frame, splits.config.non_target_name))
-        atomic_write_json(folder / MANIFEST_INFO, {
-            "image_root": str(Path(image_root).expanduser().resolve()), "region": region,
-            "missing_id_species": splits.missing_id_species.get(region, []), "config": splits.config.to_dict(),
-        })
-        written[region] = folder
+        write_region(out_dir / region, frame, splits, region, image_root)
+        written[region] = out_dir / region
     summary = summarize(splits)
     record = summary_record(splits, dropped)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -200,36 +254,57 @@ def load_region(folder: str | os.PathLike, image_root: str | os.PathLike | None 
 
 
 def read_input(occurrences: str | os.PathLike | pd.DataFrame, taxa: TaxonFilter | None = None,
-               image_root: str | os.PathLike | None = None, check_files: bool | None = None) -> tuple[pd.DataFrame, Counter]:
+               image_root: str | os.PathLike | None = None, check_files: bool | None = None,
+               limits: TableLimits | None = None) -> tuple[pd.DataFrame, Counter]:
     """An occurrence table (a frame, a table file or a GBIF archive) cleaned for the splits, and the rows dropped by
     reason (`pipelines.curation.gbif.clean`). `check_files` (default: on for archives) drops rows whose image is not
-    under `image_root`."""
+    under `image_root`. Only the columns the split builder reads are kept (`SPLIT_COLUMNS`)."""
     if isinstance(occurrences, pd.DataFrame):
         frame, source, archive = normalise(occurrences), "occurrence table", False
     else:
-        frame, source, archive = read_occurrences(occurrences), f"occurrence table {occurrences}", is_archive(occurrences)
+        frame, source, archive = (read_occurrences(occurrences, limits), f"occurrence table {occurrences}",
+                                  is_archive(occurrences))
     missing = [c for c in OCCURRENCE_COLUMNS if c not in frame.columns]
     if missing:
         raise TableError(f"occurrence table: missing column(s) {missing}; needs {list(OCCURRENCE_COLUMNS)} (GBIF names "
                          f"such as decimalLatitude are mapped; {source.removeprefix('occurrence table ')})")
     check = archive if check_files is None else check_files
-    return clean(frame, taxa, source=source, image_root=image_root if check else None)
+    ranks = taxa.columns if taxa is not None and taxa.active else set()
+    if ranks <= set(frame.columns):  # else clean names the missing rank among all the table's columns
+        used = {*SPLIT_COLUMNS, "lat", "lon", *ranks}
+        frame = frame[[c for c in frame.columns if c in used]]  # the splits never read the other columns
+    occ, dropped = clean(frame, taxa, source=source, image_root=image_root if check else None)
+    return occ[[c for c in occ.columns if c in SPLIT_COLUMNS]], dropped
 
 
 def make_splits(occurrences: str | os.PathLike | pd.DataFrame, id_species: str | os.PathLike | pd.DataFrame,
                 out_dir: str | os.PathLike, image_root: str | os.PathLike, config: SplitConfig | None = None,
                 non_target: str | os.PathLike | pd.DataFrame | None = None, taxa: TaxonFilter | None = None,
-                check_files: bool | None = None, dry_run: bool = False) -> tuple[dict[str, Path], pd.DataFrame, dict[str, Any]]:
+                check_files: bool | None = None, dry_run: bool = False, timings: dict[str, Any] | None = None,
+                limits: TableLimits | None = None) -> tuple[dict[str, Path], pd.DataFrame, dict[str, Any]]:
     """Read the tables (frames, files or GBIF archives), build the splits, write the manifests; returns (folders,
     summary table, summary record). `dry_run` runs every check, manifest rows included, and writes nothing (the
-    folders returned are those a run would write)."""
-    occ, dropped = read_input(occurrences, taxa, image_root, check_files)
-    extra = non_target if non_target is None or isinstance(non_target, pd.DataFrame) else read_occurrences(non_target)
+    folders returned are those a run would write). `timings`, when given, receives the seconds of each stage
+    (`read`, `build`, `manifests`), the rows read and the manifest bytes (`gen.insects.cost` estimates a run from
+    them)."""
+    timings = {} if timings is None else timings
+    start = time.perf_counter()
+    occ, dropped = read_input(occurrences, taxa, image_root, check_files, limits)
+    extra = non_target if non_target is None or isinstance(non_target, pd.DataFrame) else \
+        read_occurrences(non_target, limits)
+    timings.update(read=time.perf_counter() - start, rows=len(occ) + sum(dropped.values()))
+    start = time.perf_counter()
     splits = build_splits(occ, read_id_species(id_species), config, non_target=extra)
+    del occ, extra
+    timings["build"] = time.perf_counter() - start
+    start = time.perf_counter()
     if dry_run:
         folders = {region: Path(out_dir) / region for region in splits.regions}
-        for region, frame in splits.regions.items():  # built and checked as the run does, not written
-            region_manifest(folders[region], frame, splits.config.non_target_name)
+        check_region_names(splits.regions, "regions")
+        timings["bytes"] = sum(write_region(folders[region], frame, splits, region, image_root, dry_run=True)
+                               for region, frame in splits.regions.items())  # built and checked, not written
     else:
         folders = write_splits(splits, out_dir, image_root, dropped)
+        timings["bytes"] = sum((folder / METADATA).stat().st_size for folder in folders.values())
+    timings.update(manifests=time.perf_counter() - start, manifest_rows=sum(map(len, splits.regions.values())))
     return folders, summarize(splits), summary_record(splits, dropped)

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipelines.curation.gbif import TableError, read_table
+from pipelines.curation.gbif import TableError, read_table, row_name
+from pipelines.curation.paths import blank_names, leaving_names
 from pipelines.errors import ConfigError
 from pipelines.params import REQUIRED, Config, param
 
@@ -74,23 +75,41 @@ REGIONS = {
 AUSTRALIA = Box(-44, -10, 113, 154)
 
 
+SPLIT_COLUMNS = (*OCCURRENCE_COLUMNS, *GBIF_ID_COLUMNS, "split", "taxon", "_non_target")
+"""The columns the split builder reads (the others are left behind when the table is checked)."""
+
+
 def check_occurrences(occ: pd.DataFrame, source: str = "occurrence table") -> pd.DataFrame:
-    """Validate the columns and file names; taxonomy becomes categorical, coordinates float64."""
+    """Validate the columns and file names (each a relative path inside the image root, no blank, no repeat); the
+    columns the builder reads (`SPLIT_COLUMNS`), taxonomy categorical, coordinates float64."""
     missing = [c for c in OCCURRENCE_COLUMNS if c not in occ.columns]
     if missing:
         raise TableError(f"{source}: missing column(s) {missing}; needs {list(OCCURRENCE_COLUMNS)}")
-    dup = occ["file_name"].duplicated()
+    names = occ["file_name"]
+    for bad, what in ((blank_names(names), "a blank file_name"),
+                      (leaving_names(names), "a file_name that leads outside the image root (a relative path "
+                                             "without '..' is needed)")):
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            raise TableError(f"{source}: {row_name(occ, first)}: {what}, got {names.iloc[first]!r}")
+    dup = names.duplicated()
     if dup.any():
         raise TableError(f"{source}: {int(dup.sum())} duplicate file_name value(s), e.g. {occ.loc[dup, 'file_name'].iloc[0]!r}")
-    occ = occ.reset_index(drop=True).copy()
+    occ = occ[[c for c in SPLIT_COLUMNS if c in occ.columns]].reset_index(drop=True)
     for col in ("species", "genus", "family"):  # names compare as strings (numeric keys too)
         occ[col] = key_strings(occ[col])
     for col in ("lat", "lon"):
         occ[col] = pd.to_numeric(occ[col], errors="coerce").astype(np.float64)
     for col in GBIF_ID_COLUMNS[:-1]:  # keys as text ("1001", never 1001.0)
-        if col in occ.columns:
+        if col in occ.columns and not _plain_keys(occ[col]):
             occ[col] = pd.Series(np.asarray(key_strings(occ[col]), dtype=object), index=occ.index).where(occ[col].notna())
     return occ
+
+
+def _plain_keys(column: pd.Series) -> bool:
+    """True for a pandas text column none of whose values is a float-rendered key (`key_strings` would keep it as it
+    is: a GBIF archive's ids, millions of distinct values, stay Arrow text instead of becoming Python objects)."""
+    return isinstance(column.dtype, pd.StringDtype) and not bool(column.str.match(_FLOAT_KEY.pattern).fillna(False).any())
 
 
 def read_id_species(path_or_frame: str | os.PathLike | pd.DataFrame) -> dict[str, list[str]]:

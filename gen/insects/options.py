@@ -3,7 +3,7 @@ each checked by `pipelines.params` before any table is read."""
 from __future__ import annotations
 
 from gen.insects.splits import SplitConfig
-from pipelines.curation.gbif import TaxonFilter
+from pipelines.curation.gbif import TableLimits, TaxonFilter
 from pipelines.params import REQUIRED, Config, config, param
 
 
@@ -22,6 +22,7 @@ class MakeSplitsConfig(Config):
     check_files: bool | None = param(None, "drop rows whose image file is missing (None: on for archives)")
     taxa: TaxonFilter = param(TaxonFilter(), "which taxa the occurrence rows keep")
     split: SplitConfig = param(SplitConfig(), "the split builder's parameters")
+    limits: TableLimits = param(TableLimits(), "what reading the occurrence table or archive may cost (rows, bytes)")
 
     def check(self, dims: dict[str, int] | None = None) -> None:
         super().check(dims)

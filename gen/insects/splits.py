@@ -3,6 +3,7 @@ fancy indexing (a few linear passes over the table, no loop over rows). See gen.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -27,6 +28,14 @@ def _check_fractions(fractions: list[float], key: str) -> None:
                           f"{' '.join(f'{f:g}' for f in fractions)} (sum {sum(fractions):g})")
 
 
+def check_region_names(regions: dict[str, Box], key: str) -> None:
+    """A region names the folder its manifest is written to (OUT/<region>): a plain name, never a path."""
+    for name in regions:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", str(name)) or ".." in str(name):
+            raise ConfigError(f"{key}: region name {str(name)!r} must be letters, digits, '-', '_' or '.' (it names "
+                              "the region's folder under --out)")
+
+
 def _check_counts(counts: dict[str, int | None], key: str) -> None:
     for region, count in counts.items():
         if count is not None and count < 1:
@@ -39,7 +48,8 @@ class SplitConfig(Config):
 
     DOC = "docs/species.md"
 
-    regions: dict[str, Box] = param(dict(REGIONS), "region name -> box (lat_min, lat_max, lon_min, lon_max)")
+    regions: dict[str, Box] = param(dict(REGIONS), "region name -> box (lat_min, lat_max, lon_min, lon_max)",
+                                    check=check_region_names)
     pad_lat: float = param(1.0, "local OOD box padding, degrees latitude", ge=0)
     pad_lon: float = param(3.0, "local OOD box padding, degrees longitude", ge=0)
     non_local_box: Box = param(AUSTRALIA, "box of the non-local OOD species (continental Australia)")

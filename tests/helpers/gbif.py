@@ -98,3 +98,104 @@ def build_archive(folder: Path, *, images_per_species: int = 12, zipped: bool = 
         for name, text in files.items():
             (path / name).write_text(text)
     return path, ids
+
+
+# -- archives as strangers write them: any meta.xml, any member, bombs --------------------------------------------
+
+def section(tag: str = "core", *, location: str = "occurrence.txt", fields: list[tuple] = (), id_index: int | None = 0,
+            id_tag: str | None = None, row_type: str | None = None, attrs: dict[str, str] | None = None) -> str:
+    """One <core> / <extension> of meta.xml: `fields` are (index, term) or (index, term, default) with index None for a
+    constant; GBIF's attributes unless `attrs` replaces some (a value None leaves the attribute out)."""
+    row_type = row_type or (DWC + "Occurrence" if tag == "core" else GBIF + "Multimedia")
+    base = {"encoding": "UTF-8", "fieldsTerminatedBy": "\\t", "linesTerminatedBy": "\\n", "fieldsEnclosedBy": "",
+            "ignoreHeaderLines": "1", "rowType": row_type, **(attrs or {})}
+    attributes = " ".join(f'{k}="{v}"' for k, v in base.items() if v is not None)
+    items = []
+    for item in fields:
+        index, term, default = (*item, None)[:3]
+        items.append("<field" + (f' index="{index}"' if index is not None else "") + f' term="{term}"'
+                     + (f' default="{default}"' if default is not None else "") + "/>")
+    id_tag = id_tag or ("id" if tag == "core" else "coreid")
+    ident = f'<{id_tag} index="{id_index}"/>' if id_index is not None else ""
+    return f"<{tag} {attributes}><files><location>{location}</location></files>{ident}{''.join(items)}</{tag}>"
+
+
+def archive_xml(*sections: str, xmlns: str = ' xmlns="http://rs.tdwg.org/dwc/text/"') -> str:
+    return f'<?xml version="1.0" encoding="UTF-8"?>\n<archive{xmlns}>' + "".join(sections) + "</archive>\n"
+
+
+GBIF_CORE = [(i, t) for i, t in enumerate(OCC_TERMS)]
+GBIF_MEDIA = [(i, t) for i, t in enumerate(MEDIA_TERMS)]
+
+
+def gbif_meta(core_fields: list[tuple] = GBIF_CORE, media_fields: list[tuple] | None = GBIF_MEDIA, **core_kw) -> str:
+    """GBIF's meta.xml with the core's fields (or section keywords) replaced; `media_fields` None: no extension."""
+    parts = [section("core", fields=core_fields, **core_kw)]
+    if media_fields is not None:
+        parts.append(section("extension", location="multimedia.txt", fields=media_fields))
+    return archive_xml(*parts)
+
+
+def small_gbif(n: int = 3, base: str = "https://images.example.org") -> tuple[str, str]:
+    """occurrence.txt and multimedia.txt of `n` moths with one image each (GBIF's columns)."""
+    occ = [occurrence(100 + i, f"Idmoth sp{i}", 50.0, -70.0, key=7000 + i) for i in range(n)]
+    media = [dict(gbifID=100 + i, type="StillImage", identifier=f"{base}/{100 + i}.jpg") for i in range(n)]
+    return tsv(OCC_TERMS, occ), tsv(MEDIA_TERMS, media)
+
+
+def write_archive(folder: Path, files: dict[str, str | bytes], zipped: bool = True) -> Path:
+    """`files` (name -> text or bytes) as a zip `folder.zip` or an unpacked folder `folder`."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if zipped:
+        path = folder.with_suffix(".zip")
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+            for name, data in files.items():
+                zf.writestr(name, data)
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data if isinstance(data, bytes) else data.encode("utf-8"))
+    return folder
+
+
+def _member(name: str, method: int, data: bytes, crc: int, size: int) -> tuple[bytes, bytes]:
+    """A zip member's local header + data and its central directory entry (offset patched by `raw_zip`)."""
+    import struct
+
+    encoded = name.encode()
+    local = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, method, 0, 0, crc, len(data), size, len(encoded), 0)
+    central = struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, method, 0, 0, crc, len(data), size, len(encoded),
+                          0, 0, 0, 0, 0, 0)
+    return local + encoded + data, central + encoded
+
+
+def bomb_zip(path: Path, files: dict[str, str], bomb: str, head: bytes, fill: bytes, repeat: int, tail: bytes) -> Path:
+    """A zip whose member `bomb` is `head + fill * repeat + tail` (e.g. one 1 GiB field), stored as a deflate stream
+    whose flushed `fill` block is repeated (so a GiB costs a few MB and no GiB of compression work), beside `files`."""
+    import struct
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    members = []
+    for name, text in files.items():
+        data = text.encode()
+        members.append(_member(name, 0, data, zlib.crc32(data), len(data)))
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+    start = deflate.compress(head) + deflate.flush(zlib.Z_FULL_FLUSH)
+    block = deflate.compress(fill) + deflate.flush(zlib.Z_FULL_FLUSH)  # no back-reference crosses a full flush
+    end = deflate.compress(tail) + deflate.flush(zlib.Z_FINISH)
+    crc = zlib.crc32(head)
+    for _ in range(repeat):
+        crc = zlib.crc32(fill, crc)
+    crc = zlib.crc32(tail, crc)
+    size = len(head) + len(fill) * repeat + len(tail)
+    members.append(_member(bomb, 8, start + block * repeat + end, crc, size))
+    with open(path, "wb") as out:
+        central, offset = b"", 0
+        for local, entry in members:
+            central += entry[:42] + struct.pack("<L", offset) + entry[46:]
+            out.write(local)
+            offset += len(local)
+        out.write(central)
+        out.write(struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, len(members), len(members), len(central), offset, 0))
+    return path
