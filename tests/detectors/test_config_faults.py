@@ -13,6 +13,7 @@ import yaml
 
 from pipelines.cli import run_main
 from runner_helpers import evaluate_main, id_ood_manifests
+from helpers.models import stub_weights
 
 REFUSED = [
     # (case id, overrides, keys dropped, the start of the one line after "error: <file>: ")
@@ -76,7 +77,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("faults")
     id_ood_manifests(root)
     (root / "model").mkdir()
-    (root / "model" / "model.safetensors").write_bytes(b"not loaded")
+    stub_weights(root / "model" / "model.safetensors")
     (root / "empty").mkdir()
     return {"root": root, "id": root / "id", "ood": root / "ood", "model": root / "model", "empty": root / "empty"}
 

@@ -14,6 +14,7 @@ from detectors import registry
 from detectors.runconfig import ConfigError
 from pipelines.data import make_row, write_manifest
 from runner_helpers import evaluate_main, id_ood_manifests, noise_image
+from helpers.models import stub_weights
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def test_unit_keys_follow_content(data, tmp_path):
     argument: each changes the key of the units it concerns (and only those)."""
     model = tmp_path / "model"
     model.mkdir()
-    (model / "model.safetensors").write_bytes(b"a" * 64)
+    stub_weights(model / "model.safetensors", 1.0)
     saved = tmp_path / "saved_detector"
     saved.mkdir()
     (saved / "config.json").write_text('{"name": "msp", "params": {}}')
@@ -119,7 +120,7 @@ def test_unit_keys_follow_content(data, tmp_path):
     assert before == keys()
 
     stat = os.stat(model / "model.safetensors")
-    (model / "model.safetensors").write_bytes(b"b" * 64)
+    stub_weights(model / "model.safetensors", 2.0)
     os.utime(model / "model.safetensors", ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert os.stat(model / "model.safetensors").st_mtime_ns == stat.st_mtime_ns
     rewritten = keys()

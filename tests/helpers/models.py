@@ -31,3 +31,13 @@ def small_conv_classifier(seed: int = 0, num_classes: int = 4) -> ImageClassifie
 
     torch.manual_seed(seed)
     return ImageClassifier.from_module(SmallConvClassifier(num_classes).eval(), image_size=32).eval()
+
+
+def stub_weights(path: str | Path, fill: float = 0.0) -> Path:
+    """A valid safetensors weight file that is never loaded (config checks read its header): one 16-float tensor of
+    `fill`, so two fills give files of the same size and different bytes."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.full(16, fill, np.float32)}, str(path))
+    return Path(path)

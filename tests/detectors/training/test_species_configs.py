@@ -4,13 +4,13 @@ training rows), every training method builds in full mode, a fourth region is a 
 are overridden from the command line by name."""
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from detectors.evaluate import EvalConfig
 from detectors.registry import detector_class
 from pipelines.cli import load_yaml
 from pipelines.sources import Source
+from helpers.models import stub_weights
 
 CONFIGS = Path(__file__).parents[3] / "configs"
 TABLE2 = ["openmax", "msp", "tempscale", "odin", "mds", "mdsens", "rmds", "gram", "ebo", "opengan", "gradnorm", "react",
@@ -25,10 +25,8 @@ RULES = ["msp", "ebo", "mls", "react", "vim", "knn", "mds"]
 def model(tmp_path_factory) -> str:
     """A local model folder with a (valid, tiny) weight file, standing in for the region's classifier (`model` is
     checked at load: a weight file that is not safetensors is refused)."""
-    from safetensors.numpy import save_file
-
     folder = tmp_path_factory.mktemp("classifier")
-    save_file({"w": np.zeros(1, np.float32)}, str(folder / "model.safetensors"))
+    stub_weights(folder / "model.safetensors")
     return str(folder)
 
 
