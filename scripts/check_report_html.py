@@ -111,16 +111,16 @@ def screenshots(binary: str, index: Path, path: Path, width: int, height: int, t
 
 
 def check_files(index: Path) -> list[str]:
-    """Problems with the files the page references: missing, or PNGs that do not decode."""
+    """Problems with the files the page references: missing, or images (PNG, JPEG) that do not decode."""
     problems = [f"missing: {f}" for f in missing_files(index)]
     for name in referenced_files(index.read_text(encoding="utf-8")):
         path = index.parent / name
-        if path.suffix.lower() == ".png" and path.is_file():
+        if path.suffix.lower() in (".png", ".jpg", ".jpeg") and path.is_file():
             try:
                 with Image.open(path) as image:
                     image.verify()
             except Exception as err:  # noqa: BLE001 - any decoding failure is a broken figure
-                problems.append(f"not a readable PNG: {name} ({type(err).__name__})")
+                problems.append(f"not a readable {path.suffix[1:].upper()}: {name} ({type(err).__name__})")
     return problems
 
 
@@ -158,9 +158,6 @@ def check(index: Path, out: Path | None = None, width: int = 1400, tile: int = 8
         print(f"main table: top {main['top']:.0f} px, first row ends at {main['first_row'] or 0:.0f} px, "
               f"{main['rows']} row(s), {main['width']:.0f} px wide")
     problems += first_screen_problems(seen, width, first_screen)
-    shot = screenshot(binary, index, (out or index.parent / "index_screenshot.png").with_name("index_first_screen.png"),
-                      width, first_screen)
-    print(f"first screen: {shot}")
     height = int(seen.get("height") or 0)
     if height <= 0:
         problems.append(f"the page's height could not be read: only the first {tile} px were captured")
@@ -168,6 +165,10 @@ def check(index: Path, out: Path | None = None, width: int = 1400, tile: int = 8
     shots = screenshots(binary, index, out or index.parent / "index_screenshot.png", width, height, tile)
     print(f"screenshot: the whole page ({height} px) in {len(shots)} tile(s) of at most {tile} px: " +
           ", ".join(str(s) for s in shots))
+    first = shots[0].with_name("index_first_screen.png")
+    with Image.open(shots[0]) as image:  # the top of the first tile: what a reader sees first
+        image.crop((0, 0, width, min(first_screen, image.height))).save(first)
+    print(f"first screen: {first}")
     return problems
 
 

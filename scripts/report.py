@@ -47,8 +47,8 @@ def build_parser():
                    help="shiftedbronzes: the dating classifiers' folders (or their metrics.json) for Table 2, one row "
                         "each (NAME=PATH, or PATH named by its folder)")
     p.add_argument("--diagnostics", action="store_true",
-                   help="paper layouts: also the generic figures and score tables (heatmaps, ROC curves, score "
-                        "densities, ID-looking images; on in the generic layout)")
+                   help="also the heatmaps (a coloured Table 3); in a paper layout also the generic figures and score "
+                        "tables (ROC curves, score densities, ID-looking images, AUROC by hop, field report)")
     p.add_argument("--fewshot", type=Path, default=None,
                    help="shiftedbronzes: few-shot table for Figure 7 (default: fewshot.csv beside --results, if any)")
     p.add_argument("--feature-maps", type=Path, default=None,
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                            bootstrap=args.bootstrap, seed=args.seed, top_k=args.top_k, log=print, layout=args.layout,
                            figures=args.figures, classifier=args.classifier, fewshot=args.fewshot or found.get("fewshot"),
                            feature_maps=args.feature_maps, workers=args.workers,
-                           diagnostics=True if args.diagnostics else None)
+                           diagnostics=args.diagnostics)
     print(render_summary(results, args.methods))
     print(f"wrote {len(written)} files to {args.out}; open {args.out / 'index.html'}")
     return 0

@@ -20,6 +20,8 @@ from pipelines.io import atomic_path
 DPI = 150
 """Resolution of every PNG (and of raster parts of a PDF)."""
 FORMATS = ("png", "pdf")
+JPEG_QUALITY = 88
+"""Thumbnail sheets (mosaics of photographs) are JPEGs of this quality: a tenth of a PNG's encoding time and size."""
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
           "#7f7f7f", "#393b79", "#e7969c", "#637939", "#fdae6b", "#7b4173", "#9edae5", "#843c39", "#a1d99b",
           "#3182bd", "#636363", "#e6550d", "#31a354", "#756bb1", "#000000")
@@ -127,7 +129,7 @@ def save_figure(figure: Any, path: str | os.PathLike, formats: Sequence[str] = (
         target = path.with_suffix(f".{fmt}")
         options = {"pil_kwargs": {"compress_level": PNG_COMPRESSION}} if fmt == "png" else {}
         with atomic_path(target) as tmp:
-            figure.savefig(tmp, format=fmt, dpi=DPI, **options)
+            figure.savefig(tmp, format="jpeg" if fmt == "jpg" else fmt, dpi=DPI, **options)
         written.append(target)
     return written[0]
 
@@ -178,11 +180,12 @@ class Job:
     build: Callable[..., Any]
     path: Path
     kwargs: dict[str, Any] = field(default_factory=dict)
+    formats: tuple[str, ...] | None = None  # its own formats (a thumbnail sheet: jpg); None: render's
 
 
 def _run(job: Job, formats: Sequence[str]) -> Path:
     with reuse_canvas():
-        return save_figure(job.build(**job.kwargs), job.path, formats)
+        return save_figure(job.build(**job.kwargs), job.path, job.formats or formats)
 
 
 _PENDING: list[Job] = []
@@ -204,14 +207,25 @@ def _serial(jobs: Sequence[Job], formats: Sequence[str], log: Callable[[str], No
     return results
 
 
+def free_cpus() -> int:
+    """The CPUs not busy now: the CPUs less the 1-minute load average of the other processes (the caller is one of
+    the runnable ones), at least 1; workers beyond them only share the same cores."""
+    cpus = os.cpu_count() or 1
+    try:
+        others = max(os.getloadavg()[0] - 1.0, 0.0)
+    except (AttributeError, OSError):
+        return cpus
+    return max(1, min(cpus, int(cpus - others + 0.5)))
+
+
 def render(jobs: Sequence[Job], formats: Sequence[str] = ("png",), workers: int | None = None,
            log: Callable[[str], None] = lambda line: None) -> list[Path]:
     """Build and save every job; a job that fails is logged and skipped. Returns the paths written, in job order.
 
-    In one process when that is as fast: fewer than `PARALLEL_JOBS` jobs, one worker (`workers`, default the CPUs)
-    or no `fork` (a spawned worker would re-import everything and receive every job's arrays pickled). Else a pool of
+    In one process when that is as fast: fewer than `PARALLEL_JOBS` jobs, one worker (`workers`, default the free
+    CPUs: `free_cpus`) or no `fork` (a spawned worker would re-import everything and receive every job's arrays pickled). Else a pool of
     forked workers that inherit the jobs. Each process reuses one figure canvas from job to job."""
-    workers = min(workers or os.cpu_count() or 1, len(jobs))
+    workers = min(workers or free_cpus(), len(jobs))
     if workers <= 1 or len(jobs) < PARALLEL_JOBS or "fork" not in multiprocessing.get_all_start_methods():
         return [p for p in _serial(jobs, formats, log) if p is not None]
     global _PENDING
@@ -231,6 +245,6 @@ def render(jobs: Sequence[Job], formats: Sequence[str] = ("png",), workers: int 
     return [p for p in results if p is not None]
 
 
-__all__ = ["DPI", "FORMATS", "COLORS", "MARKERS", "LINESTYLES", "PNG_COMPRESSION", "PARALLEL_JOBS", "Style", "styles",
+__all__ = ["DPI", "FORMATS", "JPEG_QUALITY", "COLORS", "MARKERS", "LINESTYLES", "PNG_COMPRESSION", "PARALLEL_JOBS", "Style", "styles",
            "reuse_canvas", "new_figure", "text_inches", "grid_figure", "fixed_layout", "save_figure",
-           "overlapping_ticks", "figure_problems", "Job", "render"]
+           "overlapping_ticks", "figure_problems", "Job", "free_cpus", "render"]

@@ -24,17 +24,18 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from detectors.report.figures import COLORS, DPI, Style, grid_figure, styles, text_inches
+from detectors.report.figures import COLORS, DPI, JPEG_QUALITY, Style, grid_figure, styles, text_inches
 from detectors.report.names import Paper, family_label, group_label, method_label, set_label
 from detectors.report.tables import ALL, LOW_AUROC, Layout
-from detectors.tables import COLUMN_LABELS
+from detectors.tables import COLUMN_LABELS, LOWER_IS_BETTER
 from pipelines.io import safe_name
 
 ROBUST = (0.5, 99.5)
 """Percentiles of a method's pooled scores that bound its density plots' x axis (heavy tails, e.g. GRAM, would
 otherwise squeeze every histogram into one bin)."""
-ROC_POINTS = 1500
-"""At most this many points per ROC curve (evenly spaced along the curve's distinct thresholds, ends kept)."""
+ROC_POINTS = 500
+"""At most this many points per ROC curve (evenly spaced along the curve's distinct thresholds, ends kept): more than
+a 3-inch panel at 150 DPI shows."""
 HARD, EASY = "#2ca02c", "#d62728"
 GROUP_STYLES = {ALL: Style("black", "o", "-"), "hard": Style(HARD, "^", "--"), "easy": Style(EASY, "s", ":")}
 """ShiftedBronzes' group colours (its Figure 5: green hard, red easy; all black), each with its own marker and line
@@ -63,12 +64,13 @@ def _names(paper: Paper | None):
 
 
 # -- heatmap ----------------------------------------------------------------------------------------------------------
-def _separators(axes: Any, layout: Layout) -> None:
+def _separators(axes: Any, layout: Layout, family_names: bool = True) -> None:
     """Lines between families (rows) and groups (columns), family names at the right, group names on top."""
     row = 0
     for family, methods in layout.families.items():
-        axes.text(1.01, row + (len(methods) - 1) / 2, family_label(family), transform=axes.get_yaxis_transform(),
-                  va="center", fontsize="small", fontweight="bold")
+        if family_names:
+            axes.text(1.01, row + (len(methods) - 1) / 2, family_label(family), transform=axes.get_yaxis_transform(),
+                      va="center", fontsize="small", fontweight="bold")
         row += len(methods)
         if row < len(layout.methods):
             axes.axhline(row - 0.5, color="black", linewidth=1.5)
@@ -83,38 +85,37 @@ def _separators(axes: Any, layout: Layout) -> None:
     top.tick_params(length=0)
 
 
-def heatmap_figure(table: pd.DataFrame, layout: Layout, metric: str, paper: Paper | None = None) -> Any:
-    """Methods (grouped by family) x OOD sets (grouped by group) coloured by `metric` ('auroc' or 'fpr95', percent),
-    each cell annotated; AUROC below 50 is marked with a dagger. `table` is `per_set_table(averages=False)`. A fixed
-    layout: margins from the labels' lengths."""
-    values = np.array([[table.loc[(f, m), (s, metric)] for s in layout.sets] for f, m in layout.rows], dtype=np.float64)
+def heatmap_figure(table: pd.DataFrame, layout: Layout, metrics: Sequence[str] = ("auroc", "fpr95"),
+                   paper: Paper | None = None) -> Any:
+    """Methods (grouped by family) x OOD sets (grouped by group), one panel per metric side by side (AUROC, FPR@95;
+    percent), coloured green = better in each and every cell annotated (so no colour bar is needed); AUROC below 50
+    is marked with a dagger. `table` is `per_set_table(averages=False)`. A fixed layout: margins from the labels."""
     methods = [method_label(m, paper) for m in layout.methods]
     sets = [set_label(s) for s in layout.sets]
     left = text_inches(methods, 10) + 0.2
-    right = text_inches([family_label(f) for f in layout.families], 8.5) + 1.4
+    right = text_inches([family_label(f) for f in layout.families], 8.5) + 0.3
     bottom = text_inches(sets, 10) * 0.65 + 0.3
-    label = COLUMN_LABELS[metric]
-    better = "lower" if metric == "fpr95" else "higher"
-    flag_note = f"; † AUROC < {LOW_AUROC:.0f}" if metric == "auroc" else ""
-    title = f"{label} per method and OOD set ({better} is better{flag_note})"
-    width = max(0.8 * len(layout.sets), text_inches([title], 11) + 0.3 - left - right)
-    figure, grid = grid_figure(1, 1, (width, 0.3 * len(layout.rows)), margins=(left, right, 0.75, bottom))
-    axes = grid[0, 0]
-    cmap = "RdYlGn" if metric == "auroc" else "RdYlGn_r"
-    image = axes.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0, vmax=100, aspect="auto")
-    for (i, j), v in np.ndenumerate(values):
-        if np.isfinite(v):
-            flag = "†" if metric == "auroc" and v < LOW_AUROC else ""
-            axes.text(j, i, f"{v:.1f}{flag}", ha="center", va="center", fontsize="x-small",
-                      color="white" if (v < 20 or v > 85) else "black", fontweight="bold" if flag else "normal")
-    axes.set_xticks(range(len(layout.sets)), sets, rotation=40, ha="right")
-    axes.set_yticks(range(len(layout.rows)), methods)
-    _separators(axes, layout)
-    box = axes.get_position()
-    total, _ = figure.get_size_inches()
-    bar = figure.add_axes((box.x1 + (right - 0.75) / total, box.y0, 0.15 / total, box.height))
-    figure.colorbar(image, cax=bar, label=f"{label} (%)")
-    figure.suptitle(title, fontsize="medium", y=1 - 0.08 / figure.get_size_inches()[1], va="top")
+    names = " and ".join(COLUMN_LABELS[m] for m in metrics)
+    title = f"{names} per method and OOD set (green = better; † AUROC < {LOW_AUROC:.0f})"
+    width = max(0.8 * len(layout.sets), (text_inches([title], 11) + 0.3 - left - right) / len(metrics))
+    figure, grid = grid_figure(1, len(metrics), (width, 0.3 * len(layout.rows)), margins=(left, right, 0.75, bottom),
+                               gaps=(0.25, 0.3))
+    for k, (axes, metric) in enumerate(zip(grid[0], metrics)):
+        values = np.array([[table.loc[(f, m), (s, metric)] for s in layout.sets] for f, m in layout.rows],
+                          dtype=np.float64)
+        cmap = "RdYlGn_r" if LOWER_IS_BETTER[metric] else "RdYlGn"
+        axes.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0, vmax=100, aspect="auto")
+        for (i, j), v in np.ndenumerate(values):
+            if np.isfinite(v):
+                flag = "†" if metric == "auroc" and v < LOW_AUROC else ""
+                axes.text(j, i, f"{v:.1f}{flag}", ha="center", va="center", fontsize="x-small",
+                          color="white" if (v < 20 or v > 85) else "black", fontweight="bold" if flag else "normal")
+        axes.set_xticks(range(len(layout.sets)), sets, rotation=40, ha="right")
+        axes.set_yticks(range(len(layout.rows)), methods)
+        axes.tick_params(axis="y", labelleft=k == 0)
+        _separators(axes, layout, family_names=k == len(metrics) - 1)
+        axes.set_title(f"{COLUMN_LABELS[metric]} (%)", fontsize="medium", pad=16)
+    figure.suptitle(title, fontsize="medium", y=1 - 0.05 / figure.get_size_inches()[1], va="top")
     return figure
 
 
@@ -250,28 +251,32 @@ def densities_figure(rows: Sequence[tuple[str, Sequence[Panel], ScoreAxis]], pap
                      bins: int = 32) -> Any:
     """Every method's score distributions in one figure: a row per method, a column per set (its panels: each OOD
     set, then each field set), the reference (ID test, or the field set's known rows; black) against the OOD rows
-    (red, dashed) as outlines scaled to the row's height, the AUROC at the right. Each row's x runs over its method's
+    (red, dashed) as histogram outlines scaled to the row's height (one line collection per colour and axes; the
+    AUROCs are Table 3's and the ROC legend's). Each row's x runs over its method's
     `ScoreAxis` mapped to [0, 1] (the axis label says so): one figure, one axes per column, whatever the number of
     methods."""
+    from matplotlib.collections import LineCollection
+
     columns = list(dict.fromkeys(p[0] for _, panels, _ in rows for p in panels))
     figure, grid = grid_figure(1, max(len(columns), 1), (2.3, 0.26 * len(rows) + 0.2),
-                               margins=(1.5, 0.4, 0.55, 0.55), gaps=(0.55, 0.2))
+                               margins=(1.5, 0.2, 0.55, 0.55), gaps=(0.3, 0.2))
     grid = grid[0]
     for c, (axes, name) in enumerate(zip(grid, columns)):
+        outlines: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
         for i, (method, panels, axis) in enumerate(rows):
             panel = next((p for p in panels if p[0] == name), None)
             base = len(rows) - 1 - i
             if panel is None:
                 continue
             _, ref, ood, _, value = panel
-            edges = axis.unit(axis.edges(bins))
-            counts = [np.histogram(v, bins=axis.edges(bins))[0] / max(len(v), 1) for v in (ref, ood)]
+            edges = axis.edges(bins)
+            counts = [np.histogram(v, bins=edges)[0] / max(len(v), 1) for v in (ref, ood)]
             top = max(float(np.max(counts[0], initial=0)), float(np.max(counts[1], initial=0)), 1e-12)
-            for share, color, line in ((counts[0], "black", "-"), (counts[1], EASY, "--")):
-                axes.stairs(base + 0.85 * share / top, edges, baseline=base, color=color, linestyle=line, linewidth=0.9)
-            flag = "†" if value < LOW_AUROC else ""
-            axes.text(1.01, base + 0.3, f"{value:.1f}{flag}", transform=axes.get_yaxis_transform(), fontsize=5.5,
-                      color="#c00" if flag else "#333")
+            x = np.repeat(axis.unit(edges), 2)[1:-1]
+            for share, into in zip(counts, outlines):
+                into.append(np.column_stack([x, base + 0.85 * np.repeat(share, 2) / top]))
+        for lines, color, style in ((outlines[0], "black", "-"), (outlines[1], EASY, "--")):
+            axes.add_collection(LineCollection(lines, colors=color, linestyles=style, linewidths=0.9), autolim=False)
         axes.set(xlim=(0, 1), ylim=(-0.1, len(rows)))
         axes.set_xticks([0, 1], [f"p{ROBUST[0]:g}", f"p{ROBUST[1]:g}"], fontsize="x-small")
         axes.set_title(set_label(name.removesuffix(" (field)")) + (" (field)" if name.endswith(" (field)") else ""),
@@ -281,7 +286,7 @@ def densities_figure(rows: Sequence[tuple[str, Sequence[Panel], ScoreAxis]], pap
                         [] if c else [method_label(m, paper) + (" (log)" if a.scale else "") for m, _, a in rows],
                         fontsize="x-small")
     figure.supxlabel(f"score per method: its {ROBUST[0]}-{ROBUST[1]} percentile range mapped to [0, 1] ((log): the "
-                     "signed log distance from its ID median); AUROC at the right", fontsize="x-small")
+                     "signed log distance from its ID median)", fontsize="x-small")
     figure.suptitle("Score distributions: ID test (black) vs the set (red, dashed)", fontsize="medium")
     return figure
 
@@ -501,7 +506,8 @@ def _thumbnail(path: str, size: int, mtime_ns: int, nbytes: int) -> np.ndarray |
 
     try:
         with Image.open(path) as image:
-            image.draft("RGB", (size, size))
+            scale = size / max(image.size)  # the thumbnail's own size: JPEG DCT scaling to the smallest that covers it
+            image.draft("RGB", (max(1, int(image.size[0] * scale)), max(1, int(image.size[1] * scale))))
             image = image.convert("RGB")
             image.thumbnail((size, size))
             return np.asarray(image)
@@ -536,8 +542,10 @@ class Sheet:
                 **_: Any) -> None:
         if format == "pdf":
             self.image.save(path, format="PDF", resolution=float(dpi))
-        else:
-            self.image.save(path, format=format.upper(), dpi=(dpi, dpi), **(pil_kwargs or {}))
+        elif format == "jpeg":
+            self.image.save(path, format="JPEG", dpi=(dpi, dpi), quality=JPEG_QUALITY)
+        else:  # a PNG of photos: zlib level 1 (a photo mosaic hardly compresses further, at 4x the time)
+            self.image.save(path, format=format.upper(), dpi=(dpi, dpi), **{**(pil_kwargs or {}), "compress_level": 1})
 
 
 LABEL_WIDTH, TITLE_HEIGHT = 250, 44

@@ -251,9 +251,24 @@ def per_set_view(table: pd.DataFrame, layout: Layout, scale: str, info: pd.DataF
         rows.append(((family, _method_label(method, info)), [*first, *row]))
     note = (f"Cells: FPR@95 (lower is better) / AUROC (higher is better), in percent. {scale_note(scale)} "
             "Best per column and metric in bold, second best underlined (markdown: italics).")
+    merged = {}
+    if acc:
+        note += " ID acc.: top-1 ID test accuracy, shown once for a family whose methods share one classifier."
+        merged = {0: _shared_runs([k[0] for k, _ in rows], [c[0][0].text for _, c in rows])}
     flagged = any(p.flag for _, cs in rows for c in cs for p in c)
     return View(note, ["Family", "Method"], columns, rows, spans, short, merge_first=True,
-                extra_notes=[FLAG_NOTE] if flagged else [])
+                extra_notes=[FLAG_NOTE] if flagged else [], merged=merged)
+
+
+def _shared_runs(groups: Sequence[str], shown: Sequence[str]) -> list[tuple[int, int]]:
+    """(first row, rows) of each run of >= 2 consecutive rows of one group that show one value (not missing)."""
+    runs, start = [], 0
+    for i in range(1, len(groups) + 1):
+        if i == len(groups) or groups[i] != groups[start] or shown[i] != shown[start]:
+            if i - start > 1 and shown[start] != MISSING:
+                runs.append((start, i - start))
+            start = i
+    return runs
 
 
 def grid_view(table: pd.DataFrame, labels: Sequence[str], note: str, flag: bool = True) -> View:

@@ -41,8 +41,14 @@ def read_scores(source: pd.DataFrame | str | os.PathLike) -> pd.DataFrame:
 
 
 def has_sources(scores: pd.DataFrame) -> bool:
-    """Whether every row names its image: the `file_name` and `manifest` columns are present and filled."""
-    return all(c in scores.columns and text_column(scores[c]).ne("").all() for c in SCORE_OPTIONAL)
+    """Whether every row names its image: the `file_name` and `manifest` columns are present and filled (checked
+    once per distinct value)."""
+    for c in SCORE_OPTIONAL:
+        if c not in scores.columns or scores[c].isna().any():
+            return False
+        if not all(str(v).strip() for v in scores[c].unique()):
+            return False
+    return True
 
 
 def _manifest(folder: str, base: Path | None, memo: dict[str, Manifest]) -> Manifest:
@@ -256,20 +262,25 @@ def id_looking_table(scores: pd.DataFrame, k: int) -> pd.DataFrame:
     """
     extra = [c for c in (*SCORE_OPTIONAL, "species", "path") if c in scores.columns]
     values = scores["score"].to_numpy(np.float64)
-    columns = {c: scores[c].to_numpy() for c in extra}
     positions = _positions(scores)
-    parts = []
+    picked, shares, keys = [], [], []
     for method in scores["method"].unique():
         id_scores = np.sort(values[_id_key(positions, method)])
         for (m, role, ood_set), part in positions.items():
             if m != method or role != "ood":
                 continue
             top = part[np.argsort(-values[part], kind="stable")[:k]]
-            below = np.searchsorted(id_scores, values[top], side="left") / max(len(id_scores), 1) * 100
-            parts.append(pd.DataFrame({"ood_set": ood_set, "method": method, "rank": np.arange(1, len(top) + 1),
-                                       "score": values[top], "id_share": below,
-                                       **{c: v[top] for c, v in columns.items()}}))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+            picked.append(top)
+            shares.append(np.searchsorted(id_scores, values[top], side="left") / max(len(id_scores), 1) * 100)
+            keys.append((ood_set, method, len(top)))
+    if not picked:
+        return pd.DataFrame()
+    rows = np.concatenate(picked)
+    sizes = [n for *_, n in keys]
+    return pd.DataFrame({"ood_set": np.repeat([s for s, _, _ in keys], sizes),
+                         "method": np.repeat([m for _, m, _ in keys], sizes),
+                         "rank": np.concatenate([np.arange(1, n + 1) for n in sizes]), "score": values[rows],
+                         "id_share": np.concatenate(shares), **{c: scores[c].to_numpy()[rows] for c in extra}})
 
 
 def per_set_auroc(scores: pd.DataFrame) -> dict[tuple[str, str], float]:

@@ -25,6 +25,8 @@ from pipelines.io import atomic_write_text, safe_name
 
 TRANSFER_REQUIRED = tuple(c for c in TRANSFER_COLUMNS if c != "tpr")
 """Threshold-transfer columns every table has (older tables lack `tpr` and the species columns)."""
+ROC_METHODS = 8
+"""The ROC figure shows this many methods (those of best mean AUROC over the sets)."""
 SHEET_METHODS = 12
 """At most this many methods (those of best AUROC on the set) get a row in a set's thumbnail sheet."""
 
@@ -60,13 +62,15 @@ class Out:
             names.append(self.text(f"{stem}.csv", csv.to_csv(index=False)))
         return names
 
-    def figure(self, build: Callable[..., Any], stem: str, **kwargs: Any) -> list[str]:
-        """Queue `build(**kwargs)` as `<stem>.png` (and the other formats); returns [the PNG's name], or [] when
-        figures are off."""
+    def figure(self, build: Callable[..., Any], stem: str, photo: bool = False, **kwargs: Any) -> list[str]:
+        """Queue `build(**kwargs)` as `<stem>.png` (a `photo` mosaic, a thumbnail sheet: `<stem>.jpg`), and the
+        other formats; returns [the page image's name], or [] when figures are off."""
         if not self.formats:
             return []
-        path = self.folder / f"{safe_name(stem)}.png"
-        self.jobs.append(Job(build, path, kwargs))
+        raster = "jpg" if photo else "png"
+        path = self.folder / f"{safe_name(stem)}.{raster}"
+        formats = (raster, *(f for f in self.formats if f != "png")) if photo else None
+        self.jobs.append(Job(build, path, kwargs, formats))
         return [path.name]
 
     def skip(self, section: Section, line: str) -> Section:
@@ -152,14 +156,16 @@ def finish_warnings(out: Out, found: Warnings) -> Warnings:
 def per_set_sections(out: Out, results: pd.DataFrame, scale: str) -> list[Section]:
     """Table 3 (methods x sets), the per-set table with averages, Table 4 (family x group) and the family means."""
     layout, info = Layout.of(results), method_info(results)
+    full = per_set_table(results, layout=layout)
+    sets = [c for c in full.columns if c[0] in layout.sets]
     sections = []
-    for title, stem, averages in (("Table 3: methods x OOD sets", "table3", False),
-                                  ("Per set with group averages", "per_set", True)):
-        table = per_set_table(results, averages=averages)
+    for title, stem, table in (("Table 3: methods x OOD sets", "table3", full[sets]),
+                               ("Per set with group averages", "per_set", full)):
         view = per_set_view(table, layout, scale, info)
-        view = replace(view, html_id=MAIN_TABLE) if not averages else view
+        view = replace(view, html_id=MAIN_TABLE) if table is not full else view
         sections.append(Section(title, [view], out.tables(stem, [view], grid_csv(table))))
-    table4, families = family_group_table(results), family_table(results)
+    families = family_table(results, layout, full)
+    table4 = family_group_table(results, layout, families)
     note4 = (f"Family means (plain means over each family's own methods of per-set values), FPR@95 / AUROC in percent. "
              f"{scale_note(scale)}")
     view4 = grid_view(table4, ["Family"], note4, flag=False)
@@ -211,15 +217,17 @@ def transfer_section(out: Out, transfer: pd.DataFrame) -> Section:
     return Section("Threshold transfer", [view], out.tables("threshold_transfer", [view], latex=False))
 
 
-def figure_section(out: Out, results: pd.DataFrame, fpr95: bool = True, collapsed: bool = False) -> Section:
-    """FPR@95 by method grouped by family (with `fpr95`) and the AUROC / FPR@95 heatmaps."""
+def figure_section(out: Out, results: pd.DataFrame, fpr95: bool = True, heatmaps: bool = True,
+                   collapsed: bool = False) -> Section:
+    """FPR@95 by method grouped by family (with `fpr95`) and the AUROC / FPR@95 heatmaps (with `heatmaps`)."""
     layout = Layout.of(results)
-    table3 = per_set_table(results, averages=False)
     images = out.figure(plots.fpr95_figure, "fpr95_by_method", summary=method_summary(results), layout=layout) \
         if fpr95 else []
-    for metric in ("auroc", "fpr95"):
-        images += out.figure(plots.heatmap_figure, f"heatmap_{metric}", table=table3, layout=layout, metric=metric)
-    title = "Figures: FPR@95 by family, heatmaps" if fpr95 else "Heatmaps: AUROC and FPR@95 per method and set"
+    if heatmaps:
+        images += out.figure(plots.heatmap_figure, "heatmaps", table=per_set_table(results, averages=False),
+                             layout=layout)
+    title = "Figures: FPR@95 by family" + (", heatmaps" if heatmaps else "") if fpr95 else \
+        "Heatmaps: AUROC and FPR@95 per method and set"
     return Section(title, images=images, collapsed=collapsed)
 
 
@@ -243,8 +251,8 @@ def density_panels(rows: pd.DataFrame, method: str, aurocs: dict[tuple[str, str]
 
 def curves_section(out: Out, scores: pd.DataFrame, layout: Layout, paper: Paper | None = None,
                    collapsed: bool = False, aurocs: dict[tuple[str, str], float] | None = None) -> Section:
-    """ROC curves (one panel per OOD set) and the score densities of every method (one row per method, one column per
-    set), two figures; nothing is computed when figures are off."""
+    """ROC curves (one panel per OOD set, the `ROC_METHODS` methods of best mean AUROC) and the score densities of
+    every method (one row per method, one column per set), two figures; nothing is computed when figures are off."""
     section = Section("ROC curves and score densities", collapsed=collapsed)
     if not out.formats:
         return section
@@ -252,17 +260,22 @@ def curves_section(out: Out, scores: pd.DataFrame, layout: Layout, paper: Paper 
     methods = [m for m in layout.methods if m in by_method]
     sets = [s for s in layout.sets if s in set(scores.loc[scores["role"] == "ood", "ood_set"].unique())]
     aurocs = aurocs if aurocs is not None else per_set_auroc(scores)
+    mean = {m: np.mean([aurocs[(m, s)] for s in sets if (m, s) in aurocs] or [np.nan]) for m in methods}
+    best = sorted(methods, key=lambda m: (-mean[m] if np.isfinite(mean[m]) else np.inf))[:ROC_METHODS]
+    shown = [m for m in methods if m in best]  # in the table's order
     panels = [(s, [(m, _scores_of(by_method[m], "id"), _scores_of(by_method[m], "ood", s), aurocs[(m, s)])
-                   for m in methods if (m, s) in aurocs]) for s in sets]
+                   for m in shown if (m, s) in aurocs]) for s in sets]
     section.images += out.figure(plots.roc_figure, "roc", panels=[p for p in panels if p[1]], paper=paper)
     rows = [(m, density_panels(by_method[m], m, aurocs), plots.ScoreAxis.of(by_method[m])) for m in methods]
     section.images += out.figure(plots.densities_figure, "score_densities", rows=rows, paper=paper)
     section.captions = {
-        "roc.png": "ROC curves per OOD set (OOD positive: TPR = OOD detected, FPR = ID rejected); AUROC in the legend.",
+        "roc.png": (f"ROC curves per OOD set (OOD positive: TPR = OOD detected, FPR = ID rejected) of the "
+                    f"{len(shown)} method(s) of best mean AUROC (ties: the table's order; at most {ROC_METHODS}: more "
+                    "curves on one panel cannot be told apart; every AUROC is in Table 3); AUROC in the legend."),
         "score_densities.png": (f"Score distributions per method (rows) and set (columns): ID test (black) against the "
                                 f"set (red, dashed); each row's x axis spans the {plots.ROBUST[0]}-{plots.ROBUST[1]} "
                                 "percentiles of the method's scores (a heavy-tailed method: the signed log distance "
-                                "from its ID median, marked log); AUROC at the right of each panel.")}
+                                "from its ID median, marked log).")}
     return section
 
 
@@ -358,7 +371,7 @@ def field_sheets(out: Out, scores: pd.DataFrame, transfer: pd.DataFrame, stem: s
         shown = novel.groupby("species", sort=False, group_keys=False).head(per_species)
         title = (f"{name + ', ' if name else ''}{target}: novel-species images, {method_label(rule['method'], paper)} "
                  f"at the threshold from {rule['source']} (red frame: flagged; grey: missed)")
-        images += out.figure(plots.field_sheet, f"{stem}_{target}", rows=shown, title=title)
+        images += out.figure(plots.field_sheet, f"{stem}_{target}", photo=True, rows=shown, title=title)
     return images
 
 
@@ -377,8 +390,8 @@ def id_looking_section(out: Out, scores: pd.DataFrame, k: int, aurocs: dict[tupl
         best = sorted(dict.fromkeys(part["method"]), key=lambda m: -aurocs[(m, ood_set)])[:SHEET_METHODS]
         shown = part[part["method"].isin(best)].sort_values("method", key=lambda c: c.map(best.index), kind="mergesort")
         note = f" ({SHEET_METHODS} methods of best AUROC)" if len(best) < part["method"].nunique() else ""
-        section.images += out.figure(plots.id_looking_sheet, f"id_looking_{ood_set}", rows=shown, ood_set=ood_set,
-                                     note=note, paper=paper)
+        section.images += out.figure(plots.id_looking_sheet, f"id_looking_{ood_set}", photo=True, rows=shown,
+                                     ood_set=ood_set, note=note, paper=paper)
     shown = table.drop(columns=[c for c in ("path", "manifest") if c in table.columns])
     shown = shown[[c for c in ("ood_set", "method", "rank", "score", "id_share", "species", "file_name") if c in shown]]
     view = frame_view(shown, f"Per OOD set and method, the {k} OOD images with the highest scores (most ID-looking); "

@@ -251,16 +251,17 @@ def method_info(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"id_acc": acc.astype(np.float64), "mode": mode.astype(str)})
 
 
-def family_table(results: pd.DataFrame, layout: Layout | None = None) -> pd.DataFrame:
+def family_table(results: pd.DataFrame, layout: Layout | None = None, table: pd.DataFrame | None = None) -> pd.DataFrame:
     """Family averages as in ShiftedBronzes' family table: columns `family, group, fpr95, auroc` (percent).
 
     For a method m and a group g, v(m, g) is the mean of m's per-set values over g's sets; the family row (f, g) is the
     mean of v(m, g) over f's own methods. Group `all` does the same over all sets; group `average` is the mean of the
     family's per-group rows (so `average` weighs groups equally while `all` weighs sets equally). Rows per family:
-    `all`, each group in layout order, `average`. A method lacking a set of a group leaves that group NaN.
+    `all`, each group in layout order, `average`. A method lacking a set of a group leaves that group NaN. `table`:
+    `per_set_table(results, layout=layout)` when already computed.
     """
     layout = layout or Layout.of(results)
-    table = per_set_table(results, layout=layout)
+    table = per_set_table(results, layout=layout) if table is None else table
     rows = []
     for family in layout.families:
         members = table.xs(family, level="family")
@@ -278,15 +279,16 @@ def method_summary(results: pd.DataFrame, layout: Layout | None = None) -> pd.Da
     return per_set_table(results, layout=layout)[list(layout.average_columns)]
 
 
-def family_group_table(results: pd.DataFrame, layout: Layout | None = None) -> pd.DataFrame:
+def family_group_table(results: pd.DataFrame, layout: Layout | None = None,
+                       families: pd.DataFrame | None = None) -> pd.DataFrame:
     """ShiftedBronzes' Table 4: index family, columns (group, metric) for `all`, then each group in layout order
     (the paper's All | Hard | Easy).
 
-    The values of `family_table` in wide form: per family, the mean over its methods of each method's mean per-set
+    The values of `family_table` (`families`, when already computed) in wide form: per family, the mean over its methods of each method's mean per-set
     value over the group's sets (plain means; NaN when a method lacks one of the sets).
     """
     layout = layout or Layout.of(results)
-    long = family_table(results, layout).set_index(["family", "group"])
+    long = (family_table(results, layout) if families is None else families).set_index(["family", "group"])
     columns = [(g, m) for g in [ALL, *layout.groups] for m in CELL_METRICS]
     table = pd.DataFrame({(g, m): [long.loc[(f, g), m] for f in layout.families] for g, m in columns},
                          index=pd.Index(list(layout.families), name="family"))

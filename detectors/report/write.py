@@ -2,9 +2,10 @@
 the results tables and their companion files.
 
 Tables and the page are written in the calling process; figures are queued while the tables are built and rendered
-together (`figures.render`: in worker processes when that pays) before the page is written. A paper layout draws
-only the paper's figures; `diagnostics` adds the generic ones (heatmaps, ROC curves, score densities, the most
-ID-looking images).
+together (`figures.render`: in worker processes when that pays) before the page is written. Only what the layout
+needs is drawn: a paper layout the paper's figures; the generic layout FPR@95 by family, ROC curves, score densities
+and the most ID-looking images; `diagnostics` adds the heatmaps (a coloured Table 3) and, in a paper layout, the generic
+figures and score tables.
 """
 from __future__ import annotations
 
@@ -114,26 +115,26 @@ def write_report(results: Table, out_dir: str | os.PathLike, *, methods: Sequenc
                  layout: str = "generic", figures: str = "png",
                  classifier: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
                  fewshot: str | os.PathLike | None = None, feature_maps: str | os.PathLike | None = None,
-                 workers: int | None = None, diagnostics: bool | None = None) -> list[Path]:
+                 workers: int | None = None, diagnostics: bool = False) -> list[Path]:
     """Write every table and figure of the report under `out_dir`, and `index.html` showing them all; returns the
     paths written (index.html last). `layout` `generic` or `shiftedbronzes` (Open-Insects: `write_open_insects`).
 
     Generic, from the results: table3 / per_set / sb_table4 .{md,tex,csv}, families.{md,csv}, best_rule.{md,tex,csv}
-    (rows with a `base`; the rule chosen in `rule_selection`, none picked without it), fpr95_by_method.png,
-    heatmap_{auroc,fpr95}.png. With `threshold_transfer`: threshold_transfer.md. With `scores`: roc.png,
+    (rows with a `base`; the rule chosen in `rule_selection`, none picked without it), fpr95_by_method.png (and
+    heatmaps.png with `diagnostics`). With `threshold_transfer`: threshold_transfer.md. With `scores`: roc.png,
     score_densities.png, bootstrap.{md,tex,csv} (`bootstrap` replicates, seeded by `seed`), and, when the scores name
     their images (file_name, manifest): hop_auroc.*, species_field.* (field sets, with the transfer table),
     id_looking.{md,csv} and id_looking_<set>.png (`top_k` images). `shiftedbronzes` writes the paper's Tables 3, 4, 2
     (sb_table3, sb_table4, sb_table2 from `classifier`: one or more classifier folders, `NAME=PATH` or `PATH`) and
-    Figures 5, 6, 7 (`fewshot`), 2(c) (`feature_maps`); `diagnostics` (default: on for generic only) adds the
-    generic figures and score tables. `figures`: `png`, `pdf` (also a PDF of each) or `none`; `workers`: figure
+    Figures 5, 6, 7 (`fewshot`), 2(c) (`feature_maps`); `diagnostics` adds the heatmaps and, there, the generic
+    figures and score tables. `figures`: `png`, `pdf` (also a PDF of each) or `none`; `workers`: figure
     processes (default: the CPUs, used when it pays). `methods` restricts the report; `log` receives a line per
     skipped part. Warnings (AUROC below 50, config labels, parts left out) are counted at the top of the page.
     """
     if layout not in ("generic", "shiftedbronzes"):
         raise UserInputError(f"--layout: {layout!r} here; one of {list(LAYOUTS)} (open-insects: write_open_insects)")
-    diagnostics = layout == "generic" if diagnostics is None else diagnostics
     paper = SHIFTED_BRONZES if layout == "shiftedbronzes" else None
+    extras = paper is None or bool(diagnostics)
     out = _out(out_dir, figures, log)
     frame, scale = read_results(results)
     frame = select_methods(frame, methods)
@@ -155,11 +156,12 @@ def write_report(results: Table, out_dir: str | os.PathLike, *, methods: Sequenc
     best = best_rule_section(out, frame, scale, selection)
     sections += [best] if best is not None else []
     sections += [transfer_section(out, transfer)] if transfer is not None else []
-    if diagnostics:
-        sections.append(figure_section(out, frame, fpr95=paper is None, collapsed=paper is not None))
+    if extras:
+        sections.append(figure_section(out, frame, fpr95=paper is None, heatmaps=bool(diagnostics),
+                                       collapsed=paper is not None))
     if found is not None:
         where = Path(run_dir) if run_dir is not None else _run_dir(scores, results)
-        sections += _score_sections(out, found, order, transfer, bootstrap, seed, top_k, where, diagnostics, paper,
+        sections += _score_sections(out, found, order, transfer, bootstrap, seed, top_k, where, extras, paper,
                                     collapsed=paper is not None)
     elif bootstrap:
         out.log("report: --bootstrap needs the scores table (scores.parquet)")

@@ -1,4 +1,4 @@
-"""Checks the report tests share: a written figure read back as a PNG (decodes, not blank) and a Figure a reader can
+"""Checks the report tests share: a written figure read back as a PNG or JPEG (decodes, not blank) and a Figure a reader can
 use (`figures.figure_problems`, no overlapping tick labels)."""
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ from PIL import Image
 from detectors.report import figures
 
 
-def assert_usable_png(path: Path, min_size: int = 150) -> np.ndarray:
-    """The PNG at `path` decodes, is at least `min_size` pixels each way and is not blank: more than 1% of it is not
-    background and it holds more than a handful of colours. Returns its RGB pixels."""
+def assert_usable_png(path: Path, min_size: int = 150, kind: str = "PNG") -> np.ndarray:
+    """The PNG (or `kind`: JPEG for a thumbnail sheet) at `path` decodes, is at least `min_size` pixels each way and
+    is not blank: more than 1% of it is not background and it holds more than a handful of colours. Returns its RGB
+    pixels."""
     with Image.open(path) as image:
-        assert image.format == "PNG", path
+        assert image.format == kind, (path, image.format)
         pixels = np.asarray(image.convert("RGB"))
     assert pixels.shape[0] >= min_size and pixels.shape[1] >= min_size, (path, pixels.shape)
     background = pixels[0, 0]

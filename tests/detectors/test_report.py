@@ -230,7 +230,7 @@ def test_write_report_files_parse_back(tmp_path):
     written = {p.name: p for p in paths}
     tables = {f"{t}.{x}" for t in ("per_set", "table3", "sb_table4") for x in ("md", "tex", "csv")} | {"families.md", "families.csv"}
     names = tables | {"fpr95_by_method.png", "score_densities.png", "threshold_transfer.md", "index.html",
-                      "heatmap_auroc.png", "heatmap_fpr95.png", "roc.png", "warnings.md"}
+                      "roc.png", "warnings.md"}
     assert set(written) == names and all(p.is_file() for p in written.values())
     percent, _ = report.read_results(results)
     table = report.per_set_table(percent)

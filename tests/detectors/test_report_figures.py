@@ -88,15 +88,20 @@ def test_figure5_paper_colours_offsets_and_names(tmp_path):
     _save(figure, tmp_path / "f5.png")
 
 
-def test_heatmap_display_names_and_png(tmp_path):
+def test_heatmaps_side_by_side_display_names_and_png(tmp_path):
     results, _ = read_results(_results())
     layout = layout_of(results)
-    figure = plots.heatmap_figure(per_set_table(results, averages=False, layout=layout), layout, "auroc", SHIFTED_BRONZES)
-    assert_usable_figure(figure, 2)  # the map and its colour bar (the group names on top are the map's secondary axis)
-    assert any(t.get_text() == "VLM-based" for t in figure.axes[0].texts)
-    assert "Sketch & Rubbing" not in [t.get_text() for t in figure.axes[0].get_xticklabels()]  # long names on x
-    assert "sketch & rubbing" in [t.get_text() for t in figure.axes[0].get_xticklabels()]
-    pixels = _save(figure, tmp_path / "heatmap.png")
+    figure = plots.heatmap_figure(per_set_table(results, averages=False, layout=layout), layout, paper=SHIFTED_BRONZES)
+    assert_usable_figure(figure, 2)  # two maps (the group names on top are their secondary axes), no colour bar
+    maps = [a for a in figure.axes if a.images]
+    assert [a.get_title() for a in maps] == ["AUROC (%)", "FPR@95 (%)"]
+    assert any(t.get_text() == "VLM-based" for t in maps[1].texts) and not any(t.get_text() == "VLM-based"
+                                                                               for t in maps[0].texts)
+    assert [t.get_text() for t in maps[0].get_yticklabels()][:2] == ["DICE", "EBO"]
+    assert not any(t.get_visible() for t in maps[1].get_yticklabels())
+    assert "sketch & rubbing" in [t.get_text() for t in maps[0].get_xticklabels()]
+    assert sum(t.get_text().endswith("†") for t in maps[0].texts) == int((results["auroc"] < 50).sum())
+    pixels = _save(figure, tmp_path / "heatmaps.png")
     assert pixels.shape[1] > 600
 
 
@@ -119,7 +124,10 @@ def test_score_densities_one_figure_robust_axes(tmp_path):
     assert [a.get_title() for a in figure.axes] == ["local", "non-moth"]
     assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["MSP", "Gram (log)"]
     assert "percentile" in figure.get_supxlabel() and "log distance" in figure.get_supxlabel()
-    assert len(figure.axes[0].patches) == 4 and all(np.isfinite(p.get_data().values).all() for p in figure.axes[0].patches)
+    outlines = figure.axes[0].collections  # ID and OOD outlines, one collection each
+    assert len(outlines) == 2 and all(len(c.get_segments()) == 2 for c in outlines)
+    assert all(np.isfinite(seg).all() and (0 <= seg[:, 0]).all() and (seg[:, 0] <= 1).all()
+               for c in outlines for seg in c.get_segments())
     _save(figure, tmp_path / "densities.png")
 
 
@@ -237,6 +245,8 @@ def test_sheets_decode_once_at_reduced_size(tmp_path):
     assert sheet.labels == ["MSP", "VIM"] and "local" in sheet.title
     shot = assert_usable_png(figures.save_figure(sheet, tmp_path / "sheet.png", ("png", "pdf")))
     assert (shot[..., 0] > 180).any() and (tmp_path / "sheet.pdf").read_bytes()[:4] == b"%PDF"
+    photo = assert_usable_png(figures.save_figure(sheet, tmp_path / "sheet.jpg", ("jpg",)), kind="JPEG")
+    assert np.abs(photo.astype(int) - shot.astype(int)).mean() < 4  # the page's JPEG: the same sheet
     field = pd.DataFrame({"species": ["a", "a", "b"], "path": [str(big)] * 3, "file_name": ["1.jpg", "2.jpg", "3.jpg"],
                           "score": [0.1, 0.9, 0.2], "flagged": [True, False, True]})
     sheet = plots.field_sheet(field, "bci")
@@ -248,9 +258,10 @@ def test_render_in_worker_processes_on_one_canvas(tmp_path):
     layout = Layout.of(results)
     table = per_set_table(results, averages=False)
     jobs = [figures.Job(plots.fpr95_figure, tmp_path / "a.png", {"summary": method_summary(results), "layout": layout}),
-            figures.Job(plots.heatmap_figure, tmp_path / "b.png", {"table": table, "layout": layout, "metric": "fpr95"}),
-            figures.Job(plots.heatmap_figure, tmp_path / "c.png", {"table": None, "layout": layout, "metric": "x"}),
-            figures.Job(plots.heatmap_figure, tmp_path / "d.png", {"table": table, "layout": layout, "metric": "auroc"})]
+            figures.Job(plots.heatmap_figure, tmp_path / "b.png", {"table": table, "layout": layout,
+                                                                   "metrics": ("fpr95",)}),
+            figures.Job(plots.heatmap_figure, tmp_path / "c.png", {"table": None, "layout": layout}),
+            figures.Job(plots.heatmap_figure, tmp_path / "d.png", {"table": table, "layout": layout})]
     lines = []
     made = figures.render(jobs, ("png",), workers=2, log=lines.append)
     assert [p.name for p in made] == ["a.png", "b.png", "d.png"] and len(lines) == 1 and "c.png failed" in lines[0]

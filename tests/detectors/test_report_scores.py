@@ -112,20 +112,20 @@ def test_index_html_in_headless_chromium(tmp_path, capsys):
     index = tmp_path / "report" / "index.html"
     assert check.main([str(index), "--screenshot", str(tmp_path / "shot.png")]) == 0
     printed = capsys.readouterr().out
-    assert "3 image(s), 0 broken" in printed and "ok:" in printed
+    assert "1 image(s), 0 broken" in printed and "ok:" in printed
     from PIL import Image
 
     with Image.open(tmp_path / "shot.png") as shot:
         assert shot.width == 1400 and shot.height > 500 and len(set(shot.convert("L").getdata())) > 10
     broken = tmp_path / "broken"
     shutil.copytree(tmp_path / "report", broken)
-    (broken / "heatmap_auroc.png").write_bytes(b"not a png")
+    (broken / "fpr95_by_method.png").write_bytes(b"not a png")
     assert check.main([str(broken / "index.html"), "--screenshot", str(tmp_path / "shot2.png")]) == 1
     printed = capsys.readouterr().out
-    assert "not a readable PNG: heatmap_auroc.png" in printed
-    assert "Chromium could not load image: heatmap_auroc.png" in printed
-    (broken / "heatmap_fpr95.png").unlink()
-    assert "missing: heatmap_fpr95.png" in check.check_files(broken / "index.html")
+    assert "not a readable PNG: fpr95_by_method.png" in printed
+    assert "Chromium could not load image: fpr95_by_method.png" in printed
+    (broken / "fpr95_by_method.png").unlink()
+    assert "missing: fpr95_by_method.png" in check.check_files(broken / "index.html")
 
 
 def test_density_axis_spreads_gram_like_scores():
