@@ -107,7 +107,7 @@ def field_run(folder: Path, methods: int, seed: int = 1, ood: int = 200, id_rows
     return _write(folder, pd.concat(frames, ignore_index=True))
 
 
-def photo(rng: np.random.Generator, size: tuple[int, int]) -> "Image.Image":
+def photo(rng: np.random.Generator, size: tuple[int, int]) -> Any:
     """A photograph-like image of `size` (h, w): smooth colour regions and mild sensor noise (JPEGs of pure noise would
     decode several times slower than real photos)."""
     from PIL import Image
@@ -188,9 +188,11 @@ def bench(name: str, results: Path, workers: int | None, repeat: int) -> dict[st
 
 def _warm_imports() -> None:
     """Imports apart: what the report imports lazily (matplotlib's Agg canvas, PIL's codecs) loaded before timing."""
-    import matplotlib.backends.backend_agg  # noqa: F401
-    import matplotlib.figure  # noqa: F401
-    from PIL import Image, ImageDraw, PngImagePlugin  # noqa: F401
+    import importlib
+
+    for name in ("matplotlib.backends.backend_agg", "matplotlib.figure", "matplotlib.collections", "PIL.Image",
+                 "PIL.ImageDraw", "PIL.PngImagePlugin", "PIL.JpegImagePlugin"):
+        importlib.import_module(name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,6 @@ import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 import pandas as pd
 
 from pipelines.data import MANIFEST_INFO, Manifest, read_manifest, write_manifest

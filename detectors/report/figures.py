@@ -81,6 +81,8 @@ def new_figure(width: float, height: float) -> Any:
         if _CANVAS.get("active"):
             _CANVAS["figure"] = figure
         return figure
+    for axes in list(figure.axes):  # removed, not cleared: clearing rebuilds each axes' ticks
+        figure.delaxes(axes)
     figure.clear()
     figure.set_size_inches(width, height)
     figure.set_layout_engine("constrained")
@@ -218,6 +220,13 @@ def free_cpus() -> int:
     return max(1, min(cpus, int(cpus - others + 0.5)))
 
 
+def _warm_fonts() -> None:
+    """Load matplotlib's font and text caches once in the parent, so that every forked worker inherits them."""
+    figure = new_figure(1.0, 0.5)
+    figure.text(0.5, 0.5, "0.5 AUROC", fontsize="small")
+    figure.canvas.draw()
+
+
 def render(jobs: Sequence[Job], formats: Sequence[str] = ("png",), workers: int | None = None,
            log: Callable[[str], None] = lambda line: None) -> list[Path]:
     """Build and save every job; a job that fails is logged and skipped. Returns the paths written, in job order.
@@ -230,6 +239,7 @@ def render(jobs: Sequence[Job], formats: Sequence[str] = ("png",), workers: int 
         return [p for p in _serial(jobs, formats, log) if p is not None]
     global _PENDING
     _PENDING = list(jobs)
+    _warm_fonts()
     results: list[Path | None] = []
     try:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:

@@ -158,7 +158,7 @@ def roc_figure(panels: Sequence[tuple[str, Sequence[Curve]]], paper: Paper | Non
             value = next((c[3] for c in curves if c[0] == method), np.nan)
             aurocs[method].append("–" if not np.isfinite(value) else f"{value:.1f}{'†' if value < LOW_AUROC else ''}")
         axes.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle=":")
-        axes.set(xlim=(0, 1), ylim=(0, 1.01))
+        axes.set(xlim=(0, 1), ylim=(0, 1.01), xticks=[0, 0.5, 1], yticks=[0, 0.5, 1])
         axes.set_xlabel("ID rejected (FPR)", fontsize="small")
         if axes.get_subplotspec().is_first_col():
             axes.set_ylabel("OOD detected (TPR)", fontsize="small")

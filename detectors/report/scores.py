@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from detectors.metrics import auroc, evaluate
-from detectors.report.tables import group_labels, read_table, text_column
+from detectors.report.tables import group_labels, read_table
 from detectors.tables import SCORE_COLUMNS, SCORE_OPTIONAL, SCORE_ROLES
 from detectors.training.field import species_detection_share
 from pipelines.data import Manifest, read_manifest

@@ -319,3 +319,32 @@ def test_display_names_cover_the_registry_and_aux_categories():
         uses_aux = bool(getattr(detectors.build(name).objective(), "uses_aux", False))
         assert (name in AUX_TRAINING) == uses_aux, name
     assert method_label("oe+msp") == "OE + MSP"
+
+
+def test_shiftedbronzes_diagnostics_add_the_generic_figures_collapsed(tmp_path):
+    run = _sb_run(tmp_path)
+    _run_cli("--layout", "shiftedbronzes", "--results", str(run / "results.csv"), "--out", str(tmp_path / "r"),
+             "--diagnostics")
+    out = tmp_path / "r"
+    for name in ("heatmaps.png", "roc.png", "score_densities.png", "sb_figure5.png"):
+        assert_usable_png(out / name)
+    page = (out / "index.html").read_text()
+    assert page.index("Table 3:") < page.index("heatmaps.png")  # the paper's first table still opens the page
+    assert '<h2 id="roc-curves-and-score-densities">ROC curves and score densities</h2>\n<details>' in page
+
+
+def test_best_method_ties_go_to_the_papers_order():
+    """Tables 4 / 6 and Figure 3 pick by mean AUROC over L, NL, NM; a tie goes to the method the paper lists first
+    (MSP before VIM before KNN), whatever the results' order."""
+    from detectors.report.open_insects import best_rows
+    from detectors.report.papers import Run
+    from detectors.report.tables import read_results
+
+    rows = [{"method": m, "family": "posthoc", "ood_set": s, "group": "", "auroc": a, "fpr95": 0.5, "aupr_in": 0.5,
+             "aupr_out": 0.5, "n_id": 4, "n_ood": 4, "seconds": 1.0}
+            for m, a in (("knn", 0.9), ("vim", 0.9), ("msp", 0.9), ("ebo", 0.8)) for s in ("local", "non_local")]
+    frame, scale = read_results(pd.DataFrame(rows))
+    run = Run("r", Path("."), frame, scale)
+    assert list(best_rows(run)["method"]) == ["msp"] and list(best_rows(run, per_category=False)["row"]) == ["msp"]
+    frame.loc[(frame["method"] == "knn") & (frame["ood_set"] == "local"), "auroc"] = 95.0
+    assert list(best_rows(run)["method"]) == ["knn"]
