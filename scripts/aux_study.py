@@ -22,8 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from detectors.report.aux_study import (aux_rows, study_figure, study_table, subsample, subsample_digest,
-                                        write_subsample)
+from detectors.report.aux_study import aux_rows, study_figure, study_title, subsample, subsample_digest, write_subsample
+from detectors.report.open_insects import study_table
 from detectors.report.figures import save_figure
 from pipelines.cli import comma_list, load_yaml, parser as cli_parser, run_main
 from pipelines.errors import UserInputError
@@ -115,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     table = study_table(runs, args.method)
     atomic_write_text(args.out / "aux_study.csv", table.to_csv(index=False))
     formats = ("png", "pdf") if args.figures == "pdf" else ("png",)
-    title = f"{args.method}: AUROC vs auxiliary species ({args.budget} images)"
-    path = save_figure(study_figure(table, title), args.out / "aux_study.png", formats)
+    path = save_figure(study_figure(table, study_title(table)), args.out / "aux_study.png", formats)
     print(table.to_string(index=False))
     print(f"wrote {args.out / 'aux_study.csv'} and {path}")
     if failed:

@@ -4,7 +4,10 @@
 1. Every file the page references (figures, tables) exists beside it, and every PNG decodes.
 2. Chromium (the Debian package `chromium`) loads the page: every <img> loaded (complete, natural width > 0) and the
    tables are there; the page's height is measured.
-3. The whole page is captured for a person to look at: one screenshot (default REPORT/index_screenshot.png) when it
+3. The page opens on the result: its main table (`id="main-table"`, the paper's first table) starts on the first
+   screen (`--width` x `--first-screen` pixels, default 1400 x 900) and the page is no wider than the window (wide
+   tables scroll inside their box); the first screen is captured (REPORT/index_first_screen.png).
+4. The whole page is captured for a person to look at: one screenshot (default REPORT/index_screenshot.png) when it
    is at most `--tile` pixels high, else tiles of `--tile` pixels top to bottom (index_screenshot_01.png, ...), each a
    window onto the page shifted by its offset, so that no part is lost; it says how many. When the page's height
    cannot be read it says so and counts that as a problem.
@@ -23,7 +26,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from detectors.report.html import missing_files, referenced_files
+from detectors.report.html import MAIN_TABLE, missing_files, referenced_files
 from pipelines.cli import parser as cli_parser, run_main
 from pipelines.errors import UserInputError
 
@@ -34,8 +37,15 @@ document.getElementById("f").addEventListener("load", () => {{
   const d = document.getElementById("f").contentDocument;
   const imgs = [...d.images];
   const broken = imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.getAttribute("src"));
+  const main = d.getElementById("{main}");
+  const box = main ? main.getBoundingClientRect() : null;
+  const rows = main ? main.querySelectorAll("tbody tr") : [];
+  const first = rows.length ? rows[0].getBoundingClientRect() : null;
   document.getElementById("out").textContent = JSON.stringify({{images: imgs.length, broken: broken,
-    tables: d.querySelectorAll("table").length, height: d.documentElement.scrollHeight}});
+    tables: d.querySelectorAll("table").length, height: d.documentElement.scrollHeight,
+    scroll_width: d.documentElement.scrollWidth,
+    main: box ? {{top: box.top, bottom: box.bottom, width: box.width, first_row: first ? first.bottom : null,
+                  rows: rows.length}} : null}});
 }});
 </script></body></html>
 """
@@ -53,10 +63,12 @@ def _chromium(binary: str, *args: str, timeout: float = 120) -> str:
 
 
 def probe(binary: str, index: Path, width: int = 1400) -> dict:
-    """What Chromium saw once the page loaded: `images`, `broken` (their src), `tables`, `height` (pixels)."""
+    """What Chromium saw once the page loaded at `width` pixels: `images`, `broken` (their src), `tables`, `height` and
+    `scroll_width` (pixels), `main` (the main table's `top`, `bottom`, `width`, its first row's bottom `first_row`,
+    `rows`; None without one)."""
     with tempfile.TemporaryDirectory() as tmp:
         page = Path(tmp) / "probe.html"
-        page.write_text(PROBE.format(src=index.resolve().as_uri(), width=width), encoding="utf-8")
+        page.write_text(PROBE.format(src=index.resolve().as_uri(), width=width, main=MAIN_TABLE), encoding="utf-8")
         dom = _chromium(binary, "--virtual-time-budget=5000", "--dump-dom", page.as_uri())
     found = re.search(r'<pre id="out">([^<]*)</pre>', dom)
     if not found or found.group(1) == "pending":
@@ -99,21 +111,38 @@ def screenshots(binary: str, index: Path, path: Path, width: int, height: int, t
 
 
 def check_files(index: Path) -> list[str]:
-    """Problems with the files the page references: missing, or PNGs that do not decode."""
+    """Problems with the files the page references: missing, or images (PNG, JPEG) that do not decode."""
     problems = [f"missing: {f}" for f in missing_files(index)]
     for name in referenced_files(index.read_text(encoding="utf-8")):
         path = index.parent / name
-        if path.suffix.lower() == ".png" and path.is_file():
+        if path.suffix.lower() in (".png", ".jpg", ".jpeg") and path.is_file():
             try:
                 with Image.open(path) as image:
                     image.verify()
             except Exception as err:  # noqa: BLE001 - any decoding failure is a broken figure
-                problems.append(f"not a readable PNG: {name} ({type(err).__name__})")
+                problems.append(f"not a readable {path.suffix[1:].upper()}: {name} ({type(err).__name__})")
     return problems
 
 
-def check(index: Path, out: Path | None = None, width: int = 1400, tile: int = 8000) -> list[str]:
-    """Run every check; returns the problems found (empty: all good). Writes the screenshots of the whole page."""
+def first_screen_problems(seen: dict, width: int, first_screen: int) -> list[str]:
+    """Problems with what a reader sees first: no main table, a main table whose first row is not on the first
+    screen, a page wider than the window."""
+    problems = []
+    main = seen.get("main")
+    if main is None:
+        problems.append(f"no main table (id={MAIN_TABLE!r}) on the page")
+    elif main["first_row"] is None or main["first_row"] > first_screen:
+        problems.append(f"the main table starts at {main['top']:.0f} px: its first row is not on the first screen "
+                        f"({width} x {first_screen})")
+    if seen.get("scroll_width", 0) > width:
+        problems.append(f"the page is {seen['scroll_width']} px wide, wider than the {width} px window")
+    return problems
+
+
+def check(index: Path, out: Path | None = None, width: int = 1400, tile: int = 8000,
+          first_screen: int = 900) -> list[str]:
+    """Run every check; returns the problems found (empty: all good). Writes the first screen's and the whole page's
+    screenshots."""
     if not index.is_file():
         raise UserInputError(f"{index}: no such page")
     binary = find_chromium()
@@ -123,7 +152,12 @@ def check(index: Path, out: Path | None = None, width: int = 1400, tile: int = 8
     seen = probe(binary, index, width)
     problems += [f"Chromium could not load image: {src}" for src in seen["broken"]]
     print(f"chromium: {seen['images']} image(s), {len(seen['broken'])} broken, {seen['tables']} table(s), "
-          f"page height {seen['height']} px")
+          f"page height {seen['height']} px, width {seen.get('scroll_width')} px")
+    main = seen.get("main")
+    if main is not None:
+        print(f"main table: top {main['top']:.0f} px, first row ends at {main['first_row'] or 0:.0f} px, "
+              f"{main['rows']} row(s), {main['width']:.0f} px wide")
+    problems += first_screen_problems(seen, width, first_screen)
     height = int(seen.get("height") or 0)
     if height <= 0:
         problems.append(f"the page's height could not be read: only the first {tile} px were captured")
@@ -131,6 +165,10 @@ def check(index: Path, out: Path | None = None, width: int = 1400, tile: int = 8
     shots = screenshots(binary, index, out or index.parent / "index_screenshot.png", width, height, tile)
     print(f"screenshot: the whole page ({height} px) in {len(shots)} tile(s) of at most {tile} px: " +
           ", ".join(str(s) for s in shots))
+    first = shots[0].with_name("index_first_screen.png")
+    with Image.open(shots[0]) as image:  # the top of the first tile: what a reader sees first
+        image.crop((0, 0, width, min(first_screen, image.height))).save(first)
+    print(f"first screen: {first}")
     return problems
 
 
@@ -141,10 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=1400, help="window width in pixels (default 1400)")
     p.add_argument("--tile", type=int, default=8000, help="tallest screenshot in pixels; taller pages are tiled "
                    "(default 8000)")
+    p.add_argument("--first-screen", type=int, default=900,
+                   help="height in pixels of the first screen that must show the main table (default 900)")
     args = p.parse_args(argv)
     if args.tile < 100:
         raise UserInputError(f"--tile: at least 100 pixels, got {args.tile}")
-    problems = check(args.index, args.screenshot, args.width, args.tile)
+    problems = check(args.index, args.screenshot, args.width, args.tile, args.first_screen)
     for line in problems:
         print(f"problem: {line}")
     print("ok: every referenced file exists and loads" if not problems else f"{len(problems)} problem(s)")

@@ -6,8 +6,9 @@ fewshot.csv. The generic layout writes Table 3 / per-set / family tables (md, te
 method, the threshold-transfer table, FPR@95 by family, heatmaps, ROC curves, score densities, bootstrap intervals
 (`--bootstrap N`), AUROC per taxonomic hop, the field report per novel species, the most ID-looking OOD images and
 index.html showing them all. `--layout shiftedbronzes` writes that paper's Tables 2-4 and Figures 5, 6, 7, 2(c);
-`--layout open-insects` takes one `--results` per region and writes that paper's Tables 2/7, 4, 5, 6 and Figures 1
-and 3 (see docs/report.md). Prints the summary and a warning per set with AUROC below 50.
+`--layout open-insects` takes one `--results` per region and writes that paper's Tables 2/7, 4, 5, 6 and Figures 1,
+3 and 4 (see docs/report.md). A paper layout draws only the paper's figures (`--diagnostics`: the generic ones too).
+Prints the summary and a warning per set with AUROC below 50.
 """
 from __future__ import annotations
 
@@ -42,8 +43,12 @@ def build_parser():
                    help="bootstrap replicates for 95%% intervals of AUROC and FPR@95 (default 0: none)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--top-k", type=int, default=8, help="most ID-looking OOD images per set and method (default 8; 0: none)")
-    p.add_argument("--classifier", type=Path, default=None,
-                   help="shiftedbronzes: the classifier folder (or its metrics.json) for Table 2")
+    p.add_argument("--classifier", nargs="+", default=None, metavar="[NAME=]PATH",
+                   help="shiftedbronzes: the dating classifiers' folders (or their metrics.json) for Table 2, one row "
+                        "each (NAME=PATH, or PATH named by its folder)")
+    p.add_argument("--diagnostics", action="store_true",
+                   help="also the heatmaps (a coloured Table 3); in a paper layout also the generic figures and score "
+                        "tables (ROC curves, score densities, ID-looking images, AUROC by hop, field report)")
     p.add_argument("--fewshot", type=Path, default=None,
                    help="shiftedbronzes: few-shot table for Figure 7 (default: fewshot.csv beside --results, if any)")
     p.add_argument("--feature-maps", type=Path, default=None,
@@ -51,6 +56,11 @@ def build_parser():
     p.add_argument("--splits", type=Path, default=None,
                    help="open-insects: the species splits folder (summary.json or summary.csv, region manifests) for "
                         "Table 5")
+    p.add_argument("--pretrained", type=comma_list, default=(), metavar="REGION[,REGION]",
+                   help="open-insects: the runs whose classifier started from ImageNet-1K weights (Table 7; the others "
+                        "are trained from scratch, Table 2)")
+    p.add_argument("--aux-study", type=Path, default=None,
+                   help="open-insects: scripts/aux_study.py's folder (aux_study.csv) for Figure 4")
     return p
 
 
@@ -58,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.layout == "open-insects":
         written = write_open_insects(args.results, args.out, splits=args.splits, figures=args.figures, log=print,
-                                     workers=args.workers)
+                                     workers=args.workers, pretrained=args.pretrained, aux_study=args.aux_study)
         print(f"wrote {len(written)} files to {args.out}; open {args.out / 'index.html'}")
         return 0
     if len(args.results) > 1:
@@ -70,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                            rule_selection=args.rule_selection or found.get("rule_selection"),
                            bootstrap=args.bootstrap, seed=args.seed, top_k=args.top_k, log=print, layout=args.layout,
                            figures=args.figures, classifier=args.classifier, fewshot=args.fewshot or found.get("fewshot"),
-                           feature_maps=args.feature_maps, workers=args.workers)
+                           feature_maps=args.feature_maps, workers=args.workers,
+                           diagnostics=args.diagnostics)
     print(render_summary(results, args.methods))
     print(f"wrote {len(written)} files to {args.out}; open {args.out / 'index.html'}")
     return 0

@@ -5,19 +5,22 @@
 - `render`: one table value (`View`) and its markdown, LaTeX and HTML renderers.
 - `plots`: heatmaps, ROC curves, score densities, FPR@95 by family, the papers' figures, thumbnail sheets;
   `figures`: styles, one-draw saving, rendering in worker processes, tick-overlap checks.
-- `names`: the one table of display names (families, methods, Open-Insects' categories).
-- `papers`: the Open-Insects and ShiftedBronzes layouts.
+- `names`: the one table of display names (families, methods, sets, regions), each paper's spellings and method order,
+  Open-Insects' categories.
+- `papers` (a run folder's tables), `open_insects` and `shiftedbronzes`: the two papers' layouts; `aux_study`: the
+  subsamples and Figure 4 of the auxiliary-diversity study.
 - `html`: index.html; `sections` / `write`: the whole report (`write_report`, `write_open_insects`).
 
 Formats are `detectors.tables`'. Everything rendered is in percent.
 """
 from __future__ import annotations
 
-from detectors.report.html import Section, index_html, missing_files, referenced_files
+from detectors.report.html import MAIN_TABLE, Section, index_html, missing_files, referenced_files
 from detectors.report.figures import DPI, Job, new_figure, overlapping_ticks, render, save_figure, styles
-from detectors.report.names import FAMILY_LABELS, METHOD_LABELS, category, family_label, method_label
+from detectors.report.names import (FAMILY_LABELS, METHOD_LABELS, OPEN_INSECTS, SET_NAMES, SHIFTED_BRONZES, Paper,
+                                    category, family_label, method_label, set_label, set_short)
 from detectors.report.plots import ScoreAxis, kde, robust_limits, roc_points
-from detectors.report.render import (DAGGER, FLAG_NOTE, MISSING, Part, View, flag_lines, frame_view, grid_view,
+from detectors.report.render import (CONVENTIONS, DAGGER, FLAG_NOTE, MISSING, Part, View, flag_lines, frame_view, grid_view,
                                      latex_escape, markdown_table, per_set_view, render_summary, summary_view, to_html,
                                      to_latex, to_markdown)
 from detectors.report.scores import (HOP_LABELS, attach_metadata, bootstrap_interval, bootstrap_table, has_sources,
@@ -31,11 +34,12 @@ from detectors.report.tables import (ALL, AVERAGE, companion_files, CELL_METRICS
 from detectors.report.write import LAYOUTS, write_open_insects, write_report
 
 __all__ = [
-    "Section", "index_html", "missing_files", "referenced_files",
+    "MAIN_TABLE", "Section", "index_html", "missing_files", "referenced_files",
     "DPI", "Job", "new_figure", "overlapping_ticks", "render", "save_figure", "styles",
-    "FAMILY_LABELS", "METHOD_LABELS", "category", "family_label", "method_label",
+    "FAMILY_LABELS", "METHOD_LABELS", "OPEN_INSECTS", "SET_NAMES", "SHIFTED_BRONZES", "Paper", "category",
+    "family_label", "method_label", "set_label", "set_short",
     "ScoreAxis", "kde", "robust_limits", "roc_points",
-    "DAGGER", "FLAG_NOTE", "MISSING", "Part", "View", "flag_lines", "frame_view", "grid_view", "latex_escape",
+    "CONVENTIONS", "DAGGER", "FLAG_NOTE", "MISSING", "Part", "View", "flag_lines", "frame_view", "grid_view", "latex_escape",
     "markdown_table", "per_set_view", "render_summary", "summary_view", "to_html", "to_latex", "to_markdown",
     "HOP_LABELS", "attach_metadata", "bootstrap_interval", "bootstrap_table", "has_sources", "hop_table",
     "id_looking_table", "per_set_auroc", "read_scores", "resampled_metrics", "species_field_table", "species_summary",

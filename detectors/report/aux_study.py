@@ -3,8 +3,8 @@
 `subsample` draws, deterministically, `count` species of the auxiliary rows and `budget` images spread evenly over
 them (the paper fixes 80,000 images and varies the species); `write_subsample` writes them as a manifest whose
 `image_root` is the source's and whose `aux_label`s are renumbered 0..count-1 (Extended's second head has one class per
-auxiliary species). `scripts/aux_study.py` runs the evaluation once per count and `study_table` / `study_figure` read
-the runs back.
+auxiliary species). `scripts/aux_study.py` runs the evaluation once per count, `open_insects.study_table` reads the
+runs back and `study_figure` draws Figure 4.
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 import pandas as pd
 
 from pipelines.data import MANIFEST_INFO, Manifest, read_manifest, write_manifest
@@ -78,43 +77,47 @@ def write_subsample(source: Manifest, rows: list[dict[str, Any]], folder: str | 
     return digest
 
 
-def study_table(runs: dict[int, Path], method: str) -> pd.DataFrame:
-    """Per species count and OOD set, the AUROC (percent) of `method` in that count's run: its row with the rule
-    chosen on validation (rule_selection.csv), else its own score. Columns `species, images, ood_set, method, auroc`."""
-    from detectors.report.papers import Run, chosen_rows
+NUDGE = 1.08
+"""Figure 4: each OOD set's points sit this factor apart on the log x axis (and carry their own markers), so that
+sets with equal AUROC (three lines at 100) stay visible."""
 
-    parts = []
-    for count, results in sorted(runs.items()):
-        run = Run.read(str(count), results, scores=False)
-        rows = chosen_rows(run)
-        rows = rows[rows["row"] == method]
-        if rows.empty:
-            raise UserInputError(f"aux study: {results} has no row of method {method!r}")
-        stamp = Path(results).parent / "aux" / "subsample.json"
-        images = json.loads(stamp.read_text(encoding="utf-8"))["images"] if stamp.is_file() else np.nan
-        parts.append(pd.DataFrame({"species": count, "images": images, "ood_set": rows["ood_set"],
-                                   "method": rows["method"], "auroc": rows["auroc"]}))
-    return pd.concat(parts, ignore_index=True)
+
+def study_title(table: pd.DataFrame) -> str:
+    """`NovelBranch + MSP: AUROC vs auxiliary species (80000 images)`, in the paper's names."""
+    from detectors.report.names import OPEN_INSECTS, method_label
+
+    methods = ", ".join(method_label(m, OPEN_INSECTS) for m in dict.fromkeys(table["method"]))
+    images = sorted({int(v) for v in pd.to_numeric(table["images"], errors="coerce").dropna()})
+    budget = f" ({images[0]} images)" if len(images) == 1 else ""
+    return f"{methods}: AUROC vs auxiliary species{budget}"
 
 
 def study_figure(table: pd.DataFrame, title: str) -> Any:
-    """AUROC per OOD set against the number of auxiliary species (log x), one style per set."""
-    from detectors.report.figures import new_figure, styles
+    """AUROC per OOD set against the number of auxiliary species (log x), one style per set, the sets nudged apart by
+    `NUDGE` with its own marker and line style (the legend says so), display names."""
+    from detectors.report.figures import LINESTYLES, grid_figure, styles
+    from detectors.report.names import set_label, set_short
 
-    figure = new_figure(6.0, 4.0)
-    axes = figure.add_subplot()
+    figure, grid = grid_figure(1, 1, (5.0, 3.0), margins=(0.7, 0.2, 0.45, 0.55))
+    axes = grid[0, 0]
     sets = list(dict.fromkeys(table["ood_set"]))
-    for style, ood_set in zip(styles(len(sets)), sets):
+    for k, (style, ood_set) in enumerate(zip(styles(len(sets)), sets)):
         part = table[table["ood_set"] == ood_set].sort_values("species")
-        axes.plot(part["species"], part["auroc"], **style.kwargs(), linewidth=1.5, markersize=6, label=ood_set)
+        factor = NUDGE ** (k - (len(sets) - 1) / 2)
+        name = set_label(ood_set) + (f" ({set_short(ood_set)})" if set_short(ood_set) != set_label(ood_set) else "")
+        axes.plot(part["species"] * factor, part["auroc"], color=style.color, marker=style.marker,
+                  linestyle=LINESTYLES[k % len(LINESTYLES)], linewidth=1.5, markersize=6,
+                  markerfacecolor="none" if k % 2 else style.color, label=name)
     counts = sorted(table["species"].unique())
     axes.set_xscale("log")
     axes.set_xticks(counts, [str(c) for c in counts])
     axes.minorticks_off()
-    axes.set(xlabel="auxiliary species (fixed image budget)", ylabel="AUROC (%)", ylim=(-2, 102))
+    axes.set(xlabel="auxiliary species (log scale; fixed image budget)", ylabel="AUROC (%)", ylim=(-2, 102),
+             xlim=(min(counts) / 1.3, max(counts) * 1.3))
     axes.set_title(title, fontsize="medium")
-    axes.legend(fontsize="small")
+    axes.legend(fontsize="small", title=f"OOD set (nudged x{NUDGE:g} apart)", title_fontsize="x-small",
+                loc="lower right")
     return figure
 
 
-__all__ = ["aux_rows", "subsample", "write_subsample", "study_table", "study_figure"]
+__all__ = ["aux_rows", "subsample", "write_subsample", "NUDGE", "study_title", "study_figure"]

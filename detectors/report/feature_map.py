@@ -140,15 +140,17 @@ def feature_map(samples: list[Sample], features: list[Features], method: str = "
 
 
 def feature_map_figure(points: pd.DataFrame, title: str) -> Any:
-    """A scatter of the embedding, one colour and marker per set (`figures.styles`), ID first."""
+    """A scatter of the embedding, one colour and marker per set (`figures.styles`, the sets' display names), ID
+    first. The report's Figure 2(c) sets several side by side (`plots.feature_maps_figure`)."""
     from detectors.report.figures import new_figure, styles
+    from detectors.report.names import set_label
 
     figure = new_figure(7.5, 6.0)
     axes = figure.add_subplot()
     groups = list(points.groupby("set", sort=False))
     for style, (name, part) in zip(styles(len(groups)), groups):
         axes.scatter(part["x"], part["y"], s=14, alpha=0.8, marker=style.marker, color=style.color, linewidths=0,
-                     label=f"{name} (n={len(part)})")
+                     label=f"{set_label(name)} (n={len(part)})")
     axes.set_xticks([])
     axes.set_yticks([])
     axes.set_title(title, fontsize="medium")

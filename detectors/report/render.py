@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,11 @@ from detectors.tables import COLUMN_LABELS, LOWER_IS_BETTER
 MISSING = "–"
 DAGGER = "†"
 FLAG_NOTE = f"{DAGGER} AUROC below {LOW_AUROC:.0f}: the detector scores this OOD set as more in-distribution than ID."
+CONVENTIONS = ("Metrics in percent. AUROC: higher is better. FPR@95 (lower is better) is OpenOOD v1.5's "
+               "(detectors/metrics.py): OOD is the positive class, and FPR@95 is the share of ID test images rejected "
+               "at the threshold where 95% of the OOD images are detected. Scores: higher = more in-distribution; an "
+               "image is flagged OOD iff its score is below the threshold.")
+"""The metric conventions, stated once at the top of the page."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,9 @@ class View:
     """A rendered table's content: `index` headers and `columns` headers, then rows of (index values, cells).
 
     `spans` (label, width) group the data columns in LaTeX and HTML, which then show `short` headers under them;
-    `merge_first` blanks a repeated first index value (and LaTeX draws a rule where it changes)."""
+    `merge_first` blanks a repeated first index value (and LaTeX draws a rule where it changes); `merged` maps a data
+    column to (first row, rows) ranges shown as one cell (one value the rows share: HTML `rowspan`, LaTeX `\\multirow`,
+    markdown the value in the first row and the others blank); `html_id` names the HTML table."""
 
     note: str
     index: list[str]
@@ -54,6 +61,18 @@ class View:
     merge_first: bool = False
     title: str = ""
     extra_notes: list[str] = field(default_factory=list)
+    merged: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    html_id: str = ""
+
+    def covered(self) -> dict[tuple[int, int], int]:
+        """(row, data column) -> 0 for a cell inside a merged range below its first row, n for the first row of an
+        n-row range."""
+        out = {}
+        for column, ranges in self.merged.items():
+            for first, n in ranges:
+                out[(first, column)] = n
+                out.update({(r, column): 0 for r in range(first + 1, first + n)})
+        return out
 
 
 def number(value: Any, spec: str = ".2f") -> str:
@@ -98,8 +117,10 @@ def to_markdown(view: View) -> str:
     lines = [" ".join(_notes(view)), ""] if _notes(view) else []
     lines += ["| " + " | ".join([*view.index, *view.columns]) + " |",
               "|" + "|".join([":--"] * len(view.index) + [":-:"] * len(view.columns)) + "|"]
-    for keys, (_, cells) in zip(_first_keys(view), view.rows):
-        lines.append("| " + " | ".join([*keys, *(" / ".join(_md_part(p) for p in c) for c in cells)]) + " |")
+    covered = view.covered()
+    for i, (keys, (_, cells)) in enumerate(zip(_first_keys(view), view.rows)):
+        shown = ["" if covered.get((i, j)) == 0 else " / ".join(_md_part(p) for p in c) for j, c in enumerate(cells)]
+        lines.append("| " + " | ".join([*keys, *shown]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -134,18 +155,25 @@ def _tex_header(view: View) -> list[str]:
             " & ".join(latex_escape(h) for h in [*view.index, *short]) + " \\\\"]
 
 
+def _tex_cell(cell: Cell, rows: int | None) -> str:
+    text = " / ".join(_tex_part(p) for p in cell)
+    return "" if rows == 0 else (f"\\multirow{{{rows}}}{{*}}{{{text}}}" if rows and rows > 1 else text)
+
+
 def to_latex(view: View) -> str:
     """The view as a booktabs `tabular`, its notes as comment lines."""
-    lines = [f"% {n}" for n in _notes(view)] + ["% Needs \\usepackage{booktabs}.",
+    packages = "booktabs, multirow" if view.merged else "booktabs"
+    lines = [f"% {n}" for n in _notes(view)] + [f"% Needs \\usepackage{{{packages}}}.",
                                                  "\\begin{tabular}{" + "l" * len(view.index) + "c" * len(view.columns) + "}",
                                                  "\\toprule", *_tex_header(view)]
     lines.append("\\midrule")
-    previous = None
+    previous, covered = None, view.covered()
     for i, (keys, (full, cells)) in enumerate(zip(_first_keys(view), view.rows)):
         if view.merge_first and i and full[0] != previous:
             lines.append("\\midrule")
         previous = full[0] if full else None
-        lines.append(" & ".join([*map(latex_escape, keys), *(" / ".join(_tex_part(p) for p in c) for c in cells)]) + " \\\\")
+        shown = [_tex_cell(c, covered.get((i, j))) for j, c in enumerate(cells)]
+        lines.append(" & ".join([*map(latex_escape, keys), *shown]) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
     return "\n".join(lines) + "\n"
 
@@ -157,7 +185,7 @@ def _html_part(part: Part) -> str:
 
 
 def to_html(view: View) -> str:
-    """The view as an HTML table (column groups as a header row), its notes as a paragraph."""
+    """The view as an HTML table (column groups as a header row), its notes as paragraphs under it."""
     esc = html.escape
     head = []
     if view.spans:
@@ -165,18 +193,27 @@ def to_html(view: View) -> str:
                     "".join(f'<th colspan="{n}" class="span">{esc(g)}</th>' for g, n in view.spans) + "</tr>")
     headers = [*view.index, *(view.short if view.spans and view.short else view.columns)]
     head.append("<tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr>")
-    body = []
-    for keys, (_, cells) in zip(_first_keys(view), view.rows):
-        body.append("<tr>" + "".join(f'<td class="key">{esc(k)}</td>' for k in keys) +
-                    "".join("<td>" + " / ".join(_html_part(p) for p in c) + "</td>" for c in cells) + "</tr>")
+    body, covered = [], view.covered()
+    for i, (keys, (_, cells)) in enumerate(zip(_first_keys(view), view.rows)):
+        shown = []
+        for j, c in enumerate(cells):
+            rows = covered.get((i, j))
+            if rows != 0:
+                span = f' rowspan="{rows}" class="merged"' if rows and rows > 1 else ""
+                shown.append(f"<td{span}>" + " / ".join(_html_part(p) for p in c) + "</td>")
+        body.append("<tr>" + "".join(f'<td class="key">{esc(k)}</td>' for k in keys) + "".join(shown) + "</tr>")
     notes = "".join(f'<p class="note">{esc(n)}</p>' for n in _notes(view))
-    return f'{notes}<table>\n<thead>{"".join(head)}</thead>\n<tbody>\n' + "\n".join(body) + "\n</tbody></table>\n"
+    table_id = f' id="{esc(view.html_id)}"' if view.html_id else ""
+    return (f'<table{table_id}>\n<thead>{"".join(head)}</thead>\n<tbody>\n' + "\n".join(body) +
+            f"\n</tbody></table>\n{notes}")
 
 
 # -- views of the report's tables -------------------------------------------------------------------------------------
-def grid_cells(table: pd.DataFrame, metrics: Sequence[str] = CELL_METRICS, flag: bool = True) -> pd.DataFrame:
+def grid_cells(table: pd.DataFrame, metrics: Sequence[str] = CELL_METRICS, flag: bool = True,
+               flag_columns: Collection[str] | None = None) -> pd.DataFrame:
     """'FPR@95 / AUROC' cells (tuples of `Part`) with best / second-best marks per column and metric, and (with `flag`)
-    the low-AUROC flag on a set's AUROC below `LOW_AUROC` (average columns are not flagged)."""
+    the low-AUROC flag on a set's AUROC below `LOW_AUROC`: on `flag_columns` (the OOD sets), by default every column
+    but the averages (`... avg`)."""
     columns = list(dict.fromkeys(table.columns.get_level_values("column")))
     out = pd.DataFrame(index=table.index, columns=columns, dtype=object)
     for column in columns:
@@ -184,7 +221,8 @@ def grid_cells(table: pd.DataFrame, metrics: Sequence[str] = CELL_METRICS, flag:
         for metric in metrics:
             values = table[(column, metric)]
             marks = rank_marks(values, LOWER_IS_BETTER[metric])
-            low = flag and metric == "auroc" and not str(column).endswith(" avg")
+            is_set = column in flag_columns if flag_columns is not None else not str(column).endswith(" avg")
+            low = flag and metric == "auroc" and is_set
             parts.append([Part(number(v), int(k), bool(low and v < LOW_AUROC)) for v, k in zip(values, marks)])
         out[column] = list(zip(*parts))
     return out
@@ -213,9 +251,24 @@ def per_set_view(table: pd.DataFrame, layout: Layout, scale: str, info: pd.DataF
         rows.append(((family, _method_label(method, info)), [*first, *row]))
     note = (f"Cells: FPR@95 (lower is better) / AUROC (higher is better), in percent. {scale_note(scale)} "
             "Best per column and metric in bold, second best underlined (markdown: italics).")
+    merged = {}
+    if acc:
+        note += " ID acc.: top-1 ID test accuracy, shown once for a family whose methods share one classifier."
+        merged = {0: _shared_runs([k[0] for k, _ in rows], [c[0][0].text for _, c in rows])}
     flagged = any(p.flag for _, cs in rows for c in cs for p in c)
     return View(note, ["Family", "Method"], columns, rows, spans, short, merge_first=True,
-                extra_notes=[FLAG_NOTE] if flagged else [])
+                extra_notes=[FLAG_NOTE] if flagged else [], merged=merged)
+
+
+def _shared_runs(groups: Sequence[str], shown: Sequence[str]) -> list[tuple[int, int]]:
+    """(first row, rows) of each run of >= 2 consecutive rows of one group that show one value (not missing)."""
+    runs, start = [], 0
+    for i in range(1, len(groups) + 1):
+        if i == len(groups) or groups[i] != groups[start] or shown[i] != shown[start]:
+            if i - start > 1 and shown[start] != MISSING:
+                runs.append((start, i - start))
+            start = i
+    return runs
 
 
 def grid_view(table: pd.DataFrame, labels: Sequence[str], note: str, flag: bool = True) -> View:
@@ -271,6 +324,6 @@ def render_summary(results: pd.DataFrame | Any, methods: Sequence[str] | None = 
     return text + ("\n" + "\n".join(flags) + "\n" if flags else "")
 
 
-__all__ = ["MISSING", "DAGGER", "FLAG_NOTE", "Part", "Cell", "View", "number", "scale_note", "to_markdown", "to_latex",
+__all__ = ["MISSING", "DAGGER", "FLAG_NOTE", "CONVENTIONS", "Part", "Cell", "View", "number", "scale_note", "to_markdown", "to_latex",
            "to_html", "latex_escape", "grid_cells", "per_set_view", "grid_view", "frame_view", "markdown_table",
            "summary_view", "flag_lines", "render_summary"]

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from detectors.metrics import auroc, evaluate
-from detectors.report.tables import group_labels, read_table, text_column
+from detectors.report.tables import group_labels, read_table
 from detectors.tables import SCORE_COLUMNS, SCORE_OPTIONAL, SCORE_ROLES
 from detectors.training.field import species_detection_share
 from pipelines.data import Manifest, read_manifest
@@ -41,8 +41,14 @@ def read_scores(source: pd.DataFrame | str | os.PathLike) -> pd.DataFrame:
 
 
 def has_sources(scores: pd.DataFrame) -> bool:
-    """Whether every row names its image: the `file_name` and `manifest` columns are present and filled."""
-    return all(c in scores.columns and text_column(scores[c]).ne("").all() for c in SCORE_OPTIONAL)
+    """Whether every row names its image: the `file_name` and `manifest` columns are present and filled (checked
+    once per distinct value)."""
+    for c in SCORE_OPTIONAL:
+        if c not in scores.columns or scores[c].isna().any():
+            return False
+        if not all(str(v).strip() for v in scores[c].unique()):
+            return False
+    return True
 
 
 def _manifest(folder: str, base: Path | None, memo: dict[str, Manifest]) -> Manifest:
@@ -56,28 +62,41 @@ def _manifest(folder: str, base: Path | None, memo: dict[str, Manifest]) -> Mani
     return memo[folder]
 
 
+def _objects(values: list) -> np.ndarray:
+    """`values` as a 1-D object array (a list value stays one element)."""
+    out = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        out[i] = value
+    return out
+
+
 def attach_metadata(scores: pd.DataFrame, fields: Sequence[str], base: str | os.PathLike | None = None) -> pd.DataFrame:
     """`scores` with the manifest fields `fields` of each row, and `path` (its image), joined on (manifest, file_name).
 
     A relative `manifest` is read from the working folder, else from `base` (the run folder) or one of its parents.
-    Needs `has_sources`.
+    Needs `has_sources`. Each manifest row is looked up once, however many methods scored it.
     """
     if not has_sources(scores):
         raise UserInputError(f"scores table: the columns {list(SCORE_OPTIONAL)} are needed to find each row's image")
     memo: dict[str, Manifest] = {}
     out = scores.copy()
-    for f in (*fields, "path"):
-        out[f] = None
-    for folder, rows in out.groupby(out["manifest"].astype(str), sort=False):
+    columns = {f: np.full(len(out), None, dtype=object) for f in (*fields, "path")}
+    for folder, positions in out.groupby(out["manifest"].astype(str), sort=False).indices.items():
         manifest = _manifest(folder, Path(base) if base is not None else None, memo)
-        by_name = {r["file_name"]: r for r in manifest.rows}
-        found = [by_name.get(name) for name in rows["file_name"].astype(str)]
-        if any(r is None for r in found):
-            missing = next(n for n, r in zip(rows["file_name"], found) if r is None)
-            raise UserInputError(f"scores table: file {missing!r} is not in the manifest {folder}")
+        codes, names = pd.factorize(out["file_name"].to_numpy()[positions].astype(str))
+        lookup = {r["file_name"]: i for i, r in enumerate(manifest.rows)}  # a repeated name: its last row, as before
+        found = np.array([lookup.get(n, -1) for n in names], dtype=np.int64)
+        if (found < 0).any():
+            raise UserInputError(f"scores table: file {names[np.flatnonzero(found < 0)[0]]!r} is not in the manifest "
+                                 f"{folder}")
+        at = found[codes]
+        used, inverse = np.unique(at, return_inverse=True)
+        rows = [manifest.rows[i] for i in used]
         for f in fields:
-            out.loc[rows.index, f] = [r.get(f) for r in found]
-        out.loc[rows.index, "path"] = [str(manifest.path(r)) for r in found]
+            columns[f][positions] = _objects([r.get(f) for r in rows])[inverse]
+        columns["path"][positions] = _objects([str(manifest.path(r)) for r in rows])[inverse]
+    for name, values in columns.items():
+        out[name] = values
     return out
 
 
@@ -156,24 +175,41 @@ def bootstrap_table(scores: pd.DataFrame, n: int, seed: int = 0, level: float = 
 
 
 # -- species: AUROC per hop and the field report per novel species ---------------------------------------------------
+def _positions(scores: pd.DataFrame) -> dict[tuple[str, str, str], np.ndarray]:
+    """Row positions per (method, role, ood_set), in one pass."""
+    return scores.groupby(["method", "role", "ood_set"], sort=False).indices
+
+
+def _id_key(positions: dict[tuple[str, str, str], np.ndarray], method: str) -> np.ndarray:
+    found = [p for (m, role, _), p in positions.items() if m == method and role == "id"]
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+
 def hop_table(scores: pd.DataFrame) -> pd.DataFrame:
     """AUROC (percent) of ID test against the OOD rows of each hop, per (method, OOD set) and pooled over the sets.
 
     `scores` carries a `hop` column (`attach_metadata`). Columns `method, family, ood_set, hop, distance, auroc, n_id,
     n_ood`; `ood_set` is `all` for the pooled rows; OOD rows without a hop in `HOP_LABELS` are left out.
     """
+    values = scores["score"].to_numpy(np.float64)
+    hops = pd.to_numeric(scores["hop"], errors="coerce").to_numpy(np.float64)
+    families = scores["family"].to_numpy()
+    positions = _positions(scores)
     rows = []
-    for method, frame in scores.groupby("method", sort=False):
-        id_scores = frame.loc[frame["role"] == "id", "score"].to_numpy(np.float64)
-        ood = frame[frame["role"] == "ood"]
-        ood = ood[pd.to_numeric(ood["hop"], errors="coerce").isin(list(HOP_LABELS))]
-        parts = [*ood.groupby("ood_set", sort=False), ("all", ood)]
-        for ood_set, part in parts:
-            for hop, rows_of_hop in part.groupby(part["hop"].astype(int), sort=True):
-                values = rows_of_hop["score"].to_numpy(np.float64)
-                rows.append({"method": method, "family": frame["family"].iloc[0], "ood_set": ood_set, "hop": hop,
-                             "distance": HOP_LABELS[hop], "auroc": auroc(id_scores, values) * 100,
-                             "n_id": len(id_scores), "n_ood": len(values)})
+    for method in scores["method"].unique():
+        ids = _id_key(positions, method)
+        id_scores = values[ids]
+        sets = [(s, p) for (m, role, s), p in positions.items() if m == method and role == "ood"]
+        pooled = np.concatenate([p for _, p in sets]) if sets else np.zeros(0, dtype=np.int64)
+        for ood_set, part in [*sets, ("all", pooled)]:
+            for hop in HOP_LABELS:
+                chosen = part[hops[part] == hop]
+                if not len(chosen) or not len(id_scores):
+                    continue
+                rows.append({"method": method, "family": families[ids[0]] if len(ids) else families[chosen[0]],
+                             "ood_set": ood_set, "hop": hop, "distance": HOP_LABELS[hop],
+                             "auroc": auroc(id_scores, values[chosen]) * 100, "n_id": len(id_scores),
+                             "n_ood": len(chosen)})
     return pd.DataFrame(rows, columns=["method", "family", "ood_set", "hop", "distance", "auroc", "n_id", "n_ood"])
 
 
@@ -225,31 +261,43 @@ def id_looking_table(scores: pd.DataFrame, k: int) -> pd.DataFrame:
     image). Ties keep the table's order.
     """
     extra = [c for c in (*SCORE_OPTIONAL, "species", "path") if c in scores.columns]
-    parts = []
-    for method, frame in scores.groupby("method", sort=False):
-        id_scores = np.sort(frame.loc[frame["role"] == "id", "score"].to_numpy(np.float64))
-        for ood_set, part in frame[frame["role"] == "ood"].groupby("ood_set", sort=False):
-            top = part.sort_values("score", ascending=False, kind="mergesort").head(k)
-            below = np.searchsorted(id_scores, top["score"].to_numpy(), side="left") / max(len(id_scores), 1) * 100
-            parts.append(pd.DataFrame({"ood_set": ood_set, "method": method, "rank": np.arange(1, len(top) + 1),
-                                       "score": top["score"].to_numpy(), "id_share": below,
-                                       **{c: top[c].to_numpy() for c in extra}}))
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+    values = scores["score"].to_numpy(np.float64)
+    positions = _positions(scores)
+    picked, shares, keys = [], [], []
+    for method in scores["method"].unique():
+        id_scores = np.sort(values[_id_key(positions, method)])
+        for (m, role, ood_set), part in positions.items():
+            if m != method or role != "ood":
+                continue
+            top = part[np.argsort(-values[part], kind="stable")[:k]]
+            picked.append(top)
+            shares.append(np.searchsorted(id_scores, values[top], side="left") / max(len(id_scores), 1) * 100)
+            keys.append((ood_set, method, len(top)))
+    if not picked:
+        return pd.DataFrame()
+    rows = np.concatenate(picked)
+    sizes = [n for *_, n in keys]
+    return pd.DataFrame({"ood_set": np.repeat([s for s, _, _ in keys], sizes),
+                         "method": np.repeat([m for _, m, _ in keys], sizes),
+                         "rank": np.concatenate([np.arange(1, n + 1) for n in sizes]), "score": values[rows],
+                         "id_share": np.concatenate(shares), **{c: scores[c].to_numpy()[rows] for c in extra}})
 
 
 def per_set_auroc(scores: pd.DataFrame) -> dict[tuple[str, str], float]:
     """{(method, OOD set): AUROC in percent} for every test OOD set, and (method, field set) for the field sets
     (their own known rows as the ID side)."""
+    values = scores["score"].to_numpy(np.float64)
+    positions = _positions(scores)
     out: dict[tuple[str, str], float] = {}
-    for method, frame in scores.groupby("method", sort=False):
-        id_scores = frame.loc[frame["role"] == "id", "score"].to_numpy(np.float64)
-        for ood_set, part in frame[frame["role"] == "ood"].groupby("ood_set", sort=False):
-            out[(method, ood_set)] = auroc(id_scores, part["score"].to_numpy(np.float64)) * 100
-        field = frame[frame["role"].isin(["field_id", "field_ood"])]
-        for ood_set, part in field.groupby("ood_set", sort=False):
-            known, novel = (part.loc[part["role"] == r, "score"].to_numpy(np.float64) for r in ("field_id", "field_ood"))
-            if len(known) and len(novel):
-                out[(method, ood_set)] = auroc(known, novel) * 100
+    for method in scores["method"].unique():
+        id_scores = values[_id_key(positions, method)]
+        for (m, role, ood_set), part in positions.items():
+            if m != method:
+                continue
+            if role == "ood" and len(id_scores):
+                out[(method, ood_set)] = auroc(id_scores, values[part]) * 100
+            elif role == "field_ood" and (method, "field_id", ood_set) in positions:
+                out[(method, ood_set)] = auroc(values[positions[(method, "field_id", ood_set)]], values[part]) * 100
     return out
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -186,9 +186,13 @@ class Layout:
     groups: dict[str, list[str]]
 
     @classmethod
-    def of(cls, results: pd.DataFrame) -> "Layout":
-        families = {f: list(dict.fromkeys(results.loc[results["family"] == f, "method"]))
-                    for f in ordered(results["family"], FAMILY_ORDER)}
+    def of(cls, results: pd.DataFrame, family_order: Sequence[str] = FAMILY_ORDER,
+           order: Callable[[Iterable[str]], list[str]] | None = None) -> "Layout":
+        """The results' layout: families in `family_order` (then others), methods in first appearance or sorted by
+        `order` (a paper's, `names.Paper.sorted`), groups in `GROUP_ORDER`, sets in first appearance."""
+        sort = order or (lambda methods: list(dict.fromkeys(methods)))
+        families = {f: sort(results.loc[results["family"] == f, "method"])
+                    for f in ordered(results["family"], family_order)}
         groups = {g: list(dict.fromkeys(results.loc[results["group"] == g, "ood_set"]))
                   for g in ordered(results["group"], GROUP_ORDER)}
         return cls(families, groups)
@@ -214,15 +218,16 @@ class Layout:
         return next((g for g, sets in self.groups.items() if ood_set in sets), None)
 
 
-def per_set_table(results: pd.DataFrame, metrics: Sequence[str] = CELL_METRICS, averages: bool = True) -> pd.DataFrame:
+def per_set_table(results: pd.DataFrame, metrics: Sequence[str] = CELL_METRICS, averages: bool = True,
+                  layout: Layout | None = None) -> pd.DataFrame:
     """Methods x (sets, group averages, overall average) in percent, from a table read by `read_results`.
 
     Index: (family, method) in layout order. Columns: (column, metric) with column = each OOD set grouped by group,
     then (with `averages`) `"<group> avg"` per group, then `"all avg"`; an average is the plain mean of the method's
     per-set values over the sets it covers, NaN when the method lacks one of them. Without `averages` this is the
-    layout of ShiftedBronzes' Table 3.
+    layout of ShiftedBronzes' Table 3. `layout` orders the rows and columns (default `Layout.of(results)`).
     """
-    layout = Layout.of(results)
+    layout = layout or Layout.of(results)
     pivot = results.pivot(index="method", columns="ood_set", values=list(metrics))
     pieces = {}
     for metric in metrics:
@@ -246,16 +251,17 @@ def method_info(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"id_acc": acc.astype(np.float64), "mode": mode.astype(str)})
 
 
-def family_table(results: pd.DataFrame) -> pd.DataFrame:
+def family_table(results: pd.DataFrame, layout: Layout | None = None, table: pd.DataFrame | None = None) -> pd.DataFrame:
     """Family averages as in ShiftedBronzes' family table: columns `family, group, fpr95, auroc` (percent).
 
     For a method m and a group g, v(m, g) is the mean of m's per-set values over g's sets; the family row (f, g) is the
     mean of v(m, g) over f's own methods. Group `all` does the same over all sets; group `average` is the mean of the
     family's per-group rows (so `average` weighs groups equally while `all` weighs sets equally). Rows per family:
-    `all`, each group in layout order, `average`. A method lacking a set of a group leaves that group NaN.
+    `all`, each group in layout order, `average`. A method lacking a set of a group leaves that group NaN. `table`:
+    `per_set_table(results, layout=layout)` when already computed.
     """
-    layout = Layout.of(results)
-    table = per_set_table(results)
+    layout = layout or Layout.of(results)
+    table = per_set_table(results, layout=layout) if table is None else table
     rows = []
     for family in layout.families:
         members = table.xs(family, level="family")
@@ -267,20 +273,22 @@ def family_table(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["family", "group", *CELL_METRICS])
 
 
-def method_summary(results: pd.DataFrame) -> pd.DataFrame:
+def method_summary(results: pd.DataFrame, layout: Layout | None = None) -> pd.DataFrame:
     """Per method: mean FPR@95 and AUROC over all sets and per group (percent), index (family, method)."""
-    return per_set_table(results)[list(Layout.of(results).average_columns)]
+    layout = layout or Layout.of(results)
+    return per_set_table(results, layout=layout)[list(layout.average_columns)]
 
 
-def family_group_table(results: pd.DataFrame) -> pd.DataFrame:
+def family_group_table(results: pd.DataFrame, layout: Layout | None = None,
+                       families: pd.DataFrame | None = None) -> pd.DataFrame:
     """ShiftedBronzes' Table 4: index family, columns (group, metric) for `all`, then each group in layout order
     (the paper's All | Hard | Easy).
 
-    The values of `family_table` in wide form: per family, the mean over its methods of each method's mean per-set
+    The values of `family_table` (`families`, when already computed) in wide form: per family, the mean over its methods of each method's mean per-set
     value over the group's sets (plain means; NaN when a method lacks one of the sets).
     """
-    layout = Layout.of(results)
-    long = family_table(results).set_index(["family", "group"])
+    layout = layout or Layout.of(results)
+    long = (family_table(results, layout) if families is None else families).set_index(["family", "group"])
     columns = [(g, m) for g in [ALL, *layout.groups] for m in CELL_METRICS]
     table = pd.DataFrame({(g, m): [long.loc[(f, g), m] for f in layout.families] for g, m in columns},
                          index=pd.Index(list(layout.families), name="family"))

@@ -64,15 +64,15 @@ def test_shiftedbronzes_config_end_to_end(digits, tmp_path):
                ood=[{**src, "manifest": str(folders[src["sets"][0]])} for src in raw["ood"]],
                ood_val={**raw["ood_val"], "manifest": str(val["ood_val"])})
     tiny = {  # stand-ins and shortened training; every other parameter stays the config's
-        "CLIPN": {"load": str(_tiny_clipn(clip, tmp_path / "clipn", names)), "params": {"model": str(clip)}},
-        "LoCoOp": {"params": {"model": str(clip), "epochs": 1}},
-        "ID-like": {"params": {"model": str(clip), "epochs": 1, "n_crops": 8, "n_select": 2, "n_ood_prompts": 8}},
-        "DIFFGUARD": {"params": {"unet_id": str(unet), "steps": 6, "max_inversion_steps": 5, "n_crops": 1,
+        "clipn": {"load": str(_tiny_clipn(clip, tmp_path / "clipn", names)), "params": {"model": str(clip)}},
+        "locoop": {"params": {"model": str(clip), "epochs": 1}},
+        "idlike": {"params": {"model": str(clip), "epochs": 1, "n_crops": 8, "n_select": 2, "n_ood_prompts": 8}},
+        "diffguard": {"params": {"unet_id": str(unet), "steps": 6, "max_inversion_steps": 5, "n_crops": 1,
                                  "distance": "ssim", "early_stop_similarity": None, "batch_size": 16}},
-        "OpenGAN": {"params": {"epochs": 2}},
+        "opengan": {"params": {"epochs": 2}},
     }
     for spec in raw["detectors"]:
-        change = tiny.get(spec["label"], {})
+        change = tiny.get(spec["name"], {})
         spec.update({k: v for k, v in change.items() if k != "params"})
         spec["params"] = {**spec.get("params", {}), **change.get("params", {})}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))

@@ -20,6 +20,7 @@ from detectors.metrics import evaluate, precision_recall_at, threshold_at_tpr
 from detectors.report.names import AUX_TRAINING, CATEGORIES, METHOD_LABELS, method_label
 from detectors.tables import RESULT_COLUMNS
 from pipelines.data import make_row, write_manifest
+from tests.detectors.report_checks import assert_usable_png
 
 ROOT = Path(__file__).resolve().parents[2]
 # method -> (family, base, rule, ID-score shift per region)
@@ -102,14 +103,18 @@ def _insect_region(base: Path, region: str, seed: int) -> Path:
 
 
 def _splits(base: Path) -> Path:
+    """A splits folder as make_splits writes it, its summary without per-hop counts (read from the manifests)."""
     folder = base / "splits"
     rows = [make_row(f"a{i}.png", split="train", role="id", label=i % 2, species=f"sp{i % 2}", hop=0) for i in range(6)]
     rows += [make_row(f"b{i}.png", split="test", role="ood", ood_set="local", species=f"l{i % 3}", hop=1 + i % 2)
              for i in range(6)]
     write_manifest(folder / "ne-america", rows)
-    summary = {"sets": [{"name": "id", "role": "id", "split": "train", "species": 2, "images": 6},
-                        {"name": "local", "role": "ood", "split": "test", "species": 3, "images": 6}],
-               "dropped": {"blank species": 4}, "shortfalls": ["aux: 8000 species requested, 20 found"]}
+    summary = {"sets": [{"region": "ne-america", "set": "id_train", "name": "id", "role": "id", "split": "train",
+                         "species": 2, "images": 6},
+                        {"region": "ne-america", "set": "local_test", "name": "local", "role": "ood", "split": "test",
+                         "species": 3, "images": 6}],
+               "dropped": {"blank species": 4},
+               "shortfalls": [{"region": "ne-america", "what": "aux species", "requested": 8000, "found": 20}]}
     (folder / "summary.json").write_text(json.dumps(summary))
     return folder
 
@@ -157,33 +162,47 @@ def test_open_insects_table2_marks_best_per_category_and_overall(insects):
 
 
 def test_open_insects_table4_precision_recall(insects):
+    """Table 4: per region and category the best Table 2 method (highest mean AUROC over L, NL, NM), its precision and
+    recall at the transferred threshold recomputed here from the scores."""
     long = pd.read_csv(insects["out"] / "table4.csv")
+    table2 = pd.read_csv(insects["out"] / "table2.csv")
     for region, run in insects["runs"].items():
         scores = pd.read_parquet(run / "scores.parquet")
-        own = scores[scores["method"] == "oe+msp"]
-        local = np.sort(own.loc[own["ood_set"] == "local", "score"].to_numpy())
-        t = local[int(np.ceil(0.95 * len(local))) - 1] + 1e-9  # flag OOD iff score < t: >= 95% of local flagged
-        known, novel = own.loc[own["role"] == "field_id", "score"], own.loc[own["role"] == "field_ood", "score"]
-        tp, fp = (novel < t).sum(), (known < t).sum()
-        row = long[(long["region"] == region) & (long["method"] == "oe+msp")].iloc[0]
-        assert row["precision"] == pytest.approx(100 * tp / (tp + fp)) and row["recall"] == pytest.approx(100 * tp / len(novel))
-    assert set(long["method"]) == {"msp", "knn", "logitnorm", "oe+msp"}
+        mine = long[long["region"] == region]
+        for category, rows in table2.groupby("category", sort=False):
+            means = rows.set_index("row")[[f"{region}/{s}" for s in ("local", "non_local", "non_moth")]].mean(axis=1)
+            best = rows.set_index("row").loc[means.idxmax(), f"{region}/method"]
+            picked = mine[mine["category"] == category]
+            assert set(picked["method"]) == {best}
+            own = scores[scores["method"] == best]
+            local = np.sort(own.loc[own["ood_set"] == "local", "score"].to_numpy())
+            t = local[int(np.ceil(0.95 * len(local))) - 1] + 1e-9  # flag OOD iff score < t: >= 95% of local flagged
+            known, novel = own.loc[own["role"] == "field_id", "score"], own.loc[own["role"] == "field_ood", "score"]
+            tp, fp = (novel < t).sum(), (known < t).sum()
+            value = picked.set_index("metric")["value"]
+            assert value["precision"] == pytest.approx(100 * tp / (tp + fp))
+            assert value["recall"] == pytest.approx(100 * tp / len(novel))
+    md = (insects["out"] / "table4.md").read_text()
+    assert "| Pre-training | Region | Category | Method |" in md and "From scratch" in md and "OE + MSP" in md
 
 
 def test_open_insects_tables_5_6_and_figures(insects):
     out = insects["out"]
     table5 = (out / "table5.md").read_text()
-    assert "blank species: 4" in table5 and "8000 species requested" in table5
+    assert "blank species: 4" in table5 and "NE-America: 8000 aux species requested, 20 found" in table5
+    assert "[{" not in table5 and "'hop'" not in table5  # no raw Python lists
     hops = pd.read_csv(out / "table5.csv")
     local = hops[(hops["part"] == "hops") & (hops["set"] == "local")]
     assert dict(zip(local["hop"].astype(int), local["species"].astype(int))) == {1: 3, 2: 3}  # l0..l2 at both hops
     table6 = pd.read_csv(out / "table6.csv")
     assert set(table6["species"]) == set(NOVEL) and set(table6["region"]) == set(insects["runs"])
     assert (table6.groupby(["region", "method"])["images"].sum() == 12).all()
-    for name in ("figure1.png", "figure3_ne-america_bci.png", "figure3_w-europe_bci.png"):
-        assert (out / name).is_file(), name
+    assert_usable_png(out / "figure1.png")
+    for name in ("figure3_ne-america_bci.jpg", "figure3_w-europe_bci.jpg"):  # thumbnail sheets: JPEG
+        assert_usable_png(out / name, kind="JPEG")
     page = (out / "index.html").read_text()
-    assert "Table 2/7" in page and "Figure 3" in page and "figure1.png" in page
+    assert "Table 2: AUROC per OOD type" in page and "Figure 3" in page and "figure1.png" in page
+    assert "the best Table 2 method (highest mean AUROC over L, NL, NM; ties: the paper&#x27;s order)" in page
 
 
 def _sb_run(base: Path) -> Path:
@@ -264,18 +283,22 @@ def test_shiftedbronzes_tables_cell_by_cell(bronzes):
     md3 = (out / "sb_table3.md").read_text()
     assert "LoCoOp" in md3 and "ViM" in md3 and "| Average |" in md3
     assert "\\multicolumn{1}{c}{}" in (out / "sb_table3.tex").read_text()  # the Average column has its span
-    table2 = pd.read_csv(out / "sb_table2.csv").set_index("split")
-    assert table2.loc["test", "category"] == pytest.approx(80.0) and table2.loc["test", "overall"] == pytest.approx(60.0)
+    table2 = pd.read_csv(out / "sb_table2.csv").set_index("model")
+    assert table2.loc["akg", "category"] == pytest.approx(80.0) and table2.loc["akg", "overall"] == pytest.approx(60.0)
+    assert table2.loc["akg", "era"] == pytest.approx(66.0)  # the test split's, per head
 
 
 def test_shiftedbronzes_figures_and_page(bronzes):
     out = bronzes["out"]
-    for stem in ("sb_figure5", "sb_figure6", "sb_figure7", "sb_figure2c_classifier_akg"):
-        assert (out / f"{stem}.png").is_file() and (out / f"{stem}.pdf").is_file(), stem
-        assert (out / f"{stem}.pdf").read_bytes()[:4] == b"%PDF"
+    for stem in ("sb_figure5", "sb_figure6", "sb_figure7", "sb_figure2c"):
+        assert_usable_png(out / f"{stem}.png")
+        assert (out / f"{stem}.pdf").read_bytes()[:4] == b"%PDF", stem
     page = (out / "index.html").read_text()
     assert "sb_figure7.pdf" in page and "Table 2: dating accuracy" in page
+    assert page.index("Table 3:") < page.index("Table 4:") < page.index("Table 2:")  # the paper's first table first
+    assert "lowest mean FPR@95" in page  # Figure 6's criterion, stated
     assert not (out / "table4.csv").exists()  # ShiftedBronzes' family table is sb_table4: no clash with Open-Insects
+    assert not list(out.glob("roc*.png")) and not list(out.glob("heatmap*.png"))  # only the paper's figures
 
 
 def test_sections_without_inputs_are_left_out(tmp_path):
@@ -296,3 +319,32 @@ def test_display_names_cover_the_registry_and_aux_categories():
         uses_aux = bool(getattr(detectors.build(name).objective(), "uses_aux", False))
         assert (name in AUX_TRAINING) == uses_aux, name
     assert method_label("oe+msp") == "OE + MSP"
+
+
+def test_shiftedbronzes_diagnostics_add_the_generic_figures_collapsed(tmp_path):
+    run = _sb_run(tmp_path)
+    _run_cli("--layout", "shiftedbronzes", "--results", str(run / "results.csv"), "--out", str(tmp_path / "r"),
+             "--diagnostics")
+    out = tmp_path / "r"
+    for name in ("heatmaps.png", "roc.png", "score_densities.png", "sb_figure5.png"):
+        assert_usable_png(out / name)
+    page = (out / "index.html").read_text()
+    assert page.index("Table 3:") < page.index("heatmaps.png")  # the paper's first table still opens the page
+    assert '<h2 id="roc-curves-and-score-densities">ROC curves and score densities</h2>\n<details>' in page
+
+
+def test_best_method_ties_go_to_the_papers_order():
+    """Tables 4 / 6 and Figure 3 pick by mean AUROC over L, NL, NM; a tie goes to the method the paper lists first
+    (MSP before VIM before KNN), whatever the results' order."""
+    from detectors.report.open_insects import best_rows
+    from detectors.report.papers import Run
+    from detectors.report.tables import read_results
+
+    rows = [{"method": m, "family": "posthoc", "ood_set": s, "group": "", "auroc": a, "fpr95": 0.5, "aupr_in": 0.5,
+             "aupr_out": 0.5, "n_id": 4, "n_ood": 4, "seconds": 1.0}
+            for m, a in (("knn", 0.9), ("vim", 0.9), ("msp", 0.9), ("ebo", 0.8)) for s in ("local", "non_local")]
+    frame, scale = read_results(pd.DataFrame(rows))
+    run = Run("r", Path("."), frame, scale)
+    assert list(best_rows(run)["method"]) == ["msp"] and list(best_rows(run, per_category=False)["row"]) == ["msp"]
+    frame.loc[(frame["method"] == "knn") & (frame["ood_set"] == "local"), "auroc"] = 95.0
+    assert list(best_rows(run)["method"]) == ["knn"]
