@@ -94,10 +94,12 @@ def classifier_spec(spec: str | os.PathLike) -> tuple[str, Path]:
     return name or (path.name if path.is_dir() else path.parent.name), metrics
 
 
-def classifier_accuracy(metrics: dict) -> dict[str, float]:
+def classifier_accuracy(metrics: dict, checkpoint: str = "last") -> dict[str, float]:
     """Top-1 ID test accuracy (%) per head of a classifier's `metrics.json` (the primary head named by its label
-    field) and `overall` (every head right; the primary head's accuracy when it has one head)."""
-    test = (metrics.get("top1") or {}).get("test") or {}
+    field) and `overall` (every head right; the primary head's accuracy when it has one head), of the `checkpoint`
+    the evaluation scored (`last` | `best`: metrics.json's `checkpoints`; `top1` is the last epoch's)."""
+    kept = (metrics.get("checkpoints") or {}).get(checkpoint) or {}
+    test = kept.get("test") or (metrics.get("top1") or {}).get("test") or {}
     label = metrics.get("label_field") or "label"
     out = {(label if k == "label" else k): float(v) * (100 if float(v) <= 1 else 1) for k, v in test.items()}
     if "overall" not in out and len(out) == 1:
@@ -105,10 +107,17 @@ def classifier_accuracy(metrics: dict) -> dict[str, float]:
     return out
 
 
+def scored_checkpoint(results: pd.DataFrame) -> str:
+    """The classifier checkpoint the run evaluated (results' `checkpoint` column: `last` | `best`; `last` where the
+    rows do not say, as older runs and folders without a best epoch)."""
+    named = {str(c) for c in results.get("checkpoint", pd.Series(dtype=str)).dropna() if str(c) in ("last", "best")}
+    return named.pop() if len(named) == 1 else "last"
+
+
 def table2(classifiers: list[tuple[str, dict]], results: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """Rows (kind, model): each classifier's accuracies, then each method with an ID accuracy of its own; columns
     `overall` then every head. Also the note lines naming the methods that share a classifier's row."""
-    accuracy = {name: classifier_accuracy(m) for name, m in classifiers}
+    accuracy = {name: classifier_accuracy(m, scored_checkpoint(results)) for name, m in classifiers}
     primary = {name: (m.get("label_field") or "label") for name, m in classifiers}
     heads = list(dict.fromkeys(h for acc in accuracy.values() for h in acc if h != "overall"))
     rows = {("Dating model", name): acc for name, acc in accuracy.items()}

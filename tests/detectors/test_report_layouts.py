@@ -348,3 +348,18 @@ def test_best_method_ties_go_to_the_papers_order():
     assert list(best_rows(run)["method"]) == ["msp"] and list(best_rows(run, per_category=False)["row"]) == ["msp"]
     frame.loc[(frame["method"] == "knn") & (frame["ood_set"] == "local"), "auroc"] = 95.0
     assert list(best_rows(run)["method"]) == ["knn"]
+
+
+def test_shiftedbronzes_table2_reads_the_checkpoint_the_run_scored():
+    """A dating model that keeps a best epoch: Table 2 shows the accuracy of the checkpoint the results name
+    (`checkpoint` column), the last epoch's where they name none."""
+    from detectors.report.shiftedbronzes import classifier_accuracy, scored_checkpoint
+
+    metrics = {"label_field": "era", "top1": {"test": {"label": 0.80}},
+               "checkpoints": {"last": {"test": {"label": 0.80}}, "best": {"test": {"label": 0.85}}}}
+    assert classifier_accuracy(metrics, "best") == {"era": 85.0, "overall": 85.0}
+    assert classifier_accuracy(metrics, "last") == {"era": 80.0, "overall": 80.0}
+    assert classifier_accuracy({"top1": {"test": {"label": 0.7}}}, "best") == {"label": 70.0, "overall": 70.0}
+    assert scored_checkpoint(pd.DataFrame({"checkpoint": ["best", "best"]})) == "best"
+    assert scored_checkpoint(pd.DataFrame({"checkpoint": ["", None]})) == "last"
+    assert scored_checkpoint(pd.DataFrame({"method": ["msp"]})) == "last"
