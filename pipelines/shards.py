@@ -3,8 +3,9 @@
     store = pack_images(sources, "data/own/shards", PackConfig())       # [(file_name, path), ...]
     pack_manifest("data/own", "data/own_shards")                        # any manifest -> a shard manifest
 
-Shard `NNNNNN.tar` holds, per image, `<key>.<ext>` (the image: resized so its shorter side is at most `max_side`, as
-img2dataset's keep_ratio with resize_only_if_bigger does, else its bytes unchanged) and `<key>.json` (file_name,
+Shard `NNNNNN.tar` holds, per image, `<key>.<ext>` (the image: its bytes unchanged by default, or resized in one of
+fetch's modes, `pipelines.curation.fetch_resize`: `keep_ratio` as img2dataset, `reference` as Open-Insect's
+download.py) and `<key>.json` (file_name,
 original and stored size, the stored bytes' sha256), keys being the image's position in the pack (`000000042`), so
 `webdataset.WebDataset` and `wids` read the shards as they are. `NNNNNN.index.json` (members and offsets, the tar's
 size, mtime and sha256) is written after its tar, both atomically: a shard with an index is finished, and a rerun
@@ -29,12 +30,14 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Callable, Iterable, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Literal, Sequence
 
 from PIL import Image
 
 from pipelines.class_names import CLASS_NAMES
-from pipelines.data import (IMAGE_SUFFIXES, MANIFEST_INFO, Manifest, ManifestError, read_manifest, to_rgb,
+from pipelines.curation.fetch_client import FetchFailure
+from pipelines.curation.fetch_resize import encoded_suffix, mode_settings, prepare
+from pipelines.data import (IMAGE_SUFFIXES, MANIFEST_INFO, MAX_PIXELS, Manifest, ManifestError, read_manifest,
                             write_manifest)
 from pipelines.errors import UserInputError
 from pipelines.io import atomic_path, atomic_write_json, remove_orphan_temps
@@ -49,21 +52,30 @@ INDEX_FORMAT = "oodforge-shard-index-v1"
 DOC = "docs/shards.md"
 
 
+SAMPLES_PER_SHARD = 10_000  # img2dataset's number_sample_per_shard, WebDataset's usual shard
+SHARD_BYTES = 1 << 30
+
+
 @dataclass(frozen=True)
 class PackConfig(Config):
     """How images are packed into shards."""
 
     DOC = DOC
 
-    samples_per_shard: int = param(10_000, "images a shard at most (img2dataset's number_sample_per_shard)", ge=1)
-    shard_bytes: int = param(1 << 30, "source bytes a shard at most (a single larger image still gets a shard)", ge=1)
-    max_side: int = param(512, "shorter side of stored images at most; larger ones are resized (aspect kept) and "
-                               "re-encoded as JPEG, others stored byte for byte; 0: every image byte for byte", ge=0)
-    quality: int = param(95, "JPEG quality of resized images (img2dataset's encode_quality)", ge=1, le=100)
+    samples_per_shard: int = param(SAMPLES_PER_SHARD, "images a shard at most (img2dataset's number_sample_per_shard)",
+                                   ge=1)
+    shard_bytes: int = param(SHARD_BYTES, "source bytes a shard at most (a single larger image still gets a shard)",
+                             ge=1)
+    resize: Literal["reference", "keep_ratio", "none"] = param(
+        "none", "the resize modes of fetch (pipelines.curation.fetch_resize): `none` stores every image's bytes "
+                "unchanged; `keep_ratio` as img2dataset (shorter side above 512 resized, quality 95); `reference` as "
+                "Open-Insect's download.py:10-31 (shorter side to 224, up or down, PIL's quality 75)")
+    short_side: int | None = param(None, "the shorter side of resized images (None: the mode's, 224 / 512)", ge=1)
+    quality: int | None = param(None, "JPEG / WebP quality of resized images (None: the mode's, 75 / 95)", ge=1, le=100)
 
     def settings(self) -> dict[str, Any]:
-        """What decides the stored bytes (recorded in store.json, compared on resume)."""
-        return {"max_side": self.max_side, "quality": self.quality}
+        """What decides the stored bytes (recorded in store.json, compared on resume): `fetch_resize.mode_settings`."""
+        return mode_settings(self.resize, self.short_side, self.quality)
 
 
 @dataclass
@@ -117,35 +129,33 @@ def member_key(position: int) -> str:
 
 
 # -- one image, one shard -----------------------------------------------------------------------------------------------
-def stored_image(data: bytes, suffix: str, config: PackConfig) -> tuple[bytes, str, dict[str, Any]]:
-    """(bytes to store, their extension, json fields) of one source image: resized and re-encoded when its shorter
-    side exceeds `max_side`, else unchanged; undecodable bytes are kept as they are (`error` says why)."""
-    ext = suffix.lower() if suffix.lower() in IMAGE_SUFFIXES else ".bin"
-    if config.max_side == 0:
-        return data, ext, {}
+def member_suffix(file_name: str) -> str:
+    """The extension a member of unchanged bytes gets: the source's (lower case) when an image suffix, else `.bin`."""
+    suffix = PurePosixPath(str(file_name)).suffix.lower()
+    return suffix if suffix in IMAGE_SUFFIXES else ".bin"
+
+
+def stored_image(data: bytes, file_name: str, config: PackConfig) -> tuple[bytes, str, dict[str, Any]]:
+    """(bytes to store, their extension, json fields) of one source image, by `fetch_resize.prepare` in the config's
+    mode; `none` reads only the header (the original size) and stores the bytes unchanged. Bytes that are not a whole
+    image are kept as they are (`error` says why)."""
+    settings = config.settings()
     try:
-        with Image.open(io.BytesIO(data)) as img:
-            width, height = img.size
-            fields: dict[str, Any] = {"original_size": [width, height]}
-            short = min(width, height)
-            if short <= config.max_side:
-                return data, ext, fields
-            scale = config.max_side / short
-            target = (max(1, round(width * scale)), max(1, round(height * scale)))
-            if img.format == "JPEG":
-                img.draft("RGB", target)  # DCT scaling to the smallest size at or above the target
-            rgb = to_rgb(img)  # EXIF orientation applied: a quarter turn swaps the sides
-            if width != height and (rgb.width > rgb.height) != (width > height):
-                target = target[::-1]
-            resized = rgb.resize(target, Image.Resampling.LANCZOS)
-    except Exception as err:  # PIL raises many types for corrupt data
-        return data, ext, {"error": f"not decoded ({type(err).__name__}: {err}); stored as it is"}
-    out = io.BytesIO()
-    resized.save(out, format="JPEG", quality=config.quality)
-    return out.getvalue(), ".jpg", {**fields, "size": list(resized.size)}
+        if settings["short_side"] is None:
+            with Image.open(io.BytesIO(data)) as img:
+                return data, member_suffix(file_name), {"original_size": list(img.size)}
+        prepared = prepare(data, file_name, settings["short_side"], MAX_PIXELS, settings["quality"], config.resize)
+    except FetchFailure as err:
+        return data, member_suffix(file_name), {"error": f"not decoded ({err.reason}); stored as it is"}
+    except Exception as err:  # PIL raises many types for corrupt headers
+        return data, member_suffix(file_name), {"error": f"not decoded ({type(err).__name__}: {err}); stored as it is"}
+    fields: dict[str, Any] = {"original_size": [prepared.original_width, prepared.original_height]}
+    if prepared.data is data:
+        return data, member_suffix(file_name), fields
+    return prepared.data, encoded_suffix(file_name), {**fields, "size": [prepared.width, prepared.height]}
 
 
-class _HashingWriter:
+class HashingWriter:
     """A write-only file wrapper that hashes what passes through (the tar is hashed as it is written)."""
 
     def __init__(self, fh: BinaryIO):
@@ -168,39 +178,75 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> tuple[int, int]:
     return tar.offset - padded, len(data)
 
 
+class ShardWriter:
+    """One shard being written to `path`: each image as `<key>.<ext>` plus its `<key>.json`, the tar hashed as it is
+    written; `close` ends the tar and fsyncs it, `index` is what `<stem>.index.json` records of it (named `name`)."""
+
+    def __init__(self, path: Path, name: str):
+        self.name, self.raw = name, open(path, "wb")
+        self.sink = HashingWriter(self.raw)
+        self.tar = tarfile.open(fileobj=self.sink, mode="w", format=tarfile.USTAR_FORMAT)  # type: ignore[arg-type]
+        self.names: list[str | None] = []
+        self.members: dict[str, list[Any]] = {}
+        self.missing: list[str] = []
+        self.undecoded: list[str] = []
+        self.digest: str | None = None
+
+    def add(self, key: str, file_name: str, image: bytes, ext: str, fields: dict[str, Any]) -> tuple[str, int, int]:
+        """Append one image (its name already in `names`); returns (member, offset, size)."""
+        if "error" in fields:
+            self.undecoded.append(file_name)
+        offset, size = _add(self.tar, key + ext, image)
+        self.members[key + ext] = [offset, size, file_name]
+        meta = {"file_name": file_name, "sha256": hashlib.sha256(image).hexdigest(), **fields}
+        _add(self.tar, key + ".json", json.dumps(meta, sort_keys=True).encode())
+        return key + ext, offset, size
+
+    @property
+    def bytes_written(self) -> int:
+        return self.raw.tell()
+
+    def close(self) -> None:
+        """End the tar, fsync and close the file (idempotent)."""
+        if self.digest is None:
+            self.tar.close()
+            self.raw.flush()
+            os.fsync(self.raw.fileno())
+            self.raw.close()
+            self.digest = self.sink.sha.hexdigest()
+
+    def abandon(self) -> None:
+        """Close the file without ending the tar (what a kill leaves: an unfinished shard)."""
+        try:
+            self.raw.close()
+        except OSError:  # its buffer could not be written (a full disk): the shard is unfinished either way
+            pass
+
+    def index(self, path: Path, settings: dict[str, Any]) -> dict[str, Any]:
+        st = os.stat(path)
+        return {"format": INDEX_FORMAT, "shard": self.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                "sha256": self.digest, "settings": settings, "names": self.names, "members": self.members,
+                "missing": self.missing, "undecoded": self.undecoded}
+
+
 def write_shard(path: Path, items: Sequence[tuple[int, str, Any]], config: PackConfig) -> dict[str, Any]:
     """Write the shard `path` (tar, then its index, each atomically) from (position, file_name, source path) items;
     returns the index."""
-    members: dict[str, list[Any]] = {}
-    names: list[str | None] = []
-    missing, undecoded = [], []
     with atomic_path(path) as tmp:
-        with open(tmp, "wb") as raw:
-            sink = _HashingWriter(raw)
-            with tarfile.open(fileobj=sink, mode="w", format=tarfile.USTAR_FORMAT) as tar:  # type: ignore[arg-type]
-                for position, file_name, source in items:
-                    names.append(file_name)
-                    try:
-                        with source.open("rb") as fh:
-                            data = fh.read()
-                    except OSError:
-                        missing.append(file_name)
-                        continue
-                    image, ext, fields = stored_image(data, PurePosixPath(str(source.name)).suffix, config)
-                    if "error" in fields:
-                        undecoded.append(file_name)
-                    key = member_key(position)
-                    offset, size = _add(tar, key + ext, image)
-                    members[key + ext] = [offset, size, file_name]
-                    meta = {"file_name": file_name, "sha256": hashlib.sha256(image).hexdigest(), **fields}
-                    _add(tar, key + ".json", json.dumps(meta, sort_keys=True).encode())
-            raw.flush()
-            os.fsync(raw.fileno())
-        digest = sink.sha.hexdigest()
-    st = os.stat(path)
-    index = {"format": INDEX_FORMAT, "shard": path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-             "sha256": digest, "settings": config.settings(), "names": names, "members": members,
-             "missing": missing, "undecoded": undecoded}
+        writer = ShardWriter(tmp, path.name)
+        try:
+            for position, file_name, source in items:
+                writer.names.append(file_name)
+                try:
+                    with source.open("rb") as fh:
+                        data = fh.read()
+                except OSError:
+                    writer.missing.append(file_name)
+                    continue
+                writer.add(member_key(position), file_name, *stored_image(data, str(source.name), config))
+        finally:
+            writer.close()
+    index = writer.index(path, config.settings())
     atomic_write_json(index_path(path), index)
     return index
 
@@ -210,7 +256,7 @@ def _write_shard_job(args: tuple[str, list[tuple[int, str, Any]], PackConfig]) -
     return write_shard(Path(path), items, config)
 
 
-def _record(index: dict[str, Any]) -> ShardRecord:
+def shard_record(index: dict[str, Any]) -> ShardRecord:
     return ShardRecord(index["shard"], index["size"], index["mtime_ns"], index["sha256"], len(index["members"]))
 
 
@@ -222,7 +268,7 @@ def _finished(path: Path, names: list[str], config: PackConfig) -> dict[str, Any
     index = read_index(path)
     if index.get("names") != names or index.get("settings") != config.settings():
         raise PackError(f"{path}: packed from other images or settings than this run plans (the source rows, their "
-                        "sizes or max_side/quality changed); pack into a new --out or remove the store")
+                        "sizes or resize/short_side/quality changed); pack into a new --out or remove the store")
     try:
         size = path.stat().st_size
     except OSError:
@@ -309,7 +355,7 @@ def pack_images(sources: Iterable[tuple[str, Any]], store: str | os.PathLike, co
 
 
 def _write_store(store: Path, indexes: dict[int, dict[str, Any]], config: PackConfig) -> None:
-    atomic_write_json(store / STORE_FILE, store_document([_record(i) for i in indexes.values()], **config.settings()))
+    atomic_write_json(store / STORE_FILE, store_document([shard_record(i) for i in indexes.values()], **config.settings()))
 
 
 def record_mtimes(store: Path) -> int:
@@ -327,7 +373,7 @@ def record_mtimes(store: Path) -> int:
         indexes[number] = index
     if changed:
         settings = {k: v for k, v in next(iter(indexes.values()))["settings"].items()}
-        atomic_write_json(store / STORE_FILE, store_document([_record(i) for i in indexes.values()], **settings))
+        atomic_write_json(store / STORE_FILE, store_document([shard_record(i) for i in indexes.values()], **settings))
     return changed
 
 
@@ -450,7 +496,7 @@ def measure_rate(plan: PackPlan, config: PackConfig, samples: int = 12,
                 data = fh.read()
         except OSError:
             continue
-        image, _, _ = stored_image(data, PurePosixPath(str(plan.sources[pos].name)).suffix, config)
+        image, _, _ = stored_image(data, str(plan.sources[pos].name), config)
         seconds += clock() - start
         stored += len(image)
         read += len(data)

@@ -236,7 +236,7 @@ def write_stores(work: Path, images: int, seed: int) -> tuple[list[Store], dict[
     write_manifest(folder, rows)
     info: dict[str, Any] = {"mean_image_bytes": float(np.mean([len(b) for b in blobs])), "missing": {}}
     start = time.perf_counter()
-    pack_manifest(folder, work / "shards", PackConfig(samples_per_shard=max(1, images // 4), max_side=0))
+    pack_manifest(folder, work / "shards", PackConfig(samples_per_shard=max(1, images // 4), resize="none"))
     info["pack_seconds"] = time.perf_counter() - start
     tars = sorted(str(p) for p in (work / "shards" / "shards").glob("*.tar"))
     stores: list[Store] = [FolderStore(folder), ShardStore(work / "shards")]

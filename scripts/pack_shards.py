@@ -3,8 +3,8 @@ scripts/pack_shards.py data/own --out data/own_shards` (then use data/own_shards
 
 Writes OUT/metadata.jsonl (the same rows plus shard_file, shard_member, shard_offset, shard_bytes),
 OUT/manifest_info.json (image_root: the store), OUT/shards/NNNNNN.tar + NNNNNN.index.json and OUT/shards/store.json.
-Images whose shorter side exceeds --max-side (512) are resized and re-encoded as JPEG (quality 95), others stored byte
-for byte (--max-side 0: all). Shard by shard, each atomically: rerun the same command after an interruption and it
+Images are stored byte for byte unless --resize asks (fetch's modes: keep_ratio, img2dataset's: shorter side above 512
+resized, quality 95; reference, Open-Insect's download.py: shorter side to 224, quality 75). Shard by shard, each atomically: rerun the same command after an interruption and it
 packs only the shards not yet finished. `--out` may be the source folder (converted in place).
 
 `--dry-run` runs every check (the manifest, every source image's size, the shard plan, the finished shards of an
@@ -30,8 +30,8 @@ DOC = "docs/shards.md"
 
 
 def config_of(args) -> PackConfig:
-    raw = {k: cli_value(getattr(args, k)) for k in ("samples_per_shard", "shard_bytes", "max_side", "quality")
-           if getattr(args, k) is not None}
+    raw = {k: cli_value(getattr(args, k)) for k in ("samples_per_shard", "shard_bytes", "short_side", "quality")
+           if getattr(args, k) is not None} | ({"resize": args.resize} if args.resize else {})
     try:
         return PackConfig.from_dict(raw, "")
     except ConfigError as err:
@@ -72,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store", type=Path, default=None, help=f"shard folder (default OUT/{SHARD_FOLDER})")
     p.add_argument("--samples-per-shard", default=None, help="images a shard at most (default 10000)")
     p.add_argument("--shard-bytes", default=None, help="source bytes a shard at most (default 1073741824, 1 GiB)")
-    p.add_argument("--max-side", default=None, help="shorter side of stored images at most (default 512; 0: bytes unchanged)")
-    p.add_argument("--quality", default=None, help="JPEG quality of resized images (default 95)")
+    p.add_argument("--resize", default=None, choices=["reference", "keep_ratio", "none"],
+                   help="fetch's resize modes (default none: bytes unchanged; keep_ratio 512 / q95; reference 224 / q75)")
+    p.add_argument("--short-side", default=None, help="the shorter side of resized images (default: the mode's)")
+    p.add_argument("--quality", default=None, help="JPEG/WebP quality of resized images (default: the mode's)")
     p.add_argument("--workers", type=int, default=None, help=f"processes writing shards (default CPUs - 1: {pack_workers()})")
     p.add_argument("--verify", type=Path, default=None, metavar="DIR", help="check a store or a shard manifest's store")
     args = p.parse_args(argv)

@@ -34,6 +34,8 @@ RESIZE_MODES = ("reference", "keep_ratio", "none")
 MODE_DEFAULTS = {"reference": {"short_side": 224, "quality": 75},  # download.sh: --resize_size 224; PIL's save default
                  "keep_ratio": {"short_side": 512, "quality": 95}}  # img2dataset's encode_quality
 """The shorter side and encoder quality each resize mode uses when `short_side` / `quality` are not given."""
+MAX_PIXELS = 40_000_000
+"""Images with more pixels are refused from their header (well under PIL's 89.5 MP bomb limit)."""
 TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 UPRIGHT = {2: 0, 3: 3, 4: 1, 5: 5, 6: 4, 7: 6, 8: 2}  # orientation -> PIL Image.Transpose value (ImageOps.exif_transpose's)
 
@@ -53,6 +55,23 @@ class Prepared:
         return {"sha256": hashlib.sha256(self.data).hexdigest(), "width": self.width, "height": self.height,
                 "bytes": len(self.data), "original_width": self.original_width,
                 "original_height": self.original_height, "original_bytes": self.original_bytes}
+
+
+def mode_settings(mode: str, short_side: int | None = None, quality: int | None = None) -> dict:
+    """The resolved settings of a resize mode (`short_side` / `quality` None: the mode's `MODE_DEFAULTS`; `none`
+    has neither): the one place fetch (`FetchConfig`) and pack (`pipelines.shards.PackConfig`) read them."""
+    if mode not in RESIZE_MODES:
+        raise ValueError(f"resize mode {mode!r} is not one of {RESIZE_MODES}")
+    if mode == "none":
+        return {"resize": mode, "short_side": None, "quality": None}
+    defaults = MODE_DEFAULTS[mode]
+    return {"resize": mode, "short_side": short_side or defaults["short_side"], "quality": quality or defaults["quality"]}
+
+
+def encoded_suffix(file_name: str) -> str:
+    """The suffix of what `prepare` encodes a resized image as: `.png`, `.webp`, else `.jpg` (`ENCODERS`)."""
+    suffix = PurePosixPath(str(file_name)).suffix.lower()
+    return suffix if suffix in ENCODERS else ".jpg"
 
 
 def target_size(width: int, height: int, short_side: int) -> tuple[int, int]:
@@ -123,7 +142,7 @@ def _flatten(image):
 
 
 def _encode(image, file_name: str, quality: int, icc: bytes | None) -> bytes:
-    fmt = ENCODERS.get(PurePosixPath(str(file_name)).suffix.lower(), "JPEG")
+    fmt = ENCODERS.get(encoded_suffix(file_name), "JPEG")
     options = {"quality": quality} if fmt in ("JPEG", "WEBP") else {}
     if icc:
         options["icc_profile"] = icc

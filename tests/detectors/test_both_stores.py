@@ -1,5 +1,5 @@
 """The same end-to-end runs on a folder manifest and on the same data packed into shards (`pipelines.shards`, bytes
-unchanged: max_side 0) give bitwise-equal features, scores and weights: feature extraction (shard members read in
+unchanged: resize none) give bitwise-equal features, scores and weights: feature extraction (shard members read in
 DataLoader worker processes), an evaluation through the runner with an image-level detector and a field set, a
 classifier training epoch and a fine-tune."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pipelines.features import extract_features
 from pipelines.shards import PackConfig, pack_manifest
 from pipelines.store import MemberPath
 
-SAME_BYTES = PackConfig(samples_per_shard=64, max_side=0)
+SAME_BYTES = PackConfig(samples_per_shard=64, resize="none")
 
 
 def _field_manifest(digits: tuple[Path, Path, Path], folder: Path) -> Path:

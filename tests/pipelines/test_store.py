@@ -103,7 +103,12 @@ def test_a_forked_child_reads_members_through_its_own_handles(source, tmp_path):
 
 
 # -- packing --------------------------------------------------------------------------------------------------------------
-def test_large_images_are_resized_to_max_side_and_small_ones_kept(tmp_path):
+def test_pack_resizes_in_fetchs_modes_by_fetchs_own_code(tmp_path):
+    """keep_ratio: larger images resized (EXIF applied, as img2dataset), smaller ones byte for byte; reference: every
+    image to the shorter side given, as fetch writes it; none (the default): bytes unchanged. Each member is exactly
+    what `fetch_resize.prepare` makes of the source bytes (one resize definition for fetch and pack)."""
+    from pipelines.curation.fetch_resize import prepare
+
     big = _jpeg(tmp_path / "src" / "big.jpg", (900, 600), 1)
     small = _jpeg(tmp_path / "src" / "small.jpg", (300, 200), 2)
     rotated = Image.open(io.BytesIO(_jpeg(tmp_path / "src" / "rot.jpg", (800, 600), 3)))
@@ -111,12 +116,22 @@ def test_large_images_are_resized_to_max_side_and_small_ones_kept(tmp_path):
     exif[0x0112] = 6  # EXIF orientation: rotate 90 degrees on display
     rotated.save(tmp_path / "src" / "rot.jpg", exif=exif, quality=90)
     write_manifest(tmp_path / "src", [make_row(n) for n in ("big.jpg", "small.jpg", "rot.jpg")])
-    manifest = read_manifest(_packed(tmp_path / "src", tmp_path / "out", max_side=256))
+    manifest = read_manifest(_packed(tmp_path / "src", tmp_path / "out", resize="keep_ratio", short_side=256))
     paths = {r["file_name"]: manifest.path(r) for r in manifest.rows}
     assert load_image(paths["big.jpg"]).size == (384, 256) and paths["big.jpg"].stat().st_size < len(big)
-    assert paths["small.jpg"].read_bytes() == small  # at most max_side already: byte for byte
+    assert paths["big.jpg"].read_bytes() == prepare(big, "big.jpg", 256, 10**9, 95, "keep_ratio").data
+    assert paths["small.jpg"].read_bytes() == small  # at most short_side already: byte for byte
     assert load_image(paths["rot.jpg"]).size == (256, 341)  # orientation applied before the resize, as loaders see it
     assert load_image(tmp_path / "src" / "rot.jpg").size == (600, 800)
+    reference = read_manifest(_packed(tmp_path / "src", tmp_path / "ref", resize="reference"))
+    paths = {r["file_name"]: reference.path(r) for r in reference.rows}
+    with Image.open(paths["small.jpg"].open()) as image:  # Resize(224) on the shorter side, up or down; PIL's quality 75
+        assert image.size == (336, 224) and image.format == "JPEG"
+    assert paths["small.jpg"].read_bytes() == prepare(small, "small.jpg", 224, 10**9, 75, "reference").data
+    kept = read_manifest(_packed(tmp_path / "src", tmp_path / "none"))
+    assert [kept.path(r).read_bytes() for r in kept.rows] == [(tmp_path / "src" / r["file_name"]).read_bytes()
+                                                              for r in kept.rows]
+    assert json.loads((tmp_path / "none" / "shards" / STORE_FILE).read_text())["resize"] == "none"
 
 
 def test_missing_and_undecodable_images_fail_to_load_as_in_the_folder_store(tmp_path):
@@ -161,7 +176,7 @@ def test_a_killed_pack_resumes_with_the_unfinished_shards_only(source, tmp_path)
     again = pack_images(sources, store, config)
     assert again.written == [] and len(again.kept) == 3
     with pytest.raises(PackError, match="other images or settings"):
-        pack_images(sources, store, PackConfig(samples_per_shard=2, quality=80))
+        pack_images(sources, store, PackConfig(samples_per_shard=2, resize="keep_ratio"))
     with pytest.raises(PackError, match="000000.tar"):
         pack_images(sources[::-1], store, config)
 
