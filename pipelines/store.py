@@ -374,6 +374,26 @@ def shard_identities(root: Path, shards: Iterable[str], mode: str) -> list[list[
     return found
 
 
+def store_members(root: str | os.PathLike, mode: str = "stat") -> dict[str, MemberPath]:
+    """file_name -> its member in the store `root` (`store.json` and the shards' indexes; a later shard's member wins),
+    each shard checked against its record first (`check_shard`: a missing, truncated or changed shard is one
+    ShardError naming it). A folder without `store.json` holds no members ({})."""
+    root = Path(root)
+    if not (root / STORE_FILE).is_file():
+        return {}
+    members: dict[str, MemberPath] = {}
+    for name, record in sorted(read_store(root).items()):
+        path = root / name
+        check_shard(path, record, mode)
+        index = read_index(path)
+        if not index:
+            raise ShardError(f"{index_path(path)}: missing; {root / STORE_FILE} lists its shard (restore it, or "
+                             "re-verify the store with scripts/pack_shards.py --verify)")
+        for member, entry in index["members"].items():
+            members[entry[2]] = MemberPath(path, member, int(entry[0]), int(entry[1]))
+    return members
+
+
 def missing_members(root: Path, rows: list[dict[str, Any]]) -> Iterator[tuple[int, str]]:
     """(row position, reason) of each shard row whose shard is missing, changed in size, or too short to hold the
     member, by one stat per shard (the headers are checked when a member is read, and by `verify_shard`)."""

@@ -2,7 +2,7 @@
 --occurrences gbif.zip --taxon-filter moths --out data/moths` (then `make_splits.py --occurrences data/moths/images.csv
 --image-root data/moths ...`).
 
-Writes OUT/images/... (one file per URL, atomically), OUT/images.csv (the fetched rows with file_name), OUT/failures.csv
+Writes OUT/images/... (one file per URL, atomically; with --store shards OUT/shards/, tar shards), OUT/images.csv (the fetched rows with file_name), OUT/failures.csv
 (every URL that failed, with its reason), OUT/fetch_summary.json; with `--filter-model DIR --drop-class NAME` the
 classifier's dropped rows go to OUT/filtered.csv. Rerun the same command after an interruption (kill -9 included): it
 fetches only what is missing; a second fetch on the same --out is refused while one runs. Images are resized on
@@ -25,7 +25,7 @@ from pipelines.errors import ConfigError
 
 FLAGS = {"taxa.preset": "--taxon-filter"}
 NUMBERS = ("per_species", "workers", "rate", "timeout", "retries", "backoff", "retry_after_max", "give_up_after",
-           "short_side", "quality", "max_pixels", "min_bytes", "min_side", "max_bytes")
+           "short_side", "quality", "max_pixels", "min_bytes", "min_side", "max_bytes", "samples_per_shard", "shard_bytes")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
                         "default), keep_ratio (img2dataset's: shorter side 512 at most, quality 95), none (originals)")
     p.add_argument("--short-side", default=None, help="the shorter side of resized images (default: the mode's, 224 / 512)")
     p.add_argument("--quality", default=None, help="JPEG/WebP quality of resized images (default: the mode's, 75 / 95)")
+    p.add_argument("--store", default=None, choices=["folder", "shards"], help="folder: one file per image (default); "
+                   "shards: tar shards in OUT/shards/ (pack_shards' format; make_splits reads them; docs/shards.md)")
+    p.add_argument("--samples-per-shard", default=None, help="with --store shards: images a shard at most (default 10000)")
+    p.add_argument("--shard-bytes", default=None, help="with --store shards: bytes a shard at most (default 1 GiB)")
     p.add_argument("--keep-originals", action="store_true", default=None, help="also keep the downloaded files under OUT/originals/")
     p.add_argument("--max-pixels", default=None, help="refuse images with more pixels, from their header (default 40000000)")
     p.add_argument("--min-bytes", default=None, help="drop smaller downloads (default 1024)")
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drop-class", action="append", default=[], metavar="NAME", help="drop images it predicts as NAME (repeatable)")
     args = p.parse_args(argv)
     raw = {"occurrences": args.occurrences, "out": args.out, "retry_failed": args.retry_failed,
-           "keep_originals": args.keep_originals, "resize": args.resize,
+           "keep_originals": args.keep_originals, "resize": args.resize, "store": args.store,
            "taxa": {"preset": args.taxon_filter, "include": args.include, "exclude": args.exclude}}
     for name in NUMBERS:
         if getattr(args, name) is not None:

@@ -20,6 +20,7 @@ from typing import Any
 
 from gen.insects import MakeSplitsConfig, REGIONS, make_splits, shortfall_lines, synthetic_occurrences
 from gen.insects.cost import estimate, write_rate
+from gen.insects.manifests import fetched_store
 from pipelines.cli import cli_value, flag_error, pairs, parser, run_main
 from pipelines.curation.gbif import TableLimits
 from pipelines.errors import ConfigError
@@ -73,7 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", default=None, help="seed of every random choice (default 0)")
     p.add_argument("--store", choices=("folder", "shards"), default="folder",
                    help="folder: rows point into --image-root (default); shards: the regions' images are packed once "
-                        "into OUT/shards/ and every region's rows point there (docs/shards.md)")
+                        "into OUT/shards/ and every region's rows point there (docs/shards.md); an --image-root "
+                        "holding fetch_images' shards/ is read from its shards either way")
     for key in LIMITS:
         p.add_argument("--" + key.replace("_", "-"), default=None, metavar="N",
                        help=f"TableLimits.{key} of the occurrence table or archive (default {getattr(TableLimits(), key):,}; "
@@ -163,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in estimate(timings, write_rate(RATES), extra_bytes):
             print(line)
         return 0
-    if args.store == "shards":
+    if fetched_store(image_root) is not None:
+        print(f"rows point into the shard store {fetched_store(image_root)} (fetch_images --store shards): no pack step")
+    elif args.store == "shards":
         from pipelines.shards import pack_workers, pack_manifests
 
         packed = pack_manifests(list(written.values()), out / "shards", workers=pack_workers())

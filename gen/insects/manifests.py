@@ -22,6 +22,8 @@ from pipelines.data import MANIFEST_INFO, METADATA, Manifest, ManifestError, che
 from pipelines.io import atomic_path, atomic_write_json, atomic_write_text
 from pipelines.jsonl import column_texts, encode_lines, join_lines
 from pipelines.schema import table_certainly_valid
+from pipelines.shards import SHARD_FOLDER
+from pipelines.store import ROW_FIELDS, STORE_FILE, MemberPath, store_members
 
 SET_FIELDS = {  # set -> (split, role, ood_set, group)
     "id_train": ("train", "id", None, None), "id_val": ("val", "id", None, None), "id_test": ("test", "id", None, None),
@@ -69,6 +71,7 @@ def manifest_table(frame: pd.DataFrame, non_target_name: str) -> pd.DataFrame:
         "species": frame["species"], "genus": frame["genus"], "family": frame["family"],
         "hop": frame["hop"].astype(np.int64), "lat": frame["lat"], "lon": frame["lon"],
         **{c: frame[c] for c in GBIF_ID_COLUMNS if c in frame.columns},
+        **{c: frame[c] for c in ROW_FIELDS if c in frame.columns},  # the image's shard member (`with_members`)
     })
 
 
@@ -162,8 +165,28 @@ def write_region(folder: Path, frame: pd.DataFrame, splits: Splits, region: str,
     atomic_write_json(folder / MANIFEST_INFO, {
         "image_root": str(Path(image_root).expanduser().resolve()), "region": region,
         "missing_id_species": splits.missing_id_species.get(region, []), "config": splits.config.to_dict(),
+        **({"store": "shards"} if "shard_file" in frame.columns else {}),
     })
     return size
+
+
+def fetched_store(image_root: str | os.PathLike | None) -> Path | None:
+    """The shard store `fetch_images --store shards` wrote under `image_root` (`<image_root>/shards/store.json`), or
+    None for a plain folder."""
+    if image_root is None:
+        return None
+    store = Path(image_root) / SHARD_FOLDER
+    return store if (store / STORE_FILE).is_file() else None
+
+
+def with_members(frame: pd.DataFrame, members: dict[str, MemberPath]) -> pd.DataFrame:
+    """`frame` with each row's shard member (`pipelines.store.ROW_FIELDS`, the shard relative to the store, which
+    is then the manifest's image root), looked up by file_name; every file_name must have one (`read_input` dropped
+    the others)."""
+    found = [members[name] for name in frame["file_name"]]
+    return frame.assign(shard_file=[m.shard.name for m in found], shard_member=[m.member for m in found],
+                        shard_offset=np.array([m.offset for m in found], dtype=np.int64),
+                        shard_bytes=np.array([m.size for m in found], dtype=np.int64))
 
 
 def summarize(splits: Splits) -> pd.DataFrame:
@@ -255,10 +278,13 @@ def load_region(folder: str | os.PathLike, image_root: str | os.PathLike | None 
 
 def read_input(occurrences: str | os.PathLike | pd.DataFrame, taxa: TaxonFilter | None = None,
                image_root: str | os.PathLike | None = None, check_files: bool | None = None,
-               limits: TableLimits | None = None) -> tuple[pd.DataFrame, Counter]:
+               limits: TableLimits | None = None,
+               members: dict[str, MemberPath] | None = None) -> tuple[pd.DataFrame, Counter]:
     """An occurrence table (a frame, a table file or a GBIF archive) cleaned for the splits, and the rows dropped by
     reason (`pipelines.curation.gbif.clean`). `check_files` (default: on for archives) drops rows whose image is not
-    under `image_root`. Only the columns the split builder reads are kept (`SPLIT_COLUMNS`)."""
+    under `image_root`; with a shard store's `members` (file_name -> member), rows whose image is not in the store
+    are always dropped (a dictionary lookup; "missing file"). Only the columns the split builder reads are kept
+    (`SPLIT_COLUMNS`)."""
     if isinstance(occurrences, pd.DataFrame):
         frame, source, archive = normalise(occurrences), "occurrence table", False
     else:
@@ -273,7 +299,12 @@ def read_input(occurrences: str | os.PathLike | pd.DataFrame, taxa: TaxonFilter 
     if ranks <= set(frame.columns):  # else clean names the missing rank among all the table's columns
         used = {*SPLIT_COLUMNS, "lat", "lon", *ranks}
         frame = frame[[c for c in frame.columns if c in used]]  # the splits never read the other columns
-    occ, dropped = clean(frame, taxa, source=source, image_root=image_root if check else None)
+    occ, dropped = clean(frame, taxa, source=source, image_root=image_root if check and members is None else None)
+    if members is not None:
+        absent = ~occ["file_name"].isin(members.keys()).to_numpy()
+        if absent.any():
+            dropped[MISSING_FILE] += int(absent.sum())
+            occ = occ.loc[~absent].reset_index(drop=True)
     return occ[[c for c in occ.columns if c in SPLIT_COLUMNS]], dropped
 
 
@@ -286,16 +317,23 @@ def make_splits(occurrences: str | os.PathLike | pd.DataFrame, id_species: str |
     summary table, summary record). `dry_run` runs every check, manifest rows included, and writes nothing (the
     folders returned are those a run would write). `timings`, when given, receives the seconds of each stage
     (`read`, `build`, `manifests`), the rows read and the manifest bytes (`gen.insects.cost` estimates a run from
-    them)."""
+    them). When `image_root` holds fetch's shard store (`fetched_store`), every row points at its image's member
+    (looked up by file_name in the store's indexes, each shard checked against its record first) and the manifests'
+    image root is the store, so training and evaluation read the shards with no pack step."""
     timings = {} if timings is None else timings
     start = time.perf_counter()
-    occ, dropped = read_input(occurrences, taxa, image_root, check_files, limits)
+    store = fetched_store(image_root)
+    members = store_members(store) if store is not None else None
+    occ, dropped = read_input(occurrences, taxa, image_root, check_files, limits, members)
     extra = non_target if non_target is None or isinstance(non_target, pd.DataFrame) else \
         read_occurrences(non_target, limits)
     timings.update(read=time.perf_counter() - start, rows=len(occ) + sum(dropped.values()))
     start = time.perf_counter()
     splits = build_splits(occ, read_id_species(id_species), config, non_target=extra)
     del occ, extra
+    if members is not None:  # the rows' image root is the store (its store.json keys the run)
+        splits.regions = {region: with_members(frame, members) for region, frame in splits.regions.items()}
+        image_root = store
     timings["build"] = time.perf_counter() - start
     start = time.perf_counter()
     if dry_run:

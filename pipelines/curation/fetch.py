@@ -15,7 +15,8 @@ prove the fetch wrote. A rerun (after a kill -9 too) fetches only what is missin
 are skipped, transient failures are retried, temp files of a killed run are removed. One fetch at a time per `out`
 (`pipelines.locks.folder_lock`).
 
-Outputs: `OUT/images/...`, `OUT/images.csv` (the input's rows that were fetched, with file_name, sha256, width,
+Outputs: `OUT/images/...` (with `store: shards`, `OUT/shards/` instead: tar shards in pack_shards' format, written as
+images arrive, `fetch_shards`), `OUT/images.csv` (the input's rows that were fetched, with file_name, sha256, width,
 height, bytes and the original's original_width, original_height, original_bytes), `OUT/failures.csv` (url,
 file_name, species, reason, final), `OUT/fetch_summary.json`, with `keep_originals` the downloaded bytes under
 `OUT/originals/<file_name>`, and with a classifier filter `OUT/filtered.csv` (the rows it dropped, with the
@@ -40,7 +41,8 @@ from pipelines.curation.fetch_client import Client, FetchFailure, Throttled, hos
 from pipelines.curation.fetch_estimate import estimate
 from pipelines.curation.fetch_gate import Item, Scheduler
 from pipelines.curation.fetch_ledger import LEDGER, FileStore, Ledger, Paths, file_sha256, read_ledger
-from pipelines.curation.fetch_resize import MODE_DEFAULTS, prepare
+from pipelines.curation.fetch_resize import IMAGE_COLUMNS, MAX_PIXELS, mode_settings, prepare
+from pipelines.curation.fetch_shards import ShardImages
 from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, TAXON_FILTER, TaxonFilter, TableError,
                                      read_occurrences)
 from pipelines.errors import ConfigError, UserInputError
@@ -48,6 +50,8 @@ from pipelines.io import atomic_write_bytes, atomic_write_text, remove_orphan_te
 from pipelines.locks import folder_lock
 from pipelines.params import REQUIRED, Config, config, param
 from pipelines.progress import progress
+from pipelines.shards import SAMPLES_PER_SHARD, SHARD_BYTES, SHARD_FOLDER
+from pipelines.store import store_members
 
 __all__ = ["FetchConfig", "FetchFailure", "Fetcher", "HostsThrottled", "LEDGER", "Plan", "fetch_images", "fetch_plan",
            "filter_classes", "plan", "read_ledger"]
@@ -55,7 +59,6 @@ __all__ = ["FetchConfig", "FetchFailure", "Fetcher", "HostsThrottled", "LEDGER",
 SPECIES_CAP = "over the species cap"
 DUPLICATE_FILE_NAME = "duplicate file_name"
 ORIGINALS = "originals"
-IMAGE_COLUMNS = ("sha256", "width", "height", "bytes", "original_width", "original_height", "original_bytes")
 log = logging.getLogger(__name__)
 
 
@@ -94,7 +97,12 @@ class FetchConfig(Config):
     quality: int | None = param(None, "JPEG / WebP quality of resized images (None: the mode's, 75 / 95)", ge=1,
                                 le=100)
     keep_originals: bool = param(False, "also keep the downloaded bytes under OUT/originals/")
-    max_pixels: int = param(40_000_000, "images with more pixels are refused from their header, before decoding (PIL's "
+    store: Literal["folder", "shards"] = param("folder", "where fetched images go: `folder`, one file each under OUT; "
+                                                         "`shards`, members of tar shards in OUT/shards/ "
+                                                         "(pipelines.curation.fetch_shards, docs/shards.md)")
+    samples_per_shard: int = param(SAMPLES_PER_SHARD, "with store shards: images a shard at most", ge=1)
+    shard_bytes: int = param(SHARD_BYTES, "with store shards: bytes a shard at most (after resize)", ge=1)
+    max_pixels: int = param(MAX_PIXELS, "images with more pixels are refused from their header, before decoding (PIL's "
                                         "bomb limit is 89.5 MP)", ge=1)
     min_bytes: int = param(1024, "smaller downloads are dropped", ge=0)
     min_side: int = param(128, "thumbnail filter: images whose longer side is shorter are dropped", ge=0)
@@ -161,12 +169,12 @@ class Fetcher:
 
     def __init__(self, cfg: FetchConfig, store: Any = None):
         self.cfg, self.out = cfg, Path(cfg.out)
-        defaults = MODE_DEFAULTS.get(cfg.resize, {})
-        self.short_side = None if cfg.resize == "none" else cfg.short_side or defaults["short_side"]
-        self.quality = cfg.quality or defaults.get("quality", 95)
+        settings = mode_settings(cfg.resize, cfg.short_side, cfg.quality)
+        self.short_side, self.quality = settings["short_side"], settings["quality"] or 0  # none: never encodes
         self.paths = Paths(self.out)
         self.client = Client(cfg.user_agent, cfg.timeout, cfg.max_bytes)
         self.store = store if store is not None else FileStore(self.out, lambda p, d: atomic_write_bytes(p, d))
+        self.shards = ShardImages(self.out / SHARD_FOLDER, cfg) if cfg.store == "shards" else None
         self.thumbnail = re.compile(cfg.thumbnail_pattern) if cfg.thumbnail_pattern else None
         self.lock = threading.RLock()
         self.seen: dict[str, tuple[int, str, str]] = {}  # content hash -> (plan position, file_name, url) of its holder
@@ -183,6 +191,8 @@ class Fetcher:
         for folder in ("images", ORIGINALS):
             remove_orphan_temps(self.out / folder)
         self.records = read_ledger(self.out / LEDGER)
+        if self.shards is not None:
+            self.shards.open()
         self.ledger = Ledger(self.out)
         try:
             self.position = {u: i for i, u in enumerate(rows["url"])}
@@ -192,6 +202,8 @@ class Fetcher:
                 self._download(items)
         finally:
             self.ledger.close()
+            if self.shards is not None:
+                self.shards.close()
         return self.records
 
     def _download(self, items: list[Item]) -> None:
@@ -257,12 +269,21 @@ class Fetcher:
     def _reload(self) -> None:
         """The ledger's finished images claim their contents (an earlier URL in this plan's order wins)."""
         for record in list(self.records.values()):
-            if record.get("status") == "ok" and record.get("url") in self.position:
+            if record.get("status") == "ok" and record.get("url") in self.position and self.holds(record):
                 try:
                     self._keep(record["sha256"], record["url"], record["file_name"])
                 except FetchFailure as failure:  # the plan's order changed: the earlier URL keeps the content
                     self._remove_ours(record)
                     self._record(record["url"], record["file_name"], failure=failure)
+
+    def holds(self, record: dict[str, Any]) -> bool:
+        """Whether the store still holds the image of a finished record (a file found is checked by `_classify`)."""
+        return self.shards is None or self.shards.holds(record)
+
+    def locate(self, file_name: str) -> Any:
+        """Where a finished image is read from."""
+        member = self.shards.locate(file_name) if self.shards is not None else None
+        return member if member is not None else self.out / file_name
 
     def _classify(self, url: str, file_name: Any) -> Item | None:
         """None when the URL needs no request (done, failed for good, refused); else its Item (`foreign` when a
@@ -277,6 +298,13 @@ class Fetcher:
             return None
         if self.thumbnail is not None and self.thumbnail.search(url):
             self._record(url, file_name, failure=FetchFailure("thumbnail URL", True))
+            return None
+        if self.shards is not None:  # the shards stand in for the files (fetch_shards)
+            info = self.shards.finished(record, file_name)
+            if info is None:
+                return Item(url, file_name)
+            if record["status"] == "writing":
+                self._adopt(url, file_name, info)
             return None
         try:
             size = path.stat().st_size if path.is_file() else None
@@ -307,7 +335,10 @@ class Fetcher:
             self._record(url, file_name, failure=failure)
 
     def _remove_ours(self, record: dict[str, Any]) -> None:
-        """Delete an image the ledger says this fetch wrote, if it is still exactly that (its size and hash)."""
+        """Delete an image the ledger says this fetch wrote, if it is still exactly that (its size and hash); a shard
+        member cannot leave its shard and stays, unreferenced (fetch_shards)."""
+        if self.shards is not None:
+            return
         try:
             path = self.paths.resolve(record.get("file_name"))
         except FetchFailure:
@@ -352,7 +383,7 @@ class Fetcher:
         with self.lock:  # writes are serialised so that a replaced holder is never half-written
             replaced = self._keep(info["sha256"], item.url, item.file_name)
             self.ledger.write({"url": item.url, "file_name": item.file_name, "status": "writing", **info})
-            self.write_image(path, prepared.data, data if cfg.keep_originals else None, item.file_name)
+            self.write_image(path, prepared.data, data if cfg.keep_originals else None, item.file_name, info)
             self._record(item.url, item.file_name, ok=info)
             if replaced is not None:
                 self._remove_ours(self.records.get(replaced[2], {}))
@@ -360,11 +391,15 @@ class Fetcher:
                              failure=FetchFailure(f"duplicate content of {item.file_name}", True))
         return None
 
-    def write_image(self, path: Path, data: bytes, original: bytes | None, file_name: str) -> None:
-        """The one step that stores a finished image (and, on request, its original)."""
+    def write_image(self, path: Path, data: bytes, original: bytes | None, file_name: str,
+                    info: dict[str, Any] | None = None) -> None:
+        """The one step that stores a finished image (and, on request, its original); `info` is its record."""
         if original is not None:
             self.store.write(self.paths.resolve(f"{ORIGINALS}/{file_name}"), original)
-        self.store.write(path, data)
+        if self.shards is not None:
+            self.shards.add(file_name, data, info)
+        else:
+            self.store.write(path, data)
 
     def _record(self, url: str, file_name: Any, *, ok: dict[str, Any] | None = None,
                 failure: FetchFailure | None = None) -> None:
@@ -392,9 +427,9 @@ def filter_classes(model: str, drop: Iterable[str]) -> list[str]:
     return names
 
 
-def drop_by_classifier(images: pd.DataFrame, root: Path, model: str, drop: Iterable[str], batch_size: int = 32,
+def drop_by_classifier(images: pd.DataFrame, locate: Any, model: str, drop: Iterable[str], batch_size: int = 32,
                        device: str = "cpu") -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Run an image-classifier folder over the fetched images; rows whose predicted class is in `drop` (class names
+    """Run an image-classifier folder over the fetched images (`locate(file_name)`: where each is read); rows whose predicted class is in `drop` (class names
     from the model's id2label) move to the second frame, with `predicted` and `probability`."""
     import torch
 
@@ -406,7 +441,7 @@ def drop_by_classifier(images: pd.DataFrame, root: Path, model: str, drop: Itera
     predicted, probability = [], []
     with torch.no_grad():
         for start in range(0, len(images), batch_size):
-            batch = [load_image(root / f) for f in images["file_name"].iloc[start:start + batch_size]]
+            batch = [load_image(locate(f)) for f in images["file_name"].iloc[start:start + batch_size]]
             logits, _ = classifier(classifier.preprocess(batch).to(device))
             p = torch.softmax(logits.float(), dim=1)
             predicted += [names[i] for i in p.argmax(1).tolist()]
@@ -426,7 +461,7 @@ def fetch_images(cfg: FetchConfig, filter_model: str | None = None, drop_class: 
     with folder_lock(out, "fetch_images"):
         fetcher = Fetcher(cfg)
         records = fetcher.run(planned.rows)
-        summary = _write_outputs(cfg, planned, records, filter_model, drop_class)
+        summary = _write_outputs(cfg, planned, records, filter_model, drop_class, fetcher.locate)
     if fetcher.given_up:
         hosts = "; ".join(f"{h}: {v['urls']} URLs after {v['rounds']} rounds"
                           + (f" (last Retry-After {v['retry_after']:.0f} s)" if v["retry_after"] is not None else "")
@@ -438,7 +473,7 @@ def fetch_images(cfg: FetchConfig, filter_model: str | None = None, drop_class: 
 
 
 def _write_outputs(cfg: FetchConfig, planned: Plan, records: dict[str, dict[str, Any]], filter_model: str | None,
-                   drop_class: Iterable[str]) -> dict[str, Any]:
+                   drop_class: Iterable[str], locate: Any) -> dict[str, Any]:
     out, rows = Path(cfg.out), planned.rows
     status = [records.get(u, {}).get("status") for u in rows["url"]]
     ok = rows.loc[[s == "ok" for s in status]].copy()
@@ -448,7 +483,7 @@ def _write_outputs(cfg: FetchConfig, planned: Plan, records: dict[str, dict[str,
               if records.get(u, {}).get("status") == "failed"]
     filtered = ok.iloc[:0]
     if filter_model is not None and len(ok):
-        ok, filtered = drop_by_classifier(ok, out, filter_model, drop_class)
+        ok, filtered = drop_by_classifier(ok, locate, filter_model, drop_class)
         atomic_write_text(out / "filtered.csv", filtered.to_csv(index=False))
     atomic_write_text(out / "images.csv", ok.to_csv(index=False))
     failures = pd.DataFrame(failed, columns=["url", "file_name", "species", "reason", "final"])
@@ -469,6 +504,7 @@ def fetch_plan(cfg: FetchConfig) -> dict[str, Any]:
     planned = plan(cfg)
     out = Path(cfg.out)
     records, paths = read_ledger(out / LEDGER), Paths(out)
+    members = store_members(out / SHARD_FOLDER) if cfg.store == "shards" else None
     done = final = refused = 0
     todo = []
     for url, file_name in zip(planned.rows["url"], planned.rows["file_name"]):
@@ -481,7 +517,7 @@ def fetch_plan(cfg: FetchConfig) -> dict[str, Any]:
         if record is not None and record["status"] == "failed" and record.get("final") and not cfg.retry_failed:
             final += 1
         elif (record is not None and record["status"] in ("ok", "writing") and record.get("file_name") == file_name
-              and path.is_file() and path.stat().st_size == record.get("bytes")):
+              and _stored_size(path, members, file_name) == record.get("bytes")):
             done += 1
         else:
             todo.append(url)
@@ -489,6 +525,14 @@ def fetch_plan(cfg: FetchConfig) -> dict[str, Any]:
     return {"planned": int(len(planned.rows)), "dropped": dict(planned.dropped), "already_fetched": done,
             "failed_for_good": final, "refused": refused, "to_fetch": len(todo), "hosts": len(hosts),
             "estimate": estimate(hosts, records)}
+
+
+def _stored_size(path: Path, members: dict[str, Any] | None, file_name: str) -> int | None:
+    """The size of a fetched image as stored: its shard member's (`members` given), else its file's."""
+    if members is not None:
+        member = members.get(file_name)
+        return None if member is None else member.size
+    return path.stat().st_size if path.is_file() else None
 
 
 def _reason_kind(reason: str) -> str:

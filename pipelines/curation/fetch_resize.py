@@ -40,6 +40,10 @@ TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 UPRIGHT = {2: 0, 3: 3, 4: 1, 5: 5, 6: 4, 7: 6, 8: 2}  # orientation -> PIL Image.Transpose value (ImageOps.exif_transpose's)
 
 
+IMAGE_COLUMNS = ("sha256", "width", "height", "bytes", "original_width", "original_height", "original_bytes")
+"""What `Prepared.record` holds of each fetched image (images.csv's columns after the input's)."""
+
+
 @dataclass
 class Prepared:
     """What is written (`data`) and the sizes recorded: the stored image's and the original's (upright)."""
