@@ -74,14 +74,14 @@ class ShardStream:
             raise ShardError(f"{self.root / unlisted[0]}: listed in {self.root / STORE_FILE} but its index is "
                              "missing or out of sequence; restore it, or move the store away and fetch again")
         last = self.root / shard_name(len(indexes))
+        stray = sorted(p.name for p in self.root.glob("*.tar") if p.name > last.name)
+        if stray:  # checked before anything is removed
+            raise ShardError(f"{self.root / stray[0]}: a shard out of sequence (after {last.name}, which is not "
+                             "finished); this store was not written by one fetch: move it away")
         if last.exists():
             log.warning("%s: unfinished shard of a killed run (%d bytes, no index); rewriting it, its images are "
                         "fetched again", last, last.stat().st_size)
             last.unlink()
-        stray = sorted(p.name for p in self.root.glob("*.tar") if p.name > last.name)
-        if stray:
-            raise ShardError(f"{self.root / stray[0]}: a shard out of sequence (after {last.name}, which is not "
-                             "there); this store was not written by one fetch: move it away")
         if len(records) != len(indexes):  # killed between an index and store.json: list the finished shard
             self._write_store(indexes)
         return indexes

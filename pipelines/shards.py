@@ -5,9 +5,8 @@
 
 Shard `NNNNNN.tar` holds, per image, `<key>.<ext>` (the image: its bytes unchanged by default, or resized in one of
 fetch's modes, `pipelines.curation.fetch_resize`: `keep_ratio` as img2dataset, `reference` as Open-Insect's
-download.py) and `<key>.json` (file_name,
-original and stored size, the stored bytes' sha256), keys being the image's position in the pack (`000000042`), so
-`webdataset.WebDataset` and `wids` read the shards as they are. `NNNNNN.index.json` (members and offsets, the tar's
+download.py) and `<key>.json` (file_name, original and stored size, the stored bytes' sha256), keys being the image's
+position in the pack (`000000042`), so `webdataset.WebDataset` and `wids` read the shards as they are. `NNNNNN.index.json` (members and offsets, the tar's
 size, mtime and sha256) is written after its tar, both atomically: a shard with an index is finished, and a rerun
 packs only the shards without one. `store.json` (`pipelines.store.read_store`) lists the finished shards.
 
@@ -523,4 +522,5 @@ def estimate(plan: PackPlan, config: PackConfig, workers: int) -> dict[str, Any]
 
 __all__ = ["PackConfig", "PackError", "PackPlan", "PackResult", "SHARD_FOLDER", "estimate", "pack_images",
            "pack_manifest", "plan_pack", "plan_shards", "shard_rows", "stored_image", "write_shard",
-           "write_shard_manifest", "record_mtimes", "pack_manifests", "pack_workers"]
+           "write_shard_manifest", "record_mtimes", "pack_manifests", "pack_workers", "SAMPLES_PER_SHARD", "SHARD_BYTES",
+           "ShardWriter", "HashingWriter", "member_key", "member_suffix", "shard_name", "shard_record"]

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="field", help="--field: the field set's name, ood_set of its novel rows (default field)")
     p.add_argument("--store", choices=("folder", "shards"), default="folder",
                    help="folder: rows point at the images where they are (default); shards: the images are packed "
-                        "into DIR/shards/ (resized to 512 px on the shorter side; docs/shards.md)")
+                        "into DIR/shards/ (bytes unchanged; docs/shards.md)")
     args = p.parse_args(argv)
     if args.out is None:
         p.error("--out is required")

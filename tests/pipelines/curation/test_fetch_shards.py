@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from PIL import Image
 
 from helpers.gbif import build_archive
 from helpers.http_server import HostileServer, png, seed
