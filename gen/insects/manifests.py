@@ -301,7 +301,7 @@ def read_input(occurrences: str | os.PathLike | pd.DataFrame, taxa: TaxonFilter 
         frame = frame[[c for c in frame.columns if c in used]]  # the splits never read the other columns
     occ, dropped = clean(frame, taxa, source=source, image_root=image_root if check and members is None else None)
     if members is not None:
-        absent = ~occ["file_name"].isin(members.keys()).to_numpy()
+        absent = ~np.fromiter((name in members for name in occ["file_name"]), bool, len(occ))
         if absent.any():
             dropped[MISSING_FILE] += int(absent.sum())
             occ = occ.loc[~absent].reset_index(drop=True)
