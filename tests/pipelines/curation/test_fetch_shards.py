@@ -24,7 +24,8 @@ from pipelines.cli import run_main
 from pipelines.curation.fetch_resize import prepare
 from pipelines.curation.gbif import image_file_name
 from pipelines.data import load_image, read_manifest
-from pipelines.store import STORE_FILE, MemberPath, index_path, read_store, store_members, verify_shard
+from pipelines.fingerprint import images_fingerprint
+from pipelines.store import STORE_FILE, MemberPath, ShardError, index_path, read_store, store_members, verify_shard
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPTS = ROOT / "scripts"
@@ -187,6 +188,8 @@ def test_make_splits_reads_the_fetched_shards_with_the_folder_stores_rows_and_pi
         member = shards.path(b)
         assert isinstance(member, MemberPath)
         assert np.array_equal(np.asarray(load_image(folder.path(a))), np.asarray(load_image(member)))
+    key = images_fingerprint(shards, "content")  # the run's key from the shards' digests, every shard checked
+    assert key == images_fingerprint(read_manifest(tmp_path / "shards" / "splits" / "ne-america"), "stat")
     summary = [json.loads((tmp_path / s / "splits" / "summary.json").read_text()) for s in ("folder", "shards")]
     assert summary[0] == summary[1]
     info = json.loads((tmp_path / "shards" / "splits" / "ne-america" / "manifest_info.json").read_text())
@@ -202,3 +205,5 @@ def test_make_splits_reads_the_fetched_shards_with_the_folder_stores_rows_and_pi
     (line,) = error_lines(capsys)
     assert line.startswith("error: ") and str(shard) in line and "sha256" in line
     assert snapshot(tmp_path / "shards" / "splits") == manifests  # the manifests written before are kept
+    with pytest.raises(ShardError, match="sha256"):  # and a run on them is stopped the same way
+        images_fingerprint(read_manifest(tmp_path / "shards" / "splits" / "ne-america"), "stat")
