@@ -42,7 +42,7 @@ from pipelines.curation.fetch_estimate import estimate
 from pipelines.curation.fetch_gate import Item, Scheduler
 from pipelines.curation.fetch_ledger import LEDGER, FileStore, Ledger, Paths, file_sha256, read_ledger
 from pipelines.curation.fetch_resize import IMAGE_COLUMNS, MAX_PIXELS, mode_settings, prepare
-from pipelines.curation.fetch_shards import ShardImages
+from pipelines.curation.fetch_shards import ShardImages, finished_members
 from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, TAXON_FILTER, TaxonFilter, TableError,
                                      read_occurrences)
 from pipelines.errors import ConfigError, UserInputError
@@ -51,7 +51,6 @@ from pipelines.locks import folder_lock
 from pipelines.params import REQUIRED, Config, config, param
 from pipelines.progress import progress
 from pipelines.shards import SAMPLES_PER_SHARD, SHARD_BYTES, SHARD_FOLDER
-from pipelines.store import store_members
 
 __all__ = ["FetchConfig", "FetchFailure", "Fetcher", "HostsThrottled", "LEDGER", "Plan", "fetch_images", "fetch_plan",
            "filter_classes", "plan", "read_ledger"]
@@ -504,7 +503,7 @@ def fetch_plan(cfg: FetchConfig) -> dict[str, Any]:
     planned = plan(cfg)
     out = Path(cfg.out)
     records, paths = read_ledger(out / LEDGER), Paths(out)
-    members = store_members(out / SHARD_FOLDER) if cfg.store == "shards" else None
+    members = finished_members(out / SHARD_FOLDER, cfg) if cfg.store == "shards" else None
     done = final = refused = 0
     todo = []
     for url, file_name in zip(planned.rows["url"], planned.rows["file_name"]):

@@ -12,17 +12,33 @@ content stays in its shard, unreferenced (images.csv and make_splits take only t
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 from pipelines.curation.fetch_resize import IMAGE_COLUMNS, mode_settings
 from pipelines.shard_stream import ShardStream
-from pipelines.store import MemberPath
+from pipelines.store import STORE_FILE, MemberPath, ShardError, store_members
 
 
 def fetch_settings(cfg: Any) -> dict[str, Any]:
     """What decides the stored bytes of a fetch (recorded in every shard index, compared on resume)."""
     return mode_settings(cfg.resize, cfg.short_side, cfg.quality)
+
+
+def finished_members(root: Path, cfg: Any) -> dict[str, MemberPath]:
+    """The store's finished members, read only (the dry run's view; nothing is removed), after the same checks a run
+    makes of the finished shards and of the settings they were written with."""
+    if (root / STORE_FILE).is_file():
+        settings = fetch_settings(cfg)
+        try:
+            found = {k: json.loads((root / STORE_FILE).read_text(encoding="utf-8")).get(k) for k in settings}
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as err:
+            raise ShardError(f"{root / STORE_FILE}: malformed shard store index ({err})") from None
+        if found != settings:
+            raise ShardError(f"{root / STORE_FILE}: written with {found}, this run asks {settings}; use the same "
+                             "resize options or another --out")
+    return store_members(root)
 
 
 class ShardImages:

@@ -90,6 +90,9 @@ def test_fetched_images_go_into_shards_and_a_rerun_fetches_nothing(server, tmp_p
     assert script("fetch_images", [*argv, "--resize", "keep_ratio"]) == 2  # other settings: refused, one line
     (line,) = error_lines(capsys)
     assert "000000.index.json" in line and "keep_ratio" in line and snapshot(store) == stored
+    assert script("fetch_images", [*argv, "--resize", "keep_ratio", "--dry-run"]) == 2
+    (line,) = error_lines(capsys)
+    assert str(store / STORE_FILE) in line and "keep_ratio" in line
 
 
 def test_kill_9_loses_only_the_shard_being_written_and_the_rerun_rewrites_it(tmp_path):
