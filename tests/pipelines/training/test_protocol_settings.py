@@ -15,10 +15,11 @@ import detectors
 from detectors.base import FeatureSet, LinearHead
 from detectors.protocols import PROTOCOLS, protocol_params
 from pipelines.data import Manifest, make_row
+from pipelines.training import LoopSettings, TrainSettings
 from pipelines.training.recipes import RECIPES, TrainConfig
 
 HYPER = ("epochs", "lr", "batch_size", "weight_decay", "warmup_epochs", "seed", "precision", "schedule", "drop_last")
-"""The training hyperparameters (pipelines.training.settings.TrainSettings)."""
+"""The training hyperparameters (`TrainSettings`' fields)."""
 
 
 class _Handed(Exception):
@@ -26,23 +27,11 @@ class _Handed(Exception):
 
 
 def _effective(fn, args: tuple, kwargs: dict) -> dict:
-    """The hyperparameters a call of `fn` (finetune / train_heads) trains with: its arguments over its defaults."""
-    fn = inspect.unwrap(fn)
-    bound = inspect.signature(fn).bind(*args, **kwargs)
-    bound.apply_defaults()
-    values = dict(bound.arguments)
-    values.update(values.pop("options", {}))
-    out = {}
-    if "settings" in values:  # the one typed home of the settings (issue 35); None: its defaults
-        from pipelines.training.settings import TrainSettings
-
-        settings = values.pop("settings") or TrainSettings()
-        out = {k: getattr(settings, k) for k in HYPER}
-    if "keep_last_batch" in values:
-        values["drop_last"] = not values.pop("keep_last_batch")
-    out.update({k: values[k] for k in HYPER if k in values})
-    out["weights"] = values.get("weights", "last")
-    return out
+    """The hyperparameters a call of `fn` (finetune / train_heads) trains with: its `settings` (None: the defaults)
+    with its keyword overrides, as the loop reads them (`LoopSettings.of`)."""
+    bound = inspect.signature(inspect.unwrap(fn)).bind(*args, **kwargs)
+    settings = LoopSettings.of(bound.arguments.get("settings"), **bound.arguments.get("options", {}))
+    return {**{k: getattr(settings, k) for k in HYPER}, "weights": settings.weights}
 
 
 def _handed(monkeypatch, name: str) -> dict:
@@ -127,7 +116,13 @@ def _expected(protocol: str, name: str) -> dict:
 
 
 def test_every_protocol_is_pinned():
-    assert set(LOOP) == set(PROTOCOLS) and set(RECIPE) == set(RECIPES)
+    assert set(LOOP) == set(PROTOCOLS) and set(RECIPE) == set(RECIPES) and HYPER == tuple(TrainSettings.fields())
+
+
+def test_the_defaults_are_the_open_insects_fine_tune_under_exact():
+    """`finetune` / `train_heads` without settings (formerly batch 64 and 256 of their own) train as a training-time
+    method's fine-tune does under `exact`."""
+    assert TrainSettings().as_dict() == {k: v for k, v in {**FINETUNE, **LOOP["exact"]}.items() if k in HYPER}
 
 
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
