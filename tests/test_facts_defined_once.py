@@ -131,7 +131,7 @@ def test_a_second_definition_is_found(tmp_path):
     assert _sanitisers(planted) == [4]
 
 
-# -- training hyperparameters, Literal choices, inherited declarations (issue 35) ----------------------------------------
+# -- training hyperparameters, Literal choices, inherited declarations (issue 35) ------------------------------------
 HYPERPARAMETERS = ("epochs", "lr", "batch_size", "weight_decay", "warmup_epochs")
 """Training hyperparameters with one home: `pipelines.training.settings.TrainSettings` (its defaults)."""
 TRAINING_PACKAGES = ("pipelines/training/", "detectors/training/")
@@ -155,8 +155,8 @@ def _hyperparameter_defaults(tree: ast.Module) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             a = node.args
-            positional = a.posonlyargs + a.args
-            pairs = list(zip(positional[len(positional) - len(a.defaults):], a.defaults)) + list(zip(a.kwonlyargs, a.kw_defaults))
+            positional = (a.posonlyargs + a.args)[len(a.posonlyargs + a.args) - len(a.defaults):]
+            pairs = [*zip(positional, a.defaults), *zip(a.kwonlyargs, a.kw_defaults)]
             found += [(node.lineno, arg.arg) for arg, d in pairs if arg.arg in HYPERPARAMETERS and d is not None
                       and _literal_default(d)]
         if isinstance(node, ast.ClassDef):

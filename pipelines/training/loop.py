@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -167,16 +168,16 @@ class LoopSettings(TrainSettings):
 
     `checkpoint`: a file written atomically after every epoch (`pipelines.checkpoints`: model + objective state and
     attributes, optimiser, schedule, history); an existing one whose `checkpoint_key` matches is resumed from, another
-    one is ignored and overwritten. `normalize` maps a loader's uint8 batch to the model's
-    input on the device (`transforms.Normalize`). `channels_last` / `compile` are GPU speed options; `sync_bn`
-    normalises batch-norm layers over the global batch when several processes train (`batchnorm.GlobalBatchNorm`).
-    `keep_best` keeps the best epoch's weights by
-    ID-val accuracy (`best_epoch`) beside the last: in `pipelines.checkpoints.best_path(checkpoint)` with a checkpoint
-    (written after the epoch's checkpoint, so a killed run resumes to the same best), else in memory; `weights` names
-    the weights the model holds when training returns (`best` implies `keep_best` and needs validation rows)."""
+    one is ignored and overwritten. `normalize` maps a loader's uint8 batch to the model's input on the device
+    (`transforms.Normalize`). `channels_last` / `compile` are GPU speed options; `sync_bn` normalises batch-norm layers
+    over the global batch when several processes train (`batchnorm.GlobalBatchNorm`). `keep_best` keeps the best
+    epoch's weights by ID-val accuracy (`best_epoch`) beside the last: in `pipelines.checkpoints.best_path(checkpoint)`
+    with a checkpoint (written after the epoch's checkpoint, so a killed run resumes to the same best), else in memory;
+    `weights` names the weights the model holds when training returns (`best` implies `keep_best` and needs validation
+    rows)."""
 
     desc: str = param("train", "the progress bar's and the messages' label", runtime=True)
-    checkpoint: Path | None = param(None, "the per-epoch checkpoint file (None: no resume)", runtime=True)
+    checkpoint: str | os.PathLike | None = param(None, "the per-epoch checkpoint file (None: no resume)", runtime=True)
     checkpoint_key: str = param("", "the run's key: a checkpoint with another is not resumed", runtime=True)
     normalize: Callable[[torch.Tensor], torch.Tensor] | None = param(None, "uint8 batch -> model input, on the device",
                                                                      runtime=True)
@@ -589,7 +590,7 @@ def finetune(classifier: nn.Module, train: Manifest, *, settings: TrainSettings 
     normalised on the device with the classifier's mean and std; auxiliary rows of a separate aux stream get the eval
     transform (the reference's test preprocessor for its `oe` split), pooled aux rows the training one.
     """
-    s = LoopSettings.of(settings, desc="finetune", **options)
+    s = LoopSettings.of(settings, **{"desc": "finetune", **options})
     if transforms is not None and s.normalize is None:
         s = s.replace(normalize=Normalize(classifier.mean.flatten().tolist(), classifier.std.flatten().tolist(),
                                           channels_last=s.channels_last))
@@ -649,11 +650,12 @@ def _image_loaders(objective: Objective, train: Manifest, aux: Manifest | None, 
     return train_loader, aux_loader, evals[0], evals[1]
 
 
-def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray, *, settings: TrainSettings | None = None,
-                objective: Objective | None = None, aux_features: np.ndarray | None = None,
-                aux_labels: np.ndarray | None = None, train_targets: dict[str, Sequence[Any]] | None = None,
-                val_features: np.ndarray | None = None, val_labels: np.ndarray | None = None,
-                val_targets: dict[str, Sequence[Any]] | None = None, **options: Any) -> tuple[nn.Linear, TrainResult]:
+def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray, *,
+                settings: TrainSettings | None = None, objective: Objective | None = None,
+                aux_features: np.ndarray | None = None, aux_labels: np.ndarray | None = None,
+                train_targets: dict[str, Sequence[Any]] | None = None, val_features: np.ndarray | None = None,
+                val_labels: np.ndarray | None = None, val_targets: dict[str, Sequence[Any]] | None = None,
+                **options: Any) -> tuple[nn.Linear, TrainResult]:
     """Fast mode: train only the linear head(s) on cached penultimate features, with the same loop and objectives.
 
     `head` (nn.Linear, LinearHead or (weight, bias)) initialises the closed-set head; a copy is trained and returned.
@@ -662,7 +664,7 @@ def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray,
     instead of pixels. `weights`: the returned head is the last epoch's, or the best epoch's by validation accuracy
     (`best_epoch`; needs `val_features`).
     """
-    s = LoopSettings.of(settings, desc="train_heads", **options)
+    s = LoopSettings.of(settings, **{"desc": "train_heads", **options})
     objective = objective or CrossEntropy()
     seed_everything(s.seed)
     if objective.uses_aux and aux_features is None:
@@ -691,7 +693,8 @@ def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray,
                                    drop_last=drop_last(len(aux_y), aux_size, not s.drop_last))
     val_loader = None
     if val_features is not None:
-        val_loader = TensorBatches(val_features, np.asarray(val_labels, dtype=np.int64), s.batch_size, False, s.seed, False)
+        val_loader = TensorBatches(val_features, np.asarray(val_labels, dtype=np.int64), s.batch_size, False, s.seed,
+                                   False)
     result = _run(_HeadsOnly(layer), objective, train_loader, aux_loader, val_loader, encoded_train, encoded_val,
                   settings=s, result=TrainResult(), failed_files=lambda split, i: f"{split}[{i}]")
     return layer, result

@@ -116,7 +116,7 @@ def _expected(protocol: str, name: str) -> dict:
 
 
 def test_every_protocol_is_pinned():
-    assert set(LOOP) == set(PROTOCOLS) and set(RECIPE) == set(RECIPES) and HYPER == tuple(TrainSettings.fields())
+    assert set(LOOP) == set(PROTOCOLS) and set(RECIPE) == set(RECIPES) and set(HYPER) == set(TrainSettings.fields())
 
 
 def test_the_defaults_are_the_open_insects_fine_tune_under_exact():
