@@ -8,8 +8,7 @@ the `exact` protocol's loop settings (`recipes.TRAINING_PROTOCOLS`); a protocol 
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Literal
 
 from pipelines.params import Params, param
@@ -40,12 +39,12 @@ class TrainSettings(Params):
         return cls(**{f.name: getattr(values, f.name) for f in fields(cls)})
 
 
-def setting(name: str, more: str = "", default: Any = dataclasses.MISSING) -> Any:
+def setting(name: str, more: str = "", default: Any = MISSING) -> Any:
     """A config field for `TrainSettings.<name>`: its doc (`more` appended), bounds and runtime flag, and its default
     unless `default` is given."""
     field = TrainSettings.fields()[name]
     meta = field.metadata
-    value = field.default if default is dataclasses.MISSING else default
+    value = field.default if default is MISSING else default
     return param(value, meta["doc"] + more, runtime=meta["runtime"], **meta["bounds"])
 
 
