@@ -112,6 +112,14 @@ class Params:
                 or f.default_factory is not dataclasses.MISSING}
 
     @classmethod
+    def choices(cls, name: str) -> tuple[Any, ...]:
+        """The values a `Literal` field allows, in their declared order (the one list of them)."""
+        hint = cls.hints()[name]
+        if typing.get_origin(hint) is not Literal:
+            raise TypeError(f"{cls.__name__}.{name} is not a Literal field: {describe(hint)}")
+        return typing.get_args(hint)
+
+    @classmethod
     def runtime(cls) -> frozenset[str]:
         """Names of the runtime settings (kept out of saved configs and sweeps)."""
         return frozenset(n for n, f in cls.fields().items() if f.metadata.get("runtime"))

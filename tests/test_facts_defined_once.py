@@ -1,14 +1,18 @@
-"""Each fact is defined once (issue 23): the source tree is scanned with `ast`, and a second definition of the detector
-families, the OOD groups, the metric names, softmax / logsumexp, the file-name sanitiser or the `class_names.json`
-schema fails here, naming the file and line."""
+"""Each fact is defined once (issues 23, 35): the source tree is scanned with `ast`, and a second definition of the
+detector families, the OOD groups, the metric names, softmax / logsumexp, the file-name sanitiser, the
+`class_names.json` schema, a training hyperparameter's default, a `score_rules` tuple or a restated base-class default
+fails here, naming the file and line."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
+import typing
 from pathlib import Path
 
 import pytest
 
+import detectors
 from detectors.registry import FAMILIES
 from detectors.tables import METRICS
 from pipelines.class_names import CLASS_NAMES as CLASS_NAMES_FILE
@@ -125,3 +129,148 @@ def test_a_second_definition_is_found(tmp_path):
     assert [line for line, s in _string_collections(planted) if s == set(FAMILIES)] == [1]
     assert [n.name for n in ast.walk(planted) if isinstance(n, ast.FunctionDef)] == ["softmax"]
     assert _sanitisers(planted) == [4]
+
+
+# -- training hyperparameters, Literal choices, inherited declarations (issue 35) ------------------------------------
+HYPERPARAMETERS = ("epochs", "lr", "batch_size", "weight_decay", "warmup_epochs")
+"""Training hyperparameters with one home: `pipelines.training.settings.TrainSettings` (its defaults)."""
+TRAINING_PACKAGES = ("pipelines/training/", "detectors/training/")
+HYPERPARAMETER_KNOWN = {
+    "pipelines/training/settings.py": {"epochs", "lr", "batch_size", "weight_decay", "warmup_epochs"},  # the home
+    "detectors/training/rotpred.py": {"batch_size"},  # a method's own published value (Open-Insects' RotPred: 256)
+}
+
+
+def _literal_default(value: ast.expr | None) -> bool:
+    """A default written out: a constant other than None, or `param(<constant>, ...)`."""
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "param" and value.args:
+        value = value.args[0]
+    return isinstance(value, (ast.Constant, ast.UnaryOp)) and getattr(value, "value", 0) is not None
+
+
+def _hyperparameter_defaults(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, name) of every default given to a training hyperparameter: a function's keyword default, or a class
+    field's value (`batch_size: int = param(512, ...)`, `lr = 1e-3`)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            positional = (a.posonlyargs + a.args)[len(a.posonlyargs + a.args) - len(a.defaults):]
+            pairs = [*zip(positional, a.defaults), *zip(a.kwonlyargs, a.kw_defaults)]
+            found += [(node.lineno, arg.arg) for arg, d in pairs if arg.arg in HYPERPARAMETERS and d is not None
+                      and _literal_default(d)]
+        if isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                target = stmt.target if isinstance(stmt, ast.AnnAssign) else (
+                    stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None)
+                if isinstance(target, ast.Name) and target.id in HYPERPARAMETERS and _literal_default(stmt.value):
+                    found.append((stmt.lineno, target.id))
+    return found
+
+
+def test_one_home_per_training_hyperparameter_default():
+    """A second `batch_size` (or epochs, lr, ...) default in the training code fails here: TrainSettings holds them,
+    recipes and protocols change them by name (`RECIPES`, `TRAINING_PROTOCOLS`, `detectors.protocols`)."""
+    found = {name: {n for _, n in _hyperparameter_defaults(tree)} for name, tree in SOURCES
+             if name.startswith(TRAINING_PACKAGES)}
+    found = {name: names for name, names in found.items() if names}
+    assert found == HYPERPARAMETER_KNOWN, found
+
+
+def _literal_restated(tree: ast.Module) -> list[int]:
+    """Lines of a class-body `score_rules = (...)` / `modes = (...)` tuple written out: both derive from the Literal of
+    the class's `Params.score_rule` / `Params.mode` (`Params.choices`)."""
+    return [stmt.lineno for node in ast.walk(tree) if isinstance(node, ast.ClassDef) for stmt in node.body
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None
+            and any(isinstance(t, ast.Name) and t.id in ("score_rules", "modes")
+                    for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]))]
+
+
+def test_score_rules_derive_from_the_literal():
+    found = [f"{name}:{line}" for name, tree in SOURCES for line in _literal_restated(tree)]
+    assert not found, found
+    for name in detectors.available("training"):
+        cls = detectors.detector_class(name)
+        assert cls.score_rules == typing.get_args(cls.Params.hints()["score_rule"]), name
+        assert cls.modes == typing.get_args(cls.Params.hints()["mode"]), name
+
+
+def _detector_classes() -> list[type]:
+    from detectors.base import Detector
+
+    detectors.available()  # every family module imported
+    found, todo = [], [Detector]
+    while todo:
+        cls = todo.pop()
+        for sub in cls.__subclasses__():
+            if sub.__module__.split(".")[0] == "detectors" and sub not in found:
+                found.append(sub)
+                todo.append(sub)
+    return found
+
+
+def _assigned(tree: ast.Module, qualname: str) -> set[str]:
+    """Names the body of the top-level class `qualname` assigns (nested classes, such as `Params`, included)."""
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == qualname:
+            names = set()
+            for stmt in node.body:
+                if isinstance(stmt, ast.Assign):
+                    names |= {t.id for t in stmt.targets if isinstance(t, ast.Name)}
+                elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None and isinstance(stmt.target, ast.Name):
+                    names.add(stmt.target.id)
+                elif isinstance(stmt, ast.ClassDef):
+                    names.add(stmt.name)
+            return names
+    return set()
+
+
+_NOT_INHERITED = object()
+
+
+def _restated(cls: type, names: set[str]) -> list[str]:
+    """Which of the class attributes `names` (assigned in `cls`'s body) equal what `cls` inherits, and which of its
+    `Params` fields (declared in its own Params) equal the inherited Params' field (type, default, doc, range)."""
+    out = []
+    for name in sorted(names - {"Params", "name", "defaults"}):
+        inherited = next((vars(k)[name] for k in cls.__mro__[1:] if name in vars(k)), _NOT_INHERITED)
+        if inherited is not _NOT_INHERITED and not callable(inherited) and vars(cls).get(name) == inherited:
+            out.append(name)
+    params, parent = vars(cls).get("Params"), getattr(cls.__mro__[1], "Params", None)
+    if "Params" in names and params is not None and parent is not None and params is not parent:
+        own, inherited = params.fields(), parent.fields()
+        for field in params.__dict__.get("__annotations__", {}):
+            if field in inherited and params.hints()[field] == parent.hints()[field] \
+                    and own[field].default == inherited[field].default \
+                    and dict(own[field].metadata) == dict(inherited[field].metadata):
+                out.append(f"Params.{field}")
+    return out
+
+
+def test_no_restated_base_class_default():
+    """A detector class that writes out what it inherits (`needs = frozenset()`, the base's `score_rule` field) fails
+    here: the base class states the default once."""
+    trees = dict(SOURCES)
+    found = {}
+    for cls in _detector_classes():
+        module = cls.__module__.replace(".", "/") + ".py"
+        restated = _restated(cls, _assigned(trees[module], cls.__qualname__))
+        if restated:
+            found[f"{module}:{cls.__qualname__}"] = restated
+    assert not found, found
+
+
+def test_the_training_and_declaration_scans_find_a_planted_restatement():
+    """A planted second batch_size default, a hand-written score_rules tuple and a restated `needs` are each seen."""
+    MSP, OE = detectors.detector_class("msp"), detectors.detector_class("oe")
+    planted = ast.parse("def finetune(x, *, batch_size=64, lr=None):\n    pass\n"
+                        "class P:\n    batch_size: int = param(256, 'doc')\n    epochs = optional('epochs')\n"
+                        "class D:\n    score_rules = ('msp', 'energy')\n")
+    assert _hyperparameter_defaults(planted) == [(1, "batch_size"), (4, "batch_size")]
+    assert _literal_restated(planted) == [7]
+    restating = type("Restating", (MSP,), {"needs": frozenset(), "paper": "another paper"})
+    assert _restated(restating, {"needs", "paper"}) == ["needs"]
+    same_rule = dataclasses.make_dataclass("Params", [("score_rule", OE.Params.hints()["score_rule"],
+                                                       OE.Params.fields()["score_rule"])],
+                                           bases=(OE.Params,), frozen=True)
+    assert _restated(type("SameRule", (OE,), {"Params": same_rule}), {"Params"}) == ["Params.score_rule"]

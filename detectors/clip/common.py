@@ -31,7 +31,6 @@ class ClipDetector(Detector):
 
     family: ClassVar[str] = "clip"
     inputs: ClassVar[frozenset[str]] = frozenset({"images"})
-    fit_inputs: ClassVar[frozenset[str]] = frozenset()
     needs: ClassVar[frozenset[str]] = frozenset({"class_names", "cache_dir", "device"})
     reads_patches: ClassVar[bool] = False  # GL-MCM-style scores and LoCoOp read local patch embeddings
 

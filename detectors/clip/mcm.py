@@ -29,7 +29,7 @@ class MCM(ClipDetector):
         templates: list[str] | None = param([MCM_TEMPLATE], "class prompts ('{}' = class name)")
         temperature: float = param(1.0, "softmax temperature T on the cosine similarities", gt=0)
 
-    search_space: dict = {}  # OpenOOD v1.5's mcm.yml: APS_mode False (T = 1, no sweep)
+    # no search_space: OpenOOD v1.5's mcm.yml has APS_mode False (T = 1, no sweep)
 
     def _score(self, batch: Any) -> np.ndarray:
         return scores.mcm(self.features(batch).global_, self.class_text(), self.params["temperature"])

@@ -117,7 +117,6 @@ class DiffGuard(Detector):
         prompt_template: str = param("a photo of a {}", "class prompt of the latent back-end")
         class_names: list[str] | None = param(None, "ID class names for the prompts (saved)")
 
-    fit_inputs = frozenset()
     needs = frozenset({"classifier", "class_names", "precision"})
 
     def __init__(self, classifier: Any = None, unet: Any = None, pipeline: Any = None, **params: Any) -> None:

@@ -69,7 +69,6 @@ class ASH(Detector):
         variant: Literal["b", "p", "s"] = param("b", "ASH-B (binarise), ASH-P (prune) or ASH-S (scale)")
 
     fit_inputs = frozenset({"head"})
-    needs = frozenset()
     search_space = {"percentile": [65, 70, 75, 80, 85, 90, 95]}  # OpenOOD v1.5
     needs_head = True
 

@@ -31,9 +31,8 @@ class DICE(Detector):
         percentile: float = param(90, "sparsity p: weight contributions below their p-th percentile are zeroed", ge=0, lt=100)
 
     fit_inputs = frozenset({"head"})
-    needs = frozenset()
-    search_space: dict = {}  # OpenOOD v1.5 fixes p at 90 (configs/postprocessors/dice.yml: APS_mode False, p_list [90])
     needs_head = True
+    # no search_space: OpenOOD v1.5 fixes p at 90 (configs/postprocessors/dice.yml: APS_mode False, p_list [90])
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         mean_activation = feature_mean(id_train, self.name)

@@ -30,8 +30,6 @@ class Energy(Detector):
     class Params(Params):
         temperature: float = param(1.0, "energy temperature T: s = T logsumexp(z / T)", gt=0)
 
-    fit_inputs = frozenset()
-    needs = frozenset()
     search_space: dict[str, list[Any]] = {"temperature": [1]}  # OpenOOD v1.5 configs/postprocessors/ebo.yml
 
     def _score(self, batch: Any) -> np.ndarray:

@@ -40,7 +40,6 @@ class FDBD(Detector):
         distance_as_normalizer: bool = param(True, "divide by ||h - mu_train|| (True) or by ||h|| (False)")
 
     fit_inputs = frozenset({"head"})
-    needs = frozenset()
     search_space = {"distance_as_normalizer": [True, False]}  # OpenOOD v1.5
     needs_head = True
 

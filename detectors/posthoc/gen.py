@@ -34,8 +34,6 @@ class GEN(Detector):
         gamma: float = param(0.1, "exponent of the generalised entropy", gt=0)
         M: int = param(100, "number of top softmax probabilities summed", ge=1)
 
-    fit_inputs = frozenset()
-    needs = frozenset()
     search_space: dict[str, list[Any]] = {"gamma": [0.01, 0.1, 0.5, 1, 2, 5, 10], "M": [10, 50, 100, 200, 500, 1000]}
 
     def _score(self, batch: Any) -> np.ndarray:

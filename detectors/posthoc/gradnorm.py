@@ -30,7 +30,6 @@ class GradNorm(Detector):
     inputs = frozenset({"features"})
     paper = "Huang et al., On the Importance of Gradients for Detecting Distributional Shifts in the Wild, NeurIPS 2021"
     fit_inputs = frozenset({"head"})
-    needs = frozenset()
     needs_head = True
 
     def _score(self, batch: Any) -> np.ndarray:

@@ -40,7 +40,6 @@ class KLMatching(Detector):
     inputs = frozenset({"logits"})
     paper = "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings, ICML 2022"
     fit_inputs = frozenset({"id_val"})
-    needs = frozenset()
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)

@@ -67,8 +67,6 @@ class KNN(Detector):
         index: Literal["flat", "flat16", "ivf", "auto"] = param("flat", "nearest-neighbour index (see the module docstring)")
         nprobe: int = param(16, "IVF lists searched per query", ge=1)
 
-    fit_inputs = frozenset()
-    needs = frozenset()
     search_space = {"k": [50, 100, 200, 500, 1000]}  # OpenOOD v1.5
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:

@@ -17,8 +17,6 @@ class MaxLogit(Detector):
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings, ICML 2022"
-    fit_inputs = frozenset()
-    needs = frozenset()
 
     def _score(self, batch: Any) -> np.ndarray:
         return logits_of(batch, self.name).max(axis=1)

@@ -17,8 +17,6 @@ class MSP(Detector):
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Hendrycks & Gimpel, A Baseline for Detecting Misclassified and OOD Examples, ICLR 2017"
-    fit_inputs = frozenset()
-    needs = frozenset()
 
     def _score(self, batch: Any) -> np.ndarray:
         return softmax(logits_of(batch, self.name)).max(axis=1)

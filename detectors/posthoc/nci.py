@@ -26,7 +26,6 @@ class NCI(Detector):
         alpha: float = param(1e-4, "weight of the L1 norm term", ge=0)
 
     fit_inputs = frozenset({"head"})
-    needs = frozenset()
     search_space = {"alpha": [1e-4, 1e-3, 1e-2, 1e-1]}  # OpenOOD v1.5
     needs_head = True
 

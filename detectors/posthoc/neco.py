@@ -37,7 +37,6 @@ class NECO(Detector):
         max_logit: bool = param(False, "multiply by the max logit (the official choice for ViT/DeiT/Swin)")
 
     fit_inputs = frozenset({"head"})
-    needs = frozenset()
     search_space = {"dim": [50, 100, 150, 200, 250, 300]}
 
     def resolved_params(self) -> dict[str, Any]:

@@ -66,7 +66,6 @@ class ODIN(Detector):
         grad_std: float | None = param(None, "divisor of the gradient sign: null the classifier's normalisation std "
                                              "(OpenOOD on a named benchmark), 0.5 Open-Insect's runs", gt=0)
 
-    fit_inputs = frozenset()
     needs = frozenset({"classifier", "device", "precision"})
     search_space: dict[str, list[Any]] = {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]}  # OpenOOD v1.5
 

@@ -136,9 +136,6 @@ class OpenMax(Detector):
         eu_weight: float = param(1 / 200, "weight of the euclidean term in eucos", ge=0)
         score: Literal["openood", "unknown", "max_known", "max_all"] = param("openood", "the confidence returned")
 
-    fit_inputs = frozenset()
-    needs = frozenset()
-
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self.mavs: np.ndarray | None = None

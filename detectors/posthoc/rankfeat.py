@@ -78,7 +78,6 @@ class RankFeat(Detector):
         power_iteration: bool = param(False, "power iteration instead of an exact SVD")
         iterations: int = param(20, "power iterations", ge=1)
 
-    fit_inputs = frozenset()
     needs = frozenset({"classifier"})
 
     def __init__(self, classifier: Any = None, batch_size: int = 32, **params: Any) -> None:

@@ -56,7 +56,6 @@ class _PriorDetector(PriorState, Detector):
     inputs = frozenset({"logits"})
     paper = "Jiang et al., Detecting Out-of-distribution Data through In-distribution Class Prior, ICML 2023"
     fit_inputs = frozenset({"head"})
-    needs = frozenset()
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -85,7 +84,6 @@ class _PriorDetector(PriorState, Detector):
 class RPMSP(_PriorDetector):
     """s(x) = max_k (softmax(z)_k - prior_k)."""
 
-
     def _score(self, batch: Any) -> np.ndarray:
         _, probs = self._probs_and_prior(batch)
         return (probs - self.prior[None, :]).max(axis=1)
@@ -94,7 +92,6 @@ class RPMSP(_PriorDetector):
 @register_detector("rp_ebo")
 class RPEBO(_PriorDetector):
     """s(x) = T logsumexp(z / T) * (1 - cos(softmax(z), prior))."""
-
 
     @dataclass(frozen=True)
     class Params(Params):

@@ -78,7 +78,6 @@ class TempScale(Detector):
                                                         "or the exact NLL optimum")
 
     fit_inputs = frozenset({"id_val"})
-    needs = frozenset()
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)

@@ -109,7 +109,6 @@ class ViM(Detector):
                                               "vim.yml); None: the rule", ge=1)
 
     fit_inputs = frozenset({"head"})
-    needs = frozenset()
     search_space = {"dim": [256, 1000]}  # OpenOOD v1.5
     needs_head = True
 

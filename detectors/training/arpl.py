@@ -69,7 +69,6 @@ class ARPL(TrainedDetector):
         score_rule: Literal["msp", "energy"] = param("msp", "how the trained model scores")
 
     search_space = {"weight_pl": [0.01, 0.1, 1.0]}
-    score_rules = ("msp", "energy")
 
     def objective(self) -> Objective:
         return ARPLLoss(self.params["weight_pl"], self.params["temp"])

@@ -39,14 +39,12 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, Params, as_numpy, param
+from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, as_numpy, param
 from detectors.posthoc.common import logsumexp, softmax
 from pipelines.data import Manifest
 from pipelines.fingerprint import weights_fingerprint
-from pipelines.training import Objective, finetune, train_heads
-
-MODES = ("full", "heads")
-
+from pipelines.training import Objective, TrainSettings, finetune, train_heads
+from pipelines.training.loop import Checkpoint
 
 softmax64, logsumexp64 = softmax, logsumexp  # float64 over the class axis of [N, C]: the one definition
 
@@ -62,35 +60,25 @@ def apply_linear(state: dict[str, np.ndarray], prefix: str, features: np.ndarray
 
 class TrainedDetector(Detector):
     """Base of the training-time detectors (family "training"). Subclasses extend `Params` with their method's
-    hyperparameters and `score_rule`, set `score_rules`, and implement `objective()` (the loss to train) and
-    `_score_logits(logits, features)`."""
+    hyperparameters and their `score_rule` Literal (`score_rules` and `modes` are derived from the Literals), and
+    implement `objective()` (the loss to train) and `_score_logits(logits, features)`."""
 
     @dataclass(frozen=True)
-    class Params(Params):
-        """Open-Insects recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine with 2 warm-up epochs, batch 512."""
+    class Params(TrainSettings):
+        """The training hyperparameters (`TrainSettings`: the Open-Insects fine-tuning recipe, 30 epochs, AdamW lr 1e-3,
+        weight decay 1e-5, cosine with 2 warm-up epochs, batch 512), the training mode, pixels and scoring."""
 
         mode: Literal["full", "heads"] = param("full", "fine-tune the whole classifier on images, or heads on cached features")
-        epochs: int = param(30, "training epochs", ge=1)
-        lr: float = param(1e-3, "AdamW learning rate", gt=0)
-        batch_size: int = param(512, "training batch size", ge=1)
-        weight_decay: float = param(1e-5, "AdamW weight decay", ge=0)
-        warmup_epochs: float = param(2, "linear warm-up epochs before the cosine", ge=0)
-        schedule: Literal["clean", "reference"] = param(
-            "clean", "lr schedule: clean warm-up + cosine, or the reference trainers' timm schedule and step counter")
-        drop_last: bool = param(True, "drop the last partial training batch (the reference keeps it, MixOE excepted)")
         augment: Literal["region", "ami", "none"] = param(
             "region", "full-mode training pixels: the preprocessor branch Open-Insect's finetune.sh selects (resize, "
             "centre crop, flip, RandomCrop with padding 4), its ami branch (RandomResizedCrop 0.3-1, flip, "
             "RandAugment(2, 9)), or the processor's pixels unchanged")
-        seed: int = param(0, "training seed")
-        precision: str = param("auto", "training precision (auto: bf16 on GPU, fp32 on CPU; the reference: fp32)",
-                               runtime=True)
         num_workers: int | None = param(None, "data-loader workers (full mode); null: every core but one beside a GPU, "
                                               "0 on a CPU-only machine", runtime=True, ge=0)
         aux_label_field: str | None = param(None, "manifest field giving auxiliary rows a class index")
         score_batch_size: int = param(64, "images per scoring batch", runtime=True, ge=1)
-        score_rule: str = param("msp", "how the trained model scores (one of the class's score_rules)")
-        checkpoint: Literal["last", "best"] = param(
+        score_rule: Literal["msp"] = param("msp", "how the trained model scores")
+        checkpoint: Checkpoint = param(
             "last", "which fine-tuned weights score: the last epoch's, or the best ID-val top-1 epoch's, a later epoch "
             "winning a tie (the reference's best.ckpt, base_recorder.py:40-50; needs id_val); the reference protocols: "
             "best (detectors.protocols.CHECKPOINTS)")
@@ -99,17 +87,17 @@ class TrainedDetector(Detector):
     inputs: ClassVar[frozenset[str]] = frozenset({"images"})  # the default mode's; each instance sets its own
     fit_inputs: ClassVar[frozenset[str]] = frozenset({"head", "id_val", "aux"})
     needs: ClassVar[frozenset[str]] = frozenset({"classifier", "precision", "work_dir"})
-    score_rules: ClassVar[tuple[str, ...]] = ("msp",)
-    modes: ClassVar[tuple[str, ...]] = MODES
+    score_rules: ClassVar[tuple[str, ...]]  # each subclass's: the choices of its Params.score_rule
+    modes: ClassVar[tuple[str, ...]]  # each subclass's: the choices of its Params.mode
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.score_rules, cls.modes = cls.Params.choices("score_rule"), cls.Params.choices("mode")
 
     def __init__(self, classifier: Any = None, work_dir: str | os.PathLike | None = None, **params: Any) -> None:
         """`classifier`: the ImageClassifier to fine-tune in full mode (trained in place; pass a copy to keep yours);
         `work_dir`: where full mode writes its per-epoch checkpoint and its feature caches (none: no resume, no cache)."""
-        super().__init__(**params)
-        if self.params["score_rule"] not in self.score_rules:
-            raise ValueError(f"{self.name}: score_rule must be one of {self.score_rules}, got {self.params['score_rule']!r}")
-        if self.params["mode"] not in self.modes:
-            raise ValueError(f"{self.name}: mode must be one of {self.modes}, got {self.params['mode']!r}")
+        super().__init__(**params)  # Params' Literals check score_rule and mode
         self.inputs = frozenset({"images"}) if self.params["mode"] == "full" else frozenset({"features", "logits"})
         self.classifier = classifier
         self.work_dir = None if work_dir is None else Path(work_dir)
@@ -138,9 +126,7 @@ class TrainedDetector(Detector):
         if objective.uses_aux and aux is None:
             raise ValueError(f"{self.name} trains with auxiliary data: fit(..., aux=<auxiliary FeatureSet, ImageSet or Manifest>)")
         p = self.params
-        common = dict(epochs=p["epochs"], lr=p["lr"], batch_size=p["batch_size"], weight_decay=p["weight_decay"],
-                      warmup_epochs=p["warmup_epochs"], objective=objective, seed=p["seed"], precision=p["precision"],
-                      schedule=p["schedule"], keep_last_batch=not p["drop_last"])
+        common = dict(settings=TrainSettings(**{k: p[k] for k in TrainSettings.fields()}), objective=objective)
         aux = aux if objective.uses_aux else None
         if p["checkpoint"] == "best" and id_val is None:
             raise ValueError(f"{self.name}: checkpoint 'best' chooses the fine-tune's epoch by ID validation accuracy: "

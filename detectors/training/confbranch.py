@@ -65,7 +65,6 @@ class ConfBranch(TrainedDetector):
         score_rule: Literal["confidence", "msp"] = param("confidence", "how the trained model scores")
 
     search_space = {"budget": [0.1, 0.3, 0.5]}
-    score_rules = ("confidence", "msp")
 
     def objective(self) -> Objective:
         p = self.params

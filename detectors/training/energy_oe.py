@@ -60,7 +60,6 @@ class EnergyOE(TrainedDetector):
         score_rule: Literal["energy", "msp"] = param("energy", "how the trained model scores")
 
     search_space = {"lam": [0.01, 0.1, 0.5]}
-    score_rules = ("energy", "msp")
 
     def objective(self) -> Objective:
         p = self.params

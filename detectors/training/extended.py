@@ -6,7 +6,6 @@ manifests, `aux_label_field`; the aux FeatureSet's labels in the heads-only mode
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from detectors.base import param
 from detectors.registry import register_detector
@@ -19,10 +18,7 @@ class Extended(BranchDetector):
 
     @dataclass(frozen=True)
     class Params(BranchDetector.Params):
-        score_rule: Literal["msp", "novel"] = param("msp", "how the trained model scores")
-        pooled: bool = param(True, "one pooled novel class (False: one per branch level)")
         aux_label_field: str | None = param("aux_label", "the species splits' auxiliary class index (scripts/make_splits.py); "
                                                          "heads mode reads the aux FeatureSet's labels")
 
-    search_space = {"score_rule": ["msp", "novel"]}
     per_species = True

@@ -86,7 +86,6 @@ class GODIN(TrainedDetector):
             "no_decay", "h without weight decay, or as the reference: in the decayed AdamW and a weight-decay-0 one")
 
     search_space = {"score_rule": ["h", "g"]}
-    score_rules = ("h", "g")
 
     def objective(self) -> Objective:
         return GODINLoss(self.params["h_optimizer"])

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +36,6 @@ class LogitNorm(TrainedDetector):
     @dataclass(frozen=True)
     class Params(TrainedDetector.Params):
         tau: float = param(0.04, "logit-norm temperature", gt=0)
-        score_rule: Literal["msp"] = param("msp", "how the trained model scores")
 
     search_space = {"tau": [0.01, 0.02, 0.04, 0.06, 0.08]}
 

@@ -85,7 +85,6 @@ class MCD(TrainedDetector):
         score_rule: Literal["discrepancy", "msp"] = param("discrepancy", "how the trained model scores")
 
     search_space = {"margin": [0.6, 1.2, 2.4]}
-    score_rules = ("discrepancy", "msp")
 
     def objective(self) -> Objective:
         p = self.params

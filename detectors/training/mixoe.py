@@ -105,7 +105,6 @@ class MixOE(TrainedDetector):
         beta: float = param(1.0, "Beta(alpha, beta) mixing distribution: beta", gt=0)
         lambda_oe: float = param(1.0, "weight of the mixed-target loss", ge=0)
         passes: int = param(2, "forward passes per step", ge=1)
-        score_rule: Literal["msp"] = param("msp", "how the trained model scores")
 
     search_space = {"lambda_oe": [1.0, 5.0, 10.0]}
 

@@ -67,7 +67,12 @@ class BranchLoss(Objective):
 class BranchDetector(TrainedDetector):
     """Shared by NovelBranch and Extended: the second head is `branch`; `per_species` selects Extended."""
 
-    score_rules = ("msp", "novel")
+    @dataclass(frozen=True)
+    class Params(TrainedDetector.Params):
+        score_rule: Literal["msp", "novel"] = param("msp", "how the trained model scores")
+        pooled: bool = param(True, "one pooled novel class (False: one per branch level)")
+
+    search_space = {"score_rule": ["msp", "novel"]}
     per_species = False
 
     def objective(self) -> Objective:
@@ -92,10 +97,3 @@ class BranchDetector(TrainedDetector):
 @register_detector("novel_branch")
 class NovelBranch(BranchDetector):
     paper = "Chen et al., Open-Insects: a benchmark for open-set recognition of insects (NovelBranch baseline)"
-
-    @dataclass(frozen=True)
-    class Params(TrainedDetector.Params):
-        score_rule: Literal["msp", "novel"] = param("msp", "how the trained model scores")
-        pooled: bool = param(True, "one pooled novel class (False: one per branch level)")
-
-    search_space = {"score_rule": ["msp", "novel"]}

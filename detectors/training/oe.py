@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +43,6 @@ class OutlierExposure(TrainedDetector):
     @dataclass(frozen=True)
     class Params(TrainedDetector.Params):
         lam: float = param(0.5, "weight of the uniform cross-entropy on outliers", ge=0)
-        score_rule: Literal["msp"] = param("msp", "how the trained model scores")
 
     search_space = {"lam": [0.1, 0.5, 1.0]}
 

@@ -72,17 +72,14 @@ def rotpred_score(logits: np.ndarray, rot_logits: np.ndarray) -> np.ndarray:
 class RotPred(TrainedDetector):
     """Rotation prediction as an auxiliary task; score from the class and rotation heads on rotated images."""
 
-    inputs = frozenset({"images"})
     paper = "Hendrycks et al., Using Self-Supervised Learning Can Improve Model Robustness and Uncertainty, NeurIPS 2019"
 
     @dataclass(frozen=True)
     class Params(TrainedDetector.Params):
         score_rule: Literal["rotpred", "msp"] = param("rotpred", "how the trained model scores")
         mode: Literal["full"] = param("full", "rotating needs images: full mode only")
-        batch_size: int = param(256, "training batch size (Open-Insects: 256)", ge=1)
-
-    score_rules = ("rotpred", "msp")
-    modes = ("full",)
+        batch_size: int = param(256, "global batch size (split across processes; Open-Insects' RotPred: 256)",
+                                ge=1)
 
     def objective(self) -> Objective:
         return RotPredLoss()

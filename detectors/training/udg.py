@@ -19,7 +19,6 @@ Score: MSP of the closed head.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
@@ -178,7 +177,6 @@ class UDG(TrainedDetector):
         oe_enhance_ratio: float = param(2.0, "outlier-exposure enhancement ratio", gt=0)
         lambda_oe: float = param(0.5, "weight of the OE loss", ge=0)
         lambda_aux: float = param(0.1, "weight of the auxiliary clustering loss", ge=0)
-        score_rule: Literal["msp"] = param("msp", "how the trained model scores")
 
     search_space = {"num_clusters": [100, 500, 1000]}
 

@@ -5,6 +5,7 @@ multi-granularity heads; per-epoch atomic checkpoints and resume; the same weigh
 - `loaders`: image rows, cached-feature batches, the epoch-seeded sampler; `transforms`: torchvision's ops without
   torchvision (RandAugment, RandomResizedCrop, Resize, CenterCrop, RandomCrop, flip) and Open-Insect's preprocessors;
 - `schedule`: the "clean" and the "reference" (Open-Insect's step counter) lr schedules;
+- `settings`: `TrainSettings`, the training hyperparameters (defaults, ranges, docs) everything below reads;
 - `loop`: `finetune` (a whole `ImageClassifier` on images), `train_heads` (linear heads on cached features);
 - `batchnorm`: batch norm over the global batch across processes; `recipes` (recipes, protocols, `TrainConfig`) + `classify`: `train_classifier(config)`
   behind `scripts/train_classifier.py`; `bench`: the measurements of `scripts/bench_train.py`.
@@ -12,6 +13,7 @@ multi-granularity heads; per-epoch atomic checkpoints and resume; the same weigh
 from pipelines.training.loaders import aux_batch_size
 from pipelines.training.loop import LoopSettings, TrainResult, as_linear, finetune, train_heads
 from pipelines.training.objectives import PRIMARY, CrossEntropy, MultiGranularity, Objective, Pass, TrainBatch
+from pipelines.training.settings import TrainSettings
 
 __all__ = ["PRIMARY", "CrossEntropy", "LoopSettings", "MultiGranularity", "Objective", "Pass", "TrainBatch", "TrainResult",
-           "as_linear", "aux_batch_size", "finetune", "train_heads"]
+           "TrainSettings", "as_linear", "aux_batch_size", "finetune", "train_heads"]

@@ -228,12 +228,10 @@ def _train_classifier(config: TrainConfig) -> Path:
         print(f"recipe {config.recipe}, protocol {config.protocol}: train pixels {transforms[0]!r}; eval pixels "
               f"{transforms[1]!r}; batch {config.batch_size} ({'last partial batch dropped' if config.drop_last else 'last partial batch kept'}), "
               f"precision {config.precision}", flush=True)
-    result = finetune(classifier, train, val=val, test=test, objective=objective, epochs=config.epochs, lr=config.lr,
-                      batch_size=config.batch_size, weight_decay=config.weight_decay, warmup_epochs=config.warmup_epochs,
-                      seed=config.seed, precision=config.precision, num_workers=config.workers(),
-                      transforms=transforms, keep_last_batch=not config.drop_last, schedule=config.schedule,
-                      checkpoint=out / CHECKPOINT, checkpoint_key=key, keep_best=True,
-                      channels_last=config.channels_last, compile=config.compile, sync_bn=config.sync_bn)
+    result = finetune(classifier, train, settings=config.settings(), val=val, test=test, objective=objective,
+                      num_workers=config.workers(), transforms=transforms, checkpoint=out / CHECKPOINT,
+                      checkpoint_key=key, keep_best=True, channels_last=config.channels_last, compile=config.compile,
+                      sync_bn=config.sync_bn)
     if state.is_main_process:
         _write_outputs(out, config, classifier, objective, result, class_names, label_field, key)
     state.wait_for_everyone()
@@ -348,7 +346,7 @@ def checkpoint_entries(result: TrainResult, heads: list[str]) -> dict[str, dict[
                                    "test": _top1(result.best_test, heads)}}
 
 
-def metrics(result: TrainResult, heads: list[str], label_field: str | None, warmup_epochs: float = 0) -> dict[str, Any]:
+def metrics(result: TrainResult, heads: list[str], label_field: str | None, warmup_epochs: float) -> dict[str, Any]:
     """Top-1 accuracy per head on ID val (last epoch) and ID test, `overall` (every head right), the lr at the
     schedule's landmarks (`lr_landmarks`), the history."""
     def top1(values: dict[str, float]) -> dict[str, float]:

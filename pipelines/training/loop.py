@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +26,7 @@ from pipelines.checkpoints import (best_epoch_saved, best_path, checkpoint_histo
                                    load_checkpoint, loader_generators, save_best, save_checkpoint)
 from pipelines.data import LoadFailure, Manifest
 from pipelines.errors import ConfigError
+from pipelines.params import param
 from pipelines.progress import progress
 from pipelines.runtime import resolve_device, resolve_dtype, seed_everything
 from pipelines.training.batchnorm import global_batchnorm
@@ -33,11 +35,13 @@ from pipelines.training.loaders import (ImageRows, PooledRows, PooledTensorBatch
                                         target_values)
 from pipelines.training.objectives import PRIMARY, CrossEntropy, Objective, Pass, TrainBatch
 from pipelines.training.schedule import describe, make_scheduler
+from pipelines.training.settings import TrainSettings
 from pipelines.training.transforms import Normalize
 
 # -- results -------------------------------------------------------------------------------------------------
 CHECKPOINT_CHOICES: tuple[str, ...] = ("last", "best")
 """Which weights a trained model scores with: the last epoch's, or the best epoch's by ID-val accuracy (`best_epoch`)."""
+Checkpoint = Literal[CHECKPOINT_CHOICES]  # type: ignore[valid-type]
 BEST_METRIC = f"acc_{PRIMARY}"
 """The history entry the best epoch is chosen by: top-1 accuracy of the primary head on ID val."""
 
@@ -157,36 +161,41 @@ def as_linear(head: Any) -> nn.Linear:
 
 
 # -- the loop ------------------------------------------------------------------------------------------------
-@dataclass
-class LoopSettings:
-    """How `_run` trains: optimiser and schedule values, precision, and the optional speed and resume settings.
+@dataclass(frozen=True)
+class LoopSettings(TrainSettings):
+    """How `_run` trains: the training hyperparameters (`TrainSettings`), and the loop's own settings: a description,
+    the optional speed and resume settings, and which weights the model keeps.
 
     `checkpoint`: a file written atomically after every epoch (`pipelines.checkpoints`: model + objective state and
     attributes, optimiser, schedule, history); an existing one whose `checkpoint_key` matches is resumed from, another
-    one is ignored and overwritten. `normalize` maps a loader's uint8 batch to the model's
-    input on the device (`transforms.Normalize`). `channels_last` / `compile` are GPU speed options; `sync_bn`
-    normalises batch-norm layers over the global batch when several processes train (`batchnorm.GlobalBatchNorm`).
-    `schedule`: "clean" or "reference" (`pipelines.training.schedule`). `keep_best` keeps the best epoch's weights by
-    ID-val accuracy (`best_epoch`) beside the last: in `pipelines.checkpoints.best_path(checkpoint)` with a checkpoint
-    (written after the epoch's checkpoint, so a killed run resumes to the same best), else in memory; `weights` names
-    the weights the model holds when training returns (`best` implies `keep_best` and needs validation rows)."""
+    one is ignored and overwritten. `normalize` maps a loader's uint8 batch to the model's input on the device
+    (`transforms.Normalize`). `channels_last` / `compile` are GPU speed options; `sync_bn` normalises batch-norm layers
+    over the global batch when several processes train (`batchnorm.GlobalBatchNorm`). `keep_best` keeps the best
+    epoch's weights by ID-val accuracy (`best_epoch`) beside the last: in `pipelines.checkpoints.best_path(checkpoint)`
+    with a checkpoint (written after the epoch's checkpoint, so a killed run resumes to the same best), else in memory;
+    `weights` names the weights the model holds when training returns (`best` implies `keep_best` and needs validation
+    rows)."""
 
-    epochs: int
-    lr: float
-    weight_decay: float
-    warmup_epochs: float
-    seed: int
-    precision: str = "auto"
-    desc: str = "train"
-    checkpoint: Path | None = None
-    checkpoint_key: str = ""
-    normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
-    channels_last: bool = False
-    compile: bool = False
-    sync_bn: bool = True
-    schedule: str = "clean"
-    keep_best: bool = False
-    weights: str = "last"
+    desc: str = param("train", "the progress bar's and the messages' label", runtime=True)
+    checkpoint: str | os.PathLike | None = param(None, "the per-epoch checkpoint file (None: no resume)", runtime=True)
+    checkpoint_key: str = param("", "the run's key: a checkpoint with another is not resumed", runtime=True)
+    normalize: Callable[[torch.Tensor], torch.Tensor] | None = param(None, "uint8 batch -> model input, on the device",
+                                                                     runtime=True)
+    channels_last: bool = param(False, "channels-last memory on GPU", runtime=True)
+    compile: bool = param(False, "torch.compile the model (GPU speed option)", runtime=True)
+    sync_bn: bool = param(True, "batch-norm statistics over the global batch with several processes")
+    keep_best: bool = param(False, "keep the best epoch's weights by ID-val accuracy beside the last")
+    weights: Checkpoint = param("last", "the weights the model holds when training returns")
+
+    @classmethod
+    def of(cls, settings: TrainSettings | None, **options: Any) -> "LoopSettings":
+        """`settings` (None: the defaults) with `options` (names of `LoopSettings` fields) over them; an unknown name
+        is a TypeError naming it."""
+        unknown = set(options) - set(cls.fields())
+        if unknown:
+            raise TypeError(f"unknown training setting(s) {sorted(unknown)}; known: {sorted(cls.fields())}")
+        base = {} if settings is None else {f: getattr(settings, f) for f in settings.fields() if f in cls.fields()}
+        return cls(**{**base, **options})
 
 
 def drop_last(rows: int, batch_size: int, keep_partial: bool) -> bool:
@@ -255,8 +264,6 @@ class _Loop:
         if len(loaders[0]) == 0:
             raise ConfigError(f"batch_size: {_rows(loaders[0])} training rows make no batch: no optimiser step would run "
                               "(lower batch_size or keep the last partial batch)")
-        if settings.weights not in CHECKPOINT_CHOICES:
-            raise ValueError(f"weights must be one of {list(CHECKPOINT_CHOICES)}, got {settings.weights!r}")
         if settings.weights == "best" and loaders[2] is None:
             raise ValueError(f"{settings.desc}: the best epoch is chosen by ID validation accuracy: pass validation rows "
                              "(or keep the last epoch's weights)")
@@ -564,28 +571,31 @@ def _evaluate(step_module: _Step, loader: Any, targets: dict[str, np.ndarray], i
 
 
 # -- public entry points ---------------------------------------------------------------------------------------
-def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: float = 1e-3, batch_size: int = 64,
-             weight_decay: float = 1e-5, warmup_epochs: float = 2, objective: Objective | None = None,
-             aux: Manifest | None = None, aux_label_field: str | None = None, val: Manifest | None = None, seed: int = 0,
-             precision: str = "auto", num_workers: int = 0, augment: Callable[[Any], Any] | None = None,
-             test: Manifest | None = None, transforms: tuple[Callable, Callable] | None = None,
-             keep_last_batch: bool = False, **options: Any) -> TrainResult:
+def finetune(classifier: nn.Module, train: Manifest, *, settings: TrainSettings | None = None,
+             objective: Objective | None = None, aux: Manifest | None = None, aux_label_field: str | None = None,
+             val: Manifest | None = None, test: Manifest | None = None, num_workers: int = 0,
+             augment: Callable[[Any], Any] | None = None, transforms: tuple[Callable, Callable] | None = None,
+             **options: Any) -> TrainResult:
     """Fine-tune `classifier` (an `ImageClassifier`: forward -> (logits, features), `.head`, `.preprocess`) in place.
 
+    `settings` (`TrainSettings`; None: its defaults, the Open-Insects fine-tuning recipe) says how; `options` are
+    `LoopSettings` fields over them (epochs, lr, batch_size, ... and checkpoint, checkpoint_key, channels_last,
+    compile, sync_bn, keep_best, weights: the best epoch by ID-val accuracy kept beside the last, and which the model
+    holds). `batch_size` is the global batch (split across processes); `drop_last` false keeps the last partial
+    training batch (the `drop_last` function's rule).
     `train` holds ID rows (their `label`); `aux` (auxiliary / outlier rows) feeds objectives with `uses_aux`, its class
     index read from `aux_label_field` (sorted vocabulary; e.g. "species" for Extended). `val` (ID rows) gives the
     per-epoch accuracy, `test` the accuracy at the end (`TrainResult.test`). Pixels come from the classifier's own
     `preprocess` after `augment` (PIL -> PIL), or from `transforms` = (train, eval) `(image, rng) -> uint8 tensor`
     normalised on the device with the classifier's mean and std; auxiliary rows of a separate aux stream get the eval
     transform (the reference's test preprocessor for its `oe` split), pooled aux rows the training one.
-    `batch_size` is the global batch (split across processes); `keep_last_batch` keeps the last partial training batch
-    (`drop_last`). `options` are `LoopSettings` fields (checkpoint, checkpoint_key, channels_last, compile, sync_bn,
-    schedule, keep_best, weights: the best epoch by ID-val accuracy kept beside the last, and which the model holds).
-    Defaults follow the Open-Insects fine-tuning recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine schedule
-    with 2 warm-up epochs.
     """
+    s = LoopSettings.of(settings, **{"desc": "finetune", **options})
+    if transforms is not None and s.normalize is None:
+        s = s.replace(normalize=Normalize(classifier.mean.flatten().tolist(), classifier.std.flatten().tolist(),
+                                          channels_last=s.channels_last))
     objective = objective or CrossEntropy()
-    seed_everything(seed)
+    seed_everything(s.seed)
     if objective.uses_aux and aux is None:
         raise ValueError(f"{type(objective).__name__} trains with auxiliary data: pass aux=<Manifest of auxiliary rows>")
     fields = objective.label_fields()
@@ -596,16 +606,11 @@ def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: fl
                 for name, m in (("val", val), ("test", test))]
     aux_y, aux_vocab = aux_labels(aux.rows, aux_label_field) if aux is not None and objective.uses_aux else (None, [])
     objective.setup(classifier.head.in_features, classifier.head.out_features, len(aux_vocab))
-    if transforms is not None:
-        options.setdefault("normalize", Normalize(classifier.mean.flatten().tolist(), classifier.std.flatten().tolist(),
-                                                  channels_last=options.get("channels_last", False)))
-    pixels = _pixels(classifier.preprocess, augment, transforms, seed)
-    loaders = _image_loaders(objective, train, aux, aux_y, val, test, pixels, batch_size, seed, num_workers,
-                             keep_last_batch, aux_train_pixels=transforms is None)
+    pixels = _pixels(classifier.preprocess, augment, transforms, s.seed)
+    loaders = _image_loaders(objective, train, aux, aux_y, val, test, pixels, s.batch_size, s.seed, num_workers,
+                             not s.drop_last, aux_train_pixels=transforms is None)
     manifests = {"train": train, "aux": aux, "val": val, "test": test}
-    settings = LoopSettings(epochs=epochs, lr=lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs, seed=seed,
-                            precision=precision, desc="finetune", **options)
-    return _run(classifier, objective, *loaders[:3], targets[0], targets[1], settings=settings,
+    return _run(classifier, objective, *loaders[:3], targets[0], targets[1], settings=s,
                 result=TrainResult(aux_vocab=aux_vocab), failed_files=lambda split, i: manifests[split].rows[i]["file_name"],
                 test_loader=loaders[3], test_targets=targets[2])
 
@@ -645,23 +650,23 @@ def _image_loaders(objective: Objective, train: Manifest, aux: Manifest | None, 
     return train_loader, aux_loader, evals[0], evals[1]
 
 
-def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray, *, epochs: int = 30, lr: float = 1e-3,
-                batch_size: int = 256, weight_decay: float = 1e-5, warmup_epochs: float = 2, objective: Objective | None = None,
+def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray, *,
+                settings: TrainSettings | None = None, objective: Objective | None = None,
                 aux_features: np.ndarray | None = None, aux_labels: np.ndarray | None = None,
                 train_targets: dict[str, Sequence[Any]] | None = None, val_features: np.ndarray | None = None,
-                val_labels: np.ndarray | None = None, val_targets: dict[str, Sequence[Any]] | None = None, seed: int = 0,
-                precision: str = "auto", keep_last_batch: bool = False, schedule: str = "clean",
-                weights: str = "last") -> tuple[nn.Linear, TrainResult]:
+                val_labels: np.ndarray | None = None, val_targets: dict[str, Sequence[Any]] | None = None,
+                **options: Any) -> tuple[nn.Linear, TrainResult]:
     """Fast mode: train only the linear head(s) on cached penultimate features, with the same loop and objectives.
 
     `head` (nn.Linear, LinearHead or (weight, bias)) initialises the closed-set head; a copy is trained and returned.
-    `aux_labels` are auxiliary class indices (-1 unknown); `*_targets` are raw values per extra label level
-    (multi-granularity). Objectives that transform inputs (MixOE) mix features here instead of pixels. `weights`:
-    the returned head is the last epoch's, or the best epoch's by validation accuracy (`best_epoch`; needs
-    `val_features`).
+    `settings` and `options` as in `finetune`. `aux_labels` are auxiliary class indices (-1 unknown); `*_targets` are
+    raw values per extra label level (multi-granularity). Objectives that transform inputs (MixOE) mix features here
+    instead of pixels. `weights`: the returned head is the last epoch's, or the best epoch's by validation accuracy
+    (`best_epoch`; needs `val_features`).
     """
+    s = LoopSettings.of(settings, **{"desc": "train_heads", **options})
     objective = objective or CrossEntropy()
-    seed_everything(seed)
+    seed_everything(s.seed)
     if objective.uses_aux and aux_features is None:
         raise ValueError(f"{type(objective).__name__} trains with auxiliary data: pass aux_features")
     layer = _copy_linear(as_linear(head))
@@ -677,22 +682,21 @@ def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray,
     objective.setup(layer.in_features, layer.out_features, n_aux_classes)
     aux_loader = None
     if objective.uses_aux and objective.pooled:
-        train_loader = PooledTensorBatches(train_features, labels, aux_features, aux_y, batch_size, seed,
-                                           drop_last=drop_last(len(labels) + len(aux_y), batch_size, keep_last_batch))
+        train_loader = PooledTensorBatches(train_features, labels, aux_features, aux_y, s.batch_size, s.seed,
+                                           drop_last=drop_last(len(labels) + len(aux_y), s.batch_size, not s.drop_last))
     else:
-        train_loader = TensorBatches(train_features, labels, batch_size, True, seed,
-                                     drop_last=drop_last(len(labels), batch_size, keep_last_batch))
+        train_loader = TensorBatches(train_features, labels, s.batch_size, True, s.seed,
+                                     drop_last=drop_last(len(labels), s.batch_size, not s.drop_last))
     if objective.uses_aux and not objective.pooled:
-        aux_size = aux_batch_size(objective, batch_size, len(labels), len(aux_y))
-        aux_loader = TensorBatches(aux_features, aux_y, aux_size, True, seed + 1,
-                                   drop_last=drop_last(len(aux_y), aux_size, keep_last_batch))
+        aux_size = aux_batch_size(objective, s.batch_size, len(labels), len(aux_y))
+        aux_loader = TensorBatches(aux_features, aux_y, aux_size, True, s.seed + 1,
+                                   drop_last=drop_last(len(aux_y), aux_size, not s.drop_last))
     val_loader = None
     if val_features is not None:
-        val_loader = TensorBatches(val_features, np.asarray(val_labels, dtype=np.int64), batch_size, False, seed, False)
-    settings = LoopSettings(epochs=epochs, lr=lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs, seed=seed,
-                            precision=precision, desc="train_heads", schedule=schedule, weights=weights)
+        val_loader = TensorBatches(val_features, np.asarray(val_labels, dtype=np.int64), s.batch_size, False, s.seed,
+                                   False)
     result = _run(_HeadsOnly(layer), objective, train_loader, aux_loader, val_loader, encoded_train, encoded_val,
-                  settings=settings, result=TrainResult(), failed_files=lambda split, i: f"{split}[{i}]")
+                  settings=s, result=TrainResult(), failed_files=lambda split, i: f"{split}[{i}]")
     return layer, result
 
 

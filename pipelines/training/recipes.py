@@ -15,6 +15,7 @@ from pipelines.errors import ConfigError
 from pipelines.hub_ids import RESNET_ID
 from pipelines.params import REQUIRED, Config, config, convert, param
 from pipelines.runtime import check_model_ref, check_safe_folder, looks_local
+from pipelines.training.settings import Precision, Schedule, TrainSettings, optional, setting
 
 DEFAULT_MODEL = RESNET_ID
 DOC = "docs/training.md"
@@ -92,22 +93,21 @@ class TrainConfig(Config):
     recipe: RecipeName = param(DEFAULT_RECIPE, "the named recipe filling every key left out")
     protocol: Protocol | None = param(None, "open-insects (the reference code) or exact; null: the recipe's")
     pretrained: bool | None = param(None, "start from the model's weights (false: random initialisation)")
-    epochs: int | None = param(None, "training epochs", ge=1)
-    batch_size: int | None = param(None, "global batch size (split across processes)", ge=1)
-    lr: float | None = param(None, "AdamW learning rate", gt=0)
-    weight_decay: float | None = param(None, "AdamW weight decay", ge=0)
-    warmup_epochs: float | None = param(None, "warm-up epochs before the cosine (must be below epochs)", ge=0)
-    schedule: Literal["reference", "clean"] | None = param(None, "reference (Open-Insect's step counter) or clean")
-    drop_last: bool | None = param(None, "drop the last partial training batch (the reference keeps it)")
+    epochs: int | None = optional("epochs")
+    batch_size: int | None = optional("batch_size")
+    lr: float | None = optional("lr")
+    weight_decay: float | None = optional("weight_decay")
+    warmup_epochs: float | None = optional("warmup_epochs", " (must be below epochs)")
+    schedule: Schedule | None = optional("schedule")
+    drop_last: bool | None = optional("drop_last")
     augment: Literal["ami", "region", "imagenet"] | None = param(None, "training pixels: Open-Insect's ami or region "
                                                                        "preprocessor, or RandomResizedCrop + flip")
     image_size: int | None = param(None, "training and evaluation crop; null: the model processor's size", ge=8)
     pre_size: int | None = param(None, "evaluation resize (shorter side) before the centre crop; null: the processor's",
                                  ge=8)
     levels: list[str] | None = param(None, "label fields with one head each (multi-granularity)")
-    seed: int = param(0, "seed of initialisation, order and augmentation")
-    precision: Literal["auto", "bf16", "fp16", "fp32"] | None = param(None, "training precision (auto: bf16 on GPU)",
-                                                                      runtime=True)
+    seed: int = setting("seed")
+    precision: Precision | None = optional("precision")
     num_workers: int | None = param(None, "data-loader workers; null: every core but one beside a GPU, 0 on the CPU",
                                     ge=0, runtime=True)
     draft: bool = param(True, "decode training JPEGs at the DCT scale the random crop needs (false: full decode; "
@@ -151,6 +151,10 @@ class TrainConfig(Config):
         if self.augment == "region" and self.image_size is not None and self.pre_size is not None \
                 and self.pre_size < self.image_size:
             raise ConfigError(f"pre_size ({self.pre_size}) must be at least image_size ({self.image_size})", doc=DOC)
+
+    def settings(self) -> TrainSettings:
+        """The resolved training hyperparameters (`from_dict` filled every one from the recipe and the protocol)."""
+        return TrainSettings.of(self)
 
     def workers(self) -> int:
         """`num_workers`, or the default (`pipelines.pixels.default_workers`): every core but one beside a GPU; on the

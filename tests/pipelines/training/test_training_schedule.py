@@ -92,7 +92,7 @@ def test_the_loop_runs_the_reference_schedule_and_keeps_the_last_partial_batch(s
     x, y = rng.normal(size=(37, 6)).astype(np.float32), rng.integers(0, 3, 37)
     head = (np.zeros((3, 6)), np.zeros(3))
     _, kept = train_heads(head, x, y, epochs=4, lr=0.01, batch_size=8, warmup_epochs=1, schedule="reference",
-                          keep_last_batch=True, precision="fp32")
+                          drop_last=False, precision="fp32")
     assert kept.steps == 4 * 5  # ceil(37 / 8): the partial batch of 5 kept
     assert kept.lrs == pytest.approx(trainer_lrs(4, 1, 37, 8, 0.01), rel=1e-6)
     _, dropped = train_heads(head, x, y, epochs=4, lr=0.01, batch_size=8, warmup_epochs=1, precision="fp32")
