@@ -92,3 +92,24 @@ def test_bench_steady_rate_and_the_paper_estimates_by_hand(bench):
                                                "megapixels": 0.07, "draft": True}
     text = bench.table(measured, est)
     assert "| train (originals, 3 MP) | 60.0 | - | - | 1.50x | 400 |" in text and "fetch: 18.0 h at 45.0 img/s" in text
+
+
+def test_bench_has_a_testable_main_on_the_shared_parser(bench, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--help"])
+    assert stop.value.code == 0 and "--sample" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--skip", "nothing"])
+    assert stop.value.code == 2
+
+
+def test_bench_fetch_estimate_falls_back_when_the_host_was_not_the_limit(bench, tmp_path, monkeypatch):
+    measured = {"fetch": {"best": {"ours_reference": {"img_s_per_core": 10.0, "bytes_per_image": 1}},
+                          "throttled": {"throttle_efficiency": None, "limited_by_host": False}}}
+    monkeypatch.setattr(bench, "ROOT", tmp_path)
+    est = bench.paper_estimates(measured, cores=16, host_rps=50, gpu_img_s=1.0)["fetch"]
+    assert (est["throttle_efficiency"], est["img_s"]) == (1.0, 50.0) and est["throttle_efficiency_source"].startswith("assumed")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "fetch.json").write_text('{"paper_estimate": {"throttle_efficiency": 0.8}}')
+    est = bench.paper_estimates(measured, cores=16, host_rps=50, gpu_img_s=1.0)["fetch"]
+    assert (est["throttle_efficiency"], est["img_s"]) == (0.8, 40.0) and "fetch.json" in est["throttle_efficiency_source"]
