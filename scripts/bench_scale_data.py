@@ -163,6 +163,7 @@ def splits_stage(rows: int, columns: int, seed: int, work: Path) -> tuple[dict[s
             "build_archive_s": round(built, 1), "read_s": round(found["read"], 2), "build_s": round(found["build"], 2),
             "manifests_s": round(found["manifests"], 2), "manifest_rows": found["manifest_rows"],
             "total_s": round(found["read"] + found["build"] + found["manifests"], 2),
+            "process_cpu_s": round(run["cpu_seconds"], 1), "process_wall_s": round(run["seconds"], 1),
             "import_rss_mib": round(found["import_rss_mib"], 1), "peak_rss_mib": round(found["peak_rss_mib"], 1),
             "regions": [p.name for p in regions]}, labels
 
