@@ -28,7 +28,6 @@ import io
 import json
 import platform
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,67 +39,13 @@ import numpy as np
 import torch
 from PIL import Image
 
+from pipelines.benchtools import Torchvision
 from pipelines.cli import parser, run_main
 from pipelines.io import atomic_write_json
 
-SYSTEM_PYTHON = "/usr/bin/python3"
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 IMAGE_SIZE, PRE_SIZE, BATCH = 126, 128, 32
 ORIENTATIONS = (1, 6, 1, 3, 1, 8)
-
-TORCHVISION = r"""
-import json, sys, time
-import numpy as np
-import torch
-import torchvision
-import torchvision.transforms as T
-from PIL import Image
-
-torch.set_num_threads(1)
-MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-
-
-def pil_loader(path):  # torchvision.datasets.folder.pil_loader
-    with open(path, "rb") as f:
-        img = Image.open(f)
-        return img.convert("RGB")
-
-
-class Files(torch.utils.data.Dataset):
-    def __init__(self, files, transform):
-        self.files, self.transform = files, transform
-
-    def __len__(self):
-        return len(self.files)
-
-    def __getitem__(self, i):
-        return self.transform(pil_loader(self.files[i])), 0
-
-
-EVAL = T.Compose([T.Resize(128, interpolation=T.InterpolationMode.BILINEAR), T.CenterCrop(126)])
-TRAIN = T.Compose([T.RandomResizedCrop(126, scale=(0.3, 1)), T.RandomHorizontalFlip(), T.RandAugment(num_ops=2, magnitude=9),
-                   T.Resize((126, 126)), T.ToTensor(), T.Normalize(MEAN, STD)])
-TENSOR = T.Compose([EVAL, T.ToTensor(), T.Normalize(MEAN, STD)])
-print(json.dumps({"torchvision": torchvision.__version__, "torch": torch.__version__,
-                  "pillow": Image.__version__}), flush=True)
-for line in sys.stdin:
-    job = json.loads(line)
-    files, stage = job["files"], job["stage"]
-    torch.manual_seed(0)
-    start = time.perf_counter()
-    if stage == "decode":
-        for f in files:
-            pil_loader(f)
-    elif stage in ("eval", "train"):
-        loader = torch.utils.data.DataLoader(Files(files, TENSOR if stage == "eval" else TRAIN), batch_size=job["batch"],
-                                             num_workers=0)
-        for x, _ in loader:
-            pass
-    elif stage == "pixels":
-        np.savez(job["out"], *[np.asarray(EVAL(pil_loader(f))) for f in files])
-    print(json.dumps({"seconds": time.perf_counter() - start}), flush=True)
-"""
-
 
 def camera_like(width: int, height: int, seed: int) -> Image.Image:
     """A synthetic photo: a smooth colour field, blobs, sharp edges and sensor noise (JPEG-realistic content)."""
@@ -131,24 +76,6 @@ def make_images(folder: Path, count: int, megapixels: float) -> list[Path]:
         image.save(path, "JPEG", quality=90, exif=exif.tobytes())
         paths.append(path)
     return paths
-
-
-class Torchvision:
-    """Debian's torchvision in a subprocess that runs one stage per request and reports its own time."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([SYSTEM_PYTHON, "-c", TORCHVISION], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
-        self.versions = json.loads(self.proc.stdout.readline())
-
-    def run(self, stage: str, files: list[Path], **extra: Any) -> float:
-        self.proc.stdin.write(json.dumps({"stage": stage, "files": [str(f) for f in files], "batch": BATCH, **extra}) + "\n")
-        self.proc.stdin.flush()
-        return float(json.loads(self.proc.stdout.readline())["seconds"])
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
 
 
 def timed(run: Callable[[], Any]) -> float:
@@ -256,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:
         files = make_images(Path(scratch), args.images, args.megapixels)
-        tv = Torchvision()
+        tv = Torchvision(image_size=IMAGE_SIZE, pre_size=PRE_SIZE, batch=BATCH)
         try:
             numbers = measure(files, tv, args.rounds, Path(scratch))
         finally:

@@ -27,16 +27,14 @@ import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections import deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from PIL import Image
 
+from pipelines.benchtools import LoopbackHost as Host
 from pipelines.cli import parser, run_main
 from pipelines.io import atomic_write_json
 
@@ -62,72 +60,6 @@ def photo(seed: int, width: int, height: int) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(buffer, format="JPEG", quality=90)
     return buffer.getvalue()
-
-
-class Host:
-    """A loopback image host: `/img/<i>.jpg?...` serves pool[i]; `rps` (429 with Retry-After: 1 past that many
-    requests in the last second), `delay` (seconds before each answer)."""
-
-    def __init__(self, pool: list[bytes], rps: float | None = None, delay: float = 0.0):
-        self.pool, self.rps, self.delay = pool, rps, delay
-        self.lock = threading.Lock()
-        self.accepted: deque = deque()
-        self.requests = self.throttled = 0
-        self.first: float | None = None
-        host = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                code, body = host.answer(self.path)
-                self.send_response(code)
-                if code == 429:
-                    self.send_header("Retry-After", "1")
-                self.send_header("Content-Type", "image/jpeg")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                try:
-                    self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            request_queue_size = 256
-
-            def handle_error(self, request, client_address):
-                pass
-
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def answer(self, path: str) -> tuple[int, bytes]:
-        with self.lock:
-            self.requests += 1
-            self.first = self.first or time.time()
-            if self.rps is not None:
-                now = time.monotonic()
-                while self.accepted and self.accepted[0] <= now - 1.0:
-                    self.accepted.popleft()
-                if len(self.accepted) >= self.rps:
-                    self.throttled += 1
-                    return 429, b"slow down"
-                self.accepted.append(now)
-        if self.delay:
-            time.sleep(self.delay)
-        index = int(path.split("/")[2].split(".")[0])
-        return 200, self.pool[index % len(self.pool)]
-
-    def reset(self) -> None:
-        with self.lock:
-            self.accepted.clear()
-            self.requests = self.throttled = 0
-            self.first = None
 
 
 def table(path: Path, urls: list[str]) -> Path:

@@ -10,7 +10,8 @@ batch_size (global), lr, weight_decay, warmup_epochs, schedule, drop_last, augme
 precision, num_workers, compile, channels_last, sync_bn, cache_hash (docs/training.md).
 Writes a model folder that `model:` in eval configs loads, with class_names.json, metrics.json and training.png. A
 killed run resumes from its last finished epoch when rerun; a finished one rerun does nothing. `--dry-run` runs every
-check the run makes before it loads the model and prints the plan (rows, classes, schedule, new / resumes / up to date).
+check the run makes before it loads the model and prints the plan (rows, classes, schedule, new / resumes / up to date)
+and its cost: hours of data loading at the measured per-core loader rate, disk (pipelines.training.cost).
 """
 from __future__ import annotations
 
@@ -31,7 +32,10 @@ def main(argv: list[str] | None = None) -> int:
 
     config = TrainConfig.from_dict(raw, where=str(args.config))
     if args.dry_run:  # every check the run makes before it loads the model; nothing written
-        print(check_training(config).describe(config))
+        plan = check_training(config)
+        from pipelines.training.cost import training_cost
+
+        print(plan.describe(config) + "\n" + training_cost(config, plan))
         return 0
     out = train_classifier(config)
     from pipelines.runtime import partial_state

@@ -303,6 +303,7 @@ def test_dry_run_states_the_plan_the_run_follows_and_writes_nothing(setup, tmp_p
     dry = capsys.readouterr().out.splitlines()
     assert not (tmp_path / "out").exists()
     assert dry[0].endswith("(new)") and "ID rows: train 12, val 3, test 3; 3 classes" in dry[1]
+    assert any(line.startswith("estimate: data loading ") for line in dry)  # pipelines.training.cost, at measured rates
     monkeypatch.setattr(classify, "build_classifier", real_build)
     assert run_main(main, ["--config", str(config)]) == 0
     run = capsys.readouterr().out
