@@ -41,7 +41,7 @@ floors:
 	bash .ci/floors .venv-floors
 
 bench: $(STAMP)
-	$(PY) scripts/bench_detectors.py
+	$(PY) -m benchmarks.detectors
 
 clean:
 	rm -rf demo_out .pytest_cache .venv-floors build

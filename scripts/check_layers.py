@@ -6,6 +6,7 @@ inside functions, under `if TYPE_CHECKING`) and every `importlib.import_module("
     gen         imports pipelines and gen         (never detectors)
     detectors   imports pipelines and detectors   (never gen)
     scripts     imports pipelines, gen, detectors (nothing imports scripts)
+    benchmarks  imports anything                  (nothing imports benchmarks; tests may)
 
 and no two modules of these packages import each other, directly or through others (an import circle). Prints one
 line per fault (`file:line: a imports b ...`) and exits 1 when there is any; tests are not checked.
@@ -22,12 +23,13 @@ from pathlib import Path
 
 from pipelines.cli import README_SECTIONS, parser, run_main
 
-PACKAGES = ("pipelines", "gen", "detectors", "scripts")
+PACKAGES = ("pipelines", "gen", "detectors", "scripts", "benchmarks")
 ALLOWED: dict[str, frozenset[str]] = {
     "pipelines": frozenset({"pipelines"}),
     "gen": frozenset({"pipelines", "gen"}),
     "detectors": frozenset({"pipelines", "detectors"}),
     "scripts": frozenset({"pipelines", "gen", "detectors"}),
+    "benchmarks": frozenset({"pipelines", "gen", "detectors", "scripts", "benchmarks"}),
 }
 
 

@@ -107,7 +107,7 @@ def _optional_stages(out: Path, id_dir: Path, ood_dir: Path, skip: set[str]) -> 
               f"{time.perf_counter() - stage:.0f} s")
         written += [Path(made["manifest"]), Path(made["contact_sheet"])]
     if "clip" not in skip:
-        from detectors.benchmarks.clip_demo import clip_demo
+        from detectors.harness.clip_demo import clip_demo
 
         stage = time.perf_counter()
         idm = read_manifest(id_dir).select(split="test", role="id")

@@ -30,7 +30,7 @@ FLAGS = {"split.pad_lat": "--pad", "split.pad_lon": "--pad", "split.regions": "-
 """Config keys whose flag is not `--` + the key's last part with dashes (for one-line errors)."""
 NONE_IF_ZERO = ("aux_per_species", "aux_species", "id_val_cap")
 RATES = Path(__file__).resolve().parents[1] / "benchmarks" / "splits.json"
-"""Where the dry run's estimate takes the disk write rate from (`scripts/bench_splits.py` measures it)."""
+"""Where the dry run's estimate takes the disk write rate from (`benchmarks/splits.py` measures it)."""
 LIMITS = ("max_rows", "max_member_bytes", "max_line_bytes", "max_kept_bytes")
 
 

@@ -8,7 +8,7 @@ Indexes (`index` parameter):
   within float16 rounding of the exact ones.
 - "ivf": inverted file with float16 storage (nlist = sqrt(N) clusters trained on 40 nlist evenly spaced rows,
   `nprobe` searched): approximate, much faster
-  for large banks; recall is measured in `scripts/bench_scale.py` (docs/bench_scale.md).
+  for large banks; recall is measured in `benchmarks/scale.py` (docs/bench_scale.md).
 - "auto": "flat" up to `AUTO_IVF_ROWS` train rows, "ivf" beyond.
 """
 from __future__ import annotations

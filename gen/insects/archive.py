@@ -1,7 +1,7 @@
 """An occurrence table written as a GBIF download lays it out: a zip of `meta.xml`, `occurrence.txt` (GBIF's column
 names and order for the columns the project reads, filler columns up to GBIF's width, tab separated, unquoted) and
 `multimedia.txt` (one still image a row, its URL in `identifier`), for benchmarks and end-to-end runs at the papers'
-size (`scripts/bench_gbif.py`, `scripts/bench_splits.py --archive`). Built column-wise with pyarrow in chunks, so
+size (`benchmarks/gbif.py`, `benchmarks/splits.py --archive`). Built column-wise with pyarrow in chunks, so
 millions of rows take seconds and little memory."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What a make_splits run will cost, told by its dry run: the dry run reads, builds and encodes every manifest byte
 as the run does (its seconds are measured on the user's own input), so only the writing is estimated, at the disk
-rate `scripts/bench_splits.py` measured (`benchmarks/splits.json`, key `disk_write_mib_per_s`)."""
+rate `benchmarks/splits.py` measured (`benchmarks/splits.json`, key `disk_write_mib_per_s`)."""
 from __future__ import annotations
 
 import json

@@ -52,7 +52,7 @@ def estimate(left: Counter, records: dict[str, dict[str, Any]], bench: Path = BE
             default, per_image = float(inputs["images_per_s_per_host"]), float(inputs["bytes_per_image"])
         except (OSError, ValueError, KeyError, TypeError):
             return {"source": None, "text": "no measured rate: neither this --out's ledger nor benchmarks/fetch.json "
-                                            "has one (run scripts/bench_fetch.py)"}
+                                            "has one (run benchmarks/fetch.py)"}
         rates = {}
         source = (f"benchmarks/fetch.json (a loopback host allowing {inputs.get('host_allows_rps', '?')} requests a "
                   "second)")

@@ -8,7 +8,7 @@ multi-granularity heads; per-epoch atomic checkpoints and resume; the same weigh
 - `settings`: `TrainSettings`, the training hyperparameters (defaults, ranges, docs) everything below reads;
 - `loop`: `finetune` (a whole `ImageClassifier` on images), `train_heads` (linear heads on cached features);
 - `batchnorm`: batch norm over the global batch across processes; `recipes` (recipes, protocols, `TrainConfig`) + `classify`: `train_classifier(config)`
-  behind `scripts/train_classifier.py`; `bench`: the measurements of `scripts/bench_train.py`.
+  behind `scripts/train_classifier.py`; `bench`: the measurements of `benchmarks/train.py`.
 """
 from pipelines.training.loaders import aux_batch_size
 from pipelines.training.loop import LoopSettings, TrainResult, as_linear, finetune, train_heads

@@ -27,7 +27,7 @@ def tiny_resnet_classifier(folder: str | Path, classes: int = 3, seed: int = 0, 
 
 def small_conv_classifier(seed: int = 0, num_classes: int = 4) -> ImageClassifier:
     """The DIFFGUARD benchmarks' small conv net (32 x 32 inputs) wrapped as an ImageClassifier."""
-    from detectors.benchmarks.diffguard import SmallConvClassifier
+    from benchmarks.cases.diffguard import SmallConvClassifier
 
     torch.manual_seed(seed)
     return ImageClassifier.from_module(SmallConvClassifier(num_classes).eval(), image_size=32).eval()

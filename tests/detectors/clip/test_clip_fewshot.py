@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from detectors.benchmarks.clip_demo import clip_demo
+from detectors.harness.clip_demo import clip_demo
 from detectors.clip.fewshot import plot_fewshot, sweep
 from detectors.base import Detector, ImageSet
 from detectors.metrics import evaluate

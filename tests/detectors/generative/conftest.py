@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from detectors.benchmarks.diffguard import contrast_ramp_images
+from benchmarks.cases.diffguard import contrast_ramp_images
 from helpers.models import small_conv_classifier
 from pipelines.classifier import ImageClassifier
 

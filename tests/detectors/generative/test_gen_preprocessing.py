@@ -11,7 +11,7 @@ from PIL import Image
 
 import detectors
 from detectors import ImageSet
-from detectors.benchmarks.diffguard import SmallConvClassifier
+from benchmarks.cases.diffguard import SmallConvClassifier
 from detectors.generative.diffguard import DiffGuard, resize_center_crop
 from detectors.generative.distances import DISTS, vgg16_features
 from detectors.generative.pixel_backend import random_crops

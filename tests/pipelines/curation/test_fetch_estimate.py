@@ -53,11 +53,9 @@ def test_without_a_ledger_the_benchmark_figures_are_used_and_said(tmp_path):
 
 @pytest.mark.slow  # two fetch_images processes
 def test_the_benchmark_writes_the_figures_the_estimate_reads(tmp_path):
-    import runpy
-
-    script = runpy.run_path(str(BENCH.parents[1] / "scripts" / "bench_fetch.py"))
+    from benchmarks import fetch as script
     out = tmp_path / "fetch.json"
-    assert script["main"](["--images", "12", "--side", "200", "--rps", "1000", "--repeats", "1", "--scenarios",
+    assert script.main(["--images", "12", "--side", "200", "--rps", "1000", "--repeats", "1", "--scenarios",
                            "fast,throttled", "--img2dataset-python", str(tmp_path / "none"), "--out", str(out)]) == 0
     record = json.loads(out.read_text())
     ours = record["scenarios"]["throttled"]["best"]["ours"]

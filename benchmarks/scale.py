@@ -13,8 +13,8 @@ no torchvision stand-in is needed. It is never a project dependency (`pip instal
 KNN's float16 IVF index is compared with the exact search (recall of the k neighbours, score error).
 Finally the species-manifest writer (gen.insects.write_splits) is timed against the previous writer on ~2M rows.
 
-    python scripts/bench_scale.py                                   # full: 100k, 400k, 1.28M rows (~8 GB of temp files)
-    python scripts/bench_scale.py --sizes 20000 50000 --test 2000 --only mds vim knn --manifest-occurrences 100000
+    python -m benchmarks.scale                                   # full: 100k, 400k, 1.28M rows (~8 GB of temp files)
+    python -m benchmarks.scale --sizes 20000 50000 --test 2000 --only mds vim knn --manifest-occurrences 100000
 """
 from __future__ import annotations
 
@@ -237,7 +237,7 @@ def _rss() -> dict[str, float]:
 
 
 def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "benchmarks.scale", "--child", json.dumps(spec)], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
@@ -356,7 +356,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--manifest-occurrences", type=int, default=3_000_000, help="0 skips the manifest benchmark")
     parser.add_argument("--workdir", type=Path, default=None, help="where the temporary caches go (deleted afterwards)")
     parser.add_argument("--timeout", type=float, default=3600)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/scale.json"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     parser.add_argument("--update", action="store_true", help="keep the sections of an existing --out that this run skips")
     parser.add_argument("--merge", type=Path, nargs="*", help="combine the JSON of runs made separately into --out")
     args = parser.parse_args(argv)

@@ -7,8 +7,8 @@ ratio and the largest relative difference. Also times scoring (deviation from th
 as the detector does it (`class_deviations`: row blocks, class by class within a block) against gathering every row's
 bounds into [N, F] arrays first. Writes `benchmarks/gram.json`.
 
-    python scripts/bench_gram.py
-    python scripts/bench_gram.py --batch 2 --repeats 1
+    python -m benchmarks.gram
+    python -m benchmarks.gram --batch 2 --repeats 1
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rows", type=int, default=5000, help="scored rows for the deviation timing")
     p.add_argument("--classes", type=int, default=100)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/gram.json"))
+    p.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     args = p.parse_args(argv)
     torch.manual_seed(0)
     maps = [torch.relu(torch.randn(args.batch, c, s, s)) for c, s in STAGES]

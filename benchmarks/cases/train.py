@@ -1,4 +1,4 @@
-"""Measurements behind `scripts/bench_train.py` and the training case of `scripts/bench_gpu.py`: images per second of
+"""Measurements behind `benchmarks/train.py` and the training case of `benchmarks/gpu.py`: images per second of
 classifier training (`finetune` with the recipe transforms) and of feature extraction (`extract_features`), each
 against a minimal hand-written PyTorch loop on the same model and data in the same process, the data pipeline's
 capacity and the share of time spent decoding images, and peak RSS.

@@ -1,4 +1,4 @@
-"""Throughput measurements of the CLIP detectors (used by scripts/bench_clip.py): scoring with cached vs uncached
+"""Throughput measurements of the CLIP detectors (used by benchmarks/clip.py): scoring with cached vs uncached
 image features, prompt-training steps on cached features vs re-running the image tower every step (what a
 straightforward CoOp/LoCoOp loop does), and the training features of a few-shot sweep (shots x seeds) sliced from one
 cached pass vs embedded per subset."""

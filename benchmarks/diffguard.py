@@ -11,8 +11,8 @@
 
 Results go to benchmarks/diffguard.json.
 
-    python scripts/bench_diffguard.py                       # 16 images, batch sizes 1,4,8,16, 100 steps
-    python scripts/bench_diffguard.py --steps 50 --images 8 --batch-sizes 1,8 --sections batching
+    python -m benchmarks.diffguard                       # 16 images, batch sizes 1,4,8,16, 100 steps
+    python -m benchmarks.diffguard --steps 50 --images 8 --batch-sizes 1,8 --sections batching
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 import detectors
-from detectors.benchmarks.diffguard import (SmallConvClassifier, bench_early_stop_features, bench_gradcam_single_pass,
+from benchmarks.cases.diffguard import (SmallConvClassifier, bench_early_stop_features, bench_gradcam_single_pass,
                                             contrast_ramp_images, timed_seconds)
 from detectors.generative.diffguard import resize_center_crop
 from detectors.generative.pixel_backend import ClassifierGuidance, denoise_from, invert_with_early_stop
@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds, cases in a random order in each")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 avoids oversubscription)")
     parser.add_argument("--device", default=None)
-    parser.add_argument("--out", default="benchmarks/diffguard.json")
+    parser.add_argument("--out", default=Path(__file__).with_suffix(".json"))
     return parser.parse_args(argv)
 
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """An image-level validation sweep (ODIN's OpenOOD grid, 8 points) with and without the pixel memo, in the same
-process on the same model and images: `python scripts/bench_sweep.py` -> benchmarks/sweep.json.
+process on the same model and images: `python -m benchmarks.sweep` -> benchmarks/sweep.json.
 
-    nice python scripts/bench_sweep.py                                   # CPU: tiny ResNet-50 stand-in
-    python scripts/bench_sweep.py --size full --images 1024 --side 512   # on a GPU, where decoding dominates
+    nice python -m benchmarks.sweep                                   # CPU: tiny ResNet-50 stand-in
+    python -m benchmarks.sweep --size full --images 1024 --side 512   # on a GPU, where decoding dominates
 
 Without the memo every grid point decodes and resizes the ID and OOD validation images again; with it
 (`sweep_pixel_mb`, `detectors.posthoc.pixels.pixel_memo`) they are preprocessed once. Reports seconds of each sweep
@@ -28,15 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2, help="interleaved runs of each sweep; the best time counts")
     args = p.parse_args(argv)
-    out = Path(args.out or "benchmarks/sweep.json")
-    from bench_train import _classifier, write_result
+    out = Path(args.out or Path(__file__).with_suffix(".json"))
+    from benchmarks.train import _classifier, write_result
 
     from detectors import build
     from detectors.base import ImageSet
     from detectors.posthoc.pixels import pixel_memo
     from detectors.selection import select
     from pipelines.runtime import resolve_device
-    from pipelines.training.bench import synthetic_manifest
+    from benchmarks.cases.train import synthetic_manifest
 
     device = resolve_device()
     classifier = _classifier(args.size, args.image_size).to(device).eval()
@@ -62,5 +62,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_train's stand-in classifier
     sys.exit(run_main(main, doc="README.md, section 'Scripts'"))

@@ -15,8 +15,8 @@ the throttle efficiency times 50; `estimate_inputs` is what `fetch_images --dry-
 before a --out has a ledger of its own. img2dataset runs from `--img2dataset-python` (a venv of its own: it pins
 pandas<3), and is skipped when that interpreter is missing.
 
-    python scripts/bench_fetch.py [--images 400] [--side 768] [--rps 20] [--repeats 2]   -> benchmarks/fetch.json
-    python scripts/bench_fetch.py --images 3000 --side 1536 --rps 50 --repeats 3     # the paper's size, many cores
+    python -m benchmarks.fetch [--images 400] [--side 768] [--rps 20] [--repeats 2]   -> benchmarks/fetch.json
+    python -m benchmarks.fetch --images 3000 --side 1536 --rps 50 --repeats 3     # the paper's size, many cores
 """
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paper-images", type=int, default=2_912_168, help="Open-Insects' image count")
     p.add_argument("--img2dataset-python", default="/work/venvs/fetch/bin/python")
     p.add_argument("--scenarios", default="fast,throttled,slow_beside_fast")
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "fetch.json")
+    p.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     args = p.parse_args(argv)
     i2d = Path(args.img2dataset_python).is_file()
     width = args.side * 4 // 3

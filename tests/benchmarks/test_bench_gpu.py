@@ -1,18 +1,16 @@
-"""scripts/bench_gpu.py on the CPU: its dry run end to end, the budget, JSON after every case, one shape per compile."""
+"""benchmarks/gpu.py on the CPU: its dry run end to end, the budget, JSON after every case, one shape per compile."""
 from __future__ import annotations
 
+import importlib
 import json
-import runpy
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_gpu.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    return runpy.run_path(str(SCRIPT))
+    return vars(importlib.import_module("benchmarks.gpu"))
 
 
 def test_compiled_cases_get_one_fresh_build_per_batch_size(bench):
@@ -37,7 +35,7 @@ def test_budget_estimates_from_the_last_case_of_a_kind_scaled_by_batch(bench):
 
 @pytest.mark.slow
 def test_dry_run_writes_the_json_after_every_case_and_skips_what_the_budget_cannot_hold(bench, tmp_path, monkeypatch,
-                                                                                       single_thread):
+                                                                                       single_torch_thread):
     writes = []
     save = bench["main"].__globals__["atomic_write_json"]
 

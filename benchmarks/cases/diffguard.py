@@ -1,4 +1,4 @@
-"""Throughput of DIFFGUARD's batched per-sample early stop against the batch-1 loop (used by scripts/bench_*.py).
+"""Throughput of DIFFGUARD's batched per-sample early stop against the batch-1 loop (used by benchmarks/*.py).
 
 The reference is the original design's constraint: samples stop inversion at different steps, so the original code
 denoises one image at a time. Here the reference loop runs the same detector on one image at a time, and the batched

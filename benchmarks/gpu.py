@@ -1,7 +1,7 @@
 """The one prepared GPU benchmark: full-size architectures with random weights (nothing is downloaded).
 
 Section "train": a full-size ResNet-50 trained with the recipe loop (bf16 autocast, channels-last, batch 256) and its
-feature extraction, each against a minimal PyTorch loop in the same process (`pipelines.training.bench`).
+feature extraction, each against a minimal PyTorch loop in the same process (`benchmarks.cases.train`).
 Section "zest": SDXL base UNet + depth ControlNet + VAE + IP-Adapter (ViT-H encoder, image projection) + DPT-hybrid,
 built from the real hub configs (pipelines/hub_configs, pipelines.tiny.zest_configs("full")) directly on the GPU in bf16
 (DPT in fp32), run through `ZeSTPipeline.generate` at 1024 px, 30 steps. Reports images/s per batch size for each
@@ -11,10 +11,10 @@ gets a fresh build, so every compilation sees one static shape. Results go to be
 every case. A wall-clock budget (`--budget-s`, default 420 s) skips, and records as skipped, the cases that would
 not fit.
 
-    python scripts/bench_gpu.py                          # everything that fits in 7 minutes (under 8 with start-up)
-    python scripts/bench_gpu.py --quick                  # batch sizes 1 and 4, no compile: about 2 minutes
-    python scripts/bench_gpu.py --sections zest --batch-sizes 1,8 --no-compile
-    python scripts/bench_gpu.py --dry-run                # tiny models on the CPU: checks the script end to end
+    python -m benchmarks.gpu                          # everything that fits in 7 minutes (under 8 with start-up)
+    python -m benchmarks.gpu --quick                  # batch sizes 1 and 4, no compile: about 2 minutes
+    python -m benchmarks.gpu --sections zest --batch-sizes 1,8 --no-compile
+    python -m benchmarks.gpu --dry-run                # tiny models on the CPU: checks the script end to end
 """
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ def bench_diffguard(args: argparse.Namespace, budget: Budget, save: Callable[[di
     images/s per batch size against the batch-1 loop (the original design's limit under per-sample early stop).
     Its two parts are the cases (each saved when done, each skipped when the budget cannot hold it)."""
     import detectors
-    from detectors.benchmarks.diffguard import (bench_early_stop_batching, bench_latent_batching, contrast_ramp_images,
+    from benchmarks.cases.diffguard import (bench_early_stop_batching, bench_latent_batching, contrast_ramp_images,
                                             random_diffguard_models)
 
     device = resolve_device(args.device)
@@ -261,16 +261,16 @@ def bench_diffguard(args: argparse.Namespace, budget: Budget, save: Callable[[di
 def bench_train(args: argparse.Namespace, budget: Budget, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """ResNet-50 classifier training (full size, random weights, bf16 autocast, channels-last, batch 256, the recipe's
     random resized crop at 224) and feature extraction, each against a minimal hand-written PyTorch loop on the same
-    model and synthetic JPEGs in this process (pipelines.training.bench.measure); DataLoader workers decode."""
+    model and synthetic JPEGs in this process (benchmarks.cases.train.measure); DataLoader workers decode."""
     import tempfile
 
-    from pipelines.training.bench import synthetic_manifest
+    from benchmarks.cases.train import synthetic_manifest
 
     fits, why = budget.allows("train-resnet50")
     if not fits:
         print(f"[train] skipped ({why})", flush=True)
         return dict(skipped=why)
-    from pipelines.training.bench import measure
+    from benchmarks.cases.train import measure
 
     device = resolve_device(args.device)
     size, batch = ("tiny", 8) if args.dry_run else ("full", args.train_batch_size)
@@ -324,7 +324,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace, Budget, Callable[[dict[str, An
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser(__doc__, out=True)
-    p.set_defaults(out=Path("benchmarks/gpu.json"))
+    p.set_defaults(out=Path(__file__).with_suffix(".json"))
     p.add_argument("--sections", type=comma_list, default=list(SECTIONS), help=f"comma-separated subset of {list(SECTIONS)}")
     p.add_argument("--batch-sizes", type=int_list, default=[1, 2, 4, 8])
     p.add_argument("--compile-batch-sizes", type=int_list, default=[1, 4],
@@ -366,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     device = resolve_device(args.device)
     if device.type != "cuda" and not args.dry_run:
-        raise ConfigError("bench_gpu.py needs a CUDA device; use --dry-run to check it on the CPU with tiny models")
+        raise ConfigError("benchmarks.gpu needs a CUDA device; use --dry-run to check it on the CPU with tiny models")
     result: dict[str, Any] = {
         "benchmark": "gpu", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",

@@ -14,7 +14,7 @@ peak RSS of the process and the peak the read added to its imports):
 The seconds and the peak are extrapolated to the paper's size (2,912,168 images, 28,388 species) along the line
 through the runs at `--rows / 2` and `--rows` (the imports' RSS counted once); `--rows 2912168 --readers ours` measures it directly (the baselines need several GiB).
 
-    python scripts/bench_gbif.py [--rows 200000] [--columns 130] [--repeat 2]   -> benchmarks/gbif.json
+    python -m benchmarks.gbif [--rows 200000] [--columns 130] [--repeat 2]   -> benchmarks/gbif.json
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--columns", type=int, default=130, help="occurrence.txt columns (GBIF ships about 250)")
     p.add_argument("--repeat", type=int, default=2, help="interleaved rounds; the best of each reader is kept")
     p.add_argument("--readers", default=",".join(READERS), help="comma-separated subset of " + ", ".join(READERS))
-    p.add_argument("--out", type=Path, default=Path("benchmarks/gbif.json"))
+    p.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     p.add_argument("--child", nargs=2, metavar=("KIND", "ARCHIVE"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeat):
             for n in sizes:
                 for kind in readers:
-                    out = subprocess.run([sys.executable, __file__, "--child", kind, str(paths[n])], check=True,
+                    out = subprocess.run([sys.executable, "-m", "benchmarks.gbif", "--child", kind, str(paths[n])], check=True,
                                          capture_output=True, text=True, env=env).stdout
                     run = json.loads(out.strip().splitlines()[-1])
                     assert run["rows"] == n, run

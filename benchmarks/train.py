@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Classifier training and feature extraction speed against minimal hand-written PyTorch loops (same process, same
-model, same images): `python scripts/bench_train.py` -> benchmarks/train.json.
+model, same images): `python -m benchmarks.train` -> benchmarks/train.json.
 
-    nice python scripts/bench_train.py                       # CPU: tiny ResNet-50 stand-in, small images
-    python scripts/bench_train.py --size full --images 2048 --batch-size 256 --side 256 --workers 8   # on a GPU
+    nice python -m benchmarks.train                       # CPU: tiny ResNet-50 stand-in, small images
+    python -m benchmarks.train --size full --images 2048 --batch-size 256 --side 256 --workers 8   # on a GPU
 
 Reports images/s of `finetune` (recipe transforms, accelerate loop) and of `extract_features`, each with its ratio to
 the hand-written loop (goal >= 1.0), the data loader's capacity, the share of time decoding images and peak RSS.
@@ -37,9 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="interleaved runs of each loop; the best time counts")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = p.parse_args(argv)
-    out = Path(args.out or "benchmarks/train.json")
+    out = Path(args.out or Path(__file__).with_suffix(".json"))
     from pipelines.runtime import resolve_device
-    from pipelines.training.bench import measure, synthetic_manifest
+    from benchmarks.cases.train import measure, synthetic_manifest
 
     device = resolve_device()
     if args.threads:

@@ -1,15 +1,15 @@
 """ViM against pytorch-ood 0.4's ViM on the same synthetic features: fit + score time, best of `--repeats`, one run.
 
 For each size (default 20k x 1024 and 100k x 2048, 1,000 classes, 10k test rows) a float16 feature cache is written
-(scripts/bench_scale.py's writer). Every measurement runs in a fresh process (imports done before the clock starts),
+(benchmarks/scale.py's writer). Every measurement runs in a fresh process (imports done before the clock starts),
 the cases of each repeat in a random order. Ours: `detectors.build("vim")`, fit and score from the memory-mapped float16 cache (the runner's path).
 pytorch-ood: its `ViM(None, d, w, b)` built (that computes u = -pinv(W) b, part of ViM's fit) and `fit_features` /
 `predict_features` on float32 tensors already in memory (loading not timed). Both use ViM's default principal
 dimension (1000 for D >= 2048, 256 for D >= 512). The scores are compared with a float64 NumPy computation of the
 official recipe (EmpiricalCovariance about u, eigh, alpha = mean max logit / mean residual).
 
-    python scripts/bench_vim.py                        # both sizes, 3 repeats -> benchmarks/vim.json
-    python scripts/bench_vim.py --sizes 20000:1024 --repeats 1
+    python -m benchmarks.vim                        # both sizes, 3 repeats -> benchmarks/vim.json
+    python -m benchmarks.vim --sizes 20000:1024 --repeats 1
 """
 from __future__ import annotations
 
@@ -28,8 +28,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_scale import _rss, pytorch_ood_detector, write_cache  # noqa: E402
+from benchmarks.scale import _rss, pytorch_ood_detector, write_cache
 
 
 def principal(dim: int) -> int:
@@ -97,7 +96,7 @@ def run_reference(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_child(spec: dict[str, Any]) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "benchmarks.vim", "--child", json.dumps(spec)], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
@@ -140,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0, help="seed of the case order")
     parser.add_argument("--workdir", type=Path, default=None, help="where the temporary caches go (deleted afterwards)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/vim.json"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     args = parser.parse_args(argv)
     if args.child:
         spec = json.loads(args.child)

@@ -13,8 +13,8 @@
 
 Writes `benchmarks/splits.json`.
 
-    python scripts/bench_splits.py                                  # 300,000 rows, subsample 30,000
-    python scripts/bench_splits.py --rows 2912168 --subsample 100000  # the paper's size
+    python -m benchmarks.splits                                  # 300,000 rows, subsample 30,000
+    python -m benchmarks.splits --rows 2912168 --subsample 100000  # the paper's size
 """
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", type=int, default=300_000)
     p.add_argument("--subsample", type=int, default=30_000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/splits.json"))
+    p.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     args = p.parse_args(argv)
     result = builder(args.rows, min(args.subsample, args.rows), args.seed)
     result["make_splits"] = end_to_end(args.rows, args.seed)

@@ -1,4 +1,4 @@
-"""Image stores side by side, one core: `python scripts/bench_shards.py` (small: 1,500 images) or
+"""Image stores side by side, one core: `python -m benchmarks.shards` (small: 1,500 images) or
 `--images 20000 --rows 2900000` (closer to the papers' size; run it on a quiet machine).
 
 Synthetic JPEGs of the size a resize-on-fetch stores (512 px shorter side, quality 90, ~50-80 KB) are written once as
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="repeats, stores interleaved (default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=None, help="scratch folder (default a temporary one)")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/shards.json"))
+    p.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     args = p.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_shards_"))
     try:

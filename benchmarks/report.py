@@ -11,8 +11,8 @@ that pays). Imports (matplotlib, PIL) are done before anything is timed. Each is
 (baseline, tables, whole, baseline, ...) and the best of each kept, so that the ratios survive a loaded machine.
 Prints the ratios to the baseline and writes benchmarks/report.json.
 
-    python scripts/bench_report.py                       # the sizes above
-    python scripts/bench_report.py --methods 6 --sets 3 --samples 2000 --field-methods 4 --small-methods 6   # quick
+    python -m benchmarks.report                       # the sizes above
+    python -m benchmarks.report --methods 6 --sets 3 --samples 2000 --field-methods 4 --small-methods 6   # quick
 """
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="interleaved runs of each; the best is kept (default 3)")
     p.add_argument("--runs", default="small,field,paper", help="comma-separated runs (default small,field,paper)")
     p.add_argument("--workers", type=int, default=None, help="figure processes (default: the CPUs)")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/report.json"))
+    p.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     args = p.parse_args(argv)
     _warm_imports()
     makers = {"small": lambda f: small_run(f, args.small_methods), "field": lambda f: field_run(f, args.field_methods),

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Image decoding and preprocessing per core at camera size, ours beside torchvision 0.14 (Debian's, under
 /usr/bin/python3 with its own torch and Pillow, in a subprocess on the same files, interleaved, best of N):
-`python scripts/bench_decode.py` -> benchmarks/decode.json.
+`python -m benchmarks.decode` -> benchmarks/decode.json.
 
-    nice python scripts/bench_decode.py                            # 8 synthetic 3 MP JPEGs, 3 rounds
-    python scripts/bench_decode.py --images 64 --megapixels 12 --rounds 5
+    nice python -m benchmarks.decode                            # 8 synthetic 3 MP JPEGs, 3 rounds
+    python -m benchmarks.decode --images 64 --megapixels 12 --rounds 5
 
 The images are made here: camera-like content (smooth colour fields, blobs, sharp edges, sensor noise) saved as
 JPEG (quality 90, 4:2:0) at about `--megapixels`, sizes varied so the resized long side takes every value mod 4, every
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--megapixels", type=float, default=3.0)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best time of each counts")
     args = p.parse_args(argv)
-    out = Path(args.out or "benchmarks/decode.json")
+    out = Path(args.out or Path(__file__).with_suffix(".json"))
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:
         files = make_images(Path(scratch), args.images, args.megapixels)

@@ -8,8 +8,8 @@ Side by side, reference formulations (OpenOOD's Mahalanobis `(t @ P @ t.T).diag(
 autograd backward per sample, scikit-learn's brute NearestNeighbors) are timed on a subsample (one 128-row batch,
 1000 rows, 2000 rows by default) and extrapolated linearly in the number of test rows. Writes `benchmarks/detectors.json` and prints markdown tables.
 
-    python scripts/bench_detectors.py                       # 50k train, 20k test, 2048-d, 1000 classes
-    python scripts/bench_detectors.py --n-train 5000 --n-test 2000 --dim 256 --classes 100 --only mds knn
+    python -m benchmarks.detectors                       # 50k train, 20k test, 2048-d, 1000 classes
+    python -m benchmarks.detectors --n-train 5000 --n-test 2000 --dim 256 --classes 100 --only mds knn
 """
 from __future__ import annotations
 
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--knn-reference-rows", type=int, default=2000, help="test rows for scikit-learn's brute NearestNeighbors")
     parser.add_argument("--only", nargs="*", help="detector names (default: every posthoc detector without image inputs)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/detectors.json"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     args = parser.parse_args(argv)
 
     machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),

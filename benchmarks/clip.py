@@ -3,8 +3,8 @@ steps/s on cached embeddings vs re-running the image tower each step, and a few-
 (shots 1-16 x 3 seeds, 20 images a class) sliced from one pass vs embedded per subset. Ratios are against the baseline measured in
 the same process. Writes benchmarks/clip.json (or --out).
 
-    python scripts/bench_clip.py                         # tiny CLIP (CPU-friendly)
-    python scripts/bench_clip.py --full-size --n-images 512 --batch-size 64 --classes 100   # ViT-B/16 sizes (GPU)
+    python -m benchmarks.clip                         # tiny CLIP (CPU-friendly)
+    python -m benchmarks.clip --full-size --n-images 512 --batch-size 64 --classes 100   # ViT-B/16 sizes (GPU)
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from detectors.benchmarks.clip import run_benchmark
+from benchmarks.cases.clip import run_benchmark
 from pipelines.cli import README_SECTIONS, parser, run_main
 from pipelines.io import atomic_write_json
 
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--device", default=None)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/clip.json"))
+    p.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         result = run_benchmark(tmp, args.full_size, args.n_images, args.batch_size, args.steps, args.classes, args.device)

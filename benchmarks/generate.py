@@ -8,7 +8,7 @@ fastest round counts (the machine may be shared). Prints images/s and peak extra
 the run after returning freed heap to the OS, sampled every 2 ms) as ratios against the loop, and writes
 benchmarks/generate.json.
 
-    python scripts/bench_generate.py [--items 16 --resolution 64 --steps 4 --batch-sizes 1 2 4 8]
+    python -m benchmarks.generate [--items 16 --resolution 64 --steps 4 --batch-sizes 1 2 4 8]
 """
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds; each variant's fastest counts")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/generate.json"))
+    p.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     return p.parse_args(argv)
 
 
