@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from detectors.metrics import evaluate
-from detectors.report import write_report
-from detectors.tables import RESULT_COLUMNS
+from detectors.harness.report import write_report
+from detectors.harness.results import RESULT_COLUMNS
 from pipelines.io import atomic_write_json
 
 FAMILIES = ("posthoc", "clip", "generative")

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from detectors import build
     from detectors.base import ImageSet
     from detectors.posthoc.pixels import pixel_memo
-    from detectors.selection import select
+    from detectors.harness.selection import select
     from pipelines.runtime import resolve_device
     from benchmarks.cases.train import synthetic_manifest
 

@@ -16,6 +16,8 @@ import numpy as np
 
 from detectors.base import as_numpy
 
+METRICS: tuple[str, ...] = ("auroc", "fpr95", "fpr95_id", "aupr_in", "aupr_out")
+"""Per-set metrics of `evaluate`, stored as fractions in [0, 1] (rendered in percent)."""
 
 def _finite(scores: Any, what: str) -> np.ndarray:
     arr = as_numpy(scores, np.float64).reshape(-1)

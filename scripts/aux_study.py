@@ -22,9 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from detectors.report.aux_study import aux_rows, study_figure, study_title, subsample, subsample_digest, write_subsample
-from detectors.report.open_insects import study_table
-from detectors.report.figures import save_figure
+from detectors.harness.report.aux_study import aux_rows, study_figure, study_title, subsample, subsample_digest, write_subsample
+from detectors.harness.report.open_insects import study_table
+from detectors.harness.report.figures import save_figure
 from pipelines.cli import comma_list, load_yaml, parser as cli_parser, run_main
 from pipelines.errors import UserInputError
 from pipelines.io import atomic_write_json, atomic_write_text
@@ -134,8 +134,8 @@ def _reused(run: Path, key: dict[str, str]) -> bool:
 def _check_config(raw: dict, config: Path, entry: dict, out: Path) -> None:
     """The checks `evaluate.py --dry-run` runs, on the config as each count's run gets it (only the studied method;
     the config's own auxiliary rows stand in for their subsamples): a bad config is one line before any run."""
-    from detectors.evaluate import EvalConfig
-    from detectors.plan import make_plan
+    from detectors.harness.evaluate import EvalConfig
+    from detectors.harness.plan import make_plan
 
     make_plan(EvalConfig.load({**raw, "detectors": [entry], "out": str(out / "check")}, config))
 

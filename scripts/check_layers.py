@@ -8,8 +8,12 @@ inside functions, under `if TYPE_CHECKING`) and every `importlib.import_module("
     scripts     imports pipelines, gen, detectors (nothing imports scripts)
     benchmarks  imports anything                  (nothing imports benchmarks; tests may)
 
-and no two modules of these packages import each other, directly or through others (an import circle). Prints one
-line per fault (`file:line: a imports b ...`) and exits 1 when there is any; tests are not checked.
+    within detectors, the methods never import the experiment harness (detectors.harness); only the harness and
+    the package's public `detectors/__init__.py` may
+
+and no two modules of these packages import each other, directly or through others (an import circle); and the map at
+the top of docs/architecture.md is true: every package folder of these packages is in it, every folder in it exists.
+Prints one line per fault (`file:line: a imports b ...`) and exits 1 when there is any; tests are not checked.
 
     python scripts/check_layers.py            # the repository this script lives in
     python scripts/check_layers.py --root DIR
@@ -17,13 +21,14 @@ line per fault (`file:line: a imports b ...`) and exits 1 when there is any; tes
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.cli import README_SECTIONS, parser, run_main
 
-PACKAGES = ("pipelines", "gen", "detectors", "scripts", "benchmarks")
+PACKAGES = ("pipelines", "gen", "detectors", "benchmarks", "scripts")
 ALLOWED: dict[str, frozenset[str]] = {
     "pipelines": frozenset({"pipelines"}),
     "gen": frozenset({"pipelines", "gen"}),
@@ -31,6 +36,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "scripts": frozenset({"pipelines", "gen", "detectors"}),
     "benchmarks": frozenset({"pipelines", "gen", "detectors", "scripts", "benchmarks"}),
 }
+HARNESS = "detectors.harness"
+MAP = "docs/architecture.md"
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,15 @@ def layer_faults(edges: list[Edge]) -> list[str]:
     return faults
 
 
+def harness_faults(edges: list[Edge]) -> list[str]:
+    """One line per import of `detectors.harness` by a detector-method module (anything else under detectors/)."""
+    def in_harness(name: str) -> bool:
+        return name == HARNESS or name.startswith(HARNESS + ".")
+
+    return [f"{e.file}:{e.line}: {e.source} imports {e.target} (the detector methods never import {HARNESS})"
+            for e in edges if e.source.startswith("detectors.") and not in_harness(e.source) and in_harness(e.target)]
+
+
 def circles(edges: list[Edge]) -> list[list[str]]:
     """The import circles: strongly connected groups of two or more modules (Tarjan), each sorted."""
     graph: dict[str, set[str]] = {}
@@ -153,11 +169,36 @@ def circle_faults(edges: list[Edge]) -> list[str]:
     return faults
 
 
+def map_folders(text: str) -> list[str]:
+    """The folders of the map: the first table's first column (`` `pkg/sub/` ``), in order."""
+    folders, started = [], False
+    for line in text.splitlines():
+        match = re.match(r"\|\s*`([^`]+)/`\s*\|", line)
+        if match:
+            folders.append(match.group(1))
+            started = True
+        elif started and not line.startswith("|"):
+            break
+    return folders
+
+
+def map_faults(root: Path) -> list[str]:
+    """One line per package folder missing from the map of docs/architecture.md and per mapped folder not on disk."""
+    path = root / MAP
+    if not path.is_file():
+        return []
+    mapped = map_folders(path.read_text(encoding="utf-8"))
+    packages = {p.parent.relative_to(root).as_posix() for top in PACKAGES if (root / top).is_dir()
+                for p in (root / top).rglob("__init__.py")}
+    return ([f"{MAP}: package folder {f}/ is not in the map" for f in sorted(packages - set(mapped))]
+            + [f"{MAP}: {f}/ is in the map but not on disk" for f in mapped if not (root / f).is_dir()])
+
+
 def check(root: Path) -> list[str]:
-    """Every layer fault and import circle of the repository at `root`."""
+    """Every layer fault and import circle of the repository at `root`, and every fault of its architecture map."""
     known = find_modules(root)
     edges = [e for name, path in known.items() for e in imports(path, name, known, root)]
-    return layer_faults(edges) + circle_faults(edges)
+    return layer_faults(edges) + harness_faults(edges) + circle_faults(edges) + map_faults(root)
 
 
 def main(argv: list[str] | None = None) -> int:

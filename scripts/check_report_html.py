@@ -26,7 +26,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from detectors.report.html import MAIN_TABLE, missing_files, referenced_files
+from detectors.harness.report.html import MAIN_TABLE, missing_files, referenced_files
 from pipelines.cli import parser as cli_parser, run_main
 from pipelines.errors import UserInputError
 

@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     if skip - set(STAGES):
         p.error(f"--skip: unknown stage(s) {sorted(skip - set(STAGES))}; stages: {', '.join(STAGES)}")
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    from detectors.evaluate import EvalConfig, Runner
-    from detectors.report import render_summary, write_report
+    from detectors.harness.evaluate import EvalConfig, Runner
+    from detectors.harness.report import render_summary, write_report
     from pipelines.toydata import write_digits
 
     start = time.perf_counter()
@@ -94,7 +94,7 @@ def _optional_stages(out: Path, id_dir: Path, ood_dir: Path, skip: set[str]) -> 
     """Generation (tiny ZeST) and CLIP (tiny CLIP: MCM + LoCoOp) stages; returns the paths they wrote."""
     import pandas as pd
 
-    from detectors.report import render_summary
+    from detectors.harness.report import render_summary
     from pipelines.data import load_image, read_manifest
 
     written: list[Path] = []

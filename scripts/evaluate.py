@@ -55,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.detectors:
         raw["detectors"] = comma_list(args.detectors)
 
-    from detectors.evaluate import EvalConfig, Runner, dump_config
-    from detectors.plan import make_plan
-    from detectors.units import UnitStore
+    from detectors.harness.evaluate import EvalConfig, Runner, dump_config
+    from detectors.harness.plan import make_plan
+    from detectors.harness.units import UnitStore
 
     config = EvalConfig.load(raw, args.config)
     plan = make_plan(config)
@@ -85,7 +85,7 @@ def _report(config, results, runner, dump_config) -> int:
         print(f"error: no results: {'every detector failed' if n else 'nothing ran'} ({n} failure(s)) -> "
               f"{out / 'failures.json'}", file=sys.stderr)
         return 1
-    from detectors.report import render_summary
+    from detectors.harness.report import render_summary
 
     print(render_summary(results))
     accuracy = results.dropna(subset=["id_acc"]).drop_duplicates("method")

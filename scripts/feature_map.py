@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from detectors.report.feature_map import (EMBEDDINGS, check_embedding, classifier_features, clip_features,
+from detectors.harness.report.feature_map import (EMBEDDINGS, check_embedding, classifier_features, clip_features,
                                           feature_map, plot_feature_map, sample_sets)
 from pipelines.cli import comma_list, parser as cli_parser, run_main
 from pipelines.errors import UserInputError

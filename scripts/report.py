@@ -15,8 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from detectors.report import LAYOUTS, companion_files, render_summary, write_open_insects, write_report
-from detectors.report.write import FIGURES
+from detectors.harness.report import LAYOUTS, companion_files, render_summary, write_open_insects, write_report
+from detectors.harness.report.write import FIGURES
 from pipelines.cli import comma_list, parser as cli_parser, run_main
 from pipelines.errors import UserInputError
 

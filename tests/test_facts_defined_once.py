@@ -14,7 +14,7 @@ import pytest
 
 import detectors
 from detectors.registry import FAMILIES
-from detectors.tables import METRICS
+from detectors.harness.results import METRICS
 from pipelines.class_names import CLASS_NAMES as CLASS_NAMES_FILE
 from pipelines.schema import GROUPS
 
@@ -24,7 +24,7 @@ SANITISER_KNOWN = {
     # a second sanitiser the lead should fold into pipelines.io.safe_name at merge (owner's file, not touched here)
     "gen/pairing.py": "genconfig's file: a pair's file-name stem",
     # not a file name: an HTML anchor id (lower case, hyphens), which safe_name's characters would not give
-    "detectors/report/html.py": "an HTML anchor slug",
+    "detectors/harness/report/html.py": "an HTML anchor slug",
 }
 
 
@@ -66,7 +66,7 @@ def _where(fact: set[str], exact: bool = False) -> list[str]:
 @pytest.mark.parametrize("fact, home, exact", [
     (set(FAMILIES), "detectors/registry.py", True),
     (set(GROUPS), "pipelines/schema.py", False),
-    (set(METRICS), "detectors/tables.py", False),
+    (set(METRICS), "detectors/harness/results.py", False),
 ], ids=["families", "groups", "metrics"])
 def test_one_literal_list(fact, home, exact):
     found = [f for f in _where(fact, exact) if not f.startswith(COMPUTED.get(tuple(sorted(fact)), "-"))]

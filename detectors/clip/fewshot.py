@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from detectors.tables import METRICS
+from detectors.metrics import METRICS
 
 DEFAULT_SHOTS = (1, 2, 4, 8, 16)
 DEFAULT_METHODS = {"locoop": {}, "idlike": {}}

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from detectors.tables import METRICS as DEMO_METRICS
+from detectors.metrics import METRICS as DEMO_METRICS
 
 
 def clip_demo(out_dir: str, id_images: Sequence[Any], id_labels: Sequence[int], class_names: Sequence[str],

@@ -81,7 +81,7 @@ class TrainedDetector(Detector):
         checkpoint: Checkpoint = param(
             "last", "which fine-tuned weights score: the last epoch's, or the best ID-val top-1 epoch's, a later epoch "
             "winning a tie (the reference's best.ckpt, base_recorder.py:40-50; needs id_val); the reference protocols: "
-            "best (detectors.protocols.CHECKPOINTS)")
+            "best (detectors.harness.protocols.CHECKPOINTS)")
 
     family: ClassVar[str] = "training"
     inputs: ClassVar[frozenset[str]] = frozenset({"images"})  # the default mode's; each instance sets its own

@@ -64,6 +64,32 @@ def test_import_circles_direct_lazy_and_through_a_third_module(tmp_path):
     assert len(found) == 2
 
 
+def test_detector_methods_never_import_the_harness_and_benchmarks_are_imported_by_nothing(tmp_path):
+    tree(tmp_path, {"detectors/harness/__init__.py": "", "detectors/harness/h.py": "from detectors.posthoc import m\n",
+                    "detectors/posthoc/__init__.py": "", "detectors/posthoc/m.py": "",
+                    "detectors/__init__.py": "from detectors.harness.h import x\n",  # the public API may
+                    "detectors/posthoc/bad.py": "def f():\n    from detectors.harness import h\n",
+                    "benchmarks/b.py": "import scripts.s\nfrom detectors.harness import h\n", "scripts/s.py": "",
+                    "gen/g.py": "import benchmarks.b\n"})
+    found = faults(tmp_path)
+    assert len(found) == 2
+    assert found[0].startswith("gen/g.py:1: gen.g imports benchmarks.b (gen may import only gen, pipelines)")
+    assert found[1].startswith("detectors/posthoc/bad.py:2: detectors.posthoc.bad imports detectors.harness.h (the ")
+
+
+def test_the_architecture_map_names_every_package_folder_and_only_folders_on_disk(tmp_path):
+    tree(tmp_path, {"gen/sub/__init__.py": "", "detectors/d.py": "", "configs/a.yaml": "",
+                    "docs/architecture.md": "## Map\n\n| Folder | Job |\n|---|---|\n| `pipelines/` | p |\n| `gen/` | g |\n"
+                                            "| `detectors/` | d |\n| `benchmarks/` | b |\n| `configs/` | c |\n| `gone/` | x |\n\n"
+                                            "| `later/` | a later table is no map |\n"})
+    assert faults(tmp_path) == ["docs/architecture.md: package folder gen/sub/ is not in the map",
+                                "docs/architecture.md: gone/ is in the map but not on disk"]
+
+
+def test_the_repository_has_its_map():
+    assert check_layers.map_folders((ROOT / check_layers.MAP).read_text())[:1] == ["pipelines"]
+
+
 def test_main_exit_status(tmp_path, capsys):
     tree(tmp_path, {"pipelines/a.py": "import gen.g\n", "gen/g.py": ""})
     assert check_layers.main(["--root", str(tmp_path)]) == 1

@@ -424,7 +424,7 @@ def test_no_val_rows_keep_the_last_only(setup, tmp_path):
     index = read_checkpoint_index(out)
     assert index["best"] is None and index["last"]["epoch"] == 2 and not (out / "best").exists()
     assert not (out / "checkpoint.best.safetensors").exists()
-    from detectors.plan import classifier_checkpoint
+    from detectors.harness.plan import classifier_checkpoint
 
     assert classifier_checkpoint(str(out), None, "open-insects") == (str(out), "last")  # the protocol's best: none
     with pytest.raises(ConfigError, match="keeps no best checkpoint"):
@@ -450,7 +450,7 @@ def test_evaluate_runs_the_checkpoint_the_config_or_protocol_names(setup, best_a
     import yaml
 
     from pipelines.cli import run_main
-    from tests.detectors.runner_helpers import evaluate_main
+    from tests.detectors.harness.runner_helpers import evaluate_main
 
     base, model = setup
     main = evaluate_main().main

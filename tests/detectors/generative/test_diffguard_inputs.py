@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from detectors.evaluate import EvalConfig
+from detectors.harness.evaluate import EvalConfig
 from detectors.generative.diffguard import DiffGuard
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "shiftedbronzes.yaml"
@@ -51,7 +51,7 @@ def test_check_names_what_each_configuration_needs(params, names):
 
 
 def test_plan_stops_on_absent_diffguard_inputs_before_running(tmp_path, monkeypatch):
-    from detectors import plan
+    from detectors.harness import plan
     from pipelines.errors import ConfigError
 
     (spec,) = [s for s in EvalConfig.from_yaml(CONFIG, HUB_MODEL).detectors if s.name == "diffguard"]

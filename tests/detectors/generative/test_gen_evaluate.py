@@ -1,4 +1,4 @@
-"""Both generative detectors through the evaluation runner (detectors.evaluate) with a tiny transformers classifier."""
+"""Both generative detectors through the evaluation runner (detectors.harness.evaluate) with a tiny transformers classifier."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +9,7 @@ from PIL import Image
 
 import detectors
 from detectors import ImageSet
-from detectors.evaluate import run_config
+from detectors.harness.evaluate import run_config
 from pipelines.data import make_row, read_manifest, write_manifest
 
 @pytest.fixture(scope="module")

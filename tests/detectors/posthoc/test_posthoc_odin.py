@@ -51,7 +51,7 @@ def test_odin_divides_by_05_under_open_insects_and_by_the_std_otherwise():
     the sign step by 0.5 (ODIN and RP-ODIN); OpenOOD on a named benchmark and `exact` by the normalisation std."""
     from detectors.posthoc.mdsens import MDSEnsemble
     from detectors.posthoc.odin import REFERENCE_GRAD_STD
-    from detectors.protocols import protocol_params
+    from detectors.harness.protocols import protocol_params
 
     assert REFERENCE_GRAD_STD == 0.5 and MDSEnsemble.defaults["grad_std"] == REFERENCE_GRAD_STD  # one definition
     for name in ("odin", "rp_odin"):
@@ -147,8 +147,8 @@ def test_image_level_sweep_on_validation_images_matches_a_manual_loop(name):
     """ODIN / RP-ODIN sweep OpenOOD's T x noise grid on ID-val and OOD-val images (the runner's builder `make` gives
     each point the shared classifier); the chosen point is the manual loop's last maximum, in OpenOOD's order."""
     from detectors.metrics import auroc
-    from detectors.protocols import sweep_space
-    from detectors.selection import grid, select
+    from detectors.harness.protocols import sweep_space
+    from detectors.harness.selection import grid, select
 
     clf = _classifier(seed=3)
     rng = np.random.default_rng(4)

@@ -99,9 +99,9 @@ def test_the_least_recently_used_batch_goes_first_and_an_oversized_one_is_not_ke
 
 
 def test_an_odin_sweep_chooses_and_scores_alike_with_the_memo_and_preprocesses_once(digits, tmp_path, monkeypatch):
-    from detectors.evaluate import run_config
+    from detectors.harness.evaluate import run_config
     from pipelines.features import ManifestPixels
-    from tests.detectors.runner_helpers import eval_config
+    from tests.detectors.harness.runner_helpers import eval_config
 
     calls = []
     real = ManifestPixels.__getitem__

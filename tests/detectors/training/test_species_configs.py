@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from detectors.evaluate import EvalConfig
+from detectors.harness.evaluate import EvalConfig
 from detectors.registry import detector_class
 from pipelines.cli import load_yaml
 from pipelines.sources import Source

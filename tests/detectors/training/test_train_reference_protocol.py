@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from detectors import FeatureSet, build
-from detectors.protocols import protocol_params
+from detectors.harness.protocols import protocol_params
 from pipelines.data import make_row, write_manifest
 from pipelines.training.loop import second_adam_step
 

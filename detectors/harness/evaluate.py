@@ -1,0 +1,611 @@
+"""The evaluation runner: a `Plan` (detectors.harness.plan) -> feature caches -> units -> results table and per-sample scores.
+
+Four steps:
+1. **plan** — `make_plan(config)`: the whole config checked, every detector built once, every manifest read and
+   checked (duplicate set names, leaks by path and by content), unit keys from content, before any model loads;
+2. **features** — one content-addressed feature cache per split (`pipelines.fingerprint`), returned as values
+   (`Prepared`); images that fail to load are recorded and left out of every detector's populations alike;
+3. **units** — `detector`, `select`, `rule` and `fewshot` units (`detectors.harness.units`): fit, score, write rows and scores
+   atomically; a finished unit is skipped on rerun, a failing one recorded in `failures.json` and the others go on;
+4. **outputs** — `results.csv`, `scores.parquet`, `failures.json`, `threshold_transfer.csv`, `rule_selection.csv`.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from detectors.base import RUNTIME_INPUTS, Detector, FeatureSet, ImageSet, LinearHead
+from detectors.metrics import evaluate as compute_metrics
+from detectors.harness.plan import (FEATURES_VERSION, Plan, Split, Unit, check_spec, key_record, make_plan, reads_features,
+                            safe_name)
+from detectors.posthoc.pixels import pixel_memo
+from detectors.posthoc.streaming import across_processes, chunk_rows, process_rows
+from detectors.harness.runconfig import ConfigError, DetectorSpec, EvalConfig, Source
+from detectors.harness.selection import defaults_note, select
+from detectors.harness.results import LOWER_IS_BETTER, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
+from detectors.harness.transfer import transfer_table
+from detectors.harness.units import UnitResult, UnitStore
+from pipelines.batches import clear_kept_batches
+from pipelines.data import Manifest
+from pipelines.fingerprint import (combine, image_identity, images_fingerprint, preprocessing_fingerprint,
+                                   weights_fingerprint)
+from pipelines.io import atomic_path, atomic_write_json, remove_orphan_temps
+from pipelines.locks import output_lock
+from pipelines.runtime import partial_state, resolve_device, resolve_dtype
+
+__all__ = ["EvalConfig", "Source", "DetectorSpec", "ConfigError", "Plan", "make_plan", "Runner", "run_config",
+           "dump_config", "reads_features", "RESULT_COLUMNS", "SCORE_COLUMNS"]
+
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A split's prepared data: its features (None in pixel-only runs), the rows that loaded, and a content key."""
+
+    features: FeatureSet | None
+    index: np.ndarray
+    key: str
+
+
+@dataclass
+class Scored:
+    """What scoring a detector gave: its result rows and per-sample score frames."""
+
+    rows: list[dict[str, Any]]
+    frames: list[pd.DataFrame]
+
+
+class Runner:
+    """Executes a Plan (`Runner(make_plan(config)).run()`); a config, mapping or path is planned once first."""
+
+    def __init__(self, plan: Plan | EvalConfig | dict[str, Any] | str | os.PathLike):
+        self.plan = plan if isinstance(plan, Plan) else make_plan(plan)
+        self.store = UnitStore(self.plan.out)
+        self.classifier = None
+        self.head: LinearHead | None = None
+        self.data: dict[str, Prepared] = {}
+        self.image_failures: list[dict[str, Any]] = []
+        self.set_failures: list[dict[str, Any]] = []  # test sets with no loadable row: recorded, left out
+        self._left_out: set[str] = set()
+        self.detector_failures: list[dict[str, Any]] = []
+        self.reused = 0
+        self._trained: dict[str, Detector] = {}
+        self._images: dict[str, ImageSet] = {}
+        self._selected_on: dict[str, str] = {}  # swept units: the metric and the validation splits that chose
+        self.pixels = None  # the run's pixels (pipelines.pixels.RunPixels), set with the classifier
+
+    # -- features ------------------------------------------------------------------------------------------
+    def _device(self):
+        device = self.plan.runtime.device
+        return resolve_device(device) if device else partial_state().device
+
+    def _load_classifier(self):
+        from pipelines.classifier import ImageClassifier
+
+        if self.classifier is None:  # the plan refuses a run whose detectors need one without `model`
+            from pipelines.pixels import run_pixels
+
+            clf = ImageClassifier.from_pretrained(self.plan.runtime.model).to(self._device()).eval()
+            self.pixels = run_pixels(clf, self.plan.protocol, self.plan.runtime.pixels, clf.record)
+            clf.pixels = self.pixels.eval  # every evaluation pixel path makes them (pipelines.pixels)
+            dtype = resolve_dtype(self.plan.runtime.precision, self._device())
+            self._model_key = combine(FEATURES_VERSION, weights_fingerprint(clf), preprocessing_fingerprint(clf), str(dtype))
+            self.classifier = clf
+        return self.classifier
+
+    def _fit_pixels(self, split_id: str) -> Any:
+        """The pixels of a split's rows when they are not the evaluation pixels: the protocol's fit pixels of ID train
+        rows (`pipelines.pixels.PROTOCOL_PIXELS`), else None."""
+        if split_id != "id-id_train" or not self.plan.runtime.model:
+            return None
+        self._load_classifier()
+        return self.pixels.fit
+
+    def _features(self, split: Split) -> Prepared:
+        """The split's feature cache (built once, content-keyed), memory-mapped; records its unreadable images."""
+        from pipelines.features import FeatureCache, cache_path, extract_features
+
+        rt = self.plan.runtime
+        clf = self._load_classifier()
+        fit = self._fit_pixels(split.id)  # ID train rows: the protocol's fit pixels (train: seeded draws per row)
+        key = combine(self._model_key, split.data_key or images_fingerprint(split.manifest, rt.cache_hash),
+                      *([self.pixels.fit_identity()] if fit is not None else []))
+        path = cache_path(self.plan.cache_dir, split.id, key)
+        cache = extract_features(clf, split.manifest, batch_size=rt.batch_size, device=str(self._device()),
+                                 precision=rt.precision, num_workers=rt.num_workers, key=key, cache=path, desc=split.name,
+                                 pixels=fit, seed=self.pixels.seed)
+        state = partial_state()
+        if state.num_processes > 1:
+            state.wait_for_everyone()  # the main process has written the file
+        if path.is_file():  # detectors stream memory-mapped caches in chunks (paper-scale ID train sets)
+            cache = FeatureCache.load(path, mmap=True)
+        self.head = cache.head()
+        self._record_failures(split, cache.failures)
+        features = cache.to_featureset()
+        if split.role == "aux":  # auxiliary rows are OOD (label -1); their own class index (Extended) is `aux_label`
+            labels = np.array([split.manifest.rows[i].get("aux_label", -1) for i in cache.index], dtype=np.int64)
+            features = FeatureSet(features.features, features.logits, labels)
+        return Prepared(features, np.asarray(cache.index, dtype=np.int64), key)
+
+    def _probe(self, split: Split) -> Prepared:
+        """Pixel-only runs: find the rows whose image loads (cached per image-set key), so failures are excluded alike."""
+        key = combine("probe-v1", split.data_key or images_fingerprint(split.manifest, self.plan.runtime.cache_hash))
+        path = self.plan.cache_dir / "probe" / f"{split.id}-{key}.json"
+        if path.is_file():
+            failures = json.loads(path.read_text())
+        else:
+            from pipelines.features import ManifestPixels, pixel_loader
+
+            rows = split.manifest.rows
+            dataset = ManifestPixels(split.manifest, list(range(len(rows))), _Probe())
+            failures = [{"index": pos, "file": rows[pos]["file_name"], "reason": reason}
+                        for _, _, failed in pixel_loader(dataset, self.plan.runtime.batch_size, self.plan.runtime.num_workers)
+                        for pos, reason in failed]
+            if partial_state().is_main_process:
+                atomic_write_json(path, failures)
+        bad = {f["index"] for f in failures}
+        self._record_failures(split, failures)
+        return Prepared(None, np.array([i for i in range(len(split.manifest)) if i not in bad], dtype=np.int64), key)
+
+    def _record_failures(self, split: Split, failures: list[dict[str, Any]]) -> None:
+        self.image_failures += [{**f, "split": split.name, "role": split.role} for f in failures]
+
+    def prepare(self) -> dict[str, Prepared]:
+        """Every non-empty split's prepared data by split id (features, or an image probe in pixel-only runs)."""
+        splits = [s for s in self.plan.splits if len(s.manifest)]
+        if not self.plan.needs_features:
+            return {s.id: self._probe(s) for s in splits}
+        data = {s.id: self._features(s) for s in splits}
+        if self.plan.head:
+            data = self._level_head(splits, data)
+        return data
+
+    def _level_head(self, splits: list[Split], data: dict[str, Prepared]) -> dict[str, Prepared]:
+        """Score with one head of a multi-granularity classifier: its logits, and ID labels from its level's field, on
+        every split (aux, validation and field sets included)."""
+        from pipelines.training import MultiGranularity
+
+        spec = self.plan.head
+        objective = MultiGranularity.from_pretrained(spec.levels)
+        if spec.level not in objective.levels:
+            raise ConfigError(f"head.level: {spec.level!r} is not a level of {spec.levels} {sorted(objective.levels)}")
+        self.head = LinearHead(*objective.level_head(spec.level))
+        field_name = objective.levels[spec.level]
+        vocab = {v: i for i, v in enumerate(objective.vocab[spec.level])}
+        out = {}
+        for split in splits:
+            prepared = data[split.id]
+            rows = [split.manifest.rows[i] for i in prepared.index]
+            if split.role == "aux":
+                labels = prepared.features.labels
+            else:
+                labels = np.array([vocab.get(r.get(field_name), -1) if r["role"] == "id" else -1 for r in rows], dtype=np.int64)
+            features = prepared.features.features
+            logits = self.head(features.astype(np.float64)).astype(np.float32)
+            out[split.id] = Prepared(FeatureSet(features, logits, labels), prepared.index,
+                                     combine(prepared.key, "head", spec.levels, spec.level))
+        return out
+
+    def _check_dims(self) -> None:
+        """Each detector's value checks again, now that the feature and class counts are known."""
+        train = self.data.get("id-id_train")
+        if train is None or train.features is None:
+            return
+        fs = train.features
+        dims = {"features": None if fs.features is None else int(fs.features.shape[1]),
+                "classes": None if fs.logits is None else int(fs.logits.shape[1])}
+        for unit in self.plan.units:
+            if unit.kind in ("detector", "select"):
+                check_spec(unit.detector, unit.params, unit.load, unit.where, dims)
+
+    # -- data given to detectors ---------------------------------------------------------------------------
+    def _split_data(self, det: Detector, split_id: str) -> Any:
+        """What `det` reads of a split: its FeatureSet, or its loaded rows as an ImageSet; None for an empty split."""
+        prepared = self.data.get(split_id)
+        if prepared is None:
+            return None
+        if reads_features(det):
+            return prepared.features
+        if split_id not in self._images:
+            split = self.plan.split(split_id)
+            rows = [split.manifest.rows[i] for i in prepared.index]
+            fit = self._fit_pixels(split_id)
+            self._images[split_id] = ImageSet(manifest=Manifest(split.manifest.root, rows), labels=self._labels(split_id),
+                                              pixels=fit, seed=self.pixels.seed if fit is not None else 0,
+                                              num_workers=self.plan.runtime.num_workers)
+        return self._images[split_id]
+
+    def _labels(self, split_id: str) -> np.ndarray:
+        """The split's labels as the features carry them (level labels with `head:`), else the manifest's."""
+        prepared = self.data[split_id]
+        if prepared.features is not None and prepared.features.labels is not None:
+            return np.asarray(prepared.features.labels)
+        split = self.plan.split(split_id)
+        return np.array([split.manifest.rows[i]["label"] for i in prepared.index], dtype=np.int64)
+
+    def _fit_kwargs(self, det: Detector) -> dict[str, Any]:
+        """The optional fit inputs `det`'s class declares (`fit_inputs`): ID val, head, OOD val, aux."""
+        wants = type(det).fit_inputs
+        kwargs: dict[str, Any] = {}
+        if "id_val" in wants:
+            kwargs["id_val"] = self._split_data(det, "id-id_val")
+        if "head" in wants and reads_features(det):
+            kwargs["head"] = self.head
+        ood_val = self.plan.ood_val
+        if "ood_val" in wants and ood_val is not None:
+            kwargs["ood_val"] = self._split_data(det, ood_val.id)
+        if "aux" in wants and self.plan.split("aux-aux") is not None:
+            kwargs["aux"] = self._split_data(det, "aux-aux")
+        return kwargs
+
+    def _fit(self, det: Detector) -> None:
+        kwargs = self._fit_kwargs(det)
+        train = self._split_data(det, "id-id_train")
+        if type(det).fits_from_shards and partial_state().num_processes > 1:
+            # each process fits its contiguous share of the rows; the sums are reduced exactly over the processes
+            shard = lambda fs: fs.subset(process_rows(len(fs))) if isinstance(fs, FeatureSet) else fs  # noqa: E731
+            with across_processes():
+                det.fit(shard(train), **{k: shard(v) for k, v in kwargs.items()})
+            return
+        det.fit(train, **kwargs)
+
+    def _build(self, unit: Unit) -> Detector:
+        """The detector of a unit (its resolved parameters), with the runtime objects its class `needs` (a training
+        method gets its own copy of the classifier, which it fine-tunes; the others share one)."""
+        cls, method = unit.detector, unit.method
+        params = dict(unit.params)
+        rt = self.plan.runtime
+        runtime = {"class_names": list(self.plan.class_names) if self.plan.class_names else None,
+                   "cache_dir": str(self.plan.cache_dir / cls.family), "device": rt.device,
+                   "precision": None if rt.precision == "auto" else rt.precision,
+                   "work_dir": str(self.store.folder(method) / "work")}
+        if "classifier" in cls.needs and "classifier" not in params and rt.model:
+            clf = self._load_classifier()
+            params["classifier"] = copy.deepcopy(clf) if cls.family == "training" else clf
+        for key, value in runtime.items():
+            if value is not None and key not in params and key in cls.needs:
+                params[key] = value
+        if unit.load:
+            return cls.from_pretrained(unit.load, **params)
+        return cls(**params)
+
+    # -- units -----------------------------------------------------------------------------------------------
+    def _run_unit(self, unit: Unit) -> UnitResult:
+        if unit.kind == "fewshot":
+            self._fewshot()
+            return UnitResult(pd.DataFrame(columns=RESULT_COLUMNS), pd.DataFrame(columns=SCORE_COLUMNS))
+        if unit.kind == "rule":
+            return self._rule_unit(unit)
+        start = time.perf_counter()
+        det = self._selected(unit) if unit.kind == "select" else self._build(unit)
+        if not det.fitted:
+            self._fit(det)
+        if unit.rules:
+            self._trained[unit.method] = det
+        training = det.family == "training"
+        mode = str(det.params.get("mode", "")) if training else ""
+        acc = self._accuracy(det, det if training else None)
+        scored = self._score_all(det, unit.method, det.family, mode, unit.method if training else "", "", start, acc)
+        validation = self._validation(det, unit.method, "") if training else None
+        return _result(scored, validation)
+
+    def _rule_unit(self, unit: Unit) -> UnitResult:
+        """A post-hoc rule fitted and scored on the trained model's outputs (`transform`, `trained_head`)."""
+        trained = self._parent(unit)
+        if not hasattr(trained, "transform"):
+            raise TypeError(f"{unit.parent.method}: rules need a training-time detector with transform() and trained_head")
+        start = time.perf_counter()
+        scorer = unit.detector(**unit.params)  # the rule's resolved parameters (protocol merged)
+        view = lambda split_id: _transformed(trained, self._split_data(trained, split_id))  # noqa: E731
+        scorer.fit(view("id-id_train"), head=trained.trained_head, id_val=view("id-id_val"))
+        mode = str(trained.params.get("mode", ""))
+        scored = self._score_all(scorer, unit.method, "training", mode, unit.parent.method, unit.rule, start,
+                                 self._accuracy(scorer, trained), view=view)
+        return _result(scored, self._validation(scorer, unit.parent.method, unit.rule, view))
+
+    def _parent(self, unit: Unit) -> Detector:
+        """The trained detector a rule re-scores: kept from its unit in this run, else fitted again (not rewritten)."""
+        parent = unit.parent
+        if parent.method not in self._trained:
+            det = self._build(parent)
+            if not det.fitted:
+                self._fit(det)
+            self._trained[parent.method] = det
+        return self._trained[parent.method]
+
+    def _selected(self, unit: Unit) -> Detector:
+        """The protocol's validation sweep (`unit.parts["sweep"]`, ID val against OOD val) on cached features or, for
+        image-level detectors, on the validation images; the best point's detector, fitted."""
+        sel = self.plan.select
+        probe = self._build(unit)  # what the detector reads and its fit inputs, for every point alike
+        fit_kwargs = {k: v for k, v in self._fit_kwargs(probe).items() if k != "id_val"}
+        fit_kwargs["id_val"] = self._split_data(probe, "id-id_val")
+        make = lambda params: self._build(dataclasses.replace(unit, params=params))  # noqa: E731
+        sets = ",".join(sorted({r["ood_set"] for r in self.plan.split(sel.split).manifest.rows}))
+        try:
+            with pixel_memo(self.plan.runtime.sweep_pixel_mb):  # image-level sweeps preprocess the images once
+                det, _, table = select(unit.name, fit_kwargs["id_val"], self._split_data(probe, sel.split),
+                                       id_train=self._split_data(probe, "id-id_train"), space=unit.parts["sweep"],
+                                       metric=sel.metric, fixed=dict(unit.params), make=make, fit_kwargs=fit_kwargs,
+                                       ties=sel.ties)
+            self._selected_on[unit.method] = f"{sel.metric}: id_val vs ood_val[{sets}]"
+        except ValueError as err:  # no grid point fits these features (e.g. NECO's dims on D = 64): the defaults run
+            det, table = probe, [{"error": str(err)}]
+            self._selected_on[unit.method] = "defaults: no grid point fits the data"
+        if partial_state().is_main_process:  # which split chose: ID val against these OOD-validation sets
+            frame = pd.DataFrame(table).assign(metric=sel.metric, id_val="id_val", ood_val=sets)
+            _write_csv(frame, self.plan.out / "selection" / f"{safe_name(unit.method)}.csv")
+        return det
+
+    def _accuracy(self, det: Detector, trained: Detector | None) -> float:
+        """Top-1 ID test accuracy of the classifier the rows score with: the trained model's (`transform`) for
+        training methods and their rules, the run classifier's cached logits for detectors that use it, else NaN."""
+        test = self.data.get("id-id_test")
+        if test is None:
+            return float("nan")
+        if trained is not None and hasattr(trained, "transform"):
+            logits = self._trained_logits(trained)
+        elif test.features is not None and (reads_features(det) or "classifier" in type(det).needs):
+            logits = test.features.logits
+        else:
+            return float("nan")
+        labels = self._labels("id-id_test")
+        if logits is None or not len(labels):
+            return float("nan")
+        return float((np.asarray(logits).argmax(1) == labels).mean())
+
+    def _trained_logits(self, trained: Detector) -> np.ndarray | None:
+        """ID test logits of a trained model: `transform` of what it reads; a method that reads images only to score
+        (RotPred in heads mode) but transforms features is given the cached features."""
+        data = self._split_data(trained, "id-id_test")
+        features = self.data["id-id_test"].features
+        if isinstance(data, ImageSet) and features is not None:
+            try:
+                return trained.transform(data).logits
+            except (TypeError, ValueError, AttributeError):
+                return trained.transform(features).logits
+        return trained.transform(data).logits
+
+    def _validation(self, det: Detector, base: str, rule: str, view: Any = None) -> dict[str, Any] | None:
+        """The unit's metric on ID val against OOD val (rule selection reads it); None without both."""
+        ood_val = self.plan.ood_val
+        if ood_val is None or "id-id_val" not in self.data or ood_val.id not in self.data:
+            return None
+        get = view or (lambda split_id: self._split_data(det, split_id))
+        metric = self.plan.select.metric if self.plan.select else "auroc"
+        value = compute_metrics(det.score(get("id-id_val")), det.score(get(ood_val.id)))[metric]
+        sets = sorted({r["ood_set"] for r in ood_val.manifest.rows})
+        return {"base": base, "rule": rule, "metric": metric, "value": float(value), "ood_val": ",".join(sets),
+                "n_id_val": int(len(self.data["id-id_val"].index)), "n_ood_val": int(len(self.data[ood_val.id].index))}
+
+    def _score_all(self, det: Detector, method: str, family: str, mode: str, base: str, rule: str, start: float,
+                   acc: float, view: Any = None) -> Scored:
+        """Score ID test, every OOD set and every field set; rows per OOD set with the fit time in `seconds`."""
+        get = view or (lambda split_id: self._split_data(det, split_id))
+        frame = lambda split, role, group, scores: self._score_frame(method, family, role, split, group, scores)  # noqa: E731
+        test = self.plan.split("id-id_test")
+        id_scores = det.score(get(test.id))
+        fit_seconds = time.perf_counter() - start
+        params = _params_json(det)
+        frames, rows = [frame(test, "id", "id", id_scores)], []
+        for split in (s for s in self.plan.of_role("ood") if s.id not in self._left_out):
+            t0 = time.perf_counter()
+            ood_scores = det.score(get(split.id))
+            rows.append({"method": method, "family": family, "mode": mode, "protocol": self.plan.protocol,
+                         "checkpoint": self.plan.checkpoint, "base": base,
+                         "rule": rule, "ood_set": split.name, "group": split.group, **compute_metrics(id_scores, ood_scores),
+                         "id_acc": acc, "n_id": len(id_scores), "n_ood": len(ood_scores),
+                         "seconds": fit_seconds + time.perf_counter() - t0, "params": params,
+                         "selected_on": self._selected_on.get(method, "")})
+            frames.append(frame(split, "ood", split.group or "", ood_scores))
+        for split in self.plan.of_role("field_id", "field_ood"):
+            if split.id in self.data and len(self.data[split.id].index):
+                frames.append(frame(split, split.role, "field", det.score(get(split.id))))
+        return Scored(rows, frames)
+
+    def _score_frame(self, method: str, family: str, role: str, split: Split, group: str, scores: np.ndarray) -> pd.DataFrame:
+        index = self.data[split.id].index
+        name = "id" if role == "id" else split.name
+        return pd.DataFrame({"method": method, "family": family, "role": role, "ood_set": name, "group": group,
+                             "index": np.asarray(index, dtype=np.int64), "score": scores,
+                             "file_name": [split.manifest.rows[i]["file_name"] for i in index], "manifest": split.source})
+
+    # -- run ---------------------------------------------------------------------------------------------------
+    def run(self) -> pd.DataFrame:
+        """Prepare features, run every unit (skipping finished ones), write the outputs; return the results table.
+        Every cache key identifies images by the plan's `cache_hash`."""
+        with image_identity(self.plan.runtime.cache_hash), \
+                output_lock(self.plan.out, "evaluate", partial_state().is_main_process):  # one writer per output folder
+            return self._run()
+
+    def _leave_out_empty_sets(self) -> None:
+        """Test OOD and field sets none of whose rows loaded: recorded in failures.json (`sets`) and left out, so the
+        other sets are scored."""
+        for split in self.plan.of_role("ood", "field_ood"):
+            prepared = self.data.get(split.id)
+            if prepared is None or not len(prepared.index):
+                self._left_out.add(split.id)
+                reason = f"none of its {len(split.manifest)} image(s) could be loaded (see `images`)"
+                self.set_failures.append({"split": split.name, "role": split.role, "config": split.where,
+                                          "reason": reason})
+                print(f"[oodforge] warning: {split.where} set {split.name!r}: {reason}; left out")
+
+    def _run(self) -> pd.DataFrame:
+        main = partial_state().is_main_process
+        self.plan.out.mkdir(parents=True, exist_ok=True)
+        if main:  # the temp files a killed run's writes left (a live writer's stay)
+            remove_orphan_temps(self.plan.out)
+            if not self.plan.cache_dir.resolve().is_relative_to(self.plan.out.resolve()):
+                remove_orphan_temps(self.plan.cache_dir)
+        self.data = self.prepare()
+        self._leave_out_empty_sets()
+        self._check_dims()
+        note = defaults_note(self.plan)
+        if note and main:
+            print(note)
+        done: list[UnitResult] = []
+        rows = self.plan.runtime.chunk_rows
+        with chunk_rows(rows) if rows else contextlib.nullcontext():
+            for unit in self.plan.units:
+                found = self._unit(unit, main)
+                if found is not None:
+                    done.append(found)
+                if unit.kind == "rule" and unit.method == unit.parent.rules[-1]:
+                    self._trained.pop(unit.parent.method, None)  # its last rule ran: the trained model can go
+                if main:
+                    self._write_outputs(done, final=False)
+        if main:
+            self._write_outputs(done, final=True)
+            self._console_summary()
+        return _results(done)
+
+    def _unit(self, unit: Unit, main: bool) -> UnitResult | None:
+        """A finished unit read back, else run and written; a failing one recorded (None)."""
+        found = self.store.finished(unit.method, unit.key)
+        if found is not None:
+            self.reused += 1
+            return found
+        try:
+            found = self._run_unit(unit)
+        except Exception as err:  # noqa: BLE001 - one failing unit is recorded, the others go on
+            if main:
+                self.detector_failures.append(self.store.fail(unit.method, unit.key, err))
+            print(f"[oodforge] detector {unit.method} failed: {type(err).__name__}: {err} "
+                  f"(see {self.store.folder(unit.method) / 'traceback.txt'})")
+            return None
+        if main:
+            self.store.write(unit.method, unit.key, found, {"method": unit.method, "kind": unit.kind,
+                                                            "key_parts": key_record(unit, self.plan)})
+            clear_kept_batches(self.store.folder(unit.method) / "work")  # the unit's scores are written: not needed
+        return found
+
+    def _console_summary(self) -> None:
+        if self.reused:
+            print(f"resumed: {self.reused} of {len(self.plan.units)} units up to date")
+        n_images, n_units, n_sets = len(self.image_failures), len(self.detector_failures), len(self.set_failures)
+        if n_sets:
+            print(f"{n_sets} set{'s' if n_sets > 1 else ''} left out (no loadable image) -> {self.plan.out / 'failures.json'}")
+        if n_images:
+            print(f"{n_images} image{'s' if n_images > 1 else ''} unreadable -> {self.plan.out / 'failures.json'}")
+        if n_units:
+            print(f"{n_units} detector{'s' if n_units > 1 else ''} failed -> {self.plan.out / 'failures.json'}")
+
+    def _write_outputs(self, done: list[UnitResult], final: bool) -> None:
+        out = self.plan.out
+        _write_csv(_results(done), out / "results.csv")
+        atomic_write_json(out / "failures.json", {"images": self.image_failures, "sets": self.set_failures,
+                                                  "detectors": self.detector_failures})
+        if not final:
+            return
+        scores = pd.concat([u.scores for u in done], ignore_index=True) if done else pd.DataFrame(columns=SCORE_COLUMNS)
+        with atomic_path(out / "scores.parquet") as tmp:
+            scores.to_parquet(tmp, index=False)
+        validation = [v for u in done for v in (u.validation or [])]
+        if validation:
+            _write_csv(rule_selection(validation), out / "rule_selection.csv")
+        if self.plan.transfer and len(scores):
+            species = {s.name: {int(i): s.manifest.rows[i].get("species") for i in self.data[s.id].index}
+                       for s in self.plan.of_role("field_ood") if s.id in self.data}
+            rules = [t.to_dict() for t in self.plan.transfer]
+            _write_csv(transfer_table(rules, scores, species), out / "threshold_transfer.csv")
+
+    def _fewshot(self) -> None:
+        """Few-shot sweep of prompt-learning detectors (shots x seeds) on the run's ID and OOD splits
+        -> fewshot.csv and fewshot.png (config keys: model, methods, shots, seeds, device, plot)."""
+        from detectors.clip.fewshot import class_names_from, plot_fewshot, sweep_sets
+
+        out = self.plan.out
+        given_keys = {k: v for k, v in self.plan.fewshot.to_dict().items() if v is not None}
+        sweep_config = {"out_dir": str(out / "fewshot"), "cache_dir": str(self.plan.cache_dir / "clip"), **given_keys}
+        given = sweep_config.get("class_names") or sweep_config.get("class_names_file")
+        names = class_names_from(sweep_config) if given else (list(self.plan.class_names) if self.plan.class_names else None)
+        if not names:
+            raise ConfigError("fewshot: class names are needed (config `class_names`, or `class_name` fields in the ID manifest)")
+        images = lambda split: self._split_data_images(split)  # noqa: E731
+        ood = self.plan.of_role("ood")
+        rows = sweep_sets(sweep_config, images("id-id_train"), images("id-id_test"), {s.name: images(s.id) for s in ood},
+                          {s.name: s.group for s in ood}, names)
+        _write_csv(pd.DataFrame(rows), out / "fewshot.csv")
+        plot_fewshot(rows, str(sweep_config.get("plot", out / "fewshot.png")))
+
+    def _split_data_images(self, split_id: str) -> ImageSet:
+        split, prepared = self.plan.split(split_id), self.data[split_id]
+        return ImageSet(manifest=Manifest(split.manifest.root, [split.manifest.rows[i] for i in prepared.index]))
+
+
+class _Probe:
+    """A pixel transform that only checks a file decodes: the whole JPEG stream read at the coarsest DCT scale (a
+    truncated or corrupt file fails as in a full decode), nothing kept."""
+
+    def load(self, path: Any, rng: Any = None) -> Any:
+        import torch
+
+        from pipelines.decode import Decode, Region, decode
+
+        decode(path, Decode(draft=True), lambda width, height: Region((0, 0, width, height), (1, 1)))
+        return torch.zeros(0, dtype=torch.uint8)
+
+
+def _transformed(trained: Detector, data: Any) -> Any:
+    return None if data is None else trained.transform(data)
+
+
+def _params_json(det: Detector) -> str:
+    """The hyperparameters that ran, as JSON: what the fit settled included (`effective_params`, runtime settings
+    already left out), and the runtime inputs some detectors also keep as parameters (CLIP's class names) left out."""
+    params = {k: v for k, v in det.effective_params().items() if k not in RUNTIME_INPUTS}
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def _result(scored: Scored, validation: dict[str, Any] | None) -> UnitResult:
+    frames = [f for f in scored.frames if len(f)]
+    scores = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*SCORE_COLUMNS, *SCORE_OPTIONAL])
+    return UnitResult(pd.DataFrame(scored.rows, columns=list(RESULT_COLUMNS)), scores,
+                      [validation] if validation is not None else None)
+
+
+def rule_selection(validation: list[dict[str, Any]]) -> pd.DataFrame:
+    """Per training method, its own score and each rule on (ID val, OOD val); `chosen` marks the best by the metric."""
+    table = pd.DataFrame(validation)
+    table["chosen"] = False
+    for _, rows in table.groupby("base", sort=False):
+        sign = -1.0 if LOWER_IS_BETTER.get(rows["metric"].iloc[0], False) else 1.0
+        table.loc[(sign * rows["value"]).fillna(-np.inf).idxmax(), "chosen"] = True  # one per base, NaN never first
+    return table
+
+
+def _results(done: list[UnitResult]) -> pd.DataFrame:
+    frames = [u.rows for u in done if len(u.rows)]
+    results = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(RESULT_COLUMNS))
+    text = ["mode", "checkpoint", "base", "rule", "selected_on"]  # rows of units written before `checkpoint`: empty
+    results = results.reindex(columns=[*results.columns, *(c for c in text if c not in results)])
+    results[text] = results[text].fillna("")
+    return results
+
+
+def _write_csv(frame: pd.DataFrame, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        frame.to_csv(tmp, index=False)
+
+
+def run_config(config: Plan | EvalConfig | dict[str, Any] | str | Path) -> pd.DataFrame:
+    """Run the evaluation described by a plan, config object, mapping or YAML path; returns the results table."""
+    return Runner(config if isinstance(config, Plan) else make_plan(config)).run()
+
+
+def dump_config(config: EvalConfig, path: str | Path) -> None:
+    """Write a config back as YAML (for the record next to the results): `EvalConfig.dump()`, keys at their default
+    left out."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(yaml.safe_dump(config.dump(), sort_keys=False))

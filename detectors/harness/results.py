@@ -1,0 +1,54 @@
+"""The one definition of the runner's table formats: results, per-sample scores and threshold transfer.
+
+The runner writes these columns, selection and the report read them, and the tests check against them. Nothing else
+spells a column list, a score role or a metric direction.
+"""
+from __future__ import annotations
+
+from detectors.metrics import METRICS
+
+LOWER_IS_BETTER: dict[str, bool] = {"auroc": False, "fpr95": True, "fpr95_id": True, "aupr_in": False, "aupr_out": False,
+                                    "id_acc": False}
+"""Direction of each metric: selection maximises the others and minimises these."""
+
+RESULT_COLUMNS: tuple[str, ...] = ("method", "family", "mode", "protocol", "checkpoint", "base", "rule", "ood_set", "group",
+                                   *METRICS, "id_acc", "n_id", "n_ood", "seconds", "params", "selected_on")
+"""A row per (method, OOD set). `family` is the row's own family (a rule re-scoring a training method is `training`);
+`mode` says how a training method trained (`full` or `heads`; empty elsewhere); `protocol` the config's `protocol:`
+(`detectors.harness.protocols.PROTOCOLS`); `checkpoint` which checkpoint of a trained classifier folder the run's classifier is
+(`last` / `best`; empty for a model without `checkpoints.json`; a training method's own fine-tune says its choice in
+`params`); `base` / `rule` name the trained method
+and the post-hoc rule of a re-scored row; `id_acc` is the top-1 ID test accuracy of the classifier the row scores with
+(NaN where no classifier is involved); `params` the JSON of the hyperparameters that ran (chosen ones included);
+`selected_on` how a swept unit chose them (`auroc: id_val vs ood_val[<sets>]`; empty where defaults ran)."""
+
+RESULT_REQUIRED: tuple[str, ...] = ("method", "family", "ood_set", "group", "auroc", "fpr95", "aupr_in", "aupr_out",
+                                    "n_id", "n_ood", "seconds")
+"""The columns a results table must have to be reported (older tables lack the rest)."""
+
+SCORE_ROLES: tuple[str, ...] = ("id", "ood", "field_id", "field_ood")
+"""`id`: ID test rows; `ood`: a test OOD set's rows; `field_id` / `field_ood`: a field set's known / novel rows."""
+
+SCORE_COLUMNS: tuple[str, ...] = ("method", "family", "role", "ood_set", "group", "index", "score")
+"""A row per (method, scored image); `index` is the row's position in its manifest selection; higher score = more ID."""
+
+SCORE_OPTIONAL: tuple[str, ...] = ("file_name", "manifest")
+"""Traceability columns of newer scores tables: the image's file name and the manifest folder it came from."""
+
+TRANSFER_COLUMNS: tuple[str, ...] = ("method", "source", "target", "tpr", "threshold", "precision", "recall", "id_kept",
+                                     "tp", "fp", "n_id", "n_ood")
+"""A row per (rule, method, target) of threshold transfer; field-set targets add `SPECIES_COLUMNS`."""
+
+SPECIES_COLUMNS: tuple[str, ...] = ("species_detected", "species_any", "n_novel_species")
+"""`species_detected`: share of the field set's novel-species *images* flagged OOD (the paper's Table 6);
+`species_any`: share of novel *species* with at least one image flagged; `n_novel_species`: how many species."""
+
+TRANSFER_RATES: tuple[str, ...] = ("tpr", "precision", "recall", "id_kept", "species_detected", "species_any")
+"""Transfer columns that are fractions (rendered in percent)."""
+
+COLUMN_LABELS: dict[str, str] = {
+    "auroc": "AUROC", "fpr95": "FPR@95", "fpr95_id": "FPR@95 (ID-positive)", "aupr_in": "AUPR-In",
+    "aupr_out": "AUPR-Out", "id_acc": "ID acc.", "species_detected": "novel-species images flagged",
+    "species_any": "novel species with >= 1 image flagged",
+}
+"""Human labels of metric columns for rendered tables and figures."""
