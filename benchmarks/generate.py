@@ -33,10 +33,10 @@ from gen.job import GenerationConfig, load_plan, run_generation
 from gen.pairing import PlanItem
 from pipelines.data import load_image
 from pipelines.cli import README_SECTIONS, parser, run_main
-from pipelines.depth import DepthEstimator
-from pipelines.masks import foreground_mask, grayscale_init
-from pipelines.tiny import save_tiny_zest
-from pipelines.zest import NEGATIVE_PROMPT, PROMPT, ZeSTCall, ZeSTConfig, ZeSTPipeline
+from gen.depth import DepthEstimator
+from gen.masks import foreground_mask, grayscale_init
+from gen.tiny_zest import save_tiny_zest
+from gen.zest import NEGATIVE_PROMPT, PROMPT, ZeSTCall, ZeSTConfig, ZeSTPipeline
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 LIBC = ctypes.CDLL(ctypes.util.find_library("c"))

@@ -136,7 +136,7 @@ def bench_zest(args: argparse.Namespace, budget: Budget, save: Callable[[dict[st
     """ZeST images/s for each (attention, compile, batch size) case; ratios against the one-at-a-time loop.
     `save(section)` is called after every case, so a run cut short keeps what it measured."""
     from pipelines.runtime import xformers_available
-    from pipelines.tiny import random_zest_pipeline
+    from gen.tiny_zest import random_zest_pipeline
 
     device = resolve_device(args.device)
     dtype = torch.float32 if args.dry_run else torch.bfloat16

@@ -14,7 +14,7 @@ from pipelines.errors import ConfigError
 from pipelines.params import REQUIRED, config, param
 from pipelines.runtime import ATTENTION_BACKENDS, PRECISIONS, item_seed
 from pipelines.sources import Source
-from pipelines.zest import ZeSTCall, ZeSTConfig
+from gen.zest import ZeSTCall, ZeSTConfig
 
 JOB_FOLDER = ".job"  # hidden, so that `datasets` ImageFolder sees only the manifest
 NOT_DECISIVE = ("out", "limit", "batch_size", "attention", "compile", "plan_change")  # keys that never change an image

@@ -19,7 +19,7 @@ from gen.pairing import PlanItem
 from pipelines.data import ImageLoadError, list_images, load_image, make_row
 from pipelines.store import image_path
 from pipelines.io import atomic_path
-from pipelines.masks import MIN_SIDE, MaskError, MaskWarning, check_coverage, foreground_mask, is_empty, load_mask
+from gen.masks import MIN_SIDE, MaskError, MaskWarning, check_coverage, foreground_mask, is_empty, load_mask
 
 PIPELINE_NAME = "zest"
 ITEM_ERRORS = (ValueError, OSError, IndexError, cv2.error)  # from a model call: blamed on the batch's items
@@ -43,7 +43,7 @@ def is_done(record: dict[str, Any] | None, out: Path) -> bool:
 @dataclass
 class Prepared:
     """One item ready for the model: its images, its binary mask, where the mask came from, its foreground share and
-    the mask warnings it raised (`pipelines.masks.MaskWarning`: kind, file, message)."""
+    the mask warnings it raised (`gen.masks.MaskWarning`: kind, file, message)."""
 
     item: PlanItem
     target: Image.Image

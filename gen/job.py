@@ -33,10 +33,10 @@ from pipelines.data import write_manifest
 from pipelines.errors import ConfigError
 from pipelines.io import atomic_write_json, remove_orphan_temps
 from pipelines.locks import output_lock
-from pipelines.masks import MaskModelError, open_rembg, resolve_mask_method
+from gen.masks import MaskModelError, open_rembg, resolve_mask_method
 from pipelines.progress import progress
 from pipelines.runtime import partial_state, resolve_dtype
-from pipelines.zest import ZeSTConfig
+from gen.zest import ZeSTConfig
 
 SHOWN_FILES = 5  # example files per summary warning
 
@@ -69,7 +69,7 @@ def resolve_models(models: ZeSTConfig | str | None, state: Any = None) -> ZeSTCo
     if state is not None and not state.is_main_process:
         state.wait_for_everyone()
     if not marker.is_file() and (state is None or state.is_main_process):
-        from pipelines.tiny import save_tiny_zest
+        from gen.tiny_zest import save_tiny_zest
 
         atomic_write_json(marker, save_tiny_zest(folder).to_dict())
     if state is not None and state.is_main_process:
@@ -79,7 +79,7 @@ def resolve_models(models: ZeSTConfig | str | None, state: Any = None) -> ZeSTCo
 
 def build_pipeline(config: GenerationConfig, state: Any):
     """The ZeST pipeline on this process's device with the configured precision, attention backend and compile."""
-    from pipelines.zest import ZeSTPipeline
+    from gen.zest import ZeSTPipeline
 
     models = resolve_models(config.models, state)
     return ZeSTPipeline.from_config(models, device=state.device, dtype=resolve_dtype(config.precision, state.device),

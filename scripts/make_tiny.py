@@ -35,7 +35,9 @@ def make(kind: str, out: Path, labels: int | None = None, seed: int = 0) -> str:
         tiny.save_tiny_clip(out, seed=seed)
         return f"model: {out}   (CLIP detectors; curate_containers.py --clip {out})"
     if kind == "zest":
-        zest = tiny.save_tiny_zest(out, seed=seed)
+        from gen.tiny_zest import save_tiny_zest
+
+        zest = save_tiny_zest(out, seed=seed)
         parts = ("base", "controlnet", "ip_adapter", "depth")
         return " ".join(f"models.{k}={getattr(zest, k)}" for k in parts) + "   (generate.py overrides)"
     tiny.save_tiny_pixel_unet(out, seed=seed)

@@ -3,7 +3,7 @@ drift toward the label's semantics. Score = similarity of the two images (higher
 
 Two back-ends behind one detector (`backend=`):
 - "pixel" (the paper's default, guided-diffusion): an unconditional `UNet2DModel` (ADM; an OpenAI checkpoint file is
-  converted by pipelines.guided_diffusion), respaced DDIM (eta 0), DDIM inversion with per-sample adaptive early stop
+  converted by detectors.generative.guided_diffusion), respaced DDIM (eta 0), DDIM inversion with per-sample adaptive early stop
   (batched, see pixel_backend), denoising from one step noisier than the stop, classifier guidance by the protected
   classifier ("clean grad" blend, random crops); reference: the unguided reconstruction from the same latent.
 - "latent": our Stable Diffusion variant of the paper's class-conditional LDM (latent_backend); reference: the input.
@@ -182,7 +182,7 @@ class DiffGuard(Detector):
                     raise ValueError("diffguard backend 'pixel' needs unet= (a UNet2DModel) or unet_id= (an OpenAI "
                                      "guided-diffusion checkpoint file such as 256x256_diffusion_uncond.pt, a diffusers "
                                      "folder or hub id)")
-                from pipelines.guided_diffusion import load_pixel_unet
+                from detectors.generative.guided_diffusion import load_pixel_unet
 
                 unet = load_pixel_unet(self.unet_id, self.adm_flags, self.dtype)
             unet = unet.to(self.device).eval().requires_grad_(False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipelines.guided_diffusion import CHECKPOINT_SUFFIXES
+from detectors.generative.guided_diffusion import CHECKPOINT_SUFFIXES
 
 PERCEPTUAL = ("dists", "lpips")
 

@@ -7,7 +7,8 @@ save them and load them back through the same `from_pretrained` code paths users
 ever downloaded. `size="full"` builds use the real configs unchanged (random weights, for the GPU benchmark).
 
 Modules: `tokenizer` (the tiny BPE), `configs` (the shrink table `TINY` and sized configs), `models` (the builders).
-Every public name is importable from `pipelines.tiny`.
+Every public name is importable from `pipelines.tiny`; the ZeST stand-ins assembled from these modules are
+`gen.tiny_zest`'s.
 """
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ from pipelines.tiny.configs import (CLIP_ID, CONTROLNET_ID, DPT_ID, IMAGE_ENCODE
                                     OMITTED_COMPONENTS, RESNET_ID, SD15_ID, SD21_ID, SDXL_ID, SDXL_VAE_FP16_ID, TINY,
                                     full_config, sized_config, standin_fingerprint, tiny_config, zest_configs)
 from pipelines.tiny.models import (build_model, dpt_processor, ip_adapter_state, random_zest_modules,  # noqa: F401
-                                   random_zest_pipeline, save_tiny_clip, save_tiny_dpt, save_tiny_model,
-                                   save_tiny_pixel_unet, save_tiny_stable_diffusion, save_tiny_zest,
-                                   scheduler_from_config, sdxl_scheduler)
+                                   save_tiny_clip, save_tiny_dpt, save_tiny_model, save_tiny_pixel_unet,
+                                   save_tiny_stable_diffusion, scheduler_from_config, sdxl_scheduler)
 from pipelines.tiny.tokenizer import (BOS_TOKEN, DEFAULT_VOCAB_WORDS, EOS_TOKEN, TINY_VOCAB_SIZE,  # noqa: F401
                                       TOKENIZER_MAX_LENGTH, load_tiny_tokenizer, save_tiny_tokenizer,
                                       tiny_tokenizer_vocab)

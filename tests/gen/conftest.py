@@ -1,13 +1,18 @@
-"""Fixtures for the generation tests: hand-made manifests, a deterministic fake pipeline, tiny ZeST models."""
+"""Fixtures for the generation tests: hand-made manifests, a deterministic fake pipeline, tiny ZeST models (built once
+per session)."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from gen.tiny_zest import save_tiny_zest
+from gen.zest import ZeSTConfig, ZeSTPipeline
 from pipelines.data import make_row, write_manifest
 
 
@@ -95,11 +100,41 @@ def fake_zest() -> type[FakeZeST]:
 
 
 @pytest.fixture(scope="session")
-def tiny_zest_models(tmp_path_factory) -> dict[str, str]:
-    """A ZeSTConfig mapping of tiny random-weight models, saved once per session (pipelines.tiny.save_tiny_zest)."""
-    from pipelines.tiny import save_tiny_zest
+def tiny_zest_config(tmp_path_factory) -> ZeSTConfig:
+    """A `ZeSTConfig` of tiny random-weight components saved in the real folder layouts."""
+    with _threads(1):
+        return save_tiny_zest(tmp_path_factory.mktemp("tiny_zest"))
 
-    return save_tiny_zest(tmp_path_factory.mktemp("tiny_zest")).to_dict()
+
+@pytest.fixture(scope="session")
+def tiny_zest(tiny_zest_config) -> ZeSTPipeline:
+    """The tiny ZeST pipeline loaded on the CPU in fp32 through `ZeSTPipeline.from_config`."""
+    with _threads(1):
+        return ZeSTPipeline.from_config(tiny_zest_config, device="cpu", dtype=torch.float32)
+
+
+@contextmanager
+def _threads(count: int) -> Iterator[None]:
+    """Run with `count` torch threads (tiny models are fastest single-threaded on a shared CPU), then restore."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Module-wide single-threaded torch, so repeated model calls are also bitwise identical."""
+    with _threads(1):
+        yield
+
+
+@pytest.fixture(scope="session")
+def tiny_zest_models(tiny_zest_config) -> dict[str, str]:
+    """The tiny ZeST stand-ins' ZeSTConfig as a mapping (gen.tiny_zest.save_tiny_zest, saved once per session)."""
+    return tiny_zest_config.to_dict()
 
 
 @pytest.fixture

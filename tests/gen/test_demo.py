@@ -13,8 +13,9 @@ from pipelines.data import read_manifest
 
 
 def test_tiny_models_are_built_once_into_the_cache(tmp_path, monkeypatch, tiny_zest_models):
+    import gen.tiny_zest
     import pipelines.tiny
-    from pipelines.zest import ZeSTConfig
+    from gen.zest import ZeSTConfig
 
     builds = []
 
@@ -23,7 +24,7 @@ def test_tiny_models_are_built_once_into_the_cache(tmp_path, monkeypatch, tiny_z
         return ZeSTConfig.from_dict(tiny_zest_models)
 
     monkeypatch.setenv("OODFORGE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(pipelines.tiny, "save_tiny_zest", fake_build)
+    monkeypatch.setattr(gen.tiny_zest, "save_tiny_zest", fake_build)
     first = gen.job.resolve_models("tiny")
     second = gen.job.resolve_models("tiny")
     assert builds == [tmp_path / "cache" / f"tiny_zest-{pipelines.tiny.standin_fingerprint()}"]

@@ -16,7 +16,7 @@ from pipelines.cli import apply_overrides
 from pipelines.data import read_manifest
 from pipelines.errors import ConfigError
 from pipelines.runtime import item_seed
-from pipelines.zest import ZeSTConfig
+from gen.zest import ZeSTConfig
 
 
 def config_for(tmp_path: Path, targets: Path, materials: Path, **extra) -> GenerationConfig:

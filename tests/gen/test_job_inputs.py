@@ -231,10 +231,10 @@ def test_new_config_keys_are_validated_passed_to_the_pipeline_and_not_decisive(t
     assert config.fingerprint() == GenerationConfig.from_dict(base | {"precision": "fp32"}).fingerprint()
     assert config.fingerprint() != GenerationConfig.from_dict({**base, "mask_method": "opencv"}).fingerprint()
 
-    import pipelines.zest
+    import gen.zest
 
     seen = {}
-    monkeypatch.setattr(pipelines.zest.ZeSTPipeline, "from_config",
+    monkeypatch.setattr(gen.zest.ZeSTPipeline, "from_config",
                         classmethod(lambda cls, models, **kwargs: seen.update(kwargs) or "pipe"))
     monkeypatch.setattr("gen.job.resolve_models", lambda models, state=None: "models")
     assert build_pipeline(config, OneProcess()) == "pipe"

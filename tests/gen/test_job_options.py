@@ -11,7 +11,7 @@ import pytest
 from badinputs import object_array, object_mask
 from PIL import Image
 
-import pipelines.masks as masks
+import gen.masks as masks
 from gen.job import JOB_FOLDER, GenerationConfig, run_generation
 from gen.ledger import Ledger
 from pipelines.data import read_manifest

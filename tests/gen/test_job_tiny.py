@@ -30,7 +30,7 @@ class CrashAfter:
 
 def test_resumed_and_two_process_runs_write_identical_files(tmp_path, bronzes, containers, tiny_zest_models,
                                                             single_thread):
-    from pipelines.zest import ZeSTConfig, ZeSTPipeline
+    from gen.zest import ZeSTConfig, ZeSTPipeline
 
     values = {"task": "transferred_container", "targets": str(containers), "materials": str(bronzes),
               "models": tiny_zest_models, "resolution": 32, "num_inference_steps": 2, "batch_size": 2, "limit": 4,

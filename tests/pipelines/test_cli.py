@@ -168,7 +168,7 @@ def test_quiet_warnings_hide_library_chatter_keep_ours_and_show_once_warnings_on
         warnings.warn_explicit("klm: 3 classes are never predicted", UserWarning, "klm.py", 5, module="detectors.posthoc.klm")
         for line in range(3):
             warnings.warn_explicit("mask_method 'auto': rembg is not installed, so ...", RuntimeWarning, "masks.py",
-                                   line, module="pipelines.masks")
+                                   line, module="gen.masks")
     messages = [str(w.message) for w in seen]
     assert messages == ["klm: 3 classes are never predicted", "mask_method 'auto': rembg is not installed, so ..."]
 

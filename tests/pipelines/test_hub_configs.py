@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from gen.tiny_zest import save_tiny_zest
 from pipelines import hub, tiny
 
 
@@ -30,7 +31,7 @@ def _saved_files(model_id: str, root: Path) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def standins(tmp_path_factory):
     root = tmp_path_factory.mktemp("standins")
-    tiny.save_tiny_zest(root / "zest")
+    save_tiny_zest(root / "zest")
     tiny.save_tiny_clip(root / tiny.CLIP_ID)
     for model_id in (tiny.SD15_ID, tiny.SD21_ID):
         tiny.save_tiny_stable_diffusion(root / model_id, model_id=model_id)

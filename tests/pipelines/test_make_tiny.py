@@ -59,7 +59,7 @@ def test_clip_loads_through_the_clip_backbone(tmp_path, single_torch_thread):
 
 
 def test_diffguard_unet_loads_through_the_pixel_loader(tmp_path, single_torch_thread):
-    from pipelines.guided_diffusion import load_pixel_unet
+    from detectors.generative.guided_diffusion import load_pixel_unet
     from pipelines.tiny import save_tiny_pixel_unet
 
     assert _make(["diffguard-unet", "--out", str(tmp_path / "unet")]) == 0
@@ -71,7 +71,7 @@ def test_diffguard_unet_loads_through_the_pixel_loader(tmp_path, single_torch_th
 
 def test_zest_loads_through_the_zest_pipeline_from_the_printed_overrides(tmp_path, single_torch_thread, capsys):
     from pipelines.cli import apply_overrides
-    from pipelines.zest import ZeSTConfig, ZeSTPipeline
+    from gen.zest import ZeSTConfig, ZeSTPipeline
 
     assert _make(["zest", "--out", str(tmp_path / "zest")]) == 0
     line = capsys.readouterr().out

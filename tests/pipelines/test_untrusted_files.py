@@ -132,7 +132,7 @@ def test_a_model_folder_with_only_a_pickle(tiny, tmp_path):
 def test_evaluation_unit_work_folder_and_the_trained_artifact(tiny, tmp_path):
     """Planted fine-tune checkpoints in units/<method>/work are never run; the unit trains, writes its trained
     detector to units/<method>/work/model, and `load:` of that folder scores the same rows."""
-    from detectors.evaluate import run_config
+    from detectors.harness.evaluate import run_config
 
     root, model, _ = tiny
     out, marker = tmp_path / "run", tmp_path / "ran"
@@ -156,7 +156,7 @@ def test_a_detector_load_folder(tiny, tmp_path, where):
     """A saved detector folder whose weights are a pickle: never run, the unit fails in one recorded line."""
     from detectors import build, load
     from detectors.base import ImageSet
-    from detectors.evaluate import run_config
+    from detectors.harness.evaluate import run_config
     from pipelines.classifier import ImageClassifier
     from pipelines.data import read_manifest
 
@@ -182,7 +182,7 @@ def test_a_detector_load_folder(tiny, tmp_path, where):
 def test_foreign_pt_files_of_diffguard_distances_and_clipn(tmp_path):
     from detectors.clip.clipn_convert import convert_clipn
     from detectors.generative.distances import load_weight_files
-    from pipelines.guided_diffusion import read_checkpoint
+    from detectors.generative.guided_diffusion import read_checkpoint
 
     marker = tmp_path / "ran"
     bad = plant(tmp_path / "256x256_diffusion_uncond.pt", marker)
@@ -234,7 +234,7 @@ def test_a_safetensors_header_declaring_2_62_bytes_is_one_line_wherever_it_is_re
     from detectors import load
     from detectors.generative.distances import load_weight_files
     from pipelines.checkpoints import UnsafeFileError
-    from pipelines.guided_diffusion import read_checkpoint
+    from detectors.generative.guided_diffusion import read_checkpoint
     from pipelines.training.objectives import MultiGranularity
     from tests.pipelines.test_checkpoints import header_bomb
 

@@ -22,8 +22,8 @@ from PIL import Image
 
 from pipelines.data import to_rgb
 from pipelines.hub_ids import CONTROLNET_ID, DPT_ID, IP_ADAPTER_ID, SDXL_ID
-from pipelines.depth import DepthEstimator
-from pipelines.masks import MASK_METHODS, binarise, foreground_masks, grayscale_init
+from gen.depth import DepthEstimator
+from gen.masks import MASK_METHODS, binarise, foreground_masks, grayscale_init
 from pipelines.params import Config, ParamError, config, param
 from pipelines.runtime import (check_model_ref, diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained,
                                model_revision, resolve_device, resolve_dtype, select_variant)
@@ -310,7 +310,7 @@ class ZeSTPipeline:
         """Transfer each material onto its target; returns RGB images at each target's size.
 
         masks: given foreground masks (files or images, None entries computed by `mask_method`: auto = rembg when
-        installed, else the OpenCV fallback with a warning; see pipelines.masks).
+        installed, else the OpenCV fallback with a warning; see gen.masks).
         seeds: one per target (default: `item_seed(42, index)`); generators live on the CPU so results do not
         depend on the device's RNG. `call`: any `ZeSTCall` key (num_inference_steps, strength, guidance_scale,
         controlnet_conditioning_scale, ip_adapter_scale, resolution, resize: 'squash' (ZeST) or 'pad'

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from pipelines.depth import DepthEstimator, normalise_depth
+from gen.depth import DepthEstimator, normalise_depth
 
 
 def test_normalise_depth_matches_zest_16_bit_rounding():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from pipelines.zest import (
+from gen.zest import (
     NEGATIVE_PROMPT, PROMPT, ZeSTConfig, ZeSTPipeline, composite_background, feathered_weights, fit_square, unfit_square,
 )
 
@@ -67,7 +67,7 @@ def test_call_defaults_are_zest_s_and_defined_once():
 
     from gen.config import GenerationConfig
     from pipelines.errors import ConfigError
-    from pipelines.zest import ZeSTCall
+    from gen.zest import ZeSTCall
 
     call = ZeSTCall()
     assert (call.num_inference_steps, call.strength, call.guidance_scale, call.controlnet_conditioning_scale,
@@ -78,7 +78,7 @@ def test_call_defaults_are_zest_s_and_defined_once():
     root = Path(__file__).resolve().parents[2]
     spelled = [str(p.relative_to(root)) for folder in ("pipelines", "gen", "detectors", "scripts")
                for p in (root / folder).rglob("*.py") if re.search(r"(?<![\d.])0\.9999(?!\d)", p.read_text())]
-    assert spelled == ["pipelines/zest.py"]
+    assert spelled == ["gen/zest.py"]
     with pytest.raises(ConfigError, match=r"^zest.strength: must be > 0 and <= 1, got 1.5"):
         ZeSTCall.from_dict({"strength": 1.5}, "zest")
 

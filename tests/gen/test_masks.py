@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.masks import MaskError, binarise, foreground_masks, grayscale_init, load_mask, opencv_mask
+from gen.masks import MaskError, binarise, foreground_masks, grayscale_init, load_mask, opencv_mask
 
 
 def _object_on_plain_background(seed: int = 0, size: tuple[int, int] = (240, 180)):
@@ -107,7 +107,7 @@ def test_rembg_runs_one_session_per_process_and_auto_falls_back_with_a_warning(m
     import sys
     import types
 
-    import pipelines.masks as masks
+    import gen.masks as masks
 
     sessions = []
 
@@ -154,7 +154,7 @@ def _black_and_white(size: tuple[int, int] = (20, 10)) -> np.ndarray:
 
 @pytest.mark.parametrize("mode, alpha", [("RGBA", 255), ("RGBA", 0), ("LA", 255)])
 def test_a_mask_with_a_constant_alpha_is_read_by_luminance_with_a_warning(tmp_path, mode, alpha):
-    from pipelines.masks import MaskWarning
+    from gen.masks import MaskWarning
 
     values = _black_and_white()
     colour = np.dstack([values] * 3) if mode == "RGBA" else values[..., None]
@@ -177,7 +177,7 @@ def test_a_varying_alpha_is_still_the_mask_without_a_warning(recwarn):
 @pytest.mark.parametrize("share, kind", [(1.0, "coverage_full"), (0.995, "coverage_full"), (0.01, "coverage_tiny"),
                                          (0.002, "coverage_tiny"), (0.5, None), (0.02, None), (0.98, None), (0.0, None)])
 def test_coverage_at_or_above_99_or_at_or_below_1_percent_is_warned_about(share, kind, recwarn):
-    from pipelines.masks import MaskWarning, check_coverage
+    from gen.masks import MaskWarning, check_coverage
 
     values = np.zeros(1000, np.uint8)
     values[:round(share * 1000)] = 255
@@ -192,7 +192,7 @@ def test_an_unloadable_rembg_model_is_one_mask_model_error(monkeypatch):
     import sys
     import types
 
-    import pipelines.masks as masks
+    import gen.masks as masks
 
     attempts = []
 
