@@ -44,7 +44,7 @@ def test_ordering_invariant_to_a_constant_logit_shift():
 
 
 @pytest.mark.parametrize("gamma, top_m", [(0.1, 100), (0.5, 3), (2.0, 1)])
-def test_gen_against_explicit_loop(gamma, top_m):
+def test_generalized_entropy_against_explicit_loop(gamma, top_m):
     z = _logits(3, c=9)
     expected = []
     for row in z:
@@ -54,7 +54,7 @@ def test_gen_against_explicit_loop(gamma, top_m):
     np.testing.assert_allclose(got, expected, rtol=1e-12)
 
 
-def test_gen_confident_beats_uniform_and_rejects_bad_params():
+def test_generalized_entropy_confident_beats_uniform_and_rejects_bad_params():
     confident = np.array([[20.0, 0.0, 0.0, 0.0]])
     uniform = np.zeros((1, 4))
     det = detectors.build("gen")

@@ -11,7 +11,7 @@ import pytest
 
 from gen.job import JOB_FOLDER, GenerationConfig, run_generation
 from pipelines.cli import run_main
-from pipelines.masks import rembg_available
+from gen.masks import rembg_available
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 MAIN = runpy.run_path(str(SCRIPTS / "generate.py"))["main"]
@@ -172,7 +172,7 @@ def test_the_generation_config_classes_are_documented_and_round_trip_through_yam
     back equal."""
     import yaml
 
-    from pipelines.zest import ZeSTCall, ZeSTConfig
+    from gen.zest import ZeSTCall, ZeSTConfig
 
     for cls in (GenerationConfig, ZeSTConfig, ZeSTCall):
         undocumented = [name for name in cls.fields() if not cls.doc(name) or "\n" in cls.doc(name)]

@@ -136,7 +136,7 @@ def test_latent_unguided_reference_is_the_null_text_reconstruction(sd_folder, cl
 
 def test_pixel_backend_loads_an_adm_checkpoint_file(classifier_28, tmp_path, synthetic):
     script_util = pytest.importorskip("guided_diffusion.script_util", reason="pip install --no-deps guided-diffusion-sdk")
-    from pipelines.guided_diffusion import resolve_flags, shrink_flags
+    from detectors.generative.guided_diffusion import resolve_flags, shrink_flags
 
     flags = shrink_flags()
     kwargs = {k: v for k, v in resolve_flags(flags).items() if k not in ("diffusion_steps", "noise_schedule")}
