@@ -15,9 +15,13 @@ from detectors.base import FIT_INPUTS, PROTOCOL_FIT, RUNTIME_INPUTS, Detector, P
 _REGISTRY: dict[str, type[Detector]] = {}
 FAMILY_LABELS: dict[str, str] = {"posthoc": "Post-hoc", "training": "Training-time", "generative": "Generation-based",
                                  "clip": "VLM-based"}
-"""The detector families, one package each (`detectors.<family>`), in the reports' order, with the names the papers
+"""The detector families, one package each (`FAMILY_PACKAGES`), in the reports' order, with the names the papers
 print (ShiftedBronzes' Tables 3 and 4, Figure 5): the one list of them."""
 FAMILIES: tuple[str, ...] = tuple(FAMILY_LABELS)
+FAMILY_PACKAGES: dict[str, str] = {family: f"detectors.{family}" for family in FAMILIES} | {
+    "training": "detectors.training_time"}
+"""The package of each family's detectors (the training-time methods' is named apart from the classifier training
+loop, `pipelines.training`)."""
 _loaded = False
 
 
@@ -92,10 +96,10 @@ def _load_all() -> None:
     if _loaded:
         return
     for family in FAMILIES:
-        package = importlib.import_module(f"detectors.{family}")
+        package = importlib.import_module(FAMILY_PACKAGES[family])
         for info in pkgutil.iter_modules(package.__path__):
             if not info.name.startswith("_"):
-                importlib.import_module(f"detectors.{family}.{info.name}")
+                importlib.import_module(f"{FAMILY_PACKAGES[family]}.{info.name}")
     _loaded = True
 
 

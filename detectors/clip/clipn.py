@@ -29,7 +29,7 @@ from detectors.base import param
 from detectors.clip.backbone import DEFAULT_CLIP
 from detectors.clip.common import ClipDetector
 from detectors.clip.templates import CLIPN_TEMPLATES
-from detectors.clip.training import Schedule, train_loop
+from detectors.clip.prompt_training import Schedule, train_loop
 from detectors.registry import register_detector
 
 STATE_PREFIX = "no."

@@ -22,7 +22,7 @@ from detectors.clip.features import subset_imageset
 from detectors.clip.prompts import idlike_loss
 from detectors.clip.scores import cosine
 from detectors.base import param
-from detectors.clip.training import PromptDetector, Schedule, train_loop
+from detectors.clip.prompt_training import PromptDetector, Schedule, train_loop
 from detectors.registry import register_detector
 from pipelines.progress import progress as progress_bar
 from pipelines.runtime import item_seed

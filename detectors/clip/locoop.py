@@ -14,7 +14,7 @@ from detectors.clip import scores
 from detectors.clip.prompts import locoop_loss
 from detectors.clip.scores import cosine
 from detectors.base import param
-from detectors.clip.training import PromptDetector, Schedule, train_loop
+from detectors.clip.prompt_training import PromptDetector, Schedule, train_loop
 from detectors.registry import register_detector
 
 

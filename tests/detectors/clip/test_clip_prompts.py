@@ -110,7 +110,7 @@ def test_idlike_crops_selection_training_and_score(backbone):
 
 
 def test_schedule_is_constant_warmup_then_per_epoch_cosine():
-    from detectors.clip.training import epoch_lr_factor
+    from detectors.clip.prompt_training import epoch_lr_factor
 
     factors = [epoch_lr_factor(e, epochs=4, base_lr=0.002, warmup_epochs=1, warmup_lr=1e-5) for e in range(5)]
     np.testing.assert_allclose(factors, [0.005, 1.0, (1 + np.cos(np.pi / 4)) / 2, 0.5, (1 + np.cos(3 * np.pi / 4)) / 2])

@@ -24,7 +24,7 @@ import yaml
 from PIL import Image
 
 from gen.insects import load_region, synthetic_occurrences
-from detectors.training.finetuned import CHECKPOINT
+from detectors.training_time.finetuned import CHECKPOINT
 from pipelines.checkpoints import load_tree
 from pipelines.cli import load_yaml
 from pipelines.data import make_row, write_manifest

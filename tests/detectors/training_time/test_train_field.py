@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from detectors.training.field import species_detection_share
+from detectors.training_time.field import species_detection_share
 
 
 def test_species_detection_share_by_hand():

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from detectors.base import param
 from detectors.registry import register_detector
-from detectors.training.novel_branch import BranchDetector
+from detectors.training_time.novel_branch import BranchDetector
 
 
 @register_detector("extended")

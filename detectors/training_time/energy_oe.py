@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from detectors.base import param
 from detectors.registry import register_detector
-from detectors.training.common import TrainedDetector, logsumexp64, softmax64
+from detectors.training_time.common import TrainedDetector, logsumexp64, softmax64
 from pipelines.training import Objective, TrainBatch
 
 

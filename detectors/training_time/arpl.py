@@ -22,7 +22,7 @@ from torch import nn
 
 from detectors.base import LinearHead, as_numpy, param
 from detectors.registry import register_detector
-from detectors.training.common import TrainedDetector, logsumexp64, softmax64
+from detectors.training_time.common import TrainedDetector, logsumexp64, softmax64
 from pipelines.training import Objective, TrainBatch
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from detectors.base import param
 from detectors.registry import register_detector
-from detectors.training.common import TrainedDetector
+from detectors.training_time.common import TrainedDetector
 from pipelines.training import Objective, TrainBatch
 
 

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from detectors.training.novel_branch import BranchLoss
-from detectors.training.confbranch import ConfBranchLoss, hint_mask
-from detectors.training.energy_oe import EnergyOELoss
-from detectors.training.logitnorm import LogitNormLoss
-from detectors.training.mixoe import MixOELoss, cutmix_box
-from detectors.training.oe import OELoss
+from detectors.training_time.novel_branch import BranchLoss
+from detectors.training_time.confbranch import ConfBranchLoss, hint_mask
+from detectors.training_time.energy_oe import EnergyOELoss
+from detectors.training_time.logitnorm import LogitNormLoss
+from detectors.training_time.mixoe import MixOELoss, cutmix_box
+from detectors.training_time.oe import OELoss
 from pipelines.training import TrainBatch
 
 
@@ -101,7 +101,7 @@ def test_mixoe_recipe_defaults_two_passes_and_beta_draws():
     from scipy import stats
 
     from detectors import build
-    from detectors.training.mixoe import beta_sample
+    from detectors.training_time.mixoe import beta_sample
 
     objective = build("mixoe").objective()
     assert (objective.mix_op, objective.alpha, objective.beta, objective.lambda_oe, objective.passes) == ("cutmix", 0.1, 1.0, 1.0, 2)

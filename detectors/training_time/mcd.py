@@ -25,7 +25,7 @@ from torch import nn
 
 from detectors.base import param
 from detectors.registry import register_detector
-from detectors.training.common import TrainedDetector, apply_linear, linear_arrays, softmax64
+from detectors.training_time.common import TrainedDetector, apply_linear, linear_arrays, softmax64
 from pipelines.training import Objective, TrainBatch
 
 

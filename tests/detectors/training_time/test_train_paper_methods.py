@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from detectors import FeatureSet, LinearHead, build
-from detectors.training.arpl import ARPLLoss
-from detectors.training.godin import GODINLoss
-from detectors.training.rotpred import RotPredLoss, rotations, rotpred_score
-from detectors.training.udg import UDGLoss, cluster_weights, filter_clusters, pca_whiten
+from detectors.training_time.arpl import ARPLLoss
+from detectors.training_time.godin import GODINLoss
+from detectors.training_time.rotpred import RotPredLoss, rotations, rotpred_score
+from detectors.training_time.udg import UDGLoss, cluster_weights, filter_clusters, pca_whiten
 from pipelines.training import Pass, TrainBatch
 
 

@@ -152,7 +152,7 @@ class TrainedDetector(Detector):
 
     def _save_artifact(self) -> None:
         """The trained detector as `work_dir/model` (`save_pretrained`, main process): what `load:` reads back."""
-        from detectors.training.finetuned import ARTIFACT
+        from detectors.training_time.finetuned import ARTIFACT
         from pipelines.runtime import partial_state
 
         if partial_state().is_main_process:
@@ -175,7 +175,7 @@ class TrainedDetector(Detector):
                            weights=self.params["checkpoint"], **common)
 
     def _fit_images(self, id_train: Any, id_val: Any, aux: Any, common: dict[str, Any]):
-        from detectors.training.finetuned import CHECKPOINT, as_manifest, training_key
+        from detectors.training_time.finetuned import CHECKPOINT, as_manifest, training_key
         from pipelines.fingerprint import preprocessing_fingerprint
         from pipelines.pixels import default_workers, finetune_transforms
 
@@ -232,7 +232,7 @@ class TrainedDetector(Detector):
     def model_features(self, batch: Any) -> tuple[np.ndarray, Any]:
         """(penultimate features [N,D], labels) of the fine-tuned classifier on an ImageSet or Manifest; manifest rows
         go through a feature cache under `work_dir/features` keyed by the current weights (kept in memory too)."""
-        from detectors.training.finetuned import cached_features, features_key, forward_images
+        from detectors.training_time.finetuned import cached_features, features_key, forward_images
 
         if self.classifier is None:
             raise ValueError(f"{self.name}: scoring images needs the fine-tuned classifier (build(..., classifier=...))")
@@ -271,7 +271,7 @@ class TrainedDetector(Detector):
     def state(self) -> dict[str, np.ndarray]:
         """The trained heads and extra arrays; in full mode also a plain-module classifier's weights (a transformers
         classifier is saved as its own model folder by `save_pretrained`)."""
-        from detectors.training.finetuned import classifier_arrays
+        from detectors.training_time.finetuned import classifier_arrays
 
         out = {**super().state(), **self.extra}
         if self._fine_tuned() and getattr(self.classifier, "kind", None) != "hf":
@@ -281,7 +281,7 @@ class TrainedDetector(Detector):
     def save_pretrained(self, folder: str | os.PathLike) -> Path:
         """`config.json` + `model.safetensors` (heads, extra arrays) and, in full mode with a transformers classifier,
         `classifier/` (the fine-tuned model folder: config, weights, image processor), which `from_pretrained` loads."""
-        from detectors.training.finetuned import CLASSIFIER_FOLDER
+        from detectors.training_time.finetuned import CLASSIFIER_FOLDER
 
         folder = Path(folder)
         if self._fine_tuned() and getattr(self.classifier, "kind", None) == "hf":
@@ -293,7 +293,7 @@ class TrainedDetector(Detector):
     def from_pretrained(cls, folder: str | os.PathLike, **overrides: Any) -> "TrainedDetector":
         """A saved trained detector; one holding `classifier/` scores with that fine-tuned classifier (a `classifier`
         given here is replaced by it), one holding a plain module's arrays needs `classifier=` of its architecture."""
-        from detectors.training.finetuned import CLASSIFIER_FOLDER
+        from detectors.training_time.finetuned import CLASSIFIER_FOLDER
 
         saved = Path(folder) / CLASSIFIER_FOLDER
         if (saved / "config.json").is_file():
@@ -303,7 +303,7 @@ class TrainedDetector(Detector):
         return super().from_pretrained(folder, **overrides)
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
-        from detectors.training.finetuned import CLASSIFIER_PREFIX, load_classifier_arrays
+        from detectors.training_time.finetuned import CLASSIFIER_PREFIX, load_classifier_arrays
 
         super().load_state(state)
         self.extra = {k: v for k, v in state.items() if not k.startswith(("head.", CLASSIFIER_PREFIX))}

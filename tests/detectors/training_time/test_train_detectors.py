@@ -149,7 +149,7 @@ def test_full_mode_finetunes_the_classifier_on_images(tmp_path):
 
 
 def test_energy_margins_from_data_are_the_untrained_mean_energies():
-    from detectors.training.energy_oe import EnergyOELoss
+    from detectors.training_time.energy_oe import EnergyOELoss
     from pipelines.training import train_heads
 
     train, _, aux, _, head = _toy()  # 180 ID rows, 160 aux rows: whole batches of 20

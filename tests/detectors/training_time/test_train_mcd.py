@@ -9,7 +9,7 @@ import torch
 from detectors import FeatureSet, LinearHead, build
 from detectors.base import Detector
 from detectors.metrics import auroc
-from detectors.training.mcd import MCDLoss
+from detectors.training_time.mcd import MCDLoss
 from pipelines.training import TrainBatch
 
 

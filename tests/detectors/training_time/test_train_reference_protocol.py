@@ -78,7 +78,7 @@ def test_full_mode_fine_tuning_changes_its_input_pixels_every_epoch(tmp_path, si
     `augment: none` they are the processor's, the same every epoch."""
     from helpers.models import tiny_resnet_classifier
 
-    from detectors.training.logitnorm import LogitNormLoss
+    from detectors.training_time.logitnorm import LogitNormLoss
 
     rng = np.random.default_rng(0)
     rows = []
@@ -112,7 +112,7 @@ def test_a_separate_aux_stream_gets_the_evaluation_pixels(tmp_path, single_torch
     reference's test preprocessor (the same pixels every epoch), as its `oe` split does."""
     from helpers.models import tiny_resnet_classifier
 
-    from detectors.training.oe import OELoss
+    from detectors.training_time.oe import OELoss
     from pipelines.data import Manifest
 
     rng = np.random.default_rng(1)

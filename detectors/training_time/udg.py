@@ -27,7 +27,7 @@ from torch import nn
 
 from detectors.base import param
 from detectors.registry import register_detector
-from detectors.training.common import TrainedDetector
+from detectors.training_time.common import TrainedDetector
 from pipelines.training import Objective, Pass, TrainBatch
 
 
