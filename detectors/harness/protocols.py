@@ -27,8 +27,10 @@ PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
 # are the same files unless noted). A postprocessor with `APS_mode: False` (DICE, MDS, RMDS, MSP, MLS, KLM, SHE, MCM,
 # GradNorm, RankFeat, OpenMax, TempScale, RP-MSP, RP-GradNorm) runs its defaults: an empty grid here. A one-point grid
 # (EBO's temperature [1], MDSEns's noise [0.0014], RP-EBO's temperature [1]) is its default, evaluated on validation.
-# Detectors absent from a table (NECO under openood_v1.5: OpenOOD has no neco.yml; the CLIP, generative and training
-# families) run their defaults in a run; `sweep_space` gives their declared `search_space` for `detectors.select`.
+# A post-hoc detector absent from a table sweeps its declared `search_space` (a detector the reference never ran: its own
+# grid, as APS would), except where the reference ran its defaults without a grid (`DEFAULTS_ONLY`: NECO under
+# openood_v1.5, OpenOOD has no neco.yml); the CLIP, generative and training families run their defaults in a run.
+# `sweep_space` gives every detector absent from a table its declared `search_space` for `detectors.select`.
 _OPENOOD = {
     "ash": {"percentile": [65, 70, 75, 80, 85, 90, 95]},                         # ash.yml
     "dice": {},                                                                   # dice.yml: APS off, p 90
@@ -59,6 +61,10 @@ SWEEPS: dict[str, dict[str, dict[str, list[Any]]]] = {
     "exact": {**_OPENOOD, "vim": {"dim": [256, 1000]}},
 }
 """`protocol:` -> the sweep grid per detector where it differs from the detector's declared `search_space`."""
+
+DEFAULTS_ONLY: dict[str, frozenset[str]] = {"openood_v1.5": frozenset({"neco"}), "exact": frozenset({"neco"})}
+"""`protocol:` -> the post-hoc detectors absent from its `SWEEPS` table that a run does not sweep (the reference's
+defaults)."""
 
 TIE_RULES: tuple[str, ...] = ("last", "first")
 """Which of several grid points equal to the best metric a sweep keeps. `last`: the reference's run,
@@ -115,10 +121,13 @@ def unit_sweep(protocol: str, cls: type, has_ood_val: bool, given: Any = ()) -> 
     """The grid a unit of detector class `cls` sweeps under `protocol`; empty = its defaults run.
 
     Only with OOD validation rows (`has_ood_val`), only for detectors in the protocol's table (`SWEEPS`: the reference's
-    post-hoc postprocessors; training-time methods, CLIP prompt learners and OpenGAN would retrain per point), and the keys
-    a config's own `params` give (`given`) are fixed, not swept. A one-point grid (EBO's [1]) still runs, as OpenOOD's
-    APS does: its row in `selection/<method>.csv` records the validation metric."""
-    if not has_ood_val or cls.name not in SWEEPS[protocol]:  # the protocol's table only (no training, CLIP, OpenGAN)
+    post-hoc postprocessors) or post-hoc detectors absent from it (their declared `search_space`, unless `DEFAULTS_ONLY`;
+    training-time methods, CLIP prompt learners and OpenGAN would retrain per point), and the keys a config's own `params`
+    give (`given`) are fixed, not swept. A one-point grid (EBO's [1]) still runs, as OpenOOD's APS does: its row in
+    `selection/<method>.csv` records the validation metric."""
+    listed = cls.name in SWEEPS[protocol]
+    own = cls.family == "posthoc" and cls.name not in DEFAULTS_ONLY.get(protocol, frozenset())
+    if not has_ood_val or not (listed or own):  # the table, or a post-hoc detector's own grid (no training, CLIP, OpenGAN)
         return {}
     return {k: v for k, v in sweep_space(protocol, cls.name, cls.search_space).items() if k not in set(given)}
 

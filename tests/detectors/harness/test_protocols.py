@@ -7,7 +7,7 @@ import pytest
 
 import detectors
 from detectors import FeatureSet
-from detectors.harness.protocols import PROTOCOLS, SWEEPS, protocol_params, sweep_space, unit_sweep
+from detectors.harness.protocols import DEFAULTS_ONLY, PROTOCOLS, SWEEPS, protocol_params, sweep_space, unit_sweep
 from detectors.registry import detector_class
 
 # the reference's values, restated from the YAML files (postprocessor_sweep; APS_mode False -> no sweep)
@@ -57,6 +57,18 @@ def test_every_grid_names_real_parameters_and_one_point_grids_are_the_defaults()
             for key, values in grid.items():
                 if len(values) == 1:
                     assert values[0] == fields[key], (protocol, name, key)
+
+
+def test_a_new_posthoc_detector_sweeps_its_declared_space_under_every_protocol():
+    """A post-hoc detector no reference ran (absent from every table) declares its grid once, on the class."""
+    new = type("NewDetector", (), {"name": "new_posthoc", "family": "posthoc", "search_space": {"alpha": [0.1, 1.0]}})
+    other = type("NewPrompts", (), {"name": "new_prompts", "family": "clip", "search_space": {"alpha": [0.1, 1.0]}})
+    for protocol in SWEEPS:
+        assert unit_sweep(protocol, new, True) == {"alpha": [0.1, 1.0]}
+        assert unit_sweep(protocol, new, True, given=["alpha"]) == unit_sweep(protocol, new, False) == {}
+        assert unit_sweep(protocol, other, True) == {}  # other families run their defaults
+    for protocol, table in SWEEPS.items():  # every registered post-hoc detector: the protocol's table says what it runs
+        assert set(detectors.available("posthoc")) <= set(table) | DEFAULTS_ONLY.get(protocol, frozenset()), protocol
 
 
 def test_unit_sweep():
