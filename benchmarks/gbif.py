@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeat):
             for n in sizes:
                 for kind in readers:
-                    out = subprocess.run([sys.executable, "-m", "benchmarks.gbif", "--child", kind, str(paths[n])], check=True,
-                                         capture_output=True, text=True, env=env).stdout
+                    out = subprocess.run([sys.executable, "-m", "benchmarks.gbif", "--child", kind, str(paths[n])],
+                                         check=True, capture_output=True, text=True, env=env).stdout
                     run = json.loads(out.strip().splitlines()[-1])
                     assert run["rows"] == n, run
                     _best(runs, (kind, n), run)

@@ -237,8 +237,8 @@ def _rss() -> dict[str, float]:
 
 
 def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "benchmarks.scale", "--child", json.dumps(spec)], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    done = subprocess.run([sys.executable, "-m", "benchmarks.scale", "--child", json.dumps(spec)], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -27,9 +27,9 @@ PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
 # are the same files unless noted). A postprocessor with `APS_mode: False` (DICE, MDS, RMDS, MSP, MLS, KLM, SHE, MCM,
 # GradNorm, RankFeat, OpenMax, TempScale, RP-MSP, RP-GradNorm) runs its defaults: an empty grid here. A one-point grid
 # (EBO's temperature [1], MDSEns's noise [0.0014], RP-EBO's temperature [1]) is its default, evaluated on validation.
-# A post-hoc detector absent from a table sweeps its declared `search_space` (a detector the reference never ran: its own
-# grid, as APS would), except where the reference ran its defaults without a grid (`DEFAULTS_ONLY`: NECO under
-# openood_v1.5, OpenOOD has no neco.yml); the CLIP, generative and training families run their defaults in a run.
+# A post-hoc detector absent from a table sweeps its declared `search_space` (one the reference never ran: its own grid,
+# as APS would), except where the reference ran its defaults without a grid (`DEFAULTS_ONLY`: NECO under openood_v1.5,
+# OpenOOD has no neco.yml); the CLIP, generative and training families run their defaults in a run.
 # `sweep_space` gives every detector absent from a table its declared `search_space` for `detectors.select`.
 _OPENOOD = {
     "ash": {"percentile": [65, 70, 75, 80, 85, 90, 95]},                         # ash.yml
@@ -121,13 +121,13 @@ def unit_sweep(protocol: str, cls: type, has_ood_val: bool, given: Any = ()) -> 
     """The grid a unit of detector class `cls` sweeps under `protocol`; empty = its defaults run.
 
     Only with OOD validation rows (`has_ood_val`), only for detectors in the protocol's table (`SWEEPS`: the reference's
-    post-hoc postprocessors) or post-hoc detectors absent from it (their declared `search_space`, unless `DEFAULTS_ONLY`;
-    training-time methods, CLIP prompt learners and OpenGAN would retrain per point), and the keys a config's own `params`
-    give (`given`) are fixed, not swept. A one-point grid (EBO's [1]) still runs, as OpenOOD's APS does: its row in
+    post-hoc postprocessors) or post-hoc detectors absent from it (their declared `search_space`, unless
+    `DEFAULTS_ONLY`; training-time methods, CLIP prompt learners and OpenGAN would retrain per point), and the keys a
+    config's own `params` give (`given`) are fixed, not swept. A one-point grid (EBO's [1]) still runs, as OpenOOD's APS does: its row in
     `selection/<method>.csv` records the validation metric."""
     listed = cls.name in SWEEPS[protocol]
     own = cls.family == "posthoc" and cls.name not in DEFAULTS_ONLY.get(protocol, frozenset())
-    if not has_ood_val or not (listed or own):  # the table, or a post-hoc detector's own grid (no training, CLIP, OpenGAN)
+    if not has_ood_val or not (listed or own):  # the table, or a post-hoc detector's own grid (never training, CLIP)
         return {}
     return {k: v for k, v in sweep_space(protocol, cls.name, cls.search_space).items() if k not in set(given)}
 

@@ -1,4 +1,4 @@
-"""The ZeST stand-ins (gen.tiny_zest): saved in the real folder layouts, and the in-memory assembly equal to the saved one."""
+"""The ZeST stand-ins (gen.tiny_zest): saved in the real folder layouts; the in-memory assembly equals the saved one."""
 from __future__ import annotations
 
 from pathlib import Path

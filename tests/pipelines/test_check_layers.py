@@ -78,10 +78,11 @@ def test_detector_methods_never_import_the_harness_and_benchmarks_are_imported_b
 
 
 def test_the_architecture_map_names_every_package_folder_and_only_folders_on_disk(tmp_path):
+    rows = ["pipelines", "gen", "detectors", "benchmarks", "configs", "gone"]
+    table = "".join(f"| `{folder}/` | its job |\n" for folder in rows)
+    later = "\n| `later/` | a later table is no map |\n"
     tree(tmp_path, {"gen/sub/__init__.py": "", "detectors/d.py": "", "configs/a.yaml": "",
-                    "docs/architecture.md": "## Map\n\n| Folder | Job |\n|---|---|\n| `pipelines/` | p |\n| `gen/` | g |\n"
-                                            "| `detectors/` | d |\n| `benchmarks/` | b |\n| `configs/` | c |\n| `gone/` | x |\n\n"
-                                            "| `later/` | a later table is no map |\n"})
+                    "docs/architecture.md": f"## Map\n\n| Folder | Job |\n|---|---|\n{table}{later}"})
     assert faults(tmp_path) == ["docs/architecture.md: package folder gen/sub/ is not in the map",
                                 "docs/architecture.md: gone/ is in the map but not on disk"]
 
