@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """The papers' data path measured stage by stage and extrapolated to Open-Insects' size (2,912,168 images, 28,388
-species, 120 epochs) on a 16-core GPU machine: `python scripts/bench_scale_data.py` -> benchmarks/scale_data.json.
+species, 120 epochs) on a 16-core GPU machine: `python -m benchmarks.scale_data` -> benchmarks/scale_data.json.
 
-    python scripts/bench_scale_data.py                     # the issue's sample: 20,000 3 MP JPEGs (hours on 2 cores)
-    python scripts/bench_scale_data.py --sample 1000       # what the committed JSON holds (~15 min on 2 shared cores)
+    python -m benchmarks.scale_data                     # the issue's sample: 20,000 3 MP JPEGs (hours on 2 cores)
+    python -m benchmarks.scale_data --sample 1000       # what the committed JSON holds (~15 min on 2 shared cores)
 
 Stages, each img/s per core (one process, one thread, no loader workers; fetch: images per CPU-second of the fetch
 process, its threads included), interleaved with its baseline, best of `--rounds`, peak RSS of each:
@@ -14,7 +14,7 @@ process, its threads included), interleaved with its baseline, best of `--rounds
 2. fetch: `--sample` camera-like 3 MP JPEGs (scikit-image's sample photos tiled, shifted, with sensor noise; each
    image's pixels distinct, so the content dedupe keeps them all) served by a loopback host, fetched by
    `fetch_images` (the default `reference` resize: shorter side 224, quality 75; and img2dataset's `keep_ratio` 512)
-   beside img2dataset 1.47 (`--img2dataset-python`, keep_ratio 512, as scripts/bench_fetch.py runs it); then on a
+   beside img2dataset 1.47 (`--img2dataset-python`, keep_ratio 512, as benchmarks/fetch.py runs it); then on a
    host answering 429 past `--throttle-rps` requests a second (ours), whose steady share of the allowed rate (the
    throttle efficiency) gives the paper's fetch from a host allowing 50 requests a second.
 3. shards: the fetched images (a manifest of them) packed into WebDataset tar shards (`pipelines.shards`, one worker).
@@ -212,7 +212,7 @@ def ledger_stamps(out: Path) -> list[float]:
 
 
 def steady_rate(stamps: list[float]) -> float | None:
-    """Images a second after the first fifth of the run (the steady state), as scripts/bench_fetch.py reads it."""
+    """Images a second after the first fifth of the run (the steady state), as benchmarks/fetch.py reads it."""
     if len(stamps) < 3:
         return None
     late = [t for t in stamps if t >= stamps[0] + 0.2 * (stamps[-1] - stamps[0])]
@@ -424,7 +424,7 @@ def loader_stage(name: str, manifest: Any, files: list[Path], tv: Torchvision | 
 
 # -- estimates -----------------------------------------------------------------------------------------------------------
 def fetch_bench_efficiency() -> tuple[float, str]:
-    """The throttle efficiency scripts/bench_fetch.py measured (benchmarks/fetch.json), else 1 (the host's rate)."""
+    """The throttle efficiency benchmarks/fetch.py measured (benchmarks/fetch.json), else 1 (the host's rate)."""
     try:
         found = json.loads((ROOT / "benchmarks" / "fetch.json").read_text())["paper_estimate"]["throttle_efficiency"]
         return float(found), "benchmarks/fetch.json (not host-limited here)"

@@ -134,10 +134,10 @@ def test_a_second_definition_is_found(tmp_path):
 # -- training hyperparameters, Literal choices, inherited declarations (issue 35) ------------------------------------
 HYPERPARAMETERS = ("epochs", "lr", "batch_size", "weight_decay", "warmup_epochs")
 """Training hyperparameters with one home: `pipelines.training.settings.TrainSettings` (its defaults)."""
-TRAINING_PACKAGES = ("pipelines/training/", "detectors/training/")
+TRAINING_PACKAGES = ("pipelines/training/", "detectors/training_time/")
 HYPERPARAMETER_KNOWN = {
     "pipelines/training/settings.py": {"epochs", "lr", "batch_size", "weight_decay", "warmup_epochs"},  # the home
-    "detectors/training/rotpred.py": {"batch_size"},  # a method's own published value (Open-Insects' RotPred: 256)
+    "detectors/training_time/rotpred.py": {"batch_size"},  # a method's own published value (Open-Insects' RotPred: 256)
 }
 
 
@@ -170,7 +170,7 @@ def _hyperparameter_defaults(tree: ast.Module) -> list[tuple[int, str]]:
 
 def test_one_home_per_training_hyperparameter_default():
     """A second `batch_size` (or epochs, lr, ...) default in the training code fails here: TrainSettings holds them,
-    recipes and protocols change them by name (`RECIPES`, `TRAINING_PROTOCOLS`, `detectors.protocols`)."""
+    recipes and protocols change them by name (`RECIPES`, `TRAINING_PROTOCOLS`, `detectors.harness.protocols`)."""
     found = {name: {n for _, n in _hyperparameter_defaults(tree)} for name, tree in SOURCES
              if name.startswith(TRAINING_PACKAGES)}
     found = {name: names for name, names in found.items() if names}

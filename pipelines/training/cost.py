@@ -4,8 +4,8 @@ run's), the hours of the model's steps where a GPU rate is recorded, and the dis
 take.
 
 Rates come from `benchmarks/` (the first that holds a per-core loader rate): `scale_data.json` (`loader_rates`,
-`scripts/bench_scale_data.py`), `decode.json` (the train stage at camera size, full decode and draft,
-`scripts/bench_decode.py`) and `train.json` (the loader with no workers, `scripts/bench_train.py`). The loading time
+`benchmarks/scale_data.py`), `decode.json` (the train stage at camera size, full decode and draft,
+`benchmarks/decode.py`) and `train.json` (the loader with no workers, `benchmarks/train.py`). The loading time
 assumes the rate scales with the workers (each worker on its own core); with no workers the main process loads on one.
 """
 from __future__ import annotations
@@ -175,7 +175,7 @@ def describe(cost: TrainCost, workers: int) -> list[str]:
     who = f"{workers} loader workers" if workers else "the main process (no loader workers)"
     if cost.rate is None:
         lines = [f"estimate: {cost.samples:,} images to load ({who}) at a rate not measured here: no per-core loader "
-                 f"rate in benchmarks/ ({', '.join(SOURCES)}; run scripts/bench_scale_data.py)"]
+                 f"rate in benchmarks/ ({', '.join(SOURCES)}; run benchmarks/scale_data.py)"]
     else:
         lines = [f"estimate: data loading {_duration(cost.loading_s)} for {cost.samples:,} images (epochs x (train + "
                  f"val rows)) on {who}, {cost.cores} core(s) at {cost.rate.images_per_s:,.0f} images/s per core "

@@ -1,4 +1,4 @@
-"""The benchmarks' shared helpers (pipelines.benchtools) and the pure parts of scripts/bench_scale_data.py: what they
+"""The benchmarks' shared helpers (pipelines.benchtools) and the pure parts of benchmarks/scale_data.py: what they
 serve, count and compute (no timing is asserted)."""
 import importlib.util
 import sys

@@ -13,7 +13,7 @@ import pytest
 
 import detectors
 from detectors.base import FeatureSet, LinearHead
-from detectors.protocols import PROTOCOLS, protocol_params
+from detectors.harness.protocols import PROTOCOLS, protocol_params
 from pipelines.data import Manifest, make_row
 from pipelines.training import LoopSettings, TrainSettings
 from pipelines.training.recipes import RECIPES, TrainConfig
@@ -35,8 +35,8 @@ def _effective(fn, args: tuple, kwargs: dict) -> dict:
 
 
 def _handed(monkeypatch, name: str) -> dict:
-    """Replace `detectors.training.common.<name>` by a recorder of what it is handed; returns the record."""
-    import detectors.training.common as common
+    """Replace `detectors.training_time.common.<name>` by a recorder of what it is handed; returns the record."""
+    import detectors.training_time.common as common
     import pipelines.training as training
 
     real, seen = getattr(training, name), {}
