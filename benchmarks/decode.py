@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from pipelines.benchtools import Torchvision
+from benchmarks.cases.tools import Torchvision
 from pipelines.cli import parser, run_main
 from pipelines.io import atomic_write_json
 

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from pipelines.benchtools import LoopbackHost as Host
+from benchmarks.cases.tools import LoopbackHost as Host
 from pipelines.cli import parser, run_main
 from pipelines.io import atomic_write_json
 

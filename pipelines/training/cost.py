@@ -175,7 +175,7 @@ def describe(cost: TrainCost, workers: int) -> list[str]:
     who = f"{workers} loader workers" if workers else "the main process (no loader workers)"
     if cost.rate is None:
         lines = [f"estimate: {cost.samples:,} images to load ({who}) at a rate not measured here: no per-core loader "
-                 f"rate in benchmarks/ ({', '.join(SOURCES)}; run benchmarks/scale_data.py)"]
+                 f"rate in benchmarks/ ({', '.join(SOURCES)}; run python -m benchmarks.scale_data)"]
     else:
         lines = [f"estimate: data loading {_duration(cost.loading_s)} for {cost.samples:,} images (epochs x (train + "
                  f"val rows)) on {who}, {cost.cores} core(s) at {cost.rate.images_per_s:,.0f} images/s per core "

@@ -26,7 +26,7 @@ def test_no_workers_loads_on_one_core_and_nothing_known_is_said_so():
     found = cost.estimate(train_rows=10, val_rows=0, epochs=2, workers=0, rate=LoaderRate(5.0, 1.0, None, "x"))
     assert found.cores == 1 and found.loading_s == pytest.approx(4.0) and found.gpu_s is None and found.disk_bytes is None
     lines = cost.describe(cost.estimate(train_rows=10, val_rows=0, epochs=2, workers=0, rate=None), 0)
-    assert "at a rate not measured here" in lines[0] and "bench_scale_data.py" in lines[0]
+    assert "at a rate not measured here" in lines[0] and "python -m benchmarks.scale_data" in lines[0]
     assert "not included" in lines[1] and "not known" in lines[2]
 
 

@@ -47,7 +47,7 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
-from pipelines.benchtools import LoopbackHost, Torchvision, best_of, peak_rss_mib, reset_peak_rss, torchvision_missing
+from benchmarks.cases.tools import LoopbackHost, Torchvision, best_of, peak_rss_mib, reset_peak_rss, torchvision_missing
 from pipelines.cli import parser, run_main
 from pipelines.io import atomic_write_json
 
@@ -570,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--img2dataset-python", default="/work/venvs/fetch/bin/python")
     p.add_argument("--skip", default="", help="comma list of stages not to run: splits, fetch, loaders")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "scale_data.json")
+    p.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     args = p.parse_args(argv)
     skip = {s for s in args.skip.split(",") if s}
     unknown = skip - {"splits", "fetch", "loaders"}

@@ -1,14 +1,13 @@
-"""The benchmarks' shared helpers (pipelines.benchtools) and the pure parts of benchmarks/scale_data.py: what they
+"""The benchmarks' shared helpers (benchmarks.cases.tools) and the pure parts of benchmarks/scale_data.py: what they
 serve, count and compute (no timing is asserted)."""
-import importlib.util
-import sys
+import importlib
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from pipelines.benchtools import LoopbackHost, best_of, peak_rss_mib, reset_peak_rss, torchvision_missing
+from benchmarks.cases.tools import LoopbackHost, best_of, peak_rss_mib, reset_peak_rss, torchvision_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,10 +53,7 @@ def test_peak_rss_and_a_missing_interpreter():
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("script_bench_scale_data", ROOT / "scripts" / "bench_scale_data.py")
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("benchmarks.scale_data")
 
 
 def test_bench_steady_rate_and_the_paper_estimates_by_hand(bench):
