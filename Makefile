@@ -27,7 +27,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
-# No upward import (pipelines < gen, detectors < scripts; gen and detectors apart) and no import circle, lazy ones included.
+# No upward import (pipelines < gen, detectors < oodforge < scripts; gen and detectors apart) and no import circle, lazy ones included.
 layers: $(STAMP)
 	$(PY) scripts/check_layers.py
 

@@ -1,16 +1,15 @@
-#!/usr/bin/env python
 """Auxiliary-diversity study (Open-Insects Figure 4): one method at a fixed auxiliary image budget for several numbers
 of auxiliary species, AUROC per OOD set against the count.
 
-    python scripts/aux_study.py --config configs/species_ne-america.yaml --method novel_branch \\
+    oodforge aux-study --config configs/species_ne-america.yaml --method novel_branch \\
         --budget 80000 --species 100,1000,8000 --out runs/aux_study [key=value ...]
 
 For each count K the config's `aux` rows (split `train`, or the config's `aux.split`) are subsampled deterministically
 (`--seed`: K species, budget / K images each; a smaller count's species are among a larger one's) into OUT/species_K/aux
-and `scripts/evaluate.py` runs the config with that `aux`, only `--method` (its entry in the config, rules included),
+and `oodforge evaluate` runs the config with that `aux`, only `--method` (its entry in the config, rules included),
 into OUT/species_K. A count whose run finished on the same subsample and config is reused; an unfinished one resumes
 (the runner skips finished units). Writes OUT/aux_study.csv (species, images, ood_set, method, auroc) and
-OUT/aux_study.png (and .pdf with `--figures pdf`). Every count and the config (evaluate's checks) are checked before
+OUT/aux_study.png (and .pdf with `--figures pdf`; none with `--figures none`). Every count and the config (evaluate's checks) are checked before
 the first run; a count whose evaluation fails is recorded (OUT/aux_study_failures.json, exit 1) and the others go on.
 `--dry-run` runs those checks and prints each count's subsample and state (new, resumes, reused); nothing written.
 """
@@ -25,11 +24,15 @@ from pathlib import Path
 from detectors.report.aux_study import aux_rows, study_figure, study_title, subsample, subsample_digest, write_subsample
 from detectors.report.open_insects import study_table
 from detectors.report.figures import save_figure
-from pipelines.cli import comma_list, load_yaml, parser as cli_parser, run_main
+from detectors.report.write import FIGURES
+from oodforge.args import command_parser
+from pipelines.cli import comma_list, load_yaml
 from pipelines.errors import UserInputError
 from pipelines.io import atomic_write_json, atomic_write_text
 
-ROOT = Path(__file__).resolve().parent
+DOC = "docs/report.md"
+"""Where the command's inputs are documented (named in its one-line errors)."""
+
 
 
 def _counts(text: str) -> list[int]:
@@ -59,15 +62,20 @@ def _aux_source(raw: dict, where: str) -> tuple[str, str]:
     return str(aux["manifest"]), aux.get("split") or "train"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = cli_parser(__doc__, config=True, overrides=True, dry_run=True)
+def build_parser():
+    p = command_parser(__name__, __doc__, config="required", dry_run=True)
     p.add_argument("--method", required=True, help="the detector to study (its config entry is used when present)")
     p.add_argument("--species", required=True, type=_counts, help="comma-separated numbers of auxiliary species")
     p.add_argument("--budget", required=True, type=int, help="auxiliary images per run (the paper: 80000)")
     p.add_argument("--out", required=True, type=Path, help="study folder: one run folder per count")
     p.add_argument("--seed", type=int, default=0, help="subsampling seed (default 0)")
-    p.add_argument("--figures", default="png", choices=("png", "pdf"), help="png (default) or pdf (also a PDF)")
-    args = p.parse_args(argv)
+    p.add_argument("--figures", default="png", choices=list(FIGURES),
+                   help="png (default), pdf (also a publication PDF) or none (the table only)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     raw = load_yaml(args.config, args.overrides)
     manifest, split = _aux_source(raw, str(args.config))
     source = aux_rows(manifest, split)
@@ -97,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides = [*args.overrides, f"aux={json.dumps({'manifest': str((run / 'aux').resolve()), 'split': split})}",
                          f"out={run}", f"detectors={json.dumps([entry])}"]
             done.unlink(missing_ok=True)
-            finished = subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--config", str(args.config),
+            finished = subprocess.run([sys.executable, "-m", "oodforge", "evaluate", "--config", str(args.config),
                                        *overrides])
             if finished.returncode != 0:  # recorded; the other counts go on
                 failed[count] = f"exit {finished.returncode}"
@@ -114,10 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         raise UserInputError(f"aux study: every count's evaluation failed ({failed}); see their run folders under {args.out}")
     table = study_table(runs, args.method)
     atomic_write_text(args.out / "aux_study.csv", table.to_csv(index=False))
-    formats = ("png", "pdf") if args.figures == "pdf" else ("png",)
-    path = save_figure(study_figure(table, study_title(table)), args.out / "aux_study.png", formats)
+    written = [args.out / "aux_study.csv"]
+    if FIGURES[args.figures]:
+        written.append(save_figure(study_figure(table, study_title(table)), args.out / "aux_study.png",
+                                   FIGURES[args.figures]))
     print(table.to_string(index=False))
-    print(f"wrote {args.out / 'aux_study.csv'} and {path}")
+    print(f"wrote {' and '.join(map(str, written))}")
     if failed:
         print(f"error: the evaluation of {len(failed)} count(s) failed ({', '.join(map(str, failed))} species): the "
               f"table holds the others; rerun to resume them ({args.out / 'aux_study_failures.json'})", file=sys.stderr)
@@ -132,13 +142,9 @@ def _reused(run: Path, key: dict[str, str]) -> bool:
 
 
 def _check_config(raw: dict, config: Path, entry: dict, out: Path) -> None:
-    """The checks `evaluate.py --dry-run` runs, on the config as each count's run gets it (only the studied method;
+    """The checks `oodforge evaluate --dry-run` runs, on the config as each count's run gets it (only the studied method;
     the config's own auxiliary rows stand in for their subsamples): a bad config is one line before any run."""
     from detectors.evaluate import EvalConfig
     from detectors.plan import make_plan
 
     make_plan(EvalConfig.load({**raw, "detectors": [entry], "out": str(out / "check")}, config))
-
-
-if __name__ == "__main__":
-    sys.exit(run_main(main, doc="docs/report.md"))

@@ -1,9 +1,8 @@
-#!/usr/bin/env python
-"""ShiftedBronzes' container set from ImageNet-21K folders: `python scripts/curate_containers.py --imagenet21k ROOT --out DIR`.
+"""ShiftedBronzes' container set from ImageNet-21K folders: `oodforge curate-containers --imagenet21k ROOT --out DIR`.
 
-    python scripts/curate_containers.py --imagenet21k /data/imagenet21k --out data/containers --dry-run
-    python scripts/curate_containers.py --imagenet21k /data/imagenet21k --out data/containers --filter
-    python scripts/curate_containers.py --imagenet21k /data/imagenet21k --out data/containers \\
+    oodforge curate-containers --imagenet21k /data/imagenet21k --out data/containers --dry-run
+    oodforge curate-containers --imagenet21k /data/imagenet21k --out data/containers --filter
+    oodforge curate-containers --imagenet21k /data/imagenet21k --out data/containers \\
         --roots vessel.n.03,dish.n.01,cup.n.01,glass.n.02 --filter --threshold 0.6 --clip /models/clip
 
 ROOT holds one folder per wnid (`n03147509/*.jpg`). Categories: the wnids under `--roots` by WordNet 3.0 hyponymy
@@ -17,10 +16,13 @@ categories.png (Figure 2(b)), dropped.csv and curation.json. WordNet: Debian's w
 """
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-from pipelines.cli import comma_list, parser, run_main
+from oodforge.args import command_parser, config_raw
+from pipelines.cli import comma_list, deep_merge
+
+DOC = "README.md, section 'Your own data'"
+"""Where the command's inputs are documented (named in its one-line errors)."""
 
 
 def clip_scorer(model: str):
@@ -41,33 +43,39 @@ def clip_scorer(model: str):
                       backbone.model_id)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__, out=True, dry_run=True)
-    p.add_argument("--imagenet21k", required=True, help="ImageNet-21K folder: one folder per wnid")
+def build_parser():
+    p = command_parser(__name__, __doc__, out=True, dry_run=True)
+    p.add_argument("--imagenet21k", default=None, help="ImageNet-21K folder: one folder per wnid")
     p.add_argument("--roots", type=comma_list, default=None, help="comma-separated root synsets (default vessel.n.03,dish.n.01,cup.n.01,glass.n.02,basket.n.01)")
     p.add_argument("--categories", type=comma_list, default=None, help="comma-separated categories instead of --roots")
     p.add_argument("--keep-imagenet1k", action="store_true", help="keep ImageNet-1K's categories")
     p.add_argument("--wordnet-dir", default=None, help="WordNet 3.0 database folder (default: the system's)")
-    p.add_argument("--ood-set", default="container", help="ood_set of the rows (default container)")
+    p.add_argument("--ood-set", default=None, help="ood_set of the rows (default container)")
     p.add_argument("--filter", action="store_true", help="drop images where the container is a secondary instance")
     p.add_argument("--clip", default=None, help="the filter's CLIP model, hub id or folder (default openai/clip-vit-base-patch16)")
     p.add_argument("--threshold", type=float, default=None, help="least two-way share of the main prompt against each secondary one (default 0.5)")
     p.add_argument("--main", default=None, help="main prompt, '{}' = the category (default 'a photo of a {}.')")
     p.add_argument("--secondary", action="append", default=None, help="a secondary prompt (repeatable; replaces the defaults)")
     p.add_argument("--batch-size", type=int, default=None, help="images per CLIP batch (default 64)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.out is None:
         p.error("--out is required")
     from pipelines.curation.containers import ContainerCuration, choose_categories, curate, tree_wnids
     from pipelines.curation.wordnet import Nouns
 
-    raw: dict[str, Any] = {"imagenet21k": args.imagenet21k, "keep_imagenet1k": args.keep_imagenet1k,
-                           "ood_set": args.ood_set, "wordnet_dir": args.wordnet_dir}
-    raw.update({k: v for k, v in (("roots", args.roots), ("categories", args.categories)) if v is not None})
+    flags = {"imagenet21k": args.imagenet21k, "keep_imagenet1k": args.keep_imagenet1k or None,
+             "ood_set": args.ood_set, "wordnet_dir": args.wordnet_dir, "roots": args.roots,
+             "categories": args.categories}
+    raw: dict[str, Any] = deep_merge(config_raw(args), {k: v for k, v in flags.items() if v is not None})
     options = {"model": args.clip, "threshold": args.threshold, "main": args.main, "secondary": args.secondary,
                "batch_size": args.batch_size}
     if args.filter:
-        raw["filter"] = {k: v for k, v in options.items() if v is not None}
+        raw["filter"] = {**(raw.get("filter") or {}), **{k: v for k, v in options.items() if v is not None}}
     elif any(v is not None for v in options.values()):
         p.error("--clip, --threshold, --main, --secondary and --batch-size belong to --filter")
     cfg = ContainerCuration.from_dict(raw, where="curate_containers")
@@ -82,7 +90,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{record['images_kept']} images in {record['chosen']} categories ({record['images_dropped']} dropped, "
           f"{len(record['imagenet1k_removed'])} ImageNet-1K categories removed) -> {args.out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_main(main, doc="README.md, section 'Your own data'"))

@@ -1,5 +1,4 @@
-#!/usr/bin/env python
-"""The embedded default job (no download): `python scripts/demo.py --out demo_out` (what `make demo` runs).
+"""The embedded default job (no download): `oodforge demo --out demo_out` (what `make demo` runs).
 
 1. Writes scikit-learn's bundled digits as manifests: ID = digits 0-5; OOD = digits 6-9 (near), opencv edge sketches of
    ID digits (near), synthetic textures (far).
@@ -9,13 +8,16 @@
 """
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-from pipelines.cli import README_SECTIONS, comma_list, parser, run_main
+from oodforge.args import command_parser, parse
+from pipelines.cli import README_SECTIONS, comma_list
+
+DOC = README_SECTIONS["scripts"]
+"""Where the command's inputs are documented (named in its one-line errors)."""
 
 STAGES = ("generation", "clip")
 
@@ -54,13 +56,18 @@ def _last_accuracy(result) -> float:
     return float("nan")
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = parser(__doc__, out=True)
+def build_parser():
+    p = command_parser(__name__, __doc__, out=True)
     p.set_defaults(out=Path("demo_out"))
-    p.add_argument("--epochs", type=int, default=8, help="classifier training epochs")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=int, default=8, help="classifier training epochs (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data, training and detectors (default 0)")
     p.add_argument("--skip", type=comma_list, default=None, help=f"comma-separated stages to skip: {','.join(STAGES)}")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = build_parser()
+    args = parse(p, argv)
     skip = set(args.skip or ())
     if skip - set(STAGES):
         p.error(f"--skip: unknown stage(s) {sorted(skip - set(STAGES))}; stages: {', '.join(STAGES)}")
@@ -125,7 +132,3 @@ def _optional_stages(out: Path, id_dir: Path, ood_dir: Path, skip: set[str]) -> 
         print(render_summary(frame))
         written += [path, out / "clip" / "locoop"]
     return written
-
-
-if __name__ == "__main__":
-    sys.exit(run_main(main, doc=README_SECTIONS["scripts"]))

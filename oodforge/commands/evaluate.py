@@ -1,5 +1,4 @@
-#!/usr/bin/env python
-"""Run detectors on an ID manifest and OOD manifests: `python scripts/evaluate.py --config eval.yaml [key=value ...]`.
+"""Run detectors on an ID manifest and OOD manifests: `oodforge evaluate --config eval.yaml [key=value ...]`.
 
 Writes results.csv, scores.parquet, failures.json (and threshold_transfer.csv, rule_selection.csv) to the config's
 `out` folder and prints the summary table. `--dry-run` runs every check the run runs before its first model loads
@@ -12,7 +11,11 @@ import os
 import sys
 from pathlib import Path
 
-from pipelines.cli import README_SECTIONS, comma_list, load_yaml, parser, run_main
+from oodforge.args import command_parser
+from pipelines.cli import README_SECTIONS, comma_list, load_yaml
+
+DOC = README_SECTIONS["config"]
+"""Where the command's inputs are documented (named in its one-line errors)."""
 
 
 def _process_warning(running: int) -> str | None:
@@ -24,11 +27,11 @@ def _process_warning(running: int) -> str | None:
             continue
         if asked > running:
             return (f"warning: {asked} processes were asked for ({var}={asked}) but {running} running; on CPU launch "
-                    f"with `torchrun --nproc_per_node {asked} scripts/evaluate.py ...`")
+                    f"with `torchrun --nproc_per_node {asked} -m oodforge evaluate ...`")
     simple = "ACCELERATE_USE_CPU" in os.environ and "MASTER_PORT" in os.environ and "WORLD_SIZE" not in os.environ
     if simple and running == 1:  # `accelerate launch --num_processes N` without a distributed backend (CPU)
         return ("warning: accelerate was asked for several processes but 1 is running (its simple launcher starts one "
-                "on CPU); launch with `torchrun --nproc_per_node N scripts/evaluate.py ...`")
+                "on CPU); launch with `torchrun --nproc_per_node N -m oodforge evaluate ...`")
     return None
 
 
@@ -45,10 +48,14 @@ def _finish_processes() -> bool:
     return state.is_main_process
 
 
+def build_parser():
+    p = command_parser(__name__, __doc__, config="required", out=True, dry_run=True)
+    p.add_argument("--detectors", help="comma-separated detector names (overrides the config)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    args_parser = parser(__doc__, config=True, overrides=True, out=True, dry_run=True)
-    args_parser.add_argument("--detectors", help="comma-separated detector names (overrides the config)")
-    args = args_parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     raw = load_yaml(args.config, args.overrides)
     if args.out:
         raw["out"] = str(args.out)
@@ -93,7 +100,3 @@ def _report(config, results, runner, dump_config) -> int:
         print("ID test accuracy: " + ", ".join(f"{m} {100 * a:.2f}%" for m, a in zip(accuracy["method"], accuracy["id_acc"])))
     print(f"\nwrote {out / 'results.csv'} and {out / 'scores.parquet'}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_main(main, doc=README_SECTIONS["config"]))

@@ -1,5 +1,5 @@
-"""Download the images of a GBIF archive or an occurrence table, resumably: `python scripts/fetch_images.py
---occurrences gbif.zip --taxon-filter moths --out data/moths` (then `make_splits.py --occurrences data/moths/images.csv
+"""Download the images of a GBIF archive or an occurrence table, resumably: `oodforge fetch-images
+--occurrences gbif.zip --taxon-filter moths --out data/moths` (then `oodforge make-splits --occurrences data/moths/images.csv
 --image-root data/moths ...`).
 
 Writes OUT/images/... (one file per URL, atomically), OUT/images.csv (the fetched rows with file_name), OUT/failures.csv
@@ -19,48 +19,52 @@ from __future__ import annotations
 import json
 import sys
 
-from pipelines.cli import cli_value, flag_error, parser, run_main
+from oodforge.args import command_parser, config_raw, key_help
+from pipelines.cli import cli_value, deep_merge, flag_error
 from pipelines.curation.fetch import FetchConfig, fetch_images, fetch_plan, filter_classes
 from pipelines.errors import ConfigError
+
+DOC = "docs/species.md"
+"""Where the command's inputs are documented (named in its one-line errors)."""
 
 FLAGS = {"taxa.preset": "--taxon-filter"}
 NUMBERS = ("per_species", "workers", "rate", "timeout", "retries", "backoff", "retry_after_max", "give_up_after",
            "short_side", "quality", "max_pixels", "min_bytes", "min_side", "max_bytes")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__, dry_run=True)
-    p.add_argument("--occurrences", required=True, help="GBIF Darwin Core Archive (zip or folder) or a CSV/TSV/Parquet table with url, species")
-    p.add_argument("--out", required=True, help="output folder")
+def build_parser():
+    p = command_parser(__name__, __doc__, dry_run=True)
+    p.add_argument("--occurrences", default=None, help=FetchConfig.doc("occurrences"))
+    p.add_argument("--out", default=None, help="output folder")
     p.add_argument("--taxon-filter", default=None, metavar="NAME", help="a named taxon rule: moths (Open-Insects)")
     p.add_argument("--include", action="append", default=[], metavar="RANK=VALUE[,VALUE]", help="fetch only these taxa")
     p.add_argument("--exclude", action="append", default=[], metavar="RANK=VALUE[,VALUE]", help="skip these taxa")
-    p.add_argument("--per-species", default=None, help="images a species at most (default 1000; 0 = no cap)")
-    p.add_argument("--workers", default=None, help="parallel downloads, shared fairly between hosts (default 32)")
-    p.add_argument("--rate", default=None, help="a fixed cap of requests a second per host (default: none, adaptive)")
-    p.add_argument("--timeout", default=None, help="seconds a request may take, connect to last byte (default 30)")
-    p.add_argument("--retries", default=None, help="retries of timeouts, connection errors, truncations and 5xx (default 3)")
-    p.add_argument("--backoff", default=None, help="seconds before the first retry, doubled each time (default 1)")
-    p.add_argument("--retry-after-max", default=None, help="longest pause a host's Retry-After imposes (default 60 s)")
-    p.add_argument("--give-up-after", default=None, help="429/503 rounds in a row before a host is left for a rerun (default 10)")
+    p.add_argument("--per-species", default=None, help=key_help(FetchConfig, "per_species", "0 = no cap"))
+    p.add_argument("--workers", type=int, default=None, help=key_help(FetchConfig, "workers"))
+    p.add_argument("--rate", default=None, help=key_help(FetchConfig, "rate"))
+    for name in ("timeout", "retries", "backoff", "retry_after_max", "give_up_after"):
+        p.add_argument("--" + name.replace("_", "-"), default=None, help=key_help(FetchConfig, name))
     p.add_argument("--resize", default=None, choices=["reference", "keep_ratio", "none"],
                    help="resize on fetch: reference (Open-Insect's download.py: shorter side 224, JPEG quality 75; the "
                         "default), keep_ratio (img2dataset's: shorter side 512 at most, quality 95), none (originals)")
-    p.add_argument("--short-side", default=None, help="the shorter side of resized images (default: the mode's, 224 / 512)")
-    p.add_argument("--quality", default=None, help="JPEG/WebP quality of resized images (default: the mode's, 75 / 95)")
+    p.add_argument("--short-side", default=None, help=key_help(FetchConfig, "short_side"))
+    p.add_argument("--quality", default=None, help=key_help(FetchConfig, "quality"))
     p.add_argument("--keep-originals", action="store_true", default=None, help="also keep the downloaded files under OUT/originals/")
-    p.add_argument("--max-pixels", default=None, help="refuse images with more pixels, from their header (default 40000000)")
-    p.add_argument("--min-bytes", default=None, help="drop smaller downloads (default 1024)")
-    p.add_argument("--min-side", default=None, help="drop images whose longer side is shorter (thumbnails; default 128)")
-    p.add_argument("--max-bytes", default=None, help="refuse larger downloads (default 64 MiB)")
-    p.add_argument("--thumbnail-pattern", default=None, help=r"URLs matching this regex are skipped (default (?i)(thumb|/square\.|_sq\.); '' = none)")
+    for name in ("max_pixels", "min_bytes", "min_side", "max_bytes"):
+        p.add_argument("--" + name.replace("_", "-"), default=None, help=key_help(FetchConfig, name))
+    p.add_argument("--thumbnail-pattern", default=None, help=key_help(FetchConfig, "thumbnail_pattern", "'' = none"))
     p.add_argument("--retry-failed", action="store_true", default=None, help="retry final failures (4xx, filters) too")
     p.add_argument("--filter-model", default=None, metavar="DIR", help="image-classifier folder run over the fetched images")
     p.add_argument("--drop-class", action="append", default=[], metavar="NAME", help="drop images it predicts as NAME (repeatable)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    taxa = {"preset": args.taxon_filter, "include": args.include or None, "exclude": args.exclude or None}
     raw = {"occurrences": args.occurrences, "out": args.out, "retry_failed": args.retry_failed,
            "keep_originals": args.keep_originals, "resize": args.resize,
-           "taxa": {"preset": args.taxon_filter, "include": args.include, "exclude": args.exclude}}
+           "taxa": {k: v for k, v in taxa.items() if v is not None}}
     for name in NUMBERS:
         if getattr(args, name) is not None:
             raw[name] = cli_value(getattr(args, name))
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.thumbnail_pattern is not None:
         raw["thumbnail_pattern"] = args.thumbnail_pattern or None
     try:
-        cfg = FetchConfig.from_dict({k: v for k, v in raw.items() if v is not None}, "")
+        cfg = FetchConfig.from_dict(deep_merge(config_raw(args), {k: v for k, v in raw.items() if v is not None}), "")
     except ConfigError as err:
         raise flag_error(err, FLAGS) from None
     if bool(args.filter_model) != bool(args.drop_class):
@@ -88,7 +92,3 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, indent=2))
     print(f"images.csv: {summary['kept']} rows; failures.csv: {sum(summary['failed'].values())} rows (in {cfg.out})")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_main(main, doc="docs/species.md"))

@@ -1,7 +1,7 @@
-"""Generate hard OOD images by ZeST material transfer: `python scripts/generate.py --config gen.yaml [key=value ...]`.
+"""Generate hard OOD images by ZeST material transfer: `oodforge generate --config gen.yaml [key=value ...]`.
 
-Multi-GPU: `accelerate launch --num_processes N scripts/generate.py --config gen.yaml`; two CPU processes:
-`torchrun --nproc_per_node 2 scripts/generate.py --config gen.yaml`. Rerun the same command to resume.
+Multi-GPU: `accelerate launch --num_processes N -m oodforge generate --config gen.yaml`; two CPU processes:
+`torchrun --nproc_per_node 2 -m oodforge generate --config gen.yaml`. Rerun the same command to resume.
 Overrides use the config's keys (`batch_size=4`, `limit=100`, `models.vae=DIR`); `--dry-run` prints the plan only
 and runs every start-up check of the run (it refuses, in the same one line, where the run would). Config errors and
 changed inputs print one line and exit with status 2 (`--debug` shows the traceback).
@@ -12,13 +12,21 @@ import json
 import sys
 
 from gen.job import JOB_FOLDER, GenerationConfig, check_job, format_plan, plan_summary, run_generation
-from pipelines.cli import README_SECTIONS, parser, run_main
+from oodforge.args import command_parser
+from pipelines.cli import README_SECTIONS
+
+DOC = README_SECTIONS["generation"]
+"""Where the command's inputs are documented (named in its one-line errors)."""
+
+
+def build_parser():
+    p = command_parser(__name__, __doc__, config="required", dry_run=True)
+    p.add_argument("--show", type=int, default=20, help="plan lines to print with --dry-run")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__, config=True, overrides=True, dry_run=True)
-    p.add_argument("--show", type=int, default=20, help="plan lines to print with --dry-run")
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     config = GenerationConfig.from_yaml(args.config, args.overrides)
     if args.dry_run:
         plan = check_job(config)  # every start-up check of the run: where the run would refuse, so does this
@@ -38,7 +46,3 @@ def main(argv: list[str] | None = None) -> int:
                   f"({first['stage']}): {first['reason']} -> {config.out}/{JOB_FOLDER}/summary.json", file=sys.stderr)
             return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_main(main, doc=README_SECTIONS["generation"]))

@@ -1,12 +1,11 @@
-#!/usr/bin/env python
-"""Your images -> manifests (images stay where they are): `python scripts/import_folder.py ROOT --out DIR`.
+"""Your images -> manifests (images stay where they are): `oodforge import-folder ROOT --out DIR`.
 
-    python scripts/import_folder.py photos --out data/own                  # photos/{train,val,test}/<class>/: splits kept
-    python scripts/import_folder.py photos --out data/own --split 4:1:5    # photos/<class>/: seeded stratified split
-    python scripts/import_folder.py bronzes --out data/bronze --table rows.csv --label fine_era \\
-        --levels category,coarse_era,fine_era --split 4:1:5 --stratify period,category
-    python scripts/import_folder.py photos_new --out data/own_ood --ood --group near   # one OOD set per subfolder
-    python scripts/import_folder.py field_photos --field --model runs/own/classifier --name bci --out data/field_bci
+    oodforge import-folder photos --out data/own                  # photos/{train,val,test}/<class>/: splits kept
+    oodforge import-folder photos --out data/own --split-ratio 4:1:5    # photos/<class>/: seeded stratified split
+    oodforge import-folder bronzes --out data/bronze --table rows.csv --label fine_era \\
+        --levels category,coarse_era,fine_era --split-ratio 4:1:5 --stratify period,category
+    oodforge import-folder photos_new --out data/own_ood --ood-folders --group near   # one OOD set per subfolder
+    oodforge import-folder field_photos --field --model runs/own/classifier --name bci --out data/field_bci
 
 Labels index the sorted class names (folder names, or the label column / level); `DIR/class_names.json` holds them
 and every row its `class_name`. `--levels` names label levels (nested folders above the images, or table columns)
@@ -27,23 +26,27 @@ labelled by the classifier's index, every other folder its novel rows (ood_set `
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from pipelines.cli import comma_list, parser, run_main
+from oodforge.args import command_parser, deprecated, parse
+from pipelines.cli import comma_list
 from pipelines.importers import ClassImport, import_classes, import_field, import_ood_folders
 
+DOC = "README.md, section 'Your own data'"
+"""Where the command's inputs are documented (named in its one-line errors)."""
 
-def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__, out=True)
+
+def build_parser():
+    p = command_parser(__name__, __doc__, out=True)
     p.add_argument("root", type=Path, help="image folder (for --table: the folder its file_name paths are relative to)")
     p.add_argument("--table", type=Path, default=None, help="CSV or Parquet table: file_name, a label column, metadata")
     p.add_argument("--label", default=None, help="the label column / level (default: `label` for tables, the last level)")
     p.add_argument("--levels", type=comma_list, default=None, help="comma-separated label levels (columns or nested folders)")
-    p.add_argument("--split", default="4:1:5", help="TRAIN:VAL:TEST ratio for sources without splits (default 4:1:5)")
+    p.add_argument("--split-ratio", default=ClassImport.split,
+                   help=f"TRAIN:VAL:TEST ratio for sources without splits (default {ClassImport.split})")
     p.add_argument("--stratify", type=comma_list, default=None, help="comma-separated fields whose combinations are strata")
     p.add_argument("--seed", type=int, default=0, help="seed of the split (default 0)")
-    p.add_argument("--ood", action="store_true", help="ROOT's subfolders are OOD sets (one set each, named after it)")
+    p.add_argument("--ood-folders", action="store_true", help="ROOT's subfolders are OOD sets (one set each, named after it)")
     p.add_argument("--group", default=None, help="group of the OOD rows (hard|easy|near|far)")
     p.add_argument("--field", action="store_true", help="ROOT's species folders are a field set (known + novel species)")
     p.add_argument("--model", type=Path, default=None, help="--field: the classifier folder whose class names are the known species")
@@ -52,11 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store", choices=("folder", "shards"), default="folder",
                    help="folder: rows point at the images where they are (default); shards: the images are packed "
                         "into DIR/shards/ (resized to 512 px on the shorter side; docs/shards.md)")
-    args = p.parse_args(argv)
+    deprecated(p, "--split", "--split-ratio")
+    deprecated(p, "--ood", "--ood-folders")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = parse(p, argv, intermixed=True)
     if args.out is None:
         p.error("--out is required")
-    if args.field and args.ood:
-        p.error("--field and --ood exclude each other")
+    if args.field and args.ood_folders:
+        p.error("--field and --ood-folders exclude each other")
     if args.field and args.model is None:
         p.error("--field needs --model (the classifier folder)")
     if args.field:
@@ -66,12 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         ids = sum(r["role"] == "id" for r in result.manifest.rows)
         print(f"field set {args.name}: {ids} images of {len(known)} known species, {len(result.manifest) - ids} of "
               f"{len(novel)} novel species -> {args.out}")
-    elif args.ood:
+    elif args.ood_folders:
         result = import_ood_folders(args.root, args.out, group=args.group)
         sets = sorted({r["ood_set"] for r in result.manifest.rows})
         print(f"{len(result.manifest)} OOD images in {len(sets)} set(s) {sets} -> {args.out}")
     else:
-        options = ClassImport(levels=args.levels, label=args.label, split=args.split, stratify=args.stratify,
+        options = ClassImport(levels=args.levels, label=args.label, split=args.split_ratio, stratify=args.stratify,
                               seed=args.seed, table=args.table)
         result = import_classes(args.root, args.out, options)
         counts = {s: sum(r["split"] == s for r in result.manifest.rows) for s in ("train", "val", "test")}
@@ -87,7 +97,3 @@ def main(argv: list[str] | None = None) -> int:
     if result.skipped.line():
         print(f"{result.skipped.line()}: {Path(args.out) / 'import_summary.json'}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_main(main, doc="README.md, section 'Your own data'"))

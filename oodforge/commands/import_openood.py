@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """Manifests for OOD sets from OpenOOD's data folder or plain image folders (images stay where they are).
 
-    python scripts/import_openood.py --root /data/openood --out data/easy
-    python scripts/import_openood.py --root /data/openood --out data/easy --folder imagenet_o=/data/imagenet-o
-    python scripts/import_openood.py --out data/easy --folder texture=/data/dtd/images      # no --root, no --sets
-    python scripts/import_openood.py --out data/easy --sets texture --list texture=lists/dtd.txt --image-root /data/dtd
+    oodforge import-openood --root /data/openood --out data/easy
+    oodforge import-openood --root /data/openood --out data/easy --folder imagenet_o=/data/imagenet-o
+    oodforge import-openood --out data/easy --folder texture=/data/dtd/images      # no --root, no --sets
+    oodforge import-openood --out data/easy --sets texture --list texture=lists/dtd.txt --image-root /data/dtd
 
 Default with --root: ShiftedBronzes' five easy sets (species, imagenet_o, inaturalist, texture, openimage_o) from
 `<root>/benchmark_imglist/<benchmark>/test_<set>.txt`; without --root, the sets given by --list / --folder. One
@@ -17,15 +16,18 @@ refused in one line.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-from pipelines.cli import comma_list, pairs, parser, run_main
+from oodforge.args import command_parser, parse
+from pipelines.cli import comma_list, pairs
 from pipelines.importers import EASY_SETS, import_openood
 
+DOC = "README.md, section 'Scripts'"
+"""Where the command's inputs are documented (named in its one-line errors)."""
 
-def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__, out=True)
+
+def build_parser():
+    p = command_parser(__name__, __doc__, out=True)
     p.add_argument("--root", type=Path, default=None, help="OpenOOD's data folder (holds benchmark_imglist/, images_largescale/, images_classic/)")
     p.add_argument("--benchmark", default="imagenet", help="benchmark_imglist subfolder (default imagenet)")
     p.add_argument("--sets", type=comma_list, default=None,
@@ -35,7 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--folder", action="append", default=[], metavar="SET=DIR", help="take SET from a plain image folder (repeatable)")
     p.add_argument("--image-root", type=Path, default=None, help="images of --list files live here (default: under --root)")
     p.add_argument("--skip-missing", action="store_true", help="leave out listed images that do not exist (counted in the summary)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = parse(p, argv)
     if args.out is None:
         p.error("--out is required")
     results = import_openood(args.root, args.out, benchmark=args.benchmark, sets=args.sets, group=args.group,
@@ -48,7 +55,3 @@ def main(argv: list[str] | None = None) -> int:
         note += f"; {result.skipped.line()}" if result.skipped.line() else ""
         print(f"{row['ood_set']}: {row['images']} images -> {row['folder']} (images in {row['image_root']}{note})")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_main(main, doc="README.md, section 'Scripts'"))

@@ -1,4 +1,4 @@
-"""Build Open-Insects style geographic open-set splits: `python scripts/make_splits.py --occurrences gbif.zip
+"""Build Open-Insects style geographic open-set splits: `oodforge make-splits --occurrences gbif.zip
 --taxon-filter moths --id-species id.csv --image-root /data/images --out splits/` (a GBIF Darwin Core Archive, zip or
 folder, or a CSV / TSV / Parquet table; or `--synthetic 100000` for a generated example).
 
@@ -12,35 +12,41 @@ from __future__ import annotations
 
 import argparse
 import io
+import logging
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from gen.insects import MakeSplitsConfig, REGIONS, make_splits, shortfall_lines, synthetic_occurrences
+from gen.insects import MakeSplitsConfig, REGIONS, SplitConfig, make_splits, shortfall_lines, synthetic_occurrences
 from gen.insects.cost import estimate, write_rate
-from pipelines.cli import cli_value, flag_error, pairs, parser, run_main
+
+from oodforge.args import command_parser, config_raw, key_help
+from pipelines.cli import cli_value, deep_merge, flag_error, pairs
 from pipelines.curation.gbif import TableLimits
 from pipelines.errors import ConfigError
 
+DOC = "docs/species.md"
+"""Where the command's inputs are documented (named in its one-line errors)."""
+
 FLAGS = {"split.pad_lat": "--pad", "split.pad_lon": "--pad", "split.regions": "--box",
-         "split.aux_species_by_region": "--aux-species-c-america", "taxa.preset": "--taxon-filter"}
+         "split.aux_species_by_region": "split.aux_species_by_region", "taxa.preset": "--taxon-filter"}
 """Config keys whose flag is not `--` + the key's last part with dashes (for one-line errors)."""
 NONE_IF_ZERO = ("aux_per_species", "aux_species", "id_val_cap")
-RATES = Path(__file__).resolve().parents[1] / "benchmarks" / "splits.json"
+RATES = Path(__file__).resolve().parents[2] / "benchmarks" / "splits.json"
 """Where the dry run's estimate takes the disk write rate from (`scripts/bench_splits.py` measures it)."""
+log = logging.getLogger(__name__)
 LIMITS = ("max_rows", "max_member_bytes", "max_line_bytes", "max_kept_bytes")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = parser(__doc__, dry_run=True)
+def build_parser() -> argparse.ArgumentParser:
+    p = command_parser(__name__, __doc__, dry_run=True)
     p.add_argument("--occurrences", help="GBIF Darwin Core Archive (zip or unpacked folder) or CSV/TSV/Parquet: species, "
                                          "genus, family, lat, lon, file_name [, split, taxon] (GBIF names mapped)")
     p.add_argument("--synthetic", metavar="N", help="generate an N-row synthetic table (written to OUT/synthetic/)")
     p.add_argument("--id-species", help="CSV/TSV/Parquet: region, species (required with --occurrences)")
     p.add_argument("--image-root", default=None, help="folder the file_name paths are relative to (default: OUT/synthetic for --synthetic)")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", default=None, help="output folder")
     p.add_argument("--taxon-filter", default=None, metavar="NAME", help="a named taxon rule: moths (Open-Insects)")
     p.add_argument("--include", action="append", default=[], metavar="RANK=VALUE[,VALUE]", help="keep only these taxa (repeatable)")
     p.add_argument("--exclude", action="append", default=[], metavar="RANK=VALUE[,VALUE]", help="drop these taxa (repeatable)")
@@ -52,25 +58,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pad", nargs=2, default=None, metavar=("LAT", "LON"), help="padding of the local box in degrees (1 3)")
     p.add_argument("--non-target", default=None, help="extra table or archive of non-target images (file_name [, lat, lon])")
     p.add_argument("--target-taxon", default=None, help="value of the `taxon` column that is the target (others: non-target OOD)")
-    p.add_argument("--non-local-cap", default=None, help="test images a non-local species (default 30)")
-    p.add_argument("--aux-per-species", default=None, help="auxiliary train images a species (default 20; 0 = no cap)")
+    p.add_argument("--non-local-cap", default=None, help=key_help(SplitConfig, "non_local_cap"))
+    p.add_argument("--aux-per-species", default=None, help=key_help(SplitConfig, "aux_per_species", "0 = no cap"))
     p.add_argument("--aux-species", default=None,
-                   help="auxiliary species drawn among those with >= aux-per-species images (default 8000, Open-Insects; "
-                        "0 = every auxiliary species)")
-    p.add_argument("--aux-species-c-america", default=None, help="the same for c-america (default 4000)")
-    p.add_argument("--min-images", default=None, help="drop species with fewer images (default 5; 1 keeps all)")
+                   help=key_help(SplitConfig, "aux_species", "0 = every one; per region: split.aux_species_by_region."
+                                                             "REGION=N, default c-america 4000"))
+    p.add_argument("--aux-species-c-america", default=None, help=argparse.SUPPRESS)  # deprecated: a config key now
+    p.add_argument("--min-images", default=None, help=key_help(SplitConfig, "min_images"))
     p.add_argument("--id-fractions", nargs=3, default=None, metavar=("TRAIN", "VAL", "TEST"),
                    help="ID split per species, summing to 1 (default AMI-GBIF 0.7 0.1 0.2; test/val only for species "
                         "with >= 1/fraction images)")
-    p.add_argument("--id-val-cap", default=None, help="ID val images a species at most (default 10; 0 = no cap; "
-                   "c-america is left uncapped as in the reference code)")
+    p.add_argument("--id-val-cap", default=None, help=key_help(SplitConfig, "id_val_cap", "0 = no cap; split."
+                                                                "id_val_uncapped regions are left uncapped"))
     p.add_argument("--allow-missing-id-species", action="store_true", default=None,
                    help="warn instead of failing when an ID species is not in the occurrence table (or has too few images)")
-    p.add_argument("--aux-val-size", default=None, help="auxiliary val images (default: as many as ID val)")
-    p.add_argument("--id-cap", default=None, help="images an ID species at most (default: all)")
-    p.add_argument("--local-cap", default=None, help="images a local OOD species at most (default: all)")
-    p.add_argument("--non-target-cap", default=None, help="non-target test images at most (default: all)")
-    p.add_argument("--seed", default=None, help="seed of every random choice (default 0)")
+    for name in ("aux_val_size", "id_cap", "local_cap", "non_target_cap", "seed"):
+        p.add_argument("--" + name.replace("_", "-"), default=None, help=key_help(SplitConfig, name))
     p.add_argument("--store", choices=("folder", "shards"), default="folder",
                    help="folder: rows point into --image-root (default); shards: the regions' images are packed once "
                         "into OUT/shards/ and every region's rows point there (docs/shards.md)")
@@ -78,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.add_argument("--" + key.replace("_", "-"), default=None, metavar="N",
                        help=f"TableLimits.{key} of the occurrence table or archive (default {getattr(TableLimits(), key):,}; "
                             "bytes may be written 16MiB, 2GiB)")
-    return p.parse_args(argv)
+    return p
 
 
 def options(args: argparse.Namespace) -> MakeSplitsConfig:
@@ -95,6 +98,8 @@ def options(args: argparse.Namespace) -> MakeSplitsConfig:
     if args.pad is not None:
         split["pad_lat"], split["pad_lon"] = cli_value(args.pad)
     if args.aux_species_c_america is not None:
+        log.warning("oodforge make-splits --aux-species-c-america is deprecated: use split.aux_species_by_region."
+                    "c-america=N")
         count = cli_value(args.aux_species_c_america)
         split["aux_species_by_region"] = {"c-america": None if count == 0 else count}
     if args.box:
@@ -103,9 +108,11 @@ def options(args: argparse.Namespace) -> MakeSplitsConfig:
     raw = {"occurrences": args.occurrences, "synthetic": cli_value(args.synthetic), "id_species": args.id_species,
            "image_root": args.image_root, "out": args.out, "non_target": args.non_target,
            "check_files": args.check_files, "split": split, "limits": limits,
-           "taxa": {"preset": args.taxon_filter, "include": args.include, "exclude": args.exclude}}
+           "taxa": {k: v for k, v in (("preset", args.taxon_filter), ("include", args.include),
+                                      ("exclude", args.exclude)) if v}}
     try:
-        return MakeSplitsConfig.from_dict({k: v for k, v in raw.items() if v is not None}, "")
+        return MakeSplitsConfig.from_dict(deep_merge(config_raw(args), {k: v for k, v in raw.items() if v is not None}),
+                                          "")
     except ConfigError as err:
         raise flag_error(err, FLAGS) from None
 
@@ -123,7 +130,7 @@ def byte_count(text: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     opts, dry_run = options(args), args.dry_run
     out = Path(opts.out)
     config = opts.split
@@ -171,7 +178,3 @@ def main(argv: list[str] | None = None) -> int:
               f"{packed.store} ({len(packed.missing)} missing)")
     print(f"done in {time.perf_counter() - start:.1f} s; summary in {out / 'summary.md'} and {out / 'summary.json'}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_main(main, doc="docs/species.md"))

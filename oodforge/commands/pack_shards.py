@@ -1,5 +1,4 @@
-"""Any manifest -> a shard manifest (images in WebDataset-layout tar shards, read by offset): `python
-scripts/pack_shards.py data/own --out data/own_shards` (then use data/own_shards wherever data/own was used).
+"""Any manifest -> a shard manifest (images in WebDataset-layout tar shards, read by offset): `oodforge pack-shards data/own --out data/own_shards` (then use data/own_shards wherever data/own was used).
 
 Writes OUT/metadata.jsonl (the same rows plus shard_file, shard_member, shard_offset, shard_bytes),
 OUT/manifest_info.json (image_root: the store), OUT/shards/NNNNNN.tar + NNNNNN.index.json and OUT/shards/store.json.
@@ -18,7 +17,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pipelines.cli import cli_value, flag_error, parser, run_main
+from oodforge.args import command_parser, config_raw, deprecated, key_help, parse
+from pipelines.cli import cli_value, flag_error
 from pipelines.data import METADATA, read_manifest
 from pipelines.errors import ConfigError, UserInputError
 from pipelines.progress import progress
@@ -33,7 +33,7 @@ def config_of(args) -> PackConfig:
     raw = {k: cli_value(getattr(args, k)) for k in ("samples_per_shard", "shard_bytes", "max_side", "quality")
            if getattr(args, k) is not None}
     try:
-        return PackConfig.from_dict(raw, "")
+        return PackConfig.from_dict({**config_raw(args), **raw}, "")
     except ConfigError as err:
         raise flag_error(err, {}) from None
 
@@ -66,17 +66,21 @@ def verify(folder: Path) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__, out=True, dry_run=True)
+def build_parser():
+    p = command_parser(__name__, __doc__, out=True, dry_run=True)
     p.add_argument("source", type=Path, nargs="?", help="manifest folder (metadata.jsonl [+ manifest_info.json])")
-    p.add_argument("--store", type=Path, default=None, help=f"shard folder (default OUT/{SHARD_FOLDER})")
-    p.add_argument("--samples-per-shard", default=None, help="images a shard at most (default 10000)")
-    p.add_argument("--shard-bytes", default=None, help="source bytes a shard at most (default 1073741824, 1 GiB)")
-    p.add_argument("--max-side", default=None, help="shorter side of stored images at most (default 512; 0: bytes unchanged)")
-    p.add_argument("--quality", default=None, help="JPEG quality of resized images (default 95)")
-    p.add_argument("--workers", type=int, default=None, help=f"processes writing shards (default CPUs - 1: {pack_workers()})")
+    p.add_argument("--shard-dir", type=Path, default=None, help=f"shard folder (default OUT/{SHARD_FOLDER})")
+    for name in ("samples_per_shard", "shard_bytes", "max_side", "quality"):
+        p.add_argument("--" + name.replace("_", "-"), default=None, help=key_help(PackConfig, name))
+    p.add_argument("--workers", type=int, default=None, help="processes writing shards (default: the CPUs - 1)")
     p.add_argument("--verify", type=Path, default=None, metavar="DIR", help="check a store or a shard manifest's store")
-    args = p.parse_args(argv)
+    deprecated(p, "--store", "--shard-dir")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = parse(p, argv, intermixed=True, typed=True)
     if args.verify is not None:
         return verify(args.verify)
     if args.source is None or args.out is None:
@@ -85,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     workers = args.workers or pack_workers()
     if not (args.source / METADATA).is_file():
         raise UserInputError(f"{args.source}: no {METADATA}, not a manifest folder (an image folder becomes one with "
-                             "scripts/import_folder.py ... --store shards)", doc=DOC)
-    store = args.store or args.out / SHARD_FOLDER
+                             "oodforge import-folder ... --store shards)", doc=DOC)
+    store = args.shard_dir or args.out / SHARD_FOLDER
     if args.dry_run:
         manifest = read_manifest(args.source)
         check_source_rows(manifest, args.source / METADATA)
@@ -113,7 +117,3 @@ def main(argv: list[str] | None = None) -> int:
     if result.undecoded:
         print(f"{len(result.undecoded)} image(s) did not decode, stored as they are (e.g. {result.undecoded[0]})")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_main(main, doc=DOC))

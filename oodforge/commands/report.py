@@ -1,5 +1,4 @@
-#!/usr/bin/env python
-"""Render a run into a report: `python scripts/report.py --results RUN/results.csv --out RUN/report`.
+"""Render a run into a report: `oodforge report --results RUN/results.csv --out RUN/report`.
 
 Reads results.csv and, when they lie beside it, scores.parquet, threshold_transfer.csv, rule_selection.csv and
 fewshot.csv. The generic layout writes Table 3 / per-set / family tables (md, tex, csv), the best rule per training
@@ -12,17 +11,20 @@ Prints the summary and a warning per set with AUROC below 50.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from detectors.report import LAYOUTS, companion_files, render_summary, write_open_insects, write_report
 from detectors.report.write import FIGURES
-from pipelines.cli import comma_list, parser as cli_parser, run_main
+from oodforge.args import command_parser, parse
+from pipelines.cli import comma_list
 from pipelines.errors import UserInputError
+
+DOC = "docs/report.md"
+"""Where the command's inputs are documented (named in its one-line errors)."""
 
 
 def build_parser():
-    p = cli_parser(__doc__)
+    p = command_parser(__name__, __doc__)
     p.add_argument("--results", required=True, nargs="+", metavar="[REGION=]PATH",
                    help="results table (.csv or .parquet), one row per (method, ood_set); with --layout open-insects "
                         "one per region (REGION=PATH, or PATH named by its run folder)")
@@ -52,7 +54,7 @@ def build_parser():
     p.add_argument("--fewshot", type=Path, default=None,
                    help="shiftedbronzes: few-shot table for Figure 7 (default: fewshot.csv beside --results, if any)")
     p.add_argument("--feature-maps", type=Path, default=None,
-                   help="shiftedbronzes: folder of scripts/feature_map.py outputs (feature_map_*.csv) for Figure 2(c)")
+                   help="shiftedbronzes: folder of oodforge feature-map outputs (feature_map_*.csv) for Figure 2(c)")
     p.add_argument("--splits", type=Path, default=None,
                    help="open-insects: the species splits folder (summary.json or summary.csv, region manifests) for "
                         "Table 5")
@@ -60,12 +62,12 @@ def build_parser():
                    help="open-insects: the runs whose classifier started from ImageNet-1K weights (Table 7; the others "
                         "are trained from scratch, Table 2)")
     p.add_argument("--aux-study", type=Path, default=None,
-                   help="open-insects: scripts/aux_study.py's folder (aux_study.csv) for Figure 4")
+                   help="open-insects: oodforge aux-study's folder (aux_study.csv) for Figure 4")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     if args.layout == "open-insects":
         written = write_open_insects(args.results, args.out, splits=args.splits, figures=args.figures, log=print,
                                      workers=args.workers, pretrained=args.pretrained, aux_study=args.aux_study)
@@ -85,7 +87,3 @@ def main(argv: list[str] | None = None) -> int:
     print(render_summary(results, args.methods))
     print(f"wrote {len(written)} files to {args.out}; open {args.out / 'index.html'}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_main(main, doc="docs/report.md"))

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
-"""Train an image classifier on an ID manifest: `python scripts/train_classifier.py --config train.yaml [key=value ...]`.
+"""Train an image classifier on an ID manifest: `oodforge train-classifier --config train.yaml [key=value ...]`.
 
-    python scripts/train_classifier.py --config configs/own_data_train.yaml epochs=30
-    accelerate launch --num_processes 8 scripts/train_classifier.py --config train.yaml recipe=open-insects-scratch
+    oodforge train-classifier --config configs/own_data_train.yaml epochs=30
+    accelerate launch --num_processes 8 -m oodforge train-classifier --config train.yaml recipe=open-insects-scratch
 
 Keys: id (manifest), out, model (hub id, folder or torchvision ResNet-50 .pth; default microsoft/resnet-50), pretrained,
 recipe (open-insects-scratch | open-insects-imagenet | multi-granularity), protocol (open-insects | exact), epochs,
@@ -15,14 +14,20 @@ check the run makes before it loads the model and prints the plan (rows, classes
 from __future__ import annotations
 
 import json
-import sys
 
-from pipelines.cli import load_yaml, parser, run_main
+from oodforge.args import command_parser
+from pipelines.cli import load_yaml
+
+DOC = 'docs/training.md'
+"""Where the command's inputs are documented (named in its one-line errors)."""
+
+
+def build_parser():
+    return command_parser(__name__, __doc__, config="required", out=True, dry_run=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__, config=True, overrides=True, out=True, dry_run=True)
-    args = p.parse_args(argv)
+    args = build_parser().parse_args(argv)
     raw = load_yaml(args.config, args.overrides)
     if args.out is not None:
         raw["out"] = str(args.out)
@@ -41,7 +46,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"top-1 on ID val {top1['val']}, ID test {top1['test']}")
         print(f"model folder {out} (model, class_names.json, {METRICS}, training.png)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_main(main, doc='docs/training.md'))
