@@ -29,7 +29,13 @@ def command_parser(module: str, doc: str | None, *, config: str | None = "option
     p.prog = "oodforge " + module.rsplit(".", 1)[-1].replace("_", "-")
     if config == "optional":
         p.add_argument("--config", type=Path, default=None, help="YAML config (keys: docs/cli.md); flags override it")
+    p.error = _one_line  # type: ignore[method-assign]
     return p
+
+
+def _one_line(message: str) -> None:
+    """argparse's own errors (a missing flag, a bad number) as every other input error: one line, exit status 2."""
+    raise ConfigError(message)
 
 
 class _Deprecated(argparse.Action):

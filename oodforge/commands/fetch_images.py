@@ -59,8 +59,8 @@ def build_parser():
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def config_of(args) -> FetchConfig:
+    """The typed config: the `--config` file and `key=value` overrides, the flags over them; a fault names the flag."""
     taxa = {"preset": args.taxon_filter, "include": args.include or None, "exclude": args.exclude or None}
     raw = {"occurrences": args.occurrences, "out": args.out, "retry_failed": args.retry_failed,
            "keep_originals": args.keep_originals, "resize": args.resize,
@@ -76,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = FetchConfig.from_dict(deep_merge(config_raw(args), {k: v for k, v in raw.items() if v is not None}), "")
     except ConfigError as err:
         raise flag_error(err, FLAGS) from None
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = config_of(args)
     if bool(args.filter_model) != bool(args.drop_class):
         raise ConfigError("--filter-model and --drop-class go together")
     if args.filter_model:  # checked before any download (its config only), and again by the run

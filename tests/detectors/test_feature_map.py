@@ -48,9 +48,7 @@ def _models(root: Path) -> tuple[Path, Path]:
 
 
 def _cli():
-    spec = importlib.util.spec_from_file_location("feature_map_cli", ROOT / "scripts" / "feature_map.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("oodforge.commands.feature_map")
     return module
 
 
