@@ -17,11 +17,10 @@ def eval_config(digits: tuple[Path, Path, Path], out: Path, **extra: Any) -> dic
 
 
 def evaluate_main():
-    """`main` of scripts/evaluate.py, loaded from its file (scripts are not a package)."""
-    import importlib.util
+    """The `oodforge evaluate` command module (its `main`)."""
+    from oodforge.commands import evaluate
 
-    module = importlib.import_module("oodforge.commands.evaluate")
-    return module
+    return evaluate
 
 
 def noise_image(path: Path, seed: int) -> None:
