@@ -141,6 +141,8 @@ def _tokens(action: argparse.Action, value: Any, where: str) -> list[str]:
 def key_help(config: type, name: str, note: str = "") -> str:
     """A flag's help read from its typed config's field (`Params.doc`, `Params.defaults`): one source for both."""
     default = config.defaults().get(name)
-    shown = "none" if default is None else f"{default:,}" if isinstance(default, int) and not isinstance(default, bool) \
-        else str(default)
+    if default is None:
+        shown = "none"
+    else:
+        shown = f"{default:,}" if isinstance(default, int) and not isinstance(default, bool) else str(default)
     return f"{config.doc(name)} (default {shown}{'; ' + note if note else ''})"

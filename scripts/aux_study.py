@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge aux-study` from a checkout (`python scripts/aux_study.py --help`); the command lives in oodforge/commands/aux_study.py."""
+"""`oodforge aux-study` run from a checkout; the command is oodforge.commands.aux_study."""
 from oodforge.commands.aux_study import DOC, main
 from pipelines.cli import run_main
 

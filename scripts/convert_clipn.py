@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge convert-clipn` from a checkout (`python scripts/convert_clipn.py --help`); the command lives in oodforge/commands/convert_clipn.py."""
+"""`oodforge convert-clipn` run from a checkout; the command is oodforge.commands.convert_clipn."""
 from oodforge.commands.convert_clipn import DOC, main
 from pipelines.cli import run_main
 

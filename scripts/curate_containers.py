@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge curate-containers` from a checkout (`python scripts/curate_containers.py --help`); the command lives in oodforge/commands/curate_containers.py."""
+"""`oodforge curate-containers` run from a checkout; the command is oodforge.commands.curate_containers."""
 from oodforge.commands.curate_containers import DOC, main
 from pipelines.cli import run_main
 

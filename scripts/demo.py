@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge demo` from a checkout (`python scripts/demo.py --help`); the command lives in oodforge/commands/demo.py."""
+"""`oodforge demo` run from a checkout; the command is oodforge.commands.demo."""
 from oodforge.commands.demo import DOC, main
 from pipelines.cli import run_main
 

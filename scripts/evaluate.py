@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge evaluate` from a checkout (`python scripts/evaluate.py --help`); the command lives in oodforge/commands/evaluate.py."""
+"""`oodforge evaluate` run from a checkout; the command is oodforge.commands.evaluate."""
 from oodforge.commands.evaluate import DOC, main
 from pipelines.cli import run_main
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge feature-map` from a checkout (`python scripts/feature_map.py --help`); the command lives in oodforge/commands/feature_map.py."""
+"""`oodforge feature-map` run from a checkout; the command is oodforge.commands.feature_map."""
 from oodforge.commands.feature_map import DOC, main
 from pipelines.cli import run_main
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge fetch-images` from a checkout (`python scripts/fetch_images.py --help`); the command lives in oodforge/commands/fetch_images.py."""
+"""`oodforge fetch-images` run from a checkout; the command is oodforge.commands.fetch_images."""
 from oodforge.commands.fetch_images import DOC, main
 from pipelines.cli import run_main
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge generate` from a checkout (`python scripts/generate.py --help`); the command lives in oodforge/commands/generate.py."""
+"""`oodforge generate` run from a checkout; the command is oodforge.commands.generate."""
 from oodforge.commands.generate import DOC, main
 from pipelines.cli import run_main
 

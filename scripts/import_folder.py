@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge import-folder` from a checkout (`python scripts/import_folder.py --help`); the command lives in oodforge/commands/import_folder.py."""
+"""`oodforge import-folder` run from a checkout; the command is oodforge.commands.import_folder."""
 from oodforge.commands.import_folder import DOC, main
 from pipelines.cli import run_main
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge import-openood` from a checkout (`python scripts/import_openood.py --help`); the command lives in oodforge/commands/import_openood.py."""
+"""`oodforge import-openood` run from a checkout; the command is oodforge.commands.import_openood."""
 from oodforge.commands.import_openood import DOC, main
 from pipelines.cli import run_main
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge make-splits` from a checkout (`python scripts/make_splits.py --help`); the command lives in oodforge/commands/make_splits.py."""
+"""`oodforge make-splits` run from a checkout; the command is oodforge.commands.make_splits."""
 from oodforge.commands.make_splits import DOC, main
 from pipelines.cli import run_main
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge make-tiny` from a checkout (`python scripts/make_tiny.py --help`); the command lives in oodforge/commands/make_tiny.py."""
+"""`oodforge make-tiny` run from a checkout; the command is oodforge.commands.make_tiny."""
 from oodforge.commands.make_tiny import DOC, main
 from pipelines.cli import run_main
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge pack-shards` from a checkout (`python scripts/pack_shards.py --help`); the command lives in oodforge/commands/pack_shards.py."""
+"""`oodforge pack-shards` run from a checkout; the command is oodforge.commands.pack_shards."""
 from oodforge.commands.pack_shards import DOC, main
 from pipelines.cli import run_main
 

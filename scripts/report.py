@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge report` from a checkout (`python scripts/report.py --help`); the command lives in oodforge/commands/report.py."""
+"""`oodforge report` run from a checkout; the command is oodforge.commands.report."""
 from oodforge.commands.report import DOC, main
 from pipelines.cli import run_main
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge train-classifier` from a checkout (`python scripts/train_classifier.py --help`); the command lives in oodforge/commands/train_classifier.py."""
+"""`oodforge train-classifier` run from a checkout; the command is oodforge.commands.train_classifier."""
 from oodforge.commands.train_classifier import DOC, main
 from pipelines.cli import run_main
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""`oodforge train-prompts` from a checkout (`python scripts/train_prompts.py --help`); the command lives in oodforge/commands/train_prompts.py."""
+"""`oodforge train-prompts` run from a checkout; the command is oodforge.commands.train_prompts."""
 from oodforge.commands.train_prompts import DOC, main
 from pipelines.cli import run_main
 

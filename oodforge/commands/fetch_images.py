@@ -1,6 +1,6 @@
 """Download the images of a GBIF archive or an occurrence table, resumably: `oodforge fetch-images
---occurrences gbif.zip --taxon-filter moths --out data/moths` (then `oodforge make-splits --occurrences data/moths/images.csv
---image-root data/moths ...`).
+--occurrences gbif.zip --taxon-filter moths --out data/moths` (then `oodforge make-splits --occurrences
+data/moths/images.csv --image-root data/moths ...`).
 
 Writes OUT/images/... (one file per URL, atomically), OUT/images.csv (the fetched rows with file_name), OUT/failures.csv
 (every URL that failed, with its reason), OUT/fetch_summary.json; with `--filter-model DIR --drop-class NAME` the

@@ -1,6 +1,6 @@
 """Tiny random-weight stand-ins for a CPU run, the same the tests use (`pipelines.tiny`): `oodforge make-tiny KIND --out DIR`.
 
-    oodforge make-tiny classifier --out models/tiny_resnet --labels 3   # model: / train_classifier model:
+    oodforge make-tiny classifier --out models/tiny_resnet --labels 3   # model: of evaluate / train-classifier
     oodforge make-tiny clip --out models/tiny_clip                      # CLIP detectors' model:, --clip
     oodforge make-tiny zest --out models/tiny_zest                      # oodforge generate models.base=... (printed)
     oodforge make-tiny diffguard-unet --out models/tiny_unet            # diffguard params unet_id:
@@ -31,7 +31,7 @@ def make(kind: str, out: Path, labels: int | None = None, seed: int = 0) -> str:
 
     if kind == "classifier":
         tiny.save_tiny_model(out, tiny.RESNET_ID, seed=seed, labels=labels)
-        return f"model: {out}   (evaluate / train_classifier, `pretrained: false` to train from its config)"
+        return f"model: {out}   (oodforge evaluate / train-classifier, `pretrained: false` to train from its config)"
     if kind == "clip":
         tiny.save_tiny_clip(out, seed=seed)
         return f"model: {out}   (CLIP detectors; oodforge curate-containers --clip {out})"

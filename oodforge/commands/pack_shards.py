@@ -1,4 +1,5 @@
-"""Any manifest -> a shard manifest (images in WebDataset-layout tar shards, read by offset): `oodforge pack-shards data/own --out data/own_shards` (then use data/own_shards wherever data/own was used).
+"""Any manifest -> a shard manifest (images in WebDataset-layout tar shards, read by offset):
+`oodforge pack-shards data/own --out data/own_shards` (then use data/own_shards wherever data/own was used).
 
 Writes OUT/metadata.jsonl (the same rows plus shard_file, shard_member, shard_offset, shard_bytes),
 OUT/manifest_info.json (image_root: the store), OUT/shards/NNNNNN.tar + NNNNNN.index.json and OUT/shards/store.json.
