@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         raw["filter"] = {**(raw.get("filter") or {}), **{k: v for k, v in options.items() if v is not None}}
     elif any(v is not None for v in options.values()):
         p.error("--clip, --threshold, --main, --secondary and --batch-size belong to --filter")
+    if raw.get("imagenet21k") is None:
+        p.error("--imagenet21k is required (or `imagenet21k:` in --config)")
     cfg = ContainerCuration.from_dict(raw, where="curate_containers")
     if args.dry_run:
         from pathlib import Path
