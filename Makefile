@@ -27,8 +27,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
-# No upward import (pipelines < gen, detectors < scripts < benchmarks; gen and detectors apart; the detector methods never
-# import detectors/harness), no import circle (lazy ones included), and the map of docs/architecture.md is true.
+# No upward import (pipelines < gen, detectors < oodforge < scripts, benchmarks; gen and detectors apart; the detector
+# methods never import detectors/harness), no import circle (lazy ones included), and docs/architecture.md's map is true.
 layers: $(STAMP)
 	$(PY) scripts/check_layers.py
 

@@ -2,8 +2,9 @@
 (`cli_value`, `flag_error`: a config key named as the flag the user typed), `--debug`,
 and `run_main`, which turns the user's own mistakes into one line and exit status 2.
 
-A script is `def main(argv=None) -> int | None` built on `parser()` and ended with
-`sys.exit(run_main(main, doc=README_SECTIONS[...]))`, so every entry point is testable in-process (`main([...])`),
+A command (`oodforge.commands.<name>`, run by `oodforge <name>` and wrapped by scripts/<name>.py) is
+`def main(argv=None) -> int | None` built on `parser()` and run as `run_main(main, doc=DOC)`, so every entry point is
+testable in-process (`main([...])`),
 hides the same library chatter (`quiet_warnings`) and reports bad input alike: one line naming the key or file and
 where that input is documented (README sections and docs/ files only), exit status 2.
 """

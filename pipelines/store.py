@@ -309,7 +309,7 @@ def read_store(root: str | os.PathLike) -> dict[str, ShardRecord]:
         return records
     except FileNotFoundError:
         raise ShardError(f"{path}: no shard store index here (rows name shards under {root}; pack them with "
-                         "scripts/pack_shards.py)") from None
+                         "oodforge pack-shards)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
         raise ShardError(f"{path}: malformed shard store index ({type(err).__name__}: {err})") from None
 
@@ -344,7 +344,7 @@ def check_shard(path: Path, record: ShardRecord, mode: str) -> str:
     if st.st_size != record.size:
         what = "truncated" if st.st_size < record.size else "grown"
         raise ShardError(f"{path}: {st.st_size} bytes, the store recorded {record.size} ({what} since it was packed); "
-                         "re-pack it (scripts/pack_shards.py) or restore the file")
+                         "re-pack it (oodforge pack-shards) or restore the file")
     key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, mode)  # ctime: no utime hides a write
     if key in _VERIFIED:
         return _VERIFIED[key]
@@ -354,7 +354,7 @@ def check_shard(path: Path, record: ShardRecord, mode: str) -> str:
     digest = file_sha256(path)
     if digest != record.sha256:
         raise ShardError(f"{path}: its sha256 is not the one the store recorded (the shard's bytes changed since it "
-                         "was packed); re-pack it (scripts/pack_shards.py) or restore the file")
+                         "was packed); re-pack it (oodforge pack-shards) or restore the file")
     if mode == "stat":
         log.info("%s: modified time changed (a copy?) but the bytes are the ones recorded", path)
     _VERIFIED[key] = digest

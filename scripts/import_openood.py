@@ -1,54 +1,7 @@
 #!/usr/bin/env python
-"""Manifests for OOD sets from OpenOOD's data folder or plain image folders (images stay where they are).
-
-    python scripts/import_openood.py --root /data/openood --out data/easy
-    python scripts/import_openood.py --root /data/openood --out data/easy --folder imagenet_o=/data/imagenet-o
-    python scripts/import_openood.py --out data/easy --folder texture=/data/dtd/images      # no --root, no --sets
-    python scripts/import_openood.py --out data/easy --sets texture --list texture=lists/dtd.txt --image-root /data/dtd
-
-Default with --root: ShiftedBronzes' five easy sets (species, imagenet_o, inaturalist, texture, openimage_o) from
-`<root>/benchmark_imglist/<benchmark>/test_<set>.txt`; without --root, the sets given by --list / --folder. One
-manifest folder per set under `--out` (`<out>/<set>/metadata.jsonl` + `manifest_info.json` naming the image folder;
-a set name is made a safe folder name, `pipelines.io.safe_name`, so no name leaves `--out`), and
-`<out>/import_summary.json` (per set: images, missing, unreadable, and what a folder walk skipped: hidden entries,
-symlinks, loops, FIFOs / sockets / devices). Every image is decoded once: one that does not decode is left out and
-listed in `<out>/<set>/failures.json`. A listed path that leads outside its image folder (through a symlink) is
-refused in one line.
-"""
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-from pipelines.cli import comma_list, pairs, parser, run_main
-from pipelines.importers import EASY_SETS, import_openood
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__, out=True)
-    p.add_argument("--root", type=Path, default=None, help="OpenOOD's data folder (holds benchmark_imglist/, images_largescale/, images_classic/)")
-    p.add_argument("--benchmark", default="imagenet", help="benchmark_imglist subfolder (default imagenet)")
-    p.add_argument("--sets", type=comma_list, default=None,
-                   help=f"comma-separated OOD sets (default with --root: {','.join(EASY_SETS)}; without: those of --list/--folder)")
-    p.add_argument("--group", default="easy", help="group written on every row (default easy)")
-    p.add_argument("--list", action="append", default=[], metavar="SET=FILE", help="an image list for SET (repeatable)")
-    p.add_argument("--folder", action="append", default=[], metavar="SET=DIR", help="take SET from a plain image folder (repeatable)")
-    p.add_argument("--image-root", type=Path, default=None, help="images of --list files live here (default: under --root)")
-    p.add_argument("--skip-missing", action="store_true", help="leave out listed images that do not exist (counted in the summary)")
-    args = p.parse_args(argv)
-    if args.out is None:
-        p.error("--out is required")
-    results = import_openood(args.root, args.out, benchmark=args.benchmark, sets=args.sets, group=args.group,
-                             lists=pairs(args.list, "--list"), folders=pairs(args.folder, "--folder"),
-                             image_root=args.image_root, skip_missing=args.skip_missing)
-    for result in results:
-        row = result.summary()
-        note = f", {row['missing']} missing left out" if row["missing"] else ""
-        note += f", {row['unreadable']} unreadable left out (failures.json)" if row["unreadable"] else ""
-        note += f"; {result.skipped.line()}" if result.skipped.line() else ""
-        print(f"{row['ood_set']}: {row['images']} images -> {row['folder']} (images in {row['image_root']}{note})")
-    return 0
-
+"""`oodforge import-openood` run from a checkout; the command is oodforge.commands.import_openood."""
+from oodforge.commands.import_openood import DOC, main
+from pipelines.cli import run_main
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, doc="README.md, section 'Scripts'"))
+    raise SystemExit(run_main(main, doc=DOC))

@@ -1,51 +1,7 @@
 #!/usr/bin/env python
-"""Train an image classifier on an ID manifest: `python scripts/train_classifier.py --config train.yaml [key=value ...]`.
-
-    python scripts/train_classifier.py --config configs/own_data_train.yaml epochs=30
-    accelerate launch --num_processes 8 scripts/train_classifier.py --config train.yaml recipe=open-insects-scratch
-
-Keys: id (manifest), out, model (hub id, folder or torchvision ResNet-50 .pth; default microsoft/resnet-50), pretrained,
-recipe (open-insects-scratch | open-insects-imagenet | multi-granularity), protocol (open-insects | exact), epochs,
-batch_size (global), lr, weight_decay, warmup_epochs, schedule, drop_last, augment, image_size, pre_size, levels, seed,
-precision, num_workers, compile, channels_last, sync_bn, cache_hash (docs/training.md).
-Writes a model folder that `model:` in eval configs loads, with class_names.json, metrics.json and training.png. A
-killed run resumes from its last finished epoch when rerun; a finished one rerun does nothing. `--dry-run` runs every
-check the run makes before it loads the model and prints the plan (rows, classes, schedule, new / resumes / up to date)
-and its cost: hours of data loading at the measured per-core loader rate, disk (pipelines.training.cost).
-"""
-from __future__ import annotations
-
-import json
-import sys
-
-from pipelines.cli import load_yaml, parser, run_main
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__, config=True, overrides=True, out=True, dry_run=True)
-    args = p.parse_args(argv)
-    raw = load_yaml(args.config, args.overrides)
-    if args.out is not None:
-        raw["out"] = str(args.out)
-    from pipelines.training.classify import METRICS, check_training, train_classifier
-    from pipelines.training.recipes import TrainConfig
-
-    config = TrainConfig.from_dict(raw, where=str(args.config))
-    if args.dry_run:  # every check the run makes before it loads the model; nothing written
-        plan = check_training(config)
-        from pipelines.training.cost import training_cost
-
-        print(plan.describe(config) + "\n" + training_cost(config, plan))
-        return 0
-    out = train_classifier(config)
-    from pipelines.runtime import partial_state
-
-    if partial_state().is_main_process:
-        top1 = json.loads((out / METRICS).read_text())["top1"]
-        print(f"top-1 on ID val {top1['val']}, ID test {top1['test']}")
-        print(f"model folder {out} (model, class_names.json, {METRICS}, training.png)")
-    return 0
-
+"""`oodforge train-classifier` run from a checkout; the command is oodforge.commands.train_classifier."""
+from oodforge.commands.train_classifier import DOC, main
+from pipelines.cli import run_main
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, doc='docs/training.md'))
+    raise SystemExit(run_main(main, doc=DOC))

@@ -19,7 +19,7 @@ from pipelines.class_names import CLASS_NAMES as CLASS_NAMES_FILE
 from pipelines.schema import GROUPS
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("pipelines", "detectors", "gen", "scripts")
+PACKAGES = ("pipelines", "detectors", "gen", "oodforge", "scripts")
 SANITISER_KNOWN = {
     # a second sanitiser the lead should fold into pipelines.io.safe_name at merge (owner's file, not touched here)
     "gen/pairing.py": "genconfig's file: a pair's file-name stem",

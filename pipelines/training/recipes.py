@@ -76,7 +76,7 @@ def check_model(value: str, key: str) -> None:
 def check_manifest(value: str, key: str) -> None:
     """The ID manifest folder must exist."""
     if not Path(value).expanduser().is_dir():
-        raise ConfigError(f"{key}: the manifest folder {value!r} does not exist (scripts/import_folder.py writes one)",
+        raise ConfigError(f"{key}: the manifest folder {value!r} does not exist (oodforge import-folder writes one)",
                           doc=DOC)
 
 

@@ -4,17 +4,17 @@ early (issue 27): a start refused or failed leaves nothing that binds the correc
 where the run does, in the same line."""
 from __future__ import annotations
 
-import runpy
 from pathlib import Path
 
 import pytest
 
 from gen.job import JOB_FOLDER, GenerationConfig, run_generation
+from oodforge.commands import generate
 from pipelines.cli import run_main
 from gen.masks import rembg_available
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-MAIN = runpy.run_path(str(SCRIPTS / "generate.py"))["main"]
+MAIN = generate.main
 
 FAULTS = [  # (config lines added to a valid config, the error's text after "error: <file>: ")
     ("stepz: 3", "stepz: unknown key (allowed: attention, "),

@@ -213,9 +213,7 @@ def test_make_splits_script_synthetic(tmp_path):
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("make_splits", Path(__file__).parents[2] / "scripts" / "make_splits.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = importlib.import_module("oodforge.commands.make_splits")
     script.main(["--synthetic", "20000", "--out", str(tmp_path), "--seed", "1"])
     regions = set(pd.read_csv(tmp_path / "synthetic" / "id_species.csv")["region"])
     assert regions and regions <= set(REGIONS)

@@ -204,11 +204,11 @@ def test_killed_process_is_resumed_without_duplicates(tmp_path, bronzes, contain
 
 
 def test_cli_dry_run_prints_the_plan_and_counts(tmp_path, bronzes, containers, capsys):
-    import runpy
+    from oodforge.commands import generate
 
     config_file = tmp_path / "gen.yaml"
     config_file.write_text(f"task: transferred_container\ntargets: {containers}\nmaterials: {bronzes}\nout: {tmp_path / 'out'}\n")
-    main = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts" / "generate.py"))["main"]
+    main = generate.main
     main(["--config", str(config_file), "--dry-run", "--show", "2", "limit=3", "seed=9"])
     printed = capsys.readouterr().out
     plan_lines, rest = printed.split("... and 1 more\n")

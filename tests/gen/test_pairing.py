@@ -55,9 +55,7 @@ def _metadata_only(folder: Path, n: int, role: str) -> Path:
 
 def test_dry_run_prints_the_papers_counts(tmp_path, capsys):
     # the paper's sizes: 2,861 bronze test images, 51,023 container images
-    spec = importlib.util.spec_from_file_location("generate_script", Path(__file__).parents[2] / "scripts" / "generate.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = importlib.import_module("oodforge.commands.generate")
     main = script.main
     bronzes = _metadata_only(tmp_path / "bronzes", 2861, "id")
     containers = _metadata_only(tmp_path / "containers", 51023, "ood")

@@ -1,17 +1,15 @@
-"""scripts/generate.py and scripts/make_splits.py on pipelines.cli: main(argv) returns a status; input errors are one
+"""`oodforge generate` and `oodforge make-splits` on pipelines.cli: main(argv) returns a status; input errors are one
 line and status 2."""
 from __future__ import annotations
 
-import runpy
-from pathlib import Path
+import importlib
 
 from pipelines.cli import run_main
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-
 
 def script_main(name: str):
-    return runpy.run_path(str(SCRIPTS / name))["main"]
+    """`main` of the command `name` names (`generate.py`: oodforge.commands.generate)."""
+    return importlib.import_module(f"oodforge.commands.{name.removesuffix('.py')}").main
 
 
 def one_line_error(capsys) -> str:

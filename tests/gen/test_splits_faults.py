@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
 from pathlib import Path
 
 import pytest
 
+from oodforge.commands import make_splits
 from pipelines.cli import run_main
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_splits.py"
 CASES = [  # (extra arguments, text the one line must hold)
     (["--synthetic", "-5"], "--synthetic: must be >= 1, got -5"),
     (["--synthetic", "abc"], "--synthetic: must be an integer, got str 'abc'"),
@@ -19,7 +18,8 @@ CASES = [  # (extra arguments, text the one line must hold)
     (["--synthetic", "50", "--pad", "-1", "3"], "--pad: must be >= 0, got -1.0"),
     (["--synthetic", "50", "--pad", "1", "east"], "--pad: must be a number, got str 'east'"),
     (["--synthetic", "50", "--min-images", "0"], "--min-images: must be >= 1, got 0"),
-    (["--synthetic", "50", "--aux-species-c-america", "-2"], "--aux-species-c-america c-america: must be >= 1 or null"),
+    (["--synthetic", "50", "split.aux_species_by_region.c-america=-2"], "split.aux_species_by_region c-america: must be >= 1 or null"),
+    (["--synthetic", "50", "--aux-species-c-america", "-2"], "split.aux_species_by_region c-america: must be >= 1 or null"),
     (["--synthetic", "50", "--box", "mars=10,5,0,1"], "--box mars: a box needs lat_min < lat_max"),
     (["--synthetic", "50", "--taxon-filter", "moth"], "--taxon-filter: must be one of 'moths', got str 'moth' (did you mean 'moths'?)"),
     (["--synthetic", "50", "--exclude", "Noctuidae"], "--exclude: a rule is RANK=VALUE[,VALUE...]"),
@@ -31,7 +31,7 @@ CASES = [  # (extra arguments, text the one line must hold)
 @pytest.mark.parametrize("extra, message", CASES, ids=[" ".join(c[0]) or "no source" for c in CASES])
 def test_malformed_invocation_is_one_line_naming_the_option(extra, message, tmp_path, capsys):
     out = tmp_path / "out"
-    assert run_main(runpy.run_path(str(SCRIPT))["main"], [*extra, "--out", str(out)]) == 2
+    assert run_main(make_splits.main, [*extra, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
     assert message in err, err
@@ -45,14 +45,14 @@ def test_a_latitude_that_is_not_a_number_is_refused_naming_the_row(tmp_path, cap
     (tmp_path / "ids.csv").write_text("region,species\nne-america,a b\n")
     argv = ["--occurrences", str(tmp_path / "occ.csv"), "--id-species", str(tmp_path / "ids.csv"), "--image-root",
             str(tmp_path), "--out", str(tmp_path / "out")]
-    assert run_main(runpy.run_path(str(SCRIPT))["main"], argv) == 2
+    assert run_main(make_splits.main, argv) == 2
     err = capsys.readouterr().err.strip()
     assert "occ.csv: row file_name=y.jpg: lat 'abc' is not a latitude" in err and "\n" not in err, err
     assert not (tmp_path / "out").exists()
 
 
 def test_dry_run_prints_what_the_run_writes_and_writes_nothing(tmp_path, capsys):
-    main = runpy.run_path(str(SCRIPT))["main"]
+    main = make_splits.main
     argv = ["--synthetic", "3000", "--aux-species", "0", "--out", str(tmp_path / "out")]
     assert run_main(main, [*argv, "--dry-run"]) == 0
     dry = capsys.readouterr().out
@@ -72,7 +72,7 @@ def test_dry_run_refuses_where_the_run_refuses(tmp_path, capsys, dry_run):
     (tmp_path / "ids.csv").write_text("region,species\nne-america,a b\nne-america,c d\n")
     argv = ["--occurrences", str(tmp_path / "occ.csv"), "--id-species", str(tmp_path / "ids.csv"), "--image-root",
             str(tmp_path), "--out", str(tmp_path / "out"), *(["--dry-run"] if dry_run else [])]
-    assert run_main(runpy.run_path(str(SCRIPT))["main"], argv) == 2
+    assert run_main(make_splits.main, argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "c d" in err and "allow-missing-id-species" in err, err
     assert not (tmp_path / "out").exists()
@@ -121,7 +121,7 @@ def test_a_file_name_that_leaves_the_image_root_is_one_line(case, tmp_path, caps
     names = _images(tmp_path, 10)
     argv = _table(tmp_path, names + make(tmp_path)) + flags
     for dry in ([], ["--dry-run"]):
-        assert run_main(runpy.run_path(str(SCRIPT))["main"], argv + dry) == 2
+        assert run_main(make_splits.main, argv + dry) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and "\n" not in err and message in err and "occ.csv: row" in err, err
         assert not (tmp_path / "out").exists()
@@ -133,7 +133,7 @@ def test_fifos_blanks_and_missing_images_are_counted_never_opened(tmp_path, caps
     (tmp_path / "images" / "img" / "folder.jpg").mkdir()
     argv = _table(tmp_path, names + ["img/pipe.jpg", "img/folder.jpg", "img/never.jpg", ""]) + ["--check-files",
                                                                                                "--min-images", "1"]
-    assert run_main(runpy.run_path(str(SCRIPT))["main"], argv) == 0
+    assert run_main(make_splits.main, argv) == 0
     out = capsys.readouterr().out
     assert "rows dropped: no file name 1, missing file 3" in out, out
     record = json.loads((tmp_path / "out" / "summary.json").read_text())
@@ -146,7 +146,7 @@ def test_a_non_target_table_and_a_region_name_cannot_leave_their_roots(tmp_path,
     names = _images(tmp_path, 10)
     argv = _table(tmp_path, names)
     (tmp_path / "beetles.csv").write_text("file_name\nbeetle/1.jpg\n../../x.jpg\n")
-    main = runpy.run_path(str(SCRIPT))["main"]
+    main = make_splits.main
     assert run_main(main, argv + ["--non-target", str(tmp_path / "beetles.csv")]) == 2
     err = capsys.readouterr().err.strip()
     assert "a file_name that leads outside the image root" in err and "'../../x.jpg'" in err and "\n" not in err, err
@@ -158,7 +158,7 @@ def test_a_non_target_table_and_a_region_name_cannot_leave_their_roots(tmp_path,
 def test_table_limits_are_flags_and_the_dry_run_tells_the_cost(tmp_path, capsys):
     names = _images(tmp_path, 30)
     argv = _table(tmp_path, names)
-    main = runpy.run_path(str(SCRIPT))["main"]
+    main = make_splits.main
     assert run_main(main, argv + ["--max-rows", "20"]) == 2
     assert "occ.csv: more than max_rows=20 rows (TableLimits)" in capsys.readouterr().err
     assert run_main(main, argv + ["--max-line-bytes", "2KiB"]) == 2

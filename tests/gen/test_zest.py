@@ -76,7 +76,7 @@ def test_call_defaults_are_zest_s_and_defined_once():
         assert not set(inspect.signature(method).parameters) & set(ZeSTCall.fields())
     assert {k: v for k, v in GenerationConfig.defaults().items() if k in ZeSTCall.fields()} == ZeSTCall.defaults()
     root = Path(__file__).resolve().parents[2]
-    spelled = [str(p.relative_to(root)) for folder in ("pipelines", "gen", "detectors", "scripts")
+    spelled = [str(p.relative_to(root)) for folder in ("pipelines", "gen", "detectors", "oodforge", "scripts")
                for p in (root / folder).rglob("*.py") if re.search(r"(?<![\d.])0\.9999(?!\d)", p.read_text())]
     assert spelled == ["gen/zest.py"]
     with pytest.raises(ConfigError, match=r"^zest.strength: must be > 0 and <= 1, got 1.5"):

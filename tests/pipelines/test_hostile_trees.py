@@ -38,9 +38,7 @@ def _png(path: Path, seed: int) -> Path:
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module(f"oodforge.commands.{name}")
     return module
 
 

@@ -47,9 +47,7 @@ def test_five_easy_sets_in_one_command(tmp_path, capsys):
     plain = tmp_path / "imagenet-o"
     for i, name in enumerate(["n01443537/a.jpg", "n01443537/b.png", "n01704323/c.jpg"]):
         _png(plain / name, seed=100 + i)
-    spec = importlib.util.spec_from_file_location("import_cli", ROOT / "scripts" / "import_openood.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = importlib.import_module("oodforge.commands.import_openood")
     out = tmp_path / "easy"
     cli.main(["--root", str(root), "--out", str(out), "--folder", f"imagenet_o={plain}"])
 
@@ -115,9 +113,7 @@ from tests.pipelines.own_data_helpers import class_tree, ood_tree, png  # noqa: 
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module(f"oodforge.commands.{name}")
     return module
 
 

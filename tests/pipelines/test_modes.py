@@ -78,9 +78,7 @@ def test_make_tiny_stand_ins(tmp_path, umask):
 
     from pipelines.cli import run_main
 
-    spec = importlib.util.spec_from_file_location("make_tiny", Path(__file__).resolve().parents[2] / "scripts" / "make_tiny.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = importlib.import_module("oodforge.commands.make_tiny")
     assert run_main(cli.main, ["classifier", "--out", str(tmp_path / "tiny")]) == 0
     _all(tmp_path / "tiny", umask)
 

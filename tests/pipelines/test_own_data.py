@@ -70,7 +70,7 @@ def test_readme_commands_take_class_folders_to_a_report(tmp_path):
 
 def test_readme_cpu_stand_ins_keep_class_names_and_import_a_field_set(tmp_path):
     commands = readme_commands(1)
-    assert len(commands) == 3 and commands[0].startswith("python scripts/make_tiny.py")
+    assert len(commands) == 3 and commands[0].startswith(("python scripts/make_tiny.py", "oodforge make-tiny"))
     photos = class_tree(tmp_path / "photos", {"train": 4, "val": 1, "test": 1})
     rng = np.random.default_rng(5)
     for name in ("bee", "cat", "moth_x"):  # two known species, one novel

@@ -111,7 +111,7 @@ def test_the_libraries_loaders_are_given_the_flag_and_no_source_turns_it_on():
                    UNet2DModel.from_pretrained, DiffusionPipeline.from_pretrained):
         assert _remote_code_flag(loader) == {"trust_remote_code": False}, loader
     assert _remote_code_flag(print) == {}
-    turned_on = [f"{path.relative_to(ROOT)}:{n}" for folder in ("pipelines", "detectors", "gen", "scripts")
+    turned_on = [f"{path.relative_to(ROOT)}:{n}" for folder in ("pipelines", "detectors", "gen", "oodforge", "scripts")
                  for path in sorted((ROOT / folder).rglob("*.py"))
                  for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                  if re.search(r"trust_remote_code\s*=\s*True", line)]

@@ -88,8 +88,8 @@ TORCHRUN_MAIN = """
 import runpy, sys
 from pipelines.runtime import partial_state
 partial_state(cpu=True)
-sys.argv = sys.argv[1:]  # the script and its own arguments
-runpy.run_path(sys.argv[0], run_name="__main__")
+sys.argv = ["oodforge", *sys.argv[1:]]  # the command and its own arguments
+runpy.run_module("oodforge", run_name="__main__")
 """
 
 
@@ -107,7 +107,7 @@ def test_two_processes_train_the_one_process_weights(setup, tmp_path):
     launcher.write_text(TORCHRUN_MAIN)
     config = _config(base, model, tmp_path / "two", **settings)
     torchrun = Path(sys.executable).with_name("torchrun")
-    two = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(launcher), str(SCRIPT),
+    two = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(launcher), "train-classifier",
                           "--config", str(config)], env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert two.returncode == 0, "\n".join(l for l in two.stderr.splitlines() if "rror" in l or "File" in l)[-3000:]
     a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
@@ -275,7 +275,7 @@ def test_a_kill_during_a_write_leaves_no_temp_file_after_the_rerun(setup, tmp_pa
 
     base, model = setup
     config = _config(base, model, tmp_path / "out", epochs=2)
-    temp = kill_during_write(SCRIPT, ["--config", config], "checkpoint.safetensors", _env(), tmp_path / "kill")
+    temp = kill_during_write("train-classifier", ["--config", config], "checkpoint.safetensors", _env(), tmp_path / "kill")
     assert temp.parent == tmp_path / "out"
     again = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config)], env=_env(), capture_output=True,
                            text=True, timeout=300)
@@ -286,12 +286,10 @@ def test_a_kill_during_a_write_leaves_no_temp_file_after_the_rerun(setup, tmp_pa
 
 
 def test_dry_run_states_the_plan_the_run_follows_and_writes_nothing(setup, tmp_path, capsys, monkeypatch):
-    import runpy
-
     import pipelines.training.classify as classify
     from pipelines.cli import run_main
 
-    main = runpy.run_path(str(SCRIPT))["main"]
+    from oodforge.commands.train_classifier import main
     _, model = setup
     _own_manifest(tmp_path)
     config = tmp_path / "train.yaml"
@@ -347,15 +345,15 @@ def evaluate(self, loader, targets, split):  # the validation accuracy of epoch 
     return {**out, "acc_label": curve[len(self.result.history)]} if split == "val" else out
 
 loop._Loop.evaluate = evaluate
-sys.argv = sys.argv[4:]
-runpy.run_path(sys.argv[0], run_name="__main__")
+sys.argv = ["oodforge", *sys.argv[4:]]
+runpy.run_module("oodforge", run_name="__main__")
 """
 
 
 def _scripted_run(tmp_path: Path, config: Path, kill_at: int = 0) -> subprocess.Popen:
     launcher, marker = tmp_path / "scripted.py", tmp_path / f"killed-{config.stem}"
     launcher.write_text(SCRIPTED)
-    return subprocess.Popen([sys.executable, str(launcher), json.dumps(CURVE), str(kill_at), str(marker), str(SCRIPT),
+    return subprocess.Popen([sys.executable, str(launcher), json.dumps(CURVE), str(kill_at), str(marker), "train-classifier",
                              "--config", str(config)], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
 

@@ -4,6 +4,7 @@ did not just write (a train_classifier output folder, an evaluation unit's work 
 cannot be used the run says so in one line, with no advice to turn the safety off."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -217,12 +218,10 @@ def test_feature_caches_of_a_copied_run_folder(tiny, tmp_path):
 
 def _in_process(name: str, capsys, *args: str) -> str:
     """The one error line of `scripts/<name>` run in this process (exit 2)."""
-    import runpy
-
     from pipelines.cli import run_main
 
     capsys.readouterr()
-    code = run_main(runpy.run_path(str(ROOT / "scripts" / name))["main"], list(map(str, args)))
+    code = run_main(importlib.import_module(f"oodforge.commands.{Path(name).stem}").main, list(map(str, args)))
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "Traceback" not in err, err
     return err

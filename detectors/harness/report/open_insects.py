@@ -352,7 +352,7 @@ def split_counts(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame,
         hop_table["species"] = np.nan
         notes = []
     else:
-        raise UserInputError(f"--splits {folder}: no summary.json or summary.csv (written by scripts/make_splits.py)")
+        raise UserInputError(f"--splits {folder}: no summary.json or summary.csv (written by oodforge make-splits)")
     if hop_table.empty:
         hop_table = hop_counts(folder)
     return table, hop_table, notes
@@ -492,7 +492,7 @@ def read_aux_study(folder: str | os.PathLike) -> pd.DataFrame:
     path = Path(folder)
     path = path / AUX_STUDY if path.is_dir() else path
     if not path.is_file():
-        raise UserInputError(f"--aux-study: {path} not found (scripts/aux_study.py writes {AUX_STUDY})")
+        raise UserInputError(f"--aux-study: {path} not found (oodforge aux-study writes {AUX_STUDY})")
     return read_table(path, ("species", "images", "ood_set", "method", "auroc"), "aux-study table")
 
 

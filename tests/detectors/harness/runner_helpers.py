@@ -17,13 +17,10 @@ def eval_config(digits: tuple[Path, Path, Path], out: Path, **extra: Any) -> dic
 
 
 def evaluate_main():
-    """`main` of scripts/evaluate.py, loaded from its file (scripts are not a package)."""
-    import importlib.util
+    """The `oodforge evaluate` command module (its `main`)."""
+    from oodforge.commands import evaluate
 
-    spec = importlib.util.spec_from_file_location("evaluate_script", Path(__file__).parents[3] / "scripts" / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return evaluate
 
 
 def noise_image(path: Path, seed: int) -> None:

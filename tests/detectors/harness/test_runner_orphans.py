@@ -29,7 +29,7 @@ def test_a_kill_during_a_write_leaves_no_temp_file_after_the_rerun(digits, tmp_p
     config = tmp_path / "eval.yaml"
     config.write_text(yaml.safe_dump({"model": str(model), "id": str(id_dir), "ood": [{"manifest": str(ood_dir)}],
                                       "out": str(out), "detectors": ["msp", "ebo"]}))
-    temp = kill_during_write(SCRIPT, ["--config", config], pattern, _env(), tmp_path / "kill")
+    temp = kill_during_write("evaluate", ["--config", config], pattern, _env(), tmp_path / "kill")
     assert out in temp.parents
     mine = out / ".keep.txt.ab12cd34.0badf00d-1.tmp.txt"  # another host's temp file, recent: it may be a live writer's
     mine.write_text("x")

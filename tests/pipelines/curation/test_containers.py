@@ -35,9 +35,7 @@ OTHERS = {"n02084071": 2, "n01440764": 1, "n02958343": 1}
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("curate_containers", ROOT / "scripts" / "curate_containers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("oodforge.commands.curate_containers")
     return module
 
 

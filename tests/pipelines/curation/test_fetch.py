@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import runpy
 import shlex
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from PIL import Image
 
 from helpers.gbif import build_archive
 from helpers.http_server import HostileServer, png, seed
+from oodforge.commands import fetch_images
 from pipelines.cli import run_main
 from pipelines.curation.gbif import image_file_name
 
@@ -41,7 +41,7 @@ def table(base: str, paths: list[str], species: list[str] | None = None) -> pd.D
 
 
 def fetch(argv: list[str]) -> int:
-    return run_main(runpy.run_path(str(SCRIPT))["main"], argv)
+    return run_main(fetch_images.main, argv)
 
 
 FAST = ["--backoff", "0.01", "--timeout", "0.5", "--min-bytes", "100", "--min-side", "32", "--workers", "4"]
@@ -95,7 +95,7 @@ def test_cap_per_species_taxon_filter_and_bad_options(server, tmp_path, capsys):
     summary = json.loads((out / "fetch_summary.json").read_text())
     assert summary["dropped"] == {"taxon filter": 1, "blank species": 1, "over the species cap": 2}
     capsys.readouterr()
-    for extra, message in ((["--rate", "0"], "--rate: must be > 0"), (["--workers", "two"], "--workers: must be an integer"),
+    for extra, message in ((["--rate", "0"], "--rate: must be > 0"), (["--workers", "two"], "argument --workers: invalid int value: 'two'"),
                            (["--per-species", "-1"], "--per-species: must be >= 1"),
                            (["--thumbnail-pattern", "(["], "--thumbnail-pattern: not a regular expression"),
                            (["--taxon-filter", "moth"], "--taxon-filter: must be one of 'moths'")):
@@ -211,16 +211,17 @@ def test_readme_path_gbif_zip_to_images_to_splits(server, tmp_path):
     readme = (ROOT / "README.md").read_text()
     lines = [line for line in readme.splitlines()
              if line.startswith(("python scripts/fetch_images.py --occurrences gbif.zip",
-                                 "python scripts/make_splits.py --occurrences gbif.zip"))]
-    assert [line.split()[1] for line in lines] == ["scripts/fetch_images.py", "scripts/make_splits.py"]
+                                 "python scripts/make_splits.py --occurrences gbif.zip",
+                                 "oodforge fetch-images --occurrences gbif.zip", "oodforge make-splits --occurrences gbif.zip"))]
+    commands = [line.split()[1].removeprefix("scripts/").removesuffix(".py").replace("_", "-") for line in lines]
+    assert commands == ["fetch-images", "make-splits"]
     path, ids = build_archive(tmp_path / "download", base=server.base)
     path.rename(tmp_path / "gbif.zip")
     ids.to_csv(tmp_path / "ids.csv", index=False)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OODFORGE_PROGRESS": "off"}
-    for line in lines:
-        _, script, *argv = shlex.split(line)
-        extra = []
-        run = subprocess.run([sys.executable, str(ROOT / script), *argv, *extra], cwd=tmp_path, env=env,
+    for command, line in zip(commands, lines):
+        argv = shlex.split(line)[2:]
+        run = subprocess.run([sys.executable, "-m", "oodforge", command, *argv], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr
     fetched = json.loads((tmp_path / "data/moths/fetch_summary.json").read_text())

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pandas as pd
 import pytest
 
 from helpers.http_server import HostileServer, png, seed
+from oodforge.commands import fetch_images
 from pipelines.cli import run_main
 from pipelines.curation.fetch_ledger import LEDGER
 from pipelines.curation.gbif import image_file_name
@@ -36,7 +36,7 @@ def server():
 
 
 def fetch(argv: list[str]) -> int:
-    return run_main(runpy.run_path(str(SCRIPT))["main"], argv)
+    return run_main(fetch_images.main, argv)
 
 
 def write_table(path: Path, urls: list[str], file_names: list | None = None) -> Path:

@@ -5,9 +5,9 @@ read the fetched shards with the same rows and pixels as the folder store gives.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
-import runpy
 import signal
 import subprocess
 import sys
@@ -39,7 +39,7 @@ def server():
 
 
 def script(name: str, argv: list[str]) -> int:
-    return run_main(runpy.run_path(str(SCRIPTS / f"{name}.py"))["main"], argv)
+    return run_main(importlib.import_module(f"oodforge.commands.{name}").main, argv)
 
 
 def table(base: str, paths: list[str]) -> pd.DataFrame:

@@ -5,7 +5,6 @@ nothing written; the bombs also stay within a stated peak RSS."""
 from __future__ import annotations
 
 import os
-import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from helpers.gbif import (DWC, GBIF, GBIF_CORE, GBIF_MEDIA, OCC_TERMS, archive_xml, bomb_zip, gbif_meta, section,
                           small_gbif, write_archive)
+from oodforge.commands import make_splits
 from pipelines.cli import run_main
 from pipelines.curation.gbif import TableError, TableLimits, read_occurrences, read_table
 
@@ -168,7 +168,7 @@ def test_make_splits_refuses_each_in_one_line_and_writes_nothing(name, tmp_path,
     out = tmp_path / "out"
     argv = ["--occurrences", str(path), "--id-species", str(tmp_path / "ids.csv"), "--image-root", str(tmp_path),
             "--out", str(out)]
-    assert run_main(runpy.run_path(str(ROOT / "scripts" / "make_splits.py"))["main"], argv) == 2
+    assert run_main(make_splits.main, argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and message in err and "Traceback" not in err, err
     assert not out.exists()

@@ -23,9 +23,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def _cli():
-    spec = importlib.util.spec_from_file_location("train_classifier", ROOT / "scripts" / "train_classifier.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("oodforge.commands.train_classifier")
     return module
 
 

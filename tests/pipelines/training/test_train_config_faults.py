@@ -1,20 +1,16 @@
-"""The malformed training configs of issue 27 through `scripts/train_classifier.py`: each is refused in one line naming
+"""The malformed training configs of issue 27 through `oodforge train-classifier`: each is refused in one line naming
 the key (exit 2, no traceback, before any model loads) or accepted on purpose."""
 from __future__ import annotations
 
 import json
 import pickle
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from oodforge.commands import train_classifier as script
 from pipelines.cli import run_main
-
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "scripts"))
-import train_classifier as script  # noqa: E402
 
 REFUSED = [
     ("weight_decay: -1", r"weight_decay: must be >= 0"),

@@ -48,9 +48,7 @@ def _models(root: Path) -> tuple[Path, Path]:
 
 
 def _cli():
-    spec = importlib.util.spec_from_file_location("feature_map_cli", ROOT / "scripts" / "feature_map.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("oodforge.commands.feature_map")
     return module
 
 
@@ -77,7 +75,7 @@ def test_feature_map_with_tiny_models(tmp_path):
     id_dir, ood_dir = _sets(tmp_path / "data")
     clf, clip = _models(tmp_path)
     cli = _cli()
-    args = ["--id", str(id_dir), "--ood", str(ood_dir), "--model", str(clf), "--clip", str(clip), "--n", "20",
+    args = ["--id", str(id_dir), "--ood", str(ood_dir), "--model", str(clf), "--clip", str(clip), "--images", "20",
             "--perplexity", "10", "--out", str(tmp_path / "out"), "--device", "cpu"]
     assert cli.main(args) == 0
     out = tmp_path / "out"
@@ -119,7 +117,7 @@ def test_feature_map_checks_before_work_and_a_failing_model_does_not_stop_the_ot
     clf, _ = _models(tmp_path)
     main = _cli().main
     capsys.readouterr()
-    base = ["--id", str(id_dir), "--ood", str(ood_dir), "--n", "8", "--perplexity", "3", "--device", "cpu"]
+    base = ["--id", str(id_dir), "--ood", str(ood_dir), "--images", "8", "--perplexity", "3", "--device", "cpu"]
     out = tmp_path / "out"
     for extra, message in ((["--model", str(tmp_path / "no-such-clf")], "--model: the local model folder"),
                            (["--model", str(clf), "--embedding", "umap"], "--embedding umap: not installed (pip install umap-learn)")):

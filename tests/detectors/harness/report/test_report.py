@@ -252,9 +252,7 @@ def test_cli_finds_companion_files(tmp_path, capsys):
     results_table().to_parquet(folder / "results.parquet")
     scores_table().to_parquet(folder / "scores.parquet")
     transfer_table().to_csv(folder / "threshold_transfer.csv", index=False)
-    spec = importlib.util.spec_from_file_location("report_cli", ROOT / "scripts" / "report.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = importlib.import_module("oodforge.commands.report")
     cli.main(["--results", str(folder / "results.parquet"), "--out", str(tmp_path / "out"), "--methods", "b,a"])
     out = tmp_path / "out"
     assert (out / "score_densities.png").is_file()

@@ -44,9 +44,7 @@ def test_subsample_is_deterministic_nested_and_on_budget():
 
 
 def _cli():
-    spec = importlib.util.spec_from_file_location("aux_study_cli", ROOT / "scripts" / "aux_study.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("oodforge.commands.aux_study")
     return module
 
 
@@ -92,9 +90,7 @@ def test_aux_study_runs_each_count_and_reuses_finished_runs(digits, tmp_path, mo
     _dry_run_failures_and_bad_configs(args, tmp_path)
 
     # the Open-Insects layout from these real runs (one per count, as regions), cell by cell against the scores
-    spec = importlib.util.spec_from_file_location("report_cli_aux", ROOT / "scripts" / "report.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = importlib.import_module("oodforge.commands.report")
     runs = {c: tmp_path / "study" / f"species_{c}" for c in (2, 6)}
     with contextlib.redirect_stdout(io.StringIO()):
         assert cli.main(["--layout", "open-insects", "--figures", "none", "--out", str(tmp_path / "oi"),

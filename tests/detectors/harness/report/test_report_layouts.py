@@ -33,9 +33,7 @@ NOVEL = [f"novel_{i}" for i in range(4)]
 
 
 def _cli():
-    spec = importlib.util.spec_from_file_location("report_cli_layouts", ROOT / "scripts" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module("oodforge.commands.report")
     return module
 
 

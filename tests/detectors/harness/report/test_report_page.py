@@ -26,10 +26,7 @@ FAMILIES = {"clip": ("idlike", "clipn", "locoop"), "generative": ("opengan", "di
 
 
 def _check_script():
-    spec = importlib.util.spec_from_file_location("check_report_html_page", ROOT / "scripts" / "check_report_html.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("scripts.check_report_html")
 
 
 def _paper_results() -> pd.DataFrame:

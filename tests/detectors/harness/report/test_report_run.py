@@ -113,9 +113,7 @@ def run(tmp_path_factory):
     _transfer(scores, species).to_csv(folder / "threshold_transfer.csv", index=False)
     pd.DataFrame([{"base": "oe", "rule": r, "metric": "auroc", "value": v, "ood_val": "aux_val", "chosen": r == "msp"}
                   for r, v in (("", 0.7), ("msp", 0.8))]).to_csv(folder / "rule_selection.csv", index=False)
-    spec = importlib.util.spec_from_file_location("report_cli_run", ROOT / "scripts" / "report.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
+    cli = importlib.import_module("oodforge.commands.report")
     import contextlib
     import io
 

@@ -99,10 +99,7 @@ def test_robust_limits_ignore_a_heavy_tail():
 
 
 def _check_script():
-    spec = importlib.util.spec_from_file_location("check_report_html", ROOT / "scripts" / "check_report_html.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module("scripts.check_report_html")
 
 
 @pytest.mark.skipif(_check_script().find_chromium() is None, reason="Chromium (Debian package `chromium`) not installed")

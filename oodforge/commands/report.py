@@ -1,0 +1,89 @@
+"""Render a run into a report: `oodforge report --results RUN/results.csv --out RUN/report`.
+
+Reads results.csv and, when they lie beside it, scores.parquet, threshold_transfer.csv, rule_selection.csv and
+fewshot.csv. The generic layout writes Table 3 / per-set / family tables (md, tex, csv), the best rule per training
+method, the threshold-transfer table, FPR@95 by family, heatmaps, ROC curves, score densities, bootstrap intervals
+(`--bootstrap N`), AUROC per taxonomic hop, the field report per novel species, the most ID-looking OOD images and
+index.html showing them all. `--layout shiftedbronzes` writes that paper's Tables 2-4 and Figures 5, 6, 7, 2(c);
+`--layout open-insects` takes one `--results` per region and writes that paper's Tables 2/7, 4, 5, 6 and Figures 1,
+3 and 4 (see docs/report.md). A paper layout draws only the paper's figures (`--diagnostics`: the generic ones too).
+Prints the summary and a warning per set with AUROC below 50.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from detectors.harness.report import LAYOUTS, companion_files, render_summary, write_open_insects, write_report
+from detectors.harness.report.write import FIGURES
+from oodforge.args import command_parser, parse
+from pipelines.cli import comma_list
+from pipelines.errors import UserInputError
+
+DOC = "docs/report.md"
+"""Where the command's inputs are documented (named in its one-line errors)."""
+
+
+def build_parser():
+    p = command_parser(__name__, __doc__)
+    p.add_argument("--results", required=True, nargs="+", metavar="[REGION=]PATH",
+                   help="results table (.csv or .parquet), one row per (method, ood_set); with --layout open-insects "
+                        "one per region (REGION=PATH, or PATH named by its run folder)")
+    p.add_argument("--out", required=True, type=Path, help="output folder")
+    p.add_argument("--layout", default="generic", choices=LAYOUTS, help="tables and figures in a paper's shapes "
+                   "(default generic)")
+    p.add_argument("--figures", default="png", choices=list(FIGURES),
+                   help="png (default), pdf (also a publication PDF of each figure) or none")
+    p.add_argument("--workers", type=int, default=None, help="figure processes (default: the CPUs)")
+    p.add_argument("--methods", type=comma_list, default=None, help="comma-separated methods to report (default: all)")
+    p.add_argument("--scores", type=Path, default=None,
+                   help="per-sample scores .parquet (default: scores.parquet beside --results, if any)")
+    p.add_argument("--threshold-transfer", type=Path, default=None,
+                   help="threshold-transfer .csv (default: threshold_transfer.csv beside --results, if any)")
+    p.add_argument("--rule-selection", type=Path, default=None,
+                   help="the runner's rule choice on validation (default: rule_selection.csv beside --results, if any)")
+    p.add_argument("--bootstrap", type=int, default=0, metavar="N",
+                   help="bootstrap replicates for 95%% intervals of AUROC and FPR@95 (default 0: none)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--top-k", type=int, default=8, help="most ID-looking OOD images per set and method (default 8; 0: none)")
+    p.add_argument("--classifier", nargs="+", default=None, metavar="[NAME=]PATH",
+                   help="shiftedbronzes: the dating classifiers' folders (or their metrics.json) for Table 2, one row "
+                        "each (NAME=PATH, or PATH named by its folder)")
+    p.add_argument("--diagnostics", action="store_true",
+                   help="also the heatmaps (a coloured Table 3); in a paper layout also the generic figures and score "
+                        "tables (ROC curves, score densities, ID-looking images, AUROC by hop, field report)")
+    p.add_argument("--fewshot", type=Path, default=None,
+                   help="shiftedbronzes: few-shot table for Figure 7 (default: fewshot.csv beside --results, if any)")
+    p.add_argument("--feature-maps", type=Path, default=None,
+                   help="shiftedbronzes: folder of oodforge feature-map outputs (feature_map_*.csv) for Figure 2(c)")
+    p.add_argument("--splits", type=Path, default=None,
+                   help="open-insects: the species splits folder (summary.json or summary.csv, region manifests) for "
+                        "Table 5")
+    p.add_argument("--pretrained", type=comma_list, default=(), metavar="REGION[,REGION]",
+                   help="open-insects: the runs whose classifier started from ImageNet-1K weights (Table 7; the others "
+                        "are trained from scratch, Table 2)")
+    p.add_argument("--aux-study", type=Path, default=None,
+                   help="open-insects: oodforge aux-study's folder (aux_study.csv) for Figure 4")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(build_parser(), argv)
+    if args.layout == "open-insects":
+        written = write_open_insects(args.results, args.out, splits=args.splits, figures=args.figures, log=print,
+                                     workers=args.workers, pretrained=args.pretrained, aux_study=args.aux_study)
+        print(f"wrote {len(written)} files to {args.out}; open {args.out / 'index.html'}")
+        return 0
+    if len(args.results) > 1:
+        raise UserInputError(f"--results: one table for --layout {args.layout} (several only with open-insects)")
+    results = Path(args.results[0])
+    found = companion_files(results)
+    written = write_report(results, args.out, methods=args.methods, scores=args.scores or found.get("scores"),
+                           threshold_transfer=args.threshold_transfer or found.get("threshold_transfer"),
+                           rule_selection=args.rule_selection or found.get("rule_selection"),
+                           bootstrap=args.bootstrap, seed=args.seed, top_k=args.top_k, log=print, layout=args.layout,
+                           figures=args.figures, classifier=args.classifier, fewshot=args.fewshot or found.get("fewshot"),
+                           feature_maps=args.feature_maps, workers=args.workers,
+                           diagnostics=args.diagnostics)
+    print(render_summary(results, args.methods))
+    print(f"wrote {len(written)} files to {args.out}; open {args.out / 'index.html'}")
+    return 0
