@@ -193,11 +193,11 @@ def test_config_and_overrides_reach_the_typed_config_the_flags_fill(tmp_path):
                                                                          "timeout=5", "--workers", "4"]))
     assert (cfg.occurrences, cfg.out, cfg.workers, cfg.per_species, cfg.timeout) == ("occ.csv", "o", 4, 9, 5)
 
-    config.write_text("quality: 80\nmax_side: 256\n")
-    args = cli_args.parse(pack_shards.build_parser(), ["src", "--config", str(config), "--max-side", "128"],
+    config.write_text("quality: 80\nshort_side: 256\nresize: keep_ratio\n")
+    args = cli_args.parse(pack_shards.build_parser(), ["src", "--config", str(config), "--short-side", "128"],
                           intermixed=True, typed=True)
     packed = pack_shards.config_of(args)
-    assert (packed.quality, packed.max_side, args.source) == (80, 128, Path("src"))
+    assert (packed.quality, packed.short_side, packed.resize, args.source) == (80, 128, "keep_ratio", Path("src"))
 
 
 def test_flag_named_keys_of_a_command_without_a_typed_config(tmp_path):

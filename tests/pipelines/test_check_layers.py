@@ -80,7 +80,7 @@ def test_detector_methods_never_import_the_harness_and_benchmarks_are_imported_b
 
 
 def test_the_architecture_map_names_every_package_folder_and_only_folders_on_disk(tmp_path):
-    rows = ["pipelines", "gen", "detectors", "benchmarks", "configs", "gone"]
+    rows = ["pipelines", "gen", "detectors", "oodforge", "benchmarks", "configs", "gone"]
     table = "".join(f"| `{folder}/` | its job |\n" for folder in rows)
     later = "\n| `later/` | a later table is no map |\n"
     tree(tmp_path, {"gen/sub/__init__.py": "", "detectors/d.py": "", "configs/a.yaml": "",
