@@ -15,6 +15,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from pipelines.fingerprint import (combine, image_identity, images_fingerprint, 
 from pipelines.io import atomic_path, atomic_write_json, remove_orphan_temps
 from pipelines.locks import output_lock
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
+
+log = logging.getLogger(__name__)
 
 __all__ = ["EvalConfig", "Source", "DetectorSpec", "ConfigError", "Plan", "make_plan", "Runner", "run_config",
            "dump_config", "reads_features", "RESULT_COLUMNS", "SCORE_COLUMNS"]
@@ -439,7 +442,7 @@ class Runner:
                 reason = f"none of its {len(split.manifest)} image(s) could be loaded (see `images`)"
                 self.set_failures.append({"split": split.name, "role": split.role, "config": split.where,
                                           "reason": reason})
-                print(f"[oodforge] warning: {split.where} set {split.name!r}: {reason}; left out")
+                log.warning("[oodforge] warning: %s set %r: %s; left out", split.where, split.name, reason)
 
     def _run(self) -> pd.DataFrame:
         main = partial_state().is_main_process
@@ -453,7 +456,7 @@ class Runner:
         self._check_dims()
         note = defaults_note(self.plan)
         if note and main:
-            print(note)
+            log.info(note)
         done: list[UnitResult] = []
         rows = self.plan.runtime.chunk_rows
         with chunk_rows(rows) if rows else contextlib.nullcontext():
@@ -481,8 +484,8 @@ class Runner:
         except Exception as err:  # noqa: BLE001 - one failing unit is recorded, the others go on
             if main:
                 self.detector_failures.append(self.store.fail(unit.method, unit.key, err))
-            print(f"[oodforge] detector {unit.method} failed: {type(err).__name__}: {err} "
-                  f"(see {self.store.folder(unit.method) / 'traceback.txt'})")
+            log.warning("[oodforge] detector %s failed: %s: %s (see %s)", unit.method, type(err).__name__, err,
+                        self.store.folder(unit.method) / "traceback.txt")
             return None
         if main:
             self.store.write(unit.method, unit.key, found, {"method": unit.method, "kind": unit.kind,
@@ -492,14 +495,15 @@ class Runner:
 
     def _console_summary(self) -> None:
         if self.reused:
-            print(f"resumed: {self.reused} of {len(self.plan.units)} units up to date")
+            log.info("resumed: %d of %d units up to date", self.reused, len(self.plan.units))
         n_images, n_units, n_sets = len(self.image_failures), len(self.detector_failures), len(self.set_failures)
+        failures = self.plan.out / "failures.json"
         if n_sets:
-            print(f"{n_sets} set{'s' if n_sets > 1 else ''} left out (no loadable image) -> {self.plan.out / 'failures.json'}")
+            log.info("%d set%s left out (no loadable image) -> %s", n_sets, "s" if n_sets > 1 else "", failures)
         if n_images:
-            print(f"{n_images} image{'s' if n_images > 1 else ''} unreadable -> {self.plan.out / 'failures.json'}")
+            log.info("%d image%s unreadable -> %s", n_images, "s" if n_images > 1 else "", failures)
         if n_units:
-            print(f"{n_units} detector{'s' if n_units > 1 else ''} failed -> {self.plan.out / 'failures.json'}")
+            log.info("%d detector%s failed -> %s", n_units, "s" if n_units > 1 else "", failures)
 
     def _write_outputs(self, done: list[UnitResult], final: bool) -> None:
         out = self.plan.out

@@ -21,8 +21,8 @@ opened (`pipelines.io.open_regular`).
 from __future__ import annotations
 
 import json
+import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ from torch import nn
 
 from pipelines.errors import UserInputError
 from pipelines.io import atomic_path, open_regular
+
+log = logging.getLogger(__name__)
 
 FORMAT = "oodforge-train-checkpoint-v2"
 _TENSOR, _ARRAY, _TUPLE, _ITEMS = "$tensor", "$array", "$tuple", "$items"
@@ -207,8 +209,8 @@ def checkpoint_matches(path: str | os.PathLike, key: str) -> bool:
         return False
     meta = read_metadata(path)
     if meta is None or meta.get("format") != FORMAT:
-        print(f"[oodforge] ignoring {path}: not an oodforge training checkpoint ({FORMAT}); it will be overwritten",
-              file=sys.stderr)
+        log.warning("[oodforge] ignoring %s: not an oodforge training checkpoint (%s); it will be overwritten", path,
+                    FORMAT)
         return False
     return meta.get("key") == key
 

@@ -6,8 +6,8 @@ Cache file tensors: `features [N,D]`, `logits [N,C]`, `labels [N]`, `index [N]` 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,8 @@ from pipelines.data import ImageLoadError, Manifest
 from pipelines.io import atomic_path, safe_name
 from pipelines.progress import progress
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -182,8 +184,8 @@ def _reusable(cache: str | os.PathLike | None, manifest: Manifest, model_id: str
     try:
         found = FeatureCache.load(cache, mmap=True)
     except (OSError, ValueError, KeyError, TypeError) as err:  # a truncated, foreign or planted file: computed again
-        print(f"[oodforge] ignoring the feature cache {cache}: {' '.join(str(err).split())[:200]}; it will be rewritten",
-              file=sys.stderr)
+        log.warning("[oodforge] ignoring the feature cache %s: %s; it will be rewritten", cache,
+                    " ".join(str(err).split())[:200])
         return None
     same = (found.metadata.get("key") == key if key is not None else
             found.metadata.get("manifest") == manifest.fingerprint() and found.metadata.get("model") == model_id)

@@ -21,6 +21,7 @@ checkpoint's key differs too).
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,8 @@ from pipelines.training.recipes import TrainConfig
 from pipelines.training.schedule import describe as describe_schedule
 from pipelines.training.schedule import lr_landmarks, planned_lrs
 from pipelines.training.transforms import Compose, ResizeCenterCrop, reference_eval, reference_train
+
+log = logging.getLogger(__name__)
 
 METRICS = "metrics.json"
 CHECKPOINT = "checkpoint.safetensors"
@@ -215,7 +218,8 @@ def _train_classifier(config: TrainConfig) -> Path:
     state = partial_state()
     if plan.state == "up to date":
         if state.is_main_process:
-            print(f"[oodforge] {out} is up to date (same settings, starting model, class names and images): nothing to do")
+            log.info("[oodforge] %s is up to date (same settings, starting model, class names and images): nothing to do",
+                     out)
         return out
     classifier = build_classifier(config, class_names)
     objective = plan.objective
@@ -225,9 +229,9 @@ def _train_classifier(config: TrainConfig) -> Path:
     transforms = training_pixels(classifier, transforms_for(classifier, config.augment, config.pre_size), config.protocol,
                                  config.draft)
     if state.is_main_process:
-        print(f"recipe {config.recipe}, protocol {config.protocol}: train pixels {transforms[0]!r}; eval pixels "
-              f"{transforms[1]!r}; batch {config.batch_size} ({'last partial batch dropped' if config.drop_last else 'last partial batch kept'}), "
-              f"precision {config.precision}", flush=True)
+        log.info("recipe %s, protocol %s: train pixels %r; eval pixels %r; batch %s (last partial batch %s), "
+                 "precision %s", config.recipe, config.protocol, transforms[0], transforms[1], config.batch_size,
+                 "dropped" if config.drop_last else "kept", config.precision)
     result = finetune(classifier, train, val=val, test=test, objective=objective, epochs=config.epochs, lr=config.lr,
                       batch_size=config.batch_size, weight_decay=config.weight_decay, warmup_epochs=config.warmup_epochs,
                       seed=config.seed, precision=config.precision, num_workers=config.workers(),

@@ -9,8 +9,8 @@ epoch's weights by ID-val accuracy kept beside the last (`keep_best`; `best_epoc
 from __future__ import annotations
 
 import copy
+import logging
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +34,8 @@ from pipelines.training.loaders import (ImageRows, PooledRows, PooledTensorBatch
 from pipelines.training.objectives import PRIMARY, CrossEntropy, Objective, Pass, TrainBatch
 from pipelines.training.schedule import describe, make_scheduler
 from pipelines.training.transforms import Normalize
+
+log = logging.getLogger(__name__)
 
 # -- results -------------------------------------------------------------------------------------------------
 CHECKPOINT_CHOICES: tuple[str, ...] = ("last", "best")
@@ -250,8 +252,8 @@ class _Loop:
         if settings.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {settings.epochs}")
         if settings.warmup_epochs >= settings.epochs:  # train_classifier refuses it (TrainConfig); said, never silent
-            print(f"{settings.desc}: warning: warmup_epochs ({settings.warmup_epochs:g}) >= epochs ({settings.epochs}): "
-                  "every step is in the warm-up", file=sys.stderr, flush=True)
+            log.warning("%s: warning: warmup_epochs (%g) >= epochs (%d): every step is in the warm-up", settings.desc,
+                        settings.warmup_epochs, settings.epochs)
         if len(loaders[0]) == 0:
             raise ConfigError(f"batch_size: {_rows(loaders[0])} training rows make no batch: no optimiser step would run "
                               "(lower batch_size or keep the last partial batch)")
@@ -322,8 +324,9 @@ class _Loop:
         self.finish_best()
         self.result.seconds += time.perf_counter() - start
         if self.acc.is_main_process and first < self.s.epochs:
-            print(f"{self.s.desc}: " + describe(self.s.schedule, self.result.lrs, epochs=self.s.epochs, batches=self.batches,
-                                                warmup_epochs=self.s.warmup_epochs, lr=self.s.lr), flush=True)
+            log.info("%s: %s", self.s.desc, describe(self.s.schedule, self.result.lrs, epochs=self.s.epochs,
+                                                     batches=self.batches, warmup_epochs=self.s.warmup_epochs,
+                                                     lr=self.s.lr))
         return self.result
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
@@ -405,9 +408,9 @@ class _Loop:
             found = best_epoch_saved(best_path(self.s.checkpoint), self.s.checkpoint_key)
             if best is not None and best != done and found != best:
                 if self.acc.is_main_process:
-                    print(f"[oodforge] {best_path(self.s.checkpoint)} does not hold the best epoch ({best}) of "
-                          f"{self.s.checkpoint} ({'epoch ' + str(found) if found else 'no such file'}): training starts "
-                          "over", file=sys.stderr, flush=True)
+                    log.warning("[oodforge] %s does not hold the best epoch (%s) of %s (%s): training starts over",
+                                best_path(self.s.checkpoint), best, self.s.checkpoint,
+                                f"epoch {found}" if found else "no such file")
                 return 0
         first = load_checkpoint(self.s.checkpoint, self.s.checkpoint_key, *self._saved())
         if self.tracks_best:

@@ -284,6 +284,10 @@ def test_console_resume_and_failure_summary(digits, tmp_path, capsys):
     assert evaluate_main().main(["--config", str(path), "--dry-run"]) == 0
     plan = capsys.readouterr().out
     assert "units to run (1): plugin_fail" in plan and "units to reuse (1): msp" in plan
+    assert evaluate_main().main(["--config", str(path), "-q"]) == 0  # -q: the INFO lines go, the warnings stay
+    quiet = capsys.readouterr()
+    assert "resumed:" not in quiet.out + quiet.err and "1 detector failed -> " not in quiet.out + quiet.err
+    assert "[oodforge] detector plugin_fail failed: " in quiet.err
 
 
 def test_every_detector_failed_is_one_line_and_non_zero(digits, tmp_path, capsys):
