@@ -34,11 +34,7 @@ CONFIG = ROOT / "configs" / "species_c-america.yaml"
 REGION = "c-america"
 SHORT = {"epochs": 1, "warmup_epochs": 0, "batch_size": 32}
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not (ROOT / "scripts" / "train_classifier.py").exists(),
-                       reason="scripts/train_classifier.py (issue 16) is not on this branch yet"),
-]
+pytestmark = pytest.mark.slow
 
 
 def _script(name: str, *args: str, cwd: Path) -> None:
