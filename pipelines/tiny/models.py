@@ -7,13 +7,17 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
 from pipelines.tiny.configs import (CLIP_ID, DPT_ID, SD15_ID, SDXL_ID, TINY, full_config, sized_config, tiny_config,
                                     zest_configs)
 from pipelines.tiny.tokenizer import load_tiny_tokenizer
+
+if TYPE_CHECKING:  # imported where used: loading diffusers is slow
+    from pipelines.zest import ZeSTConfig, ZeSTPipeline
+
 
 def build_model(config: dict[str, Any]) -> Any:
     """A random-weight model from a config dict: diffusers models by `_class_name`, transformers models by
