@@ -20,7 +20,8 @@ def evaluate_main():
     """`main` of scripts/evaluate.py, loaded from its file (scripts are not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("evaluate_script", Path(__file__).parents[2] / "scripts" / "evaluate.py")
+    spec = importlib.util.spec_from_file_location("evaluate_script",
+                                                  Path(__file__).parents[2] / "scripts" / "evaluate.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -60,7 +60,8 @@ def _splits(tmp: Path) -> Path:
     ids.to_csv(tmp / "ids.csv", index=False)
     _script("make_splits.py", "--occurrences", tmp / "occ.csv", "--id-species", tmp / "ids.csv", "--image-root",
             tmp / "images", "--out", tmp / "splits", "--target-taxon", "moth", "--aux-species-c-america", 10,
-            "--aux-per-species", 5, "--non-local-cap", 3, "--local-cap", 6, "--id-cap", 14, "--non-target-cap", 30, cwd=tmp)
+            "--aux-per-species", 5, "--non-local-cap", 3, "--local-cap", 6, "--id-cap", 14, "--non-target-cap", 30,
+            cwd=tmp)
     region = load_region(tmp / "splits" / REGION)
     for i, row in enumerate(region.rows):
         path = region.path(row)
@@ -90,7 +91,8 @@ def _classifier(tmp: Path, splits: Path) -> Path:
     from pipelines.tiny import RESNET_ID, save_tiny_model
 
     save_tiny_model(tmp / "tiny_resnet", RESNET_ID)
-    (tmp / "train.yaml").write_text(yaml.safe_dump({"id": str(splits), "model": str(tmp / "tiny_resnet"), "pretrained": False,
+    (tmp / "train.yaml").write_text(yaml.safe_dump({"id": str(splits), "model": str(tmp / "tiny_resnet"),
+                                                    "pretrained": False,
                                                     "recipe": "open-insects-scratch", "out": str(tmp / "classifier")}))
     _script("train_classifier.py", "--config", tmp / "train.yaml", "epochs=2", "warmup_epochs=1", "batch_size=32",
             "lr=0.003", "seed=0", cwd=tmp)
@@ -99,7 +101,8 @@ def _classifier(tmp: Path, splits: Path) -> Path:
 
 def _eval_config(tmp: Path, splits: Path, field: Path, model: Path) -> Path:
     raw = load_yaml(CONFIG)  # the region file over species_base.yaml
-    raw.update(model=str(model), id=str(splits), out=str(tmp / "run"), ood=[{**o, "manifest": str(splits)} for o in raw["ood"]],
+    raw.update(model=str(model), id=str(splits), out=str(tmp / "run"),
+               ood=[{**o, "manifest": str(splits)} for o in raw["ood"]],
                aux={**raw["aux"], "manifest": str(splits)}, ood_val={**raw["ood_val"], "manifest": str(splits)},
                field=[{"manifest": str(field)}])
     specs = [d if isinstance(d, dict) else {"name": d} for d in raw["detectors"]]
@@ -122,8 +125,8 @@ def test_species_protocol_through_the_scripts(tmp_path):
     config = _eval_config(tmp_path, splits, field, model)
     _script("evaluate.py", "--config", config, cwd=tmp_path)
     run = tmp_path / "run"
-    _script("report.py", "--results", run / "results.csv", "--scores", run / "scores.parquet", "--out", tmp_path / "report",
-            cwd=tmp_path)
+    _script("report.py", "--results", run / "results.csv", "--scores", run / "scores.parquet", "--out",
+            tmp_path / "report", cwd=tmp_path)
 
     failures = json.loads((run / "failures.json").read_text())
     assert failures["detectors"] == [], failures["detectors"]
@@ -172,8 +175,8 @@ def test_open_insects_protocol_trains_as_the_reference_code(tmp_path):
             cwd=tmp_path)
     model = tmp_path / "classifier"
     config = json.loads((model / "train_config.json").read_text())
-    assert {k: config[k] for k in ("protocol", "schedule", "drop_last", "precision", "augment", "image_size", "pre_size",
-                                   "lr", "weight_decay", "pretrained")} == {
+    assert {k: config[k] for k in ("protocol", "schedule", "drop_last", "precision", "augment", "image_size",
+                                   "pre_size", "lr", "weight_decay", "pretrained")} == {
         "protocol": "open-insects", "schedule": "reference", "drop_last": False, "precision": "fp32", "augment": "ami",
         "image_size": 126, "pre_size": 128, "lr": 0.01, "weight_decay": 1e-5, "pretrained": False}
     processor = json.loads((model / "preprocessor_config.json").read_text())

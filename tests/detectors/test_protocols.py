@@ -85,7 +85,8 @@ def test_unit_sweep():
     assert unit_sweep("openood_v1.5", knn, True) == {"k": [50, 100, 200, 500, 1000]}
     assert unit_sweep("openood_v1.5", knn, False) == {}  # no OOD validation: defaults run
     assert unit_sweep("openood_v1.5", knn, True, given=["k"]) == {}  # the config's own value is fixed
-    assert unit_sweep("openood_v1.5", detector_class("ebo"), True) == SWEEPS["openood_v1.5"]["ebo"]  # one point: run, as APS
+    # one point: run, as APS
+    assert unit_sweep("openood_v1.5", detector_class("ebo"), True) == SWEEPS["openood_v1.5"]["ebo"]
     assert unit_sweep("openood_v1.5", detector_class("dice"), True) == {}
     assert unit_sweep("open-insects", neco, True) == SWEEPS["open-insects"]["neco"]
     assert unit_sweep("openood_v1.5", neco, True) == {}  # no neco.yml in OpenOOD: its defaults
@@ -124,7 +125,8 @@ def test_the_plan_takes_the_protocols_tie_rule_unless_the_config_names_one(tmp_p
 
     id_dir, ood_dir = id_ood_manifests(tmp_path)
     base = {"id": str(id_dir), "ood": [{"manifest": str(ood_dir), "sets": ["far"]}], "out": str(tmp_path / "out"),
-            "detectors": ["msp"], "ood_val": {"manifest": str(ood_dir), "sets": ["near"]}, "model": "microsoft/resnet-50"}
+            "detectors": ["msp"], "ood_val": {"manifest": str(ood_dir), "sets": ["near"]},
+            "model": "microsoft/resnet-50"}
     assert make_plan({**base, "protocol": "open-insects"}).select.ties == "last"
     assert make_plan({**base, "select": {"ties": "first"}}).select.ties == "first"
 

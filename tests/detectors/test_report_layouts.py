@@ -96,7 +96,8 @@ def _insect_region(base: Path, region: str, seed: int) -> Path:
                                                own.loc[own["role"] == "field_ood", "score"])})
     pd.DataFrame(rows, columns=RESULT_COLUMNS).to_csv(run / "results.csv", index=False)
     pd.DataFrame(transfer).to_csv(run / "threshold_transfer.csv", index=False)
-    pd.DataFrame([{"base": b, "rule": r, "metric": "auroc", "value": 0.5, "ood_val": "aux_val", "chosen": r == CHOSEN[b]}
+    pd.DataFrame([{"base": b, "rule": r, "metric": "auroc", "value": 0.5, "ood_val": "aux_val",
+                   "chosen": r == CHOSEN[b]}
                   for b, rules in (("oe", ("", "msp", "knn")), ("logitnorm", ("",))) for r in rules]
                  ).to_csv(run / "rule_selection.csv", index=False)
     return run

@@ -105,7 +105,8 @@ def test_changed_inputs_are_refused_with_the_changes_named_or_extended_without_r
 
     image_writer(targets, ["c5.png", "c6.png"], seed=5)
     (targets / "c1.png").unlink()
-    with pytest.raises(PlanChangedError, match=r"targets added: c5.png, c6.png; targets removed: c1.png.*plan_change=extend"):
+    with pytest.raises(PlanChangedError,
+                       match=r"targets added: c5.png, c6.png; targets removed: c1.png.*plan_change=extend"):
         run_generation(config, pipeline=fake_zest())
     with pytest.raises(PlanChangedError):
         run_generation(config, dry_run=True)

@@ -15,13 +15,15 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_splits.py"
 CASES = [  # (extra arguments, text the one line must hold)
     (["--synthetic", "-5"], "--synthetic: must be >= 1, got -5"),
     (["--synthetic", "abc"], "--synthetic: must be an integer, got str 'abc'"),
-    (["--synthetic", "50", "--id-fractions", "0.8", "0.3", "0.2"], "--id-fractions: three fractions TRAIN VAL TEST in [0, 1] summing to 1, got 0.8 0.3 0.2 (sum 1.3)"),
+    (["--synthetic", "50", "--id-fractions", "0.8", "0.3", "0.2"],
+     "--id-fractions: three fractions TRAIN VAL TEST in [0, 1] summing to 1, got 0.8 0.3 0.2 (sum 1.3)"),
     (["--synthetic", "50", "--pad", "-1", "3"], "--pad: must be >= 0, got -1.0"),
     (["--synthetic", "50", "--pad", "1", "east"], "--pad: must be a number, got str 'east'"),
     (["--synthetic", "50", "--min-images", "0"], "--min-images: must be >= 1, got 0"),
     (["--synthetic", "50", "--aux-species-c-america", "-2"], "--aux-species-c-america c-america: must be >= 1 or null"),
     (["--synthetic", "50", "--box", "mars=10,5,0,1"], "--box mars: a box needs lat_min < lat_max"),
-    (["--synthetic", "50", "--taxon-filter", "moth"], "--taxon-filter: must be one of 'moths', got str 'moth' (did you mean 'moths'?)"),
+    (["--synthetic", "50", "--taxon-filter", "moth"],
+     "--taxon-filter: must be one of 'moths', got str 'moth' (did you mean 'moths'?)"),
     (["--synthetic", "50", "--exclude", "Noctuidae"], "--exclude: a rule is RANK=VALUE[,VALUE...]"),
     (["--synthetic", "50", "--seed", "1.5"], "--seed: must be an integer, got float 1.5"),
     ([], "give one of --occurrences and --synthetic"),
@@ -41,7 +43,8 @@ def test_malformed_invocation_is_one_line_naming_the_option(extra, message, tmp_
 def test_a_latitude_that_is_not_a_number_is_refused_naming_the_row(tmp_path, capsys):
     """'abc' in lat is a typo, not a blank: refused naming the file, the row and the value (blank lat is counted as
     'no coordinates' in summary.md)."""
-    (tmp_path / "occ.csv").write_text("species,genus,family,lat,lon,file_name\na b,a,f,50,1,x.jpg\na b,a,f,abc,2,y.jpg\n")
+    (tmp_path / "occ.csv").write_text("species,genus,family,lat,lon,file_name\na b,a,f,50,1,x.jpg\na "
+                                      "b,a,f,abc,2,y.jpg\n")
     (tmp_path / "ids.csv").write_text("region,species\nne-america,a b\n")
     argv = ["--occurrences", str(tmp_path / "occ.csv"), "--id-species", str(tmp_path / "ids.csv"), "--image-root",
             str(tmp_path), "--out", str(tmp_path / "out")]

@@ -34,8 +34,8 @@ def kill_during_write(script: Path, args: list[str], pattern: str, env: dict[str
     folder.mkdir(parents=True, exist_ok=True)
     launcher, marker = folder / "kill_during_write.py", folder / "kill_during_write.marker"
     launcher.write_text(LAUNCHER)
-    proc = subprocess.Popen([sys.executable, str(launcher), pattern, str(marker), str(script), *map(str, args)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, str(launcher), pattern, str(marker), str(script), *map(str, args)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None and not marker.exists():
         time.sleep(0.05)

@@ -33,8 +33,8 @@ def plant(path, marker) -> None:
 def test_a_state_tree_round_trips_exactly(tmp_path):
     shared = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     tree = {"a": 1, "b": [1.5, math.inf, None, True, "x"], "c": (1, (2, 3)), 0: "int key", (1, 2): "tuple key",
-            "t": {"w": shared, "w_again": shared, "half": torch.ones(2, dtype=torch.bfloat16), "step": torch.tensor(3.0),
-                  "rng": torch.get_rng_state(), "empty": torch.zeros(0, 4)},
+            "t": {"w": shared, "w_again": shared, "half": torch.ones(2, dtype=torch.bfloat16),
+                  "step": torch.tensor(3.0), "rng": torch.get_rng_state(), "empty": torch.zeros(0, 4)},
             "np": np.arange(5, dtype=np.int64), "scalar": np.float64(0.25), "$tensor": "a key that looks like a mark"}
     save_tree(tmp_path / "s.safetensors", tree, {"format": "test"})
     back = load_tree(tmp_path / "s.safetensors")

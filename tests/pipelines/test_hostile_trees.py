@@ -280,7 +280,8 @@ def test_curate_containers_without_the_filter_lists_only_decodable_regular_image
     jar.symlink_to(tmp_path / "elsewhere" / "n03593526")  # a whole wnid folder linked in from outside
     cli = _script("curate_containers")
     out = tmp_path / "containers"
-    assert run_main(cli.main, ["--imagenet21k", str(tree), "--out", str(out), "--categories", "n03147509,n03593526"]) == 0
+    assert run_main(cli.main,
+                    ["--imagenet21k", str(tree), "--out", str(out), "--categories", "n03147509,n03593526"]) == 0
     rows = read_manifest(out, check_files=True).rows
     assert sorted(r["file_name"] for r in rows) == ["n03147509/good_0.JPEG", "n03147509/good_1.JPEG"]
     with open(out / "dropped.csv") as fh:

@@ -21,7 +21,8 @@ def string_values(path: Path) -> list[tuple[int, str]]:
 def test_default_hub_ids_are_declared_only_in_hub_ids():
     files = [p for top in ("pipelines", "gen", "detectors", "scripts") for p in (ROOT / top).rglob("*.py")
              if p.name != "hub_ids.py"]
-    found = [f"{p.relative_to(ROOT)}:{line}: {value}" for p in files for line, value in string_values(p) if value in IDS]
+    found = [f"{p.relative_to(ROOT)}:{line}: {value}" for p in files for line,
+             value in string_values(p) if value in IDS]
     assert found == []
 
 

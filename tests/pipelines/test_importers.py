@@ -64,7 +64,8 @@ def test_five_easy_sets_in_one_command(tmp_path, capsys):
             assert [r["file_name"] for r in manifest] == listed[name]
             assert {r["source_label"] for r in manifest} == {"-1"}
         assert load_image(manifest.path(manifest.rows[0])).size == (6, 6)
-    assert [r["file_name"] for r in read_manifest(out / "imagenet_o")] == ["n01443537/a.jpg", "n01443537/b.png", "n01704323/c.jpg"]
+    assert [r["file_name"] for r in read_manifest(out / "imagenet_o")] == ["n01443537/a.jpg", "n01443537/b.png",
+                                                                           "n01704323/c.jpg"]
     printed = capsys.readouterr().out
     assert "species: 4 images" in printed and "texture: 2 images" in printed
 
@@ -104,7 +105,8 @@ def test_explicit_list_with_its_own_image_root_and_id_folder(tmp_path):
     ids = import_folder(images, tmp_path / "id", ood_set=None, role="id", label=2, split="train", group=None,
                         category_from_subfolder=True)
     rows = read_manifest(tmp_path / "id").rows
-    assert [(r["role"], r["ood_set"], r["label"], r["category"]) for r in rows] == [("id", None, 2, "a"), ("id", None, 2, "b")]
+    assert [(r["role"], r["ood_set"], r["label"], r["category"]) for r in rows] == [("id", None, 2, "a"),
+                                                                                    ("id", None, 2, "b")]
     assert ids.ood_set == "dtd"
 
 
@@ -219,7 +221,8 @@ def test_ood_subfolders_become_sets_and_openood_folder_needs_no_sets(tmp_path, c
     ood = ood_tree(tmp_path / "new")
     result = import_ood_folders(ood, tmp_path / "ood", group="near")
     rows = read_manifest(tmp_path / "ood", check_files=True).rows
-    assert {(r["ood_set"], r["group"], r["role"], r["label"]) for r in rows} == {("moths", "near", "ood", -1), ("rocks", "near", "ood", -1)}
+    assert {(r["ood_set"], r["group"], r["role"], r["label"]) for r in rows} == {("moths", "near", "ood", -1),
+                                                                                 ("rocks", "near", "ood", -1)}
     assert result.manifest.root == ood.resolve()
     cli = _script("import_openood")
     assert _run(cli, ["--out", str(tmp_path / "easy"), "--folder", f"texture={ood / 'rocks'}"]) == 0
@@ -295,8 +298,10 @@ def test_hidden_entries_and_dangling_links_are_counted(tmp_path, capsys):
     (root / "test" / "lost_class").symlink_to(tmp_path / "nowhere_dir")
     assert _run(cli, [str(root), "--out", str(tmp_path / "id")]) == 0
     summary = json.loads((tmp_path / "id" / "import_summary.json").read_text())
-    assert summary["hidden"] == 2 and set(summary["hidden_examples"]) == {"train/.thumbnails/", "train/ant/.DS_hidden.png"}
-    assert summary["dangling_links"] == 2 and set(summary["dangling_link_examples"]) == {"train/bee/gone.png", "test/lost_class"}
+    assert summary["hidden"] == 2 and set(summary["hidden_examples"]) == {"train/.thumbnails/",
+                                                                          "train/ant/.DS_hidden.png"}
+    assert summary["dangling_links"] == 2 and set(summary["dangling_link_examples"]) == {"train/bee/gone.png",
+                                                                                         "test/lost_class"}
     assert len(read_manifest(tmp_path / "id")) == 9
     assert "skipped 2 hidden (dot-named) entries and 2 dangling symlink(s)" in capsys.readouterr().out
 
@@ -314,7 +319,9 @@ def test_names_from_the_command_line_never_leave_out(tmp_path):
     cli = _script("import_openood")
     ood = ood_tree(tmp_path / "new")
     out = tmp_path / "nest" / "easy"
-    assert _run(cli, ["--out", str(out), "--folder", f"../escape_set={ood / 'rocks'}", "--folder", f"a/b={ood / 'moths'}"]) == 0
+    assert _run(cli,
+                ["--out", str(out), "--folder", f"../escape_set={ood / 'rocks'}", "--folder",
+                 f"a/b={ood / 'moths'}"]) == 0
     assert not (tmp_path / "nest" / "escape_set").exists()
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("metadata.jsonl"))
     assert len(written) == 2 and all("/" not in w.removesuffix("/metadata.jsonl") for w in written)

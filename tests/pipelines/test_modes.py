@@ -78,7 +78,8 @@ def test_make_tiny_stand_ins(tmp_path, umask):
 
     from pipelines.cli import run_main
 
-    spec = importlib.util.spec_from_file_location("make_tiny", Path(__file__).resolve().parents[2] / "scripts" / "make_tiny.py")
+    spec = importlib.util.spec_from_file_location("make_tiny",
+                                                  Path(__file__).resolve().parents[2] / "scripts" / "make_tiny.py")
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)
     assert run_main(cli.main, ["classifier", "--out", str(tmp_path / "tiny")]) == 0

@@ -25,7 +25,8 @@ def test_tiny_tokenizer_round_trips_through_every_loader(tmp_path, loader):
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (len(vocab) - 2, len(vocab) - 1)
     ids = tokenizer("Bronze vessel xq").input_ids
     # known answer: BOS, one merged token per vocabulary word, unknown words fall back to byte symbols, EOS
-    expected = [vocab[BOS_TOKEN], vocab["bronze</w>"], vocab["vessel</w>"], vocab["x"], vocab["q</w>"], vocab[EOS_TOKEN]]
+    expected = [vocab[BOS_TOKEN], vocab["bronze</w>"], vocab["vessel</w>"], vocab["x"], vocab["q</w>"],
+                vocab[EOS_TOKEN]]
     assert ids == expected
     assert tokenizer.decode(ids, skip_special_tokens=True) == "bronze vessel xq"
 
@@ -51,7 +52,8 @@ def test_tiny_zest_uses_the_real_layouts(tiny_zest_config):
         assert f.get_tensor("image_proj.proj.weight").shape == (4 * unet.config.cross_attention_dim, 32)
     assert len([k for k in keys if k.startswith("ip_adapter.")]) == 2 * len(cross)
     controlnet = ControlNetModel.from_pretrained(tiny_zest_config.controlnet)
-    assert tuple(controlnet.config.conditioning_embedding_out_channels) == (16, 32, 96, 256)  # the real ones: x8 like the VAE
+    # the real ones: x8 like the VAE
+    assert tuple(controlnet.config.conditioning_embedding_out_channels) == (16, 32, 96, 256)
     assert unet.config.projection_class_embeddings_input_dim == 6 * 8 + 32
     assert AutoModelForDepthEstimation.from_pretrained(tiny_zest_config.depth).config.model_type == "dpt"
 

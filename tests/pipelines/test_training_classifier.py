@@ -56,7 +56,8 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
 
 def test_killed_run_resumes_to_the_uninterrupted_weights(setup, tmp_path):
     base, model = setup
-    whole = subprocess.run([sys.executable, str(SCRIPT), "--config", str(_config(base, model, tmp_path / "a", epochs=6))],
+    whole = subprocess.run([sys.executable, str(SCRIPT), "--config",
+                            str(_config(base, model, tmp_path / "a", epochs=6))],
                            env=_env(), capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr[-2000:]
     config = _config(base, model, tmp_path / "b", epochs=6)
@@ -100,7 +101,8 @@ def test_two_processes_train_the_one_process_weights(setup, tmp_path):
     # lr 1e-3: Adam's first steps are about lr * sign(gradient), so a coordinate whose gradient is float noise may move
     # by up to lr a step in either run; at this lr that stays within the tolerance below (gradients agree to ~1e-6)
     settings = {"epochs": 2, "lr": 0.001, "warmup_epochs": 0}
-    one = subprocess.run([sys.executable, str(SCRIPT), "--config", str(_config(base, model, tmp_path / "one", **settings))],
+    one = subprocess.run([sys.executable, str(SCRIPT), "--config",
+                          str(_config(base, model, tmp_path / "one", **settings))],
                          env=_env(), capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     launcher = tmp_path / "launch.py"
@@ -126,13 +128,14 @@ def test_levels_give_one_head_each_and_the_runner_can_read_them(setup, tmp_path)
     base, model = setup
     rng = np.random.default_rng(0)
     for split, n in (("train", 4), ("val", 1), ("test", 1)):
-        for cat, era, colour in (("ding", "shang", (200, 0, 0)), ("ding", "zhou", (0, 200, 0)), ("gui", "zhou", (0, 0, 200))):
+        for cat, era, colour in (("ding", "shang", (200, 0, 0)), ("ding", "zhou", (0, 200, 0)),
+                                 ("gui", "zhou", (0, 0, 200))):
             for i in range(n):
                 png(tmp_path / "b" / split / cat / era / f"{i}.png", colour, rng)
     import_classes(tmp_path / "b", tmp_path / "id", ClassImport(levels=["category", "era"]))
     config = TrainConfig.from_dict({"id": str(tmp_path / "id"), "out": str(tmp_path / "out"), "model": str(model),
-                                    "recipe": "multi-granularity", "levels": ["category", "era"], "epochs": 1, "warmup_epochs": 0,
-                                    "batch_size": 4, "num_workers": 0, "image_size": 32})
+                                    "recipe": "multi-granularity", "levels": ["category", "era"], "epochs": 1,
+                                    "warmup_epochs": 0, "batch_size": 4, "num_workers": 0, "image_size": 32})
     out = train_classifier(config)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["heads"] == ["label", "category"] and metrics["label_field"] == "era"
@@ -173,7 +176,8 @@ def test_config_errors_name_the_key(tmp_path):
         TrainConfig.from_dict({**base, "recipe": "fast"})
     config = TrainConfig.from_dict({**base, "recipe": "open-insects-scratch", "epochs": 7})
     assert (config.pretrained, config.epochs, config.batch_size, config.lr, config.warmup_epochs) == (False, 7, 512, 0.01, 6)
-    assert (config.protocol, config.schedule, config.drop_last, config.precision) == ("open-insects", "reference", False, "fp32")
+    assert (config.protocol, config.schedule, config.drop_last, config.precision) == ("open-insects", "reference",
+                                                                                      False, "fp32")
     assert (config.augment, config.image_size, config.pre_size) == ("ami", 126, 128)
     exact = TrainConfig.from_dict({**base, "protocol": "exact"})
     assert (exact.schedule, exact.drop_last, exact.precision, exact.augment, exact.image_size) == ("clean", True, "auto", "imagenet", None)
@@ -307,7 +311,8 @@ def test_dry_run_states_the_plan_the_run_follows_and_writes_nothing(setup, tmp_p
     assert run_main(main, ["--config", str(config)]) == 0
     run = capsys.readouterr().out
     schedule = next(line for line in dry if line.startswith("schedule "))
-    assert schedule.startswith("schedule reference: 2 epochs x 3 steps") and f": {schedule}" in run  # the run's own line
+    # the run's own line
+    assert schedule.startswith("schedule reference: 2 epochs x 3 steps") and f": {schedule}" in run
     assert run_main(main, ["--config", str(config), "--dry-run"]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("(up to date)")
     for override, message in ((["levels=[order]"], "levels: the ID train rows of"),
@@ -474,6 +479,7 @@ def test_evaluate_runs_the_checkpoint_the_config_or_protocol_names(setup, best_a
     assert found["protocol"][2]["checkpoint"] == "best" and found["protocol"][2] != found["last"][2]
     capsys.readouterr()
     for bad, message in ((model, "checkpoint: best: model"), (best_and_last / "best", "checkpoint: best: model")):
-        code = run_main(main, ["--config", str(path), "--out", str(tmp_path / "bad"), f"model={bad}", "checkpoint=best"])
+        code = run_main(main,
+                        ["--config", str(path), "--out", str(tmp_path / "bad"), f"model={bad}", "checkpoint=best"])
         err = capsys.readouterr().err.strip()
         assert code == 2 and err.startswith(f"error: {message}") and "\n" not in err, err

@@ -22,7 +22,8 @@ def test_prompt_learner_equals_text_tower_when_context_is_the_placeholder_tokens
         learner.ood_ctx.copy_(placeholder.expand(4, -1))
         got = learner()
     ctx = " ".join([PLACEHOLDER] * 4)
-    expected = backbone.encode_texts([f"{ctx} dog.", f"{ctx} bronze vessel.", f"{ctx} {PLACEHOLDER}.", f"{ctx} {PLACEHOLDER}."])
+    expected = backbone.encode_texts([f"{ctx} dog.", f"{ctx} bronze vessel.", f"{ctx} {PLACEHOLDER}.",
+                                      f"{ctx} {PLACEHOLDER}."])
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 

@@ -113,7 +113,8 @@ def _hand_training(real, epochs, seed, outliers=None, lr=1e-4, nz=100):
         fake = netG(torch.randn(n_fake, nz, generator=gen))
         opt_d.zero_grad()
         if outliers is None:
-            loss_d = bce(prob(netD, batch), torch.ones(len(batch))) + bce(prob(netD, fake.detach()), torch.zeros(n_fake))
+            loss_d = bce(prob(netD, batch), torch.ones(len(batch))) + bce(prob(netD, fake.detach()),
+                                                                          torch.zeros(n_fake))
         else:
             open_ = torch.from_numpy(outliers)[torch.randint(0, len(outliers), (len(batch),), generator=gen)]
             weights = torch.cat([torch.ones(2 * len(batch)), torch.full((n_fake,), 0.2)])

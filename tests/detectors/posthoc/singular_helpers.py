@@ -42,4 +42,5 @@ def oracle_scores(train: np.ndarray, labels: np.ndarray, test: np.ndarray, relat
 
 def auroc(id_scores: np.ndarray, ood_scores: np.ndarray) -> float:
     """OOD positive, higher score = more ID."""
-    return float(roc_auc_score(np.r_[np.zeros(len(id_scores)), np.ones(len(ood_scores))], -np.r_[id_scores, ood_scores]))
+    return float(roc_auc_score(np.r_[np.zeros(len(id_scores)), np.ones(len(ood_scores))],
+                               -np.r_[id_scores, ood_scores]))

@@ -84,7 +84,8 @@ def test_mdsens_layers_alpha_fit_on_validation_and_errors(tmp_path):
 
     train = ImageSet(images=images(24, 0), labels=np.repeat([0, 1, 2], 8))
     layers = [0, 1, 2, 3, 4]
-    det = build("mdsens", classifier=clf, layers=layers, feature_types=["mean", "stat", "stat", "mean", "mean"], alpha="fit")
+    det = build("mdsens", classifier=clf, layers=layers, feature_types=["mean", "stat", "stat", "mean", "mean"],
+                alpha="fit")
     det.fit(train, id_val=ImageSet(images=images(10, 0)), ood_val=ImageSet(images=images(10, 60)))
     assert det.alpha.shape == (5,)
     test = ImageSet(images=images(4, 30))

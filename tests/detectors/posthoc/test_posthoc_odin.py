@@ -118,7 +118,8 @@ def test_odin_on_a_reloaded_transformers_classifier_matches_per_sample_backward(
 
     torch.manual_seed(0)
     config, _ = tiny_digit_classifier_config(num_labels=4)
-    processor = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.4, 0.5, 0.6], image_std=[0.2, 0.25, 0.3])
+    processor = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.4, 0.5, 0.6],
+                                  image_std=[0.2, 0.25, 0.3])
     ResNetForImageClassification(config).save_pretrained(tmp_path)
     processor.save_pretrained(tmp_path)
     clf = ImageClassifier.from_pretrained(tmp_path)

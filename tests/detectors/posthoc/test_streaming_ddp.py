@@ -50,7 +50,8 @@ def test_two_processes_give_the_one_process_detector_state(tmp_path):
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), *map(str, paths), str(tmp_path), ",".join(NAMES)],
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), *map(str, paths),
+                           str(tmp_path), ",".join(NAMES)],
                           capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[3])
     assert done.returncode == 0, done.stderr[-3000:]
     train, val = (FeatureCache.load(p) for p in paths)

@@ -52,7 +52,8 @@ def data(tmp_path_factory):
 def _three_class_model(root):
     """The tiny ResNet-50 stand-in with a 3-class head, saved once (every load then starts from the same weights)."""
     torch.manual_seed(0)
-    clf = ImageClassifier.from_pretrained(save_tiny_model(root / "hub", RESNET_ID), num_labels=3, id2label={0: "a", 1: "b", 2: "c"},
+    clf = ImageClassifier.from_pretrained(save_tiny_model(root / "hub", RESNET_ID), num_labels=3,
+                                          id2label={0: "a", 1: "b", 2: "c"},
                                           label2id={"a": 0, "b": 1, "c": 2}, ignore_mismatched_sizes=True)
     return clf.save_pretrained(root / "model")
 
@@ -63,7 +64,8 @@ def _classifier(model) -> ImageClassifier:
 
 def _scores(name, data, aux="a", **params) -> np.ndarray:
     train, test, aux_sets, model = data
-    det = build(name, classifier=_classifier(model), **FAST, **params).fit(ImageSet(manifest=train), aux=ImageSet(manifest=aux_sets[aux]))
+    det = build(name, classifier=_classifier(model), **FAST, **params).fit(ImageSet(manifest=train),
+                                                                           aux=ImageSet(manifest=aux_sets[aux]))
     return det.score(ImageSet(manifest=test))
 
 
@@ -84,7 +86,8 @@ def test_mode_sets_inputs_and_is_checked(data):
     with pytest.raises(ValueError, match="mode"):
         build("oe", mode="frozen")
     with pytest.raises(TypeError, match="heads"):
-        build("logitnorm", classifier=_classifier(data[3])).fit(FeatureSet(np.zeros((4, 3)), None, np.array([0, 1, 2, 0])))
+        build("logitnorm", classifier=_classifier(data[3])).fit(FeatureSet(np.zeros((4, 3)), None,
+                                                                           np.array([0, 1, 2, 0])))
 
 
 def test_transform_reextracts_with_the_finetuned_model_into_a_keyed_cache(data, tmp_path):
@@ -125,7 +128,8 @@ def test_a_plain_module_classifier_is_saved_as_arrays(data, tmp_path):
     assert not (folder / "classifier").exists()
     assert any(k.startswith("classifier.") for k in load_file(str(folder / "model.safetensors")))
     fresh = _classifier(model)
-    loaded = load(folder, classifier=ImageClassifier.from_module(_Plain(fresh), image_size=fresh.image_size, head=fresh.head))
+    loaded = load(folder,
+                  classifier=ImageClassifier.from_module(_Plain(fresh), image_size=fresh.image_size, head=fresh.head))
     np.testing.assert_allclose(loaded.score(ImageSet(manifest=test)), det.score(ImageSet(manifest=test)), rtol=1e-6)
     with pytest.raises(ValueError, match="classifier"):
         load(folder)

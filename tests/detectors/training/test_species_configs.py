@@ -16,8 +16,8 @@ CONFIGS = Path(__file__).parents[3] / "configs"
 TABLE2 = ["openmax", "msp", "tempscale", "odin", "mds", "mdsens", "rmds", "gram", "ebo", "opengan", "gradnorm", "react",
           "mls", "klm", "vim", "knn", "dice", "rankfeat", "ash", "she", "neco", "fdbd", "rp_msp", "rp_odin", "rp_ebo",
           "rp_gradnorm"]
-TABLE7 = ["confbranch", "logitnorm", "arpl", "godin", "rotpred", "oe", "mcd", "mixoe", "energy_oe", "udg", "novel_branch",
-          "extended"]
+TABLE7 = ["confbranch", "logitnorm", "arpl", "godin", "rotpred", "oe", "mcd", "mixoe", "energy_oe", "udg",
+          "novel_branch", "extended"]
 RULES = ["msp", "ebo", "mls", "react", "vim", "knn", "mds"]
 
 

@@ -95,7 +95,8 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="aux"):
         build("oe", mode="heads", epochs=1).fit(train, head=head)
     with pytest.raises(ValueError, match="auxiliary class"):
-        build("extended", mode="heads", epochs=1).fit(train, head=head, aux=FeatureSet(aux.features, None, np.full(len(aux), -1)))
+        build("extended", mode="heads", epochs=1).fit(train, head=head,
+                                                      aux=FeatureSet(aux.features, None, np.full(len(aux), -1)))
     with pytest.raises(ValueError, match="score_rule"):
         build("oe", score_rule="novel")
     with pytest.raises(ValueError, match="classifier"):

@@ -139,7 +139,8 @@ def test_branch_losses(per_species):
     logits = rng.normal(size=(6, 3))
     y, aux_y = np.array([2, 0, 1]), np.array([3, 0, 1])
     batch = TrainBatch(x=torch.zeros(3, 5), y=torch.as_tensor(y), aux_x=torch.zeros(3, 5), aux_y=torch.as_tensor(aux_y))
-    got = objective.loss(torch.as_tensor(logits, dtype=torch.float32), torch.as_tensor(features, dtype=torch.float32), batch)
+    got = objective.loss(torch.as_tensor(logits, dtype=torch.float32), torch.as_tensor(features, dtype=torch.float32),
+                         batch)
     w = objective.branch.weight.detach().double().numpy()
     b = objective.branch.bias.detach().double().numpy()
     second = features @ w.T + b
@@ -153,7 +154,8 @@ def test_confbranch_loss_and_lambda_update():
     objective.setup(5, 3)
     features, logits, y = rng.normal(size=(6, 5)), rng.normal(size=(6, 3)), np.array([0, 1, 2, 2, 1, 0])
     batch = TrainBatch(x=torch.zeros(6, 5), y=torch.as_tensor(y), generator=torch.Generator().manual_seed(4))
-    got = objective.loss(torch.as_tensor(logits, dtype=torch.float32), torch.as_tensor(features, dtype=torch.float32), batch)
+    got = objective.loss(torch.as_tensor(logits, dtype=torch.float32), torch.as_tensor(features, dtype=torch.float32),
+                         batch)
     b = hint_mask(6, torch.Generator().manual_seed(4)).numpy()
     w, bias = objective.branch.weight.detach().double().numpy(), objective.branch.bias.detach().double().numpy()
     c = 1 / (1 + np.exp(-(features @ w.T + bias)))

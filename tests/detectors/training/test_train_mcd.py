@@ -45,7 +45,8 @@ def test_mcd_loss_by_hand(over):
     got = loss_fn.loss(torch.as_tensor(z1, dtype=torch.float32), torch.as_tensor(features, dtype=torch.float32), batch)
     assert float(got.detach()) == pytest.approx(want, rel=1e-5)
     # no aux rows: the two cross-entropies only
-    got_id = loss_fn.loss(torch.as_tensor(z1[:n], dtype=torch.float32), torch.as_tensor(features[:n], dtype=torch.float32), batch)
+    got_id = loss_fn.loss(torch.as_tensor(z1[:n], dtype=torch.float32),
+                          torch.as_tensor(features[:n], dtype=torch.float32), batch)
     assert float(got_id.detach()) == pytest.approx(_ce(z1[:n], y) + _ce(z2[:n], y), rel=1e-5)
 
 

@@ -33,7 +33,8 @@ def test_arpl_loss_by_hand():
     with torch.no_grad():
         objective.radius.fill_(0.7)
     h, y = rng.normal(size=(6, 5)) * 2, np.array([0, 1, 2, 2, 1, 0])
-    got = objective.loss(None, torch.as_tensor(h, dtype=torch.float32), TrainBatch(x=torch.zeros(6, 5), y=torch.as_tensor(y)))
+    got = objective.loss(None, torch.as_tensor(h, dtype=torch.float32),
+                         TrainBatch(x=torch.zeros(6, 5), y=torch.as_tensor(y)))
     p = _np(objective.points)
     dist = np.array([[np.sum((hi - pk) ** 2) / 5 - hi @ pk for pk in p] for hi in h])
     known = np.array([np.mean((h[i] - p[y[i]]) ** 2) for i in range(6)])
@@ -48,9 +49,11 @@ def test_godin_loss_by_hand():
     objective.setup(4, 3)
     objective.train()
     h, y = rng.normal(size=(8, 4)), rng.integers(0, 3, 8)
-    got = objective.loss(None, torch.as_tensor(h, dtype=torch.float32), TrainBatch(x=torch.zeros(8, 4), y=torch.as_tensor(y)))
+    got = objective.loss(None, torch.as_tensor(h, dtype=torch.float32),
+                         TrainBatch(x=torch.zeros(8, 4), y=torch.as_tensor(y)))
     w = _np(objective.h.weight)
-    cos = (h / (np.linalg.norm(h, axis=1, keepdims=True) + 1e-4)) @ (w / (np.linalg.norm(w, axis=1, keepdims=True) + 1e-4)).T
+    cos = (h / (np.linalg.norm(h, axis=1, keepdims=True) + 1e-4)) @ (w / (np.linalg.norm(w, axis=1,
+                                                                                         keepdims=True) + 1e-4)).T
     u = h @ _np(objective.g[0].weight)[0] + _np(objective.g[0].bias)[0]
     u = (u - u.mean()) / np.sqrt(u.var() + 1e-5)  # training-mode batch norm (biased variance), gamma 1, beta 0
     g = 1 / (1 + np.exp(-u))
@@ -72,7 +75,8 @@ def test_rotpred_loss_rotations_and_score_by_hand():
     got = objective.loss(torch.as_tensor(logits, dtype=torch.float32), torch.as_tensor(feats, dtype=torch.float32),
                          TrainBatch(x=x, y=torch.as_tensor(y)))
     rot_logits = feats @ _np(objective.rot_head.weight).T + _np(objective.rot_head.bias)
-    assert float(got.detach()) == pytest.approx(_ce(logits[:2], y) + _ce(rot_logits, np.repeat(np.arange(4), 2)), rel=1e-5)
+    assert float(got.detach()) == pytest.approx(_ce(logits[:2], y) + _ce(rot_logits, np.repeat(np.arange(4), 2)),
+                                                rel=1e-5)
     # score: KL(uniform || p) - mean_r KL(onehot_r || q_r), in bits
     z, r = rng.normal(size=(3, 4)), rng.normal(size=(4, 3, 4))
     p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
@@ -121,8 +125,11 @@ def test_udg_loss_by_hand():
     objective.setup(4, 3)
     n_id, n_aux = 4, 5
     feats = rng.normal(size=(n_id + n_aux, 4))
-    objective.epoch_start(0, Pass(torch.zeros(n_id, 3), torch.as_tensor(feats[:n_id]), torch.arange(n_id), torch.tensor([0, 1, 2, 0])),
-                          Pass(torch.zeros(n_aux, 3), torch.as_tensor(feats[n_id:]), torch.arange(n_aux), torch.full((n_aux,), -1)))
+    objective.epoch_start(0,
+                          Pass(torch.zeros(n_id, 3), torch.as_tensor(feats[:n_id]), torch.arange(n_id),
+                               torch.tensor([0, 1, 2, 0])),
+                          Pass(torch.zeros(n_aux, 3), torch.as_tensor(feats[n_id:]), torch.arange(n_aux),
+                               torch.full((n_aux,), -1)))
     state = {k: v.numpy() for k, v in objective.state.items()}
     logits = rng.normal(size=(6, 3))
     y, aux_index = np.array([1, 2]), np.array([4, 0, 2, 3])
@@ -144,7 +151,8 @@ def test_udg_loss_by_hand():
     per_row = _lse(aux_logits) - aux_logits[np.arange(6), cl]
     want += 0.1 * np.mean(per_row * wt)
     assert float(got.detach()) == pytest.approx(want, rel=1e-5)
-    assert np.abs(_np(objective.aux_head.weight)).max() < 0.1 and not _np(objective.aux_head.bias).any()  # re-initialised
+    # re-initialised
+    assert np.abs(_np(objective.aux_head.weight)).max() < 0.1 and not _np(objective.aux_head.bias).any()
 
 
 def _toy(seed: int = 0):

@@ -69,7 +69,8 @@ def nltk_wordnet(tmp_path_factory):
         if path.is_file():
             shutil.copy(path, folder / path.name)
     kinds = {"adj": 3, "adv": 4, "noun": 1, "verb": 2}
-    (folder / "lexnames").write_text("".join(f"{i:02d}\t{n}\t{kinds[n.split('.')[0]]}\n" for i, n in enumerate(LEXNAMES)))
+    (folder / "lexnames").write_text("".join(f"{i:02d}\t{n}\t{kinds[n.split('.')[0]]}\n" for i,
+                                             n in enumerate(LEXNAMES)))
     nltk.data.path.insert(0, str(folder))
 
     class Reader(WordNetCorpusReader):
@@ -150,7 +151,8 @@ def test_tree_gives_exactly_the_hyponyms_minus_imagenet1k(tmp_path, nltk_wordnet
     # a given list of categories: wnids, senses and nouns; an ImageNet-1K one is still removed
     assert run_main(cli.main, ["--imagenet21k", str(tree), "--out", str(tmp_path / "c3"), "--dry-run",
                                "--categories", "n03147509,jar.n.01,wineglass,vase"]) == 0
-    assert capsys.readouterr().out.startswith("3 categories (4 in the tree, 1 ImageNet-1K ones removed): n03147509 n03593526 n04592099")
+    assert capsys.readouterr().out.startswith("3 categories (4 in the tree, 1 ImageNet-1K ones removed): n03147509 "
+                                              "n03593526 n04592099")
     assert not (tmp_path / "c3").exists()
 
 
@@ -231,7 +233,8 @@ def test_secondary_instance_filter_records_threshold_prompts_and_every_dropped_i
         float(d["main_share"]) < 0.01 for d in dropped)
     # (a threshold of 1e-300 drops nothing: a two-way share is at least sigmoid(-2 * logit scale) > 1e-87, so the random
     # tiny CLIP's shares under the new prompt cannot empty the set, whatever the library version computes)
-    assert run_main(_script().main, [*argv, "--secondary", "a photo of a hand holding a {}.", "--threshold", "1e-300"]) == 0
+    assert run_main(_script().main,
+                    [*argv, "--secondary", "a photo of a hand holding a {}.", "--threshold", "1e-300"]) == 0
     assert all(p.stat().st_mtime_ns != cached[p.name] for p in (out / ".scores").iterdir())
     assert json.loads((out / "curation.json").read_text())["filter"]["secondary"] == ["a photo of a hand holding a {}."]
 
