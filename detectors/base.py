@@ -131,7 +131,8 @@ def check_scores(scores: Any, who: str = "detector") -> np.ndarray:
     out = as_numpy(scores, np.float64).reshape(-1)
     bad = ~np.isfinite(out)
     if bad.any():
-        raise FloatingPointError(f"{who} produced {int(bad.sum())} non-finite score(s) (first at index {int(np.flatnonzero(bad)[0])})")
+        raise FloatingPointError(f"{who} produced {int(bad.sum())} non-finite score(s) (first at index "
+                                 f"{int(np.flatnonzero(bad)[0])})")
     return out
 
 
@@ -317,7 +318,8 @@ class Detector:
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(folder / "config.json", {"name": self.name, "family": self.family, "params": self.hyperparameters,
+        atomic_write_json(folder / "config.json",
+                          {"name": self.name, "family": self.family, "params": self.hyperparameters,
                                                    "fitted": self.fitted})
         state = {k: np.ascontiguousarray(v) for k, v in self.state().items()}
         with atomic_path(folder / "model.safetensors") as tmp:

@@ -103,7 +103,8 @@ class Runner:
             self.pixels = run_pixels(clf, self.plan.protocol, self.plan.runtime.pixels, clf.record)
             clf.pixels = self.pixels.eval  # every evaluation pixel path makes them (pipelines.pixels)
             dtype = resolve_dtype(self.plan.runtime.precision, self._device())
-            self._model_key = combine(FEATURES_VERSION, weights_fingerprint(clf), preprocessing_fingerprint(clf), str(dtype))
+            self._model_key = combine(FEATURES_VERSION, weights_fingerprint(clf), preprocessing_fingerprint(clf),
+                                      str(dtype))
             self.classifier = clf
         return self.classifier
 
@@ -126,8 +127,8 @@ class Runner:
                       *([self.pixels.fit_identity()] if fit is not None else []))
         path = cache_path(self.plan.cache_dir, split.id, key)
         cache = extract_features(clf, split.manifest, batch_size=rt.batch_size, device=str(self._device()),
-                                 precision=rt.precision, num_workers=rt.num_workers, key=key, cache=path, desc=split.name,
-                                 pixels=fit, seed=self.pixels.seed)
+                                 precision=rt.precision, num_workers=rt.num_workers, key=key, cache=path,
+                                 desc=split.name, pixels=fit, seed=self.pixels.seed)
         state = partial_state()
         if state.num_processes > 1:
             state.wait_for_everyone()  # the main process has written the file
@@ -153,7 +154,8 @@ class Runner:
             rows = split.manifest.rows
             dataset = ManifestPixels(split.manifest, list(range(len(rows))), _Probe())
             failures = [{"index": pos, "file": rows[pos]["file_name"], "reason": reason}
-                        for _, _, failed in pixel_loader(dataset, self.plan.runtime.batch_size, self.plan.runtime.num_workers)
+                        for _, _, failed in pixel_loader(dataset, self.plan.runtime.batch_size,
+                                                         self.plan.runtime.num_workers)
                         for pos, reason in failed]
             if partial_state().is_main_process:
                 atomic_write_json(path, failures)
@@ -193,7 +195,8 @@ class Runner:
             if split.role == "aux":
                 labels = prepared.features.labels
             else:
-                labels = np.array([vocab.get(r.get(field_name), -1) if r["role"] == "id" else -1 for r in rows], dtype=np.int64)
+                labels = np.array([vocab.get(r.get(field_name), -1) if r["role"] == "id" else -1 for r in rows],
+                                  dtype=np.int64)
             features = prepared.features.features
             logits = self.head(features.astype(np.float64)).astype(np.float32)
             out[split.id] = Prepared(FeatureSet(features, logits, labels), prepared.index,
@@ -224,7 +227,8 @@ class Runner:
             split = self.plan.split(split_id)
             rows = [split.manifest.rows[i] for i in prepared.index]
             fit = self._fit_pixels(split_id)
-            self._images[split_id] = ImageSet(manifest=Manifest(split.manifest.root, rows), labels=self._labels(split_id),
+            self._images[split_id] = ImageSet(manifest=Manifest(split.manifest.root, rows),
+                                              labels=self._labels(split_id),
                                               pixels=fit, seed=self.pixels.seed if fit is not None else 0,
                                               num_workers=self.plan.runtime.num_workers)
         return self._images[split_id]
@@ -307,7 +311,8 @@ class Runner:
         """A post-hoc rule fitted and scored on the trained model's outputs (`transform`, `trained_head`)."""
         trained = self._parent(unit)
         if not hasattr(trained, "transform"):
-            raise TypeError(f"{unit.parent.method}: rules need a training-time detector with transform() and trained_head")
+            raise TypeError(f"{unit.parent.method}: rules need a training-time detector with transform() and "
+                            "trained_head")
         start = time.perf_counter()
         scorer = unit.detector(**unit.params)  # the rule's resolved parameters (protocol merged)
         view = lambda split_id: _transformed(trained, self._split_data(trained, split_id))  # noqa: E731
@@ -407,7 +412,8 @@ class Runner:
             ood_scores = det.score(get(split.id))
             rows.append({"method": method, "family": family, "mode": mode, "protocol": self.plan.protocol,
                          "checkpoint": self.plan.checkpoint, "base": base,
-                         "rule": rule, "ood_set": split.name, "group": split.group, **compute_metrics(id_scores, ood_scores),
+                         "rule": rule, "ood_set": split.name, "group": split.group,
+                         **compute_metrics(id_scores, ood_scores),
                          "id_acc": acc, "n_id": len(id_scores), "n_ood": len(ood_scores),
                          "seconds": fit_seconds + time.perf_counter() - t0, "params": params,
                          "selected_on": self._selected_on.get(method, "")})
@@ -422,7 +428,8 @@ class Runner:
         name = "id" if role == "id" else split.name
         return pd.DataFrame({"method": method, "family": family, "role": role, "ood_set": name, "group": group,
                              "index": np.asarray(index, dtype=np.int64), "score": scores,
-                             "file_name": [split.manifest.rows[i]["file_name"] for i in index], "manifest": split.source})
+                             "file_name": [split.manifest.rows[i]["file_name"] for i in index],
+                             "manifest": split.source})
 
     # -- run ---------------------------------------------------------------------------------------------------
     def run(self) -> pd.DataFrame:
@@ -535,11 +542,12 @@ class Runner:
         given = sweep_config.get("class_names") or sweep_config.get("class_names_file")
         names = class_names_from(sweep_config) if given else (list(self.plan.class_names) if self.plan.class_names else None)
         if not names:
-            raise ConfigError("fewshot: class names are needed (config `class_names`, or `class_name` fields in the ID manifest)")
+            raise ConfigError("fewshot: class names are needed (config `class_names`, or `class_name` fields in the ID "
+                              "manifest)")
         images = lambda split: self._split_data_images(split)  # noqa: E731
         ood = self.plan.of_role("ood")
-        rows = sweep_sets(sweep_config, images("id-id_train"), images("id-id_test"), {s.name: images(s.id) for s in ood},
-                          {s.name: s.group for s in ood}, names)
+        rows = sweep_sets(sweep_config, images("id-id_train"), images("id-id_test"),
+                          {s.name: images(s.id) for s in ood}, {s.name: s.group for s in ood}, names)
         _write_csv(pd.DataFrame(rows), out / "fewshot.csv")
         plot_fewshot(rows, str(sweep_config.get("plot", out / "fewshot.png")))
 

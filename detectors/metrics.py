@@ -1,8 +1,8 @@
 """OOD metrics (pure functions on score arrays; scores: higher = more in-distribution).
 
-Conventions (OpenOOD v1.5): OOD is the positive class, ranked by -score. `fpr95` is the fraction of ID samples rejected at
-the first ROC point where >= 95% of OOD are detected; `fpr95_id` is the classic one (fraction of OOD accepted at the first
-point keeping >= 95% of ID). AUPR-In has ID positive, AUPR-Out OOD positive; both are trapezoidal areas under the
+Conventions (OpenOOD v1.5): OOD is the positive class, ranked by -score. `fpr95` is the fraction of ID samples rejected
+at the first ROC point where >= 95% of OOD are detected; `fpr95_id` is the classic one (fraction of OOD accepted at the
+first point keeping >= 95% of ID). AUPR-In has ID positive, AUPR-Out OOD positive; both are trapezoidal areas under the
 precision-recall curve. Ties are exact: one ROC/PR point per distinct score. (OpenOOD builds its curve with
 scikit-learn's `drop_intermediate=True`, which can drop points inside a tied diagonal segment and so, rarely, report a
 higher FPR@95 than the exact curve.) A sample is flagged OOD iff score < threshold.
@@ -23,7 +23,8 @@ def _finite(scores: Any, what: str) -> np.ndarray:
         raise ValueError(f"{what} is empty")
     bad = ~np.isfinite(arr)
     if bad.any():
-        raise ValueError(f"{what} has {int(bad.sum())} NaN or infinite value(s) (first at index {int(np.flatnonzero(bad)[0])})")
+        raise ValueError(f"{what} has {int(bad.sum())} NaN or infinite value(s) (first at index "
+                         f"{int(np.flatnonzero(bad)[0])})")
     return arr
 
 

@@ -14,7 +14,8 @@ PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
     "openood_v1.5": {"vim": {"default_dim": 256}},  # configs/postprocessors/vim.yml: dim 256
     # Open-Insect (RolnickLab/Open-Insect, an OpenOOD v1.5 fork): its own configs/postprocessors where they differ
     "open-insects": {"vim": {"default_dim": 256}, "neco": {"default_dim": 100},  # vim.yml; neco.yml: dim 100
-                     # eval.sh:67 names the region, missing from transform.py:3-12: odin_postprocessor.py:18-21 takes 0.5
+                     # eval.sh:67 names the region, missing from transform.py:3-12: odin_postprocessor.py:18-21 takes
+                     # 0.5
                      "odin": {"grad_std": REFERENCE_GRAD_STD}, "rp_odin": {"grad_std": REFERENCE_GRAD_STD}},
     # OpenOOD v1.5 with the documented corrections: TempScale's exact NLL optimum instead of the under-converged LBFGS
     "exact": {"vim": {"default_dim": 256}, "tempscale": {"fit": "exact"}},
@@ -32,7 +33,8 @@ PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
 _OPENOOD = {
     "ash": {"percentile": [65, 70, 75, 80, 85, 90, 95]},                         # ash.yml
     "dice": {},                                                                   # dice.yml: APS off, p 90
-    "ebo": {"temperature": [1]},                                                  # ebo.yml (v1.5 tag: [1, 10, 100, 1000])
+    "ebo": {"temperature": [1]},                                                  # ebo.yml (v1.5 tag: [1, 10, 100,
+                                                                                  # 1000])
     "fdbd": {"distance_as_normalizer": [True, False]},                           # fdbd.yml
     "gen": {"gamma": [0.01, 0.1, 0.5, 1, 2, 5, 10], "M": [10, 50, 100, 200, 500, 1000]},  # gen.yml
     "knn": {"k": [50, 100, 200, 500, 1000]},                                      # knn.yml: K_list
@@ -79,7 +81,8 @@ TIES: dict[str, str] = {
 }
 """`protocol:` -> which of several grid points tied at the best validation metric the sweep keeps
 (`TIE_RULES`; `select.ties` in a config overrides it)."""
-# -- end of sweep grids -------------------------------------------------------------------------------------------------
+# -- end of sweep grids
+# -------------------------------------------------------------------------------------------------
 
 
 # -- which checkpoint of a trained classifier the protocol evaluates -------------------------------------------------
@@ -90,7 +93,8 @@ CHECKPOINTS: dict[str, str] = {
     # Open-Insect's eval.sh:71 loads `$WEIGHT_DIR/${METHOD}_${REGION}.pth`, the released weights
     # (download_pretrained_weights.py:15-33 copies them under their own names), so its code does not say which epoch
     # they are; its recorder keeps best.ckpt and last_epoch<N>_acc<a>.ckpt (src/openood/recorders/base_recorder.py:
-    # 40-62) and the configs it inherits point `network.checkpoint` at best.ckpt (configs/networks/resnet18_32x32.yml:5):
+    # 40-62) and the configs it inherits point `network.checkpoint` at best.ckpt
+    # (configs/networks/resnet18_32x32.yml:5):
     # the best, as OpenOOD's own evaluation
     "open-insects": "best",
     "exact": "last",  # no epoch chosen on ID val: the weights training ends with
@@ -115,9 +119,9 @@ def unit_sweep(protocol: str, cls: type, has_ood_val: bool, given: Any = ()) -> 
     """The grid a unit of detector class `cls` sweeps under `protocol`; empty = its defaults run.
 
     Only with OOD validation rows (`has_ood_val`), only for detectors in the protocol's table (`SWEEPS`: the reference's
-    post-hoc postprocessors; training-time methods, CLIP prompt learners and OpenGAN would retrain per point), and the keys
-    a config's own `params` give (`given`) are fixed, not swept. A one-point grid (EBO's [1]) still runs, as OpenOOD's
-    APS does: its row in `selection/<method>.csv` records the validation metric."""
+    post-hoc postprocessors; training-time methods, CLIP prompt learners and OpenGAN would retrain per point), and the
+    keys a config's own `params` give (`given`) are fixed, not swept. A one-point grid (EBO's [1]) still runs, as
+    OpenOOD's APS does: its row in `selection/<method>.csv` records the validation metric."""
     if not has_ood_val or cls.name not in SWEEPS[protocol]:  # the protocol's table only (no training, CLIP, OpenGAN)
         return {}
     return {k: v for k, v in sweep_space(protocol, cls.name, cls.search_space).items() if k not in set(given)}

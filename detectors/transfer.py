@@ -32,7 +32,8 @@ def species_detected(scores: np.ndarray, species: list[Any], threshold: float) -
     if all(s is None or s != s for s in species):
         return {}
     share = species_detection_share(scores, species, threshold)
-    return {"species_detected": share["image_share"], "species_any": share["any"], "n_novel_species": share["n_species"]}
+    return {"species_detected": share["image_share"], "species_any": share["any"],
+            "n_novel_species": share["n_species"]}
 
 
 def transfer_table(rules: list[dict[str, Any]], scores: pd.DataFrame, species: dict[str, dict[int, Any]]) -> pd.DataFrame:
@@ -55,7 +56,8 @@ def transfer_table(rules: list[dict[str, Any]], scores: pd.DataFrame, species: d
                     row.update(precision_recall_at(threshold, negatives, novel["score"].to_numpy()) if len(negatives) else
                                _recall_only(threshold, novel["score"].to_numpy()))
                     names = species.get(target, {})
-                    row.update(species_detected(novel["score"].to_numpy(), [names.get(int(i)) for i in novel["index"]], threshold))
+                    row.update(species_detected(novel["score"].to_numpy(), [names.get(int(i)) for i in novel["index"]],
+                                                threshold))
                 else:
                     row.update(precision_recall_at(threshold, id_scores, _of(frame, "ood", target)["score"].to_numpy()))
                 rows.append(row)
@@ -65,5 +67,5 @@ def transfer_table(rules: list[dict[str, Any]], scores: pd.DataFrame, species: d
 
 def _recall_only(threshold: float, novel: np.ndarray) -> dict[str, float]:
     tp = int((novel < threshold).sum())
-    return {"threshold": float(threshold), "precision": float("nan"), "recall": tp / len(novel), "id_kept": float("nan"),
-            "tp": tp, "fp": 0, "n_id": 0, "n_ood": len(novel)}
+    return {"threshold": float(threshold), "precision": float("nan"), "recall": tp / len(novel),
+            "id_kept": float("nan"), "tp": tp, "fp": 0, "n_id": 0, "n_ood": len(novel)}

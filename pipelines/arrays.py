@@ -81,7 +81,8 @@ class LinearHead:
         self.weight = as_numpy(self.weight, np.float64)
         self.bias = as_numpy(self.bias, np.float64)
         if self.weight.ndim != 2 or self.bias.shape != (self.weight.shape[0],):
-            raise ValueError(f"LinearHead needs weight [C,D] and bias [C], got {self.weight.shape} and {self.bias.shape}")
+            raise ValueError(f"LinearHead needs weight [C,D] and bias [C], got {self.weight.shape} and "
+                             f"{self.bias.shape}")
 
     def __call__(self, features: np.ndarray) -> np.ndarray:
         return features @ self.weight.T.astype(features.dtype, copy=False) + self.bias.astype(features.dtype, copy=False)

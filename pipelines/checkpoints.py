@@ -277,7 +277,8 @@ def save_best(path: str | os.PathLike, key: str, epoch: int, module: nn.Module, 
               metrics: dict[str, Any]) -> None:
     """Write the weights after `epoch` epochs (model + objective state and the objective's plain attributes) and that
     epoch's validation entry, atomically, as one safetensors file (no pickle)."""
-    state = {"epoch": epoch, "module": module.state_dict(), "objective": _plain_attributes(objective), "metrics": metrics}
+    state = {"epoch": epoch, "module": module.state_dict(), "objective": _plain_attributes(objective),
+             "metrics": metrics}
     save_tree(path, state, {"format": BEST_FORMAT, "key": key, "epoch": str(epoch)})
 
 
@@ -351,6 +352,7 @@ def checkpoint_folder(model: str | os.PathLike, name: str) -> Path | None:
     where = entry.get("folder") if isinstance(entry, dict) else None
     target = (root / where).resolve() if isinstance(where, str) else None
     if target is None or not target.is_relative_to(root) or not (target / "config.json").is_file():
-        raise UserInputError(f"{Path(model) / CHECKPOINT_INDEX}: checkpoint {name!r} names {where!r}, not a model folder "
+        raise UserInputError(f"{Path(model) / CHECKPOINT_INDEX}: checkpoint {name!r} names {where!r}, not a model "
+                             "folder "
                              f"inside {model}")
     return target

@@ -96,8 +96,8 @@ SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "
 def map_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Read-only np.memmap views of every tensor of a safetensors file, and its metadata.
 
-    The format: an 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__"},
-    then the raw little-endian tensor bytes, offsets counted from the end of the header.
+    The format: an 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets},
+    "__metadata__"}, then the raw little-endian tensor bytes, offsets counted from the end of the header.
     """
     path = Path(path)
     with open(path, "rb") as fh:
@@ -127,7 +127,8 @@ def map_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
         if end == begin:
             arrays[name] = np.zeros(shape, dtype=np.dtype(dtype).newbyteorder("<"))
         else:
-            arrays[name] = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r", offset=start + begin, shape=shape)
+            arrays[name] = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r", offset=start + begin,
+                                     shape=shape)
     return arrays, header.get("__metadata__") or {}
 
 
@@ -233,7 +234,8 @@ def _assemble(parts: list[tuple], classifier: ImageClassifier, manifest: Manifes
 
 
 @torch.inference_mode()
-def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_size: int = 64, device: str | None = None,
+def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_size: int = 64,
+                     device: str | None = None,
                      precision: str = "auto", num_workers: int | None = None, cache: str | os.PathLike | None = None,
                      desc: str = "features", key: str | None = None, pixels: Any = None, seed: int = 0) -> FeatureCache:
     """Run `classifier` once over every row of `manifest` (already the wanted selection) and return the cache.

@@ -116,7 +116,8 @@ def member_key(position: int) -> str:
     return f"{position:09d}"
 
 
-# -- one image, one shard -----------------------------------------------------------------------------------------------
+# -- one image, one shard
+# -----------------------------------------------------------------------------------------------
 def stored_image(data: bytes, suffix: str, config: PackConfig) -> tuple[bytes, str, dict[str, Any]]:
     """(bytes to store, their extension, json fields) of one source image: resized and re-encoded when its shorter
     side exceeds `max_side`, else unchanged; undecodable bytes are kept as they are (`error` says why)."""
@@ -344,7 +345,8 @@ def _result(store: Path, plan: PackPlan, indexes: dict[int, dict[str, Any]], wri
     return result
 
 
-# -- manifests -----------------------------------------------------------------------------------------------------------
+# -- manifests
+# -----------------------------------------------------------------------------------------------------------
 def shard_rows(rows: Iterable[dict[str, Any]], result: PackResult, root: Path) -> list[dict[str, Any]]:
     """Manifest rows pointing at their members (`pipelines.store.ROW_FIELDS`, the shard relative to `root`, the shard
     manifest's image root); a row whose image was missing keeps no member and fails to load as a missing file."""
@@ -430,7 +432,8 @@ def write_shard_manifest(out: Path, rows: list[dict[str, Any]], result: PackResu
     return Manifest(root, manifest.rows)
 
 
-# -- estimates ----------------------------------------------------------------------------------------------------------
+# -- estimates
+# ----------------------------------------------------------------------------------------------------------
 TAR_OVERHEAD = 2 * 512 + 1024 + 300  # two headers, padding and the json member, a sample
 
 

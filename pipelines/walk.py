@@ -31,7 +31,8 @@ from typing import Any, Iterable
 from pipelines.errors import UserInputError
 from pipelines.io import file_kind
 
-UNSAFE_CATEGORIES = frozenset({"Cc", "Zl", "Zp", "Cs"})  # control characters, line / paragraph separators, non-UTF-8 bytes
+UNSAFE_CATEGORIES = frozenset({"Cc", "Zl", "Zp", "Cs"})  # control characters, line / paragraph separators, non-UTF-8
+                                                         # bytes
 
 
 class UnsafeName(UserInputError):

@@ -25,8 +25,8 @@ from pipelines.hub_ids import CONTROLNET_ID, DPT_ID, IP_ADAPTER_ID, SDXL_ID
 from pipelines.depth import DepthEstimator
 from pipelines.masks import MASK_METHODS, binarise, foreground_masks, grayscale_init
 from pipelines.params import Config, ParamError, config, param
-from pipelines.runtime import (check_model_ref, diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained,
-                               model_revision, resolve_device, resolve_dtype, select_variant)
+from pipelines.runtime import (check_model_ref, diffusers_dtype, enable_attention, item_generator, item_seed,
+                               load_pretrained, model_revision, resolve_device, resolve_dtype, select_variant)
 
 PROMPT = "best quality, high quality"
 NEGATIVE_PROMPT = "monochrome, lowres, bad anatomy, worst quality, low quality"
@@ -217,7 +217,8 @@ class ZeSTPipeline:
                         weight_name=cfg.ip_adapter_weight, image_encoder_folder=cfg.image_encoder)
         depth = DepthEstimator.from_pretrained(cfg.depth, device=device, dtype=torch.float32)
         model_ids = {key: value for key, value in cfg.to_dict().items() if value is not None}
-        revisions = {key: model_revision(getattr(cfg, key)) for key in ("base", "controlnet", "ip_adapter", "depth", "vae")
+        revisions = {key: model_revision(getattr(cfg, key)) for key in ("base", "controlnet", "ip_adapter", "depth",
+                                                                        "vae")
                      if getattr(cfg, key) is not None}
         return cls.from_pipeline(pipe, depth, model_ids, device, attention, compile, revisions)
 
@@ -322,7 +323,8 @@ class ZeSTPipeline:
         resize = params.resize
         outputs = []
         for array, target, mask in zip(arrays, targets, full_masks):
-            image = unfit_square(Image.fromarray(np.rint(array * 255).astype(np.uint8), mode="RGB"), target.size, resize)
+            image = unfit_square(Image.fromarray(np.rint(array * 255).astype(np.uint8), mode="RGB"), target.size,
+                                 resize)
             outputs.append(composite_background(image, target, mask, params.feather) if params.composite else image)
         return outputs
 

@@ -42,7 +42,8 @@ class ClipBackbone:
         else:
             model_id = str(getattr(model, "name_or_path", "") or "")
             if not model_id and processor is None:
-                raise ValueError("a CLIPModel built in memory has no name_or_path to load its processor from: pass processor=")
+                raise ValueError("a CLIPModel built in memory has no name_or_path to load its processor from: pass "
+                                 "processor=")
             model_id = model_id or f"{type(model).__name__}-{id(model):x}"
         if processor is None:
             processor = load_pretrained(CLIPProcessor.from_pretrained, model_id, what="CLIP processor")

@@ -222,7 +222,8 @@ class CLIPN(ClipDetector):
         return self._text_cache["no"]
 
     def _score(self, batch: Any) -> np.ndarray:
-        p, p_no = scores.clipn_probabilities(self.features(batch).global_, self.class_text(), self.no_text(), self.params["scale"])
+        p, p_no = scores.clipn_probabilities(self.features(batch).global_, self.class_text(), self.no_text(),
+                                             self.params["scale"])
         rule = self.params["score_rule"]
         if rule == "atd":
             return scores.clipn_atd(p, p_no)

@@ -94,7 +94,8 @@ def compute_image_features(backbone: ClipBackbone, images: ImageSet, batch_size:
     return ClipImageFeatures(torch.cat(globals_), torch.cat(locals_) if local else None)
 
 
-def image_features(backbone: ClipBackbone, images: ImageSet | ClipImageFeatures, cache_dir: str | os.PathLike | None = None,
+def image_features(backbone: ClipBackbone, images: ImageSet | ClipImageFeatures,
+                   cache_dir: str | os.PathLike | None = None,
                    batch_size: int = 64, progress: bool = True, rows: Sequence[int] | None = None,
                    local: bool = True) -> ClipImageFeatures:
     """Cached CLIP features of `images`: memory first, then the safetensors cache file, else computed (and saved).
@@ -115,7 +116,8 @@ def image_features(backbone: ClipBackbone, images: ImageSet | ClipImageFeatures,
     if not usable(memo.get(backbone.model_id)) and path is not None and path.is_file():
         feats = load_features(path)
         if len(feats) != len(images):
-            raise ValueError(f"CLIP feature cache {path} holds {len(feats)} images, the image set {len(images)}: delete it")
+            raise ValueError(f"CLIP feature cache {path} holds {len(feats)} images, the image set {len(images)}: "
+                             "delete it")
         if usable(feats):
             memo[backbone.model_id] = feats
     if usable(memo.get(backbone.model_id)):

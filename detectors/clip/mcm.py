@@ -51,4 +51,5 @@ class GLMCM(ClipDetector):
 
     def _score(self, batch: Any) -> np.ndarray:
         feats = self.features(batch)
-        return scores.glmcm(feats.global_, feats.local, self.class_text(), self.params["temperature"], self.params["lam"])
+        return scores.glmcm(feats.global_, feats.local, self.class_text(), self.params["temperature"],
+                            self.params["lam"])

@@ -124,7 +124,8 @@ class NegLabel(ClipDetector):
             texts.append(emb)
         if len(words) < PAPER_NEGATIVES // 2:
             warnings.warn(f"neglabel: only {len(words)} negative labels from {n_candidates} candidates; the paper uses "
-                          f"M = {PAPER_NEGATIVES:,} from WordNet's ~70,000 nouns and adjectives. For the paper's setting "
+                          f"M = {PAPER_NEGATIVES:,} from WordNet's ~70,000 nouns and adjectives. For the paper's "
+                          "setting "
                           f"install WordNet (apt-get install wordnet-base) and leave `words` unset.", stacklevel=2)
         self._negatives = words
         self._text_cache["negatives"] = torch.cat(texts)

@@ -59,7 +59,8 @@ def lr_factor(schedule: str, epoch: int, step: int, epochs: int, total_steps: in
     raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
 
 
-def train_loop(module: torch.nn.Module, dataset: Dataset | Callable[[int], Dataset], step_loss: Callable[[Any, Any], torch.Tensor], *,
+def train_loop(module: torch.nn.Module, dataset: Dataset | Callable[[int], Dataset],
+               step_loss: Callable[[Any, Any], torch.Tensor], *,
                epochs: int, batch_size: int, optimizer: torch.optim.Optimizer, seed: int, device: torch.device,
                schedule: str = "cosine_epoch", warmup_epochs: int = 0, warmup_lr: float = 1e-5, warmup_steps: int = 0,
                lr_log: list[float] | None = None, progress: bool = True, desc: str = "train") -> list[float]:
@@ -83,7 +84,8 @@ def train_loop(module: torch.nn.Module, dataset: Dataset | Callable[[int], Datas
         loader = accelerator.prepare(DataLoader(make(epoch), batch_size=batch_size, shuffle=True, generator=gen))
         total = epochs * len(loader)
         for batch in loader:
-            factor = lr_factor(schedule, epoch, step, epochs, total, base_lrs[0], warmup_epochs, warmup_lr, warmup_steps)
+            factor = lr_factor(schedule, epoch, step, epochs, total, base_lrs[0], warmup_epochs, warmup_lr,
+                               warmup_steps)
             for group, base in zip(optimizer.param_groups, base_lrs):
                 group["lr"] = base * factor
             if lr_log is not None:

@@ -21,7 +21,8 @@ def openai_bpe_path() -> Path:
         path = Path(folder) / BPE_FILE
         if path.is_file():
             return path
-    raise FileNotFoundError(f"{BPE_FILE} not found: pip install --no-deps open_clip_torch (it ships OpenAI's CLIP vocabulary)")
+    raise FileNotFoundError(f"{BPE_FILE} not found: pip install --no-deps open_clip_torch (it ships OpenAI's CLIP "
+                            "vocabulary)")
 
 
 def byte_symbols() -> list[str]:
@@ -43,7 +44,8 @@ def openai_vocab() -> tuple[dict[str, int], tuple[tuple[str, str], ...]]:
     lines = gzip.open(openai_bpe_path(), "rt", encoding="utf-8").read().split("\n")[1:N_MERGES + 1]
     merges = tuple(tuple(line.split()) for line in lines)
     symbols = byte_symbols()
-    tokens = symbols + [s + "</w>" for s in symbols] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
+    tokens = symbols + [s + "</w>" for s in symbols] + ["".join(m) for m in merges] + ["<|startoftext|>",
+                                                                                       "<|endoftext|>"]
     return {t: i for i, t in enumerate(tokens)}, merges
 
 

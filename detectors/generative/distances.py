@@ -162,7 +162,8 @@ class DISTS(nn.Module):
         x = x.float()
         short = min(x.shape[-2:])
         if short > 256:
-            x = F.interpolate(x, scale_factor=256 / short, recompute_scale_factor=False, mode="bilinear", align_corners=False)
+            x = F.interpolate(x, scale_factor=256 / short, recompute_scale_factor=False, mode="bilinear",
+                              align_corners=False)
         out, h = [x], (x - self.mean) / self.std
         for stage in self.stages:
             h = stage(h)

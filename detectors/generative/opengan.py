@@ -14,9 +14,9 @@ Score = D's logit (monotone in D(x) = P(closed-set)), higher = ID.
   to the later epoch, as OpenOOD's recorder); without both (e.g. only id_val) the last epoch is kept.
 - Options: `joint_batches=True` passes the real batch and the fakes (and outliers) through D together in both updates,
   so BN sees the mixture as eval-mode scoring later does (on blobs that differ only by a mean shift, trained with
-  outliers, separate passes give an eval-mode AUROC anywhere in 0.08-0.97 depending on the seed; joint passes 1.0); `bn_train="train"` keeps
-  batch statistics in every epoch. Scoring: `bn_mode="eval"` (default) uses the running statistics; `"batch"` the
-  statistics of the scored set itself, so scores depend on what is scored together.
+  outliers, separate passes give an eval-mode AUROC anywhere in 0.08-0.97 depending on the seed; joint passes 1.0);
+  `bn_train="train"` keeps batch statistics in every epoch. Scoring: `bn_mode="eval"` (default) uses the running
+  statistics; `"batch"` the statistics of the scored set itself, so scores depend on what is scored together.
 """
 from __future__ import annotations
 

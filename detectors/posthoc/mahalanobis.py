@@ -1,9 +1,10 @@
-"""Mahalanobis distance score (MDS): class Gaussians with one shared (tied) covariance, as sklearn's LDA and OpenOOD v1.5.
+"""Mahalanobis distance score (MDS): class Gaussians with one shared (tied) covariance, as sklearn's LDA and OpenOOD
+v1.5.
 
 The precision is sklearn's `pinvh` of the covariance (`spd_inverse`): the Cholesky inverse where the covariance is well
 conditioned, else the eigen pseudo-inverse with pinvh's cut (a singular tied covariance, D > N - C, stays sane).
-The fit is two streamed passes: class means, then the class-centred scatter (`streaming.class_scatter`): memory-mapped caches of any
-size, chunks of `streaming.CHUNK_ROWS` rows, mergeable across processes.
+The fit is two streamed passes: class means, then the class-centred scatter (`streaming.class_scatter`): memory-mapped
+caches of any size, chunks of `streaming.CHUNK_ROWS` rows, mergeable across processes.
 """
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ class PriorState:
     def fitted_prior(self) -> np.ndarray:
         """The prior, or a clear error before fit."""
         if self.prior is None:
-            raise RuntimeError(f"{self.name}: call fit(id_train) before score() (the prior comes from the training labels)")
+            raise RuntimeError(f"{self.name}: call fit(id_train) before score() (the prior comes from the training "
+                               "labels)")
         return self.prior
 
     def state(self) -> dict[str, np.ndarray]:

@@ -20,14 +20,16 @@ from detectors.report.figures import DPI, Job, new_figure, overlapping_ticks, re
 from detectors.report.names import (FAMILY_LABELS, METHOD_LABELS, OPEN_INSECTS, SET_NAMES, SHIFTED_BRONZES, Paper,
                                     category, family_label, method_label, set_label, set_short)
 from detectors.report.plots import ScoreAxis, kde, robust_limits, roc_points
-from detectors.report.render import (CONVENTIONS, DAGGER, FLAG_NOTE, MISSING, Part, View, flag_lines, frame_view, grid_view,
+from detectors.report.render import (CONVENTIONS, DAGGER, FLAG_NOTE, MISSING, Part, View, flag_lines, frame_view,
+                                     grid_view,
                                      latex_escape, markdown_table, per_set_view, render_summary, summary_view, to_html,
                                      to_latex, to_markdown)
 from detectors.report.scores import (HOP_LABELS, attach_metadata, bootstrap_interval, bootstrap_table, has_sources,
                                      hop_table, id_looking_table, per_set_auroc, read_scores, resampled_metrics,
                                      species_field_table, species_summary)
 from detectors.report.sections import grid_csv, render_threshold_transfer, transfer_view
-from detectors.report.tables import (ALL, AVERAGE, companion_files, CELL_METRICS, FAMILY_ORDER, GROUP_MISSING, GROUP_ORDER, LOW_AUROC,
+from detectors.report.tables import (ALL, AVERAGE, companion_files, CELL_METRICS, FAMILY_ORDER, GROUP_MISSING,
+                                     GROUP_ORDER, LOW_AUROC,
                                      NOT_SELECTED, Layout, best_rule_table, family_group_table, family_table, low_auroc,
                                      method_info, method_summary, per_set_table, rank_marks, read_results,
                                      read_rule_selection, read_table, select_methods, to_percent)
@@ -39,7 +41,8 @@ __all__ = [
     "FAMILY_LABELS", "METHOD_LABELS", "OPEN_INSECTS", "SET_NAMES", "SHIFTED_BRONZES", "Paper", "category",
     "family_label", "method_label", "set_label", "set_short",
     "ScoreAxis", "kde", "robust_limits", "roc_points",
-    "CONVENTIONS", "DAGGER", "FLAG_NOTE", "MISSING", "Part", "View", "flag_lines", "frame_view", "grid_view", "latex_escape",
+    "CONVENTIONS", "DAGGER", "FLAG_NOTE", "MISSING", "Part", "View", "flag_lines", "frame_view", "grid_view",
+    "latex_escape",
     "markdown_table", "per_set_view", "render_summary", "summary_view", "to_html", "to_latex", "to_markdown",
     "HOP_LABELS", "attach_metadata", "bootstrap_interval", "bootstrap_table", "has_sources", "hop_table",
     "id_looking_table", "per_set_auroc", "read_scores", "resampled_metrics", "species_field_table", "species_summary",

@@ -310,13 +310,15 @@ def summary_view(results: pd.DataFrame, scale: str) -> View:
 
 def flag_lines(results: pd.DataFrame) -> list[str]:
     """One console line per (method, set) whose AUROC is below `LOW_AUROC`."""
-    return [f"warning: {r.method} on {r.ood_set} ({r.group}): AUROC {r.auroc:.2f} < {LOW_AUROC:.0f} - it scores this set "
+    return [f"warning: {r.method} on {r.ood_set} ({r.group}): AUROC {r.auroc:.2f} < {LOW_AUROC:.0f} - it scores this "
+            "set "
             "as more in-distribution than ID" for r in low_auroc(results).itertuples()]
 
 
 def render_summary(results: pd.DataFrame | Any, methods: Sequence[str] | None = None) -> str:
     """Compact markdown: per method, mean 'FPR@95 / AUROC' over all sets and per group (percent, two decimals), then a
-    warning line for each set whose AUROC is below 50. `results` is the table as the runner wrote it, a frame or a file."""
+    warning line for each set whose AUROC is below 50. `results` is the table as the runner wrote it, a frame or a
+    file."""
     results, scale = read_results(results)
     results = select_methods(results, methods)
     text = to_markdown(summary_view(results, scale))
@@ -324,6 +326,7 @@ def render_summary(results: pd.DataFrame | Any, methods: Sequence[str] | None = 
     return text + ("\n" + "\n".join(flags) + "\n" if flags else "")
 
 
-__all__ = ["MISSING", "DAGGER", "FLAG_NOTE", "CONVENTIONS", "Part", "Cell", "View", "number", "scale_note", "to_markdown", "to_latex",
+__all__ = ["MISSING", "DAGGER", "FLAG_NOTE", "CONVENTIONS", "Part", "Cell", "View", "number", "scale_note",
+           "to_markdown", "to_latex",
            "to_html", "latex_escape", "grid_cells", "per_set_view", "grid_view", "frame_view", "markdown_table",
            "summary_view", "flag_lines", "render_summary"]

@@ -14,8 +14,8 @@ from detectors.report import plots
 from detectors.report.figures import Job
 from detectors.report.html import MAIN_TABLE, WARNINGS_FILE, Section
 from detectors.report.names import Paper, family_label, method_label, region_label, set_label, unknown_methods
-from detectors.report.render import (FLAG_NOTE, Cell, Part, View, frame_view, grid_view, number, per_set_view, scale_note, to_latex,
-                                     to_markdown)
+from detectors.report.render import (FLAG_NOTE, Cell, Part, View, frame_view, grid_view, number, per_set_view,
+                                     scale_note, to_latex, to_markdown)
 from detectors.report.scores import (HOP_LABELS, attach_metadata, bootstrap_table, has_sources, hop_table,
                                      id_looking_table, per_set_auroc, species_field_table, species_summary)
 from detectors.report.tables import (NOT_SELECTED, Layout, best_rule_table, family_group_table, family_table, low_auroc,
@@ -169,7 +169,8 @@ def per_set_sections(out: Out, results: pd.DataFrame, scale: str) -> list[Sectio
     note4 = (f"Family means (plain means over each family's own methods of per-set values), FPR@95 / AUROC in percent. "
              f"{scale_note(scale)}")
     view4 = grid_view(table4, ["Family"], note4, flag=False)
-    fam = frame_view(families, f"Family means (plain means over methods of per-set values), in percent. {scale_note(scale)}")
+    fam = frame_view(families,
+                     f"Family means (plain means over methods of per-set values), in percent. {scale_note(scale)}")
     files = out.tables("sb_table4", [view4], grid_csv(table4)) + out.tables("families", [fam], families, latex=False)
     sections.append(Section("Table 4: family x group", [view4, fam], files))
     return sections
@@ -405,6 +406,7 @@ def with_metadata(scores: pd.DataFrame, run_dir: Path | None) -> pd.DataFrame | 
     return attach_metadata(scores, ["hop", "species"], run_dir) if has_sources(scores) else None
 
 
-__all__ = ["Out", "grid_csv", "Warnings", "low_auroc_view", "collect_warnings", "finish_warnings", "per_set_sections", "best_rule_section", "transfer_view",
+__all__ = ["Out", "grid_csv", "Warnings", "low_auroc_view", "collect_warnings", "finish_warnings", "per_set_sections",
+           "best_rule_section", "transfer_view",
            "render_threshold_transfer", "transfer_section", "figure_section", "curves_section", "interval_views",
            "bootstrap_section", "hop_section", "species_section", "field_sheets", "id_looking_section", "with_metadata"]

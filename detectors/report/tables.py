@@ -90,7 +90,8 @@ def to_percent(frame: pd.DataFrame, columns: Iterable[str]) -> tuple[pd.DataFram
         out[c] = values * 100.0 if scale == "fraction" else values
         bad = out[c].notna() & ((out[c] < 0) | (out[c] > 100))
         if bad.any():
-            raise UserInputError(f"column {c!r} has value(s) outside [0, 100] percent at row(s) {list(out.index[bad])[:5]}")
+            raise UserInputError(f"column {c!r} has value(s) outside [0, 100] percent at row(s) "
+                                 f"{list(out.index[bad])[:5]}")
     return out, scale
 
 
@@ -150,7 +151,8 @@ def read_results(source: pd.DataFrame | str | os.PathLike) -> tuple[pd.DataFrame
     frame = read_table(source, RESULT_REQUIRED, "results table")
     for c in ("method", "family", "ood_set"):
         if frame[c].isna().any():
-            raise UserInputError(f"results table: column {c!r} is empty at row(s) {list(frame.index[frame[c].isna()])[:5]}")
+            raise UserInputError(f"results table: column {c!r} is empty at row(s) "
+                                 f"{list(frame.index[frame[c].isna()])[:5]}")
         frame[c] = frame[c].astype(str)
     frame["group"] = group_labels(frame["group"])
     frame = _own_families(frame)
@@ -284,8 +286,8 @@ def family_group_table(results: pd.DataFrame, layout: Layout | None = None,
     """ShiftedBronzes' Table 4: index family, columns (group, metric) for `all`, then each group in layout order
     (the paper's All | Hard | Easy).
 
-    The values of `family_table` (`families`, when already computed) in wide form: per family, the mean over its methods of each method's mean per-set
-    value over the group's sets (plain means; NaN when a method lacks one of the sets).
+    The values of `family_table` (`families`, when already computed) in wide form: per family, the mean over its methods
+    of each method's mean per-set value over the group's sets (plain means; NaN when a method lacks one of the sets).
     """
     layout = layout or Layout.of(results)
     long = (family_table(results, layout) if families is None else families).set_index(["family", "group"])
@@ -329,7 +331,8 @@ def read_rule_selection(source: pd.DataFrame | str | os.PathLike) -> pd.DataFram
     frame["chosen"] = chosen
     counts = frame.groupby("base")["chosen"].sum()
     if (counts != 1).any():
-        raise UserInputError(f"rule-selection table: base(s) {list(counts.index[counts != 1])} need exactly one chosen row")
+        raise UserInputError(f"rule-selection table: base(s) {list(counts.index[counts != 1])} need exactly one chosen "
+                             "row")
     return frame
 
 
@@ -383,7 +386,8 @@ def best_rule_table(results: pd.DataFrame, selection: pd.DataFrame | None = None
     return out
 
 
-__all__ = ["COMPANIONS", "companion_files", "CELL_METRICS", "FAMILY_ORDER", "GROUP_ORDER", "GROUP_MISSING", "ALL", "AVERAGE", "LOW_AUROC", "NOT_SELECTED",
+__all__ = ["COMPANIONS", "companion_files", "CELL_METRICS", "FAMILY_ORDER", "GROUP_ORDER", "GROUP_MISSING", "ALL",
+           "AVERAGE", "LOW_AUROC", "NOT_SELECTED",
            "read_table", "metric_scale", "to_percent", "group_labels", "text_column", "read_results",
            "select_methods", "ordered", "Layout", "per_set_table", "method_info", "family_table", "method_summary",
            "family_group_table", "low_auroc", "rank_marks", "read_rule_selection", "best_rule_table"]

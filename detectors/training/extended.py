@@ -21,7 +21,8 @@ class Extended(BranchDetector):
     class Params(BranchDetector.Params):
         score_rule: Literal["msp", "novel"] = param("msp", "how the trained model scores")
         pooled: bool = param(True, "one pooled novel class (False: one per branch level)")
-        aux_label_field: str | None = param("aux_label", "the species splits' auxiliary class index (scripts/make_splits.py); "
+        aux_label_field: str | None = param("aux_label",
+                                            "the species splits' auxiliary class index (scripts/make_splits.py); "
                                                          "heads mode reads the aux FeatureSet's labels")
 
     search_space = {"score_rule": ["msp", "novel"]}

@@ -43,7 +43,8 @@ def cutmix_box(height: int, width: int, lam: float, generator: torch.Generator) 
 class MixOELoss(Objective):
     uses_aux = True
 
-    def __init__(self, mix_op: str = "cutmix", alpha: float = 0.1, beta: float = 1.0, lambda_oe: float = 1.0, passes: int = 2):
+    def __init__(self, mix_op: str = "cutmix", alpha: float = 0.1, beta: float = 1.0, lambda_oe: float = 1.0,
+                 passes: int = 2):
         super().__init__()
         if mix_op not in ("mixup", "cutmix"):
             raise ValueError(f"mix_op must be 'mixup' or 'cutmix', got {mix_op!r}")

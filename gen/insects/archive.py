@@ -64,7 +64,8 @@ def _chunk(occ: pd.DataFrame, start: int, stop: int, columns: int, rng: np.rando
     moth = part["taxon"].to_numpy() == "moth" if "taxon" in part.columns else np.ones(n, dtype=bool)
     occurrence = {
         "gbifID": _text(gbif_id), "identifier": _text(gbif_id, "https://www.inaturalist.org/observations/"),
-        "license": _pick(("CC_BY_4_0", "CC_BY_NC_4_0", "CC0_1_0"), gbif_id), "rightsHolder": _text(row % 5000, "observer "),
+        "license": _pick(("CC_BY_4_0", "CC_BY_NC_4_0", "CC0_1_0"), gbif_id),
+        "rightsHolder": _text(row % 5000, "observer "),
         "type": _pick(("", "StillImage"), gbif_id), "basisOfRecord": _pick(("HUMAN_OBSERVATION",), gbif_id),
         "occurrenceID": _text(gbif_id, "https://www.inaturalist.org/observations/"),
         "lifeStage": _pick(("Adult", "", "Adult", "Larva"), gbif_id), "countryCode": _pick(COUNTRIES, row),
@@ -84,9 +85,10 @@ def _chunk(occ: pd.DataFrame, start: int, stop: int, columns: int, rng: np.rando
     media = pa.table({
         "gbifID": _text(gbif_id), "type": _pick(("StillImage",), row), "format": _pick(("image/jpeg",), row),
         "identifier": url, "references": _text(gbif_id, "https://www.inaturalist.org/photos/"),
-        "created": _pick(("2021-06-01T10:00:00Z", "2022-07-15T21:30:00Z"), row), "creator": _text(row % 5000, "observer "),
-        "publisher": _pick(("iNaturalist",), row),
-        "license": _pick(("http://creativecommons.org/licenses/by-nc/4.0/", "http://creativecommons.org/licenses/by/4.0/"), row),
+        "created": _pick(("2021-06-01T10:00:00Z", "2022-07-15T21:30:00Z"), row),
+        "creator": _text(row % 5000, "observer "), "publisher": _pick(("iNaturalist",), row),
+        "license": _pick(("http://creativecommons.org/licenses/by-nc/4.0/",
+                          "http://creativecommons.org/licenses/by/4.0/"), row),
         "rightsHolder": _text(row % 5000, "observer "),
     })
     return core, media

@@ -239,7 +239,8 @@ def _with_non_target(occurrences: pd.DataFrame, non_target: pd.DataFrame | None,
     if "taxon" in occ.columns:
         taxa = occ["taxon"].dropna().unique().tolist()
         if config.target_taxon is None and len(taxa) > 1:
-            raise TableError(f"the occurrence table's 'taxon' column holds {sorted(map(str, taxa))[:10]}: set target_taxon "
+            raise TableError(f"the occurrence table's 'taxon' column holds {sorted(map(str, taxa))[:10]}: set "
+                             "target_taxon "
                              "(--target-taxon) to say which one is the target; the others become non-target OOD")
         if config.target_taxon is not None:
             target = (occ["taxon"].astype(object) == config.target_taxon).to_numpy() | occ["taxon"].isna().to_numpy()

@@ -175,8 +175,8 @@ class ClipScorer:
     """What the filter needs of a CLIP model: normalised image and text embeddings and the logit scale (the scripts
     pass `detectors.clip.backbone.ClipBackbone`'s, so the project has one CLIP code path)."""
 
-    def __init__(self, encode_images: Callable[[list[Any]], np.ndarray], encode_texts: Callable[[list[str]], np.ndarray],
-                 logit_scale: float, model_id: str):
+    def __init__(self, encode_images: Callable[[list[Any]], np.ndarray],
+                 encode_texts: Callable[[list[str]], np.ndarray], logit_scale: float, model_id: str):
         self.encode_images, self.encode_texts = encode_images, encode_texts
         self.logit_scale, self.model_id = logit_scale, model_id
 
@@ -293,7 +293,8 @@ def _curate(cfg: ContainerCuration, out: Path, scorer: ClipScorer | None) -> dic
             kept = []
             for name in category.files:
                 if name in scored["failures"]:
-                    dropped.append([name, category.wnid, category.label, "", "", f"unreadable: {scored['failures'][name]}"])
+                    dropped.append([name, category.wnid, category.label, "", "",
+                                    f"unreadable: {scored['failures'][name]}"])
                     continue
                 share, worst = main_share(scored["logits"][name])
                 if share >= cfg.filter.threshold:

@@ -260,7 +260,8 @@ def star_rows(core_ids: pa.ChunkedArray, ext_ids: pa.ChunkedArray, source: str) 
         counts = pc.value_counts(present)
         repeated = counts.filter(pc.greater(counts.field("counts"), 1))
         value, times = repeated[0]["values"].as_py(), repeated[0]["counts"].as_py()
-        raise TableError(f"{source}: core id {value!r} appears on {times} rows ({len(repeated):,} ids repeat); a core's "
+        raise TableError(f"{source}: core id {value!r} appears on {times} rows ({len(repeated):,} ids repeat); a "
+                         "core's "
                          "<id> must be unique (DwC-A text guide)")
     position = pc.index_in(ext_ids, value_set=ids, skip_nulls=True)
     matched = np.flatnonzero(pc.is_valid(position).to_numpy(zero_copy_only=False))

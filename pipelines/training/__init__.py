@@ -6,12 +6,13 @@ multi-granularity heads; per-epoch atomic checkpoints and resume; the same weigh
   torchvision (RandAugment, RandomResizedCrop, Resize, CenterCrop, RandomCrop, flip) and Open-Insect's preprocessors;
 - `schedule`: the "clean" and the "reference" (Open-Insect's step counter) lr schedules;
 - `loop`: `finetune` (a whole `ImageClassifier` on images), `train_heads` (linear heads on cached features);
-- `batchnorm`: batch norm over the global batch across processes; `recipes` (recipes, protocols, `TrainConfig`) + `classify`: `train_classifier(config)`
+- `batchnorm`: batch norm over the global batch across processes; `recipes` (recipes, protocols, `TrainConfig`) +
+`classify`: `train_classifier(config)`
   behind `scripts/train_classifier.py`; `bench`: the measurements of `scripts/bench_train.py`.
 """
 from pipelines.training.loaders import aux_batch_size
 from pipelines.training.loop import LoopSettings, TrainResult, as_linear, finetune, train_heads
 from pipelines.training.objectives import PRIMARY, CrossEntropy, MultiGranularity, Objective, Pass, TrainBatch
 
-__all__ = ["PRIMARY", "CrossEntropy", "LoopSettings", "MultiGranularity", "Objective", "Pass", "TrainBatch", "TrainResult",
-           "as_linear", "aux_batch_size", "finetune", "train_heads"]
+__all__ = ["PRIMARY", "CrossEntropy", "LoopSettings", "MultiGranularity", "Objective", "Pass", "TrainBatch",
+           "TrainResult", "as_linear", "aux_batch_size", "finetune", "train_heads"]

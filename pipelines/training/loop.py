@@ -47,7 +47,8 @@ BEST_METRIC = f"acc_{PRIMARY}"
 def best_epoch(history: list[dict[str, float]]) -> int | None:
     """The epoch the reference keeps as `best.ckpt` (Open-Insect / OpenOOD `recorders/base_recorder.py:40-50`): from
     a best accuracy of 0.0, every epoch whose ID-val accuracy is `>=` the best so far replaces it, so of equal
-    accuracies the later epoch wins. An epoch without validation accuracy (or a NaN one) never does; None without any."""
+    accuracies the later epoch wins. An epoch without validation accuracy (or a NaN one) never does; None without
+    any."""
     best_acc, found = 0.0, None
     for entry in history:
         acc = entry.get(BEST_METRIC)
@@ -255,12 +256,14 @@ class _Loop:
             log.warning("%s: warning: warmup_epochs (%g) >= epochs (%d): every step is in the warm-up", settings.desc,
                         settings.warmup_epochs, settings.epochs)
         if len(loaders[0]) == 0:
-            raise ConfigError(f"batch_size: {_rows(loaders[0])} training rows make no batch: no optimiser step would run "
+            raise ConfigError(f"batch_size: {_rows(loaders[0])} training rows make no batch: no optimiser step would "
+                              "run "
                               "(lower batch_size or keep the last partial batch)")
         if settings.weights not in CHECKPOINT_CHOICES:
             raise ValueError(f"weights must be one of {list(CHECKPOINT_CHOICES)}, got {settings.weights!r}")
         if settings.weights == "best" and loaders[2] is None:
-            raise ValueError(f"{settings.desc}: the best epoch is chosen by ID validation accuracy: pass validation rows "
+            raise ValueError(f"{settings.desc}: the best epoch is chosen by ID validation accuracy: pass validation "
+                             "rows "
                              "(or keep the last epoch's weights)")
         self.tracks_best = (settings.keep_best or settings.weights == "best") and loaders[2] is not None
         self.s, self.result, self.failed_files, self.objective = settings, result, failed_files, objective
@@ -354,9 +357,11 @@ class _Loop:
             total += float(loss.detach()) * batch.n_id
             count += batch.n_id
             bar.set_postfix(loss=f"{total / max(count, 1):.4f}")
-        total, count = self.acc.reduce(torch.tensor([total, count], dtype=torch.float64, device=self.device), "sum").tolist()
+        total, count = self.acc.reduce(torch.tensor([total, count], dtype=torch.float64, device=self.device),
+                                       "sum").tolist()
         if self.result.steps == steps_before:
-            raise RuntimeError(f"{self.s.desc} epoch {epoch + 1}: no optimiser step (every training batch failed to load)")
+            raise RuntimeError(f"{self.s.desc} epoch {epoch + 1}: no optimiser step (every training batch failed to "
+                               "load)")
         return {"epoch": epoch + 1, "loss": total / count if count else math.nan, "lr": self.scheduler.get_last_lr()[0]}
 
     def batch(self, raw: dict[str, Any], aux_stream: Iterator[dict[str, Any]] | None, epoch: int, step: int) -> TrainBatch | None:
@@ -366,7 +371,8 @@ class _Loop:
             self.record(aux["failed"], "aux")
         if raw["x"] is None:
             if self.acc.num_processes > 1:  # the other processes would wait forever in the gradient all-reduce
-                raise RuntimeError(f"every image of a training batch share failed to load on process {self.acc.process_index}: "
+                raise RuntimeError("every image of a training batch share failed to load on process "
+                                   f"{self.acc.process_index}: "
                                    f"{raw['failed'][:3]}; drop unreadable images from the manifest")
             return None
         index = raw["index"]
@@ -386,7 +392,8 @@ class _Loop:
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def _saved(self) -> tuple[Any, ...]:
         inner = self.acc.unwrap_model(self.step_module)
-        return (inner, inner.objective, self.optimizer, self.scheduler, self.result, loader_generators([self.train, self.aux]))
+        return (inner, inner.objective, self.optimizer, self.scheduler, self.result,
+                loader_generators([self.train, self.aux]))
 
     def save(self, epochs_done: int) -> None:
         if self.s.checkpoint is None:
@@ -442,7 +449,8 @@ class _Loop:
         self.result.best = best_epoch(self.result.history)
         if self.result.best is None:
             if self.s.weights == "best":
-                raise ValueError(f"{self.s.desc}: no epoch has an ID validation accuracy (every validation image failed "
+                raise ValueError(f"{self.s.desc}: no epoch has an ID validation accuracy (every validation image "
+                                 "failed "
                                  "to load?): there is no best epoch to keep")
             return
         if self.s.checkpoint is not None:
@@ -518,12 +526,14 @@ def _pass_loaders(train_loader: Any, aux_loader: Any, pooled: bool) -> tuple[Any
 
 
 @torch.no_grad()
-def _all_outputs(model: nn.Module, loader: Any, inputs: Callable[[torch.Tensor], torch.Tensor], accelerator: Any) -> Pass:
+def _all_outputs(model: nn.Module, loader: Any, inputs: Callable[[torch.Tensor], torch.Tensor],
+                 accelerator: Any) -> Pass:
     """float32 logits and features of every loadable row of `loader` (one pass, no gradient), gathered from every
     process, sorted by row index with duplicates (whole batches seen by several processes) removed."""
     logits, features, index, labels = [], [], [], []
     device = accelerator.device
-    for raw in progress(loader, desc="pass over the training rows", leave=False, disable=not accelerator.is_local_main_process):
+    for raw in progress(loader, desc="pass over the training rows", leave=False,
+                        disable=not accelerator.is_local_main_process):
         if raw["x"] is not None:
             with accelerator.autocast():
                 z, h = model(inputs(raw["x"]))
@@ -540,7 +550,8 @@ def _all_outputs(model: nn.Module, loader: Any, inputs: Callable[[torch.Tensor],
 
 
 @torch.no_grad()
-def _evaluate(step_module: _Step, loader: Any, targets: dict[str, np.ndarray], inputs: Callable[[torch.Tensor], torch.Tensor],
+def _evaluate(step_module: _Step, loader: Any, targets: dict[str, np.ndarray],
+              inputs: Callable[[torch.Tensor], torch.Tensor],
               accelerator: Any, record: Callable[[list[tuple[int, str]], str], None]) -> dict[str, float]:
     """Accuracy per level (`acc_<level>`), and `overall` = share of rows with every level right (failed rows excluded)."""
     step_module.eval()
@@ -569,8 +580,8 @@ def _evaluate(step_module: _Step, loader: Any, targets: dict[str, np.ndarray], i
 # -- public entry points ---------------------------------------------------------------------------------------
 def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: float = 1e-3, batch_size: int = 64,
              weight_decay: float = 1e-5, warmup_epochs: float = 2, objective: Objective | None = None,
-             aux: Manifest | None = None, aux_label_field: str | None = None, val: Manifest | None = None, seed: int = 0,
-             precision: str = "auto", num_workers: int = 0, augment: Callable[[Any], Any] | None = None,
+             aux: Manifest | None = None, aux_label_field: str | None = None, val: Manifest | None = None,
+             seed: int = 0, precision: str = "auto", num_workers: int = 0, augment: Callable[[Any], Any] | None = None,
              test: Manifest | None = None, transforms: tuple[Callable, Callable] | None = None,
              keep_last_batch: bool = False, **options: Any) -> TrainResult:
     """Fine-tune `classifier` (an `ImageClassifier`: forward -> (logits, features), `.head`, `.preprocess`) in place.
@@ -609,7 +620,8 @@ def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: fl
     settings = LoopSettings(epochs=epochs, lr=lr, weight_decay=weight_decay, warmup_epochs=warmup_epochs, seed=seed,
                             precision=precision, desc="finetune", **options)
     return _run(classifier, objective, *loaders[:3], targets[0], targets[1], settings=settings,
-                result=TrainResult(aux_vocab=aux_vocab), failed_files=lambda split, i: manifests[split].rows[i]["file_name"],
+                result=TrainResult(aux_vocab=aux_vocab),
+                failed_files=lambda split, i: manifests[split].rows[i]["file_name"],
                 test_loader=loaders[3], test_targets=targets[2])
 
 
@@ -635,7 +647,8 @@ def _image_loaders(objective: Objective, train: Manifest, aux: Manifest | None, 
     if objective.uses_aux and objective.pooled:
         pool = PooledRows(train_rows, rows(aux, aux_y, True))
         train_loader = make_loader(pool, batch_size, True, seed, num_workers,
-                                   drop_last=drop_last(len(pool), batch_size, keep_last_batch), collate_fn=collate_pooled)
+                                   drop_last=drop_last(len(pool), batch_size, keep_last_batch),
+                                   collate_fn=collate_pooled)
     else:
         train_loader = make_loader(train_rows, batch_size, True, seed, num_workers,
                                    drop_last=drop_last(len(train), batch_size, keep_last_batch))
@@ -649,11 +662,12 @@ def _image_loaders(objective: Objective, train: Manifest, aux: Manifest | None, 
 
 
 def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray, *, epochs: int = 30, lr: float = 1e-3,
-                batch_size: int = 256, weight_decay: float = 1e-5, warmup_epochs: float = 2, objective: Objective | None = None,
+                batch_size: int = 256, weight_decay: float = 1e-5, warmup_epochs: float = 2,
+                objective: Objective | None = None,
                 aux_features: np.ndarray | None = None, aux_labels: np.ndarray | None = None,
                 train_targets: dict[str, Sequence[Any]] | None = None, val_features: np.ndarray | None = None,
-                val_labels: np.ndarray | None = None, val_targets: dict[str, Sequence[Any]] | None = None, seed: int = 0,
-                precision: str = "auto", keep_last_batch: bool = False, schedule: str = "clean",
+                val_labels: np.ndarray | None = None, val_targets: dict[str, Sequence[Any]] | None = None,
+                seed: int = 0, precision: str = "auto", keep_last_batch: bool = False, schedule: str = "clean",
                 weights: str = "last") -> tuple[nn.Linear, TrainResult]:
     """Fast mode: train only the linear head(s) on cached penultimate features, with the same loop and objectives.
 
