@@ -214,14 +214,16 @@ class Detector:
 
     @classmethod
     def init_arguments(cls) -> set[str]:
-        """Keyword arguments the constructor takes besides the Params fields (runtime objects: classifier, model ...)."""
+        """Keyword arguments the constructor takes besides the Params fields (runtime objects: classifier, model
+        ...)."""
         named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         taken = {p for p, v in inspect.signature(cls.__init__).parameters.items() if p != "self" and v.kind in named}
         return taken | ({"work_dir"} if cls.keeps_batches else set())
 
     @property
     def hyperparameters(self) -> dict[str, Any]:
-        """The parameters that decide the scores (runtime settings left out): what `config.json` and results rows record."""
+        """The parameters that decide the scores (runtime settings left out): what `config.json` and results rows
+        record."""
         runtime = self.Params.runtime()
         return {k: v for k, v in self.params.items() if k not in runtime}
 
@@ -245,7 +247,8 @@ class Detector:
         return f"{type(self).__name__}({args})"
 
     # -- protocol -------------------------------------------------------------------------------------------
-    def fit(self, id_train: Any, *, head: LinearHead | None = None, id_val: Any = None, ood_val: Any = None) -> "Detector":
+    def fit(self, id_train: Any, *, head: LinearHead | None = None, id_val: Any = None,
+            ood_val: Any = None) -> "Detector":
         """Learn whatever the method needs from ID training data (and ID/OOD validation data where it uses them)."""
         if head is not None:
             self.head = head if isinstance(head, LinearHead) else LinearHead(*head)
@@ -311,7 +314,8 @@ class Detector:
             self.head = LinearHead(state["head.weight"], state["head.bias"])
 
     def save_pretrained(self, folder: str | os.PathLike) -> Path:
-        """Write `config.json` (name and hyperparameters, runtime settings left out) and `model.safetensors` (learned state)."""
+        """Write `config.json` (name and hyperparameters, runtime settings left out) and `model.safetensors` (learned
+        state)."""
         from safetensors.numpy import save_file
 
         from pipelines.io import atomic_path, atomic_write_json

@@ -143,7 +143,8 @@ class Runner:
         return Prepared(features, np.asarray(cache.index, dtype=np.int64), key)
 
     def _probe(self, split: Split) -> Prepared:
-        """Pixel-only runs: find the rows whose image loads (cached per image-set key), so failures are excluded alike."""
+        """Pixel-only runs: find the rows whose image loads (cached per image-set key), so failures are excluded
+        alike."""
         key = combine("probe-v1", split.data_key or images_fingerprint(split.manifest, self.plan.runtime.cache_hash))
         path = self.plan.cache_dir / "probe" / f"{split.id}-{key}.json"
         if path.is_file():
@@ -423,7 +424,8 @@ class Runner:
                 frames.append(frame(split, split.role, "field", det.score(get(split.id))))
         return Scored(rows, frames)
 
-    def _score_frame(self, method: str, family: str, role: str, split: Split, group: str, scores: np.ndarray) -> pd.DataFrame:
+    def _score_frame(self, method: str, family: str, role: str, split: Split, group: str,
+                     scores: np.ndarray) -> pd.DataFrame:
         index = self.data[split.id].index
         name = "id" if role == "id" else split.name
         return pd.DataFrame({"method": method, "family": family, "role": role, "ood_set": name, "group": group,

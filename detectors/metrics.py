@@ -121,5 +121,6 @@ def precision_recall_at(threshold: float, id_scores: Any, ood_scores: Any) -> di
 
 def transfer_threshold(source_scores: Any, target_id_scores: Any, target_ood_scores: Any, tpr: float = 0.95,
                        positive: str = "ood") -> dict[str, float]:
-    """Choose the threshold at `tpr` on `source_scores` (of class `positive`), then report precision/recall on a target."""
+    """Choose the threshold at `tpr` on `source_scores` (of class `positive`), then report precision/recall on a
+    target."""
     return precision_recall_at(threshold_at_tpr(source_scores, tpr, positive), target_id_scores, target_ood_scores)

@@ -306,7 +306,8 @@ def empty_set_warnings(splits: list[Split]) -> list[str]:
     """A line per test OOD or field set none of whose image files exists: the run records it and scores the rest."""
     found = []
     for split in splits:
-        if split.role in ("ood", "field_ood") and not any(split.manifest.path(r).is_file() for r in split.manifest.rows):
+        if split.role in ("ood", "field_ood") and not any(split.manifest.path(r).is_file()
+                                                          for r in split.manifest.rows):
             found.append(f"{split.where}: none of the {len(split.manifest)} image file(s) of set {split.name!r} exists "
                          f"({split.source}); it will be recorded in failures.json and left out")
     return found
@@ -318,7 +319,8 @@ SPLIT_DEFAULTS = {"ood": "test", "field": "test", "select.ood_val": "val", "ood_
 
 
 def resolve_splits(config: EvalConfig) -> list[Split]:
-    """ID train/val/test, the test OOD sets, field sets, then OOD-validation and auxiliary rows, each with its data key."""
+    """ID train/val/test, the test OOD sets, field sets, then OOD-validation and auxiliary rows, each with its data
+    key."""
     splits = id_splits(config.id) + ood_splits(config.ood)
     splits += field_splits(config.field, {s.name for s in splits if s.role == "ood"})
     for key, src in config.sources().items():
@@ -602,7 +604,8 @@ SPLIT_READS = {"id": lambda s: s.name, "ood": lambda s: "ood", "field_id": lambd
 """Which `unit_reads` name covers each split (ID splits by their own name: id_train, id_val, id_test)."""
 
 
-def unit_key(base: str, parts: dict[str, Any], splits: list[Split], reads: frozenset[str]) -> tuple[str, dict[str, Any]]:
+def unit_key(base: str, parts: dict[str, Any], splits: list[Split],
+             reads: frozenset[str]) -> tuple[str, dict[str, Any]]:
     """The one cache-key recipe of a unit: `base` (the run's key, or a rule's parent key), the unit's own parts and
     the data keys of only the splits it reads. Returns (key, parts recorded in unit.json)."""
     data = [[s.role, s.name, s.group, s.data_key] for s in splits if SPLIT_READS[s.role](s) in reads]

@@ -36,7 +36,8 @@ def species_detected(scores: np.ndarray, species: list[Any], threshold: float) -
             "n_novel_species": share["n_species"]}
 
 
-def transfer_table(rules: list[dict[str, Any]], scores: pd.DataFrame, species: dict[str, dict[int, Any]]) -> pd.DataFrame:
+def transfer_table(rules: list[dict[str, Any]], scores: pd.DataFrame,
+                   species: dict[str, dict[int, Any]]) -> pd.DataFrame:
     """One row per (rule, method, target). `scores` is the runner's scores frame; `species[field_set][index]` gives
     the species of a field set's row (by its position in the field manifest selection)."""
     rows = []

@@ -1,4 +1,5 @@
-"""Arrays the layers share: `FeatureSet` (cached model outputs), `LinearHead` (a classifier's last layer), `as_numpy`."""
+"""Arrays the layers share: `FeatureSet` (cached model outputs), `LinearHead` (a classifier's last layer),
+`as_numpy`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,7 +33,8 @@ def memory_mapped(x: Any) -> bool:
 
 @dataclass
 class FeatureSet:
-    """Cached model outputs for N samples: penultimate `features [N,D]`, `logits [N,C]`, `labels [N]` (any may be None)."""
+    """Cached model outputs for N samples: penultimate `features [N,D]`, `logits [N,C]`, `labels [N]` (any may be
+    None)."""
 
     features: np.ndarray | None = None
     logits: np.ndarray | None = None

@@ -268,7 +268,8 @@ BEST_FORMAT = "oodforge-best-weights-v1"
 
 
 def best_path(checkpoint: str | os.PathLike) -> Path:
-    """Where the best epoch's weights of a run checkpointed at `checkpoint` are kept: `<stem>.best<suffix>` beside it."""
+    """Where the best epoch's weights of a run checkpointed at `checkpoint` are kept: `<stem>.best<suffix>` beside
+    it."""
     checkpoint = Path(checkpoint)
     return checkpoint.with_name(f"{checkpoint.stem}.best{checkpoint.suffix}")
 

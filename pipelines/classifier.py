@@ -29,12 +29,14 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def find_head(model: nn.Module, num_classes: int | None = None) -> nn.Linear:
-    """The classification layer: `model.classifier` (or its last Linear), else the last Linear with `num_classes` outputs."""
+    """The classification layer: `model.classifier` (or its last Linear), else the last Linear with `num_classes`
+    outputs."""
     candidate = getattr(model, "classifier", None) or getattr(model, "fc", None) or getattr(model, "head", None)
     if isinstance(candidate, nn.Linear):
         return candidate
     modules = list(candidate.modules()) if isinstance(candidate, nn.Module) else list(model.modules())
-    linears = [m for m in modules if isinstance(m, nn.Linear) and (num_classes is None or m.out_features == num_classes)]
+    linears = [m for m in modules if isinstance(m, nn.Linear)
+               and (num_classes is None or m.out_features == num_classes)]
     if not linears:
         raise ValueError(f"could not find the classifier's linear head in {type(model).__name__}; pass head= explicitly")
     return linears[-1]
@@ -117,7 +119,8 @@ class ImageClassifier(nn.Module):
 
     @classmethod
     def from_module(cls, module: nn.Module, *, image_size: int | tuple[int, int], mean: Sequence[float] = IMAGENET_MEAN,
-                    std: Sequence[float] = IMAGENET_STD, head: nn.Linear | None = None, model_id: str = "module") -> "ImageClassifier":
+                    std: Sequence[float] = IMAGENET_STD, head: nn.Linear | None = None,
+                    model_id: str = "module") -> "ImageClassifier":
         """Wrap any module returning `(logits, features)`; its head is `head` or found by `find_head`."""
         size = (image_size, image_size) if isinstance(image_size, int) else image_size
         return cls(module, head or find_head(module), image_size=size, mean=mean, std=std, model_id=model_id,

@@ -268,7 +268,8 @@ def _item_index(items: list[Any], name: str, where: str, key: str) -> int:
             raise ConfigError(f"{where}: index {index} is outside the list of {len(items)} items ({key!r})")
         return index % len(items)
     found = [i for i, v in enumerate(items)
-             if v == name or (isinstance(v, dict) and (v.get("label") == name or (v.get("name") == name and not v.get("label"))))]
+             if v == name or (isinstance(v, dict)
+                              and (v.get("label") == name or (v.get("name") == name and not v.get("label"))))]
     if len(found) != 1:
         names = [v if isinstance(v, str) else (v.get("label") or v.get("name")) if isinstance(v, dict) else repr(v)
                  for v in items]

@@ -178,7 +178,8 @@ def pixel_loader(dataset: Dataset, batch_size: int, num_workers: int | None) -> 
                       prefetch_factor=4 if workers else None)
 
 
-def _reusable(cache: str | os.PathLike | None, manifest: Manifest, model_id: str, key: str | None) -> FeatureCache | None:
+def _reusable(cache: str | os.PathLike | None, manifest: Manifest, model_id: str,
+              key: str | None) -> FeatureCache | None:
     """The cache file when it holds this content `key` (without a key: the same manifest fingerprint and model id)."""
     if cache is None or not Path(cache).is_file():
         return None

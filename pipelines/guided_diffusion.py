@@ -195,7 +195,8 @@ def _module_map(flags: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _split_qkv(weight: torch.Tensor, bias: torch.Tensor, heads: int, legacy: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _split_qkv(weight: torch.Tensor, bias: torch.Tensor, heads: int,
+               legacy: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """ADM's fused qkv 1x1 conv [3C, C, 1] -> [(W_q, b_q), (W_k, b_k), (W_v, b_v)] of Linear [C, C]."""
     three_c, c = weight.shape[:2]
     w = weight.reshape(three_c, c)
@@ -206,7 +207,8 @@ def _split_qkv(weight: torch.Tensor, bias: torch.Tensor, heads: int, legacy: boo
     return [(w[i], b[i]) for i in range(3)]
 
 
-def convert_state_dict(state: Mapping[str, torch.Tensor], flags: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
+def convert_state_dict(state: Mapping[str, torch.Tensor],
+                       flags: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
     """An ADM checkpoint's state dict (guided_diffusion.unet.UNetModel) -> the `UNet2DModel` of `unet_config(flags)`.
 
     Every source tensor must be used: an unmapped key raises (with the flags that probably do not match)."""

@@ -190,7 +190,8 @@ def import_imglist(list_path: str | os.PathLike, out: str | os.PathLike, *, ood_
 
 
 def import_folder(folder: str | os.PathLike, out: str | os.PathLike, *, ood_set: str | None, group: str | None = "easy",
-                  split: str = "test", role: str = "ood", label: int = -1, category_from_subfolder: bool = False) -> ImportResult:
+                  split: str = "test", role: str = "ood", label: int = -1,
+                  category_from_subfolder: bool = False) -> ImportResult:
     """A plain image folder (searched recursively) -> the manifest folder `out`, images left in place.
 
     `role="id"` takes a class `label` and no `ood_set`; `category_from_subfolder` stores a first-level subfolder name

@@ -379,7 +379,8 @@ def select_variant(name_or_path: str | os.PathLike, dtype: torch.dtype, variant:
 
 
 def hub_snapshot(repo_id: str, revision: str = "main") -> Path | None:
-    """The cached snapshot folder of a hub model repo (`<HF_HUB_CACHE>/models--org--name/snapshots/<commit>`), or None."""
+    """The cached snapshot folder of a hub model repo (`<HF_HUB_CACHE>/models--org--name/snapshots/<commit>`), or
+    None."""
     commit = hub_commit(repo_id, revision)
     if commit is None:
         return None

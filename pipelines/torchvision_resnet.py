@@ -52,7 +52,8 @@ def _rename(key: str) -> str | None:
     return f"classifier.1.{head[1]}" if head else None
 
 
-def convert_state_dict(state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def convert_state_dict(state: Mapping[str, torch.Tensor],
+                       expected: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """torchvision keys -> the transformers model's keys (`expected`: its state dict). Batch-norm step counters absent
     from the checkpoint (older files) are filled with zeros; any other missing, unknown or mis-shaped key is an
     error."""

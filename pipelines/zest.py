@@ -154,7 +154,8 @@ def feathered_weights(mask: Image.Image, feather: float) -> np.ndarray:
                    0.0, 1.0)
 
 
-def composite_background(generated: Image.Image, original: Image.Image, mask: Image.Image, feather: float) -> Image.Image:
+def composite_background(generated: Image.Image, original: Image.Image, mask: Image.Image,
+                         feather: float) -> Image.Image:
     """Pixel-space composite: generated inside the feathered mask, the original untouched where its weight is 0."""
     weights = feathered_weights(mask, feather)[..., None]
     new = np.asarray(to_rgb(generated), dtype=np.float64)
@@ -260,13 +261,15 @@ class ZeSTPipeline:
 
     @torch.inference_mode()
     def exemplar_embeds(self, materials: Sequence[Image.Image], do_classifier_free_guidance: bool) -> torch.Tensor:
-        """Per-sample IP-Adapter image embeds [(2)B, 1, D]: zeros (negative) first under guidance, then the exemplars."""
+        """Per-sample IP-Adapter image embeds [(2)B, 1, D]: zeros (negative) first under guidance, then the
+        exemplars."""
         embeds, negative = self.pipe.encode_image([to_rgb(m) for m in materials], self.device, 1)
         stacked = torch.cat([negative, embeds]) if do_classifier_free_guidance else embeds
         return stacked[:, None].to(self.pipe.unet.dtype)
 
     def prepare(self, targets: Sequence[Image.Image], masks: Sequence[Any] | None, resolution: int,
-                resize: str, mask_method: str = "auto") -> tuple[list[Image.Image], list[Image.Image], list[Image.Image], list[Image.Image]]:
+                resize: str,
+                mask_method: str = "auto") -> tuple[list[Image.Image], list[Image.Image], list[Image.Image], list[Image.Image]]:
         """ZeST inputs at resolution x resolution: init images, binary masks, RGB depth maps; plus full-size masks."""
         rgb = [to_rgb(t) for t in targets]
         full_masks = foreground_masks(rgb, masks, mask_method)
@@ -294,7 +297,8 @@ class ZeSTPipeline:
         inits, fitted_masks, controls, full_masks = self.prepare(targets, masks, resolution, call.resize,
                                                                  call.mask_method)
         cfg = guidance_scale > 1.0
-        positive, negative, pooled, negative_pooled = (e.repeat(batch, *[1] * (e.dim() - 1)) for e in self.prompt_embeds)
+        positive, negative, pooled, negative_pooled = (e.repeat(batch, *[1] * (e.dim() - 1))
+                                                       for e in self.prompt_embeds)
         self.pipe.set_ip_adapter_scale(call.ip_adapter_scale)
         images = self.pipe(
             prompt_embeds=positive, negative_prompt_embeds=negative, pooled_prompt_embeds=pooled,

@@ -59,7 +59,8 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def bench_scoring(backbone: ClipBackbone, n_images: int, batch_size: int, class_names: list[str], repeats: int = 3) -> dict[str, float]:
+def bench_scoring(backbone: ClipBackbone, n_images: int, batch_size: int, class_names: list[str],
+                  repeats: int = 3) -> dict[str, float]:
     """images/s of MCM scoring (best of `repeats`) on a fresh image set (image tower runs) and on the same set again
     (cached embeddings); each run builds a new detector, so both include encoding the class prompts."""
     import detectors
@@ -76,7 +77,8 @@ def bench_scoring(backbone: ClipBackbone, n_images: int, batch_size: int, class_
             "cached_over_uncached": uncached / cached}
 
 
-def bench_training(backbone: ClipBackbone, steps: int, batch_size: int, class_names: list[str], repeats: int = 3) -> dict[str, float]:
+def bench_training(backbone: ClipBackbone, steps: int, batch_size: int, class_names: list[str],
+                   repeats: int = 3) -> dict[str, float]:
     """LoCoOp training steps/s (best of `repeats` runs of `steps`) on cached embeddings vs with the image tower re-run
     every step."""
     size = backbone.model.config.vision_config.image_size

@@ -143,7 +143,8 @@ def bench_latent_batching(detector: DiffGuard, images: list[Image.Image], batch_
     x01 = resize_center_crop(images, side, side).to(device)
     labels = detector.predict(x01)
     detector.reconstruct_latent(x01[:1], labels[:1])  # warm-up
-    loop_s = timed_seconds(lambda: [detector.reconstruct_latent(x01[i:i + 1], labels[i:i + 1]) for i in range(loop_images)], device)
+    loop_s = timed_seconds(lambda: [detector.reconstruct_latent(x01[i:i + 1], labels[i:i + 1])
+                                    for i in range(loop_images)], device)
     reference = loop_images / loop_s
     log(f"[diffguard-latent] batch-1 loop: {reference:.3f} img/s")
     cases = [dict(mode="loop", batch_size=1, images=loop_images, seconds=loop_s, images_per_s=reference, ratio=1.0)]

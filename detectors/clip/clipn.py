@@ -53,7 +53,8 @@ class NoTextTower(nn.Module):
         return tower.requires_grad_(True)
 
     def prompt_for(self, batch: int, pick: torch.Tensor | None) -> torch.Tensor:
-        """Prompts [B, L, W]: row `pick[b]` of the K prompts plus their mean (index K), or the mean when `pick` is None."""
+        """Prompts [B, L, W]: row `pick[b]` of the K prompts plus their mean (index K), or the mean when `pick` is
+        None."""
         bank = torch.cat([self.prompt, self.prompt.mean(0, keepdim=True)])
         if pick is None:
             return bank[-1:].expand(batch, -1, -1)

@@ -107,7 +107,8 @@ def sweep(config: dict[str, Any]) -> list[dict[str, Any]]:
     train = ImageSet.from_manifest(manifest, split=config.get("train_split", "train"), role="id")
     test = config.get("test_split", "test")
     id_test = ImageSet.from_manifest(manifest, split=test, role="id")
-    ood_sets = {name: ImageSet.from_manifest(manifest, split=test, role="ood", ood_set=name) for name in manifest.select(split=test).ood_sets()}
+    ood_sets = {name: ImageSet.from_manifest(manifest, split=test, role="ood", ood_set=name)
+                for name in manifest.select(split=test).ood_sets()}
     groups = {r["ood_set"]: r.get("group") for r in manifest.rows if r["role"] == "ood"}
     if not len(train) or not len(id_test) or not ood_sets:
         raise ValueError(f"fewshot: manifest {config['manifest']} needs ID train rows and ID + OOD rows in split "
@@ -167,7 +168,8 @@ def plot_fewshot(rows: list[dict[str, Any]], out_png: str, metrics: tuple[str, .
     shots = sorted(frame["shots"].unique())
     fig, axes = plt.subplots(len(ood_sets), len(metrics) + 1, figsize=(3.2 * (len(metrics) + 1), 2.8 * len(ood_sets)),
                              squeeze=False)
-    panels = [(axes[0][0], "id_acc", None)] + [(axes[r][c + 1], m, s) for r, s in enumerate(ood_sets) for c, m in enumerate(metrics)]
+    panels = [(axes[0][0], "id_acc", None)] + [(axes[r][c + 1], m, s) for r, s in enumerate(ood_sets)
+                                               for c, m in enumerate(metrics)]
     for ax in axes[1:, 0]:
         ax.axis("off")
     for ax, metric, ood_set in panels:

@@ -83,7 +83,8 @@ def crop_embeddings(backbone: ClipBackbone, crops: Sequence[Any], batch_size: in
     return torch.cat(out)
 
 
-def select_crops(crop_feats: torch.Tensor, class_text: torch.Tensor, n_select: int) -> tuple[torch.Tensor, torch.Tensor]:
+def select_crops(crop_feats: torch.Tensor, class_text: torch.Tensor,
+                 n_select: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The `n_select` crops most similar to the class prompt (ID) and the `n_select` least similar (ID-like OOD)."""
     order = cosine(crop_feats, class_text[None]).squeeze(-1).argsort(descending=True)
     return crop_feats[order[:n_select]], crop_feats[order[-n_select:]]

@@ -41,7 +41,8 @@ class GLMCM(ClipDetector):
 
     reads_patches = True
 
-    paper = "Miyai et al., Zero-Shot In-Distribution Detection in Multi-Object Settings Using Vision-Language Foundation Models, 2023"
+    paper = ("Miyai et al., Zero-Shot In-Distribution Detection in Multi-Object Settings Using Vision-Language "
+             "Foundation Models, 2023")
 
     @dataclass(frozen=True)
     class Params(MCM.Params):

@@ -153,7 +153,8 @@ class PromptDetector(ClipDetector):
         return cosine(self.features(batch).global_, text).argmax(-1).numpy()
 
     def shot_indices(self, images: ImageSet) -> list[int]:
-        """Rows of the `shots`-per-class subset of a labelled training ImageSet (seeded; all rows when shots is None)."""
+        """Rows of the `shots`-per-class subset of a labelled training ImageSet (seeded; all rows when shots is
+        None)."""
         return few_shot_indices(labels_of(images, self.name).numpy(), self.params["shots"], self.params["seed"])
 
     def training_features(self, images: ImageSet) -> tuple[ClipImageFeatures, torch.Tensor]:

@@ -32,7 +32,8 @@ from detectors.generative.pixel_backend import ClassifierGuidance, PixelDiffusio
 from detectors.registry import register_detector
 from pipelines.hub_ids import SD15_ID
 from pipelines.progress import progress as progress_bar
-from pipelines.runtime import diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained, resolve_dtype
+from pipelines.runtime import (diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained,
+                               resolve_dtype)
 
 DEFAULT_SD_ID = SD15_ID
 Similarity = Literal["dists", "lpips", "logit_l1", "ssim", "psnr", "l2"]  # distances.SIMILARITIES
@@ -76,7 +77,8 @@ class DiffGuard(Detector):
     family = "generative"
     inputs = frozenset({"images"})
     keeps_batches = True  # a killed rerun resumes within a set (Detector.score)
-    paper = "Gao et al., DIFFGUARD: Semantic Mismatch-Guided Out-of-Distribution Detection using Pre-trained Diffusion Models, ICCV 2023"
+    paper = ("Gao et al., DIFFGUARD: Semantic Mismatch-Guided Out-of-Distribution Detection using Pre-trained "
+             "Diffusion Models, ICCV 2023")
 
     @dataclass(frozen=True)
     class Params(Params):

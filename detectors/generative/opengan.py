@@ -111,7 +111,8 @@ class OpenGAN(Detector):
         self.best_epoch: int | None = None
 
     def fit(self, id_train: FeatureSet, *, head: Any = None, id_val: FeatureSet | None = None,
-            ood_val: FeatureSet | None = None, outliers: FeatureSet | None = None, aux: FeatureSet | None = None) -> "OpenGAN":
+            ood_val: FeatureSet | None = None, outliers: FeatureSet | None = None,
+            aux: FeatureSet | None = None) -> "OpenGAN":
         """Train G and D on ID features (plus real `outliers` for the full OpenGAN); select the epoch by val AUROC.
 
         `aux` is the evaluation runner's name for the auxiliary outlier features; it is used when `outliers` is None.

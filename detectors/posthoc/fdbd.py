@@ -1,4 +1,5 @@
-"""fDBD (Liu & Qin, ICML 2024): mean feature-space distance to the decision boundaries, normalised by the feature scale."""
+"""fDBD (Liu & Qin, ICML 2024): mean feature-space distance to the decision boundaries, normalised by the feature
+scale."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -98,7 +98,8 @@ class GramFeatures:
 
 
 @torch.no_grad()
-def compute_gram_features(classifier: Any, batches: Any, powers: list[int], layers: str, total: int | None = None) -> GramFeatures:
+def compute_gram_features(classifier: Any, batches: Any, powers: list[int], layers: str,
+                          total: int | None = None) -> GramFeatures:
     """One pass of `classifier` over `batches` of normalised pixel values -> GramFeatures."""
     param = next(classifier.parameters())
     modes = [(module, module.training) for module in classifier.modules()]

@@ -55,7 +55,8 @@ def spd_inverse(matrix: np.ndarray) -> np.ndarray:
     return pinvh(matrix)
 
 
-def min_squared_mahalanobis(features: np.ndarray, means: np.ndarray, precision: np.ndarray, desc: str = "mahalanobis") -> np.ndarray:
+def min_squared_mahalanobis(features: np.ndarray, means: np.ndarray, precision: np.ndarray,
+                            desc: str = "mahalanobis") -> np.ndarray:
     """min_c (h - mu_c)^T P (h - mu_c) for every row, via t^T P t - 2 t^T P m_c + m_c^T P m_c in float64 blocks, with
     t = h - o and m_c = mu_c - o about o, the mean of the class means (the distances do not change; the expansion's
     cancellation shrinks from ||h|| to the spread about o: ReLU features share a large offset). `features` may be
@@ -83,7 +84,8 @@ class Mahalanobis(Detector):
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
-    paper = "Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks, NeurIPS 2018"
+    paper = ("Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial "
+             "Attacks, NeurIPS 2018")
     fit_inputs = frozenset()
     needs = frozenset()
 

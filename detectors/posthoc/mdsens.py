@@ -61,7 +61,8 @@ class MDSEnsemble(Detector):
     family = "posthoc"
     inputs = frozenset({"images"})
     keeps_batches = True  # a killed rerun resumes within a set (Detector.score)
-    paper = "Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks, NeurIPS 2018"
+    paper = ("Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial "
+             "Attacks, NeurIPS 2018")
 
     @dataclass(frozen=True)
     class Params(Params):

@@ -1,4 +1,5 @@
-"""NCI (Liu & Qin, CVPR 2025): neural-collapse inspired score, alignment of (h - mu_train) with the predicted class weight."""
+"""NCI (Liu & Qin, CVPR 2025): neural-collapse inspired score, alignment of (h - mu_train) with the predicted class
+weight."""
 from __future__ import annotations
 
 from dataclasses import dataclass

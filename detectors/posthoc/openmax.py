@@ -31,7 +31,8 @@ DISTANCES = ("eucos", "euclidean", "cosine")
 ROW_BLOCK = 4096
 
 
-def mav_distances(logits: np.ndarray, mavs: np.ndarray, distance: str = "eucos", eu_weight: float = 1 / 200) -> np.ndarray:
+def mav_distances(logits: np.ndarray, mavs: np.ndarray, distance: str = "eucos",
+                  eu_weight: float = 1 / 200) -> np.ndarray:
     """[N, K] distances of each row of `logits` to each MAV: euclidean * eu_weight + cosine distance ("eucos"),
     euclidean, or cosine distance (1 - cos)."""
     if distance not in DISTANCES:
@@ -75,7 +76,8 @@ def weibull_mle(data: np.ndarray) -> tuple[float, float]:
     return float(shape), float(scale)
 
 
-def fit_weibull_high(distances: np.ndarray, tailsize: int, translate: float = LIBMR_TRANSLATE) -> tuple[float, float, float]:
+def fit_weibull_high(distances: np.ndarray, tailsize: int,
+                     translate: float = LIBMR_TRANSLATE) -> tuple[float, float, float]:
     """libMR FitHigh: (shape, scale, small_score) of the `tailsize` largest values shifted by translate - small_score.
 
     A tail without spread once shifted (one or two samples, whose distances to their mean are equal up to rounding)
@@ -185,7 +187,8 @@ class OpenMax(Detector):
         # bounds [N, C] temporaries
         blocks = [logits[start:start + ROW_BLOCK] for start in range(0, len(logits), ROW_BLOCK)]
         return np.concatenate([openmax_probabilities(block, self._distances(block, self.mavs), shape, scale, small,
-                                                     int(self.params["alpha"])) for block in blocks] or [np.zeros((0, len(self.mavs) + 1))])
+                                                     int(self.params["alpha"])) for block in blocks]
+                                                     or [np.zeros((0, len(self.mavs) + 1))])
 
     def _score(self, batch: Any) -> np.ndarray:
         probs = self.probabilities(batch)

@@ -108,7 +108,8 @@ class RPEBO(_PriorDetector):
 
 
 def rp_gradnorm_score(features: np.ndarray, weight: np.ndarray, bias: np.ndarray, prior: np.ndarray) -> np.ndarray:
-    """||h||_1 * ||prior - softmax(Wh + b)||_1 / (D * C); the projection in the features' precision, the rest float64."""
+    """||h||_1 * ||prior - softmax(Wh + b)||_1 / (D * C); the projection in the features' precision, the rest
+    float64."""
     h = np.asarray(features)
     probs = softmax(h @ weight.T.astype(h.dtype, copy=False) + bias.astype(h.dtype, copy=False))
     return np.abs(h).sum(axis=1, dtype=np.float64) * np.abs(prior[None, :] - probs).sum(axis=1) / weight.size

@@ -1,4 +1,5 @@
-"""SHE: Simplified Hopfield Energy, inner product with the predicted class's stored pattern (Zhang et al., ICLR 2023)."""
+"""SHE: Simplified Hopfield Energy, inner product with the predicted class's stored pattern (Zhang et al., ICLR
+2023)."""
 from __future__ import annotations
 
 import warnings
@@ -52,7 +53,8 @@ class SHE(Detector):
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features", "logits"})
-    paper = "Zhang et al., Out-of-Distribution Detection based on In-Distribution Data Patterns Memorization with Modern Hopfield Energy, ICLR 2023"
+    paper = ("Zhang et al., Out-of-Distribution Detection based on In-Distribution Data Patterns Memorization with "
+             "Modern Hopfield Energy, ICLR 2023")
     fit_inputs = frozenset()
     needs = frozenset()
 

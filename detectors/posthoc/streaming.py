@@ -59,7 +59,8 @@ def across_processes() -> Iterator[None]:
 
 
 def process_rows(n: int) -> slice:
-    """This process's contiguous share of n rows (as accelerate's split_between_processes; all rows with one process)."""
+    """This process's contiguous share of n rows (as accelerate's split_between_processes; all rows with one
+    process)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -106,7 +107,8 @@ def _mapping(array: np.ndarray) -> mmap.mmap | None:
 
 
 def release(array: np.ndarray) -> None:
-    """Drop the resident pages of a memory-mapped array slice (the file keeps the data; a later read faults them back)."""
+    """Drop the resident pages of a memory-mapped array slice (the file keeps the data; a later read faults them
+    back)."""
     mapped = _mapping(array)
     if mapped is None or not array.flags.c_contiguous or array.nbytes == 0 or not hasattr(mapped, "madvise"):
         return

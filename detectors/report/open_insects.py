@@ -338,7 +338,8 @@ def split_counts(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame,
             name = entry.get("name") or entry.get("set")
             sets.append({"region": region, "set": name, "split": entry.get("split", ""),
                          "species": entry.get("species"), "images": entry.get("images")})
-            hops += [{"region": region, "set": name, "split": entry.get("split", ""), **h} for h in entry.get("hops") or []]
+            hops += [{"region": region, "set": name, "split": entry.get("split", ""), **h} for h in entry.get("hops")
+                     or []]
         notes = [f"{k}: {v}" for k, v in (summary.get("dropped") or {}).items()]
         notes = ([f"Rows dropped: {', '.join(notes)}."] if notes else []) + \
             [f"Shortfall: {_shortfall(s)}." for s in summary.get("shortfalls") or []]
@@ -529,7 +530,8 @@ def figure4_section(out: Out, study: pd.DataFrame) -> Section:
     return Section("Figure 4: AUROC against auxiliary species", images=images, captions={i: caption for i in images})
 
 
-def open_insects_sections(out: Out, runs: list[Run], splits: Path | None, aux_study: Path | None = None) -> list[Section]:
+def open_insects_sections(out: Out, runs: list[Run], splits: Path | None,
+                          aux_study: Path | None = None) -> list[Section]:
     """Every Open-Insects section whose inputs exist, Table 2 first."""
     sections = [table2_section(out, runs)]
     for make in (lambda: table4_section(out, runs), lambda: table5_section(out, splits) if splits else None,

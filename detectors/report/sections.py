@@ -295,7 +295,8 @@ def interval_views(boot: pd.DataFrame, layout: Layout) -> list[View]:
         for family, method in layout.rows:
             if method in set(boot["method"]):
                 rows.append(((family, method), [_interval_cell(indexed.loc[(method, s)], metric)
-                                                if (method, s) in indexed.index else (Part(number(None)),) for s in sets]))
+                                                if (method, s) in indexed.index else (Part(number(None)),)
+                                                for s in sets]))
         n = int(boot["n_boot"].iloc[0])
         note = (f"{COLUMN_LABELS[metric]} in percent from the scores, with the 95% bootstrap interval ({n} replicates; "
                 "ID and OOD scores resampled independently).")
@@ -321,7 +322,8 @@ def hop_section(out: Out, scores: pd.DataFrame) -> Section:
     wide = wide[order].reset_index()
     note = ("AUROC in percent of ID test against the OOD images at each taxonomic distance from the ID species (same "
             "genus, same family, farther); `all` pools the OOD sets. Images per distance: " +
-            "; ".join(f"{s}: " + ", ".join(f"{d} {number(counts.loc[s, d], '.0f')}" for d in order if d in counts.columns)
+            "; ".join(f"{s}: " + ", ".join(f"{d} {number(counts.loc[s, d], '.0f')}"
+                                           for d in order if d in counts.columns)
                       for s in counts.index))
     view = frame_view(wide, note)
     section.views.append(view)

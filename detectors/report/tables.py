@@ -253,7 +253,8 @@ def method_info(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"id_acc": acc.astype(np.float64), "mode": mode.astype(str)})
 
 
-def family_table(results: pd.DataFrame, layout: Layout | None = None, table: pd.DataFrame | None = None) -> pd.DataFrame:
+def family_table(results: pd.DataFrame, layout: Layout | None = None,
+                 table: pd.DataFrame | None = None) -> pd.DataFrame:
     """Family averages as in ShiftedBronzes' family table: columns `family, group, fpr95, auroc` (percent).
 
     For a method m and a group g, v(m, g) is the mean of m's per-set values over g's sets; the family row (f, g) is the
@@ -309,7 +310,8 @@ def low_auroc(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def rank_marks(values: pd.Series, lower_is_better: bool) -> pd.Series:
-    """1 for the best, 2 for the second-best value, 0 otherwise (values compared as rendered, two decimals; ties share)."""
+    """1 for the best, 2 for the second-best value, 0 otherwise (values compared as rendered, two decimals; ties
+    share)."""
     rounded = values.round(2)
     distinct = np.unique(rounded.dropna().to_numpy())
     distinct = distinct if lower_is_better else distinct[::-1]

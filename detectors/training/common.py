@@ -67,7 +67,8 @@ class TrainedDetector(Detector):
 
     @dataclass(frozen=True)
     class Params(Params):
-        """Open-Insects recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine with 2 warm-up epochs, batch 512."""
+        """Open-Insects recipe: 30 epochs, AdamW lr 1e-3 (weight decay 1e-5), cosine with 2 warm-up epochs, batch
+        512."""
 
         mode: Literal["full", "heads"] = param("full",
                                                "fine-tune the whole classifier on images, or heads on cached features")

@@ -77,7 +77,8 @@ def _norm64(x: np.ndarray) -> np.ndarray:
 class GODIN(TrainedDetector):
     """Decomposed confidence h / g; score = max softmax of the cosine numerators h (or g)."""
 
-    paper = "Hsu et al., Generalized ODIN: Detecting Out-of-distribution Image without Learning from OOD Data, CVPR 2020"
+    paper = ("Hsu et al., Generalized ODIN: Detecting Out-of-distribution Image without Learning from OOD Data, CVPR "
+             "2020")
 
     @dataclass(frozen=True)
     class Params(TrainedDetector.Params):

@@ -53,7 +53,8 @@ class MixOELoss(Objective):
         self.mix_op, self.alpha, self.beta, self.lambda_oe, self.passes = mix_op, float(alpha), float(beta), float(lambda_oe), passes
         self._mixed: tuple[int, float] = (0, 1.0)
 
-    def mix(self, x: torch.Tensor, aux_x: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, float]:
+    def mix(self, x: torch.Tensor, aux_x: torch.Tensor,
+            generator: torch.Generator | None) -> tuple[torch.Tensor, float]:
         """Mixtures of the first k = min(len(x), len(aux_x)) pairs and the ID share lam."""
         k = min(len(x), len(aux_x))
         x, aux_x = x[:k], aux_x[:k].to(x.dtype)
@@ -97,7 +98,8 @@ def beta_sample(a: float, b: float, generator: torch.Generator) -> float:
 class MixOE(TrainedDetector):
     """Train with MixOE on ID + auxiliary data, score with MSP."""
 
-    paper = "Zhang et al., Mixture Outlier Exposure: Towards Out-of-Distribution Detection in Fine-grained Environments, WACV 2023"
+    paper = ("Zhang et al., Mixture Outlier Exposure: Towards Out-of-Distribution Detection in Fine-grained "
+             "Environments, WACV 2023")
 
     @dataclass(frozen=True)
     class Params(TrainedDetector.Params):

@@ -74,7 +74,8 @@ class RotPred(TrainedDetector):
     """Rotation prediction as an auxiliary task; score from the class and rotation heads on rotated images."""
 
     inputs = frozenset({"images"})
-    paper = "Hendrycks et al., Using Self-Supervised Learning Can Improve Model Robustness and Uncertainty, NeurIPS 2019"
+    paper = ("Hendrycks et al., Using Self-Supervised Learning Can Improve Model Robustness and Uncertainty, NeurIPS "
+             "2019")
 
     @dataclass(frozen=True)
     class Params(TrainedDetector.Params):

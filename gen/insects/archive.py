@@ -50,7 +50,8 @@ def _pick(choices: tuple[str, ...], index: np.ndarray) -> pa.Array:
     return pa.DictionaryArray.from_arrays(pa.array(index % len(choices), pa.int32()), pa.array(choices)).cast(pa.string())
 
 
-def _chunk(occ: pd.DataFrame, start: int, stop: int, columns: int, rng: np.random.Generator) -> tuple[pa.Table, pa.Table]:
+def _chunk(occ: pd.DataFrame, start: int, stop: int, columns: int,
+           rng: np.random.Generator) -> tuple[pa.Table, pa.Table]:
     part = occ.iloc[start:stop]
     n = len(part)
     row = np.arange(start, stop, dtype=np.int64)

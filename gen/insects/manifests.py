@@ -63,7 +63,8 @@ def manifest_table(frame: pd.DataFrame, non_target_name: str) -> pd.DataFrame:
         "file_name": frame["file_name"].astype(str),
         "split": frame["set"].map({k: v[0] for k, v in SET_FIELDS.items()}),
         "role": frame["set"].map({k: v[1] for k, v in SET_FIELDS.items()}),
-        "ood_set": frame["set"].map({k: (non_target_name if v[2] == "non_target" else v[2]) for k, v in SET_FIELDS.items()}),
+        "ood_set": frame["set"].map({k: (non_target_name if v[2] == "non_target" else v[2])
+                                     for k, v in SET_FIELDS.items()}),
         "group": frame["set"].map({k: v[3] for k, v in SET_FIELDS.items()}),
         "label": frame["label"].astype(np.int64),
         "species": frame["species"], "genus": frame["genus"], "family": frame["family"],

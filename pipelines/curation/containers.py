@@ -186,7 +186,8 @@ def _score_key(flt: SecondaryFilter, scorer: ClipScorer, category: Category) -> 
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def score_category(root: Path, category: Category, flt: SecondaryFilter, scorer: ClipScorer, cache: Path) -> dict[str, Any]:
+def score_category(root: Path, category: Category, flt: SecondaryFilter, scorer: ClipScorer,
+                   cache: Path) -> dict[str, Any]:
     """{"key", "prompts", "logits": {file: [logit scale x cosine of each prompt, main first]}, "failures": {file:
     reason}}, cached in `cache/<wnid>.json` (the threshold is applied afterwards: changing it rescores nothing)."""
     key = _score_key(flt, scorer, category)

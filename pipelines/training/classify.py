@@ -130,7 +130,8 @@ def _set_eval_pixels(processor: Any, config: TrainConfig) -> None:
         processor.crop_size = {"height": size, "width": size}
 
 
-def transforms_for(classifier: ImageClassifier, augment: str = "imagenet", pre_size: int | None = None) -> tuple[Compose, Any]:
+def transforms_for(classifier: ImageClassifier, augment: str = "imagenet",
+                   pre_size: int | None = None) -> tuple[Compose, Any]:
     """(train, eval) transforms at the classifier's input size. Training: the `augment` branch of
     `transforms.reference_train` ("region" resizes to `pre_size`, default the processor's resize). Evaluation: the
     reference's Resize(pre_size) + CenterCrop when `pre_size` is given, else what the image processor does (resize +

@@ -213,7 +213,8 @@ def aux_labels(rows: list[dict[str, Any]], field_name: str | None) -> tuple[np.n
 
 
 def aux_batch_size(objective: Objective, batch_size: int, n_train: int, n_aux: int) -> int:
-    """Aux rows drawn per step: `aux_batch_ratio * batch_size`, or proportional to the set sizes when the ratio is None."""
+    """Aux rows drawn per step: `aux_batch_ratio * batch_size`, or proportional to the set sizes when the ratio is
+    None."""
     ratio = objective.aux_batch_ratio if objective.aux_batch_ratio is not None else n_aux / max(n_train, 1)
     return max(1, int(round(ratio * batch_size)))
 

@@ -275,7 +275,8 @@ class _Loop:
         step_module = _Step(model, objective, compiled=settings.compile)
         optimizer = _optimizer(step_module, objective, settings.lr, settings.weight_decay)
         self.step_module, self.optimizer = self.acc.prepare(step_module, optimizer)
-        self.train, self.aux, self.val, self.test = (self.acc.prepare(x) if isinstance(x, DataLoader) else x for x in loaders)
+        self.train, self.aux, self.val, self.test = (self.acc.prepare(x) if isinstance(x, DataLoader) else x
+                                                     for x in loaders)
         self.train_targets, self.val_targets, self.test_targets = targets
         # one schedule step per optimiser step; with split batches every process takes every global step
         self.batches = len(self.train)
@@ -364,7 +365,8 @@ class _Loop:
                                "load)")
         return {"epoch": epoch + 1, "loss": total / count if count else math.nan, "lr": self.scheduler.get_last_lr()[0]}
 
-    def batch(self, raw: dict[str, Any], aux_stream: Iterator[dict[str, Any]] | None, epoch: int, step: int) -> TrainBatch | None:
+    def batch(self, raw: dict[str, Any], aux_stream: Iterator[dict[str, Any]] | None, epoch: int,
+              step: int) -> TrainBatch | None:
         self.record(raw["failed"], "train")
         aux = raw["aux"] if "aux" in raw else next(aux_stream) if aux_stream is not None else None
         if aux is not None:
@@ -553,7 +555,8 @@ def _all_outputs(model: nn.Module, loader: Any, inputs: Callable[[torch.Tensor],
 def _evaluate(step_module: _Step, loader: Any, targets: dict[str, np.ndarray],
               inputs: Callable[[torch.Tensor], torch.Tensor],
               accelerator: Any, record: Callable[[list[tuple[int, str]], str], None]) -> dict[str, float]:
-    """Accuracy per level (`acc_<level>`), and `overall` = share of rows with every level right (failed rows excluded)."""
+    """Accuracy per level (`acc_<level>`), and `overall` = share of rows with every level right (failed rows
+    excluded)."""
     step_module.eval()
     model, objective = step_module.model, step_module.objective
     right: dict[str, list[np.ndarray]] = {}

@@ -74,7 +74,8 @@ class ReferenceSchedule:
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, schedule: str, *, epochs: int, warmup_epochs: float,
-                   batches: int, rows: int, batch_size: int, advances: bool = True) -> torch.optim.lr_scheduler.LRScheduler:
+                   batches: int, rows: int, batch_size: int,
+                   advances: bool = True) -> torch.optim.lr_scheduler.LRScheduler:
     """The scheduler of `schedule`, stepped once per optimiser step."""
     if schedule == "reference":
         factor = ReferenceSchedule(epochs, warmup_epochs, rows, batch_size, batches, advances)

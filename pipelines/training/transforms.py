@@ -353,7 +353,8 @@ AUGMENTS = ("ami", "region", "imagenet")
 
 def reference_train(augment: Literal["ami", "region", "imagenet"], image_size: int, pre_size: int,
                     decode: Decode = Decode()) -> Compose:
-    """The training transform of one `BasePreprocessor` branch at `image_size` (`pre_size`: the region branch's resize)."""
+    """The training transform of one `BasePreprocessor` branch at `image_size` (`pre_size`: the region branch's
+    resize)."""
     if augment == "ami":
         return Compose([RandomResizedCrop(image_size, scale=(0.3, 1.0)), HorizontalFlip(), RandAugment(2, 9),
                         Resize((image_size, image_size))], decode)

@@ -27,7 +27,8 @@ FAMILIES = ("posthoc", "clip", "generative", "training")
 NAMES = [name for family in FAMILIES for name in detectors.available(family)]
 # every detector with its defaults, and the training-time methods also in their fast "heads" mode
 CASES = [(name, {}) for name in NAMES] + [
-    (name, {"mode": "heads"}) for name in detectors.available("training") if "heads" in detectors.detector_class(name).modes]
+    (name, {"mode": "heads"})
+    for name in detectors.available("training") if "heads" in detectors.detector_class(name).modes]
 TRAINING_FAST = {"epochs": 1, "batch_size": 8, "warmup_epochs": 0}
 FAST: dict[str, dict[str, Any]] = {
     "opengan": {"epochs": 2},

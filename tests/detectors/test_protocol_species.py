@@ -150,7 +150,8 @@ def test_species_protocol_through_the_scripts(tmp_path):
         if len(id_scores[a]) == len(id_scores[b]):
             assert np.abs(id_scores[a] - id_scores[b]).max() > 1e-6, (a, b)
     # a rule scores each method's own fine-tuned features: KNN differs between methods
-    knn = {t: scores[(scores.method == f"{t}+knn") & (scores.role == "id")].sort_values("index")["score"].to_numpy() for t in trained}
+    knn = {t: scores[(scores.method == f"{t}+knn") & (scores.role == "id")].sort_values("index")["score"].to_numpy()
+           for t in trained}
     assert len({np.round(v, 6).tobytes() for v in knn.values()}) == len(trained)
 
     transfer = pd.read_csv(run / "threshold_transfer.csv")

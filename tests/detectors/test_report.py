@@ -181,7 +181,8 @@ def test_render_summary():
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
             if line.startswith("| a ") or line.startswith("| c ")}
     assert set(rows) == {"a", "c"}
-    assert rows["a"][2:] == [f"{method_mean(FPR, 'a', s):.2f} / {method_mean(AUC, 'a', s):.2f}" for s in (ALL_SETS, HARD, EASY)]
+    assert rows["a"][2:] == [f"{method_mean(FPR, 'a', s):.2f} / {method_mean(AUC, 'a', s):.2f}"
+                             for s in (ALL_SETS, HARD, EASY)]
     assert rows["c"][2] == f"{method_mean(FPR, 'c', ALL_SETS):.2f} / {method_mean(AUC, 'c', ALL_SETS):.2f}"
     assert "converted to percent" in text
 
@@ -229,7 +230,8 @@ def test_write_report_files_parse_back(tmp_path):
     results = results_table(0.01)
     paths = report.write_report(results, tmp_path / "out", scores=scores_table(), threshold_transfer=transfer_table())
     written = {p.name: p for p in paths}
-    tables = {f"{t}.{x}" for t in ("per_set", "table3", "sb_table4") for x in ("md", "tex", "csv")} | {"families.md", "families.csv"}
+    tables = {f"{t}.{x}" for t in ("per_set", "table3", "sb_table4")
+              for x in ("md", "tex", "csv")} | {"families.md", "families.csv"}
     names = tables | {"fpr95_by_method.png", "score_densities.png", "threshold_transfer.md", "index.html",
                       "roc.png", "warnings.md"}
     assert set(written) == names and all(p.is_file() for p in written.values())
@@ -333,7 +335,8 @@ def insect_results() -> pd.DataFrame:
 
 def rule_selection() -> pd.DataFrame:
     """The runner's choice on validation: ce -> vim and oe -> msp (on local TEST AUROC ce would pick ebo, oe tie)."""
-    rows = [("ce", r, r == "vim") for r in ("msp", "ebo", "vim")] + [("oe", r, r == "msp") for r in ("msp", "ebo", "vim")]
+    rows = [("ce", r, r == "vim") for r in ("msp", "ebo", "vim")] + [("oe", r, r == "msp")
+                                                                     for r in ("msp", "ebo", "vim")]
     return pd.DataFrame([{"base": b, "rule": r, "metric": "auroc", "value": 0.9 if chosen else 0.8,
                           "ood_val": "aux_val", "chosen": chosen} for b, r, chosen in rows])
 

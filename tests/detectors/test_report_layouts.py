@@ -56,12 +56,14 @@ def _images(folder: Path, rows: list[dict], hue: int) -> None:
 def _insect_region(base: Path, region: str, seed: int) -> Path:
     """A region's run folder: results, scores (with file names), rule selection, threshold transfer."""
     data = base / "data" / region
-    ids = [make_row(f"id_{i}.png", split="test", role="id", label=i % 3, species=f"sp{i % 3}", hop=0) for i in range(30)]
+    ids = [make_row(f"id_{i}.png", split="test", role="id", label=i % 3, species=f"sp{i % 3}", hop=0)
+           for i in range(30)]
     sets = {"local": 24, "non_local": 18, "non_moth": 12}
     ood = [make_row(f"{s}_{i}.png", split="test", role="ood", ood_set=s, group=None, species=f"{s}_sp{i % 4}",
                     hop=1 + i % 3) for s, n in sets.items() for i in range(n)]
     field = [make_row(f"known_{i}.png", split="test", role="id", label=i % 3, species=f"sp{i % 3}") for i in range(8)]
-    field += [make_row(f"new_{i}.png", split="test", role="ood", ood_set="bci", species=NOVEL[i % 4]) for i in range(12)]
+    field += [make_row(f"new_{i}.png", split="test", role="ood", ood_set="bci", species=NOVEL[i % 4])
+              for i in range(12)]
     for name, rows, hue in (("id", ids, 60), ("ood", ood, 160), ("field", field, 220)):
         _images(data / name, rows, hue)
     rng = np.random.default_rng(seed)

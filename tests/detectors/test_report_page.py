@@ -97,7 +97,8 @@ def test_table7_for_pretrained_runs_and_figure4(tmp_path):
     study = tmp_path / "study"
     study.mkdir()
     pd.DataFrame([{"species": n, "images": 800, "ood_set": s, "method": "novel_branch", "auroc": a}
-                  for n, a in ((10, 90.0), (100, 95.0)) for s in ("local", "non_local")]).to_csv(study / "aux_study.csv",
+                  for n, a in ((10, 90.0), (100, 95.0))
+                  for s in ("local", "non_local")]).to_csv(study / "aux_study.csv",
                                                                                                index=False)
     write_open_insects([(r, p / "results.csv") for r, p in runs.items()], tmp_path / "report",
                        pretrained=["c-america-in1k"], aux_study=study)

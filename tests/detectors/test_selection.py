@@ -199,7 +199,8 @@ def test_runner_sweeps_by_default_with_ood_val_and_says_when_defaults_ran(digits
     assert rows.loc["ebo", "selected_on"] == rows.loc["odin", "selected_on"]  # one point (T 1), recorded as APS does
     assert rows.loc["knn", "selected_on"] == ""  # k given: fixed, no sweep
     table = pd.read_csv(tmp_path / "swept" / "selection" / "odin.csv")
-    assert list(zip(table["temperature"], table["noise"])) == [(t, n) for n in (0.0014, 0.0028) for t in (1, 10, 100, 1000)]
+    assert list(zip(table["temperature"], table["noise"])) == [(t, n) for n in (0.0014, 0.0028)
+                                                               for t in (1, 10, 100, 1000)]
     chosen = json.loads(rows.loc["odin", "params"])
     points = [[t, n] for t, n in zip(table["temperature"], table["noise"])]
     assert [chosen["temperature"], chosen["noise"]] == reference_search(points, list(table["auroc"]))

@@ -1,4 +1,5 @@
-"""Which inputs a job reads: `plan_change: extend` on the covered side, and manifest sources limited to a split and sets."""
+"""Which inputs a job reads: `plan_change: extend` on the covered side, and manifest sources limited to a split and
+sets."""
 from __future__ import annotations
 
 from collections import Counter

@@ -34,7 +34,8 @@ def meta_xml() -> str:
 
 def tsv(terms: list[str], rows: list[dict]) -> str:
     names = [t.rsplit("/", 1)[-1] for t in terms]
-    return "\t".join(names) + "\n" + "".join("\t".join("" if r.get(n) is None else str(r[n]) for n in names) + "\n" for r in rows)
+    return "\t".join(names) + "\n" + "".join("\t".join("" if r.get(n) is None else str(r[n]) for n in names) + "\n"
+                                             for r in rows)
 
 
 def occurrence(gbif_id: int, species: str, lat, lon, *, family="Noctuidae", genus=None, order="Lepidoptera",

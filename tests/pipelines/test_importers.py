@@ -59,7 +59,8 @@ def test_five_easy_sets_in_one_command(tmp_path, capsys):
     for name in EASY_SETS:
         manifest = read_manifest(out / name, check_files=True)  # every image resolves through manifest_info.json
         assert manifest.root == expected_roots.get(name, root / "images_largescale").resolve()
-        assert {(r["role"], r["split"], r["group"], r["ood_set"], r["label"]) for r in manifest} == {("ood", "test", "easy", name, -1)}
+        assert {(r["role"], r["split"], r["group"], r["ood_set"], r["label"])
+                for r in manifest} == {("ood", "test", "easy", name, -1)}
         if name in listed:
             assert [r["file_name"] for r in manifest] == listed[name]
             assert {r["source_label"] for r in manifest} == {"-1"}
@@ -161,7 +162,8 @@ def test_flat_folders_and_tables_with_levels_and_strata(tmp_path):
     import_classes(tmp_path / "flat", tmp_path / "id", ClassImport(split="4:1:5", seed=1))
     rows = read_manifest(tmp_path / "id").rows
     assert sorted((r["class_name"], r["split"]) for r in rows).count(("ant", "val")) == 1
-    assert [sum(r["split"] == s and r["class_name"] == "bee" for r in rows) for s in ("train", "val", "test")] == [4, 1, 5]
+    assert [sum(r["split"] == s and r["class_name"] == "bee"
+                for r in rows) for s in ("train", "val", "test")] == [4, 1, 5]
     table = pd.DataFrame({"file_name": [r["file_name"] for r in rows],
                           "category": [r["class_name"] for r in rows],
                           "fine_era": [f"era{i % 2}" for i in range(len(rows))],

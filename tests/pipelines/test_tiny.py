@@ -1,4 +1,5 @@
-"""The tiny stand-ins load back through the real `from_pretrained` code paths and behave like their real counterparts."""
+"""The tiny stand-ins load back through the real `from_pretrained` code paths and behave like their real
+counterparts."""
 from __future__ import annotations
 
 import json

@@ -15,7 +15,8 @@ from pipelines.torchvision_resnet import convert_state_dict, load_torchvision_re
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-def torchvision_layout(depths: list[int], widths: list[int], stem: int, classes: int, seed: int) -> dict[str, torch.Tensor]:
+def torchvision_layout(depths: list[int], widths: list[int], stem: int, classes: int,
+                       seed: int) -> dict[str, torch.Tensor]:
     """Random weights named as torchvision's Bottleneck ResNet names them (expansion 4, stride on the 3x3)."""
     g = torch.Generator().manual_seed(seed)
     state: dict[str, torch.Tensor] = {}

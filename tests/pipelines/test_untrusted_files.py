@@ -147,7 +147,8 @@ def test_evaluation_unit_work_folder_and_the_trained_artifact(tiny, tmp_path):
 
     again = run_config(_eval_yaml(root, tmp_path / "loaded", model, [{"name": "logitnorm", "load": str(artifact)}]))
     assert not (tmp_path / "loaded" / "units" / "logitnorm" / "work" / "finetune.safetensors").exists()  # no training
-    scores = [pd.read_parquet(folder / "scores.parquet").sort_values(["role", "index"]) for folder in (out, tmp_path / "loaded")]
+    scores = [pd.read_parquet(folder / "scores.parquet").sort_values(["role", "index"])
+              for folder in (out, tmp_path / "loaded")]
     np.testing.assert_allclose(scores[1]["score"], scores[0]["score"], rtol=1e-6)
     assert again["auroc"].tolist() == pytest.approx(first["auroc"].tolist())
 

@@ -139,7 +139,8 @@ def test_converter_rejects_unknown_keys():
         convert_state_dict({"transformer.resblocks.0.attn.q_norm.weight": torch.zeros(2)})
 
 
-def open_clip_blocks(x: torch.Tensor, sd: dict[str, torch.Tensor], prefix: str, heads: int, mask: torch.Tensor | None) -> torch.Tensor:
+def open_clip_blocks(x: torch.Tensor, sd: dict[str, torch.Tensor], prefix: str, heads: int,
+                     mask: torch.Tensor | None) -> torch.Tensor:
     """open_clip's ResidualAttentionBlocks (nn.MultiheadAttention with packed in_proj, GELU MLP), batch-first input."""
     F = torch.nn.functional
     width = x.shape[-1]

@@ -56,7 +56,8 @@ def test_wordnet_reader_on_the_real_database():
     assert nouns == regex_first_lemmas(WORDNET / "data.noun")
     assert adjs == regex_first_lemmas(WORDNET / "data.adj")
     assert nouns["noun.Tops"][:3] == ["entity", "physical entity", "abstraction"]
-    assert set(adjs) == {"adj.all", "adj.pert", "adj.ppl"} and not any("(" in w or "_" in w for g in adjs.values() for w in g)
+    assert set(adjs) == {"adj.all", "adj.pert", "adj.ppl"} and not any("(" in w or "_" in w for g in adjs.values()
+                                                                       for w in g)
     # NegLabel's corpus: nouns minus noun.animal / noun.food (as the official word lists), then new adjectives
     corpus_nouns, corpus_adjs = neglabel_corpus(WORDNET)
     kept = [w for name, group in nouns.items() if name not in NEGLABEL_EXCLUDED for w in group]
@@ -132,7 +133,8 @@ def test_grouping_drops_the_remainder_then_permutes_as_the_official_code():
     kept = ns[:9]  # the last 11 % 3 = 2 negatives are dropped before permuting
     perm = torch.randperm(9, generator=torch.Generator().manual_seed(5)).numpy()
     groups = kept[perm].reshape(3, 3, -1)
-    expected = np.mean([softmax(np.concatenate([gs @ ps.T, gs @ grp.T], 1) / 0.1, axis=1)[:, :3].sum(1) for grp in groups], axis=0)
+    expected = np.mean([softmax(np.concatenate([gs @ ps.T, gs @ grp.T], 1) / 0.1, axis=1)[:, :3].sum(1)
+                        for grp in groups], axis=0)
     np.testing.assert_allclose(got, expected, rtol=1e-6)  # cosines in float32
 
 

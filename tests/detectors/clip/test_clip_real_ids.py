@@ -125,7 +125,8 @@ def test_without_a_tokenizer_eos_the_legacy_config_id_pools_at_argmax(backbone):
 
 
 def test_clipn_converter_output_pools_at_its_eos(backbone, tmp_path):
-    """An open_clip-layout checkpoint converted by clipn_convert: config ids from the tokenizer, pooling as transformers."""
+    """An open_clip-layout checkpoint converted by clipn_convert: config ids from the tokenizer, pooling as
+    transformers."""
     from detectors.clip.clipn_convert import convert_clipn
 
     model = backbone.model

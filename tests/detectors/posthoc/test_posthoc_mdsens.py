@@ -124,5 +124,6 @@ def test_mdsens_singular_covariance_is_sklearns_pinvh():
     assert np.linalg.matrix_rank(oracle) == 14  # N - C
     np.testing.assert_allclose(got_means, means, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got_precision, oracle, rtol=1e-3, atol=1e-3 * np.abs(oracle).max())
-    scores = det.score(ImageSet(images=[Image.fromarray(rng.integers(0, 255, (6, 6, 3)).astype(np.uint8)) for _ in range(6)]))
+    scores = det.score(ImageSet(images=[Image.fromarray(rng.integers(0, 255, (6, 6, 3)).astype(np.uint8))
+                                        for _ in range(6)]))
     assert np.isfinite(scores).all() and np.unique(scores).size == scores.size

@@ -1,4 +1,5 @@
-"""Temperature scaling: fitted T is the NLL minimiser (checked by a float64 grid and derivative-free Brent), state round-trip."""
+"""Temperature scaling: fitted T is the NLL minimiser (checked by a float64 grid and derivative-free Brent), state
+round-trip."""
 import numpy as np
 import pytest
 from scipy.optimize import minimize_scalar

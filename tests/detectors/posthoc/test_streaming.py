@@ -121,7 +121,8 @@ def test_streamed_fit_from_memory_mapped_cache_equals_in_memory_fit(name, tmp_pa
     x, labels, head = clusters(700, 12, 5)
     train = FeatureCache.load(write_cache(tmp_path / "train.safetensors", x[:600], labels[:600], head), mmap=True)
     val = FeatureCache.load(write_cache(tmp_path / "val.safetensors", x[600:], labels[600:], head), mmap=True)
-    in_memory = [FeatureSet(np.asarray(c.features, dtype=np.float32), np.array(c.logits), np.array(c.labels)) for c in (train, val)]
+    in_memory = [FeatureSet(np.asarray(c.features, dtype=np.float32), np.array(c.logits), np.array(c.labels))
+                 for c in (train, val)]
     params = {"k": 9} if name == "knn" else {}
     with streaming.chunk_rows(1 << 30):  # one chunk: the plain in-memory computation
         reference = fitted(name, *in_memory, head, **params)

@@ -52,7 +52,8 @@ def test_region_config_lists_the_papers_methods_in_full_mode(region, model):
 
 def test_region_files_are_short_and_the_base_holds_the_methods():
     for region in ("ne-america", "w-europe", "c-america"):
-        lines = [l for l in (CONFIGS / f"species_{region}.yaml").read_text().splitlines() if l and not l.startswith("#")]
+        lines = [l for l in (CONFIGS / f"species_{region}.yaml").read_text().splitlines() if l
+                 and not l.startswith("#")]
         assert lines[0] == "base: species_base.yaml" and len(lines) <= 10
     assert "detectors" in load_yaml(CONFIGS / "species_base.yaml")
 

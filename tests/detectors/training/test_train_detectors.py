@@ -1,4 +1,5 @@
-"""Training-time detectors end to end: training moves AUROC the expected way, heads have the right sizes, state saves."""
+"""Training-time detectors end to end: training moves AUROC the expected way, heads have the right sizes, state
+saves."""
 from __future__ import annotations
 
 import numpy as np

@@ -127,7 +127,8 @@ def test_tree_gives_exactly_the_hyponyms_minus_imagenet1k(tmp_path, nltk_wordnet
     manifest = read_manifest(out, check_files=True)
     assert {r["wnid"] for r in manifest} == want
     assert len(manifest) == sum(NEW_CONTAINERS.values())  # every image kept, the hidden one never listed
-    assert {(r["role"], r["ood_set"], r["group"], r["split"], r["label"]) for r in manifest} == {("ood", "container", "hard", "test", -1)}
+    assert {(r["role"], r["ood_set"], r["group"], r["split"], r["label"])
+            for r in manifest} == {("ood", "container", "hard", "test", -1)}
     assert manifest.root == tree.resolve()
     cup = [r for r in manifest if r["wnid"] == "n03147509"]
     assert {(r["category"], r["synset"]) for r in cup} == {("cup", "cup.n.01")} and len(cup) == 3

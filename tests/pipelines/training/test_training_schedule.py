@@ -23,7 +23,8 @@ def timm_cosine(t: int, base: float, warmup_t: int, t_initial: int) -> float:
     return 0.0
 
 
-def trainer_lrs(epochs: int, warmup_epochs: float, rows: int, batch_size: int, base: float, advances: bool = True) -> list[float]:
+def trainer_lrs(epochs: int, warmup_epochs: float, rows: int, batch_size: int, base: float,
+                advances: bool = True) -> list[float]:
     """The lr each optimiser step of `base_trainer.train_epoch` (or, with advances=False, `logitnorm_trainer`) uses."""
     spe = int(rows / batch_size) + 1
     total, warm = int(epochs * spe), int(warmup_epochs * spe)
