@@ -542,7 +542,8 @@ class Runner:
         given_keys = {k: v for k, v in self.plan.fewshot.to_dict().items() if v is not None}
         sweep_config = {"out_dir": str(out / "fewshot"), "cache_dir": str(self.plan.cache_dir / "clip"), **given_keys}
         given = sweep_config.get("class_names") or sweep_config.get("class_names_file")
-        names = class_names_from(sweep_config) if given else (list(self.plan.class_names) if self.plan.class_names else None)
+        names = (class_names_from(sweep_config) if given
+                 else (list(self.plan.class_names) if self.plan.class_names else None))
         if not names:
             raise ConfigError("fewshot: class names are needed (config `class_names`, or `class_name` fields in the ID "
                               "manifest)")

@@ -50,7 +50,8 @@ class UnitStore:
         if meta.get("key") != key or meta.get("version") != UNIT_VERSION or meta.get("status") != "done":
             return None
         try:
-            validation = json.loads((folder / "validation.json").read_text()) if (folder / "validation.json").is_file() else None
+            validation = (json.loads((folder / "validation.json").read_text())
+                          if (folder / "validation.json").is_file() else None)
             return UnitResult(pd.read_csv(folder / "rows.csv", keep_default_na=False, na_values=[""],
                                           dtype={"mode": str, "checkpoint": str, "base": str, "rule": str,
                                                  "params": str}),

@@ -38,7 +38,8 @@ def find_head(model: nn.Module, num_classes: int | None = None) -> nn.Linear:
     linears = [m for m in modules if isinstance(m, nn.Linear)
                and (num_classes is None or m.out_features == num_classes)]
     if not linears:
-        raise ValueError(f"could not find the classifier's linear head in {type(model).__name__}; pass head= explicitly")
+        raise ValueError(f"could not find the classifier's linear head in {type(model).__name__}; pass head= "
+                         "explicitly")
     return linears[-1]
 
 
@@ -129,7 +130,8 @@ class ImageClassifier(nn.Module):
     def save_pretrained(self, folder: str | os.PathLike) -> Path:
         """Save a transformers classifier with its processor (reload with `from_pretrained(folder)`)."""
         if self.kind != "hf":
-            raise TypeError("save_pretrained needs a transformers classifier; save a plain module's state_dict yourself")
+            raise TypeError("save_pretrained needs a transformers classifier; save a plain module's state_dict "
+                            "yourself")
         from pipelines.io import atomic_write_json
         from pipelines.pixels import RECORD, reference_record
 

@@ -333,7 +333,8 @@ def _read_with_bases(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{display_path(path)}: expected a mapping of keys at the top level, got {type(raw).__name__}")
+        raise ConfigError(f"{display_path(path)}: expected a mapping of keys at the top level, got "
+                          f"{type(raw).__name__}")
     base = raw.pop("base", None)
     if base is None:
         return raw

@@ -310,7 +310,8 @@ def _read_table(table: Path) -> Any:
     try:
         frame = pd.read_parquet(table) if parquet else pd.read_csv(table, dtype=str)
     except pd.errors.EmptyDataError:
-        raise ImportListError(f"{table}: the table is empty (expected a header line: file_name, a label column, ...)") from None
+        raise ImportListError(f"{table}: the table is empty (expected a header line: file_name, a label column, "
+                              "...)") from None
     except Exception as err:  # pyarrow / parser errors of a corrupt or foreign file
         kind = "Parquet" if parquet else "CSV"
         raise ImportListError(f"{table}: not a readable {kind} table ({' '.join(str(err).split())[:200]})") from None
@@ -321,7 +322,8 @@ def _read_table(table: Path) -> Any:
 
 def _table_row(table: Path, index: int) -> str:
     """Where a table row is: CSV line number (the header is line 1), or Parquet row number (from 1)."""
-    return f"{table}, line {index + 2}" if table.suffix.lower() not in (".parquet", ".pq") else f"{table}, row {index + 1}"
+    return (f"{table}, line {index + 2}" if table.suffix.lower() not in (".parquet", ".pq")
+            else f"{table}, row {index + 1}")
 
 
 def _table_rows(table: Path, columns: list[str], root: Path) -> list[dict[str, Any]]:

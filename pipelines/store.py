@@ -441,7 +441,8 @@ def scan_tar(path: str | os.PathLike) -> list[TarMember]:
                                      "refused")
                 if info.size > MAX_MEMBER_BYTES or info.offset_data + info.size > total:
                     raise ShardError(f"{path}: member {info.name!r} declares {info.size} bytes at offset "
-                                     f"{info.offset_data}, past the end of the {total}-byte file (truncated or hostile)")
+                                     f"{info.offset_data}, past the end of the {total}-byte file (truncated or "
+                                     "hostile)")
                 if info.name in seen:
                     raise ShardError(f"{path}: member {info.name!r} appears twice")
                 seen.add(info.name)

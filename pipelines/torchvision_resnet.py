@@ -80,7 +80,8 @@ def load_torchvision_resnet(path: str | os.PathLike, model: torch.nn.Module, key
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # not a tensor-only file: refused, nothing runs
-        raise ConfigError(f"{key}: {path} is not a tensor-only torch checkpoint ({' '.join(str(err).split())[:200]})") from None
+        raise ConfigError(f"{key}: {path} is not a tensor-only torch checkpoint "
+                          f"({' '.join(str(err).split())[:200]})") from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict):

@@ -173,7 +173,8 @@ def plot_fewshot(rows: list[dict[str, Any]], out_png: str, metrics: tuple[str, .
     for ax in axes[1:, 0]:
         ax.axis("off")
     for ax, metric, ood_set in panels:
-        data = frame.drop_duplicates(["method", "shots", "seed"]) if ood_set is None else frame[frame["ood_set"] == ood_set]
+        data = (frame.drop_duplicates(["method", "shots", "seed"]) if ood_set is None
+                else frame[frame["ood_set"] == ood_set])
         for method, part in data.groupby("method", sort=False):
             stats = part.groupby("shots")[metric].agg(["mean", "std"]).fillna(0.0)
             ax.errorbar(stats.index, stats["mean"], yerr=stats["std"], marker="o", capsize=3, label=method)

@@ -146,7 +146,8 @@ def denoise_from(model: PixelDiffusion, x_start: torch.Tensor, start: torch.Tens
     for k in progress_bar(range(top, -1, -1), desc="diffguard denoising", leave=False, disable=not progress):
         active = (start >= k).nonzero().view(-1)
         sub_guided = guided[active] if guided is not None else None
-        sub_guidance = None if guidance is None else (lambda xt, x0h, kk, rows, a=active: guidance(xt, x0h, kk, a[rows]))
+        sub_guidance = (None if guidance is None
+                        else (lambda xt, x0h, kk, rows, a=active: guidance(xt, x0h, kk, a[rows])))
         x[active] = model.denoise_step(x[active], k, sub_guidance, sub_guided)
     return x
 

@@ -114,7 +114,8 @@ class MDSEnsemble(Detector):
         for j in range(len(self.params["layers"])):
             scatter = streaming.class_scatter(np.concatenate([p[j] for p in parts]), labels)
             self.stats.append((scatter.stats.means(), spd_inverse(scatter.within / scatter.stats.n)))
-        self.alpha = self._fit_alpha(id_val, ood_val) if self.params["alpha"] == "fit" else np.asarray(self.params["alpha"], float)
+        self.alpha = (self._fit_alpha(id_val, ood_val) if self.params["alpha"] == "fit"
+                      else np.asarray(self.params["alpha"], float))
 
     def _fit_alpha(self, id_val: Any, ood_val: Any) -> np.ndarray:
         from sklearn.linear_model import LogisticRegressionCV

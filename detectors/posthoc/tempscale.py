@@ -105,7 +105,8 @@ class TempScale(Detector):
             return
         data = id_val if id_val is not None else id_train
         if not isinstance(data, FeatureSet):
-            raise TypeError(f"tempscale: fitting T needs a FeatureSet with logits and labels, got {type(data).__name__}")
+            raise TypeError("tempscale: fitting T needs a FeatureSet with logits and labels, got "
+                            f"{type(data).__name__}")
         fit = fit_temperature if self.params["fit"] == "exact" else fit_temperature_lbfgs
         self.fitted_temperature = fit(logits_of(data, self.name), labels_of(data, self.name))
 

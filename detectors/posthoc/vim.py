@@ -129,7 +129,8 @@ class ViM(Detector):
         covariance = streaming.moments(h, scatter=np.float32).second_moment_about(self.origin)
         # keep the smaller of the two bases: the residual follows from either
         self.keeps_principal = dim <= h.shape[1] - dim
-        self.basis = ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal else ranked_eigenvectors(covariance, dim, h.shape[1])
+        self.basis = (ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal
+                      else ranked_eigenvectors(covariance, dim, h.shape[1]))
         # alpha's train pass projects in float32 (the model's precision, as pytorch-ood does), sums in float64
         basis, origin = self.basis.astype(np.float32), self.origin.astype(np.float32)
         stored = stored_max_logit_sum(id_train, self.head, h)

@@ -90,7 +90,8 @@ def _row_keys(parts: list[pd.DataFrame]) -> list[tuple[str, str]]:
 
 def mean_auroc(rows: pd.DataFrame) -> pd.Series:
     """Per Table 2 row: the mean AUROC over the run's Table 2 OOD types (L, NL, NM when present, else every set)."""
-    types = [s for s in ood_types(rows["ood_set"]) if set_short(s) in TYPE_HEADERS] or list(dict.fromkeys(rows["ood_set"]))
+    types = ([s for s in ood_types(rows["ood_set"]) if set_short(s) in TYPE_HEADERS]
+             or list(dict.fromkeys(rows["ood_set"])))
     part = rows[rows["ood_set"].isin(types)]
     return part.groupby("row", sort=False)["auroc"].mean()
 

@@ -89,7 +89,8 @@ def number(value: Any, spec: str = ".2f") -> str:
 
 
 def scale_note(scale: str) -> str:
-    return "Input metrics were fractions, converted to percent." if scale == "fraction" else "Input metrics were in percent."
+    return ("Input metrics were fractions, converted to percent." if scale == "fraction"
+            else "Input metrics were in percent.")
 
 
 # -- renderers --------------------------------------------------------------------------------------------------------

@@ -190,7 +190,8 @@ class TrainedDetector(Detector):
         if aux is not None and not isinstance(aux, FeatureSet):
             raise TypeError(f"{self.name}: with a FeatureSet for id_train, aux must be a FeatureSet too, got "
                             f"{type(aux).__name__}")
-        val = id_val if isinstance(id_val, FeatureSet) and id_val.features is not None and id_val.labels is not None else None
+        val = (id_val if isinstance(id_val, FeatureSet) and id_val.features is not None and id_val.labels is not None
+               else None)
         return train_heads(layer, id_train.features, id_train.labels,
                            aux_features=None if aux is None else aux.features,
                            aux_labels=None if aux is None or aux.labels is None else aux.labels,
@@ -262,7 +263,8 @@ class TrainedDetector(Detector):
         from detectors.training.finetuned import cached_features, features_key, forward_images
 
         if self.classifier is None:
-            raise ValueError(f"{self.name}: scoring images needs the fine-tuned classifier (build(..., classifier=...))")
+            raise ValueError(f"{self.name}: scoring images needs the fine-tuned classifier (build(..., "
+                             "classifier=...))")
         p = self.params
         manifest = batch if isinstance(batch, Manifest) else batch.manifest if isinstance(batch, ImageSet) else None
         if manifest is None:

@@ -101,7 +101,8 @@ class RotPred(TrainedDetector):
             raise TypeError("rotpred scores images (an ImageSet) with the fine-tuned classifier; "
                             "score_rule='msp' scores cached features")
         if self.classifier is None:
-            raise ValueError("rotpred needs the fine-tuned classifier to score images: build('rotpred', classifier=...)")
+            raise ValueError("rotpred needs the fine-tuned classifier to score images: build('rotpred', "
+                             "classifier=...)")
         self.classifier.eval()
         device = self.classifier.device
         out = []

@@ -110,7 +110,8 @@ def check_occurrences(occ: pd.DataFrame, source: str = "occurrence table") -> pd
 def _plain_keys(column: pd.Series) -> bool:
     """True for a pandas text column none of whose values is a float-rendered key (`key_strings` would keep it as it
     is: a GBIF archive's ids, millions of distinct values, stay Arrow text instead of becoming Python objects)."""
-    return isinstance(column.dtype, pd.StringDtype) and not bool(column.str.match(_FLOAT_KEY.pattern).fillna(False).any())
+    return (isinstance(column.dtype, pd.StringDtype)
+            and not bool(column.str.match(_FLOAT_KEY.pattern).fillna(False).any()))
 
 
 def read_id_species(path_or_frame: str | os.PathLike | pd.DataFrame) -> dict[str, list[str]]:

@@ -103,7 +103,8 @@ def _descriptor(element: ElementTree.Element, core: bool, source: str) -> FileDe
     where = f"{source}: meta.xml <{tag}{' ' + element.get('rowType') if element.get('rowType') else ''}>"
     attrs = {key: _escapes(element.get(key, default)) for key, default in DEFAULTS.items()}
     if attrs["linesTerminatedBy"] not in LINE_ENDS:
-        raise TableError(f"{where}: linesTerminatedBy {attrs['linesTerminatedBy']!r}; lines end with \\n, \\r\\n or \\r")
+        raise TableError(f"{where}: linesTerminatedBy {attrs['linesTerminatedBy']!r}; lines end with \\n, \\r\\n or "
+                         "\\r")
     try:
         header = int(attrs["ignoreHeaderLines"])
     except ValueError:

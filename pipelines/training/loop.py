@@ -304,7 +304,8 @@ class _Loop:
         inner.eval()
         id_loader, aux_loader = _pass_loaders(self.train, self.aux, self.objective.pooled)
         id_pass = _all_outputs(inner.model, id_loader, self.inputs, self.acc)
-        return id_pass, (_all_outputs(inner.model, aux_loader, self.inputs, self.acc) if aux_loader is not None else None)
+        return (id_pass,
+                (_all_outputs(inner.model, aux_loader, self.inputs, self.acc) if aux_loader is not None else None))
 
     def run(self) -> TrainResult:
         start, first = time.perf_counter(), self.resume()
@@ -604,7 +605,8 @@ def finetune(classifier: nn.Module, train: Manifest, *, epochs: int = 30, lr: fl
     objective = objective or CrossEntropy()
     seed_everything(seed)
     if objective.uses_aux and aux is None:
-        raise ValueError(f"{type(objective).__name__} trains with auxiliary data: pass aux=<Manifest of auxiliary rows>")
+        raise ValueError(f"{type(objective).__name__} trains with auxiliary data: pass aux=<Manifest of auxiliary "
+                         "rows>")
     fields = objective.label_fields()
     train_values = target_values(train.rows, fields, "train")
     objective.fit_targets(train_values)
@@ -692,7 +694,8 @@ def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray,
     aux_y = None
     n_aux_classes = 0
     if objective.uses_aux:
-        aux_y = np.full(len(aux_features), -1, dtype=np.int64) if aux_labels is None else np.asarray(aux_labels, dtype=np.int64)
+        aux_y = (np.full(len(aux_features), -1, dtype=np.int64) if aux_labels is None
+                 else np.asarray(aux_labels, dtype=np.int64))
         n_aux_classes = int(aux_y.max()) + 1 if (aux_y >= 0).any() else 0
     objective.setup(layer.in_features, layer.out_features, n_aux_classes)
     aux_loader = None

@@ -142,7 +142,8 @@ def test_open_insects_table2_cell_by_cell(insects):
     for region, run in insects["runs"].items():
         scores = pd.read_parquet(run / "scores.parquet")
         for _, row in table.iterrows():
-            method = row["row"] if row["row"] not in CHOSEN or not CHOSEN[row["row"]] else f"{row['row']}+{CHOSEN[row['row']]}"
+            method = (row["row"] if row["row"] not in CHOSEN or not CHOSEN[row["row"]]
+                      else f"{row['row']}+{CHOSEN[row['row']]}")
             own = scores[scores["method"] == method]
             for s in ("local", "non_local", "non_moth"):
                 expected = _sk_auroc(own.loc[own["role"] == "id", "score"], own.loc[own["ood_set"] == s, "score"])

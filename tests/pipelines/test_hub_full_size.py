@@ -23,7 +23,8 @@ PARAMETER_COUNTS = {
     (tiny.CONTROLNET_ID, "config.json"): (1_251_014_160, 5.0e9 / 4, 1e7,
                                           "hub file diffusion_pytorch_model.safetensors: 5.0 GB of float32 = 1.25B"),
     (tiny.IP_ADAPTER_ID, tiny.IMAGE_ENCODER_FILE): (632_076_800, 632e6, 1e6,
-                                                    "open_clip ViT-H-14 image tower: 632.08M (open_clip model profile)"),
+                                                    "open_clip ViT-H-14 image tower: 632.08M (open_clip model "
+                                                    "profile)"),
     (tiny.DPT_ID, "config.json"): (122_377_985, 123e6, 1e6, "DPT paper (Ranftl et al. 2021): DPT-Hybrid 123M"),
     (tiny.CLIP_ID, "config.json"): (149_620_737, 149.6e6, 1e5,
                                     "open_clip ViT-B-16: 149.62M (equals open_clip's own state dict, 149,620,737)"),

@@ -80,7 +80,8 @@ def test_mdsens_layers_alpha_fit_on_validation_and_errors(tmp_path):
     rng = np.random.default_rng(1)
 
     def images(n, shift):
-        return [Image.fromarray(np.clip(rng.normal(128 + shift, 30, (32, 32, 3)), 0, 255).astype(np.uint8)) for _ in range(n)]
+        return ([Image.fromarray(np.clip(rng.normal(128 + shift, 30, (32, 32, 3)), 0, 255).astype(np.uint8))
+                 for _ in range(n)])
 
     train = ImageSet(images=images(24, 0), labels=np.repeat([0, 1, 2], 8))
     layers = [0, 1, 2, 3, 4]

@@ -58,7 +58,8 @@ def assert_numpy_percentile(got: float, x: np.ndarray, q: float, where) -> None:
     lo = int(np.floor(h))
     hi = min(lo + 1, len(values) - 1)
     expect = values[lo] + (h - lo) * (values[hi] - values[lo])
-    ulp = float(np.spacing(np.abs(np.asarray(expect, dtype=x.dtype)))) if x.dtype != np.float64 else 4 * np.spacing(abs(expect))
+    ulp = (float(np.spacing(np.abs(np.asarray(expect, dtype=x.dtype)))) if x.dtype != np.float64
+           else 4 * np.spacing(abs(expect)))
     assert abs(got - expect) <= 2 * ulp, (where, got, expect)
     if np.lib.NumpyVersion(np.__version__) >= "2.4.0":
         assert got == float(np.percentile(x, q)), where

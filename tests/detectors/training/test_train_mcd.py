@@ -56,7 +56,8 @@ def _toy(seed=0):
     x = 4 * np.eye(8)[labels] + rng.normal(size=(150, 8))
     aux = 4 * np.eye(8)[rng.integers(3, 8, 120)] + rng.normal(size=(120, 8))
     ood = 4 * np.eye(8)[rng.integers(3, 8, 60)] + rng.normal(size=(60, 8))
-    return FeatureSet(x, None, labels), FeatureSet(aux, None, np.full(120, -1)), FeatureSet(ood), LinearHead(np.zeros((3, 8)), np.zeros(3))
+    return (FeatureSet(x, None, labels), FeatureSet(aux, None, np.full(120, -1)), FeatureSet(ood),
+            LinearHead(np.zeros((3, 8)), np.zeros(3)))
 
 
 def test_mcd_trains_heads_that_disagree_on_outliers(tmp_path):

@@ -160,7 +160,8 @@ def _toy(seed: int = 0):
     labels = np.repeat(np.arange(3), 40)
     x = 4 * np.eye(6)[labels] + rng.normal(size=(120, 6))
     aux = 4 * np.eye(6)[rng.integers(3, 6, 90)] + rng.normal(size=(90, 6))
-    return FeatureSet(x, None, labels), FeatureSet(aux, None, np.full(90, -1)), LinearHead(np.zeros((3, 6)), np.zeros(3))
+    return (FeatureSet(x, None, labels), FeatureSet(aux, None, np.full(90, -1)),
+            LinearHead(np.zeros((3, 6)), np.zeros(3)))
 
 
 @pytest.mark.parametrize("name,params", [("arpl", {}), ("godin", {}), ("godin", {"score_rule": "g"}),
