@@ -89,7 +89,8 @@ class NegLabel(ClipDetector):
         adjectives = [w for w in dict.fromkeys(adjectives) if w not in noun_set]
         if p["drop_class_names"]:
             classes = {c.lower() for c in p["class_names"]}
-            nouns, adjectives = [w for w in nouns if w.lower() not in classes], [w for w in adjectives if w.lower() not in classes]
+            nouns, adjectives = ([w for w in nouns if w.lower() not in classes],
+                                 [w for w in adjectives if w.lower() not in classes])
         if not nouns and not adjectives:
             raise ValueError("neglabel: the corpus holds no candidate negative label")
         return nouns, adjectives

@@ -50,7 +50,8 @@ class MixOELoss(Objective):
             raise ValueError(f"mix_op must be 'mixup' or 'cutmix', got {mix_op!r}")
         if passes not in (1, 2):
             raise ValueError(f"passes must be 1 or 2, got {passes!r}")
-        self.mix_op, self.alpha, self.beta, self.lambda_oe, self.passes = mix_op, float(alpha), float(beta), float(lambda_oe), passes
+        self.mix_op, self.alpha, self.beta, self.lambda_oe, self.passes = (mix_op, float(alpha), float(beta),
+                                                                           float(lambda_oe), passes)
         self._mixed: tuple[int, float] = (0, 1.0)
 
     def mix(self, x: torch.Tensor, aux_x: torch.Tensor,

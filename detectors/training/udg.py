@@ -86,7 +86,8 @@ class UDGLoss(Objective):
         super().__init__()
         self.num_clusters, self.pca_dim = int(num_clusters), int(pca_dim)
         self.ind_thresh, self.ood_thresh = float(purity_ind_thresh), float(purity_ood_thresh)
-        self.enhance, self.lambda_oe, self.lambda_aux, self.seed = float(oe_enhance_ratio), float(lambda_oe), float(lambda_aux), seed
+        self.enhance, self.lambda_oe, self.lambda_aux, self.seed = (float(oe_enhance_ratio), float(lambda_oe),
+                                                                    float(lambda_aux), seed)
         self.aux_head: nn.Linear | None = None
         self.num_classes = 0
         self.state: dict[str, torch.Tensor] = {}

@@ -225,7 +225,8 @@ def test_level_head_stays_with_aux_and_select(digits, tmp_path):
         assert row["auroc"] == pytest.approx(evaluate(det.score(val), det.score(texture))["auroc"], abs=1e-9)
 
     aux = level_set(om.select(ood_set="sketch"), ood=True)
-    train, test, near = level_set(pm.select(split="train")), level_set(pm.select(split="test")), level_set(om.select(ood_set="digits_6_9"), ood=True)
+    train, test, near = (level_set(pm.select(split="train")), level_set(pm.select(split="test")),
+                         level_set(om.select(ood_set="digits_6_9"), ood=True))
     oe = build("oe", mode="heads", epochs=2).fit(train, head=head, id_val=val, aux=aux)
     got = pd.read_parquet(out / "scores.parquet")
     got = got[got.method == "oe"]
@@ -253,7 +254,8 @@ def test_post_hoc_rules_rescore_a_trained_model(digits, tmp_path):
                                id_val=trained.transform(val))
         expect = evaluate(post.score(trained.transform(test)), post.score(trained.transform(near)))
         got = results[results.method == f"logitnorm+{rule}"].iloc[0]
-        assert got["auroc"] == pytest.approx(expect["auroc"], abs=1e-9) and got["fpr95"] == pytest.approx(expect["fpr95"], abs=1e-9)
+        assert (got["auroc"] == pytest.approx(expect["auroc"], abs=1e-9)
+                and got["fpr95"] == pytest.approx(expect["fpr95"], abs=1e-9))
 
 
 def test_rule_rows_accuracy_and_rule_selection_on_validation(digits, tmp_path):
@@ -268,7 +270,8 @@ def test_rule_rows_accuracy_and_rule_selection_on_validation(digits, tmp_path):
                                                     "rules": ["ebo", "knn"]}]))
     rows = results.set_index("method")
     assert list(rows["family"]) == ["posthoc", "training", "training", "training"]
-    assert list(rows["base"]) == ["", "logitnorm", "logitnorm", "logitnorm"] and list(rows["rule"]) == ["", "", "ebo", "knn"]
+    assert (list(rows["base"]) == ["", "logitnorm", "logitnorm", "logitnorm"]
+            and list(rows["rule"]) == ["", "", "ebo", "knn"])
     assert json.loads(rows.loc["logitnorm+knn", "params"])["k"] == build("knn").params["k"]
     assert json.loads(rows.loc["logitnorm", "params"])["epochs"] == 2
     assert list(rows["mode"]) == ["", "heads", "heads", "heads"]

@@ -190,7 +190,8 @@ def test_open_insects_protocol_trains_as_the_reference_code(tmp_path):
     batches, spe = -(-n_train // 16), int(n_train / 16) + 1
     assert metrics["steps"] == 4 * batches  # the last partial batch kept
     at = metrics["lr_at"]
-    assert at["step_0"] == 0.0 and at["step_1"] == pytest.approx(want[1]) and at["warmup_end"] == pytest.approx(want[2 * batches])
+    assert (at["step_0"] == 0.0 and at["step_1"] == pytest.approx(want[1])
+            and at["warmup_end"] == pytest.approx(want[2 * batches]))
     assert at["step_1"] == pytest.approx(0.01 * (spe + 1) / (2 * spe))  # the warm-up starts halfway
     assert at["last"] == pytest.approx(want[-1]) and at["last"] == 0.0  # the last epoch at lr 0
 

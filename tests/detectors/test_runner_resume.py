@@ -184,7 +184,8 @@ def test_kill_9_between_detectors_then_resume(digits, tmp_path):
     assert (block / "blocking").exists(), "the blocking detector never started"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert (out / "units" / "msp" / "unit.json").is_file() and not (out / "units" / "plugin_block" / "unit.json").exists()
+    assert ((out / "units" / "msp" / "unit.json").is_file()
+            and not (out / "units" / "plugin_block" / "unit.json").exists())
     assert set(pd.read_csv(out / "results.csv")["method"]) == {"msp"}  # what finished was already written
     stamp = _unit_stamp(out, "msp")
 

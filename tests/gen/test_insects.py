@@ -224,7 +224,8 @@ def test_make_splits_script_synthetic(tmp_path):
     assert regions and regions <= set(REGIONS)
     for region in regions:
         manifest = load_region(tmp_path / region)
-        assert manifest.root == (tmp_path / "synthetic").resolve() and len(manifest.select(role="id", split="train")) > 0
+        assert (manifest.root == (tmp_path / "synthetic").resolve()
+                and len(manifest.select(role="id", split="train")) > 0)
     assert (tmp_path / "summary.csv").is_file() and (tmp_path / "synthetic" / "occurrences.parquet").is_file()
 
 

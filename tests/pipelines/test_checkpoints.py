@@ -79,7 +79,8 @@ def test_a_checkpoint_restores_every_state(tmp_path):
     assert load_checkpoint(path, "key-1", *fresh, got, [gen2, None]) == 2
     for a, b in zip(module.state_dict().values(), fresh[0].state_dict().values()):
         assert torch.equal(a, b)
-    assert fresh[1].margin == 0.75 and torch.equal(fresh[1].table, objective.table) and fresh[1].vocab == {"era": ["a", "b"]}
+    assert (fresh[1].margin == 0.75 and torch.equal(fresh[1].table, objective.table)
+            and fresh[1].vocab == {"era": ["a", "b"]})
     assert fresh[2].state_dict()["param_groups"] == optimizer.state_dict()["param_groups"]
     for a, b in zip(optimizer.state_dict()["state"].values(), fresh[2].state_dict()["state"].values()):
         assert all(torch.equal(a[k], b[k]) for k in a)

@@ -134,7 +134,8 @@ def test_split_tree_keeps_splits_sorted_labels_and_records_unreadable_images(tmp
     assert all(r["file_name"].split("/")[0] == r["split"] for r in manifest)
     assert json.loads((tmp_path / "id" / "class_names.json").read_text())["names"] == ["ant", "bee", "cat"]
     failures = json.loads((tmp_path / "id" / "failures.json").read_text())
-    assert [f["file"] for f in failures] == ["test/cat/broken.png"] and result.failures == failures and not result.missing
+    assert ([f["file"] for f in failures] == ["test/cat/broken.png"] and result.failures == failures
+            and not result.missing)
 
 
 def test_largest_remainder_quotas_and_seeded_stratified_split():
@@ -257,7 +258,8 @@ def test_table_faults_name_the_table_line_and_one_bad_split_is_refused(tmp_path,
     frame.to_csv(table, index=False)
     assert _run(cli, [str(root), "--out", str(tmp_path / "o1"), "--table", str(table)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {table}, line 6: split must be one of train, val, test, got 'tset'") and err.count("\n") == 1
+    assert (err.startswith(f"error: {table}, line 6: split must be one of train, val, test, got 'tset'")
+            and err.count("\n") == 1)
     assert not (tmp_path / "o1" / "metadata.jsonl").exists()
 
     base = pd.read_csv(table).drop(columns="split")

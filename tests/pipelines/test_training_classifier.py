@@ -384,7 +384,8 @@ def test_the_folder_keeps_the_best_epoch_beside_the_last_and_says_which(best_and
     assert "base_recorder.py:40-55" in index["rule"]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["checkpoints"] == {k: index[k] for k in ("last", "best")}
-    assert checkpoint_folder(out, "best") == (out / "best").resolve() and checkpoint_folder(out, "last") == out.resolve()
+    assert (checkpoint_folder(out, "best") == (out / "best").resolve()
+            and checkpoint_folder(out, "last") == out.resolve())
     assert int(read_metadata(out / "checkpoint.best.safetensors")["epoch"]) == 4
     best, last = _weights(out / "best"), _weights(out)
     assert best.keys() == last.keys() and any(not torch.equal(best[k], last[k]) for k in best)

@@ -21,7 +21,8 @@ def unit(a: torch.Tensor) -> torch.Tensor:
 
 def test_ctw_and_atd_equal_their_formulas():
     gen = torch.Generator().manual_seed(0)
-    img, yes, no = unit(torch.randn(5, 8, generator=gen)), unit(torch.randn(3, 8, generator=gen)), unit(torch.randn(3, 8, generator=gen))
+    img, yes, no = (unit(torch.randn(5, 8, generator=gen)), unit(torch.randn(3, 8, generator=gen)),
+                    unit(torch.randn(3, 8, generator=gen)))
     p, p_no = clipn_probabilities(img, yes, no, scale=10.0)
     ly, ln = 10 * img.numpy() @ yes.numpy().T, 10 * img.numpy() @ no.numpy().T
     probs = softmax(ly, axis=1)
@@ -33,7 +34,8 @@ def test_ctw_and_atd_equal_their_formulas():
 
 def test_clipn_losses_equal_hand_computation():
     gen = torch.Generator().manual_seed(1)
-    img, yes, no = unit(torch.randn(4, 6, generator=gen)), unit(torch.randn(4, 6, generator=gen)), unit(torch.randn(4, 6, generator=gen))
+    img, yes, no = (unit(torch.randn(4, 6, generator=gen)), unit(torch.randn(4, 6, generator=gen)),
+                    unit(torch.randn(4, 6, generator=gen)))
     bin_yes, bin_no = binary_opposite_losses(img, yes, no, scale=5.0)
     ly, ln = 5 * img.numpy() @ yes.numpy().T, 5 * img.numpy() @ no.numpy().T
     p_yes = np.exp(ly) / (np.exp(ly) + np.exp(ln))
@@ -196,7 +198,8 @@ def test_binary_opposite_loss_never_pushes_a_shared_caption_to_no():
     from detectors.clip.clipn import same_caption
 
     gen = torch.Generator().manual_seed(4)
-    img, yes, no = unit(torch.randn(5, 6, generator=gen)), unit(torch.randn(5, 6, generator=gen)), unit(torch.randn(5, 6, generator=gen))
+    img, yes, no = (unit(torch.randn(5, 6, generator=gen)), unit(torch.randn(5, 6, generator=gen)),
+                    unit(torch.randn(5, 6, generator=gen)))
     ids = torch.tensor([[1, 7, 2], [1, 8, 2], [1, 7, 2], [1, 9, 2], [1, 8, 2]])  # captions 0 = 2 and 1 = 4
     match = same_caption(ids)
     assert match.sum() == 5 + 4 and match[0, 2] and match[4, 1] and not match[0, 1]
@@ -224,7 +227,8 @@ def test_clipn_training_follows_the_official_optimiser_and_schedule(backbone):
     decay_free, decayed = parameter_groups(tower, 0.2)
     named = dict(tower.named_parameters())
     expected_free = {n for n, p in named.items() if p.ndim < 2 or "norm" in n}  # every gain and bias; no embedding
-    assert {id(p) for p in decay_free["params"]} == {id(named[n]) for n in expected_free} and decay_free["weight_decay"] == 0.0
+    assert ({id(p) for p in decay_free["params"]} == {id(named[n]) for n in expected_free}
+            and decay_free["weight_decay"] == 0.0)
     assert decayed["weight_decay"] == 0.2 and any(p is tower.prompt for p in decayed["params"])
     assert all(n.endswith("bias") or "norm" in n for n in expected_free)
 

@@ -142,7 +142,8 @@ def test_grouping_drops_the_remainder_then_permutes_as_the_official_code():
 def test_neglabel_defaults_read_wordnet_and_cap_groups(backbone):
     small = [n for n in LEXNAMES if n not in ("noun.Tops", "noun.motive", "adj.ppl")]  # keep three small files
     det = detectors.build("neglabel", model=backbone, class_names=CLASSES, wordnet_exclude=small)
-    assert det.params["templates"] == ["the nice {}"] and det.params["ngroup"] == 100 and det.params["neg_fraction"] == 0.15
+    assert (det.params["templates"] == ["the nice {}"] and det.params["ngroup"] == 100
+            and det.params["neg_fraction"] == 0.15)
     with pytest.warns(UserWarning, match="M = 10,000"):
         words = det.negative_words
     nouns, adjs = neglabel_corpus(WORDNET, small)

@@ -187,4 +187,5 @@ def test_gram_rejects_bad_input(single_torch_thread):
     with pytest.raises(ValueError, match="class 2"):
         detectors.build("gram", classifier=clf, layers="relu_conv").fit(ImageSet(images=_images(20, 1),
                                                                                  labels=np.arange(20) % 2))
-    assert detectors.detector_class("gram").accepts("classifier") and detectors.detector_class("gram").accepts("cache_dir")
+    assert (detectors.detector_class("gram").accepts("classifier")
+            and detectors.detector_class("gram").accepts("cache_dir"))

@@ -56,7 +56,8 @@ def test_odin_divides_by_05_under_open_insects_and_by_the_std_otherwise():
     assert REFERENCE_GRAD_STD == 0.5 and MDSEnsemble.defaults["grad_std"] == REFERENCE_GRAD_STD  # one definition
     for name in ("odin", "rp_odin"):
         assert protocol_params("open-insects", name)["grad_std"] == 0.5
-        assert "grad_std" not in protocol_params("openood_v1.5", name) and "grad_std" not in protocol_params("exact", name)
+        assert ("grad_std" not in protocol_params("openood_v1.5", name)
+                and "grad_std" not in protocol_params("exact", name))
     clf = _classifier(seed=2)
     x = torch.randn(6, 3, 6, 6, generator=torch.Generator().manual_seed(3))
     temperature, noise = 10.0, 0.05

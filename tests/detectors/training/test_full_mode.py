@@ -71,7 +71,8 @@ def _scores(name, data, aux="a", **params) -> np.ndarray:
 
 def test_full_mode_separates_what_heads_only_training_merged(data):
     """The degenerate case of issue 17: NovelBranch = Extended, NovelBranch blind to its auxiliary set, UDG = OE."""
-    novel_a, extended, novel_b = _scores("novel_branch", data), _scores("extended", data), _scores("novel_branch", data, "b")
+    novel_a, extended, novel_b = (_scores("novel_branch", data), _scores("extended", data),
+                                  _scores("novel_branch", data, "b"))
     assert np.abs(novel_a - extended).max() > 1e-4
     assert np.abs(novel_a - novel_b).max() > 1e-4
     udg = _scores("udg", data, num_clusters=4, pca_dim=8)
