@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -20,6 +21,7 @@ def test_normalise_depth_matches_zest_16_bit_rounding():
     assert not np.asarray(normalise_depth(np.full((4, 4), 7.0))).any()
 
 
+@pytest.mark.slow
 def test_estimator_is_batched_per_image_sized_and_normalised(tiny_zest_config, one_thread):
     estimator = DepthEstimator.from_pretrained(tiny_zest_config.depth, device="cpu", batch_size=2)
     rng = np.random.default_rng(1)

@@ -92,6 +92,7 @@ def _hostile_field_tree(tmp_path: Path) -> tuple[Path, list[socket.socket]]:
     return root, sockets
 
 
+@pytest.mark.slow
 def test_a_field_walk_ends_with_each_real_image_once_and_the_labels_stay(tmp_path):
     """The issue: 20 images became 738 rows and 80 known-species images were labelled novel, and the summary said
     '1 dangling symlink'. Run as the command (a subprocess, so that a FIFO that blocks fails the test instead of

@@ -84,6 +84,7 @@ def h94_sdxl_vit_h_keys(unet) -> dict[str, tuple[int, ...]]:
     return keys
 
 
+@pytest.mark.slow
 def test_ip_adapter_h94_layout_loads_into_full_size_sdxl_unet(sdxl_unet_meta):
     unet = sdxl_unet_meta
     state = tiny.ip_adapter_state(unet, image_embed_dim=1024, device="meta")
