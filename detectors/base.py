@@ -118,7 +118,8 @@ class ImageSet:
 
 
 FIT_INPUTS = ("head", "id_val", "ood_val", "aux")
-"""Optional inputs of `Detector.fit` besides the ID training data (a detector declares those it reads in `fit_inputs`)."""
+"""Optional inputs of `Detector.fit` besides the ID training data (a detector declares those it reads in
+`fit_inputs`)."""
 RUNTIME_INPUTS = ("classifier", "class_names", "cache_dir", "device", "precision", "work_dir")
 """Runtime objects and settings a runner hands to a detector's constructor (declared in `needs`; never saved in its
 config.json, except CLIP class names, which its prompts are made of)."""

@@ -54,8 +54,8 @@ def transfer_table(rules: list[dict[str, Any]], scores: pd.DataFrame,
                 novel = _of(frame, "field_ood", target)
                 if len(novel) or len(_of(frame, "field_id", target)):
                     negatives = _of(frame, "field_id", target)["score"].to_numpy()
-                    row.update(precision_recall_at(threshold, negatives, novel["score"].to_numpy()) if len(negatives) else
-                               _recall_only(threshold, novel["score"].to_numpy()))
+                    row.update(precision_recall_at(threshold, negatives, novel["score"].to_numpy())
+                               if len(negatives) else _recall_only(threshold, novel["score"].to_numpy()))
                     names = species.get(target, {})
                     row.update(species_detected(novel["score"].to_numpy(), [names.get(int(i)) for i in novel["index"]],
                                                 threshold))

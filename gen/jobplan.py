@@ -133,7 +133,8 @@ def _describe(kind: str, before: list[str], now: list[str]) -> list[str]:
     lines = []
     for verb, names in (("added", [n for n in now if n not in old]), ("removed", [n for n in before if n not in new])):
         if names:
-            shown = ", ".join(names[:SHOWN_NAMES]) + (f", ... ({len(names)} in all)" if len(names) > SHOWN_NAMES else "")
+            shown = (", ".join(names[:SHOWN_NAMES])
+                     + (f", ... ({len(names)} in all)" if len(names) > SHOWN_NAMES else ""))
             lines.append(f"{kind} {verb}: {shown}")
     if not lines and before != now:
         lines.append(f"{kind}: the same files in a different order")

@@ -46,11 +46,14 @@ class FeatureSet:
         self.features = as_numpy(self.features)
         self.logits = as_numpy(self.logits)
         self.labels = as_numpy(self.labels)
-        if self.features is not None and self.features.dtype not in (np.float32, np.float64) and not memory_mapped(self.features):
+        if (self.features is not None and self.features.dtype not in (np.float32, np.float64)
+                and not memory_mapped(self.features)):
             self.features = self.features.astype(np.float32)
-        if self.logits is not None and self.logits.dtype not in (np.float32, np.float64) and not memory_mapped(self.logits):
+        if (self.logits is not None and self.logits.dtype not in (np.float32, np.float64)
+                and not memory_mapped(self.logits)):
             self.logits = self.logits.astype(np.float32)
-        sizes = {name: len(v) for name, v in (("features", self.features), ("logits", self.logits), ("labels", self.labels)) if v is not None}
+        sizes = {name: len(v) for name, v in (("features", self.features), ("logits", self.logits),
+                                              ("labels", self.labels)) if v is not None}
         if len(set(sizes.values())) > 1:
             raise ValueError(f"FeatureSet arrays disagree on the number of samples: {sizes}")
 
@@ -87,4 +90,5 @@ class LinearHead:
                              f"{self.bias.shape}")
 
     def __call__(self, features: np.ndarray) -> np.ndarray:
-        return features @ self.weight.T.astype(features.dtype, copy=False) + self.bias.astype(features.dtype, copy=False)
+        return (features @ self.weight.T.astype(features.dtype, copy=False)
+                + self.bias.astype(features.dtype, copy=False))

@@ -238,7 +238,8 @@ def load_checkpoint(path: str | os.PathLike, key: str, module: nn.Module, object
     result.history, result.lrs, result.steps = list(state["history"]), state["lrs"].tolist(), int(state["steps"])
     result.seconds = float(state["seconds"])
     torch.set_rng_state(state["torch_rng"])
-    if state.get("cuda_rng") is not None and torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
+    if (state.get("cuda_rng") is not None and torch.cuda.is_available()
+            and len(state["cuda_rng"]) == torch.cuda.device_count()):
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     for gen, saved in zip(generators, state["generators"]):
         if gen is not None and saved is not None:

@@ -267,9 +267,9 @@ class ZeSTPipeline:
         stacked = torch.cat([negative, embeds]) if do_classifier_free_guidance else embeds
         return stacked[:, None].to(self.pipe.unet.dtype)
 
-    def prepare(self, targets: Sequence[Image.Image], masks: Sequence[Any] | None, resolution: int,
-                resize: str,
-                mask_method: str = "auto") -> tuple[list[Image.Image], list[Image.Image], list[Image.Image], list[Image.Image]]:
+    def prepare(self, targets: Sequence[Image.Image], masks: Sequence[Any] | None, resolution: int, resize: str,
+                mask_method: str = "auto"
+                ) -> tuple[list[Image.Image], list[Image.Image], list[Image.Image], list[Image.Image]]:
         """ZeST inputs at resolution x resolution: init images, binary masks, RGB depth maps; plus full-size masks."""
         rgb = [to_rgb(t) for t in targets]
         full_masks = foreground_masks(rgb, masks, mask_method)

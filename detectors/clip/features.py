@@ -134,7 +134,8 @@ def image_features(backbone: ClipBackbone, images: ImageSet | ClipImageFeatures,
 def _feature_rows(backbone: ClipBackbone, images: ImageSet, rows: list[int], cache_dir: str | os.PathLike | None,
                   batch_size: int, progress: bool) -> ClipImageFeatures:
     """Features of `rows`, computing only the rows not in this ImageSet's per-row memo."""
-    known: dict[int, tuple[torch.Tensor, torch.Tensor]] = images.__dict__.setdefault(_ROW_MEMO_ATTR, {}).setdefault(backbone.model_id, {})
+    known: dict[int, tuple[torch.Tensor, torch.Tensor]] = (images.__dict__.setdefault(_ROW_MEMO_ATTR, {})
+                                                           .setdefault(backbone.model_id, {}))
     missing = sorted(set(rows) - set(known))
     if missing:
         feats = image_features(backbone, subset_imageset(images, missing), cache_dir, batch_size, progress)

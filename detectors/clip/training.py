@@ -134,7 +134,8 @@ class PromptDetector(ClipDetector):
         if self._learner is None:
             self._learner = PromptLearner(self.backbone, self.require_classes(), self.params["n_ctx"], self.n_ood,
                                           seed=self.params["seed"],
-                                          shared_ood_ctx=bool(self.params.get("shared_ood_ctx", False))).to(self.backbone.device)
+                                          shared_ood_ctx=bool(self.params.get("shared_ood_ctx", False))
+                                          ).to(self.backbone.device)
             if self._prompt_state is not None:
                 self._learner.load(self._prompt_state)
         return self._learner

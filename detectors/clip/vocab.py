@@ -27,7 +27,8 @@ def openai_bpe_path() -> Path:
 
 def byte_symbols() -> list[str]:
     """The 256 printable stand-ins of the bytes 0..255 used by byte-level BPE (GPT-2 / CLIP), in CLIP's order."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
     codes = printable[:]
     extra = 0
     for b in range(256):

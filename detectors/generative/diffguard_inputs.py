@@ -23,7 +23,8 @@ def missing_unet(params: Mapping[str, Any]) -> str | None:
 
 def missing_perceptual(params: Mapping[str, Any]) -> str | None:
     """Why the DISTS / LPIPS similarities the parameters use cannot load, or None."""
-    uses = {params.get("distance")} | ({params.get("early_stop_similarity")} if params.get("backend") == "pixel" else set())
+    uses = {params.get("distance")} | ({params.get("early_stop_similarity")} if params.get("backend") == "pixel"
+                                       else set())
     uses &= set(PERCEPTUAL)
     if not uses:
         return None

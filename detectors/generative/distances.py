@@ -254,7 +254,8 @@ class Perceptual:
 
 def perceptual(name: str, weights: Any, device: torch.device) -> Perceptual:
     """1 - DISTS or 1 - LPIPS from local weight files, evaluated without gradients."""
-    return Perceptual({"dists": DISTS, "lpips": LPIPS}[name](load_weight_files(weights, name.upper())).to(device).eval())
+    return Perceptual({"dists": DISTS, "lpips": LPIPS}[name](load_weight_files(weights, name.upper()))
+                      .to(device).eval())
 
 
 def against(similarity: Similarity, b: torch.Tensor,

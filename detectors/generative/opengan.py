@@ -207,7 +207,8 @@ class OpenGAN(Detector):
             "joint_d": joint if joint is not None else with_outliers,
             "joint_g": joint is True,
             "bn_train": self.bn_train or ("train" if with_outliers else "openood"),
-            "fake_fraction": float(self.fake_fraction) if self.fake_fraction is not None else (0.5 if with_outliers else 1.0),
+            "fake_fraction": (float(self.fake_fraction) if self.fake_fraction is not None
+                              else (0.5 if with_outliers else 1.0)),
         }
 
     @staticmethod

@@ -64,7 +64,8 @@ def model_digest(classifier: Any) -> str:
     with torch.no_grad():
         for name, tensor in classifier.state_dict().items():
             if torch.is_tensor(tensor):
-                h.update(f"{name}{tuple(tensor.shape)}{float(tensor.double().sum()) if tensor.numel() else 0.0:.10e}".encode())
+                h.update(f"{name}{tuple(tensor.shape)}"
+                         f"{float(tensor.double().sum()) if tensor.numel() else 0.0:.10e}".encode())
     return h.hexdigest()[:16]
 
 

@@ -109,7 +109,8 @@ class MDSEnsemble(Detector):
         parts: list[list[np.ndarray]] = []
         with eval_mode(self.classifier), torch.no_grad():
             for x in progress(chunks, total=total, desc="mdsens fit", leave=False, disable=total < 2):
-                parts.append([f.cpu().numpy() for f in self._pooled(self.classifier.hidden_maps(x, self.params["maps"])[1])])
+                parts.append([f.cpu().numpy()
+                              for f in self._pooled(self.classifier.hidden_maps(x, self.params["maps"])[1])])
         self.stats = []
         for j in range(len(self.params["layers"])):
             scatter = streaming.class_scatter(np.concatenate([p[j] for p in parts]), labels)

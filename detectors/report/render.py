@@ -165,8 +165,8 @@ def to_latex(view: View) -> str:
     """The view as a booktabs `tabular`, its notes as comment lines."""
     packages = "booktabs, multirow" if view.merged else "booktabs"
     lines = [f"% {n}" for n in _notes(view)] + [f"% Needs \\usepackage{{{packages}}}.",
-                                                 "\\begin{tabular}{" + "l" * len(view.index) + "c" * len(view.columns) + "}",
-                                                 "\\toprule", *_tex_header(view)]
+                                                 "\\begin{tabular}{" + "l" * len(view.index) + "c" * len(view.columns)
+                                                 + "}", "\\toprule", *_tex_header(view)]
     lines.append("\\midrule")
     previous, covered = None, view.covered()
     for i, (keys, (full, cells)) in enumerate(zip(_first_keys(view), view.rows)):

@@ -365,7 +365,8 @@ def field_sheets(out: Out, scores: pd.DataFrame, transfer: pd.DataFrame, stem: s
     `<stem>_<target>.png`."""
     images = []
     novel_rows = scores[(scores["role"] == "field_ood") & scores["species"].notna()]
-    for target, rules in transfer[transfer["target"].isin(novel_rows["ood_set"].unique())].groupby("target", sort=False):
+    for target, rules in (transfer[transfer["target"].isin(novel_rows["ood_set"].unique())]
+                          .groupby("target", sort=False)):
         rule = rules.sort_values(["recall", "precision"], ascending=False, kind="mergesort").iloc[0]
         novel = novel_rows[(novel_rows["ood_set"] == target) & (novel_rows["method"] == rule["method"])]
         if novel.empty:

@@ -116,7 +116,8 @@ class GODIN(TrainedDetector):
         """g(x) in eval mode (batch norm with its running statistics) on raw float64 features."""
         e = self.extra
         u = features @ e["g.weight"][0] + e["g.bias"][0]
-        u = (u - e["g.bn.running_mean"][0]) / np.sqrt(e["g.bn.running_var"][0] + e["g.bn.eps"][0]) * e["g.bn.weight"][0] + e["g.bn.bias"][0]
+        u = ((u - e["g.bn.running_mean"][0]) / np.sqrt(e["g.bn.running_var"][0] + e["g.bn.eps"][0])
+             * e["g.bn.weight"][0] + e["g.bn.bias"][0])
         return 1.0 / (1.0 + np.exp(-u))
 
     def _score(self, batch) -> np.ndarray:

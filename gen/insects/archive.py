@@ -38,7 +38,8 @@ def _meta(occurrence_terms: list[str]) -> str:
                 f'    </files>\n    <{id_tag} index="0" />\n{fields}\n  </{tag}>')
     return ('<?xml version="1.0" encoding="utf-8"?>\n<archive xmlns="http://rs.tdwg.org/dwc/text/" '
             'metadata="metadata.xml">\n' + section("core", DWC + "Occurrence", "occurrence.txt", "id", occurrence_terms)
-            + "\n" + section("extension", GBIF + "Multimedia", "multimedia.txt", "coreid", MEDIA_TERMS) + "\n</archive>\n")
+            + "\n" + section("extension", GBIF + "Multimedia", "multimedia.txt", "coreid", MEDIA_TERMS)
+            + "\n</archive>\n")
 
 
 def _text(values: np.ndarray, prefix: str = "", suffix: str = "") -> pa.Array:
@@ -47,7 +48,8 @@ def _text(values: np.ndarray, prefix: str = "", suffix: str = "") -> pa.Array:
 
 
 def _pick(choices: tuple[str, ...], index: np.ndarray) -> pa.Array:
-    return pa.DictionaryArray.from_arrays(pa.array(index % len(choices), pa.int32()), pa.array(choices)).cast(pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(index % len(choices), pa.int32()),
+                                          pa.array(choices)).cast(pa.string())
 
 
 def _chunk(occ: pd.DataFrame, start: int, stop: int, columns: int,

@@ -129,7 +129,8 @@ def _manifest_chunks(frame: pd.DataFrame, non_target_name: str) -> Iterator[byte
 
 def _row_chunks(frame: pd.DataFrame, non_target_name: str) -> Iterator[bytes]:
     for start in range(0, len(frame), MANIFEST_CHUNK_ROWS):
-        yield encode_lines(manifest_rows(frame.iloc[start:start + MANIFEST_CHUNK_ROWS], non_target_name)).encode("utf-8")
+        yield encode_lines(manifest_rows(frame.iloc[start:start + MANIFEST_CHUNK_ROWS],
+                                         non_target_name)).encode("utf-8")
 
 
 def region_manifest_chunks(folder: Path, frame: pd.DataFrame, non_target_name: str) -> Iterator[bytes]:
@@ -233,7 +234,8 @@ def _markdown(table: pd.DataFrame) -> str:
 
 def _dropped_markdown(record: dict[str, Any]) -> str:
     text = "\n## Rows dropped\n\n" + (_markdown(pd.DataFrame(
-        {"reason": list(record["dropped"]), "rows": list(record["dropped"].values())})) if record["dropped"] else "none\n")
+        {"reason": list(record["dropped"]), "rows": list(record["dropped"].values())})) if record["dropped"]
+        else "none\n")
     text += "\n## Shortfalls\n\n"
     if not record["shortfalls"]:
         return text + "none\n"

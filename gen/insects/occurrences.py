@@ -103,7 +103,8 @@ def check_occurrences(occ: pd.DataFrame, source: str = "occurrence table") -> pd
         occ[col] = pd.to_numeric(occ[col], errors="coerce").astype(np.float64)
     for col in GBIF_ID_COLUMNS[:-1]:  # keys as text ("1001", never 1001.0)
         if col in occ.columns and not _plain_keys(occ[col]):
-            occ[col] = pd.Series(np.asarray(key_strings(occ[col]), dtype=object), index=occ.index).where(occ[col].notna())
+            occ[col] = pd.Series(np.asarray(key_strings(occ[col]), dtype=object),
+                                 index=occ.index).where(occ[col].notna())
     return occ
 
 

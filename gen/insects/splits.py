@@ -403,7 +403,8 @@ def _region_frame(occ: pd.DataFrame, tax: _Taxonomy, picks: Picks, id_rank: np.n
     hop = np.where(is_id_row, 0, np.where(hop, 1, np.where(fam, 2, 3)))
     aux_rank = _ranks(tax.species, _flag(len(tax.species), sp[sets == SETS.index("aux_train")]))
     aux_label = np.where((sets >= SETS.index("aux_train")) & (sp >= 0), aux_rank[np.maximum(sp, 0)], -1)
-    frame = occ.iloc[rows][[*OCCURRENCE_COLUMNS, *(c for c in GBIF_ID_COLUMNS if c in occ.columns)]].reset_index(drop=True)
+    frame = (occ.iloc[rows][[*OCCURRENCE_COLUMNS, *(c for c in GBIF_ID_COLUMNS if c in occ.columns)]]
+             .reset_index(drop=True))
     frame["set"] = pd.Categorical.from_codes(sets, categories=SETS)
     frame["label"] = np.where(is_id_row, id_rank[np.maximum(sp, 0)], -1).astype(np.int64)
     frame["hop"] = hop.astype(np.int64)

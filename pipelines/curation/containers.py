@@ -210,7 +210,8 @@ def score_category(root: Path, category: Category, flt: SecondaryFilter, scorer:
                 failures[name] = err.reason
         if not images:
             continue
-        values = scorer.logit_scale * np.asarray(scorer.encode_images(images), np.float64) @ np.asarray(texts, np.float64).T
+        values = (scorer.logit_scale * np.asarray(scorer.encode_images(images), np.float64)
+                  @ np.asarray(texts, np.float64).T)
         logits.update({name: [float(v) for v in row] for name, row in zip(batch, values)})
     result = {"key": key, "prompts": prompts, "logits": logits, "failures": failures}
     atomic_write_json(path, result)

@@ -455,8 +455,8 @@ def _write_outputs(cfg: FetchConfig, planned: Plan, records: dict[str, dict[str,
     atomic_write_text(out / "failures.csv", failures.to_csv(index=False))
     summary = {"planned": int(len(rows)), "fetched": int(len(ok) + len(filtered)), "kept": int(len(ok)),
                "failed": dict(Counter(_reason_kind(r["reason"]) for r in failed)),
-               "dropped": dict(planned.dropped), "filtered": {str(k): int(v) for k, v in
-                                                             filtered.get("predicted", pd.Series()).value_counts().items()}}
+               "dropped": dict(planned.dropped),
+               "filtered": {str(k): int(v) for k, v in filtered.get("predicted", pd.Series()).value_counts().items()}}
     atomic_write_text(out / "fetch_summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 

@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 # -- results -------------------------------------------------------------------------------------------------
 CHECKPOINT_CHOICES: tuple[str, ...] = ("last", "best")
-"""Which weights a trained model scores with: the last epoch's, or the best epoch's by ID-val accuracy (`best_epoch`)."""
+"""Which weights a trained model scores with: the last epoch's, or the best epoch's by ID-val accuracy
+(`best_epoch`)."""
 BEST_METRIC = f"acc_{PRIMARY}"
 """The history entry the best epoch is chosen by: top-1 accuracy of the primary head on ID val."""
 
