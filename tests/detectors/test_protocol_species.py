@@ -208,7 +208,8 @@ def test_open_insects_protocol_trains_as_the_reference_code(tmp_path):
     assert set(results["protocol"]) == {"open-insects"}
     params = {m: json.loads(results[results.method == m]["params"].iloc[0]) for m in ("mcd", "logitnorm")}
     for name in params:
-        assert (params[name]["schedule"], params[name]["drop_last"], params[name]["augment"]) == ("reference", False, "region")
+        assert ((params[name]["schedule"], params[name]["drop_last"], params[name]["augment"])
+                == ("reference", False, "region"))
     assert params["mcd"]["start_epoch_ft"] == 90
     for name, advances in (("mcd", True), ("logitnorm", False)):
         checkpoints = list((tmp_path / "run").rglob(f"*{name}*/**/{CHECKPOINT}"))

@@ -141,7 +141,8 @@ def test_checkpoints_per_protocol_and_the_fine_tunes_follow():
     assert CHECKPOINTS["open-insects"] == CHECKPOINTS["openood_v1.5"] == "best" and CHECKPOINTS["exact"] == "last"
     for name in TRAINING_METHODS:
         assert detector_class(name).Params().checkpoint == "last"  # the class default: exact's
-        assert protocol_params("open-insects", name)["checkpoint"] == protocol_params("openood_v1.5", name)["checkpoint"] == "best"
+        assert (protocol_params("open-insects", name)["checkpoint"]
+                == protocol_params("openood_v1.5", name)["checkpoint"] == "best")
         assert "checkpoint" not in protocol_params("exact", name)
 
 

@@ -74,7 +74,8 @@ def test_local_non_local_and_auxiliary_species_sets(splits):
     assert species_in(ne, "local_test", "local_val") == {"locIn", "locLon", "locFam", "locBig", "twoReg"}
     assert species_in(we, "local_test", "local_val") == {"weLocal"}
     # non-local: in Australia minus every region's ID (idB) and local species; the same set for both regions
-    assert species_in(ne, "non_local_test", "non_local_val") == {"aus1", "ausG1"} == species_in(we, "non_local_test", "non_local_val")
+    assert (species_in(ne, "non_local_test", "non_local_val") == {"aus1", "ausG1"}
+            == species_in(we, "non_local_test", "non_local_val"))
     # auxiliary: the rest, without genera found only in OOD (NE: G4, G5, G7, G8; W-Europe: G1, G7, G9)
     assert species_in(ne, "aux_train", "aux_val") == {"locEdge", "edgeLon", "outside", "auxKeep", "weLocal"}
     assert species_in(we, "aux_train", "aux_val") == {"idB", "locEdge", "edgeLon", "locLon", "locFam", "outside",

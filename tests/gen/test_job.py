@@ -39,7 +39,8 @@ def test_output_manifest_validates_and_carries_labels_and_provenance(tmp_path, b
     assert pipe.calls == 4 and pipe.items == 7
     bronze_rows = {str(bronzes / r["file_name"]): r for r in read_manifest(bronzes)}
     for index, row in enumerate(manifest):
-        assert (row["role"], row["ood_set"], row["group"], row["split"], row["label"]) == ("ood", "my_transfer", "hard", "test", -1)
+        assert ((row["role"], row["ood_set"], row["group"], row["split"], row["label"])
+                == ("ood", "my_transfer", "hard", "test", -1))
         prov = row["provenance"]
         bronze = bronze_rows[prov["source_material"]]
         assert (row["era"], row["category"], row["dynasty"], row["source_label"]) == (
@@ -80,7 +81,8 @@ def test_crash_then_rerun_finishes_every_item_exactly_once(tmp_path, bronzes, co
     assert [r["file_name"] for r in rows] == sorted({r["file_name"] for r in rows}) and len(rows) == 7
     assert sorted(p.name for p in (out / "images").iterdir()) == [r["file_name"].split("/")[1] for r in rows]
     for row in rows:  # resumed outputs equal those of an uninterrupted run
-        assert (out / row["file_name"]).read_bytes() == (Path(reference_summary["manifest"]).parent / row["file_name"]).read_bytes()
+        assert ((out / row["file_name"]).read_bytes()
+                == (Path(reference_summary["manifest"]).parent / row["file_name"]).read_bytes())
     assert not temp_files(out)
     merged = (out / JOB_FOLDER / "ledger" / "merged.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["index"] for line in merged) == list(range(7))

@@ -63,7 +63,8 @@ def test_dry_run_prints_what_the_run_writes_and_writes_nothing(tmp_path, capsys)
     assert run_main(main, argv) == 0
     run = capsys.readouterr().out
     written = sorted(p.parent.name for p in (tmp_path / "out").glob("*/metadata.jsonl"))
-    assert written and [f"would write {tmp_path / 'out' / r}/metadata.jsonl ({r})" in dry for r in written] == [True] * len(written)
+    assert (written and [f"would write {tmp_path / 'out' / r}/metadata.jsonl ({r})" in dry for r in written]
+            == [True] * len(written))
     def table(text: str) -> str:  # the summary table and drop lines
         return text.split("\nwould write")[0].split("\nwrote")[0]
 

@@ -192,7 +192,8 @@ def test_images_that_do_not_decode_are_failures_in_every_importer(tmp_path):
     _bad_images(classes / "ant")
     result = import_classes(classes, tmp_path / "id")
     assert {f["file"] for f in result.failures} == {"ant/empty.jpg", "ant/notes.png"} and len(result.manifest) == 10
-    assert {f["file"] for f in json.loads((tmp_path / "id" / "failures.json").read_text())} == {"ant/empty.jpg", "ant/notes.png"}
+    assert ({f["file"] for f in json.loads((tmp_path / "id" / "failures.json").read_text())}
+            == {"ant/empty.jpg", "ant/notes.png"})
 
     ood = import_ood_folders(classes, tmp_path / "ood")
     assert len(ood.manifest) == 10 and len(ood.failures) == 2

@@ -100,7 +100,8 @@ def test_explicit_list_with_its_own_image_root_and_id_folder(tmp_path):
     listing = tmp_path / "dtd.txt"
     listing.write_text("a/1.jpg 0\nb/2.jpg 1\na/1.jpg 0\n")  # duplicates are kept once
     result = import_openood(None, tmp_path / "out", sets=[], lists={"texture": listing}, image_root=images)[0]
-    assert [r["file_name"] for r in read_manifest(tmp_path / "out" / "texture", check_files=True)] == ["a/1.jpg", "b/2.jpg"]
+    assert ([r["file_name"] for r in read_manifest(tmp_path / "out" / "texture", check_files=True)]
+            == ["a/1.jpg", "b/2.jpg"])
     assert result.manifest.root == images.resolve()
 
     ids = import_folder(images, tmp_path / "id", ood_set=None, role="id", label=2, split="train", group=None,

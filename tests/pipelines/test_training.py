@@ -124,7 +124,8 @@ def test_multi_granularity_loss_is_weighted_sum_of_cross_entropies():
     batch = TrainBatch(x=features, y=torch.tensor([0, 3, 1]), targets=targets)
     got = objective.loss(logits, features, batch)
     with torch.no_grad():
-        glog = features.double() @ objective.level_heads["genus"].weight.double().T + objective.level_heads["genus"].bias.double()
+        glog = (features.double() @ objective.level_heads["genus"].weight.double().T
+                + objective.level_heads["genus"].bias.double())
 
     def ce(z, t):
         return float(-(z[t] - torch.logsumexp(z, 0)))

@@ -175,12 +175,14 @@ def test_config_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="recipe: must be one of"):
         TrainConfig.from_dict({**base, "recipe": "fast"})
     config = TrainConfig.from_dict({**base, "recipe": "open-insects-scratch", "epochs": 7})
-    assert (config.pretrained, config.epochs, config.batch_size, config.lr, config.warmup_epochs) == (False, 7, 512, 0.01, 6)
+    assert ((config.pretrained, config.epochs, config.batch_size, config.lr, config.warmup_epochs)
+            == (False, 7, 512, 0.01, 6))
     assert (config.protocol, config.schedule, config.drop_last, config.precision) == ("open-insects", "reference",
                                                                                       False, "fp32")
     assert (config.augment, config.image_size, config.pre_size) == ("ami", 126, 128)
     exact = TrainConfig.from_dict({**base, "protocol": "exact"})
-    assert (exact.schedule, exact.drop_last, exact.precision, exact.augment, exact.image_size) == ("clean", True, "auto", "imagenet", None)
+    assert ((exact.schedule, exact.drop_last, exact.precision, exact.augment, exact.image_size)
+            == ("clean", True, "auto", "imagenet", None))
     assert TrainConfig.from_dict(exact.to_dict()) == exact
 
 
@@ -416,7 +418,8 @@ def test_kill_9_while_the_best_is_written_resumes_to_the_uninterrupted_best(setu
         a, b = _weights(best_and_last / folder), _weights(out / folder)
         for key in a:
             torch.testing.assert_close(b[key], a[key], rtol=0, atol=0)
-    assert json.loads((out / "checkpoints.json").read_text()) == json.loads((best_and_last / "checkpoints.json").read_text())
+    assert (json.loads((out / "checkpoints.json").read_text())
+            == json.loads((best_and_last / "checkpoints.json").read_text()))
 
 
 def test_no_val_rows_keep_the_last_only(setup, tmp_path):

@@ -41,7 +41,8 @@ def test_guidance_step_raises_the_log_probability_of_the_label(pixel_unet, tiny_
 
     def log_prob(x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return F.log_softmax(tiny_classifier.forward_images((x + 1) / 2)[0], 1).gather(1, labels.view(-1, 1)).view(-1)
+            return (F.log_softmax(tiny_classifier.forward_images((x + 1) / 2)[0], 1).gather(1, labels.view(-1, 1))
+                    .view(-1))
 
     assert (log_prob(guided) > log_prob(plain)).all()
     # the shift is -sqrt(1 - abar_k) * grad in eps, i.e. + sqrt(abar_{k-1}) (1 - abar_k) / sqrt(abar_k) * grad in x

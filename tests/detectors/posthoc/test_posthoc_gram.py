@@ -121,7 +121,8 @@ def test_gram_relu_conv_hooks_match_float64_reference(single_torch_thread):
     clf = ImageClassifier.from_module(ConvNet(), image_size=16, mean=(0.5,) * 3, std=(0.5,) * 3)
     train, test = _images(30, seed=4), _images(5, seed=5)
     labels = np.arange(30) % 3
-    det = detectors.build("gram", classifier=clf, layers="relu_conv", powers=POWERS).fit(ImageSet(images=train, labels=labels))
+    det = (detectors.build("gram", classifier=clf, layers="relu_conv", powers=POWERS)
+           .fit(ImageSet(images=train, labels=labels)))
     assert len(det.normalizers) == 4  # conv1, relu, conv2, relu again
     held = holdout_split(labels, 0.1, 0)[1]
     expected = _reference_gram_score(clf, train, labels, test, "relu_conv", held)
@@ -168,7 +169,8 @@ def test_gram_features_are_cached_per_model_and_image_set(tmp_path, monkeypatch,
         raise AssertionError("recomputed although cached")
 
     monkeypatch.setattr(gram_module, "compute_gram_features", boom)
-    again = detectors.build("gram", classifier=clf, cache_dir=cache, holdout=0.25).fit(ImageSet(manifest=read_manifest(folder)))
+    again = (detectors.build("gram", classifier=clf, cache_dir=cache, holdout=0.25)
+             .fit(ImageSet(manifest=read_manifest(folder))))
     np.testing.assert_array_equal(again.score(ImageSet(manifest=read_manifest(folder))), expected)
     monkeypatch.undo()
     with torch.no_grad():  # other weights, same id: a new cache file

@@ -128,7 +128,8 @@ def test_odin_on_a_reloaded_transformers_classifier_matches_per_sample_backward(
     images = [Image.fromarray(rng.integers(0, 256, size=(20, 18, 3), dtype=np.uint8)) for _ in range(3)]
     temperature, noise = 10.0, 0.01
     modes = [m.training for m in clf.modules()]
-    scores = detectors.build("odin", classifier=clf, batch_size=2, temperature=temperature, noise=noise).score(ImageSet(images=images))
+    scores = (detectors.build("odin", classifier=clf, batch_size=2, temperature=temperature, noise=noise)
+              .score(ImageSet(images=images)))
     assert [m.training for m in clf.modules()] == modes and not clf.model.training  # eval model stays in eval
 
     std = torch.tensor([0.2, 0.25, 0.3]).view(1, 3, 1, 1)

@@ -45,7 +45,8 @@ def test_moments_equal_numpy_for_any_chunking_and_merge_order():
     for merged in (a.merge(b), b.merge(a)):
         np.testing.assert_allclose(merged.within_scatter(), within, rtol=1e-9, atol=1e-9 * np.abs(within).max())
         np.testing.assert_allclose(merged.means(), means, rtol=1e-12)
-    only_low = streaming.Moments.of(x[labels < 2], labels[labels < 2]).merge(streaming.Moments.of(x[labels >= 2], labels[labels >= 2]))
+    only_low = (streaming.Moments.of(x[labels < 2], labels[labels < 2])
+                .merge(streaming.Moments.of(x[labels >= 2], labels[labels >= 2])))
     np.testing.assert_allclose(only_low.means(), means, rtol=1e-12)
 
 
@@ -143,7 +144,8 @@ def test_knn_streamed_exact_search_and_float16_ivf_indexes(tmp_path, monkeypatch
     from detectors.posthoc import knn
 
     x, labels, head = clusters(900, 16, 5, seed=3)
-    cache = FeatureCache.load(write_cache(tmp_path / "t.safetensors", x, labels, head, np.float32), mmap=True).to_featureset()
+    cache = (FeatureCache.load(write_cache(tmp_path / "t.safetensors", x, labels, head, np.float32), mmap=True)
+             .to_featureset())
     queries = FeatureSet(x[:80] + np.random.default_rng(0).normal(size=(80, 16)))
     exact = detectors.build("knn", k=10).fit(cache)
     assert exact.bank is not None

@@ -144,7 +144,8 @@ def test_full_mode_finetunes_the_classifier_on_images(tmp_path):
 
     clf = ImageClassifier.from_module(Net(), image_size=12)
     before = clf.head.weight.detach().clone()
-    det = build("extended", classifier=clf, epochs=2, batch_size=4, lr=1e-2, aux_label_field="species").fit(train, aux=aux)
+    det = (build("extended", classifier=clf, epochs=2, batch_size=4, lr=1e-2, aux_label_field="species")
+           .fit(train, aux=aux))
     assert not torch.equal(before, clf.head.weight.detach())
     np.testing.assert_allclose(det.head.weight, clf.head.weight.detach().double().numpy())
     assert det.branch_size == 2 + 2  # two ID classes + two auxiliary species

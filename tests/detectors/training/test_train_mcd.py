@@ -62,7 +62,8 @@ def _toy(seed=0):
 
 def test_mcd_trains_heads_that_disagree_on_outliers(tmp_path):
     train, aux, ood, head = _toy()
-    det = build("mcd", mode="heads", epochs=15, lr=5e-2, batch_size=32, warmup_epochs=1).fit(train, head=head, id_val=train, aux=aux)
+    det = (build("mcd", mode="heads", epochs=15, lr=5e-2, batch_size=32, warmup_epochs=1)
+           .fit(train, head=head, id_val=train, aux=aux))
     assert det.history[-1]["acc_label"] > 0.95
     scores_id, scores_ood = det.score(train), det.score(ood)
     assert auroc(scores_id, scores_ood) > 0.8

@@ -168,7 +168,8 @@ def _toy(seed: int = 0):
                                          ("udg", {"num_clusters": 6, "pca_dim": 4})])
 def test_heads_only_training_learns(name, params):
     train, aux, head = _toy()
-    det = build(name, mode="heads", epochs=10, lr=0.1, batch_size=32, warmup_epochs=1, **params).fit(train, head=head, id_val=train, aux=aux)
+    det = (build(name, mode="heads", epochs=10, lr=0.1, batch_size=32, warmup_epochs=1, **params)
+           .fit(train, head=head, id_val=train, aux=aux))
     assert det.history[-1]["acc_label"] > 0.9
 
 
@@ -180,7 +181,8 @@ def test_posthoc_rules_on_the_transformed_set_equal_the_training_score(name, par
     """transform() + trained_head let any post-hoc detector read the trained model; MSP / EBO on them reproduce the
     training detector's own msp / energy rule."""
     train, aux, head = _toy(1)
-    det = build(name, mode="heads", epochs=2, lr=5e-2, batch_size=32, warmup_epochs=0, **params).fit(train, head=head, aux=aux)
+    det = (build(name, mode="heads", epochs=2, lr=5e-2, batch_size=32, warmup_epochs=0, **params)
+           .fit(train, head=head, aux=aux))
     seen = det.transform(aux)
     assert seen.labels is aux.labels and seen.features.dtype == np.float64
     np.testing.assert_allclose(seen.logits, det.trained_head(seen.features) + (

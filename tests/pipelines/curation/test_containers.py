@@ -184,7 +184,8 @@ def _hf_main_share(model_dir: Path, images: list[Image.Image], prompts: list[str
     model, processor = CLIPModel.from_pretrained(model_dir).eval(), CLIPProcessor.from_pretrained(model_dir)
     with torch.no_grad():
         image = model.get_image_features(**processor(images=images, return_tensors="pt")).pooler_output.double()
-        text = model.get_text_features(**processor.tokenizer(prompts, padding=True, return_tensors="pt")).pooler_output.double()
+        text = (model.get_text_features(**processor.tokenizer(prompts, padding=True, return_tensors="pt"))
+                .pooler_output.double())
         scale = float(model.logit_scale.exp())
     image, text = image / image.norm(dim=-1, keepdim=True), text / text.norm(dim=-1, keepdim=True)
     logits = scale * image @ text.T

@@ -52,7 +52,8 @@ def test_join_order_is_pandas_inner_merge_order(tmp_path):
     core = pd.DataFrame(occ).astype(str)
     ext = pd.DataFrame(media).astype(str)[["gbifID", "type", "identifier"]]
     want = core.merge(ext, on="gbifID", how="inner")
-    assert got[["gbifID", "species", "identifier"]].values.tolist() == want[["gbifID", "species", "identifier"]].values.tolist()
+    assert (got[["gbifID", "species", "identifier"]].values.tolist()
+            == want[["gbifID", "species", "identifier"]].values.tolist())
 
 
 def test_field_indexes_with_gaps_shared_and_out_of_order_name_the_right_columns(tmp_path):

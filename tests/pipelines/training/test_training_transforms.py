@@ -263,7 +263,8 @@ def _sized_files(folder: Path) -> list[tuple[Path, int]]:
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path)
         made.append((path, int(128 * max(w, h) / min(w, h)) % 4))
     for i, (w, orientation) in enumerate([(2030, 6), (2054, 1)]):
-        field = Image.fromarray(rng.integers(0, 256, (26, w // 64 + 2, 3), dtype=np.uint8)).resize((w, 1536), Image.BICUBIC)
+        field = (Image.fromarray(rng.integers(0, 256, (26, w // 64 + 2, 3), dtype=np.uint8))
+                 .resize((w, 1536), Image.BICUBIC))
         yy, xx = np.mgrid[0:1536, 0:w]
         edges = ((((xx // 97) + (yy // 131)) % 2) * 50 - 25)[..., None]  # camera-like: smooth colour, edges, sensor
                                                                          # noise
