@@ -164,7 +164,7 @@ from pathlib import Path
 from gen.job import run_generation
 
 class CopyThenHold:
-    \"\"\"Copies the first `n` batches, then holds the next call forever (until killed), its arrival marked by a file.\"\"\"
+    \"\"\"Copies the first `n` batches, then holds the next call until killed, its arrival marked by a file.\"\"\"
     model_ids = {"base": "copy"}
     calls = 0
 

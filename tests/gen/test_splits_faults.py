@@ -184,5 +184,6 @@ def test_the_estimate_adds_the_writing_at_the_benchmarks_rate(tmp_path):
     (tmp_path / "splits.json").write_text(json.dumps({"disk_write_mib_per_s": 100.0}))
     timings = {"read": 2.0, "rows": 1000, "build": 1.0, "manifests": 1.0, "manifest_rows": 800, "bytes": 300 * 2**20}
     lines = estimate(timings, write_rate(tmp_path / "splits.json"))
-    assert f"writing 300.0 MiB at 100 MiB/s ({tmp_path / 'splits.json'}) takes 3.0 s; the run takes about 7.0 s" in lines[1]
+    assert (f"writing 300.0 MiB at 100 MiB/s ({tmp_path / 'splits.json'}) takes 3.0 s; the run takes about 7.0 s"
+            in lines[1])
     assert "rate not known here" in estimate(timings, write_rate(tmp_path / "none.json"))[1]

@@ -69,7 +69,8 @@ def test_standin_differs_from_the_real_config_in_size_fields_only(standins, mode
                                                f"{ {k: v for k, v in diff.items() if k not in allowed_effective} }"
         saved = hub.leaves(hub.saved_effective(path, kind, cls))
         for key in allowed_effective & set(tiny.TINY[model_id][file]) - hub.SIZE_DICT_FIELDS:
-            assert saved[key] == hub.plain(tiny.TINY[model_id][file][key]), f"{model_id} {file}: {key} is not the listed tiny value"
+            assert saved[key] == hub.plain(tiny.TINY[model_id][file][key]), \
+                f"{model_id} {file}: {key} is not the listed tiny value"
 
 
 def test_clip_standin_keeps_openai_token_id_quirk(standins):

@@ -203,7 +203,8 @@ def test_bad_inputs_are_one_line_each(tmp_path, capsys):
     (root / "train" / "empty").rmdir()
     (root / "test" / "ant" / "copy.png").write_bytes((root / "train" / "ant" / "0.png").read_bytes())
     assert _run(cli, [str(root), "--out", str(tmp_path / "o2")]) == 2
-    assert "the same image is in two splits: train/ant/0.png (train) and test/ant/copy.png (test)" in capsys.readouterr().err
+    assert ("the same image is in two splits: train/ant/0.png (train) and test/ant/copy.png (test)"
+            in capsys.readouterr().err)
     pd.DataFrame({"file_name": ["a.png"], "kind": ["x"]}).to_csv(tmp_path / "t.csv", index=False)
     assert _run(cli, [str(root), "--out", str(tmp_path / "o3"), "--table", str(tmp_path / "t.csv")]) == 2
     assert "t.csv: no column 'label'" in capsys.readouterr().err

@@ -171,8 +171,10 @@ torch.manual_seed(0)
 clf = ImageClassifier.from_module(Net(), image_size=16)
 objective = MultiGranularity({"genus": "genus"})
 manifest = read_manifest(sys.argv[1])
-result = finetune(clf, manifest, epochs=2, batch_size=4, lr=1e-2, warmup_epochs=0, objective=objective, val=manifest, seed=0)
-with open(os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.json"), "w") as fh:  # one file per rank: stdout interleaves
+result = finetune(clf, manifest, epochs=2, batch_size=4, lr=1e-2, warmup_epochs=0, objective=objective, val=manifest,
+                  seed=0)
+# one file per rank: stdout interleaves
+with open(os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.json"), "w") as fh:
     json.dump({"steps": result.steps, "loss": result.final["loss"], "head": clf.head.weight.sum().item(),
                "genus": objective.level_heads["genus"].weight.sum().item()}, fh)
 if torch.distributed.is_initialized():  # both ranks have written; skip the C++ teardown, which can abort (SIGABRT)
@@ -231,8 +233,8 @@ from detectors.training.novel_branch import BranchLoss
 from detectors.training.udg import UDGLoss
 aux = np.eye(6)[rng.integers(3, 6, 40)] * 3 + rng.normal(size=(40, 6))
 for name, objective in (("pooled", BranchLoss(False, pooled=True)), ("udg", UDGLoss(num_clusters=5, pca_dim=4))):
-    layer, result = train_heads((np.zeros((3, 6)), np.zeros(3)), features, labels, aux_features=aux, objective=objective,
-                                epochs=2, lr=5e-2, batch_size=8, warmup_epochs=0, seed=0)
+    layer, result = train_heads((np.zeros((3, 6)), np.zeros(3)), features, labels, aux_features=aux,
+                                objective=objective, epochs=2, lr=5e-2, batch_size=8, warmup_epochs=0, seed=0)
     out[name] = layer.weight.detach().double().tolist()
 rank = os.environ.get("RANK", "solo")
 with open(os.path.join(sys.argv[1], f"heads_{rank}.json"), "w") as fh:

@@ -80,7 +80,8 @@ def test_mcm_glmcm_neglabel_equal_independent_computation(backbone):
     with torch.no_grad():  # local features: last block with self-only attention, as GL-MCM's official code
         hidden = vision(pixel_values=pixels, output_hidden_states=True).hidden_states[-2]
         self_only = torch.full((hidden.shape[1],) * 2, float("-inf")).fill_diagonal_(0.0)[None, None]
-        local = backbone.model.visual_projection(vision.post_layernorm(vision.encoder.layers[-1](hidden, self_only)[:, 1:]))
+        local = backbone.model.visual_projection(
+            vision.post_layernorm(vision.encoder.layers[-1](hidden, self_only)[:, 1:]))
     loc = unit64(local)
     expected = softmax(img @ txt.T, axis=1).max(1) + softmax(loc @ txt.T, axis=-1).max(-1).max(-1)
     np.testing.assert_allclose(glmcm.score(imset), expected, rtol=1e-4)

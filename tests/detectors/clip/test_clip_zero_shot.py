@@ -28,7 +28,8 @@ def hf_text(backbone, texts) -> np.ndarray:
     """Normalised text embeddings through transformers' own `get_text_features` (float64)."""
     tok = backbone.processor.tokenizer(texts, padding=True, return_tensors="pt")
     with torch.no_grad():
-        return unit64(backbone.model.get_text_features(input_ids=tok["input_ids"], attention_mask=tok["attention_mask"]).pooler_output)
+        return unit64(backbone.model.get_text_features(input_ids=tok["input_ids"],
+                                                       attention_mask=tok["attention_mask"]).pooler_output)
 
 
 def test_mcm_equals_softmax_of_raw_cosine_over_temperature(backbone):

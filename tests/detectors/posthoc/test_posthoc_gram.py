@@ -75,7 +75,8 @@ def _reference_gram_score(clf, train, train_labels, test, layers, held):
 
     def delta(c, l, k, x):
         lo, hi = bounds[c, l, k]
-        return float(np.sum(np.maximum(lo - x, 0) / np.abs(lo + 1e-6)) + np.sum(np.maximum(x - hi, 0) / np.abs(hi + 1e-6)))
+        return float(np.sum(np.maximum(lo - x, 0) / np.abs(lo + 1e-6))
+                     + np.sum(np.maximum(x - hi, 0) / np.abs(hi + 1e-6)))
 
     norm = [np.mean([sum(delta(train_labels[i], l, k, g_tr[i][l][k]) for k in range(len(POWERS))) for i in held])
             for l in range(n_layers)]
@@ -140,7 +141,8 @@ def test_gram_id_val_normalisation_uses_all_training_images(single_torch_thread)
     np.testing.assert_allclose(det.mins[0], gram[labels == 0].min(axis=0))
     np.testing.assert_allclose(det.maxs[2], gram[labels == 2].max(axis=0))
     # the training images themselves lie inside their class's range: deviation only through a wrong prediction
-    assert np.all(det.score(ImageSet(images=train, labels=labels))[det.features(ImageSet(images=train)).logits.argmax(1) == labels] == 0)
+    assert np.all(det.score(ImageSet(images=train, labels=labels))[
+        det.features(ImageSet(images=train)).logits.argmax(1) == labels] == 0)
 
 
 def test_holdout_split_takes_a_tenth_of_each_class():

@@ -33,7 +33,8 @@ def test_point_at_a_class_mean_scores_zero_and_singular_covariance_is_pseudo_inv
     features = np.c_[train.features, np.zeros(len(train))]  # a dead unit: singular covariance
     det = detectors.build("mds").fit(FeatureSet(features, labels=train.labels))
     np.testing.assert_allclose(det.precision,
-                               EmpiricalCovariance().fit(features - det.means[np.searchsorted(det.classes, train.labels)]).precision_,
+                               EmpiricalCovariance().fit(features - det.means[np.searchsorted(det.classes,
+                                                                                              train.labels)]).precision_,
                                rtol=1e-7, atol=1e-9)
     scores = det.score(FeatureSet(det.means))
     np.testing.assert_allclose(scores, 0.0, atol=1e-9)

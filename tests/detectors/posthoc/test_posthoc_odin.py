@@ -156,7 +156,8 @@ def test_image_level_sweep_on_validation_images_matches_a_manual_loop(name):
     clf = _classifier(seed=3)
     rng = np.random.default_rng(4)
     image = lambda low, high: Image.fromarray(rng.integers(low, high, (6, 6, 3)).astype(np.uint8))  # noqa: E731
-    train = ImageSet(images=[image(0, 256) for _ in range(20)], labels=np.r_[np.zeros(12, int), np.arange(8) % 4 + 1])  # a skewed prior
+    # a skewed prior
+    train = ImageSet(images=[image(0, 256) for _ in range(20)], labels=np.r_[np.zeros(12, int), np.arange(8) % 4 + 1])
     id_val = ImageSet(images=[image(0, 256) for _ in range(12)], labels=np.arange(12) % 5)
     ood_val = ImageSet(images=[image(40, 216) for _ in range(12)])
     space = sweep_space("open-insects", name, {})

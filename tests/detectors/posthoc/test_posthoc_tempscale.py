@@ -89,7 +89,8 @@ def test_fixed_temperature_needs_no_fit_and_unfitted_errors():
     z, _ = _calibration_data(seed=4)
     fixed = detectors.build("tempscale", temperature=3.0)
     np.testing.assert_allclose(fixed.score(z),
-                               np.log(softmax(z / 3.0, axis=1).max(axis=1)) - np.log1p(-softmax(z / 3.0, axis=1).max(axis=1)), rtol=1e-9)
+                               np.log(softmax(z / 3.0, axis=1).max(axis=1))
+                               - np.log1p(-softmax(z / 3.0, axis=1).max(axis=1)), rtol=1e-9)
     prob = detectors.build("tempscale", temperature=3.0, output="prob")
     np.testing.assert_allclose(prob.score(z), softmax(z / 3.0, axis=1).max(axis=1), rtol=1e-12)
     with pytest.raises(RuntimeError, match="fit"):

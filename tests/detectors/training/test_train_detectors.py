@@ -116,7 +116,8 @@ def test_full_mode_finetunes_the_classifier_on_images(tmp_path):
     colours = {0: (220, 30, 30), 1: (30, 200, 30), "aux": (30, 30, 220)}
 
     def image(colour):
-        return Image.fromarray(np.clip(np.array(colour)[None, None] + rng.integers(-20, 20, (12, 12, 3)), 0, 255).astype(np.uint8))
+        return Image.fromarray(np.clip(np.array(colour)[None, None] + rng.integers(-20, 20, (12, 12, 3)), 0, 255)
+                               .astype(np.uint8))
 
     rows, aux_rows = [], []
     for label in (0, 1):

@@ -203,7 +203,8 @@ def test_rotpred_finetunes_and_scores_images(tmp_path):
     for i in range(8):
         pixels = np.zeros((12, 12, 3), np.uint8)
         pixels[: 4 + i % 2 * 4] = 200  # an oriented pattern: a bright band at the top
-        Image.fromarray(np.clip(pixels + rng.integers(0, 30, (12, 12, 3)), 0, 255).astype(np.uint8)).save(tmp_path / f"{i}.png")
+        Image.fromarray(np.clip(pixels + rng.integers(0, 30, (12, 12, 3)), 0, 255).astype(np.uint8)).save(
+            tmp_path / f"{i}.png")
         rows.append(make_row(f"{i}.png", split="train", label=i % 2))
     manifest = write_manifest(tmp_path, rows)
 
@@ -248,7 +249,8 @@ def test_full_fine_tuning_on_images(name, params, tmp_path):
     for i in range(12):
         label = i % 3 if i < 8 else None
         colour = colours[label] if label is not None else (200, 200, 30)
-        Image.fromarray(np.clip(np.array(colour)[None, None] + rng.integers(-20, 20, (12, 12, 3)), 0, 255).astype(np.uint8)).save(tmp_path / f"{i}.png")
+        Image.fromarray(np.clip(np.array(colour)[None, None] + rng.integers(-20, 20, (12, 12, 3)), 0, 255)
+                        .astype(np.uint8)).save(tmp_path / f"{i}.png")
         if label is None:
             aux_rows.append(make_row(f"{i}.png", split="train", role="ood", ood_set="auxiliary"))
         else:

@@ -141,7 +141,8 @@ def test_a_separate_aux_stream_gets_the_evaluation_pixels(tmp_path, single_torch
 
     monkeypatch.setattr(OELoss, "loss", recording)
     clf = tiny_resnet_classifier(tmp_path / "model", classes=2, size=16)
-    build("oe", classifier=clf, epochs=2, batch_size=2, warmup_epochs=0, lr=1e-3, precision="fp32").fit(manifest, aux=aux)
+    build("oe", classifier=clf, epochs=2, batch_size=2, warmup_epochs=0, lr=1e-3, precision="fp32").fit(manifest,
+                                                                                                         aux=aux)
     id_changed = [seen["id"][(0, i)] != seen["id"][(1, i)] for i in range(4)]
     aux_both = [i for i in range(4) if (0, i) in seen["aux"] and (1, i) in seen["aux"]]
     assert all(id_changed) and aux_both

@@ -41,7 +41,8 @@ for case in spec["cases"]:
         res = F.center_crop(img, case["size"])
     elif kind == "resized_crop":
         top, left, h, w = case["box"]
-        res = F.resized_crop(img, top, left, h, w, [case["size"], case["size"]], interpolation=InterpolationMode.BILINEAR)
+        res = F.resized_crop(img, top, left, h, w, [case["size"], case["size"]],
+                             interpolation=InterpolationMode.BILINEAR)
     elif kind == "pad_crop":
         top, left = case["at"]
         res = F.crop(F.pad(img, case["padding"], fill=0), top, left, case["size"], case["size"])
@@ -307,7 +308,8 @@ def test_reference_eval_equals_torchvision_on_every_size_class_and_draft_stays_w
             assert np.abs(ours - want).max() <= EVAL_TOLERANCE, (path.name, orient, size_class)
         drafted = T.reference_eval(126, 128, Decode(draft=True, orient=False)).load(path).permute(1, 2, 0).numpy()
         diff = np.abs(drafted.astype(int) - theirs[f"stored{i}"].astype(int))
-        assert diff.max() <= DRAFT_TOLERANCE["max"] and diff.mean() <= DRAFT_TOLERANCE["mean"], (path.name, diff.max(), diff.mean())
+        assert diff.max() <= DRAFT_TOLERANCE["max"] and diff.mean() <= DRAFT_TOLERANCE["mean"], (path.name, diff.max(),
+                                                                                                 diff.mean())
         # a floor offset (transformers' centre crop) is one pixel off exactly where L = 1 (mod 4)
         floor = T.Compose([T.Resize(128), _FloorCrop(126)], Decode(orient=False)).load(path).permute(1, 2, 0).numpy()
         floor_differs.append((size_class, int(np.abs(floor.astype(int) - theirs[f"stored{i}"].astype(int)).max())))
