@@ -55,6 +55,7 @@ def _metadata_only(folder: Path, n: int, role: str) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_papers_counts(tmp_path, capsys):
     # the paper's sizes: 2,861 bronze test images, 51,023 container images
     spec = importlib.util.spec_from_file_location("generate_script",

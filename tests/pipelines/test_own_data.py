@@ -44,6 +44,7 @@ def _run(commands: list[str], cwd: Path, env: dict[str, str]) -> None:
         assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
 
 
+@pytest.mark.slow
 def test_readme_commands_take_class_folders_to_a_report(tmp_path):
     commands = readme_commands()
     assert len(commands) == 3

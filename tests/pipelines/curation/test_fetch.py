@@ -108,6 +108,7 @@ def test_cap_per_species_taxon_filter_and_bad_options(server, tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_kill_9_mid_run_then_rerun_fetches_only_what_is_missing(tmp_path):
     """The server answers the first 6 URLs and holds the rest: once both workers are held, exactly 6 images are
     finished (each worker finishes an image before it takes the next), and the kill comes then."""
@@ -209,6 +210,7 @@ def test_dry_run_counts_what_a_run_would_fetch_and_requests_nothing(server, tmp_
     assert json.loads(capsys.readouterr().out)["to_fetch"] == 1
 
 
+@pytest.mark.slow
 def test_readme_path_gbif_zip_to_images_to_splits(server, tmp_path):
     """The README's two commands as written (fetch_images then make_splits on the same GBIF zip), the archive's image
     URLs served on the loopback."""
