@@ -70,6 +70,7 @@ def test_readme_commands_take_class_folders_to_a_report(tmp_path):
     assert (tmp_path / "runs" / "own" / "report" / "per_set.md").is_file()
 
 
+@pytest.mark.slow
 def test_readme_cpu_stand_ins_keep_class_names_and_import_a_field_set(tmp_path):
     commands = readme_commands(1)
     assert len(commands) == 3 and commands[0].startswith("python scripts/make_tiny.py")
@@ -119,6 +120,7 @@ def test_species_rows_name_the_trained_model_classes(tmp_path, single_torch_thre
 
 @pytest.mark.skipif(not Path("/usr/share/wordnet/data.noun").is_file(),
                     reason="WordNet 3.0 is not installed (apt-get install wordnet-base)")
+@pytest.mark.slow
 def test_readme_container_curation_command(tmp_path):
     from pipelines.tiny import CLIP_ID, save_tiny_clip
     from tests.pipelines.curation.test_containers import IMAGENET1K_CONTAINERS, NEW_CONTAINERS, imagenet21k_tree

@@ -184,6 +184,7 @@ if torch.distributed.is_initialized():  # both ranks have written; skip the C++ 
 """
 
 
+@pytest.mark.slow
 def test_two_processes_split_each_batch_and_match_one_process(tmp_path):
     """torchrun with 2 CPU processes: each takes half of every global batch, so both run every step (2 epochs x 6
     batches) and end with the weights (model and objective heads) of the one-process run."""
@@ -246,6 +247,7 @@ if torch.distributed.is_initialized():  # both ranks have written; skip the C++ 
 """
 
 
+@pytest.mark.slow
 def test_heads_only_schedule_is_the_same_for_one_and_two_processes(tmp_path):
     """Cached-feature batches are not sharded, so each process takes every step: the cosine schedule and the trained
     head must equal the one-process run (accelerate's scheduler wrapper would step twice a step and end it early).

@@ -54,6 +54,7 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(out / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_weights(setup, tmp_path):
     base, model = setup
     whole = subprocess.run([sys.executable, str(SCRIPT), "--config",
@@ -94,6 +95,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_one_process_weights(setup, tmp_path):
     """torchrun, 2 CPU processes, batch norm layers: each process takes half of every global batch of 8 and batch
     statistics span both halves, so the weights match the 1-process run."""
@@ -274,6 +276,7 @@ def test_cache_hash_content_sees_a_rewrite_with_the_mtime_restored(setup, tmp_pa
         _train_config(tmp_path, model, cache_hash="mtime")
 
 
+@pytest.mark.slow
 def test_a_kill_during_a_write_leaves_no_temp_file_after_the_rerun(setup, tmp_path):
     """SIGKILL while the checkpoint is written (its temp file complete, not renamed): the rerun removes that temp
     file and ends with a complete output folder."""
@@ -376,6 +379,7 @@ def best_and_last(setup, tmp_path_factory):
     return tmp / "whole"
 
 
+@pytest.mark.slow
 def test_the_folder_keeps_the_best_epoch_beside_the_last_and_says_which(best_and_last):
     from pipelines.checkpoints import checkpoint_folder, read_checkpoint_index
 
@@ -394,6 +398,7 @@ def test_the_folder_keeps_the_best_epoch_beside_the_last_and_says_which(best_and
     assert {"config.json", "preprocessor_config.json", "class_names.json"} <= {p.name for p in (out / "best").iterdir()}
 
 
+@pytest.mark.slow
 def test_kill_9_while_the_best_is_written_resumes_to_the_uninterrupted_best(setup, best_and_last, tmp_path):
     """SIGKILL during the third write of the best weights (epoch 4's; epochs 1 and 2 were the best before): the
     checkpoint says epoch 4, the best file still epoch 2; the rerun rewrites epoch 4's from the restored state and ends

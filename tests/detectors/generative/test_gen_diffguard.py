@@ -14,6 +14,7 @@ from detectors.generative.pixel_backend import ClassifierGuidance, PixelDiffusio
 FAST = dict(steps=20, max_inversion_steps=18, n_crops=2, early_stop_similarity=None, distance="ssim")
 
 
+@pytest.mark.slow
 def test_ddim_inversion_then_denoising_reconstructs_the_input(pixel_unet, synthetic):
     model = PixelDiffusion.build(pixel_unet, steps=20, clip_denoised=False)
     x0 = 2 * resize_center_crop(synthetic(3), 32, 32) - 1
