@@ -67,6 +67,7 @@ def stores(digits, tmp_path_factory):
     return {"folder": folder, "shards": tuple(shards)}, digits[2]
 
 
+@pytest.mark.slow
 def test_packed_manifests_point_into_shards(stores):
     (both, _) = stores
     for folder, packed in zip(both["folder"], both["shards"]):

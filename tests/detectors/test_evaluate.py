@@ -164,6 +164,7 @@ def test_level_head_of_a_multi_granularity_classifier(digits, tmp_path):
         assert got["fpr95"] == pytest.approx(expect["fpr95"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_one_process_results(digits, tmp_path):
     """torchrun with 2 CPU processes: features and ODIN's images are split across processes and gathered, detectors
     whose statistics are sums fit per-process shards reduced over the processes; the table is one process's."""

@@ -62,7 +62,8 @@ def test_duplicated_unit_gives_the_scores_of_the_reduced_features():
     np.testing.assert_allclose(duplicated, reduced, rtol=1e-6)
 
 
-@pytest.mark.parametrize("n, d", [(600, 2048), (430, 512)])  # ResNet-50's pooled features; a stage-4 map flattened
+# ResNet-50's pooled features (125 s under load: slow); a stage-4 map flattened
+@pytest.mark.parametrize("n, d", [pytest.param(600, 2048, marks=pytest.mark.slow), (430, 512)])
 def test_singular_tied_covariance_agrees_with_sklearn(n, d):
     """D > N - C: the precision is pinvh's (sklearn's EmpiricalCovariance), not the inverse of rounding eigenvalues."""
     from tests.detectors.posthoc.singular_helpers import auroc, oracle_scores, singular_case
