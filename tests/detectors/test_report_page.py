@@ -116,6 +116,7 @@ def test_table7_for_pretrained_runs_and_figure4(tmp_path):
 
 @pytest.mark.skipif(_check_script().find_chromium() is None,
                     reason="Chromium (Debian package `chromium`) not installed")
+@pytest.mark.slow
 def test_first_screen_holds_the_main_table(bronze_page, capsys):
     """Chromium at 1400 px: Table 3 (18 methods x 9 sets + Average) starts on the first 900 px, fits the window."""
     out, _ = bronze_page

@@ -107,6 +107,7 @@ def _check_script():
 
 @pytest.mark.skipif(_check_script().find_chromium() is None,
                     reason="Chromium (Debian package `chromium`) not installed")
+@pytest.mark.slow
 def test_index_html_in_headless_chromium(tmp_path, capsys):
     report.write_report(_family_rows(), tmp_path / "report", scores=None)
     check = _check_script()
