@@ -327,4 +327,4 @@ def test_an_ood_set_with_no_loadable_image_is_recorded_and_the_others_scored(dig
     failures = json.loads((tmp_path / "run" / "failures.json").read_text())
     assert [(f["split"], f["config"]) for f in failures["sets"]] == [("ghost", "ood[1]")]
     assert {f["file"] for f in failures["images"]} == {"g0.png", "g1.png", "g2.png"} and not failures["detectors"]
-    assert "ood[1] set 'ghost'" in capsys.readouterr().out
+    assert "ood[1] set 'ghost'" in capsys.readouterr().err  # a warning: stderr
