@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test layers wheel-check floors bench clean
+.PHONY: install demo test test-fast layers lint wheel-check floors bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,10 +27,18 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# The suite without the tests marked slow (@pytest.mark.slow: subprocess pipelines, trainings, full protocols).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
+
 # No upward import (pipelines < gen, detectors < oodforge < scripts, benchmarks; gen and detectors apart; the detector
 # methods never import detectors/harness), no import circle (lazy ones included), and docs/architecture.md's map is true.
 layers: $(STAMP)
 	$(PY) scripts/check_layers.py
+
+# ruff (pyproject.toml [tool.ruff]): pyflakes-level faults and lines over 120 characters.
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 # The built wheel carries the real hub configs the tiny stand-ins need (package data).
 wheel-check: $(STAMP)

@@ -118,7 +118,8 @@ class ImageSet:
 
 
 FIT_INPUTS = ("head", "id_val", "ood_val", "aux")
-"""Optional inputs of `Detector.fit` besides the ID training data (a detector declares those it reads in `fit_inputs`)."""
+"""Optional inputs of `Detector.fit` besides the ID training data (a detector declares those it reads in
+`fit_inputs`)."""
 RUNTIME_INPUTS = ("classifier", "class_names", "cache_dir", "device", "precision", "work_dir")
 """Runtime objects and settings a runner hands to a detector's constructor (declared in `needs`; never saved in its
 config.json, except CLIP class names, which its prompts are made of)."""
@@ -131,7 +132,8 @@ def check_scores(scores: Any, who: str = "detector") -> np.ndarray:
     out = as_numpy(scores, np.float64).reshape(-1)
     bad = ~np.isfinite(out)
     if bad.any():
-        raise FloatingPointError(f"{who} produced {int(bad.sum())} non-finite score(s) (first at index {int(np.flatnonzero(bad)[0])})")
+        raise FloatingPointError(f"{who} produced {int(bad.sum())} non-finite score(s) (first at index "
+                                 f"{int(np.flatnonzero(bad)[0])})")
     return out
 
 
@@ -213,14 +215,16 @@ class Detector:
 
     @classmethod
     def init_arguments(cls) -> set[str]:
-        """Keyword arguments the constructor takes besides the Params fields (runtime objects: classifier, model ...)."""
+        """Keyword arguments the constructor takes besides the Params fields (runtime objects: classifier, model
+        ...)."""
         named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         taken = {p for p, v in inspect.signature(cls.__init__).parameters.items() if p != "self" and v.kind in named}
         return taken | ({"work_dir"} if cls.keeps_batches else set())
 
     @property
     def hyperparameters(self) -> dict[str, Any]:
-        """The parameters that decide the scores (runtime settings left out): what `config.json` and results rows record."""
+        """The parameters that decide the scores (runtime settings left out): what `config.json` and results rows
+        record."""
         runtime = self.Params.runtime()
         return {k: v for k, v in self.params.items() if k not in runtime}
 
@@ -244,7 +248,8 @@ class Detector:
         return f"{type(self).__name__}({args})"
 
     # -- protocol -------------------------------------------------------------------------------------------
-    def fit(self, id_train: Any, *, head: LinearHead | None = None, id_val: Any = None, ood_val: Any = None) -> "Detector":
+    def fit(self, id_train: Any, *, head: LinearHead | None = None, id_val: Any = None,
+            ood_val: Any = None) -> "Detector":
         """Learn whatever the method needs from ID training data (and ID/OOD validation data where it uses them)."""
         if head is not None:
             self.head = head if isinstance(head, LinearHead) else LinearHead(*head)
@@ -310,14 +315,16 @@ class Detector:
             self.head = LinearHead(state["head.weight"], state["head.bias"])
 
     def save_pretrained(self, folder: str | os.PathLike) -> Path:
-        """Write `config.json` (name and hyperparameters, runtime settings left out) and `model.safetensors` (learned state)."""
+        """Write `config.json` (name and hyperparameters, runtime settings left out) and `model.safetensors` (learned
+        state)."""
         from safetensors.numpy import save_file
 
         from pipelines.io import atomic_path, atomic_write_json
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(folder / "config.json", {"name": self.name, "family": self.family, "params": self.hyperparameters,
+        atomic_write_json(folder / "config.json",
+                          {"name": self.name, "family": self.family, "params": self.hyperparameters,
                                                    "fitted": self.fitted})
         state = {k: np.ascontiguousarray(v) for k, v in self.state().items()}
         with atomic_path(folder / "model.safetensors") as tmp:

@@ -1,8 +1,8 @@
 """OOD metrics (pure functions on score arrays; scores: higher = more in-distribution).
 
-Conventions (OpenOOD v1.5): OOD is the positive class, ranked by -score. `fpr95` is the fraction of ID samples rejected at
-the first ROC point where >= 95% of OOD are detected; `fpr95_id` is the classic one (fraction of OOD accepted at the first
-point keeping >= 95% of ID). AUPR-In has ID positive, AUPR-Out OOD positive; both are trapezoidal areas under the
+Conventions (OpenOOD v1.5): OOD is the positive class, ranked by -score. `fpr95` is the fraction of ID samples rejected
+at the first ROC point where >= 95% of OOD are detected; `fpr95_id` is the classic one (fraction of OOD accepted at the
+first point keeping >= 95% of ID). AUPR-In has ID positive, AUPR-Out OOD positive; both are trapezoidal areas under the
 precision-recall curve. Ties are exact: one ROC/PR point per distinct score. (OpenOOD builds its curve with
 scikit-learn's `drop_intermediate=True`, which can drop points inside a tied diagonal segment and so, rarely, report a
 higher FPR@95 than the exact curve.) A sample is flagged OOD iff score < threshold.
@@ -25,7 +25,8 @@ def _finite(scores: Any, what: str) -> np.ndarray:
         raise ValueError(f"{what} is empty")
     bad = ~np.isfinite(arr)
     if bad.any():
-        raise ValueError(f"{what} has {int(bad.sum())} NaN or infinite value(s) (first at index {int(np.flatnonzero(bad)[0])})")
+        raise ValueError(f"{what} has {int(bad.sum())} NaN or infinite value(s) (first at index "
+                         f"{int(np.flatnonzero(bad)[0])})")
     return arr
 
 
@@ -122,5 +123,6 @@ def precision_recall_at(threshold: float, id_scores: Any, ood_scores: Any) -> di
 
 def transfer_threshold(source_scores: Any, target_id_scores: Any, target_ood_scores: Any, tpr: float = 0.95,
                        positive: str = "ood") -> dict[str, float]:
-    """Choose the threshold at `tpr` on `source_scores` (of class `positive`), then report precision/recall on a target."""
+    """Choose the threshold at `tpr` on `source_scores` (of class `positive`), then report precision/recall on a
+    target."""
     return precision_recall_at(threshold_at_tpr(source_scores, tpr, positive), target_id_scores, target_ood_scores)

@@ -1,5 +1,6 @@
 """The one registry of detectors: `@register_detector(name)`, `build(name, **params)`, `load(folder)`,
-`available(family, pattern)`. Registration checks each class's declarations (Params, fit_inputs, needs, search_space)."""
+`available(family, pattern)`. Registration checks each class's declarations (Params, fit_inputs, needs,
+search_space)."""
 from __future__ import annotations
 
 import dataclasses
@@ -73,14 +74,16 @@ def _check_needs(cls: type[Detector], who: str) -> None:
         raise ValueError(f"{who}: needs {sorted(cls.needs - set(RUNTIME_INPUTS))} are not among {RUNTIME_INPUTS}")
     taken = (cls.init_arguments() | set(cls.Params.fields())) & set(RUNTIME_INPUTS)
     if set(cls.needs) != taken:
-        raise ValueError(f"{who}: needs {sorted(cls.needs)} but the constructor takes {sorted(taken)} of {RUNTIME_INPUTS}")
+        raise ValueError(f"{who}: needs {sorted(cls.needs)} but the constructor takes {sorted(taken)} of "
+                         f"{RUNTIME_INPUTS}")
 
 
 def _check_search_space(cls: type[Detector], who: str) -> None:
     fields, runtime = cls.Params.fields(), cls.Params.runtime()
     for key, values in cls.search_space.items():
         if key not in fields or key in runtime:
-            raise ValueError(f"{who}: search_space key {key!r} is not a hyperparameter; known: {sorted(set(fields) - runtime)}")
+            raise ValueError(f"{who}: search_space key {key!r} is not a hyperparameter; known: "
+                             f"{sorted(set(fields) - runtime)}")
         if not isinstance(values, list) or not values:
             raise ValueError(f"{who}: search_space[{key!r}] must be a non-empty list, got {values!r}")
         for value in values:

@@ -54,8 +54,8 @@ def _write(images: dict[str, np.ndarray], path_of: Callable[[str], Path]) -> Non
 def generation_demo(out_dir: str | os.PathLike, batch_size: int = 4) -> dict[str, Any]:
     """Write demo inputs under `out_dir/inputs`, run a tiny-model ZeST job (64 px, 2 steps) into `out_dir/generated`.
 
-    Each target gets one texture exemplar (balanced over the textures); a material's subfolder name becomes its `category`, which the outputs
-    inherit. Returns the manifest path, the contact sheet path and the job summary.
+    Each target gets one texture exemplar (balanced over the textures); a material's subfolder name becomes its
+    `category`, which the outputs inherit. Returns the manifest path, the contact sheet path and the job summary.
     """
     out_dir = Path(out_dir)
     targets, materials = out_dir / "inputs" / "targets", out_dir / "inputs" / "materials"

@@ -78,7 +78,8 @@ def output_row(prepared: Prepared, config: GenerationConfig, pipe: Any, dtype: s
 
 def check_size(image: Image.Image, path: str) -> Image.Image:
     if min(image.size) < MIN_SIDE:
-        raise ImageLoadError(path, f"image too small: {image.size[0]}x{image.size[1]} (each side needs >= {MIN_SIDE} px)")
+        raise ImageLoadError(path,
+                             f"image too small: {image.size[0]}x{image.size[1]} (each side needs >= {MIN_SIDE} px)")
     return image
 
 
@@ -86,7 +87,8 @@ def prepare_item(item: PlanItem, masks: dict[str, list[Path]] | None, mask_metho
     """Load the target and material, check their size and make the target's binary mask (the given file, read by
     alpha when it has one that varies, else `mask_method`); raises naming the file when any of it fails or the mask
     is empty. Mask warnings (constant alpha, coverage >= 99% or <= 1%) are kept with the item."""
-    target = check_size(load_image(image_path(item.target)), item.target)  # a file or a shard member's "<shard>#<member>"
+    target = check_size(load_image(image_path(item.target)), item.target)  # a file or a shard member's
+                                                                           # "<shard>#<member>"
     material = check_size(load_image(image_path(item.material)), item.material)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", MaskWarning)

@@ -43,7 +43,8 @@ SHOWN_FILES = 5  # example files per summary warning
 __all__ = [  # the job's API, including the names re-exported from gen.config, gen.items, gen.shards and gen.sheet
     "CONTACT_SHEET_IMAGES", "FINISHED_FOLDER", "ITEM_ERRORS", "JOB_FOLDER", "NOT_DECISIVE", "PIPELINE_NAME",
     "GenerationConfig", "Prepared", "build_pipeline", "check_job", "check_output", "check_size", "contact_sheet",
-    "failure", "finalize", "format_plan", "generate_batch", "is_done", "job_plan", "job_started", "load_plan", "mark_finished",
+    "failure", "finalize", "format_plan", "generate_batch", "is_done", "job_plan", "job_started", "load_plan",
+    "mark_finished",
     "mask_index", "output_row", "plan_summary", "prepare_item", "prepare_output", "remove_stale_temp_files",
     "resolve_models", "run_generation", "tiny_models_folder", "wait_for_shards",
 ]

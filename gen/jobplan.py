@@ -117,7 +117,8 @@ def items_from_pairs(pairs: list[tuple[str, str]], targets: Manifest, materials:
         material_row = material_rows.get(material_name) or make_row(material_name, role="ood", ood_set="removed")
         source = {"material": material_row, "target": target_row, "none": {}}[inherit]
         labels = inherited_labels(source) if present else {}
-        items.append(PlanItem(index=index, target=str(targets.path(target_row)), material=str(materials.path(material_row)),
+        items.append(PlanItem(index=index, target=str(targets.path(target_row)),
+                              material=str(materials.path(material_row)),
                               target_row=target_row, material_row=material_row, labels=labels,
                               output=output_name(index, target_row, material_row)))
     return items
@@ -132,7 +133,8 @@ def _describe(kind: str, before: list[str], now: list[str]) -> list[str]:
     lines = []
     for verb, names in (("added", [n for n in now if n not in old]), ("removed", [n for n in before if n not in new])):
         if names:
-            shown = ", ".join(names[:SHOWN_NAMES]) + (f", ... ({len(names)} in all)" if len(names) > SHOWN_NAMES else "")
+            shown = (", ".join(names[:SHOWN_NAMES])
+                     + (f", ... ({len(names)} in all)" if len(names) > SHOWN_NAMES else ""))
             lines.append(f"{kind} {verb}: {shown}")
     if not lines and before != now:
         lines.append(f"{kind}: the same files in a different order")

@@ -57,7 +57,8 @@ class Ledger:
         return merged
 
     def merge(self) -> dict[int, dict[str, Any]]:
-        """Main process, after every process finished: fold all files into `merged.jsonl` (atomically), drop the rest."""
+        """Main process, after every process finished: fold all files into `merged.jsonl` (atomically), drop the
+        rest."""
         records = self.records()
         text = "".join(json.dumps(records[i], default=str) + "\n" for i in sorted(records))
         atomic_write_text(self.folder / MERGED, text)

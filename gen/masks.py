@@ -152,7 +152,8 @@ def check_coverage(mask: Image.Image, where: str | os.PathLike | None = None) ->
     coverage = mask_coverage(mask)
     if coverage >= COVERAGE_FULL or 0 < coverage <= COVERAGE_TINY:
         kind = "coverage_full" if coverage >= COVERAGE_FULL else "coverage_tiny"
-        warnings.warn(MaskWarning(kind, f"{where or 'mask'}: the mask covers {coverage:.1%} of the image"), stacklevel=2)
+        warnings.warn(MaskWarning(kind, f"{where or 'mask'}: the mask covers {coverage:.1%} of the image"),
+                      stacklevel=2)
     return coverage
 
 

@@ -147,9 +147,11 @@ def plan_task(task: str, targets: Manifest, materials: Manifest, *, per_target: 
         raise ConfigError(f"task must be one of {TASKS}, got {task!r}")
     if task != "custom":
         if per_target != 1:
-            raise ConfigError(f"task {task!r} pairs each image once (per_target=1); use task 'custom' for per_target={per_target}")
+            raise ConfigError(f"task {task!r} pairs each image once (per_target=1); use task 'custom' for "
+                              f"per_target={per_target}")
         if inherit not in (None, "material"):
-            raise ConfigError(f"task {task!r} inherits the material's labels; use task 'custom' for inherit={inherit!r}")
+            raise ConfigError(f"task {task!r} inherits the material's labels; use task 'custom' for "
+                              f"inherit={inherit!r}")
     return make_plan(targets, materials, per_target=per_target, seed=seed, inherit=inherit or "material", limit=limit,
                      cover=covered_side(task))
 

@@ -4,6 +4,7 @@ collective barrier at the end, whose timeout would abort shards that finish hour
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,8 @@ from typing import Any
 from pipelines.io import atomic_write_json
 
 from gen.config import JOB_FOLDER
+
+log = logging.getLogger(__name__)
 
 FINISHED_FOLDER = "finished"
 WAIT_POLL_S = 2.0
@@ -46,8 +49,7 @@ def wait_for_shards(out: Path, processes: int, poll_s: float = WAIT_POLL_S, time
         if now - last_log >= log_every_s:
             done = {p.stem for p in marks}
             missing = [r for r in range(processes) if f"process-{r:03d}" not in done]
-            print(f"[generate] waiting for process(es) {missing} to finish ({(now - started) / 3600:.1f} h so far)",
-                  flush=True)
+            log.info("[generate] waiting for process(es) %s to finish (%.1f h so far)", missing, (now - started) / 3600)
             last_log = now
         time.sleep(poll_s)
 

@@ -25,8 +25,8 @@ from pipelines.hub_ids import CONTROLNET_ID, DPT_ID, IP_ADAPTER_ID, SDXL_ID
 from gen.depth import DepthEstimator
 from gen.masks import MASK_METHODS, binarise, foreground_masks, grayscale_init
 from pipelines.params import Config, ParamError, config, param
-from pipelines.runtime import (check_model_ref, diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained,
-                               model_revision, resolve_device, resolve_dtype, select_variant)
+from pipelines.runtime import (check_model_ref, diffusers_dtype, enable_attention, item_generator, item_seed,
+                               load_pretrained, model_revision, resolve_device, resolve_dtype, select_variant)
 
 PROMPT = "best quality, high quality"
 NEGATIVE_PROMPT = "monochrome, lowres, bad anatomy, worst quality, low quality"
@@ -154,7 +154,8 @@ def feathered_weights(mask: Image.Image, feather: float) -> np.ndarray:
                    0.0, 1.0)
 
 
-def composite_background(generated: Image.Image, original: Image.Image, mask: Image.Image, feather: float) -> Image.Image:
+def composite_background(generated: Image.Image, original: Image.Image, mask: Image.Image,
+                         feather: float) -> Image.Image:
     """Pixel-space composite: generated inside the feathered mask, the original untouched where its weight is 0."""
     weights = feathered_weights(mask, feather)[..., None]
     new = np.asarray(to_rgb(generated), dtype=np.float64)
@@ -217,7 +218,8 @@ class ZeSTPipeline:
                         weight_name=cfg.ip_adapter_weight, image_encoder_folder=cfg.image_encoder)
         depth = DepthEstimator.from_pretrained(cfg.depth, device=device, dtype=torch.float32)
         model_ids = {key: value for key, value in cfg.to_dict().items() if value is not None}
-        revisions = {key: model_revision(getattr(cfg, key)) for key in ("base", "controlnet", "ip_adapter", "depth", "vae")
+        revisions = {key: model_revision(getattr(cfg, key)) for key in ("base", "controlnet", "ip_adapter", "depth",
+                                                                        "vae")
                      if getattr(cfg, key) is not None}
         return cls.from_pipeline(pipe, depth, model_ids, device, attention, compile, revisions)
 
@@ -259,13 +261,15 @@ class ZeSTPipeline:
 
     @torch.inference_mode()
     def exemplar_embeds(self, materials: Sequence[Image.Image], do_classifier_free_guidance: bool) -> torch.Tensor:
-        """Per-sample IP-Adapter image embeds [(2)B, 1, D]: zeros (negative) first under guidance, then the exemplars."""
+        """Per-sample IP-Adapter image embeds [(2)B, 1, D]: zeros (negative) first under guidance, then the
+        exemplars."""
         embeds, negative = self.pipe.encode_image([to_rgb(m) for m in materials], self.device, 1)
         stacked = torch.cat([negative, embeds]) if do_classifier_free_guidance else embeds
         return stacked[:, None].to(self.pipe.unet.dtype)
 
-    def prepare(self, targets: Sequence[Image.Image], masks: Sequence[Any] | None, resolution: int,
-                resize: str, mask_method: str = "auto") -> tuple[list[Image.Image], list[Image.Image], list[Image.Image], list[Image.Image]]:
+    def prepare(self, targets: Sequence[Image.Image], masks: Sequence[Any] | None, resolution: int, resize: str,
+                mask_method: str = "auto"
+                ) -> tuple[list[Image.Image], list[Image.Image], list[Image.Image], list[Image.Image]]:
         """ZeST inputs at resolution x resolution: init images, binary masks, RGB depth maps; plus full-size masks."""
         rgb = [to_rgb(t) for t in targets]
         full_masks = foreground_masks(rgb, masks, mask_method)
@@ -293,7 +297,8 @@ class ZeSTPipeline:
         inits, fitted_masks, controls, full_masks = self.prepare(targets, masks, resolution, call.resize,
                                                                  call.mask_method)
         cfg = guidance_scale > 1.0
-        positive, negative, pooled, negative_pooled = (e.repeat(batch, *[1] * (e.dim() - 1)) for e in self.prompt_embeds)
+        positive, negative, pooled, negative_pooled = (e.repeat(batch, *[1] * (e.dim() - 1))
+                                                       for e in self.prompt_embeds)
         self.pipe.set_ip_adapter_scale(call.ip_adapter_scale)
         images = self.pipe(
             prompt_embeds=positive, negative_prompt_embeds=negative, pooled_prompt_embeds=pooled,
@@ -322,7 +327,8 @@ class ZeSTPipeline:
         resize = params.resize
         outputs = []
         for array, target, mask in zip(arrays, targets, full_masks):
-            image = unfit_square(Image.fromarray(np.rint(array * 255).astype(np.uint8), mode="RGB"), target.size, resize)
+            image = unfit_square(Image.fromarray(np.rint(array * 255).astype(np.uint8), mode="RGB"), target.size,
+                                 resize)
             outputs.append(composite_background(image, target, mask, params.feather) if params.composite else image)
         return outputs
 

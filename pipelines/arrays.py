@@ -1,4 +1,5 @@
-"""Arrays the layers share: `FeatureSet` (cached model outputs), `LinearHead` (a classifier's last layer), `as_numpy`."""
+"""Arrays the layers share: `FeatureSet` (cached model outputs), `LinearHead` (a classifier's last layer),
+`as_numpy`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,7 +33,8 @@ def memory_mapped(x: Any) -> bool:
 
 @dataclass
 class FeatureSet:
-    """Cached model outputs for N samples: penultimate `features [N,D]`, `logits [N,C]`, `labels [N]` (any may be None)."""
+    """Cached model outputs for N samples: penultimate `features [N,D]`, `logits [N,C]`, `labels [N]` (any may be
+    None)."""
 
     features: np.ndarray | None = None
     logits: np.ndarray | None = None
@@ -44,11 +46,14 @@ class FeatureSet:
         self.features = as_numpy(self.features)
         self.logits = as_numpy(self.logits)
         self.labels = as_numpy(self.labels)
-        if self.features is not None and self.features.dtype not in (np.float32, np.float64) and not memory_mapped(self.features):
+        if (self.features is not None and self.features.dtype not in (np.float32, np.float64)
+                and not memory_mapped(self.features)):
             self.features = self.features.astype(np.float32)
-        if self.logits is not None and self.logits.dtype not in (np.float32, np.float64) and not memory_mapped(self.logits):
+        if (self.logits is not None and self.logits.dtype not in (np.float32, np.float64)
+                and not memory_mapped(self.logits)):
             self.logits = self.logits.astype(np.float32)
-        sizes = {name: len(v) for name, v in (("features", self.features), ("logits", self.logits), ("labels", self.labels)) if v is not None}
+        sizes = {name: len(v) for name, v in (("features", self.features), ("logits", self.logits),
+                                              ("labels", self.labels)) if v is not None}
         if len(set(sizes.values())) > 1:
             raise ValueError(f"FeatureSet arrays disagree on the number of samples: {sizes}")
 
@@ -81,7 +86,9 @@ class LinearHead:
         self.weight = as_numpy(self.weight, np.float64)
         self.bias = as_numpy(self.bias, np.float64)
         if self.weight.ndim != 2 or self.bias.shape != (self.weight.shape[0],):
-            raise ValueError(f"LinearHead needs weight [C,D] and bias [C], got {self.weight.shape} and {self.bias.shape}")
+            raise ValueError(f"LinearHead needs weight [C,D] and bias [C], got {self.weight.shape} and "
+                             f"{self.bias.shape}")
 
     def __call__(self, features: np.ndarray) -> np.ndarray:
-        return features @ self.weight.T.astype(features.dtype, copy=False) + self.bias.astype(features.dtype, copy=False)
+        return (features @ self.weight.T.astype(features.dtype, copy=False)
+                + self.bias.astype(features.dtype, copy=False))

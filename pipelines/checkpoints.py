@@ -21,8 +21,8 @@ opened (`pipelines.io.open_regular`).
 from __future__ import annotations
 
 import json
+import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,8 @@ from torch import nn
 
 from pipelines.errors import UserInputError
 from pipelines.io import atomic_path, open_regular
+
+log = logging.getLogger(__name__)
 
 FORMAT = "oodforge-train-checkpoint-v2"
 _TENSOR, _ARRAY, _TUPLE, _ITEMS = "$tensor", "$array", "$tuple", "$items"
@@ -207,8 +209,8 @@ def checkpoint_matches(path: str | os.PathLike, key: str) -> bool:
         return False
     meta = read_metadata(path)
     if meta is None or meta.get("format") != FORMAT:
-        print(f"[oodforge] ignoring {path}: not an oodforge training checkpoint ({FORMAT}); it will be overwritten",
-              file=sys.stderr)
+        log.warning("[oodforge] ignoring %s: not an oodforge training checkpoint (%s); it will be overwritten", path,
+                    FORMAT)
         return False
     return meta.get("key") == key
 
@@ -236,7 +238,8 @@ def load_checkpoint(path: str | os.PathLike, key: str, module: nn.Module, object
     result.history, result.lrs, result.steps = list(state["history"]), state["lrs"].tolist(), int(state["steps"])
     result.seconds = float(state["seconds"])
     torch.set_rng_state(state["torch_rng"])
-    if state.get("cuda_rng") is not None and torch.cuda.is_available() and len(state["cuda_rng"]) == torch.cuda.device_count():
+    if (state.get("cuda_rng") is not None and torch.cuda.is_available()
+            and len(state["cuda_rng"]) == torch.cuda.device_count()):
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     for gen, saved in zip(generators, state["generators"]):
         if gen is not None and saved is not None:
@@ -266,7 +269,8 @@ BEST_FORMAT = "oodforge-best-weights-v1"
 
 
 def best_path(checkpoint: str | os.PathLike) -> Path:
-    """Where the best epoch's weights of a run checkpointed at `checkpoint` are kept: `<stem>.best<suffix>` beside it."""
+    """Where the best epoch's weights of a run checkpointed at `checkpoint` are kept: `<stem>.best<suffix>` beside
+    it."""
     checkpoint = Path(checkpoint)
     return checkpoint.with_name(f"{checkpoint.stem}.best{checkpoint.suffix}")
 
@@ -275,7 +279,8 @@ def save_best(path: str | os.PathLike, key: str, epoch: int, module: nn.Module, 
               metrics: dict[str, Any]) -> None:
     """Write the weights after `epoch` epochs (model + objective state and the objective's plain attributes) and that
     epoch's validation entry, atomically, as one safetensors file (no pickle)."""
-    state = {"epoch": epoch, "module": module.state_dict(), "objective": _plain_attributes(objective), "metrics": metrics}
+    state = {"epoch": epoch, "module": module.state_dict(), "objective": _plain_attributes(objective),
+             "metrics": metrics}
     save_tree(path, state, {"format": BEST_FORMAT, "key": key, "epoch": str(epoch)})
 
 
@@ -349,6 +354,7 @@ def checkpoint_folder(model: str | os.PathLike, name: str) -> Path | None:
     where = entry.get("folder") if isinstance(entry, dict) else None
     target = (root / where).resolve() if isinstance(where, str) else None
     if target is None or not target.is_relative_to(root) or not (target / "config.json").is_file():
-        raise UserInputError(f"{Path(model) / CHECKPOINT_INDEX}: checkpoint {name!r} names {where!r}, not a model folder "
+        raise UserInputError(f"{Path(model) / CHECKPOINT_INDEX}: checkpoint {name!r} names {where!r}, not a model "
+                             "folder "
                              f"inside {model}")
     return target

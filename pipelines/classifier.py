@@ -7,7 +7,8 @@ returning `(logits, features)`. Training lives in `pipelines/training/` (`script
 Its evaluation pixels are `pixels` (`pipelines.pixels`): a transform from an image (or, with `load`, an image file) to
 a uint8 [3,H,W] tensor, which `standardize` normalises on the device in whole batches, or the image processor itself
 (normalised floats, passed through). Loader workers run `pixels`; `preprocess` runs both in-process. A model folder
-records a reference evaluation transform in `eval_pixels.json` (`save_pretrained` writes it, `from_pretrained` reads it).
+records a reference evaluation transform in `eval_pixels.json` (`save_pretrained` writes it, `from_pretrained` reads
+it).
 """
 from __future__ import annotations
 
@@ -28,14 +29,17 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def find_head(model: nn.Module, num_classes: int | None = None) -> nn.Linear:
-    """The classification layer: `model.classifier` (or its last Linear), else the last Linear with `num_classes` outputs."""
+    """The classification layer: `model.classifier` (or its last Linear), else the last Linear with `num_classes`
+    outputs."""
     candidate = getattr(model, "classifier", None) or getattr(model, "fc", None) or getattr(model, "head", None)
     if isinstance(candidate, nn.Linear):
         return candidate
     modules = list(candidate.modules()) if isinstance(candidate, nn.Module) else list(model.modules())
-    linears = [m for m in modules if isinstance(m, nn.Linear) and (num_classes is None or m.out_features == num_classes)]
+    linears = [m for m in modules if isinstance(m, nn.Linear)
+               and (num_classes is None or m.out_features == num_classes)]
     if not linears:
-        raise ValueError(f"could not find the classifier's linear head in {type(model).__name__}; pass head= explicitly")
+        raise ValueError(f"could not find the classifier's linear head in {type(model).__name__}; pass head= "
+                         "explicitly")
     return linears[-1]
 
 
@@ -54,8 +58,10 @@ def _size_from_processor(processor: Any) -> tuple[int, int]:
 class ImageClassifier(nn.Module):
     """Backbone + linear head with one interface for transformers models and plain modules."""
 
-    def __init__(self, model: nn.Module, head: nn.Linear, *, image_size: tuple[int, int], mean: Sequence[float] = IMAGENET_MEAN,
-                 std: Sequence[float] = IMAGENET_STD, model_id: str = "module", processor: Any = None, kind: str = "module"):
+    def __init__(self, model: nn.Module, head: nn.Linear, *, image_size: tuple[int, int],
+                 mean: Sequence[float] = IMAGENET_MEAN,
+                 std: Sequence[float] = IMAGENET_STD, model_id: str = "module", processor: Any = None,
+                 kind: str = "module"):
         super().__init__()
         self.model, self.head = model, head
         self.image_size = (int(image_size[0]), int(image_size[1]))
@@ -86,7 +92,8 @@ class ImageClassifier(nn.Module):
 
         from pipelines.pixels import read_record, record_pixels
 
-        model = load_pretrained(AutoModelForImageClassification.from_pretrained, name_or_path, "image classifier", **kwargs)
+        model = load_pretrained(AutoModelForImageClassification.from_pretrained, name_or_path, "image classifier",
+                                **kwargs)
         processor = load_pretrained(AutoImageProcessor.from_pretrained, name_or_path, "image processor")
         made = cls.from_model(model.eval(), processor, str(name_or_path))
         made.record = read_record(name_or_path)
@@ -113,15 +120,18 @@ class ImageClassifier(nn.Module):
 
     @classmethod
     def from_module(cls, module: nn.Module, *, image_size: int | tuple[int, int], mean: Sequence[float] = IMAGENET_MEAN,
-                    std: Sequence[float] = IMAGENET_STD, head: nn.Linear | None = None, model_id: str = "module") -> "ImageClassifier":
+                    std: Sequence[float] = IMAGENET_STD, head: nn.Linear | None = None,
+                    model_id: str = "module") -> "ImageClassifier":
         """Wrap any module returning `(logits, features)`; its head is `head` or found by `find_head`."""
         size = (image_size, image_size) if isinstance(image_size, int) else image_size
-        return cls(module, head or find_head(module), image_size=size, mean=mean, std=std, model_id=model_id, kind="module")
+        return cls(module, head or find_head(module), image_size=size, mean=mean, std=std, model_id=model_id,
+                   kind="module")
 
     def save_pretrained(self, folder: str | os.PathLike) -> Path:
         """Save a transformers classifier with its processor (reload with `from_pretrained(folder)`)."""
         if self.kind != "hf":
-            raise TypeError("save_pretrained needs a transformers classifier; save a plain module's state_dict yourself")
+            raise TypeError("save_pretrained needs a transformers classifier; save a plain module's state_dict "
+                            "yourself")
         from pipelines.io import atomic_write_json
         from pipelines.pixels import RECORD, reference_record
 
@@ -194,7 +204,8 @@ class ImageClassifier(nn.Module):
             for handle in handles:
                 handle.remove()
         if not maps:
-            raise ValueError(f"hidden_maps(layers='relu_conv'): {type(self.model).__name__} has no nn.ReLU or nn.Conv2d module")
+            raise ValueError(f"hidden_maps(layers='relu_conv'): {type(self.model).__name__} has no nn.ReLU or "
+                             "nn.Conv2d module")
         return logits, maps
 
     def forward_images(self, x01: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,9 +4,9 @@ and `run_main`, which turns the user's own mistakes into one line and exit statu
 
 A command (`oodforge.commands.<name>`, run by `oodforge <name>` and wrapped by scripts/<name>.py) is
 `def main(argv=None) -> int | None` built on `parser()` and run as `run_main(main, doc=DOC)`, so every entry point is
-testable in-process (`main([...])`),
-hides the same library chatter (`quiet_warnings`) and reports bad input alike: one line naming the key or file and
-where that input is documented (README sections and docs/ files only), exit status 2.
+testable in-process (`main([...])`), hides the same library chatter (`quiet_warnings`), shows the library's log
+records alike (`configure_logging`: `-q` / `-v`) and reports bad input alike: one line naming the key or file and where
+that input is documented (README sections and docs/ files only), exit status 2.
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ import yaml
 from pipelines.errors import ConfigError, UserInputError
 from pipelines.params import closest
 from pipelines.progress import progress_style
+
+log = logging.getLogger(__name__)
 
 README_SECTIONS: dict[str, str] = {
     "config": "README.md, section 'Evaluation'",
@@ -67,11 +69,50 @@ class _DropMessages(logging.Filter):
         return not any(p.search(message) for p in self.patterns)
 
 
+PROJECT_LOGGERS = ("pipelines", "gen", "detectors", "oodforge")
+"""The loggers a command shows its user (every library module logs under one of them, `logging.getLogger(__name__)`)."""
+
+
+class ConsoleHandler(logging.Handler):
+    """Plain log messages, as the commands printed them: INFO and below to stdout, WARNING and above to stderr. The
+    streams are looked up at each record, so a redirected `sys.stdout` / `sys.stderr` is honoured."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+            stream.write(self.format(record) + "\n")
+            stream.flush()
+        except Exception:  # noqa: BLE001 - logging's own contract: a failing handler reports, never raises
+            self.handleError(record)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Show the project's log records at `level` and above on the console (`ConsoleHandler`, one per logger however
+    often it is called). Called by `run_main`; a user of the Python API configures logging as they like instead."""
+    for name in PROJECT_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        if not any(isinstance(h, ConsoleHandler) for h in logger.handlers):
+            logger.addHandler(ConsoleHandler())
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An ArgumentParser that applies the parsed `-q/--quiet` (WARNING) or `-v/--verbose` (DEBUG) to the console
+    logging (`configure_logging`); INFO without either, what a command's user always saw."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, rest = super().parse_known_args(args, namespace)
+        if hasattr(parsed, "quiet"):
+            configure_logging(logging.WARNING if parsed.quiet else logging.DEBUG if parsed.verbose else logging.INFO)
+        return parsed, rest
+
+
 def parser(description: str | None, *, config: bool = False, overrides: bool = False, out: bool = False,
            dry_run: bool = False) -> argparse.ArgumentParser:
-    """An ArgumentParser with the shared flags: `--debug` always; `--config`, `key=value` overrides, `--out` and
-    `--dry-run` when asked for."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """An ArgumentParser with the shared flags: `--debug`, `-q/--quiet` and `-v/--verbose` always; `--config`,
+    `key=value` overrides, `--out` and `--dry-run` when asked for."""
+    p = CommandParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     if config:
         p.add_argument("--config", required=True, type=Path, help="YAML config")
     if overrides:
@@ -82,6 +123,9 @@ def parser(description: str | None, *, config: bool = False, overrides: bool = F
     if dry_run:
         p.add_argument("--dry-run", action="store_true", help="print the plan and exit without loading any model")
     p.add_argument("--debug", action="store_true", help="show the full traceback of input errors")
+    talk = p.add_mutually_exclusive_group()
+    talk.add_argument("-q", "--quiet", action="store_true", help="show warnings and errors only (no progress notes)")
+    talk.add_argument("-v", "--verbose", action="store_true", help="also show debugging messages")
     return p
 
 
@@ -224,7 +268,8 @@ def _item_index(items: list[Any], name: str, where: str, key: str) -> int:
             raise ConfigError(f"{where}: index {index} is outside the list of {len(items)} items ({key!r})")
         return index % len(items)
     found = [i for i, v in enumerate(items)
-             if v == name or (isinstance(v, dict) and (v.get("label") == name or (v.get("name") == name and not v.get("label"))))]
+             if v == name or (isinstance(v, dict)
+                              and (v.get("label") == name or (v.get("name") == name and not v.get("label"))))]
     if len(found) != 1:
         names = [v if isinstance(v, str) else (v.get("label") or v.get("name")) if isinstance(v, dict) else repr(v)
                  for v in items]
@@ -288,7 +333,8 @@ def _read_with_bases(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{display_path(path)}: expected a mapping of keys at the top level, got {type(raw).__name__}")
+        raise ConfigError(f"{display_path(path)}: expected a mapping of keys at the top level, got "
+                          f"{type(raw).__name__}")
     base = raw.pop("base", None)
     if base is None:
         return raw
@@ -336,21 +382,23 @@ def one_line(err: BaseException, doc: str | None = None) -> str:
 
 def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None,
              doc: str | None = None) -> int:
-    """Run `main(argv)` after `quiet_warnings()`: user-input errors (and YAML errors) print one line, `one_line`, and
-    give 2 (`--debug` prints the traceback instead); other exceptions keep their traceback. `doc` names where the
-    script's inputs are documented (README section or docs/ file). Returns the exit status for `sys.exit`."""
+    """Run `main(argv)` after `quiet_warnings()` and `configure_logging()` (its parser applies `-q` / `-v`): user-input
+    errors (and YAML errors) are one logged line, `one_line`, and give 2 (`--debug` prints the traceback instead); other
+    exceptions keep their traceback. `doc` names where the script's inputs are documented (README section or docs/
+    file). Returns the exit status for `sys.exit`."""
     args = sys.argv[1:] if argv is None else argv
     quiet_warnings()
+    configure_logging()
     try:
         return int(main(args) or 0)
     except (UserInputError, FileNotFoundError, NotADirectoryError, yaml.YAMLError) as err:
         if "--debug" in args:
             traceback.print_exc()
         else:
-            print(one_line(err, doc), file=sys.stderr)
+            log.error(one_line(err, doc))
         return 2
     except KeyboardInterrupt:
-        print("interrupted: rerun the same command to resume", file=sys.stderr)
+        log.error("interrupted: rerun the same command to resume")
         return 130
     except OSError as err:
         if err.errno not in DISK_ERRORS:
@@ -358,7 +406,7 @@ def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | N
         if "--debug" in args:
             traceback.print_exc()
         else:
-            print(disk_error_line(err), file=sys.stderr)
+            log.error(disk_error_line(err))
         return 2
 
 

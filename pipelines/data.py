@@ -82,7 +82,8 @@ class Manifest:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def read_manifest(folder: str | os.PathLike, check_files: bool = False, image_root: str | os.PathLike | None = None) -> Manifest:
+def read_manifest(folder: str | os.PathLike, check_files: bool = False,
+                  image_root: str | os.PathLike | None = None) -> Manifest:
     """Read and validate `folder/metadata.jsonl`. With `check_files`, every image must exist (`missing_images`).
 
     `file_name`s are relative to `image_root` when given, else to the `image_root` of `folder/manifest_info.json`
@@ -216,7 +217,8 @@ def make_row(file_name: str, *, split: str = "test", role: str = "id", label: in
     """Build a schema-complete row (OOD rows get label -1)."""
     if role == "ood":
         label = -1
-    return {"file_name": file_name, "split": split, "role": role, "ood_set": ood_set, "group": group, "label": label, **extra}
+    return {"file_name": file_name, "split": split, "role": role, "ood_set": ood_set, "group": group, "label": label,
+            **extra}
 
 
 def list_images(folder: str | os.PathLike) -> list[Path]:

@@ -169,7 +169,8 @@ def decode(path: str | os.PathLike | Any, how: Decode = Decode(),
         with path.open("rb") as fh, Image.open(fh) as img:
             raw = img.size
             if how.max_pixels is not None and raw[0] * raw[1] > how.max_pixels:
-                raise ImageLoadError(path, f"image too large: {raw[0]}x{raw[1]} = {raw[0] * raw[1] / 1e6:.1f} MP exceeds "
+                raise ImageLoadError(path,
+                                     f"image too large: {raw[0]}x{raw[1]} = {raw[0] * raw[1] / 1e6:.1f} MP exceeds "
                                            f"the {how.max_pixels / 1e6:g} MP limit (decompression-bomb guard; raise "
                                            f"max_pixels to load it)")
             orientation = orientation_of(img) if how.orient else 1

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 class UserInputError(ValueError):
     """Bad input from the user (config, manifest, table, folder); the message names the file or key and what is allowed,
-    and `doc` (optional) where that input is documented: a README section or a docs/ file, never outside the repository."""
+    and `doc` (optional) where that input is documented: a README section or a docs/ file, never outside the
+    repository."""
 
     doc: str | None = None
 

@@ -6,8 +6,8 @@ Cache file tensors: `features [N,D]`, `logits [N,C]`, `labels [N]`, `index [N]` 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,8 @@ from pipelines.data import ImageLoadError, Manifest
 from pipelines.io import atomic_path, safe_name
 from pipelines.progress import progress
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -94,8 +96,8 @@ SAFETENSORS_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "
 def map_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Read-only np.memmap views of every tensor of a safetensors file, and its metadata.
 
-    The format: an 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__"},
-    then the raw little-endian tensor bytes, offsets counted from the end of the header.
+    The format: an 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets},
+    "__metadata__"}, then the raw little-endian tensor bytes, offsets counted from the end of the header.
     """
     path = Path(path)
     with open(path, "rb") as fh:
@@ -125,7 +127,8 @@ def map_safetensors(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], dic
         if end == begin:
             arrays[name] = np.zeros(shape, dtype=np.dtype(dtype).newbyteorder("<"))
         else:
-            arrays[name] = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r", offset=start + begin, shape=shape)
+            arrays[name] = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r", offset=start + begin,
+                                     shape=shape)
     return arrays, header.get("__metadata__") or {}
 
 
@@ -175,15 +178,16 @@ def pixel_loader(dataset: Dataset, batch_size: int, num_workers: int | None) -> 
                       prefetch_factor=4 if workers else None)
 
 
-def _reusable(cache: str | os.PathLike | None, manifest: Manifest, model_id: str, key: str | None) -> FeatureCache | None:
+def _reusable(cache: str | os.PathLike | None, manifest: Manifest, model_id: str,
+              key: str | None) -> FeatureCache | None:
     """The cache file when it holds this content `key` (without a key: the same manifest fingerprint and model id)."""
     if cache is None or not Path(cache).is_file():
         return None
     try:
         found = FeatureCache.load(cache, mmap=True)
     except (OSError, ValueError, KeyError, TypeError) as err:  # a truncated, foreign or planted file: computed again
-        print(f"[oodforge] ignoring the feature cache {cache}: {' '.join(str(err).split())[:200]}; it will be rewritten",
-              file=sys.stderr)
+        log.warning("[oodforge] ignoring the feature cache %s: %s; it will be rewritten", cache,
+                    " ".join(str(err).split())[:200])
         return None
     same = (found.metadata.get("key") == key if key is not None else
             found.metadata.get("manifest") == manifest.fingerprint() and found.metadata.get("model") == model_id)
@@ -231,7 +235,8 @@ def _assemble(parts: list[tuple], classifier: ImageClassifier, manifest: Manifes
 
 
 @torch.inference_mode()
-def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_size: int = 64, device: str | None = None,
+def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_size: int = 64,
+                     device: str | None = None,
                      precision: str = "auto", num_workers: int | None = None, cache: str | os.PathLike | None = None,
                      desc: str = "features", key: str | None = None, pixels: Any = None, seed: int = 0) -> FeatureCache:
     """Run `classifier` once over every row of `manifest` (already the wanted selection) and return the cache.

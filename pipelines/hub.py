@@ -134,7 +134,8 @@ def _model_index_effective(config: Mapping[str, Any]) -> dict[str, Any]:
 def effective_config(kind: str, config: Mapping[str, Any], special: Mapping[str, Any] | None = None,
                      cls_name: str | None = None) -> dict[str, Any]:
     """The configuration a library actually uses, metadata removed. `kind`: diffusers (models and schedulers),
-    transformers, image_processor (`cls_name` = the processor class), tokenizer (`special` = special_tokens_map), pipeline."""
+    transformers, image_processor (`cls_name` = the processor class), tokenizer (`special` = special_tokens_map),
+    pipeline."""
     if kind == "diffusers":
         out = _diffusers_effective(config)
     elif kind == "transformers":

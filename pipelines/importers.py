@@ -125,7 +125,8 @@ def _data_dir(root: Path, entries: list[tuple[str, str]], list_path: Path) -> Pa
                        f"(e.g. {probe[0]!r}); is {root} OpenOOD's data folder?")
 
 
-def write_external_manifest(folder: str | os.PathLike, rows: Iterable[dict[str, Any]], image_root: str | os.PathLike) -> Manifest:
+def write_external_manifest(folder: str | os.PathLike, rows: Iterable[dict[str, Any]],
+                            image_root: str | os.PathLike) -> Manifest:
     """A metadata-only manifest: `folder/metadata.jsonl` (validated) + `manifest_info.json` naming `image_root`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -140,7 +141,8 @@ def _check_inside(root: Path, names: Iterable[str], where: Any) -> None:
     the name was read)."""
     for name in names:
         if resolve_inside(root, name) is None:
-            raise ImportListError(f"{where(name)}: image path {name!r} leads outside the image folder {root} (through a "
+            raise ImportListError(f"{where(name)}: image path {name!r} leads outside the image folder {root} (through "
+                                  "a "
                                   "symlink); refused")
 
 
@@ -153,7 +155,8 @@ def _keep_existing(root: Path, names: list[str], where: str, skip_missing: bool)
     return [n for n in names if n not in gone], missing
 
 
-def import_imglist(list_path: str | os.PathLike, out: str | os.PathLike, *, ood_set: str, image_root: str | os.PathLike | None = None,
+def import_imglist(list_path: str | os.PathLike, out: str | os.PathLike, *, ood_set: str,
+                   image_root: str | os.PathLike | None = None,
                    openood_root: str | os.PathLike | None = None, group: str | None = "easy", split: str = "test",
                    skip_missing: bool = False) -> ImportResult:
     """One OpenOOD image list -> the manifest folder `out` (OOD rows, label -1).
@@ -187,7 +190,8 @@ def import_imglist(list_path: str | os.PathLike, out: str | os.PathLike, *, ood_
 
 
 def import_folder(folder: str | os.PathLike, out: str | os.PathLike, *, ood_set: str | None, group: str | None = "easy",
-                  split: str = "test", role: str = "ood", label: int = -1, category_from_subfolder: bool = False) -> ImportResult:
+                  split: str = "test", role: str = "ood", label: int = -1,
+                  category_from_subfolder: bool = False) -> ImportResult:
     """A plain image folder (searched recursively) -> the manifest folder `out`, images left in place.
 
     `role="id"` takes a class `label` and no `ood_set`; `category_from_subfolder` stores a first-level subfolder name
@@ -218,7 +222,8 @@ def import_folder(folder: str | os.PathLike, out: str | os.PathLike, *, ood_set:
 
 def import_openood(openood_root: str | os.PathLike | None, out: str | os.PathLike, *, benchmark: str = "imagenet",
                    sets: Iterable[str] | None = None, group: str | None = "easy", split: str = "test",
-                   lists: dict[str, str | os.PathLike] | None = None, folders: dict[str, str | os.PathLike] | None = None,
+                   lists: dict[str, str | os.PathLike] | None = None,
+                   folders: dict[str, str | os.PathLike] | None = None,
                    image_root: str | os.PathLike | None = None, skip_missing: bool = False) -> list[ImportResult]:
     """The given OOD sets from OpenOOD's data folder -> `<out>/<set>/`; `sets=None` means ShiftedBronzes' five easy
     sets when `openood_root` is given, else only the sets named in `lists` / `folders`.
@@ -232,7 +237,8 @@ def import_openood(openood_root: str | os.PathLike | None, out: str | os.PathLik
         sets = list(EASY_SETS) if openood_root is not None else []
     sets = list(dict.fromkeys([*sets, *lists, *folders]))
     if not sets:
-        raise ImportListError("nothing to import: give --root (OpenOOD's data folder), --list SET=FILE or --folder SET=DIR")
+        raise ImportListError("nothing to import: give --root (OpenOOD's data folder), --list SET=FILE or --folder "
+                              "SET=DIR")
     results = []
     with folder_lock(out, "import_openood"):
         for name in sets:
@@ -285,8 +291,10 @@ def _folder_rows(root: Path, depth: int, skipped: Skipped) -> list[dict[str, Any
             for path in images:
                 rel = path.relative_to(top)
                 if len(rel.parts) <= depth:
-                    raise ImportListError(f"{path}: expected {depth} level folder(s) above each image ({split or 'no split'})")
-                rows.append({"file_name": path.relative_to(root).as_posix(), "split": split, "parts": rel.parts[:depth]})
+                    raise ImportListError(f"{path}: expected {depth} level folder(s) above each image "
+                                          f"({split or 'no split'})")
+                rows.append({"file_name": path.relative_to(root).as_posix(), "split": split,
+                             "parts": rel.parts[:depth]})
     if not rows:
         raise ImportListError(f"{root}: no class folders with images (expected ROOT/<class>/ or ROOT/train/<class>/)")
     return rows
@@ -302,7 +310,8 @@ def _read_table(table: Path) -> Any:
     try:
         frame = pd.read_parquet(table) if parquet else pd.read_csv(table, dtype=str)
     except pd.errors.EmptyDataError:
-        raise ImportListError(f"{table}: the table is empty (expected a header line: file_name, a label column, ...)") from None
+        raise ImportListError(f"{table}: the table is empty (expected a header line: file_name, a label column, "
+                              "...)") from None
     except Exception as err:  # pyarrow / parser errors of a corrupt or foreign file
         kind = "Parquet" if parquet else "CSV"
         raise ImportListError(f"{table}: not a readable {kind} table ({' '.join(str(err).split())[:200]})") from None
@@ -313,7 +322,8 @@ def _read_table(table: Path) -> Any:
 
 def _table_row(table: Path, index: int) -> str:
     """Where a table row is: CSV line number (the header is line 1), or Parquet row number (from 1)."""
-    return f"{table}, line {index + 2}" if table.suffix.lower() not in (".parquet", ".pq") else f"{table}, row {index + 1}"
+    return (f"{table}, line {index + 2}" if table.suffix.lower() not in (".parquet", ".pq")
+            else f"{table}, row {index + 1}")
 
 
 def _table_rows(table: Path, columns: list[str], root: Path) -> list[dict[str, Any]]:
@@ -551,7 +561,8 @@ def import_field(root: str | os.PathLike, out: str | os.PathLike, *, model: str 
     def fields(name: str) -> dict[str, Any]:
         if name in ids:
             label = match[name]
-            return dict(role="id", label=label, split=split, species=classes.names[label], class_name=classes.names[label])
+            return dict(role="id", label=label, split=split, species=classes.names[label],
+                        class_name=classes.names[label])
         return dict(role="ood", ood_set=ood_set, group=group, split=split, species=name)
 
     rows, skipped = _set_rows(root, "species", fields)

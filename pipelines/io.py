@@ -25,7 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-TEMP_PATTERN = re.compile(r"^\.[^/]+\.[^./]+\.tmp(\.[^./]*)?$")  # what atomic_path names its temp files (and did before owners)
+TEMP_PATTERN = re.compile(r"^\.[^/]+\.[^./]+\.tmp(\.[^./]*)?$")  # what atomic_path names its temp files (and did before
+                                                                 # owners)
 _OWNER = re.compile(r"\.(?P<host>[0-9a-f]{8})-(?P<pid>\d+)\.tmp(\.[^./]*)?$")
 FOREIGN_TEMP_SECONDS = 24 * 3600  # a temp of another host's writer is taken for an orphan after this long
 
@@ -221,7 +222,8 @@ def atomic_save_image(path: str | os.PathLike, image: Any, **save_kwargs: Any) -
 
 
 def _pil_format(suffix: str) -> str:
-    formats = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP", ".bmp": "BMP", ".tif": "TIFF", ".tiff": "TIFF"}
+    formats = {".png": "PNG", ".jpg": "JPEG", ".jpeg": "JPEG", ".webp": "WEBP", ".bmp": "BMP", ".tif": "TIFF",
+               ".tiff": "TIFF"}
     try:
         return formats[suffix.lower()]
     except KeyError:

@@ -121,7 +121,8 @@ def join_lines(pieces: list[Any]) -> bytes:
     import pyarrow.compute as pc
 
     arrays = [pa.scalar(p, pa.large_string()) if isinstance(p, str)
-              else p.cast(pa.large_string()) if isinstance(p, pa.Array) else pa.array(p, pa.large_string()) for p in pieces]
+              else p.cast(pa.large_string()) if isinstance(p, pa.Array) else pa.array(p, pa.large_string())
+              for p in pieces]
     joined = pc.binary_join_element_wise(*arrays, pa.scalar("", pa.large_string()))
     if isinstance(joined, pa.ChunkedArray):
         joined = joined.combine_chunks()

@@ -59,7 +59,8 @@ def type_ok(value: Any, hint: Any) -> bool:
     if hint is int:
         return isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if origin in (list, tuple, typing.Sequence) or hint in (list, tuple):
-        return isinstance(value, (list, tuple)) and all(type_ok(v, args[0]) for v in value) if args else isinstance(value, (list, tuple))
+        return isinstance(value, (list, tuple)) and all(type_ok(v, args[0])
+                                                        for v in value) if args else isinstance(value, (list, tuple))
     if origin is dict or hint is dict:
         return isinstance(value, dict)
     return isinstance(value, origin or hint)
@@ -271,7 +272,8 @@ def convert(value: Any, hint: Any, where: str) -> Any:
         deeper = [e for e in errors if str(e).split(":", 1)[0] != where]  # an arm that got inside the value
         if len(deeper) == 1:
             raise deeper[0]
-        words = [a for arm in arms if typing.get_origin(arm) is Literal for a in typing.get_args(arm) if isinstance(a, str)]
+        words = [a for arm in arms if typing.get_origin(arm) is Literal
+                 for a in typing.get_args(arm) if isinstance(a, str)]
         hint_text = closest(value, words) if isinstance(value, str) and words else ""
         raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}{hint_text}")
     if origin is Literal:

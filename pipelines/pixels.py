@@ -5,9 +5,10 @@ worker count of every image loader.
 Evaluation transforms (`EVAL_TRANSFORMS`):
 - "reference": torchvision's Resize(pre_size, bilinear) + CenterCrop(image_size), whose offset is
   int(round((L - image_size) / 2)) (half to even): Open-Insect's `TestStandardPreProcessor`
-  (src/openood/preprocessors/test_preprocessor.py:14-21; pre_size 128, image_size 126 in configs/datasets/c-america.yml:5-8)
-  and OpenOOD v1.5's (openood/evaluation_api/preprocessor.py:50-59, 256 / 224 for ImageNet). The sizes are the model
-  folder's record (`RECORD`), else the processor's (image_size its crop, pre_size int(image_size / crop_pct)).
+  (src/openood/preprocessors/test_preprocessor.py:14-21; pre_size 128, image_size 126 in
+  configs/datasets/c-america.yml:5-8) and OpenOOD v1.5's (openood/evaluation_api/preprocessor.py:50-59, 256 / 224 for
+  ImageNet). The sizes are the model folder's record (`RECORD`), else the processor's (image_size its crop, pre_size
+  int(image_size / crop_pct)).
 - "processor": the model's own image processor (transformers: its resample filter, floor offsets).
 Fit pixels (`FIT_PIXELS`) of the ID train rows that post-hoc detectors fit on: "train" is Open-Insect's train
 preprocessor, region branch (scripts/eval.sh:67 sets `dataset.name` to the region, so base_preprocessor.py:56-67 runs,
@@ -71,13 +72,16 @@ class PixelSettings(Config):
     DOC = DOC
 
     eval: EvalTransform | None = param(
-        None, "evaluation transform: reference (torchvision Resize + CenterCrop, as Open-Insect and OpenOOD) or processor "
+        None,
+        "evaluation transform: reference (torchvision Resize + CenterCrop, as Open-Insect and OpenOOD) or processor "
               "(the model's image processor); null: the protocol's, or under `exact` the model folder's record")
     fit: FitPixels | None = param(
-        None, "pixels of the ID train rows detectors fit on: train (Open-Insect's region branch, seeded) or eval; null: "
+        None,
+        "pixels of the ID train rows detectors fit on: train (Open-Insect's region branch, seeded) or eval; null: "
               "the protocol's")
     orient: bool | None = param(None, "apply EXIF orientation (the references do not); null: the protocol's")
-    draft: bool = param(False, "decode evaluation JPEGs at the DCT scale the resize needs (faster; within the tolerance "
+    draft: bool = param(False,
+                        "decode evaluation JPEGs at the DCT scale the resize needs (faster; within the tolerance "
                                "docs/training.md states, not the reference's pixels)")
     seed: int = param(0, "seed of the fit pixels' draws (fit: train)")
 
@@ -135,7 +139,8 @@ def reference_record(pixels: Any) -> dict[str, Any] | None:
 
 def record_pixels(record: dict[str, Any]) -> Any:
     """The evaluation transform a `RECORD` names (a reference transform at its sizes, decoded in full)."""
-    return reference_eval(int(record["image_size"]), int(record["pre_size"]), Decode(orient=bool(record.get("orient", True))))
+    return reference_eval(int(record["image_size"]), int(record["pre_size"]),
+                          Decode(orient=bool(record.get("orient", True))))
 
 
 def read_record(folder: str | os.PathLike) -> dict[str, Any] | None:

@@ -78,7 +78,7 @@ class LineProgress:
             self._print(self.clock(), final=True)
 
     def write(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
+        self._emit(text)
 
     def set_description(self, desc: str) -> None:
         self.desc = desc
@@ -101,7 +101,12 @@ class LineProgress:
         return f"{label}{count} {self.unit}{share}, {elapsed:.0f} s, {rate}{postfix}"
 
     def _print(self, now: float, final: bool = False) -> None:
-        print(self.line(now, final), file=self.stream, flush=True)
+        self._emit(self.line(now, final))
+
+    def _emit(self, text: str) -> None:
+        """One line on the bar's own stream, as tqdm writes (a progress display, not a log record)."""
+        self.stream.write(text + "\n")
+        self.stream.flush()
 
 
 def progress(iterable: Iterable[Any] | None = None, desc: str = "", total: int | None = None, *, unit: str = "it",

@@ -148,7 +148,8 @@ def check_model_ref(value: str | None, key: str) -> None:
     if not folder.exists():
         why = ""
         if HUB_ID.match(str(value)):  # of a hub id's form, read as a path because its first part is a folder here
-            why = (f" (read as a path: the folder {str(value).partition('/')[0]!r} is here; a hub model of that name is "
+            why = (f" (read as a path: the folder {str(value).partition('/')[0]!r} is here; a hub model of that name "
+                   "is "
                    "read as one once it is in the Hugging Face cache)")
         raise ConfigError(f"{key}: the local model folder {value!r} does not exist{why}")
     if folder.is_file():
@@ -314,7 +315,8 @@ def load_pretrained(loader: Callable[..., T], name_or_path: str | os.PathLike, w
             first = " ".join(str(err).split())[:300]
             raise ConfigError(f"could not load {what} from the local folder {target!r}: {first}") from err
         raise ModelUnavailableError(
-            f"could not load {what} {target!r}: it is neither a local folder nor in the Hugging Face cache, and the hub "
+            f"could not load {what} {target!r}: it is neither a local folder nor in the Hugging Face cache, and the "
+            "hub "
             f"could not be reached ({type(err).__name__}). Download it on a connected machine "
             f"(`huggingface-cli download {target} --local-dir DIR`) and pass DIR instead of the hub id."
         ) from err
@@ -377,7 +379,8 @@ def select_variant(name_or_path: str | os.PathLike, dtype: torch.dtype, variant:
 
 
 def hub_snapshot(repo_id: str, revision: str = "main") -> Path | None:
-    """The cached snapshot folder of a hub model repo (`<HF_HUB_CACHE>/models--org--name/snapshots/<commit>`), or None."""
+    """The cached snapshot folder of a hub model repo (`<HF_HUB_CACHE>/models--org--name/snapshots/<commit>`), or
+    None."""
     commit = hub_commit(repo_id, revision)
     if commit is None:
         return None

@@ -42,7 +42,8 @@ def plain_relative(name: Any) -> bool:
 
 def inside_folder(name: Any) -> bool:
     """What `validate_row` accepts as a file_name: a non-empty path, not absolute, without a '..' part."""
-    return isinstance(name, str) and name != "" and not PurePath(name).is_absolute() and ".." not in PurePath(name).parts
+    return (isinstance(name, str) and name != "" and not PurePath(name).is_absolute()
+            and ".." not in PurePath(name).parts)
 
 
 def _finite_or_none(value: Any) -> bool:

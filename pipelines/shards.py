@@ -389,7 +389,8 @@ def _result(store: Path, plan: PackPlan, indexes: dict[int, dict[str, Any]], wri
     return result
 
 
-# -- manifests -----------------------------------------------------------------------------------------------------------
+# -- manifests
+# -----------------------------------------------------------------------------------------------------------
 def shard_rows(rows: Iterable[dict[str, Any]], result: PackResult, root: Path) -> list[dict[str, Any]]:
     """Manifest rows pointing at their members (`pipelines.store.ROW_FIELDS`, the shard relative to `root`, the shard
     manifest's image root); a row whose image was missing keeps no member and fails to load as a missing file."""
@@ -475,7 +476,8 @@ def write_shard_manifest(out: Path, rows: list[dict[str, Any]], result: PackResu
     return Manifest(root, manifest.rows)
 
 
-# -- estimates ----------------------------------------------------------------------------------------------------------
+# -- estimates
+# ----------------------------------------------------------------------------------------------------------
 TAR_OVERHEAD = 2 * 512 + 1024 + 300  # two headers, padding and the json member, a sample
 
 

@@ -24,8 +24,10 @@ class Source(Config):
     SHORTHAND = "manifest"
 
     manifest: str = param(REQUIRED, "the manifest folder (images + metadata.jsonl, or manifest_info.json)")
-    split: SplitName | None = param(None, "the split to read; null: the default of the key it stands under; all: every split")
-    group: GroupName | None = param(None, "the OOD group of every row read (hard, easy, near, far); null: the manifest's")
+    split: SplitName | None = param(None,
+                                    "the split to read; null: the default of the key it stands under; all: every split")
+    group: GroupName | None = param(None,
+                                    "the OOD group of every row read (hard, easy, near, far); null: the manifest's")
     sets: list[str] | None = param(None, "only these ood_set names; null: every set")
 
 

@@ -56,8 +56,10 @@ def stratified_split(strata: Sequence[Hashable], ratio: Sequence[float], seed: i
     out = [""] * len(strata)
     for key, rows in groups.items():
         if len(rows) < needed:
-            raise SplitError(f"stratum {key!r} has {len(rows)} image(s), fewer than the {needed} splits with a non-zero "
-                             f"ratio {':'.join(f'{r:g}' for r in ratio)}; merge it, drop it or stratify by fewer fields")
+            raise SplitError(f"stratum {key!r} has {len(rows)} image(s), fewer than the {needed} splits with a "
+                             "non-zero "
+                             f"ratio {':'.join(f'{r:g}' for r in ratio)}; merge it, drop it or stratify by fewer "
+                             "fields")
         digest = hashlib.sha256(f"{seed}:{key!r}".encode()).digest()
         order = np.random.default_rng(int.from_bytes(digest[:8], "little")).permutation(len(rows))
         start = 0

@@ -266,7 +266,8 @@ def image_path(text: str | os.PathLike) -> Path | MemberPath:
     return MemberPath(shard_file, member, int(entry[0]), int(entry[1]))
 
 
-# -- shard records and a run's key --------------------------------------------------------------------------------------
+# -- shard records and a run's key
+# --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ShardRecord:
     """What the store recorded of one shard when it was written."""
@@ -452,14 +453,16 @@ def scan_tar(path: str | os.PathLike) -> list[TarMember]:
                     continue
                 if not info.isreg() or info.issparse():
                     kind = ("symlink" if info.issym() else "hardlink" if info.islnk() else "FIFO" if info.isfifo()
-                            else "device" if info.isdev() else "sparse file" if info.issparse() else f"type {info.type!r}")
+                            else "device" if info.isdev() else "sparse file" if info.issparse() else "type "
+                            f"{info.type!r}")
                     raise ShardError(f"{path}: member {info.name!r} is a {kind}; shards hold regular files only")
                 if not safe_member_name(info.name):
                     raise ShardError(f"{path}: member name {info.name!r} would leave the folder (absolute or '..'); "
                                      "refused")
                 if info.size > MAX_MEMBER_BYTES or info.offset_data + info.size > total:
                     raise ShardError(f"{path}: member {info.name!r} declares {info.size} bytes at offset "
-                                     f"{info.offset_data}, past the end of the {total}-byte file (truncated or hostile)")
+                                     f"{info.offset_data}, past the end of the {total}-byte file (truncated or "
+                                     "hostile)")
                 if info.name in seen:
                     raise ShardError(f"{path}: member {info.name!r} appears twice")
                 seen.add(info.name)

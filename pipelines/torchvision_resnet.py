@@ -52,9 +52,11 @@ def _rename(key: str) -> str | None:
     return f"classifier.1.{head[1]}" if head else None
 
 
-def convert_state_dict(state: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def convert_state_dict(state: Mapping[str, torch.Tensor],
+                       expected: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """torchvision keys -> the transformers model's keys (`expected`: its state dict). Batch-norm step counters absent
-    from the checkpoint (older files) are filled with zeros; any other missing, unknown or mis-shaped key is an error."""
+    from the checkpoint (older files) are filled with zeros; any other missing, unknown or mis-shaped key is an
+    error."""
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         name = _rename(key)
@@ -78,7 +80,8 @@ def load_torchvision_resnet(path: str | os.PathLike, model: torch.nn.Module, key
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # not a tensor-only file: refused, nothing runs
-        raise ConfigError(f"{key}: {path} is not a tensor-only torch checkpoint ({' '.join(str(err).split())[:200]})") from None
+        raise ConfigError(f"{key}: {path} is not a tensor-only torch checkpoint "
+                          f"({' '.join(str(err).split())[:200]})") from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict):

@@ -66,12 +66,14 @@ def write_digits(root: str | Path, seed: int = 0, n_textures: int = 200) -> tupl
                 sketch = f"sketch/{label}_{i:04d}.png"
                 (root / "ood" / sketch).parent.mkdir(parents=True, exist_ok=True)
                 _sketch(image).save(root / "ood" / sketch)
-                ood_rows.append(make_row(sketch, split="test", role="ood", ood_set="sketch", group="near", source_label=label))
+                ood_rows.append(make_row(sketch, split="test", role="ood", ood_set="sketch", group="near",
+                                         source_label=label))
     for i in np.flatnonzero(digits.target > max(ID_CLASSES)):
         name = f"digits_6_9/{digits.target[i]}_{i:04d}.png"
         (root / "ood" / name).parent.mkdir(parents=True, exist_ok=True)
         _digit_image(digits.data[i]).save(root / "ood" / name)
-        ood_rows.append(make_row(name, split="test", role="ood", ood_set="digits_6_9", group="near", digit=int(digits.target[i])))
+        ood_rows.append(make_row(name, split="test", role="ood", ood_set="digits_6_9", group="near",
+                                 digit=int(digits.target[i])))
     (root / "ood" / "texture").mkdir(parents=True, exist_ok=True)
     for i in range(n_textures):
         name = f"texture/{i:04d}.png"

@@ -31,7 +31,8 @@ from typing import Any, Iterable
 from pipelines.errors import UserInputError
 from pipelines.io import file_kind
 
-UNSAFE_CATEGORIES = frozenset({"Cc", "Zl", "Zp", "Cs"})  # control characters, line / paragraph separators, non-UTF-8 bytes
+UNSAFE_CATEGORIES = frozenset({"Cc", "Zl", "Zp", "Cs"})  # control characters, line / paragraph separators, non-UTF-8
+                                                         # bytes
 
 
 class UnsafeName(UserInputError):
@@ -50,7 +51,8 @@ def check_name(name: str, where: str) -> None:
     """Raise `UnsafeName` when `name` holds a control character, naming `where` (the path, escaped)."""
     bad = unsafe_character(name)
     if bad is not None:
-        kind = "bytes that are not UTF-8" if bad.startswith("U+DC") and len(bad) == 6 else f"a control character ({bad})"
+        kind = ("bytes that are not UTF-8" if bad.startswith("U+DC") and len(bad) == 6
+                else f"a control character ({bad})")
         raise UnsafeName(f"{printable(where)}: the name holds {kind}; names become labels and lines of the outputs, "
                          "so rename it")
 

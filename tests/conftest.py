@@ -10,3 +10,13 @@ def single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def console_logging():
+    """The console logging every command sets up (`pipelines.cli.configure_logging`, INFO): the library's messages
+    reach the test's stdout / stderr (capsys) as they reach a command's user; each test starts at INFO."""
+    from pipelines.cli import configure_logging
+
+    configure_logging()
+    yield

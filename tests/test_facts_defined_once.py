@@ -41,7 +41,8 @@ SOURCES = _sources()
 
 def _docstrings(tree: ast.Module) -> set[int]:
     """ids of the string constants that are docstrings (module, class, function) or bare string statements."""
-    return {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)}
+    return {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)}
 
 
 def _string_collections(tree: ast.Module):

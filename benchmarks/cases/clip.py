@@ -30,9 +30,12 @@ def save_random_clip(folder: str | Path, full_size: bool = False) -> Path:
 
     processor = CLIPProcessor.from_pretrained(folder)
     tiny = CLIPConfig.from_pretrained(folder).text_config
-    text = dict(vocab_size=tiny.vocab_size, hidden_size=512, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=8,
-                max_position_embeddings=77, bos_token_id=tiny.bos_token_id, eos_token_id=tiny.eos_token_id, pad_token_id=tiny.pad_token_id)
-    vision = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224, patch_size=16)
+    text = dict(vocab_size=tiny.vocab_size, hidden_size=512, intermediate_size=2048, num_hidden_layers=12,
+                num_attention_heads=8,
+                max_position_embeddings=77, bos_token_id=tiny.bos_token_id, eos_token_id=tiny.eos_token_id,
+                pad_token_id=tiny.pad_token_id)
+    vision = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=224,
+                  patch_size=16)
     CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=512)).save_pretrained(folder)
     image_processor = CLIPImageProcessor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224})
     CLIPProcessor(image_processor=image_processor, tokenizer=processor.tokenizer).save_pretrained(folder)
@@ -56,7 +59,8 @@ def _timed(fn: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def bench_scoring(backbone: ClipBackbone, n_images: int, batch_size: int, class_names: list[str], repeats: int = 3) -> dict[str, float]:
+def bench_scoring(backbone: ClipBackbone, n_images: int, batch_size: int, class_names: list[str],
+                  repeats: int = 3) -> dict[str, float]:
     """images/s of MCM scoring (best of `repeats`) on a fresh image set (image tower runs) and on the same set again
     (cached embeddings); each run builds a new detector, so both include encoding the class prompts."""
     import detectors
@@ -73,7 +77,8 @@ def bench_scoring(backbone: ClipBackbone, n_images: int, batch_size: int, class_
             "cached_over_uncached": uncached / cached}
 
 
-def bench_training(backbone: ClipBackbone, steps: int, batch_size: int, class_names: list[str], repeats: int = 3) -> dict[str, float]:
+def bench_training(backbone: ClipBackbone, steps: int, batch_size: int, class_names: list[str],
+                   repeats: int = 3) -> dict[str, float]:
     """LoCoOp training steps/s (best of `repeats` runs of `steps`) on cached embeddings vs with the image tower re-run
     every step."""
     size = backbone.model.config.vision_config.image_size
@@ -105,10 +110,12 @@ def bench_training(backbone: ClipBackbone, steps: int, batch_size: int, class_na
 
     per_step_tower = run(tower)
     with_cache = run(lambda: cached)
-    return {"tower_steps_per_s": per_step_tower, "cached_steps_per_s": with_cache, "cached_over_tower": with_cache / per_step_tower}
+    return {"tower_steps_per_s": per_step_tower, "cached_steps_per_s": with_cache,
+            "cached_over_tower": with_cache / per_step_tower}
 
 
-def bench_fewshot_features(backbone: ClipBackbone, n_classes: int, per_class: int, shots: tuple[int, ...] = (1, 2, 4, 8, 16),
+def bench_fewshot_features(backbone: ClipBackbone, n_classes: int, per_class: int,
+                           shots: tuple[int, ...] = (1, 2, 4, 8, 16),
                            seeds: tuple[int, ...] = (1, 2, 3), batch_size: int = 64) -> dict[str, float]:
     """Seconds and images embedded to get the training features of every (shots, seed) subset: one image-tower pass
     over the union of the subsets then slicing (what the sweep does) vs one pass per subset."""

@@ -23,7 +23,8 @@ class SmallConvClassifier(nn.Module):
 
     def __init__(self, num_classes: int = 4) -> None:
         super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU())
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, padding=1),
+                                  nn.ReLU())
         self.fc = nn.Linear(16, num_classes)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,9 +80,11 @@ def bench_early_stop_batching(detector: DiffGuard, images: list[Image.Image], ba
     for round_ in range(rounds):
         for case in plan:
             best[case] = min(best[case], timed_seconds(lambda case=case: run(case[1], case[2]), device))
-            log(f"[diffguard] round {round_ + 1}: {case[0]} {case[1]:3d}: {case[2] / best[case]:.3f} img/s (best so far)")
+            log(f"[diffguard] round {round_ + 1}: {case[0]} {case[1]:3d}: {case[2] / best[case]:.3f} img/s (best so "
+                "far)")
     reference = loop_n / best[plan[0]]
-    cases = [dict(mode=mode, batch_size=batch, images=n, seconds=best[(mode, batch, n)], images_per_s=n / best[(mode, batch, n)],
+    cases = [dict(mode=mode, batch_size=batch, images=n, seconds=best[(mode, batch, n)],
+                  images_per_s=n / best[(mode, batch, n)],
                   ratio=n / best[(mode, batch, n)] / reference) for mode, batch, n in plan]
     return dict(reference="batch-1 loop", rounds=rounds, stop_steps=stops, cases=cases)
 
@@ -113,19 +116,21 @@ def random_diffguard_models(size: str, device: torch.device, dtype: torch.dtype)
             tokenizer = CLIPTokenizer.from_pretrained(save_tiny_tokenizer(tmp))
         pipe = StableDiffusionPipeline(
             vae=AutoencoderKL(block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
-                              up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=4, sample_size=512),
+                              up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=4,
+                              sample_size=512),
             text_encoder=CLIPTextModel(CLIPTextConfig(hidden_size=768, intermediate_size=3072, num_attention_heads=12,
                                                       num_hidden_layers=12, projection_dim=768)),
             tokenizer=tokenizer, unet=UNet2DConditionModel(sample_size=64, cross_attention_dim=768),
-            scheduler=DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                                    set_alpha_to_one=False, steps_offset=1),
+            scheduler=DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+                                    clip_sample=False, set_alpha_to_one=False, steps_offset=1),
             safety_checker=None, feature_extractor=None, requires_safety_checker=False,
         )
         resnet, image_size = ResNetConfig(num_labels=1000), 224
     else:
         raise ValueError(f"size must be 'tiny' or 'full', got {size!r}")
     model = ResNetForImageClassification(resnet).eval()
-    classifier = ImageClassifier(model, find_head(model, resnet.num_labels), image_size=(image_size, image_size), kind="hf")
+    classifier = ImageClassifier(model, find_head(model, resnet.num_labels), image_size=(image_size, image_size),
+                                 kind="hf")
     return unet.to(device, dtype), pipe.to(device, dtype), classifier.to(device).eval()
 
 
@@ -137,7 +142,8 @@ def bench_latent_batching(detector: DiffGuard, images: list[Image.Image], batch_
     x01 = resize_center_crop(images, side, side).to(device)
     labels = detector.predict(x01)
     detector.reconstruct_latent(x01[:1], labels[:1])  # warm-up
-    loop_s = timed_seconds(lambda: [detector.reconstruct_latent(x01[i:i + 1], labels[i:i + 1]) for i in range(loop_images)], device)
+    loop_s = timed_seconds(lambda: [detector.reconstruct_latent(x01[i:i + 1], labels[i:i + 1])
+                                    for i in range(loop_images)], device)
     reference = loop_images / loop_s
     log(f"[diffguard-latent] batch-1 loop: {reference:.3f} img/s")
     cases = [dict(mode="loop", batch_size=1, images=loop_images, seconds=loop_s, images_per_s=reference, ratio=1.0)]
@@ -183,7 +189,8 @@ def bench_early_stop_features(detector: DiffGuard, images: list[Image.Image], ro
         for x_t, rows in steps:
             rule(x_t, rows)
 
-    rule_s = _best_of({"cached": lambda: replay(lambda: detector.stop_rule(x0)), "previous": lambda: replay(lambda: previous)},
+    rule_s = _best_of({"cached": lambda: replay(lambda: detector.stop_rule(x0)),
+                       "previous": lambda: replay(lambda: previous)},
                       rounds, detector.device)
     inversion_s = _best_of({
         "cached": lambda: invert_with_early_stop(model, x0, detector.max_inversion_steps, detector.stop_rule(x0)),

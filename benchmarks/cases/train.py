@@ -58,8 +58,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def baseline_training(classifier: ImageClassifier, manifest: Manifest, *, epochs: int, batch_size: int, num_workers: int,
-                      device: torch.device, dtype: torch.dtype, channels_last: bool) -> float:
+def baseline_training(classifier: ImageClassifier, manifest: Manifest, *, epochs: int, batch_size: int,
+                      num_workers: int, device: torch.device, dtype: torch.dtype, channels_last: bool) -> float:
     """Seconds of a minimal PyTorch training loop (AdamW, cosine, autocast) with the same transforms."""
     model = classifier.to(device).train()
     if channels_last:
@@ -97,7 +97,8 @@ def ours_training(classifier: ImageClassifier, manifest: Manifest, *, epochs: in
     return time.perf_counter() - start
 
 
-def loader_seconds(classifier: ImageClassifier, manifest: Manifest, *, epochs: int, batch_size: int, num_workers: int) -> float:
+def loader_seconds(classifier: ImageClassifier, manifest: Manifest, *, epochs: int, batch_size: int,
+                   num_workers: int) -> float:
     """Seconds to produce the training batches alone (decode + crop + collate), no model."""
     loader = DataLoader(_PlainRows(manifest, classifier.image_size[0], 0), batch_size=batch_size, shuffle=True,
                         num_workers=num_workers, drop_last=True)
@@ -139,12 +140,14 @@ def measure(classifier: ImageClassifier, manifest: Manifest, *, epochs: int, bat
 
     dtype = resolve_dtype(precision, device)
     n = epochs * (len(manifest) // batch_size) * batch_size
-    common = dict(epochs=epochs, batch_size=batch_size, num_workers=num_workers, device=device, channels_last=channels_last)
+    common = dict(epochs=epochs, batch_size=batch_size, num_workers=num_workers, device=device,
+                  channels_last=channels_last)
     base, ours, plain, feats = [], [], [], []
     for _ in range(repeats):
         base.append(baseline_training(copy.deepcopy(classifier), manifest, dtype=dtype, **common))
         ours.append(ours_training(copy.deepcopy(classifier), manifest, precision=precision, **common))
-        plain.append(baseline_features(copy.deepcopy(classifier), manifest, batch_size=batch_size, device=device, dtype=dtype))
+        plain.append(baseline_features(copy.deepcopy(classifier), manifest, batch_size=batch_size, device=device,
+                                       dtype=dtype))
         feats.append(ours_features(copy.deepcopy(classifier), manifest, batch_size=batch_size, device=device,
                                    precision=precision, num_workers=num_workers))
     loader = loader_seconds(classifier, manifest, epochs=epochs, batch_size=batch_size, num_workers=num_workers)
@@ -152,7 +155,8 @@ def measure(classifier: ImageClassifier, manifest: Manifest, *, epochs: int, bat
     return {"train_images": n, "train_images_per_s": n / min(ours), "baseline_train_images_per_s": n / min(base),
             "train_ratio": min(base) / min(ours), "loader_images_per_s": n / loader,
             "loader_capacity_ratio": min(ours) / loader, "decode_share": decode / min(ours),
-            "feature_images_per_s": len(manifest) / min(feats), "baseline_feature_images_per_s": len(manifest) / min(plain),
+            "feature_images_per_s": len(manifest) / min(feats),
+            "baseline_feature_images_per_s": len(manifest) / min(plain),
             "feature_ratio": min(plain) / min(feats), "repeats": repeats, "peak_rss_mib": peak_rss_mib()}
 
 

@@ -32,7 +32,8 @@ class ClipBackbone:
     model_id: str
 
     @classmethod
-    def load(cls, model: str | os.PathLike | Any = DEFAULT_CLIP, processor: Any = None, device: str | None = None) -> "ClipBackbone":
+    def load(cls, model: str | os.PathLike | Any = DEFAULT_CLIP, processor: Any = None,
+             device: str | None = None) -> "ClipBackbone":
         """From a hub id or local folder (through `load_pretrained`), or an already loaded `CLIPModel`."""
         from transformers import CLIPModel, CLIPProcessor
 
@@ -42,7 +43,8 @@ class ClipBackbone:
         else:
             model_id = str(getattr(model, "name_or_path", "") or "")
             if not model_id and processor is None:
-                raise ValueError("a CLIPModel built in memory has no name_or_path to load its processor from: pass processor=")
+                raise ValueError("a CLIPModel built in memory has no name_or_path to load its processor from: pass "
+                                 "processor=")
             model_id = model_id or f"{type(model).__name__}-{id(model):x}"
         if processor is None:
             processor = load_pretrained(CLIPProcessor.from_pretrained, model_id, what="CLIP processor")
@@ -104,7 +106,8 @@ class ClipBackbone:
         return hits.int().argmax(dim=1)
 
     # -- image tower ----------------------------------------------------------------------------------------
-    def image_embeddings(self, pixel_values: torch.Tensor, local: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def image_embeddings(self, pixel_values: torch.Tensor,
+                         local: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Projected global embeddings [B,P] and GL-MCM local (per-patch) embeddings [B,L,P] (None with
         `local=False`), not normalised.
 
@@ -159,7 +162,8 @@ class ClipBackbone:
             out.append(F.normalize(emb.float(), dim=-1))
         return torch.cat(out)
 
-    def encode_class_prompts(self, class_names: Sequence[str], templates: Sequence[str] = DEFAULT_TEMPLATES) -> torch.Tensor:
+    def encode_class_prompts(self, class_names: Sequence[str],
+                             templates: Sequence[str] = DEFAULT_TEMPLATES) -> torch.Tensor:
         """Normalised class embeddings [C,P]: each template's normalised embedding, averaged, renormalised."""
         texts = [t.format(name) for name in class_names for t in templates]
         emb = self.encode_texts(texts).view(len(class_names), len(templates), -1).mean(1)

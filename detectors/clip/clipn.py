@@ -53,7 +53,8 @@ class NoTextTower(nn.Module):
         return tower.requires_grad_(True)
 
     def prompt_for(self, batch: int, pick: torch.Tensor | None) -> torch.Tensor:
-        """Prompts [B, L, W]: row `pick[b]` of the K prompts plus their mean (index K), or the mean when `pick` is None."""
+        """Prompts [B, L, W]: row `pick[b]` of the K prompts plus their mean (index K), or the mean when `pick` is
+        None."""
         bank = torch.cat([self.prompt, self.prompt.mean(0, keepdim=True)])
         if pick is None:
             return bank[-1:].expand(batch, -1, -1)
@@ -222,7 +223,8 @@ class CLIPN(ClipDetector):
         return self._text_cache["no"]
 
     def _score(self, batch: Any) -> np.ndarray:
-        p, p_no = scores.clipn_probabilities(self.features(batch).global_, self.class_text(), self.no_text(), self.params["scale"])
+        p, p_no = scores.clipn_probabilities(self.features(batch).global_, self.class_text(), self.no_text(),
+                                             self.params["scale"])
         rule = self.params["score_rule"]
         if rule == "atd":
             return scores.clipn_atd(p, p_no)

@@ -29,7 +29,8 @@ _FLAT = {
     "visual.positional_embedding": "vision_model.embeddings.position_embedding.weight",
     "visual.conv1.weight": "vision_model.embeddings.patch_embedding.weight",
     "visual.ln_pre.weight": "vision_model.pre_layrnorm.weight", "visual.ln_pre.bias": "vision_model.pre_layrnorm.bias",
-    "visual.ln_post.weight": "vision_model.post_layernorm.weight", "visual.ln_post.bias": "vision_model.post_layernorm.bias",
+    "visual.ln_post.weight": "vision_model.post_layernorm.weight",
+    "visual.ln_post.bias": "vision_model.post_layernorm.bias",
     "token_embedding.weight": "text_model.embeddings.token_embedding.weight",
     "positional_embedding": "text_model.embeddings.position_embedding.weight",
     "ln_final.weight": "text_model.final_layer_norm.weight", "ln_final.bias": "text_model.final_layer_norm.bias",
@@ -95,8 +96,10 @@ def config_from_state_dict(state: dict[str, torch.Tensor], head_width: int = 64,
     grid = round((state["visual.positional_embedding"].shape[0] - 1) ** 0.5)
     text_width = state["ln_final.weight"].shape[0]
     act = "quick_gelu" if quick_gelu else "gelu"
-    vision = dict(hidden_size=vision_width, intermediate_size=state["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
-                  num_hidden_layers=layers("visual.transformer.resblocks"), num_attention_heads=vision_width // head_width,
+    vision = dict(hidden_size=vision_width,
+                  intermediate_size=state["visual.transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
+                  num_hidden_layers=layers("visual.transformer.resblocks"),
+                  num_attention_heads=vision_width // head_width,
                   image_size=patch * grid, patch_size=patch, hidden_act=act)
     vocab = state["token_embedding.weight"].shape[0]
     text = dict(hidden_size=text_width, intermediate_size=state["transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
@@ -139,7 +142,8 @@ def convert_clipn(checkpoint: str | os.PathLike | dict[str, Any], out_dir: str |
         model.save_pretrained(clip_dir)
         if processor is not None:
             processor.save_pretrained(clip_dir)
-    detector = CLIPN(model=str(clip_dir), class_names=class_names or [], n_prompts=int(no_state[STATE_PREFIX + "prompt"].shape[0]))
+    detector = CLIPN(model=str(clip_dir), class_names=class_names or [],
+                     n_prompts=int(no_state[STATE_PREFIX + "prompt"].shape[0]))
     detector.load_state({k: v.float().numpy() for k, v in no_state.items()})
     detector.fitted = True
     detector.save_pretrained(out_dir)

@@ -22,10 +22,12 @@ class ClipDetector(Detector):
 
     @dataclass(frozen=True)
     class Params(Params):
-        model: str = param(DEFAULT_CLIP, "CLIP hub id or local folder (a loaded model may be passed to the constructor)")
+        model: str = param(DEFAULT_CLIP,
+                           "CLIP hub id or local folder (a loaded model may be passed to the constructor)")
         class_names: list[str] | None = param(None, "the ID class names (saved: the prompts are made of them)")
         templates: list[str] | None = param(None, "reference prompts, '{}' standing for the class name")
-        cache_dir: str | os.PathLike | None = param(None, "image-embedding cache folder (None: memory only)", runtime=True)
+        cache_dir: str | os.PathLike | None = param(None, "image-embedding cache folder (None: memory only)",
+                                                    runtime=True)
         embed_batch_size: int = param(64, "images per embedding batch", runtime=True, ge=1)
         device: str | torch.device | None = param(None, "torch device (None: the process's accelerator)", runtime=True)
 
@@ -68,7 +70,8 @@ class ClipDetector(Detector):
     def class_text(self) -> torch.Tensor:
         """Normalised ID class embeddings [C,P] from the hand-written templates (computed once)."""
         if "classes" not in self._text_cache:
-            self._text_cache["classes"] = self.backbone.encode_class_prompts(self.require_classes(), self.params["templates"]).cpu()
+            self._text_cache["classes"] = self.backbone.encode_class_prompts(self.require_classes(),
+                                                                             self.params["templates"]).cpu()
         return self._text_cache["classes"]
 
     @property

@@ -94,7 +94,8 @@ def compute_image_features(backbone: ClipBackbone, images: ImageSet, batch_size:
     return ClipImageFeatures(torch.cat(globals_), torch.cat(locals_) if local else None)
 
 
-def image_features(backbone: ClipBackbone, images: ImageSet | ClipImageFeatures, cache_dir: str | os.PathLike | None = None,
+def image_features(backbone: ClipBackbone, images: ImageSet | ClipImageFeatures,
+                   cache_dir: str | os.PathLike | None = None,
                    batch_size: int = 64, progress: bool = True, rows: Sequence[int] | None = None,
                    local: bool = True) -> ClipImageFeatures:
     """Cached CLIP features of `images`: memory first, then the safetensors cache file, else computed (and saved).
@@ -115,7 +116,8 @@ def image_features(backbone: ClipBackbone, images: ImageSet | ClipImageFeatures,
     if not usable(memo.get(backbone.model_id)) and path is not None and path.is_file():
         feats = load_features(path)
         if len(feats) != len(images):
-            raise ValueError(f"CLIP feature cache {path} holds {len(feats)} images, the image set {len(images)}: delete it")
+            raise ValueError(f"CLIP feature cache {path} holds {len(feats)} images, the image set {len(images)}: "
+                             "delete it")
         if usable(feats):
             memo[backbone.model_id] = feats
     if usable(memo.get(backbone.model_id)):
@@ -132,7 +134,8 @@ def image_features(backbone: ClipBackbone, images: ImageSet | ClipImageFeatures,
 def _feature_rows(backbone: ClipBackbone, images: ImageSet, rows: list[int], cache_dir: str | os.PathLike | None,
                   batch_size: int, progress: bool) -> ClipImageFeatures:
     """Features of `rows`, computing only the rows not in this ImageSet's per-row memo."""
-    known: dict[int, tuple[torch.Tensor, torch.Tensor]] = images.__dict__.setdefault(_ROW_MEMO_ATTR, {}).setdefault(backbone.model_id, {})
+    known: dict[int, tuple[torch.Tensor, torch.Tensor]] = (images.__dict__.setdefault(_ROW_MEMO_ATTR, {})
+                                                           .setdefault(backbone.model_id, {}))
     missing = sorted(set(rows) - set(known))
     if missing:
         feats = image_features(backbone, subset_imageset(images, missing), cache_dir, batch_size, progress)

@@ -78,9 +78,11 @@ def train_prompt_detectors(config: dict[str, Any]) -> list[Path]:
             raise ValueError(f"train_prompts config needs `{key}`")
     class_names = class_names_from(config)
     backbone = ClipBackbone.load(config.get("model", DEFAULT_CLIP), device=config.get("device"))
-    train = ImageSet.from_manifest(read_manifest(config["manifest"]), split=config.get("train_split", "train"), role="id")
+    train = ImageSet.from_manifest(read_manifest(config["manifest"]), split=config.get("train_split", "train"),
+                                   role="id")
     if not len(train):
-        raise ValueError(f"train_prompts: no ID rows in split {config.get('train_split', 'train')!r} of {config['manifest']}")
+        raise ValueError(f"train_prompts: no ID rows in split {config.get('train_split', 'train')!r} of "
+                         f"{config['manifest']}")
     runs = runs_of(config, default_shots=(16,))
     prefetch_train_features(backbone, train, runs, config.get("cache_dir"))
     folders = []
@@ -105,15 +107,17 @@ def sweep(config: dict[str, Any]) -> list[dict[str, Any]]:
     train = ImageSet.from_manifest(manifest, split=config.get("train_split", "train"), role="id")
     test = config.get("test_split", "test")
     id_test = ImageSet.from_manifest(manifest, split=test, role="id")
-    ood_sets = {name: ImageSet.from_manifest(manifest, split=test, role="ood", ood_set=name) for name in manifest.select(split=test).ood_sets()}
+    ood_sets = {name: ImageSet.from_manifest(manifest, split=test, role="ood", ood_set=name)
+                for name in manifest.select(split=test).ood_sets()}
     groups = {r["ood_set"]: r.get("group") for r in manifest.rows if r["role"] == "ood"}
     if not len(train) or not len(id_test) or not ood_sets:
-        raise ValueError(f"fewshot: manifest {config['manifest']} needs ID train rows and ID + OOD rows in split {test!r}")
+        raise ValueError(f"fewshot: manifest {config['manifest']} needs ID train rows and ID + OOD rows in split "
+                         f"{test!r}")
     return sweep_sets(config, train, id_test, ood_sets, groups, class_names_from(config))
 
 
-def sweep_sets(config: dict[str, Any], train: Any, id_test: Any, ood_sets: dict[str, Any], groups: dict[str, str | None],
-               class_names: list[str]) -> list[dict[str, Any]]:
+def sweep_sets(config: dict[str, Any], train: Any, id_test: Any, ood_sets: dict[str, Any],
+               groups: dict[str, str | None], class_names: list[str]) -> list[dict[str, Any]]:
     """The sweep on given ImageSets (the evaluation runner passes its ID and OOD splits)."""
     import detectors
     from detectors.clip.backbone import DEFAULT_CLIP, ClipBackbone
@@ -162,12 +166,15 @@ def plot_fewshot(rows: list[dict[str, Any]], out_png: str, metrics: tuple[str, .
     frame = pd.DataFrame(rows)
     ood_sets = list(dict.fromkeys(frame["ood_set"]))
     shots = sorted(frame["shots"].unique())
-    fig, axes = plt.subplots(len(ood_sets), len(metrics) + 1, figsize=(3.2 * (len(metrics) + 1), 2.8 * len(ood_sets)), squeeze=False)
-    panels = [(axes[0][0], "id_acc", None)] + [(axes[r][c + 1], m, s) for r, s in enumerate(ood_sets) for c, m in enumerate(metrics)]
+    fig, axes = plt.subplots(len(ood_sets), len(metrics) + 1, figsize=(3.2 * (len(metrics) + 1), 2.8 * len(ood_sets)),
+                             squeeze=False)
+    panels = [(axes[0][0], "id_acc", None)] + [(axes[r][c + 1], m, s) for r, s in enumerate(ood_sets)
+                                               for c, m in enumerate(metrics)]
     for ax in axes[1:, 0]:
         ax.axis("off")
     for ax, metric, ood_set in panels:
-        data = frame.drop_duplicates(["method", "shots", "seed"]) if ood_set is None else frame[frame["ood_set"] == ood_set]
+        data = (frame.drop_duplicates(["method", "shots", "seed"]) if ood_set is None
+                else frame[frame["ood_set"] == ood_set])
         for method, part in data.groupby("method", sort=False):
             stats = part.groupby("shots")[metric].agg(["mean", "std"]).fillna(0.0)
             ax.errorbar(stats.index, stats["mean"], yerr=stats["std"], marker="o", capsize=3, label=method)

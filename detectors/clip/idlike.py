@@ -53,8 +53,8 @@ def resized_crop_box(width: int, height: int, rng: random.Random, scale: Sequenc
     return (width - w) // 2, (height - h) // 2, w, h
 
 
-def random_crops(image: Any, n: int, seed: int, scale: Sequence[float] = (0.08, 1.0), ratio: Sequence[float] = (3 / 4, 4 / 3),
-                 size: int | None = None, flip: bool = True) -> list[Any]:
+def random_crops(image: Any, n: int, seed: int, scale: Sequence[float] = (0.08, 1.0),
+                 ratio: Sequence[float] = (3 / 4, 4 / 3), size: int | None = None, flip: bool = True) -> list[Any]:
     """`n` RandomResizedCrop crops of a PIL image, each resized to `size` x `size` (when given) and mirrored with
     probability 1/2 (`flip`), seeded."""
     from PIL import Image
@@ -83,7 +83,8 @@ def crop_embeddings(backbone: ClipBackbone, crops: Sequence[Any], batch_size: in
     return torch.cat(out)
 
 
-def select_crops(crop_feats: torch.Tensor, class_text: torch.Tensor, n_select: int) -> tuple[torch.Tensor, torch.Tensor]:
+def select_crops(crop_feats: torch.Tensor, class_text: torch.Tensor,
+                 n_select: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The `n_select` crops most similar to the class prompt (ID) and the `n_select` least similar (ID-like OOD)."""
     order = cosine(crop_feats, class_text[None]).squeeze(-1).argsort(descending=True)
     return crop_feats[order[:n_select]], crop_feats[order[-n_select:]]
@@ -134,7 +135,8 @@ class IDLike(PromptDetector):
         class_text = self.class_text()
         size = self.backbone.model.config.vision_config.image_size
         id_crops, ood_crops = [], []
-        for i in progress_bar(range(len(images)), desc=f"ID-like crops (epoch {epoch})", disable=not p["progress"], leave=False):
+        for i in progress_bar(range(len(images)), desc=f"ID-like crops (epoch {epoch})", disable=not p["progress"],
+                              leave=False):
             crops = random_crops(images.load(i), p["n_crops"], item_seed(p["seed"], f"{epoch}:{i}"), p["crop_scale"],
                                  p["crop_ratio"], size, p["flip"])
             feats = crop_embeddings(self.backbone, crops, p["embed_batch_size"])

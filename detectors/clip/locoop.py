@@ -74,8 +74,10 @@ class LoCoOp(PromptDetector):
             return loss
 
         params = [learner.ctx]
-        optimizer = torch.optim.SGD(params, lr=self.params["lr"], momentum=self.params["momentum"], weight_decay=self.params["weight_decay"])
-        self._after_fit(train_loop(learner, dataset, step_loss, epochs=self.params["epochs"], batch_size=self.params["train_batch"],
+        optimizer = torch.optim.SGD(params, lr=self.params["lr"], momentum=self.params["momentum"],
+                                    weight_decay=self.params["weight_decay"])
+        self._after_fit(train_loop(learner, dataset, step_loss, epochs=self.params["epochs"],
+                                   batch_size=self.params["train_batch"],
                                    optimizer=optimizer, seed=self.params["seed"], device=self.backbone.device,
                                    schedule=self.params["schedule"], warmup_epochs=self.params["warmup_epochs"],
                                    warmup_lr=self.params["warmup_lr"], lr_log=self.lrs,

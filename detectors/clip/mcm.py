@@ -41,7 +41,8 @@ class GLMCM(ClipDetector):
 
     reads_patches = True
 
-    paper = "Miyai et al., Zero-Shot In-Distribution Detection in Multi-Object Settings Using Vision-Language Foundation Models, 2023"
+    paper = ("Miyai et al., Zero-Shot In-Distribution Detection in Multi-Object Settings Using Vision-Language "
+             "Foundation Models, 2023")
 
     @dataclass(frozen=True)
     class Params(MCM.Params):
@@ -51,4 +52,5 @@ class GLMCM(ClipDetector):
 
     def _score(self, batch: Any) -> np.ndarray:
         feats = self.features(batch)
-        return scores.glmcm(feats.global_, feats.local, self.class_text(), self.params["temperature"], self.params["lam"])
+        return scores.glmcm(feats.global_, feats.local, self.class_text(), self.params["temperature"],
+                            self.params["lam"])

@@ -89,7 +89,8 @@ class NegLabel(ClipDetector):
         adjectives = [w for w in dict.fromkeys(adjectives) if w not in noun_set]
         if p["drop_class_names"]:
             classes = {c.lower() for c in p["class_names"]}
-            nouns, adjectives = [w for w in nouns if w.lower() not in classes], [w for w in adjectives if w.lower() not in classes]
+            nouns, adjectives = ([w for w in nouns if w.lower() not in classes],
+                                 [w for w in adjectives if w.lower() not in classes])
         if not nouns and not adjectives:
             raise ValueError("neglabel: the corpus holds no candidate negative label")
         return nouns, adjectives
@@ -124,7 +125,8 @@ class NegLabel(ClipDetector):
             texts.append(emb)
         if len(words) < PAPER_NEGATIVES // 2:
             warnings.warn(f"neglabel: only {len(words)} negative labels from {n_candidates} candidates; the paper uses "
-                          f"M = {PAPER_NEGATIVES:,} from WordNet's ~70,000 nouns and adjectives. For the paper's setting "
+                          f"M = {PAPER_NEGATIVES:,} from WordNet's ~70,000 nouns and adjectives. For the paper's "
+                          "setting "
                           f"install WordNet (apt-get install wordnet-base) and leave `words` unset.", stacklevel=2)
         self._negatives = words
         self._text_cache["negatives"] = torch.cat(texts)

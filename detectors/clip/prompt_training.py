@@ -59,7 +59,8 @@ def lr_factor(schedule: str, epoch: int, step: int, epochs: int, total_steps: in
     raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
 
 
-def train_loop(module: torch.nn.Module, dataset: Dataset | Callable[[int], Dataset], step_loss: Callable[[Any, Any], torch.Tensor], *,
+def train_loop(module: torch.nn.Module, dataset: Dataset | Callable[[int], Dataset],
+               step_loss: Callable[[Any, Any], torch.Tensor], *,
                epochs: int, batch_size: int, optimizer: torch.optim.Optimizer, seed: int, device: torch.device,
                schedule: str = "cosine_epoch", warmup_epochs: int = 0, warmup_lr: float = 1e-5, warmup_steps: int = 0,
                lr_log: list[float] | None = None, progress: bool = True, desc: str = "train") -> list[float]:
@@ -83,7 +84,8 @@ def train_loop(module: torch.nn.Module, dataset: Dataset | Callable[[int], Datas
         loader = accelerator.prepare(DataLoader(make(epoch), batch_size=batch_size, shuffle=True, generator=gen))
         total = epochs * len(loader)
         for batch in loader:
-            factor = lr_factor(schedule, epoch, step, epochs, total, base_lrs[0], warmup_epochs, warmup_lr, warmup_steps)
+            factor = lr_factor(schedule, epoch, step, epochs, total, base_lrs[0], warmup_epochs, warmup_lr,
+                               warmup_steps)
             for group, base in zip(optimizer.param_groups, base_lrs):
                 group["lr"] = base * factor
             if lr_log is not None:
@@ -132,7 +134,8 @@ class PromptDetector(ClipDetector):
         if self._learner is None:
             self._learner = PromptLearner(self.backbone, self.require_classes(), self.params["n_ctx"], self.n_ood,
                                           seed=self.params["seed"],
-                                          shared_ood_ctx=bool(self.params.get("shared_ood_ctx", False))).to(self.backbone.device)
+                                          shared_ood_ctx=bool(self.params.get("shared_ood_ctx", False))
+                                          ).to(self.backbone.device)
             if self._prompt_state is not None:
                 self._learner.load(self._prompt_state)
         return self._learner
@@ -151,7 +154,8 @@ class PromptDetector(ClipDetector):
         return cosine(self.features(batch).global_, text).argmax(-1).numpy()
 
     def shot_indices(self, images: ImageSet) -> list[int]:
-        """Rows of the `shots`-per-class subset of a labelled training ImageSet (seeded; all rows when shots is None)."""
+        """Rows of the `shots`-per-class subset of a labelled training ImageSet (seeded; all rows when shots is
+        None)."""
         return few_shot_indices(labels_of(images, self.name).numpy(), self.params["shots"], self.params["seed"])
 
     def training_features(self, images: ImageSet) -> tuple[ClipImageFeatures, torch.Tensor]:

@@ -92,7 +92,8 @@ def locoop_loss(global_logits: torch.Tensor, local_logits: torch.Tensor, labels:
     mask = locoop_ood_patches(local_logits, labels, top_k)
     probs = torch.softmax(local_logits[mask], dim=-1)
     ent = entropy(probs).mean() if mask.any() else global_logits.new_zeros(())
-    return ce - lam * ent, {"ce": float(ce.detach()), "entropy": float(ent.detach()), "ood_patches": float(mask.float().mean())}
+    return ce - lam * ent, {"ce": float(ce.detach()), "entropy": float(ent.detach()),
+                            "ood_patches": float(mask.float().mean())}
 
 
 def idlike_loss(id_logits: torch.Tensor, labels: torch.Tensor, ood_logits: torch.Tensor, ood_text: torch.Tensor,

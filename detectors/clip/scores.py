@@ -23,11 +23,13 @@ def mcm(global_: torch.Tensor, text: torch.Tensor, temperature: float = 1.0) -> 
 
 def local_mcm(local: torch.Tensor, text: torch.Tensor, temperature: float = 1.0, batch_size: int = 64) -> np.ndarray:
     """Max over patches of MCM on local features [N,L,P], batched over images."""
-    out = [max_softmax(cosine(local[s:s + batch_size], text) / temperature).amax(dim=-1) for s in range(0, len(local), batch_size)]
+    out = [max_softmax(cosine(local[s:s + batch_size], text) / temperature).amax(dim=-1)
+           for s in range(0, len(local), batch_size)]
     return torch.cat(out).numpy() if out else np.zeros(0)
 
 
-def glmcm(global_: torch.Tensor, local: torch.Tensor, text: torch.Tensor, temperature: float = 1.0, lam: float = 1.0) -> np.ndarray:
+def glmcm(global_: torch.Tensor, local: torch.Tensor, text: torch.Tensor, temperature: float = 1.0,
+          lam: float = 1.0) -> np.ndarray:
     """GL-MCM: MCM(global) + lambda * max over patches of MCM(local)."""
     return mcm(global_, text, temperature) + lam * local_mcm(local, text, temperature)
 
@@ -51,7 +53,8 @@ def neglabel(global_: torch.Tensor, pos_text: torch.Tensor, neg_text: torch.Tens
     return torch.cat(out).numpy() if out else np.zeros(0)
 
 
-def clipn_probabilities(global_: torch.Tensor, yes_text: torch.Tensor, no_text: torch.Tensor, scale: float = 100.0) -> tuple[torch.Tensor, torch.Tensor]:
+def clipn_probabilities(global_: torch.Tensor, yes_text: torch.Tensor, no_text: torch.Tensor,
+                        scale: float = 100.0) -> tuple[torch.Tensor, torch.Tensor]:
     """CLIPN: class probabilities p [N,C] = softmax(scale cos(x, t_yes)) and, per class, P(no) [N,C] from the
     two-way softmax over (scale cos(x, t_yes_i), scale cos(x, t_no_i))."""
     yes = scale * cosine(global_, yes_text).double()

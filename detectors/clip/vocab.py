@@ -21,12 +21,14 @@ def openai_bpe_path() -> Path:
         path = Path(folder) / BPE_FILE
         if path.is_file():
             return path
-    raise FileNotFoundError(f"{BPE_FILE} not found: pip install --no-deps open_clip_torch (it ships OpenAI's CLIP vocabulary)")
+    raise FileNotFoundError(f"{BPE_FILE} not found: pip install --no-deps open_clip_torch (it ships OpenAI's CLIP "
+                            "vocabulary)")
 
 
 def byte_symbols() -> list[str]:
     """The 256 printable stand-ins of the bytes 0..255 used by byte-level BPE (GPT-2 / CLIP), in CLIP's order."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
     codes = printable[:]
     extra = 0
     for b in range(256):
@@ -43,7 +45,8 @@ def openai_vocab() -> tuple[dict[str, int], tuple[tuple[str, str], ...]]:
     lines = gzip.open(openai_bpe_path(), "rt", encoding="utf-8").read().split("\n")[1:N_MERGES + 1]
     merges = tuple(tuple(line.split()) for line in lines)
     symbols = byte_symbols()
-    tokens = symbols + [s + "</w>" for s in symbols] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
+    tokens = symbols + [s + "</w>" for s in symbols] + ["".join(m) for m in merges] + ["<|startoftext|>",
+                                                                                       "<|endoftext|>"]
     return {t: i for i, t in enumerate(tokens)}, merges
 
 

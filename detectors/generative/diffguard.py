@@ -32,7 +32,8 @@ from detectors.generative.pixel_backend import ClassifierGuidance, PixelDiffusio
 from detectors.registry import register_detector
 from pipelines.hub_ids import SD15_ID
 from pipelines.progress import progress as progress_bar
-from pipelines.runtime import diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained, resolve_dtype
+from pipelines.runtime import (diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained,
+                               resolve_dtype)
 
 DEFAULT_SD_ID = SD15_ID
 Similarity = Literal["dists", "lpips", "logit_l1", "ssim", "psnr", "l2"]  # distances.SIMILARITIES
@@ -76,13 +77,16 @@ class DiffGuard(Detector):
     family = "generative"
     inputs = frozenset({"images"})
     keeps_batches = True  # a killed rerun resumes within a set (Detector.score)
-    paper = "Gao et al., DIFFGUARD: Semantic Mismatch-Guided Out-of-Distribution Detection using Pre-trained Diffusion Models, ICCV 2023"
+    paper = ("Gao et al., DIFFGUARD: Semantic Mismatch-Guided Out-of-Distribution Detection using Pre-trained "
+             "Diffusion Models, ICCV 2023")
 
     @dataclass(frozen=True)
     class Params(Params):
-        backend: Literal["pixel", "latent"] = param("pixel", "ADM pixel diffusion (the paper's) or Stable Diffusion latents")
+        backend: Literal["pixel", "latent"] = param("pixel",
+                                                    "ADM pixel diffusion (the paper's) or Stable Diffusion latents")
         distance: Similarity = param("dists", "image similarity scored between input and guided reconstruction")
-        reference: Literal["auto", "input", "unguided"] = param("auto", "what the guided reconstruction is compared with")
+        reference: Literal["auto", "input", "unguided"] = param("auto",
+                                                                "what the guided reconstruction is compared with")
         perceptual_weights: str | os.PathLike | Sequence[str | os.PathLike] | None = param(
             None, "DISTS / LPIPS weights: a file or folder, or the list of files")
         batch_size: int = param(8, "images per batch", runtime=True, ge=1)
@@ -98,7 +102,8 @@ class DiffGuard(Detector):
         beta_end: float = param(0.02, "linear beta schedule end", gt=0)
         steps: int = param(100, "DDIM steps", ge=1)
         max_inversion_steps: int = param(90, "most DDIM inversion steps", ge=1)
-        early_stop_psnr: float | None = param(6.39, "inversion stops when PSNR to the input falls below this (None: off)")
+        early_stop_psnr: float | None = param(6.39,
+                                              "inversion stops when PSNR to the input falls below this (None: off)")
         early_stop_similarity: Similarity | None = param("dists", "similarity of the early stop")
         early_stop_similarity_threshold: float | None = param(0.38, "threshold of the early-stop similarity")
         denoise_offset: int = param(1, "steps between inversion end and guided denoising start", ge=0)
@@ -180,7 +185,8 @@ class DiffGuard(Detector):
             if unet is None:
                 if self.unet_id is None:
                     raise ValueError("diffguard backend 'pixel' needs unet= (a UNet2DModel) or unet_id= (an OpenAI "
-                                     "guided-diffusion checkpoint file such as 256x256_diffusion_uncond.pt, a diffusers "
+                                     "guided-diffusion checkpoint file such as 256x256_diffusion_uncond.pt, a "
+                                     "diffusers "
                                      "folder or hub id)")
                 from detectors.generative.guided_diffusion import load_pixel_unet
 
@@ -189,8 +195,8 @@ class DiffGuard(Detector):
             if unet.dtype != self.dtype:
                 unet = unet.to(self.dtype)
             enable_attention(unet)
-            self._pixel = PixelDiffusion.build(unet, self.steps, self.num_train_timesteps, self.beta_start, self.beta_end,
-                                               self.clip_denoised, self.dtype)
+            self._pixel = PixelDiffusion.build(unet, self.steps, self.num_train_timesteps, self.beta_start,
+                                               self.beta_end, self.clip_denoised, self.dtype)
         return self._pixel
 
     def latent_model(self) -> LatentDiffusion:
@@ -200,8 +206,10 @@ class DiffGuard(Detector):
             if pipe is None:
                 from diffusers import StableDiffusionPipeline
 
-                pipe = load_pretrained(StableDiffusionPipeline.from_pretrained, self.sd_id, "DIFFGUARD Stable Diffusion",
-                                       **diffusers_dtype(self.dtype), safety_checker=None, requires_safety_checker=False)
+                pipe = load_pretrained(StableDiffusionPipeline.from_pretrained, self.sd_id,
+                                       "DIFFGUARD Stable Diffusion",
+                                       **diffusers_dtype(self.dtype), safety_checker=None,
+                                       requires_safety_checker=False)
             pipe = pipe.to(self.device)
             if pipe.unet.dtype != self.dtype:
                 pipe = pipe.to(dtype=self.dtype)
@@ -214,8 +222,8 @@ class DiffGuard(Detector):
     def similarity(self, name: str):
         """The (cached) similarity function `name`, higher = more similar, on images in [0,1]."""
         if name not in self._similarities:
-            self._similarities[name] = build_similarity(name, classifier=self.classifier, weights=self.perceptual_weights,
-                                                        device=self.device)
+            self._similarities[name] = build_similarity(name, classifier=self.classifier,
+                                                        weights=self.perceptual_weights, device=self.device)
         return self._similarities[name]
 
     def class_name(self, label: int) -> str:
@@ -336,7 +344,8 @@ class DiffGuard(Detector):
                                           unit="batch", leave=False):
             x = resize_center_crop(images, resize, crop).to(self.device)
             if self.backend == "pixel":
-                guided, reference = self.pixel_pair(x, self.predict(x), self.crop_seed_list(batch.keys[start:start + len(images)]))
+                guided, reference = self.pixel_pair(x, self.predict(x),
+                                                    self.crop_seed_list(batch.keys[start:start + len(images)]))
             else:
                 _, guided, plain = self.reconstruct_latent(x, unguided=self.reference_image == "unguided")
                 reference = plain if plain is not None else x

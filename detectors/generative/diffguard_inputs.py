@@ -23,14 +23,16 @@ def missing_unet(params: Mapping[str, Any]) -> str | None:
 
 def missing_perceptual(params: Mapping[str, Any]) -> str | None:
     """Why the DISTS / LPIPS similarities the parameters use cannot load, or None."""
-    uses = {params.get("distance")} | ({params.get("early_stop_similarity")} if params.get("backend") == "pixel" else set())
+    uses = {params.get("distance")} | ({params.get("early_stop_similarity")} if params.get("backend") == "pixel"
+                                       else set())
     uses &= set(PERCEPTUAL)
     if not uses:
         return None
     files = params.get("perceptual_weights")
     files = [files] if isinstance(files, str) else list(files or [])
     if not files:
-        return (f"perceptual_weights: none given; {'/'.join(sorted(uses)).upper()} needs torchvision's VGG16 state dict "
+        return (f"perceptual_weights: none given; {'/'.join(sorted(uses)).upper()} needs torchvision's VGG16 state "
+                "dict "
                 "(vgg16-397923af.pth) and the metric's own weights (DISTS_pytorch's weights.pt or lpips' vgg.pth)")
     absent = [str(f) for f in files if not Path(str(f)).is_file()]
     return f"perceptual_weights: {', '.join(absent)} do(es) not exist" if absent else None

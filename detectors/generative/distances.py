@@ -37,7 +37,8 @@ def _gaussian_window(sigma: float, truncate: float, dtype: torch.dtype, device: 
     return w / w.sum()
 
 
-def ssim(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0, sigma: float = 1.5, truncate: float = 3.5) -> torch.Tensor:
+def ssim(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0, sigma: float = 1.5,
+         truncate: float = 3.5) -> torch.Tensor:
     """Mean SSIM per image (float64) with a Gaussian window (sigma 1.5, 11x11), K1 0.01, K2 0.03, population statistics.
 
     Averaged over channels and the positions where the window fits inside the image (as scikit-image's
@@ -109,7 +110,8 @@ class L2Pool(nn.Module):
         return (F.conv2d(x * x, self.filter, stride=2, padding=1, groups=self.channels) + 1e-12).sqrt()
 
 
-def load_weight_files(paths: str | os.PathLike | Sequence[str | os.PathLike] | None, what: str) -> dict[str, torch.Tensor]:
+def load_weight_files(paths: str | os.PathLike | Sequence[str | os.PathLike] | None,
+                      what: str) -> dict[str, torch.Tensor]:
     """Merge local weight files (.safetensors, .pt/.pth state dicts) into one dict; a clear error when none is given."""
     if not paths:
         raise FileNotFoundError(
@@ -162,7 +164,8 @@ class DISTS(nn.Module):
         x = x.float()
         short = min(x.shape[-2:])
         if short > 256:
-            x = F.interpolate(x, scale_factor=256 / short, recompute_scale_factor=False, mode="bilinear", align_corners=False)
+            x = F.interpolate(x, scale_factor=256 / short, recompute_scale_factor=False, mode="bilinear",
+                              align_corners=False)
         out, h = [x], (x - self.mean) / self.std
         for stage in self.stages:
             h = stage(h)
@@ -251,10 +254,12 @@ class Perceptual:
 
 def perceptual(name: str, weights: Any, device: torch.device) -> Perceptual:
     """1 - DISTS or 1 - LPIPS from local weight files, evaluated without gradients."""
-    return Perceptual({"dists": DISTS, "lpips": LPIPS}[name](load_weight_files(weights, name.upper())).to(device).eval())
+    return Perceptual({"dists": DISTS, "lpips": LPIPS}[name](load_weight_files(weights, name.upper()))
+                      .to(device).eval())
 
 
-def against(similarity: Similarity, b: torch.Tensor, cache: bool = True) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def against(similarity: Similarity, b: torch.Tensor,
+            cache: bool = True) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """`sim(a, rows)` = similarity(a, b[rows]) for repeated comparisons with one reference batch `b` (e.g. every
     inversion step against the input): a perceptual similarity computes b's features once (`cache=False`: at
     every call, the plain computation)."""
@@ -263,7 +268,8 @@ def against(similarity: Similarity, b: torch.Tensor, cache: bool = True) -> Call
     return lambda a, rows: similarity(a, b[rows])
 
 
-def build_similarity(name: str, *, classifier: Any = None, weights: Any = None, device: torch.device | str = "cpu") -> Similarity:
+def build_similarity(name: str, *, classifier: Any = None, weights: Any = None,
+                     device: torch.device | str = "cpu") -> Similarity:
     """The similarity `name` (one of SIMILARITIES) as a function (a, b) -> float64 [B], higher = more similar."""
     if name in ("dists", "lpips"):
         return perceptual(name, weights, torch.device(device))

@@ -32,7 +32,8 @@ def last_spatial_block(model: nn.Module, run: Callable[[], object]) -> str:
         for h in hooks:
             h.remove()
     if not seen:
-        raise ValueError(f"{type(model).__name__} has no block with a 4-D spatial output: pass gradcam_layer= explicitly")
+        raise ValueError(f"{type(model).__name__} has no block with a 4-D spatial output: pass gradcam_layer= "
+                         "explicitly")
     return seen[-1]
 
 

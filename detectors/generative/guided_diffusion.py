@@ -104,7 +104,8 @@ def attention_levels(flags: Mapping[str, Any]) -> list[bool]:
 def _head_dim(flags: dict[str, Any], channels: list[int]) -> int:
     if int(flags["num_head_channels"]) != -1:
         return int(flags["num_head_channels"])
-    heads = {int(flags["num_heads"]), int(flags["num_heads_upsample"]) if flags["num_heads_upsample"] != -1 else int(flags["num_heads"])}
+    heads = {int(flags["num_heads"]),
+             int(flags["num_heads_upsample"]) if flags["num_heads_upsample"] != -1 else int(flags["num_heads"])}
     dims = {c // h for c in channels for h in heads}
     if len(dims) != 1:
         raise ValueError(f"num_heads={flags['num_heads']} gives attention head sizes {sorted(dims)}; UNet2DModel has "
@@ -116,7 +117,8 @@ def unet_config(flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The diffusers `UNet2DModel` config equivalent to guided-diffusion's `create_model(**flags)`."""
     flags = resolve_flags(flags)
     if flags["class_cond"]:
-        raise NotImplementedError("class-conditional ADM checkpoints are not supported (DIFFGUARD uses the unconditional one)")
+        raise NotImplementedError("class-conditional ADM checkpoints are not supported (DIFFGUARD uses the "
+                                  "unconditional one)")
     base = int(flags["num_channels"])
     mults = channel_mult(flags)
     widths = [int(m * base) for m in mults]
@@ -160,7 +162,8 @@ def _module_map(flags: dict[str, Any]) -> dict[str, tuple[str, str]]:
     levels, blocks, updown = len(mults), int(flags["num_res_blocks"]), bool(flags["resblock_updown"])
     out = {"time_embed.0": ("time_embedding.linear_1", "linear"), "time_embed.2": ("time_embedding.linear_2", "linear"),
            "input_blocks.0.0": ("conv_in", "conv"), "out.0": ("conv_norm_out", "norm"), "out.2": ("conv_out", "conv"),
-           "middle_block.0": ("mid_block.resnets.0", "resnet"), "middle_block.1": ("mid_block.attentions.0", "attention"),
+           "middle_block.0": ("mid_block.resnets.0", "resnet"),
+           "middle_block.1": ("mid_block.attentions.0", "attention"),
            "middle_block.2": ("mid_block.resnets.1", "resnet")}
     n = 0
     for level in range(levels):
@@ -192,7 +195,8 @@ def _module_map(flags: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _split_qkv(weight: torch.Tensor, bias: torch.Tensor, heads: int, legacy: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _split_qkv(weight: torch.Tensor, bias: torch.Tensor, heads: int,
+               legacy: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """ADM's fused qkv 1x1 conv [3C, C, 1] -> [(W_q, b_q), (W_k, b_k), (W_v, b_v)] of Linear [C, C]."""
     three_c, c = weight.shape[:2]
     w = weight.reshape(three_c, c)
@@ -203,7 +207,8 @@ def _split_qkv(weight: torch.Tensor, bias: torch.Tensor, heads: int, legacy: boo
     return [(w[i], b[i]) for i in range(3)]
 
 
-def convert_state_dict(state: Mapping[str, torch.Tensor], flags: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
+def convert_state_dict(state: Mapping[str, torch.Tensor],
+                       flags: Mapping[str, Any] | None = None) -> dict[str, torch.Tensor]:
     """An ADM checkpoint's state dict (guided_diffusion.unet.UNetModel) -> the `UNet2DModel` of `unet_config(flags)`.
 
     Every source tensor must be used: an unmapped key raises (with the flags that probably do not match)."""
@@ -240,7 +245,8 @@ def convert_state_dict(state: Mapping[str, torch.Tensor], flags: Mapping[str, An
                     out[f"{target}.group_norm.{name}"] = tensor
             elif sub == "qkv":
                 heads = params["weight"].shape[1] // head_dim
-                for part, (w, b) in zip(("to_q", "to_k", "to_v"), _split_qkv(params["weight"], params["bias"], heads, legacy)):
+                for part, (w, b) in zip(("to_q", "to_k", "to_v"),
+                                        _split_qkv(params["weight"], params["bias"], heads, legacy)):
                     out[f"{target}.{part}.weight"], out[f"{target}.{part}.bias"] = w.contiguous(), b.contiguous()
             elif sub == "proj_out":
                 out[f"{target}.to_out.0.weight"] = params["weight"].reshape(params["weight"].shape[:2]).contiguous()
@@ -274,7 +280,8 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 def load_adm_checkpoint(path: str | os.PathLike, flags: Mapping[str, Any] | None = None,
                         dtype: torch.dtype | None = None):
     """A `UNet2DModel` holding the weights of an ADM checkpoint (e.g. `256x256_diffusion_uncond.pt`; `flags` = its
-    MODEL_FLAGS, default `ADM_256_UNCOND`). Loaded without a random initialisation; missing or unexpected tensors raise."""
+    MODEL_FLAGS, default `ADM_256_UNCOND`). Loaded without a random initialisation; missing or unexpected tensors
+    raise."""
     converted = convert_state_dict(read_checkpoint(path), flags)
     unet = build_unet(flags, empty=True)
     expected = {k: tuple(v.shape) for k, v in unet.state_dict().items()}

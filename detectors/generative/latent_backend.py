@@ -78,7 +78,8 @@ class LatentDiffusion:
         inside = F.interpolate(mask.float().to(self.device), size=zT.shape[-2:], mode="nearest") > 0.5
         z = zT.float()
         text = torch.cat([null.expand(len(z), -1, -1), cond])
-        for t in progress_bar(scheduler.timesteps, desc="diffguard latent denoising", leave=False, disable=not progress):
+        for t in progress_bar(scheduler.timesteps, desc="diffguard latent denoising", leave=False,
+                              disable=not progress):
             eps_null, eps_cond = self._unet(torch.cat([z, z]), t, text).chunk(2)
             eps = torch.where(inside, eps_null + scale * (eps_cond - eps_null), eps_null)
             z = scheduler.step(eps, t, z, eta=0.0).prev_sample

@@ -14,9 +14,9 @@ Score = D's logit (monotone in D(x) = P(closed-set)), higher = ID.
   to the later epoch, as OpenOOD's recorder); without both (e.g. only id_val) the last epoch is kept.
 - Options: `joint_batches=True` passes the real batch and the fakes (and outliers) through D together in both updates,
   so BN sees the mixture as eval-mode scoring later does (on blobs that differ only by a mean shift, trained with
-  outliers, separate passes give an eval-mode AUROC anywhere in 0.08-0.97 depending on the seed; joint passes 1.0); `bn_train="train"` keeps
-  batch statistics in every epoch. Scoring: `bn_mode="eval"` (default) uses the running statistics; `"batch"` the
-  statistics of the scored set itself, so scores depend on what is scored together.
+  outliers, separate passes give an eval-mode AUROC anywhere in 0.08-0.97 depending on the seed; joint passes 1.0);
+  `bn_train="train"` keeps batch statistics in every epoch. Scoring: `bn_mode="eval"` (default) uses the running
+  statistics; `"batch"` the statistics of the scored set itself, so scores depend on what is scored together.
 """
 from __future__ import annotations
 
@@ -111,7 +111,8 @@ class OpenGAN(Detector):
         self.best_epoch: int | None = None
 
     def fit(self, id_train: FeatureSet, *, head: Any = None, id_val: FeatureSet | None = None,
-            ood_val: FeatureSet | None = None, outliers: FeatureSet | None = None, aux: FeatureSet | None = None) -> "OpenGAN":
+            ood_val: FeatureSet | None = None, outliers: FeatureSet | None = None,
+            aux: FeatureSet | None = None) -> "OpenGAN":
         """Train G and D on ID features (plus real `outliers` for the full OpenGAN); select the epoch by val AUROC.
 
         `aux` is the evaluation runner's name for the auxiliary outlier features; it is used when `outliers` is None.
@@ -206,7 +207,8 @@ class OpenGAN(Detector):
             "joint_d": joint if joint is not None else with_outliers,
             "joint_g": joint is True,
             "bn_train": self.bn_train or ("train" if with_outliers else "openood"),
-            "fake_fraction": float(self.fake_fraction) if self.fake_fraction is not None else (0.5 if with_outliers else 1.0),
+            "fake_fraction": (float(self.fake_fraction) if self.fake_fraction is not None
+                              else (0.5 if with_outliers else 1.0)),
         }
 
     @staticmethod

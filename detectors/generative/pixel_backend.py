@@ -21,7 +21,8 @@ from torch import nn
 from pipelines.progress import progress as progress_bar
 
 
-def linear_alphas_cumprod(num_train_timesteps: int = 1000, beta_start: float = 1e-4, beta_end: float = 0.02) -> np.ndarray:
+def linear_alphas_cumprod(num_train_timesteps: int = 1000, beta_start: float = 1e-4,
+                          beta_end: float = 0.02) -> np.ndarray:
     """Cumulative products of (1 - beta) for the linear beta schedule (float64), ADM / DDPM defaults."""
     betas = np.linspace(beta_start, beta_end, num_train_timesteps, dtype=np.float64)
     return np.cumprod(1.0 - betas)
@@ -48,7 +49,8 @@ class PixelDiffusion:
 
     @classmethod
     def build(cls, unet: nn.Module, steps: int = 100, num_train_timesteps: int = 1000, beta_start: float = 1e-4,
-              beta_end: float = 0.02, clip_denoised: bool = True, dtype: torch.dtype = torch.float32) -> "PixelDiffusion":
+              beta_end: float = 0.02, clip_denoised: bool = True,
+              dtype: torch.dtype = torch.float32) -> "PixelDiffusion":
         abar = linear_alphas_cumprod(num_train_timesteps, beta_start, beta_end)
         ts = ddim_respacing(num_train_timesteps, steps)
         return cls(unet, torch.from_numpy(ts).long(), torch.from_numpy(abar[ts]), clip_denoised, dtype)
@@ -144,7 +146,8 @@ def denoise_from(model: PixelDiffusion, x_start: torch.Tensor, start: torch.Tens
     for k in progress_bar(range(top, -1, -1), desc="diffguard denoising", leave=False, disable=not progress):
         active = (start >= k).nonzero().view(-1)
         sub_guided = guided[active] if guided is not None else None
-        sub_guidance = None if guidance is None else (lambda xt, x0h, kk, rows, a=active: guidance(xt, x0h, kk, a[rows]))
+        sub_guidance = (None if guidance is None
+                        else (lambda xt, x0h, kk, rows, a=active: guidance(xt, x0h, kk, a[rows])))
         x[active] = model.denoise_step(x[active], k, sub_guidance, sub_guided)
     return x
 

@@ -11,7 +11,8 @@ from detectors.metrics import METRICS as DEMO_METRICS
 
 
 def clip_demo(out_dir: str, id_images: Sequence[Any], id_labels: Sequence[int], class_names: Sequence[str],
-              ood_sets: dict[str, list[Any]], model: str | None = None, locoop_epochs: int = 10) -> list[dict[str, Any]]:
+              ood_sets: dict[str, list[Any]], model: str | None = None,
+              locoop_epochs: int = 10) -> list[dict[str, Any]]:
     """Rows (method, family, ood_set, group, metrics in percent, n_id, n_ood, seconds) of MCM and LoCoOp.
 
     `model` defaults to a tiny CLIP written to `out_dir/tiny_clip`. LoCoOp trains `locoop_epochs` epochs on every

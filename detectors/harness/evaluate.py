@@ -15,6 +15,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from pipelines.fingerprint import (combine, image_identity, images_fingerprint, 
 from pipelines.io import atomic_path, atomic_write_json, remove_orphan_temps
 from pipelines.locks import output_lock
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
+
+log = logging.getLogger(__name__)
 
 __all__ = ["EvalConfig", "Source", "DetectorSpec", "ConfigError", "Plan", "make_plan", "Runner", "run_config",
            "dump_config", "reads_features", "RESULT_COLUMNS", "SCORE_COLUMNS"]
@@ -100,7 +103,8 @@ class Runner:
             self.pixels = run_pixels(clf, self.plan.protocol, self.plan.runtime.pixels, clf.record)
             clf.pixels = self.pixels.eval  # every evaluation pixel path makes them (pipelines.pixels)
             dtype = resolve_dtype(self.plan.runtime.precision, self._device())
-            self._model_key = combine(FEATURES_VERSION, weights_fingerprint(clf), preprocessing_fingerprint(clf), str(dtype))
+            self._model_key = combine(FEATURES_VERSION, weights_fingerprint(clf), preprocessing_fingerprint(clf),
+                                      str(dtype))
             self.classifier = clf
         return self.classifier
 
@@ -123,8 +127,8 @@ class Runner:
                       *([self.pixels.fit_identity()] if fit is not None else []))
         path = cache_path(self.plan.cache_dir, split.id, key)
         cache = extract_features(clf, split.manifest, batch_size=rt.batch_size, device=str(self._device()),
-                                 precision=rt.precision, num_workers=rt.num_workers, key=key, cache=path, desc=split.name,
-                                 pixels=fit, seed=self.pixels.seed)
+                                 precision=rt.precision, num_workers=rt.num_workers, key=key, cache=path,
+                                 desc=split.name, pixels=fit, seed=self.pixels.seed)
         state = partial_state()
         if state.num_processes > 1:
             state.wait_for_everyone()  # the main process has written the file
@@ -139,7 +143,8 @@ class Runner:
         return Prepared(features, np.asarray(cache.index, dtype=np.int64), key)
 
     def _probe(self, split: Split) -> Prepared:
-        """Pixel-only runs: find the rows whose image loads (cached per image-set key), so failures are excluded alike."""
+        """Pixel-only runs: find the rows whose image loads (cached per image-set key), so failures are excluded
+        alike."""
         key = combine("probe-v1", split.data_key or images_fingerprint(split.manifest, self.plan.runtime.cache_hash))
         path = self.plan.cache_dir / "probe" / f"{split.id}-{key}.json"
         if path.is_file():
@@ -150,7 +155,8 @@ class Runner:
             rows = split.manifest.rows
             dataset = ManifestPixels(split.manifest, list(range(len(rows))), _Probe())
             failures = [{"index": pos, "file": rows[pos]["file_name"], "reason": reason}
-                        for _, _, failed in pixel_loader(dataset, self.plan.runtime.batch_size, self.plan.runtime.num_workers)
+                        for _, _, failed in pixel_loader(dataset, self.plan.runtime.batch_size,
+                                                         self.plan.runtime.num_workers)
                         for pos, reason in failed]
             if partial_state().is_main_process:
                 atomic_write_json(path, failures)
@@ -190,7 +196,8 @@ class Runner:
             if split.role == "aux":
                 labels = prepared.features.labels
             else:
-                labels = np.array([vocab.get(r.get(field_name), -1) if r["role"] == "id" else -1 for r in rows], dtype=np.int64)
+                labels = np.array([vocab.get(r.get(field_name), -1) if r["role"] == "id" else -1 for r in rows],
+                                  dtype=np.int64)
             features = prepared.features.features
             logits = self.head(features.astype(np.float64)).astype(np.float32)
             out[split.id] = Prepared(FeatureSet(features, logits, labels), prepared.index,
@@ -221,7 +228,8 @@ class Runner:
             split = self.plan.split(split_id)
             rows = [split.manifest.rows[i] for i in prepared.index]
             fit = self._fit_pixels(split_id)
-            self._images[split_id] = ImageSet(manifest=Manifest(split.manifest.root, rows), labels=self._labels(split_id),
+            self._images[split_id] = ImageSet(manifest=Manifest(split.manifest.root, rows),
+                                              labels=self._labels(split_id),
                                               pixels=fit, seed=self.pixels.seed if fit is not None else 0,
                                               num_workers=self.plan.runtime.num_workers)
         return self._images[split_id]
@@ -304,7 +312,8 @@ class Runner:
         """A post-hoc rule fitted and scored on the trained model's outputs (`transform`, `trained_head`)."""
         trained = self._parent(unit)
         if not hasattr(trained, "transform"):
-            raise TypeError(f"{unit.parent.method}: rules need a training-time detector with transform() and trained_head")
+            raise TypeError(f"{unit.parent.method}: rules need a training-time detector with transform() and "
+                            "trained_head")
         start = time.perf_counter()
         scorer = unit.detector(**unit.params)  # the rule's resolved parameters (protocol merged)
         view = lambda split_id: _transformed(trained, self._split_data(trained, split_id))  # noqa: E731
@@ -404,7 +413,8 @@ class Runner:
             ood_scores = det.score(get(split.id))
             rows.append({"method": method, "family": family, "mode": mode, "protocol": self.plan.protocol,
                          "checkpoint": self.plan.checkpoint, "base": base,
-                         "rule": rule, "ood_set": split.name, "group": split.group, **compute_metrics(id_scores, ood_scores),
+                         "rule": rule, "ood_set": split.name, "group": split.group,
+                         **compute_metrics(id_scores, ood_scores),
                          "id_acc": acc, "n_id": len(id_scores), "n_ood": len(ood_scores),
                          "seconds": fit_seconds + time.perf_counter() - t0, "params": params,
                          "selected_on": self._selected_on.get(method, "")})
@@ -414,12 +424,14 @@ class Runner:
                 frames.append(frame(split, split.role, "field", det.score(get(split.id))))
         return Scored(rows, frames)
 
-    def _score_frame(self, method: str, family: str, role: str, split: Split, group: str, scores: np.ndarray) -> pd.DataFrame:
+    def _score_frame(self, method: str, family: str, role: str, split: Split, group: str,
+                     scores: np.ndarray) -> pd.DataFrame:
         index = self.data[split.id].index
         name = "id" if role == "id" else split.name
         return pd.DataFrame({"method": method, "family": family, "role": role, "ood_set": name, "group": group,
                              "index": np.asarray(index, dtype=np.int64), "score": scores,
-                             "file_name": [split.manifest.rows[i]["file_name"] for i in index], "manifest": split.source})
+                             "file_name": [split.manifest.rows[i]["file_name"] for i in index],
+                             "manifest": split.source})
 
     # -- run ---------------------------------------------------------------------------------------------------
     def run(self) -> pd.DataFrame:
@@ -439,7 +451,7 @@ class Runner:
                 reason = f"none of its {len(split.manifest)} image(s) could be loaded (see `images`)"
                 self.set_failures.append({"split": split.name, "role": split.role, "config": split.where,
                                           "reason": reason})
-                print(f"[oodforge] warning: {split.where} set {split.name!r}: {reason}; left out")
+                log.warning("[oodforge] warning: %s set %r: %s; left out", split.where, split.name, reason)
 
     def _run(self) -> pd.DataFrame:
         main = partial_state().is_main_process
@@ -453,7 +465,7 @@ class Runner:
         self._check_dims()
         note = defaults_note(self.plan)
         if note and main:
-            print(note)
+            log.info(note)
         done: list[UnitResult] = []
         rows = self.plan.runtime.chunk_rows
         with chunk_rows(rows) if rows else contextlib.nullcontext():
@@ -481,8 +493,8 @@ class Runner:
         except Exception as err:  # noqa: BLE001 - one failing unit is recorded, the others go on
             if main:
                 self.detector_failures.append(self.store.fail(unit.method, unit.key, err))
-            print(f"[oodforge] detector {unit.method} failed: {type(err).__name__}: {err} "
-                  f"(see {self.store.folder(unit.method) / 'traceback.txt'})")
+            log.warning("[oodforge] detector %s failed: %s: %s (see %s)", unit.method, type(err).__name__, err,
+                        self.store.folder(unit.method) / "traceback.txt")
             return None
         if main:
             self.store.write(unit.method, unit.key, found, {"method": unit.method, "kind": unit.kind,
@@ -492,14 +504,15 @@ class Runner:
 
     def _console_summary(self) -> None:
         if self.reused:
-            print(f"resumed: {self.reused} of {len(self.plan.units)} units up to date")
+            log.info("resumed: %d of %d units up to date", self.reused, len(self.plan.units))
         n_images, n_units, n_sets = len(self.image_failures), len(self.detector_failures), len(self.set_failures)
+        failures = self.plan.out / "failures.json"
         if n_sets:
-            print(f"{n_sets} set{'s' if n_sets > 1 else ''} left out (no loadable image) -> {self.plan.out / 'failures.json'}")
+            log.info("%d set%s left out (no loadable image) -> %s", n_sets, "s" if n_sets > 1 else "", failures)
         if n_images:
-            print(f"{n_images} image{'s' if n_images > 1 else ''} unreadable -> {self.plan.out / 'failures.json'}")
+            log.info("%d image%s unreadable -> %s", n_images, "s" if n_images > 1 else "", failures)
         if n_units:
-            print(f"{n_units} detector{'s' if n_units > 1 else ''} failed -> {self.plan.out / 'failures.json'}")
+            log.info("%d detector%s failed -> %s", n_units, "s" if n_units > 1 else "", failures)
 
     def _write_outputs(self, done: list[UnitResult], final: bool) -> None:
         out = self.plan.out
@@ -529,13 +542,15 @@ class Runner:
         given_keys = {k: v for k, v in self.plan.fewshot.to_dict().items() if v is not None}
         sweep_config = {"out_dir": str(out / "fewshot"), "cache_dir": str(self.plan.cache_dir / "clip"), **given_keys}
         given = sweep_config.get("class_names") or sweep_config.get("class_names_file")
-        names = class_names_from(sweep_config) if given else (list(self.plan.class_names) if self.plan.class_names else None)
+        names = (class_names_from(sweep_config) if given
+                 else (list(self.plan.class_names) if self.plan.class_names else None))
         if not names:
-            raise ConfigError("fewshot: class names are needed (config `class_names`, or `class_name` fields in the ID manifest)")
+            raise ConfigError("fewshot: class names are needed (config `class_names`, or `class_name` fields in the ID "
+                              "manifest)")
         images = lambda split: self._split_data_images(split)  # noqa: E731
         ood = self.plan.of_role("ood")
-        rows = sweep_sets(sweep_config, images("id-id_train"), images("id-id_test"), {s.name: images(s.id) for s in ood},
-                          {s.name: s.group for s in ood}, names)
+        rows = sweep_sets(sweep_config, images("id-id_train"), images("id-id_test"),
+                          {s.name: images(s.id) for s in ood}, {s.name: s.group for s in ood}, names)
         _write_csv(pd.DataFrame(rows), out / "fewshot.csv")
         plot_fewshot(rows, str(sweep_config.get("plot", out / "fewshot.png")))
 

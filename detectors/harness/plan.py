@@ -199,7 +199,8 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
                   "head": None if config.head is None else {**config.head.to_dict(),
                                                             "files": source_fingerprint(config.head.levels)},
                   **({"checkpoint": checkpoint} if checkpoint else {})}
-    run_parts = {"version": PLAN_VERSION, "features": FEATURES_VERSION, "precision": config.precision, "device": config.device, "batch_size": config.batch_size,
+    run_parts = {"version": PLAN_VERSION, "features": FEATURES_VERSION, "precision": config.precision,
+                 "device": config.device, "batch_size": config.batch_size,
                  "chunk_rows": config.chunk_rows, "protocol": config.protocol, "pixels": config.pixels.to_dict()}
     out = Path(config.out)
     cache_dir = Path(config.cache_dir) if config.cache_dir else out / "cache"
@@ -210,8 +211,8 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
                           "features or logits)", doc=config.doc_ref())
     units = plan_units(specs, classes, merged, built, splits, run_parts, classifier, class_names, config, select)
     return Plan(out, cache_dir, runtime, tuple(splits), tuple(units), tuple(config.threshold_transfer), config.head,
-                select, class_names, config.fewshot, needs, {**run_parts, "classifier": classifier}, config.protocol, tuple(empty_set_warnings(splits)),
-                checkpoint)
+                select, class_names, config.fewshot, needs, {**run_parts, "classifier": classifier}, config.protocol,
+                tuple(empty_set_warnings(splits)), checkpoint)
 
 
 def classifier_checkpoint(model: str | None, given: str | None, protocol: str) -> tuple[str | None, str]:
@@ -305,7 +306,8 @@ def empty_set_warnings(splits: list[Split]) -> list[str]:
     """A line per test OOD or field set none of whose image files exists: the run records it and scores the rest."""
     found = []
     for split in splits:
-        if split.role in ("ood", "field_ood") and not any(split.manifest.path(r).is_file() for r in split.manifest.rows):
+        if split.role in ("ood", "field_ood") and not any(split.manifest.path(r).is_file()
+                                                          for r in split.manifest.rows):
             found.append(f"{split.where}: none of the {len(split.manifest)} image file(s) of set {split.name!r} exists "
                          f"({split.source}); it will be recorded in failures.json and left out")
     return found
@@ -317,7 +319,8 @@ SPLIT_DEFAULTS = {"ood": "test", "field": "test", "select.ood_val": "val", "ood_
 
 
 def resolve_splits(config: EvalConfig) -> list[Split]:
-    """ID train/val/test, the test OOD sets, field sets, then OOD-validation and auxiliary rows, each with its data key."""
+    """ID train/val/test, the test OOD sets, field sets, then OOD-validation and auxiliary rows, each with its data
+    key."""
     splits = id_splits(config.id) + ood_splits(config.ood)
     splits += field_splits(config.field, {s.name for s in splits if s.role == "ood"})
     for key, src in config.sources().items():
@@ -350,7 +353,8 @@ def ood_splits(sources: list[Source]) -> list[Split]:
                 raise ConfigError(f"ood[{i}]: OOD set {name!r} is also given by {seen[name]}; set names must be unique "
                                   "(use `sets:` to pick)")
             seen[name] = f"ood[{i}] ({src.manifest})"
-            out.append(Split(name, "ood", part, src.group or part.rows[0].get("group"), str(src.manifest), where=f"ood[{i}]"))
+            out.append(Split(name, "ood", part, src.group or part.rows[0].get("group"), str(src.manifest),
+                             where=f"ood[{i}]"))
     return out
 
 
@@ -420,7 +424,8 @@ def aux_rows(src: Source) -> Manifest:
     return manifest
 
 
-# -- checks -------------------------------------------------------------------------------------------------------------
+# -- checks
+# -------------------------------------------------------------------------------------------------------------
 def check_leaks(splits: list[Split]) -> None:
     """`aux` / `ood_val` rows may not be test OOD rows, field-set rows, or byte copies of any test image (ID test, OOD,
     field): compared by resolved path (a shard row's: its shard's and member's), then by content (sha256, only for
@@ -490,10 +495,12 @@ def check_transfer(rules: list[Transfer], splits: list[Split]) -> None:
     names = {s.name for s in splits if s.role in TEST_ROLES}
     for i, rule in enumerate(rules):
         if rule.positive == "ood" and rule.source not in names:
-            raise ConfigError(f"threshold_transfer[{i}].source: {rule.source!r} is not an evaluated OOD set {sorted(names)}")
+            raise ConfigError(f"threshold_transfer[{i}].source: {rule.source!r} is not an evaluated OOD set "
+                              f"{sorted(names)}")
         for target in rule.targets:
             if target not in names:
-                raise ConfigError(f"threshold_transfer[{i}].targets: {target!r} is not an evaluated OOD or field set {sorted(names)}")
+                raise ConfigError(f"threshold_transfer[{i}].targets: {target!r} is not an evaluated OOD or field set "
+                                  f"{sorted(names)}")
 
 
 # -- units and their keys -------------------------------------------------------------------------------------------
@@ -597,7 +604,8 @@ SPLIT_READS = {"id": lambda s: s.name, "ood": lambda s: "ood", "field_id": lambd
 """Which `unit_reads` name covers each split (ID splits by their own name: id_train, id_val, id_test)."""
 
 
-def unit_key(base: str, parts: dict[str, Any], splits: list[Split], reads: frozenset[str]) -> tuple[str, dict[str, Any]]:
+def unit_key(base: str, parts: dict[str, Any], splits: list[Split],
+             reads: frozenset[str]) -> tuple[str, dict[str, Any]]:
     """The one cache-key recipe of a unit: `base` (the run's key, or a rule's parent key), the unit's own parts and
     the data keys of only the splits it reads. Returns (key, parts recorded in unit.json)."""
     data = [[s.role, s.name, s.group, s.data_key] for s in splits if SPLIT_READS[s.role](s) in reads]

@@ -14,7 +14,8 @@ PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
     "openood_v1.5": {"vim": {"default_dim": 256}},  # configs/postprocessors/vim.yml: dim 256
     # Open-Insect (RolnickLab/Open-Insect, an OpenOOD v1.5 fork): its own configs/postprocessors where they differ
     "open-insects": {"vim": {"default_dim": 256}, "neco": {"default_dim": 100},  # vim.yml; neco.yml: dim 100
-                     # eval.sh:67 names the region, missing from transform.py:3-12: odin_postprocessor.py:18-21 takes 0.5
+                     # eval.sh:67 names the region, missing from transform.py:3-12: odin_postprocessor.py:18-21 takes
+                     # 0.5
                      "odin": {"grad_std": REFERENCE_GRAD_STD}, "rp_odin": {"grad_std": REFERENCE_GRAD_STD}},
     # OpenOOD v1.5 with the documented corrections: TempScale's exact NLL optimum instead of the under-converged LBFGS
     "exact": {"vim": {"default_dim": 256}, "tempscale": {"fit": "exact"}},
@@ -34,7 +35,8 @@ PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
 _OPENOOD = {
     "ash": {"percentile": [65, 70, 75, 80, 85, 90, 95]},                         # ash.yml
     "dice": {},                                                                   # dice.yml: APS off, p 90
-    "ebo": {"temperature": [1]},                                                  # ebo.yml (v1.5 tag: [1, 10, 100, 1000])
+    "ebo": {"temperature": [1]},                                                  # ebo.yml (v1.5 tag: [1, 10, 100,
+                                                                                  # 1000])
     "fdbd": {"distance_as_normalizer": [True, False]},                           # fdbd.yml
     "gen": {"gamma": [0.01, 0.1, 0.5, 1, 2, 5, 10], "M": [10, 50, 100, 200, 500, 1000]},  # gen.yml
     "knn": {"k": [50, 100, 200, 500, 1000]},                                      # knn.yml: K_list
@@ -85,7 +87,8 @@ TIES: dict[str, str] = {
 }
 """`protocol:` -> which of several grid points tied at the best validation metric the sweep keeps
 (`TIE_RULES`; `select.ties` in a config overrides it)."""
-# -- end of sweep grids -------------------------------------------------------------------------------------------------
+# -- end of sweep grids
+# -------------------------------------------------------------------------------------------------
 
 
 # -- which checkpoint of a trained classifier the protocol evaluates -------------------------------------------------
@@ -96,7 +99,8 @@ CHECKPOINTS: dict[str, str] = {
     # Open-Insect's eval.sh:71 loads `$WEIGHT_DIR/${METHOD}_${REGION}.pth`, the released weights
     # (download_pretrained_weights.py:15-33 copies them under their own names), so its code does not say which epoch
     # they are; its recorder keeps best.ckpt and last_epoch<N>_acc<a>.ckpt (src/openood/recorders/base_recorder.py:
-    # 40-62) and the configs it inherits point `network.checkpoint` at best.ckpt (configs/networks/resnet18_32x32.yml:5):
+    # 40-62) and the configs it inherits point `network.checkpoint` at best.ckpt
+    # (configs/networks/resnet18_32x32.yml:5):
     # the best, as OpenOOD's own evaluation
     "open-insects": "best",
     "exact": "last",  # no epoch chosen on ID val: the weights training ends with

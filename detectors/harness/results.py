@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from detectors.metrics import METRICS
 
-LOWER_IS_BETTER: dict[str, bool] = {"auroc": False, "fpr95": True, "fpr95_id": True, "aupr_in": False, "aupr_out": False,
-                                    "id_acc": False}
+LOWER_IS_BETTER: dict[str, bool] = {"auroc": False, "fpr95": True, "fpr95_id": True, "aupr_in": False,
+                                    "aupr_out": False, "id_acc": False}
 """Direction of each metric: selection maximises the others and minimises these."""
 
-RESULT_COLUMNS: tuple[str, ...] = ("method", "family", "mode", "protocol", "checkpoint", "base", "rule", "ood_set", "group",
-                                   *METRICS, "id_acc", "n_id", "n_ood", "seconds", "params", "selected_on")
+RESULT_COLUMNS: tuple[str, ...] = ("method", "family", "mode", "protocol", "checkpoint", "base", "rule", "ood_set",
+                                   "group", *METRICS, "id_acc", "n_id", "n_ood", "seconds", "params", "selected_on")
 """A row per (method, OOD set). `family` is the row's own family (a rule re-scoring a training method is `training`);
 `mode` says how a training method trained (`full` or `heads`; empty elsewhere); `protocol` the config's `protocol:`
 (`detectors.harness.protocols.PROTOCOLS`); `checkpoint` which checkpoint of a trained classifier folder the run's classifier is

@@ -107,7 +107,9 @@ class DetectorSpec(Config):
     SHORTHAND = "name"
 
     name: str = param(REQUIRED, "the registered detector name (detectors.available())")
-    params: dict[str, Any] = param({}, "parameters over the detector's defaults (and the protocol's); checked by its Params")
+    params: dict[str, Any] = param({},
+                                   "parameters over the detector's defaults (and the protocol's); checked by its "
+                                   "Params")
     load: str | None = param(None, "a folder written by save_pretrained: its saved state is loaded instead of fitting")
     label: str | None = param(None, "the method name of its result rows (default: name)")
     rules: list[RuleSpec] = param([], "post-hoc rules re-scoring a training-time method's trained model")
@@ -137,7 +139,8 @@ class Select(Config):
 
     DOC = DOC
 
-    ood_val: Source | None = param(None, "the OOD-validation rows of the sweeps (split default val); null: top-level ood_val")
+    ood_val: Source | None = param(None,
+                                   "the OOD-validation rows of the sweeps (split default val); null: top-level ood_val")
     metric: Metric = param("auroc", "the validation metric the sweep maximises (fpr95: minimises)")
     ties: TieRule | None = param(None, "which of several points tied at the best metric is kept: last (the reference's "
                                        "ood_evaluator.py) or first; null: the protocol's (detectors.harness.protocols.TIES)")
@@ -229,7 +232,8 @@ class EvalConfig(Config):
     plugins: list[str] = param([], "modules imported first (your own @register_detector classes)")
     protocol: Protocol = param("openood_v1.5", "the reference protocol merged into every unit (detectors.harness.protocols)")
     pixels: PixelSettings = param(PixelSettings(), "how images become pixels: evaluation transform, fit pixels, EXIF "
-                                                   "orientation, JPEG draft (pipelines.pixels; null keys: the protocol's)")
+                                                   "orientation, JPEG draft (pipelines.pixels; null keys: the "
+                                                   "protocol's)")
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "") -> "EvalConfig":
@@ -282,7 +286,8 @@ class EvalConfig(Config):
 
     def sources(self) -> dict[str, Source]:
         """The validation and auxiliary selections by key (select.ood_val, ood_val, aux)."""
-        found = {"select.ood_val": self.select.ood_val if self.select else None, "ood_val": self.ood_val, "aux": self.aux}
+        found = {"select.ood_val": self.select.ood_val if self.select else None, "ood_val": self.ood_val,
+                 "aux": self.aux}
         return {k: v for k, v in found.items() if v is not None}
 
     def dump(self) -> dict[str, Any]:

@@ -32,10 +32,12 @@ def species_detected(scores: np.ndarray, species: list[Any], threshold: float) -
     if all(s is None or s != s for s in species):
         return {}
     share = species_detection_share(scores, species, threshold)
-    return {"species_detected": share["image_share"], "species_any": share["any"], "n_novel_species": share["n_species"]}
+    return {"species_detected": share["image_share"], "species_any": share["any"],
+            "n_novel_species": share["n_species"]}
 
 
-def transfer_table(rules: list[dict[str, Any]], scores: pd.DataFrame, species: dict[str, dict[int, Any]]) -> pd.DataFrame:
+def transfer_table(rules: list[dict[str, Any]], scores: pd.DataFrame,
+                   species: dict[str, dict[int, Any]]) -> pd.DataFrame:
     """One row per (rule, method, target). `scores` is the runner's scores frame; `species[field_set][index]` gives
     the species of a field set's row (by its position in the field manifest selection)."""
     rows = []
@@ -52,10 +54,11 @@ def transfer_table(rules: list[dict[str, Any]], scores: pd.DataFrame, species: d
                 novel = _of(frame, "field_ood", target)
                 if len(novel) or len(_of(frame, "field_id", target)):
                     negatives = _of(frame, "field_id", target)["score"].to_numpy()
-                    row.update(precision_recall_at(threshold, negatives, novel["score"].to_numpy()) if len(negatives) else
-                               _recall_only(threshold, novel["score"].to_numpy()))
+                    row.update(precision_recall_at(threshold, negatives, novel["score"].to_numpy())
+                               if len(negatives) else _recall_only(threshold, novel["score"].to_numpy()))
                     names = species.get(target, {})
-                    row.update(species_detected(novel["score"].to_numpy(), [names.get(int(i)) for i in novel["index"]], threshold))
+                    row.update(species_detected(novel["score"].to_numpy(), [names.get(int(i)) for i in novel["index"]],
+                                                threshold))
                 else:
                     row.update(precision_recall_at(threshold, id_scores, _of(frame, "ood", target)["score"].to_numpy()))
                 rows.append(row)
@@ -65,5 +68,5 @@ def transfer_table(rules: list[dict[str, Any]], scores: pd.DataFrame, species: d
 
 def _recall_only(threshold: float, novel: np.ndarray) -> dict[str, float]:
     tp = int((novel < threshold).sum())
-    return {"threshold": float(threshold), "precision": float("nan"), "recall": tp / len(novel), "id_kept": float("nan"),
-            "tp": tp, "fp": 0, "n_id": 0, "n_ood": len(novel)}
+    return {"threshold": float(threshold), "precision": float("nan"), "recall": tp / len(novel),
+            "id_kept": float("nan"), "tp": tp, "fp": 0, "n_id": 0, "n_ood": len(novel)}

@@ -2,8 +2,8 @@
 
 `out/units/<method>/` holds `rows.csv` (its results-table rows), `scores.parquet` (its per-sample scores),
 `validation.json` (its value on ID val against OOD val, for rule selection) and, written last, `unit.json` (the unit's
-key, the parts the key was computed from, and its status). A rerun of the same config finds `unit.json` with the same key and skips
-the unit; a changed key (other parameters, features or data) redoes it. A unit that raised is recorded in
+key, the parts the key was computed from, and its status). A rerun of the same config finds `unit.json` with the same
+key and skips the unit; a changed key (other parameters, features or data) redoes it. A unit that raised is recorded in
 `out/units/<method>/failure.json` with its traceback in `traceback.txt`, and the runner goes on.
 """
 from __future__ import annotations
@@ -50,7 +50,8 @@ class UnitStore:
         if meta.get("key") != key or meta.get("version") != UNIT_VERSION or meta.get("status") != "done":
             return None
         try:
-            validation = json.loads((folder / "validation.json").read_text()) if (folder / "validation.json").is_file() else None
+            validation = (json.loads((folder / "validation.json").read_text())
+                          if (folder / "validation.json").is_file() else None)
             return UnitResult(pd.read_csv(folder / "rows.csv", keep_default_na=False, na_values=[""],
                                           dtype={"mode": str, "checkpoint": str, "base": str, "rule": str,
                                                  "params": str}),
@@ -68,7 +69,8 @@ class UnitStore:
             result.scores.to_parquet(tmp, index=False)
         if result.validation is not None:
             atomic_write_json(folder / "validation.json", result.validation)
-        for stale in ("failure.json", "traceback.txt", *(() if result.validation is not None else ("validation.json",))):
+        for stale in ("failure.json", "traceback.txt",
+                      *(() if result.validation is not None else ("validation.json",))):
             (folder / stale).unlink(missing_ok=True)
         atomic_write_json(folder / "unit.json", {"version": UNIT_VERSION, "key": key, "status": "done", **(info or {})})
 

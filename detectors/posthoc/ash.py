@@ -1,4 +1,5 @@
-"""ASH (Djurisic et al., ICLR 2023): per sample, keep the top activations (binarise, keep, or keep and sharpen), then energy."""
+"""ASH (Djurisic et al., ICLR 2023): per sample, keep the top activations (binarise, keep, or keep and sharpen), then
+energy."""
 from __future__ import annotations
 
 from typing import Literal
@@ -19,7 +20,8 @@ VARIANTS = ("b", "p", "s")
 
 
 def _kept(features: np.ndarray, percentile: float, variant: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row, the shaped values [N,k] and unit indices [N,k] of the k = D - round(D * percentile / 100) largest entries."""
+    """Per row, the shaped values [N,k] and unit indices [N,k] of the k = D - round(D * percentile / 100) largest
+    entries."""
     if variant not in VARIANTS:
         raise ValueError(f"ash: variant={variant!r} must be one of {VARIANTS}")
     if not 0 <= percentile < 100:
@@ -45,7 +47,8 @@ def ash(features: np.ndarray, percentile: float, variant: str) -> np.ndarray:
     return torch.zeros(features.shape, dtype=kept.dtype).scatter_(1, index, kept).numpy()
 
 
-def ash_logits(features: np.ndarray, weight: np.ndarray, bias: np.ndarray, percentile: float, variant: str) -> np.ndarray:
+def ash_logits(features: np.ndarray, weight: np.ndarray, bias: np.ndarray, percentile: float,
+               variant: str) -> np.ndarray:
     """W ash(h) + b without forming ash(h): a weighted sum of the k kept columns of W per row (embedding_bag),
     N k C multiply-adds instead of the dense N D C."""
     kept, index = _kept(features, percentile, variant)

@@ -70,12 +70,14 @@ def stored_features(batch: Any, who: str) -> np.ndarray:
 
 
 def model_precision(block: np.ndarray) -> np.ndarray:
-    """A chunk of stored features in the precision the in-memory path uses: float32/float64 as they are, else float32."""
+    """A chunk of stored features in the precision the in-memory path uses: float32/float64 as they are, else
+    float32."""
     return block if block.dtype in (np.float32, np.float64) else block.astype(np.float32)
 
 
 def float32_features(batch: Any, who: str) -> np.ndarray:
-    """float32 features (no copy when already float32): for faiss and projections through the head in model precision."""
+    """float32 features (no copy when already float32): for faiss and projections through the head in model
+    precision."""
     return np.asarray(raw_features(batch, who), dtype=np.float32)
 
 

@@ -28,7 +28,8 @@ class DICE(Detector):
 
     @dataclass(frozen=True)
     class Params(Params):
-        percentile: float = param(90, "sparsity p: weight contributions below their p-th percentile are zeroed", ge=0, lt=100)
+        percentile: float = param(90, "sparsity p: weight contributions below their p-th percentile are zeroed", ge=0,
+                                  lt=100)
 
     fit_inputs = frozenset({"head"})
     needs_head = True

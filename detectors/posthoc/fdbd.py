@@ -1,4 +1,5 @@
-"""fDBD (Liu & Qin, ICML 2024): mean feature-space distance to the decision boundaries, normalised by the feature scale."""
+"""fDBD (Liu & Qin, ICML 2024): mean feature-space distance to the decision boundaries, normalised by the feature
+scale."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,7 +60,8 @@ class FDBD(Detector):
             gaps = np.abs(logits - logits[np.arange(len(block)), predicted][:, None])
             spread = np.einsum("nc,nc->n", gaps, self.inverse_denominators[predicted])
             centre = self.train_mean if self.distance_as_normalizer else 0.0
-            out[start:start + BLOCK_ROWS] = spread / np.maximum(np.linalg.norm(block.astype(np.float64) - centre, axis=1), 1e-12)
+            out[start:start + BLOCK_ROWS] = spread / np.maximum(np.linalg.norm(block.astype(np.float64) - centre,
+                                                                               axis=1), 1e-12)
         return out
 
     def state(self) -> dict[str, np.ndarray]:

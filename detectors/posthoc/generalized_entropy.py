@@ -37,4 +37,5 @@ class GEN(Detector):
     search_space: dict[str, list[Any]] = {"gamma": [0.01, 0.1, 0.5, 1, 2, 5, 10], "M": [10, 50, 100, 200, 500, 1000]}
 
     def _score(self, batch: Any) -> np.ndarray:
-        return generalized_entropy_score(logits_of(batch, self.name), float(self.params["gamma"]), int(self.params["M"]))
+        return generalized_entropy_score(logits_of(batch, self.name), float(self.params["gamma"]),
+                                         int(self.params["M"]))

@@ -64,7 +64,8 @@ def model_digest(classifier: Any) -> str:
     with torch.no_grad():
         for name, tensor in classifier.state_dict().items():
             if torch.is_tensor(tensor):
-                h.update(f"{name}{tuple(tensor.shape)}{float(tensor.double().sum()) if tensor.numel() else 0.0:.10e}".encode())
+                h.update(f"{name}{tuple(tensor.shape)}"
+                         f"{float(tensor.double().sum()) if tensor.numel() else 0.0:.10e}".encode())
     return h.hexdigest()[:16]
 
 
@@ -84,7 +85,8 @@ class GramFeatures:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
-            save_file({"gram": np.ascontiguousarray(self.gram), "layer": self.layer, "logits": np.ascontiguousarray(self.logits)},
+            save_file({"gram": np.ascontiguousarray(self.gram), "layer": self.layer,
+                       "logits": np.ascontiguousarray(self.logits)},
                       str(tmp), metadata=metadata)
         return path
 
@@ -97,7 +99,8 @@ class GramFeatures:
 
 
 @torch.no_grad()
-def compute_gram_features(classifier: Any, batches: Any, powers: list[int], layers: str, total: int | None = None) -> GramFeatures:
+def compute_gram_features(classifier: Any, batches: Any, powers: list[int], layers: str,
+                          total: int | None = None) -> GramFeatures:
     """One pass of `classifier` over `batches` of normalised pixel values -> GramFeatures."""
     param = next(classifier.parameters())
     modes = [(module, module.training) for module in classifier.modules()]
@@ -195,7 +198,8 @@ class Gram(Detector):
         if path is not None and path.is_file():
             feats = GramFeatures.load(path)
             if len(feats) != len(batch):
-                raise ValueError(f"gram feature cache {path} holds {len(feats)} images, the image set {len(batch)}: delete it")
+                raise ValueError(f"gram feature cache {path} holds {len(feats)} images, the image set {len(batch)}: "
+                                 "delete it")
         else:
             chunks, total = pixel_batches(self.classifier, batch, self.batch_size, self.name)
             feats = compute_gram_features(self.classifier, chunks, powers, layers, total)
@@ -231,7 +235,8 @@ class Gram(Detector):
         if not len(norm_labels):
             raise ValueError("gram: no image to normalise the layer deviations on (holdout empty: raise `holdout` or "
                              "use more training images per class)")
-        per_layer = class_deviations(mins, maxs, norm_gram, norm_labels, np.eye(int(train.layer.max()) + 1)[train.layer])
+        per_layer = class_deviations(mins, maxs, norm_gram, norm_labels,
+                                     np.eye(int(train.layer.max()) + 1)[train.layer])
         normalizers = per_layer.mean(axis=0)
         if np.any(normalizers <= 0):
             warnings.warn(f"gram: layers {np.flatnonzero(normalizers <= 0).tolist()} show no deviation on the "

@@ -64,7 +64,8 @@ class KNN(Detector):
     @dataclass(frozen=True)
     class Params(Params):
         k: int = param(50, "the score is the distance to the k-th nearest train feature", ge=1)
-        index: Literal["flat", "flat16", "ivf", "auto"] = param("flat", "nearest-neighbour index (see the module docstring)")
+        index: Literal["flat", "flat16", "ivf", "auto"] = param("flat",
+                                                                "nearest-neighbour index (see the module docstring)")
         nprobe: int = param(16, "IVF lists searched per query", ge=1)
 
     search_space = {"k": [50, 100, 200, 500, 1000]}  # OpenOOD v1.5
@@ -93,7 +94,8 @@ class KNN(Detector):
             index = faiss.IndexScalarQuantizer(d, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_L2)
         else:
             nlist = max(1, min(len(h) // 39, int(round(np.sqrt(len(h))))))
-            index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatL2(d), d, nlist, faiss.ScalarQuantizer.QT_fp16, faiss.METRIC_L2)
+            index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatL2(d), d, nlist, faiss.ScalarQuantizer.QT_fp16,
+                                                  faiss.METRIC_L2)
             sample = np.unique(np.linspace(0, len(h) - 1, min(len(h), 40 * nlist)).astype(np.int64))
             index.train(l2_normalise(h[sample]))
             index.nprobe = int(self.nprobe)

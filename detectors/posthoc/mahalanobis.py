@@ -1,9 +1,10 @@
-"""Mahalanobis distance score (MDS): class Gaussians with one shared (tied) covariance, as sklearn's LDA and OpenOOD v1.5.
+"""Mahalanobis distance score (MDS): class Gaussians with one shared (tied) covariance, as sklearn's LDA and OpenOOD
+v1.5.
 
 The precision is sklearn's `pinvh` of the covariance (`spd_inverse`): the Cholesky inverse where the covariance is well
 conditioned, else the eigen pseudo-inverse with pinvh's cut (a singular tied covariance, D > N - C, stays sane).
-The fit is two streamed passes: class means, then the class-centred scatter (`streaming.class_scatter`): memory-mapped caches of any
-size, chunks of `streaming.CHUNK_ROWS` rows, mergeable across processes.
+The fit is two streamed passes: class means, then the class-centred scatter (`streaming.class_scatter`): memory-mapped
+caches of any size, chunks of `streaming.CHUNK_ROWS` rows, mergeable across processes.
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def spd_inverse(matrix: np.ndarray) -> np.ndarray:
     return pinvh(matrix)
 
 
-def min_squared_mahalanobis(features: np.ndarray, means: np.ndarray, precision: np.ndarray, desc: str = "mahalanobis") -> np.ndarray:
+def min_squared_mahalanobis(features: np.ndarray, means: np.ndarray, precision: np.ndarray,
+                            desc: str = "mahalanobis") -> np.ndarray:
     """min_c (h - mu_c)^T P (h - mu_c) for every row, via t^T P t - 2 t^T P m_c + m_c^T P m_c in float64 blocks, with
     t = h - o and m_c = mu_c - o about o, the mean of the class means (the distances do not change; the expansion's
     cancellation shrinks from ||h|| to the spread about o: ReLU features share a large offset). `features` may be

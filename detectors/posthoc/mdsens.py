@@ -1,10 +1,11 @@
 """MDSEns: Mahalanobis scores of several layers' pooled feature maps after input pre-processing, combined (Lee et al.,
-NeurIPS 2018, the "ensemble" variant), as OpenOOD v1.5 implements it (openood/postprocessors/mds_ensemble_postprocessor.py
-with configs/postprocessors/mds_ensemble.yml, which Open-Insects runs unchanged).
+NeurIPS 2018, the "ensemble" variant), as OpenOOD v1.5 implements it
+(openood/postprocessors/mds_ensemble_postprocessor.py with configs/postprocessors/mds_ensemble.yml, which Open-Insects
+runs unchanged).
 
 For each chosen layer l: the map is pooled ("mean" per channel, "stat" mean and unbiased variance, "flat"), class
-means and one tied precision are fitted on ID train (as `mds`); a sample's closest class c (on the clean input) gives the
-loss mean(0.5 d_c^2); the input moves by -noise * sign(grad) / grad_std (OpenOOD divides by 0.5 for every channel,
+means and one tied precision are fitted on ID train (as `mds`); a sample's closest class c (on the clean input) gives
+the loss mean(0.5 d_c^2); the input moves by -noise * sign(grad) / grad_std (OpenOOD divides by 0.5 for every channel,
 whatever the normalisation); the layer score is max_c -0.5 d_c^2 of the moved input. The score is sum_l alpha_l
 score_l. Defaults are the yml's: noise 0.0014, one layer: index 0 of the feature list (for ResNets the stem output
 after max-pooling, which is `hidden_states[0]` of a transformers ResNet), "mean", alpha [1]. `layers: [0, 1, 2, 3, 4]`
@@ -60,16 +61,19 @@ class MDSEnsemble(Detector):
     family = "posthoc"
     inputs = frozenset({"images"})
     keeps_batches = True  # a killed rerun resumes within a set (Detector.score)
-    paper = "Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks, NeurIPS 2018"
+    paper = ("Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial "
+             "Attacks, NeurIPS 2018")
 
     @dataclass(frozen=True)
     class Params(Params):
         noise: float = param(0.0014, "input pre-processing step", ge=0)
         layers: list[int] = param([0], "indices of the feature maps scored")
         feature_types: list[Literal["mean", "stat", "flat"]] = param(["mean"], "pooling of each layer's map")
-        alpha: list[float] | Literal["fit"] = param([1.0], "layer weights, or 'fit' (logistic regression on ID/OOD val)")
+        alpha: list[float] | Literal["fit"] = param([1.0],
+                                                    "layer weights, or 'fit' (logistic regression on ID/OOD val)")
         maps: Literal["hidden_states", "relu_conv"] = param("hidden_states", "which feature maps are read")
-        grad_std: float = param(REFERENCE_GRAD_STD, "divisor of the input gradient (OpenOOD: 0.5 for every channel)", gt=0)
+        grad_std: float = param(REFERENCE_GRAD_STD,
+                                "divisor of the input gradient (OpenOOD: 0.5 for every channel)", gt=0)
 
         def check(self, dims: dict[str, int] | None = None) -> None:
             super().check(dims)
@@ -90,7 +94,8 @@ class MDSEnsemble(Detector):
         self.alpha: np.ndarray | None = None
 
     def _pooled(self, maps: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [pool_map(maps[l], kind).double() for l, kind in zip(self.params["layers"], self.params["feature_types"])]
+        return [pool_map(maps[l], kind).double() for l, kind in zip(self.params["layers"],
+                                                                    self.params["feature_types"])]
 
     def _check(self) -> None:
         if self.classifier is None:
@@ -104,12 +109,14 @@ class MDSEnsemble(Detector):
         parts: list[list[np.ndarray]] = []
         with eval_mode(self.classifier), torch.no_grad():
             for x in progress(chunks, total=total, desc="mdsens fit", leave=False, disable=total < 2):
-                parts.append([f.cpu().numpy() for f in self._pooled(self.classifier.hidden_maps(x, self.params["maps"])[1])])
+                parts.append([f.cpu().numpy()
+                              for f in self._pooled(self.classifier.hidden_maps(x, self.params["maps"])[1])])
         self.stats = []
         for j in range(len(self.params["layers"])):
             scatter = streaming.class_scatter(np.concatenate([p[j] for p in parts]), labels)
             self.stats.append((scatter.stats.means(), spd_inverse(scatter.within / scatter.stats.n)))
-        self.alpha = self._fit_alpha(id_val, ood_val) if self.params["alpha"] == "fit" else np.asarray(self.params["alpha"], float)
+        self.alpha = (self._fit_alpha(id_val, ood_val) if self.params["alpha"] == "fit"
+                      else np.asarray(self.params["alpha"], float))
 
     def _fit_alpha(self, id_val: Any, ood_val: Any) -> np.ndarray:
         from sklearn.linear_model import LogisticRegressionCV
@@ -129,7 +136,8 @@ class MDSEnsemble(Detector):
             raise RuntimeError("mdsens: call fit(id_train) before score()")
         chunks, total = pixel_batches(self.classifier, batch, self.batch_size, self.name)
         with eval_mode(self.classifier):
-            parts = [self._chunk_scores(x) for x in progress(chunks, total=total, desc="mdsens", leave=False, disable=total < 2)]
+            parts = [self._chunk_scores(x) for x in progress(chunks, total=total, desc="mdsens", leave=False,
+                                                             disable=total < 2)]
         return np.concatenate(parts) if parts else np.zeros((0, len(self.stats)))
 
     def _chunk_scores(self, x: torch.Tensor) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""NCI (Liu & Qin, CVPR 2025): neural-collapse inspired score, alignment of (h - mu_train) with the predicted class weight."""
+"""NCI (Liu & Qin, CVPR 2025): neural-collapse inspired score, alignment of (h - mu_train) with the predicted class
+weight."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,7 +38,8 @@ class NCI(Detector):
             h = model_precision(h)
             predicted = self.head(np.asarray(h, dtype=np.float32)).argmax(axis=1)
             t = np.subtract(h, self.train_mean, dtype=np.float64)
-            alignment = np.einsum("nd,nd->n", self.head.weight[predicted], t) / np.maximum(np.linalg.norm(t, axis=1), 1e-12)
+            alignment = (np.einsum("nd,nd->n", self.head.weight[predicted], t)
+                         / np.maximum(np.linalg.norm(t, axis=1), 1e-12))
             return alignment + self.alpha * np.abs(h).sum(axis=1, dtype=np.float64)
 
         return streaming.map_rows(rows, stored_features(batch, self.name))

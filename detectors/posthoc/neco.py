@@ -63,7 +63,8 @@ class NECO(Detector):
             block = model_precision(block)
             z = np.subtract(block, self.offset, dtype=np.float64)
             z /= self.scale_by
-            ratio = np.linalg.norm((z - self.pca_mean) @ self.components, axis=1) / np.maximum(np.linalg.norm(z, axis=1), 1e-12)
+            ratio = (np.linalg.norm((z - self.pca_mean) @ self.components, axis=1)
+                     / np.maximum(np.linalg.norm(z, axis=1), 1e-12))
             if self.max_logit:
                 ratio *= self.head(block.astype(np.float32, copy=False)).max(axis=1)
             return ratio

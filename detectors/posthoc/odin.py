@@ -1,12 +1,12 @@
 """ODIN: temperature-scaled MSP after a small input perturbation (Liang et al., ICLR 2018).
 
 x' = x - eps * sign(-grad_x log max_k softmax(f(x) / T)_k) / s, applied to the normalised pixel values. OpenOOD's
-`odin_postprocessor.py:18-21` (Open-Insect's copy: the same lines) sets s to the std of `normalization_dict[dataset.name]`
-(`preprocessors/transform.py:3-12`) and to 0.5 for a dataset name missing there. OpenOOD v1.5's evaluation API names
-the benchmark (imagenet, ...: `evaluation_api/postprocessor.py:94-95`), so s is the normalisation std, an eps step in
-[0, 1] pixel space (`grad_std: null`, the default and `exact`'s); Open-Insect's `scripts/eval.sh:67` sets
-`dataset.name` to the region, which the table lacks, so s = 0.5 there (`grad_std: 0.5`, protocol `open-insects`,
-ODIN and RP-ODIN alike; `REFERENCE_GRAD_STD`, which MDSEns's postprocessor divides by too).
+`odin_postprocessor.py:18-21` (Open-Insect's copy: the same lines) sets s to the std of
+`normalization_dict[dataset.name]` (`preprocessors/transform.py:3-12`) and to 0.5 for a dataset name missing there.
+OpenOOD v1.5's evaluation API names the benchmark (imagenet, ...: `evaluation_api/postprocessor.py:94-95`), so s is the
+normalisation std, an eps step in [0, 1] pixel space (`grad_std: null`, the default and `exact`'s); Open-Insect's
+`scripts/eval.sh:67` sets `dataset.name` to the region, which the table lacks, so s = 0.5 there (`grad_std: 0.5`,
+protocol `open-insects`, ODIN and RP-ODIN alike; `REFERENCE_GRAD_STD`, which MDSEns's postprocessor divides by too).
 """
 from __future__ import annotations
 
@@ -97,7 +97,8 @@ class ODIN(Detector):
         rows = batch.manifest.rows
         with state.split_between_processes(list(range(len(rows)))) as mine:
             part = ImageSet(manifest=Manifest(batch.manifest.root, [rows[i] for i in mine]), pixels=batch.pixels,
-                            seed=batch.seed, num_workers=batch.num_workers, offset=batch.offset + (mine[0] if mine else 0))
+                            seed=batch.seed, num_workers=batch.num_workers,
+                            offset=batch.offset + (mine[0] if mine else 0))
             scores = self._score_local(part) if mine else np.zeros(0)
             pieces = gather_object([(list(mine), scores.tolist())])
         out = np.empty(len(rows), dtype=np.float64)

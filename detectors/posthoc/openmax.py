@@ -2,10 +2,10 @@
 
 Per class k: the mean activation vector (MAV) of the correctly classified training logits, and a Weibull model of the
 largest `tailsize` distances of those logits to the MAV, fitted as libMR's `FitHigh` does (the tail is shifted by
-libMR's default `translate_amount` 1 minus its smallest value, then a two-parameter maximum-likelihood Weibull fit). At test time the `alpha` top
-classes have their logits reduced by v_k * w_k * (alpha + 1 - rank) / alpha, w_k the Weibull CDF of the sample's
-distance to MAV_k; the removed mass is the unknown class's logit, and a softmax over the C + 1 entries gives the
-OpenMax probabilities.
+libMR's default `translate_amount` 1 minus its smallest value, then a two-parameter maximum-likelihood Weibull fit). At
+test time the `alpha` top classes have their logits reduced by v_k * w_k * (alpha + 1 - rank) / alpha, w_k the Weibull
+CDF of the sample's distance to MAV_k; the removed mass is the unknown class's logit, and a softmax over the C + 1
+entries gives the OpenMax probabilities.
 
 Defaults follow OpenOOD v1.5 (Jingkang50/OpenOOD, openood/postprocessors/openmax_postprocessor.py): euclidean distance
 to the MAV, tail 20, alpha 3, score -P(unknown). The original code's eucos distance (euclidean / 200 + cosine) and the
@@ -31,7 +31,8 @@ DISTANCES = ("eucos", "euclidean", "cosine")
 ROW_BLOCK = 4096
 
 
-def mav_distances(logits: np.ndarray, mavs: np.ndarray, distance: str = "eucos", eu_weight: float = 1 / 200) -> np.ndarray:
+def mav_distances(logits: np.ndarray, mavs: np.ndarray, distance: str = "eucos",
+                  eu_weight: float = 1 / 200) -> np.ndarray:
     """[N, K] distances of each row of `logits` to each MAV: euclidean * eu_weight + cosine distance ("eucos"),
     euclidean, or cosine distance (1 - cos)."""
     if distance not in DISTANCES:
@@ -42,7 +43,8 @@ def mav_distances(logits: np.ndarray, mavs: np.ndarray, distance: str = "eucos",
     euclid = np.sqrt(np.maximum(sq, 0.0))
     if distance == "euclidean":
         return euclid
-    norms = np.maximum(np.linalg.norm(x, axis=1)[:, None] * np.linalg.norm(m, axis=1)[None, :], np.finfo(np.float64).tiny)
+    norms = np.maximum(np.linalg.norm(x, axis=1)[:, None] * np.linalg.norm(m, axis=1)[None, :],
+                       np.finfo(np.float64).tiny)
     cosine = 1.0 - (x @ m.T) / norms
     return cosine if distance == "cosine" else euclid * eu_weight + cosine
 
@@ -55,7 +57,8 @@ def weibull_mle(data: np.ndarray) -> tuple[float, float]:
     """
     x = np.asarray(data, dtype=np.float64)
     if x.size < 2 or np.any(x <= 0):
-        raise ValueError(f"Weibull fit needs at least 2 positive values, got {x.size} (min {x.min() if x.size else None})")
+        raise ValueError(f"Weibull fit needs at least 2 positive values, got {x.size} (min "
+                         f"{x.min() if x.size else None})")
     top = x.max()
     log_y = np.log(x / top)
     if np.ptp(log_y) == 0:
@@ -73,7 +76,8 @@ def weibull_mle(data: np.ndarray) -> tuple[float, float]:
     return float(shape), float(scale)
 
 
-def fit_weibull_high(distances: np.ndarray, tailsize: int, translate: float = LIBMR_TRANSLATE) -> tuple[float, float, float]:
+def fit_weibull_high(distances: np.ndarray, tailsize: int,
+                     translate: float = LIBMR_TRANSLATE) -> tuple[float, float, float]:
     """libMR FitHigh: (shape, scale, small_score) of the `tailsize` largest values shifted by translate - small_score.
 
     A tail without spread once shifted (one or two samples, whose distances to their mean are equal up to rounding)
@@ -132,7 +136,8 @@ class OpenMax(Detector):
     class Params(Params):
         tailsize: int = param(20, "largest distances per class the Weibull is fitted to", ge=2)
         alpha: int = param(3, "top classes whose activations are revised", ge=1, le="classes")
-        distance: Literal["eucos", "euclidean", "cosine"] = param("euclidean", "distance to the mean activation vectors")
+        distance: Literal["eucos", "euclidean", "cosine"] = param("euclidean",
+                                                                  "distance to the mean activation vectors")
         eu_weight: float = param(1 / 200, "weight of the euclidean term in eucos", ge=0)
         score: Literal["openood", "unknown", "max_known", "max_all"] = param("openood", "the confidence returned")
 
@@ -160,7 +165,8 @@ class OpenMax(Detector):
                 fallback.append(k)
                 chosen = members
             if not chosen.any():
-                raise ValueError(f"openmax: class {k} has no training sample; every class needs a mean activation vector")
+                raise ValueError(f"openmax: class {k} has no training sample; every class needs a mean activation "
+                                 "vector")
             mavs[k] = logits[chosen].mean(axis=0)
             dists = self._distances(logits[chosen], mavs[k : k + 1])[:, 0]
             weibull[k] = fit_weibull_high(dists, int(self.params["tailsize"]))
@@ -175,9 +181,11 @@ class OpenMax(Detector):
             raise RuntimeError("openmax: call fit(id_train) before score()")
         logits = logits_of(batch, self.name)
         shape, scale, small = self.weibull.T
-        blocks = [logits[start:start + ROW_BLOCK] for start in range(0, len(logits), ROW_BLOCK)]  # bounds [N, C] temporaries
+        # bounds [N, C] temporaries
+        blocks = [logits[start:start + ROW_BLOCK] for start in range(0, len(logits), ROW_BLOCK)]
         return np.concatenate([openmax_probabilities(block, self._distances(block, self.mavs), shape, scale, small,
-                                                     int(self.params["alpha"])) for block in blocks] or [np.zeros((0, len(self.mavs) + 1))])
+                                                     int(self.params["alpha"])) for block in blocks]
+                                                     or [np.zeros((0, len(self.mavs) + 1))])
 
     def _score(self, batch: Any) -> np.ndarray:
         probs = self.probabilities(batch)

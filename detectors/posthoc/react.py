@@ -27,7 +27,8 @@ class ReAct(Detector):
 
     @dataclass(frozen=True)
     class Params(Params):
-        percentile: float = param(90, "activations are clipped at their p-th percentile on ID data (100: plain energy)", gt=0, le=100)
+        percentile: float = param(90, "activations are clipped at their p-th percentile on ID data (100: plain energy)",
+                                  gt=0, le=100)
 
     fit_inputs = frozenset({"head", "id_val"})
     search_space = {"percentile": [85, 90, 95, 99]}  # OpenOOD v1.5

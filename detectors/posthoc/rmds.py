@@ -28,7 +28,8 @@ class RelativeMahalanobis(Mahalanobis):
         return background + super()._score(h)
 
     def state(self) -> dict[str, np.ndarray]:
-        return {**super().state(), "background_mean": self.background_mean, "background_precision": self.background_precision}
+        return {**super().state(), "background_mean": self.background_mean,
+                "background_precision": self.background_precision}
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
         super().load_state(state)

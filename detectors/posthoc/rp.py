@@ -34,7 +34,8 @@ class PriorState:
     def fitted_prior(self) -> np.ndarray:
         """The prior, or a clear error before fit."""
         if self.prior is None:
-            raise RuntimeError(f"{self.name}: call fit(id_train) before score() (the prior comes from the training labels)")
+            raise RuntimeError(f"{self.name}: call fit(id_train) before score() (the prior comes from the training "
+                               "labels)")
         return self.prior
 
     def state(self) -> dict[str, np.ndarray]:
@@ -104,7 +105,8 @@ class RPEBO(_PriorDetector):
 
 
 def rp_gradnorm_score(features: np.ndarray, weight: np.ndarray, bias: np.ndarray, prior: np.ndarray) -> np.ndarray:
-    """||h||_1 * ||prior - softmax(Wh + b)||_1 / (D * C); the projection in the features' precision, the rest float64."""
+    """||h||_1 * ||prior - softmax(Wh + b)||_1 / (D * C); the projection in the features' precision, the rest
+    float64."""
     h = np.asarray(features)
     probs = softmax(h @ weight.T.astype(h.dtype, copy=False) + bias.astype(h.dtype, copy=False))
     return np.abs(h).sum(axis=1, dtype=np.float64) * np.abs(prior[None, :] - probs).sum(axis=1) / weight.size

@@ -1,4 +1,5 @@
-"""SHE: Simplified Hopfield Energy, inner product with the predicted class's stored pattern (Zhang et al., ICLR 2023)."""
+"""SHE: Simplified Hopfield Energy, inner product with the predicted class's stored pattern (Zhang et al., ICLR
+2023)."""
 from __future__ import annotations
 
 import warnings
@@ -40,7 +41,8 @@ def class_patterns(features: np.ndarray, logits: np.ndarray, labels: np.ndarray)
     use = np.where(counts[0] > 0, 0, 1)
     patterns = sums[use, np.arange(num_classes)] / counts[use, np.arange(num_classes)][:, None]
     if fallback:
-        warnings.warn(f"she: classes {fallback} have no correctly classified sample; using all their samples", stacklevel=3)
+        warnings.warn(f"she: classes {fallback} have no correctly classified sample; using all their samples",
+                      stacklevel=3)
     return patterns
 
 
@@ -59,7 +61,8 @@ class SHE(Detector):
 
     def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
         if not isinstance(id_train, FeatureSet):
-            raise TypeError(f"she: fit needs a FeatureSet with features, logits and labels, got {type(id_train).__name__}")
+            raise TypeError("she: fit needs a FeatureSet with features, logits and labels, got "
+                            f"{type(id_train).__name__}")
         id_train.require("logits", who=self.name)
         self.patterns = class_patterns(stored_features(id_train, self.name), as_numpy(id_train.logits),
                                        labels_of(id_train, self.name))

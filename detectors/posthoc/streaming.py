@@ -59,7 +59,8 @@ def across_processes() -> Iterator[None]:
 
 
 def process_rows(n: int) -> slice:
-    """This process's contiguous share of n rows (as accelerate's split_between_processes; all rows with one process)."""
+    """This process's contiguous share of n rows (as accelerate's split_between_processes; all rows with one
+    process)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -106,7 +107,8 @@ def _mapping(array: np.ndarray) -> mmap.mmap | None:
 
 
 def release(array: np.ndarray) -> None:
-    """Drop the resident pages of a memory-mapped array slice (the file keeps the data; a later read faults them back)."""
+    """Drop the resident pages of a memory-mapped array slice (the file keeps the data; a later read faults them
+    back)."""
     mapped = _mapping(array)
     if mapped is None or not array.flags.c_contiguous or array.nbytes == 0 or not hasattr(mapped, "madvise"):
         return
@@ -170,8 +172,9 @@ def column_mean(array: np.ndarray) -> np.ndarray:
 @dataclass
 class Moments:
     """Sums of rows (float64) about a fixed `shift` a: per group count n_g and sum s_g = sum (x - a), and the scatter
-    S = sum (x - a)(x - a)^T (optional; numpy's x.T @ x is a symmetric rank-k update). Exact to merge; group means and the pooled or within-group
-    scatter follow in closed form. The shift (the first chunk's mean) keeps the float64 sums well conditioned.
+    S = sum (x - a)(x - a)^T (optional; numpy's x.T @ x is a symmetric rank-k update). Exact to merge; group means and
+    the pooled or within-group scatter follow in closed form. The shift (the first chunk's mean) keeps the float64 sums
+    well conditioned.
     """
 
     shift: np.ndarray
@@ -196,7 +199,8 @@ class Moments:
             ids, position = np.zeros(1, np.int64), np.zeros(len(rows), np.int64)
         else:
             ids, position = np.unique(np.asarray(groups, dtype=np.int64), return_inverse=True)
-        one_hot = scipy.sparse.csr_matrix((np.ones(len(rows)), (position, np.arange(len(rows)))), shape=(len(ids), len(rows)))
+        one_hot = scipy.sparse.csr_matrix((np.ones(len(rows)), (position, np.arange(len(rows)))),
+                                          shape=(len(ids), len(rows)))
         sums = np.asarray(one_hot @ centred)
         product = None
         if scatter is np.float32:

@@ -37,7 +37,8 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, init: float = 1.5) -
     return float(np.exp(result.x[0]))
 
 
-def fit_temperature_lbfgs(logits: np.ndarray, labels: np.ndarray, init: float = 1.5, lr: float = 0.01, max_iter: int = 50) -> float:
+def fit_temperature_lbfgs(logits: np.ndarray, labels: np.ndarray, init: float = 1.5, lr: float = 0.01,
+                          max_iter: int = 50) -> float:
     """OpenOOD v1.5's fit (temp_scaling_postprocessor.py): one `torch.optim.LBFGS([T], lr=0.01, max_iter=50)` step on
     the mean cross-entropy of z / T from T = 1.5, in float32 as there; it stops short of the exact optimum."""
     z = torch.as_tensor(np.asarray(logits), dtype=torch.float32)
@@ -73,8 +74,10 @@ class TempScale(Detector):
     @dataclass(frozen=True)
     class Params(Params):
         temperature: float | None = param(None, "a fixed temperature T; None fits it on ID validation NLL", gt=0)
-        output: Literal["logodds", "prob"] = param("logodds", "score as the log-odds of the max softmax, or the probability")
-        fit: Literal["lbfgs", "exact"] = param("lbfgs", "T fitting: OpenOOD's torch LBFGS (lr 0.01, 50 iterations from 1.5) "
+        output: Literal["logodds", "prob"] = param("logodds",
+                                                   "score as the log-odds of the max softmax, or the probability")
+        fit: Literal["lbfgs", "exact"] = param("lbfgs",
+                                               "T fitting: OpenOOD's torch LBFGS (lr 0.01, 50 iterations from 1.5) "
                                                         "or the exact NLL optimum")
 
     fit_inputs = frozenset({"id_val"})
@@ -101,7 +104,8 @@ class TempScale(Detector):
             return
         data = id_val if id_val is not None else id_train
         if not isinstance(data, FeatureSet):
-            raise TypeError(f"tempscale: fitting T needs a FeatureSet with logits and labels, got {type(data).__name__}")
+            raise TypeError("tempscale: fitting T needs a FeatureSet with logits and labels, got "
+                            f"{type(data).__name__}")
         fit = fit_temperature if self.params["fit"] == "exact" else fit_temperature_lbfgs
         self.fitted_temperature = fit(logits_of(data, self.name), labels_of(data, self.name))
 

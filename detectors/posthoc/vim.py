@@ -103,9 +103,11 @@ class ViM(Detector):
 
     @dataclass(frozen=True)
     class Params(Params):
-        dim: int | None = param(None, "principal subspace dimension (< D; None: `default_dim`, else 1000 for D >= 2048, "
+        dim: int | None = param(None,
+                                "principal subspace dimension (< D; None: `default_dim`, else 1000 for D >= 2048, "
                                       "256 for D >= 512, D // 2 below)", ge=1, lt="features")
-        default_dim: int | None = param(None, "the dimension `dim: null` takes where D allows (protocols: OpenOOD's 256, "
+        default_dim: int | None = param(None,
+                                        "the dimension `dim: null` takes where D allows (protocols: OpenOOD's 256, "
                                               "vim.yml); None: the rule", ge=1)
 
     fit_inputs = frozenset({"head"})
@@ -126,7 +128,8 @@ class ViM(Detector):
         covariance = streaming.moments(h, scatter=np.float32).second_moment_about(self.origin)
         # keep the smaller of the two bases: the residual follows from either
         self.keeps_principal = dim <= h.shape[1] - dim
-        self.basis = ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal else ranked_eigenvectors(covariance, dim, h.shape[1])
+        self.basis = (ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal
+                      else ranked_eigenvectors(covariance, dim, h.shape[1]))
         # alpha's train pass projects in float32 (the model's precision, as pytorch-ood does), sums in float64
         basis, origin = self.basis.astype(np.float32), self.origin.astype(np.float32)
         stored = stored_max_logit_sum(id_train, self.head, h)
@@ -150,7 +153,8 @@ class ViM(Detector):
         cast: dict[Any, tuple[np.ndarray, np.ndarray]] = {}  # origin and basis in each chunk's precision, cast once
 
         def rows(_, block: np.ndarray) -> np.ndarray:
-            block = model_precision(block)  # float32 features project in float32 (as the fit's alpha pass), float64 in float64
+            block = model_precision(block)  # float32 features project in float32 (as the fit's alpha pass), float64 in
+                                            # float64
             if block.dtype not in cast:
                 cast[block.dtype] = (self.origin.astype(block.dtype), self.basis.astype(block.dtype))
             origin, basis = cast[block.dtype]

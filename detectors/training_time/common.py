@@ -124,7 +124,8 @@ class TrainedDetector(Detector):
         `ood_val` is accepted for the protocol; selection on it is the runner's."""
         objective = self.objective()
         if objective.uses_aux and aux is None:
-            raise ValueError(f"{self.name} trains with auxiliary data: fit(..., aux=<auxiliary FeatureSet, ImageSet or Manifest>)")
+            raise ValueError(f"{self.name} trains with auxiliary data: fit(..., aux=<auxiliary FeatureSet, ImageSet or "
+                             "Manifest>)")
         p = self.params
         common = dict(settings=TrainSettings(**{k: p[k] for k in TrainSettings.fields()}), objective=objective)
         aux = aux if objective.uses_aux else None
@@ -133,12 +134,14 @@ class TrainedDetector(Detector):
                              "fit(..., id_val=...) (or checkpoint: last)")
         if p["mode"] == "heads":
             if not isinstance(id_train, FeatureSet):
-                raise TypeError(f"{self.name}: mode 'heads' trains heads on cached features: fit(FeatureSet, head=...), "
+                raise TypeError(f"{self.name}: mode 'heads' trains heads on cached features: fit(FeatureSet, "
+                                "head=...), "
                                 f"got {type(id_train).__name__} (mode 'full' fine-tunes on images)")
             layer, result = self._fit_features(id_train, head, id_val, aux, common)
         else:
             if isinstance(id_train, FeatureSet):
-                raise TypeError(f"{self.name}: mode 'full' fine-tunes the classifier on images: fit(ImageSet or Manifest); "
+                raise TypeError(f"{self.name}: mode 'full' fine-tunes the classifier on images: fit(ImageSet or "
+                                "Manifest); "
                                 "pass mode='heads' to train heads on a FeatureSet")
             layer, result = self._fit_images(id_train, id_val, aux, common)
         self.head = LinearHead(as_numpy(layer.weight, np.float64), as_numpy(layer.bias, np.float64))
@@ -161,18 +164,21 @@ class TrainedDetector(Detector):
     def _fit_features(self, id_train: FeatureSet, head: Any, id_val: Any, aux: Any, common: dict[str, Any]):
         id_train.require("features", "labels", who=self.name)
         if head is None:
-            torch.manual_seed(self.params["seed"])  # the loop reseeds everything anyway; this makes the random head reproducible
+            torch.manual_seed(self.params["seed"])  # the loop reseeds everything anyway; this makes the random head
+                                                    # reproducible
             layer = torch.nn.Linear(id_train.features.shape[1], int(id_train.labels.max()) + 1)
         else:
             layer = head
         if aux is not None and not isinstance(aux, FeatureSet):
-            raise TypeError(f"{self.name}: with a FeatureSet for id_train, aux must be a FeatureSet too, got {type(aux).__name__}")
-        val = id_val if isinstance(id_val, FeatureSet) and id_val.features is not None and id_val.labels is not None else None
+            raise TypeError(f"{self.name}: with a FeatureSet for id_train, aux must be a FeatureSet too, got "
+                            f"{type(aux).__name__}")
+        val = (id_val if isinstance(id_val, FeatureSet) and id_val.features is not None and id_val.labels is not None
+               else None)
         return train_heads(layer, id_train.features, id_train.labels,
                            aux_features=None if aux is None else aux.features,
                            aux_labels=None if aux is None or aux.labels is None else aux.labels,
-                           val_features=None if val is None else val.features, val_labels=None if val is None else val.labels,
-                           weights=self.params["checkpoint"], **common)
+                           val_features=None if val is None else val.features,
+                           val_labels=None if val is None else val.labels, weights=self.params["checkpoint"], **common)
 
     def _fit_images(self, id_train: Any, id_val: Any, aux: Any, common: dict[str, Any]):
         from detectors.training_time.finetuned import CHECKPOINT, as_manifest, training_key
@@ -180,10 +186,14 @@ class TrainedDetector(Detector):
         from pipelines.pixels import default_workers, finetune_transforms
 
         if self.classifier is None:
-            raise ValueError(f"{self.name}: mode 'full' fine-tunes a classifier: build({self.name!r}, classifier=<ImageClassifier>)")
-        train_m, aux_m, val_m = (as_manifest(x, what, self.name) for x, what in ((id_train, "id_train"), (aux, "aux"), (id_val, "id_val")))
-        # training rows: the augment branch; validation and aux rows: the classifier's evaluation pixels (pipelines.pixels)
-        transforms = None if self.params["augment"] == "none" else finetune_transforms(self.classifier, self.params["augment"])
+            raise ValueError(f"{self.name}: mode 'full' fine-tunes a classifier: build({self.name!r}, "
+                             "classifier=<ImageClassifier>)")
+        train_m, aux_m, val_m = (as_manifest(x, what, self.name) for x, what in ((id_train, "id_train"), (aux, "aux"),
+                                                                                 (id_val, "id_val")))
+        # training rows: the augment branch; validation and aux rows: the classifier's evaluation pixels
+        # (pipelines.pixels)
+        transforms = None if self.params["augment"] == "none" else finetune_transforms(self.classifier,
+                                                                                       self.params["augment"])
         checkpoint, key = None, ""
         if self.work_dir is not None:
             checkpoint = self.work_dir / CHECKPOINT
@@ -235,13 +245,15 @@ class TrainedDetector(Detector):
         from detectors.training_time.finetuned import cached_features, features_key, forward_images
 
         if self.classifier is None:
-            raise ValueError(f"{self.name}: scoring images needs the fine-tuned classifier (build(..., classifier=...))")
+            raise ValueError(f"{self.name}: scoring images needs the fine-tuned classifier (build(..., "
+                             "classifier=...))")
         p = self.params
         manifest = batch if isinstance(batch, Manifest) else batch.manifest if isinstance(batch, ImageSet) else None
         if manifest is None:
             if isinstance(batch, ImageSet):
                 return forward_images(self.classifier, batch, p["score_batch_size"]), batch.labels
-            raise TypeError(f"{self.name}: transform/score take a FeatureSet, an ImageSet or a Manifest, got {type(batch).__name__}")
+            raise TypeError(f"{self.name}: transform/score take a FeatureSet, an ImageSet or a Manifest, got "
+                            f"{type(batch).__name__}")
         if self._weights_key is None:
             self._weights_key = weights_fingerprint(self.classifier)
         key = features_key(self._weights_key, self.classifier, manifest, p["precision"])

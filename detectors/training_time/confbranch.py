@@ -22,7 +22,8 @@ from pipelines.training import Objective, TrainBatch
 
 
 def hint_mask(n: int, generator: torch.Generator | None) -> torch.Tensor:
-    """[n,1] float mask: 1 = use the predicted confidence, 0 = no hint (confidence set to 1); each with probability 1/2."""
+    """[n,1] float mask: 1 = use the predicted confidence, 0 = no hint (confidence set to 1); each with probability
+    1/2."""
     return (torch.rand(n, 1, generator=generator) < 0.5).float()
 
 

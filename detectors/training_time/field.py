@@ -40,5 +40,6 @@ def species_detection_share(scores: Any, species: Iterable[Any], threshold: floa
     return {
         "n_species": int(len(share)), "n_images": int(len(frame)),
         "any": float((share > 0).mean()), "majority": float((share > 0.5).mean()),
-        "mean_flagged": float(share.mean()), "image_share": float(frame["flagged"].mean()), "per_species": {k: float(v) for k, v in share.items()},
+        "mean_flagged": float(share.mean()), "image_share": float(frame["flagged"].mean()),
+        "per_species": {k: float(v) for k, v in share.items()},
     }

@@ -27,7 +27,8 @@ def as_manifest(data: Any, what: str, who: str) -> Manifest | None:
         return data
     if isinstance(data, ImageSet) and data.manifest is not None:
         return data.manifest
-    raise TypeError(f"{who}: mode 'full' trains on manifest rows: {what} must be an ImageSet built from a manifest or a "
+    raise TypeError(f"{who}: mode 'full' trains on manifest rows: {what} must be an ImageSet built from a manifest or "
+                    "a "
                     f"Manifest, got {type(data).__name__}")
 
 
@@ -41,14 +42,15 @@ def training_key(name: str, params: dict[str, Any], classifier: Any, *manifests:
 def features_key(weights_key: str, classifier: Any, manifest: Manifest, precision: str) -> str:
     """Content key of the fine-tuned model's features on `manifest`: its weights' fingerprint, the preprocessing, the
     images and the precision."""
-    return combine("trained-features-v1", weights_key, preprocessing_fingerprint(classifier), images_fingerprint(manifest),
-                   precision)
+    return combine("trained-features-v1", weights_key, preprocessing_fingerprint(classifier),
+                   images_fingerprint(manifest), precision)
 
 
 def cached_features(who: str, classifier: Any, manifest: Manifest, key: str, cache_dir: Path | None, batch_size: int,
                     precision: str) -> tuple[np.ndarray, np.ndarray]:
-    """(features [N,D], labels) of `classifier` on every row of `manifest`, through `pipelines.features.extract_features`
-    with a cache file under `cache_dir` named by `key` (none: no cache); an unreadable image is an error."""
+    """(features [N,D], labels) of `classifier` on every row of `manifest`, through
+    `pipelines.features.extract_features` with a cache file under `cache_dir` named by `key` (none: no cache); an
+    unreadable image is an error."""
     cache = None if cache_dir is None else cache_path(cache_dir, manifest.root.name, key)
     found = extract_features(classifier, manifest, batch_size=batch_size, precision=precision, cache=cache, key=key,
                              desc=f"{who} features")

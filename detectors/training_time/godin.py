@@ -77,7 +77,8 @@ def _norm64(x: np.ndarray) -> np.ndarray:
 class GODIN(TrainedDetector):
     """Decomposed confidence h / g; score = max softmax of the cosine numerators h (or g)."""
 
-    paper = "Hsu et al., Generalized ODIN: Detecting Out-of-distribution Image without Learning from OOD Data, CVPR 2020"
+    paper = ("Hsu et al., Generalized ODIN: Detecting Out-of-distribution Image without Learning from OOD Data, CVPR "
+             "2020")
 
     @dataclass(frozen=True)
     class Params(TrainedDetector.Params):
@@ -114,7 +115,8 @@ class GODIN(TrainedDetector):
         """g(x) in eval mode (batch norm with its running statistics) on raw float64 features."""
         e = self.extra
         u = features @ e["g.weight"][0] + e["g.bias"][0]
-        u = (u - e["g.bn.running_mean"][0]) / np.sqrt(e["g.bn.running_var"][0] + e["g.bn.eps"][0]) * e["g.bn.weight"][0] + e["g.bn.bias"][0]
+        u = ((u - e["g.bn.running_mean"][0]) / np.sqrt(e["g.bn.running_var"][0] + e["g.bn.eps"][0])
+             * e["g.bn.weight"][0] + e["g.bn.bias"][0])
         return 1.0 / (1.0 + np.exp(-u))
 
     def _score(self, batch) -> np.ndarray:

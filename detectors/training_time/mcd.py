@@ -4,9 +4,10 @@ OpenOOD v1.5 / Open-Insects train and score it (`mcd_net`, `mcd_trainer`, `mcd_p
 Two classifier heads on one backbone: fc1 (here the classifier's own head, the closed-set head) and fc2 (a new linear
 layer). Each step runs ID and auxiliary rows (one aux batch as large as the ID batch) through the backbone:
 loss = CE(fc1(ID), y) + CE(fc2(ID), y) + lambda_oe * relu(margin - mean(H(fc1(aux)) - H(fc2(aux)))), lambda_oe 1,
-margin 1.2. H is the trainer's `entropy`, which takes the softmax and the sum over dim 0, i.e. over the batch: a per-class
-entropy of the batch's columns (`entropy_over="batch"`, the code's default); `entropy_over="classes"` takes the usual
-per-sample entropy over classes. Score = -sum_k |softmax(fc1)_k - softmax(fc2)_k| (higher = more ID), or "msp" of fc1.
+margin 1.2. H is the trainer's `entropy`, which takes the softmax and the sum over dim 0, i.e. over the batch: a
+per-class entropy of the batch's columns (`entropy_over="batch"`, the code's default); `entropy_over="classes"` takes
+the usual per-sample entropy over classes. Score = -sum_k |softmax(fc1)_k - softmax(fc2)_k| (higher = more ID), or "msp"
+of fc1.
 
 The trainer's `start_epoch_ft` (90 in train_mcd.yml) trains both heads with CE only, on ID batches alone, while
 epoch_idx (from 1) is below it. Open-Insects fine-tunes 30 epochs with that yml, so its MCD never reaches the aux term:
@@ -44,7 +45,8 @@ def discrepancy(logits1: np.ndarray, logits2: np.ndarray) -> np.ndarray:
 class MCDLoss(Objective):
     uses_aux = True
 
-    def __init__(self, lambda_oe: float = 1.0, margin: float = 1.2, entropy_over: str = "batch", start_epoch_ft: int = 0):
+    def __init__(self, lambda_oe: float = 1.0, margin: float = 1.2, entropy_over: str = "batch",
+                 start_epoch_ft: int = 0):
         super().__init__()
         if entropy_over not in ("batch", "classes"):
             raise ValueError(f"entropy_over must be 'batch' or 'classes', got {entropy_over!r}")

@@ -43,16 +43,19 @@ def cutmix_box(height: int, width: int, lam: float, generator: torch.Generator) 
 class MixOELoss(Objective):
     uses_aux = True
 
-    def __init__(self, mix_op: str = "cutmix", alpha: float = 0.1, beta: float = 1.0, lambda_oe: float = 1.0, passes: int = 2):
+    def __init__(self, mix_op: str = "cutmix", alpha: float = 0.1, beta: float = 1.0, lambda_oe: float = 1.0,
+                 passes: int = 2):
         super().__init__()
         if mix_op not in ("mixup", "cutmix"):
             raise ValueError(f"mix_op must be 'mixup' or 'cutmix', got {mix_op!r}")
         if passes not in (1, 2):
             raise ValueError(f"passes must be 1 or 2, got {passes!r}")
-        self.mix_op, self.alpha, self.beta, self.lambda_oe, self.passes = mix_op, float(alpha), float(beta), float(lambda_oe), passes
+        self.mix_op, self.alpha, self.beta, self.lambda_oe, self.passes = (mix_op, float(alpha), float(beta),
+                                                                           float(lambda_oe), passes)
         self._mixed: tuple[int, float] = (0, 1.0)
 
-    def mix(self, x: torch.Tensor, aux_x: torch.Tensor, generator: torch.Generator | None) -> tuple[torch.Tensor, float]:
+    def mix(self, x: torch.Tensor, aux_x: torch.Tensor,
+            generator: torch.Generator | None) -> tuple[torch.Tensor, float]:
         """Mixtures of the first k = min(len(x), len(aux_x)) pairs and the ID share lam."""
         k = min(len(x), len(aux_x))
         x, aux_x = x[:k], aux_x[:k].to(x.dtype)
@@ -96,7 +99,8 @@ def beta_sample(a: float, b: float, generator: torch.Generator) -> float:
 class MixOE(TrainedDetector):
     """Train with MixOE on ID + auxiliary data, score with MSP."""
 
-    paper = "Zhang et al., Mixture Outlier Exposure: Towards Out-of-Distribution Detection in Fine-grained Environments, WACV 2023"
+    paper = ("Zhang et al., Mixture Outlier Exposure: Towards Out-of-Distribution Detection in Fine-grained "
+             "Environments, WACV 2023")
 
     @dataclass(frozen=True)
     class Params(TrainedDetector.Params):

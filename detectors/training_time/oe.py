@@ -1,4 +1,5 @@
-"""Outlier Exposure (Hendrycks et al., ICLR 2019): CE on ID + lambda * cross-entropy to the uniform on auxiliary data."""
+"""Outlier Exposure (Hendrycks et al., ICLR 2019): CE on ID + lambda * cross-entropy to the uniform on auxiliary
+data."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -29,7 +29,8 @@ from pipelines.training import Objective, TrainBatch
 def rotations(x: torch.Tensor) -> torch.Tensor:
     """[4B,...]: x, then x rotated by 90, 180 and 270 degrees (in the image plane)."""
     if x.dim() != 4:
-        raise ValueError("RotPred trains on images [B,C,H,W]; it has no heads-only mode (fit on images with a classifier)")
+        raise ValueError("RotPred trains on images [B,C,H,W]; it has no heads-only mode (fit on images with a "
+                         "classifier)")
     return torch.cat([torch.rot90(x, k, dims=(2, 3)) for k in range(4)])
 
 
@@ -96,7 +97,8 @@ class RotPred(TrainedDetector):
             raise TypeError("rotpred scores images (an ImageSet) with the fine-tuned classifier; "
                             "score_rule='msp' scores cached features")
         if self.classifier is None:
-            raise ValueError("rotpred needs the fine-tuned classifier to score images: build('rotpred', classifier=...)")
+            raise ValueError("rotpred needs the fine-tuned classifier to score images: build('rotpred', "
+                             "classifier=...)")
         self.classifier.eval()
         device = self.classifier.device
         out = []

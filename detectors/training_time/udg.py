@@ -46,7 +46,8 @@ def kmeans(x: np.ndarray, k: int, seed: int, niter: int = 20) -> np.ndarray:
     import faiss
 
     x = np.ascontiguousarray(x, dtype=np.float32)
-    km = faiss.Kmeans(x.shape[1], int(k), niter=niter, seed=int(seed), max_points_per_centroid=10_000_000, verbose=False)
+    km = faiss.Kmeans(x.shape[1], int(k), niter=niter, seed=int(seed), max_points_per_centroid=10_000_000,
+                      verbose=False)
     km.train(x)
     return km.index.search(x, 1)[1].reshape(-1).astype(np.int64)
 
@@ -84,7 +85,8 @@ class UDGLoss(Objective):
         super().__init__()
         self.num_clusters, self.pca_dim = int(num_clusters), int(pca_dim)
         self.ind_thresh, self.ood_thresh = float(purity_ind_thresh), float(purity_ood_thresh)
-        self.enhance, self.lambda_oe, self.lambda_aux, self.seed = float(oe_enhance_ratio), float(lambda_oe), float(lambda_aux), seed
+        self.enhance, self.lambda_oe, self.lambda_aux, self.seed = (float(oe_enhance_ratio), float(lambda_oe),
+                                                                    float(lambda_aux), seed)
         self.aux_head: nn.Linear | None = None
         self.num_classes = 0
         self.state: dict[str, torch.Tensor] = {}
@@ -152,11 +154,13 @@ class UDGLoss(Objective):
         loss = F.cross_entropy(z[known], labels[known]) if known.any() else z.sum() * 0
         unknown = ~known
         if unknown.any():
-            conf = torch.cat([torch.ones(n, device=z.device, dtype=torch.float64), self._lookup("aux_conf", aux_idx, 1.0)])
+            conf = torch.cat([torch.ones(n, device=z.device, dtype=torch.float64),
+                              self._lookup("aux_conf", aux_idx, 1.0)])
             uniform_ce = torch.logsumexp(z[unknown], 1) - z[unknown].mean(1)
             loss = loss + self.lambda_oe * (uniform_ce * conf[unknown].float()).mean()
         cluster = torch.cat([self._lookup("id_cluster", batch.index, -1), self._lookup("aux_cluster", aux_idx, -1)])
-        weight = torch.cat([self._lookup("id_weight", batch.index, 0.0), self._lookup("aux_weight", aux_idx, 0.0)]).float()
+        weight = torch.cat([self._lookup("id_weight", batch.index, 0.0),
+                            self._lookup("aux_weight", aux_idx, 0.0)]).float()
         per_row = F.cross_entropy(self.aux_head(features).float(), cluster.clamp(min=0), reduction="none")
         loss = loss + self.lambda_aux * (per_row * weight * (cluster >= 0).float()).mean()
         return loss

@@ -2,8 +2,8 @@
 
 Input: an occurrence table (a GBIF Darwin Core Archive, or CSV / TSV / Parquet, one row per image: `species, genus,
 family, lat, lon, file_name`, optional `split` for given ID splits and `taxon` to mark non-target rows; GBIF names
-mapped and rows dropped by counted reasons in pipelines.curation.gbif) and the ID species of each region (`region, species`).
-Per region it builds, with vectorised pandas/numpy (no loop over rows):
+mapped and rows dropped by counted reasons in pipelines.curation.gbif) and the ID species of each region (`region,
+species`). Per region it builds, with vectorised pandas/numpy (no loop over rows):
 
 - species with fewer than `min_images` (5) images are dropped first (from every set).
 - ID train/val/test: every image of the region's ID species; the table's `split` when given, else the AMI-GBIF
@@ -30,7 +30,8 @@ strict inequalities as in the official code (RolnickLab/Open-Insects). Taxon nam
 whatever the column's dtype (a numeric GBIF key column with a blank reads as float: 1001.0 is the key "1001").
 
 Manifests hold metadata only: `file_name` is the image path relative to the user's image root, which is recorded in
-`manifest_info.json` (pipelines.data.MANIFEST_INFO) beside each region's `metadata.jsonl`; `load_region(folder)` returns the manifest rooted there.
+`manifest_info.json` (pipelines.data.MANIFEST_INFO) beside each region's `metadata.jsonl`; `load_region(folder)` returns
+the manifest rooted there.
 """
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ from gen.insects.occurrences import (AUSTRALIA, OCCURRENCE_COLUMNS, REGIONS, Box
 from gen.insects.splits import SETS, SplitConfig, Splits, build_splits, id_counts, rank_in_group
 
 __all__ = [
-    "AUSTRALIA", "OCCURRENCE_COLUMNS", "REGIONS", "SETS", "SET_FIELDS", "Box", "MakeSplitsConfig", "SplitConfig", "Splits",
-    "TableError", "read_input", "shortfall_lines", "summary_record",
+    "AUSTRALIA", "OCCURRENCE_COLUMNS", "REGIONS", "SETS", "SET_FIELDS", "Box", "MakeSplitsConfig", "SplitConfig",
+    "Splits", "TableError", "read_input", "shortfall_lines", "summary_record",
     "build_splits", "check_occurrences", "id_counts", "key_strings", "load_region", "make_splits", "manifest_rows",
     "manifest_table", "object_columns", "rank_in_group", "read_id_species", "read_table", "summarize",
     "synthetic_occurrences", "write_region", "write_splits",

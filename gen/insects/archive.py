@@ -38,7 +38,8 @@ def _meta(occurrence_terms: list[str]) -> str:
                 f'    </files>\n    <{id_tag} index="0" />\n{fields}\n  </{tag}>')
     return ('<?xml version="1.0" encoding="utf-8"?>\n<archive xmlns="http://rs.tdwg.org/dwc/text/" '
             'metadata="metadata.xml">\n' + section("core", DWC + "Occurrence", "occurrence.txt", "id", occurrence_terms)
-            + "\n" + section("extension", GBIF + "Multimedia", "multimedia.txt", "coreid", MEDIA_TERMS) + "\n</archive>\n")
+            + "\n" + section("extension", GBIF + "Multimedia", "multimedia.txt", "coreid", MEDIA_TERMS)
+            + "\n</archive>\n")
 
 
 def _text(values: np.ndarray, prefix: str = "", suffix: str = "") -> pa.Array:
@@ -47,10 +48,12 @@ def _text(values: np.ndarray, prefix: str = "", suffix: str = "") -> pa.Array:
 
 
 def _pick(choices: tuple[str, ...], index: np.ndarray) -> pa.Array:
-    return pa.DictionaryArray.from_arrays(pa.array(index % len(choices), pa.int32()), pa.array(choices)).cast(pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(index % len(choices), pa.int32()),
+                                          pa.array(choices)).cast(pa.string())
 
 
-def _chunk(occ: pd.DataFrame, start: int, stop: int, columns: int, rng: np.random.Generator) -> tuple[pa.Table, pa.Table]:
+def _chunk(occ: pd.DataFrame, start: int, stop: int, columns: int,
+           rng: np.random.Generator) -> tuple[pa.Table, pa.Table]:
     part = occ.iloc[start:stop]
     n = len(part)
     row = np.arange(start, stop, dtype=np.int64)
@@ -64,7 +67,8 @@ def _chunk(occ: pd.DataFrame, start: int, stop: int, columns: int, rng: np.rando
     moth = part["taxon"].to_numpy() == "moth" if "taxon" in part.columns else np.ones(n, dtype=bool)
     occurrence = {
         "gbifID": _text(gbif_id), "identifier": _text(gbif_id, "https://www.inaturalist.org/observations/"),
-        "license": _pick(("CC_BY_4_0", "CC_BY_NC_4_0", "CC0_1_0"), gbif_id), "rightsHolder": _text(row % 5000, "observer "),
+        "license": _pick(("CC_BY_4_0", "CC_BY_NC_4_0", "CC0_1_0"), gbif_id),
+        "rightsHolder": _text(row % 5000, "observer "),
         "type": _pick(("", "StillImage"), gbif_id), "basisOfRecord": _pick(("HUMAN_OBSERVATION",), gbif_id),
         "occurrenceID": _text(gbif_id, "https://www.inaturalist.org/observations/"),
         "lifeStage": _pick(("Adult", "", "Adult", "Larva"), gbif_id), "countryCode": _pick(COUNTRIES, row),
@@ -84,9 +88,10 @@ def _chunk(occ: pd.DataFrame, start: int, stop: int, columns: int, rng: np.rando
     media = pa.table({
         "gbifID": _text(gbif_id), "type": _pick(("StillImage",), row), "format": _pick(("image/jpeg",), row),
         "identifier": url, "references": _text(gbif_id, "https://www.inaturalist.org/photos/"),
-        "created": _pick(("2021-06-01T10:00:00Z", "2022-07-15T21:30:00Z"), row), "creator": _text(row % 5000, "observer "),
-        "publisher": _pick(("iNaturalist",), row),
-        "license": _pick(("http://creativecommons.org/licenses/by-nc/4.0/", "http://creativecommons.org/licenses/by/4.0/"), row),
+        "created": _pick(("2021-06-01T10:00:00Z", "2022-07-15T21:30:00Z"), row),
+        "creator": _text(row % 5000, "observer "), "publisher": _pick(("iNaturalist",), row),
+        "license": _pick(("http://creativecommons.org/licenses/by-nc/4.0/",
+                          "http://creativecommons.org/licenses/by/4.0/"), row),
         "rightsHolder": _text(row % 5000, "observer "),
     })
     return core, media

@@ -15,8 +15,8 @@ import pandas as pd
 
 from gen.insects.occurrences import GBIF_ID_COLUMNS, OCCURRENCE_COLUMNS, SPLIT_COLUMNS, TableError, read_id_species
 from gen.insects.splits import MIN_IMAGES, SETS, SplitConfig, Splits, build_splits, check_region_names
-from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, MISSING_FILE, NO_COORDINATES, NO_FILE_NAME, TAXON_FILTER,
-                                     TableLimits, TaxonFilter,
+from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, MISSING_FILE, NO_COORDINATES, NO_FILE_NAME,
+                                     TAXON_FILTER, TableLimits, TaxonFilter,
                                      clean, is_archive, normalise, read_occurrences)
 from pipelines.data import MANIFEST_INFO, METADATA, Manifest, ManifestError, check_manifest_rows, read_manifest
 from pipelines.io import atomic_path, atomic_write_json, atomic_write_text
@@ -65,7 +65,8 @@ def manifest_table(frame: pd.DataFrame, non_target_name: str) -> pd.DataFrame:
         "file_name": frame["file_name"].astype(str),
         "split": frame["set"].map({k: v[0] for k, v in SET_FIELDS.items()}),
         "role": frame["set"].map({k: v[1] for k, v in SET_FIELDS.items()}),
-        "ood_set": frame["set"].map({k: (non_target_name if v[2] == "non_target" else v[2]) for k, v in SET_FIELDS.items()}),
+        "ood_set": frame["set"].map({k: (non_target_name if v[2] == "non_target" else v[2])
+                                     for k, v in SET_FIELDS.items()}),
         "group": frame["set"].map({k: v[3] for k, v in SET_FIELDS.items()}),
         "label": frame["label"].astype(np.int64),
         "species": frame["species"], "genus": frame["genus"], "family": frame["family"],
@@ -131,7 +132,8 @@ def _manifest_chunks(frame: pd.DataFrame, non_target_name: str) -> Iterator[byte
 
 def _row_chunks(frame: pd.DataFrame, non_target_name: str) -> Iterator[bytes]:
     for start in range(0, len(frame), MANIFEST_CHUNK_ROWS):
-        yield encode_lines(manifest_rows(frame.iloc[start:start + MANIFEST_CHUNK_ROWS], non_target_name)).encode("utf-8")
+        yield encode_lines(manifest_rows(frame.iloc[start:start + MANIFEST_CHUNK_ROWS],
+                                         non_target_name)).encode("utf-8")
 
 
 def region_manifest_chunks(folder: Path, frame: pd.DataFrame, non_target_name: str) -> Iterator[bytes]:
@@ -255,7 +257,8 @@ def _markdown(table: pd.DataFrame) -> str:
 
 def _dropped_markdown(record: dict[str, Any]) -> str:
     text = "\n## Rows dropped\n\n" + (_markdown(pd.DataFrame(
-        {"reason": list(record["dropped"]), "rows": list(record["dropped"].values())})) if record["dropped"] else "none\n")
+        {"reason": list(record["dropped"]), "rows": list(record["dropped"].values())})) if record["dropped"]
+        else "none\n")
     text += "\n## Shortfalls\n\n"
     if not record["shortfalls"]:
         return text + "none\n"

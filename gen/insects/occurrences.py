@@ -94,7 +94,8 @@ def check_occurrences(occ: pd.DataFrame, source: str = "occurrence table") -> pd
             raise TableError(f"{source}: {row_name(occ, first)}: {what}, got {names.iloc[first]!r}")
     dup = names.duplicated()
     if dup.any():
-        raise TableError(f"{source}: {int(dup.sum())} duplicate file_name value(s), e.g. {occ.loc[dup, 'file_name'].iloc[0]!r}")
+        raise TableError(f"{source}: {int(dup.sum())} duplicate file_name value(s), e.g. "
+                         f"{occ.loc[dup, 'file_name'].iloc[0]!r}")
     occ = occ[[c for c in SPLIT_COLUMNS if c in occ.columns]].reset_index(drop=True)
     for col in ("species", "genus", "family"):  # names compare as strings (numeric keys too)
         occ[col] = key_strings(occ[col])
@@ -102,14 +103,16 @@ def check_occurrences(occ: pd.DataFrame, source: str = "occurrence table") -> pd
         occ[col] = pd.to_numeric(occ[col], errors="coerce").astype(np.float64)
     for col in GBIF_ID_COLUMNS[:-1]:  # keys as text ("1001", never 1001.0)
         if col in occ.columns and not _plain_keys(occ[col]):
-            occ[col] = pd.Series(np.asarray(key_strings(occ[col]), dtype=object), index=occ.index).where(occ[col].notna())
+            occ[col] = pd.Series(np.asarray(key_strings(occ[col]), dtype=object),
+                                 index=occ.index).where(occ[col].notna())
     return occ
 
 
 def _plain_keys(column: pd.Series) -> bool:
     """True for a pandas text column none of whose values is a float-rendered key (`key_strings` would keep it as it
     is: a GBIF archive's ids, millions of distinct values, stay Arrow text instead of becoming Python objects)."""
-    return isinstance(column.dtype, pd.StringDtype) and not bool(column.str.match(_FLOAT_KEY.pattern).fillna(False).any())
+    return (isinstance(column.dtype, pd.StringDtype)
+            and not bool(column.str.match(_FLOAT_KEY.pattern).fillna(False).any()))
 
 
 def read_id_species(path_or_frame: str | os.PathLike | pd.DataFrame) -> dict[str, list[str]]:
@@ -151,8 +154,9 @@ def synthetic_occurrences(n_rows: int, *, n_species: int | None = None, seed: in
 
     Species belong to genera of 1-8 species and families of about 10 genera; each species lives around a home point
     (a third in one of the built-in regions, a tenth in Australia, the rest anywhere), with long-tailed image counts.
-    About `non_target_share` of the other species are another taxon (`taxon` = "other"; the target is "moth"). Each region's ID
-    species are half of the species living in it with at least `id_min_images` images (the recipe drops smaller ones).
+    About `non_target_share` of the other species are another taxon (`taxon` = "other"; the target is "moth"). Each
+    region's ID species are half of the species living in it with at least `id_min_images` images (the recipe drops
+    smaller ones).
     """
     rng = np.random.default_rng(seed)
     n_species = n_species or max(20, n_rows // 150)

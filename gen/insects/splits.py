@@ -200,10 +200,12 @@ def build_splits(occurrences: pd.DataFrame, id_species: dict[str, list[str]], co
     non_local = _flag(n_species, tax.row_species[in_non_local_box]) & ~excluded
 
     row_sp = np.where(valid, tax.row_species, 0)  # species code per row (0 where invalid; masked by `valid` below)
-    given = _given_id_split(occ, valid & np.logical_or.reduce([is_id[r][row_sp] for r in id_species])) if id_species else None
+    given = _given_id_split(occ, valid & np.logical_or.reduce([is_id[r][row_sp]
+                                                               for r in id_species])) if id_species else None
     shared = _non_local_sets(row_sp, valid & non_local[row_sp], config) + _non_target_sets(~target, config)
     out, shortfalls = {}, [dict(region=r, what="ID species", requested=len(set(id_species[r])),
-                                 found=len(set(id_species[r])) - len(missing[r])) for r in sorted(id_species) if missing[r]]
+                                 found=len(set(id_species[r])) - len(missing[r]))
+                                 for r in sorted(id_species) if missing[r]]
     for region in sorted(id_species):
         picks = _id_sets(row_sp, valid & is_id[region][row_sp], config, region, given)
         picks += _local_sets(row_sp, valid & local[region][row_sp], config, region) + shared
@@ -220,7 +222,8 @@ def build_splits(occurrences: pd.DataFrame, id_species: dict[str, list[str]], co
     return Splits(out, missing, config, {k: v for k, v in dropped.items() if v}, shortfalls)
 
 
-def _with_non_target(occurrences: pd.DataFrame, non_target: pd.DataFrame | None, config: SplitConfig) -> tuple[pd.DataFrame, np.ndarray]:
+def _with_non_target(occurrences: pd.DataFrame, non_target: pd.DataFrame | None,
+                     config: SplitConfig) -> tuple[pd.DataFrame, np.ndarray]:
     """The checked table (with the separate non-target table appended) and the mask of target rows."""
     occ = occurrences
     if non_target is not None:
@@ -239,7 +242,8 @@ def _with_non_target(occurrences: pd.DataFrame, non_target: pd.DataFrame | None,
     if "taxon" in occ.columns:
         taxa = occ["taxon"].dropna().unique().tolist()
         if config.target_taxon is None and len(taxa) > 1:
-            raise TableError(f"the occurrence table's 'taxon' column holds {sorted(map(str, taxa))[:10]}: set target_taxon "
+            raise TableError(f"the occurrence table's 'taxon' column holds {sorted(map(str, taxa))[:10]}: set "
+                             "target_taxon "
                              "(--target-taxon) to say which one is the target; the others become non-target OOD")
         if config.target_taxon is not None:
             target = (occ["taxon"].astype(object) == config.target_taxon).to_numpy() | occ["taxon"].isna().to_numpy()
@@ -307,7 +311,8 @@ def _id_sets(row_sp: np.ndarray, mask: np.ndarray, config: SplitConfig, region: 
     return [("id_train", rows[rank < n_train]), ("id_val", rows[val]), ("id_test", rows[rank >= n_train + n_val])]
 
 
-def id_counts(size: np.ndarray, fractions: tuple[float, float, float], min_rule: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def id_counts(size: np.ndarray, fractions: tuple[float, float, float],
+              min_rule: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) images of species with `size` images (the rest is test): test = round(size * f_test) and val =
     round(size * f_val), half up; with `min_rule` a species gets test (val) images only when it has at least
     ceil(1 / f_test) (ceil(1 / f_val)) images, as the AMI-GBIF split tool; at least one train image."""
@@ -351,7 +356,8 @@ def _non_local_sets(row_sp: np.ndarray, mask: np.ndarray, config: SplitConfig) -
 
 
 def _non_target_sets(mask: np.ndarray, config: SplitConfig) -> Picks:
-    """A random `non_target_val_fraction` to val, the rest to test; `non_target_cap` caps test (and val in proportion)."""
+    """A random `non_target_val_fraction` to val, the rest to test; `non_target_cap` caps test (and val in
+    proportion)."""
     rows = _rng(config.seed, "non_target").permutation(np.flatnonzero(mask))
     n_val = int(len(rows) * config.non_target_val_fraction)
     val, test = rows[:n_val], rows[n_val:]
@@ -397,7 +403,8 @@ def _region_frame(occ: pd.DataFrame, tax: _Taxonomy, picks: Picks, id_rank: np.n
     hop = np.where(is_id_row, 0, np.where(hop, 1, np.where(fam, 2, 3)))
     aux_rank = _ranks(tax.species, _flag(len(tax.species), sp[sets == SETS.index("aux_train")]))
     aux_label = np.where((sets >= SETS.index("aux_train")) & (sp >= 0), aux_rank[np.maximum(sp, 0)], -1)
-    frame = occ.iloc[rows][[*OCCURRENCE_COLUMNS, *(c for c in GBIF_ID_COLUMNS if c in occ.columns)]].reset_index(drop=True)
+    frame = (occ.iloc[rows][[*OCCURRENCE_COLUMNS, *(c for c in GBIF_ID_COLUMNS if c in occ.columns)]]
+             .reset_index(drop=True))
     frame["set"] = pd.Categorical.from_codes(sets, categories=SETS)
     frame["label"] = np.where(is_id_row, id_rank[np.maximum(sp, 0)], -1).astype(np.int64)
     frame["hop"] = hop.astype(np.int64)

@@ -175,8 +175,8 @@ class ClipScorer:
     """What the filter needs of a CLIP model: normalised image and text embeddings and the logit scale (the scripts
     pass `detectors.clip.backbone.ClipBackbone`'s, so the project has one CLIP code path)."""
 
-    def __init__(self, encode_images: Callable[[list[Any]], np.ndarray], encode_texts: Callable[[list[str]], np.ndarray],
-                 logit_scale: float, model_id: str):
+    def __init__(self, encode_images: Callable[[list[Any]], np.ndarray],
+                 encode_texts: Callable[[list[str]], np.ndarray], logit_scale: float, model_id: str):
         self.encode_images, self.encode_texts = encode_images, encode_texts
         self.logit_scale, self.model_id = logit_scale, model_id
 
@@ -186,7 +186,8 @@ def _score_key(flt: SecondaryFilter, scorer: ClipScorer, category: Category) -> 
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def score_category(root: Path, category: Category, flt: SecondaryFilter, scorer: ClipScorer, cache: Path) -> dict[str, Any]:
+def score_category(root: Path, category: Category, flt: SecondaryFilter, scorer: ClipScorer,
+                   cache: Path) -> dict[str, Any]:
     """{"key", "prompts", "logits": {file: [logit scale x cosine of each prompt, main first]}, "failures": {file:
     reason}}, cached in `cache/<wnid>.json` (the threshold is applied afterwards: changing it rescores nothing)."""
     key = _score_key(flt, scorer, category)
@@ -209,7 +210,8 @@ def score_category(root: Path, category: Category, flt: SecondaryFilter, scorer:
                 failures[name] = err.reason
         if not images:
             continue
-        values = scorer.logit_scale * np.asarray(scorer.encode_images(images), np.float64) @ np.asarray(texts, np.float64).T
+        values = (scorer.logit_scale * np.asarray(scorer.encode_images(images), np.float64)
+                  @ np.asarray(texts, np.float64).T)
         logits.update({name: [float(v) for v in row] for name, row in zip(batch, values)})
     result = {"key": key, "prompts": prompts, "logits": logits, "failures": failures}
     atomic_write_json(path, result)
@@ -293,7 +295,8 @@ def _curate(cfg: ContainerCuration, out: Path, scorer: ClipScorer | None) -> dic
             kept = []
             for name in category.files:
                 if name in scored["failures"]:
-                    dropped.append([name, category.wnid, category.label, "", "", f"unreadable: {scored['failures'][name]}"])
+                    dropped.append([name, category.wnid, category.label, "", "",
+                                    f"unreadable: {scored['failures'][name]}"])
                     continue
                 share, worst = main_share(scored["logits"][name])
                 if share >= cfg.filter.threshold:

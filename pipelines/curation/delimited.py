@@ -2,9 +2,9 @@
 Arrow table of text columns, only the columns asked for, within `TableLimits`.
 
 Memory: the file is read 1 MiB at a time and parsed in chunks of whole rows (a row longer than `max_line_bytes` is
-refused once that many bytes hold no row end, so a 1 GiB field never reaches memory) plus the kept columns' text; rows past `max_rows` or kept text past `max_kept_bytes` stop the read
-with one line naming the key. Every value is text (a blank is null); a row with another number of fields than the
-file's first row is refused naming its line.
+refused once that many bytes hold no row end, so a 1 GiB field never reaches memory) plus the kept columns' text; rows
+past `max_rows` or kept text past `max_kept_bytes` stop the read with one line naming the key. Every value is text (a
+blank is null); a row with another number of fields than the file's first row is refused naming its line.
 """
 from __future__ import annotations
 
@@ -105,7 +105,8 @@ def first_lines(opener: Opener, dialect: Dialect, count: int, limits: TableLimit
                 if not line:
                     break
                 if len(line) > limits.max_line_bytes:
-                    raise TableError(f"{source}: line {len(lines) + 1} is longer than {limits.describe('max_line_bytes')}"
+                    raise TableError(f"{source}: line {len(lines) + 1} is longer than "
+                                     f"{limits.describe('max_line_bytes')}"
                                      " (TableLimits)", doc=TableLimits.DOC)
                 lines.append(line.lstrip("\ufeff") if not lines else line)
         except UnicodeDecodeError as err:

@@ -103,7 +103,8 @@ def _descriptor(element: ElementTree.Element, core: bool, source: str) -> FileDe
     where = f"{source}: meta.xml <{tag}{' ' + element.get('rowType') if element.get('rowType') else ''}>"
     attrs = {key: _escapes(element.get(key, default)) for key, default in DEFAULTS.items()}
     if attrs["linesTerminatedBy"] not in LINE_ENDS:
-        raise TableError(f"{where}: linesTerminatedBy {attrs['linesTerminatedBy']!r}; lines end with \\n, \\r\\n or \\r")
+        raise TableError(f"{where}: linesTerminatedBy {attrs['linesTerminatedBy']!r}; lines end with \\n, \\r\\n or "
+                         "\\r")
     try:
         header = int(attrs["ignoreHeaderLines"])
     except ValueError:
@@ -260,7 +261,8 @@ def star_rows(core_ids: pa.ChunkedArray, ext_ids: pa.ChunkedArray, source: str) 
         counts = pc.value_counts(present)
         repeated = counts.filter(pc.greater(counts.field("counts"), 1))
         value, times = repeated[0]["values"].as_py(), repeated[0]["counts"].as_py()
-        raise TableError(f"{source}: core id {value!r} appears on {times} rows ({len(repeated):,} ids repeat); a core's "
+        raise TableError(f"{source}: core id {value!r} appears on {times} rows ({len(repeated):,} ids repeat); a "
+                         "core's "
                          "<id> must be unique (DwC-A text guide)")
     position = pc.index_in(ext_ids, value_set=ids, skip_nulls=True)
     matched = np.flatnonzero(pc.is_valid(position).to_numpy(zero_copy_only=False))

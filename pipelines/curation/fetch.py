@@ -7,13 +7,13 @@ with exponential backoff on timeouts, connection errors, truncated bodies and 5x
 species (the first `per_species` URLs in the order of a URL hash, so the cap does not depend on the table's order);
 dedupe by URL and by content hash; minimum-size and thumbnail filters (a URL pattern and the original's longer side);
 a pixel cap read from the header before any decode; resize on fetch (`fetch_resize`: by default the reference's,
-Open-Insect's download.py: the shorter side to 224, PIL's JPEG quality 75; img2dataset's keep_ratio one key away). Each image is written atomically (`pipelines.io`) at its
-`file_name` (`image_file_name(url)`, the name make_splits derives from the same URL, unless the table has its own),
-which must lie under `out` (`fetch_ledger.Paths`). Every outcome is appended to `OUT/.fetch/ledger.jsonl`; a file
-present counts as done only when the ledger says this URL wrote it, and nothing is deleted that the ledger does not
-prove the fetch wrote. A rerun (after a kill -9 too) fetches only what is missing: finished files and final failures
-are skipped, transient failures are retried, temp files of a killed run are removed. One fetch at a time per `out`
-(`pipelines.locks.folder_lock`).
+Open-Insect's download.py: the shorter side to 224, PIL's JPEG quality 75; img2dataset's keep_ratio one key away). Each
+image is written atomically (`pipelines.io`) at its `file_name` (`image_file_name(url)`, the name make_splits derives
+from the same URL, unless the table has its own), which must lie under `out` (`fetch_ledger.Paths`). Every outcome is
+appended to `OUT/.fetch/ledger.jsonl`; a file present counts as done only when the ledger says this URL wrote it, and
+nothing is deleted that the ledger does not prove the fetch wrote. A rerun (after a kill -9 too) fetches only what is
+missing: finished files and final failures are skipped, transient failures are retried, temp files of a killed run are
+removed. One fetch at a time per `out` (`pipelines.locks.folder_lock`).
 
 Outputs: `OUT/images/...` (with `store: shards`, `OUT/shards/` instead: tar shards in pack_shards' format, written as
 images arrive, `fetch_shards`), `OUT/images.csv` (the input's rows that were fetched, with file_name, sha256, width,
@@ -489,8 +489,8 @@ def _write_outputs(cfg: FetchConfig, planned: Plan, records: dict[str, dict[str,
     atomic_write_text(out / "failures.csv", failures.to_csv(index=False))
     summary = {"planned": int(len(rows)), "fetched": int(len(ok) + len(filtered)), "kept": int(len(ok)),
                "failed": dict(Counter(_reason_kind(r["reason"]) for r in failed)),
-               "dropped": dict(planned.dropped), "filtered": {str(k): int(v) for k, v in
-                                                             filtered.get("predicted", pd.Series()).value_counts().items()}}
+               "dropped": dict(planned.dropped),
+               "filtered": {str(k): int(v) for k, v in filtered.get("predicted", pd.Series()).value_counts().items()}}
     atomic_write_text(out / "fetch_summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 

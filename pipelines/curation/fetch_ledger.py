@@ -76,7 +76,8 @@ class Paths:
         if inside is None:
             inside = self.folders[folder] = _under(os.path.realpath(folder), self.root)
         if os.path.islink(path):
-            where = "leads outside --out" if not _under(os.path.realpath(path), self.root) else "is never written through"
+            where = ("leads outside --out" if not _under(os.path.realpath(path), self.root)
+                     else "is never written through")
             raise FetchFailure(f"unsafe file_name {file_name!r}: a symlink {where}", True)
         if not inside:
             raise FetchFailure(f"unsafe file_name {file_name!r}: a symlink leads outside --out", True)

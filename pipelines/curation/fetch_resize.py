@@ -1,9 +1,9 @@
 """Check and resize a downloaded image before it is written: the reference's resize (`reference`, the default) or
 img2dataset's (`keep_ratio`), or none.
 
-`reference` is what Open-Insect's `download.py:10-31` did to every image its `download.sh` fetched (`--resize_size 224`):
-PIL open, `convert("RGB")` (EXIF orientation NOT applied), torchvision `Resize(224)` (the shorter side to 224 whether
-larger or smaller, the longer one truncated, `int(224 * long / short)`; PIL bilinear on the full decode), then
+`reference` is what Open-Insect's `download.py:10-31` did to every image its `download.sh` fetched (`--resize_size
+224`): PIL open, `convert("RGB")` (EXIF orientation NOT applied), torchvision `Resize(224)` (the shorter side to 224
+whether larger or smaller, the longer one truncated, `int(224 * long / short)`; PIL bilinear on the full decode), then
 `Image.save(path)`: the file name's format at PIL's defaults (JPEG quality 75). Its pixels are the reference
 dataset's, so the protocol's Resize(128) + CenterCrop(126) then reads the images the paper's models read.
 
@@ -37,7 +37,8 @@ MODE_DEFAULTS = {"reference": {"short_side": 224, "quality": 75},  # download.sh
 MAX_PIXELS = 40_000_000
 """Images with more pixels are refused from their header (well under PIL's 89.5 MP bomb limit)."""
 TRANSPOSED = (5, 6, 7, 8)  # EXIF orientations that swap width and height
-UPRIGHT = {2: 0, 3: 3, 4: 1, 5: 5, 6: 4, 7: 6, 8: 2}  # orientation -> PIL Image.Transpose value (ImageOps.exif_transpose's)
+UPRIGHT = {2: 0, 3: 3, 4: 1, 5: 5, 6: 4, 7: 6, 8: 2}  # orientation -> PIL Image.Transpose value
+                                                      # (ImageOps.exif_transpose's)
 
 
 IMAGE_COLUMNS = ("sha256", "width", "height", "bytes", "original_width", "original_height", "original_bytes")

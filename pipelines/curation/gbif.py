@@ -259,7 +259,8 @@ def _check_rules(rules: list[str], key: str) -> None:
 
 
 def parse_rules(rules: list[str]) -> dict[str, set[str]]:
-    """['family=Noctuidae,Erebidae', 'genus=X'] -> {'family': {'noctuidae', 'erebidae'}, 'genus': {'x'}} (casefolded)."""
+    """['family=Noctuidae,Erebidae', 'genus=X'] -> {'family': {'noctuidae', 'erebidae'}, 'genus': {'x'}}
+    (casefolded)."""
     out: dict[str, set[str]] = {}
     for rule in rules:
         rank, _, values = rule.partition("=")

@@ -58,7 +58,8 @@ TINY: dict[str, dict[str, dict[str, Any]]] = {
         # transformers rebuilds the vision tower from `vision_config_dict` (CLIPVisionConfig defaults + its keys),
         # so the vision sizes are shrunk there as well as in `vision_config`
         "config.json": {"projection_dim": 16, **_prefixed("text_config", _TINY_CLIP_TEXT),
-                        **_prefixed("vision_config", _TINY_CLIP_VISION), **_prefixed("vision_config_dict", _TINY_CLIP_VISION)},
+                        **_prefixed("vision_config", _TINY_CLIP_VISION),
+                        **_prefixed("vision_config_dict", _TINY_CLIP_VISION)},
         "preprocessor_config.json": {"size": 32, "crop_size": 32},
         "tokenizer_config.json": {},
     },

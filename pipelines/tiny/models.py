@@ -7,13 +7,17 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
 from pipelines.tiny.configs import (CLIP_ID, DPT_ID, SD15_ID, SDXL_ID, TINY, full_config, sized_config, tiny_config,
                                     zest_configs)
 from pipelines.tiny.tokenizer import load_tiny_tokenizer
+
+if TYPE_CHECKING:  # imported where used: loading diffusers is slow
+    from gen.zest import ZeSTConfig, ZeSTPipeline
+
 
 def build_model(config: dict[str, Any]) -> Any:
     """A random-weight model from a config dict: diffusers models by `_class_name`, transformers models by
@@ -200,10 +204,10 @@ def save_tiny_pixel_unet(folder: str | os.PathLike, seed: int = 0) -> Path:
 
 
 def save_tiny_stable_diffusion(folder: str | os.PathLike, seed: int = 0, model_id: str = SD15_ID) -> Path:
-    """A random-weight Stable Diffusion folder of `model_id` (default SD 1.5; also stabilityai/stable-diffusion-2-1-base):
-    the real UNet, VAE, text-encoder, scheduler and feature-extractor configs with `TINY`'s sizes (UNet latent 8 ->
-    64 px images, VAE x8 as the real one), the tiny BPE tokenizer, without the safety checker. Loads with
-    `StableDiffusionPipeline.from_pretrained(folder)`.
+    """A random-weight Stable Diffusion folder of `model_id` (default SD 1.5; also
+    stabilityai/stable-diffusion-2-1-base): the real UNet, VAE, text-encoder, scheduler and feature-extractor configs
+    with `TINY`'s sizes (UNet latent 8 -> 64 px images, VAE x8 as the real one), the tiny BPE tokenizer, without the
+    safety checker. Loads with `StableDiffusionPipeline.from_pretrained(folder)`.
     """
     from diffusers import StableDiffusionPipeline
     from transformers import CLIPImageProcessor
@@ -213,8 +217,10 @@ def save_tiny_stable_diffusion(folder: str | os.PathLike, seed: int = 0, model_i
     torch.manual_seed(seed)
     parts = {name: build_model(tiny_config(model_id, f"{name}/config.json")).eval()
              for name in ("unet", "vae", "text_encoder")}
-    feature_extractor = CLIPImageProcessor.from_dict(tiny_config(model_id, "feature_extractor/preprocessor_config.json"))
+    feature_extractor = CLIPImageProcessor.from_dict(tiny_config(model_id,
+                                                                 "feature_extractor/preprocessor_config.json"))
     pipe = StableDiffusionPipeline(**parts, tokenizer=tokenizer, scheduler=scheduler_from_config(model_id),
-                                   safety_checker=None, feature_extractor=feature_extractor, requires_safety_checker=False)
+                                   safety_checker=None, feature_extractor=feature_extractor,
+                                   requires_safety_checker=False)
     pipe.save_pretrained(folder)
     return folder

@@ -47,7 +47,8 @@ def _word_merges(words: Iterable[str]) -> list[tuple[str, str]]:
     return merges
 
 
-def tiny_tokenizer_vocab(vocab_words: Iterable[str] = DEFAULT_VOCAB_WORDS) -> tuple[dict[str, int], list[tuple[str, str]]]:
+def tiny_tokenizer_vocab(vocab_words: Iterable[str] = DEFAULT_VOCAB_WORDS
+                         ) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Vocabulary and merges of a byte-level CLIP BPE: bytes, bytes + `</w>`, merged words, then BOS and EOS last."""
     symbols = _byte_symbols()
     tokens = symbols + [s + "</w>" for s in symbols]

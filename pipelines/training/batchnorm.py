@@ -52,7 +52,8 @@ class GlobalBatchNorm(nn.modules.batchnorm._BatchNorm):
 
 
 _GLOBAL: dict[type, type] = {
-    cls: type(f"Global{cls.__name__}", (GlobalBatchNorm, cls), {}) for cls in (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+    cls: type(f"Global{cls.__name__}", (GlobalBatchNorm, cls), {}) for cls in (nn.BatchNorm1d, nn.BatchNorm2d,
+                                                                               nn.BatchNorm3d)
 }
 
 

@@ -21,6 +21,7 @@ checkpoint's key differs too).
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,13 +46,16 @@ from pipelines.training.schedule import describe as describe_schedule
 from pipelines.training.schedule import lr_landmarks, planned_lrs
 from pipelines.training.transforms import Compose, ResizeCenterCrop, reference_eval, reference_train
 
+log = logging.getLogger(__name__)
+
 METRICS = "metrics.json"
 CHECKPOINT = "checkpoint.safetensors"
 BEST_FOLDER = "best"
 BEST_RULE = ("best: the epoch of highest ID-val top-1 accuracy (primary head), a later epoch winning a tie "
              "(Open-Insect/OpenOOD src/openood/recorders/base_recorder.py:40-55, `acc >= best_acc`); last: the final "
              "epoch (:57-62)")
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                "pytorch_model.bin.index.json")
 
 
 def class_names_of(manifest: Manifest, folder: str | Path) -> tuple[list[str], str | None]:
@@ -126,7 +130,8 @@ def _set_eval_pixels(processor: Any, config: TrainConfig) -> None:
         processor.crop_size = {"height": size, "width": size}
 
 
-def transforms_for(classifier: ImageClassifier, augment: str = "imagenet", pre_size: int | None = None) -> tuple[Compose, Any]:
+def transforms_for(classifier: ImageClassifier, augment: str = "imagenet",
+                   pre_size: int | None = None) -> tuple[Compose, Any]:
     """(train, eval) transforms at the classifier's input size. Training: the `augment` branch of
     `transforms.reference_train` ("region" resizes to `pre_size`, default the processor's resize). Evaluation: the
     reference's Resize(pre_size) + CenterCrop when `pre_size` is given, else what the image processor does (resize +
@@ -215,19 +220,21 @@ def _train_classifier(config: TrainConfig) -> Path:
     state = partial_state()
     if plan.state == "up to date":
         if state.is_main_process:
-            print(f"[oodforge] {out} is up to date (same settings, starting model, class names and images): nothing to do")
+            log.info("[oodforge] %s is up to date (same settings, starting model, class names and images): nothing to "
+                     "do",
+                     out)
         return out
     classifier = build_classifier(config, class_names)
     objective = plan.objective
     out.mkdir(parents=True, exist_ok=True)
     if state.is_main_process:
         remove_orphan_temps(out)  # what a killed run's writes left (a live writer's temp files stay)
-    transforms = training_pixels(classifier, transforms_for(classifier, config.augment, config.pre_size), config.protocol,
-                                 config.draft)
+    transforms = training_pixels(classifier, transforms_for(classifier, config.augment, config.pre_size),
+                                 config.protocol, config.draft)
     if state.is_main_process:
-        print(f"recipe {config.recipe}, protocol {config.protocol}: train pixels {transforms[0]!r}; eval pixels "
-              f"{transforms[1]!r}; batch {config.batch_size} ({'last partial batch dropped' if config.drop_last else 'last partial batch kept'}), "
-              f"precision {config.precision}", flush=True)
+        log.info("recipe %s, protocol %s: train pixels %r; eval pixels %r; batch %s (last partial batch %s), "
+                 "precision %s", config.recipe, config.protocol, transforms[0], transforms[1], config.batch_size,
+                 "dropped" if config.drop_last else "kept", config.precision)
     result = finetune(classifier, train, settings=config.settings(), val=val, test=test, objective=objective,
                       num_workers=config.workers(), transforms=transforms, checkpoint=out / CHECKPOINT,
                       checkpoint_key=key, keep_best=True, channels_last=config.channels_last, compile=config.compile,
@@ -289,7 +296,8 @@ def check_training(config: TrainConfig) -> TrainingPlan:
         return TrainingPlan(train, val, test, class_names, label_field, objective, key, "up to date", batches)
     processes = partial_state().num_processes
     if config.batch_size % processes:
-        raise ConfigError(f"batch_size {config.batch_size} is the global batch: it must divide by the {processes} processes")
+        raise ConfigError(f"batch_size {config.batch_size} is the global batch: it must divide by the {processes} "
+                          "processes")
     epoch = checkpoint_epoch(out / CHECKPOINT, key)
     state = f"resumes after epoch {epoch}" if epoch else "new"
     return TrainingPlan(train, val, test, class_names, label_field, objective, key, state, batches)
@@ -298,7 +306,8 @@ def check_training(config: TrainConfig) -> TrainingPlan:
 def _write_outputs(out: Path, config: TrainConfig, classifier: ImageClassifier, objective: Objective,
                    result: TrainResult, class_names: list[str], label_field: str | None, key: str) -> None:
     """Every output file, `metrics.json` (with the run's key) last: its presence says the folder is complete. The
-    last epoch's model first, then the best epoch's in `best/` (or none when it is the last), then `checkpoints.json`."""
+    last epoch's model first, then the best epoch's in `best/` (or none when it is the last), then
+    `checkpoints.json`."""
     (out / METRICS).unlink(missing_ok=True)
     heads = [PRIMARY, *getattr(objective, "levels", {})]
     names = ClassNames(class_names, label_field, heads[1:])
@@ -315,7 +324,8 @@ def _write_outputs(out: Path, config: TrainConfig, classifier: ImageClassifier, 
 
         shutil.rmtree(best_folder)
     write_checkpoint_index(out, entries, BEST_RULE)
-    atomic_write_json(out / METRICS, {**metrics(result, heads, label_field, config.warmup_epochs), "checkpoints": entries,
+    atomic_write_json(out / METRICS,
+                      {**metrics(result, heads, label_field, config.warmup_epochs), "checkpoints": entries,
                                       "run_key": key})
 
 

@@ -22,8 +22,8 @@ class ImageRows(Dataset):
     classifier's own processor)."""
 
     def __init__(self, manifest: Manifest, labels: np.ndarray, preprocess: Callable[[list[Any]], torch.Tensor] | None,
-                 augment: Callable[[Any], Any] | None = None, transform: Callable[[Any, Any], torch.Tensor] | None = None,
-                 seed: int = 0):
+                 augment: Callable[[Any], Any] | None = None,
+                 transform: Callable[[Any, Any], torch.Tensor] | None = None, seed: int = 0):
         self.manifest, self.labels, self.preprocess, self.augment = manifest, labels, preprocess, augment
         self.transform, self.seed, self.epoch = transform, int(seed), 0
 
@@ -79,7 +79,8 @@ class TensorBatches:
     """Cached features in (optionally shuffled) batches, sliced whole (no per-row Python work); the loader interface
     of `_run` (len + iteration yielding the collated dict)."""
 
-    def __init__(self, features: np.ndarray, labels: np.ndarray, batch_size: int, shuffle: bool, seed: int, drop_last: bool):
+    def __init__(self, features: np.ndarray, labels: np.ndarray, batch_size: int, shuffle: bool, seed: int,
+                 drop_last: bool):
         self.features = torch.as_tensor(np.ascontiguousarray(features), dtype=torch.float32)
         self.labels = torch.as_tensor(np.asarray(labels, dtype=np.int64))
         self.batch_size, self.shuffle, self.drop_last = batch_size, shuffle, drop_last
@@ -104,7 +105,8 @@ class PooledTensorBatches:
     def __init__(self, features: np.ndarray, labels: np.ndarray, aux_features: np.ndarray, aux_labels: np.ndarray,
                  batch_size: int, seed: int, drop_last: bool):
         self.n_id = len(labels)
-        self.pool = TensorBatches(np.concatenate([np.asarray(features, np.float32), np.asarray(aux_features, np.float32)]),
+        self.pool = TensorBatches(np.concatenate([np.asarray(features, np.float32),
+                                                  np.asarray(aux_features, np.float32)]),
                                    np.concatenate([labels, aux_labels]), batch_size, True, seed, drop_last)
 
     def __len__(self) -> int:
@@ -113,8 +115,10 @@ class PooledTensorBatches:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for batch in self.pool:
             is_id = batch["index"] < self.n_id
-            aux = {"x": batch["x"][~is_id], "y": batch["y"][~is_id], "index": batch["index"][~is_id] - self.n_id, "failed": []}
-            yield {"x": batch["x"][is_id], "y": batch["y"][is_id], "index": batch["index"][is_id], "failed": [], "aux": aux}
+            aux = {"x": batch["x"][~is_id], "y": batch["y"][~is_id], "index": batch["index"][~is_id] - self.n_id,
+                   "failed": []}
+            yield {"x": batch["x"][is_id], "y": batch["y"][is_id], "index": batch["index"][is_id], "failed": [],
+                   "aux": aux}
 
 
 class PooledRows(Dataset):
@@ -153,7 +157,8 @@ def collate(items: list[tuple[Any, int, int, str]]) -> dict[str, Any]:
 def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, num_workers: int, drop_last: bool = False,
                 collate_fn: Callable[[list[Any]], dict[str, Any]] = collate) -> DataLoader:
     """A DataLoader over `dataset` in `EpochSampler` order (pinned memory on GPU, seeded workers)."""
-    return DataLoader(dataset, batch_size=batch_size, sampler=EpochSampler(dataset, seed, shuffle), num_workers=num_workers,
+    return DataLoader(dataset, batch_size=batch_size, sampler=EpochSampler(dataset, seed, shuffle),
+                      num_workers=num_workers,
                       collate_fn=collate_fn, generator=torch.Generator().manual_seed(seed), drop_last=drop_last,
                       pin_memory=torch.cuda.is_available(), worker_init_fn=seed_worker if num_workers else None)
 
@@ -192,7 +197,8 @@ def manifest_labels(manifest: Manifest, what: str) -> np.ndarray:
     labels = manifest.labels()
     if what == "train" and (labels < 0).any():
         bad = manifest.rows[int(np.flatnonzero(labels < 0)[0])]["file_name"]
-        raise ValueError(f"train manifest holds rows without an ID class label (label -1), e.g. {bad!r}: pass ID rows only")
+        raise ValueError(f"train manifest holds rows without an ID class label (label -1), e.g. {bad!r}: pass ID rows "
+                         "only")
     return labels
 
 
@@ -207,7 +213,8 @@ def aux_labels(rows: list[dict[str, Any]], field_name: str | None) -> tuple[np.n
 
 
 def aux_batch_size(objective: Objective, batch_size: int, n_train: int, n_aux: int) -> int:
-    """Aux rows drawn per step: `aux_batch_ratio * batch_size`, or proportional to the set sizes when the ratio is None."""
+    """Aux rows drawn per step: `aux_batch_ratio * batch_size`, or proportional to the set sizes when the ratio is
+    None."""
     ratio = objective.aux_batch_ratio if objective.aux_batch_ratio is not None else n_aux / max(n_train, 1)
     return max(1, int(round(ratio * batch_size)))
 

@@ -9,6 +9,7 @@ epoch's weights by ID-val accuracy kept beside the last (`keep_best`; `best_epoc
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import sys
@@ -38,6 +39,8 @@ from pipelines.training.schedule import describe, make_scheduler
 from pipelines.training.settings import TrainSettings
 from pipelines.training.transforms import Normalize
 
+log = logging.getLogger(__name__)
+
 # -- results -------------------------------------------------------------------------------------------------
 CHECKPOINT_CHOICES: tuple[str, ...] = ("last", "best")
 """Which weights a trained model scores with: the last epoch's, or the best epoch's by ID-val accuracy (`best_epoch`)."""
@@ -49,7 +52,8 @@ BEST_METRIC = f"acc_{PRIMARY}"
 def best_epoch(history: list[dict[str, float]]) -> int | None:
     """The epoch the reference keeps as `best.ckpt` (Open-Insect / OpenOOD `recorders/base_recorder.py:40-50`): from
     a best accuracy of 0.0, every epoch whose ID-val accuracy is `>=` the best so far replaces it, so of equal
-    accuracies the later epoch wins. An epoch without validation accuracy (or a NaN one) never does; None without any."""
+    accuracies the later epoch wins. An epoch without validation accuracy (or a NaN one) never does; None without
+    any."""
     best_acc, found = 0.0, None
     for entry in history:
         acc = entry.get(BEST_METRIC)
@@ -259,13 +263,15 @@ class _Loop:
         if settings.epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {settings.epochs}")
         if settings.warmup_epochs >= settings.epochs:  # train_classifier refuses it (TrainConfig); said, never silent
-            print(f"{settings.desc}: warning: warmup_epochs ({settings.warmup_epochs:g}) >= epochs ({settings.epochs}): "
-                  "every step is in the warm-up", file=sys.stderr, flush=True)
+            log.warning("%s: warning: warmup_epochs (%g) >= epochs (%d): every step is in the warm-up", settings.desc,
+                        settings.warmup_epochs, settings.epochs)
         if len(loaders[0]) == 0:
-            raise ConfigError(f"batch_size: {_rows(loaders[0])} training rows make no batch: no optimiser step would run "
+            raise ConfigError(f"batch_size: {_rows(loaders[0])} training rows make no batch: no optimiser step would "
+                              "run "
                               "(lower batch_size or keep the last partial batch)")
         if settings.weights == "best" and loaders[2] is None:
-            raise ValueError(f"{settings.desc}: the best epoch is chosen by ID validation accuracy: pass validation rows "
+            raise ValueError(f"{settings.desc}: the best epoch is chosen by ID validation accuracy: pass validation "
+                             "rows "
                              "(or keep the last epoch's weights)")
         self.tracks_best = (settings.keep_best or settings.weights == "best") and loaders[2] is not None
         self.s, self.result, self.failed_files, self.objective = settings, result, failed_files, objective
@@ -277,7 +283,8 @@ class _Loop:
         step_module = _Step(model, objective, compiled=settings.compile)
         optimizer = _optimizer(step_module, objective, settings.lr, settings.weight_decay)
         self.step_module, self.optimizer = self.acc.prepare(step_module, optimizer)
-        self.train, self.aux, self.val, self.test = (self.acc.prepare(x) if isinstance(x, DataLoader) else x for x in loaders)
+        self.train, self.aux, self.val, self.test = (self.acc.prepare(x) if isinstance(x, DataLoader) else x
+                                                     for x in loaders)
         self.train_targets, self.val_targets, self.test_targets = targets
         # one schedule step per optimiser step; with split batches every process takes every global step
         self.batches = len(self.train)
@@ -305,7 +312,8 @@ class _Loop:
         inner.eval()
         id_loader, aux_loader = _pass_loaders(self.train, self.aux, self.objective.pooled)
         id_pass = _all_outputs(inner.model, id_loader, self.inputs, self.acc)
-        return id_pass, (_all_outputs(inner.model, aux_loader, self.inputs, self.acc) if aux_loader is not None else None)
+        return (id_pass,
+                (_all_outputs(inner.model, aux_loader, self.inputs, self.acc) if aux_loader is not None else None))
 
     def run(self) -> TrainResult:
         start, first = time.perf_counter(), self.resume()
@@ -329,8 +337,9 @@ class _Loop:
         self.finish_best()
         self.result.seconds += time.perf_counter() - start
         if self.acc.is_main_process and first < self.s.epochs:
-            print(f"{self.s.desc}: " + describe(self.s.schedule, self.result.lrs, epochs=self.s.epochs, batches=self.batches,
-                                                warmup_epochs=self.s.warmup_epochs, lr=self.s.lr), flush=True)
+            log.info("%s: %s", self.s.desc, describe(self.s.schedule, self.result.lrs, epochs=self.s.epochs,
+                                                     batches=self.batches, warmup_epochs=self.s.warmup_epochs,
+                                                     lr=self.s.lr))
         return self.result
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
@@ -358,19 +367,23 @@ class _Loop:
             total += float(loss.detach()) * batch.n_id
             count += batch.n_id
             bar.set_postfix(loss=f"{total / max(count, 1):.4f}")
-        total, count = self.acc.reduce(torch.tensor([total, count], dtype=torch.float64, device=self.device), "sum").tolist()
+        total, count = self.acc.reduce(torch.tensor([total, count], dtype=torch.float64, device=self.device),
+                                       "sum").tolist()
         if self.result.steps == steps_before:
-            raise RuntimeError(f"{self.s.desc} epoch {epoch + 1}: no optimiser step (every training batch failed to load)")
+            raise RuntimeError(f"{self.s.desc} epoch {epoch + 1}: no optimiser step (every training batch failed to "
+                               "load)")
         return {"epoch": epoch + 1, "loss": total / count if count else math.nan, "lr": self.scheduler.get_last_lr()[0]}
 
-    def batch(self, raw: dict[str, Any], aux_stream: Iterator[dict[str, Any]] | None, epoch: int, step: int) -> TrainBatch | None:
+    def batch(self, raw: dict[str, Any], aux_stream: Iterator[dict[str, Any]] | None, epoch: int,
+              step: int) -> TrainBatch | None:
         self.record(raw["failed"], "train")
         aux = raw["aux"] if "aux" in raw else next(aux_stream) if aux_stream is not None else None
         if aux is not None:
             self.record(aux["failed"], "aux")
         if raw["x"] is None:
             if self.acc.num_processes > 1:  # the other processes would wait forever in the gradient all-reduce
-                raise RuntimeError(f"every image of a training batch share failed to load on process {self.acc.process_index}: "
+                raise RuntimeError("every image of a training batch share failed to load on process "
+                                   f"{self.acc.process_index}: "
                                    f"{raw['failed'][:3]}; drop unreadable images from the manifest")
             return None
         index = raw["index"]
@@ -390,7 +403,8 @@ class _Loop:
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def _saved(self) -> tuple[Any, ...]:
         inner = self.acc.unwrap_model(self.step_module)
-        return (inner, inner.objective, self.optimizer, self.scheduler, self.result, loader_generators([self.train, self.aux]))
+        return (inner, inner.objective, self.optimizer, self.scheduler, self.result,
+                loader_generators([self.train, self.aux]))
 
     def save(self, epochs_done: int) -> None:
         if self.s.checkpoint is None:
@@ -412,9 +426,9 @@ class _Loop:
             found = best_epoch_saved(best_path(self.s.checkpoint), self.s.checkpoint_key)
             if best is not None and best != done and found != best:
                 if self.acc.is_main_process:
-                    print(f"[oodforge] {best_path(self.s.checkpoint)} does not hold the best epoch ({best}) of "
-                          f"{self.s.checkpoint} ({'epoch ' + str(found) if found else 'no such file'}): training starts "
-                          "over", file=sys.stderr, flush=True)
+                    log.warning("[oodforge] %s does not hold the best epoch (%s) of %s (%s): training starts over",
+                                best_path(self.s.checkpoint), best, self.s.checkpoint,
+                                f"epoch {found}" if found else "no such file")
                 return 0
         first = load_checkpoint(self.s.checkpoint, self.s.checkpoint_key, *self._saved())
         if self.tracks_best:
@@ -446,7 +460,8 @@ class _Loop:
         self.result.best = best_epoch(self.result.history)
         if self.result.best is None:
             if self.s.weights == "best":
-                raise ValueError(f"{self.s.desc}: no epoch has an ID validation accuracy (every validation image failed "
+                raise ValueError(f"{self.s.desc}: no epoch has an ID validation accuracy (every validation image "
+                                 "failed "
                                  "to load?): there is no best epoch to keep")
             return
         if self.s.checkpoint is not None:
@@ -522,12 +537,14 @@ def _pass_loaders(train_loader: Any, aux_loader: Any, pooled: bool) -> tuple[Any
 
 
 @torch.no_grad()
-def _all_outputs(model: nn.Module, loader: Any, inputs: Callable[[torch.Tensor], torch.Tensor], accelerator: Any) -> Pass:
+def _all_outputs(model: nn.Module, loader: Any, inputs: Callable[[torch.Tensor], torch.Tensor],
+                 accelerator: Any) -> Pass:
     """float32 logits and features of every loadable row of `loader` (one pass, no gradient), gathered from every
     process, sorted by row index with duplicates (whole batches seen by several processes) removed."""
     logits, features, index, labels = [], [], [], []
     device = accelerator.device
-    for raw in progress(loader, desc="pass over the training rows", leave=False, disable=not accelerator.is_local_main_process):
+    for raw in progress(loader, desc="pass over the training rows", leave=False,
+                        disable=not accelerator.is_local_main_process):
         if raw["x"] is not None:
             with accelerator.autocast():
                 z, h = model(inputs(raw["x"]))
@@ -544,9 +561,11 @@ def _all_outputs(model: nn.Module, loader: Any, inputs: Callable[[torch.Tensor],
 
 
 @torch.no_grad()
-def _evaluate(step_module: _Step, loader: Any, targets: dict[str, np.ndarray], inputs: Callable[[torch.Tensor], torch.Tensor],
+def _evaluate(step_module: _Step, loader: Any, targets: dict[str, np.ndarray],
+              inputs: Callable[[torch.Tensor], torch.Tensor],
               accelerator: Any, record: Callable[[list[tuple[int, str]], str], None]) -> dict[str, float]:
-    """Accuracy per level (`acc_<level>`), and `overall` = share of rows with every level right (failed rows excluded)."""
+    """Accuracy per level (`acc_<level>`), and `overall` = share of rows with every level right (failed rows
+    excluded)."""
     step_module.eval()
     model, objective = step_module.model, step_module.objective
     right: dict[str, list[np.ndarray]] = {}
@@ -597,7 +616,8 @@ def finetune(classifier: nn.Module, train: Manifest, *, settings: TrainSettings 
     objective = objective or CrossEntropy()
     seed_everything(s.seed)
     if objective.uses_aux and aux is None:
-        raise ValueError(f"{type(objective).__name__} trains with auxiliary data: pass aux=<Manifest of auxiliary rows>")
+        raise ValueError(f"{type(objective).__name__} trains with auxiliary data: pass aux=<Manifest of auxiliary "
+                         "rows>")
     fields = objective.label_fields()
     train_values = target_values(train.rows, fields, "train")
     objective.fit_targets(train_values)
@@ -637,7 +657,8 @@ def _image_loaders(objective: Objective, train: Manifest, aux: Manifest | None, 
     if objective.uses_aux and objective.pooled:
         pool = PooledRows(train_rows, rows(aux, aux_y, True))
         train_loader = make_loader(pool, batch_size, True, seed, num_workers,
-                                   drop_last=drop_last(len(pool), batch_size, keep_last_batch), collate_fn=collate_pooled)
+                                   drop_last=drop_last(len(pool), batch_size, keep_last_batch),
+                                   collate_fn=collate_pooled)
     else:
         train_loader = make_loader(train_rows, batch_size, True, seed, num_workers,
                                    drop_last=drop_last(len(train), batch_size, keep_last_batch))
@@ -677,7 +698,8 @@ def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray,
     aux_y = None
     n_aux_classes = 0
     if objective.uses_aux:
-        aux_y = np.full(len(aux_features), -1, dtype=np.int64) if aux_labels is None else np.asarray(aux_labels, dtype=np.int64)
+        aux_y = (np.full(len(aux_features), -1, dtype=np.int64) if aux_labels is None
+                 else np.asarray(aux_labels, dtype=np.int64))
         n_aux_classes = int(aux_y.max()) + 1 if (aux_y >= 0).any() else 0
     objective.setup(layer.in_features, layer.out_features, n_aux_classes)
     aux_loader = None

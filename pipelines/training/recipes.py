@@ -42,7 +42,8 @@ CLASSIFIER_PIXELS: dict[str, dict[str, Any]] = {
 """Classifier-training pixels per protocol (`pipelines.training.transforms.reference_train`)."""
 
 RECIPES: dict[str, dict[str, Any]] = {
-    # Open-Insects (Chen et al.), Section 6.1 and configs/pipelines/train/baseline.yml: ResNet-50 from scratch per region,
+    # Open-Insects (Chen et al.), Section 6.1 and configs/pipelines/train/baseline.yml: ResNet-50 from scratch per
+    # region,
     # 120 epochs, batch 512, AdamW lr 0.01, weight decay 1e-5, cosine with 6 warm-up epochs
     "open-insects-scratch": {"pretrained": False, "epochs": 120, "batch_size": 512, "lr": 0.01, "weight_decay": 1e-5,
                              "warmup_epochs": 6, "protocol": "open-insects"},
@@ -50,7 +51,8 @@ RECIPES: dict[str, dict[str, Any]] = {
     # torchvision's `resnet50-0676ba61.pth` (`model:` may name that file: pipelines.torchvision_resnet converts it)
     "open-insects-imagenet": {"pretrained": True, "epochs": 120, "batch_size": 512, "lr": 0.01, "weight_decay": 1e-5,
                               "warmup_epochs": 6, "protocol": "open-insects"},
-    # ShiftedBronzes' pre-model is AKG, a multi-granularity dating classifier (category, coarse era, fine era); the paper
+    # ShiftedBronzes' pre-model is AKG, a multi-granularity dating classifier (category, coarse era, fine era); the
+    # paper
     # gives no training values. Ours: ImageNet-1K weights, one linear head per level, the sum of the per-level
     # cross-entropies, AdamW lr 1e-3, 30 epochs, batch 64, cosine with 2 warm-up epochs.
     "multi-granularity": {"pretrained": True, "epochs": 30, "batch_size": 64, "lr": 1e-3, "weight_decay": 1e-5,
@@ -147,7 +149,8 @@ class TrainConfig(Config):
             raise ConfigError(f"warmup_epochs ({self.warmup_epochs:g}) must be below epochs ({self.epochs}): the whole "
                               "run would be a warm-up (set warmup_epochs: 0 for short runs)", doc=DOC)
         if self.recipe == "multi-granularity" and not self.levels:
-            raise ConfigError("levels: recipe 'multi-granularity' needs `levels` (the label fields, one head each)", doc=DOC)
+            raise ConfigError("levels: recipe 'multi-granularity' needs `levels` (the label fields, one head each)",
+                              doc=DOC)
         if self.augment == "region" and self.image_size is not None and self.pre_size is not None \
                 and self.pre_size < self.image_size:
             raise ConfigError(f"pre_size ({self.pre_size}) must be at least image_size ({self.image_size})", doc=DOC)

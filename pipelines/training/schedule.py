@@ -74,7 +74,8 @@ class ReferenceSchedule:
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, schedule: str, *, epochs: int, warmup_epochs: float,
-                   batches: int, rows: int, batch_size: int, advances: bool = True) -> torch.optim.lr_scheduler.LRScheduler:
+                   batches: int, rows: int, batch_size: int,
+                   advances: bool = True) -> torch.optim.lr_scheduler.LRScheduler:
     """The scheduler of `schedule`, stepped once per optimiser step."""
     if schedule == "reference":
         factor = ReferenceSchedule(epochs, warmup_epochs, rows, batch_size, batches, advances)
@@ -104,7 +105,8 @@ def describe(schedule: str, lrs: list[float], *, epochs: int, batches: int, warm
     if not lrs:
         return f"schedule {schedule}: no optimiser step"
     at = lr_landmarks(lrs, batches, warmup_epochs)
-    return (f"schedule {schedule}: {epochs} epochs x {batches} steps, warm-up {warmup_epochs:g} epochs, base lr {lr:g}; "
+    return (f"schedule {schedule}: {epochs} epochs x {batches} steps, warm-up {warmup_epochs:g} epochs, base lr "
+            f"{lr:g}; "
             f"lr at step 0 {at['step_0']:.3g}, step 1 {at['step_1']:.3g}, warm-up end {at['warmup_end']:.3g}, "
             f"last epoch {at['last_epoch_first']:.3g} -> {at['last']:.3g}")
 

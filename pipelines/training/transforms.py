@@ -5,9 +5,9 @@ Each op maps `(PIL image, rng) -> PIL image`; `Compose(ops)` runs them and retur
 hand on (normalisation happens on the device, on whole batches: `Normalize`). `Compose.load(path, rng)` decodes a file
 for its ops (`pipelines.decode`): the first op plans the box of the full image it reads (`plan`), so with
 `Decode(draft=True)` a JPEG is decoded at the coarsest DCT scale that still has the op's output pixels, and the op
-applies its full-size geometry to the smaller image (`apply`); without draft the pixels are those of a full decode. Randomness comes from a NumPy generator
-seeded per (seed, epoch, row), so an image's augmentation does not depend on the worker, the process or a resume (the
-draws follow torchvision's rules; the stream is not torch's global generator).
+applies its full-size geometry to the smaller image (`apply`); without draft the pixels are those of a full decode.
+Randomness comes from a NumPy generator seeded per (seed, epoch, row), so an image's augmentation does not depend on the
+worker, the process or a resume (the draws follow torchvision's rules; the stream is not torch's global generator).
 
 - `RandomResizedCrop(size, scale, ratio)`: ten tries of an area share in `scale` and a log-uniform aspect ratio, else
   the centre crop clamped to `ratio`; crop, then resize (bilinear).
@@ -353,7 +353,8 @@ AUGMENTS = ("ami", "region", "imagenet")
 
 def reference_train(augment: Literal["ami", "region", "imagenet"], image_size: int, pre_size: int,
                     decode: Decode = Decode()) -> Compose:
-    """The training transform of one `BasePreprocessor` branch at `image_size` (`pre_size`: the region branch's resize)."""
+    """The training transform of one `BasePreprocessor` branch at `image_size` (`pre_size`: the region branch's
+    resize)."""
     if augment == "ami":
         return Compose([RandomResizedCrop(image_size, scale=(0.3, 1.0)), HorizontalFlip(), RandAugment(2, 9),
                         Resize((image_size, image_size))], decode)

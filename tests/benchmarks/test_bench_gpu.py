@@ -16,7 +16,8 @@ def bench():
 def test_compiled_cases_get_one_fresh_build_per_batch_size(bench):
     args = bench["parse_args"](["--batch-sizes", "1,2,4", "--compile-batch-sizes", "1,4"])
     runs = bench["_zest_runs"](args, ["sdpa", "xformers"])
-    assert runs == [("sdpa", False, [1, 2, 4]), ("xformers", False, [1, 2, 4]), ("sdpa", True, [1]), ("sdpa", True, [4])]
+    assert runs == [("sdpa", False, [1, 2, 4]), ("xformers", False, [1, 2, 4]), ("sdpa", True, [1]),
+                    ("sdpa", True, [4])]
     assert bench["_zest_runs"](bench["parse_args"](["--no-compile"]), ["sdpa"]) == [("sdpa", False, [1, 2, 4, 8])]
     assert bench["parse_args"]([]).budget_s == 420 and bench["parse_args"](["--no-budget"]).budget_s is None
 

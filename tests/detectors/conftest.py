@@ -18,7 +18,8 @@ def train_digits_classifier(id_dir, folder, seed: int = 0, epochs: int = 3):
     ResNetForImageClassification(config).save_pretrained(folder)
     processor.save_pretrained(folder)
     clf = ImageClassifier.from_pretrained(folder)
-    finetune(clf, read_manifest(id_dir).select(split="train"), epochs=epochs, lr=3e-3, batch_size=32, warmup_epochs=0, seed=seed)
+    finetune(clf, read_manifest(id_dir).select(split="train"), epochs=epochs, lr=3e-3, batch_size=32, warmup_epochs=0,
+             seed=seed)
     clf.save_pretrained(folder)
     return folder
 

@@ -59,7 +59,8 @@ def features(seed: int, n: int = 20, d: int = 5) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(n, d)).astype(np.float32)
 
 
-# -- containers ---------------------------------------------------------------------------------------------------------
+# -- containers
+# ---------------------------------------------------------------------------------------------------------
 def test_as_numpy_upcasts_half_tensors():
     x = torch.tensor([[1.5, -2.25]], dtype=torch.bfloat16)
     out = as_numpy(x)
@@ -109,7 +110,8 @@ def test_imageset_from_images():
         ImageSet()
 
 
-# -- Detector -----------------------------------------------------------------------------------------------------------
+# -- Detector
+# -----------------------------------------------------------------------------------------------------------
 def test_detector_params_fit_and_score(fresh_registry):
     det = fresh_registry.build("mean_distance", scale=2.0)
     assert det.params == {"scale": 2.0} and det.scale == 2.0 and repr(det) == "MeanDistance(scale=2.0)"
@@ -135,7 +137,8 @@ def test_detector_head_requirement():
 
 
 def test_save_and_load_round_trip(fresh_registry, tmp_path):
-    det = MeanDistance(scale=0.5).fit(FeatureSet(features=features(0)), head=LinearHead(np.ones((2, 5)), np.arange(2.0)))
+    det = MeanDistance(scale=0.5).fit(FeatureSet(features=features(0)),
+                                      head=LinearHead(np.ones((2, 5)), np.arange(2.0)))
     det.save_pretrained(tmp_path / "saved")
     config = json.loads((tmp_path / "saved" / "config.json").read_text())
     assert config == {"name": "mean_distance", "family": "posthoc", "params": {"scale": 0.5}, "fitted": True}
@@ -189,7 +192,8 @@ class Typed(Detector):
     ({"mode": "c"}, None, r"typed: mode must be one of 'a', 'b', got 'c'"),
     ({"powers": [1, "2"]}, None, r"typed: powers must be a list \(items: an integer\), got \[1, '2'\]"),
     ({"flag": 1}, None, r"typed: flag must be true or false, got 1"),
-    ({"dim": 8}, {"features": 8, "classes": 3}, r"typed: dim must be >= 1 and < features \(8\)|dim must be >= 1 and < features, got 8"),
+    ({"dim": 8}, {"features": 8, "classes": 3},
+     r"typed: dim must be >= 1 and < features \(8\)|dim must be >= 1 and < features, got 8"),
     ({"top": 4}, {"features": 8, "classes": 3}, r"typed: top must be <= classes, got 4 \(not <= classes \(3\)\)"),
     ({"K": 3}, None, r"typed: unknown parameter\(s\) \['K'\]"),
 ])
@@ -234,7 +238,8 @@ def test_registration_checks_declarations(fresh_registry):
         (declare(needs=frozenset({"classifier"})), r"needs \['classifier'\] but the constructor takes \[\]"),
         (declare(needs_head=True), "needs_head without 'head'"),
         (declare(fit=lambda self, id_train, *, aux=None: self), r"fit\(\) accepts \['aux'\], missing from fit_inputs"),
-        (declare(__init__=lambda self, classifier=None, **p: None), r"needs \[\] but the constructor takes \['classifier'\]"),
+        (declare(__init__=lambda self, classifier=None, **p: None),
+         r"needs \[\] but the constructor takes \['classifier'\]"),
     ]
     for i, (cls, message) in enumerate(cases):
         with pytest.raises(ValueError, match=message):
@@ -255,7 +260,8 @@ def test_from_pretrained_needs_no_registry_import():
     assert Detector.class_of("msp") is registry.detector_class("msp")
 
 
-# -- registry -----------------------------------------------------------------------------------------------------------
+# -- registry
+# -----------------------------------------------------------------------------------------------------------
 def test_registry_build_available_and_errors(fresh_registry):
     @fresh_registry.register_detector("mean_distance_clip")
     class ClipMean(MeanDistance):
@@ -266,7 +272,8 @@ def test_registry_build_available_and_errors(fresh_registry):
     assert fresh_registry.available(pattern="*_clip") == ["mean_distance_clip"]
     assert fresh_registry.detector_class("Mean_Distance") is MeanDistance
     assert isinstance(fresh_registry.build("mean_distance_clip"), ClipMean)
-    with pytest.raises(KeyError, match=r"unknown detector 'distance'; did you mean \['mean_distance', 'mean_distance_clip'\]"):
+    with pytest.raises(KeyError,
+                       match=r"unknown detector 'distance'; did you mean \['mean_distance', 'mean_distance_clip'\]"):
         fresh_registry.detector_class("distance")
     with pytest.raises(KeyError, match=r"unknown detector 'zzz' Available: \['mean_distance', 'mean_distance_clip'\]"):
         fresh_registry.build("zzz")

@@ -27,7 +27,8 @@ FAMILIES = ("posthoc", "clip", "generative", "training")
 NAMES = [name for family in FAMILIES for name in detectors.available(family)]
 # every detector with its defaults, and the training-time methods also in their fast "heads" mode
 CASES = [(name, {}) for name in NAMES] + [
-    (name, {"mode": "heads"}) for name in detectors.available("training") if "heads" in detectors.detector_class(name).modes]
+    (name, {"mode": "heads"})
+    for name in detectors.available("training") if "heads" in detectors.detector_class(name).modes]
 TRAINING_FAST = {"epochs": 1, "batch_size": 8, "warmup_epochs": 0}
 FAST: dict[str, dict[str, Any]] = {
     "opengan": {"epochs": 2},
@@ -67,7 +68,8 @@ def world(tmp_path_factory) -> dict[str, Any]:
     test = [toy_features(10, seed=3), toy_features(10, seed=4, ood=True)]
     return {
         "root": root,
-        "train": toy_features(90, seed=0), "val": toy_features(30, seed=1), "ood_val": toy_features(30, seed=2, ood=True),
+        "train": toy_features(90, seed=0), "val": toy_features(30, seed=1),
+        "ood_val": toy_features(30, seed=2, ood=True),
         "aux": FeatureSet(aux.features, aux.logits, np.arange(40) % 2),  # auxiliary species 0, 1 (Extended reads them)
         "test": FeatureSet(np.concatenate([t.features for t in test]), np.concatenate([t.logits for t in test])),
         "head": toy_head(),
@@ -173,7 +175,8 @@ def test_effective_params_resolve_what_the_fit_decided(world):
     ("knn", {"k": -5}, None, r"knn: k must be >= 1, got -5"),
     ("ash", {"percentile": 100}, None, r"ash: percentile must be >= 0 and < 100, got 100"),
     ("dice", {"percentile": 100}, None, r"dice: percentile must be >= 0 and < 100, got 100"),
-    ("vim", {"dim": 100000}, {"features": 2048, "classes": 1000}, r"vim: dim must be >= 1 and < features, got 100000 \(not < features \(2048\)\)"),
+    ("vim", {"dim": 100000}, {"features": 2048, "classes": 1000},
+     r"vim: dim must be >= 1 and < features, got 100000 \(not < features \(2048\)\)"),
     ("odin", {"temperature": "hot"}, None, r"odin: temperature must be a number, got 'hot'"),
     ("openmax", {"alpha": 11}, {"features": 64, "classes": 10}, r"openmax: alpha must be >= 1 and <= classes"),
     ("locoop", {"top_k": 0}, None, r"locoop: top_k must be >= 1"),

@@ -1,4 +1,5 @@
-"""detectors.metrics against scikit-learn (OpenOOD v1.5's recipe) and brute-force hand computations, with tied scores."""
+"""detectors.metrics against scikit-learn (OpenOOD v1.5's recipe) and brute-force hand computations, with tied
+scores."""
 from __future__ import annotations
 
 import math

@@ -5,6 +5,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 import gen.job
@@ -12,6 +13,7 @@ from gen.demo import MATERIALS, TARGETS, generation_demo
 from pipelines.data import read_manifest
 
 
+@pytest.mark.slow
 def test_tiny_models_are_built_once_into_the_cache(tmp_path, monkeypatch, tiny_zest_models):
     import gen.tiny_zest
     import pipelines.tiny

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -20,10 +21,12 @@ def test_normalise_depth_matches_zest_16_bit_rounding():
     assert not np.asarray(normalise_depth(np.full((4, 4), 7.0))).any()
 
 
+@pytest.mark.slow
 def test_estimator_is_batched_per_image_sized_and_normalised(tiny_zest_config, one_thread):
     estimator = DepthEstimator.from_pretrained(tiny_zest_config.depth, device="cpu", batch_size=2)
     rng = np.random.default_rng(1)
-    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in [(40, 56), (64, 64), (30, 20)]]
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h,
+              w in [(40, 56), (64, 64), (30, 20)]]
     maps = estimator(images)
     assert [m.size for m in maps] == [im.size for im in images] and all(m.mode == "L" for m in maps)
     # independent path: one image at a time through the model, bicubic resize, min-max by hand

@@ -20,7 +20,8 @@ FAULTS = [  # (config lines added to a valid config, the error's text after "err
     ("stepz: 3", "stepz: unknown key (allowed: attention, "),
     ("models: {bsae: stabilityai/sdxl}", "models.bsae: unknown key (did you mean 'base'?)"),
     ("models: {base: /no/such/dir}", "models.base: the local model folder '/no/such/dir' does not exist"),
-    ("models: tini", "models: must be ZeSTConfig or one of 'tiny' or null (None), got str 'tini' (did you mean 'tiny'?)"),
+    ("models: tini",
+     "models: must be ZeSTConfig or one of 'tiny' or null (None), got str 'tini' (did you mean 'tiny'?)"),
     ("name: 2024", "name: must be a string, got int 2024"),
     ("strength: 1.5", "strength: must be > 0 and <= 1, got 1.5"),
     ("strength: 0", "strength: must be > 0 and <= 1, got 0.0"),
@@ -179,7 +180,8 @@ def test_the_generation_config_classes_are_documented_and_round_trip_through_yam
         assert not undocumented, (cls.__name__, undocumented)
     assert ZeSTConfig.from_dict(ZeSTConfig().to_dict()) == ZeSTConfig() and ZeSTCall.from_dict({}) == ZeSTCall()
     config = GenerationConfig.from_dict({"task": "custom", "targets": {"manifest": "t", "split": "test", "sets": ["a"]},
-                                         "materials": "m", "out": "o", "models": {"vae": "madebyollin/sdxl-vae-fp16-fix"},
+                                         "materials": "m", "out": "o",
+                                         "models": {"vae": "madebyollin/sdxl-vae-fp16-fix"},
                                          "name": "x", "feather": 2.0})
     path = tmp_path / "again.yaml"
     path.write_text(yaml.safe_dump(config.to_dict()))

@@ -74,10 +74,12 @@ def test_local_non_local_and_auxiliary_species_sets(splits):
     assert species_in(ne, "local_test", "local_val") == {"locIn", "locLon", "locFam", "locBig", "twoReg"}
     assert species_in(we, "local_test", "local_val") == {"weLocal"}
     # non-local: in Australia minus every region's ID (idB) and local species; the same set for both regions
-    assert species_in(ne, "non_local_test", "non_local_val") == {"aus1", "ausG1"} == species_in(we, "non_local_test", "non_local_val")
+    assert (species_in(ne, "non_local_test", "non_local_val") == {"aus1", "ausG1"}
+            == species_in(we, "non_local_test", "non_local_val"))
     # auxiliary: the rest, without genera found only in OOD (NE: G4, G5, G7, G8; W-Europe: G1, G7, G9)
     assert species_in(ne, "aux_train", "aux_val") == {"locEdge", "edgeLon", "outside", "auxKeep", "weLocal"}
-    assert species_in(we, "aux_train", "aux_val") == {"idB", "locEdge", "edgeLon", "locLon", "locFam", "outside", "oodGenusOnly"}
+    assert species_in(we, "aux_train", "aux_val") == {"idB", "locEdge", "edgeLon", "locLon", "locFam", "outside",
+                                                      "oodGenusOnly"}
     assert species_in(ne, "non_target_test", "non_target_val") == {"beetle0", "beetle1", "beetle2"}
 
 
@@ -119,7 +121,8 @@ def test_caps_and_aux_val_parameters():
     per = ne.groupby([ne["species"].astype(object), ne["set"].astype(object)]).size()
     assert per["aus1"]["non_local_test"] == 7 and per["auxKeep"]["aux_train"] == 3
     assert per["locBig"].sum() == 10
-    with_val = build_splits(table(), read_id_species(ID_SPECIES), SplitConfig(regions=config().regions, target_taxon="moth", **LEGACY))
+    with_val = build_splits(table(), read_id_species(ID_SPECIES),
+                            SplitConfig(regions=config().regions, target_taxon="moth", **LEGACY))
     ne = with_val.regions["ne-america"]
     assert (ne["set"] == "aux_val").sum() == (ne["set"] == "id_val").sum()  # aux val as large as ID val by default
     aux = ne[ne["set"] == "aux_train"]
@@ -219,7 +222,8 @@ def test_make_splits_script_synthetic(tmp_path):
     assert regions and regions <= set(REGIONS)
     for region in regions:
         manifest = load_region(tmp_path / region)
-        assert manifest.root == (tmp_path / "synthetic").resolve() and len(manifest.select(role="id", split="train")) > 0
+        assert (manifest.root == (tmp_path / "synthetic").resolve()
+                and len(manifest.select(role="id", split="train")) > 0)
     assert (tmp_path / "summary.csv").is_file() and (tmp_path / "synthetic" / "occurrences.parquet").is_file()
 
 
@@ -238,7 +242,8 @@ def _float_keys(occ: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
     keys = {name: 1000 + i for i, name in enumerate(SPECIES)}
     occ = occ.copy()
     occ["species"] = occ["species"].map(keys).astype(float)
-    occ.loc[len(occ)] = dict(species=np.nan, genus="G1", family="F1", lat=50.0, lon=-70.0, taxon="moth", file_name="img/blank.jpg")
+    occ.loc[len(occ)] = dict(species=np.nan, genus="G1", family="F1", lat=50.0, lon=-70.0, taxon="moth",
+                             file_name="img/blank.jpg")
     return occ, keys
 
 
@@ -299,7 +304,8 @@ def test_open_insects_recipe_numbers_at_a_scaled_size():
         want_val = np.where(n >= 10, (n + 5) // 10, 0)
         np.testing.assert_array_equal(per["id_test"].to_numpy(), want_test)
         np.testing.assert_array_equal(per["id_train"].to_numpy(), n - want_test - want_val)
-        np.testing.assert_array_equal(per.get("id_val", 0) * 1, want_val if region == "c-america" else np.minimum(want_val, 10))
+        np.testing.assert_array_equal(per.get("id_val", 0) * 1,
+                                      want_val if region == "c-america" else np.minimum(want_val, 10))
         assert (want_val > 10).any() or region != "ne-america"  # the cap is exercised
         aux = frame[frame["set"] == "aux_train"]
         per_aux = aux.groupby(aux["species"].astype(str)).size()

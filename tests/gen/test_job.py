@@ -39,7 +39,8 @@ def test_output_manifest_validates_and_carries_labels_and_provenance(tmp_path, b
     assert pipe.calls == 4 and pipe.items == 7
     bronze_rows = {str(bronzes / r["file_name"]): r for r in read_manifest(bronzes)}
     for index, row in enumerate(manifest):
-        assert (row["role"], row["ood_set"], row["group"], row["split"], row["label"]) == ("ood", "my_transfer", "hard", "test", -1)
+        assert ((row["role"], row["ood_set"], row["group"], row["split"], row["label"])
+                == ("ood", "my_transfer", "hard", "test", -1))
         prov = row["provenance"]
         bronze = bronze_rows[prov["source_material"]]
         assert (row["era"], row["category"], row["dynasty"], row["source_label"]) == (
@@ -80,7 +81,8 @@ def test_crash_then_rerun_finishes_every_item_exactly_once(tmp_path, bronzes, co
     assert [r["file_name"] for r in rows] == sorted({r["file_name"] for r in rows}) and len(rows) == 7
     assert sorted(p.name for p in (out / "images").iterdir()) == [r["file_name"].split("/")[1] for r in rows]
     for row in rows:  # resumed outputs equal those of an uninterrupted run
-        assert (out / row["file_name"]).read_bytes() == (Path(reference_summary["manifest"]).parent / row["file_name"]).read_bytes()
+        assert ((out / row["file_name"]).read_bytes()
+                == (Path(reference_summary["manifest"]).parent / row["file_name"]).read_bytes())
     assert not temp_files(out)
     merged = (out / JOB_FOLDER / "ledger" / "merged.jsonl").read_text().splitlines()
     assert sorted(json.loads(line)["index"] for line in merged) == list(range(7))
@@ -157,37 +159,45 @@ def test_config_rejects_unknown_keys_and_applies_overrides(tmp_path):
 
 
 KILLED_JOB = """
-import json, sys, time
+import json, sys, threading
+from pathlib import Path
 from gen.job import run_generation
 
-class SlowCopy:
+class CopyThenHold:
+    \"\"\"Copies the first `n` batches, then holds the next call until killed, its arrival marked by a file.\"\"\"
     model_ids = {"base": "copy"}
+    calls = 0
 
     def __call__(self, targets, materials, masks=None, seeds=None, resolution=16, **params):
-        time.sleep(float(sys.argv[2]))
+        CopyThenHold.calls += 1
+        if CopyThenHold.calls > int(sys.argv[2]):
+            Path(sys.argv[3]).touch()
+            threading.Event().wait()
         return [t.resize((resolution, resolution)) for t in targets]
 
-run_generation(json.loads(sys.argv[1]), pipeline=SlowCopy())
+run_generation(json.loads(sys.argv[1]), pipeline=CopyThenHold())
 """
 
 
 def test_killed_process_is_resumed_without_duplicates(tmp_path, bronzes, containers):
+    """The job copies 2 items and holds the third: once the ledger holds the 2 and the third call is held, the kill
+    comes (no sleep decides how far the job got)."""
     config = config_for(tmp_path, containers, bronzes, batch_size=1)
-    script = tmp_path / "job.py"
+    script, held = tmp_path / "job.py", tmp_path / "held"
     script.write_text(KILLED_JOB)
     ledger_file = Path(config.out) / JOB_FOLDER / "ledger" / "process-000.jsonl"
-    process = subprocess.Popen([sys.executable, str(script), json.dumps(config.to_dict()), "0.5"],
+    process = subprocess.Popen([sys.executable, str(script), json.dumps(config.to_dict()), "2", str(held)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while not (ledger_file.is_file() and len(ledger_file.read_text().splitlines()) >= 2):
+        while not (held.exists() and ledger_file.is_file() and len(ledger_file.read_text().splitlines()) >= 2):
             assert process.poll() is None and time.monotonic() < deadline, "the job ended before it could be killed"
             time.sleep(0.05)
     finally:
         process.send_signal(signal.SIGKILL)
         process.wait()
     done_before = len(Ledger(ledger_file.parent).records())
-    assert 2 <= done_before < 7
+    assert done_before == 2
 
     class Copy:  # the killed job's pipeline without the delay
         model_ids = {"base": "copy"}

@@ -76,7 +76,8 @@ def test_given_masks_are_read_by_alpha_and_bad_ones_are_failed_records(tmp_path,
         Image.fromarray(object_array(size, seed=i)).save(targets / f"{stem}.png")
     cases = bad_masks(tmp_path / "masks", dict(list(sizes.items())[:5]))
     for suffix in ("png", "jpg"):  # two masks named like target t5: ambiguous
-        Image.fromarray(np.where(object_mask(sizes["t5"]), 255, 0).astype(np.uint8)).save(tmp_path / "masks" / f"t5.{suffix}")
+        Image.fromarray(np.where(object_mask(sizes["t5"]), 255, 0).astype(np.uint8)).save(
+            tmp_path / "masks" / f"t5.{suffix}")
     recorder = Recorder()
     summary = run_generation(config_for(tmp_path, targets, bronzes, masks=str(tmp_path / "masks")), pipeline=recorder)
 
@@ -105,7 +106,8 @@ def test_changed_inputs_are_refused_with_the_changes_named_or_extended_without_r
 
     image_writer(targets, ["c5.png", "c6.png"], seed=5)
     (targets / "c1.png").unlink()
-    with pytest.raises(PlanChangedError, match=r"targets added: c5.png, c6.png; targets removed: c1.png.*plan_change=extend"):
+    with pytest.raises(PlanChangedError,
+                       match=r"targets added: c5.png, c6.png; targets removed: c1.png.*plan_change=extend"):
         run_generation(config, pipeline=fake_zest())
     with pytest.raises(PlanChangedError):
         run_generation(config, dry_run=True)

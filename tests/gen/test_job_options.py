@@ -95,7 +95,8 @@ class FailsOnSeed:
 
 
 def test_the_size_of_the_call_that_made_each_image_is_in_its_provenance(tmp_path, bronzes, containers):
-    summary = run_generation(config_for(tmp_path, containers, bronzes, batch_size=3), pipeline=FailsOnSeed(item_seed(7, 4)))
+    summary = run_generation(config_for(tmp_path, containers, bronzes, batch_size=3),
+                             pipeline=FailsOnSeed(item_seed(7, 4)))
     sizes = [row["provenance"]["params"]["batch_size"] for row in read_manifest(Path(summary["manifest"]).parent)]
     assert sizes == [3, 3, 3, 1, 1, 1, 1]  # items 3-5 retried one by one, item 6 alone in the last batch
 

@@ -1,4 +1,5 @@
-"""Which inputs a job reads: `plan_change: extend` on the covered side, and manifest sources limited to a split and sets."""
+"""Which inputs a job reads: `plan_change: extend` on the covered side, and manifest sources limited to a split and
+sets."""
 from __future__ import annotations
 
 from collections import Counter
@@ -87,7 +88,8 @@ def test_manifest_sources_are_limited_to_a_split_and_sets(tmp_path, containers, 
 
 def test_bad_source_mappings_are_config_errors_naming_the_key(tmp_path, containers, image_writer):
     bronzes = split_manifest(tmp_path / "bronzes", image_writer)
-    for materials, message in [({"manifest": str(bronzes), "splt": "test"}, r"^materials.splt: unknown key \(did you mean 'split'\?\)"),
+    for materials, message in [({"manifest": str(bronzes), "splt": "test"},
+                                r"^materials.splt: unknown key \(did you mean 'split'\?\)"),
                                ({"split": "test"}, r"^materials.manifest: required"),
                                ({"manifest": str(bronzes), "split": "dev"}, "^materials.split: must be one of"),
                                ({"manifest": str(bronzes), "sets": "sketch"}, "^materials.sets: must be a list"),
@@ -96,7 +98,8 @@ def test_bad_source_mappings_are_config_errors_naming_the_key(tmp_path, containe
             config_for(tmp_path, str(containers), materials)
     with pytest.raises(ConfigError, match=r"materials: no row of .*bronzes with split .test. and ood_set in "
                                           r"\[.sculpture.\] \(sets there: container, sketch;"):
-        job_plan(config_for(tmp_path, str(containers), {"manifest": str(bronzes), "split": "test", "sets": ["sculpture"]}))
+        job_plan(config_for(tmp_path, str(containers),
+                            {"manifest": str(bronzes), "split": "test", "sets": ["sculpture"]}))
 
 
 def test_changing_a_source_filter_is_a_different_job(tmp_path, containers, fake_zest, image_writer):

@@ -28,6 +28,7 @@ class CrashAfter:
         return self.pipe(*args, **kwargs)
 
 
+@pytest.mark.slow
 def test_resumed_and_two_process_runs_write_identical_files(tmp_path, bronzes, containers, tiny_zest_models,
                                                             single_thread):
     from gen.zest import ZeSTConfig, ZeSTPipeline

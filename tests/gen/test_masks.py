@@ -175,7 +175,8 @@ def test_a_varying_alpha_is_still_the_mask_without_a_warning(recwarn):
 
 
 @pytest.mark.parametrize("share, kind", [(1.0, "coverage_full"), (0.995, "coverage_full"), (0.01, "coverage_tiny"),
-                                         (0.002, "coverage_tiny"), (0.5, None), (0.02, None), (0.98, None), (0.0, None)])
+                                         (0.002, "coverage_tiny"), (0.5, None), (0.02, None), (0.98, None),
+                                         (0.0, None)])
 def test_coverage_at_or_above_99_or_at_or_below_1_percent_is_warned_about(share, kind, recwarn):
     from gen.masks import MaskWarning, check_coverage
 

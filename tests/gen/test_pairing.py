@@ -16,7 +16,8 @@ from pipelines.data import make_row, read_manifest, write_manifest
 
 def test_transferred_container_uses_every_container_once_and_inherits_bronze_labels(bronzes, containers):
     bronze_rows = {str(bronzes / r["file_name"]): r for r in read_manifest(bronzes)}
-    plan = plan_task("transferred_container", load_source(containers, "targets"), load_source(bronzes, "materials"), seed=3)
+    plan = plan_task("transferred_container", load_source(containers, "targets"), load_source(bronzes, "materials"),
+                     seed=3)
 
     assert len(plan) == 7
     assert sorted(Path(item.target).name for item in plan) == [f"container_{i}.png" for i in range(7)]
@@ -31,7 +32,8 @@ def test_transferred_container_uses_every_container_once_and_inherits_bronze_lab
 
 
 def test_transferred_bronze_uses_every_container_once_on_balanced_bronzes(bronzes, containers):
-    plan = plan_task("transferred_bronze", load_source(bronzes, "targets"), load_source(containers, "materials"), seed=0)
+    plan = plan_task("transferred_bronze", load_source(bronzes, "targets"), load_source(containers, "materials"),
+                     seed=0)
 
     assert len(plan) == 7  # one output per container exemplar
     assert sorted(Path(item.material).name for item in plan) == [f"container_{i}.png" for i in range(7)]
@@ -53,6 +55,7 @@ def _metadata_only(folder: Path, n: int, role: str) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_papers_counts(tmp_path, capsys):
     # the paper's sizes: 2,861 bronze test images, 51,023 container images
     script = importlib.import_module("oodforge.commands.generate")
@@ -89,7 +92,8 @@ def test_custom_per_target_gives_distinct_balanced_exemplars(bronzes, containers
     assert sorted(Counter(item.material for item in plan).values()) == [2, 2, 2, 2, 2, 2, 3]
 
 
-@pytest.mark.parametrize("n_targets,n_materials,per_target", [(17, 5, 1), (5, 17, 1), (40, 7, 3), (1, 1, 1), (12, 4, 4)])
+@pytest.mark.parametrize("n_targets,n_materials,per_target",
+                         [(17, 5, 1), (5, 17, 1), (40, 7, 3), (1, 1, 1), (12, 4, 4)])
 def test_balanced_pairs_are_within_one_on_every_prefix_and_distinct_per_target(n_targets, n_materials, per_target):
     pairs = balanced_pairs(n_targets, n_materials, per_target, seed=11)
     assert sorted(Counter(pairs[:, 0].tolist()).values()) == [per_target] * n_targets
@@ -127,7 +131,8 @@ def test_cover_materials_rejects_several_per_target_and_empty_targets(bronzes, c
 
 def test_limit_keeps_a_balanced_prefix(bronzes, containers):
     full = plan_task("transferred_container", load_source(containers, "t"), load_source(bronzes, "m"), seed=2)
-    limited = plan_task("transferred_container", load_source(containers, "t"), load_source(bronzes, "m"), seed=2, limit=4)
+    limited = plan_task("transferred_container", load_source(containers, "t"), load_source(bronzes, "m"), seed=2,
+                        limit=4)
     assert [i.to_dict() for i in limited] == [i.to_dict() for i in full[:4]]
     assert max(use_counts(limited).values()) - min(use_counts(limited).values()) <= 1
 

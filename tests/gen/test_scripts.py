@@ -35,7 +35,8 @@ def test_generate_refuses_changed_inputs_in_one_line(tmp_path, capsys, bronzes, 
     targets = tmp_path / "targets"
     image_writer(targets, ["a.png", "b.png"], seed=1)
     config = tmp_path / "gen.yaml"
-    config.write_text(f"task: transferred_container\ntargets: {targets}\nmaterials: {bronzes}\nout: {tmp_path / 'out'}\n"
+    config.write_text(f"task: transferred_container\ntargets: {targets}\nmaterials: {bronzes}\nout: "
+                      f"{tmp_path / 'out'}\n"
                       "resolution: 16\nmask_method: opencv\n")
     main = script_main("generate.py")
     from gen.job import GenerationConfig, run_generation

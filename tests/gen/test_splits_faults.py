@@ -14,14 +14,16 @@ from pipelines.cli import run_main
 CASES = [  # (extra arguments, text the one line must hold)
     (["--synthetic", "-5"], "--synthetic: must be >= 1, got -5"),
     (["--synthetic", "abc"], "--synthetic: must be an integer, got str 'abc'"),
-    (["--synthetic", "50", "--id-fractions", "0.8", "0.3", "0.2"], "--id-fractions: three fractions TRAIN VAL TEST in [0, 1] summing to 1, got 0.8 0.3 0.2 (sum 1.3)"),
+    (["--synthetic", "50", "--id-fractions", "0.8", "0.3", "0.2"],
+     "--id-fractions: three fractions TRAIN VAL TEST in [0, 1] summing to 1, got 0.8 0.3 0.2 (sum 1.3)"),
     (["--synthetic", "50", "--pad", "-1", "3"], "--pad: must be >= 0, got -1.0"),
     (["--synthetic", "50", "--pad", "1", "east"], "--pad: must be a number, got str 'east'"),
     (["--synthetic", "50", "--min-images", "0"], "--min-images: must be >= 1, got 0"),
     (["--synthetic", "50", "split.aux_species_by_region.c-america=-2"], "split.aux_species_by_region c-america: must be >= 1 or null"),
     (["--synthetic", "50", "--aux-species-c-america", "-2"], "split.aux_species_by_region c-america: must be >= 1 or null"),
     (["--synthetic", "50", "--box", "mars=10,5,0,1"], "--box mars: a box needs lat_min < lat_max"),
-    (["--synthetic", "50", "--taxon-filter", "moth"], "--taxon-filter: must be one of 'moths', got str 'moth' (did you mean 'moths'?)"),
+    (["--synthetic", "50", "--taxon-filter", "moth"],
+     "--taxon-filter: must be one of 'moths', got str 'moth' (did you mean 'moths'?)"),
     (["--synthetic", "50", "--exclude", "Noctuidae"], "--exclude: a rule is RANK=VALUE[,VALUE...]"),
     (["--synthetic", "50", "--seed", "1.5"], "--seed: must be an integer, got float 1.5"),
     ([], "give one of --occurrences and --synthetic"),
@@ -41,7 +43,8 @@ def test_malformed_invocation_is_one_line_naming_the_option(extra, message, tmp_
 def test_a_latitude_that_is_not_a_number_is_refused_naming_the_row(tmp_path, capsys):
     """'abc' in lat is a typo, not a blank: refused naming the file, the row and the value (blank lat is counted as
     'no coordinates' in summary.md)."""
-    (tmp_path / "occ.csv").write_text("species,genus,family,lat,lon,file_name\na b,a,f,50,1,x.jpg\na b,a,f,abc,2,y.jpg\n")
+    (tmp_path / "occ.csv").write_text("species,genus,family,lat,lon,file_name\na b,a,f,50,1,x.jpg\na "
+                                      "b,a,f,abc,2,y.jpg\n")
     (tmp_path / "ids.csv").write_text("region,species\nne-america,a b\n")
     argv = ["--occurrences", str(tmp_path / "occ.csv"), "--id-species", str(tmp_path / "ids.csv"), "--image-root",
             str(tmp_path), "--out", str(tmp_path / "out")]
@@ -60,8 +63,11 @@ def test_dry_run_prints_what_the_run_writes_and_writes_nothing(tmp_path, capsys)
     assert run_main(main, argv) == 0
     run = capsys.readouterr().out
     written = sorted(p.parent.name for p in (tmp_path / "out").glob("*/metadata.jsonl"))
-    assert written and [f"would write {tmp_path / 'out' / r}/metadata.jsonl ({r})" in dry for r in written] == [True] * len(written)
-    table = lambda text: text.split("\nwould write")[0].split("\nwrote")[0]  # the summary table and drop lines
+    assert (written and [f"would write {tmp_path / 'out' / r}/metadata.jsonl ({r})" in dry for r in written]
+            == [True] * len(written))
+    def table(text: str) -> str:  # the summary table and drop lines
+        return text.split("\nwould write")[0].split("\nwrote")[0]
+
     assert table(dry) == table(run) and "dry run: every check passed" in dry
 
 
@@ -178,5 +184,6 @@ def test_the_estimate_adds_the_writing_at_the_benchmarks_rate(tmp_path):
     (tmp_path / "splits.json").write_text(json.dumps({"disk_write_mib_per_s": 100.0}))
     timings = {"read": 2.0, "rows": 1000, "build": 1.0, "manifests": 1.0, "manifest_rows": 800, "bytes": 300 * 2**20}
     lines = estimate(timings, write_rate(tmp_path / "splits.json"))
-    assert f"writing 300.0 MiB at 100 MiB/s ({tmp_path / 'splits.json'}) takes 3.0 s; the run takes about 7.0 s" in lines[1]
+    assert (f"writing 300.0 MiB at 100 MiB/s ({tmp_path / 'splits.json'}) takes 3.0 s; the run takes about 7.0 s"
+            in lines[1])
     assert "rate not known here" in estimate(timings, write_rate(tmp_path / "none.json"))[1]

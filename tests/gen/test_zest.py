@@ -149,7 +149,8 @@ def test_feathered_composite_formula():
     # independent check: weights are the Gaussian-blurred box, exactly 1 deep inside and 0 beyond the kernel radius
     assert weights[10, 10] == pytest.approx(1.0) and weights[0, 0] == 0.0 and 0 < weights[5, 10] < 1
     result = np.asarray(composite_background(generated, original, mask, 1.0), dtype=np.float64)
-    expected = np.rint(weights[..., None] * np.array([200, 100, 0]) + (1 - weights[..., None]) * np.array([0, 100, 200]))
+    expected = np.rint(weights[..., None] * np.array([200, 100, 0])
+                       + (1 - weights[..., None]) * np.array([0, 100, 200]))
     np.testing.assert_array_equal(result, expected)
 
 

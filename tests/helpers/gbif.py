@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 DWC, GBIF, DC = "http://rs.tdwg.org/dwc/terms/", "http://rs.gbif.org/terms/1.0/", "http://purl.org/dc/terms/"
-OCC_TERMS = [GBIF + "gbifID", DC + "identifier", DC + "type", DC + "license", DWC + "basisOfRecord", DWC + "occurrenceID", DWC + "lifeStage",
+OCC_TERMS = [GBIF + "gbifID", DC + "identifier", DC + "type", DC + "license", DWC + "basisOfRecord",
+             DWC + "occurrenceID", DWC + "lifeStage",
              DWC + "decimalLatitude", DWC + "decimalLongitude", DWC + "scientificName", DWC + "kingdom", DWC + "order",
              DWC + "family", DWC + "genus", DWC + "taxonRank", DWC + "taxonomicStatus", GBIF + "taxonKey",
              GBIF + "orderKey", GBIF + "familyKey", GBIF + "genusKey", GBIF + "speciesKey", GBIF + "species",
@@ -25,23 +26,27 @@ def meta_xml() -> str:
         return (f'  <{tag} encoding="UTF-8" fieldsTerminatedBy="\\t" linesTerminatedBy="\\n" fieldsEnclosedBy="" '
                 f'ignoreHeaderLines="1" rowType="{row_type}">\n    <files>\n      <location>{location}</location>\n'
                 f'    </files>\n    <{id_tag} index="0" />\n{fields}\n  </{tag}>')
-    return ('<?xml version="1.0" encoding="utf-8"?>\n<archive xmlns="http://rs.tdwg.org/dwc/text/" metadata="metadata.xml">\n'
+    return ('<?xml version="1.0" encoding="utf-8"?>\n<archive xmlns="http://rs.tdwg.org/dwc/text/" '
+            'metadata="metadata.xml">\n'
             + section("core", DWC + "Occurrence", "occurrence.txt", "id", OCC_TERMS) + "\n"
             + section("extension", GBIF + "Multimedia", "multimedia.txt", "coreid", MEDIA_TERMS) + "\n</archive>\n")
 
 
 def tsv(terms: list[str], rows: list[dict]) -> str:
     names = [t.rsplit("/", 1)[-1] for t in terms]
-    return "\t".join(names) + "\n" + "".join("\t".join("" if r.get(n) is None else str(r[n]) for n in names) + "\n" for r in rows)
+    return "\t".join(names) + "\n" + "".join("\t".join("" if r.get(n) is None else str(r[n]) for n in names) + "\n"
+                                             for r in rows)
 
 
 def occurrence(gbif_id: int, species: str, lat, lon, *, family="Noctuidae", genus=None, order="Lepidoptera",
                status="ACCEPTED", rank="SPECIES", key=None) -> dict:
     genus = genus or (species.split()[0] if species else "")
-    return dict(gbifID=gbif_id, identifier=f"urn:catalog:{gbif_id}", type="PhysicalObject", license="CC_BY_4_0", basisOfRecord="HUMAN_OBSERVATION", occurrenceID=f"urn:{gbif_id}",
+    return dict(gbifID=gbif_id, identifier=f"urn:catalog:{gbif_id}", type="PhysicalObject", license="CC_BY_4_0",
+                basisOfRecord="HUMAN_OBSERVATION", occurrenceID=f"urn:{gbif_id}",
                 lifeStage="Adult", decimalLatitude=lat, decimalLongitude=lon, scientificName=f"{species} (L., 1758)",
                 kingdom="Animalia", order=order, family=family, genus=genus, taxonRank=rank, taxonomicStatus=status,
-                taxonKey=key, orderKey=797, familyKey=zlib.crc32(family.encode()) % 10**7, genusKey=zlib.crc32(genus.encode()) % 10**7,
+                taxonKey=key, orderKey=797, familyKey=zlib.crc32(family.encode()) % 10**7,
+                genusKey=zlib.crc32(genus.encode()) % 10**7,
                 speciesKey=key, species=species, locality='a "quoted" field\twith no escape'.replace("\t", " "))
 
 

@@ -18,7 +18,8 @@ Lies: `/truncate/N.png?times=` (Content-Length above what is sent, then the conn
 requests, default all).
 Redirects: `/redirect/N.png` (302 to /img/N.png), `/loop/N` (302 to itself), `/to/N?url=` (302 to any URL),
 `/chain/N?hops=` (a chain of `hops` redirects ending at an image).
-`HostileServer(tls=(cert, key))` serves the same over https. `counts` holds requests per path (query included), `times` their arrival (time.monotonic) in order.
+`HostileServer(tls=(cert, key))` serves the same over https. `counts` holds requests per path (query included), `times`
+their arrival (time.monotonic) in order.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from pipelines.classifier import ImageClassifier
 
 
 def tiny_resnet_classifier(folder: str | Path, classes: int = 3, seed: int = 0, size: int = 16,
-                           mean: Sequence[float] = (0.5, 0.5, 0.5), std: Sequence[float] = (0.5, 0.5, 0.5)) -> ImageClassifier:
+                           mean: Sequence[float] = (0.5, 0.5, 0.5),
+                           std: Sequence[float] = (0.5, 0.5, 0.5)) -> ImageClassifier:
     """A random-weight tiny ResNet (the digits demo's config) with a `size` x `size` processor, saved to `folder` and
     reloaded with `ImageClassifier.from_pretrained` (the hub path)."""
     from transformers import ResNetForImageClassification, ViTImageProcessor

@@ -57,7 +57,8 @@ def test_upward_and_sideways_imports_are_faults(tmp_path, file, text, target):
 
 
 def test_import_circles_direct_lazy_and_through_a_third_module(tmp_path):
-    tree(tmp_path, {"pipelines/a.py": "from pipelines.b import x\n", "pipelines/b.py": "def f():\n    import pipelines.a\n",
+    tree(tmp_path,
+         {"pipelines/a.py": "from pipelines.b import x\n", "pipelines/b.py": "def f():\n    import pipelines.a\n",
                     "detectors/p.py": "from detectors import q\n", "detectors/q.py": "from detectors.r import z\n",
                     "detectors/r.py": "from . import p\n"})
     found = faults(tmp_path)

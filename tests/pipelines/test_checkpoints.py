@@ -33,8 +33,8 @@ def plant(path, marker) -> None:
 def test_a_state_tree_round_trips_exactly(tmp_path):
     shared = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     tree = {"a": 1, "b": [1.5, math.inf, None, True, "x"], "c": (1, (2, 3)), 0: "int key", (1, 2): "tuple key",
-            "t": {"w": shared, "w_again": shared, "half": torch.ones(2, dtype=torch.bfloat16), "step": torch.tensor(3.0),
-                  "rng": torch.get_rng_state(), "empty": torch.zeros(0, 4)},
+            "t": {"w": shared, "w_again": shared, "half": torch.ones(2, dtype=torch.bfloat16),
+                  "step": torch.tensor(3.0), "rng": torch.get_rng_state(), "empty": torch.zeros(0, 4)},
             "np": np.arange(5, dtype=np.int64), "scalar": np.float64(0.25), "$tensor": "a key that looks like a mark"}
     save_tree(tmp_path / "s.safetensors", tree, {"format": "test"})
     back = load_tree(tmp_path / "s.safetensors")
@@ -79,7 +79,8 @@ def test_a_checkpoint_restores_every_state(tmp_path):
     assert load_checkpoint(path, "key-1", *fresh, got, [gen2, None]) == 2
     for a, b in zip(module.state_dict().values(), fresh[0].state_dict().values()):
         assert torch.equal(a, b)
-    assert fresh[1].margin == 0.75 and torch.equal(fresh[1].table, objective.table) and fresh[1].vocab == {"era": ["a", "b"]}
+    assert (fresh[1].margin == 0.75 and torch.equal(fresh[1].table, objective.table)
+            and fresh[1].vocab == {"era": ["a", "b"]})
     assert fresh[2].state_dict()["param_groups"] == optimizer.state_dict()["param_groups"]
     for a, b in zip(optimizer.state_dict()["state"].values(), fresh[2].state_dict()["state"].values()):
         assert all(torch.equal(a[k], b[k]) for k in a)

@@ -42,7 +42,8 @@ def test_names_from_rows_prefer_class_name_then_species_then_the_label():
 def test_model_folder_names_from_class_names_json_or_id2label(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"id2label": {"1": "bee", "0": "ant", "10": "wasp", "2": "cat",
                                                                    **{str(i): f"x{i}" for i in range(3, 10)}}}))
-    assert model_class_names(tmp_path).names[:3] == ["ant", "bee", "cat"] and model_class_names(tmp_path).names[10] == "wasp"
+    assert (model_class_names(tmp_path).names[:3] == ["ant", "bee", "cat"]
+            and model_class_names(tmp_path).names[10] == "wasp")
     write_class_names(tmp_path, ClassNames(["a", "b"]))
     assert model_class_names(tmp_path).names == ["a", "b"]
     assert model_class_names(tmp_path / "empty") is None

@@ -163,9 +163,10 @@ def test_quiet_warnings_hide_library_chatter_keep_ours_and_show_once_warnings_on
         cli.quiet_warnings()
         warnings.warn_explicit("old api", FutureWarning, "x.py", 1, module="transformers.utils")
         warnings.warn_explicit("old api", DeprecationWarning, "x.py", 1, module="diffusers.models")
-        warnings.warn_explicit("The `local_dir_use_symlinks` argument is deprecated and ignored", UserWarning, "v.py", 2,
-                               module="huggingface_hub.utils._validators")
-        warnings.warn_explicit("klm: 3 classes are never predicted", UserWarning, "klm.py", 5, module="detectors.posthoc.klm")
+        warnings.warn_explicit("The `local_dir_use_symlinks` argument is deprecated and ignored", UserWarning,
+                               "v.py", 2, module="huggingface_hub.utils._validators")
+        warnings.warn_explicit("klm: 3 classes are never predicted", UserWarning, "klm.py", 5,
+                               module="detectors.posthoc.klm")
         for line in range(3):
             warnings.warn_explicit("mask_method 'auto': rembg is not installed, so ...", RuntimeWarning, "masks.py",
                                    line, module="gen.masks")
@@ -187,7 +188,8 @@ def test_known_library_log_records_are_dropped_and_others_kept(monkeypatch):
     logger.addHandler(handler)
     monkeypatch.setattr(logger, "level", logging.WARNING)
     try:
-        logger.warning("`ViTImageProcessor` requires torchvision (not installed); falling back to `ViTImageProcessorPil`")
+        logger.warning("`ViTImageProcessor` requires torchvision (not installed); falling back to "
+                       "`ViTImageProcessorPil`")
         logger.warning("Some weights of ResNetForImageClassification were not initialized")
     finally:
         logger.removeHandler(handler)

@@ -39,7 +39,8 @@ def test_roundtrip_and_select(tmp_path):
     ({"file_name": "a.png", "split": "test", "role": "ood", "ood_set": "s", "group": "medium", "label": -1}, "group"),
     ({"file_name": "a.png", "split": "test", "role": "ood", "ood_set": "s", "group": None, "label": 2}, "label"),
     ({"file_name": "../a.png", "split": "test", "role": "id", "ood_set": None, "group": None, "label": 0}, "file_name"),
-    ({"file_name": "a.png", "split": "test", "role": "id", "ood_set": None, "group": None, "label": 0, "lat": "north"}, "lat"),
+    ({"file_name": "a.png", "split": "test", "role": "id", "ood_set": None, "group": None, "label": 0, "lat": "north"},
+     "lat"),
 ])
 def test_bad_field_names_file_line_field(tmp_path, row, field):
     good = json.dumps(make_row("ok.png")) + "\n"

@@ -80,7 +80,8 @@ def test_draft_decodes_at_the_coarsest_scale_with_twice_the_output(tmp_path):
     assert dct_scale(Region((0, 0, 300, 300), (170, 128))) == 1 and dct_scale(None) == 1
     path = jpeg_file(tmp_path / "b.jpg", photo(1001, 757))
     seen = []
-    decoded, region = decode(path, Decode(draft=True), lambda w, h: seen.append((w, h)) or Region((0, 0, w, h), (60, 45)))
+    decoded, region = decode(path, Decode(draft=True), lambda w,
+                             h: seen.append((w, h)) or Region((0, 0, w, h), (60, 45)))
     assert seen == [(1001, 757)] and region.out == (60, 45)
     assert decoded.scale == 8 and decoded.image.size == (126, 95) and decoded.full == (1001, 757)  # ceil(1001 / 8)
     assert decoded.box((0, 0, 1001, 757)) == (0, 0, 1001 / 8, 757 / 8)

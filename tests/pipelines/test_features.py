@@ -57,7 +57,8 @@ def test_extract_matches_manual_forward_and_records_failures(tiny_classifier, ma
     assert [f["file"] for f in cache.failures] == ["broken.png"]
     good = [manifest.rows[i] for i in cache.index]
     with torch.no_grad():
-        logits, feats = tiny_classifier(tiny_classifier.preprocess([Image.open(manifest.root / r["file_name"]).convert("RGB") for r in good]))
+        logits, feats = tiny_classifier(tiny_classifier.preprocess(
+            [Image.open(manifest.root / r["file_name"]).convert("RGB") for r in good]))
     np.testing.assert_allclose(cache.features, feats.numpy(), atol=1e-5)
     np.testing.assert_allclose(cache.logits, logits.numpy(), atol=1e-5)
     np.testing.assert_array_equal(cache.labels, [r["label"] for r in good])

@@ -90,6 +90,7 @@ def _hostile_field_tree(tmp_path: Path) -> tuple[Path, list[socket.socket]]:
     return root, sockets
 
 
+@pytest.mark.slow
 def test_a_field_walk_ends_with_each_real_image_once_and_the_labels_stay(tmp_path):
     """The issue: 20 images became 738 rows and 80 known-species images were labelled novel, and the summary said
     '1 dangling symlink'. Run as the command (a subprocess, so that a FIFO that blocks fails the test instead of
@@ -189,7 +190,8 @@ def test_images_that_do_not_decode_are_failures_in_every_importer(tmp_path):
     _bad_images(classes / "ant")
     result = import_classes(classes, tmp_path / "id")
     assert {f["file"] for f in result.failures} == {"ant/empty.jpg", "ant/notes.png"} and len(result.manifest) == 10
-    assert {f["file"] for f in json.loads((tmp_path / "id" / "failures.json").read_text())} == {"ant/empty.jpg", "ant/notes.png"}
+    assert ({f["file"] for f in json.loads((tmp_path / "id" / "failures.json").read_text())}
+            == {"ant/empty.jpg", "ant/notes.png"})
 
     ood = import_ood_folders(classes, tmp_path / "ood")
     assert len(ood.manifest) == 10 and len(ood.failures) == 2
@@ -278,7 +280,8 @@ def test_curate_containers_without_the_filter_lists_only_decodable_regular_image
     jar.symlink_to(tmp_path / "elsewhere" / "n03593526")  # a whole wnid folder linked in from outside
     cli = _script("curate_containers")
     out = tmp_path / "containers"
-    assert run_main(cli.main, ["--imagenet21k", str(tree), "--out", str(out), "--categories", "n03147509,n03593526"]) == 0
+    assert run_main(cli.main,
+                    ["--imagenet21k", str(tree), "--out", str(out), "--categories", "n03147509,n03593526"]) == 0
     rows = read_manifest(out, check_files=True).rows
     assert sorted(r["file_name"] for r in rows) == ["n03147509/good_0.JPEG", "n03147509/good_1.JPEG"]
     with open(out / "dropped.csv") as fh:

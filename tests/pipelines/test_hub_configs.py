@@ -62,14 +62,16 @@ def test_standin_differs_from_the_real_config_in_size_fields_only(standins, mode
         kind = hub.kind_of(file, real)
         cls = hub.image_processor_class(real) if kind == "image_processor" else None
         diff = hub.config_diff(hub.real_effective(model_id, file), hub.saved_effective(path, kind, cls))
-        allowed = set(tiny.TINY[model_id][file]) | set(tiny.OMITTED_COMPONENTS.get(model_id, ()) if kind == "pipeline" else ())
+        allowed = (set(tiny.TINY[model_id][file])
+                   | set(tiny.OMITTED_COMPONENTS.get(model_id, ()) if kind == "pipeline" else ()))
         # a size field kept in a legacy section the library folds into another one (CLIP's vision_config_dict)
         allowed_effective = {key for key in allowed if not key.startswith("vision_config_dict.")}
         assert set(diff) <= allowed_effective, f"{model_id} {file}: non-size fields differ: " \
                                                f"{ {k: v for k, v in diff.items() if k not in allowed_effective} }"
         saved = hub.leaves(hub.saved_effective(path, kind, cls))
         for key in allowed_effective & set(tiny.TINY[model_id][file]) - hub.SIZE_DICT_FIELDS:
-            assert saved[key] == hub.plain(tiny.TINY[model_id][file][key]), f"{model_id} {file}: {key} is not the listed tiny value"
+            assert saved[key] == hub.plain(tiny.TINY[model_id][file][key]), \
+                f"{model_id} {file}: {key} is not the listed tiny value"
 
 
 def test_clip_standin_keeps_openai_token_id_quirk(standins):

@@ -11,16 +11,20 @@ from pipelines import tiny
 
 # (model id, config file) -> (exact count from the real config, published figure, its last significant unit, source)
 PARAMETER_COUNTS = {
-    (tiny.SDXL_ID, "unet/config.json"): (2_567_463_684, 2.6e9, 1e8, "SDXL paper (Podell et al. 2023), Table 1: UNet 2.6B"),
-    (tiny.SDXL_ID, "text_encoder/config.json"): (123_060_480, 123e6, 1e6, "SD v1 model card: 123M CLIP ViT-L/14 text encoder"),
+    (tiny.SDXL_ID, "unet/config.json"): (2_567_463_684, 2.6e9, 1e8,
+                                         "SDXL paper (Podell et al. 2023), Table 1: UNet 2.6B"),
+    (tiny.SDXL_ID, "text_encoder/config.json"): (123_060_480, 123e6, 1e6,
+                                                 "SD v1 model card: 123M CLIP ViT-L/14 text encoder"),
     (tiny.SDXL_ID, "text_encoder_2/config.json"): (694_659_840, 817e6 - 123e6, 1e6,
                                                     "SDXL paper: text encoders 817M in total (ViT-L 123M + bigG)"),
-    (tiny.SDXL_ID, "vae/config.json"): (83_653_863, 83.7e6, 1e5, "the KL-f8 autoencoder of LDM/SD (83.7M, diffusers docs)"),
+    (tiny.SDXL_ID, "vae/config.json"): (83_653_863, 83.7e6, 1e5,
+                                        "the KL-f8 autoencoder of LDM/SD (83.7M, diffusers docs)"),
     (tiny.SDXL_VAE_FP16_ID, "config.json"): (83_653_863, 83.7e6, 1e5, "same architecture as SDXL's VAE"),
     (tiny.CONTROLNET_ID, "config.json"): (1_251_014_160, 5.0e9 / 4, 1e7,
                                           "hub file diffusion_pytorch_model.safetensors: 5.0 GB of float32 = 1.25B"),
     (tiny.IP_ADAPTER_ID, tiny.IMAGE_ENCODER_FILE): (632_076_800, 632e6, 1e6,
-                                                    "open_clip ViT-H-14 image tower: 632.08M (open_clip model profile)"),
+                                                    "open_clip ViT-H-14 image tower: 632.08M (open_clip model "
+                                                    "profile)"),
     (tiny.DPT_ID, "config.json"): (122_377_985, 123e6, 1e6, "DPT paper (Ranftl et al. 2021): DPT-Hybrid 123M"),
     (tiny.CLIP_ID, "config.json"): (149_620_737, 149.6e6, 1e5,
                                     "open_clip ViT-B-16: 149.62M (equals open_clip's own state dict, 149,620,737)"),
@@ -29,7 +33,8 @@ PARAMETER_COUNTS = {
     (tiny.SD15_ID, "vae/config.json"): (83_653_863, 83.7e6, 1e5, "the KL-f8 autoencoder of LDM/SD"),
     (tiny.SD21_ID, "unet/config.json"): (865_910_724, 865e6, 1e6, "SD 2 release notes: 865M UNet"),
     (tiny.SD21_ID, "text_encoder/config.json"): (340_387_840, None, None,
-                                                 "OpenCLIP ViT-H/14 text tower without its last layer (no published count)"),
+                                                 "OpenCLIP ViT-H/14 text tower without its last layer (no published "
+                                                 "count)"),
     (tiny.SD21_ID, "vae/config.json"): (83_653_863, 83.7e6, 1e5, "the KL-f8 autoencoder of LDM/SD"),
     (tiny.RESNET_ID, "config.json"): (25_557_032, 25.6e6, 1e5, "He et al. 2016 / torchvision resnet50: 25,557,032"),
 }
@@ -60,7 +65,8 @@ def sdxl_unet_meta():
         return tiny.build_model(tiny.full_config(tiny.SDXL_ID, "unet/config.json"))
 
 
-SDXL_BLOCK_WIDTH = {"down_blocks.1": 640, "down_blocks.2": 1280, "mid_block": 1280, "up_blocks.0": 1280, "up_blocks.1": 640}
+SDXL_BLOCK_WIDTH = {"down_blocks.1": 640, "down_blocks.2": 1280, "mid_block": 1280, "up_blocks.0": 1280,
+                    "up_blocks.1": 640}
 
 
 def h94_sdxl_vit_h_keys(unet) -> dict[str, tuple[int, ...]]:
@@ -78,6 +84,7 @@ def h94_sdxl_vit_h_keys(unet) -> dict[str, tuple[int, ...]]:
     return keys
 
 
+@pytest.mark.slow
 def test_ip_adapter_h94_layout_loads_into_full_size_sdxl_unet(sdxl_unet_meta):
     unet = sdxl_unet_meta
     state = tiny.ip_adapter_state(unet, image_embed_dim=1024, device="meta")

@@ -3,6 +3,8 @@ as a string value (docstrings and comments may name them), and every id has its 
 import ast
 from pathlib import Path
 
+import pytest
+
 from pipelines import hub, hub_ids
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,10 +20,12 @@ def string_values(path: Path) -> list[tuple[int, str]]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
 
 
+@pytest.mark.slow
 def test_default_hub_ids_are_declared_only_in_hub_ids():
     files = [p for top in ("pipelines", "gen", "detectors", "oodforge", "scripts") for p in (ROOT / top).rglob("*.py")
              if p.name != "hub_ids.py"]
-    found = [f"{p.relative_to(ROOT)}:{line}: {value}" for p in files for line, value in string_values(p) if value in IDS]
+    found = [f"{p.relative_to(ROOT)}:{line}: {value}" for p in files for line,
+             value in string_values(p) if value in IDS]
     assert found == []
 
 

@@ -57,12 +57,14 @@ def test_five_easy_sets_in_one_command(tmp_path, capsys):
     for name in EASY_SETS:
         manifest = read_manifest(out / name, check_files=True)  # every image resolves through manifest_info.json
         assert manifest.root == expected_roots.get(name, root / "images_largescale").resolve()
-        assert {(r["role"], r["split"], r["group"], r["ood_set"], r["label"]) for r in manifest} == {("ood", "test", "easy", name, -1)}
+        assert {(r["role"], r["split"], r["group"], r["ood_set"], r["label"])
+                for r in manifest} == {("ood", "test", "easy", name, -1)}
         if name in listed:
             assert [r["file_name"] for r in manifest] == listed[name]
             assert {r["source_label"] for r in manifest} == {"-1"}
         assert load_image(manifest.path(manifest.rows[0])).size == (6, 6)
-    assert [r["file_name"] for r in read_manifest(out / "imagenet_o")] == ["n01443537/a.jpg", "n01443537/b.png", "n01704323/c.jpg"]
+    assert [r["file_name"] for r in read_manifest(out / "imagenet_o")] == ["n01443537/a.jpg", "n01443537/b.png",
+                                                                           "n01704323/c.jpg"]
     printed = capsys.readouterr().out
     assert "species: 4 images" in printed and "texture: 2 images" in printed
 
@@ -96,13 +98,15 @@ def test_explicit_list_with_its_own_image_root_and_id_folder(tmp_path):
     listing = tmp_path / "dtd.txt"
     listing.write_text("a/1.jpg 0\nb/2.jpg 1\na/1.jpg 0\n")  # duplicates are kept once
     result = import_openood(None, tmp_path / "out", sets=[], lists={"texture": listing}, image_root=images)[0]
-    assert [r["file_name"] for r in read_manifest(tmp_path / "out" / "texture", check_files=True)] == ["a/1.jpg", "b/2.jpg"]
+    assert ([r["file_name"] for r in read_manifest(tmp_path / "out" / "texture", check_files=True)]
+            == ["a/1.jpg", "b/2.jpg"])
     assert result.manifest.root == images.resolve()
 
     ids = import_folder(images, tmp_path / "id", ood_set=None, role="id", label=2, split="train", group=None,
                         category_from_subfolder=True)
     rows = read_manifest(tmp_path / "id").rows
-    assert [(r["role"], r["ood_set"], r["label"], r["category"]) for r in rows] == [("id", None, 2, "a"), ("id", None, 2, "b")]
+    assert [(r["role"], r["ood_set"], r["label"], r["category"]) for r in rows] == [("id", None, 2, "a"),
+                                                                                    ("id", None, 2, "b")]
     assert ids.ood_set == "dtd"
 
 
@@ -127,7 +131,8 @@ def test_split_tree_keeps_splits_sorted_labels_and_records_unreadable_images(tmp
     assert all(r["file_name"].split("/")[0] == r["split"] for r in manifest)
     assert json.loads((tmp_path / "id" / "class_names.json").read_text())["names"] == ["ant", "bee", "cat"]
     failures = json.loads((tmp_path / "id" / "failures.json").read_text())
-    assert [f["file"] for f in failures] == ["test/cat/broken.png"] and result.failures == failures and not result.missing
+    assert ([f["file"] for f in failures] == ["test/cat/broken.png"] and result.failures == failures
+            and not result.missing)
 
 
 def test_largest_remainder_quotas_and_seeded_stratified_split():
@@ -155,7 +160,8 @@ def test_flat_folders_and_tables_with_levels_and_strata(tmp_path):
     import_classes(tmp_path / "flat", tmp_path / "id", ClassImport(split="4:1:5", seed=1))
     rows = read_manifest(tmp_path / "id").rows
     assert sorted((r["class_name"], r["split"]) for r in rows).count(("ant", "val")) == 1
-    assert [sum(r["split"] == s and r["class_name"] == "bee" for r in rows) for s in ("train", "val", "test")] == [4, 1, 5]
+    assert [sum(r["split"] == s and r["class_name"] == "bee"
+                for r in rows) for s in ("train", "val", "test")] == [4, 1, 5]
     table = pd.DataFrame({"file_name": [r["file_name"] for r in rows],
                           "category": [r["class_name"] for r in rows],
                           "fine_era": [f"era{i % 2}" for i in range(len(rows))],
@@ -193,7 +199,8 @@ def test_bad_inputs_are_one_line_each(tmp_path, capsys):
     (root / "train" / "empty").rmdir()
     (root / "test" / "ant" / "copy.png").write_bytes((root / "train" / "ant" / "0.png").read_bytes())
     assert _run(cli, [str(root), "--out", str(tmp_path / "o2")]) == 2
-    assert "the same image is in two splits: train/ant/0.png (train) and test/ant/copy.png (test)" in capsys.readouterr().err
+    assert ("the same image is in two splits: train/ant/0.png (train) and test/ant/copy.png (test)"
+            in capsys.readouterr().err)
     pd.DataFrame({"file_name": ["a.png"], "kind": ["x"]}).to_csv(tmp_path / "t.csv", index=False)
     assert _run(cli, [str(root), "--out", str(tmp_path / "o3"), "--table", str(tmp_path / "t.csv")]) == 2
     assert "t.csv: no column 'label'" in capsys.readouterr().err
@@ -215,7 +222,8 @@ def test_ood_subfolders_become_sets_and_openood_folder_needs_no_sets(tmp_path, c
     ood = ood_tree(tmp_path / "new")
     result = import_ood_folders(ood, tmp_path / "ood", group="near")
     rows = read_manifest(tmp_path / "ood", check_files=True).rows
-    assert {(r["ood_set"], r["group"], r["role"], r["label"]) for r in rows} == {("moths", "near", "ood", -1), ("rocks", "near", "ood", -1)}
+    assert {(r["ood_set"], r["group"], r["role"], r["label"]) for r in rows} == {("moths", "near", "ood", -1),
+                                                                                 ("rocks", "near", "ood", -1)}
     assert result.manifest.root == ood.resolve()
     cli = _script("import_openood")
     assert _run(cli, ["--out", str(tmp_path / "easy"), "--folder", f"texture={ood / 'rocks'}"]) == 0
@@ -248,7 +256,8 @@ def test_table_faults_name_the_table_line_and_one_bad_split_is_refused(tmp_path,
     frame.to_csv(table, index=False)
     assert _run(cli, [str(root), "--out", str(tmp_path / "o1"), "--table", str(table)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {table}, line 6: split must be one of train, val, test, got 'tset'") and err.count("\n") == 1
+    assert (err.startswith(f"error: {table}, line 6: split must be one of train, val, test, got 'tset'")
+            and err.count("\n") == 1)
     assert not (tmp_path / "o1" / "metadata.jsonl").exists()
 
     base = pd.read_csv(table).drop(columns="split")
@@ -291,8 +300,10 @@ def test_hidden_entries_and_dangling_links_are_counted(tmp_path, capsys):
     (root / "test" / "lost_class").symlink_to(tmp_path / "nowhere_dir")
     assert _run(cli, [str(root), "--out", str(tmp_path / "id")]) == 0
     summary = json.loads((tmp_path / "id" / "import_summary.json").read_text())
-    assert summary["hidden"] == 2 and set(summary["hidden_examples"]) == {"train/.thumbnails/", "train/ant/.DS_hidden.png"}
-    assert summary["dangling_links"] == 2 and set(summary["dangling_link_examples"]) == {"train/bee/gone.png", "test/lost_class"}
+    assert summary["hidden"] == 2 and set(summary["hidden_examples"]) == {"train/.thumbnails/",
+                                                                          "train/ant/.DS_hidden.png"}
+    assert summary["dangling_links"] == 2 and set(summary["dangling_link_examples"]) == {"train/bee/gone.png",
+                                                                                         "test/lost_class"}
     assert len(read_manifest(tmp_path / "id")) == 9
     assert "skipped 2 hidden (dot-named) entries and 2 dangling symlink(s)" in capsys.readouterr().out
 
@@ -310,7 +321,9 @@ def test_names_from_the_command_line_never_leave_out(tmp_path):
     cli = _script("import_openood")
     ood = ood_tree(tmp_path / "new")
     out = tmp_path / "nest" / "easy"
-    assert _run(cli, ["--out", str(out), "--folder", f"../escape_set={ood / 'rocks'}", "--folder", f"a/b={ood / 'moths'}"]) == 0
+    assert _run(cli,
+                ["--out", str(out), "--folder", f"../escape_set={ood / 'rocks'}", "--folder",
+                 f"a/b={ood / 'moths'}"]) == 0
     assert not (tmp_path / "nest" / "escape_set").exists()
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("metadata.jsonl"))
     assert len(written) == 2 and all("/" not in w.removesuffix("/metadata.jsonl") for w in written)

@@ -21,7 +21,8 @@ class Label(str):
 
 def varied_rows():
     rng = np.random.default_rng(0)
-    floats = [0.1, -0.0, 1e-05, 1e16, 123456789.125, float("nan"), float("inf"), -float("inf"), 5e-324, 1.7976931348623157e308]
+    floats = [0.1, -0.0, 1e-05, 1e16, 123456789.125, float("nan"), float("inf"), -float("inf"), 5e-324,
+              1.7976931348623157e308]
     rows = []
     for i in range(300):
         row = make_row(f"images/{i}/é漢字 \"q\"\\%s\n\t\u2028.jpg", split=("train", "val", "test")[i % 3],
@@ -76,7 +77,8 @@ def test_fast_check_never_vouches_for_an_invalid_row():
         {"file_name": 3}, {"split": "dev"}, {"role": "both"}, {"label": True}, {"label": 1.0}, {"label": -1},
         {"role": "ood"}, {"role": "ood", "label": -1}, {"role": "ood", "label": -1, "ood_set": ""},
         {"role": "ood", "label": 0, "ood_set": "x"}, {"ood_set": "x"}, {"group": "medium"}, {"group": ["hard"]},
-        {"lat": float("nan")}, {"lon": "north"}, {"lat": float("inf")}, {"provenance": "text"}, {"file_name": "a\\b.png"},
+        {"lat": float("nan")}, {"lon": "north"}, {"lat": float("inf")}, {"provenance": "text"},
+        {"file_name": "a\\b.png"},
         {"role": "ood", "label": -1, "ood_set": "x", "group": "far"}, {"label": np.int64(2)}, {"lat": None},
     ]
     for change in variants:

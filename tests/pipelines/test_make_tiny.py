@@ -67,6 +67,7 @@ def test_diffguard_unet_loads_through_the_pixel_loader(tmp_path, single_torch_th
     assert _same_weights(tmp_path / "unet", save_tiny_pixel_unet(tmp_path / "ref"), name)
 
 
+@pytest.mark.slow
 def test_zest_loads_through_the_zest_pipeline_from_the_printed_overrides(tmp_path, single_torch_thread, capsys):
     from pipelines.cli import apply_overrides
     from gen.zest import ZeSTConfig, ZeSTPipeline

@@ -100,6 +100,7 @@ def test_umask_modes_leaves_files_it_did_not_write_alone(tmp_path, umask):
     assert stat.S_IMODE((tmp_path / "weights.bin").stat().st_mode) == 0o666 & ~umask
 
 
+@pytest.mark.slow
 def test_a_train_classifier_output_folder(tmp_path):
     """The issue's own files: model.safetensors and checkpoint.safetensors of a trained folder, under umask 027."""
     from helpers.models import tiny_resnet_classifier

@@ -44,6 +44,7 @@ def _run(commands: list[str], cwd: Path, env: dict[str, str]) -> None:
         assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
 
 
+@pytest.mark.slow
 def test_readme_commands_take_class_folders_to_a_report(tmp_path):
     commands = readme_commands()
     assert len(commands) == 3
@@ -55,7 +56,8 @@ def test_readme_commands_take_class_folders_to_a_report(tmp_path):
            "HF_HUB_OFFLINE": "1", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
     for command in commands:
-        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
         assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
     names = json.loads((tmp_path / "data" / "own" / "class_names.json").read_text())["names"]
     assert names == ["ant", "bee", "cat"]
@@ -68,6 +70,7 @@ def test_readme_commands_take_class_folders_to_a_report(tmp_path):
     assert (tmp_path / "runs" / "own" / "report" / "per_set.md").is_file()
 
 
+@pytest.mark.slow
 def test_readme_cpu_stand_ins_keep_class_names_and_import_a_field_set(tmp_path):
     commands = readme_commands(1)
     assert len(commands) == 3 and commands[0].startswith(("python scripts/make_tiny.py", "oodforge make-tiny"))
@@ -108,14 +111,16 @@ def test_species_rows_name_the_trained_model_classes(tmp_path, single_torch_thre
     write_manifest(tmp_path / "img", rows)
     model = save_tiny_model(tmp_path / "tiny", RESNET_ID)
     out = train_classifier(TrainConfig.from_dict({"id": str(tmp_path / "img"), "model": str(model), "pretrained": False,
-                                                  "out": str(tmp_path / "clf"), "epochs": 1, "warmup_epochs": 0, "batch_size": 6,
-                                                  "image_size": 32, "num_workers": 0}))
+                                                  "out": str(tmp_path / "clf"), "epochs": 1, "warmup_epochs": 0,
+                                                  "batch_size": 6, "image_size": 32, "num_workers": 0}))
     saved = json.loads((out / "class_names.json").read_text())
     assert saved["names"] == species and saved["label_field"] == "species"
     assert ImageClassifier.from_pretrained(out).class_names == species
 
 
-@pytest.mark.skipif(not Path("/usr/share/wordnet/data.noun").is_file(), reason="WordNet 3.0 is not installed (apt-get install wordnet-base)")
+@pytest.mark.skipif(not Path("/usr/share/wordnet/data.noun").is_file(),
+                    reason="WordNet 3.0 is not installed (apt-get install wordnet-base)")
+@pytest.mark.slow
 def test_readme_container_curation_command(tmp_path):
     from pipelines.tiny import CLIP_ID, save_tiny_clip
     from tests.pipelines.curation.test_containers import IMAGENET1K_CONTAINERS, NEW_CONTAINERS, imagenet21k_tree

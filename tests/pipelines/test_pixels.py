@@ -1,5 +1,6 @@
-"""pipelines.pixels: each protocol's evaluation transform and fit pixels, the `pixels:` keys one away, the model folder's
-record round trip, cache keys that follow the pixels, seeded fit pixels whatever the workers, the default workers."""
+"""pipelines.pixels: each protocol's evaluation transform and fit pixels, the `pixels:` keys one away, the model
+folder's record round trip, cache keys that follow the pixels, seeded fit pixels whatever the workers, the default
+workers."""
 from __future__ import annotations
 
 import json
@@ -14,8 +15,8 @@ from pipelines.data import make_row, write_manifest
 from pipelines.decode import Decode
 from pipelines.features import extract_features
 from pipelines.fingerprint import preprocessing_fingerprint
-from pipelines.pixels import (PROTOCOL_PIXELS, RECORD, PixelSettings, ProcessorPixels, default_workers, reference_record,
-                              run_pixels, training_pixels)
+from pipelines.pixels import (PROTOCOL_PIXELS, RECORD, PixelSettings, ProcessorPixels, default_workers,
+                              reference_record, run_pixels, training_pixels)
 from pipelines.training import transforms as T
 
 
@@ -74,7 +75,8 @@ def test_a_trained_folder_records_its_reference_transform(resnet, tmp_path):
     training_pixels(clf, (T.reference_train("ami", 30, 33), evaluate), "open-insects")
     clf.save_pretrained(tmp_path / "trained")
     record = json.loads((tmp_path / "trained" / RECORD).read_text())
-    assert record == {"transform": "reference", "image_size": 30, "pre_size": 33, "resample": "bilinear", "orient": False}
+    assert record == {"transform": "reference", "image_size": 30, "pre_size": 33, "resample": "bilinear",
+                      "orient": False}
     again = ImageClassifier.from_pretrained(tmp_path / "trained")
     assert repr(again.pixels) == repr(clf.pixels) and again.record == record
     assert run_pixels(again, "exact").eval.ops[1].size == 30  # exact: the transform it was validated with

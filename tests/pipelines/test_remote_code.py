@@ -75,13 +75,14 @@ def test_every_config_kind_that_names_code_is_found(tmp_path):
                             "tokenizer_config.json")
     assert "tokenizer_config.json maps its classes" in custom_code_reason(tokenizer)
     pipeline = evil_folder(tmp_path / "d", marker, {"_class_name": "StableDiffusionPipeline",
-                                                     "unet": ["evil_unet", "EvilUNet"], "vae": ["diffusers", "AutoencoderKL"]},
+                                                     "unet": ["evil_unet", "EvilUNet"],
+                                                     "vae": ["diffusers", "AutoencoderKL"]},
                            "model_index.json")
     assert "component 'unet' comes from 'evil_unet'" in custom_code_reason(pipeline)
     custom_pipeline = evil_folder(tmp_path / "c", marker, {"_class_name": "EvilPipeline"}, "model_index.json")
     assert "the pipeline class 'EvilPipeline' is not one of diffusers'" in custom_code_reason(custom_pipeline)
-    component = evil_folder(tmp_path / "u", marker, {"_class_name": "EvilUNet", "auto_map": {"AutoModel": "evil.EvilUNet"}},
-                            "unet/config.json")
+    component = evil_folder(tmp_path / "u", marker,
+                            {"_class_name": "EvilUNet", "auto_map": {"AutoModel": "evil.EvilUNet"}}, "unet/config.json")
     assert "unet/config.json maps its classes" in custom_code_reason(component)
     assert not marker.exists()
 

@@ -172,7 +172,8 @@ def test_a_refused_replace_names_the_target(tmp_path, monkeypatch, capsys):
 SDXL_FILES = [  # the layout of stabilityai/stable-diffusion-xl-base-1.0 (abridged)
     "model_index.json", "sd_xl_base_1.0.safetensors", "unet/config.json", "unet/diffusion_pytorch_model.safetensors",
     "unet/diffusion_pytorch_model.fp16.safetensors", "vae/diffusion_pytorch_model.safetensors",
-    "vae/diffusion_pytorch_model.fp16.safetensors", "text_encoder/model.safetensors", "text_encoder/model.fp16.safetensors",
+    "vae/diffusion_pytorch_model.fp16.safetensors", "text_encoder/model.safetensors",
+    "text_encoder/model.fp16.safetensors",
 ]
 
 

@@ -46,7 +46,8 @@ def _packed(source: Path, out: Path, **config) -> Path:
     return out
 
 
-# -- layout and surface -------------------------------------------------------------------------------------------------
+# -- layout and surface
+# -------------------------------------------------------------------------------------------------
 def test_shards_are_webdataset_tars_with_an_index_and_a_wids_descriptor(source, tmp_path):
     out = _packed(source, tmp_path / "out")
     store = out / "shards"
@@ -198,7 +199,8 @@ def test_repacking_a_shard_manifest_reads_its_members(source, tmp_path):
                                                                    for r in second.rows]
 
 
-# -- keys and checks --------------------------------------------------------------------------------------------------------
+# -- keys and checks
+# --------------------------------------------------------------------------------------------------------
 def test_the_key_is_the_shard_digest_and_a_changed_shard_is_one_error(source, tmp_path):
     manifest = read_manifest(_packed(source, tmp_path / "out"))
     shard = tmp_path / "out" / "shards" / "000001.tar"
@@ -249,7 +251,8 @@ def test_check_files_lists_folders_once_and_names_the_line(tmp_path):
             read_manifest(tmp_path / "d", check_files=True)
 
 
-# -- bad input --------------------------------------------------------------------------------------------------------------
+# -- bad input
+# --------------------------------------------------------------------------------------------------------------
 def test_a_row_pointing_at_another_member_or_outside_the_root_is_refused(source, tmp_path):
     out = _packed(source, tmp_path / "out")
     rows = read_manifest(out).rows

@@ -1,4 +1,5 @@
-"""The tiny stand-ins load back through the real `from_pretrained` code paths and behave like their real counterparts."""
+"""The tiny stand-ins load back through the real `from_pretrained` code paths and behave like their real
+counterparts."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,8 @@ def test_tiny_tokenizer_round_trips_through_every_loader(tmp_path, loader):
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (len(vocab) - 2, len(vocab) - 1)
     ids = tokenizer("Bronze vessel xq").input_ids
     # known answer: BOS, one merged token per vocabulary word, unknown words fall back to byte symbols, EOS
-    expected = [vocab[BOS_TOKEN], vocab["bronze</w>"], vocab["vessel</w>"], vocab["x"], vocab["q</w>"], vocab[EOS_TOKEN]]
+    expected = [vocab[BOS_TOKEN], vocab["bronze</w>"], vocab["vessel</w>"], vocab["x"], vocab["q</w>"],
+                vocab[EOS_TOKEN]]
     assert ids == expected
     assert tokenizer.decode(ids, skip_special_tokens=True) == "bronze vessel xq"
 

@@ -15,7 +15,8 @@ from pipelines.torchvision_resnet import convert_state_dict, load_torchvision_re
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-def torchvision_layout(depths: list[int], widths: list[int], stem: int, classes: int, seed: int) -> dict[str, torch.Tensor]:
+def torchvision_layout(depths: list[int], widths: list[int], stem: int, classes: int,
+                       seed: int) -> dict[str, torch.Tensor]:
     """Random weights named as torchvision's Bottleneck ResNet names them (expansion 4, stride on the 3x3)."""
     g = torch.Generator().manual_seed(seed)
     state: dict[str, torch.Tensor] = {}
@@ -133,7 +134,8 @@ with torch.no_grad():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _has_torchvision(), reason="the oracle is Debian's torchvision: apt-get install -y python3-torchvision")
+@pytest.mark.skipif(not _has_torchvision(),
+                    reason="the oracle is Debian's torchvision: apt-get install -y python3-torchvision")
 def test_full_resnet50_matches_torchvision_itself(tmp_path):
     depths, widths = [3, 4, 6, 3], [256, 512, 1024, 2048]
     state = torchvision_layout(depths, widths, 64, 1000, seed=3)
@@ -141,7 +143,8 @@ def test_full_resnet50_matches_torchvision_itself(tmp_path):
     torch.save(state, tmp_path / "resnet50.pth", _use_new_zipfile_serialization=True)
     torch.save(x, tmp_path / "x.pt")
     (tmp_path / "oracle.py").write_text(ORACLE)
-    done = subprocess.run([SYSTEM_PYTHON, str(tmp_path / "oracle.py"), str(tmp_path / "resnet50.pth"), str(tmp_path / "x.pt"),
+    done = subprocess.run([SYSTEM_PYTHON, str(tmp_path / "oracle.py"), str(tmp_path / "resnet50.pth"),
+                           str(tmp_path / "x.pt"),
                            str(tmp_path / "logits.pt")], capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]

@@ -22,7 +22,8 @@ class TinyNet(nn.Module):
 
     def __init__(self, num_classes: int = 3):
         super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 8), nn.ReLU())
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                  nn.Linear(8, 8), nn.ReLU())
         self.fc = nn.Linear(8, num_classes)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,7 +108,8 @@ def test_multi_granularity_reports_per_level_and_overall_accuracy():
     assert final["overall"] < final["acc_label"]  # the noisy family level makes some rows fail overall
     assert final["acc_label"] > 0.9
     weight, bias = objective.level_head("genus")
-    np.testing.assert_allclose(x[160:] @ weight.T + bias, objective.level_heads["genus"](xv).detach().double().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(x[160:] @ weight.T + bias, objective.level_heads["genus"](xv).detach().double().numpy(),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_multi_granularity_loss_is_weighted_sum_of_cross_entropies():
@@ -122,7 +124,8 @@ def test_multi_granularity_loss_is_weighted_sum_of_cross_entropies():
     batch = TrainBatch(x=features, y=torch.tensor([0, 3, 1]), targets=targets)
     got = objective.loss(logits, features, batch)
     with torch.no_grad():
-        glog = features.double() @ objective.level_heads["genus"].weight.double().T + objective.level_heads["genus"].bias.double()
+        glog = (features.double() @ objective.level_heads["genus"].weight.double().T
+                + objective.level_heads["genus"].bias.double())
 
     def ce(z, t):
         return float(-(z[t] - torch.logsumexp(z, 0)))
@@ -168,8 +171,10 @@ torch.manual_seed(0)
 clf = ImageClassifier.from_module(Net(), image_size=16)
 objective = MultiGranularity({"genus": "genus"})
 manifest = read_manifest(sys.argv[1])
-result = finetune(clf, manifest, epochs=2, batch_size=4, lr=1e-2, warmup_epochs=0, objective=objective, val=manifest, seed=0)
-with open(os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.json"), "w") as fh:  # one file per rank: stdout interleaves
+result = finetune(clf, manifest, epochs=2, batch_size=4, lr=1e-2, warmup_epochs=0, objective=objective, val=manifest,
+                  seed=0)
+# one file per rank: stdout interleaves
+with open(os.path.join(sys.argv[2], f"rank{os.environ['RANK']}.json"), "w") as fh:
     json.dump({"steps": result.steps, "loss": result.final["loss"], "head": clf.head.weight.sum().item(),
                "genus": objective.level_heads["genus"].weight.sum().item()}, fh)
 if torch.distributed.is_initialized():  # both ranks have written; skip the C++ teardown, which can abort (SIGABRT)
@@ -179,6 +184,7 @@ if torch.distributed.is_initialized():  # both ranks have written; skip the C++ 
 """
 
 
+@pytest.mark.slow
 def test_two_processes_split_each_batch_and_match_one_process(tmp_path):
     """torchrun with 2 CPU processes: each takes half of every global batch, so both run every step (2 epochs x 6
     batches) and end with the weights (model and objective heads) of the one-process run."""
@@ -192,12 +198,14 @@ def test_two_processes_split_each_batch_and_match_one_process(tmp_path):
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
     root = Path(__file__).parents[2]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {k: v for k,
+           v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     solo = subprocess.run([sys.executable, str(script), str(train.root), str(tmp_path)], capture_output=True, text=True,
                           timeout=240, cwd=root, env={**env, "RANK": "solo"})
     assert solo.returncode == 0, solo.stderr[-2000:]
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), str(train.root), str(tmp_path)],
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), str(train.root),
+                           str(tmp_path)],
                           capture_output=True, text=True, timeout=240, cwd=root, env=env)
     assert done.returncode == 0, _first_error(done.stderr)
     one = json.loads((tmp_path / "ranksolo.json").read_text())
@@ -226,8 +234,8 @@ from detectors.training_time.novel_branch import BranchLoss
 from detectors.training_time.udg import UDGLoss
 aux = np.eye(6)[rng.integers(3, 6, 40)] * 3 + rng.normal(size=(40, 6))
 for name, objective in (("pooled", BranchLoss(False, pooled=True)), ("udg", UDGLoss(num_clusters=5, pca_dim=4))):
-    layer, result = train_heads((np.zeros((3, 6)), np.zeros(3)), features, labels, aux_features=aux, objective=objective,
-                                epochs=2, lr=5e-2, batch_size=8, warmup_epochs=0, seed=0)
+    layer, result = train_heads((np.zeros((3, 6)), np.zeros(3)), features, labels, aux_features=aux,
+                                objective=objective, epochs=2, lr=5e-2, batch_size=8, warmup_epochs=0, seed=0)
     out[name] = layer.weight.detach().double().tolist()
 rank = os.environ.get("RANK", "solo")
 with open(os.path.join(sys.argv[1], f"heads_{rank}.json"), "w") as fh:
@@ -239,6 +247,7 @@ if torch.distributed.is_initialized():  # both ranks have written; skip the C++ 
 """
 
 
+@pytest.mark.slow
 def test_heads_only_schedule_is_the_same_for_one_and_two_processes(tmp_path):
     """Cached-feature batches are not sharded, so each process takes every step: the cosine schedule and the trained
     head must equal the one-process run (accelerate's scheduler wrapper would step twice a step and end it early).
@@ -254,13 +263,14 @@ def test_heads_only_schedule_is_the_same_for_one_and_two_processes(tmp_path):
     script = tmp_path / "heads.py"
     script.write_text(HEADS_SCRIPT)
     root = Path(__file__).parents[2]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {k: v for k,
+           v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     solo = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=240,
                           cwd=root, env=env)
     assert solo.returncode == 0, solo.stderr[-2000:]
     torchrun = Path(sys.executable).with_name("torchrun")
-    duo = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), str(tmp_path)], capture_output=True,
-                         text=True, timeout=240, cwd=root, env=env)
+    duo = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), str(tmp_path)],
+                         capture_output=True, text=True, timeout=240, cwd=root, env=env)
     assert duo.returncode == 0, _first_error(duo.stderr)
     one = json.loads((tmp_path / "heads_solo.json").read_text())
     two = [json.loads((tmp_path / f"heads_{rank}.json").read_text()) for rank in (0, 1)]
@@ -297,7 +307,8 @@ def test_pooled_loader_shuffles_id_and_aux_rows_into_one_stream():
     n_id, n_aux, bs = 30, 50, 16
     rng = np.random.default_rng(0)
     labels = np.arange(n_id) % 3
-    _, result = train_heads(nn.Linear(4, 3), rng.normal(size=(n_id, 4)), labels, aux_features=rng.normal(size=(n_aux, 4)),
+    _, result = train_heads(nn.Linear(4, 3), rng.normal(size=(n_id, 4)), labels,
+                            aux_features=rng.normal(size=(n_aux, 4)),
                             aux_labels=np.full(n_aux, -1), objective=Record(), epochs=2, batch_size=bs, seed=0)
     steps = (n_id + n_aux) // bs  # drop_last on the pooled set: 5 steps an epoch, not n_id // bs = 1
     assert result.steps == 2 * steps and len(seen) == 2 * steps

@@ -54,9 +54,11 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(out / "model.safetensors"))
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_weights(setup, tmp_path):
     base, model = setup
-    whole = subprocess.run([sys.executable, str(SCRIPT), "--config", str(_config(base, model, tmp_path / "a", epochs=6))],
+    whole = subprocess.run([sys.executable, str(SCRIPT), "--config",
+                            str(_config(base, model, tmp_path / "a", epochs=6))],
                            env=_env(), capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr[-2000:]
     config = _config(base, model, tmp_path / "b", epochs=6)
@@ -93,6 +95,7 @@ runpy.run_module("oodforge", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_two_processes_train_the_one_process_weights(setup, tmp_path):
     """torchrun, 2 CPU processes, batch norm layers: each process takes half of every global batch of 8 and batch
     statistics span both halves, so the weights match the 1-process run."""
@@ -100,7 +103,8 @@ def test_two_processes_train_the_one_process_weights(setup, tmp_path):
     # lr 1e-3: Adam's first steps are about lr * sign(gradient), so a coordinate whose gradient is float noise may move
     # by up to lr a step in either run; at this lr that stays within the tolerance below (gradients agree to ~1e-6)
     settings = {"epochs": 2, "lr": 0.001, "warmup_epochs": 0}
-    one = subprocess.run([sys.executable, str(SCRIPT), "--config", str(_config(base, model, tmp_path / "one", **settings))],
+    one = subprocess.run([sys.executable, str(SCRIPT), "--config",
+                          str(_config(base, model, tmp_path / "one", **settings))],
                          env=_env(), capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     launcher = tmp_path / "launch.py"
@@ -126,13 +130,14 @@ def test_levels_give_one_head_each_and_the_runner_can_read_them(setup, tmp_path)
     base, model = setup
     rng = np.random.default_rng(0)
     for split, n in (("train", 4), ("val", 1), ("test", 1)):
-        for cat, era, colour in (("ding", "shang", (200, 0, 0)), ("ding", "zhou", (0, 200, 0)), ("gui", "zhou", (0, 0, 200))):
+        for cat, era, colour in (("ding", "shang", (200, 0, 0)), ("ding", "zhou", (0, 200, 0)),
+                                 ("gui", "zhou", (0, 0, 200))):
             for i in range(n):
                 png(tmp_path / "b" / split / cat / era / f"{i}.png", colour, rng)
     import_classes(tmp_path / "b", tmp_path / "id", ClassImport(levels=["category", "era"]))
     config = TrainConfig.from_dict({"id": str(tmp_path / "id"), "out": str(tmp_path / "out"), "model": str(model),
-                                    "recipe": "multi-granularity", "levels": ["category", "era"], "epochs": 1, "warmup_epochs": 0,
-                                    "batch_size": 4, "num_workers": 0, "image_size": 32})
+                                    "recipe": "multi-granularity", "levels": ["category", "era"], "epochs": 1,
+                                    "warmup_epochs": 0, "batch_size": 4, "num_workers": 0, "image_size": 32})
     out = train_classifier(config)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["heads"] == ["label", "category"] and metrics["label_field"] == "era"
@@ -172,11 +177,14 @@ def test_config_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="recipe: must be one of"):
         TrainConfig.from_dict({**base, "recipe": "fast"})
     config = TrainConfig.from_dict({**base, "recipe": "open-insects-scratch", "epochs": 7})
-    assert (config.pretrained, config.epochs, config.batch_size, config.lr, config.warmup_epochs) == (False, 7, 512, 0.01, 6)
-    assert (config.protocol, config.schedule, config.drop_last, config.precision) == ("open-insects", "reference", False, "fp32")
+    assert ((config.pretrained, config.epochs, config.batch_size, config.lr, config.warmup_epochs)
+            == (False, 7, 512, 0.01, 6))
+    assert (config.protocol, config.schedule, config.drop_last, config.precision) == ("open-insects", "reference",
+                                                                                      False, "fp32")
     assert (config.augment, config.image_size, config.pre_size) == ("ami", 126, 128)
     exact = TrainConfig.from_dict({**base, "protocol": "exact"})
-    assert (exact.schedule, exact.drop_last, exact.precision, exact.augment, exact.image_size) == ("clean", True, "auto", "imagenet", None)
+    assert ((exact.schedule, exact.drop_last, exact.precision, exact.augment, exact.image_size)
+            == ("clean", True, "auto", "imagenet", None))
     assert TrainConfig.from_dict(exact.to_dict()) == exact
 
 
@@ -268,6 +276,7 @@ def test_cache_hash_content_sees_a_rewrite_with_the_mtime_restored(setup, tmp_pa
         _train_config(tmp_path, model, cache_hash="mtime")
 
 
+@pytest.mark.slow
 def test_a_kill_during_a_write_leaves_no_temp_file_after_the_rerun(setup, tmp_path):
     """SIGKILL while the checkpoint is written (its temp file complete, not renamed): the rerun removes that temp
     file and ends with a complete output folder."""
@@ -306,7 +315,8 @@ def test_dry_run_states_the_plan_the_run_follows_and_writes_nothing(setup, tmp_p
     assert run_main(main, ["--config", str(config)]) == 0
     run = capsys.readouterr().out
     schedule = next(line for line in dry if line.startswith("schedule "))
-    assert schedule.startswith("schedule reference: 2 epochs x 3 steps") and f": {schedule}" in run  # the run's own line
+    # the run's own line
+    assert schedule.startswith("schedule reference: 2 epochs x 3 steps") and f": {schedule}" in run
     assert run_main(main, ["--config", str(config), "--dry-run"]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("(up to date)")
     for override, message in ((["levels=[order]"], "levels: the ID train rows of"),
@@ -368,6 +378,7 @@ def best_and_last(setup, tmp_path_factory):
     return tmp / "whole"
 
 
+@pytest.mark.slow
 def test_the_folder_keeps_the_best_epoch_beside_the_last_and_says_which(best_and_last):
     from pipelines.checkpoints import checkpoint_folder, read_checkpoint_index
 
@@ -378,13 +389,15 @@ def test_the_folder_keeps_the_best_epoch_beside_the_last_and_says_which(best_and
     assert "base_recorder.py:40-55" in index["rule"]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["checkpoints"] == {k: index[k] for k in ("last", "best")}
-    assert checkpoint_folder(out, "best") == (out / "best").resolve() and checkpoint_folder(out, "last") == out.resolve()
+    assert (checkpoint_folder(out, "best") == (out / "best").resolve()
+            and checkpoint_folder(out, "last") == out.resolve())
     assert int(read_metadata(out / "checkpoint.best.safetensors")["epoch"]) == 4
     best, last = _weights(out / "best"), _weights(out)
     assert best.keys() == last.keys() and any(not torch.equal(best[k], last[k]) for k in best)
     assert {"config.json", "preprocessor_config.json", "class_names.json"} <= {p.name for p in (out / "best").iterdir()}
 
 
+@pytest.mark.slow
 def test_kill_9_while_the_best_is_written_resumes_to_the_uninterrupted_best(setup, best_and_last, tmp_path):
     """SIGKILL during the third write of the best weights (epoch 4's; epochs 1 and 2 were the best before): the
     checkpoint says epoch 4, the best file still epoch 2; the rerun rewrites epoch 4's from the restored state and ends
@@ -409,7 +422,8 @@ def test_kill_9_while_the_best_is_written_resumes_to_the_uninterrupted_best(setu
         a, b = _weights(best_and_last / folder), _weights(out / folder)
         for key in a:
             torch.testing.assert_close(b[key], a[key], rtol=0, atol=0)
-    assert json.loads((out / "checkpoints.json").read_text()) == json.loads((best_and_last / "checkpoints.json").read_text())
+    assert (json.loads((out / "checkpoints.json").read_text())
+            == json.loads((best_and_last / "checkpoints.json").read_text()))
 
 
 def test_no_val_rows_keep_the_last_only(setup, tmp_path):
@@ -473,6 +487,7 @@ def test_evaluate_runs_the_checkpoint_the_config_or_protocol_names(setup, best_a
     assert found["protocol"][2]["checkpoint"] == "best" and found["protocol"][2] != found["last"][2]
     capsys.readouterr()
     for bad, message in ((model, "checkpoint: best: model"), (best_and_last / "best", "checkpoint: best: model")):
-        code = run_main(main, ["--config", str(path), "--out", str(tmp_path / "bad"), f"model={bad}", "checkpoint=best"])
+        code = run_main(main,
+                        ["--config", str(path), "--out", str(tmp_path / "bad"), f"model={bad}", "checkpoint=best"])
         err = capsys.readouterr().err.strip()
         assert code == 2 and err.startswith(f"error: {message}") and "\n" not in err, err

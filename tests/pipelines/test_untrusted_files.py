@@ -49,8 +49,8 @@ def _env() -> dict[str, str]:
 
 
 def _script(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *map(str, args)], env=_env(), capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *map(str, args)], env=_env(),
+                          capture_output=True, text=True, timeout=600)
 
 
 def _one_line(done: subprocess.CompletedProcess) -> str:
@@ -69,8 +69,8 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("untrusted")
     torch.manual_seed(0)
     clf = ImageClassifier.from_pretrained(save_tiny_model(root / "hub", RESNET_ID), num_labels=3,
-                                          id2label={0: "ant", 1: "bee", 2: "cat"}, label2id={"ant": 0, "bee": 1, "cat": 2},
-                                          ignore_mismatched_sizes=True)
+                                          id2label={0: "ant", 1: "bee", 2: "cat"},
+                                          label2id={"ant": 0, "bee": 1, "cat": 2}, ignore_mismatched_sizes=True)
     model = clf.save_pretrained(root / "model")
     pickled = root / "pickled"
     shutil.copytree(model, pickled)
@@ -125,7 +125,8 @@ def test_a_model_folder_with_only_a_pickle(tiny, tmp_path):
     assert "pickled objects other than tensors" in _one_line(done) and str(pickled) in done.stderr
     train = tmp_path / "train.yaml"
     train.write_text(yaml.safe_dump({"id": str(root / "id"), "out": str(tmp_path / "clf"), "model": str(pickled),
-                                     "pretrained": True, "epochs": 1, "warmup_epochs": 0, "batch_size": 8, "num_workers": 0}))
+                                     "pretrained": True, "epochs": 1, "warmup_epochs": 0, "batch_size": 8,
+                                     "num_workers": 0}))
     assert "pickled objects other than tensors" in _one_line(_script("train_classifier.py", "--config", train))
     assert not marker.exists()
 
@@ -147,7 +148,8 @@ def test_evaluation_unit_work_folder_and_the_trained_artifact(tiny, tmp_path):
 
     again = run_config(_eval_yaml(root, tmp_path / "loaded", model, [{"name": "logitnorm", "load": str(artifact)}]))
     assert not (tmp_path / "loaded" / "units" / "logitnorm" / "work" / "finetune.safetensors").exists()  # no training
-    scores = [pd.read_parquet(folder / "scores.parquet").sort_values(["role", "index"]) for folder in (out, tmp_path / "loaded")]
+    scores = [pd.read_parquet(folder / "scores.parquet").sort_values(["role", "index"])
+              for folder in (out, tmp_path / "loaded")]
     np.testing.assert_allclose(scores[1]["score"], scores[0]["score"], rtol=1e-6)
     assert again["auroc"].tolist() == pytest.approx(first["auroc"].tolist())
 
@@ -187,7 +189,8 @@ def test_foreign_pt_files_of_diffguard_distances_and_clipn(tmp_path):
 
     marker = tmp_path / "ran"
     bad = plant(tmp_path / "256x256_diffusion_uncond.pt", marker)
-    for load_it in (read_checkpoint, lambda p: load_weight_files(p, "dists"), lambda p: convert_clipn(p, tmp_path / "clipn")):
+    for load_it in (read_checkpoint, lambda p: load_weight_files(p, "dists"),
+                    lambda p: convert_clipn(p, tmp_path / "clipn")):
         with pytest.raises(UserInputError) as err:
             load_it(bad)
         assert str(bad) in str(err.value) and "\n" not in str(err.value) and "weights_only" not in str(err.value)
@@ -245,7 +248,8 @@ def test_a_safetensors_header_declaring_2_62_bytes_is_one_line_wherever_it_is_re
     assert "declares a 4611686018427387904-byte header" in err and "SafetensorError" not in err
     train = tmp_path / "train.yaml"
     train.write_text(yaml.safe_dump({"id": str(root / "id"), "out": str(tmp_path / "clf"), "model": str(bombed),
-                                     "pretrained": True, "epochs": 1, "warmup_epochs": 0, "batch_size": 8, "num_workers": 0}))
+                                     "pretrained": True, "epochs": 1, "warmup_epochs": 0, "batch_size": 8,
+                                     "num_workers": 0}))
     for dry in ([], ["--dry-run"]):
         assert "declares a 4611686018427387904-byte header" in _in_process("train_classifier.py", capsys, "--config",
                                                                           train, *dry)
@@ -273,7 +277,8 @@ def test_a_safetensors_header_declaring_2_62_bytes_is_one_line_wherever_it_is_re
 @pytest.mark.slow  # the command in a subprocess, so that its stdin holds the "y"
 def test_a_model_folder_that_needs_its_own_code_is_refused_whatever_stdin_holds(tiny, tmp_path, capsys):
     """Issue 32, row 5: with "y" piped in, `evaluate` ran the folder's Python. Now refused in one line before
-    transformers reads the folder (it never prompts), by evaluate (the command, "y" on its stdin) and train_classifier."""
+    transformers reads the folder (it never prompts), by evaluate (the command, "y" on its stdin) and
+    train_classifier."""
     from safetensors.torch import save_file
 
     from tests.pipelines.test_remote_code import evil_folder

@@ -232,8 +232,9 @@ def render(jobs: Sequence[Job], formats: Sequence[str] = ("png",), workers: int 
     """Build and save every job; a job that fails is logged and skipped. Returns the paths written, in job order.
 
     In one process when that is as fast: fewer than `PARALLEL_JOBS` jobs, one worker (`workers`, default the free
-    CPUs: `free_cpus`) or no `fork` (a spawned worker would re-import everything and receive every job's arrays pickled). Else a pool of
-    forked workers that inherit the jobs. Each process reuses one figure canvas from job to job."""
+    CPUs: `free_cpus`) or no `fork` (a spawned worker would re-import everything and receive every job's arrays
+    pickled). Else a pool of forked workers that inherit the jobs. Each process reuses one figure canvas from job to
+    job."""
     workers = min(workers or free_cpus(), len(jobs))
     if workers <= 1 or len(jobs) < PARALLEL_JOBS or "fork" not in multiprocessing.get_all_start_methods():
         return [p for p in _serial(jobs, formats, log) if p is not None]
@@ -255,6 +256,6 @@ def render(jobs: Sequence[Job], formats: Sequence[str] = ("png",), workers: int 
     return [p for p in results if p is not None]
 
 
-__all__ = ["DPI", "FORMATS", "JPEG_QUALITY", "COLORS", "MARKERS", "LINESTYLES", "PNG_COMPRESSION", "PARALLEL_JOBS", "Style", "styles",
-           "reuse_canvas", "new_figure", "text_inches", "grid_figure", "fixed_layout", "save_figure",
+__all__ = ["DPI", "FORMATS", "JPEG_QUALITY", "COLORS", "MARKERS", "LINESTYLES", "PNG_COMPRESSION", "PARALLEL_JOBS",
+           "Style", "styles", "reuse_canvas", "new_figure", "text_inches", "grid_figure", "fixed_layout", "save_figure",
            "overlapping_ticks", "figure_problems", "Job", "free_cpus", "render"]

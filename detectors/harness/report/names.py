@@ -156,5 +156,5 @@ def unknown_methods(methods: Iterable[str]) -> list[str]:
 
 
 __all__ = ["FAMILY_LABELS", "METHOD_LABELS", "AUX_TRAINING", "CATEGORIES", "SetName", "SET_NAMES", "Paper",
-           "OPEN_INSECTS", "SHIFTED_BRONZES", "REGION_NAMES", "region_label", "family_label", "method_label", "set_label", "set_short", "group_label",
-           "category", "unknown_methods"]
+           "OPEN_INSECTS", "SHIFTED_BRONZES", "REGION_NAMES", "region_label", "family_label", "method_label",
+           "set_label", "set_short", "group_label", "category", "unknown_methods"]

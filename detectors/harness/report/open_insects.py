@@ -43,7 +43,8 @@ PRETRAINING = ("From scratch", "ImageNet-1K")
 AUX_STUDY = "aux_study.csv"
 
 
-# -- rows ---------------------------------------------------------------------------------------------------------------
+# -- rows
+# ---------------------------------------------------------------------------------------------------------------
 def ood_types(sets) -> list[str]:
     """Sets in Table 2's order: L, NL, NM (by their short names), then the others in order of first appearance."""
     seen = list(dict.fromkeys(sets))
@@ -89,7 +90,8 @@ def _row_keys(parts: list[pd.DataFrame]) -> list[tuple[str, str]]:
 
 def mean_auroc(rows: pd.DataFrame) -> pd.Series:
     """Per Table 2 row: the mean AUROC over the run's Table 2 OOD types (L, NL, NM when present, else every set)."""
-    types = [s for s in ood_types(rows["ood_set"]) if set_short(s) in TYPE_HEADERS] or list(dict.fromkeys(rows["ood_set"]))
+    types = ([s for s in ood_types(rows["ood_set"]) if set_short(s) in TYPE_HEADERS]
+             or list(dict.fromkeys(rows["ood_set"])))
     part = rows[rows["ood_set"].isin(types)]
     return part.groupby("row", sort=False)["auroc"].mean()
 
@@ -113,7 +115,8 @@ BEST_NOTE = ("Best per category: the highest mean AUROC over the region's L, NL 
              "method the paper lists first.")
 
 
-# -- Table 2 / 7 --------------------------------------------------------------------------------------------------------
+# -- Table 2 / 7
+# --------------------------------------------------------------------------------------------------------
 def _marks(values: pd.Series, categories: pd.Series) -> pd.Series:
     """1 for the best (highest, as rendered) of its category, 2 for the best overall, 3 for both."""
     rounded = values.round(2)
@@ -181,7 +184,8 @@ def table2_view(runs: list[Run], title: str, html_id: str = "") -> tuple[View, p
             for key in keys:
                 cells[key].append((Part(number(series[key]), int(marks[key])),))
     rows = [((c, method_label(m, PAPER)), cells[(c, m)]) for c, m in keys]
-    note = (f"AUROC (%) of ID test against each OOD type ({type_legend(sets)}); ID acc.: top-1 accuracy (%) on ID test. "
+    note = (f"AUROC (%) of ID test against each OOD type ({type_legend(sets)}); ID acc.: top-1 accuracy (%) on ID "
+            "test. "
             "Best per category in bold, best overall underlined (both: bold and underlined; markdown: bold italics). "
             "The post-hoc methods (OpenGAN among them) score the region's one base classifier: its ID accuracy is "
             "shown once.")
@@ -316,7 +320,8 @@ def table6_section(out: Out, runs: list[Run]) -> Section | None:
                    out.tables("table6", [view], pd.concat(frames, ignore_index=True)))
 
 
-# -- Table 5 ------------------------------------------------------------------------------------------------------------
+# -- Table 5
+# ------------------------------------------------------------------------------------------------------------
 def split_counts(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """Table 5's counts from a splits folder: per (region, set, split) `species, images`, per (region, set, split,
     hop) `species, images` (species NaN where only image counts exist), and note lines (rows dropped, shortfalls).
@@ -334,7 +339,8 @@ def split_counts(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame,
             name = entry.get("name") or entry.get("set")
             sets.append({"region": region, "set": name, "split": entry.get("split", ""),
                          "species": entry.get("species"), "images": entry.get("images")})
-            hops += [{"region": region, "set": name, "split": entry.get("split", ""), **h} for h in entry.get("hops") or []]
+            hops += [{"region": region, "set": name, "split": entry.get("split", ""), **h} for h in entry.get("hops")
+                     or []]
         notes = [f"{k}: {v}" for k, v in (summary.get("dropped") or {}).items()]
         notes = ([f"Rows dropped: {', '.join(notes)}."] if notes else []) + \
             [f"Shortfall: {_shortfall(s)}." for s in summary.get("shortfalls") or []]
@@ -434,7 +440,8 @@ def table5_views(table: pd.DataFrame, hops: pd.DataFrame, notes: list[str]) -> l
             name = "ID" if s == "id" else (f"{set_short(s)} ({set_label(s)})" if s in SET_NAMES else s)
             rows.append(((name, split), cells))
         note = "Species and images per set and split of the species splits." + ("" if views else " " + " ".join(notes))
-        views.append(View(note, ["Set", "Split"], [f"{region_label(r)}: {c}" for r in regions for c in ("species", "images")],
+        views.append(View(note, ["Set", "Split"],
+                          [f"{region_label(r)}: {c}" for r in regions for c in ("species", "images")],
                           rows, [(region_label(r), 2) for r in regions], ["species", "images"] * len(regions),
                           merge_first=True, title="Per set and split"))
     return views
@@ -447,7 +454,8 @@ def table5_section(out: Out, splits: Path) -> Section:
     return Section("Table 5: species and images per hop and set", views, out.tables("table5", views, csv))
 
 
-# -- figures ------------------------------------------------------------------------------------------------------------
+# -- figures
+# ------------------------------------------------------------------------------------------------------------
 def figure1_section(out: Out, runs: list[Run]) -> Section:
     """Figure 1: the AUROC of Table 2's rows per OOD type and region; AUROC < 50 left out as in the paper."""
     long = pd.concat([chosen_rows(r).assign(region=region_label(r.name)) for r in runs], ignore_index=True)
@@ -517,12 +525,14 @@ def figure4_section(out: Out, study: pd.DataFrame) -> Section:
     """Figure 4: AUROC per OOD set against the number of auxiliary species at a fixed image budget (log x)."""
     images = out.figure(study_figure, "figure4", table=study, title=study_title(study))
     caption = (f"Auxiliary diversity: AUROC (%) per OOD set against the number of auxiliary species (log scale) at a "
-               f"fixed budget of auxiliary images. Sets are nudged apart on x (x{NUDGE:g} per set) and drawn with their "
+               f"fixed budget of auxiliary images. Sets are nudged apart on x (x{NUDGE:g} per set) and drawn with "
+               "their "
                "own markers, so that equal values stay visible.")
     return Section("Figure 4: AUROC against auxiliary species", images=images, captions={i: caption for i in images})
 
 
-def open_insects_sections(out: Out, runs: list[Run], splits: Path | None, aux_study: Path | None = None) -> list[Section]:
+def open_insects_sections(out: Out, runs: list[Run], splits: Path | None,
+                          aux_study: Path | None = None) -> list[Section]:
     """Every Open-Insects section whose inputs exist, Table 2 first."""
     sections = [table2_section(out, runs)]
     for make in (lambda: table4_section(out, runs), lambda: table5_section(out, splits) if splits else None,
@@ -542,5 +552,5 @@ def table_methods(runs: list[Run]) -> dict[str, set[str]]:
 
 __all__ = ["PAPER", "TYPE_HEADERS", "PRETRAINING", "ood_types", "type_legend", "chosen_rows", "mean_auroc",
            "best_rows", "table2_view", "table2_section", "table4_section", "table6_section", "split_counts",
-           "hop_counts", "table5_views", "table5_section", "figure1_section", "figure3_section", "study_table", "read_aux_study",
-           "figure4_section", "open_insects_sections", "table_methods"]
+           "hop_counts", "table5_views", "table5_section", "figure1_section", "figure3_section", "study_table",
+           "read_aux_study", "figure4_section", "open_insects_sections", "table_methods"]

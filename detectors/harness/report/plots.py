@@ -174,7 +174,8 @@ def roc_figure(panels: Sequence[tuple[str, Sequence[Curve]]], paper: Paper | Non
     return figure
 
 
-# -- score axes and densities -------------------------------------------------------------------------------------------
+# -- score axes and densities
+# -------------------------------------------------------------------------------------------
 def robust_limits(values: np.ndarray) -> tuple[float, float]:
     """The `ROBUST` percentiles of the finite `values`, widened a little when they coincide."""
     finite = values[np.isfinite(values)]
@@ -417,7 +418,8 @@ def fewshot_figure(frame: pd.DataFrame, metrics: Sequence[str] = ("auroc", "fpr9
     return figure
 
 
-# -- feature maps (ShiftedBronzes Figure 2(c)) --------------------------------------------------------------------------
+# -- feature maps (ShiftedBronzes Figure 2(c))
+# --------------------------------------------------------------------------
 def feature_maps_figure(panels: Sequence[tuple[str, pd.DataFrame]]) -> Any:
     """The feature maps side by side, one panel per model (its display title): a scatter of the 2-D embedding, one
     colour and marker per set (the same in every panel, so one legend serves them all), ID first."""
@@ -433,8 +435,8 @@ def feature_maps_figure(panels: Sequence[tuple[str, pd.DataFrame]]) -> Any:
         axes.set_title(title, fontsize="medium")
     handles = [figure.axes[0].scatter([], [], s=24, marker=style[s].marker, color=style[s].color) for s in sets]
     counts = {s: max(int((p["set"] == s).sum()) for _, p in panels) for s in sets}
-    figure.legend(handles, [f"{set_label(s)} (n={counts[s]})" for s in sets], loc="lower center", ncols=min(len(sets), 5),
-                  fontsize="small", frameon=False)
+    figure.legend(handles, [f"{set_label(s)} (n={counts[s]})" for s in sets], loc="lower center",
+                  ncols=min(len(sets), 5), fontsize="small", frameon=False)
     return figure
 
 
@@ -458,12 +460,13 @@ def auroc_distribution_figure(frame: pd.DataFrame) -> Any:
         positions = np.arange(len(types)) + (r - (len(regions) - 1) / 2) * width
         filled = [(p, d) for p, d in zip(positions, data) if len(d)]
         axes.boxplot([d for _, d in filled], positions=[p for p, _ in filled], widths=width * 0.8, showfliers=False,
-                     patch_artist=True, boxprops={"facecolor": "none", "edgecolor": style.color, "linestyle": style.linestyle},
+                     patch_artist=True,
+                     boxprops={"facecolor": "none", "edgecolor": style.color, "linestyle": style.linestyle},
                      medianprops={"color": style.color}, whiskerprops={"color": style.color},
                      capprops={"color": style.color})
         for p, d in filled:
-            axes.plot(p + rng.uniform(-width / 4, width / 4, len(d)), d, style.marker, color=style.color, markersize=3.5,
-                      alpha=0.7, linestyle="none")
+            axes.plot(p + rng.uniform(-width / 4, width / 4, len(d)), d, style.marker, color=style.color,
+                      markersize=3.5, alpha=0.7, linestyle="none")
         axes.plot([], [], style.marker, color=style.color, linestyle=style.linestyle, label=region)
     axes.set_xticks(range(len(types)), types)
     axes.set(ylabel="AUROC (%)", ylim=(LOW_AUROC - 2, 101), xlim=(-0.6, len(types) - 0.4))
@@ -619,7 +622,8 @@ def field_sheet(rows: pd.DataFrame, title: str) -> Sheet:
 
 
 __all__ = ["ROBUST", "ROC_POINTS", "HARD", "EASY", "GROUP_STYLES", "GROUP_OFFSET", "MODEL_LABELS", "ScoreAxis", "Panel",
-           "Curve", "Tile", "TILE", "Sheet", "safe_name", "model_label", "robust_limits", "roc_points", "kde", "thumbnail", "short",
+           "Curve", "Tile", "TILE", "Sheet", "safe_name", "model_label", "robust_limits", "roc_points", "kde",
+           "thumbnail", "short",
            "heatmap_figure", "roc_figure", "densities_figure", "best_densities_figure", "fpr95_figure",
            "fewshot_figure", "feature_maps_figure", "auroc_distribution_figure", "sheet_figure", "id_looking_sheet",
            "field_sheet"]

@@ -89,7 +89,8 @@ def number(value: Any, spec: str = ".2f") -> str:
 
 
 def scale_note(scale: str) -> str:
-    return "Input metrics were fractions, converted to percent." if scale == "fraction" else "Input metrics were in percent."
+    return ("Input metrics were fractions, converted to percent." if scale == "fraction"
+            else "Input metrics were in percent.")
 
 
 # -- renderers --------------------------------------------------------------------------------------------------------
@@ -164,8 +165,8 @@ def to_latex(view: View) -> str:
     """The view as a booktabs `tabular`, its notes as comment lines."""
     packages = "booktabs, multirow" if view.merged else "booktabs"
     lines = [f"% {n}" for n in _notes(view)] + [f"% Needs \\usepackage{{{packages}}}.",
-                                                 "\\begin{tabular}{" + "l" * len(view.index) + "c" * len(view.columns) + "}",
-                                                 "\\toprule", *_tex_header(view)]
+                                                 "\\begin{tabular}{" + "l" * len(view.index) + "c" * len(view.columns)
+                                                 + "}", "\\toprule", *_tex_header(view)]
     lines.append("\\midrule")
     previous, covered = None, view.covered()
     for i, (keys, (full, cells)) in enumerate(zip(_first_keys(view), view.rows)):
@@ -310,13 +311,15 @@ def summary_view(results: pd.DataFrame, scale: str) -> View:
 
 def flag_lines(results: pd.DataFrame) -> list[str]:
     """One console line per (method, set) whose AUROC is below `LOW_AUROC`."""
-    return [f"warning: {r.method} on {r.ood_set} ({r.group}): AUROC {r.auroc:.2f} < {LOW_AUROC:.0f} - it scores this set "
+    return [f"warning: {r.method} on {r.ood_set} ({r.group}): AUROC {r.auroc:.2f} < {LOW_AUROC:.0f} - it scores this "
+            "set "
             "as more in-distribution than ID" for r in low_auroc(results).itertuples()]
 
 
 def render_summary(results: pd.DataFrame | Any, methods: Sequence[str] | None = None) -> str:
     """Compact markdown: per method, mean 'FPR@95 / AUROC' over all sets and per group (percent, two decimals), then a
-    warning line for each set whose AUROC is below 50. `results` is the table as the runner wrote it, a frame or a file."""
+    warning line for each set whose AUROC is below 50. `results` is the table as the runner wrote it, a frame or a
+    file."""
     results, scale = read_results(results)
     results = select_methods(results, methods)
     text = to_markdown(summary_view(results, scale))
@@ -324,6 +327,7 @@ def render_summary(results: pd.DataFrame | Any, methods: Sequence[str] | None = 
     return text + ("\n" + "\n".join(flags) + "\n" if flags else "")
 
 
-__all__ = ["MISSING", "DAGGER", "FLAG_NOTE", "CONVENTIONS", "Part", "Cell", "View", "number", "scale_note", "to_markdown", "to_latex",
+__all__ = ["MISSING", "DAGGER", "FLAG_NOTE", "CONVENTIONS", "Part", "Cell", "View", "number", "scale_note",
+           "to_markdown", "to_latex",
            "to_html", "latex_escape", "grid_cells", "per_set_view", "grid_view", "frame_view", "markdown_table",
            "summary_view", "flag_lines", "render_summary"]

@@ -166,7 +166,8 @@ def bootstrap_table(scores: pd.DataFrame, n: int, seed: int = 0, level: float = 
             point = evaluate(id_scores, ood_scores)
             rng = np.random.default_rng(_seed(seed, method, ood_set))
             interval = bootstrap_interval(id_scores, ood_scores, n, rng, level)
-            row = {"method": method, "family": part["family"].iloc[0], "ood_set": ood_set, "group": part["group"].iloc[0]}
+            row = {"method": method, "family": part["family"].iloc[0], "ood_set": ood_set,
+                   "group": part["group"].iloc[0]}
             for metric in ("auroc", "fpr95"):
                 lo, hi = interval[metric]
                 row.update({metric: point[metric] * 100, f"{metric}_lo": lo * 100, f"{metric}_hi": hi * 100})
@@ -302,4 +303,5 @@ def per_set_auroc(scores: pd.DataFrame) -> dict[tuple[str, str], float]:
 
 
 __all__ = ["HOP_LABELS", "read_scores", "has_sources", "attach_metadata", "resampled_metrics", "bootstrap_interval",
-           "bootstrap_table", "hop_table", "species_field_table", "species_summary", "id_looking_table", "per_set_auroc"]
+           "bootstrap_table", "hop_table", "species_field_table", "species_summary", "id_looking_table",
+           "per_set_auroc"]

@@ -169,7 +169,8 @@ def per_set_sections(out: Out, results: pd.DataFrame, scale: str) -> list[Sectio
     note4 = (f"Family means (plain means over each family's own methods of per-set values), FPR@95 / AUROC in percent. "
              f"{scale_note(scale)}")
     view4 = grid_view(table4, ["Family"], note4, flag=False)
-    fam = frame_view(families, f"Family means (plain means over methods of per-set values), in percent. {scale_note(scale)}")
+    fam = frame_view(families,
+                     f"Family means (plain means over methods of per-set values), in percent. {scale_note(scale)}")
     files = out.tables("sb_table4", [view4], grid_csv(table4)) + out.tables("families", [fam], families, latex=False)
     sections.append(Section("Table 4: family x group", [view4, fam], files))
     return sections
@@ -294,7 +295,8 @@ def interval_views(boot: pd.DataFrame, layout: Layout) -> list[View]:
         for family, method in layout.rows:
             if method in set(boot["method"]):
                 rows.append(((family, method), [_interval_cell(indexed.loc[(method, s)], metric)
-                                                if (method, s) in indexed.index else (Part(number(None)),) for s in sets]))
+                                                if (method, s) in indexed.index else (Part(number(None)),)
+                                                for s in sets]))
         n = int(boot["n_boot"].iloc[0])
         note = (f"{COLUMN_LABELS[metric]} in percent from the scores, with the 95% bootstrap interval ({n} replicates; "
                 "ID and OOD scores resampled independently).")
@@ -320,7 +322,8 @@ def hop_section(out: Out, scores: pd.DataFrame) -> Section:
     wide = wide[order].reset_index()
     note = ("AUROC in percent of ID test against the OOD images at each taxonomic distance from the ID species (same "
             "genus, same family, farther); `all` pools the OOD sets. Images per distance: " +
-            "; ".join(f"{s}: " + ", ".join(f"{d} {number(counts.loc[s, d], '.0f')}" for d in order if d in counts.columns)
+            "; ".join(f"{s}: " + ", ".join(f"{d} {number(counts.loc[s, d], '.0f')}"
+                                           for d in order if d in counts.columns)
                       for s in counts.index))
     view = frame_view(wide, note)
     section.views.append(view)
@@ -362,7 +365,8 @@ def field_sheets(out: Out, scores: pd.DataFrame, transfer: pd.DataFrame, stem: s
     `<stem>_<target>.png`."""
     images = []
     novel_rows = scores[(scores["role"] == "field_ood") & scores["species"].notna()]
-    for target, rules in transfer[transfer["target"].isin(novel_rows["ood_set"].unique())].groupby("target", sort=False):
+    for target, rules in (transfer[transfer["target"].isin(novel_rows["ood_set"].unique())]
+                          .groupby("target", sort=False)):
         rule = rules.sort_values(["recall", "precision"], ascending=False, kind="mergesort").iloc[0]
         novel = novel_rows[(novel_rows["ood_set"] == target) & (novel_rows["method"] == rule["method"])]
         if novel.empty:
@@ -405,6 +409,7 @@ def with_metadata(scores: pd.DataFrame, run_dir: Path | None) -> pd.DataFrame | 
     return attach_metadata(scores, ["hop", "species"], run_dir) if has_sources(scores) else None
 
 
-__all__ = ["Out", "grid_csv", "Warnings", "low_auroc_view", "collect_warnings", "finish_warnings", "per_set_sections", "best_rule_section", "transfer_view",
+__all__ = ["Out", "grid_csv", "Warnings", "low_auroc_view", "collect_warnings", "finish_warnings", "per_set_sections",
+           "best_rule_section", "transfer_view",
            "render_threshold_transfer", "transfer_section", "figure_section", "curves_section", "interval_views",
            "bootstrap_section", "hop_section", "species_section", "field_sheets", "id_looking_section", "with_metadata"]

@@ -40,7 +40,8 @@ def layout_of(results: pd.DataFrame) -> Layout:
     return Layout.of(results, PAPER.families, PAPER.sorted)
 
 
-# -- Table 3 ------------------------------------------------------------------------------------------------------------
+# -- Table 3
+# ------------------------------------------------------------------------------------------------------------
 def table3(results: pd.DataFrame) -> pd.DataFrame:
     """Methods x (sets, `Average` over all sets), index (family, method), columns (column, metric), percent."""
     layout = layout_of(results)
@@ -66,10 +67,12 @@ def table3_view(results: pd.DataFrame, scale: str) -> View:
 
 def table3_section(out: Out, results: pd.DataFrame, scale: str) -> Section:
     view = table3_view(results, scale)
-    return Section("Table 3: FPR@95 / AUROC per OOD set", [view], out.tables("sb_table3", [view], grid_csv(table3(results))))
+    return Section("Table 3: FPR@95 / AUROC per OOD set", [view],
+                   out.tables("sb_table3", [view], grid_csv(table3(results))))
 
 
-# -- Table 4 ------------------------------------------------------------------------------------------------------------
+# -- Table 4
+# ------------------------------------------------------------------------------------------------------------
 def table4_section(out: Out, results: pd.DataFrame, scale: str) -> Section:
     layout = layout_of(results)
     table = family_group_table(results, layout)
@@ -80,7 +83,8 @@ def table4_section(out: Out, results: pd.DataFrame, scale: str) -> Section:
     return Section("Table 4: family means, All | Hard | Easy", [view], out.tables("sb_table4", [view], grid_csv(table)))
 
 
-# -- Table 2 ------------------------------------------------------------------------------------------------------------
+# -- Table 2
+# ------------------------------------------------------------------------------------------------------------
 def classifier_spec(spec: str | os.PathLike) -> tuple[str, Path]:
     """`NAME=PATH` or `PATH` (a classifier folder or its metrics.json; named by the folder) -> (name, metrics.json)."""
     text = str(spec)
@@ -164,7 +168,8 @@ def table2_section(out: Out, classifiers: list[str | os.PathLike], results: pd.D
     return Section("Table 2: dating accuracy", [view], out.tables("sb_table2", [view], flat))
 
 
-# -- figures ------------------------------------------------------------------------------------------------------------
+# -- figures
+# ------------------------------------------------------------------------------------------------------------
 def two_best(results: pd.DataFrame) -> list[str]:
     """Figure 6's methods: the two of lowest mean FPR@95 over all sets (the paper's criterion); ties: higher mean
     AUROC, then the paper's order."""
@@ -172,7 +177,8 @@ def two_best(results: pd.DataFrame) -> list[str]:
     summary = method_summary(results, layout).droplevel("family")
     frame = pd.DataFrame({"fpr95": summary[(f"{ALL} avg", "fpr95")], "auroc": summary[(f"{ALL} avg", "auroc")],
                           "rank": range(len(summary))}).dropna()
-    return list(frame.sort_values(["fpr95", "auroc", "rank"], ascending=[True, False, True], kind="mergesort").index[:2])
+    return list(frame.sort_values(["fpr95", "auroc", "rank"], ascending=[True, False, True],
+                                  kind="mergesort").index[:2])
 
 
 FIGURE6_NOTE = ("The two methods of lowest mean FPR@95 over all OOD sets (ties: higher mean AUROC, then the paper's "
@@ -195,7 +201,8 @@ def figure6_section(out: Out, results: pd.DataFrame, scores: pd.DataFrame) -> Se
     caption = (FIGURE6_NOTE + f" x axis: the {plots.ROBUST[0]}-{plots.ROBUST[1]} percentiles of the method's scores "
                "(the legend counts the values outside); a heavy-tailed method's axis is the signed log distance from "
                "the ID median, as its label says.")
-    return Section("Figure 6: score densities of the two best methods", images=images, captions={i: caption for i in images})
+    return Section("Figure 6: score densities of the two best methods", images=images,
+                   captions={i: caption for i in images})
 
 
 def feature_map_title(stem: str) -> str:
@@ -223,7 +230,8 @@ def figure_sections(out: Out, results: pd.DataFrame, scores: pd.DataFrame | None
         images = out.figure(plots.fewshot_figure, "sb_figure7", frame=frame, paper=PAPER)
         caption = ("ID accuracy, then AUROC and FPR@95 per group, against shots per class: mean ± std over seeds and "
                    "the group's sets (bars cut to [0, 100]); methods nudged apart on x with their own markers.")
-        sections.append(Section("Figure 7: few-shot prompt learning", images=images, captions={i: caption for i in images}))
+        sections.append(Section("Figure 7: few-shot prompt learning", images=images,
+                                captions={i: caption for i in images}))
     maps = sorted(feature_maps.glob("feature_map_*.csv")) if feature_maps is not None and feature_maps.is_dir() else []
     if maps:
         panels = [(feature_map_title(p.stem), read_table(p, ("set", "x", "y"), "feature map")) for p in maps]

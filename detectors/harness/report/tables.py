@@ -90,7 +90,8 @@ def to_percent(frame: pd.DataFrame, columns: Iterable[str]) -> tuple[pd.DataFram
         out[c] = values * 100.0 if scale == "fraction" else values
         bad = out[c].notna() & ((out[c] < 0) | (out[c] > 100))
         if bad.any():
-            raise UserInputError(f"column {c!r} has value(s) outside [0, 100] percent at row(s) {list(out.index[bad])[:5]}")
+            raise UserInputError(f"column {c!r} has value(s) outside [0, 100] percent at row(s) "
+                                 f"{list(out.index[bad])[:5]}")
     return out, scale
 
 
@@ -150,7 +151,8 @@ def read_results(source: pd.DataFrame | str | os.PathLike) -> tuple[pd.DataFrame
     frame = read_table(source, RESULT_REQUIRED, "results table")
     for c in ("method", "family", "ood_set"):
         if frame[c].isna().any():
-            raise UserInputError(f"results table: column {c!r} is empty at row(s) {list(frame.index[frame[c].isna()])[:5]}")
+            raise UserInputError(f"results table: column {c!r} is empty at row(s) "
+                                 f"{list(frame.index[frame[c].isna()])[:5]}")
         frame[c] = frame[c].astype(str)
     frame["group"] = group_labels(frame["group"])
     frame = _own_families(frame)
@@ -251,7 +253,8 @@ def method_info(results: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"id_acc": acc.astype(np.float64), "mode": mode.astype(str)})
 
 
-def family_table(results: pd.DataFrame, layout: Layout | None = None, table: pd.DataFrame | None = None) -> pd.DataFrame:
+def family_table(results: pd.DataFrame, layout: Layout | None = None,
+                 table: pd.DataFrame | None = None) -> pd.DataFrame:
     """Family averages as in ShiftedBronzes' family table: columns `family, group, fpr95, auroc` (percent).
 
     For a method m and a group g, v(m, g) is the mean of m's per-set values over g's sets; the family row (f, g) is the
@@ -284,8 +287,8 @@ def family_group_table(results: pd.DataFrame, layout: Layout | None = None,
     """ShiftedBronzes' Table 4: index family, columns (group, metric) for `all`, then each group in layout order
     (the paper's All | Hard | Easy).
 
-    The values of `family_table` (`families`, when already computed) in wide form: per family, the mean over its methods of each method's mean per-set
-    value over the group's sets (plain means; NaN when a method lacks one of the sets).
+    The values of `family_table` (`families`, when already computed) in wide form: per family, the mean over its methods
+    of each method's mean per-set value over the group's sets (plain means; NaN when a method lacks one of the sets).
     """
     layout = layout or Layout.of(results)
     long = (family_table(results, layout) if families is None else families).set_index(["family", "group"])
@@ -307,7 +310,8 @@ def low_auroc(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def rank_marks(values: pd.Series, lower_is_better: bool) -> pd.Series:
-    """1 for the best, 2 for the second-best value, 0 otherwise (values compared as rendered, two decimals; ties share)."""
+    """1 for the best, 2 for the second-best value, 0 otherwise (values compared as rendered, two decimals; ties
+    share)."""
     rounded = values.round(2)
     distinct = np.unique(rounded.dropna().to_numpy())
     distinct = distinct if lower_is_better else distinct[::-1]
@@ -329,7 +333,8 @@ def read_rule_selection(source: pd.DataFrame | str | os.PathLike) -> pd.DataFram
     frame["chosen"] = chosen
     counts = frame.groupby("base")["chosen"].sum()
     if (counts != 1).any():
-        raise UserInputError(f"rule-selection table: base(s) {list(counts.index[counts != 1])} need exactly one chosen row")
+        raise UserInputError(f"rule-selection table: base(s) {list(counts.index[counts != 1])} need exactly one chosen "
+                             "row")
     return frame
 
 
@@ -383,7 +388,8 @@ def best_rule_table(results: pd.DataFrame, selection: pd.DataFrame | None = None
     return out
 
 
-__all__ = ["COMPANIONS", "companion_files", "CELL_METRICS", "FAMILY_ORDER", "GROUP_ORDER", "GROUP_MISSING", "ALL", "AVERAGE", "LOW_AUROC", "NOT_SELECTED",
+__all__ = ["COMPANIONS", "companion_files", "CELL_METRICS", "FAMILY_ORDER", "GROUP_ORDER", "GROUP_MISSING", "ALL",
+           "AVERAGE", "LOW_AUROC", "NOT_SELECTED",
            "read_table", "metric_scale", "to_percent", "group_labels", "text_column", "read_results",
            "select_methods", "ordered", "Layout", "per_set_table", "method_info", "family_table", "method_summary",
            "family_group_table", "low_auroc", "rank_marks", "read_rule_selection", "best_rule_table"]

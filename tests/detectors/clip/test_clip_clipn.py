@@ -21,7 +21,8 @@ def unit(a: torch.Tensor) -> torch.Tensor:
 
 def test_ctw_and_atd_equal_their_formulas():
     gen = torch.Generator().manual_seed(0)
-    img, yes, no = unit(torch.randn(5, 8, generator=gen)), unit(torch.randn(3, 8, generator=gen)), unit(torch.randn(3, 8, generator=gen))
+    img, yes, no = (unit(torch.randn(5, 8, generator=gen)), unit(torch.randn(3, 8, generator=gen)),
+                    unit(torch.randn(3, 8, generator=gen)))
     p, p_no = clipn_probabilities(img, yes, no, scale=10.0)
     ly, ln = 10 * img.numpy() @ yes.numpy().T, 10 * img.numpy() @ no.numpy().T
     probs = softmax(ly, axis=1)
@@ -33,12 +34,15 @@ def test_ctw_and_atd_equal_their_formulas():
 
 def test_clipn_losses_equal_hand_computation():
     gen = torch.Generator().manual_seed(1)
-    img, yes, no = unit(torch.randn(4, 6, generator=gen)), unit(torch.randn(4, 6, generator=gen)), unit(torch.randn(4, 6, generator=gen))
+    img, yes, no = (unit(torch.randn(4, 6, generator=gen)), unit(torch.randn(4, 6, generator=gen)),
+                    unit(torch.randn(4, 6, generator=gen)))
     bin_yes, bin_no = binary_opposite_losses(img, yes, no, scale=5.0)
     ly, ln = 5 * img.numpy() @ yes.numpy().T, 5 * img.numpy() @ no.numpy().T
     p_yes = np.exp(ly) / (np.exp(ly) + np.exp(ln))
     np.testing.assert_allclose(float(bin_yes), np.mean([-np.log(p_yes[i, i]) for i in range(4)]), rtol=1e-10)
-    np.testing.assert_allclose(float(bin_no), np.mean([-np.log(1 - p_yes[i, j]) for i in range(4) for j in range(4) if i != j]), rtol=1e-10)
+    np.testing.assert_allclose(float(bin_no),
+                               np.mean([-np.log(1 - p_yes[i, j]) for i in range(4) for j in range(4) if i != j]),
+                               rtol=1e-10)
     dist = np.linalg.norm(yes.numpy() - no.numpy(), axis=1)
     np.testing.assert_allclose(float(semantic_opposite_loss(yes, no, eps=0.0)), np.mean(2 - dist), rtol=1e-8)
 
@@ -48,12 +52,14 @@ def test_untrained_no_tower_equals_the_text_tower(backbone):
     ids = backbone.tokenize(["a photo of a red.", "a photo of a green."])
     with torch.no_grad():
         got = tower(backbone, ids)
-    torch.testing.assert_close(got, backbone.encode_texts(["a photo of a red.", "a photo of a green."]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, backbone.encode_texts(["a photo of a red.", "a photo of a green."]), rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_clipn_training_save_and_load(backbone, tmp_path):
     train = ImageSet(images=colour_images([0], 4, 0) + colour_images([1], 4, 1), labels=np.array([0] * 4 + [1] * 4))
-    det = detectors.build("clipn", model=backbone, class_names=CLASSES, epochs=4, lr=1e-3, train_batch=4, progress=False)
+    det = detectors.build("clipn", model=backbone, class_names=CLASSES, epochs=4, lr=1e-3, train_batch=4,
+                          progress=False)
     det.fit(train)
     assert len(det.losses) == 8 and np.isfinite(det.losses).all()
     assert float(det.tower.prompt.detach().abs().sum()) > 0  # the prompts learned
@@ -77,7 +83,8 @@ def open_clip_state_dict(model, seed: int = 0) -> dict[str, torch.Tensor]:
         out = {}
         for i in range(layers):
             b = f"{prefix}.resblocks.{i}."
-            out |= {b + "ln_1.weight": rnd(width), b + "ln_1.bias": rnd(width), b + "attn.in_proj_weight": rnd(3 * width, width),
+            out |= {b + "ln_1.weight": rnd(width), b + "ln_1.bias": rnd(width),
+                    b + "attn.in_proj_weight": rnd(3 * width, width),
                     b + "attn.in_proj_bias": rnd(3 * width), b + "attn.out_proj.weight": rnd(width, width),
                     b + "attn.out_proj.bias": rnd(width), b + "ln_2.weight": rnd(width), b + "ln_2.bias": rnd(width),
                     b + "mlp.c_fc.weight": rnd(mlp, width), b + "mlp.c_fc.bias": rnd(mlp),
@@ -118,10 +125,12 @@ def test_converter_maps_every_key(backbone, tmp_path):
     layer = model.vision_model.encoder.layers[1].self_attn
     torch.testing.assert_close(torch.cat([layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight]), w)
     torch.testing.assert_close(model.visual_projection.weight, bare["visual.proj"].T)
-    torch.testing.assert_close(model.text_model.encoder.layers[0].mlp.fc2.bias, bare["transformer.resblocks.0.mlp.c_proj.bias"])
+    torch.testing.assert_close(model.text_model.encoder.layers[0].mlp.fc2.bias,
+                               bare["transformer.resblocks.0.mlp.c_proj.bias"])
     torch.testing.assert_close(det.tower.projection.weight, bare["text_projection_no"].T)
     torch.testing.assert_close(det.tower.prompt, bare["prompt_no"])
-    torch.testing.assert_close(det.tower.text_model.embeddings.position_embedding.weight, bare["positional_embedding_no"])
+    torch.testing.assert_close(det.tower.text_model.embeddings.position_embedding.weight,
+                               bare["positional_embedding_no"])
     assert np.isfinite(det.score(ImageSet(images=colour_images([0], 2, 3)))).all()
 
 
@@ -132,7 +141,8 @@ def test_converter_rejects_unknown_keys():
         convert_state_dict({"transformer.resblocks.0.attn.q_norm.weight": torch.zeros(2)})
 
 
-def open_clip_blocks(x: torch.Tensor, sd: dict[str, torch.Tensor], prefix: str, heads: int, mask: torch.Tensor | None) -> torch.Tensor:
+def open_clip_blocks(x: torch.Tensor, sd: dict[str, torch.Tensor], prefix: str, heads: int,
+                     mask: torch.Tensor | None) -> torch.Tensor:
     """open_clip's ResidualAttentionBlocks (nn.MultiheadAttention with packed in_proj, GELU MLP), batch-first input."""
     F = torch.nn.functional
     width = x.shape[-1]
@@ -140,12 +150,14 @@ def open_clip_blocks(x: torch.Tensor, sd: dict[str, torch.Tensor], prefix: str, 
     while f"{prefix}.resblocks.{i}.ln_1.weight" in sd:
         b = lambda name: sd[f"{prefix}.resblocks.{i}.{name}"]  # noqa: E731
         h = F.layer_norm(x, (width,), b("ln_1.weight"), b("ln_1.bias")).transpose(0, 1)
-        attn, _ = F.multi_head_attention_forward(h, h, h, width, heads, b("attn.in_proj_weight"), b("attn.in_proj_bias"),
-                                                 None, None, False, 0.0, b("attn.out_proj.weight"), b("attn.out_proj.bias"),
-                                                 need_weights=False, attn_mask=mask)
+        attn, _ = F.multi_head_attention_forward(h, h, h, width, heads, b("attn.in_proj_weight"),
+                                                 b("attn.in_proj_bias"),
+                                                 None, None, False, 0.0, b("attn.out_proj.weight"),
+                                                 b("attn.out_proj.bias"), need_weights=False, attn_mask=mask)
         x = x + attn.transpose(0, 1)
         h = F.layer_norm(x, (width,), b("ln_2.weight"), b("ln_2.bias"))
-        x = x + F.linear(F.gelu(F.linear(h, b("mlp.c_fc.weight"), b("mlp.c_fc.bias"))), b("mlp.c_proj.weight"), b("mlp.c_proj.bias"))
+        x = x + F.linear(F.gelu(F.linear(h, b("mlp.c_fc.weight"), b("mlp.c_fc.bias"))), b("mlp.c_proj.weight"),
+                         b("mlp.c_proj.bias"))
         i += 1
     return x
 
@@ -153,7 +165,8 @@ def open_clip_blocks(x: torch.Tensor, sd: dict[str, torch.Tensor], prefix: str, 
 def test_converted_weights_compute_what_open_clip_computes(backbone, tmp_path):
     F = torch.nn.functional
     sd = {k[len("module."):]: v for k, v in open_clip_state_dict(backbone.model, seed=3).items()}
-    det = Detector.from_pretrained(convert_clipn(sd, tmp_path / "c", processor=backbone.processor, head_width=8, class_names=CLASSES))
+    det = Detector.from_pretrained(convert_clipn(sd, tmp_path / "c", processor=backbone.processor, head_width=8,
+                                                 class_names=CLASSES))
     model, heads = det.backbone.model, 32 // 8
     pixels = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     # image tower, written from CLIPN's open_clip VisualTransformer
@@ -163,7 +176,8 @@ def test_converted_weights_compute_what_open_clip_computes(backbone, tmp_path):
     x = open_clip_blocks(x, sd, "visual.transformer", heads, None)
     expected = F.layer_norm(x[:, 0], (32,), sd["visual.ln_post.weight"], sd["visual.ln_post.bias"]) @ sd["visual.proj"]
     with torch.no_grad():
-        torch.testing.assert_close(model.get_image_features(pixel_values=pixels).pooler_output, expected, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(model.get_image_features(pixel_values=pixels).pooler_output, expected, rtol=1e-4,
+                                   atol=1e-5)
     # "yes" and "no" text towers, written from CLIPN's encode_text (the "no" one adds the mean prompt at inference)
     ids = det.backbone.tokenize(["a photo of a red.", "no"])
     length = ids.shape[1]
@@ -184,7 +198,8 @@ def test_binary_opposite_loss_never_pushes_a_shared_caption_to_no():
     from detectors.clip.clipn import same_caption
 
     gen = torch.Generator().manual_seed(4)
-    img, yes, no = unit(torch.randn(5, 6, generator=gen)), unit(torch.randn(5, 6, generator=gen)), unit(torch.randn(5, 6, generator=gen))
+    img, yes, no = (unit(torch.randn(5, 6, generator=gen)), unit(torch.randn(5, 6, generator=gen)),
+                    unit(torch.randn(5, 6, generator=gen)))
     ids = torch.tensor([[1, 7, 2], [1, 8, 2], [1, 7, 2], [1, 9, 2], [1, 8, 2]])  # captions 0 = 2 and 1 = 4
     match = same_caption(ids)
     assert match.sum() == 5 + 4 and match[0, 2] and match[4, 1] and not match[0, 1]
@@ -212,12 +227,14 @@ def test_clipn_training_follows_the_official_optimiser_and_schedule(backbone):
     decay_free, decayed = parameter_groups(tower, 0.2)
     named = dict(tower.named_parameters())
     expected_free = {n for n, p in named.items() if p.ndim < 2 or "norm" in n}  # every gain and bias; no embedding
-    assert {id(p) for p in decay_free["params"]} == {id(named[n]) for n in expected_free} and decay_free["weight_decay"] == 0.0
+    assert ({id(p) for p in decay_free["params"]} == {id(named[n]) for n in expected_free}
+            and decay_free["weight_decay"] == 0.0)
     assert decayed["weight_decay"] == 0.2 and any(p is tower.prompt for p in decayed["params"])
     assert all(n.endswith("bias") or "norm" in n for n in expected_free)
 
     train = ImageSet(images=colour_images([0], 3, 0) + colour_images([1], 3, 1), labels=np.array([0] * 3 + [1] * 3))
-    det = detectors.build("clipn", model=backbone, class_names=CLASSES, epochs=3, lr=1e-3, train_batch=4, progress=False)
+    det = detectors.build("clipn", model=backbone, class_names=CLASSES, epochs=3, lr=1e-3, train_batch=4,
+                          progress=False)
     det.fit(train)
     total = 3 * 2  # 3 epochs x 2 batches: the cosine is set before every step, from the base lr at step 0
     np.testing.assert_allclose(det.lrs, [0.5 * (1 + np.cos(np.pi * s / total)) * 1e-3 for s in range(total)])

@@ -14,14 +14,15 @@ from helpers.images import CLASSES, colour_images
 
 def write_toy_manifest(folder):
     rows = []
-    spec = [("train", "id", 0, [0], 3), ("train", "id", 1, [1], 3), ("test", "id", 0, [0], 3), ("test", "id", 1, [1], 3),
-            ("test", "ood", -1, [0, 1], 4), ("test", "ood", -1, [2], 4)]
+    spec = [("train", "id", 0, [0], 3), ("train", "id", 1, [1], 3), ("test", "id", 0, [0], 3),
+            ("test", "id", 1, [1], 3), ("test", "ood", -1, [0, 1], 4), ("test", "ood", -1, [2], 4)]
     for k, (split, role, label, channels, n) in enumerate(spec):
         for i, image in enumerate(colour_images(channels, n, seed=k)):
             name = f"{split}_{role}_{k}_{i}.png"
             image.save(folder / name)
             ood_set = None if role == "id" else ("yellow" if channels == [0, 1] else "blue")
-            rows.append(make_row(name, split=split, role=role, label=label, ood_set=ood_set, group="hard" if ood_set else None))
+            rows.append(make_row(name, split=split, role=role, label=label, ood_set=ood_set,
+                                 group="hard" if ood_set else None))
     write_manifest(folder, rows)
 
 
@@ -52,7 +53,8 @@ def test_sweep_rows_match_an_independent_evaluation_and_plot(tiny_clip_dir, tmp_
 
 def test_clip_demo_rows(tmp_path):
     ids = colour_images([0], 3, 0) + colour_images([1], 3, 1)
-    rows = clip_demo(str(tmp_path), ids, [0, 0, 0, 1, 1, 1], CLASSES, {"yellow": colour_images([0, 1], 4, 2)}, locoop_epochs=2)
+    rows = clip_demo(str(tmp_path), ids, [0, 0, 0, 1, 1, 1], CLASSES, {"yellow": colour_images([0, 1], 4, 2)},
+                     locoop_epochs=2)
     assert [(r["method"], r["ood_set"]) for r in rows] == [("mcm", "yellow"), ("locoop", "yellow")]
     assert all(0 <= r["auroc"] <= 100 and r["n_id"] == 6 and r["n_ood"] == 4 for r in rows)
     assert (tmp_path / "locoop" / "model.safetensors").is_file()
@@ -90,8 +92,8 @@ def test_sweep_embeds_the_training_set_once_and_matches_the_per_subset_path(tiny
     ood = {"yellow": ImageSet(images=colour_images([0, 1], 3, 4))}
     seen = []
     hook = backbone.model.vision_model.embeddings.register_forward_hook(lambda m, i, out: seen.append(out.shape[0]))
-    config = {"model": backbone, "shots": [1, 2], "seeds": [1, 2], "methods": {"locoop": {"epochs": 2, "progress": False}},
-              "out_dir": str(tmp_path / "out")}
+    config = {"model": backbone, "shots": [1, 2], "seeds": [1, 2],
+              "methods": {"locoop": {"epochs": 2, "progress": False}}, "out_dir": str(tmp_path / "out")}
     try:
         from unittest import mock
 

@@ -56,7 +56,8 @@ def test_wordnet_reader_on_the_real_database():
     assert nouns == regex_first_lemmas(WORDNET / "data.noun")
     assert adjs == regex_first_lemmas(WORDNET / "data.adj")
     assert nouns["noun.Tops"][:3] == ["entity", "physical entity", "abstraction"]
-    assert set(adjs) == {"adj.all", "adj.pert", "adj.ppl"} and not any("(" in w or "_" in w for g in adjs.values() for w in g)
+    assert set(adjs) == {"adj.all", "adj.pert", "adj.ppl"} and not any("(" in w or "_" in w for g in adjs.values()
+                                                                       for w in g)
     # NegLabel's corpus: nouns minus noun.animal / noun.food (as the official word lists), then new adjectives
     corpus_nouns, corpus_adjs = neglabel_corpus(WORDNET)
     kept = [w for name, group in nouns.items() if name not in NEGLABEL_EXCLUDED for w in group]
@@ -132,7 +133,8 @@ def test_grouping_drops_the_remainder_then_permutes_as_the_official_code():
     kept = ns[:9]  # the last 11 % 3 = 2 negatives are dropped before permuting
     perm = torch.randperm(9, generator=torch.Generator().manual_seed(5)).numpy()
     groups = kept[perm].reshape(3, 3, -1)
-    expected = np.mean([softmax(np.concatenate([gs @ ps.T, gs @ grp.T], 1) / 0.1, axis=1)[:, :3].sum(1) for grp in groups], axis=0)
+    expected = np.mean([softmax(np.concatenate([gs @ ps.T, gs @ grp.T], 1) / 0.1, axis=1)[:, :3].sum(1)
+                        for grp in groups], axis=0)
     np.testing.assert_allclose(got, expected, rtol=1e-6)  # cosines in float32
 
 
@@ -140,7 +142,8 @@ def test_grouping_drops_the_remainder_then_permutes_as_the_official_code():
 def test_neglabel_defaults_read_wordnet_and_cap_groups(backbone):
     small = [n for n in LEXNAMES if n not in ("noun.Tops", "noun.motive", "adj.ppl")]  # keep three small files
     det = detectors.build("neglabel", model=backbone, class_names=CLASSES, wordnet_exclude=small)
-    assert det.params["templates"] == ["the nice {}"] and det.params["ngroup"] == 100 and det.params["neg_fraction"] == 0.15
+    assert (det.params["templates"] == ["the nice {}"] and det.params["ngroup"] == 100
+            and det.params["neg_fraction"] == 0.15)
     with pytest.warns(UserWarning, match="M = 10,000"):
         words = det.negative_words
     nouns, adjs = neglabel_corpus(WORDNET, small)

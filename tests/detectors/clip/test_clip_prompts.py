@@ -22,7 +22,8 @@ def test_prompt_learner_equals_text_tower_when_context_is_the_placeholder_tokens
         learner.ood_ctx.copy_(placeholder.expand(4, -1))
         got = learner()
     ctx = " ".join([PLACEHOLDER] * 4)
-    expected = backbone.encode_texts([f"{ctx} dog.", f"{ctx} bronze vessel.", f"{ctx} {PLACEHOLDER}.", f"{ctx} {PLACEHOLDER}."])
+    expected = backbone.encode_texts([f"{ctx} dog.", f"{ctx} bronze vessel.", f"{ctx} {PLACEHOLDER}.",
+                                      f"{ctx} {PLACEHOLDER}."])
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
@@ -67,7 +68,8 @@ def test_locoop_training_lowers_its_loss(backbone):
     # rise of MCM confidence, on a tiny random-weight CLIP is luck of the stand-in's weights, so neither is asserted.
     assert det.losses[-1] < det.losses[0]
     steps = len(det.losses) // 30  # one warm-up epoch at 1e-5, then a cosine over the 30 epochs set once per epoch
-    expected = [1e-5] * steps + [0.05 * 0.5 * (1 + np.cos(np.pi * (e - 1) / 30)) for e in range(1, 30) for _ in range(steps)]
+    expected = [1e-5] * steps + [0.05 * 0.5 * (1 + np.cos(np.pi * (e - 1) / 30)) for e in range(1, 30)
+                                 for _ in range(steps)]
     np.testing.assert_allclose(det.lrs, expected)
 
 
@@ -137,7 +139,8 @@ def test_random_crops_flip_half_of_the_crops():
     image = colour_images([0], 1, 11, size=40)[0]
     flipped = random_crops(image, 40, seed=5, size=None, flip=True)
     plain = random_crops(image, 40, seed=5, size=None, flip=False)
-    mirrored = [np.array_equal(np.asarray(f), np.asarray(p)[:, ::-1]) and not np.array_equal(np.asarray(f), np.asarray(p))
+    mirrored = [np.array_equal(np.asarray(f), np.asarray(p)[:, ::-1])
+                and not np.array_equal(np.asarray(f), np.asarray(p))
                 for f, p in zip(flipped, plain)]
     same = [np.array_equal(np.asarray(f), np.asarray(p)) for f, p in zip(flipped, plain)]
     assert all(m or s for m, s in zip(mirrored, same)) and 10 <= sum(mirrored) <= 30

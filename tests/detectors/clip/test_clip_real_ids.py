@@ -56,8 +56,8 @@ def test_pooling_is_at_the_tokenizer_eos_not_at_the_config_id(backbone):
     eot = backbone.eot_index(ids)
     expected = torch.tensor([row.tolist().index(backbone.tokenizer.eos_token_id) for row in ids])
     torch.testing.assert_close(eot, expected)
-    np.testing.assert_allclose(backbone.encode_texts(prompts(CLASSES)).double().numpy(), hf_text(backbone, prompts(CLASSES)),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(backbone.encode_texts(prompts(CLASSES)).double().numpy(),
+                               hf_text(backbone, prompts(CLASSES)), rtol=1e-5, atol=1e-6)
     # pooling at the config's id (the '#') gives another embedding: the check above would catch that bug
     at_hash = (ids[0] == 2).int().argmax()
     with torch.no_grad():
@@ -80,7 +80,8 @@ def test_mcm_glmcm_neglabel_equal_independent_computation(backbone):
     with torch.no_grad():  # local features: last block with self-only attention, as GL-MCM's official code
         hidden = vision(pixel_values=pixels, output_hidden_states=True).hidden_states[-2]
         self_only = torch.full((hidden.shape[1],) * 2, float("-inf")).fill_diagonal_(0.0)[None, None]
-        local = backbone.model.visual_projection(vision.post_layernorm(vision.encoder.layers[-1](hidden, self_only)[:, 1:]))
+        local = backbone.model.visual_projection(
+            vision.post_layernorm(vision.encoder.layers[-1](hidden, self_only)[:, 1:]))
     loc = unit64(local)
     expected = softmax(img @ txt.T, axis=1).max(1) + softmax(loc @ txt.T, axis=-1).max(-1).max(-1)
     np.testing.assert_allclose(glmcm.score(imset), expected, rtol=1e-4)
@@ -88,7 +89,8 @@ def test_mcm_glmcm_neglabel_equal_independent_computation(backbone):
     words = ["apple", "c#d", "cloud", "dog", "egg", "fish"]
     neglabel = detectors.build("neglabel", model=backbone, class_names=CLASSES, words=words, mine=False, ngroup=1,
                                temperature=0.05)
-    ids, neg = hf_text(backbone, [f"the nice {w}" for w in CLASSES]), hf_text(backbone, [f"the nice {w}" for w in words])
+    ids, neg = hf_text(backbone, [f"the nice {w}" for w in CLASSES]), hf_text(backbone,
+                                                                              [f"the nice {w}" for w in words])
     full = softmax(np.concatenate([img @ ids.T, img @ neg.T], axis=1) / 0.05, axis=1)
     np.testing.assert_allclose(neglabel.score(imset), full[:, :len(CLASSES)].sum(1), rtol=1e-5)
 
@@ -124,7 +126,8 @@ def test_without_a_tokenizer_eos_the_legacy_config_id_pools_at_argmax(backbone):
 
 
 def test_clipn_converter_output_pools_at_its_eos(backbone, tmp_path):
-    """An open_clip-layout checkpoint converted by clipn_convert: config ids from the tokenizer, pooling as transformers."""
+    """An open_clip-layout checkpoint converted by clipn_convert: config ids from the tokenizer, pooling as
+    transformers."""
     from detectors.clip.clipn_convert import convert_clipn
 
     model = backbone.model
@@ -139,9 +142,11 @@ def test_clipn_converter_output_pools_at_its_eos(backbone, tmp_path):
     converted = ClipBackbone.load(str(out / "clip"), device="cpu")
     text = converted.model.config.text_config
     assert text.eos_token_id == converted.tokenizer.eos_token_id == converted.eos_token_id
-    assert (text.bos_token_id, text.pad_token_id) == (converted.tokenizer.bos_token_id, converted.tokenizer.pad_token_id)
+    assert (text.bos_token_id, text.pad_token_id) == (converted.tokenizer.bos_token_id,
+                                                      converted.tokenizer.pad_token_id)
     texts = prompts(CLASSES)
-    np.testing.assert_allclose(converted.encode_texts(texts).double().numpy(), hf_text(converted, texts), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(converted.encode_texts(texts).double().numpy(), hf_text(converted, texts), rtol=1e-5,
+                               atol=1e-6)
     torch.testing.assert_close(converted.encode_texts(texts), backbone.encode_texts(texts), rtol=1e-5, atol=1e-6)
 
 
@@ -152,21 +157,25 @@ def to_open_clip(model) -> dict[str, torch.Tensor]:
         "visual.class_embedding": sd["vision_model.embeddings.class_embedding"],
         "visual.positional_embedding": sd["vision_model.embeddings.position_embedding.weight"],
         "visual.conv1.weight": sd["vision_model.embeddings.patch_embedding.weight"],
-        "visual.ln_pre.weight": sd["vision_model.pre_layrnorm.weight"], "visual.ln_pre.bias": sd["vision_model.pre_layrnorm.bias"],
-        "visual.ln_post.weight": sd["vision_model.post_layernorm.weight"], "visual.ln_post.bias": sd["vision_model.post_layernorm.bias"],
+        "visual.ln_pre.weight": sd["vision_model.pre_layrnorm.weight"],
+        "visual.ln_pre.bias": sd["vision_model.pre_layrnorm.bias"],
+        "visual.ln_post.weight": sd["vision_model.post_layernorm.weight"],
+        "visual.ln_post.bias": sd["vision_model.post_layernorm.bias"],
         "visual.proj": sd["visual_projection.weight"].T, "text_projection": sd["text_projection.weight"].T,
         "token_embedding.weight": sd["text_model.embeddings.token_embedding.weight"],
         "positional_embedding": sd["text_model.embeddings.position_embedding.weight"],
-        "ln_final.weight": sd["text_model.final_layer_norm.weight"], "ln_final.bias": sd["text_model.final_layer_norm.bias"],
-        "logit_scale": sd["logit_scale"],
+        "ln_final.weight": sd["text_model.final_layer_norm.weight"],
+        "ln_final.bias": sd["text_model.final_layer_norm.bias"], "logit_scale": sd["logit_scale"],
     }
-    for tower, prefix in (("visual.transformer", "vision_model.encoder.layers"), ("transformer", "text_model.encoder.layers")):
+    for tower, prefix in (("visual.transformer", "vision_model.encoder.layers"),
+                          ("transformer", "text_model.encoder.layers")):
         layers = len({k.split(".")[3] for k in sd if k.startswith(prefix + ".")})
         for i in range(layers):
             p, q = f"{prefix}.{i}.", f"{tower}.resblocks.{i}."
             out[q + "attn.in_proj_weight"] = torch.cat([sd[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
             out[q + "attn.in_proj_bias"] = torch.cat([sd[p + f"self_attn.{n}_proj.bias"] for n in "qkv"])
-            for ours, theirs in (("layer_norm1", "ln_1"), ("layer_norm2", "ln_2"), ("self_attn.out_proj", "attn.out_proj"),
+            for ours, theirs in (("layer_norm1", "ln_1"), ("layer_norm2", "ln_2"),
+                                 ("self_attn.out_proj", "attn.out_proj"),
                                  ("mlp.fc1", "mlp.c_fc"), ("mlp.fc2", "mlp.c_proj")):
                 for kind in ("weight", "bias"):
                     out[q + f"{theirs}.{kind}"] = sd[p + f"{ours}.{kind}"]

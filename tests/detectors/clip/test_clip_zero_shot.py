@@ -28,13 +28,15 @@ def hf_text(backbone, texts) -> np.ndarray:
     """Normalised text embeddings through transformers' own `get_text_features` (float64)."""
     tok = backbone.processor.tokenizer(texts, padding=True, return_tensors="pt")
     with torch.no_grad():
-        return unit64(backbone.model.get_text_features(input_ids=tok["input_ids"], attention_mask=tok["attention_mask"]).pooler_output)
+        return unit64(backbone.model.get_text_features(input_ids=tok["input_ids"],
+                                                       attention_mask=tok["attention_mask"]).pooler_output)
 
 
 def test_mcm_equals_softmax_of_raw_cosine_over_temperature(backbone):
     images = colour_images([0], 3, 0) + colour_images([2], 3, 1)
     det = detectors.build("mcm", model=backbone, class_names=CLASSES + ["blue"], temperature=0.5)
-    img, txt = hf_image(backbone, images), hf_text(backbone, [f"a photo of a {c}" for c in CLASSES + ["blue"]])  # official: no full stop
+    # official: no full stop
+    img, txt = hf_image(backbone, images), hf_text(backbone, [f"a photo of a {c}" for c in CLASSES + ["blue"]])
     expected = softmax(img @ txt.T / 0.5, axis=1).max(1)
     np.testing.assert_allclose(det.score(ImageSet(images=images)), expected, rtol=1e-5)
 

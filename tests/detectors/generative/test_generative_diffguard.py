@@ -14,6 +14,7 @@ from detectors.generative.pixel_backend import ClassifierGuidance, PixelDiffusio
 FAST = dict(steps=20, max_inversion_steps=18, n_crops=2, early_stop_similarity=None, distance="ssim")
 
 
+@pytest.mark.slow
 def test_ddim_inversion_then_denoising_reconstructs_the_input(pixel_unet, synthetic):
     model = PixelDiffusion.build(pixel_unet, steps=20, clip_denoised=False)
     x0 = 2 * resize_center_crop(synthetic(3), 32, 32) - 1
@@ -41,7 +42,8 @@ def test_guidance_step_raises_the_log_probability_of_the_label(pixel_unet, tiny_
 
     def log_prob(x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            return F.log_softmax(tiny_classifier.forward_images((x + 1) / 2)[0], 1).gather(1, labels.view(-1, 1)).view(-1)
+            return (F.log_softmax(tiny_classifier.forward_images((x + 1) / 2)[0], 1).gather(1, labels.view(-1, 1))
+                    .view(-1))
 
     assert (log_prob(guided) > log_prob(plain)).all()
     # the shift is -sqrt(1 - abar_k) * grad in eps, i.e. + sqrt(abar_{k-1}) (1 - abar_k) / sqrt(abar_k) * grad in x
@@ -74,7 +76,8 @@ def test_batched_early_stop_equals_one_at_a_time(pixel_unet, tiny_classifier, sy
     for i in range(4):
         g1, r1, s1 = det.reconstruct_pixel(x01[i:i + 1], labels[i:i + 1], seeds[i:i + 1])
         assert int(s1) == int(stop[i])
-        # float32 kernels round differently per batch size; the random-weight ODE amplifies that to ~1e-3 at a few pixels
+        # float32 kernels round differently per batch size; the random-weight ODE amplifies that to ~1e-3 at a few
+        # pixels
         np.testing.assert_allclose(g1[0].numpy(), guided[i].numpy(), atol=3e-3)
         np.testing.assert_allclose(r1[0].numpy(), reference[i].numpy(), atol=3e-3)
     assert not torch.allclose(guided, reference)  # guidance changed the images
@@ -93,7 +96,8 @@ def test_pixel_detector_loads_and_scores(pixel_unet_folder, tiny_classifier, syn
 
 
 def test_latent_backend_masked_guidance(sd_folder, tiny_classifier, synthetic):
-    common = dict(backend="latent", sd_id=str(sd_folder), latent_steps=4, distance="ssim", class_names=["bird", "cat", "dog", "moth"])
+    common = dict(backend="latent", sd_id=str(sd_folder), latent_steps=4, distance="ssim",
+                  class_names=["bird", "cat", "dog", "moth"])
     det = detectors.build("diffguard", classifier=tiny_classifier, **common)
     images = ImageSet(images=synthetic(2, seed=3))
     scores = det.score(images)
@@ -102,10 +106,14 @@ def test_latent_backend_masked_guidance(sd_folder, tiny_classifier, synthetic):
     x01 = resize_center_crop([images.load(i) for i in range(2)], side, side)
     labels = det.predict(x01)
     # an empty Grad-CAM mask means no guidance anywhere: the same as guidance scale 0 (the null-text prediction)
-    empty = detectors.build("diffguard", classifier=tiny_classifier, cam_threshold=2.0, pipeline=det.latent_model().pipe, **common)
-    unit = detectors.build("diffguard", classifier=tiny_classifier, cfg_scale=0.0, pipeline=det.latent_model().pipe, **common)
-    np.testing.assert_allclose(empty.reconstruct_latent(x01, labels)[1].numpy(), unit.reconstruct_latent(x01, labels)[1].numpy(), atol=1e-5)
-    assert not torch.allclose(det.reconstruct_latent(x01, labels)[1], empty.reconstruct_latent(x01, labels)[1], atol=1e-4)
+    empty = detectors.build("diffguard", classifier=tiny_classifier, cam_threshold=2.0,
+                            pipeline=det.latent_model().pipe, **common)
+    unit = detectors.build("diffguard", classifier=tiny_classifier, cfg_scale=0.0, pipeline=det.latent_model().pipe,
+                           **common)
+    np.testing.assert_allclose(empty.reconstruct_latent(x01, labels)[1].numpy(),
+                               unit.reconstruct_latent(x01, labels)[1].numpy(), atol=1e-5)
+    assert not torch.allclose(det.reconstruct_latent(x01, labels)[1], empty.reconstruct_latent(x01, labels)[1],
+                              atol=1e-4)
     # null-text DDIM inversion followed by null-text denoising returns close to the encoded latents
     model = det.latent_model()
     z0 = model.encode_image(x01)

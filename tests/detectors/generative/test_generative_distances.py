@@ -69,7 +69,8 @@ def test_perceptual_metrics_from_weight_files(tmp_path):
     channels = sum(DISTS.channels)
     dists_file, lpips_file = tmp_path / "dists.pt", tmp_path / "lpips.pt"
     torch.save({"alpha": torch.rand(1, channels, 1, 1), "beta": torch.rand(1, channels, 1, 1)}, dists_file)
-    torch.save({f"lin{k}.model.1.weight": torch.rand(1, c, 1, 1) for k, c in enumerate((64, 128, 256, 512, 512))}, lpips_file)
+    torch.save({f"lin{k}.model.1.weight": torch.rand(1, c, 1, 1) for k, c in enumerate((64, 128, 256, 512, 512))},
+               lpips_file)
     torch.save(vgg, tmp_path / "vgg16.pt")
     a, b = pair(3, 32)
     for name, extra in (("dists", dists_file), ("lpips", lpips_file)):

@@ -57,7 +57,8 @@ def test_runner_scores_both_generative_detectors(tiny_eval_data, tmp_path):
                             early_stop_similarity=None, distance="ssim", n_crops=2, batch_size=4)
     config = {"model": str(root / "clf"), "id": str(root / "id"), "ood": [{"manifest": str(root / "ood")}],
               "out": str(tmp_path / "run"), "batch_size": 8,
-              "detectors": [{"name": "diffguard", "params": diffguard_params}, {"name": "opengan", "params": {"epochs": 2}}]}
+              "detectors": [{"name": "diffguard", "params": diffguard_params},
+                            {"name": "opengan", "params": {"epochs": 2}}]}
     results = run_config(config)
     assert set(results["method"]) == {"diffguard", "opengan"}
     assert set(results["family"]) == {"generative"}

@@ -14,8 +14,8 @@ def test_grad_cam_matches_hand_computation(tiny_classifier):
     targets = torch.tensor([0, 2, 3])
     layer_name = last_spatial_block(tiny_classifier, lambda: tiny_classifier.forward_images(x[:1]))
     assert layer_name == "model.body"  # the conv stack, whose output is its last ReLU's, before pooling
-    cam = grad_cam(lambda v: tiny_classifier.forward_images(v)[0], tiny_classifier.get_submodule(layer_name), x, targets,
-                   size=(16, 16))
+    cam = grad_cam(lambda v: tiny_classifier.forward_images(v)[0], tiny_classifier.get_submodule(layer_name), x,
+                   targets, size=(16, 16))
     # logits = W @ mean_hw(A) + b, so d logit_c / d A_k = W[c, k] / (h w) everywhere and the CAM weight is the same
     with torch.no_grad():
         activation = net.body(tiny_classifier.normalize(x)).double().numpy()  # [B,16,16,16]

@@ -21,8 +21,10 @@ def test_architecture_and_init():
     g, d = Generator(40), Discriminator(40)
     g.apply(init_weights)
     d.apply(init_weights)
-    g_sizes = [(m.in_features, m.out_features, m.bias is not None) for m in g.modules() if isinstance(m, torch.nn.Linear)]
-    d_sizes = [(m.in_features, m.out_features, m.bias is not None) for m in d.modules() if isinstance(m, torch.nn.Linear)]
+    g_sizes = [(m.in_features, m.out_features, m.bias is not None)
+               for m in g.modules() if isinstance(m, torch.nn.Linear)]
+    d_sizes = [(m.in_features, m.out_features, m.bias is not None)
+               for m in d.modules() if isinstance(m, torch.nn.Linear)]
     assert g_sizes == [(100, 512, False), (512, 256, False), (256, 128, False), (128, 256, False), (256, 40, True)]
     assert d_sizes == [(40, 512, False), (512, 256, False), (256, 128, False), (128, 64, False), (64, 1, False)]
     bn_d = [m.num_features for m in d.modules() if isinstance(m, torch.nn.BatchNorm1d)]
@@ -113,7 +115,8 @@ def _hand_training(real, epochs, seed, outliers=None, lr=1e-4, nz=100):
         fake = netG(torch.randn(n_fake, nz, generator=gen))
         opt_d.zero_grad()
         if outliers is None:
-            loss_d = bce(prob(netD, batch), torch.ones(len(batch))) + bce(prob(netD, fake.detach()), torch.zeros(n_fake))
+            loss_d = bce(prob(netD, batch), torch.ones(len(batch))) + bce(prob(netD, fake.detach()),
+                                                                          torch.zeros(n_fake))
         else:
             open_ = torch.from_numpy(outliers)[torch.randint(0, len(outliers), (len(batch),), generator=gen)]
             weights = torch.cat([torch.ones(2 * len(batch)), torch.full((n_fake,), 0.2)])

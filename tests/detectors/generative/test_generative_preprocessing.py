@@ -17,7 +17,8 @@ from detectors.generative.distances import DISTS, vgg16_features
 from detectors.generative.pixel_backend import random_crops
 from pipelines.classifier import ImageClassifier
 
-FAST = dict(steps=10, max_inversion_steps=6, n_crops=2, early_stop_similarity=None, early_stop_psnr=15.0, distance="ssim")
+FAST = dict(steps=10, max_inversion_steps=6, n_crops=2, early_stop_similarity=None, early_stop_psnr=15.0,
+            distance="ssim")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,8 @@ def test_dists_downsamples_inputs_over_256_pixels_like_piq():
     a, b = torch.rand(1, 3, 262, 270, generator=g), torch.rand(1, 3, 262, 270, generator=g)
 
     def piq_resize(x):  # piq.DISTS.forward: scale 256 / short side, bilinear, given scale factor
-        return F.interpolate(x, scale_factor=256 / 262, recompute_scale_factor=False, mode="bilinear", align_corners=False)
+        return F.interpolate(x, scale_factor=256 / 262, recompute_scale_factor=False, mode="bilinear",
+                             align_corners=False)
 
     assert piq_resize(a).shape[-2:] == (256, 263)
     with torch.no_grad():
@@ -124,14 +126,16 @@ def test_latent_unguided_reference_is_the_null_text_reconstruction(sd_folder, cl
     det = detectors.build("diffguard", classifier=classifier_28, **common)
     x = resize_center_crop(synthetic(2, seed=4), 32, 32)
     labels, guided, plain = det.reconstruct_latent(x, unguided=True)
-    empty = detectors.build("diffguard", classifier=classifier_28, cam_threshold=2.0, pipeline=det.latent_model().pipe, **common)
+    empty = detectors.build("diffguard", classifier=classifier_28, cam_threshold=2.0, pipeline=det.latent_model().pipe,
+                            **common)
     # an empty Grad-CAM mask = the null text everywhere; compared within one batch layout, since DDIM inversion with
     # random tiny weights amplifies the 1e-5 batch-size-dependent GEMM rounding of the UNet into visible differences
     _, no_guidance, empty_plain = empty.reconstruct_latent(x, labels, unguided=True)
     torch.testing.assert_close(no_guidance, empty_plain, atol=1e-5, rtol=0)
     torch.testing.assert_close(plain, empty_plain, atol=1e-5, rtol=0)
     assert not torch.allclose(guided, plain, atol=1e-3)  # the guidance inside the mask changes the reconstruction
-    torch.testing.assert_close(guided, det.reconstruct_latent(x, labels, unguided=True)[1], atol=1e-5, rtol=0)  # given = predicted labels
+    # given = predicted labels
+    torch.testing.assert_close(guided, det.reconstruct_latent(x, labels, unguided=True)[1], atol=1e-5, rtol=0)
 
 
 def test_pixel_backend_loads_an_adm_checkpoint_file(classifier_28, tmp_path, synthetic):

@@ -22,7 +22,8 @@ def dists_files(tmp_path_factory):
     return [root / "vgg16.pt", root / "dists.pt"]
 
 
-def test_early_stop_rule_computes_the_input_features_once(pixel_unet, tiny_classifier, dists_files, synthetic, monkeypatch):
+def test_early_stop_rule_computes_the_input_features_once(pixel_unet, tiny_classifier, dists_files, synthetic,
+                                                          monkeypatch):
     det = detectors.build("diffguard", classifier=tiny_classifier, perceptual_weights=dists_files, early_stop_psnr=None,
                           early_stop_similarity="dists", early_stop_similarity_threshold=0.95)
     similarity = det.similarity("dists")
@@ -51,7 +52,8 @@ def test_early_stop_rule_computes_the_input_features_once(pixel_unet, tiny_class
 
 def test_grad_cam_takes_the_prediction_from_its_own_forward_pass(tiny_classifier, sd_folder, synthetic):
     x = torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-    layer = tiny_classifier.get_submodule(last_spatial_block(tiny_classifier, lambda: tiny_classifier.forward_images(x[:1])))
+    layer = tiny_classifier.get_submodule(last_spatial_block(tiny_classifier,
+                                                             lambda: tiny_classifier.forward_images(x[:1])))
     calls = []
     handle = tiny_classifier.register_forward_hook(lambda *args: calls.append(1))
     logits_fn = lambda v: tiny_classifier.forward_images(v)[0]  # noqa: E731
@@ -67,8 +69,8 @@ def test_grad_cam_takes_the_prediction_from_its_own_forward_pass(tiny_classifier
     torch.testing.assert_close(logits, predicted)
     torch.testing.assert_close(cam, previous, atol=0, rtol=0)
     # the latent back-end predicts inside its Grad-CAM pass: one classifier forward per batch
-    det = detectors.build("diffguard", backend="latent", classifier=tiny_classifier, sd_id=str(sd_folder), latent_steps=2,
-                          class_names=["a", "b", "c", "d"])
+    det = detectors.build("diffguard", backend="latent", classifier=tiny_classifier, sd_id=str(sd_folder),
+                          latent_steps=2, class_names=["a", "b", "c", "d"])
     x01 = resize_center_crop(synthetic(2), 32, 32)
     det.cam_layer(x01)  # the block is found once per detector
     calls.clear()

@@ -46,6 +46,7 @@ def test_flags_are_the_published_ones_and_the_stand_in_only_shrinks_sizes():
     {},  # 256x256_diffusion_uncond shrunk: learned sigma, legacy qkv order, res-block up/down, scale-shift norm
     {"resblock_updown": False, "use_scale_shift_norm": False, "use_new_attention_order": True, "learn_sigma": False},
 ])
+@pytest.mark.slow
 def test_converted_checkpoint_gives_the_official_output(variant, tmp_path):
     flags = {**shrink_flags(), **variant}
     torch.manual_seed(0)
@@ -67,6 +68,7 @@ def test_converted_checkpoint_gives_the_official_output(variant, tmp_path):
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_full_size_layout_equals_the_official_checkpoint():
     official = official_unet(ADM_256_UNCOND, empty=True)
     ours = build_unet(ADM_256_UNCOND, empty=True)
@@ -82,6 +84,7 @@ def test_full_size_layout_equals_the_official_checkpoint():
     assert n_attention == 16 and len(expected) == len(official.state_dict()) + 4 * n_attention
 
 
+@pytest.mark.slow
 def test_loader_reads_diffusers_folders_and_names_bad_inputs(tmp_path):
     folder = save_tiny_adm_unet(tmp_path / "unet")
     unet = load_pixel_unet(folder)

@@ -67,6 +67,7 @@ def stores(digits, tmp_path_factory):
     return {"folder": folder, "shards": tuple(shards)}, digits[2]
 
 
+@pytest.mark.slow
 def test_packed_manifests_point_into_shards(stores):
     (both, _) = stores
     for folder, packed in zip(both["folder"], both["shards"]):
@@ -174,7 +175,8 @@ def test_two_processes_on_shards_give_one_process_on_the_folder(stores, tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     two = pd.read_csv(tmp_path / "two" / "results.csv")
     one = run_config({**config, "id": str(both["folder"][0]), "ood": [{"manifest": str(both["folder"][1]),
-                                                                      "sets": ["texture"]}], "out": str(tmp_path / "one")})
+                                                                      "sets": ["texture"]}],
+                                                                      "out": str(tmp_path / "one")})
     columns = ["auroc", "fpr95", "fpr95_id", "aupr_in", "aupr_out", "n_id", "n_ood"]
     pd.testing.assert_frame_equal(two[["method", "ood_set", *columns]], one[["method", "ood_set", *columns]],
                                   check_exact=False, atol=1e-6)

@@ -17,9 +17,11 @@ from helpers.models import stub_weights
 
 REFUSED = [
     # (case id, overrides, keys dropped, the start of the one line after "error: <file>: ")
-    ("model-path-typo", ["model=runs/own/clasifier"], (), r"model: the local model folder 'runs/own/clasifier' does not exist"),
+    ("model-path-typo", ["model=runs/own/clasifier"], (),
+     r"model: the local model folder 'runs/own/clasifier' does not exist"),
     ("model-folder-without-weights", ["model={empty}"], (), r"model: the local model folder .* holds no weight files"),
-    ("ood-group-Hard", ["ood.0.group=Hard"], (), r"ood\[0\]\.group: must be one of 'hard', 'easy', 'near', 'far'.*did you mean 'hard'"),
+    ("ood-group-Hard", ["ood.0.group=Hard"], (),
+     r"ood\[0\]\.group: must be one of 'hard', 'easy', 'near', 'far'.*did you mean 'hard'"),
     ("ood-empty", ["ood=[]"], (), r"ood: give at least one OOD manifest"),
     ("detectors-empty", ["detectors=[]"], (), r"detectors: give at least one detector"),
     ("seed-not-a-key", ["seed=abc"], (), r"seed: unknown key"),
@@ -27,7 +29,8 @@ REFUSED = [
     ("num_workers-word", ["num_workers=two"], (), r"num_workers: must be an integer, got str 'two'"),
     ("device-gpu", ["device=gpu"], (), r"device: must be cpu, cuda, cuda:N, mps or auto"),
     ("device-cuda-x", ["device=cuda:x"], (), r"device: must be cpu, cuda, cuda:N, mps or auto"),
-    ("k-quoted-is-a-string", ['detectors.knn.params.k="5"'], (), r"detectors\[1\]\.params\.k: must be an integer, got str '5'"),
+    ("k-quoted-is-a-string", ['detectors.knn.params.k="5"'], (),
+     r"detectors\[1\]\.params\.k: must be an integer, got str '5'"),
     ("lr-quoted-1e-3-is-a-string", ['detectors.logitnorm.params.lr="1e-3"'], (),
      r"detectors\[2\]\.params\.lr: must be a number, got str '1e-3'"),
     ("lr-negative", ["detectors.logitnorm.params.lr=-1"], (), r"detectors\[2\]\.params\.lr: logitnorm: lr must be > 0"),
@@ -50,13 +53,15 @@ REFUSED = [
     ("aux-overlaps-ood_val", ["aux={manifest: {ood}, split: val, sets: [near]}"], (),
      r"aux and ood_val: 3 row\(s\) are in both"),
     ("unknown-detector", ["detectors=[mps]"], (), r"detectors\[0\]\.name: unknown detector 'mps'"),
-    ("rules-on-posthoc", ["detectors=[{name: msp, rules: [ebo]}]"], (), r"detectors\[0\]\.rules: only training-time methods"),
+    ("rules-on-posthoc", ["detectors=[{name: msp, rules: [ebo]}]"], (),
+     r"detectors\[0\]\.rules: only training-time methods"),
     ("rule-reads-pixels", ["detectors=[{name: logitnorm, rules: [odin]}]"], (),
      r"detectors\[0\]\.rules\[0\]: 'odin' is not a feature-level post-hoc detector"),
     ("rule-param-typo", ["detectors=[{name: logitnorm, rules: [{name: tempscale, params: {fitt: exact}}]}]"], (),
      r"detectors\[0\]\.rules\[0\]\.params\.fitt: tempscale: unknown parameter"),
     ("unknown-ood-set", ["ood.0.sets=[nearr]"], (), r"ood\[0\]: OOD set 'nearr' has no rows with split 'test'"),
-    ("head-levels-missing", ["head={levels: no/such/head, level: genus}"], (), r"head\.levels: no/such/head is not a folder"),
+    ("head-levels-missing", ["head={levels: no/such/head, level: genus}"], (),
+     r"head\.levels: no/such/head is not a folder"),
     ("plugin-missing", ["plugins=[no_such_module_xyz]"], (), r"plugins\[0\]: cannot import 'no_such_module_xyz'"),
     ("fewshot-no-shots", ["fewshot={shots: []}"], (), r"fewshot: shots must be a non-empty list"),
 ]
@@ -96,7 +101,8 @@ def no_model_loads(monkeypatch):
 def _config(folders: dict[str, Path], tmp_path: Path, drop: tuple[str, ...] = ()) -> Path:
     raw = {"model": str(folders["model"]), "id": str(folders["id"]), "ood": [{"manifest": str(folders["ood"])}],
            "ood_val": {"manifest": str(folders["ood"])}, "out": str(tmp_path / "out"),
-           "detectors": ["msp", {"name": "knn", "params": {"k": 1}}, {"name": "logitnorm", "params": {"mode": "heads"}}]}
+           "detectors": ["msp", {"name": "knn", "params": {"k": 1}},
+                         {"name": "logitnorm", "params": {"mode": "heads"}}]}
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump({k: v for k, v in raw.items() if k not in drop}))
     return path

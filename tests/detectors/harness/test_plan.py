@@ -68,7 +68,8 @@ def test_units_and_kinds_without_any_model(data, tmp_path):
         ("rule", "logitnorm+knn"), ("fewshot", "fewshot")]
     assert plan.units[3].parent.method == "logitnorm" and plan.units[3].rule == "ebo"
     assert len({u.key for u in plan.units}) == len(plan.units)
-    assert [s.id for s in plan.splits] == ["id-id_train", "id-id_val", "id-id_test", "ood-near", "ood-far", "ood_val-ood_val"]
+    assert [s.id for s in plan.splits] == ["id-id_train", "id-id_val", "id-id_test", "ood-near", "ood-far",
+                                           "ood_val-ood_val"]
     assert plan.class_names == ("c0", "c1") and plan.needs_features
     # validation rows named like a test set: no clash, and they are the val rows only
     assert {r["file_name"] for r in plan.ood_val.manifest.rows} == {f"val_near_{i}.png" for i in range(3)}
@@ -114,7 +115,8 @@ def test_unit_keys_follow_content(data, tmp_path):
     saved = tmp_path / "saved_detector"
     saved.mkdir()
     (saved / "config.json").write_text('{"name": "msp", "params": {}}')
-    config = _config(data, tmp_path, model=str(model), detectors=["odin", "mcm", {"name": "ebo", "load": str(saved), "label": "loaded"}])
+    config = _config(data, tmp_path, model=str(model),
+                     detectors=["odin", "mcm", {"name": "ebo", "load": str(saved), "label": "loaded"}])
     keys = lambda **extra: {u.method: u.key for u in make_plan({**config, **extra}).units}  # noqa: E731
     before = keys()
     assert before == keys()
@@ -198,8 +200,8 @@ def test_a_unit_key_covers_only_the_splits_it_reads(data, tmp_path):
         noise_image(extra / f"a{i}.png", 500 + i)
     write_manifest(extra, [make_row(f"a{i}.png", split="train", role="ood", ood_set="auxiliary") for i in range(4)])
     detectors = ["msp", "mds", "knn", "opengan", {"name": "oe", "params": {"mode": "heads"}}, "tempscale"]
-    keys = lambda **extra_keys: {u.method: u.key for u in make_plan(_config(data, tmp_path, detectors=detectors,  # noqa: E731
-                                                                            **extra_keys)).units}
+    keys = lambda **extra_keys: {u.method: u.key for u in make_plan(_config(data, tmp_path,  # noqa: E731
+                                                                            detectors=detectors, **extra_keys)).units}
     ood_val = {"manifest": str(ood_dir), "split": "val"}
     before = keys(aux={"manifest": str(extra)}, ood_val=ood_val)
     write_manifest(extra, [make_row(f"a{i}.png", split="train", role="ood", ood_set="auxiliary") for i in range(3)])

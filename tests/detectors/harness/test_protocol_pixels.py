@@ -1,10 +1,11 @@
 """Evaluation pixels end to end under `protocol: open-insects`, with the README's commands: train_classifier.py (recipe
 open-insects-scratch: 126 px, the model folder records Resize(128) + CenterCrop(126)) -> evaluate.py. The run's
-max-logit scores equal those of the reference's pixels, made by Debian's torchvision 0.14 (`Image.open(f).convert("RGB")`
-then Resize(128, bilinear) + CenterCrop(126): Open-Insect's imglist_dataset.py:83 and test_preprocessor.py:14-21), on
-images of every size class (resized long side L mod 4, landscape and portrait, JPEGs with EXIF orientation tags that
-the reference does not apply); a floor-offset crop's scores differ exactly where L = 1 (mod 4). The ID train features the
-fits read are the region branch's seeded draws, not the evaluation pixels (`pixels.fit`).
+max-logit scores equal those of the reference's pixels, made by Debian's torchvision 0.14
+(`Image.open(f).convert("RGB")` then Resize(128, bilinear) + CenterCrop(126): Open-Insect's imglist_dataset.py:83 and
+test_preprocessor.py:14-21), on images of every size class (resized long side L mod 4, landscape and portrait, JPEGs
+with EXIF orientation tags that the reference does not apply); a floor-offset crop's scores differ exactly where L = 1
+(mod 4). The ID train features the fits read are the region branch's seeded draws, not the evaluation pixels
+(`pixels.fit`).
 """
 from __future__ import annotations
 

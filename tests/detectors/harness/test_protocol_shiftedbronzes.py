@@ -21,7 +21,8 @@ CONFIG = Path(__file__).resolve().parents[3] / "configs" / "shiftedbronzes.yaml"
 
 
 def _tiny_clipn(clip: Path, folder: Path, class_names: list[str]) -> Path:
-    """A CLIPN trained for one epoch on a few replica images with the tiny CLIP (stands in for the converted release)."""
+    """A CLIPN trained for one epoch on a few replica images with the tiny CLIP (stands in for the converted
+    release)."""
     import detectors
     from detectors.base import ImageSet
 

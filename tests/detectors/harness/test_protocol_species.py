@@ -34,11 +34,7 @@ CONFIG = ROOT / "configs" / "species_c-america.yaml"
 REGION = "c-america"
 SHORT = {"epochs": 1, "warmup_epochs": 0, "batch_size": 32}
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not (ROOT / "scripts" / "train_classifier.py").exists(),
-                       reason="scripts/train_classifier.py (issue 16) is not on this branch yet"),
-]
+pytestmark = pytest.mark.slow
 
 
 def _script(name: str, *args: str, cwd: Path) -> None:
@@ -94,7 +90,8 @@ def _classifier(tmp: Path, splits: Path) -> Path:
     from pipelines.tiny import RESNET_ID, save_tiny_model
 
     save_tiny_model(tmp / "tiny_resnet", RESNET_ID)
-    (tmp / "train.yaml").write_text(yaml.safe_dump({"id": str(splits), "model": str(tmp / "tiny_resnet"), "pretrained": False,
+    (tmp / "train.yaml").write_text(yaml.safe_dump({"id": str(splits), "model": str(tmp / "tiny_resnet"),
+                                                    "pretrained": False,
                                                     "recipe": "open-insects-scratch", "out": str(tmp / "classifier")}))
     _script("train_classifier.py", "--config", tmp / "train.yaml", "epochs=2", "warmup_epochs=1", "batch_size=32",
             "lr=0.003", "seed=0", cwd=tmp)
@@ -103,7 +100,8 @@ def _classifier(tmp: Path, splits: Path) -> Path:
 
 def _eval_config(tmp: Path, splits: Path, field: Path, model: Path) -> Path:
     raw = load_yaml(CONFIG)  # the region file over species_base.yaml
-    raw.update(model=str(model), id=str(splits), out=str(tmp / "run"), ood=[{**o, "manifest": str(splits)} for o in raw["ood"]],
+    raw.update(model=str(model), id=str(splits), out=str(tmp / "run"),
+               ood=[{**o, "manifest": str(splits)} for o in raw["ood"]],
                aux={**raw["aux"], "manifest": str(splits)}, ood_val={**raw["ood_val"], "manifest": str(splits)},
                field=[{"manifest": str(field)}])
     specs = [d if isinstance(d, dict) else {"name": d} for d in raw["detectors"]]
@@ -126,8 +124,8 @@ def test_species_protocol_through_the_scripts(tmp_path):
     config = _eval_config(tmp_path, splits, field, model)
     _script("evaluate.py", "--config", config, cwd=tmp_path)
     run = tmp_path / "run"
-    _script("report.py", "--results", run / "results.csv", "--scores", run / "scores.parquet", "--out", tmp_path / "report",
-            cwd=tmp_path)
+    _script("report.py", "--results", run / "results.csv", "--scores", run / "scores.parquet", "--out",
+            tmp_path / "report", cwd=tmp_path)
 
     failures = json.loads((run / "failures.json").read_text())
     assert failures["detectors"] == [], failures["detectors"]
@@ -151,7 +149,8 @@ def test_species_protocol_through_the_scripts(tmp_path):
         if len(id_scores[a]) == len(id_scores[b]):
             assert np.abs(id_scores[a] - id_scores[b]).max() > 1e-6, (a, b)
     # a rule scores each method's own fine-tuned features: KNN differs between methods
-    knn = {t: scores[(scores.method == f"{t}+knn") & (scores.role == "id")].sort_values("index")["score"].to_numpy() for t in trained}
+    knn = {t: scores[(scores.method == f"{t}+knn") & (scores.role == "id")].sort_values("index")["score"].to_numpy()
+           for t in trained}
     assert len({np.round(v, 6).tobytes() for v in knn.values()}) == len(trained)
 
     transfer = pd.read_csv(run / "threshold_transfer.csv")
@@ -176,8 +175,8 @@ def test_open_insects_protocol_trains_as_the_reference_code(tmp_path):
             cwd=tmp_path)
     model = tmp_path / "classifier"
     config = json.loads((model / "train_config.json").read_text())
-    assert {k: config[k] for k in ("protocol", "schedule", "drop_last", "precision", "augment", "image_size", "pre_size",
-                                   "lr", "weight_decay", "pretrained")} == {
+    assert {k: config[k] for k in ("protocol", "schedule", "drop_last", "precision", "augment", "image_size",
+                                   "pre_size", "lr", "weight_decay", "pretrained")} == {
         "protocol": "open-insects", "schedule": "reference", "drop_last": False, "precision": "fp32", "augment": "ami",
         "image_size": 126, "pre_size": 128, "lr": 0.01, "weight_decay": 1e-5, "pretrained": False}
     processor = json.loads((model / "preprocessor_config.json").read_text())
@@ -190,7 +189,8 @@ def test_open_insects_protocol_trains_as_the_reference_code(tmp_path):
     batches, spe = -(-n_train // 16), int(n_train / 16) + 1
     assert metrics["steps"] == 4 * batches  # the last partial batch kept
     at = metrics["lr_at"]
-    assert at["step_0"] == 0.0 and at["step_1"] == pytest.approx(want[1]) and at["warmup_end"] == pytest.approx(want[2 * batches])
+    assert (at["step_0"] == 0.0 and at["step_1"] == pytest.approx(want[1])
+            and at["warmup_end"] == pytest.approx(want[2 * batches]))
     assert at["step_1"] == pytest.approx(0.01 * (spe + 1) / (2 * spe))  # the warm-up starts halfway
     assert at["last"] == pytest.approx(want[-1]) and at["last"] == 0.0  # the last epoch at lr 0
 
@@ -207,7 +207,8 @@ def test_open_insects_protocol_trains_as_the_reference_code(tmp_path):
     assert set(results["protocol"]) == {"open-insects"}
     params = {m: json.loads(results[results.method == m]["params"].iloc[0]) for m in ("mcd", "logitnorm")}
     for name in params:
-        assert (params[name]["schedule"], params[name]["drop_last"], params[name]["augment"]) == ("reference", False, "region")
+        assert ((params[name]["schedule"], params[name]["drop_last"], params[name]["augment"])
+                == ("reference", False, "region"))
     assert params["mcd"]["start_epoch_ft"] == 90
     for name, advances in (("mcd", True), ("logitnorm", False)):
         checkpoints = list((tmp_path / "run").rglob(f"*{name}*/**/{CHECKPOINT}"))

@@ -10,26 +10,47 @@ from detectors import FeatureSet
 from detectors.harness.protocols import DEFAULTS_ONLY, PROTOCOLS, SWEEPS, protocol_params, sweep_space, unit_sweep
 from detectors.registry import detector_class
 
-# the reference's values, restated from the YAML files (postprocessor_sweep; APS_mode False -> no sweep)
-OPENOOD = {"ash": {"percentile": [65, 70, 75, 80, 85, 90, 95]}, "dice": {}, "ebo": {"temperature": [1]},
-           "knn": {"k": [50, 100, 200, 500, 1000]}, "react": {"percentile": [85, 90, 95, 99]},
-           "odin": {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]}, "mcm": {}, "mds": {}, "she": {},
-           "nci": {"alpha": [0.0001, 0.001, 0.01, 0.1]}, "fdbd": {"distance_as_normalizer": [True, False]},
-           "gen": {"gamma": [0.01, 0.1, 0.5, 1, 2, 5, 10], "M": [10, 50, 100, 200, 500, 1000]}}
+# The one independent statement of the reference grids (postprocessor_sweep; `APS_mode: False` -> no sweep), each
+# with the file it is read from: OpenOOD (Jingkang50/OpenOOD at 3c35632) configs/postprocessors/, Open-Insect
+# (RolnickLab/Open-Insect at e0aa51e, line numbers as docs/protocols.md cites them) where its copy differs. The
+# library's one source is detectors/harness/protocols.py:SWEEPS; every other test reads the grids from there.
+REFERENCE_GRIDS: dict[str, dict[str, tuple[str, dict]]] = {
+    "openood_v1.5": {
+        "ash": ("ash.yml:4-7", {"percentile": [65, 70, 75, 80, 85, 90, 95]}),
+        "dice": ("dice.yml (APS_mode False)", {}),
+        "ebo": ("ebo.yml:4-7", {"temperature": [1]}),
+        "fdbd": ("fdbd.yml:4-7", {"distance_as_normalizer": [True, False]}),
+        "gen": ("gen.yml", {"gamma": [0.01, 0.1, 0.5, 1, 2, 5, 10], "M": [10, 50, 100, 200, 500, 1000]}),
+        "knn": ("knn.yml:4-7 (K_list)", {"k": [50, 100, 200, 500, 1000]}),
+        "mcm": ("mcm.yml (APS_mode False)", {}),
+        "mds": ("mds.yml (APS_mode False)", {}),
+        "mdsens": ("mds_ensemble.yml:4-10", {"noise": [0.0014]}),
+        "nci": ("nci.yml", {"alpha": [0.0001, 0.001, 0.01, 0.1]}),
+        "odin": ("odin.yml:4-9", {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]}),
+        "react": ("react.yml", {"percentile": [85, 90, 95, 99]}),
+        "she": ("she.yml (APS_mode False)", {}),
+    },
+    "open-insects": {  # Open-Insect's own copies where they differ from OpenOOD's
+        "react": ("react.yml:4-7", {"percentile": [10, 65, 85, 90, 95, 99]}),
+        "neco": ("neco.yml:5-9", {"dim": [100, 200, 300, 400]}),
+        "rp_ebo": ("rp_ebo.yml:4-7", {"temperature": [1]}),
+        "rp_odin": ("rp_odin.yml", {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]}),
+    },
+}
 
 
-def test_openood_grids_are_the_yamls():
-    for name, grid in OPENOOD.items():
-        assert sweep_space("openood_v1.5", name, {"declared": [1]}) == grid, name
+def test_the_grids_are_the_reference_yamls():
+    for protocol, table in REFERENCE_GRIDS.items():
+        for name, (source, grid) in table.items():
+            assert sweep_space(protocol, name, {"declared": [1]}) == grid, (protocol, name, source)
 
 
-def test_open_insects_differs_where_its_yamls_do():
-    assert sweep_space("open-insects", "react", {}) == {"percentile": [10, 65, 85, 90, 95, 99]}
-    assert sweep_space("open-insects", "neco", {}) == {"dim": [100, 200, 300, 400]}
-    assert protocol_params("open-insects", "neco") == {"default_dim": 100}
-    assert sweep_space("open-insects", "rp_odin", {}) == OPENOOD["odin"]
-    for name in ("ash", "knn", "odin", "ebo", "dice", "gen"):
-        assert sweep_space("open-insects", name, {}) == OPENOOD[name]
+def test_open_insects_is_openood_wherever_its_yamls_are_openoods():
+    assert protocol_params("open-insects", "neco") == {"default_dim": 100}  # neco.yml:5-9
+    own = set(REFERENCE_GRIDS["open-insects"])
+    for name in set(SWEEPS["openood_v1.5"]) - own:
+        assert sweep_space("open-insects", name, {}) == sweep_space("openood_v1.5", name, {}), name
+    assert set(SWEEPS["open-insects"]) - set(SWEEPS["openood_v1.5"]) <= own  # nothing of its own left unchecked
 
 
 def test_vim_runs_256_as_the_code_and_exact_refits_the_grid():
@@ -76,16 +97,17 @@ def test_unit_sweep():
     assert unit_sweep("openood_v1.5", knn, True) == {"k": [50, 100, 200, 500, 1000]}
     assert unit_sweep("openood_v1.5", knn, False) == {}  # no OOD validation: defaults run
     assert unit_sweep("openood_v1.5", knn, True, given=["k"]) == {}  # the config's own value is fixed
-    assert unit_sweep("openood_v1.5", detector_class("ebo"), True) == {"temperature": [1]}  # run and recorded, as APS
+    # one point: run, as APS
+    assert unit_sweep("openood_v1.5", detector_class("ebo"), True) == SWEEPS["openood_v1.5"]["ebo"]
     assert unit_sweep("openood_v1.5", detector_class("dice"), True) == {}
-    assert unit_sweep("open-insects", neco, True) == {"dim": [100, 200, 300, 400]}
+    assert unit_sweep("open-insects", neco, True) == SWEEPS["open-insects"]["neco"]
     assert unit_sweep("openood_v1.5", neco, True) == {}  # no neco.yml in OpenOOD: its defaults
     assert sweep_space("openood_v1.5", "neco", neco.search_space) == neco.search_space  # what select() sweeps
     assert unit_sweep("openood_v1.5", detector_class("locoop"), True) == {}  # CLIP prompt learners: not in the table
     assert unit_sweep("open-insects", detector_class("oe"), True) == {}  # training-time methods are not swept
-    assert unit_sweep("open-insects", detector_class("rp_odin"), True) == OPENOOD["odin"]
+    assert unit_sweep("open-insects", detector_class("rp_odin"), True) == SWEEPS["openood_v1.5"]["odin"]
     gen = unit_sweep("openood_v1.5", detector_class("gen"), True, given=["M"])
-    assert gen == {"gamma": OPENOOD["gen"]["gamma"]}
+    assert gen == {"gamma": SWEEPS["openood_v1.5"]["gen"]["gamma"]}
 
 
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
@@ -115,7 +137,8 @@ def test_the_plan_takes_the_protocols_tie_rule_unless_the_config_names_one(tmp_p
 
     id_dir, ood_dir = id_ood_manifests(tmp_path)
     base = {"id": str(id_dir), "ood": [{"manifest": str(ood_dir), "sets": ["far"]}], "out": str(tmp_path / "out"),
-            "detectors": ["msp"], "ood_val": {"manifest": str(ood_dir), "sets": ["near"]}, "model": "microsoft/resnet-50"}
+            "detectors": ["msp"], "ood_val": {"manifest": str(ood_dir), "sets": ["near"]},
+            "model": "microsoft/resnet-50"}
     assert make_plan({**base, "protocol": "open-insects"}).select.ties == "last"
     assert make_plan({**base, "select": {"ties": "first"}}).select.ties == "first"
 
@@ -130,7 +153,8 @@ def test_checkpoints_per_protocol_and_the_fine_tunes_follow():
     assert CHECKPOINTS["open-insects"] == CHECKPOINTS["openood_v1.5"] == "best" and CHECKPOINTS["exact"] == "last"
     for name in TRAINING_METHODS:
         assert detector_class(name).Params().checkpoint == "last"  # the class default: exact's
-        assert protocol_params("open-insects", name)["checkpoint"] == protocol_params("openood_v1.5", name)["checkpoint"] == "best"
+        assert (protocol_params("open-insects", name)["checkpoint"]
+                == protocol_params("openood_v1.5", name)["checkpoint"] == "best")
         assert "checkpoint" not in protocol_params("exact", name)
 
 

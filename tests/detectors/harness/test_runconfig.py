@@ -17,18 +17,22 @@ BASE = {"id": "x", "ood": ["o"], "out": "o"}
 
 @pytest.mark.parametrize("extra, message", [
     ({"families": ["postoc"]}, r"^families\[0\]: must be one of .* got str 'postoc' \(did you mean 'posthoc'\?\)$"),
-    ({"detectors": [{"name": "knn", "params": {"K": 10}}]}, r"^detectors\[0\]\.params\.K: knn: unknown parameter\(s\) \['K'\]"),
-    ({"detectors": [{"name": "knn", "param": {"k": 10}}]}, r"^detectors\[0\]\.param: unknown key \(did you mean 'params'\?\)"),
+    ({"detectors": [{"name": "knn", "params": {"K": 10}}]},
+     r"^detectors\[0\]\.params\.K: knn: unknown parameter\(s\) \['K'\]"),
+    ({"detectors": [{"name": "knn", "param": {"k": 10}}]},
+     r"^detectors\[0\]\.param: unknown key \(did you mean 'params'\?\)"),
     ({"detectors": ["msp", "msp"]}, r"method 'msp' appears twice; give one a `label`"),
     ({"detectors": ["msp", {"name": "msp", "rules": ["ebo"]}]}, r"^detectors\[1\]\.rules: only training-time methods"),
-    ({"detectors": [{"name": "logitnorm", "rules": ["odin"]}]}, r"^detectors\[0\]\.rules\[0\]: 'odin' is not a feature-level"),
+    ({"detectors": [{"name": "logitnorm", "rules": ["odin"]}]},
+     r"^detectors\[0\]\.rules\[0\]: 'odin' is not a feature-level"),
     ({"detectors": [{"name": "logitnorm", "rules": [{"name": "tempscale", "params": {"fitt": "exact"}}]}]},
      r"^detectors\[0\]\.rules\[0\]\.params\.fitt: tempscale: unknown parameter"),
     ({"detectors": [{"name": "logitnorm", "rules": [{"name": "tempscale", "params": {"fit": "newton"}}]}]},
      r"^detectors\[0\]\.rules\[0\]\.params\.fit: must be one of"),
     ({"detectors": ["logitnorm+msp"]}, r"^detectors\[0\]\.name: unknown detector"),
     ({"select": {"metric": "auroc"}}, r"^select\.ood_val: required without a top-level `ood_val`"),
-    ({"select": {"ood_val": {"manifest": "v", "set": ["a"]}}}, r"^select\.ood_val\.set: unknown key \(did you mean 'sets'\?\)"),
+    ({"select": {"ood_val": {"manifest": "v", "set": ["a"]}}},
+     r"^select\.ood_val\.set: unknown key \(did you mean 'sets'\?\)"),
     ({"aux": {"split": "train"}}, r"^aux\.manifest: required"),
     ({"head": {"level": "genus"}}, r"^head\.levels: required"),
     ({"fewshot": {"shot": [1]}}, r"^fewshot\.shot: unknown key \(did you mean 'shots'\?\)"),
@@ -57,8 +61,10 @@ def test_top_level_errors_name_the_file(tmp_path):
 def test_sections_are_typed_values_and_round_trip():
     raw = {**BASE, "ood": ["o", {"manifest": "p", "group": "hard", "sets": ["a"]}],
            "detectors": ["msp", {"name": "knn", "params": {"k": 5}, "label": "KNN"},
-                         {"name": "logitnorm", "params": {"lr": 1}, "rules": ["msp", {"name": "tempscale", "params": {"fit": "exact"}}]}],
-           "select": {"ood_val": "v"}, "threshold_transfer": [{"source": "a", "targets": ["b"]}], "fewshot": {"shots": [1, 2]}}
+                         {"name": "logitnorm", "params": {"lr": 1},
+                          "rules": ["msp", {"name": "tempscale", "params": {"fit": "exact"}}]}],
+           "select": {"ood_val": "v"}, "threshold_transfer": [{"source": "a", "targets": ["b"]}],
+           "fewshot": {"shots": [1, 2]}}
     config = EvalConfig.from_dict(raw)
     assert config.ood[0] == Source(manifest="o") and config.ood[1].group == "hard"
     msp, knn, logitnorm = config.detectors
@@ -86,7 +92,8 @@ def test_every_field_documented(cls):
 def test_yaml_numbers_are_numbers(tmp_path):
     """`lr: 1e-3` (YAML 1.1 reads it as a string) is a number; a quoted "1e-3" is a string, refused naming the key."""
     path = tmp_path / "c.yaml"
-    path.write_text("id: x\nood: [o]\nout: o\ndetectors:\n  - {name: logitnorm, params: {lr: 1e-3, weight_decay: 5e-4}}\n")
+    path.write_text("id: x\nood: [o]\nout: o\ndetectors:\n  - {name: logitnorm, params: {lr: 1e-3, weight_decay: "
+                    "5e-4}}\n")
     spec, = EvalConfig.from_yaml(path).detectors
     assert spec.params == {"lr": 1e-3, "weight_decay": 5e-4}
     with pytest.raises(ConfigError, match=r"detectors\[0\]\.params\.lr: must be a number, got str '1e-3'"):
@@ -102,7 +109,8 @@ def test_protocol_merged_into_every_unit_rules_included():
     assert default.protocol == "openood_v1.5" and [s.params for s in default.detectors] == [{}, {"fit": "lbfgs"}, {}]
     with pytest.raises(ConfigError, match=r"^protocol: must be one of .*\(did you mean 'openood_v1.5'\?\)"):
         EvalConfig.from_dict({**config, "protocol": "openood"})
-    assert EvalConfig.from_dict({**config, "protocol": "open-insects"}).protocol == "open-insects"  # the species default
+    # the species default
+    assert EvalConfig.from_dict({**config, "protocol": "open-insects"}).protocol == "open-insects"
 
 
 def test_plan_units_carry_resolved_params(digits, tmp_path):
@@ -135,11 +143,13 @@ def test_readme_lists_only_keys_the_config_accepts():
     raw = parse_yaml(block)
     assert set(raw) <= set(EvalConfig.fields()), set(raw) - set(EvalConfig.fields())
     assert {"device", "num_workers", "protocol", "cache_hash"} <= set(raw)
-    EvalConfig.from_dict({**raw, "model": "org/classifier", "head": None, "plugins": []})  # the example is valid as typed
+    # the example is valid as typed
+    EvalConfig.from_dict({**raw, "model": "org/classifier", "head": None, "plugins": []})
 
 
 @pytest.mark.parametrize("device, ok", [(None, True), ("auto", True), ("cpu", True), ("cuda", True), ("cuda:1", True),
-                                        ("mps", True), ("gpu", False), ("cuda:", False), ("CPU", False), ("cuda:0 ", False)])
+                                        ("mps", True), ("gpu", False), ("cuda:", False), ("CPU", False),
+                                        ("cuda:0 ", False)])
 def test_device_values_are_the_ones_torch_takes(device, ok):
     import torch
 

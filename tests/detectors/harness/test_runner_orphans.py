@@ -22,6 +22,7 @@ def _env() -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in drop}, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pattern", ["*.safetensors", "rows.csv"])  # a feature cache, a unit's rows
 def test_a_kill_during_a_write_leaves_no_temp_file_after_the_rerun(digits, tmp_path, pattern):
     id_dir, ood_dir, model = digits

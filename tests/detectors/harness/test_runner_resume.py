@@ -134,7 +134,8 @@ def test_bad_images_are_excluded_alike_on_every_path(digits, tmp_path):
     (id_dir / bad_id).write_bytes(data[: len(data) // 2])
     (ood_dir / bad_ood).write_bytes(b"")
     out = tmp_path / "run"
-    results = run_config(eval_config((id_dir, ood_dir, digits[2]), out, detectors=["msp", {"name": "odin", "params": {"noise": 0.0}}],
+    results = run_config(eval_config((id_dir, ood_dir, digits[2]), out,
+                                     detectors=["msp", {"name": "odin", "params": {"noise": 0.0}}],
                                      ood=[{"manifest": str(ood_dir), "sets": ["texture"]}]))
     failures = json.loads((out / "failures.json").read_text())["images"]
     assert {(f["split"], f["file"]) for f in failures} == {("id_test", bad_id), ("texture", bad_ood)}
@@ -173,7 +174,8 @@ def test_kill_9_between_detectors_then_resume(digits, tmp_path):
     config = eval_config(digits, out, detectors=["msp", "plugin_block", "ebo"], plugins=["runner_plugins"])
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "PLUGIN_BLOCK": str(block), "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PLUGIN_BLOCK": str(block),
+           "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "evaluate.py"), "--config", str(path)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 240
@@ -182,7 +184,8 @@ def test_kill_9_between_detectors_then_resume(digits, tmp_path):
     assert (block / "blocking").exists(), "the blocking detector never started"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert (out / "units" / "msp" / "unit.json").is_file() and not (out / "units" / "plugin_block" / "unit.json").exists()
+    assert ((out / "units" / "msp" / "unit.json").is_file()
+            and not (out / "units" / "plugin_block" / "unit.json").exists())
     assert set(pd.read_csv(out / "results.csv")["method"]) == {"msp"}  # what finished was already written
     stamp = _unit_stamp(out, "msp")
 
@@ -245,7 +248,8 @@ def test_weights_rewritten_in_place_redo_a_pixel_only_unit(digits, tmp_path):
     folder = tmp_path / "clf"
     clf = ImageClassifier.from_pretrained(model)
     clf.save_pretrained(folder)
-    config = eval_config((id_dir, ood_dir, folder), tmp_path / "run", detectors=[{"name": "odin", "params": {"noise": 0.0}}],
+    config = eval_config((id_dir, ood_dir, folder), tmp_path / "run",
+                         detectors=[{"name": "odin", "params": {"noise": 0.0}}],
                          ood=[{"manifest": str(ood_dir), "sets": ["texture"]}])
     before = run_config(config)
     stamp = _unit_stamp(tmp_path / "run", "odin")
@@ -284,13 +288,18 @@ def test_console_resume_and_failure_summary(digits, tmp_path, capsys):
     assert evaluate_main().main(["--config", str(path), "--dry-run"]) == 0
     plan = capsys.readouterr().out
     assert "units to run (1): plugin_fail" in plan and "units to reuse (1): msp" in plan
+    assert evaluate_main().main(["--config", str(path), "-q"]) == 0  # -q: the INFO lines go, the warnings stay
+    quiet = capsys.readouterr()
+    assert "resumed:" not in quiet.out + quiet.err and "1 detector failed -> " not in quiet.out + quiet.err
+    assert "[oodforge] detector plugin_fail failed: " in quiet.err
 
 
 def test_every_detector_failed_is_one_line_and_non_zero(digits, tmp_path, capsys):
     from runner_helpers import evaluate_main
 
     path = tmp_path / "eval.yaml"
-    path.write_text(yaml.safe_dump(eval_config(digits, tmp_path / "run", detectors=["plugin_fail"], plugins=["runner_plugins"],
+    path.write_text(yaml.safe_dump(eval_config(digits, tmp_path / "run", detectors=["plugin_fail"],
+                                               plugins=["runner_plugins"],
                                                ood=[{"manifest": str(digits[1]), "sets": ["texture"]}])))
     assert evaluate_main().main(["--config", str(path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -337,7 +346,8 @@ def test_manifest_names_never_leave_the_output_folder(digits, tmp_path):
     out = tmp_path / "deep" / "run"
     results = run_config(eval_config(digits, out, detectors=[{"name": "msp", "label": "../../lbl"}, "knn"],
                                      ood=[{"manifest": str(crafted)}], field=[{"manifest": str(field)}],
-                                     select={"ood_val": {"manifest": str(ood_dir), "split": "test", "sets": ["sketch"]}},
+                                     select={"ood_val": {"manifest": str(ood_dir), "split": "test",
+                                                         "sets": ["sketch"]}},
                                      threshold_transfer=[{"source": "../../x", "targets": ["a/b", "/abs"]}]))
     assert set(results["ood_set"]) == {"../../x", "/abs"} and set(results["method"]) == {"../../lbl", "knn"}
     outside = [p for p in tmp_path.rglob("*") if p not in before and out not in p.parents and p != out]

@@ -190,7 +190,8 @@ def test_runner_sweeps_by_default_with_ood_val_and_says_when_defaults_ran(digits
 
     _, ood_dir, _ = digits
     val = {"manifest": str(ood_dir), "split": "test", "sets": ["texture"]}
-    config = eval_config(digits, tmp_path / "swept", detectors=["odin", "ebo", {"name": "knn", "params": {"k": 5}}, "neco"],
+    config = eval_config(digits, tmp_path / "swept",
+                         detectors=["odin", "ebo", {"name": "knn", "params": {"k": 5}}, "neco"],
                          ood=[{"manifest": str(ood_dir), "sets": ["digits_6_9"]}], ood_val=val, protocol="open-insects")
     results = run_config(config)
     rows = results.set_index("method")
@@ -198,12 +199,14 @@ def test_runner_sweeps_by_default_with_ood_val_and_says_when_defaults_ran(digits
     assert rows.loc["ebo", "selected_on"] == rows.loc["odin", "selected_on"]  # one point (T 1), recorded as APS does
     assert rows.loc["knn", "selected_on"] == ""  # k given: fixed, no sweep
     table = pd.read_csv(tmp_path / "swept" / "selection" / "odin.csv")
-    assert list(zip(table["temperature"], table["noise"])) == [(t, n) for n in (0.0014, 0.0028) for t in (1, 10, 100, 1000)]
+    assert list(zip(table["temperature"], table["noise"])) == [(t, n) for n in (0.0014, 0.0028)
+                                                               for t in (1, 10, 100, 1000)]
     chosen = json.loads(rows.loc["odin", "params"])
     points = [[t, n] for t, n in zip(table["temperature"], table["noise"])]
     assert [chosen["temperature"], chosen["noise"]] == reference_search(points, list(table["auroc"]))
     assert table["chosen"].tolist().count(True) == 1
-    assert table.loc[table["chosen"], ["temperature", "noise"]].values.tolist() == [[chosen["temperature"], chosen["noise"]]]
+    assert table.loc[table["chosen"], ["temperature", "noise"]].values.tolist() == [[chosen["temperature"],
+                                                                                     chosen["noise"]]]
     assert not (tmp_path / "swept" / "selection" / "knn.csv").exists()
     # NECO's open-insects dims (100 ... 400) exceed these 64-d features: recorded, and its defaults run
     assert rows.loc["neco", "selected_on"] == "defaults: no grid point fits the data"
@@ -211,7 +214,8 @@ def test_runner_sweeps_by_default_with_ood_val_and_says_when_defaults_ran(digits
     capsys.readouterr()
     run_config({**config, "out": str(tmp_path / "plain"), "ood_val": None})
     lines = [line for line in capsys.readouterr().out.splitlines() if "defaults ran" in line]
-    assert lines == ["[oodforge] no OOD validation (`ood_val`): defaults ran where protocol open-insects sweeps (odin, ebo, neco)"]
+    assert lines == ["[oodforge] no OOD validation (`ood_val`): defaults ran where protocol open-insects sweeps (odin, "
+                     "ebo, neco)"]
 
 
 def test_a_tied_sweep_through_evaluate_keeps_the_reference_point_and_marks_it(digits, tmp_path, capsys):
@@ -235,7 +239,8 @@ def test_a_tied_sweep_through_evaluate_keeps_the_reference_point_and_marks_it(di
     picks, keys = {}, {}
     for ties in ("protocol", "first"):
         out = tmp_path / ties
-        assert main(["--config", str(path), "--out", str(out), *([] if ties == "protocol" else [f"select.ties={ties}"])]) == 0
+        assert main(["--config", str(path), "--out", str(out),
+                     *([] if ties == "protocol" else [f"select.ties={ties}"])]) == 0
         table = pd.read_csv(out / "selection" / "gen.csv")
         assert len(table) == 7 * 6 and table["chosen"].sum() == 1
         points = [[g, m] for g, m in zip(table["gamma"], table["M"])]

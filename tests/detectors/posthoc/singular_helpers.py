@@ -32,7 +32,8 @@ def oracle_scores(train: np.ndarray, labels: np.ndarray, test: np.ndarray, relat
     train features (centred exactly, in float64), its `precision_` (pinvh), per-sample loops."""
     h, z = train.astype(np.float64), test.astype(np.float64)
     means = np.stack([h[labels == k].mean(0) for k in np.unique(labels)])
-    precision = EmpiricalCovariance(assume_centered=False).fit(h - means[np.searchsorted(np.unique(labels), labels)]).precision_
+    precision = (EmpiricalCovariance(assume_centered=False).fit(h - means[np.searchsorted(np.unique(labels), labels)])
+                 .precision_)
     scores = _max_neg_distance(z, means, precision)
     if relative:
         whole = EmpiricalCovariance(assume_centered=False).fit(h)
@@ -42,4 +43,5 @@ def oracle_scores(train: np.ndarray, labels: np.ndarray, test: np.ndarray, relat
 
 def auroc(id_scores: np.ndarray, ood_scores: np.ndarray) -> float:
     """OOD positive, higher score = more ID."""
-    return float(roc_auc_score(np.r_[np.zeros(len(id_scores)), np.ones(len(ood_scores))], -np.r_[id_scores, ood_scores]))
+    return float(roc_auc_score(np.r_[np.zeros(len(id_scores)), np.ones(len(ood_scores))],
+                               -np.r_[id_scores, ood_scores]))

@@ -1,7 +1,8 @@
 """The reference extracts the ID-train features its detectors fit on from a shuffled loader (Open-Insect
-datasets/utils.py:87-93 with c-america.yml's `train.shuffle: True`; eval.sh:67); ours in manifest order. No feature-level
-fit depends on the order beyond float summation: the scores of a fit on shuffled rows equal those of the ordered
-fit (KNN's bank, OpenMax's Weibull tails, ViM's principal space, the Gaussian fits, the percentiles, the means)."""
+datasets/utils.py:87-93 with c-america.yml's `train.shuffle: True`; eval.sh:67); ours in manifest order. No
+feature-level fit depends on the order beyond float summation: the scores of a fit on shuffled rows equal those of the
+ordered fit (KNN's bank, OpenMax's Weibull tails, ViM's principal space, the Gaussian fits, the percentiles, the
+means)."""
 from __future__ import annotations
 
 import numpy as np
@@ -23,7 +24,8 @@ def test_a_fit_on_shuffled_rows_scores_as_the_fit_in_order(name):
     train = toy_features(90, 8, 3, seed=1, head=head)
     val = toy_features(30, 8, 3, seed=2, head=head)
     id_test, ood = toy_features(20, 8, 3, seed=3, head=head), toy_features(20, 8, 3, seed=4, ood=True, head=head)
-    test = FeatureSet(*(np.concatenate([getattr(id_test, k), getattr(ood, k)]) for k in ("features", "logits", "labels")))
+    test = FeatureSet(*(np.concatenate([getattr(id_test, k), getattr(ood, k)]) for k in ("features", "logits",
+                                                                                         "labels")))
     order = np.random.default_rng(7).permutation(len(train.labels))
     shuffled = FeatureSet(train.features[order], train.logits[order], train.labels[order])
     scores = []

@@ -29,7 +29,8 @@ def test_ash_matches_loop_reference(variant):
     det = detectors.build("ash", percentile=75, variant=variant).fit(FeatureSet(test), head=head)
     shaped = loop_ash(test, 75, variant)
     assert ((shaped != 0).sum(1) == 5).all()
-    np.testing.assert_allclose(det.score(FeatureSet(test)), logsumexp(shaped @ head.weight.T + head.bias, axis=1), rtol=1e-5)
+    np.testing.assert_allclose(det.score(FeatureSet(test)), logsumexp(shaped @ head.weight.T + head.bias, axis=1),
+                               rtol=1e-5)
 
 
 def test_ash_p_at_percentile_0_is_plain_energy_and_bad_variant_raises():
@@ -37,7 +38,8 @@ def test_ash_p_at_percentile_0_is_plain_energy_and_bad_variant_raises():
     test = rng.normal(size=(10, 8))
     head = LinearHead(rng.normal(size=(3, 8)), rng.normal(size=3))
     det = detectors.build("ash", percentile=0, variant="p").fit(FeatureSet(test), head=head)
-    np.testing.assert_allclose(det.score(FeatureSet(test)), logsumexp(test @ head.weight.T + head.bias, axis=1), rtol=1e-5)
+    np.testing.assert_allclose(det.score(FeatureSet(test)), logsumexp(test @ head.weight.T + head.bias, axis=1),
+                               rtol=1e-5)
     with pytest.raises(ValueError, match="variant"):
         detectors.build("ash", variant="x").fit(FeatureSet(test), head=head)
 

@@ -75,7 +75,8 @@ def _reference_gram_score(clf, train, train_labels, test, layers, held):
 
     def delta(c, l, k, x):
         lo, hi = bounds[c, l, k]
-        return float(np.sum(np.maximum(lo - x, 0) / np.abs(lo + 1e-6)) + np.sum(np.maximum(x - hi, 0) / np.abs(hi + 1e-6)))
+        return float(np.sum(np.maximum(lo - x, 0) / np.abs(lo + 1e-6))
+                     + np.sum(np.maximum(x - hi, 0) / np.abs(hi + 1e-6)))
 
     norm = [np.mean([sum(delta(train_labels[i], l, k, g_tr[i][l][k]) for k in range(len(POWERS))) for i in held])
             for l in range(n_layers)]
@@ -121,7 +122,8 @@ def test_gram_relu_conv_hooks_match_float64_reference(single_torch_thread):
     clf = ImageClassifier.from_module(ConvNet(), image_size=16, mean=(0.5,) * 3, std=(0.5,) * 3)
     train, test = _images(30, seed=4), _images(5, seed=5)
     labels = np.arange(30) % 3
-    det = detectors.build("gram", classifier=clf, layers="relu_conv", powers=POWERS).fit(ImageSet(images=train, labels=labels))
+    det = (detectors.build("gram", classifier=clf, layers="relu_conv", powers=POWERS)
+           .fit(ImageSet(images=train, labels=labels)))
     assert len(det.normalizers) == 4  # conv1, relu, conv2, relu again
     held = holdout_split(labels, 0.1, 0)[1]
     expected = _reference_gram_score(clf, train, labels, test, "relu_conv", held)
@@ -139,7 +141,8 @@ def test_gram_id_val_normalisation_uses_all_training_images(single_torch_thread)
     np.testing.assert_allclose(det.mins[0], gram[labels == 0].min(axis=0))
     np.testing.assert_allclose(det.maxs[2], gram[labels == 2].max(axis=0))
     # the training images themselves lie inside their class's range: deviation only through a wrong prediction
-    assert np.all(det.score(ImageSet(images=train, labels=labels))[det.features(ImageSet(images=train)).logits.argmax(1) == labels] == 0)
+    assert np.all(det.score(ImageSet(images=train, labels=labels))[
+        det.features(ImageSet(images=train)).logits.argmax(1) == labels] == 0)
 
 
 def test_holdout_split_takes_a_tenth_of_each_class():
@@ -168,7 +171,8 @@ def test_gram_features_are_cached_per_model_and_image_set(tmp_path, monkeypatch,
         raise AssertionError("recomputed although cached")
 
     monkeypatch.setattr(gram_module, "compute_gram_features", boom)
-    again = detectors.build("gram", classifier=clf, cache_dir=cache, holdout=0.25).fit(ImageSet(manifest=read_manifest(folder)))
+    again = (detectors.build("gram", classifier=clf, cache_dir=cache, holdout=0.25)
+             .fit(ImageSet(manifest=read_manifest(folder))))
     np.testing.assert_array_equal(again.score(ImageSet(manifest=read_manifest(folder))), expected)
     monkeypatch.undo()
     with torch.no_grad():  # other weights, same id: a new cache file
@@ -185,5 +189,7 @@ def test_gram_rejects_bad_input(single_torch_thread):
     with pytest.raises(ValueError, match="hidden_states"):
         detectors.build("gram", classifier=clf).fit(ImageSet(images=_images(3, 1), labels=np.arange(3)))
     with pytest.raises(ValueError, match="class 2"):
-        detectors.build("gram", classifier=clf, layers="relu_conv").fit(ImageSet(images=_images(20, 1), labels=np.arange(20) % 2))
-    assert detectors.detector_class("gram").accepts("classifier") and detectors.detector_class("gram").accepts("cache_dir")
+        detectors.build("gram", classifier=clf, layers="relu_conv").fit(ImageSet(images=_images(20, 1),
+                                                                                 labels=np.arange(20) % 2))
+    assert (detectors.detector_class("gram").accepts("classifier")
+            and detectors.detector_class("gram").accepts("cache_dir"))

@@ -20,6 +20,7 @@ def test_knn_known_answers_and_errors():
     bank = np.eye(4) * np.array([1.0, 2.0, 3.0, 4.0])[:, None]  # normalised: the 4 unit axes
     det = detectors.build("knn", k=1).fit(FeatureSet(bank))
     np.testing.assert_allclose(det.score(FeatureSet(5 * np.eye(4))), 0.0, atol=1e-6)
-    np.testing.assert_allclose(det.score(FeatureSet(np.array([[1.0, 1.0, 0.0, 0.0]]))), [-np.sqrt(2 - np.sqrt(2))], rtol=1e-6)
+    np.testing.assert_allclose(det.score(FeatureSet(np.array([[1.0, 1.0, 0.0, 0.0]]))), [-np.sqrt(2 - np.sqrt(2))],
+                               rtol=1e-6)
     with pytest.raises(ValueError, match="k=5"):
         detectors.build("knn", k=5).fit(FeatureSet(bank)).score(FeatureSet(bank))

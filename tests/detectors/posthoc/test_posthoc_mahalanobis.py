@@ -32,7 +32,9 @@ def test_point_at_a_class_mean_scores_zero_and_singular_covariance_is_pseudo_inv
     train = clusters(d=6)
     features = np.c_[train.features, np.zeros(len(train))]  # a dead unit: singular covariance
     det = detectors.build("mds").fit(FeatureSet(features, labels=train.labels))
-    np.testing.assert_allclose(det.precision, EmpiricalCovariance().fit(features - det.means[np.searchsorted(det.classes, train.labels)]).precision_,
+    np.testing.assert_allclose(det.precision,
+                               EmpiricalCovariance().fit(features - det.means[np.searchsorted(det.classes,
+                                                                                              train.labels)]).precision_,
                                rtol=1e-7, atol=1e-9)
     scores = det.score(FeatureSet(det.means))
     np.testing.assert_allclose(scores, 0.0, atol=1e-9)
@@ -55,11 +57,13 @@ def test_duplicated_unit_gives_the_scores_of_the_reduced_features():
     train, test = clusters(d=5, seed=3), clusters(n=30, d=5, seed=4)
     widen = lambda x: np.c_[x, x[:, :1]]  # noqa: E731  (covariance singular up to rounding)
     reduced = detectors.build("mds").fit(train).score(test)
-    duplicated = detectors.build("mds").fit(FeatureSet(widen(train.features), labels=train.labels)).score(FeatureSet(widen(test.features)))
+    duplicated = (detectors.build("mds").fit(FeatureSet(widen(train.features), labels=train.labels))
+                  .score(FeatureSet(widen(test.features))))
     np.testing.assert_allclose(duplicated, reduced, rtol=1e-6)
 
 
-@pytest.mark.parametrize("n, d", [(600, 2048), (430, 512)])  # ResNet-50's pooled features; a stage-4 map flattened
+# ResNet-50's pooled features (125 s under load: slow); a stage-4 map flattened
+@pytest.mark.parametrize("n, d", [pytest.param(600, 2048, marks=pytest.mark.slow), (430, 512)])
 def test_singular_tied_covariance_agrees_with_sklearn(n, d):
     """D > N - C: the precision is pinvh's (sklearn's EmpiricalCovariance), not the inverse of rounding eigenvalues."""
     from tests.detectors.posthoc.singular_helpers import auroc, oracle_scores, singular_case

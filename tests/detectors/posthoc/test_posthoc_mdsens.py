@@ -80,11 +80,13 @@ def test_mdsens_layers_alpha_fit_on_validation_and_errors(tmp_path):
     rng = np.random.default_rng(1)
 
     def images(n, shift):
-        return [Image.fromarray(np.clip(rng.normal(128 + shift, 30, (32, 32, 3)), 0, 255).astype(np.uint8)) for _ in range(n)]
+        return ([Image.fromarray(np.clip(rng.normal(128 + shift, 30, (32, 32, 3)), 0, 255).astype(np.uint8))
+                 for _ in range(n)])
 
     train = ImageSet(images=images(24, 0), labels=np.repeat([0, 1, 2], 8))
     layers = [0, 1, 2, 3, 4]
-    det = build("mdsens", classifier=clf, layers=layers, feature_types=["mean", "stat", "stat", "mean", "mean"], alpha="fit")
+    det = build("mdsens", classifier=clf, layers=layers, feature_types=["mean", "stat", "stat", "mean", "mean"],
+                alpha="fit")
     det.fit(train, id_val=ImageSet(images=images(10, 0)), ood_val=ImageSet(images=images(10, 60)))
     assert det.alpha.shape == (5,)
     test = ImageSet(images=images(4, 30))
@@ -123,5 +125,6 @@ def test_mdsens_singular_covariance_is_sklearns_pinvh():
     assert np.linalg.matrix_rank(oracle) == 14  # N - C
     np.testing.assert_allclose(got_means, means, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got_precision, oracle, rtol=1e-3, atol=1e-3 * np.abs(oracle).max())
-    scores = det.score(ImageSet(images=[Image.fromarray(rng.integers(0, 255, (6, 6, 3)).astype(np.uint8)) for _ in range(6)]))
+    scores = det.score(ImageSet(images=[Image.fromarray(rng.integers(0, 255, (6, 6, 3)).astype(np.uint8))
+                                        for _ in range(6)]))
     assert np.isfinite(scores).all() and np.unique(scores).size == scores.size

@@ -21,4 +21,5 @@ def test_nci_matches_loop():
 def test_nci_known_answer_alignment_is_a_cosine_times_weight_norm():
     head = LinearHead(np.array([[2.0, 0.0], [0.0, 1.0]]), np.zeros(2))
     det = detectors.build("nci", alpha=0.0).fit(FeatureSet(np.zeros((2, 2))), head=head)
-    np.testing.assert_allclose(det.score(FeatureSet(np.array([[3.0, 0.0], [1.0, 1.0]]))), [2.0, 2.0 / np.sqrt(2)], rtol=1e-12)
+    np.testing.assert_allclose(det.score(FeatureSet(np.array([[3.0, 0.0], [1.0, 1.0]]))), [2.0, 2.0 / np.sqrt(2)],
+                               rtol=1e-12)

@@ -30,7 +30,8 @@ def test_neco_max_logit_option_and_known_answer():
     train, test, head = data()
     plain = detectors.build("neco", dim=4).fit(FeatureSet(train))
     weighted = detectors.build("neco", dim=4, max_logit=True).fit(FeatureSet(train), head=head)
-    np.testing.assert_allclose(weighted.score(FeatureSet(test)), plain.score(FeatureSet(test)) * (test @ head.weight.T + head.bias).max(1), rtol=1e-5)
+    np.testing.assert_allclose(weighted.score(FeatureSet(test)),
+                               plain.score(FeatureSet(test)) * (test @ head.weight.T + head.bias).max(1), rtol=1e-5)
     full = detectors.build("neco", dim=11).fit(FeatureSet(train))
     assert (full.score(FeatureSet(test)) <= 1 + 1e-12).all()
     with pytest.raises(ValueError, match="head"):

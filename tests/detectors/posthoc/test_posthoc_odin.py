@@ -56,7 +56,8 @@ def test_odin_divides_by_05_under_open_insects_and_by_the_std_otherwise():
     assert REFERENCE_GRAD_STD == 0.5 and MDSEnsemble.defaults["grad_std"] == REFERENCE_GRAD_STD  # one definition
     for name in ("odin", "rp_odin"):
         assert protocol_params("open-insects", name)["grad_std"] == 0.5
-        assert "grad_std" not in protocol_params("openood_v1.5", name) and "grad_std" not in protocol_params("exact", name)
+        assert ("grad_std" not in protocol_params("openood_v1.5", name)
+                and "grad_std" not in protocol_params("exact", name))
     clf = _classifier(seed=2)
     x = torch.randn(6, 3, 6, 6, generator=torch.Generator().manual_seed(3))
     temperature, noise = 10.0, 0.05
@@ -118,7 +119,8 @@ def test_odin_on_a_reloaded_transformers_classifier_matches_per_sample_backward(
 
     torch.manual_seed(0)
     config, _ = tiny_digit_classifier_config(num_labels=4)
-    processor = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.4, 0.5, 0.6], image_std=[0.2, 0.25, 0.3])
+    processor = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.4, 0.5, 0.6],
+                                  image_std=[0.2, 0.25, 0.3])
     ResNetForImageClassification(config).save_pretrained(tmp_path)
     processor.save_pretrained(tmp_path)
     clf = ImageClassifier.from_pretrained(tmp_path)
@@ -126,7 +128,8 @@ def test_odin_on_a_reloaded_transformers_classifier_matches_per_sample_backward(
     images = [Image.fromarray(rng.integers(0, 256, size=(20, 18, 3), dtype=np.uint8)) for _ in range(3)]
     temperature, noise = 10.0, 0.01
     modes = [m.training for m in clf.modules()]
-    scores = detectors.build("odin", classifier=clf, batch_size=2, temperature=temperature, noise=noise).score(ImageSet(images=images))
+    scores = (detectors.build("odin", classifier=clf, batch_size=2, temperature=temperature, noise=noise)
+              .score(ImageSet(images=images)))
     assert [m.training for m in clf.modules()] == modes and not clf.model.training  # eval model stays in eval
 
     std = torch.tensor([0.2, 0.25, 0.3]).view(1, 3, 1, 1)
@@ -153,7 +156,8 @@ def test_image_level_sweep_on_validation_images_matches_a_manual_loop(name):
     clf = _classifier(seed=3)
     rng = np.random.default_rng(4)
     image = lambda low, high: Image.fromarray(rng.integers(low, high, (6, 6, 3)).astype(np.uint8))  # noqa: E731
-    train = ImageSet(images=[image(0, 256) for _ in range(20)], labels=np.r_[np.zeros(12, int), np.arange(8) % 4 + 1])  # a skewed prior
+    # a skewed prior
+    train = ImageSet(images=[image(0, 256) for _ in range(20)], labels=np.r_[np.zeros(12, int), np.arange(8) % 4 + 1])
     id_val = ImageSet(images=[image(0, 256) for _ in range(12)], labels=np.arange(12) % 5)
     ood_val = ImageSet(images=[image(40, 216) for _ in range(12)])
     space = sweep_space("open-insects", name, {})

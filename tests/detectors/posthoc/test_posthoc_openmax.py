@@ -29,7 +29,8 @@ def test_translated_tail_fit_is_a_likelihood_maximum():
         return weibull_min.logpdf(x, k, scale=lam).sum()
 
     best = loglik(shape, scale)
-    for k, lam in ((shape * 1.001, scale), (shape / 1.001, scale), (shape, scale * (1 + 1e-6)), (shape, scale * (1 - 1e-6))):
+    for k, lam in ((shape * 1.001, scale), (shape / 1.001, scale), (shape, scale * (1 + 1e-6)),
+                   (shape, scale * (1 - 1e-6))):
         assert best >= loglik(k, lam)
 
 
@@ -80,7 +81,8 @@ def test_openmax_against_loop(distance, alpha):
     train_logits, train_labels = _fit_data()
     rng = np.random.default_rng(5)
     test_logits = np.concatenate([train_logits[::16] + rng.normal(scale=0.5, size=(10, 4)), rng.normal(size=(6, 4))])
-    det = detectors.build("openmax", alpha=alpha, distance=distance).fit(FeatureSet(logits=train_logits, labels=train_labels))
+    det = detectors.build("openmax", alpha=alpha, distance=distance).fit(FeatureSet(logits=train_logits,
+                                                                                    labels=train_labels))
     probs, mavs = _reference_openmax(det, train_logits, train_labels, test_logits, alpha, distance, 1 / 200)
     np.testing.assert_allclose(det.mavs, mavs, rtol=1e-12)
     np.testing.assert_allclose(det.probabilities(test_logits), probs, rtol=1e-9, atol=1e-12)
@@ -131,7 +133,8 @@ def test_openmax_rejects_bad_parameters_and_empty_classes():
 def test_tail_without_spread_gives_the_step_cdf_limit():
     # two samples per class: both lie at the same distance from their mean, so the MLE shape diverges
     logits = np.array([[3.0, 0.0], [5.0, 0.0], [0.0, 3.0], [0.0, 5.0]])
-    det = detectors.build("openmax", alpha=1, distance="euclidean").fit(FeatureSet(logits=logits, labels=np.array([0, 0, 1, 1])))
+    det = detectors.build("openmax", alpha=1, distance="euclidean").fit(FeatureSet(logits=logits,
+                                                                                   labels=np.array([0, 0, 1, 1])))
     assert np.all(np.isinf(det.weibull[:, 0]))
     inside, outside = np.array([[4.5, 0.0]]), np.array([[9.0, 0.0]])  # distance 0.5 and 5 from MAV (4, 0); tail at 1
     assert det.score(inside)[0] == pytest.approx(-np.exp(0.0) / (np.exp(4.5) + 1 + np.exp(0.0)))

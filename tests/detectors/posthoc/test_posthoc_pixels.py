@@ -98,6 +98,7 @@ def test_the_least_recently_used_batch_goes_first_and_an_oversized_one_is_not_ke
     assert "big" not in memo.entries and memo.used == 2048
 
 
+@pytest.mark.slow
 def test_an_odin_sweep_chooses_and_scores_alike_with_the_memo_and_preprocesses_once(digits, tmp_path, monkeypatch):
     from detectors.harness.evaluate import run_config
     from pipelines.features import ManifestPixels

@@ -24,7 +24,8 @@ def test_react_threshold_source_and_energy():
     clipped = np.where(test > threshold, threshold, test)
     expected = [logsumexp(head.weight @ x + head.bias) for x in clipped]
     np.testing.assert_allclose(det.score(FeatureSet(test)), expected, rtol=1e-5)
-    assert np.isclose(detectors.build("react").fit(FeatureSet(train), head=head).threshold, linear_percentile(train, 90), rtol=1e-12)
+    assert np.isclose(detectors.build("react").fit(FeatureSet(train), head=head).threshold,
+                      linear_percentile(train, 90), rtol=1e-12)
 
 
 def test_react_at_percentile_100_is_plain_energy():
@@ -32,4 +33,5 @@ def test_react_at_percentile_100_is_plain_energy():
     train = rng.normal(size=(50, 6))
     head = LinearHead(rng.normal(size=(3, 6)), rng.normal(size=3))
     det = detectors.build("react", percentile=100).fit(FeatureSet(train), head=head)
-    np.testing.assert_allclose(det.score(FeatureSet(train)), logsumexp(train @ head.weight.T + head.bias, axis=1), rtol=1e-5)
+    np.testing.assert_allclose(det.score(FeatureSet(train)), logsumexp(train @ head.weight.T + head.bias, axis=1),
+                               rtol=1e-5)

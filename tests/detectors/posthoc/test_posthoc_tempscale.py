@@ -1,4 +1,5 @@
-"""Temperature scaling: fitted T is the NLL minimiser (checked by a float64 grid and derivative-free Brent), state round-trip."""
+"""Temperature scaling: fitted T is the NLL minimiser (checked by a float64 grid and derivative-free Brent), state
+round-trip."""
 import numpy as np
 import pytest
 from scipy.optimize import minimize_scalar
@@ -73,19 +74,23 @@ def test_default_fit_is_openood_lbfgs_and_exact_is_an_option():
 def test_tempscale_uses_id_val_when_given_and_round_trips():
     z_train, y_train = _calibration_data(true_t=1.0, seed=2)
     z_val, y_val = _calibration_data(true_t=4.0, seed=3)
-    det = detectors.build("tempscale", fit="exact").fit(FeatureSet(logits=z_train, labels=y_train), id_val=FeatureSet(logits=z_val, labels=y_val))
+    det = detectors.build("tempscale", fit="exact").fit(FeatureSet(logits=z_train, labels=y_train),
+                                                        id_val=FeatureSet(logits=z_val, labels=y_val))
     assert det.fitted_temperature == pytest.approx(fit_temperature(z_val, y_val))
     only_train = detectors.build("tempscale", fit="exact").fit(FeatureSet(logits=z_train, labels=y_train))
     assert only_train.fitted_temperature == pytest.approx(fit_temperature(z_train, y_train))
     test = FeatureSet(logits=z_train[:25])
     p = softmax(z_train[:25] / det.fitted_temperature, axis=1).max(axis=1)
-    np.testing.assert_allclose(det.score(test), np.log(p / (1 - p)), rtol=1e-9)  # default output: log-odds of max softmax
+    np.testing.assert_allclose(det.score(test), np.log(p / (1 - p)), rtol=1e-9)  # default output: log-odds of max
+                                                                                 # softmax
 
 
 def test_fixed_temperature_needs_no_fit_and_unfitted_errors():
     z, _ = _calibration_data(seed=4)
     fixed = detectors.build("tempscale", temperature=3.0)
-    np.testing.assert_allclose(fixed.score(z), np.log(softmax(z / 3.0, axis=1).max(axis=1)) - np.log1p(-softmax(z / 3.0, axis=1).max(axis=1)), rtol=1e-9)
+    np.testing.assert_allclose(fixed.score(z),
+                               np.log(softmax(z / 3.0, axis=1).max(axis=1))
+                               - np.log1p(-softmax(z / 3.0, axis=1).max(axis=1)), rtol=1e-9)
     prob = detectors.build("tempscale", temperature=3.0, output="prob")
     np.testing.assert_allclose(prob.score(z), softmax(z / 3.0, axis=1).max(axis=1), rtol=1e-12)
     with pytest.raises(RuntimeError, match="fit"):

@@ -1,4 +1,5 @@
-"""ViM vs the official recipe: EmpiricalCovariance(assume_centered) on h - u, np.linalg.eig, explicit null-space basis."""
+"""ViM vs the official recipe: EmpiricalCovariance(assume_centered) on h - u, np.linalg.eig, explicit null-space
+basis."""
 import numpy as np
 import pytest
 from scipy.special import logsumexp

@@ -45,7 +45,8 @@ def test_moments_equal_numpy_for_any_chunking_and_merge_order():
     for merged in (a.merge(b), b.merge(a)):
         np.testing.assert_allclose(merged.within_scatter(), within, rtol=1e-9, atol=1e-9 * np.abs(within).max())
         np.testing.assert_allclose(merged.means(), means, rtol=1e-12)
-    only_low = streaming.Moments.of(x[labels < 2], labels[labels < 2]).merge(streaming.Moments.of(x[labels >= 2], labels[labels >= 2]))
+    only_low = (streaming.Moments.of(x[labels < 2], labels[labels < 2])
+                .merge(streaming.Moments.of(x[labels >= 2], labels[labels >= 2])))
     np.testing.assert_allclose(only_low.means(), means, rtol=1e-12)
 
 
@@ -58,7 +59,8 @@ def assert_numpy_percentile(got: float, x: np.ndarray, q: float, where) -> None:
     lo = int(np.floor(h))
     hi = min(lo + 1, len(values) - 1)
     expect = values[lo] + (h - lo) * (values[hi] - values[lo])
-    ulp = float(np.spacing(np.abs(np.asarray(expect, dtype=x.dtype)))) if x.dtype != np.float64 else 4 * np.spacing(abs(expect))
+    ulp = (float(np.spacing(np.abs(np.asarray(expect, dtype=x.dtype)))) if x.dtype != np.float64
+           else 4 * np.spacing(abs(expect)))
     assert abs(got - expect) <= 2 * ulp, (where, got, expect)
     if np.lib.NumpyVersion(np.__version__) >= "2.4.0":
         assert got == float(np.percentile(x, q)), where
@@ -121,7 +123,8 @@ def test_streamed_fit_from_memory_mapped_cache_equals_in_memory_fit(name, tmp_pa
     x, labels, head = clusters(700, 12, 5)
     train = FeatureCache.load(write_cache(tmp_path / "train.safetensors", x[:600], labels[:600], head), mmap=True)
     val = FeatureCache.load(write_cache(tmp_path / "val.safetensors", x[600:], labels[600:], head), mmap=True)
-    in_memory = [FeatureSet(np.asarray(c.features, dtype=np.float32), np.array(c.logits), np.array(c.labels)) for c in (train, val)]
+    in_memory = [FeatureSet(np.asarray(c.features, dtype=np.float32), np.array(c.logits), np.array(c.labels))
+                 for c in (train, val)]
     params = {"k": 9} if name == "knn" else {}
     with streaming.chunk_rows(1 << 30):  # one chunk: the plain in-memory computation
         reference = fitted(name, *in_memory, head, **params)
@@ -141,7 +144,8 @@ def test_knn_streamed_exact_search_and_float16_ivf_indexes(tmp_path, monkeypatch
     from detectors.posthoc import knn
 
     x, labels, head = clusters(900, 16, 5, seed=3)
-    cache = FeatureCache.load(write_cache(tmp_path / "t.safetensors", x, labels, head, np.float32), mmap=True).to_featureset()
+    cache = (FeatureCache.load(write_cache(tmp_path / "t.safetensors", x, labels, head, np.float32), mmap=True)
+             .to_featureset())
     queries = FeatureSet(x[:80] + np.random.default_rng(0).normal(size=(80, 16)))
     exact = detectors.build("knn", k=10).fit(cache)
     assert exact.bank is not None

@@ -23,7 +23,8 @@ from pipelines.features import FeatureCache
 
 state = PartialState(cpu=True)
 train, val = (FeatureCache.load(p, mmap=True) for p in sys.argv[1:3])
-shard = lambda cache: FeatureSet(*(a[streaming.process_rows(len(cache))] for a in (cache.features, cache.logits, cache.labels)))
+shard = lambda cache: FeatureSet(*(a[streaming.process_rows(len(cache))]
+                                   for a in (cache.features, cache.logits, cache.labels)))
 with streaming.chunk_rows(23), streaming.across_processes():
     for name in sys.argv[4].split(","):
         det = detectors.build(name, **({"dim": 5} if name in ("vim", "neco") else {}))
@@ -46,11 +47,13 @@ def test_two_processes_give_the_one_process_detector_state(tmp_path):
     paths = []
     for name, rows in (("train", slice(0, 240)), ("val", slice(240, n))):
         logits = x[rows].astype(np.float32) @ weight.T + bias
-        paths.append(FeatureCache(x[rows], logits, labels[rows], np.arange(len(labels[rows])), weight, bias).save(tmp_path / f"{name}.safetensors"))
+        paths.append(FeatureCache(x[rows], logits, labels[rows], np.arange(len(labels[rows])), weight, bias)
+                     .save(tmp_path / f"{name}.safetensors"))
     script = tmp_path / "ddp.py"
     script.write_text(DDP_SCRIPT)
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), *map(str, paths), str(tmp_path), ",".join(NAMES)],
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), *map(str, paths),
+                           str(tmp_path), ",".join(NAMES)],
                           capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[3])
     assert done.returncode == 0, done.stderr[-3000:]
     train, val = (FeatureCache.load(p) for p in paths)

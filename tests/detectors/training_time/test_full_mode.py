@@ -52,7 +52,8 @@ def data(tmp_path_factory):
 def _three_class_model(root):
     """The tiny ResNet-50 stand-in with a 3-class head, saved once (every load then starts from the same weights)."""
     torch.manual_seed(0)
-    clf = ImageClassifier.from_pretrained(save_tiny_model(root / "hub", RESNET_ID), num_labels=3, id2label={0: "a", 1: "b", 2: "c"},
+    clf = ImageClassifier.from_pretrained(save_tiny_model(root / "hub", RESNET_ID), num_labels=3,
+                                          id2label={0: "a", 1: "b", 2: "c"},
                                           label2id={"a": 0, "b": 1, "c": 2}, ignore_mismatched_sizes=True)
     return clf.save_pretrained(root / "model")
 
@@ -63,13 +64,15 @@ def _classifier(model) -> ImageClassifier:
 
 def _scores(name, data, aux="a", **params) -> np.ndarray:
     train, test, aux_sets, model = data
-    det = build(name, classifier=_classifier(model), **FAST, **params).fit(ImageSet(manifest=train), aux=ImageSet(manifest=aux_sets[aux]))
+    det = build(name, classifier=_classifier(model), **FAST, **params).fit(ImageSet(manifest=train),
+                                                                           aux=ImageSet(manifest=aux_sets[aux]))
     return det.score(ImageSet(manifest=test))
 
 
 def test_full_mode_separates_what_heads_only_training_merged(data):
     """The degenerate case of issue 17: NovelBranch = Extended, NovelBranch blind to its auxiliary set, UDG = OE."""
-    novel_a, extended, novel_b = _scores("novel_branch", data), _scores("extended", data), _scores("novel_branch", data, "b")
+    novel_a, extended, novel_b = (_scores("novel_branch", data), _scores("extended", data),
+                                  _scores("novel_branch", data, "b"))
     assert np.abs(novel_a - extended).max() > 1e-4
     assert np.abs(novel_a - novel_b).max() > 1e-4
     udg = _scores("udg", data, num_clusters=4, pca_dim=8)
@@ -84,7 +87,8 @@ def test_mode_sets_inputs_and_is_checked(data):
     with pytest.raises(ValueError, match="mode"):
         build("oe", mode="frozen")
     with pytest.raises(TypeError, match="heads"):
-        build("logitnorm", classifier=_classifier(data[3])).fit(FeatureSet(np.zeros((4, 3)), None, np.array([0, 1, 2, 0])))
+        build("logitnorm", classifier=_classifier(data[3])).fit(FeatureSet(np.zeros((4, 3)), None,
+                                                                           np.array([0, 1, 2, 0])))
 
 
 def test_transform_reextracts_with_the_finetuned_model_into_a_keyed_cache(data, tmp_path):
@@ -125,7 +129,8 @@ def test_a_plain_module_classifier_is_saved_as_arrays(data, tmp_path):
     assert not (folder / "classifier").exists()
     assert any(k.startswith("classifier.") for k in load_file(str(folder / "model.safetensors")))
     fresh = _classifier(model)
-    loaded = load(folder, classifier=ImageClassifier.from_module(_Plain(fresh), image_size=fresh.image_size, head=fresh.head))
+    loaded = load(folder,
+                  classifier=ImageClassifier.from_module(_Plain(fresh), image_size=fresh.image_size, head=fresh.head))
     np.testing.assert_allclose(loaded.score(ImageSet(manifest=test)), det.score(ImageSet(manifest=test)), rtol=1e-6)
     with pytest.raises(ValueError, match="classifier"):
         load(folder)

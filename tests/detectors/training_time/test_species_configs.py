@@ -16,8 +16,8 @@ CONFIGS = Path(__file__).parents[3] / "configs"
 TABLE2 = ["openmax", "msp", "tempscale", "odin", "mds", "mdsens", "rmds", "gram", "ebo", "opengan", "gradnorm", "react",
           "mls", "klm", "vim", "knn", "dice", "rankfeat", "ash", "she", "neco", "fdbd", "rp_msp", "rp_odin", "rp_ebo",
           "rp_gradnorm"]
-TABLE7 = ["confbranch", "logitnorm", "arpl", "godin", "rotpred", "oe", "mcd", "mixoe", "energy_oe", "udg", "novel_branch",
-          "extended"]
+TABLE7 = ["confbranch", "logitnorm", "arpl", "godin", "rotpred", "oe", "mcd", "mixoe", "energy_oe", "udg",
+          "novel_branch", "extended"]
 RULES = ["msp", "ebo", "mls", "react", "vim", "knn", "mds"]
 
 
@@ -52,7 +52,8 @@ def test_region_config_lists_the_papers_methods_in_full_mode(region, model):
 
 def test_region_files_are_short_and_the_base_holds_the_methods():
     for region in ("ne-america", "w-europe", "c-america"):
-        lines = [l for l in (CONFIGS / f"species_{region}.yaml").read_text().splitlines() if l and not l.startswith("#")]
+        lines = [l for l in (CONFIGS / f"species_{region}.yaml").read_text().splitlines() if l
+                 and not l.startswith("#")]
         assert lines[0] == "base: species_base.yaml" and len(lines) <= 10
     assert "detectors" in load_yaml(CONFIGS / "species_base.yaml")
 

@@ -74,7 +74,8 @@ def test_full_mode_switching_to_best_on_a_finished_fine_tune_trains_nothing(scri
 
     seen, trained = scripted
     rng = np.random.default_rng(0)
-    train, val = _colour_manifest(tmp_path / "train", 6, "train", rng), _colour_manifest(tmp_path / "val", 2, "val", rng)
+    train, val = _colour_manifest(tmp_path / "train", 6, "train", rng), _colour_manifest(tmp_path / "val", 2,
+                                                                                         "val", rng)
 
     def fitted(checkpoint):
         torch.manual_seed(0)

@@ -1,4 +1,5 @@
-"""Training-time detectors end to end: training moves AUROC the expected way, heads have the right sizes, state saves."""
+"""Training-time detectors end to end: training moves AUROC the expected way, heads have the right sizes, state
+saves."""
 from __future__ import annotations
 
 import numpy as np
@@ -95,7 +96,8 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="aux"):
         build("oe", mode="heads", epochs=1).fit(train, head=head)
     with pytest.raises(ValueError, match="auxiliary class"):
-        build("extended", mode="heads", epochs=1).fit(train, head=head, aux=FeatureSet(aux.features, None, np.full(len(aux), -1)))
+        build("extended", mode="heads", epochs=1).fit(train, head=head,
+                                                      aux=FeatureSet(aux.features, None, np.full(len(aux), -1)))
     with pytest.raises(ValueError, match="score_rule"):
         build("oe", score_rule="novel")
     with pytest.raises(ValueError, match="classifier"):
@@ -114,7 +116,8 @@ def test_full_mode_finetunes_the_classifier_on_images(tmp_path):
     colours = {0: (220, 30, 30), 1: (30, 200, 30), "aux": (30, 30, 220)}
 
     def image(colour):
-        return Image.fromarray(np.clip(np.array(colour)[None, None] + rng.integers(-20, 20, (12, 12, 3)), 0, 255).astype(np.uint8))
+        return Image.fromarray(np.clip(np.array(colour)[None, None] + rng.integers(-20, 20, (12, 12, 3)), 0, 255)
+                               .astype(np.uint8))
 
     rows, aux_rows = [], []
     for label in (0, 1):
@@ -142,7 +145,8 @@ def test_full_mode_finetunes_the_classifier_on_images(tmp_path):
 
     clf = ImageClassifier.from_module(Net(), image_size=12)
     before = clf.head.weight.detach().clone()
-    det = build("extended", classifier=clf, epochs=2, batch_size=4, lr=1e-2, aux_label_field="species").fit(train, aux=aux)
+    det = (build("extended", classifier=clf, epochs=2, batch_size=4, lr=1e-2, aux_label_field="species")
+           .fit(train, aux=aux))
     assert not torch.equal(before, clf.head.weight.detach())
     np.testing.assert_allclose(det.head.weight, clf.head.weight.detach().double().numpy())
     assert det.branch_size == 2 + 2  # two ID classes + two auxiliary species

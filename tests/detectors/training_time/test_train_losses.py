@@ -57,7 +57,8 @@ def test_energy_oe_loss_and_data_margins(fixed):
     loss = EnergyOELoss(0.1, m_in=-3.0, m_out=-1.0)
     got = loss.loss(torch.as_tensor(logits, dtype=torch.float32), None, _batch(y))
     e_in, e_out = -_lse(logits[:4]), -_lse(logits[4:])
-    want = _ce(logits[:4], y) + 0.1 * (np.mean(np.maximum(e_in + 3.0, 0) ** 2) + np.mean(np.maximum(-1.0 - e_out, 0) ** 2))
+    want = (_ce(logits[:4], y)
+            + 0.1 * (np.mean(np.maximum(e_in + 3.0, 0) ** 2) + np.mean(np.maximum(-1.0 - e_out, 0) ** 2)))
     assert float(got.detach()) == pytest.approx(want, rel=1e-5)
     data = EnergyOELoss(margins="data")
     assert data.needs_calibration
@@ -104,7 +105,8 @@ def test_mixoe_recipe_defaults_two_passes_and_beta_draws():
     from detectors.training_time.mixoe import beta_sample
 
     objective = build("mixoe").objective()
-    assert (objective.mix_op, objective.alpha, objective.beta, objective.lambda_oe, objective.passes) == ("cutmix", 0.1, 1.0, 1.0, 2)
+    assert ((objective.mix_op, objective.alpha, objective.beta, objective.lambda_oe, objective.passes)
+            == ("cutmix", 0.1, 1.0, 1.0, 2))
     draws = [beta_sample(0.1, 1.0, torch.Generator().manual_seed(i)) for i in range(2000)]
     assert stats.kstest(draws, stats.beta(0.1, 1.0).cdf).pvalue > 0.01
     assert stats.kstest(draws, stats.beta(1.0, 1.0).cdf).pvalue < 1e-6
@@ -118,7 +120,8 @@ def test_mixoe_recipe_defaults_two_passes_and_beta_draws():
     logits = rng.normal(size=(6, 2))
     got = objective.loss(torch.as_tensor(logits, dtype=torch.float32), None, batch)
     soft = lam * np.eye(2)[[0, 1, 1]] + (1 - lam) / 2
-    want = _ce(logits[:3], np.array([0, 1, 1])) + 1.0 * np.mean(-(soft * (logits[3:] - _lse(logits[3:])[:, None])).sum(1))
+    want = (_ce(logits[:3], np.array([0, 1, 1]))
+            + 1.0 * np.mean(-(soft * (logits[3:] - _lse(logits[3:])[:, None])).sum(1)))
     assert float(got.detach()) == pytest.approx(want, rel=1e-5)
 
 
@@ -139,7 +142,8 @@ def test_branch_losses(per_species):
     logits = rng.normal(size=(6, 3))
     y, aux_y = np.array([2, 0, 1]), np.array([3, 0, 1])
     batch = TrainBatch(x=torch.zeros(3, 5), y=torch.as_tensor(y), aux_x=torch.zeros(3, 5), aux_y=torch.as_tensor(aux_y))
-    got = objective.loss(torch.as_tensor(logits, dtype=torch.float32), torch.as_tensor(features, dtype=torch.float32), batch)
+    got = objective.loss(torch.as_tensor(logits, dtype=torch.float32), torch.as_tensor(features, dtype=torch.float32),
+                         batch)
     w = objective.branch.weight.detach().double().numpy()
     b = objective.branch.bias.detach().double().numpy()
     second = features @ w.T + b
@@ -153,7 +157,8 @@ def test_confbranch_loss_and_lambda_update():
     objective.setup(5, 3)
     features, logits, y = rng.normal(size=(6, 5)), rng.normal(size=(6, 3)), np.array([0, 1, 2, 2, 1, 0])
     batch = TrainBatch(x=torch.zeros(6, 5), y=torch.as_tensor(y), generator=torch.Generator().manual_seed(4))
-    got = objective.loss(torch.as_tensor(logits, dtype=torch.float32), torch.as_tensor(features, dtype=torch.float32), batch)
+    got = objective.loss(torch.as_tensor(logits, dtype=torch.float32), torch.as_tensor(features, dtype=torch.float32),
+                         batch)
     b = hint_mask(6, torch.Generator().manual_seed(4)).numpy()
     w, bias = objective.branch.weight.detach().double().numpy(), objective.branch.bias.detach().double().numpy()
     c = 1 / (1 + np.exp(-(features @ w.T + bias)))

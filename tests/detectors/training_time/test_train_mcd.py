@@ -45,7 +45,8 @@ def test_mcd_loss_by_hand(over):
     got = loss_fn.loss(torch.as_tensor(z1, dtype=torch.float32), torch.as_tensor(features, dtype=torch.float32), batch)
     assert float(got.detach()) == pytest.approx(want, rel=1e-5)
     # no aux rows: the two cross-entropies only
-    got_id = loss_fn.loss(torch.as_tensor(z1[:n], dtype=torch.float32), torch.as_tensor(features[:n], dtype=torch.float32), batch)
+    got_id = loss_fn.loss(torch.as_tensor(z1[:n], dtype=torch.float32),
+                          torch.as_tensor(features[:n], dtype=torch.float32), batch)
     assert float(got_id.detach()) == pytest.approx(_ce(z1[:n], y) + _ce(z2[:n], y), rel=1e-5)
 
 
@@ -55,12 +56,14 @@ def _toy(seed=0):
     x = 4 * np.eye(8)[labels] + rng.normal(size=(150, 8))
     aux = 4 * np.eye(8)[rng.integers(3, 8, 120)] + rng.normal(size=(120, 8))
     ood = 4 * np.eye(8)[rng.integers(3, 8, 60)] + rng.normal(size=(60, 8))
-    return FeatureSet(x, None, labels), FeatureSet(aux, None, np.full(120, -1)), FeatureSet(ood), LinearHead(np.zeros((3, 8)), np.zeros(3))
+    return (FeatureSet(x, None, labels), FeatureSet(aux, None, np.full(120, -1)), FeatureSet(ood),
+            LinearHead(np.zeros((3, 8)), np.zeros(3)))
 
 
 def test_mcd_trains_heads_that_disagree_on_outliers(tmp_path):
     train, aux, ood, head = _toy()
-    det = build("mcd", mode="heads", epochs=15, lr=5e-2, batch_size=32, warmup_epochs=1).fit(train, head=head, id_val=train, aux=aux)
+    det = (build("mcd", mode="heads", epochs=15, lr=5e-2, batch_size=32, warmup_epochs=1)
+           .fit(train, head=head, id_val=train, aux=aux))
     assert det.history[-1]["acc_label"] > 0.95
     scores_id, scores_ood = det.score(train), det.score(ood)
     assert auroc(scores_id, scores_ood) > 0.8

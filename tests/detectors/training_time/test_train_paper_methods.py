@@ -33,7 +33,8 @@ def test_arpl_loss_by_hand():
     with torch.no_grad():
         objective.radius.fill_(0.7)
     h, y = rng.normal(size=(6, 5)) * 2, np.array([0, 1, 2, 2, 1, 0])
-    got = objective.loss(None, torch.as_tensor(h, dtype=torch.float32), TrainBatch(x=torch.zeros(6, 5), y=torch.as_tensor(y)))
+    got = objective.loss(None, torch.as_tensor(h, dtype=torch.float32),
+                         TrainBatch(x=torch.zeros(6, 5), y=torch.as_tensor(y)))
     p = _np(objective.points)
     dist = np.array([[np.sum((hi - pk) ** 2) / 5 - hi @ pk for pk in p] for hi in h])
     known = np.array([np.mean((h[i] - p[y[i]]) ** 2) for i in range(6)])
@@ -48,9 +49,11 @@ def test_godin_loss_by_hand():
     objective.setup(4, 3)
     objective.train()
     h, y = rng.normal(size=(8, 4)), rng.integers(0, 3, 8)
-    got = objective.loss(None, torch.as_tensor(h, dtype=torch.float32), TrainBatch(x=torch.zeros(8, 4), y=torch.as_tensor(y)))
+    got = objective.loss(None, torch.as_tensor(h, dtype=torch.float32),
+                         TrainBatch(x=torch.zeros(8, 4), y=torch.as_tensor(y)))
     w = _np(objective.h.weight)
-    cos = (h / (np.linalg.norm(h, axis=1, keepdims=True) + 1e-4)) @ (w / (np.linalg.norm(w, axis=1, keepdims=True) + 1e-4)).T
+    cos = (h / (np.linalg.norm(h, axis=1, keepdims=True) + 1e-4)) @ (w / (np.linalg.norm(w, axis=1,
+                                                                                         keepdims=True) + 1e-4)).T
     u = h @ _np(objective.g[0].weight)[0] + _np(objective.g[0].bias)[0]
     u = (u - u.mean()) / np.sqrt(u.var() + 1e-5)  # training-mode batch norm (biased variance), gamma 1, beta 0
     g = 1 / (1 + np.exp(-u))
@@ -72,7 +75,8 @@ def test_rotpred_loss_rotations_and_score_by_hand():
     got = objective.loss(torch.as_tensor(logits, dtype=torch.float32), torch.as_tensor(feats, dtype=torch.float32),
                          TrainBatch(x=x, y=torch.as_tensor(y)))
     rot_logits = feats @ _np(objective.rot_head.weight).T + _np(objective.rot_head.bias)
-    assert float(got.detach()) == pytest.approx(_ce(logits[:2], y) + _ce(rot_logits, np.repeat(np.arange(4), 2)), rel=1e-5)
+    assert float(got.detach()) == pytest.approx(_ce(logits[:2], y) + _ce(rot_logits, np.repeat(np.arange(4), 2)),
+                                                rel=1e-5)
     # score: KL(uniform || p) - mean_r KL(onehot_r || q_r), in bits
     z, r = rng.normal(size=(3, 4)), rng.normal(size=(4, 3, 4))
     p = np.exp(z) / np.exp(z).sum(1, keepdims=True)
@@ -121,8 +125,11 @@ def test_udg_loss_by_hand():
     objective.setup(4, 3)
     n_id, n_aux = 4, 5
     feats = rng.normal(size=(n_id + n_aux, 4))
-    objective.epoch_start(0, Pass(torch.zeros(n_id, 3), torch.as_tensor(feats[:n_id]), torch.arange(n_id), torch.tensor([0, 1, 2, 0])),
-                          Pass(torch.zeros(n_aux, 3), torch.as_tensor(feats[n_id:]), torch.arange(n_aux), torch.full((n_aux,), -1)))
+    objective.epoch_start(0,
+                          Pass(torch.zeros(n_id, 3), torch.as_tensor(feats[:n_id]), torch.arange(n_id),
+                               torch.tensor([0, 1, 2, 0])),
+                          Pass(torch.zeros(n_aux, 3), torch.as_tensor(feats[n_id:]), torch.arange(n_aux),
+                               torch.full((n_aux,), -1)))
     state = {k: v.numpy() for k, v in objective.state.items()}
     logits = rng.normal(size=(6, 3))
     y, aux_index = np.array([1, 2]), np.array([4, 0, 2, 3])
@@ -144,7 +151,8 @@ def test_udg_loss_by_hand():
     per_row = _lse(aux_logits) - aux_logits[np.arange(6), cl]
     want += 0.1 * np.mean(per_row * wt)
     assert float(got.detach()) == pytest.approx(want, rel=1e-5)
-    assert np.abs(_np(objective.aux_head.weight)).max() < 0.1 and not _np(objective.aux_head.bias).any()  # re-initialised
+    # re-initialised
+    assert np.abs(_np(objective.aux_head.weight)).max() < 0.1 and not _np(objective.aux_head.bias).any()
 
 
 def _toy(seed: int = 0):
@@ -152,14 +160,16 @@ def _toy(seed: int = 0):
     labels = np.repeat(np.arange(3), 40)
     x = 4 * np.eye(6)[labels] + rng.normal(size=(120, 6))
     aux = 4 * np.eye(6)[rng.integers(3, 6, 90)] + rng.normal(size=(90, 6))
-    return FeatureSet(x, None, labels), FeatureSet(aux, None, np.full(90, -1)), LinearHead(np.zeros((3, 6)), np.zeros(3))
+    return (FeatureSet(x, None, labels), FeatureSet(aux, None, np.full(90, -1)),
+            LinearHead(np.zeros((3, 6)), np.zeros(3)))
 
 
 @pytest.mark.parametrize("name,params", [("arpl", {}), ("godin", {}), ("godin", {"score_rule": "g"}),
                                          ("udg", {"num_clusters": 6, "pca_dim": 4})])
 def test_heads_only_training_learns(name, params):
     train, aux, head = _toy()
-    det = build(name, mode="heads", epochs=10, lr=0.1, batch_size=32, warmup_epochs=1, **params).fit(train, head=head, id_val=train, aux=aux)
+    det = (build(name, mode="heads", epochs=10, lr=0.1, batch_size=32, warmup_epochs=1, **params)
+           .fit(train, head=head, id_val=train, aux=aux))
     assert det.history[-1]["acc_label"] > 0.9
 
 
@@ -171,7 +181,8 @@ def test_posthoc_rules_on_the_transformed_set_equal_the_training_score(name, par
     """transform() + trained_head let any post-hoc detector read the trained model; MSP / EBO on them reproduce the
     training detector's own msp / energy rule."""
     train, aux, head = _toy(1)
-    det = build(name, mode="heads", epochs=2, lr=5e-2, batch_size=32, warmup_epochs=0, **params).fit(train, head=head, aux=aux)
+    det = (build(name, mode="heads", epochs=2, lr=5e-2, batch_size=32, warmup_epochs=0, **params)
+           .fit(train, head=head, aux=aux))
     seen = det.transform(aux)
     assert seen.labels is aux.labels and seen.features.dtype == np.float64
     np.testing.assert_allclose(seen.logits, det.trained_head(seen.features) + (
@@ -192,7 +203,8 @@ def test_rotpred_finetunes_and_scores_images(tmp_path):
     for i in range(8):
         pixels = np.zeros((12, 12, 3), np.uint8)
         pixels[: 4 + i % 2 * 4] = 200  # an oriented pattern: a bright band at the top
-        Image.fromarray(np.clip(pixels + rng.integers(0, 30, (12, 12, 3)), 0, 255).astype(np.uint8)).save(tmp_path / f"{i}.png")
+        Image.fromarray(np.clip(pixels + rng.integers(0, 30, (12, 12, 3)), 0, 255).astype(np.uint8)).save(
+            tmp_path / f"{i}.png")
         rows.append(make_row(f"{i}.png", split="train", label=i % 2))
     manifest = write_manifest(tmp_path, rows)
 
@@ -237,7 +249,8 @@ def test_full_fine_tuning_on_images(name, params, tmp_path):
     for i in range(12):
         label = i % 3 if i < 8 else None
         colour = colours[label] if label is not None else (200, 200, 30)
-        Image.fromarray(np.clip(np.array(colour)[None, None] + rng.integers(-20, 20, (12, 12, 3)), 0, 255).astype(np.uint8)).save(tmp_path / f"{i}.png")
+        Image.fromarray(np.clip(np.array(colour)[None, None] + rng.integers(-20, 20, (12, 12, 3)), 0, 255)
+                        .astype(np.uint8)).save(tmp_path / f"{i}.png")
         if label is None:
             aux_rows.append(make_row(f"{i}.png", split="train", role="ood", ood_set="auxiliary"))
         else:

@@ -1,5 +1,6 @@
 """The training-time methods under protocol `open-insects`, against literal transcriptions of the reference trainers:
-G-ODIN's two optimisers, MCD's start epoch, full-mode fine-tuning pixels that change every epoch, the protocol entries."""
+G-ODIN's two optimisers, MCD's start epoch, full-mode fine-tuning pixels that change every epoch, the protocol
+entries."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,7 +18,8 @@ def test_second_adam_step_is_a_second_weight_decay_0_adamw():
     torch.manual_seed(0)
     a = torch.nn.Parameter(torch.randn(4, 3))
     b = torch.nn.Parameter(a.detach().clone())
-    main_a, main_b = torch.optim.AdamW([a], lr=0.05, weight_decay=0.1), torch.optim.AdamW([b], lr=0.05, weight_decay=0.1)
+    main_a, main_b = torch.optim.AdamW([a], lr=0.05, weight_decay=0.1), torch.optim.AdamW([b], lr=0.05,
+                                                                                          weight_decay=0.1)
     h_optimizer = torch.optim.AdamW([b], lr=0.05, weight_decay=0.0)
     target = torch.randn(4, 3)
     for step in range(6):
@@ -36,8 +38,8 @@ def test_second_adam_step_is_a_second_weight_decay_0_adamw():
 
 def test_protocol_entries_are_the_reference_trainers():
     for name in ("oe", "logitnorm", "arpl", "novel_branch", "udg"):
-        assert protocol_params("open-insects", name) == {"schedule": "reference", "drop_last": False, "precision": "fp32",
-                                                         "checkpoint": "best"}
+        assert protocol_params("open-insects", name) == {"schedule": "reference", "drop_last": False,
+                                                         "precision": "fp32", "checkpoint": "best"}
     assert protocol_params("open-insects", "mixoe")["drop_last"] is True
     assert protocol_params("open-insects", "mcd")["start_epoch_ft"] == 90
     assert protocol_params("open-insects", "godin")["h_optimizer"] == "both"
@@ -139,7 +141,8 @@ def test_a_separate_aux_stream_gets_the_evaluation_pixels(tmp_path, single_torch
 
     monkeypatch.setattr(OELoss, "loss", recording)
     clf = tiny_resnet_classifier(tmp_path / "model", classes=2, size=16)
-    build("oe", classifier=clf, epochs=2, batch_size=2, warmup_epochs=0, lr=1e-3, precision="fp32").fit(manifest, aux=aux)
+    build("oe", classifier=clf, epochs=2, batch_size=2, warmup_epochs=0, lr=1e-3, precision="fp32").fit(manifest,
+                                                                                                         aux=aux)
     id_changed = [seen["id"][(0, i)] != seen["id"][(1, i)] for i in range(4)]
     aux_both = [i for i in range(4) if (0, i) in seen["aux"] and (1, i) in seen["aux"]]
     assert all(id_changed) and aux_both

@@ -67,7 +67,8 @@ def nltk_wordnet(tmp_path_factory):
         if path.is_file():
             shutil.copy(path, folder / path.name)
     kinds = {"adj": 3, "adv": 4, "noun": 1, "verb": 2}
-    (folder / "lexnames").write_text("".join(f"{i:02d}\t{n}\t{kinds[n.split('.')[0]]}\n" for i, n in enumerate(LEXNAMES)))
+    (folder / "lexnames").write_text("".join(f"{i:02d}\t{n}\t{kinds[n.split('.')[0]]}\n" for i,
+                                             n in enumerate(LEXNAMES)))
     nltk.data.path.insert(0, str(folder))
 
     class Reader(WordNetCorpusReader):
@@ -124,7 +125,8 @@ def test_tree_gives_exactly_the_hyponyms_minus_imagenet1k(tmp_path, nltk_wordnet
     manifest = read_manifest(out, check_files=True)
     assert {r["wnid"] for r in manifest} == want
     assert len(manifest) == sum(NEW_CONTAINERS.values())  # every image kept, the hidden one never listed
-    assert {(r["role"], r["ood_set"], r["group"], r["split"], r["label"]) for r in manifest} == {("ood", "container", "hard", "test", -1)}
+    assert {(r["role"], r["ood_set"], r["group"], r["split"], r["label"])
+            for r in manifest} == {("ood", "container", "hard", "test", -1)}
     assert manifest.root == tree.resolve()
     cup = [r for r in manifest if r["wnid"] == "n03147509"]
     assert {(r["category"], r["synset"]) for r in cup} == {("cup", "cup.n.01")} and len(cup) == 3
@@ -148,7 +150,8 @@ def test_tree_gives_exactly_the_hyponyms_minus_imagenet1k(tmp_path, nltk_wordnet
     # a given list of categories: wnids, senses and nouns; an ImageNet-1K one is still removed
     assert run_main(cli.main, ["--imagenet21k", str(tree), "--out", str(tmp_path / "c3"), "--dry-run",
                                "--categories", "n03147509,jar.n.01,wineglass,vase"]) == 0
-    assert capsys.readouterr().out.startswith("3 categories (4 in the tree, 1 ImageNet-1K ones removed): n03147509 n03593526 n04592099")
+    assert capsys.readouterr().out.startswith("3 categories (4 in the tree, 1 ImageNet-1K ones removed): n03147509 "
+                                              "n03593526 n04592099")
     assert not (tmp_path / "c3").exists()
 
 
@@ -179,7 +182,8 @@ def _hf_main_share(model_dir: Path, images: list[Image.Image], prompts: list[str
     model, processor = CLIPModel.from_pretrained(model_dir).eval(), CLIPProcessor.from_pretrained(model_dir)
     with torch.no_grad():
         image = model.get_image_features(**processor(images=images, return_tensors="pt")).pooler_output.double()
-        text = model.get_text_features(**processor.tokenizer(prompts, padding=True, return_tensors="pt")).pooler_output.double()
+        text = (model.get_text_features(**processor.tokenizer(prompts, padding=True, return_tensors="pt"))
+                .pooler_output.double())
         scale = float(model.logit_scale.exp())
     image, text = image / image.norm(dim=-1, keepdim=True), text / text.norm(dim=-1, keepdim=True)
     logits = scale * image @ text.T
@@ -229,7 +233,8 @@ def test_secondary_instance_filter_records_threshold_prompts_and_every_dropped_i
         float(d["main_share"]) < 0.01 for d in dropped)
     # (a threshold of 1e-300 drops nothing: a two-way share is at least sigmoid(-2 * logit scale) > 1e-87, so the random
     # tiny CLIP's shares under the new prompt cannot empty the set, whatever the library version computes)
-    assert run_main(_script().main, [*argv, "--secondary", "a photo of a hand holding a {}.", "--threshold", "1e-300"]) == 0
+    assert run_main(_script().main,
+                    [*argv, "--secondary", "a photo of a hand holding a {}.", "--threshold", "1e-300"]) == 0
     assert all(p.stat().st_mtime_ns != cached[p.name] for p in (out / ".scores").iterdir())
     assert json.loads((out / "curation.json").read_text())["filter"]["secondary"] == ["a photo of a hand holding a {}."]
 

@@ -37,7 +37,8 @@ def server():
 def table(base: str, paths: list[str], species: list[str] | None = None) -> pd.DataFrame:
     return pd.DataFrame({"gbifID": [str(1000 + i) for i in range(len(paths))], "url": [base + p for p in paths],
                          "species": species or [f"Moth sp{i % 3}" for i in range(len(paths))],
-                         "genus": "Moth", "family": "Noctuidae", "decimalLatitude": "50.0", "decimalLongitude": "-70.0"})
+                         "genus": "Moth", "family": "Noctuidae", "decimalLatitude": "50.0",
+                         "decimalLongitude": "-70.0"})
 
 
 def fetch(argv: list[str]) -> int:
@@ -66,7 +67,8 @@ def test_fetch_records_every_failure_and_a_rerun_fetches_only_what_is_missing(se
     reasons = {u.removeprefix(server.base): r for u, r in failures.items()}
     assert reasons == {"/fail/5": "HTTP 500 (after 2 retries)", "/missing/6": "HTTP 404",
                        "/dup/8.png": f"duplicate content of {image_file_name(server.base + '/img/0.png')}",
-                       "/tiny/9.png": "thumbnail (16x16 < min_side=32)", "/short/10": "too small (10 bytes < min_bytes=100)",
+                       "/tiny/9.png": "thumbnail (16x16 < min_side=32)",
+                       "/short/10": "too small (10 bytes < min_bytes=100)",
                        "/hang/11": "timeout (after 2 retries)", "/thumb/12.jpg": "thumbnail URL"}
     assert server.counts["/fail/5"] == 3 and server.counts["/missing/6"] == 1 and server.counts["/flaky/4.png"] == 2
     assert server.counts["/thumb/12.jpg"] == 0 and server.counts["/img/1.png"] == 1  # the duplicate URL fetched once
@@ -105,6 +107,7 @@ def test_cap_per_species_taxon_filter_and_bad_options(server, tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_kill_9_mid_run_then_rerun_fetches_only_what_is_missing(tmp_path):
     """The server answers the first 6 URLs and holds the rest: once both workers are held, exactly 6 images are
     finished (each worker finishes an image before it takes the next), and the kill comes then."""
@@ -196,7 +199,8 @@ def test_dry_run_counts_what_a_run_would_fetch_and_requests_nothing(server, tmp_
     assert not out.exists()
     estimate = first.pop("estimate")
     assert first == {"planned": 4, "dropped": {"blank species": 1}, "already_fetched": 0, "failed_for_good": 0,
-                     "refused": 0, "to_fetch": 4, "hosts": 1}  # the blank-species row goes first, so its URL's other row is kept
+                     "refused": 0, "to_fetch": 4, "hosts": 1}  # the blank-species row goes first, so its URL's other
+                                                               # row is kept
     assert estimate["source"] is None or estimate["source"].startswith("benchmarks/fetch.json")
     assert fetch(argv) == 0
     after = dry()
@@ -205,6 +209,7 @@ def test_dry_run_counts_what_a_run_would_fetch_and_requests_nothing(server, tmp_
     assert json.loads(capsys.readouterr().out)["to_fetch"] == 1
 
 
+@pytest.mark.slow
 def test_readme_path_gbif_zip_to_images_to_splits(server, tmp_path):
     """The README's two commands as written (fetch_images then make_splits on the same GBIF zip), the archive's image
     URLs served on the loopback."""

@@ -241,6 +241,7 @@ def test_a_host_that_only_answers_429_is_one_line_exit_2_and_nothing_is_lost(ser
 
 # -- 7: one writer per folder ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_second_fetch_on_the_same_out_is_refused_in_one_line(tmp_path, capsys):
     with HostileServer(gate_from=0) as server:
         urls = [server.base + f"/gate/{i}.png" for i in range(8)]

@@ -62,4 +62,5 @@ def test_the_benchmark_writes_the_figures_the_estimate_reads(tmp_path):
     assert ours["ok"] == 12 and ours["rc"] == 0 and record["img2dataset"] is None
     assert record["paper_estimate"]["images"] == 2_912_168 and record["estimate_inputs"]["host_allows_rps"] == 50
     got = estimate(["http://h/1.jpg"], {}, out)
-    assert got["source"].startswith("benchmarks/fetch.json") and got["bytes_per_image"] == round(ours["bytes_per_image"])
+    assert (got["source"].startswith("benchmarks/fetch.json")
+            and got["bytes_per_image"] == round(ours["bytes_per_image"]))

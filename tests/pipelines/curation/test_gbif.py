@@ -36,7 +36,8 @@ def test_archive_reads_one_row_per_image_with_gbif_names_mapped(archive, tmp_pat
             "taxonomicStatus", "taxonRank", "basisOfRecord"} <= set(frame.columns)
     assert "decimalLatitude" not in frame.columns and not frame["url"].str.endswith(".mp4").any()
     two = frame[frame["gbifID"] == "1002"]
-    assert sorted(two["url"]) == ["https://images.example.org/1002/original.jpg", "https://images.example.org/1002/second.png"]
+    assert sorted(two["url"]) == ["https://images.example.org/1002/original.jpg",
+                                  "https://images.example.org/1002/second.png"]
     assert two["file_name"].tolist() == [image_file_name(u) for u in two["url"]]
     assert image_file_name(two["url"].iloc[1]).endswith(".png") and frame["gbifID"].map(type).eq(str).all()
     unpacked = read_occurrences(build_archive(tmp_path / "plain", zipped=False)[0])  # the unpacked folder reads alike
@@ -56,7 +57,8 @@ def test_plain_tables_have_their_delimiter_detected(archive, tmp_path):
         pd.testing.assert_frame_equal(read_table(tmp_path / name), tab, check_dtype=False)
     with zipfile.ZipFile(tmp_path / "simple.zip", "w") as zf:  # GBIF's SIMPLE_CSV download: one TSV, no meta.xml
         zf.write(tmp_path / "occurrence.txt", "0012345-250101000000000.csv")
-    pd.testing.assert_frame_equal(read_occurrences(tmp_path / "simple.zip"), read_occurrences(tmp_path / "occurrence.txt"))
+    pd.testing.assert_frame_equal(read_occurrences(tmp_path / "simple.zip"),
+                                  read_occurrences(tmp_path / "occurrence.txt"))
     with zipfile.ZipFile(tmp_path / "two.zip", "w") as zf:
         zf.writestr("a.csv", "x\n1\n")
         zf.writestr("b.csv", "x\n2\n")

@@ -52,7 +52,8 @@ def test_join_order_is_pandas_inner_merge_order(tmp_path):
     core = pd.DataFrame(occ).astype(str)
     ext = pd.DataFrame(media).astype(str)[["gbifID", "type", "identifier"]]
     want = core.merge(ext, on="gbifID", how="inner")
-    assert got[["gbifID", "species", "identifier"]].values.tolist() == want[["gbifID", "species", "identifier"]].values.tolist()
+    assert (got[["gbifID", "species", "identifier"]].values.tolist()
+            == want[["gbifID", "species", "identifier"]].values.tolist())
 
 
 def test_field_indexes_with_gaps_shared_and_out_of_order_name_the_right_columns(tmp_path):
@@ -105,7 +106,8 @@ def test_constants_defaults_several_files_coreId_and_single_quoted_namespace(tmp
     occ, media = small_gbif(4)
     header, *rows = occ.splitlines()
     at = OCC_TERMS.index(GBIF + "species")
-    fields = [f for f in GBIF_CORE if f[0] != at] + [(None, DWC + "countryCode", "CR"), (at, GBIF + "species", "Unnamed")]
+    fields = [f for f in GBIF_CORE if f[0] != at] + [(None, DWC + "countryCode", "CR"),
+                                                     (at, GBIF + "species", "Unnamed")]
     core = section("core", fields=fields).replace("<location>occurrence.txt</location>",
                                                   "<location>part1.txt</location><location>./part2.txt</location>")
     ext = section("extension", location="multimedia.txt", fields=GBIF_MEDIA, id_tag="coreId")
@@ -137,7 +139,8 @@ def test_terms_outside_gbif_keep_their_names_and_the_media_type_rule(tmp_path):
     media_terms = [GBIF + "gbifID", DC + "type", "http://rs.tdwg.org/ac/terms/accessURI"]
     occ, _ = small_gbif(3)
     media = tsv(media_terms, [dict(gbifID=100, type="", accessURI="https://a.org/1.jpg"),
-                              dict(gbifID=101, type="http://purl.org/dc/dcmitype/StillImage", accessURI="https://a.org/2.jpg"),
+                              dict(gbifID=101, type="http://purl.org/dc/dcmitype/StillImage",
+                                   accessURI="https://a.org/2.jpg"),
                               dict(gbifID=101, type="MovingImage", accessURI="https://a.org/3.mp4"),
                               dict(gbifID=102, type=" sound ", accessURI="https://a.org/4.mp3")])
     meta = archive_xml(section("core", fields=GBIF_CORE),

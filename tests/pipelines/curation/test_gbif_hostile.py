@@ -88,7 +88,8 @@ def duplicate_ids(tmp_path: Path, zipped: bool) -> Path:
     occ, media = small_gbif(1)
     occ_head, occ_row = occ.splitlines()
     media_head, media_row = media.splitlines()
-    return write_archive(tmp_path / "a", {"meta.xml": gbif_meta(), "occurrence.txt": occ_head + "\n" + (occ_row + "\n") * 30_000,
+    return write_archive(tmp_path / "a",
+                         {"meta.xml": gbif_meta(), "occurrence.txt": occ_head + "\n" + (occ_row + "\n") * 30_000,
                                           "multimedia.txt": media_head + "\n" + (media_row + "\n") * 30_000}, zipped)
 
 
@@ -101,7 +102,8 @@ def field_bomb(tmp_path: Path, zipped: bool) -> Path:
 
 SPECIES = OCC_TERMS.index(GBIF + "species")
 ATTACKS = {  # name -> (builder, zip and folder alike?, text of the one line)
-    "location /etc/passwd": (location("/etc/passwd"), True, "meta.xml names '/etc/passwd', which lies outside the archive"),
+    "location /etc/passwd": (location("/etc/passwd"), True,
+                             "meta.xml names '/etc/passwd', which lies outside the archive"),
     "location absolute secret": (location("{secret}"), True, "which lies outside the archive"),
     "location ../file": (location("{rel}"), True, "which lies outside the archive"),
     "location url": (location("http://127.0.0.1:9/occurrence.txt"), True, "not a file of the archive"),
@@ -129,11 +131,15 @@ ATTACKS = {  # name -> (builder, zip and folder alike?, text of the one line)
     "no core": (files(**{"meta.xml": archive_xml(section("extension", fields=GBIF_MEDIA))}), True,
                 "meta.xml has 0 <core> elements, not one"),
     "media without core id": (meta(id_index=None), True, "<core> has no <id index=...>"),
-    "missing member": (meta(location="nothere.txt"), True, "meta.xml names nothere.txt, which the archive does not hold"),
+    "missing member": (meta(location="nothere.txt"), True,
+                       "meta.xml names nothere.txt, which the archive does not hold"),
     "not xml": (files(**{"meta.xml": "<archive><core>"}), True, "meta.xml is not XML"),
-    "billion laughs": (files(**{"meta.xml": '<?xml version="1.0"?><!DOCTYPE a [<!ENTITY a "aaaa"><!ENTITY b "&a;&a;&a;">]>'
-                                            "<archive><core>&b;</core></archive>"}), True, "declares a DTD or entities"),
-    "external entity": (files(**{"meta.xml": '<?xml version="1.0"?><!DOCTYPE a [<!ENTITY x SYSTEM "file:///etc/passwd">]>'
+    "billion laughs": (files(**{"meta.xml": '<?xml version="1.0"?><!DOCTYPE a [<!ENTITY a "aaaa"><!ENTITY b '
+                                '"&a;&a;&a;">]>'
+                                            "<archive><core>&b;</core></archive>"}), True,
+                                            "declares a DTD or entities"),
+    "external entity": (files(**{"meta.xml": '<?xml version="1.0"?><!DOCTYPE a [<!ENTITY x SYSTEM '
+                                 '"file:///etc/passwd">]>'
                                              "<archive>&x;</archive>"}), True, "declares a DTD or entities"),
     "huge meta.xml": (files(**{"meta.xml": gbif_meta() + "<!--" + "x" * (5 << 20) + "-->"}), True,
                       "more than a descriptor ever needs"),

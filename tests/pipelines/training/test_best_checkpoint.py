@@ -207,7 +207,8 @@ def test_a_planted_checkpoint_index_cannot_point_outside_the_model_folder(tmp_pa
     (model / "best" / "config.json").write_text("{}")
     for folder, ok in (("best", True), (".", True), ("../other", False), (str(tmp_path / "other"), False),
                        ("missing", False), (3, False)):
-        (model / CHECKPOINT_INDEX).write_text(json.dumps({"format": INDEX_FORMAT, "best": {"folder": folder}, "last": None}))
+        (model / CHECKPOINT_INDEX).write_text(json.dumps({"format": INDEX_FORMAT, "best": {"folder": folder},
+                                                          "last": None}))
         if ok:
             assert checkpoint_folder(model, "best") == (model / folder).resolve()
         else:

@@ -23,7 +23,8 @@ def timm_cosine(t: int, base: float, warmup_t: int, t_initial: int) -> float:
     return 0.0
 
 
-def trainer_lrs(epochs: int, warmup_epochs: float, rows: int, batch_size: int, base: float, advances: bool = True) -> list[float]:
+def trainer_lrs(epochs: int, warmup_epochs: float, rows: int, batch_size: int, base: float,
+                advances: bool = True) -> list[float]:
     """The lr each optimiser step of `base_trainer.train_epoch` (or, with advances=False, `logitnorm_trainer`) uses."""
     spe = int(rows / batch_size) + 1
     total, warm = int(epochs * spe), int(warmup_epochs * spe)
@@ -62,7 +63,8 @@ def test_reference_values_warm_up_from_halfway_and_end_at_zero():
     last_epoch = lrs[-125:]
     assert last_epoch == [0.0] * 125  # the counter starts the last epoch at total (30 * 125): lr_min throughout
     assert lrs[-126] > 0
-    frozen = planned_lrs("reference", epochs=4, warmup_epochs=1, batches=10, rows=95, batch_size=10, lr=1.0, advances=False)
+    frozen = planned_lrs("reference", epochs=4, warmup_epochs=1, batches=10, rows=95, batch_size=10, lr=1.0,
+                         advances=False)
     for e in range(1, 4):
         assert len(set(frozen[e * 10 + 1:(e + 1) * 10])) == 1  # constant after each epoch's first step
 

@@ -1,5 +1,5 @@
-"""pipelines.training.transforms against torchvision itself (Debian's python3-torchvision under /usr/bin/python3, its own
-torch, in a separate process: `apt-get install -y python3-torchvision`) and against hand computations.
+"""pipelines.training.transforms against torchvision itself (Debian's python3-torchvision under /usr/bin/python3, its
+own torch, in a separate process: `apt-get install -y python3-torchvision`) and against hand computations.
 
 Each deterministic op is compared pixel for pixel at fixed parameters (the oracle's PIL is Debian's, ours the venv's:
 resampling filters may differ by one grey level); the random ops' sampling rules are checked by hand.
@@ -41,7 +41,8 @@ for case in spec["cases"]:
         res = F.center_crop(img, case["size"])
     elif kind == "resized_crop":
         top, left, h, w = case["box"]
-        res = F.resized_crop(img, top, left, h, w, [case["size"], case["size"]], interpolation=InterpolationMode.BILINEAR)
+        res = F.resized_crop(img, top, left, h, w, [case["size"], case["size"]],
+                             interpolation=InterpolationMode.BILINEAR)
     elif kind == "pad_crop":
         top, left = case["at"]
         res = F.crop(F.pad(img, case["padding"], fill=0), top, left, case["size"], case["size"])
@@ -86,8 +87,10 @@ def _cases() -> list[dict]:
             cases.append({"name": f"{image}-resize-{size}", "kind": "resize", "image": image, "size": size})
         for size in (20, 25, 64):
             cases.append({"name": f"{image}-center-{size}", "kind": "center_crop", "image": image, "size": size})
-        cases.append({"name": f"{image}-rrc", "kind": "resized_crop", "image": image, "box": [3, 5, 21, 17], "size": 26})
-        cases.append({"name": f"{image}-padcrop", "kind": "pad_crop", "image": image, "padding": 4, "at": [0, 7], "size": 26})
+        cases.append({"name": f"{image}-rrc", "kind": "resized_crop", "image": image, "box": [3, 5, 21, 17],
+                      "size": 26})
+        cases.append({"name": f"{image}-padcrop", "kind": "pad_crop", "image": image, "padding": 4, "at": [0, 7],
+                      "size": 26})
     return cases
 
 
@@ -99,7 +102,8 @@ def oracle(tmp_path_factory):
     np.savez(folder / "images.npz", **images)
     (folder / "spec.json").write_text(json.dumps({"cases": _cases(), "height": 43, "width": 57}))
     (folder / "oracle.py").write_text(ORACLE)
-    done = subprocess.run([SYSTEM_PYTHON, str(folder / "oracle.py"), str(folder / "spec.json"), str(folder / "images.npz"),
+    done = subprocess.run([SYSTEM_PYTHON, str(folder / "oracle.py"), str(folder / "spec.json"),
+                           str(folder / "images.npz"),
                            str(folder / "out.npz"), str(folder / "table.json")], capture_output=True, text=True,
                           timeout=300, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -165,7 +169,8 @@ def test_center_crop_rounds_offsets_and_pads_small_images():
     # (8 - 3) / 2 = 2.5 rounds to 2 (half to even), (5 - 3) / 2 = 1
     assert np.array_equal(got, np.asarray(image)[1:4, 2:5])
     padded = np.asarray(T.CenterCrop(7)(image))
-    assert padded.shape == (7, 7, 3) and (padded[0] == 0).all() and np.array_equal(padded[1:6, :], np.asarray(image)[:, 0:7])
+    assert padded.shape == (7, 7, 3) and (padded[0] == 0).all() and np.array_equal(padded[1:6, :],
+                                                                                   np.asarray(image)[:, 0:7])
 
 
 def test_resize_keeps_the_aspect_with_a_truncated_long_side():
@@ -220,7 +225,8 @@ def test_reference_pipelines_give_the_reference_sizes_and_vary_per_draw():
         a, b = tf(image, np.random.default_rng([0, 0, 3])), tf(image, np.random.default_rng([0, 1, 3]))
         assert not np.array_equal(a.numpy(), b.numpy())  # another epoch, other pixels
         assert np.array_equal(a.numpy(), tf(image, np.random.default_rng([0, 0, 3])).numpy())  # same seed, same pixels
-    expected = np.asarray(image.resize((170, 128), Image.BILINEAR))[1:127, 22:148]  # round(44 / 2) = 22, round(2 / 2) = 1
+    expected = np.asarray(image.resize((170, 128), Image.BILINEAR))[1:127, 22:148]  # round(44 / 2) = 22, round(2 / 2) =
+                                                                                    # 1
     assert np.array_equal(evaluation(image).permute(1, 2, 0).numpy(), expected)
 
 
@@ -252,14 +258,17 @@ def _sized_files(folder: Path) -> list[tuple[Path, int]]:
     (landscape and portrait), and two camera-sized JPEGs (3 MP) with L = 1 and 3 mod 4, one with EXIF orientation 6."""
     rng = np.random.default_rng(5)
     made = []
-    for i, (w, h) in enumerate([(130, 96), (131, 96), (132, 96), (133, 96), (96, 134), (96, 135), (97, 129), (200, 150)]):
+    for i, (w, h) in enumerate([(130, 96), (131, 96), (132, 96), (133, 96), (96, 134), (96, 135), (97, 129),
+                                (200, 150)]):
         path = folder / f"small{i}.png"
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(path)
         made.append((path, int(128 * max(w, h) / min(w, h)) % 4))
     for i, (w, orientation) in enumerate([(2030, 6), (2054, 1)]):
-        field = Image.fromarray(rng.integers(0, 256, (26, w // 64 + 2, 3), dtype=np.uint8)).resize((w, 1536), Image.BICUBIC)
+        field = (Image.fromarray(rng.integers(0, 256, (26, w // 64 + 2, 3), dtype=np.uint8))
+                 .resize((w, 1536), Image.BICUBIC))
         yy, xx = np.mgrid[0:1536, 0:w]
-        edges = ((((xx // 97) + (yy // 131)) % 2) * 50 - 25)[..., None]  # camera-like: smooth colour, edges, sensor noise
+        edges = ((((xx // 97) + (yy // 131)) % 2) * 50 - 25)[..., None]  # camera-like: smooth colour, edges, sensor
+                                                                         # noise
         image = np.clip(np.asarray(field, np.float32) + edges + rng.normal(0, 6, (1536, w, 3)), 0, 255).astype(np.uint8)
         exif = Image.Exif()
         if orientation != 1:
@@ -276,8 +285,10 @@ def file_oracle(tmp_path_factory):
     files = _sized_files(folder)
     (folder / "files.json").write_text(json.dumps([str(f) for f, _ in files]))
     (folder / "oracle.py").write_text(FILE_ORACLE)
-    done = subprocess.run([SYSTEM_PYTHON, str(folder / "oracle.py"), str(folder / "files.json"), str(folder / "out.npz")],
-                          capture_output=True, text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    done = subprocess.run([SYSTEM_PYTHON, str(folder / "oracle.py"), str(folder / "files.json"),
+                           str(folder / "out.npz")],
+                          capture_output=True, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     return files, dict(np.load(folder / "out.npz"))
 
@@ -297,7 +308,8 @@ def test_reference_eval_equals_torchvision_on_every_size_class_and_draft_stays_w
             assert np.abs(ours - want).max() <= EVAL_TOLERANCE, (path.name, orient, size_class)
         drafted = T.reference_eval(126, 128, Decode(draft=True, orient=False)).load(path).permute(1, 2, 0).numpy()
         diff = np.abs(drafted.astype(int) - theirs[f"stored{i}"].astype(int))
-        assert diff.max() <= DRAFT_TOLERANCE["max"] and diff.mean() <= DRAFT_TOLERANCE["mean"], (path.name, diff.max(), diff.mean())
+        assert diff.max() <= DRAFT_TOLERANCE["max"] and diff.mean() <= DRAFT_TOLERANCE["mean"], (path.name, diff.max(),
+                                                                                                 diff.mean())
         # a floor offset (transformers' centre crop) is one pixel off exactly where L = 1 (mod 4)
         floor = T.Compose([T.Resize(128), _FloorCrop(126)], Decode(orient=False)).load(path).permute(1, 2, 0).numpy()
         floor_differs.append((size_class, int(np.abs(floor.astype(int) - theirs[f"stored{i}"].astype(int)).max())))

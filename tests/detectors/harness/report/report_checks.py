@@ -1,5 +1,5 @@
-"""Checks the report tests share: a written figure read back as a PNG or JPEG (decodes, not blank) and a Figure a reader can
-use (`figures.figure_problems`, no overlapping tick labels)."""
+"""Checks the report tests share: a written figure read back as a PNG or JPEG (decodes, not blank) and a Figure a reader
+can use (`figures.figure_problems`, no overlapping tick labels)."""
 from __future__ import annotations
 
 from pathlib import Path

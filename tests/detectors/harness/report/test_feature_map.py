@@ -120,10 +120,12 @@ def test_feature_map_checks_before_work_and_a_failing_model_does_not_stop_the_ot
     base = ["--id", str(id_dir), "--ood", str(ood_dir), "--images", "8", "--perplexity", "3", "--device", "cpu"]
     out = tmp_path / "out"
     for extra, message in ((["--model", str(tmp_path / "no-such-clf")], "--model: the local model folder"),
-                           (["--model", str(clf), "--embedding", "umap"], "--embedding umap: not installed (pip install umap-learn)")):
+                           (["--model", str(clf), "--embedding", "umap"],
+                            "--embedding umap: not installed (pip install umap-learn)")):
         if "umap" in extra:  # whether or not umap is installed here
             real = importlib.util.find_spec
-            monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "umap" else real(name, *a))
+            monkeypatch.setattr(importlib.util, "find_spec", lambda name,
+                                *a: None if name == "umap" else real(name, *a))
         assert run_main(main, [*base, *extra, "--out", str(out)]) == 2
         line = capsys.readouterr().err.strip()
         assert line.startswith("error: ") and message in line and "\n" not in line, line

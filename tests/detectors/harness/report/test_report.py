@@ -181,17 +181,18 @@ def test_render_summary():
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
             if line.startswith("| a ") or line.startswith("| c ")}
     assert set(rows) == {"a", "c"}
-    assert rows["a"][2:] == [f"{method_mean(FPR, 'a', s):.2f} / {method_mean(AUC, 'a', s):.2f}" for s in (ALL_SETS, HARD, EASY)]
+    assert rows["a"][2:] == [f"{method_mean(FPR, 'a', s):.2f} / {method_mean(AUC, 'a', s):.2f}"
+                             for s in (ALL_SETS, HARD, EASY)]
     assert rows["c"][2] == f"{method_mean(FPR, 'c', ALL_SETS):.2f} / {method_mean(AUC, 'c', ALL_SETS):.2f}"
     assert "converted to percent" in text
 
 
 def transfer_table() -> pd.DataFrame:
     return pd.DataFrame([
-        {"method": "a", "source": "local", "target": "field", "tpr": 0.95, "threshold": 0.123456, "precision": 0.8, "recall": 0.5,
-         "id_kept": 0.95, "tp": 20, "fp": 5, "n_id": 100, "n_ood": 40, "species_detected": 0.75},
-        {"method": "b", "source": "local", "target": "field", "tpr": 0.95, "threshold": -2.5, "precision": float("nan"), "recall": 0.0,
-         "id_kept": 1.0, "tp": 0, "fp": 0, "n_id": 100, "n_ood": 40, "species_detected": float("nan")},
+        {"method": "a", "source": "local", "target": "field", "tpr": 0.95, "threshold": 0.123456, "precision": 0.8,
+         "recall": 0.5, "id_kept": 0.95, "tp": 20, "fp": 5, "n_id": 100, "n_ood": 40, "species_detected": 0.75},
+        {"method": "b", "source": "local", "target": "field", "tpr": 0.95, "threshold": -2.5, "precision": float("nan"),
+         "recall": 0.0, "id_kept": 1.0, "tp": 0, "fp": 0, "n_id": 100, "n_ood": 40, "species_detected": float("nan")},
     ])
 
 
@@ -203,7 +204,8 @@ def test_threshold_transfer_markdown():
                       "n_id", "n_ood", "novel-species images flagged"]
     row_a = [c.strip() for c in lines[4].strip("|").split("|")]
     row_b = [c.strip() for c in lines[5].strip("|").split("|")]
-    assert row_a == ["a", "local", "field", "95.00", "0.1235", "80.00", "50.00", "95.00", "20", "5", "100", "40", "75.00"]
+    assert row_a == ["a", "local", "field", "95.00", "0.1235", "80.00", "50.00", "95.00", "20", "5", "100", "40",
+                     "75.00"]
     assert row_b[5] == "–" and row_b[7] == "100.00" and row_b[-1] == "–"
 
 
@@ -228,7 +230,8 @@ def test_write_report_files_parse_back(tmp_path):
     results = results_table(0.01)
     paths = report.write_report(results, tmp_path / "out", scores=scores_table(), threshold_transfer=transfer_table())
     written = {p.name: p for p in paths}
-    tables = {f"{t}.{x}" for t in ("per_set", "table3", "sb_table4") for x in ("md", "tex", "csv")} | {"families.md", "families.csv"}
+    tables = {f"{t}.{x}" for t in ("per_set", "table3", "sb_table4")
+              for x in ("md", "tex", "csv")} | {"families.md", "families.csv"}
     names = tables | {"fpr95_by_method.png", "score_densities.png", "threshold_transfer.md", "index.html",
                       "roc.png", "warnings.md"}
     assert set(written) == names and all(p.is_file() for p in written.values())
@@ -237,7 +240,8 @@ def test_write_report_files_parse_back(tmp_path):
     back = pd.read_csv(written["per_set.csv"])
     assert list(back["method"]) == ["a", "b", "c"] and list(back["family"]) == ["posthoc", "posthoc", "clip"]
     for column, metric in table.columns:
-        np.testing.assert_allclose(back[f"{column}/{metric}"].to_numpy(), table[(column, metric)].to_numpy(), rtol=1e-12)
+        np.testing.assert_allclose(back[f"{column}/{metric}"].to_numpy(), table[(column, metric)].to_numpy(),
+                                   rtol=1e-12)
     families = pd.read_csv(written["families.csv"])
     expected = report.family_table(percent)
     assert list(families.columns) == ["family", "group", "fpr95", "auroc"]
@@ -263,7 +267,8 @@ def test_cli_finds_companion_files(tmp_path, capsys):
 
 
 # -- ShiftedBronzes Table 3 / Table 4 and the best-rule table, against pandas computed here ----------------------------
-PAPER_SETS = {"sketch_rubbing": "hard", "transferred_bronze": "hard", "transferred_container": "hard", "container": "hard",
+PAPER_SETS = {"sketch_rubbing": "hard", "transferred_bronze": "hard", "transferred_container": "hard",
+              "container": "hard",
               "species": "easy", "imagenet_o": "easy", "inaturalist": "easy", "texture": "easy", "openimage_o": "easy"}
 PAPER_METHODS = {"msp": "posthoc", "ebo": "posthoc", "vim": "posthoc", "gram": "posthoc", "opengan": "generative",
                  "diffguard": "generative", "clipn": "clip", "locoop": "clip", "idlike": "clip"}
@@ -271,8 +276,8 @@ PAPER_METHODS = {"msp": "posthoc", "ebo": "posthoc", "vim": "posthoc", "gram": "
 
 def paper_results(seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
-    rows = [{"method": m, "family": f, "ood_set": s, "group": g, "auroc": rng.uniform(50, 100), "fpr95": rng.uniform(0, 100),
-             "aupr_in": 50.0, "aupr_out": 50.0, "n_id": 10, "n_ood": 10, "seconds": 1.0}
+    rows = [{"method": m, "family": f, "ood_set": s, "group": g, "auroc": rng.uniform(50, 100),
+             "fpr95": rng.uniform(0, 100), "aupr_in": 50.0, "aupr_out": 50.0, "n_id": 10, "n_ood": 10, "seconds": 1.0}
             for m, f in PAPER_METHODS.items() for s, g in PAPER_SETS.items()]
     return pd.DataFrame(rows).sample(frac=1.0, random_state=seed)  # row order must not matter
 
@@ -283,7 +288,8 @@ def test_table3_and_table4_against_plain_pandas_means(tmp_path):
     table3 = pd.read_csv(tmp_path / "table3.csv").set_index("method")
     columns = list(table3.columns[1:])
     assert sorted(columns) == sorted(f"{s}/{m}" for s in PAPER_SETS for m in ("fpr95", "auroc"))
-    assert {c.split("/")[0] for c in columns[:8]} == {s for s, g in PAPER_SETS.items() if g == "hard"}  # hard sets first
+    # hard sets first
+    assert {c.split("/")[0] for c in columns[:8]} == {s for s, g in PAPER_SETS.items() if g == "hard"}
     assert list(table3["family"].drop_duplicates()) == ["posthoc", "generative", "clip"]
     for row in frame.itertuples():
         assert table3.loc[row.method, f"{row.ood_set}/auroc"] == pytest.approx(row.auroc)
@@ -291,7 +297,8 @@ def test_table3_and_table4_against_plain_pandas_means(tmp_path):
 
     table4 = pd.read_csv(tmp_path / "sb_table4.csv").set_index("family")
     assert list(table4.index) == ["posthoc", "generative", "clip"]
-    assert list(table4.columns) == [f"{g}/{m}" for g in ("all", "hard", "easy") for m in ("fpr95", "auroc")]  # the paper: All | Hard | Easy
+    # the paper: All | Hard | Easy
+    assert list(table4.columns) == [f"{g}/{m}" for g in ("all", "hard", "easy") for m in ("fpr95", "auroc")]
     for family in ("posthoc", "generative", "clip"):
         rows = frame[frame["family"] == family]
         for group in ("hard", "easy", "all"):
@@ -313,10 +320,12 @@ def insect_results() -> pd.DataFrame:
     rows = []
     for (base, rule), aurocs in values.items():
         for s, a in zip(("local", "non_local", "non_moth"), aurocs):
-            rows.append({"method": f"{base}+{rule}", "family": "training", "ood_set": s, "group": "near" if s == "local" else "far",
+            rows.append({"method": f"{base}+{rule}", "family": "training", "ood_set": s,
+                         "group": "near" if s == "local" else "far",
                          "auroc": a, "fpr95": 100 - a / 2, "aupr_in": 50.0, "aupr_out": 50.0, "n_id": 5, "n_ood": 5,
                          "seconds": 1.0, "base": base, "rule": rule})
-    rows += [{"method": "knn", "family": "posthoc", "ood_set": s, "group": "near" if s == "local" else "far", "auroc": 99.0,
+    rows += [{"method": "knn", "family": "posthoc", "ood_set": s, "group": "near" if s == "local" else "far",
+              "auroc": 99.0,
               "fpr95": 1.0, "aupr_in": 50.0, "aupr_out": 50.0, "n_id": 5, "n_ood": 5, "seconds": 1.0, "base": None,
               "rule": None} for s in ("local", "non_local", "non_moth")]
     return pd.DataFrame(rows)
@@ -324,7 +333,8 @@ def insect_results() -> pd.DataFrame:
 
 def rule_selection() -> pd.DataFrame:
     """The runner's choice on validation: ce -> vim and oe -> msp (on local TEST AUROC ce would pick ebo, oe tie)."""
-    rows = [("ce", r, r == "vim") for r in ("msp", "ebo", "vim")] + [("oe", r, r == "msp") for r in ("msp", "ebo", "vim")]
+    rows = [("ce", r, r == "vim") for r in ("msp", "ebo", "vim")] + [("oe", r, r == "msp")
+                                                                     for r in ("msp", "ebo", "vim")]
     return pd.DataFrame([{"base": b, "rule": r, "metric": "auroc", "value": 0.9 if chosen else 0.8,
                           "ood_val": "aux_val", "chosen": chosen} for b, r, chosen in rows])
 
@@ -341,7 +351,8 @@ def test_best_rule_follows_the_validation_choice(tmp_path):
     rule_selection().to_csv(selection, index=False)
     report.write_report(frame, tmp_path, rule_selection=selection)
     back = pd.read_csv(tmp_path / "best_rule.csv")
-    assert list(back[["base", "rule", "method"]].itertuples(index=False, name=None)) == [("ce", "vim", "ce+vim"), ("oe", "msp", "oe+msp")]
+    assert list(back[["base", "rule", "method"]].itertuples(index=False, name=None)) == [("ce", "vim", "ce+vim"),
+                                                                                         ("oe", "msp", "oe+msp")]
     hand = frame.set_index(["method", "ood_set"])
     for _, row in back.iterrows():
         for s in ("local", "non_local", "non_moth"):

@@ -54,7 +54,8 @@ def test_aux_study_runs_each_count_and_reuses_finished_runs(digits, tmp_path, mo
 
     id_dir, ood_dir, model = digits
     ood = read_manifest(ood_dir)
-    aux = [{**r, "split": "train", "species": f"{r['ood_set']}_{i % 4}", "aux_label": i % 4 + 4 * (r["ood_set"] == "sketch")}
+    aux = [{**r, "split": "train", "species": f"{r['ood_set']}_{i % 4}",
+            "aux_label": i % 4 + 4 * (r["ood_set"] == "sketch")}
            for i, r in enumerate(ood.rows) if r["ood_set"] in ("sketch", "texture")]
     write_manifest(tmp_path / "aux", aux)
     (tmp_path / "aux" / "manifest_info.json").write_text(json.dumps({"image_root": str(ood_dir)}))
@@ -64,7 +65,8 @@ def test_aux_study_runs_each_count_and_reuses_finished_runs(digits, tmp_path, mo
                                       "aux": {"manifest": str(tmp_path / "aux"), "split": "train"},
                                       "detectors": ["msp", {"name": "oe", "params": {"epochs": 1, "mode": "heads"}}],
                                       "out": str(tmp_path / "unused")}))
-    args = ["--config", str(config), "--method", "oe", "--species", "2,6", "--budget", "12", "--out", str(tmp_path / "study")]
+    args = ["--config", str(config), "--method", "oe", "--species", "2,6", "--budget", "12", "--out",
+            str(tmp_path / "study")]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert _cli().main(args) == 0
@@ -137,7 +139,8 @@ def _dry_run_failures_and_bad_configs(args: list[str], tmp_path: Path) -> None:
     assert json.loads((study / "aux_study_failures.json").read_text()) == {"3": "exit 1"}
     assert sorted(set(pd.read_csv(study / "aux_study.csv")["species"])) == [2, 6]  # the others are in the table
 
-    for extra, message in ((["detectors=[{name: oe, params: {epochs: 0}}]"], "detectors[0].params.epochs: oe: epochs must be >= 1"),
+    for extra, message in ((["detectors=[{name: oe, params: {epochs: 0}}]"],
+                            "detectors[0].params.epochs: oe: epochs must be >= 1"),
                            (["--species", "2,99"], "99 species asked for; the auxiliary set has 8")):
         out = tmp_path / "refused"
         argv = [*args[:-1], str(out), *extra]

@@ -45,7 +45,8 @@ def _insect_run(base: Path, region: str, scores: pd.DataFrame) -> Path:
     scores = scores.drop(columns="run").assign(group=scores["group"].fillna(""))
     scores.to_parquet(run / "scores.parquet", index=False)
     acc = ID_ACC[region]
-    _results(scores, lambda m, f: acc.get(TRAINING.get(m, (m,))[0], acc.get(f))).to_csv(run / "results.csv", index=False)
+    _results(scores, lambda m, f: acc.get(TRAINING.get(m, (m,))[0], acc.get(f))).to_csv(run / "results.csv",
+                                                                                        index=False)
     pd.DataFrame([{"base": b, "rule": r, "metric": "auroc", "value": 0.9, "ood_val": "auxiliary", "chosen": c}
                   for b, r, c in (("logitnorm", "", True), ("oe", "", False), ("oe", "msp", True), ("udg", "", True))]
                  ).to_csv(run / "rule_selection.csv", index=False)
@@ -86,8 +87,8 @@ def insects(tmp_path_factory):
     base = tmp_path_factory.mktemp("golden_insects")
     scores = pd.read_csv(GOLDEN / "open_insects_scores.csv", keep_default_na=False)
     runs = {r: _insect_run(base, r, part) for r, part in scores.groupby("run", sort=False)}
-    write_open_insects([(r, p / "results.csv") for r, p in runs.items()], base / "report", splits=_summary(base / "splits"),
-                       figures="none")
+    write_open_insects([(r, p / "results.csv") for r, p in runs.items()], base / "report",
+                       splits=_summary(base / "splits"), figures="none")
     return base / "report"
 
 

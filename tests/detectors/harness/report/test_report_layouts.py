@@ -54,12 +54,14 @@ def _images(folder: Path, rows: list[dict], hue: int) -> None:
 def _insect_region(base: Path, region: str, seed: int) -> Path:
     """A region's run folder: results, scores (with file names), rule selection, threshold transfer."""
     data = base / "data" / region
-    ids = [make_row(f"id_{i}.png", split="test", role="id", label=i % 3, species=f"sp{i % 3}", hop=0) for i in range(30)]
+    ids = [make_row(f"id_{i}.png", split="test", role="id", label=i % 3, species=f"sp{i % 3}", hop=0)
+           for i in range(30)]
     sets = {"local": 24, "non_local": 18, "non_moth": 12}
     ood = [make_row(f"{s}_{i}.png", split="test", role="ood", ood_set=s, group=None, species=f"{s}_sp{i % 4}",
                     hop=1 + i % 3) for s, n in sets.items() for i in range(n)]
     field = [make_row(f"known_{i}.png", split="test", role="id", label=i % 3, species=f"sp{i % 3}") for i in range(8)]
-    field += [make_row(f"new_{i}.png", split="test", role="ood", ood_set="bci", species=NOVEL[i % 4]) for i in range(12)]
+    field += [make_row(f"new_{i}.png", split="test", role="ood", ood_set="bci", species=NOVEL[i % 4])
+              for i in range(12)]
     for name, rows, hue in (("id", ids, 60), ("ood", ood, 160), ("field", field, 220)):
         _images(data / name, rows, hue)
     rng = np.random.default_rng(seed)
@@ -94,7 +96,8 @@ def _insect_region(base: Path, region: str, seed: int) -> Path:
                                                own.loc[own["role"] == "field_ood", "score"])})
     pd.DataFrame(rows, columns=RESULT_COLUMNS).to_csv(run / "results.csv", index=False)
     pd.DataFrame(transfer).to_csv(run / "threshold_transfer.csv", index=False)
-    pd.DataFrame([{"base": b, "rule": r, "metric": "auroc", "value": 0.5, "ood_val": "aux_val", "chosen": r == CHOSEN[b]}
+    pd.DataFrame([{"base": b, "rule": r, "metric": "auroc", "value": 0.5, "ood_val": "aux_val",
+                   "chosen": r == CHOSEN[b]}
                   for b, rules in (("oe", ("", "msp", "knn")), ("logitnorm", ("",))) for r in rules]
                  ).to_csv(run / "rule_selection.csv", index=False)
     return run
@@ -137,7 +140,8 @@ def test_open_insects_table2_cell_by_cell(insects):
     for region, run in insects["runs"].items():
         scores = pd.read_parquet(run / "scores.parquet")
         for _, row in table.iterrows():
-            method = row["row"] if row["row"] not in CHOSEN or not CHOSEN[row["row"]] else f"{row['row']}+{CHOSEN[row['row']]}"
+            method = (row["row"] if row["row"] not in CHOSEN or not CHOSEN[row["row"]]
+                      else f"{row['row']}+{CHOSEN[row['row']]}")
             own = scores[scores["method"] == method]
             for s in ("local", "non_local", "non_moth"):
                 expected = _sk_auroc(own.loc[own["role"] == "id", "score"], own.loc[own["ood_set"] == s, "score"])

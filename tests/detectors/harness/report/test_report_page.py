@@ -94,7 +94,8 @@ def test_table7_for_pretrained_runs_and_figure4(tmp_path):
     study = tmp_path / "study"
     study.mkdir()
     pd.DataFrame([{"species": n, "images": 800, "ood_set": s, "method": "novel_branch", "auroc": a}
-                  for n, a in ((10, 90.0), (100, 95.0)) for s in ("local", "non_local")]).to_csv(study / "aux_study.csv",
+                  for n, a in ((10, 90.0), (100, 95.0))
+                  for s in ("local", "non_local")]).to_csv(study / "aux_study.csv",
                                                                                                index=False)
     write_open_insects([(r, p / "results.csv") for r, p in runs.items()], tmp_path / "report",
                        pretrained=["c-america-in1k"], aux_study=study)
@@ -110,7 +111,9 @@ def test_table7_for_pretrained_runs_and_figure4(tmp_path):
         write_open_insects([(r, p / "results.csv") for r, p in runs.items()], tmp_path / "x", pretrained=["nowhere"])
 
 
-@pytest.mark.skipif(_check_script().find_chromium() is None, reason="Chromium (Debian package `chromium`) not installed")
+@pytest.mark.skipif(_check_script().find_chromium() is None,
+                    reason="Chromium (Debian package `chromium`) not installed")
+@pytest.mark.slow
 def test_first_screen_holds_the_main_table(bronze_page, capsys):
     """Chromium at 1400 px: Table 3 (18 methods x 9 sets + Average) starts on the first 900 px, fits the window."""
     out, _ = bronze_page

@@ -57,7 +57,8 @@ def _scores(rows: dict[str, list[dict]], data: Path) -> pd.DataFrame:
     for method, (family, *_) in METHODS.items():
         parts = [("id", "id", "id", "id", rows["id"], SHIFT[method]),
                  ("ood", "local", "near", "data/ood", rows["ood"][:30], 0.0),  # relative to where the run started
-                 ("ood", "non_local", "far", "../data/ood", rows["ood"][30:], 3.0 if method == "knn" else 0.0),  # to the run
+                 # to the run
+                 ("ood", "non_local", "far", "../data/ood", rows["ood"][30:], 3.0 if method == "knn" else 0.0),
                  ("field_id", "bci", "field", str(data / "field"), rows["field"][:10], SHIFT[method]),
                  ("field_ood", "bci", "field", str(data / "field"), rows["field"][10:], 0.0)]
         for role, ood_set, group, manifest, part, mean in parts:
@@ -75,8 +76,8 @@ def _results(scores: pd.DataFrame) -> pd.DataFrame:
         own = scores[scores["method"] == method]
         id_scores = own.loc[own["role"] == "id", "score"]
         for ood_set, part in own[own["role"] == "ood"].groupby("ood_set", sort=False):
-            rows.append({"method": method, "family": family, "mode": mode, "base": base, "rule": rule, "ood_set": ood_set,
-                         "group": part["group"].iloc[0], **evaluate(id_scores, part["score"]),
+            rows.append({"method": method, "family": family, "mode": mode, "base": base, "rule": rule,
+                         "ood_set": ood_set, "group": part["group"].iloc[0], **evaluate(id_scores, part["score"]),
                          "id_acc": 0.9 if base else 0.8, "n_id": len(id_scores), "n_ood": len(part), "seconds": 1.0,
                          "params": "{}"})
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)
@@ -91,7 +92,8 @@ def _transfer(scores: pd.DataFrame, species: dict[str, str]) -> pd.DataFrame:
         names = novel["file_name"].map(species)
         rows.append({"method": method, "source": "local", "target": "bci", "tpr": 0.95,
                      **precision_recall_at(t, own.loc[own["role"] == "field_id", "score"], novel["score"]),
-                     "species_detected": flagged.mean(), "species_any": pd.Series(flagged).groupby(names.to_numpy()).any().mean(),
+                     "species_detected": flagged.mean(),
+                     "species_any": pd.Series(flagged).groupby(names.to_numpy()).any().mean(),
                      "n_novel_species": names.nunique()})
         far = own.loc[(own["role"] == "ood") & (own["ood_set"] == "non_local"), "score"]
         rows.append({"method": method, "source": "local", "target": "non_local", "tpr": 0.95,

@@ -51,8 +51,8 @@ def _scores(methods: list[str]) -> pd.DataFrame:
     frames = []
     for m in methods:
         for role, ood_set, mean, n in (("id", "id", 1.0, 50), ("ood", "a", 0.0, 30), ("ood", "b", 0.5, 20)):
-            frames.append(pd.DataFrame({"method": m, "family": "posthoc", "role": role, "ood_set": ood_set, "group": "x",
-                                        "index": np.arange(n), "score": rng.normal(mean, 1.0, n)}))
+            frames.append(pd.DataFrame({"method": m, "family": "posthoc", "role": role, "ood_set": ood_set,
+                                        "group": "x", "index": np.arange(n), "score": rng.normal(mean, 1.0, n)}))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -102,7 +102,9 @@ def _check_script():
     return importlib.import_module("scripts.check_report_html")
 
 
-@pytest.mark.skipif(_check_script().find_chromium() is None, reason="Chromium (Debian package `chromium`) not installed")
+@pytest.mark.skipif(_check_script().find_chromium() is None,
+                    reason="Chromium (Debian package `chromium`) not installed")
+@pytest.mark.slow
 def test_index_html_in_headless_chromium(tmp_path, capsys):
     report.write_report(_family_rows(), tmp_path / "report", scores=None)
     check = _check_script()
@@ -144,10 +146,12 @@ def test_tile_offsets_cover_the_page():
     assert check.tile_offsets(500, 8000) == [(0, 500)]
 
 
-@pytest.mark.skipif(_check_script().find_chromium() is None, reason="Chromium (Debian package `chromium`) not installed")
+@pytest.mark.skipif(_check_script().find_chromium() is None,
+                    reason="Chromium (Debian package `chromium`) not installed")
 def test_a_tall_page_is_captured_whole_in_tiles(tmp_path, capsys):
     page = tmp_path / "index.html"
-    page.write_text('<!DOCTYPE html><html><body style="margin:0"><table id="main-table"><tbody><tr><td style="color:#fff">x</td></tr>'
+    page.write_text('<!DOCTYPE html><html><body style="margin:0"><table id="main-table"><tbody><tr><td '
+                    'style="color:#fff">x</td></tr>'
                     '</tbody></table><div style="height:2280px;background:#fff"></div>'
                     '<div style="height:200px;background:#f00"></div></body></html>')
     check = _check_script()
