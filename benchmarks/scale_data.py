@@ -538,7 +538,7 @@ def table(measured: dict[str, Any], estimates: dict[str, Any]) -> str:
                      f"{estimates['loader_workers']} workers) vs the GPU's {t['gpu_hours']:.1f} h at {t['gpu_img_s']:,.0f} "
                      f"img/s (assumed): {'met' if t['meets_goal'] else 'NOT met'}")
     if "eval_pass_hours" in estimates:
-        lines.append(f"- one evaluation pass: " + ", ".join(f"{k} {v:.2f} h" for k, v in estimates["eval_pass_hours"].items()))
+        lines.append("- one evaluation pass: " + ", ".join(f"{k} {v:.2f} h" for k, v in estimates["eval_pass_hours"].items()))
     if "train_loading" in estimates:
         t = estimates["train_loading"]
         lines.append(f"  (the protocol's fp32 as TF32: GPU {t['gpu_hours_fp32_protocol']:.1f} h at "

@@ -16,7 +16,7 @@ from pipelines.tiny.configs import (CLIP_ID, DPT_ID, SD15_ID, SDXL_ID, TINY, ful
 from pipelines.tiny.tokenizer import load_tiny_tokenizer
 
 if TYPE_CHECKING:  # imported where used: loading diffusers is slow
-    from gen.zest import ZeSTConfig, ZeSTPipeline
+    pass
 
 
 def build_model(config: dict[str, Any]) -> Any:

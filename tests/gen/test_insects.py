@@ -214,7 +214,6 @@ def test_separate_non_target_table():
 
 def test_make_splits_script_synthetic(tmp_path):
     import importlib.util
-    from pathlib import Path
 
     script = importlib.import_module("oodforge.commands.make_splits")
     script.main(["--synthetic", "20000", "--out", str(tmp_path), "--seed", "1"])

@@ -1,7 +1,6 @@
 """scripts/check_layers.py finds every upward import (lazy ones included), imports between gen and detectors, imports
 of scripts and import circles, on small synthetic trees; and the repository itself passes."""
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest

@@ -3,7 +3,6 @@ input errors end as one line with exit status 2, and `--dry-run` lists a sweep w
 import importlib
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
