@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             numbers = measure(files, tv, args.rounds, Path(scratch))
         finally:
             tv.close()
-    usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    usage = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+             resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
     result = {"benchmark": "decode", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
               "pillow": Image.__version__, "oracle": tv.versions, "threads": 1, "workers": 0,
@@ -221,7 +222,8 @@ def measure(files: list[Path], tv: Torchvision, rounds: int, scratch: Path) -> d
     rate = {k: len(files) / v for k, v in best.items()}
     stages = {}
     for stage in ("decode", "eval", "train"):
-        entry = {"torchvision_img_s": round(rate[f"torchvision_{stage}"], 2), "ours_img_s": round(rate[f"ours_{stage}"], 2),
+        entry = {"torchvision_img_s": round(rate[f"torchvision_{stage}"], 2),
+                 "ours_img_s": round(rate[f"ours_{stage}"], 2),
                  "ratio": round(rate[f"ours_{stage}"] / rate[f"torchvision_{stage}"], 3)}
         if f"ours_{stage}_draft" in rate:
             entry["ours_draft_img_s"] = round(rate[f"ours_{stage}_draft"], 2)

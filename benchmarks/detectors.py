@@ -6,7 +6,8 @@ max(unavoidable multiply-adds at the rate of the precision it computes in, bytes
 Floors use the matmul rates measured just before and after each detector (the machine may be shared).
 Side by side, reference formulations (OpenOOD's Mahalanobis `(t @ P @ t.T).diag()` per class, GradNorm with one
 autograd backward per sample, scikit-learn's brute NearestNeighbors) are timed on a subsample (one 128-row batch,
-1000 rows, 2000 rows by default) and extrapolated linearly in the number of test rows. Writes `benchmarks/detectors.json` and prints markdown tables.
+1000 rows, 2000 rows by default) and extrapolated linearly in the number of test rows. Writes
+`benchmarks/detectors.json` and prints markdown tables.
 
     python -m benchmarks.detectors                       # 50k train, 20k test, 2048-d, 1000 classes
     python -m benchmarks.detectors --n-train 5000 --n-test 2000 --dim 256 --classes 100 --only mds knn
@@ -58,7 +59,8 @@ FLOPS: dict[str, FlopFormula] = {
     "react": lambda s, d: {"fit": (0, 0), "score": (_head_projection(s), 0)},
     "dice": lambda s, d: {"fit": (0, 0), "score": (_head_projection(s), 0)},
     # ASH sums only the k kept columns of W per row (k = D - round(D * percentile / 100))
-    "ash": lambda s, d: {"fit": (0, 0), "score": (2.0 * s["M"] * (s["D"] - round(s["D"] * d.percentile / 100)) * s["C"], 0)},
+    "ash": lambda s, d: {"fit": (0, 0),
+                         "score": (2.0 * s["M"] * (s["D"] - round(s["D"] * d.percentile / 100)) * s["C"], 0)},
     "fdbd": lambda s, d: {"fit": (0, 2.0 * s["C"] ** 2 * s["D"] / 2), "score": (_head_projection(s), 0)},
     "nci": lambda s, d: {"fit": (0, 0), "score": (_head_projection(s), 0)},
     # covariance N D^2 (symmetric rank-N update), inverse via Cholesky; score: t @ P and t P @ means^T
@@ -74,7 +76,8 @@ FLOPS: dict[str, FlopFormula] = {
                                  2.0 * s["C"] * s["D"] ** 2 + s["N"] * s["D"] ** 2 + _eigh(s["D"], _residual_width(d))),
                          "score": (_head_projection(s), 2.0 * s["M"] * s["D"] * _residual_width(d))},
     "neco": lambda s, d: {"fit": (0, s["N"] * s["D"] ** 2 + _eigh(s["D"], d.components.shape[1])),
-                          "score": (_head_projection(s) if d.max_logit else 0, 2.0 * s["M"] * s["D"] * d.components.shape[1])},
+                          "score": (_head_projection(s) if d.max_logit else 0,
+                                    2.0 * s["M"] * s["D"] * d.components.shape[1])},
     # group A: GradNorm projects through the head in float64; KLM's KL to C class templates is one [M,C] x [C,C] product
     "gradnorm": lambda s, d: {"fit": (0, 0), "score": (0, _head_projection(s))},
     "klm": lambda s, d: {"fit": (0, 0), "score": (0, 2.0 * s["M"] * s["C"] ** 2)},
@@ -143,7 +146,8 @@ def synthetic(n: int, head: LinearHead, centres: np.ndarray, rng: np.random.Gene
 def make_data(args: argparse.Namespace) -> tuple[FeatureSet, FeatureSet, FeatureSet, LinearHead]:
     rng = np.random.default_rng(args.seed)
     centres = rng.normal(0.0, 1.0, (args.classes, args.dim)).astype(np.float32)
-    head = LinearHead(rng.normal(0.0, 1.0 / np.sqrt(args.dim), (args.classes, args.dim)), rng.normal(0.0, 0.1, args.classes))
+    head = (LinearHead(rng.normal(0.0, 1.0 / np.sqrt(args.dim), (args.classes, args.dim)),
+                       rng.normal(0.0, 0.1, args.classes)))
     return (synthetic(args.n_train, head, centres, rng), synthetic(args.n_val, head, centres, rng),
             synthetic(args.n_test, head, centres, rng), head)
 
@@ -167,7 +171,8 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float, PeakMemory]:
 
 def current_rates(machine: dict[str, float]) -> dict[str, float]:
     """Matmul rates measured now (size 1024): the machine may be shared, so floors use rates taken around each run."""
-    return {**machine, "float32_gflops": matmul_rate(np.float32, 1024, 2), "float64_gflops": matmul_rate(np.float64, 1024, 2)}
+    return ({**machine, "float32_gflops": matmul_rate(np.float32, 1024, 2),
+             "float64_gflops": matmul_rate(np.float64, 1024, 2)})
 
 
 def bench_detector(name: str, train: FeatureSet, val: FeatureSet, test: FeatureSet, head: LinearHead,
@@ -257,7 +262,8 @@ def references(fitted: dict[str, tuple[dict[str, Any], Any]], test: FeatureSet, 
         row, det = fitted["mds"]
         rows = min(len(test), args.mds_reference_rows)
         seconds, diff = mahalanobis_diag_reference(det, test, rows)
-        out.append({"what": "mds vs per-class (t@P@t.T).diag() (torch float32)", "ours_s": row["score_s"], "reference_s": seconds,
+        out.append({"what": "mds vs per-class (t@P@t.T).diag() (torch float32)", "ours_s": row["score_s"],
+                    "reference_s": seconds,
                     "speedup": seconds / row["score_s"], "reference_rows": rows, "max_rel_diff": diff})
     grad_rows = min(len(test), args.gradnorm_reference_rows)
     seconds, reference_scores = gradnorm_autograd_reference(head, test, grad_rows)
@@ -272,14 +278,15 @@ def references(fitted: dict[str, tuple[dict[str, Any], Any]], test: FeatureSet, 
         gradnorm_score(test.features, head.weight, head.bias)
         ours_s, label = time.perf_counter() - start, "closed form, gradnorm not benchmarked"
         ours = gradnorm_score(test.features[:grad_rows], head.weight, head.bias)
-    out.append({"what": f"gradnorm ({label}) vs one autograd backward per sample", "ours_s": ours_s, "reference_s": seconds,
-                "speedup": seconds / ours_s, "reference_rows": grad_rows,
+    out.append({"what": f"gradnorm ({label}) vs one autograd backward per sample", "ours_s": ours_s,
+                "reference_s": seconds, "speedup": seconds / ours_s, "reference_rows": grad_rows,
                 "max_rel_diff": float(np.max(np.abs(ours - reference_scores) / np.abs(reference_scores)))})
     if "knn" in fitted:
         row, det = fitted["knn"]
         knn_rows = min(len(test), args.knn_reference_rows)
         seconds, diff = knn_sklearn_reference(det, test, knn_rows)
-        out.append({"what": "knn (faiss IndexFlatL2) vs sklearn NearestNeighbors brute", "ours_s": row["score_s"], "reference_s": seconds,
+        out.append({"what": "knn (faiss IndexFlatL2) vs sklearn NearestNeighbors brute", "ours_s": row["score_s"],
+                    "reference_s": seconds,
                     "speedup": seconds / row["score_s"], "reference_rows": knn_rows, "max_rel_diff": diff})
     return out
 
@@ -288,20 +295,25 @@ def markdown(result: dict[str, Any]) -> str:
     fmt = lambda v, spec=".2f": "—" if v is None else format(v, spec)  # noqa: E731
     m, s = result["machine"], result["sizes"]
     lines = [f"Sizes: {s['n_train']} train, {s['n_val']} val, {s['n_test']} test, D={s['dim']}, C={s['classes']}. "
-             f"Machine: {m['cpus']} CPUs, float32 matmul {m['float32_gflops']:.1f} GFLOP/s, float64 {m['float64_gflops']:.1f} GFLOP/s, "
+             f"Machine: {m['cpus']} CPUs, float32 matmul {m['float32_gflops']:.1f} GFLOP/s, float64 "
+             f"{m['float64_gflops']:.1f} GFLOP/s, "
              f"read {m['read_gbps']:.1f} GB/s.", "",
-             "| detector | inputs | fit s | fit / floor | score s | score / floor | fit peak MB (traced / RSS) | score peak MB (traced / RSS) |",
+             "| detector | inputs | fit s | fit / floor | score s | score / floor | fit peak MB (traced / RSS) | score "
+             "peak MB (traced / RSS) |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in result["detectors"]:
         mark = "" if r["flop_formula"] else " †"
-        lines.append(f"| {r['detector']}{mark} | {', '.join(r['inputs'])} | {r['fit_s']:.2f} | {fmt(r['fit_over_floor'])} | "
-                     f"{r['score_s']:.2f} | {fmt(r['score_over_floor'])} | {r['fit_peak_traced_mb']:.0f} / {r['fit_peak_rss_mb']:.0f} | "
+        lines.append(f"| {r['detector']}{mark} | {', '.join(r['inputs'])} | {r['fit_s']:.2f} | "
+                     f"{fmt(r['fit_over_floor'])} | "
+                     f"{r['score_s']:.2f} | {fmt(r['score_over_floor'])} | {r['fit_peak_traced_mb']:.0f} / "
+                     f"{r['fit_peak_rss_mb']:.0f} | "
                      f"{r['score_peak_traced_mb']:.0f} / {r['score_peak_rss_mb']:.0f} |")
     lines += ["", "† no FLOP formula: the floor is reading the inputs once at the measured bandwidth.", "",
               "| comparison | ours s | reference s (extrapolated) | speed-up | reference rows | max rel. diff |",
               "|---|---:|---:|---:|---:|---:|"]
     for r in result["references"]:
-        lines.append(f"| {r['what']} | {r['ours_s']:.3f} | {r['reference_s']:.1f} | {r['speedup']:.3g}x | {r['reference_rows']} | "
+        lines.append(f"| {r['what']} | {r['ours_s']:.3f} | {r['reference_s']:.1f} | {r['speedup']:.3g}x | "
+                     f"{r['reference_rows']} | "
                      f"{r['max_rel_diff']:.1e} |")
     return "\n".join(lines)
 
@@ -315,9 +327,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--mds-reference-rows", type=int, default=128,
                         help="test rows (one batch, OpenOOD-sized) for the per-class (t@P@t.T).diag() reference")
-    parser.add_argument("--gradnorm-reference-rows", type=int, default=1000, help="test rows for per-sample autograd GradNorm")
-    parser.add_argument("--knn-reference-rows", type=int, default=2000, help="test rows for scikit-learn's brute NearestNeighbors")
-    parser.add_argument("--only", nargs="*", help="detector names (default: every posthoc detector without image inputs)")
+    parser.add_argument("--gradnorm-reference-rows", type=int, default=1000,
+                        help="test rows for per-sample autograd GradNorm")
+    parser.add_argument("--knn-reference-rows", type=int, default=2000,
+                        help="test rows for scikit-learn's brute NearestNeighbors")
+    parser.add_argument("--only", nargs="*",
+                        help="detector names (default: every posthoc detector without image inputs)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     args = parser.parse_args(argv)
@@ -328,14 +343,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"float32 {machine['float32_gflops']:.1f} GFLOP/s, float64 {machine['float64_gflops']:.1f} GFLOP/s, "
           f"read {machine['read_gbps']:.1f} GB/s", flush=True)
     train, val, test, head = make_data(args)
-    names = args.only or [n for n in detectors.available("posthoc") if "images" not in detectors.detector_class(n).inputs]
+    names = args.only or [n for n in detectors.available("posthoc")
+                          if "images" not in detectors.detector_class(n).inputs]
     rows, fitted = [], {}
     bar = progress(names, "detectors", unit="detector")
     for name in bar:
         row, det, _ = bench_detector(name, train, val, test, head, machine)
         rows.append(row)
         fitted[name] = (row, det)
-        bar.write(f"{name}: fit {row['fit_s']:.2f}s, score {row['score_s']:.2f}s ({row['score_over_floor']:.2f}x floor)")
+        bar.write(f"{name}: fit {row['fit_s']:.2f}s, score {row['score_s']:.2f}s ({row['score_over_floor']:.2f}x "
+                  "floor)")
     result = {"machine": machine, "sizes": {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test,
                                             "dim": args.dim, "classes": args.classes},
               "detectors": rows, "references": references(fitted, test, head, args)}

@@ -101,7 +101,8 @@ def bench_batching(det, images: list, batch_sizes: list[int], loop_images: int |
     step = {"loop": lambda b, s: det.reconstruct_pixel(x01[s], labels[s], seeds[s]),
             "batched": lambda b, s: det.reconstruct_pixel(x01[s], labels[s], seeds[s]),
             "official": lambda b, s: official_reconstruct(det, x01[s], labels[s], seeds[s])}
-    cases = [("loop", 1, loop_images or n)] + [("batched", b, n) for b in batch_sizes] + [("official", b, n) for b in batch_sizes if b > 1]
+    cases = ([("loop", 1, loop_images or n)] + [("batched", b, n) for b in batch_sizes]
+             + [("official", b, n) for b in batch_sizes if b > 1])
     run = lambda case: [step[case[0]](case[1], slice(i, min(i + case[1], case[2]))) for i in range(0, case[2], case[1])]  # noqa: E731
     order, times = random.Random(order_seed), {case: [] for case in cases}
     for round_ in range(rounds + 1):  # round 0: warm-up, not kept
@@ -174,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| DISTS early-stop rule, input features once | features at every step | {r['rule_ratio']:.2f} |")
         print(f"| whole inversion with that rule | same | {r['inversion_ratio']:.2f} |")
     if "gradcam" in result:
-        print(f"| Grad-CAM + prediction in one pass | prediction pass + Grad-CAM pass | {result['gradcam']['ratio']:.2f} |")
+        print("| Grad-CAM + prediction in one pass | prediction pass + Grad-CAM pass | "
+              f"{result['gradcam']['ratio']:.2f} |")
     atomic_write_json(args.out, result)
     print(f"\nwrote {args.out}")
 

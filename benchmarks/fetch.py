@@ -70,7 +70,8 @@ def table(path: Path, urls: list[str]) -> Path:
 def run_ours(urls: list[str], work: Path, workers: int, first: "callable") -> dict:
     out = work / "ours"
     cmd = [sys.executable, str(ROOT / "scripts" / "fetch_images.py"), "--occurrences", str(table(work / "t.csv", urls)),
-           "--out", str(out), "--workers", str(workers), "--resize", "keep_ratio", "--per-species", "0", "--min-bytes", "0", "--min-side", "0"]
+           "--out", str(out), "--workers", str(workers), "--resize", "keep_ratio", "--per-species", "0", "--min-bytes",
+           "0", "--min-side", "0"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                           env={"PYTHONPATH": str(ROOT), "OODFORGE_PROGRESS": "off", "PATH": "/usr/bin:/bin"})
@@ -166,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         if "img2dataset" in best:
             results[name]["ratio_fetch_images_per_s"] = \
                 best["ours"]["fetch_images_per_s"] / max(best["img2dataset"]["fetch_images_per_s"], 1e-9)
-    record = {"benchmark": "fetch", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": platform.python_version(),
+    record = {"benchmark": "fetch", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "python": platform.python_version(),
               "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "img2dataset": "1.47.0 (keep_ratio 512, resize_only_if_bigger, quality 95, retries 0)" if i2d else None,
               "scenarios": results}

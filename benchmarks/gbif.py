@@ -12,7 +12,8 @@ peak RSS of the process and the peak the read added to its imports):
   extension, then the same merge).
 
 The seconds and the peak are extrapolated to the paper's size (2,912,168 images, 28,388 species) along the line
-through the runs at `--rows / 2` and `--rows` (the imports' RSS counted once); `--rows 2912168 --readers ours` measures it directly (the baselines need several GiB).
+through the runs at `--rows / 2` and `--rows` (the imports' RSS counted once); `--rows 2912168 --readers ours` measures
+it directly (the baselines need several GiB).
 
     python -m benchmarks.gbif [--rows 200000] [--columns 130] [--repeat 2]   -> benchmarks/gbif.json
 """
@@ -158,15 +159,18 @@ def main(argv: list[str] | None = None) -> int:
     runs = {kind: runs[(kind, sizes[1])] for kind in readers}
     result = {"rows": args.rows, "species": species, "columns": args.columns, "zip_mib": round(size / 2**20, 1),
               "unpacked_mib": round(unpacked / 2**20, 1), "build_archive_s": round(built, 1), "repeat": args.repeat,
-              "readers": {kind: {**run, "at_half_rows": half[kind], "at_paper_size": extrapolate(half[kind], run, args.rows)}
+              "readers": {kind: {**run, "at_half_rows": half[kind],
+                                 "at_paper_size": extrapolate(half[kind], run, args.rows)}
                           for kind, run in runs.items()},
               "python": sys.version.split()[0], "machine": platform.machine(), "cpus": os.cpu_count(),
               "load_average": [round(x, 2) for x in os.getloadavg()]}
     if "ours" in runs:
-        result["speedup"] = {k: round(r["seconds"] / runs["ours"]["seconds"], 2) for k, r in runs.items() if k != "ours"}
+        result["speedup"] = {k: round(r["seconds"] / runs["ours"]["seconds"], 2)
+                             for k, r in runs.items() if k != "ours"}
         result["peak_ratio"] = {k: round(r["peak_rss_mib"] / runs["ours"]["peak_rss_mib"], 2)
                                 for k, r in runs.items() if k != "ours"}
-    print(f"{args.rows:,} images, {species:,} species, {args.columns} columns ({result['unpacked_mib']:,} MiB unpacked)")
+    print(f"{args.rows:,} images, {species:,} species, {args.columns} columns ({result['unpacked_mib']:,} MiB "
+          "unpacked)")
     print(f"{'reader':<14}{'seconds':>10}{'peak RSS MiB':>14}{'added MiB':>12}{'s @2.9M':>10}{'peak MiB @2.9M':>16}")
     for kind, run in result["readers"].items():
         at = run["at_paper_size"]

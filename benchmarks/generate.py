@@ -118,7 +118,8 @@ def original_style_loop(pipe: Any, depth: DepthEstimator, items: list[PlanItem],
         image = pipe(prompt=PROMPT, negative_prompt=NEGATIVE_PROMPT, image=grayscale_init(target, mask).resize(size),
                      mask_image=mask.resize(size), control_image=control, ip_adapter_image=material,
                      height=resolution, width=resolution, num_inference_steps=steps, strength=zest.strength,
-                     guidance_scale=zest.guidance_scale, controlnet_conditioning_scale=zest.controlnet_conditioning_scale,
+                     guidance_scale=zest.guidance_scale,
+                     controlnet_conditioning_scale=zest.controlnet_conditioning_scale,
                      generator=torch.Generator().manual_seed(42)).images[0]
         image.resize(target.size).save(out / Path(item.output).name)
 

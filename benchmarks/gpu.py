@@ -115,8 +115,8 @@ def _zest_case(zest: Any, label: str, batch: int, inputs: tuple[list, list, list
     warm = _timed(lambda: zest.generate(*batch_inputs, seeds=seeds, **warm_call), device)
     _reset_peak(device)
     seconds = _timed(lambda: zest.generate(*batch_inputs, seeds=seeds, **call), device)
-    case = dict(case=label, mode="batched", batch_size=batch, images=batch, seconds=seconds, images_per_s=batch / seconds,
-                warmup_s=warm, peak_gib=_peak_gib(device), build_s=build_s)
+    case = dict(case=label, mode="batched", batch_size=batch, images=batch, seconds=seconds,
+                images_per_s=batch / seconds, warmup_s=warm, peak_gib=_peak_gib(device), build_s=build_s)
     print(f"[zest] {label:16s} batch {batch}: {batch / seconds:.3f} img/s, peak {case['peak_gib'] or 0:.1f} GiB, "
           f"warm-up {warm:.1f} s, build {build_s:.1f} s", flush=True)
     return case
@@ -235,7 +235,8 @@ def bench_diffguard(args: argparse.Namespace, budget: Budget, save: Callable[[di
     unet, pipe, classifier = random_diffguard_models(size, device, dtype)
     steps = 10 if args.dry_run else 100
     common = dict(classifier=classifier, distance="ssim", early_stop_similarity=None)
-    pixel = detectors.build("diffguard", unet=unet, steps=steps, max_inversion_steps=int(0.9 * steps), early_stop_psnr=15.0,
+    pixel = detectors.build("diffguard", unet=unet, steps=steps, max_inversion_steps=int(0.9 * steps),
+                            early_stop_psnr=15.0,
                             precision="fp32" if args.dry_run else "fp16", **common)  # fp16: the official ADM precision
     side = int(unet.config.sample_size)
     images = contrast_ramp_images(max(args.batch_sizes), side)
@@ -277,16 +278,19 @@ def bench_train(args: argparse.Namespace, budget: Budget, save: Callable[[dict[s
     started = time.perf_counter()
     classifier = _resnet_classifier(size, 32 if args.dry_run else 224)
     with tempfile.TemporaryDirectory() as scratch:
-        manifest = synthetic_manifest(Path(scratch), batch * (2 if args.dry_run else args.train_steps), 48 if args.dry_run else 256)
-        numbers = measure(classifier, manifest, epochs=1, batch_size=batch, num_workers=0 if args.dry_run else args.train_workers,
-                          precision="fp32" if args.dry_run else "bf16", channels_last=device.type == "cuda", device=device,
-                          repeats=1 if args.dry_run else 2)
+        manifest = (synthetic_manifest(Path(scratch), batch * (2 if args.dry_run else args.train_steps),
+                                       48 if args.dry_run else 256))
+        numbers = measure(classifier, manifest, epochs=1, batch_size=batch,
+                          num_workers=0 if args.dry_run else args.train_workers,
+                          precision="fp32" if args.dry_run else "bf16", channels_last=device.type == "cuda",
+                          device=device, repeats=1 if args.dry_run else 2)
     budget.record("train-resnet50", time.perf_counter() - started)
     numbers["peak_gib"] = _peak_gib(device)
     print(f"[train] ResNet-50 ({size}) batch {batch}: {numbers['train_images_per_s']:.1f} img/s "
-          f"(x{numbers['train_ratio']:.2f} vs plain loop), features {numbers['feature_images_per_s']:.1f} img/s", flush=True)
-    return dict(model=f"microsoft/resnet-50 ({size}, random weights)", batch_size=batch, dtype="fp32" if args.dry_run else "bf16",
-                channels_last=device.type == "cuda", **numbers)
+          f"(x{numbers['train_ratio']:.2f} vs plain loop), features {numbers['feature_images_per_s']:.1f} img/s",
+          flush=True)
+    return dict(model=f"microsoft/resnet-50 ({size}, random weights)", batch_size=batch,
+                dtype="fp32" if args.dry_run else "bf16", channels_last=device.type == "cuda", **numbers)
 
 
 def _resnet_classifier(size: str, image_size: int) -> Any:
@@ -325,7 +329,8 @@ SECTIONS: dict[str, Callable[[argparse.Namespace, Budget, Callable[[dict[str, An
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser(__doc__, out=True)
     p.set_defaults(out=Path(__file__).with_suffix(".json"))
-    p.add_argument("--sections", type=comma_list, default=list(SECTIONS), help=f"comma-separated subset of {list(SECTIONS)}")
+    p.add_argument("--sections", type=comma_list, default=list(SECTIONS),
+                   help=f"comma-separated subset of {list(SECTIONS)}")
     p.add_argument("--batch-sizes", type=int_list, default=[1, 2, 4, 8])
     p.add_argument("--compile-batch-sizes", type=int_list, default=[1, 4],
                         help="batch sizes timed with torch.compile (each new shape recompiles, so keep this short)")

@@ -86,7 +86,8 @@ def rates(dim: int, classes: int, rows: int = 4096) -> dict[str, float]:
     x32, w32 = x64.astype(np.float32), rng.random((dim, classes)).astype(np.float32)
     w64 = rng.random((dim, 1000))
     out = {}
-    for key, fn, flops in (("syrk64", lambda: x64.T @ x64, rows * dim ** 2), ("gemm64", lambda: x64 @ w64, 2 * rows * dim * 1000),
+    for key, fn, flops in (("syrk64", lambda: x64.T @ x64, rows * dim ** 2),
+                           ("gemm64", lambda: x64 @ w64, 2 * rows * dim * 1000),
                            ("gemm32", lambda: x32 @ w32, 2 * rows * dim * classes)):
         fn()
         start = time.perf_counter()
@@ -95,7 +96,8 @@ def rates(dim: int, classes: int, rows: int = 4096) -> dict[str, float]:
     return out
 
 
-def gemm_seconds(name: str, n: int, m: int, dim: int, classes: int, rate: dict[str, float], knn_m: int) -> tuple[float, float]:
+def gemm_seconds(name: str, n: int, m: int, dim: int, classes: int, rate: dict[str, float],
+                 knn_m: int) -> tuple[float, float]:
     """(fit, score) seconds of the method's dense products at `rate` (FLOPS table of docs/bench_scale.md)."""
     k = 1000 if dim >= 2048 else (256 if dim >= 512 else dim // 2)
     k = min(k, dim - k)  # ViM keeps the smaller basis
@@ -168,7 +170,8 @@ def knn_recall(det: Any, queries: Any, scores: np.ndarray, spec: dict[str, Any])
     best_d, best_i = None, None
     for rows, block in streaming.chunks(FeatureCache.load(spec["train"], mmap=True).features):
         d, i = faiss.knn(q, l2_normalise(block), k)
-        d, i = (d, i + rows.start) if best_d is None else (np.concatenate([best_d, d], 1), np.concatenate([best_i, i + rows.start], 1))
+        d, i = ((d, i + rows.start) if best_d is None else (np.concatenate([best_d, d], 1),
+                                                            np.concatenate([best_i, i + rows.start], 1)))
         keep = np.argpartition(d, k - 1, axis=1)[:, :k]
         best_d, best_i = np.take_along_axis(d, keep, 1), np.take_along_axis(i, keep, 1)
     recall = float(np.mean([len(np.intersect1d(a, b)) / k for a, b in zip(found, best_i)]))
@@ -199,7 +202,8 @@ def pytorch_ood_detector(name: str, weight: Any, bias: Any):
     dim = weight.shape[1]
     d = 1000 if dim >= 2048 else (256 if dim >= 512 else dim // 2)
     return {"mds": lambda: pood.Mahalanobis(None), "rmds": lambda: pood.RMD(None), "knn": lambda: pood.KNN(None, k=50),
-            "vim": lambda: pood.ViM(None, d=d, w=weight, b=bias), "dice": lambda: pood.DICE(None, w=weight, b=bias, p=0.9),
+            "vim": lambda: pood.ViM(None, d=d, w=weight, b=bias),
+            "dice": lambda: pood.DICE(None, w=weight, b=bias, p=0.9),
             "she": lambda: pood.SHE(None, head=linear), "nci": lambda: pood.NCI(None, head=linear, alpha=1e-4)}[name]()
 
 
@@ -210,7 +214,8 @@ def pytorch_ood_run(spec: dict[str, Any], train: Any, test: Any, test_rows: slic
     z = torch.from_numpy(np.asarray(train.features, dtype=np.float32))
     y = torch.from_numpy(np.asarray(train.labels))
     q = torch.from_numpy(np.asarray(test.features[test_rows], dtype=np.float32))
-    det = pytorch_ood_detector(spec["name"], torch.from_numpy(np.array(train.head_weight)), torch.from_numpy(np.array(train.head_bias)))
+    det = (pytorch_ood_detector(spec["name"], torch.from_numpy(np.array(train.head_weight)),
+                                torch.from_numpy(np.array(train.head_bias))))
     base = _rss()["peak_rss_mb"]
     start, cpu = time.perf_counter(), time.process_time()
     with torch.no_grad():
@@ -222,7 +227,8 @@ def pytorch_ood_run(spec: dict[str, Any], train: Any, test: Any, test_rows: slic
         det.predict_features(q[:rows])
     scale = len(q) / rows
     return {"fit_s": fit_s, "fit_cpu_s": fit_cpu, "score_s": (time.perf_counter() - start) * scale,
-            "score_cpu_s": (time.process_time() - cpu) * scale, "score_rows_timed": rows, "baseline_rss_mb": base, **_rss()}
+            "score_cpu_s": (time.process_time() - cpu) * scale, "score_rows_timed": rows, "baseline_rss_mb": base,
+            **_rss()}
 
 
 def _rss() -> dict[str, float]:
@@ -238,7 +244,8 @@ def _rss() -> dict[str, float]:
 
 def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     done = subprocess.run([sys.executable, "-m", "benchmarks.scale", "--child", json.dumps(spec)], capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                          text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -294,39 +301,47 @@ def bench_manifests(occurrences: int, workdir: Path) -> dict[str, Any]:
     old_s, old_cpu = time.perf_counter() - start, time.process_time() - cpu
     same = all((written[r] / "metadata.jsonl").read_bytes() == previous[r] for r in written)
     shutil.rmtree(out, ignore_errors=True)
-    return {"occurrences": occurrences, "rows_written": rows_written, "write_splits_s": new_s, "write_splits_cpu_s": new_cpu,
+    return {"occurrences": occurrences, "rows_written": rows_written, "write_splits_s": new_s,
+            "write_splits_cpu_s": new_cpu,
             "previous_writer_s": old_s, "previous_writer_cpu_s": old_cpu, "speedup": old_s / new_s,
             "speedup_cpu": old_cpu / new_cpu, "byte_identical": same,
-            "note": "previous writer = former manifest_rows + validate_row + json.dumps per row, file writes and summary"}
+            "note": "previous writer = former manifest_rows + validate_row + json.dumps per row, file writes and "
+            "summary"}
 
 
 # -- driver -------------------------------------------------------------------------------------------------------
 def markdown(result: dict[str, Any]) -> str:
     f = lambda v, spec=".2f": "—" if v is None else format(v, spec)  # noqa: E731
-    lines = ["| rows | detector | fit s | fit / floor | score s | peak RSS MiB | fit µs/row | pytorch-ood fit+score s | "
-             "pytorch-ood / ours | pytorch-ood peak RSS MiB |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| rows | detector | fit s | fit / floor | score s | peak RSS MiB | fit µs/row | "
+             "pytorch-ood fit+score s | pytorch-ood / ours | pytorch-ood peak RSS MiB |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["runs"]:
         if "error" in r:
             lines.append(f"| {r['rows']} | {r['detector']} | error: {r['error']} |||||||||")
             continue
         p = r.get("pytorch_ood") or {}
-        lines.append(f"| {r['rows']} | {r['detector']} | {r['fit_s']:.2f} | {f(r['fit_over_floor'])} | {r['score_s']:.2f} | "
+        lines.append(f"| {r['rows']} | {r['detector']} | {r['fit_s']:.2f} | {f(r['fit_over_floor'])} | "
+                     f"{r['score_s']:.2f} | "
                      f"{r['peak_rss_mb']:.0f} | {f(r['fit_us_per_row'], '.3f')} | "
                      f"{f(p.get('total_s')) if 'total_s' in p else p.get('error', '—')} | {f(p.get('ratio'))} | "
                      f"{f(p.get('peak_rss_mb'), '.0f')} |")
     lines += ["", "| detector | µs per train row by size (fit; KNN: score) | largest / smallest |", "|---|---|---:|"]
     for name, row in result["linearity"].items():
-        lines.append(f"| {name} | {', '.join(f'{k}: {v:.3f}' for k, v in row['us_per_row'].items())} | {f(row['growth'])} |")
+        lines.append(f"| {name} | {', '.join(f'{k}: {v:.3f}' for k, v in row['us_per_row'].items())} | "
+                     f"{f(row['growth'])} |")
     if result.get("knn_ivf"):
         k = result["knn_ivf"]
-        lines += ["", f"KNN `index='ivf'` (float16, nprobe {k['nprobe']}) at {k['rows']} rows: fit {k['fit_s']:.1f} s, score "
+        lines += ["",
+                  f"KNN `index='ivf'` (float16, nprobe {k['nprobe']}) at {k['rows']} rows: fit {k['fit_s']:.1f} s, "
+                  "score "
                       f"{k['score_s']:.2f} s (exact: {k['exact_score_s']:.2f} s), recall@50 {k['recall_at_k']:.4f}, "
                       f"max |score diff| {f(k['max_abs_score_diff'], '.2e')}."]
     if result.get("manifests"):
         m = result["manifests"]
         lines += ["", f"Manifests: {m['rows_written']} rows, write_splits {m['write_splits_s']:.1f} s wall "
                       f"({m['write_splits_cpu_s']:.1f} s CPU), previous writer {m['previous_writer_s']:.1f} s wall "
-                      f"({m['previous_writer_cpu_s']:.1f} s CPU): {m['speedup']:.1f}x wall, {m['speedup_cpu']:.1f}x CPU, "
+                      f"({m['previous_writer_cpu_s']:.1f} s CPU): {m['speedup']:.1f}x wall, {m['speedup_cpu']:.1f}x "
+                      "CPU, "
                       f"byte-identical: {m['byte_identical']}."]
     return "\n".join(lines)
 
@@ -341,23 +356,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--preset", choices=sorted(PRESETS), help="a named set of the options below (given ones win)")
-    parser.add_argument("--sizes", type=int, nargs="*", default=[100_000, 400_000, 1_280_000], help="train rows (none: skip)")
+    parser.add_argument("--sizes", type=int, nargs="*", default=[100_000, 400_000, 1_280_000],
+                        help="train rows (none: skip)")
     parser.add_argument("--dim", type=int, default=2048)
     parser.add_argument("--classes", type=int, default=1000)
     parser.add_argument("--val", type=int, default=20_000, help="ID val rows (ReAct's percentile)")
     parser.add_argument("--test", type=int, default=10_000, help="rows scored")
     parser.add_argument("--knn-test", type=int, default=1000, help="rows scored by KNN (its cost is test x train)")
     parser.add_argument("--only", nargs="*", default=DETECTORS)
-    parser.add_argument("--only-large", nargs="*", default=None, help="detectors run at sizes >= --large-from (default: all)")
+    parser.add_argument("--only-large", nargs="*", default=None,
+                        help="detectors run at sizes >= --large-from (default: all)")
     parser.add_argument("--large-from", type=int, default=1_000_000)
     parser.add_argument("--pytorch-ood-max-rows", type=int, default=100_000,
-                        help="largest train size run with pytorch-ood (it holds the features as float32 tensors, and copies)")
-    parser.add_argument("--ivf-rows", type=int, default=None, help="train size for the KNN IVF recall check (default: largest)")
+                        help="largest train size run with pytorch-ood (it holds the features as float32 tensors, and "
+                        "copies)")
+    parser.add_argument("--ivf-rows", type=int, default=None,
+                        help="train size for the KNN IVF recall check (default: largest)")
     parser.add_argument("--manifest-occurrences", type=int, default=3_000_000, help="0 skips the manifest benchmark")
     parser.add_argument("--workdir", type=Path, default=None, help="where the temporary caches go (deleted afterwards)")
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
-    parser.add_argument("--update", action="store_true", help="keep the sections of an existing --out that this run skips")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the sections of an existing --out that this run skips")
     parser.add_argument("--merge", type=Path, nargs="*", help="combine the JSON of runs made separately into --out")
     args = parser.parse_args(argv)
     if args.preset:  # the preset's values, then the command line's again on top
@@ -387,21 +407,25 @@ def bench_detector(name: str, n: int, spec: dict[str, Any], reads: dict[str, Any
             pood["total_s"] = pood["fit_s"] + pood["score_s"]
             pood["ratio"] = pood["total_s"] / (ours["fit_s"] + ours["score_s"])
             if "fit_cpu_s" in pood and "fit_cpu_s" in ours:
-                pood["ratio_cpu"] = (pood["fit_cpu_s"] + pood["score_cpu_s"]) / (ours["fit_cpu_s"] + ours["score_cpu_s"])
+                pood["ratio_cpu"] = ((pood["fit_cpu_s"] + pood["score_cpu_s"])
+                                     / (ours["fit_cpu_s"] + ours["score_cpu_s"]))
         row["pytorch_ood"] = pood
     return row
 
 
-def bench_size(n: int, caches: dict[str, Path], args: argparse.Namespace, workdir: Path, result: dict[str, Any]) -> None:
+def bench_size(n: int, caches: dict[str, Path], args: argparse.Namespace, workdir: Path,
+               result: dict[str, Any]) -> None:
     """Every chosen detector at train size n (cache written here, deleted after), then KNN's IVF recall check."""
     train = workdir / f"train-{n}.safetensors"
     start = time.perf_counter()
     write_cache(train, n, args.dim, args.classes, seed=3)
-    print(f"{n} rows: cache written in {time.perf_counter() - start:.0f} s ({train.stat().st_size / 2**30:.2f} GiB)", flush=True)
+    print(f"{n} rows: cache written in {time.perf_counter() - start:.0f} s ({train.stat().st_size / 2**30:.2f} GiB)",
+          flush=True)
     spec = {"train": str(train), "val": str(caches["val"]), "test": str(caches["test"]), "knn_test": args.knn_test}
     reads = {"train": run_child({**spec, "what": "read"}, args.timeout),
              "val": run_child({**spec, "train": str(caches["val"]), "what": "read"}, args.timeout)}
-    names = args.only if n < args.large_from or args.only_large is None else [m for m in args.only if m in args.only_large]
+    names = (args.only if n < args.large_from or args.only_large is None
+             else [m for m in args.only if m in args.only_large])
     for name in names:
         row = bench_detector(name, n, spec, reads, args, workdir)
         result["runs"].append(row)
@@ -426,9 +450,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.merge:
         return merge(args.merge, args.out)
     workdir = Path(tempfile.mkdtemp(prefix="bench_scale-", dir=args.workdir))
-    result: dict[str, Any] = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},
-                              "sizes": args.sizes, "dim": args.dim, "classes": args.classes, "val": args.val, "test": args.test,
-                              "knn_test": args.knn_test, "runs": [], "linearity": {}}
+    result: dict[str, Any] = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                                          "python": platform.python_version()},
+                              "sizes": args.sizes, "dim": args.dim, "classes": args.classes, "val": args.val,
+                              "test": args.test, "knn_test": args.knn_test, "runs": [], "linearity": {}}
     try:
         caches = {"val": workdir / "val.safetensors", "test": workdir / "test.safetensors"}
         if args.sizes:
@@ -474,7 +499,9 @@ def merge(parts: list[Path], out: Path) -> dict[str, Any]:
             elif value or key not in result:
                 result[key] = value
     latest = {(r["rows"], r["detector"]): r for r in result["runs"]}  # a later part's rerun replaces an earlier run
-    result["runs"] = sorted(latest.values(), key=lambda r: (r["rows"], DETECTORS.index(r["detector"]) if r["detector"] in DETECTORS else 99))
+    result["runs"] = sorted(latest.values(),
+                            key=lambda r: (r["rows"],
+                                           DETECTORS.index(r["detector"]) if r["detector"] in DETECTORS else 99))
     result["linearity"] = linearity(result["runs"])
     save(out, result, False)
     print(markdown(result))

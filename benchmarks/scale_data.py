@@ -72,7 +72,8 @@ GPU = {"images_per_s": round(A100_IMG_S * H200_OVER_A100 * (224 / IMAGE_SIZE) **
        "image_size": IMAGE_SIZE, "precision": "bf16", "assumed": True,
        "source": f"assumed: ResNet-50 bf16 on one H200 at {IMAGE_SIZE} px = {A100_IMG_S} img/s (one A100, mixed "
                  f"precision, 224 px; NVIDIA DeepLearningExamples resnet50v1.5 README) x {H200_OVER_A100:g} (H200 over "
-                 f"A100, MLPerf Training ResNet-50 per GPU) x (224/{IMAGE_SIZE})^2 (pixels a sample); an upper bound of "
+                 f"A100, MLPerf Training ResNet-50 per GPU) x (224/{IMAGE_SIZE})^2 (pixels a sample); an upper bound "
+                 "of "
                  "the GPU's speed (small inputs use a GPU less well), so the hardest target for the loader"}
 A100_TF32_IMG_S = 938  # the same table's TF32 column
 GPU_FP32 = {"images_per_s": round(A100_TF32_IMG_S * H200_OVER_A100 * (224 / IMAGE_SIZE) ** 2, -2),
@@ -168,7 +169,8 @@ def splits_stage(rows: int, columns: int, seed: int, work: Path) -> tuple[dict[s
             "regions": [p.name for p in regions]}, labels
 
 
-# -- 2. images and fetch -------------------------------------------------------------------------------------------------
+# -- 2. images and fetch
+# -------------------------------------------------------------------------------------------------
 def sample_tiles(width: int, height: int) -> list[np.ndarray]:
     """scikit-image's colour sample photos (shipped with the package), each resized to a quarter of the frame."""
     import skimage.data
@@ -241,7 +243,8 @@ def fetch_ours(host: LoopbackHost, count: int, labels: list[str], work: Path, ta
             "requests": host.requests, "throttled_429": host.throttled, "peak_rss_mib": run["peak_rss_mib"]}
 
 
-def fetch_img2dataset(python: str, host: LoopbackHost, count: int, work: Path, tag: str, workers: int) -> dict[str, Any]:
+def fetch_img2dataset(python: str, host: LoopbackHost, count: int, work: Path, tag: str,
+                      workers: int) -> dict[str, Any]:
     import pandas as pd
 
     table = work / f"{tag}.csv"
@@ -308,7 +311,8 @@ def fetch_stage(files: list[Path], labels: list[str], work: Path, args: Any) -> 
     return found, kept
 
 
-# -- 3. shards -----------------------------------------------------------------------------------------------------------
+# -- 3. shards
+# -----------------------------------------------------------------------------------------------------------
 def fetched_manifest(fetched: Path, labels: list[str]) -> Any:
     """A train manifest of the fetched images (images.csv's file_name, a label per species)."""
     import pandas as pd
@@ -344,7 +348,8 @@ def megapixels(paths: list[Any]) -> float:
     return image_megapixels(paths, limit=len(paths)) or 0.0
 
 
-# -- 4 and 5. loaders ----------------------------------------------------------------------------------------------------
+# -- 4 and 5. loaders
+# ----------------------------------------------------------------------------------------------------
 def our_loaders(manifest: Any) -> dict[str, Callable[[], None]]:
     """Our train loader (draft, as training decodes) and eval pixels (full decode, the default; draft) over
     `manifest`'s rows."""
@@ -405,7 +410,8 @@ def loader_stage(name: str, manifest: Any, files: list[Path], tv: Torchvision | 
     best = best_of(rounds, runs)
     n = len(manifest)
     rate = {k: n / v for k, v in best.items()}
-    found: dict[str, Any] = {"images": n, "megapixels": round(megapixels([manifest.path(r) for r in manifest.rows[:64]]), 4)}
+    found: dict[str, Any] = ({"images": n,
+                              "megapixels": round(megapixels([manifest.path(r) for r in manifest.rows[:64]]), 4)})
     for stage, keys in (("train", ("ours_train",)), ("eval", ("ours_eval", "ours_eval_draft"))):
         entry: dict[str, Any] = {}
         for key in keys:
@@ -413,7 +419,8 @@ def loader_stage(name: str, manifest: Any, files: list[Path], tv: Torchvision | 
             entry[f"{label}_img_s"] = round(rate[key], 2)
             entry[f"{label}_peak_rss_mib"] = round(peaks.get(key, 0.0), 1)
             if f"torchvision_{stage}" in rate:
-                entry[f"ratio{'_draft' if label == 'ours_draft' else ''}"] = round(rate[key] / rate[f"torchvision_{stage}"], 3)
+                ratio = f"ratio{'_draft' if label == 'ours_draft' else ''}"
+                entry[ratio] = round(rate[key] / rate[f"torchvision_{stage}"], 3)
         if f"torchvision_{stage}" in rate:
             entry["torchvision_img_s"] = round(rate[f"torchvision_{stage}"], 2)
             entry["torchvision_peak_rss_mib"] = round(peaks[f"torchvision_{stage}"], 1)
@@ -422,7 +429,8 @@ def loader_stage(name: str, manifest: Any, files: list[Path], tv: Torchvision | 
     return found
 
 
-# -- estimates -----------------------------------------------------------------------------------------------------------
+# -- estimates
+# -----------------------------------------------------------------------------------------------------------
 def fetch_bench_efficiency() -> tuple[float, str]:
     """The throttle efficiency benchmarks/fetch.py measured (benchmarks/fetch.json), else 1 (the host's rate)."""
     try:
@@ -476,7 +484,8 @@ def paper_estimates(measured: dict[str, Any], cores: int, host_rps: float, gpu_i
             if eval_rate:
                 out.setdefault("eval_pass_hours", {})[label] = round(images / (eval_rate * workers) / 3600, 2)
     goals = {}  # the issue's goals are per core on the 3 MP originals
-    for stage, entry in ((s, ((measured.get("loaders") or {}).get("originals") or {}).get(s)) for s in ("train", "eval")):
+    for stage, entry in ((s, ((measured.get("loaders") or {}).get("originals") or {}).get(s))
+                         for s in ("train", "eval")):
         if entry and "ratio" in entry:
             goals[stage] = {"ratio": entry["ratio"], "ratio_draft": entry.get("ratio_draft"), "goal": 1.2,
                             "meets_goal_default": entry["ratio"] >= 1.2,
@@ -498,7 +507,8 @@ def table(measured: dict[str, Any], estimates: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|"]
     splits = measured.get("splits")
     if splits:
-        lines.append(f"| splits ({splits['rows']:,} rows, {splits['columns']} columns) | {splits['rows'] / splits['total_s']:,.0f}"
+        lines.append(f"| splits ({splits['rows']:,} rows, {splits['columns']} columns) | "
+                     f"{splits['rows'] / splits['total_s']:,.0f}"
                      f" rows/s ({splits['total_s']:.1f} s) | - | - | - | {splits['peak_rss_mib']:,.0f} |")
     fetch = measured.get("fetch")
     if fetch:
@@ -508,7 +518,8 @@ def table(measured: dict[str, Any], estimates: dict[str, Any]) -> str:
             run = best[key]
             theirs = f"{i2d['img_s_per_core']:.1f}" if i2d and key == "ours_keep_ratio" else "-"
             ratio = f"{fetch['ratio_keep_ratio_per_core']:.2f}x" if i2d and key == "ours_keep_ratio" else "-"
-            lines.append(f"| fetch, {key.removeprefix('ours_')} resize (3 MP originals) | {run['img_s_per_core']:.1f} | - | "
+            lines.append(f"| fetch, {key.removeprefix('ours_')} resize (3 MP originals) | {run['img_s_per_core']:.1f} "
+                         "| - | "
                          f"{theirs} | {ratio} | {run['peak_rss_mib']:,.0f} |")
     shards = measured.get("shards")
     if shards:
@@ -522,11 +533,14 @@ def table(measured: dict[str, Any], estimates: dict[str, Any]) -> str:
                 lines.append(f"| {label} | {entry[f'{key}_img_s']:.1f} | {entry.get('torchvision_img_s', '-')} | - | "
                              f"{f'{ratio:.2f}x' if ratio else '-'} | {entry[f'{key}_peak_rss_mib']:,.0f} |")
     lines.append("")
-    lines.append(f"At the paper's size ({PAPER['images']:,} images, {PAPER['epochs']} epochs) on {estimates['cores']} cores:")
+    lines.append(f"At the paper's size ({PAPER['images']:,} images, {PAPER['epochs']} epochs) on {estimates['cores']} "
+                 "cores:")
     if "fetch" in estimates:
         f = estimates["fetch"]
-        lines.append(f"- fetch: {f['hours']:.1f} h at {f['img_s']:.1f} img/s (host allows {f['host_allows_rps']:g} rps, "
-                     f"throttle efficiency {f['throttle_efficiency']:.2f}; CPU {f['cpu_img_s']:.0f} img/s): goal < 24 h "
+        lines.append(f"- fetch: {f['hours']:.1f} h at {f['img_s']:.1f} img/s (host allows {f['host_allows_rps']:g} "
+                     "rps, "
+                     f"throttle efficiency {f['throttle_efficiency']:.2f}; CPU {f['cpu_img_s']:.0f} img/s): goal < 24 "
+                     "h "
                      f"{'met' if f['meets_goal'] else 'NOT met'}")
     if "splits" in estimates:
         s = estimates["splits"]
@@ -535,14 +549,17 @@ def table(measured: dict[str, Any], estimates: dict[str, Any]) -> str:
     if "train_loading" in estimates:
         t = estimates["train_loading"]
         lines.append(f"- 120 epochs' data loading {t['loading_hours']:.1f} h ({t['loader_img_s']:,} img/s on "
-                     f"{estimates['loader_workers']} workers) vs the GPU's {t['gpu_hours']:.1f} h at {t['gpu_img_s']:,.0f} "
+                     f"{estimates['loader_workers']} workers) vs the GPU's {t['gpu_hours']:.1f} h at "
+                     f"{t['gpu_img_s']:,.0f} "
                      f"img/s (assumed): {'met' if t['meets_goal'] else 'NOT met'}")
     if "eval_pass_hours" in estimates:
-        lines.append("- one evaluation pass: " + ", ".join(f"{k} {v:.2f} h" for k, v in estimates["eval_pass_hours"].items()))
+        lines.append("- one evaluation pass: " + ", ".join(f"{k} {v:.2f} h"
+                                                           for k, v in estimates["eval_pass_hours"].items()))
     if "train_loading" in estimates:
         t = estimates["train_loading"]
         lines.append(f"  (the protocol's fp32 as TF32: GPU {t['gpu_hours_fp32_protocol']:.1f} h at "
-                     f"{t['gpu_img_s_fp32_protocol']:,.0f} img/s: {'met' if t['meets_goal_fp32_protocol'] else 'NOT met'}; "
+                     f"{t['gpu_img_s_fp32_protocol']:,.0f} img/s: "
+                     f"{'met' if t['meets_goal_fp32_protocol'] else 'NOT met'}; "
                      f"keeping pace with bf16 takes {t['loader_cores_to_keep_pace']} loader cores)")
     for name, goal in estimates["per_core_goals"].items():
         lines.append(f"- {name} on the 3 MP originals: {goal['ratio']:.2f}x torchvision per core"
@@ -630,11 +647,13 @@ def main(argv: list[str] | None = None) -> int:
               "torchvision": tv.versions if tv is not None else f"not run: {missing or 'the loaders were skipped'}",
               "settings": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "debug"},
                            "image_size": IMAGE_SIZE, "pre_size": PRE_SIZE, "batch": BATCH,
-                           "paper": PAPER, "note": f"a sample of {args.sample} images, below the issue's 20,000 (the default), to "
+                           "paper": PAPER,
+                           "note": f"a sample of {args.sample} images, below the issue's 20,000 (the default), to "
                            "fit a machine shared by other work; the splits stage runs at --rows whatever the sample"
                            if args.sample < 20_000 else "the issue's sample"},
               "wall_s": round(time.perf_counter() - started, 1), **measured,
-              "gpu": gpu, "gpu_fp32_protocol": GPU_FP32, "loader_rates": loader_rates(measured), "paper_estimate": estimates}
+              "gpu": gpu, "gpu_fp32_protocol": GPU_FP32, "loader_rates": loader_rates(measured),
+              "paper_estimate": estimates}
     atomic_write_json(args.out, result)
     print(table(measured, estimates))
     print(f"wrote {args.out}")

@@ -396,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__)
     p.add_argument("--images", type=int, default=1500, help="synthetic images (default 1500)")
     p.add_argument("--rows", type=int, default=300_000, help="rows of the key / check_files timing (default 300000)")
-    p.add_argument("--key-files", type=int, default=20_000, help="files of the folder store's key timing (default 20000)")
+    p.add_argument("--key-files", type=int, default=20_000,
+                   help="files of the folder store's key timing (default 20000)")
     p.add_argument("--repeats", type=int, default=3, help="repeats, stores interleaved (default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=None, help="scratch folder (default a temporary one)")
@@ -432,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
         keys_paper = {k.replace("_s_per_row", "_at_paper_rows_s"): v * PAPER_ROWS for k, v in keys.items()
                       if k.endswith("_s_per_row")}
         result = {"benchmark": "shards", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  "python": platform.python_version(), "settings": {"images": args.images, "rows": args.rows, "key_files": args.key_files,
+                  "python": platform.python_version(),
+                  "settings": {"images": args.images, "rows": args.rows, "key_files": args.key_files,
                                                                     "repeats": args.repeats, "image_short_side": 512,
                                                                     "jpeg_quality": 90},
                   **info, "stores": best, "failed": errors, "keys": keys, "keys_at_paper_rows": keys_paper,
@@ -445,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(n) for n in best)
     print(f"{'store':<{width}}  random img/s  (ratio)  sequential img/s  read-only random img/s  startup s (at 2.9M)")
     for name, f in best.items():
-        random = f"{f['random_img_s']:12.0f}  ({f['random_ratio_vs_folder']:.2f})" if "random_img_s" in f else f"{'-':>12}  (  - )"
+        random = (f"{f['random_img_s']:12.0f}  ({f['random_ratio_vs_folder']:.2f})" if "random_img_s" in f
+                  else f"{'-':>12}  (  - )")
         read = f"{f['random_read_img_s']:22.0f}" if "random_read_img_s" in f else f"{'-':>22}"
         print(f"{name:<{width}}  {random}  {f['sequential_img_s']:16.0f}  {read}  {f['startup_s']:.3f} "
               f"({f['startup_at_paper_rows_s']:.0f})")

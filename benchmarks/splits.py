@@ -39,7 +39,8 @@ from pipelines.io import atomic_path, atomic_write_json
 PAPER_ROWS, PAPER_SPECIES = 2_912_168, 28_388
 
 
-def naive_assign(occ: pd.DataFrame, id_species: dict[str, list[str]], config: SplitConfig, iterrows: bool = False) -> dict[str, list[str]]:
+def naive_assign(occ: pd.DataFrame, id_species: dict[str, list[str]], config: SplitConfig,
+                 iterrows: bool = False) -> dict[str, list[str]]:
     """Baseline: each row's set and hop per region, computed row by row in Python (two passes over the rows), reading
     the rows as plain tuples (`tolist`) or, the way pandas code often does, with `DataFrame.iterrows`."""
     regions = {r: config.regions[r].padded(config.pad_lat, config.pad_lon) for r in id_species}
@@ -113,7 +114,8 @@ def builder(rows: int, subsample: int, seed: int) -> dict[str, Any]:
     ids = read_id_species(ids_table)
     # the subsample drops some ID species below min_images: a shortfall there, not an error
     config = SplitConfig(target_taxon="moth", seed=seed, allow_missing_id_species=True)
-    sub = occ.iloc[np.sort(np.random.default_rng(seed).choice(len(occ), subsample, replace=False))].reset_index(drop=True)
+    sub = (occ.iloc[np.sort(np.random.default_rng(seed).choice(len(occ), subsample, replace=False))]
+           .reset_index(drop=True))
 
     _, naive_sub = _timed(lambda: naive_assign(sub, ids, config))
     _, iterrows_sub = _timed(lambda: naive_assign(sub, ids, config, iterrows=True))
@@ -127,7 +129,8 @@ def builder(rows: int, subsample: int, seed: int) -> dict[str, Any]:
     return {
         "rows": rows, "species": species_for(rows), "subsample": subsample, "regions": len(ids),
         "rows_written": int(sum(len(f) for f in splits.regions.values())), "manifest_mib": round(len(data) / 2**20, 1),
-        "naive_loop_subsample_s": naive_sub, "vectorised_subsample_s": vec_sub, "iterrows_loop_subsample_s": iterrows_sub,
+        "naive_loop_subsample_s": naive_sub, "vectorised_subsample_s": vec_sub,
+        "iterrows_loop_subsample_s": iterrows_sub,
         "naive_loop_full_extrapolated_s": naive_sub * scale, "iterrows_loop_full_extrapolated_s": iterrows_sub * scale,
         "vectorised_full_s": vec_full, "write_manifests_full_s": write_full,
         "speedup_full_vs_naive_extrapolated": naive_sub * scale / vec_full,

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     classifier = _classifier(args.size, args.image_size)
     with tempfile.TemporaryDirectory() as scratch:
         manifest = synthetic_manifest(Path(scratch), args.images, args.side)
-        numbers = measure(classifier, manifest, epochs=args.epochs, batch_size=args.batch_size, num_workers=args.workers,
+        numbers = measure(classifier, manifest, epochs=args.epochs, batch_size=args.batch_size,
+                          num_workers=args.workers,
                           precision=args.precision, channels_last=device.type == "cuda", device=device,
                           repeats=args.repeats)
     write_result(out, "train", device, args, numbers)
@@ -59,7 +60,8 @@ def write_result(out: Path, benchmark: str, device: torch.device, args: Any, num
     numbers; the numbers printed."""
     result = {"benchmark": benchmark, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-              "torch": torch.__version__, "threads": torch.get_num_threads(), "model": f"microsoft/resnet-50 ({args.size})",
+              "torch": torch.__version__, "threads": torch.get_num_threads(),
+              "model": f"microsoft/resnet-50 ({args.size})",
               "settings": {k: v for k, v in vars(args).items() if k not in ("out", "debug")}, **numbers}
     atomic_write_json(out, result)
     print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in numbers.items()}, indent=1))

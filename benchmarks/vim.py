@@ -2,11 +2,11 @@
 
 For each size (default 20k x 1024 and 100k x 2048, 1,000 classes, 10k test rows) a float16 feature cache is written
 (benchmarks/scale.py's writer). Every measurement runs in a fresh process (imports done before the clock starts),
-the cases of each repeat in a random order. Ours: `detectors.build("vim")`, fit and score from the memory-mapped float16 cache (the runner's path).
-pytorch-ood: its `ViM(None, d, w, b)` built (that computes u = -pinv(W) b, part of ViM's fit) and `fit_features` /
-`predict_features` on float32 tensors already in memory (loading not timed). Both use ViM's default principal
-dimension (1000 for D >= 2048, 256 for D >= 512). The scores are compared with a float64 NumPy computation of the
-official recipe (EmpiricalCovariance about u, eigh, alpha = mean max logit / mean residual).
+the cases of each repeat in a random order. Ours: `detectors.build("vim")`, fit and score from the memory-mapped float16
+cache (the runner's path). pytorch-ood: its `ViM(None, d, w, b)` built (that computes u = -pinv(W) b, part of ViM's fit)
+and `fit_features` / `predict_features` on float32 tensors already in memory (loading not timed). Both use ViM's default
+principal dimension (1000 for D >= 2048, 256 for D >= 512). The scores are compared with a float64 NumPy computation of
+the official recipe (EmpiricalCovariance about u, eigh, alpha = mean max logit / mean residual).
 
     python -m benchmarks.vim                        # both sizes, 3 repeats -> benchmarks/vim.json
     python -m benchmarks.vim --sizes 20000:1024 --repeats 1
@@ -72,7 +72,8 @@ def run_pytorch_ood(spec: dict[str, Any]) -> dict[str, Any]:
         scores = -det.predict_features(q).double().numpy()
     total_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
     np.save(spec["scores"], scores)
-    return {"build_s": build_s, "fit_s": fit_s, "score_s": total_s - fit_s, "total_s": total_s, "cpu_s": cpu_s, **_rss()}
+    return ({"build_s": build_s, "fit_s": fit_s, "score_s": total_s - fit_s, "total_s": total_s, "cpu_s": cpu_s,
+             **_rss()})
 
 
 def run_reference(spec: dict[str, Any]) -> dict[str, Any]:
@@ -143,7 +144,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.child:
         spec = json.loads(args.child)
-        print(json.dumps({"ours": run_ours, "pytorch_ood": run_pytorch_ood, "reference": run_reference}[spec["what"]](spec)))
+        run = {"ours": run_ours, "pytorch_ood": run_pytorch_ood, "reference": run_reference}[spec["what"]]
+        print(json.dumps(run(spec)))
         return {}
     workdir = Path(tempfile.mkdtemp(prefix="bench_vim-", dir=args.workdir))
     result: dict[str, Any] = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
@@ -159,7 +161,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     for row in result["sizes"]:
-        print(f"{row['rows']} x {row['dim']}: ours {row['ours_best_s']:.2f} s, pytorch-ood {row['pytorch_ood_best_s']:.2f} s "
+        print(f"{row['rows']} x {row['dim']}: ours {row['ours_best_s']:.2f} s, pytorch-ood "
+              f"{row['pytorch_ood_best_s']:.2f} s "
               f"-> {row['speedup']:.2f}x ({row['speedup_without_their_pinv']:.2f}x without their pinv)")
     return result
 

@@ -6,9 +6,10 @@
 Shard `NNNNNN.tar` holds, per image, `<key>.<ext>` (the image: its bytes unchanged by default, or resized in one of
 fetch's modes, `pipelines.curation.fetch_resize`: `keep_ratio` as img2dataset, `reference` as Open-Insect's
 download.py) and `<key>.json` (file_name, original and stored size, the stored bytes' sha256), keys being the image's
-position in the pack (`000000042`), so `webdataset.WebDataset` and `wids` read the shards as they are. `NNNNNN.index.json` (members and offsets, the tar's
-size, mtime and sha256) is written after its tar, both atomically: a shard with an index is finished, and a rerun
-packs only the shards without one. `store.json` (`pipelines.store.read_store`) lists the finished shards.
+position in the pack (`000000042`), so `webdataset.WebDataset` and `wids` read the shards as they are.
+`NNNNNN.index.json` (members and offsets, the tar's size, mtime and sha256) is written after its tar, both atomically: a
+shard with an index is finished, and a rerun packs only the shards without one. `store.json`
+(`pipelines.store.read_store`) lists the finished shards.
 
 Shards are planned before any image is read: consecutive images, at most `samples_per_shard` of them (img2dataset's
 and WebDataset's 10,000) and `shard_bytes` of source bytes (1 GiB) a shard, so the plan, and so each finished shard,
@@ -127,7 +128,8 @@ def member_key(position: int) -> str:
     return f"{position:09d}"
 
 
-# -- one image, one shard -----------------------------------------------------------------------------------------------
+# -- one image, one shard
+# -----------------------------------------------------------------------------------------------
 def member_suffix(file_name: str) -> str:
     """The extension a member of unchanged bytes gets: the source's (lower case) when an image suffix, else `.bin`."""
     suffix = PurePosixPath(str(file_name)).suffix.lower()
@@ -354,7 +356,8 @@ def pack_images(sources: Iterable[tuple[str, Any]], store: str | os.PathLike, co
 
 
 def _write_store(store: Path, indexes: dict[int, dict[str, Any]], config: PackConfig) -> None:
-    atomic_write_json(store / STORE_FILE, store_document([shard_record(i) for i in indexes.values()], **config.settings()))
+    atomic_write_json(store / STORE_FILE,
+                      store_document([shard_record(i) for i in indexes.values()], **config.settings()))
 
 
 def record_mtimes(store: Path) -> int:
@@ -524,5 +527,5 @@ def estimate(plan: PackPlan, config: PackConfig, workers: int) -> dict[str, Any]
 
 __all__ = ["PackConfig", "PackError", "PackPlan", "PackResult", "SHARD_FOLDER", "estimate", "pack_images",
            "pack_manifest", "plan_pack", "plan_shards", "shard_rows", "stored_image", "write_shard",
-           "write_shard_manifest", "record_mtimes", "pack_manifests", "pack_workers", "SAMPLES_PER_SHARD", "SHARD_BYTES",
-           "ShardWriter", "HashingWriter", "member_key", "member_suffix", "shard_name", "shard_record"]
+           "write_shard_manifest", "record_mtimes", "pack_manifests", "pack_workers", "SAMPLES_PER_SHARD",
+           "SHARD_BYTES", "ShardWriter", "HashingWriter", "member_key", "member_suffix", "shard_name", "shard_record"]

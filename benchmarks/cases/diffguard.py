@@ -92,9 +92,10 @@ def bench_early_stop_batching(detector: DiffGuard, images: list[Image.Image], ba
 def random_diffguard_models(size: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, Any]:
     """(pixel UNet, Stable Diffusion pipeline, image classifier) with random weights, built on `device` in `dtype`.
 
-    "full": guided-diffusion's 256x256 unconditional ADM (`detectors.generative.guided_diffusion.ADM_256_UNCOND`, 552.8 M
-    parameters, the layout of 256x256_diffusion_uncond.pt), Stable Diffusion 1.5 (UNet 859.5 M, VAE 83.7 M, CLIP ViT-L text encoder 123 M) and a ResNet-50 classifier
-    at 224 px. "tiny": the pipelines.tiny stand-ins and a small ResNet at 32 px, for a CPU check of the code path.
+    "full": guided-diffusion's 256x256 unconditional ADM (`detectors.generative.guided_diffusion.ADM_256_UNCOND`, 552.8
+    M parameters, the layout of 256x256_diffusion_uncond.pt), Stable Diffusion 1.5 (UNet 859.5 M, VAE 83.7 M, CLIP ViT-L
+    text encoder 123 M) and a ResNet-50 classifier at 224 px. "tiny": the pipelines.tiny stand-ins and a small ResNet at
+    32 px, for a CPU check of the code path.
     """
     import tempfile
 

@@ -3,9 +3,9 @@ drift toward the label's semantics. Score = similarity of the two images (higher
 
 Two back-ends behind one detector (`backend=`):
 - "pixel" (the paper's default, guided-diffusion): an unconditional `UNet2DModel` (ADM; an OpenAI checkpoint file is
-  converted by detectors.generative.guided_diffusion), respaced DDIM (eta 0), DDIM inversion with per-sample adaptive early stop
-  (batched, see pixel_backend), denoising from one step noisier than the stop, classifier guidance by the protected
-  classifier ("clean grad" blend, random crops); reference: the unguided reconstruction from the same latent.
+  converted by detectors.generative.guided_diffusion), respaced DDIM (eta 0), DDIM inversion with per-sample adaptive
+  early stop (batched, see pixel_backend), denoising from one step noisier than the stop, classifier guidance by the
+  protected classifier ("clean grad" blend, random crops); reference: the unguided reconstruction from the same latent.
 - "latent": our Stable Diffusion variant of the paper's class-conditional LDM (latent_backend); reference: the input.
 
 Preprocessing follows DIFFGUARD's code (cure-lab/DiffGuard, exp6.1 / ldm-exp2.25): pixel: the classifier sees

@@ -1,11 +1,13 @@
-"""The evaluation runner: a `Plan` (detectors.harness.plan) -> feature caches -> units -> results table and per-sample scores.
+"""The evaluation runner: a `Plan` (detectors.harness.plan) -> feature caches -> units -> results table and per-sample
+scores.
 
 Four steps:
 1. **plan** — `make_plan(config)`: the whole config checked, every detector built once, every manifest read and
    checked (duplicate set names, leaks by path and by content), unit keys from content, before any model loads;
 2. **features** — one content-addressed feature cache per split (`pipelines.fingerprint`), returned as values
    (`Prepared`); images that fail to load are recorded and left out of every detector's populations alike;
-3. **units** — `detector`, `select`, `rule` and `fewshot` units (`detectors.harness.units`): fit, score, write rows and scores
+3. **units** — `detector`, `select`, `rule` and `fewshot` units (`detectors.harness.units`): fit, score, write rows and
+scores
    atomically; a finished unit is skipped on rerun, a failing one recorded in `failures.json` and the others go on;
 4. **outputs** — `results.csv`, `scores.parquet`, `failures.json`, `threshold_transfer.csv`, `rule_selection.csv`.
 """
@@ -28,7 +30,8 @@ import yaml
 
 from detectors.base import RUNTIME_INPUTS, Detector, FeatureSet, ImageSet, LinearHead
 from detectors.metrics import evaluate as compute_metrics
-from detectors.harness.plan import (FEATURES_VERSION, Plan, Split, Unit, check_spec, key_record, make_plan, reads_features,
+from detectors.harness.plan import (FEATURES_VERSION, Plan, Split, Unit, check_spec, key_record, make_plan,
+                                    reads_features,
                             safe_name)
 from detectors.posthoc.pixels import pixel_memo
 from detectors.posthoc.streaming import across_processes, chunk_rows, process_rows

@@ -2,11 +2,11 @@
 every source into splits, guards against leaks, and lists fully resolved units with their content keys, before any
 model loads.
 
-`Runner(plan)` (detectors.harness.evaluate) executes a `Plan` and never reads the config; `scripts/evaluate.py --dry-run`
-prints `Plan.describe()`. A unit holds its detector class and its parameters with the protocol merged in (rule units
-too). Its key (`unit_key`, the one recipe) is computed from content only: the files of the classifier and of every
-folder a detector loads (hashed byte by byte, so weights rewritten in place with size and mtime kept give a new key),
-the rows and image files of only the splits the unit reads (`unit_reads`, from its class's `fit_inputs`),
+`Runner(plan)` (detectors.harness.evaluate) executes a `Plan` and never reads the config; `scripts/evaluate.py
+--dry-run` prints `Plan.describe()`. A unit holds its detector class and its parameters with the protocol merged in
+(rule units too). Its key (`unit_key`, the one recipe) is computed from content only: the files of the classifier and of
+every folder a detector loads (hashed byte by byte, so weights rewritten in place with size and mtime kept give a new
+key), the rows and image files of only the splits the unit reads (`unit_reads`, from its class's `fit_inputs`),
 `class_names` where it reads them, and every runtime setting that decides a result. `unit.json` records the key's
 parts so that a reuse can be audited.
 """

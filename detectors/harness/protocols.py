@@ -127,8 +127,8 @@ def unit_sweep(protocol: str, cls: type, has_ood_val: bool, given: Any = ()) -> 
     Only with OOD validation rows (`has_ood_val`), only for detectors in the protocol's table (`SWEEPS`: the reference's
     post-hoc postprocessors) or post-hoc detectors absent from it (their declared `search_space`, unless
     `DEFAULTS_ONLY`; training-time methods, CLIP prompt learners and OpenGAN would retrain per point), and the keys a
-    config's own `params` give (`given`) are fixed, not swept. A one-point grid (EBO's [1]) still runs, as OpenOOD's APS does: its row in
-    `selection/<method>.csv` records the validation metric."""
+    config's own `params` give (`given`) are fixed, not swept. A one-point grid (EBO's [1]) still runs, as OpenOOD's APS
+    does: its row in `selection/<method>.csv` records the validation metric."""
     listed = cls.name in SWEEPS[protocol]
     own = cls.family == "posthoc" and cls.name not in DEFAULTS_ONLY.get(protocol, frozenset())
     if not has_ood_val or not (listed or own):  # the table, or a post-hoc detector's own grid (never training, CLIP)

@@ -15,7 +15,8 @@ RESULT_COLUMNS: tuple[str, ...] = ("method", "family", "mode", "protocol", "chec
                                    "group", *METRICS, "id_acc", "n_id", "n_ood", "seconds", "params", "selected_on")
 """A row per (method, OOD set). `family` is the row's own family (a rule re-scoring a training method is `training`);
 `mode` says how a training method trained (`full` or `heads`; empty elsewhere); `protocol` the config's `protocol:`
-(`detectors.harness.protocols.PROTOCOLS`); `checkpoint` which checkpoint of a trained classifier folder the run's classifier is
+(`detectors.harness.protocols.PROTOCOLS`); `checkpoint` which checkpoint of a trained classifier folder the run's
+classifier is
 (`last` / `best`; empty for a model without `checkpoints.json`; a training method's own fine-tune says its choice in
 `params`); `base` / `rule` name the trained method
 and the post-hoc rule of a re-scored row; `id_acc` is the top-1 ID test accuracy of the classifier the row scores with

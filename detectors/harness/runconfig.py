@@ -143,7 +143,8 @@ class Select(Config):
                                    "the OOD-validation rows of the sweeps (split default val); null: top-level ood_val")
     metric: Metric = param("auroc", "the validation metric the sweep maximises (fpr95: minimises)")
     ties: TieRule | None = param(None, "which of several points tied at the best metric is kept: last (the reference's "
-                                       "ood_evaluator.py) or first; null: the protocol's (detectors.harness.protocols.TIES)")
+                                       "ood_evaluator.py) or first; null: the protocol's "
+                                       "(detectors.harness.protocols.TIES)")
 
 
 @config
@@ -206,7 +207,8 @@ class EvalConfig(Config):
     model: str | None = param(None, "the classifier (hub id or local folder with weights)", check=check_model_ref)
     checkpoint: Checkpoint | None = param(None, "which checkpoint of a train_classifier folder (its checkpoints.json) "
                                                 "runs: last or best (ID-val top-1); null: the protocol's "
-                                                "(detectors.harness.protocols.CHECKPOINTS), a folder without best/ its last")
+                                                "(detectors.harness.protocols.CHECKPOINTS), a folder without best/ its "
+                                                "last")
     detectors: Literal["all"] | list[DetectorSpec] = param("all", "'all' (every detector of `families`) or a list of "
                                                            "names / {name, params, load, label, rules}")
     families: list[Family] = param(["posthoc"], "the families `detectors: all` means")
@@ -230,7 +232,8 @@ class EvalConfig(Config):
     fewshot: FewShot | None = param(None, "the few-shot prompt-learning sweep")
     head: Head | None = param(None, "score with one head of a multi-granularity classifier")
     plugins: list[str] = param([], "modules imported first (your own @register_detector classes)")
-    protocol: Protocol = param("openood_v1.5", "the reference protocol merged into every unit (detectors.harness.protocols)")
+    protocol: Protocol = (param("openood_v1.5",
+                                "the reference protocol merged into every unit (detectors.harness.protocols)"))
     pixels: PixelSettings = param(PixelSettings(), "how images become pixels: evaluation transform, fit pixels, EXIF "
                                                    "orientation, JPEG draft (pipelines.pixels; null keys: the "
                                                    "protocol's)")

@@ -35,9 +35,9 @@ def select(name: str, id_val: Any, ood_val: Any, *, id_train: Any = None, head: 
 
     Returns (fitted best detector, its parameters, one row per grid point in `grid` order with the point, all metrics
     and `chosen`, True on the kept row only). `metric` is maximised, or minimised where
-    `detectors.harness.results.LOWER_IS_BETTER` says so (FPR@95). Of the points equal to the best value, `ties` keeps the last
-    (the reference's run) or the first (`TIE_RULES`). A NaN metric never wins; when every fitted point's metric is
-    NaN the first fitted point is kept (the reference would keep its config's defaults). A point the data cannot take
+    `detectors.harness.results.LOWER_IS_BETTER` says so (FPR@95). Of the points equal to the best value, `ties` keeps
+    the last (the reference's run) or the first (`TIE_RULES`). A NaN metric never wins; when every fitted point's metric
+    is NaN the first fitted point is kept (the reference would keep its config's defaults). A point the data cannot take
     (the detector raises ValueError, e.g. k larger than the training bank) is recorded with its error and skipped.
     `make(params)` builds a point's detector (default `build(name, **params)`; the runner passes its builder, which
     adds the classifier image-level detectors need); `fit_kwargs` replace the default fit inputs (`head`, `id_val`).

@@ -84,7 +84,8 @@ class Mahalanobis(Detector):
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
-    paper = "Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial Attacks, NeurIPS 2018"
+    paper = ("Lee et al., A Simple Unified Framework for Detecting Out-of-Distribution Samples and Adversarial "
+             "Attacks, NeurIPS 2018")
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         self._fit_scatter(streaming.class_scatter(stored_features(id_train, self.name), labels_of(id_train, self.name)))

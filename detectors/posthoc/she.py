@@ -53,7 +53,8 @@ class SHE(Detector):
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features", "logits"})
-    paper = "Zhang et al., Out-of-Distribution Detection based on In-Distribution Data Patterns Memorization with Modern Hopfield Energy, ICLR 2023"
+    paper = ("Zhang et al., Out-of-Distribution Detection based on In-Distribution Data Patterns Memorization with "
+             "Modern Hopfield Energy, ICLR 2023")
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)

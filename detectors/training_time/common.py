@@ -68,7 +68,8 @@ class TrainedDetector(Detector):
         """The training hyperparameters (`TrainSettings`: the Open-Insects fine-tuning recipe, 30 epochs, AdamW lr 1e-3,
         weight decay 1e-5, cosine with 2 warm-up epochs, batch 512), the training mode, pixels and scoring."""
 
-        mode: Literal["full", "heads"] = param("full", "fine-tune the whole classifier on images, or heads on cached features")
+        mode: Literal["full", "heads"] = param("full",
+                                               "fine-tune the whole classifier on images, or heads on cached features")
         augment: Literal["region", "ami", "none"] = param(
             "region", "full-mode training pixels: the preprocessor branch Open-Insect's finetune.sh selects (resize, "
             "centre crop, flip, RandomCrop with padding 4), its ami branch (RandomResizedCrop 0.3-1, flip, "
@@ -96,7 +97,8 @@ class TrainedDetector(Detector):
 
     def __init__(self, classifier: Any = None, work_dir: str | os.PathLike | None = None, **params: Any) -> None:
         """`classifier`: the ImageClassifier to fine-tune in full mode (trained in place; pass a copy to keep yours);
-        `work_dir`: where full mode writes its per-epoch checkpoint and its feature caches (none: no resume, no cache)."""
+        `work_dir`: where full mode writes its per-epoch checkpoint and its feature caches (none: no resume, no
+        cache)."""
         super().__init__(**params)  # Params' Literals check score_rule and mode
         self.inputs = frozenset({"images"}) if self.params["mode"] == "full" else frozenset({"features", "logits"})
         self.classifier = classifier

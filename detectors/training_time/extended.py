@@ -18,7 +18,7 @@ class Extended(BranchDetector):
 
     @dataclass(frozen=True)
     class Params(BranchDetector.Params):
-        aux_label_field: str | None = param("aux_label", "the species splits' auxiliary class index (scripts/make_splits.py); "
-                                                         "heads mode reads the aux FeatureSet's labels")
+        aux_label_field: str | None = param("aux_label", "the species splits' auxiliary class index (oodforge "
+                                                         "make-splits); heads mode reads the aux FeatureSet's labels")
 
     per_species = True

@@ -11,8 +11,8 @@ of fc1.
 
 The trainer's `start_epoch_ft` (90 in train_mcd.yml) trains both heads with CE only, on ID batches alone, while
 epoch_idx (from 1) is below it. Open-Insects fine-tunes 30 epochs with that yml, so its MCD never reaches the aux term:
-protocol `open-insects` sets `start_epoch_ft: 90` (`detectors/harness/protocols.py`). The default, 0 (protocol `exact`), runs
-the aux phase throughout, the method as published.
+protocol `open-insects` sets `start_epoch_ft: 90` (`detectors/harness/protocols.py`). The default, 0 (protocol `exact`),
+runs the aux phase throughout, the method as published.
 """
 from __future__ import annotations
 

@@ -73,7 +73,8 @@ def rotpred_score(logits: np.ndarray, rot_logits: np.ndarray) -> np.ndarray:
 class RotPred(TrainedDetector):
     """Rotation prediction as an auxiliary task; score from the class and rotation heads on rotated images."""
 
-    paper = "Hendrycks et al., Using Self-Supervised Learning Can Improve Model Robustness and Uncertainty, NeurIPS 2019"
+    paper = ("Hendrycks et al., Using Self-Supervised Learning Can Improve Model Robustness and Uncertainty, NeurIPS "
+             "2019")
 
     @dataclass(frozen=True)
     class Params(TrainedDetector.Params):

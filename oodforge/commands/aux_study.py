@@ -9,9 +9,10 @@ For each count K the config's `aux` rows (split `train`, or the config's `aux.sp
 and `oodforge evaluate` runs the config with that `aux`, only `--method` (its entry in the config, rules included),
 into OUT/species_K. A count whose run finished on the same subsample and config is reused; an unfinished one resumes
 (the runner skips finished units). Writes OUT/aux_study.csv (species, images, ood_set, method, auroc) and
-OUT/aux_study.png (and .pdf with `--figures pdf`; none with `--figures none`). Every count and the config (evaluate's checks) are checked before
-the first run; a count whose evaluation fails is recorded (OUT/aux_study_failures.json, exit 1) and the others go on.
-`--dry-run` runs those checks and prints each count's subsample and state (new, resumes, reused); nothing written.
+OUT/aux_study.png (and .pdf with `--figures pdf`; none with `--figures none`). Every count and the config (evaluate's
+checks) are checked before the first run; a count whose evaluation fails is recorded (OUT/aux_study_failures.json, exit
+1) and the others go on. `--dry-run` runs those checks and prints each count's subsample and state (new, resumes,
+reused); nothing written.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from detectors.harness.report.aux_study import aux_rows, study_figure, study_title, subsample, subsample_digest, write_subsample
+from detectors.harness.report.aux_study import (aux_rows, study_figure, study_title, subsample, subsample_digest,
+                                                write_subsample)
 from detectors.harness.report.open_insects import study_table
 from detectors.harness.report.figures import save_figure
 from detectors.harness.report.write import FIGURES
@@ -82,14 +84,16 @@ def main(argv: list[str] | None = None) -> int:
     entry = _method_entry(raw, args.method)
     config_key = hashlib.sha256(json.dumps([str(Path(args.config).resolve()), args.overrides, entry],
                                            sort_keys=True, default=str).encode()).hexdigest()
-    drawn = {count: subsample(source.rows, count, args.budget, args.seed) for count in args.species}  # every count checked
+    # every count checked
+    drawn = {count: subsample(source.rows, count, args.budget, args.seed) for count in args.species}
     _check_config(raw, args.config, entry, args.out)
     if args.dry_run:
         for count, rows in drawn.items():
             run = args.out / f"species_{count}"
             key = {"subsample": subsample_digest(source, rows), "config": config_key}
             state = "finished run reused" if _reused(run, key) else ("resumes" if run.is_dir() else "new")
-            print(f"species {count}: {len(rows)} images, {len({r['aux_label'] for r in rows})} species -> {run} ({state})")
+            print(f"species {count}: {len(rows)} images, {len({r['aux_label'] for r in rows})} species -> {run} "
+                  f"({state})")
         print("dry run: every check passed; nothing written")
         return 0
     runs, failed = {}, {}
@@ -102,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"species {count}: finished run reused ({run})")
         else:
             print(f"species {count}: evaluating into {run}")
-            overrides = [*args.overrides, f"aux={json.dumps({'manifest': str((run / 'aux').resolve()), 'split': split})}",
+            overrides = [*args.overrides,
+                         f"aux={json.dumps({'manifest': str((run / 'aux').resolve()), 'split': split})}",
                          f"out={run}", f"detectors={json.dumps([entry])}"]
             done.unlink(missing_ok=True)
             finished = subprocess.run([sys.executable, "-m", "oodforge", "evaluate", "--config", str(args.config),
@@ -119,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         (args.out / "aux_study_failures.json").unlink(missing_ok=True)
     if not runs:
-        raise UserInputError(f"aux study: every count's evaluation failed ({failed}); see their run folders under {args.out}")
+        raise UserInputError(f"aux study: every count's evaluation failed ({failed}); see their run folders under "
+                             f"{args.out}")
     table = study_table(runs, args.method)
     atomic_write_text(args.out / "aux_study.csv", table.to_csv(index=False))
     written = [args.out / "aux_study.csv"]
@@ -142,8 +148,8 @@ def _reused(run: Path, key: dict[str, str]) -> bool:
 
 
 def _check_config(raw: dict, config: Path, entry: dict, out: Path) -> None:
-    """The checks `oodforge evaluate --dry-run` runs, on the config as each count's run gets it (only the studied method;
-    the config's own auxiliary rows stand in for their subsamples): a bad config is one line before any run."""
+    """The checks `oodforge evaluate --dry-run` runs, on the config as each count's run gets it (only the studied
+    method; the config's own auxiliary rows stand in for their subsamples): a bad config is one line before any run."""
     from detectors.harness.evaluate import EvalConfig
     from detectors.harness.plan import make_plan
 

@@ -19,9 +19,11 @@ def build_parser():
     p.add_argument("checkpoint", type=Path,
                    help="CLIPN .pt checkpoint (a state dict or {'state_dict': ...}, DDP prefixes ok)")
     p.add_argument("--out", type=Path, required=True, help="output folder (the detector; the CLIP model in OUT/clip)")
-    p.add_argument("--processor", help="CLIPProcessor hub id or folder to save beside the model (the tokenizer is CLIP's BPE)")
+    p.add_argument("--processor",
+                   help="CLIPProcessor hub id or folder to save beside the model (the tokenizer is CLIP's BPE)")
     p.add_argument("--head-width", type=int, default=64, help="attention head width (open_clip: 64)")
-    p.add_argument("--quick-gelu", action="store_true", help="the checkpoint was trained with QuickGELU (OpenAI weights)")
+    p.add_argument("--quick-gelu", action="store_true",
+                   help="the checkpoint was trained with QuickGELU (OpenAI weights)")
     p.add_argument("--class-names-file", type=Path, help="ID class names, one per line, stored in the detector config")
     return p
 

@@ -11,8 +11,9 @@ wheeled vehicle, which WordNet files under container) or exactly
 `--categories` (wnids, senses such as cup.n.01, or nouns), minus ImageNet-1K's 1,000 categories (`--keep-imagenet1k`
 keeps them). `--filter` drops the images where the container is a secondary instance: CLIP zero-shot, "a photo of a
 {}." against "a photo of a person holding a {}." and each other `--secondary` prompt; an image whose smallest two-way
-softmax share of the main prompt is below `--threshold` (default 0.5: every secondary prompt loses) is dropped. Writes DIR/metadata.jsonl (ood_set container, group hard; images stay in ROOT), categories.csv,
-categories.png (Figure 2(b)), dropped.csv and curation.json. WordNet: Debian's wordnet-base (`--wordnet-dir`).
+softmax share of the main prompt is below `--threshold` (default 0.5: every secondary prompt loses) is dropped. Writes
+DIR/metadata.jsonl (ood_set container, group hard; images stay in ROOT), categories.csv, categories.png (Figure 2(b)),
+dropped.csv and curation.json. WordNet: Debian's wordnet-base (`--wordnet-dir`).
 """
 from __future__ import annotations
 
@@ -46,16 +47,20 @@ def clip_scorer(model: str):
 def build_parser():
     p = command_parser(__name__, __doc__, out=True, dry_run=True)
     p.add_argument("--imagenet21k", default=None, help="ImageNet-21K folder: one folder per wnid")
-    p.add_argument("--roots", type=comma_list, default=None, help="comma-separated root synsets (default vessel.n.03,dish.n.01,cup.n.01,glass.n.02,basket.n.01)")
+    p.add_argument("--roots", type=comma_list, default=None,
+                   help="comma-separated root synsets (default vessel.n.03,dish.n.01,cup.n.01,glass.n.02,basket.n.01)")
     p.add_argument("--categories", type=comma_list, default=None, help="comma-separated categories instead of --roots")
     p.add_argument("--keep-imagenet1k", action="store_true", help="keep ImageNet-1K's categories")
     p.add_argument("--wordnet-dir", default=None, help="WordNet 3.0 database folder (default: the system's)")
     p.add_argument("--ood-set", default=None, help="ood_set of the rows (default container)")
     p.add_argument("--filter", action="store_true", help="drop images where the container is a secondary instance")
-    p.add_argument("--clip", default=None, help="the filter's CLIP model, hub id or folder (default openai/clip-vit-base-patch16)")
-    p.add_argument("--threshold", type=float, default=None, help="least two-way share of the main prompt against each secondary one (default 0.5)")
+    p.add_argument("--clip", default=None,
+                   help="the filter's CLIP model, hub id or folder (default openai/clip-vit-base-patch16)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="least two-way share of the main prompt against each secondary one (default 0.5)")
     p.add_argument("--main", default=None, help="main prompt, '{}' = the category (default 'a photo of a {}.')")
-    p.add_argument("--secondary", action="append", default=None, help="a secondary prompt (repeatable; replaces the defaults)")
+    p.add_argument("--secondary", action="append", default=None,
+                   help="a secondary prompt (repeatable; replaces the defaults)")
     p.add_argument("--batch-size", type=int, default=None, help="images per CLIP batch (default 64)")
     return p
 

@@ -40,7 +40,8 @@ def train_digit_classifier(id_dir: Path, folder: Path, epochs: int, seed: int) -
     processor.save_pretrained(folder)
     classifier = ImageClassifier.from_pretrained(folder)
     manifest = read_manifest(id_dir)
-    result = finetune(classifier, manifest.select(split="train", role="id"), val=manifest.select(split="val", role="id"),
+    result = finetune(classifier, manifest.select(split="train", role="id"),
+                      val=manifest.select(split="val", role="id"),
                       epochs=epochs, lr=3e-3, batch_size=32, warmup_epochs=1, seed=seed)
     classifier.save_pretrained(folder)
     print(f"classifier: {epochs} epochs, ID val accuracy {_last_accuracy(result):.3f}")
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         id_dir, ood_dir = write_digits(out / "data", seed=args.seed)
     model_dir = train_digit_classifier(id_dir, out / "classifier", args.epochs, args.seed)
     config = EvalConfig.from_dict({"model": str(model_dir), "id": str(id_dir), "ood": [{"manifest": str(ood_dir)}],
-                                   "out": str(out / "posthoc"), "detectors": "all", "families": ["posthoc"], "batch_size": 128})
+                                   "out": str(out / "posthoc"), "detectors": "all", "families": ["posthoc"],
+                                   "batch_size": 128})
     stage = time.perf_counter()
     results = Runner(config).run()
     written = write_report(results, out / "report", scores=out / "posthoc" / "scores.parquet")
@@ -110,7 +112,8 @@ def _optional_stages(out: Path, id_dir: Path, ood_dir: Path, skip: set[str]) -> 
 
         stage = time.perf_counter()
         made = generation_demo(out / "generation")
-        print(f"\nMaterial transfer (tiny random ZeST models, 64 px, 2 steps): {made['summary'].get('done', '?')} images, "
+        print(f"\nMaterial transfer (tiny random ZeST models, 64 px, 2 steps): {made['summary'].get('done', '?')} "
+              "images, "
               f"{time.perf_counter() - stage:.0f} s")
         written += [Path(made["manifest"]), Path(made["contact_sheet"])]
     if "clip" not in skip:
@@ -120,9 +123,11 @@ def _optional_stages(out: Path, id_dir: Path, ood_dir: Path, skip: set[str]) -> 
         idm = read_manifest(id_dir).select(split="test", role="id")
         picked = [r for i, r in enumerate(idm.rows) if i % 10 == 0]
         oodm = read_manifest(ood_dir)
-        ood = {name: [load_image(oodm.path(r)) for r in oodm.select(ood_set=name).rows[:40]] for name in oodm.ood_sets()}
+        ood = ({name: [load_image(oodm.path(r)) for r in oodm.select(ood_set=name).rows[:40]]
+                for name in oodm.ood_sets()})
         names = [f"digit {c}" for c in sorted({r["label"] for r in picked})]
-        rows = clip_demo(str(out / "clip"), [load_image(idm.path(r)) for r in picked], [r["label"] for r in picked], names, ood)
+        rows = (clip_demo(str(out / "clip"), [load_image(idm.path(r)) for r in picked], [r["label"] for r in picked],
+                          names, ood))
         frame = pd.DataFrame(rows)
         frame["group"] = frame["ood_set"].map({r["ood_set"]: r["group"] for r in oodm.rows})
         path = out / "clip" / "results.csv"

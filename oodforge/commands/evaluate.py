@@ -3,7 +3,8 @@
 Writes results.csv, scores.parquet, failures.json (and threshold_transfer.csv, rule_selection.csv) to the config's
 `out` folder and prints the summary table. `--dry-run` runs every check the run runs before its first model loads
 (the typed config, overrides included, then the data), prints the plan (units to run and to reuse, caches, warnings)
-and exits; both exit 2 with one line naming the key where the config is refused. Works under `accelerate launch` or `torchrun` (feature extraction is split across processes).
+and exits; both exit 2 with one line naming the key where the config is refused. Works under `accelerate launch` or
+`torchrun` (feature extraction is split across processes).
 """
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ def _report(config, results, runner, dump_config) -> int:
     print(render_summary(results))
     accuracy = results.dropna(subset=["id_acc"]).drop_duplicates("method")
     if len(accuracy):
-        print("ID test accuracy: " + ", ".join(f"{m} {100 * a:.2f}%" for m, a in zip(accuracy["method"], accuracy["id_acc"])))
+        print("ID test accuracy: " + ", ".join(f"{m} {100 * a:.2f}%" for m, a in zip(accuracy["method"],
+                                                                                     accuracy["id_acc"])))
     print(f"\nwrote {out / 'results.csv'} and {out / 'scores.parquet'}")
     return 0

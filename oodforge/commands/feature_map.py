@@ -1,9 +1,9 @@
 """Feature maps of the data types (ShiftedBronzes Figure 2(c)):
 `oodforge feature-map --id data/id --ood data/ood --model runs/clf --clip openai/clip-vit-base-patch16 --out fmap`.
 
-Samples `--images` random images (seeded) of the ID test rows and of each OOD set, takes the features of each model (an image
-classifier folder's penultimate layer with `--model`, CLIP's image embedding with `--clip`), embeds them together in
-2-D (t-SNE; `--embedding opentsne` or `umap` when installed) and writes one PNG and one CSV of coordinates per model.
+Samples `--images` random images (seeded) of the ID test rows and of each OOD set, takes the features of each model (an
+image classifier folder's penultimate layer with `--model`, CLIP's image embedding with `--clip`), embeds them together
+in 2-D (t-SNE; `--embedding opentsne` or `umap` when installed) and writes one PNG and one CSV of coordinates per model.
 Features are cached by content under `--cache-dir` and reused on the next run. Model paths and the embedding's package
 are checked before any work; a model that cannot be loaded is reported and the others go on (exit 1). `--dry-run`
 runs the checks, samples the sets and prints them; no model is loaded.
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     check_embedding(args.embedding)
     samples = sample_sets(args.id, args.ood, args.images, args.seed, args.split, args.sets)
     print("sets: " + ", ".join(f"{s.name} ({len(s.manifest)})" for s in samples))
-    models = [("classifier", m, classifier_features) for m in args.model] + [("clip", m, clip_features) for m in args.clip]
+    models = ([("classifier", m, classifier_features) for m in args.model]
+              + [("clip", m, clip_features) for m in args.clip])
     if args.dry_run:
         print(f"models: {', '.join(f'{kind} {model}' for kind, model, _ in models)}; embedding {args.embedding}")
         print("dry run: every check passed; no model loaded, nothing written")
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         title = f"{label} of {kind} features: {Path(model).name} ({args.images} images per set)"
         print(f"wrote {plot_feature_map(points, title, stem.with_suffix('.png'))}")
     if failed:
-        print(f"error: {len(failed)} of {len(models)} model(s) failed; the maps of the others are written", file=sys.stderr)
+        print(f"error: {len(failed)} of {len(models)} model(s) failed; the maps of the others are written",
+              file=sys.stderr)
         return 1
     return 0

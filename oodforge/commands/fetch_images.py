@@ -4,10 +4,10 @@ data/moths/images.csv --image-root data/moths ...`).
 
 Writes OUT/images/... (one file per URL, atomically; with --store shards OUT/shards/, tar shards), OUT/images.csv (the
 fetched rows with file_name), OUT/failures.csv (every URL that failed, with its reason), OUT/fetch_summary.json; with
-`--filter-model DIR --drop-class NAME` the classifier's dropped rows go to OUT/filtered.csv. Rerun the same command after an interruption (kill -9 included): it
-fetches only what is missing; a second fetch on the same --out is refused while one runs. Images are resized on
-fetch (--resize reference: as Open-Insect's download.py, the shorter side to 224, JPEG quality 75; keep_ratio:
-img2dataset's, 512 at most; none keeps the originals; --keep-originals keeps both).
+`--filter-model DIR --drop-class NAME` the classifier's dropped rows go to OUT/filtered.csv. Rerun the same command
+after an interruption (kill -9 included): it fetches only what is missing; a second fetch on the same --out is refused
+while one runs. Images are resized on fetch (--resize reference: as Open-Insect's download.py, the shorter side to 224,
+JPEG quality 75; keep_ratio: img2dataset's, 512 at most; none keeps the originals; --keep-originals keeps both).
 Each host's request rate adapts: unthrottled until it answers 429/503, then paced below what it allowed, paused for
 its Retry-After, probed upwards again; a host that answers only 429/503 is given up (its URLs recorded as transient
 failures, exit 2 once the rest is written). `--dry-run` reads and filters the input, counts what is already fetched
@@ -29,7 +29,8 @@ DOC = "docs/species.md"
 
 FLAGS = {"taxa.preset": "--taxon-filter"}
 NUMBERS = ("per_species", "workers", "rate", "timeout", "retries", "backoff", "retry_after_max", "give_up_after",
-           "short_side", "quality", "max_pixels", "min_bytes", "min_side", "max_bytes", "samples_per_shard", "shard_bytes")
+           "short_side", "quality", "max_pixels", "min_bytes", "min_side", "max_bytes", "samples_per_shard",
+           "shard_bytes")
 
 
 def build_parser():
@@ -53,13 +54,16 @@ def build_parser():
                    "shards: tar shards in OUT/shards/ (pack-shards' format; make-splits reads them; docs/shards.md)")
     p.add_argument("--samples-per-shard", default=None, help=key_help(FetchConfig, "samples_per_shard"))
     p.add_argument("--shard-bytes", default=None, help=key_help(FetchConfig, "shard_bytes"))
-    p.add_argument("--keep-originals", action="store_true", default=None, help="also keep the downloaded files under OUT/originals/")
+    p.add_argument("--keep-originals", action="store_true", default=None,
+                   help="also keep the downloaded files under OUT/originals/")
     for name in ("max_pixels", "min_bytes", "min_side", "max_bytes"):
         p.add_argument("--" + name.replace("_", "-"), default=None, help=key_help(FetchConfig, name))
     p.add_argument("--thumbnail-pattern", default=None, help=key_help(FetchConfig, "thumbnail_pattern", "'' = none"))
     p.add_argument("--retry-failed", action="store_true", default=None, help="retry final failures (4xx, filters) too")
-    p.add_argument("--filter-model", default=None, metavar="DIR", help="image-classifier folder run over the fetched images")
-    p.add_argument("--drop-class", action="append", default=[], metavar="NAME", help="drop images it predicts as NAME (repeatable)")
+    p.add_argument("--filter-model", default=None, metavar="DIR",
+                   help="image-classifier folder run over the fetched images")
+    p.add_argument("--drop-class", action="append", default=[], metavar="NAME",
+                   help="drop images it predicts as NAME (repeatable)")
     return p
 
 

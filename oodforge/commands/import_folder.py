@@ -40,18 +40,26 @@ def build_parser():
     p = command_parser(__name__, __doc__, out=True)
     p.add_argument("root", type=Path, help="image folder (for --table: the folder its file_name paths are relative to)")
     p.add_argument("--table", type=Path, default=None, help="CSV or Parquet table: file_name, a label column, metadata")
-    p.add_argument("--label", default=None, help="the label column / level (default: `label` for tables, the last level)")
-    p.add_argument("--levels", type=comma_list, default=None, help="comma-separated label levels (columns or nested folders)")
+    p.add_argument("--label", default=None,
+                   help="the label column / level (default: `label` for tables, the last level)")
+    p.add_argument("--levels", type=comma_list, default=None,
+                   help="comma-separated label levels (columns or nested folders)")
     p.add_argument("--split-ratio", default=ClassImport.split,
                    help=f"TRAIN:VAL:TEST ratio for sources without splits (default {ClassImport.split})")
-    p.add_argument("--stratify", type=comma_list, default=None, help="comma-separated fields whose combinations are strata")
+    p.add_argument("--stratify", type=comma_list, default=None,
+                   help="comma-separated fields whose combinations are strata")
     p.add_argument("--seed", type=int, default=0, help="seed of the split (default 0)")
-    p.add_argument("--ood-folders", action="store_true", help="ROOT's subfolders are OOD sets (one set each, named after it)")
+    p.add_argument("--ood-folders", action="store_true",
+                   help="ROOT's subfolders are OOD sets (one set each, named after it)")
     p.add_argument("--group", default=None, help="group of the OOD rows (hard|easy|near|far)")
-    p.add_argument("--field", action="store_true", help="ROOT's species folders are a field set (known + novel species)")
-    p.add_argument("--model", type=Path, default=None, help="--field: the classifier folder whose class names are the known species")
-    p.add_argument("--known", type=comma_list, default=None, help="--field: comma-separated known-species folders (default: those the classifier knows)")
-    p.add_argument("--name", default="field", help="--field: the field set's name, ood_set of its novel rows (default field)")
+    p.add_argument("--field", action="store_true",
+                   help="ROOT's species folders are a field set (known + novel species)")
+    p.add_argument("--model", type=Path, default=None,
+                   help="--field: the classifier folder whose class names are the known species")
+    p.add_argument("--known", type=comma_list, default=None,
+                   help="--field: comma-separated known-species folders (default: those the classifier knows)")
+    p.add_argument("--name", default="field",
+                   help="--field: the field set's name, ood_set of its novel rows (default field)")
     p.add_argument("--store", choices=("folder", "shards"), default="folder",
                    help="folder: rows point at the images where they are (default); shards: the images are packed "
                         "into DIR/shards/ (bytes unchanged; docs/shards.md)")
@@ -70,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.field and args.model is None:
         p.error("--field needs --model (the classifier folder)")
     if args.field:
-        result = import_field(args.root, args.out, model=args.model, known=args.known, ood_set=args.name, group=args.group)
+        result = (import_field(args.root, args.out, model=args.model, known=args.known, ood_set=args.name,
+                               group=args.group))
         known = sorted({r["species"] for r in result.manifest.rows if r["role"] == "id"})
         novel = sorted({r["species"] for r in result.manifest.rows if r["role"] == "ood"})
         ids = sum(r["role"] == "id" for r in result.manifest.rows)

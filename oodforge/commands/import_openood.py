@@ -28,15 +28,20 @@ DOC = "README.md, section 'Scripts'"
 
 def build_parser():
     p = command_parser(__name__, __doc__, out=True)
-    p.add_argument("--root", type=Path, default=None, help="OpenOOD's data folder (holds benchmark_imglist/, images_largescale/, images_classic/)")
+    p.add_argument("--root", type=Path, default=None,
+                   help="OpenOOD's data folder (holds benchmark_imglist/, images_largescale/, images_classic/)")
     p.add_argument("--benchmark", default="imagenet", help="benchmark_imglist subfolder (default imagenet)")
     p.add_argument("--sets", type=comma_list, default=None,
-                   help=f"comma-separated OOD sets (default with --root: {','.join(EASY_SETS)}; without: those of --list/--folder)")
+                   help=f"comma-separated OOD sets (default with --root: {','.join(EASY_SETS)}; without: those of "
+                   "--list/--folder)")
     p.add_argument("--group", default="easy", help="group written on every row (default easy)")
     p.add_argument("--list", action="append", default=[], metavar="SET=FILE", help="an image list for SET (repeatable)")
-    p.add_argument("--folder", action="append", default=[], metavar="SET=DIR", help="take SET from a plain image folder (repeatable)")
-    p.add_argument("--image-root", type=Path, default=None, help="images of --list files live here (default: under --root)")
-    p.add_argument("--skip-missing", action="store_true", help="leave out listed images that do not exist (counted in the summary)")
+    p.add_argument("--folder", action="append", default=[], metavar="SET=DIR",
+                   help="take SET from a plain image folder (repeatable)")
+    p.add_argument("--image-root", type=Path, default=None,
+                   help="images of --list files live here (default: under --root)")
+    p.add_argument("--skip-missing", action="store_true",
+                   help="leave out listed images that do not exist (counted in the summary)")
     return p
 
 

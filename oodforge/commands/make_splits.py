@@ -41,23 +41,31 @@ LIMITS = ("max_rows", "max_member_bytes", "max_line_bytes", "max_kept_bytes")
 
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser(__name__, __doc__, dry_run=True)
-    p.add_argument("--occurrences", help="GBIF Darwin Core Archive (zip or unpacked folder) or CSV/TSV/Parquet: species, "
+    p.add_argument("--occurrences",
+                   help="GBIF Darwin Core Archive (zip or unpacked folder) or CSV/TSV/Parquet: species, "
                                          "genus, family, lat, lon, file_name [, split, taxon] (GBIF names mapped)")
     p.add_argument("--synthetic", metavar="N", help="generate an N-row synthetic table (written to OUT/synthetic/)")
     p.add_argument("--id-species", help="CSV/TSV/Parquet: region, species (required with --occurrences)")
-    p.add_argument("--image-root", default=None, help="folder the file_name paths are relative to (default: OUT/synthetic for --synthetic)")
+    p.add_argument("--image-root", default=None,
+                   help="folder the file_name paths are relative to (default: OUT/synthetic for --synthetic)")
     p.add_argument("--out", default=None, help="output folder")
     p.add_argument("--taxon-filter", default=None, metavar="NAME", help="a named taxon rule: moths (Open-Insects)")
-    p.add_argument("--include", action="append", default=[], metavar="RANK=VALUE[,VALUE]", help="keep only these taxa (repeatable)")
-    p.add_argument("--exclude", action="append", default=[], metavar="RANK=VALUE[,VALUE]", help="drop these taxa (repeatable)")
+    p.add_argument("--include", action="append", default=[], metavar="RANK=VALUE[,VALUE]",
+                   help="keep only these taxa (repeatable)")
+    p.add_argument("--exclude", action="append", default=[], metavar="RANK=VALUE[,VALUE]",
+                   help="drop these taxa (repeatable)")
     p.add_argument("--check-files", action=argparse.BooleanOptionalAction, default=None,
                    help="drop rows whose image is not under --image-root (default: on for archives)")
     p.add_argument("--box", action="append", default=[], metavar="NAME=LAT_MIN,LAT_MAX,LON_MIN,LON_MAX",
                    help=f"add or replace a region box (built in: {', '.join(REGIONS)})")
-    p.add_argument("--non-local-box", default=None, help="box of the non-local OOD set (default: continental Australia)")
-    p.add_argument("--pad", nargs=2, default=None, metavar=("LAT", "LON"), help="padding of the local box in degrees (1 3)")
-    p.add_argument("--non-target", default=None, help="extra table or archive of non-target images (file_name [, lat, lon])")
-    p.add_argument("--target-taxon", default=None, help="value of the `taxon` column that is the target (others: non-target OOD)")
+    p.add_argument("--non-local-box", default=None,
+                   help="box of the non-local OOD set (default: continental Australia)")
+    p.add_argument("--pad", nargs=2, default=None, metavar=("LAT", "LON"),
+                   help="padding of the local box in degrees (1 3)")
+    p.add_argument("--non-target", default=None,
+                   help="extra table or archive of non-target images (file_name [, lat, lon])")
+    p.add_argument("--target-taxon", default=None,
+                   help="value of the `taxon` column that is the target (others: non-target OOD)")
     p.add_argument("--non-local-cap", default=None, help=key_help(SplitConfig, "non_local_cap"))
     p.add_argument("--aux-per-species", default=None, help=key_help(SplitConfig, "aux_per_species", "0 = no cap"))
     p.add_argument("--aux-species", default=None,
@@ -71,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--id-val-cap", default=None, help=key_help(SplitConfig, "id_val_cap", "0 = no cap; split."
                                                                 "id_val_uncapped regions are left uncapped"))
     p.add_argument("--allow-missing-id-species", action="store_true", default=None,
-                   help="warn instead of failing when an ID species is not in the occurrence table (or has too few images)")
+                   help="warn instead of failing when an ID species is not in the occurrence table (or has too few "
+                   "images)")
     for name in ("aux_val_size", "id_cap", "local_cap", "non_target_cap", "seed"):
         p.add_argument("--" + name.replace("_", "-"), default=None, help=key_help(SplitConfig, name))
     p.add_argument("--store", choices=("folder", "shards"), default="folder",
@@ -80,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "holding fetch_images' shards/ is read from its shards either way")
     for key in LIMITS:
         p.add_argument("--" + key.replace("_", "-"), default=None, metavar="N",
-                       help=f"TableLimits.{key} of the occurrence table or archive (default {getattr(TableLimits(), key):,}; "
+                       help=f"TableLimits.{key} of the occurrence table or archive (default "
+                       f"{getattr(TableLimits(), key):,}; "
                             "bytes may be written 16MiB, 2GiB)")
     return p
 
@@ -172,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         return 0
     if fetched_store(image_root) is not None:
-        print(f"rows point into the shard store {fetched_store(image_root)} (fetch-images --store shards): no pack step")
+        print(f"rows point into the shard store {fetched_store(image_root)} (fetch-images --store shards): no pack "
+              "step")
     elif args.store == "shards":
         from pipelines.shards import pack_workers, pack_manifests
 

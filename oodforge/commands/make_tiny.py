@@ -1,4 +1,5 @@
-"""Tiny random-weight stand-ins for a CPU run, the same the tests use (`pipelines.tiny`): `oodforge make-tiny KIND --out DIR`.
+"""Tiny random-weight stand-ins for a CPU run, the same the tests use (`pipelines.tiny`): `oodforge make-tiny KIND --out
+DIR`.
 
     oodforge make-tiny classifier --out models/tiny_resnet --labels 3   # model: of evaluate / train-classifier
     oodforge make-tiny clip --out models/tiny_clip                      # CLIP detectors' model:, --clip

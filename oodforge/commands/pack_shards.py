@@ -5,7 +5,8 @@ Writes OUT/metadata.jsonl (the same rows plus shard_file, shard_member, shard_of
 OUT/manifest_info.json (image_root: the store), OUT/shards/NNNNNN.tar + NNNNNN.index.json and OUT/shards/store.json.
 Images are stored byte for byte unless --resize asks (fetch's modes: keep_ratio, img2dataset's: shorter side above 512
 resized, quality 95; reference, Open-Insect's download.py: shorter side to 224, quality 75). Shard by shard, each
-atomically: rerun the same command after an interruption and it packs only the shards not yet finished. `--out` may be the source folder (converted in place).
+atomically: rerun the same command after an interruption and it packs only the shards not yet finished. `--out` may be
+the source folder (converted in place).
 
 `--dry-run` runs every check (the manifest, every source image's size, the shard plan, the finished shards of an
 earlier run), packs a few images in memory and prints the estimated time and disk; nothing is written.
@@ -73,7 +74,8 @@ def build_parser():
     p.add_argument("--shard-dir", type=Path, default=None, help=f"shard folder (default OUT/{SHARD_FOLDER})")
     for name in ("samples_per_shard", "shard_bytes"):
         p.add_argument("--" + name.replace("_", "-"), default=None, help=key_help(PackConfig, name))
-    p.add_argument("--resize", default=None, choices=["reference", "keep_ratio", "none"], help=key_help(PackConfig, "resize"))
+    p.add_argument("--resize", default=None, choices=["reference", "keep_ratio", "none"],
+                   help=key_help(PackConfig, "resize"))
     for name in ("short_side", "quality"):
         p.add_argument("--" + name.replace("_", "-"), default=None, help=key_help(PackConfig, name))
     p.add_argument("--workers", type=int, default=None, help="processes writing shards (default: the CPUs - 1)")

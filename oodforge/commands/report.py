@@ -44,7 +44,8 @@ def build_parser():
     p.add_argument("--bootstrap", type=int, default=0, metavar="N",
                    help="bootstrap replicates for 95%% intervals of AUROC and FPR@95 (default 0: none)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--top-k", type=int, default=8, help="most ID-looking OOD images per set and method (default 8; 0: none)")
+    p.add_argument("--top-k", type=int, default=8,
+                   help="most ID-looking OOD images per set and method (default 8; 0: none)")
     p.add_argument("--classifier", nargs="+", default=None, metavar="[NAME=]PATH",
                    help="shiftedbronzes: the dating classifiers' folders (or their metrics.json) for Table 2, one row "
                         "each (NAME=PATH, or PATH named by its folder)")
@@ -81,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                            threshold_transfer=args.threshold_transfer or found.get("threshold_transfer"),
                            rule_selection=args.rule_selection or found.get("rule_selection"),
                            bootstrap=args.bootstrap, seed=args.seed, top_k=args.top_k, log=print, layout=args.layout,
-                           figures=args.figures, classifier=args.classifier, fewshot=args.fewshot or found.get("fewshot"),
+                           figures=args.figures, classifier=args.classifier,
+                           fewshot=args.fewshot or found.get("fewshot"),
                            feature_maps=args.feature_maps, workers=args.workers,
                            diagnostics=args.diagnostics)
     print(render_summary(results, args.methods))

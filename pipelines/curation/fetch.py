@@ -428,8 +428,9 @@ def filter_classes(model: str, drop: Iterable[str]) -> list[str]:
 
 def drop_by_classifier(images: pd.DataFrame, locate: Any, model: str, drop: Iterable[str], batch_size: int = 32,
                        device: str = "cpu") -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Run an image-classifier folder over the fetched images (`locate(file_name)`: where each is read); rows whose predicted class is in `drop` (class names
-    from the model's id2label) move to the second frame, with `predicted` and `probability`."""
+    """Run an image-classifier folder over the fetched images (`locate(file_name)`: where each is read); rows whose
+    predicted class is in `drop` (class names from the model's id2label) move to the second frame, with `predicted` and
+    `probability`."""
     import torch
 
     from pipelines.classifier import ImageClassifier

@@ -70,7 +70,8 @@ def mode_settings(mode: str, short_side: int | None = None, quality: int | None 
     if mode == "none":
         return {"resize": mode, "short_side": None, "quality": None}
     defaults = MODE_DEFAULTS[mode]
-    return {"resize": mode, "short_side": short_side or defaults["short_side"], "quality": quality or defaults["quality"]}
+    return ({"resize": mode, "short_side": short_side or defaults["short_side"],
+             "quality": quality or defaults["quality"]})
 
 
 def encoded_suffix(file_name: str) -> str:

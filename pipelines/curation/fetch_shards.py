@@ -63,7 +63,8 @@ class ShardImages:
 
     def finished(self, record: dict[str, Any] | None, file_name: str) -> dict[str, Any] | None:
         """The image columns of a URL whose image is stored (None: fetch it): a finished member of its file_name
-        agrees with the ledger's `ok` line, or with its `writing` line's sha256 (killed after the shard, before `ok`)."""
+        agrees with the ledger's `ok` line, or with its `writing` line's sha256 (killed after the shard, before
+        `ok`)."""
         if record is None or record.get("file_name") != file_name or not self.holds(record):
             return None
         if record["status"] == "ok" or (record["status"] == "writing" and hashlib.sha256(

@@ -7,7 +7,8 @@ multi-granularity heads; per-epoch atomic checkpoints and resume; the same weigh
 - `schedule`: the "clean" and the "reference" (Open-Insect's step counter) lr schedules;
 - `settings`: `TrainSettings`, the training hyperparameters (defaults, ranges, docs) everything below reads;
 - `loop`: `finetune` (a whole `ImageClassifier` on images), `train_heads` (linear heads on cached features);
-- `batchnorm`: batch norm over the global batch across processes; `recipes` (recipes, protocols, `TrainConfig`) + `classify`: `train_classifier(config)`
+- `batchnorm`: batch norm over the global batch across processes; `recipes` (recipes, protocols, `TrainConfig`) +
+`classify`: `train_classifier(config)`
   behind `scripts/train_classifier.py`; `bench`: the measurements of `benchmarks/train.py`.
 """
 from pipelines.training.loaders import aux_batch_size
@@ -15,5 +16,5 @@ from pipelines.training.loop import LoopSettings, TrainResult, as_linear, finetu
 from pipelines.training.objectives import PRIMARY, CrossEntropy, MultiGranularity, Objective, Pass, TrainBatch
 from pipelines.training.settings import TrainSettings
 
-__all__ = ["PRIMARY", "CrossEntropy", "LoopSettings", "MultiGranularity", "Objective", "Pass", "TrainBatch", "TrainResult",
-           "TrainSettings", "as_linear", "aux_batch_size", "finetune", "train_heads"]
+__all__ = ["PRIMARY", "CrossEntropy", "LoopSettings", "MultiGranularity", "Objective", "Pass", "TrainBatch",
+           "TrainResult", "TrainSettings", "as_linear", "aux_batch_size", "finetune", "train_heads"]

@@ -70,7 +70,8 @@ def read_rates(folder: str | os.PathLike = BENCHMARKS) -> list[LoaderRate]:
     folder, rates = Path(folder), []
     record = _read(folder / "scale_data.json") or {}
     for entry in record.get("loader_rates") or []:
-        if isinstance(entry, dict) and _positive(entry.get("images_per_s_per_core")) and _positive(entry.get("megapixels")):
+        if (isinstance(entry, dict) and _positive(entry.get("images_per_s_per_core"))
+                and _positive(entry.get("megapixels"))):
             rates.append(LoaderRate(float(entry["images_per_s_per_core"]), float(entry["megapixels"]),
                                     entry.get("draft"), f"benchmarks/scale_data.json ({entry.get('what', 'loader')})"))
     record = _read(folder / "decode.json") or {}

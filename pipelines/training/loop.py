@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 # -- results -------------------------------------------------------------------------------------------------
 CHECKPOINT_CHOICES: tuple[str, ...] = ("last", "best")
-"""Which weights a trained model scores with: the last epoch's, or the best epoch's by ID-val accuracy (`best_epoch`)."""
+"""Which weights a trained model scores with: the last epoch's, or the best epoch's by ID-val accuracy
+(`best_epoch`)."""
 Checkpoint = Literal[CHECKPOINT_CHOICES]  # type: ignore[valid-type]
 BEST_METRIC = f"acc_{PRIMARY}"
 """The history entry the best epoch is chosen by: top-1 accuracy of the primary head on ID val."""
@@ -630,7 +631,8 @@ def finetune(classifier: nn.Module, train: Manifest, *, settings: TrainSettings 
                              not s.drop_last, aux_train_pixels=transforms is None)
     manifests = {"train": train, "aux": aux, "val": val, "test": test}
     return _run(classifier, objective, *loaders[:3], targets[0], targets[1], settings=s,
-                result=TrainResult(aux_vocab=aux_vocab), failed_files=lambda split, i: manifests[split].rows[i]["file_name"],
+                result=TrainResult(aux_vocab=aux_vocab),
+                failed_files=lambda split, i: manifests[split].rows[i]["file_name"],
                 test_loader=loaders[3], test_targets=targets[2])
 
 

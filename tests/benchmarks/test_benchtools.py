@@ -63,11 +63,12 @@ def test_bench_steady_rate_and_the_paper_estimates_by_hand(bench):
     fetched = {"img_s_per_core": 10.0, "bytes_per_image": 20_000, "peak_rss_mib": 500.0}
     measured = {
         "splits": {"rows": 2_912_168, "columns": 130, "total_s": 20.0, "peak_rss_mib": 3072.0},
-        "fetch": {"best": {"ours_reference": fetched, "ours_keep_ratio": fetched}, "throttled": {"throttle_efficiency": 0.9}},
+        "fetch": {"best": {"ours_reference": fetched, "ours_keep_ratio": fetched},
+                  "throttled": {"throttle_efficiency": 0.9}},
         "shards": {"img_s_per_core": 1000.0, "shard_bytes_per_image": 22_000, "peak_rss_mib": 450.0},
         "loaders": {"originals": {"megapixels": 3.0, "train": {"ours_img_s": 60.0, "ratio": 1.5, **peak},
-                                  "eval": {"ours_img_s": 30.0, "ours_draft_img_s": 70.0, "ratio": 1.1, "ratio_draft": 2.5,
-                                           **peak}},
+                                  "eval": {"ours_img_s": 30.0, "ours_draft_img_s": 70.0, "ratio": 1.1,
+                                           "ratio_draft": 2.5, **peak}},
                     "fetched": {"megapixels": 0.07, "train": {"ours_img_s": 500.0, **peak},
                                 "eval": {"ours_img_s": 600.0, "ours_draft_img_s": 700.0, **peak}}}}
     est = bench.paper_estimates(measured, cores=16, host_rps=50, gpu_img_s=10_000)
@@ -104,8 +105,10 @@ def test_bench_fetch_estimate_falls_back_when_the_host_was_not_the_limit(bench, 
                           "throttled": {"throttle_efficiency": None, "limited_by_host": False}}}
     monkeypatch.setattr(bench, "ROOT", tmp_path)
     est = bench.paper_estimates(measured, cores=16, host_rps=50, gpu_img_s=1.0)["fetch"]
-    assert (est["throttle_efficiency"], est["img_s"]) == (1.0, 50.0) and est["throttle_efficiency_source"].startswith("assumed")
+    assert ((est["throttle_efficiency"], est["img_s"]) == (1.0, 50.0)
+            and est["throttle_efficiency_source"].startswith("assumed"))
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "fetch.json").write_text('{"paper_estimate": {"throttle_efficiency": 0.8}}')
     est = bench.paper_estimates(measured, cores=16, host_rps=50, gpu_img_s=1.0)["fetch"]
-    assert (est["throttle_efficiency"], est["img_s"]) == (0.8, 40.0) and "fetch.json" in est["throttle_efficiency_source"]
+    assert ((est["throttle_efficiency"], est["img_s"]) == (0.8, 40.0)
+            and "fetch.json" in est["throttle_efficiency_source"])

@@ -162,8 +162,10 @@ def test_effective_params_resolve_what_the_fit_decided(world):
 
     vim = detectors.build("vim").fit(world["train"], head=world["head"])
     unset = {"default_dim": None}  # a protocol's default (detectors.harness.protocols), unset here
-    assert vim.hyperparameters == {"dim": None, **unset} and vim.effective_params() == {"dim": principal_dim(8), **unset}
-    assert detectors.build("vim", dim=6).fit(world["train"], head=world["head"]).effective_params() == {"dim": 6, **unset}
+    assert (vim.hyperparameters == {"dim": None, **unset} and vim.effective_params() == {"dim": principal_dim(8),
+                                                                                         **unset})
+    assert (detectors.build("vim", dim=6).fit(world["train"], head=world["head"]).effective_params()
+            == {"dim": 6, **unset})
     assert detectors.build("vim", default_dim=5).fit(world["train"], head=world["head"]).effective_params()["dim"] == 5
     assert detectors.build("neco").fit(world["train"]).effective_params()["dim"] == principal_dim(8)
     ts = detectors.build("tempscale").fit(world["train"], id_val=world["val"])

@@ -217,7 +217,8 @@ def test_cli_dry_run_prints_the_plan_and_counts(tmp_path, bronzes, containers, c
     from oodforge.commands import generate
 
     config_file = tmp_path / "gen.yaml"
-    config_file.write_text(f"task: transferred_container\ntargets: {containers}\nmaterials: {bronzes}\nout: {tmp_path / 'out'}\n")
+    config_file.write_text(f"task: transferred_container\ntargets: {containers}\nmaterials: {bronzes}\nout: "
+                           f"{tmp_path / 'out'}\n")
     main = generate.main
     main(["--config", str(config_file), "--dry-run", "--show", "2", "limit=3", "seed=9"])
     printed = capsys.readouterr().out

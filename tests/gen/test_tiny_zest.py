@@ -26,7 +26,8 @@ def test_tiny_zest_uses_the_real_layouts(tiny_zest_config):
         assert f.get_tensor("image_proj.proj.weight").shape == (4 * unet.config.cross_attention_dim, 32)
     assert len([k for k in keys if k.startswith("ip_adapter.")]) == 2 * len(cross)
     controlnet = ControlNetModel.from_pretrained(tiny_zest_config.controlnet)
-    assert tuple(controlnet.config.conditioning_embedding_out_channels) == (16, 32, 96, 256)  # the real ones: x8 like the VAE
+    # the real ones: x8 like the VAE
+    assert tuple(controlnet.config.conditioning_embedding_out_channels) == (16, 32, 96, 256)
     assert unet.config.projection_class_embeddings_input_dim == 6 * 8 + 32
     assert AutoModelForDepthEstimation.from_pretrained(tiny_zest_config.depth).config.model_type == "dpt"
 

@@ -8,7 +8,8 @@ import pytest
 from PIL import Image
 
 from gen.zest import (
-    NEGATIVE_PROMPT, PROMPT, ZeSTConfig, ZeSTPipeline, composite_background, feathered_weights, fit_square, unfit_square,
+    NEGATIVE_PROMPT, PROMPT, ZeSTConfig, ZeSTPipeline, composite_background, feathered_weights, fit_square,
+    unfit_square,
 )
 
 FAST = dict(num_inference_steps=3, resolution=64)  # strength 0.9999 -> 2 denoising steps

@@ -29,8 +29,8 @@ runpy.run_module("oodforge", run_name="__main__")
 
 def kill_during_write(command: str, args: list[str], pattern: str, env: dict[str, str], folder: Path,
                       timeout: float = 300) -> Path:
-    """Run `oodforge command args` until it writes a file whose name matches `pattern` (fnmatch), SIGKILL it there and return
-    the temp file it left."""
+    """Run `oodforge command args` until it writes a file whose name matches `pattern` (fnmatch), SIGKILL it there and
+    return the temp file it left."""
     folder.mkdir(parents=True, exist_ok=True)
     launcher, marker = folder / "kill_during_write.py", folder / "kill_during_write.marker"
     launcher.write_text(LAUNCHER)

@@ -157,7 +157,8 @@ def test_docs_cli_md_lists_every_flag_with_its_commands_and_type(parsers):
                 f"docs/cli.md: {flag} is {typ}, oodforge {command} takes {mine}"
     assert sorted(set(rows) - set(taken)) == []  # no row for a flag no command has
     for flag, (_, commands, _) in rows.items():
-        assert (commands or set(COMMANDS)) == taken[flag], f"docs/cli.md: {flag} lists {commands}, taken by {taken[flag]}"
+        assert (commands or set(COMMANDS)) == taken[flag], \
+            f"docs/cli.md: {flag} lists {commands}, taken by {taken[flag]}"
 
 
 def test_deprecated_spellings_work_hidden_and_warn_once(caplog):
@@ -208,7 +209,8 @@ def test_flag_named_keys_of_a_command_without_a_typed_config(tmp_path):
     config.write_text("results: [runs/x/results.csv]\nout: runs/x/report\ntop_k: 3\ndiagnostics: true\n"
                       "methods: [msp, vim]\n")
     args = cli_args.parse(report.build_parser(), ["--config", str(config), "bootstrap=10", "--top-k", "5"])
-    assert (args.results, args.out, args.top_k, args.bootstrap) == (["runs/x/results.csv"], Path("runs/x/report"), 5, 10)
+    assert ((args.results, args.out, args.top_k, args.bootstrap) == (["runs/x/results.csv"], Path("runs/x/report"),
+                                                                     5, 10))
     assert args.diagnostics is True and args.methods == ["msp", "vim"]
     with pytest.raises(ConfigError, match=r"unknown key 'topk' \(did you mean 'top_k'\?\)"):
         cli_args.parse(report.build_parser(), ["--config", str(config), "topk=1"])

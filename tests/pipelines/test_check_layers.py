@@ -44,7 +44,8 @@ def test_clean_tree_has_no_fault(tmp_path):
     ("detectors/sub/x.py", "from ...gen import g\n", "gen.g"),  # relative, two levels up
     ("pipelines/a.py", "import importlib\nimportlib.import_module('detectors.d')\n", "detectors.d"),
     ("gen/g.py", "from scripts.s import main\n", "scripts.s"),
-    ("detectors/d.py", "def f():\n    from oodforge.cli import main\n", "oodforge.cli"),  # nothing below imports oodforge
+    ("detectors/d.py", "def f():\n    from oodforge.cli import main\n", "oodforge.cli"),  # nothing below imports
+                                                                                          # oodforge
     ("pipelines/a.py", "import oodforge\n", "oodforge"),
     ("oodforge/cli.py", "from scripts.s import main\n", "scripts.s"),
 ])

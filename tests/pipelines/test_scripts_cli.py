@@ -61,6 +61,7 @@ def test_demo_rejects_an_unknown_stage(capsys):
 
 def test_bench_gram_main_argv_writes_its_json(tmp_path):
     out = tmp_path / "gram.json"
-    load("benchmarks.gram").main(["--batch", "1", "--repeats", "1", "--rows", "40", "--classes", "3", "--out", str(out)])
+    load("benchmarks.gram").main(["--batch", "1", "--repeats", "1", "--rows", "40", "--classes", "3", "--out",
+                                  str(out)])
     result = json.loads(out.read_text())
     assert result["features"]["max_rel_diff"] < 1e-9 and result["scoring"]["rows"] == 40

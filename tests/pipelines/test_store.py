@@ -103,7 +103,8 @@ def test_a_forked_child_reads_members_through_its_own_handles(source, tmp_path):
     assert hashlib.sha256(path.read_bytes()).hexdigest() == expect  # and the parent's handle still works
 
 
-# -- packing --------------------------------------------------------------------------------------------------------------
+# -- packing
+# --------------------------------------------------------------------------------------------------------------
 def test_pack_resizes_in_fetchs_modes_by_fetchs_own_code(tmp_path):
     """keep_ratio: larger images resized (EXIF applied, as img2dataset), smaller ones byte for byte; reference: every
     image to the shorter side given, as fetch writes it; none (the default): bytes unchanged. Each member is exactly
@@ -126,7 +127,8 @@ def test_pack_resizes_in_fetchs_modes_by_fetchs_own_code(tmp_path):
     assert load_image(tmp_path / "src" / "rot.jpg").size == (600, 800)
     reference = read_manifest(_packed(tmp_path / "src", tmp_path / "ref", resize="reference"))
     paths = {r["file_name"]: reference.path(r) for r in reference.rows}
-    with Image.open(paths["small.jpg"].open()) as image:  # Resize(224) on the shorter side, up or down; PIL's quality 75
+    with Image.open(paths["small.jpg"].open()) as image:  # Resize(224) on the shorter side, up or down; PIL's quality
+                                                          # 75
         assert image.size == (336, 224) and image.format == "JPEG"
     assert paths["small.jpg"].read_bytes() == prepare(small, "small.jpg", 224, 10**9, 75, "reference").data
     kept = read_manifest(_packed(tmp_path / "src", tmp_path / "none"))

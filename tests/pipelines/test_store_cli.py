@@ -46,7 +46,8 @@ def _error_line(capsys) -> str:
 def test_dry_run_estimates_time_and_disk_and_writes_nothing(source, tmp_path, capsys):
     script = load("pack_shards")
     out = tmp_path / "out"
-    args = [str(source), "--out", str(out), "--samples-per-shard", "4", "--resize", "keep_ratio", "--short-side", "128", "--workers", "1"]
+    args = ([str(source), "--out", str(out), "--samples-per-shard", "4", "--resize", "keep_ratio", "--short-side",
+             "128", "--workers", "1"])
     assert run_main(script.main, args + ["--dry-run"]) == 0
     text = capsys.readouterr().out
     assert "would pack 6 of 6 images into 2 shard(s) (0 of 2 already finished)" in text

@@ -284,7 +284,8 @@ def test_a_kill_during_a_write_leaves_no_temp_file_after_the_rerun(setup, tmp_pa
 
     base, model = setup
     config = _config(base, model, tmp_path / "out", epochs=2)
-    temp = kill_during_write("train-classifier", ["--config", config], "checkpoint.safetensors", _env(), tmp_path / "kill")
+    temp = (kill_during_write("train-classifier", ["--config", config], "checkpoint.safetensors", _env(),
+                              tmp_path / "kill"))
     assert temp.parent == tmp_path / "out"
     again = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config)], env=_env(), capture_output=True,
                            text=True, timeout=300)
@@ -363,7 +364,8 @@ runpy.run_module("oodforge", run_name="__main__")
 def _scripted_run(tmp_path: Path, config: Path, kill_at: int = 0) -> subprocess.Popen:
     launcher, marker = tmp_path / "scripted.py", tmp_path / f"killed-{config.stem}"
     launcher.write_text(SCRIPTED)
-    return subprocess.Popen([sys.executable, str(launcher), json.dumps(CURVE), str(kill_at), str(marker), "train-classifier",
+    return subprocess.Popen([sys.executable, str(launcher), json.dumps(CURVE), str(kill_at), str(marker),
+                             "train-classifier",
                              "--config", str(config)], env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
 

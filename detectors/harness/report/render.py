@@ -15,7 +15,8 @@ from typing import Any, Collection, Sequence
 import numpy as np
 import pandas as pd
 
-from detectors.harness.report.tables import (ALL, CELL_METRICS, LOW_AUROC, Layout, low_auroc, method_info, method_summary,
+from detectors.harness.report.tables import (ALL, CELL_METRICS, LOW_AUROC, Layout, low_auroc, method_info,
+                                             method_summary,
                                      rank_marks, read_results, select_methods)
 from detectors.harness.results import COLUMN_LABELS, LOWER_IS_BETTER
 

@@ -2,8 +2,8 @@
 hop, the field report per novel species and the most ID-looking OOD images.
 
 Scores: higher = more in-distribution; an image is flagged OOD iff score < threshold (`detectors.metrics`). Roles are
-`detectors.harness.results.SCORE_ROLES`. Metadata of a row (`hop`, `species`, its image) comes from the manifest it was read
-from, through the optional `file_name` / `manifest` columns (`detectors.harness.results.SCORE_OPTIONAL`).
+`detectors.harness.results.SCORE_ROLES`. Metadata of a row (`hop`, `species`, its image) comes from the manifest it was
+read from, through the optional `file_name` / `manifest` columns (`detectors.harness.results.SCORE_OPTIONAL`).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The results table read and aggregated: layout, per-set table (Table 3), family means (Table 4), best rule.
 
-Input is the runner's results table (`detectors.harness.results.RESULT_COLUMNS`; tables without the newer optional columns
-still read). Metrics may be fractions or percent: when every metric value is <= 1 they are read as fractions;
+Input is the runner's results table (`detectors.harness.results.RESULT_COLUMNS`; tables without the newer optional
+columns still read). Metrics may be fractions or percent: when every metric value is <= 1 they are read as fractions;
 everything returned here is in percent.
 
 Ordering (stable, independent of the metric values): families in `FAMILY_ORDER`, then unknown families in order of first

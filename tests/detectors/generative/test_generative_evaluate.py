@@ -1,4 +1,5 @@
-"""Both generative detectors through the evaluation runner (detectors.harness.evaluate) with a tiny transformers classifier."""
+"""Both generative detectors through the evaluation runner (detectors.harness.evaluate) with a tiny transformers
+classifier."""
 from __future__ import annotations
 
 import numpy as np

@@ -139,7 +139,8 @@ def test_latent_unguided_reference_is_the_null_text_reconstruction(sd_folder, cl
 
 
 def test_pixel_backend_loads_an_adm_checkpoint_file(classifier_28, tmp_path, synthetic):
-    script_util = pytest.importorskip("guided_diffusion.script_util", reason="pip install --no-deps guided-diffusion-sdk")
+    script_util = (pytest.importorskip("guided_diffusion.script_util",
+                                       reason="pip install --no-deps guided-diffusion-sdk"))
     from detectors.generative.guided_diffusion import resolve_flags, shrink_flags
 
     flags = shrink_flags()

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from detectors.generative.guided_diffusion import (ADM_256_UNCOND, attention_levels, build_unet, channel_mult, convert_state_dict,
+from detectors.generative.guided_diffusion import (ADM_256_UNCOND, attention_levels, build_unet, channel_mult,
+                                                   convert_state_dict,
                                         load_pixel_unet, resolve_flags, save_tiny_adm_unet, shrink_flags)
 from pipelines.hub import fixtures_root
 

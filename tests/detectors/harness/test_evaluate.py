@@ -166,8 +166,9 @@ def test_level_head_of_a_multi_granularity_classifier(digits, tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_give_the_one_process_results(digits, tmp_path):
-    """`torchrun ... -m oodforge evaluate` with 2 CPU processes: features and ODIN's images are split across processes and gathered, detectors
-    whose statistics are sums fit per-process shards reduced over the processes; the table is one process's."""
+    """`torchrun ... -m oodforge evaluate` with 2 CPU processes: features and ODIN's images are split across processes
+    and gathered, detectors whose statistics are sums fit per-process shards reduced over the processes; the table is
+    one process's."""
     import subprocess
     import sys
     from pathlib import Path
@@ -177,8 +178,8 @@ def test_two_processes_give_the_one_process_results(digits, tmp_path):
     path = tmp_path / "eval.yaml"
     path.write_text(yaml.safe_dump(config))
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "oodforge", "evaluate", "--config",
-                           str(path)],
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "oodforge", "evaluate",
+                           "--config", str(path)],
                           capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-3000:]
     two = pd.read_csv(tmp_path / "two" / "results.csv")

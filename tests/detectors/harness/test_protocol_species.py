@@ -59,8 +59,10 @@ def _splits(tmp: Path) -> Path:
     occ.to_csv(tmp / "occ.csv", index=False)
     ids.to_csv(tmp / "ids.csv", index=False)
     _script("make_splits.py", "--occurrences", tmp / "occ.csv", "--id-species", tmp / "ids.csv", "--image-root",
-            tmp / "images", "--out", tmp / "splits", "--target-taxon", "moth", "split.aux_species_by_region.c-america=10",
-            "--aux-per-species", 5, "--non-local-cap", 3, "--local-cap", 6, "--id-cap", 14, "--non-target-cap", 30, cwd=tmp)
+            tmp / "images", "--out", tmp / "splits", "--target-taxon", "moth",
+            "split.aux_species_by_region.c-america=10",
+            "--aux-per-species", 5, "--non-local-cap", 3, "--local-cap", 6, "--id-cap", 14, "--non-target-cap", 30,
+            cwd=tmp)
     region = load_region(tmp / "splits" / REGION)
     for i, row in enumerate(region.rows):
         path = region.path(row)

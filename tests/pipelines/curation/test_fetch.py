@@ -97,7 +97,8 @@ def test_cap_per_species_taxon_filter_and_bad_options(server, tmp_path, capsys):
     summary = json.loads((out / "fetch_summary.json").read_text())
     assert summary["dropped"] == {"taxon filter": 1, "blank species": 1, "over the species cap": 2}
     capsys.readouterr()
-    for extra, message in ((["--rate", "0"], "--rate: must be > 0"), (["--workers", "two"], "argument --workers: invalid int value: 'two'"),
+    for extra, message in ((["--rate", "0"], "--rate: must be > 0"),
+                           (["--workers", "two"], "argument --workers: invalid int value: 'two'"),
                            (["--per-species", "-1"], "--per-species: must be >= 1"),
                            (["--thumbnail-pattern", "(["], "--thumbnail-pattern: not a regular expression"),
                            (["--taxon-filter", "moth"], "--taxon-filter: must be one of 'moths'")):
@@ -217,7 +218,8 @@ def test_readme_path_gbif_zip_to_images_to_splits(server, tmp_path):
     lines = [line for line in readme.splitlines()
              if line.startswith(("python scripts/fetch_images.py --occurrences gbif.zip",
                                  "python scripts/make_splits.py --occurrences gbif.zip",
-                                 "oodforge fetch-images --occurrences gbif.zip", "oodforge make-splits --occurrences gbif.zip"))]
+                                 "oodforge fetch-images --occurrences gbif.zip",
+                                 "oodforge make-splits --occurrences gbif.zip"))]
     commands = [line.split()[1].removeprefix("scripts/").removesuffix(".py").replace("_", "-") for line in lines]
     assert commands == ["fetch-images", "make-splits"]
     path, ids = build_archive(tmp_path / "download", base=server.base)

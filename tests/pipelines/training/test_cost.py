@@ -24,7 +24,8 @@ def test_estimate_matches_a_hand_computation():
 
 def test_no_workers_loads_on_one_core_and_nothing_known_is_said_so():
     found = cost.estimate(train_rows=10, val_rows=0, epochs=2, workers=0, rate=LoaderRate(5.0, 1.0, None, "x"))
-    assert found.cores == 1 and found.loading_s == pytest.approx(4.0) and found.gpu_s is None and found.disk_bytes is None
+    assert (found.cores == 1 and found.loading_s == pytest.approx(4.0) and found.gpu_s is None
+            and found.disk_bytes is None)
     lines = cost.describe(cost.estimate(train_rows=10, val_rows=0, epochs=2, workers=0, rate=None), 0)
     assert "at a rate not measured here" in lines[0] and "python -m benchmarks.scale_data" in lines[0]
     assert "not included" in lines[1] and "not known" in lines[2]
@@ -32,8 +33,10 @@ def test_no_workers_loads_on_one_core_and_nothing_known_is_said_so():
 
 def test_rates_from_each_record_and_the_nearest_size_wins(tmp_path):
     (tmp_path / "decode.json").write_text(json.dumps({"workers": 0, "settings": {"megapixels": 3.0},
-                                                      "stages": {"train": {"ours_img_s": 36.0, "ours_draft_img_s": 78.0}}}))
-    (tmp_path / "train.json").write_text(json.dumps({"settings": {"side": 100, "workers": 0}, "loader_images_per_s": 580.0}))
+                                                      "stages": {"train": {"ours_img_s": 36.0,
+                                                                           "ours_draft_img_s": 78.0}}}))
+    (tmp_path / "train.json").write_text(json.dumps({"settings": {"side": 100, "workers": 0},
+                                                     "loader_images_per_s": 580.0}))
     (tmp_path / "scale_data.json").write_text(json.dumps({"loader_rates": [
         {"what": "fetched", "images_per_s_per_core": 500.0, "megapixels": 0.067, "draft": True}, {"what": "broken"}]}))
     rates = cost.read_rates(tmp_path)

@@ -1,4 +1,5 @@
-"""detectors.harness.report on a hand-made results table whose averages and best/second-best marks are worked out by hand."""
+"""detectors.harness.report on a hand-made results table whose averages and best/second-best marks are worked out by
+hand."""
 from __future__ import annotations
 
 import importlib.util
