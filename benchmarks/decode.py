@@ -237,4 +237,4 @@ def measure(files: list[Path], tv: Torchvision, rounds: int, scratch: Path) -> d
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, doc="README.md, section 'Scripts'"))
+    sys.exit(run_main(main, doc="README.md, section 'Commands'"))

@@ -62,4 +62,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, doc="README.md, section 'Scripts'"))
+    sys.exit(run_main(main, doc="README.md, section 'Commands'"))

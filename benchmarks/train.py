@@ -88,4 +88,4 @@ def _classifier(size: str, image_size: int):
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, doc="README.md, section 'Scripts'"))
+    sys.exit(run_main(main, doc="README.md, section 'Commands'"))

@@ -35,7 +35,7 @@ README_SECTIONS: dict[str, str] = {
     "manifest": "README.md, section 'Data formats'",
     "generation": "docs/generation.md",
     "prompts": "README.md, section 'CLIP-prompt detectors and prompt training'",
-    "scripts": "README.md, section 'Scripts'",
+    "scripts": "README.md, section 'Commands'",
 }
 """Where each kind of input is documented, named in one-line errors (paths inside the repository only)."""
 
@@ -124,8 +124,8 @@ def parser(description: str | None, *, config: bool = False, overrides: bool = F
         p.add_argument("--dry-run", action="store_true", help="print the plan and exit without loading any model")
     p.add_argument("--debug", action="store_true", help="show the full traceback of input errors")
     talk = p.add_mutually_exclusive_group()
-    talk.add_argument("-q", "--quiet", action="store_true", help="show warnings and errors only (no progress notes)")
-    talk.add_argument("-v", "--verbose", action="store_true", help="also show debugging messages")
+    talk.add_argument("--quiet", "-q", action="store_true", help="show warnings and errors only (no progress notes)")
+    talk.add_argument("--verbose", "-v", action="store_true", help="also show debugging messages")
     return p
 
 

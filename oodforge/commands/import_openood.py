@@ -22,7 +22,7 @@ from oodforge.args import command_parser, parse
 from pipelines.cli import comma_list, pairs
 from pipelines.importers import EASY_SETS, import_openood
 
-DOC = "README.md, section 'Scripts'"
+DOC = "README.md, section 'Commands'"
 """Where the command's inputs are documented (named in its one-line errors)."""
 
 
