@@ -1,4 +1,5 @@
-"""Kill a command with SIGKILL in the middle of one of its atomic writes (the temp file written, not yet renamed)."""
+"""Kill a command with SIGKILL in the middle of one of its atomic writes (the temp file written, not yet renamed), or
+right after its n-th finished write of a file: deterministic kill points, no timing window."""
 from __future__ import annotations
 
 import os
@@ -45,3 +46,39 @@ def kill_during_write(command: str, args: list[str], pattern: str, env: dict[str
     temp = Path(marker.read_text())
     assert temp.is_file(), "the killed write left no temp file"
     return temp
+
+
+AFTER_LAUNCHER = """
+import contextlib, fnmatch, os, pathlib, runpy, signal, sys
+import pipelines.io as io
+real, pattern, count, marker = io.atomic_path, sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
+done = [0]
+
+@contextlib.contextmanager
+def counted(path):
+    with real(path) as tmp:
+        yield tmp
+    if fnmatch.fnmatch(pathlib.Path(path).name, pattern):  # renamed into place: finished
+        done[0] += 1
+        if done[0] == count:
+            marker.write_text(str(path))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+io.atomic_path = counted
+sys.argv = ["oodforge", *sys.argv[4:]]
+runpy.run_module("oodforge", run_name="__main__")
+"""
+
+
+def kill_after_writes(command: str, args: list[str], pattern: str, count: int, env: dict[str, str], folder: Path,
+                      timeout: float = 300) -> Path:
+    """Run `oodforge command args` and SIGKILL it right after its `count`-th finished write of a file whose name
+    matches `pattern` (fnmatch); return that file's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    launcher, marker = folder / "kill_after_writes.py", folder / "kill_after_writes.marker"
+    launcher.write_text(AFTER_LAUNCHER)
+    proc = subprocess.run([sys.executable, str(launcher), pattern, str(count), str(marker), command, *map(str, args)],
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    assert proc.returncode == -signal.SIGKILL, \
+        f"oodforge {command} ended before its write {count}: {proc.stderr[-2000:]}"
+    return Path(marker.read_text())

@@ -56,25 +56,18 @@ def _weights(out: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_weights(setup, tmp_path):
+    from helpers.killed import kill_after_writes
+
     base, model = setup
     whole = subprocess.run([sys.executable, str(SCRIPT), "--config",
                             str(_config(base, model, tmp_path / "a", epochs=6))],
                            env=_env(), capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr[-2000:]
     config = _config(base, model, tmp_path / "b", epochs=6)
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--config", str(config)], env=_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoint, done = tmp_path / "b" / "checkpoint.safetensors", 0
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if checkpoint.is_file():
-            done = int((read_metadata(checkpoint) or {}).get("epoch", 0))
-            if done >= 2:
-                break
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert 1 <= done < 6 and not (tmp_path / "b" / "metrics.json").exists()  # killed mid-run
+    checkpoint = kill_after_writes("train-classifier", ["--config", config], "checkpoint.safetensors", 2, _env(),
+                                   tmp_path / "kill")  # killed right after epoch 2's checkpoint
+    done = int((read_metadata(checkpoint) or {}).get("epoch", 0))
+    assert done == 2 and not (tmp_path / "b" / "metrics.json").exists()  # killed mid-run
     again = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config)], env=_env(), capture_output=True,
                            text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
