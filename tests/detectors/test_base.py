@@ -294,5 +294,7 @@ def test_real_registry_is_consistent():
     assert names == sorted(names) and names
     for name in names:
         cls = registry.detector_class(name)
+        if not cls.__module__.startswith("detectors."):  # a plugin an earlier test registered
+            continue
         assert cls.name == name and cls.family in {"posthoc", "clip", "generative", "training"}
         assert set(cls.search_space) <= set(cls.defaults) - cls.Params.runtime(), name

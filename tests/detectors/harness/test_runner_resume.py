@@ -22,7 +22,7 @@ from pipelines.features import extract_features
 from runner_helpers import eval_config
 
 HERE = Path(__file__).parent
-REPO = HERE.parents[1]
+REPO = HERE.parents[2]
 
 
 def _unit_stamp(out: Path, method: str) -> int:
