@@ -20,6 +20,18 @@ STYLES = ("bar", "lines", "off")
 DEFAULT_INTERVAL_S = 30.0
 
 
+def duration_text(seconds: float) -> str:
+    """A duration as people say it in an estimate: seconds below 2 minutes, minutes below 2 hours, hours below 2 days,
+    else days."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} minutes"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} hours"
+    return f"{seconds / 86400:.1f} days"
+
+
 def progress_style(stream: TextIO | None = None) -> str:
     """`$OODFORGE_PROGRESS` when set (bar, lines or off), else `bar` on a terminal and `lines` elsewhere."""
     forced = os.environ.get(PROGRESS_ENV, "").strip().lower()

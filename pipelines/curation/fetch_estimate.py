@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.curation.fetch_client import host_of
+from pipelines.progress import duration_text
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "fetch.json"
 SESSION_GAP = 60.0
@@ -61,7 +62,7 @@ def estimate(left: Counter, records: dict[str, dict[str, Any]], bench: Path = BE
     seconds = {h: n / rates.get(h, default) for h, n in left.items()}
     slowest = max(seconds, key=seconds.get)
     total, disk = max(seconds.values()), int(sum(left.values()) * (per_image or 0))
-    text = (f"about {_duration(total)} and {disk / 1e9:.1f} GB for {sum(left.values())} images "
+    text = (f"about {duration_text(total)} and {disk / 1e9:.1f} GB for {sum(left.values())} images "
             f"({per_image / 1e3:.0f} kB an image; slowest host {slowest}: {left[slowest]} images at "
             f"{rates.get(slowest, default):.1f}/s); rates from {source}")
     return {"source": source, "seconds": round(total, 1), "hours": round(total / 3600, 2), "disk_bytes": disk,
@@ -69,11 +70,3 @@ def estimate(left: Counter, records: dict[str, dict[str, Any]], bench: Path = BE
             "images_per_s_slowest_host": round(rates.get(slowest, default), 2), "text": text}
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.0f} minutes"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} hours"
-    return f"{seconds / 86400:.1f} days"

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from pipelines.progress import duration_text
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SOURCES = ("scale_data.json", "decode.json", "train.json")
 RESNET50_BACKBONE = 23_508_032
@@ -161,16 +163,6 @@ def estimate(*, train_rows: int, val_rows: int, epochs: int, workers: int, rate:
     return TrainCost(samples, cores, rate, loading, gpu_images_per_s, gpu, gpu_source, disk)
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.0f} minutes"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} hours"
-    return f"{seconds / 86400:.1f} days"
-
-
 def describe(cost: TrainCost, workers: int) -> list[str]:
     """The estimate as the dry run prints it."""
     who = f"{workers} loader workers" if workers else "the main process (no loader workers)"
@@ -178,11 +170,11 @@ def describe(cost: TrainCost, workers: int) -> list[str]:
         lines = [f"estimate: {cost.samples:,} images to load ({who}) at a rate not measured here: no per-core loader "
                  f"rate in benchmarks/ ({', '.join(SOURCES)}; run python -m benchmarks.scale_data)"]
     else:
-        lines = [f"estimate: data loading {_duration(cost.loading_s)} for {cost.samples:,} images (epochs x (train + "
-                 f"val rows)) on {who}, {cost.cores} core(s) at {cost.rate.images_per_s:,.0f} images/s per core "
-                 f"(measured on {cost.rate.megapixels:.2g} MP images: {cost.rate.source})"]
+        lines = [f"estimate: data loading {duration_text(cost.loading_s)} for {cost.samples:,} images (epochs x "
+                 f"(train + val rows)) on {who}, {cost.cores} core(s) at {cost.rate.images_per_s:,.0f} images/s per "
+                 f"core (measured on {cost.rate.megapixels:.2g} MP images: {cost.rate.source})"]
     if cost.gpu_s is not None:
-        lines.append(f"estimate: model steps {_duration(cost.gpu_s)} at {cost.gpu_images_per_s:,.0f} images/s "
+        lines.append(f"estimate: model steps {duration_text(cost.gpu_s)} at {cost.gpu_images_per_s:,.0f} images/s "
                      f"({cost.gpu_source}); the run takes at least the longer of the two")
     else:
         lines.append("estimate: the model's own steps are not included (no GPU rate recorded)")
