@@ -180,7 +180,7 @@ def test_two_processes_give_the_one_process_results(digits, tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "oodforge", "evaluate",
                            "--config", str(path)],
-                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[3])
     assert done.returncode == 0, done.stderr[-3000:]
     two = pd.read_csv(tmp_path / "two" / "results.csv")
     one = run_config({**config, "out": str(tmp_path / "one")})
