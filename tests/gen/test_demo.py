@@ -33,6 +33,7 @@ def test_tiny_models_are_built_once_into_the_cache(tmp_path, monkeypatch, tiny_z
     assert first == second == ZeSTConfig.from_dict(tiny_zest_models)
 
 
+@pytest.mark.slow
 def test_generation_demo_writes_a_manifest_with_inherited_categories(tmp_path, monkeypatch, tiny_zest_models,
                                                                      single_thread):
     monkeypatch.setenv("OODFORGE_CACHE", str(tmp_path / "cache"))

@@ -179,6 +179,7 @@ run_generation(json.loads(sys.argv[1]), pipeline=CopyThenHold())
 """
 
 
+@pytest.mark.slow
 def test_killed_process_is_resumed_without_duplicates(tmp_path, bronzes, containers):
     """The job copies 2 items and holds the third: once the ledger holds the 2 and the third call is held, the kill
     comes (no sleep decides how far the job got)."""

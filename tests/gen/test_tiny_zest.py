@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from diffusers import ControlNetModel, UNet2DConditionModel
 from PIL import Image
@@ -32,6 +33,7 @@ def test_tiny_zest_uses_the_real_layouts(tiny_zest_config):
     assert AutoModelForDepthEstimation.from_pretrained(tiny_zest_config.depth).config.model_type == "dpt"
 
 
+@pytest.mark.slow
 def test_in_memory_random_zest_equals_the_saved_and_reloaded_one(tiny_zest, one_thread):
     """`random_zest_pipeline` (the GPU benchmark's path) builds the same weights as `save_tiny_zest` (same seed),
     so both must generate the same images: checks the save/load round trip and the in-memory assembly at once."""

@@ -94,6 +94,7 @@ def test_unknown_command_is_one_line_with_the_closest(capsys):
     assert main([]) == 2 and "usage: oodforge <command>" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_python_m_oodforge_and_the_installed_entry_point():
     done = subprocess.run([sys.executable, "-m", "oodforge", "--help"], capture_output=True, text=True, timeout=60,
                           cwd=ROOT)

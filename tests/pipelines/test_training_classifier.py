@@ -21,6 +21,8 @@ from pipelines.errors import ConfigError
 from pipelines.importers import ClassImport, import_classes
 from tests.pipelines.own_data_helpers import class_tree, png
 
+pytestmark = pytest.mark.slow  # its module fixture alone takes seconds (make test-fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train_classifier.py"
 ENV_DROP = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

@@ -116,6 +116,7 @@ def test_train_classifier_output_folder(tiny, tmp_path, capsys):
     assert len(warning) == 1 and CHECKPOINT in warning[0]
 
 
+@pytest.mark.slow
 def test_a_model_folder_with_only_a_pickle(tiny, tmp_path):
     """`model:` naming a folder whose weights are a hostile pytorch_model.bin: one line, exit 2, for evaluate and
     train_classifier alike (it was a 51-line traceback advising weights_only=False)."""
@@ -197,6 +198,7 @@ def test_foreign_pt_files_of_diffguard_distances_and_clipn(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_feature_caches_of_a_copied_run_folder(tiny, tmp_path):
     """Every feature cache replaced by a pickle: the rerun reads none of them as code, warns once per file, computes
     them again and ends with the same results."""

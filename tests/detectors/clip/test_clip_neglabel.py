@@ -47,6 +47,7 @@ def regex_first_lemmas(path: Path) -> dict[str, list[str]]:
 
 
 @needs_wordnet
+@pytest.mark.slow
 def test_wordnet_reader_on_the_real_database():
     nouns = read_wordnet(WORDNET, "noun", exclude=())
     adjs = read_wordnet(WORDNET, "adj", exclude=())
@@ -78,6 +79,7 @@ def test_wordnet_reader_names_a_bad_line(tmp_path):
 
 
 @needs_wordnet
+@pytest.mark.slow
 def test_real_clip_vocabulary_tokenizes_every_wordnet_prompt_within_the_context():
     pytest.importorskip("transformers")
     from detectors.clip.vocab import openai_bpe_path, openai_clip_tokenizer
@@ -139,6 +141,7 @@ def test_grouping_drops_the_remainder_then_permutes_as_the_official_code():
 
 
 @needs_wordnet
+@pytest.mark.slow
 def test_neglabel_defaults_read_wordnet_and_cap_groups(backbone):
     small = [n for n in LEXNAMES if n not in ("noun.Tops", "noun.motive", "adj.ppl")]  # keep three small files
     det = detectors.build("neglabel", model=backbone, class_names=CLASSES, wordnet_exclude=small)

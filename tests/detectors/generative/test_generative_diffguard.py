@@ -66,6 +66,7 @@ def test_guidance_step_raises_the_log_probability_of_the_label(pixel_unet, tiny_
     assert grads[0].abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_batched_early_stop_equals_one_at_a_time(pixel_unet, tiny_classifier, synthetic):
     det = detectors.build("diffguard", classifier=tiny_classifier, unet=pixel_unet, early_stop_psnr=15.0, **FAST)
     x01 = resize_center_crop(synthetic(4), 32, 32)
@@ -95,6 +96,7 @@ def test_pixel_detector_loads_and_scores(pixel_unet_folder, tiny_classifier, syn
         detectors.build("diffguard", classifier=tiny_classifier, unet_id=str(pixel_unet_folder)).score(images)
 
 
+@pytest.mark.slow
 def test_latent_backend_masked_guidance(sd_folder, tiny_classifier, synthetic):
     common = dict(backend="latent", sd_id=str(sd_folder), latent_steps=4, distance="ssim",
                   class_names=["bird", "cat", "dog", "moth"])

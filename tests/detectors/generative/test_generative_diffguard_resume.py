@@ -34,6 +34,7 @@ def build(tiny_classifier, pixel_unet_folder, **runtime):
     return detectors.build("diffguard", classifier=tiny_classifier, unet_id=str(pixel_unet_folder), **FAST, **runtime)
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_within_the_set_bitwise_equal(tmp_path, images, tiny_classifier, pixel_unet_folder):
     reference = build(tiny_classifier, pixel_unet_folder).score(images)  # no work_dir: one pass, nothing kept
     work = tmp_path / "work"
@@ -64,6 +65,7 @@ def test_a_killed_run_resumes_within_the_set_bitwise_equal(tmp_path, images, tin
     assert np.array_equal(uninterrupted, reference)
 
 
+@pytest.mark.slow
 def test_changed_parameters_or_images_never_read_kept_batches(tmp_path, images, tiny_classifier, pixel_unet_folder):
     work = tmp_path / "work"
     build(tiny_classifier, pixel_unet_folder, work_dir=str(work)).score(images)

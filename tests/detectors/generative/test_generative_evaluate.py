@@ -52,6 +52,7 @@ def tiny_eval_data(tmp_path_factory):
     processor.save_pretrained(root / "clf")
     return root, save_tiny_pixel_unet(root / "unet")
 
+@pytest.mark.slow
 def test_runner_scores_both_generative_detectors(tiny_eval_data, tmp_path):
     root, unet = tiny_eval_data
     diffguard_params = dict(unet_id=str(unet), steps=10, max_inversion_steps=9, early_stop_psnr=15.0,

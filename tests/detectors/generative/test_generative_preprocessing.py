@@ -63,6 +63,7 @@ def test_guidance_crops_are_the_official_nearest_cutouts():
     assert x.grad.abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_dists_downsamples_inputs_over_256_pixels_like_piq():
     torch.manual_seed(0)
     state = {f"features.{k}": v for k, v in vgg16_features().state_dict().items()}
@@ -138,6 +139,7 @@ def test_latent_unguided_reference_is_the_null_text_reconstruction(sd_folder, cl
     torch.testing.assert_close(guided, det.reconstruct_latent(x, labels, unguided=True)[1], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_pixel_backend_loads_an_adm_checkpoint_file(classifier_28, tmp_path, synthetic):
     script_util = (pytest.importorskip("guided_diffusion.script_util",
                                        reason="pip install --no-deps guided-diffusion-sdk"))

@@ -20,6 +20,8 @@ from pipelines.features import extract_features
 from pipelines.shards import PackConfig, pack_manifest
 from pipelines.store import MemberPath
 
+pytestmark = pytest.mark.slow  # its module fixture alone takes seconds (make test-fast leaves it out)
+
 SAME_BYTES = PackConfig(samples_per_shard=64, resize="none")
 
 

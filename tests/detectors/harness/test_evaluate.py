@@ -22,6 +22,7 @@ def _config(digits, out, **extra):
     return eval_config(digits, out, **extra)
 
 
+@pytest.mark.slow
 def test_runner_matches_direct_computation(digits, tmp_path):
     results = run_config(_config(digits, tmp_path / "run", detectors=["msp", {"name": "knn", "params": {"k": 5}}],
                                  threshold_transfer=[{"source": "digits_6_9", "tpr": 0.95, "targets": ["sketch"]}]))
@@ -73,6 +74,7 @@ def test_yaml_config_errors(tmp_path):
         Runner(EvalConfig.from_dict({"id": "x", "ood": ["o"], "out": "o", "detectors": ["no_such_method"]}))
 
 
+@pytest.mark.slow
 def test_selection_through_runner(digits, tmp_path):
     """select.ood_val honours `sets` (texture for validation, digits 6-9 for test) and never reads test OOD rows."""
     id_dir, ood_dir, _ = digits
@@ -111,6 +113,7 @@ def test_selection_refuses_test_rows(digits, tmp_path):
     assert not (tmp_path / "leak").exists()  # refused in the plan: nothing written
 
 
+@pytest.mark.slow
 def test_fewshot_sweep_through_runner(tmp_path):
     from pipelines.tiny import save_tiny_clip
 
@@ -128,6 +131,7 @@ def test_fewshot_sweep_through_runner(tmp_path):
     assert (tmp_path / "out" / "fewshot" / "locoop-2shot-seed1" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_level_head_of_a_multi_granularity_classifier(digits, tmp_path):
     """`head: {levels, level}` scores with that level's head and takes ID labels from its field."""
     from pipelines.training import MultiGranularity
@@ -189,6 +193,7 @@ def test_two_processes_give_the_one_process_results(digits, tmp_path):
                                   check_exact=False, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_level_head_stays_with_aux_and_select(digits, tmp_path):
     """With `aux:` and `select:` set, validation and auxiliary features are scored by the level head too."""
     from pipelines.training import MultiGranularity
@@ -236,6 +241,7 @@ def test_level_head_stays_with_aux_and_select(digits, tmp_path):
     np.testing.assert_allclose(got[got.role == "ood"]["score"], oe.score(near), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_post_hoc_rules_rescore_a_trained_model(digits, tmp_path):
     """`rules:` fit each post-hoc rule on the trained model's outputs (transform, trained_head); same as by hand."""
     id_dir, ood_dir, model = digits
@@ -260,6 +266,7 @@ def test_post_hoc_rules_rescore_a_trained_model(digits, tmp_path):
                 and got["fpr95"] == pytest.approx(expect["fpr95"], abs=1e-9))
 
 
+@pytest.mark.slow
 def test_rule_rows_accuracy_and_rule_selection_on_validation(digits, tmp_path):
     """Re-scored rows are family `training` with base/rule; each row's id_acc is the accuracy of the classifier it
     scores with; rule_selection.csv holds each rule's value on (ID val, OOD val) and marks the best; scores carry file

@@ -29,6 +29,7 @@ def _unit_stamp(out: Path, method: str) -> int:
     return (out / "units" / method / "unit.json").stat().st_mtime_ns
 
 
+@pytest.mark.slow
 def test_failing_detector_is_recorded_and_the_others_finish(digits, tmp_path):
     out = tmp_path / "run"
     config = eval_config(digits, out, detectors=["msp", "plugin_fail", "ebo"], plugins=["runner_plugins"])
@@ -47,6 +48,7 @@ def test_failing_detector_is_recorded_and_the_others_finish(digits, tmp_path):
     assert len(json.loads((out / "failures.json").read_text())["detectors"]) == 1  # tried again, failed again
 
 
+@pytest.mark.slow
 def test_changed_parameters_redo_only_that_unit(digits, tmp_path):
     out = tmp_path / "run"
     run_config(eval_config(digits, out, detectors=["msp", {"name": "knn", "params": {"k": 5}}]))
@@ -79,6 +81,7 @@ def test_changed_aux_redoes_only_the_units_that_read_it(digits, tmp_path):
     assert set(results["method"]) == {"msp", "knn", "oe"}
 
 
+@pytest.mark.slow
 def test_retrained_model_in_the_same_folder_never_reuses_features(digits, tmp_path):
     """Content-addressed caches: the key hashes the weights actually loaded, not the folder name."""
     id_dir, ood_dir, model = digits
@@ -103,6 +106,7 @@ def test_retrained_model_in_the_same_folder_never_reuses_features(digits, tmp_pa
     assert len(list((tmp_path / "run" / "cache").glob("id-id_test-*.safetensors"))) == 2
 
 
+@pytest.mark.slow
 def test_image_identity_is_in_the_key(digits, tmp_path):
     """Rewriting an image file (same name, other bytes) gives its split a new cache."""
     from PIL import Image
@@ -122,6 +126,7 @@ def test_image_identity_is_in_the_key(digits, tmp_path):
     assert len(list((tmp_path / "run" / "cache").glob("id-id_test-*.safetensors"))) == 1
 
 
+@pytest.mark.slow
 def test_bad_images_are_excluded_alike_on_every_path(digits, tmp_path):
     """A truncated ID image and an empty OOD file: recorded by name, left out of feature and pixel detectors alike."""
     from pipelines.toydata import write_digits
@@ -151,6 +156,7 @@ def test_bad_images_are_excluded_alike_on_every_path(digits, tmp_path):
     assert np.array_equal(msp_t, scores[(scores.method == "msp") & (scores.role == "id")]["index"].to_numpy())
 
 
+@pytest.mark.slow
 def test_pixel_only_run_probes_images(digits, tmp_path):
     """Without feature detectors the runner still finds unreadable images first (a probe, cached by image identity)."""
     from pipelines.toydata import write_digits
@@ -242,6 +248,7 @@ def test_bad_input_matrix_in_evaluation(digits, tmp_path):
     assert info["bad_lines"][2] == "split" and not (tmp_path / "run2").exists()
 
 
+@pytest.mark.slow
 def test_weights_rewritten_in_place_redo_a_pixel_only_unit(digits, tmp_path):
     """Classifier weights rewritten with size and mtime kept: the pixel-only ODIN unit is redone, not reused."""
     id_dir, ood_dir, model = digits

@@ -178,6 +178,7 @@ def test_rule_selection_marks_the_best_per_method_in_the_metric_direction():
     assert list(table["chosen"]) == [False, True, False, False, True]  # FPR lower is better, AUROC higher
 
 
+@pytest.mark.slow
 def test_runner_sweeps_by_default_with_ood_val_and_says_when_defaults_ran(digits, tmp_path, capsys):
     """With `ood_val` (no `select:`) the protocol's grids run, ODIN's on the validation images; rows say what chose.
     Without OOD validation one line says that defaults ran."""
@@ -218,6 +219,7 @@ def test_runner_sweeps_by_default_with_ood_val_and_says_when_defaults_ran(digits
                      "ebo, neco)"]
 
 
+@pytest.mark.slow
 def test_a_tied_sweep_through_evaluate_keeps_the_reference_point_and_marks_it(digits, tmp_path, capsys):
     """scripts/evaluate.py, protocol open-insects: GEN's M points all tie on six classes (top-M with M >= C is every
     class), so the reference's search keeps M 1000, the last of gen.yml's M list; `select.ties=first` keeps M 10. The

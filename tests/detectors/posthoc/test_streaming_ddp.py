@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import detectors
 from pipelines.features import FeatureCache
@@ -36,6 +37,7 @@ torch.distributed.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_one_process_detector_state(tmp_path):
     rng = np.random.default_rng(0)
     n, d, c = 301, 10, 4

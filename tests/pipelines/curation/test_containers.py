@@ -22,6 +22,8 @@ from pipelines.curation.containers import (DEFAULT_ROOTS, IMAGENET1K_FILE, Conta
 from pipelines.curation.wordnet import LEXNAMES, Nouns
 from pipelines.data import read_manifest
 
+pytestmark = pytest.mark.slow  # its module fixture alone takes seconds (make test-fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[3]
 WORDNET = Path("/usr/share/wordnet")
 needs_wordnet = pytest.mark.skipif(not (WORDNET / "data.noun").is_file(),

@@ -48,6 +48,7 @@ def fetch(argv: list[str]) -> int:
 FAST = ["--backoff", "0.01", "--timeout", "0.5", "--min-bytes", "100", "--min-side", "32", "--workers", "4"]
 
 
+@pytest.mark.slow
 def test_fetch_records_every_failure_and_a_rerun_fetches_only_what_is_missing(server, tmp_path, capsys):
     paths = ["/img/1.png", "/img/2.png", "/slow/3.png", "/flaky/4.png", "/fail/5", "/missing/6", "/redirect/7.png",
              "/img/0.png", "/dup/8.png", "/tiny/9.png", "/short/10", "/hang/11", "/thumb/12.jpg", "/img/1.png"]

@@ -156,6 +156,7 @@ def test_only_http_and_https_urls_and_redirects(server, tmp_path):
 
 # -- 4: limits that hold ---------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_dripping_server_is_cut_at_the_deadline_not_per_read(server, tmp_path):
     """The drip would take 200 s (1000 bytes, one each 0.2 s) and the dripped status line 3.4 s a request; both are
     cut at --timeout 1 (each read alone is well under it)."""

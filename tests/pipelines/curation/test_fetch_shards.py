@@ -95,6 +95,7 @@ def test_fetched_images_go_into_shards_and_a_rerun_fetches_nothing(server, tmp_p
     assert str(store / STORE_FILE) in line and "keep_ratio" in line
 
 
+@pytest.mark.slow
 def test_kill_9_loses_only_the_shard_being_written_and_the_rerun_rewrites_it(tmp_path):
     """The server answers the first 6 URLs and holds the rest: once both workers are held, 6 images are finished,
     4 of them in the finished shard 000000 and 2 in the unfinished 000001; the kill comes then."""
@@ -164,6 +165,7 @@ def test_a_truncated_or_changed_shard_is_one_line_exit_2_and_nothing_is_lost(ser
     assert server.counts == counts
 
 
+@pytest.mark.slow
 def test_make_splits_reads_the_fetched_shards_with_the_folder_stores_rows_and_pixels(server, tmp_path, capsys):
     """The README's fetch -> splits path on both stores: the same rows (the shard manifest's rows add only the member
     fields), the same decoded pixels; no pack step; a changed shard stops make_splits in one line naming it."""

@@ -115,6 +115,7 @@ def test_a_coordinate_that_is_not_a_number_is_refused_naming_the_row(tmp_path):
         clean(read_table(tmp_path / "t.csv"))
 
 
+@pytest.mark.slow
 def test_readme_command_takes_a_gbif_zip_to_splits(archive, tmp_path):
     """The README's command, run as written (no Python): archive + ID species -> splits with counted drops,
     shortfalls, GBIF ids on every row and summary.json."""

@@ -16,6 +16,8 @@ from PIL import Image
 
 from pipelines.training import transforms as T
 
+pytestmark = pytest.mark.slow  # its module fixture alone takes seconds (make test-fast leaves it out)
+
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 ORACLE = r"""

@@ -71,6 +71,7 @@ def one_openmp_thread():
         yield
 
 
+@pytest.mark.slow
 def test_feature_map_with_tiny_models(tmp_path):
     id_dir, ood_dir = _sets(tmp_path / "data")
     clf, clip = _models(tmp_path)

@@ -88,6 +88,7 @@ def test_figure5_paper_colours_offsets_and_names(tmp_path):
     _save(figure, tmp_path / "f5.png")
 
 
+@pytest.mark.slow
 def test_heatmaps_side_by_side_display_names_and_png(tmp_path):
     results, _ = read_results(_results())
     layout = layout_of(results)

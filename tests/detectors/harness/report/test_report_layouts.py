@@ -323,6 +323,7 @@ def test_display_names_cover_the_registry_and_aux_categories():
     assert method_label("oe+msp") == "OE + MSP"
 
 
+@pytest.mark.slow
 def test_shiftedbronzes_diagnostics_add_the_generic_figures_collapsed(tmp_path):
     run = _sb_run(tmp_path)
     _run_cli("--layout", "shiftedbronzes", "--results", str(run / "results.csv"), "--out", str(tmp_path / "r"),

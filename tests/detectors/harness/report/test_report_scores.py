@@ -148,6 +148,7 @@ def test_tile_offsets_cover_the_page():
 
 @pytest.mark.skipif(_check_script().find_chromium() is None,
                     reason="Chromium (Debian package `chromium`) not installed")
+@pytest.mark.slow
 def test_a_tall_page_is_captured_whole_in_tiles(tmp_path, capsys):
     page = tmp_path / "index.html"
     page.write_text('<!DOCTYPE html><html><body style="margin:0"><table id="main-table"><tbody><tr><td '
