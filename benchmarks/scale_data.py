@@ -552,15 +552,13 @@ def table(measured: dict[str, Any], estimates: dict[str, Any]) -> str:
                      f"{estimates['loader_workers']} workers) vs the GPU's {t['gpu_hours']:.1f} h at "
                      f"{t['gpu_img_s']:,.0f} "
                      f"img/s (assumed): {'met' if t['meets_goal'] else 'NOT met'}")
-    if "eval_pass_hours" in estimates:
-        lines.append("- one evaluation pass: " + ", ".join(f"{k} {v:.2f} h"
-                                                           for k, v in estimates["eval_pass_hours"].items()))
-    if "train_loading" in estimates:
-        t = estimates["train_loading"]
         lines.append(f"  (the protocol's fp32 as TF32: GPU {t['gpu_hours_fp32_protocol']:.1f} h at "
                      f"{t['gpu_img_s_fp32_protocol']:,.0f} img/s: "
                      f"{'met' if t['meets_goal_fp32_protocol'] else 'NOT met'}; "
                      f"keeping pace with bf16 takes {t['loader_cores_to_keep_pace']} loader cores)")
+    if "eval_pass_hours" in estimates:
+        lines.append("- one evaluation pass: " + ", ".join(f"{k} {v:.2f} h"
+                                                           for k, v in estimates["eval_pass_hours"].items()))
     for name, goal in estimates["per_core_goals"].items():
         lines.append(f"- {name} on the 3 MP originals: {goal['ratio']:.2f}x torchvision per core"
                      + (f" ({goal['ratio_draft']:.2f}x drafted)" if goal.get("ratio_draft") else "")
