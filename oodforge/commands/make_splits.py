@@ -181,9 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         for line in estimate(timings, write_rate(RATES), extra_bytes):
             print(line)
         return 0
-    if fetched_store(image_root) is not None:
-        print(f"rows point into the shard store {fetched_store(image_root)} (fetch-images --store shards): no pack "
-              "step")
+    if (store := fetched_store(image_root)) is not None:
+        print(f"rows point into the shard store {store} (fetch-images --store shards): no pack step")
     elif args.store == "shards":
         from pipelines.shards import pack_workers, pack_manifests
 
