@@ -4,6 +4,7 @@
     oodforge import-openood --root /data/openood --out data/easy --folder imagenet_o=/data/imagenet-o
     oodforge import-openood --out data/easy --folder texture=/data/dtd/images      # no --root, no --sets
     oodforge import-openood --out data/easy --sets texture --list texture=lists/dtd.txt --image-root /data/dtd
+    oodforge import-openood --root /data/openood --benchmark cifar10 --out data/openood    # a whole v1.5 benchmark
 
 Default with --root: ShiftedBronzes' five easy sets (species, imagenet_o, inaturalist, texture, openimage_o) from
 `<root>/benchmark_imglist/<benchmark>/test_<set>.txt`; without --root, the sets given by --list / --folder. One
@@ -13,6 +14,11 @@ a set name is made a safe folder name, `pipelines.io.safe_name`, so no name leav
 symlinks, loops, FIFOs / sockets / devices). Every image is decoded once: one that does not decode is left out and
 listed in `<out>/<set>/failures.json`. A listed path that leads outside its image folder (through a symlink) is
 refused in one line.
+
+`--benchmark cifar10|cifar100|imagenet200|imagenet` without --sets / --list / --folder imports that OpenOOD v1.5
+benchmark whole (`pipelines.openood_benchmarks`): one manifest `<out>/<benchmark>/` with the ID train / val / test rows
+and their labels, the near-OOD and far-OOD test sets (groups near / far) and the OOD validation set, the lists and image
+folders OpenOOD's evaluation API reads (docs/openood.md). With --sets, --benchmark only names the list folder.
 """
 from __future__ import annotations
 
@@ -20,7 +26,8 @@ from pathlib import Path
 
 from oodforge.args import command_parser, parse
 from pipelines.cli import comma_list, pairs
-from pipelines.importers import EASY_SETS, import_openood
+from pipelines.importers import EASY_SETS, ImportResult, import_openood
+from pipelines.openood_benchmarks import BENCHMARKS, counts, import_benchmark
 
 DOC = "README.md, section 'Commands'"
 """Where the command's inputs are documented (named in its one-line errors)."""
@@ -30,7 +37,9 @@ def build_parser():
     p = command_parser(__name__, __doc__, out=True)
     p.add_argument("--root", type=Path, default=None,
                    help="OpenOOD's data folder (holds benchmark_imglist/, images_largescale/, images_classic/)")
-    p.add_argument("--benchmark", default="imagenet", help="benchmark_imglist subfolder (default imagenet)")
+    p.add_argument("--benchmark", default=None,
+                   help=f"an OpenOOD v1.5 benchmark ({', '.join(BENCHMARKS)}) imported whole; with --sets / --list / "
+                   "--folder the benchmark_imglist subfolder of the sets (default imagenet)")
     p.add_argument("--sets", type=comma_list, default=None,
                    help=f"comma-separated OOD sets (default with --root: {','.join(EASY_SETS)}; without: those of "
                    "--list/--folder)")
@@ -50,8 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(p, argv)
     if args.out is None:
         p.error("--out is required")
-    results = import_openood(args.root, args.out, benchmark=args.benchmark, sets=args.sets, group=args.group,
-                             lists=pairs(args.list, "--list"), folders=pairs(args.folder, "--folder"),
+    if args.benchmark is not None and not (args.sets or args.list or args.folder):
+        if args.root is None:
+            p.error("--benchmark: give --root, OpenOOD's data folder")
+        _print_benchmark(import_benchmark(args.root, args.out, args.benchmark, skip_missing=args.skip_missing))
+        return 0
+    results = import_openood(args.root, args.out, benchmark=args.benchmark or "imagenet", sets=args.sets,
+                             group=args.group, lists=pairs(args.list, "--list"), folders=pairs(args.folder, "--folder"),
                              image_root=args.image_root, skip_missing=args.skip_missing)
     for result in results:
         row = result.summary()
@@ -60,3 +74,14 @@ def main(argv: list[str] | None = None) -> int:
         note += f"; {result.skipped.line()}" if result.skipped.line() else ""
         print(f"{row['ood_set']}: {row['images']} images -> {row['folder']} (images in {row['image_root']}{note})")
     return 0
+
+
+def _print_benchmark(result: ImportResult) -> None:
+    """Images per ID split and OOD set, what was left out, and where the manifest is."""
+    found = counts(result.manifest.rows)
+    print(f"{result.ood_set}: ID " + ", ".join(f"{k} {v}" for k, v in found["id"].items()) + "; OOD "
+          + ", ".join(f"{k} {v}" for k, v in found["ood"].items()) + f" -> {result.folder}")
+    if result.missing:
+        print(f"{len(result.missing)} listed images missing, left out (e.g. {result.missing[:3]})")
+    if result.failures:
+        print(f"{len(result.failures)} images that do not decode, left out ({result.folder / 'failures.json'})")

@@ -1,0 +1,126 @@
+"""Stand-ins of OpenOOD v1.5's released benchmark: its data folder (image lists under `benchmark_imglist/<benchmark>/`
+with the file names its evaluation API reads, images under `images_classic/` / `images_largescale/`) and its
+checkpoints (`best.ckpt`: `net.state_dict()` with the reference networks' key names), sizes shrunk.
+
+The names and folders are written out here from OpenOOD's `openood/evaluation_api/datasets.py` (DATA_INFO), not read
+from the code under test; the state dicts are built key by key from `openood/networks/resnet18_32x32.py` and
+torchvision's ResNet, so a strict load proves the loader's network has the reference's names.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+# benchmark -> (list folder, ID image folder, OOD val list, near sets, far sets); set -> (list file, image folder)
+RELEASE = {
+    "cifar10": ("cifar10", "images_classic", ("val_tin.txt", "images_classic"),
+                {"cifar100": ("test_cifar100.txt", "images_classic"), "tin": ("test_tin.txt", "images_classic")},
+                {"mnist": ("test_mnist.txt", "images_classic"), "svhn": ("test_svhn.txt", "images_classic"),
+                 "texture": ("test_texture.txt", "images_classic"),
+                 "places365": ("test_places365.txt", "images_classic")}),
+    "imagenet200": ("imagenet200", "images_largescale", ("val_openimage_o.txt", "images_largescale"),
+                    {"ssb_hard": ("test_ssb_hard.txt", "images_largescale"),
+                     "ninco": ("test_ninco.txt", "images_largescale")},
+                    {"inaturalist": ("test_inaturalist.txt", "images_largescale"),
+                     "textures": ("test_textures.txt", "images_classic"),
+                     "openimage_o": ("test_openimage_o.txt", "images_largescale")}),
+}
+NUM_CLASSES = {"cifar10": 10, "imagenet200": 200}
+
+
+def _image(path: Path, rng: np.random.Generator, size: tuple[int, int], shift: int = 0) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pixels = rng.integers(0, 200, (size[1], size[0], 3)) + shift
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path)
+
+
+def fake_benchmark(root: Path, name: str, *, id_counts: tuple[int, int, int] = (12, 4, 6), ood_count: int = 3,
+                   size: tuple[int, int] = (32, 32), seed: int = 0) -> dict[str, list[tuple[str, str]]]:
+    """OpenOOD's data folder for benchmark `name` under `root`: per list file, its (path, label) lines (also
+    returned, by list file name). ID labels cycle through 0..min(classes, 3)-1; OOD images are brighter (shift 55)
+    so a model can tell them apart; OOD lines carry label -1, as OpenOOD's do."""
+    folder, id_data, val, near, far = RELEASE[name]
+    rng = np.random.default_rng(seed)
+    lists: dict[str, list[tuple[str, str]]] = {}
+    for split, count in zip(("train", "val", "test"), id_counts):
+        lines = [(f"{name}/{split}/class{i % 3}/{i:04d}.png", str(i % 3)) for i in range(count)]
+        lists[f"{split}_{name}.txt"] = lines
+        for path, _ in lines:
+            _image(root / id_data / path, rng, size)
+    for file, data in [*near.values(), *far.values(), val]:
+        kind, _, stem = file[:-len(".txt")].partition("_")  # test_<set> or val_<set>
+        lines = [(f"{stem}/{kind}/{i:03d}.png", "-1") for i in range(ood_count)]
+        lists[file] = lines
+        for path, _ in lines:
+            _image(root / data / path, rng, size, shift=55)
+    target = root / "benchmark_imglist" / folder
+    target.mkdir(parents=True, exist_ok=True)
+    for file, lines in lists.items():
+        (target / file).write_text("".join(f"{p} {label}\n" for p, label in lines))
+    return lists
+
+
+def _conv(out: int, inp: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.randn(out, inp, k, k, generator=gen) * (2.0 / (inp * k * k)) ** 0.5
+
+
+def _bn(prefix: str, n: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    return {f"{prefix}.weight": 1 + 0.2 * torch.randn(n, generator=gen),
+            f"{prefix}.bias": 0.1 * torch.randn(n, generator=gen),
+            f"{prefix}.running_mean": 0.1 * torch.randn(n, generator=gen),
+            f"{prefix}.running_var": 0.5 + torch.rand(n, generator=gen),
+            f"{prefix}.num_batches_tracked": torch.tensor(100, dtype=torch.long)}
+
+
+def resnet18_32x32_state(num_classes: int = 10, width: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
+    """`ResNet18_32x32(num_classes).state_dict()` as OpenOOD names it (`width` 64 in the release), random weights and
+    batch-norm statistics."""
+    gen = torch.Generator().manual_seed(seed)
+    state = {"conv1.weight": _conv(width, 3, 3, gen), **_bn("bn1", width, gen)}
+    inp = width
+    for stage in range(1, 5):
+        planes = width * 2 ** (stage - 1)
+        for i in range(2):
+            p = f"layer{stage}.{i}"
+            state[f"{p}.conv1.weight"] = _conv(planes, inp, 3, gen)
+            state.update(_bn(f"{p}.bn1", planes, gen))
+            state[f"{p}.conv2.weight"] = _conv(planes, planes, 3, gen)
+            state.update(_bn(f"{p}.bn2", planes, gen))
+            if i == 0 and stage > 1:
+                state[f"{p}.shortcut.0.weight"] = _conv(planes, inp, 1, gen)
+                state.update(_bn(f"{p}.shortcut.1", planes, gen))
+            inp = planes
+    state["fc.weight"] = torch.randn(num_classes, inp, generator=gen) * 0.5
+    state["fc.bias"] = 0.1 * torch.randn(num_classes, generator=gen)
+    return state
+
+
+def torchvision_resnet_state(num_classes: int, width: int = 4, bottleneck: bool = False,
+                             seed: int = 0) -> dict[str, torch.Tensor]:
+    """torchvision's ResNet-18 (basic) or ResNet-50 (bottleneck) state dict, the keys of OpenOOD's ResNet18_224x224 /
+    ResNet50 (`width` 64 in the release)."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks, expansion = ((3, 4, 6, 3), 4) if bottleneck else ((2, 2, 2, 2), 1)
+    state = {"conv1.weight": _conv(width, 3, 7, gen), **_bn("bn1", width, gen)}
+    inp = width
+    for stage, count in enumerate(blocks, start=1):
+        planes = width * 2 ** (stage - 1)
+        for i in range(count):
+            p = f"layer{stage}.{i}"
+            if bottleneck:
+                shapes = [(planes, inp, 1), (planes, planes, 3), (planes * expansion, planes, 1)]
+            else:
+                shapes = [(planes, inp, 3), (planes, planes, 3)]
+            for k, (o, n, size) in enumerate(shapes, start=1):
+                state[f"{p}.conv{k}.weight"] = _conv(o, n, size, gen)
+                state.update(_bn(f"{p}.bn{k}", o, gen))
+            if i == 0 and (stage > 1 or inp != planes * expansion):
+                state[f"{p}.downsample.0.weight"] = _conv(planes * expansion, inp, 1, gen)
+                state.update(_bn(f"{p}.downsample.1", planes * expansion, gen))
+            inp = planes * expansion
+    state["fc.weight"] = torch.randn(num_classes, inp, generator=gen) * 0.5
+    state["fc.bias"] = 0.1 * torch.randn(num_classes, generator=gen)
+    return state
