@@ -97,12 +97,10 @@ class Runner:
         return resolve_device(device) if device else partial_state().device
 
     def _load_classifier(self):
-        from pipelines.classifier import ImageClassifier
-
         if self.classifier is None:  # the plan refuses a run whose detectors need one without `model`
             from pipelines.pixels import run_pixels
 
-            clf = ImageClassifier.from_pretrained(self.plan.runtime.model).to(self._device()).eval()
+            clf = _classifier(self.plan.runtime.model).to(self._device()).eval()
             self.pixels = run_pixels(clf, self.plan.protocol, self.plan.runtime.pixels, clf.record)
             clf.pixels = self.pixels.eval  # every evaluation pixel path makes them (pipelines.pixels)
             dtype = resolve_dtype(self.plan.runtime.precision, self._device())
@@ -573,6 +571,15 @@ class _Probe:
 
         decode(path, Decode(draft=True), lambda width, height: Region((0, 0, width, height), (1, 1)))
         return torch.zeros(0, dtype=torch.uint8)
+
+
+def _classifier(model: str) -> Any:
+    """The run's classifier: an OpenOOD v1.5 checkpoint (`*.ckpt`, `pipelines.openood_checkpoints`), else a
+    transformers image classifier (hub id or folder)."""
+    from pipelines.classifier import ImageClassifier
+    from pipelines.openood_checkpoints import is_openood_checkpoint, load_openood_classifier
+
+    return load_openood_classifier(model) if is_openood_checkpoint(model) else ImageClassifier.from_pretrained(model)
 
 
 def _transformed(trained: Detector, data: Any) -> Any:

@@ -1,0 +1,125 @@
+"""OpenOOD v1.5's `best.ckpt` as `model:`: a state dict with the reference networks' key names (built key by key in
+tests/helpers/openood_release.py) loads strictly, and its logits equal a forward written here in plain torch from
+the reference code (openood/networks/resnet18_32x32.py; torchvision's ResNet for ResNet18_224x224 / ResNet50)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from pipelines.errors import ConfigError, UserInputError
+from pipelines.openood_checkpoints import is_openood_checkpoint, load_openood_classifier
+from tests.helpers.openood_release import resnet18_32x32_state, torchvision_resnet_state
+
+
+def _bn(x: torch.Tensor, s: dict[str, torch.Tensor], p: str) -> torch.Tensor:
+    return F.batch_norm(x, s[f"{p}.running_mean"], s[f"{p}.running_var"], s[f"{p}.weight"], s[f"{p}.bias"],
+                        training=False, eps=1e-5)
+
+
+def forward_32x32(s: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """ResNet18_32x32.forward: relu(bn1(conv1 3x3/1)), layer1..4 of BasicBlocks, global mean, fc."""
+    out = F.relu(_bn(F.conv2d(x, s["conv1.weight"], padding=1), s, "bn1"))
+    for stage in range(1, 5):
+        for i in range(2):
+            p, stride = f"layer{stage}.{i}", 2 if stage > 1 and i == 0 else 1
+            y = F.relu(_bn(F.conv2d(out, s[f"{p}.conv1.weight"], stride=stride, padding=1), s, f"{p}.bn1"))
+            y = _bn(F.conv2d(y, s[f"{p}.conv2.weight"], padding=1), s, f"{p}.bn2")
+            short = out
+            if f"{p}.shortcut.0.weight" in s:
+                short = _bn(F.conv2d(out, s[f"{p}.shortcut.0.weight"], stride=stride), s, f"{p}.shortcut.1")
+            out = F.relu(y + short)
+    return F.linear(out.mean(dim=(2, 3)), s["fc.weight"], s["fc.bias"])
+
+
+def forward_torchvision(s: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """torchvision ResNet.forward: 7x7/2 stem, BN, ReLU, 3x3/2 max-pool, basic or bottleneck blocks (the stride on
+    the 3x3 convolution), global mean, fc."""
+    out = F.relu(_bn(F.conv2d(x, s["conv1.weight"], stride=2, padding=3), s, "bn1"))
+    out = F.max_pool2d(out, 3, stride=2, padding=1)
+    bottleneck = "layer1.0.conv3.weight" in s
+    for stage in range(1, 5):
+        i = 0
+        while f"layer{stage}.{i}.conv1.weight" in s:
+            p, stride = f"layer{stage}.{i}", 2 if stage > 1 and i == 0 else 1
+            if bottleneck:
+                y = F.relu(_bn(F.conv2d(out, s[f"{p}.conv1.weight"]), s, f"{p}.bn1"))
+                y = F.relu(_bn(F.conv2d(y, s[f"{p}.conv2.weight"], stride=stride, padding=1), s, f"{p}.bn2"))
+                y = _bn(F.conv2d(y, s[f"{p}.conv3.weight"]), s, f"{p}.bn3")
+            else:
+                y = F.relu(_bn(F.conv2d(out, s[f"{p}.conv1.weight"], stride=stride, padding=1), s, f"{p}.bn1"))
+                y = _bn(F.conv2d(y, s[f"{p}.conv2.weight"], padding=1), s, f"{p}.bn2")
+            short = out
+            if f"{p}.downsample.0.weight" in s:
+                short = _bn(F.conv2d(out, s[f"{p}.downsample.0.weight"], stride=stride), s, f"{p}.downsample.1")
+            out = F.relu(y + short)
+            i += 1
+    return F.linear(out.mean(dim=(2, 3)), s["fc.weight"], s["fc.bias"])
+
+
+def _save(tmp_path, state) -> str:
+    path = tmp_path / "s0" / "best.ckpt"
+    path.parent.mkdir(parents=True)
+    torch.save(state, path)  # OpenOOD: torch.save(net.state_dict(), 'best.ckpt')
+    return str(path)
+
+
+@pytest.mark.slow
+def test_resnet18_32x32_best_ckpt_logits_and_pixels(tmp_path):
+    state = resnet18_32x32_state(num_classes=10, width=4)
+    path = _save(tmp_path, state)
+    assert is_openood_checkpoint(path) and not is_openood_checkpoint(tmp_path / "missing.ckpt")
+    clf = load_openood_classifier(path)
+    assert clf.num_classes == 10 and clf.image_size == (32, 32)
+    assert clf.record == {"transform": "reference", "image_size": 32, "pre_size": 32, "resample": "bilinear",
+                          "orient": False}
+    x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, features = clf(x)
+    torch.testing.assert_close(logits, forward_32x32(state, x), rtol=1e-4, atol=1e-5)
+    assert features.shape == (3, 32)  # the pooled input of fc: 8 * width
+    # the pixels: a 32x32 image unchanged by Resize(32) + CenterCrop(32), then CIFAR-10's mean / std
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    mean, std = torch.tensor([0.4914, 0.4822, 0.4465]), torch.tensor([0.2470, 0.2435, 0.2616])
+    expected = (torch.from_numpy(np.array(image)).permute(2, 0, 1) / 255.0 - mean[:, None, None]) / std[:, None, None]
+    torch.testing.assert_close(clf.preprocess([image])[0], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("classes,bottleneck", [(200, False), (1000, True)])
+def test_torchvision_resnets_best_ckpt_logits(tmp_path, classes, bottleneck):
+    """ImageNet-200's ResNet18_224x224 and ImageNet-1K's ResNet50: torchvision's keys, ImageNet's 256 / 224."""
+    state = torchvision_resnet_state(classes, width=4, bottleneck=bottleneck)
+    clf = load_openood_classifier(_save(tmp_path, state))
+    assert clf.num_classes == classes and clf.image_size == (224, 224)
+    assert (clf.record["image_size"], clf.record["pre_size"]) == (224, 256)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits, features = clf(x)
+    torch.testing.assert_close(logits, forward_torchvision(state, x), rtol=1e-4, atol=1e-5)
+    assert features.shape == (2, 32 * (4 if bottleneck else 1))
+
+
+def test_bad_checkpoints_are_one_line(tmp_path):
+    state = resnet18_32x32_state(num_classes=10, width=4)
+    extra = {**state, "layer1.0.extra.weight": torch.zeros(1)}
+    with pytest.raises(ConfigError, match=r"model: .*best\.ckpt: not this network's state dict: 0 missing key\(s\) "
+                                          r"\[\], 1 unexpected key\(s\) \['layer1\.0\.extra\.weight'\]"):
+        load_openood_classifier(_save(tmp_path / "a", extra))
+    shrunk = {**state, "layer2.0.conv2.weight": state["layer2.0.conv2.weight"][:, :4]}
+    with pytest.raises(ConfigError, match=r"layer2\.0\.conv2\.weight has shape \(8, 4, 3, 3\) where the network has "
+                                          r"\(8, 8, 3, 3\)"):
+        load_openood_classifier(_save(tmp_path / "b", shrunk))
+    with pytest.raises(ConfigError, match=r"its head has 7 classes, which names no OpenOOD v1\.5 benchmark"):
+        load_openood_classifier(_save(tmp_path / "c", resnet18_32x32_state(num_classes=7, width=4)))
+    with pytest.raises(ConfigError, match=r"no 'fc\.weight': not an OpenOOD ResNet checkpoint"):
+        load_openood_classifier(_save(tmp_path / "d", {"conv1.weight": state["conv1.weight"]}))
+    with pytest.raises(UserInputError, match=r"holds pickled objects other than tensors and is refused"):
+        load_openood_classifier(_save(tmp_path / "e", {"net": torch.nn.Linear(2, 2)}))
+    broken = tmp_path / "f.ckpt"
+    broken.write_bytes(b"not a torch file")
+    with pytest.raises(UserInputError, match=r"f\.ckpt' holds pickled objects other than tensors"):  # not a torch zip
+        load_openood_classifier(broken)
