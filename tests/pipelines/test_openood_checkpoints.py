@@ -6,57 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
 from pipelines.errors import ConfigError, UserInputError
 from pipelines.openood_checkpoints import is_openood_checkpoint, load_openood_classifier
-from tests.helpers.openood_release import resnet18_32x32_state, torchvision_resnet_state
-
-
-def _bn(x: torch.Tensor, s: dict[str, torch.Tensor], p: str) -> torch.Tensor:
-    return F.batch_norm(x, s[f"{p}.running_mean"], s[f"{p}.running_var"], s[f"{p}.weight"], s[f"{p}.bias"],
-                        training=False, eps=1e-5)
-
-
-def forward_32x32(s: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """ResNet18_32x32.forward: relu(bn1(conv1 3x3/1)), layer1..4 of BasicBlocks, global mean, fc."""
-    out = F.relu(_bn(F.conv2d(x, s["conv1.weight"], padding=1), s, "bn1"))
-    for stage in range(1, 5):
-        for i in range(2):
-            p, stride = f"layer{stage}.{i}", 2 if stage > 1 and i == 0 else 1
-            y = F.relu(_bn(F.conv2d(out, s[f"{p}.conv1.weight"], stride=stride, padding=1), s, f"{p}.bn1"))
-            y = _bn(F.conv2d(y, s[f"{p}.conv2.weight"], padding=1), s, f"{p}.bn2")
-            short = out
-            if f"{p}.shortcut.0.weight" in s:
-                short = _bn(F.conv2d(out, s[f"{p}.shortcut.0.weight"], stride=stride), s, f"{p}.shortcut.1")
-            out = F.relu(y + short)
-    return F.linear(out.mean(dim=(2, 3)), s["fc.weight"], s["fc.bias"])
-
-
-def forward_torchvision(s: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """torchvision ResNet.forward: 7x7/2 stem, BN, ReLU, 3x3/2 max-pool, basic or bottleneck blocks (the stride on
-    the 3x3 convolution), global mean, fc."""
-    out = F.relu(_bn(F.conv2d(x, s["conv1.weight"], stride=2, padding=3), s, "bn1"))
-    out = F.max_pool2d(out, 3, stride=2, padding=1)
-    bottleneck = "layer1.0.conv3.weight" in s
-    for stage in range(1, 5):
-        i = 0
-        while f"layer{stage}.{i}.conv1.weight" in s:
-            p, stride = f"layer{stage}.{i}", 2 if stage > 1 and i == 0 else 1
-            if bottleneck:
-                y = F.relu(_bn(F.conv2d(out, s[f"{p}.conv1.weight"]), s, f"{p}.bn1"))
-                y = F.relu(_bn(F.conv2d(y, s[f"{p}.conv2.weight"], stride=stride, padding=1), s, f"{p}.bn2"))
-                y = _bn(F.conv2d(y, s[f"{p}.conv3.weight"]), s, f"{p}.bn3")
-            else:
-                y = F.relu(_bn(F.conv2d(out, s[f"{p}.conv1.weight"], stride=stride, padding=1), s, f"{p}.bn1"))
-                y = _bn(F.conv2d(y, s[f"{p}.conv2.weight"], padding=1), s, f"{p}.bn2")
-            short = out
-            if f"{p}.downsample.0.weight" in s:
-                short = _bn(F.conv2d(out, s[f"{p}.downsample.0.weight"], stride=stride), s, f"{p}.downsample.1")
-            out = F.relu(y + short)
-            i += 1
-    return F.linear(out.mean(dim=(2, 3)), s["fc.weight"], s["fc.bias"])
+from tests.helpers.openood_release import (forward_32x32, forward_torchvision, resnet18_32x32_state,
+                                           torchvision_resnet_state)
 
 
 def _save(tmp_path, state) -> str:
