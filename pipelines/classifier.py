@@ -181,12 +181,18 @@ class ImageClassifier(nn.Module):
         """(logits [B,C], intermediate activations in forward order), each passed through `reduce` when given.
 
         `layers`: "hidden_states" the transformers model's `hidden_states` (`output_hidden_states=True`: the embedding
-        output and every stage / block output); "relu_conv" the output of every `nn.ReLU` and `nn.Conv2d` module call,
-        in call order (forward hooks; a module called twice contributes twice), which works for plain modules too.
+        output and every stage / block output), or a plain module's own `hidden_states(x)` (the same maps);
+        "relu_conv" the output of every `nn.ReLU` and `nn.Conv2d` module call, in call order (forward hooks; a module
+        called twice contributes twice), which works for plain modules too.
         """
         if layers == "hidden_states":
+            own = getattr(self.model, "hidden_states", None) if self.kind != "hf" else None
+            if own is not None:  # a plain module that lists its stages' outputs (pipelines.resnet18_32x32)
+                logits, maps = own(pixel_values)
+                return logits, [m if reduce is None else reduce(m) for m in maps]
             if self.kind != "hf":
-                raise ValueError("hidden_maps(layers='hidden_states') needs a transformers classifier; use 'relu_conv'")
+                raise ValueError("hidden_maps(layers='hidden_states') needs a transformers classifier or a module with "
+                                 "hidden_states(); use 'relu_conv'")
             out = self.model(pixel_values=pixel_values, output_hidden_states=True)
             self._captured = None
             return out.logits, [s if reduce is None else reduce(s) for s in out.hidden_states]

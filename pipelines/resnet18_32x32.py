@@ -4,7 +4,8 @@ network of its CIFAR-10 / CIFAR-100 v1.5 checkpoints, with its parameter names, 
 A 3x3/1 stem (no max-pool), four stages of two basic blocks (widths w, 2w, 4w, 8w; stride 2 from the second stage),
 each block conv3x3-BN-ReLU-conv3x3-BN plus the shortcut (identity, or `shortcut.0` 1x1 conv + `shortcut.1` BN where the
 shape changes), ReLU; global average pooling; `fc`. The reference's width is w = 64 (`width` shrinks it for tiny
-stand-ins only). `forward` returns `(logits, features)`, the features being the pooled input of `fc`.
+stand-ins only). `forward` returns `(logits, features)`, the features being the pooled input of `fc`;
+`hidden_states` the stem's and every stage's output, and `layer4` / `avgpool` are what RankFeat re-runs.
 """
 from __future__ import annotations
 
@@ -60,3 +61,11 @@ class ResNet18_32x32(nn.Module):
         out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
         features = self.avgpool(out).flatten(1)
         return self.fc(features), features
+
+    def hidden_states(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(logits, [stem output, stage 1..4 outputs]): the maps a transformers ResNet's `hidden_states` holds (the
+        reference's `return_feature_list`, its last map before pooling), read by Gram, MDSEns and RankFeat."""
+        maps = [F.relu(self.bn1(self.conv1(x)))]
+        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
+            maps.append(stage(maps[-1]))
+        return self.fc(self.avgpool(maps[-1]).flatten(1)), maps

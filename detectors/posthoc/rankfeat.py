@@ -7,8 +7,9 @@ score is the energy T logsumexp(((logits1 + logits2) / 2) / T), T = 1. `blocks="
 `power_iteration=True` replaces the SVD by OpenOOD's 20-step power iteration from a random start (its `accelerate`
 option; seeded here).
 
-Needs a transformers ResNet-style classifier (`base_model.encoder.stages`, `pooler`, a linear head): "block 4" is the
-last stage, "block 3" the one before.
+Needs a transformers ResNet-style classifier (`base_model.encoder.stages`, `pooler`, a linear head) or a module with
+torchvision's names (`layer4`, `avgpool`, `hidden_states`: OpenOOD's ResNet18_32x32): "block 4" is the last stage,
+"block 3" the one before.
 """
 from __future__ import annotations
 
@@ -54,8 +55,12 @@ def remove_rank1_power(feature_map: torch.Tensor, iterations: int = 20, seed: in
 
 
 def resnet_parts(classifier: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(last stage, pooler) of a transformers ResNet-style classifier."""
-    base = getattr(getattr(classifier, "model", None), "base_model", None)
+    """(last stage, pooler) of a transformers ResNet-style classifier, or of a module with torchvision's names
+    (`layer4`, `avgpool`: OpenOOD's ResNet18_32x32, `pipelines.resnet18_32x32`)."""
+    model = getattr(classifier, "model", None)
+    if isinstance(getattr(model, "layer4", None), torch.nn.Module) and hasattr(model, "avgpool"):
+        return model.layer4, model.avgpool
+    base = getattr(model, "base_model", None)
     stages = getattr(getattr(base, "encoder", None), "stages", None)
     if stages is None or len(stages) < 2 or getattr(base, "pooler", None) is None:
         raise TypeError("rankfeat needs a transformers ResNet-style classifier (base_model.encoder.stages, pooler)")

@@ -40,15 +40,16 @@ def _image(path: Path, rng: np.random.Generator, size: tuple[int, int], shift: i
 
 
 def fake_benchmark(root: Path, name: str, *, id_counts: tuple[int, int, int] = (12, 4, 6), ood_count: int = 3,
-                   size: tuple[int, int] = (32, 32), seed: int = 0) -> dict[str, list[tuple[str, str]]]:
+                   size: tuple[int, int] = (32, 32), seed: int = 0,
+                   classes: int = 3) -> dict[str, list[tuple[str, str]]]:
     """OpenOOD's data folder for benchmark `name` under `root`: per list file, its (path, label) lines (also
-    returned, by list file name). ID labels cycle through 0..min(classes, 3)-1; OOD images are brighter (shift 55)
-    so a model can tell them apart; OOD lines carry label -1, as OpenOOD's do."""
+    returned, by list file name). ID labels cycle through 0..classes-1; OOD images are brighter (shift 55) so a model
+    can tell them apart; OOD lines carry label -1, as OpenOOD's do."""
     folder, id_data, val, near, far = RELEASE[name]
     rng = np.random.default_rng(seed)
     lists: dict[str, list[tuple[str, str]]] = {}
     for split, count in zip(("train", "val", "test"), id_counts):
-        lines = [(f"{name}/{split}/class{i % 3}/{i:04d}.png", str(i % 3)) for i in range(count)]
+        lines = [(f"{name}/{split}/class{i % classes}/{i:04d}.png", str(i % classes)) for i in range(count)]
         lists[f"{split}_{name}.txt"] = lines
         for path, _ in lines:
             _image(root / id_data / path, rng, size)
@@ -134,10 +135,13 @@ def _norm(x: torch.Tensor, s: dict[str, torch.Tensor], p: str) -> torch.Tensor:
                         training=False, eps=1e-5)
 
 
-def forward_32x32(s: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """ResNet18_32x32.forward: relu(bn1(conv1 3x3/1)), layer1..4 of BasicBlocks, global mean, fc."""
-    out = F.relu(_norm(F.conv2d(x, s["conv1.weight"], padding=1), s, "bn1"))
-    for stage in range(1, 5):
+def stages_32x32(s: dict[str, torch.Tensor], x: torch.Tensor, start: int = 1, out: torch.Tensor | None = None
+                 ) -> list[torch.Tensor]:
+    """ResNet18_32x32's maps: relu(bn1(conv1 3x3/1)) then the outputs of layer1..4 (BasicBlocks); from `start` with
+    `out` the input of that stage."""
+    maps = [F.relu(_norm(F.conv2d(x, s["conv1.weight"], padding=1), s, "bn1"))] if out is None else [out]
+    for stage in range(start, 5):
+        out = maps[-1]
         for i in range(2):
             p, stride = f"layer{stage}.{i}", 2 if stage > 1 and i == 0 else 1
             y = F.relu(_norm(F.conv2d(out, s[f"{p}.conv1.weight"], stride=stride, padding=1), s, f"{p}.bn1"))
@@ -146,7 +150,18 @@ def forward_32x32(s: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
             if f"{p}.shortcut.0.weight" in s:
                 short = _norm(F.conv2d(out, s[f"{p}.shortcut.0.weight"], stride=stride), s, f"{p}.shortcut.1")
             out = F.relu(y + short)
-    return F.linear(out.mean(dim=(2, 3)), s["fc.weight"], s["fc.bias"])
+        maps.append(out)
+    return maps
+
+
+def head_32x32(s: dict[str, torch.Tensor], last_map: torch.Tensor) -> torch.Tensor:
+    """Global mean of the last map, then fc."""
+    return F.linear(last_map.mean(dim=(2, 3)), s["fc.weight"], s["fc.bias"])
+
+
+def forward_32x32(s: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """ResNet18_32x32.forward: the stem, layer1..4, global mean, fc."""
+    return head_32x32(s, stages_32x32(s, x)[-1])
 
 
 def forward_torchvision(s: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:

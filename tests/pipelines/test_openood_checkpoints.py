@@ -10,8 +10,8 @@ from PIL import Image
 
 from pipelines.errors import ConfigError, UserInputError
 from pipelines.openood_checkpoints import is_openood_checkpoint, load_openood_classifier
-from tests.helpers.openood_release import (forward_32x32, forward_torchvision, resnet18_32x32_state,
-                                           torchvision_resnet_state)
+from tests.helpers.openood_release import (forward_32x32, forward_torchvision, head_32x32, resnet18_32x32_state,
+                                           stages_32x32, torchvision_resnet_state)
 
 
 def _save(tmp_path, state) -> str:
@@ -41,6 +41,34 @@ def test_resnet18_32x32_best_ckpt_logits_and_pixels(tmp_path):
     mean, std = torch.tensor([0.4914, 0.4822, 0.4465]), torch.tensor([0.2470, 0.2435, 0.2616])
     expected = (torch.from_numpy(np.array(image)).permute(2, 0, 1) / 255.0 - mean[:, None, None]) / std[:, None, None]
     torch.testing.assert_close(clf.preprocess([image])[0], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_resnet18_32x32_feeds_the_feature_map_detectors(tmp_path):
+    """Gram, MDSEns and RankFeat read `hidden_maps` (stem, stages 1-4) and RankFeat re-runs layer4 + pooling + fc:
+    the maps equal the plain-torch stages and RankFeat's logits its rank-1 removal done here by SVD."""
+    import detectors
+
+    state = resnet18_32x32_state(num_classes=10, width=4, seed=5)
+    clf = load_openood_classifier(_save(tmp_path, state))
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits, maps = clf.hidden_maps(x)
+    expected = stages_32x32(state, x)
+    assert [m.shape[1:] for m in maps] == [(4, 32, 32), (4, 32, 32), (8, 16, 16), (16, 8, 8), (32, 4, 4)]
+    for got, want in zip(maps, expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(logits, head_32x32(state, expected[-1]), rtol=1e-4, atol=1e-5)
+
+    def minus_rank1(m: torch.Tensor) -> torch.Tensor:
+        flat = m.double().flatten(2)
+        u, s, vh = torch.linalg.svd(flat, full_matrices=False)
+        return (flat - s[:, :1, None] * u[:, :, :1] @ vh[:, :1, :]).reshape(m.shape).float()
+
+    block4 = head_32x32(state, minus_rank1(expected[4]))
+    block3 = head_32x32(state, stages_32x32(state, x, start=4, out=minus_rank1(expected[3]))[-1])
+    rankfeat = detectors.build("rankfeat", classifier=clf)
+    np.testing.assert_allclose(rankfeat.block_logits(x), ((block4 + block3) / 2).numpy(), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow
