@@ -23,14 +23,25 @@ RELEASE = {
                 {"mnist": ("test_mnist.txt", "images_classic"), "svhn": ("test_svhn.txt", "images_classic"),
                  "texture": ("test_texture.txt", "images_classic"),
                  "places365": ("test_places365.txt", "images_classic")}),
+    "cifar100": ("cifar100", "images_classic", ("val_tin.txt", "images_classic"),
+                 {"cifar10": ("test_cifar10.txt", "images_classic"), "tin": ("test_tin.txt", "images_classic")},
+                 {"mnist": ("test_mnist.txt", "images_classic"), "svhn": ("test_svhn.txt", "images_classic"),
+                  "texture": ("test_texture.txt", "images_classic"),
+                  "places365": ("test_places365.txt", "images_classic")}),
     "imagenet200": ("imagenet200", "images_largescale", ("val_openimage_o.txt", "images_largescale"),
                     {"ssb_hard": ("test_ssb_hard.txt", "images_largescale"),
                      "ninco": ("test_ninco.txt", "images_largescale")},
                     {"inaturalist": ("test_inaturalist.txt", "images_largescale"),
                      "textures": ("test_textures.txt", "images_classic"),
                      "openimage_o": ("test_openimage_o.txt", "images_largescale")}),
+    "imagenet": ("imagenet", "images_largescale", ("val_openimage_o.txt", "images_largescale"),
+                 {"ssb_hard": ("test_ssb_hard.txt", "images_largescale"),
+                  "ninco": ("test_ninco.txt", "images_largescale")},
+                 {"inaturalist": ("test_inaturalist.txt", "images_largescale"),
+                  "textures": ("test_textures.txt", "images_classic"),
+                  "openimage_o": ("test_openimage_o.txt", "images_largescale")}),
 }
-NUM_CLASSES = {"cifar10": 10, "imagenet200": 200}
+NUM_CLASSES = {"cifar10": 10, "cifar100": 100, "imagenet200": 200, "imagenet": 1000}
 
 
 def _image(path: Path, rng: np.random.Generator, size: tuple[int, int], shift: int = 0) -> None:

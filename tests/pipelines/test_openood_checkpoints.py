@@ -10,6 +10,7 @@ from PIL import Image
 
 from pipelines.errors import ConfigError, UserInputError
 from pipelines.openood_checkpoints import is_openood_checkpoint, load_openood_classifier
+from pipelines.pixels import reference_record
 from tests.helpers.openood_release import (forward_32x32, forward_torchvision, head_32x32, resnet18_32x32_state,
                                            stages_32x32, torchvision_resnet_state)
 
@@ -78,7 +79,11 @@ def test_torchvision_resnets_best_ckpt_logits(tmp_path, classes, bottleneck):
     state = torchvision_resnet_state(classes, width=4, bottleneck=bottleneck)
     clf = load_openood_classifier(_save(tmp_path, state))
     assert clf.num_classes == classes and clf.image_size == (224, 224)
-    assert (clf.record["image_size"], clf.record["pre_size"]) == (224, 256)
+    # OpenOOD's TestStandardPreProcessor for ImageNet: Resize(256, bilinear) + CenterCrop(224), ImageNet's statistics
+    assert reference_record(clf.pixels) == {"transform": "reference", "image_size": 224, "pre_size": 256,
+                                            "resample": "bilinear", "orient": False}
+    torch.testing.assert_close(clf.mean.flatten(), torch.tensor([0.485, 0.456, 0.406]))
+    torch.testing.assert_close(clf.std.flatten(), torch.tensor([0.229, 0.224, 0.225]))
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         logits, features = clf(x)

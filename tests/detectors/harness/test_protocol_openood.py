@@ -20,12 +20,40 @@ from PIL import Image
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from detectors.harness.evaluate import run_config
+from detectors.harness.plan import make_plan
 from pipelines.cli import load_yaml
-from tests.helpers.openood_release import fake_benchmark, forward_32x32, resnet18_32x32_state
+from tests.helpers.openood_release import RELEASE, fake_benchmark, forward_32x32, resnet18_32x32_state
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 NEAR, FAR = ["cifar100", "tin"], ["mnist", "svhn", "texture", "places365"]
 MEAN, STD = np.array([0.4914, 0.4822, 0.4465]), np.array([0.2470, 0.2435, 0.2616])
+
+
+def _config(benchmark: str, manifest: Path, ckpt: Path, out: Path, *extra: str) -> dict:
+    """The shipped config with its paths on the stand-in (and `extra` overrides)."""
+    return load_yaml(CONFIGS / f"openood_{benchmark}.yaml", [
+        f"model={ckpt}", f"id={manifest}", f"ood=[{{manifest: {manifest}}}]", f"ood_val={{manifest: {manifest}}}",
+        f"out={out}", *extra])
+
+
+@pytest.mark.parametrize("benchmark", list(RELEASE))
+def test_every_shipped_config_plans_the_benchmark(tmp_path, benchmark):
+    """Each openood_<benchmark>.yaml plans on its imported stand-in: ID train / val / test, every near- and far-OOD
+    set in its group, the OOD validation rows, every method of the base under protocol openood_v1.5."""
+    root = tmp_path / "openood"
+    fake_benchmark(root, benchmark, id_counts=(3, 2, 2), ood_count=2, size=(8, 8))
+    importlib.import_module("oodforge.commands.import_openood").main(
+        ["--root", str(root), "--benchmark", benchmark, "--out", str(tmp_path / "data")])
+    ckpt = tmp_path / "best.ckpt"
+    torch.save({}, ckpt)  # planning reads no weights
+    plan = make_plan(_config(benchmark, tmp_path / "data" / benchmark, ckpt, tmp_path / "run"))
+    _, _, _, near, far = RELEASE[benchmark]
+    assert {s.name: s.group for s in plan.of_role("ood")} == {**{s: "near" for s in near}, **{s: "far" for s in far}}
+    assert [len(plan.split(f"id-id_{s}").manifest) for s in ("train", "val", "test")] == [3, 2, 2]
+    assert {r["ood_set"] for r in plan.of_role("ood_val")[0].manifest} == {"ood_val"}
+    assert plan.protocol == "openood_v1.5"
+    methods = load_yaml(CONFIGS / "openood_base.yaml")["detectors"]
+    assert sorted({u.method for u in plan.units}) == sorted(methods) and len(methods) == 22
 
 
 def _msp(state: dict[str, torch.Tensor], paths: list[Path]) -> tuple[np.ndarray, np.ndarray]:
@@ -55,9 +83,8 @@ def test_openood_cifar10_config_near_far_averages(tmp_path):
     ckpt.parent.mkdir(parents=True)
     torch.save(state, ckpt)
     manifest = tmp_path / "data" / "cifar10"
-    raw = load_yaml(CONFIGS / "openood_cifar10.yaml", [
-        f"model={ckpt}", f"id={manifest}", f"ood=[{{manifest: {manifest}}}]", f"ood_val={{manifest: {manifest}}}",
-        f"out={tmp_path / 'run'}", "detectors=[msp]", "batch_size=5", "num_workers=0", "device=cpu"])
+    raw = _config("cifar10", manifest, ckpt, tmp_path / "run", "detectors=[msp]", "batch_size=5", "num_workers=0",
+                  "device=cpu")
     assert raw["protocol"] == "openood_v1.5"
     results = run_config(raw)
 
