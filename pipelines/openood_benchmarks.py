@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.data import make_row
+from pipelines.data import Manifest, make_row
 from pipelines.importers import (LIST_FOLDER, ImportListError, ImportResult, _check_inside, _keep_existing, _probe,
                                  read_imglist, write_external_manifest)
 from pipelines.io import atomic_write_json
@@ -147,15 +147,19 @@ def _rows(root: Path, bench: Benchmark, skip_missing: bool) -> tuple[list[dict[s
 
 
 def import_benchmark(openood_root: str | os.PathLike, out: str | os.PathLike, name: str, *,
-                     skip_missing: bool = False) -> ImportResult:
+                     skip_missing: bool = False, dry_run: bool = False) -> ImportResult:
     """OpenOOD v1.5's benchmark `name` from its data folder -> the manifest `<out>/<name>/` (module docstring), with
-    `failures.json` (images that do not decode, left out) and `<out>/import_summary.json`."""
+    `failures.json` (images that do not decode, left out) and `<out>/import_summary.json`. `dry_run`: every check of
+    the lists (labels, paths, missing images, images listed twice), no image decoded, nothing written."""
     bench = benchmark(name)
     root = Path(openood_root)
     if not (root / LIST_FOLDER / bench.folder).is_dir():
         raise ImportListError(f"{root / LIST_FOLDER / bench.folder}: no such folder; is {root} OpenOOD's data folder "
                               "(benchmark_imglist/, images_classic/, images_largescale/)?")
     target = Path(out) / bench.name
+    if dry_run:
+        rows, missing = _rows(root, bench, skip_missing)
+        return ImportResult(bench.name, target, Manifest(root, rows), str(root / LIST_FOLDER / bench.folder), missing)
     with folder_lock(target, "import_openood"):
         rows, missing = _rows(root, bench, skip_missing)
         rows, failures = _probe(root, rows)

@@ -18,7 +18,8 @@ refused in one line.
 `--benchmark cifar10|cifar100|imagenet200|imagenet` without --sets / --list / --folder imports that OpenOOD v1.5
 benchmark whole (`pipelines.openood_benchmarks`): one manifest `<out>/<benchmark>/` with the ID train / val / test rows
 and their labels, the near-OOD and far-OOD test sets (groups near / far) and the OOD validation set, the lists and image
-folders OpenOOD's evaluation API reads (docs/openood.md). With --sets, --benchmark only names the list folder.
+folders OpenOOD's evaluation API reads (docs/openood.md); `--dry-run` checks every list and prints the counts, writing
+nothing. With --sets, --benchmark only names the list folder.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ DOC = "README.md, section 'Commands'"
 
 
 def build_parser():
-    p = command_parser(__name__, __doc__, out=True)
+    p = command_parser(__name__, __doc__, out=True, dry_run=True)
     p.add_argument("--root", type=Path, default=None,
                    help="OpenOOD's data folder (holds benchmark_imglist/, images_largescale/, images_classic/)")
     p.add_argument("--benchmark", default=None,
@@ -62,8 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.benchmark is not None and not (args.sets or args.list or args.folder):
         if args.root is None:
             p.error("--benchmark: give --root, OpenOOD's data folder")
-        _print_benchmark(import_benchmark(args.root, args.out, args.benchmark, skip_missing=args.skip_missing))
+        _print_benchmark(import_benchmark(args.root, args.out, args.benchmark, skip_missing=args.skip_missing,
+                                          dry_run=args.dry_run), args.dry_run)
         return 0
+    if args.dry_run:
+        p.error("--dry-run: only with --benchmark imported whole (no --sets / --list / --folder)")
     results = import_openood(args.root, args.out, benchmark=args.benchmark or "imagenet", sets=args.sets,
                              group=args.group, lists=pairs(args.list, "--list"), folders=pairs(args.folder, "--folder"),
                              image_root=args.image_root, skip_missing=args.skip_missing)
@@ -76,11 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _print_benchmark(result: ImportResult) -> None:
-    """Images per ID split and OOD set, what was left out, and where the manifest is."""
+def _print_benchmark(result: ImportResult, dry_run: bool) -> None:
+    """Images per ID split and OOD set, what was left out, and where the manifest is (or would be)."""
     found = counts(result.manifest.rows)
+    where = f"(dry run: lists checked, no image decoded, nothing written to {result.folder})" if dry_run \
+        else f"-> {result.folder}"
     print(f"{result.ood_set}: ID " + ", ".join(f"{k} {v}" for k, v in found["id"].items()) + "; OOD "
-          + ", ".join(f"{k} {v}" for k, v in found["ood"].items()) + f" -> {result.folder}")
+          + ", ".join(f"{k} {v}" for k, v in found["ood"].items()) + f" {where}")
     if result.missing:
         print(f"{len(result.missing)} listed images missing, left out (e.g. {result.missing[:3]})")
     if result.failures:

@@ -47,6 +47,19 @@ def test_cifar10_imports_whole(tmp_path, capsys):
     assert summary["id"] == {"train": 12, "val": 4, "test": 6} and summary["missing"] == 0
 
 
+def test_dry_run_checks_the_lists_and_writes_nothing(tmp_path, capsys):
+    root = tmp_path / "data"
+    fake_benchmark(root, "cifar10", id_counts=(3, 2, 2), ood_count=2)
+    CLI.main(["--root", str(root), "--benchmark", "cifar10", "--out", str(tmp_path / "out"), "--dry-run"])
+    assert "cifar10: ID train 3, val 2, test 2; OOD near:cifar100 2" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
+    (root / "benchmark_imglist" / "cifar10" / "train_cifar10.txt").write_text("cifar10/train/x.png 0\n")
+    with pytest.raises(ImportListError, match=r"train_cifar10\.txt: 1 of 1 images not found"):
+        CLI.main(["--root", str(root), "--benchmark", "cifar10", "--out", str(tmp_path / "out"), "--dry-run"])
+    with pytest.raises(UserInputError, match=r"--dry-run: only with --benchmark imported whole"):
+        CLI.main(["--root", str(root), "--sets", "svhn", "--out", str(tmp_path / "out"), "--dry-run"])
+
+
 def test_imagenet200_reads_textures_from_images_classic(tmp_path):
     root = tmp_path / "data"
     lists = fake_benchmark(root, "imagenet200", id_counts=(3, 2, 2), ood_count=2, size=(20, 16))
