@@ -23,7 +23,7 @@ from typing import Any, Mapping
 import torch
 
 from pipelines.classifier import ImageClassifier
-from pipelines.errors import ConfigError
+from pipelines.errors import ConfigError, UserInputError
 from pipelines.openood_benchmarks import Benchmark, benchmark_of_classes
 from pipelines.pixels import record_pixels
 
@@ -117,7 +117,9 @@ def load_openood_classifier(path: str | os.PathLike, key: str = "model") -> Imag
     where = f"{key}: {os.fspath(path)}"
     try:
         state = safe_torch_load(path, "OpenOOD checkpoint")
-    except (RuntimeError, EOFError, OSError) as err:  # not a torch file, or a truncated one
+    except UserInputError as err:  # more than tensors (or no torch file at all): refused
+        raise ConfigError(f"{key}: {err}") from None
+    except (RuntimeError, EOFError, OSError) as err:  # a truncated torch file
         raise ConfigError(f"{where}: not a readable torch checkpoint ({' '.join(str(err).split())[:160]})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ConfigError(f"{where}: not a state dict of tensors (OpenOOD saves net.state_dict())")

@@ -1,7 +1,9 @@
 """OpenOOD v1.5's `best.ckpt` as `model:`: a state dict with the reference networks' key names (built key by key in
-tests/helpers/openood_release.py) loads strictly, and its logits equal a forward written here in plain torch from
+tests/helpers/openood_release.py) loads strictly, and its logits equal the forward written there in plain torch from
 the reference code (openood/networks/resnet18_32x32.py; torchvision's ResNet for ResNet18_224x224 / ResNet50)."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,8 +107,14 @@ def test_bad_checkpoints_are_one_line(tmp_path):
         load_openood_classifier(_save(tmp_path / "c", resnet18_32x32_state(num_classes=7, width=4)))
     with pytest.raises(ConfigError, match=r"no 'fc\.weight': not an OpenOOD ResNet checkpoint"):
         load_openood_classifier(_save(tmp_path / "d", {"conv1.weight": state["conv1.weight"]}))
-    with pytest.raises(UserInputError, match=r"holds pickled objects other than tensors and is refused"):
+    with pytest.raises(UserInputError, match=r"^model: OpenOOD checkpoint .* holds pickled objects other than tensors "
+                                             r"and is refused"):
         load_openood_classifier(_save(tmp_path / "e", {"net": torch.nn.Linear(2, 2)}))
+    whole = Path(_save(tmp_path / "g", state)).read_bytes()
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(ConfigError, match=r"^model: .*truncated\.ckpt: not a readable torch checkpoint"):
+        load_openood_classifier(truncated)
     broken = tmp_path / "f.ckpt"
     broken.write_bytes(b"not a torch file")
     with pytest.raises(UserInputError, match=r"f\.ckpt' holds pickled objects other than tensors"):  # not a torch zip
