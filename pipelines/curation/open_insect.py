@@ -95,6 +95,11 @@ def wanted(bci: bool) -> tuple[str, ...]:
     return (BCI_SPLIT,) if bci else tuple(RELEASE_SPLITS)
 
 
+def _labelled(name: str, frame: pd.DataFrame) -> pd.DataFrame:
+    """The BCI dataset has no label column: download_bci.py lists every image with -1."""
+    return frame.assign(label=-1) if name == BCI_SPLIT and "label" not in frame.columns else frame
+
+
 # -- reading ------------------------------------------------------------------------------------------------------
 
 def source_kind(source: str) -> str:
@@ -169,7 +174,7 @@ def read_files(source: str, region: str, bci: bool = False) -> Release:
         if paths:
             frame = pd.concat([read_table(p) for p in paths], ignore_index=True) if len(paths) > 1 else \
                 read_table(paths[0])
-            splits[name] = ReleasedSplit(name, frame, str(paths[0]) if len(paths) == 1 else
+            splits[name] = ReleasedSplit(name, _labelled(name, frame), str(paths[0]) if len(paths) == 1 else
                                          f"{paths[0].parent}/{{{','.join(p.name for p in paths)}}}")
         else:
             absent.append(name)
@@ -281,7 +286,7 @@ def read_hub(source: str, region: str, bci: bool = False) -> Release:
     splits, absent = {}, []
     for name in wanted(bci):
         if name in loaded:
-            frame = loaded[name].to_pandas()
+            frame = _labelled(name, loaded[name].to_pandas())
             splits[name] = ReleasedSplit(name, frame.assign(line=np.arange(1, len(frame) + 1)),
                                          f"{source} ({region if not bci else 'test'}/{name})")
         else:
@@ -336,10 +341,13 @@ def check_rows(release: Release, classes: int | None) -> None:
                 bad_label |= labels >= classes
         paths = frame["image_path"].tolist()
         for i in np.flatnonzero(bad_label):
-            value = frame["label"].iloc[i]
+            value, here = frame["label"].iloc[i], f"{part.where}:{frame['line'].iloc[i]}"
+            if value is None or (isinstance(value, float) and np.isnan(value)):
+                problems.append(f"{here}: {paths[i]!r} has no label (a line is `<image_path> <label>`)")
+                continue
             want = "-1 (OOD)" if role == "ood" else (f"a label 0..{classes - 1} of the category map" if classes
                                                      else "a class index >= 0")
-            problems.append(f"{part.where}:{frame['line'].iloc[i]}: label {value!r} of {paths[i]!r}: expected {want}")
+            problems.append(f"{here}: label {value!r} of {paths[i]!r}: expected {want}")
         for i, path in enumerate(paths):
             reason = path_fault(path)
             here = f"{part.where}:{frame['line'].iloc[i]}"
