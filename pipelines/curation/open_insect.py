@@ -102,11 +102,13 @@ def _labelled(name: str, frame: pd.DataFrame) -> pd.DataFrame:
 
 # -- reading ------------------------------------------------------------------------------------------------------
 
-def source_kind(source: str) -> str:
-    """`download` (a download.py folder), `files` (a local copy of the dataset repository) or `hub` (an id)."""
+def source_kind(source: str, region: str) -> str:
+    """`download` (a folder holding download.py's `metadata/<region>/`; download.sh writes it into the repository
+    checkout, beside its README.md and data/), `files` (another folder: a local copy of the dataset repository) or
+    `hub` (an id)."""
     path = Path(source).expanduser()
     if path.is_dir():
-        return "download" if (path / "metadata").is_dir() and not _has_tables(path) else "files"
+        return "download" if (path / "metadata" / region).is_dir() else "files"
     if path.exists():
         raise OpenInsectError(f"{source}: a folder or a Hugging Face dataset id, not a file")
     if re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", source):
@@ -114,14 +116,9 @@ def source_kind(source: str) -> str:
     raise OpenInsectError(f"{source}: no such folder, and not a Hugging Face dataset id (owner/name, e.g. {HUB_ID})")
 
 
-def _has_tables(path: Path) -> bool:
-    return (path / "README.md").is_file() or any((path / r).is_dir() for r in REGIONS) or any(
-        p.suffix in TABLE_SUFFIXES for p in path.iterdir() if p.is_file())
-
-
 def read_release(source: str, region: str, bci: bool = False) -> Release:
     """The released splits of `region` (or, `bci`, the field set) from any of the three sources."""
-    kind = source_kind(source)
+    kind = source_kind(source, region)
     reader: Callable[[str, str, bool], Release] = {"download": read_download, "files": read_files,
                                                    "hub": read_hub}[kind]
     return reader(source, region, bci)
@@ -131,10 +128,6 @@ def read_download(source: str, region: str, bci: bool = False) -> Release:
     """download.py's folder: `metadata/<region>/<split>.txt` image lists over `images/`."""
     root = Path(source).expanduser()
     folder = root / "metadata" / region
-    if not folder.is_dir():
-        found = sorted(p.name for p in (root / "metadata").iterdir() if p.is_dir())
-        raise OpenInsectError(f"{folder}: no such folder (download.py writes metadata/<region>/; found: "
-                              f"{', '.join(found) or 'none'})")
     splits, absent = {}, []
     for name in wanted(bci):
         path = folder / f"{name}.txt"
@@ -180,8 +173,9 @@ def read_files(source: str, region: str, bci: bool = False) -> Release:
             absent.append(name)
     if not splits:
         what = "the BCI test split" if bci else f"the {region} splits"
-        raise OpenInsectError(f"{root}: no table of {what} (README.md configs, or {'' if bci else region + '/'}"
-                              f"<split>.csv / .parquet / .arrow)")
+        raise OpenInsectError(f"{root}: neither download.py's metadata/{region}/ nor a table of {what} (the "
+                              f"dataset repository's README.md configs, or {'' if bci else region + '/'}<split>.csv / "
+                              ".parquet / .arrow)")
     return Release(region, "files", splits, None, absent)
 
 

@@ -288,3 +288,19 @@ def test_rows_carrying_images_are_written_inside_out(tmp_path):
     with pytest.raises(OpenInsectError, match=r"test-00000-of-00001.parquet:1: image_path '../../a.jpg' leaves"):
         imported(tmp_path / "bci", tmp_path / "out", bci=True)
     assert not (tmp_path / "out").exists() and not (tmp_path / "a.jpg").exists()
+
+
+def test_download_sh_writes_into_the_repository_checkout(tmp_path, capsys):
+    """download.sh runs download.py with --download_dir . in the repository: its README.md, data/ and the class
+    distributions in metadata/ sit beside metadata/<region>/; a region not downloaded is one line."""
+    released = download_folder(tmp_path / "repo", bci=0)
+    (tmp_path / "repo" / "README.md").write_text("# Open-Insect\n")
+    (tmp_path / "repo" / "data").mkdir()
+    write_json(tmp_path / "repo" / "data" / "c-america_category_map.json", category_map(6))
+    write_json(tmp_path / "repo" / "metadata" / "c-america_id_class_distribution.json", {"0": 4})
+    frame = imported(tmp_path / "repo", tmp_path / "splits",
+                     category_map=str(tmp_path / "repo" / "data" / "c-america_category_map.json"))
+    assert len(frame) == sum(map(len, released.values()))
+    assert run([str(tmp_path / "repo"), "--region", "w-europe", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "neither download.py's metadata/w-europe/ nor a table of the w-europe splits" in err
