@@ -313,9 +313,30 @@ def read_category_map(path: str | os.PathLike) -> list[str]:
 
 # -- checking -----------------------------------------------------------------------------------------------------
 
-def check_rows(release: Release, classes: int | None) -> None:
+SPECIES_KEY = "speciesKey"
+"""The hub tables' GBIF species column: the species of every row (the category map's key of an ID label)."""
+
+
+def species_keys(frame: pd.DataFrame) -> list[str | None]:
+    """Each row's GBIF speciesKey as text (`1732901`, never `1732901.0`), None where the release has none."""
+    if SPECIES_KEY not in frame.columns:
+        return [None] * len(frame)
+    out = []
+    for value in frame[SPECIES_KEY].tolist():
+        if value is None or (isinstance(value, float) and np.isnan(value)) or str(value).strip() == "":
+            out.append(None)
+        elif isinstance(value, (float, np.floating)) and float(value).is_integer():
+            out.append(str(int(value)))
+        else:
+            out.append(str(value).strip())
+    return out
+
+
+def check_rows(release: Release, species: list[str] | None) -> None:
     """Every released row's path and label, and no image twice: all faults counted, the first named (file and
-    line) in one OpenInsectError. `classes`: the category map's size (ID labels must lie below it)."""
+    line) in one OpenInsectError. `species`: the category map's names (ID labels must lie below its size, and a
+    row's speciesKey, where the release has one, must be its label's)."""
+    classes = len(species) if species is not None else None
     problems: list[str] = []
     seen: dict[str, str] = {}
     for part in release.splits.values():
@@ -334,6 +355,11 @@ def check_rows(release: Release, classes: int | None) -> None:
             if classes is not None:
                 bad_label |= labels >= classes
         paths = frame["image_path"].tolist()
+        if species is not None and role == "id":
+            for i, key in enumerate(species_keys(frame)):
+                if key is not None and not bad_label[i] and species[int(labels[i])] != key:
+                    problems.append(f"{part.where}:{frame['line'].iloc[i]}: speciesKey {key} of {paths[i]!r} is not "
+                                    f"label {int(labels[i])}'s in the category map ({species[int(labels[i])]})")
         for i in np.flatnonzero(bad_label):
             value, here = frame["label"].iloc[i], f"{part.where}:{frame['line'].iloc[i]}"
             if value is None or (isinstance(value, float) and np.isnan(value)):
@@ -376,7 +402,8 @@ def manifest_rows(part: ReleasedSplit, prefix: str, species: list[str] | None,
                   non_target_name: str) -> list[dict[str, Any]]:
     """The manifest rows of one released split: file_name (`prefix` + image_path, relative to the image root), its
     split, role, set and group (`RELEASE_SPLITS`), label, species (the category map's speciesKey, ID rows),
-    `release_split`, `url` (the identifier) and every other released column."""
+    `release_split`, `url` (the identifier) and every other released column. A row's species: its label's in the
+    category map (ID rows), else its speciesKey where the release has one."""
     split, role, ood_set, group = RELEASE_SPLITS.get(part.name, FIELD_SPLIT)
     if ood_set == "non_target":
         ood_set = non_target_name
@@ -386,11 +413,12 @@ def manifest_rows(part: ReleasedSplit, prefix: str, species: list[str] | None,
     labels = pd.to_numeric(frame["label"]).astype(np.int64).tolist()
     urls = frame["identifier"].tolist() if "identifier" in frame.columns else [None] * len(frame)
     columns = {renamed[c]: _plain(frame[c]) for c in extra}
+    keys = species_keys(frame)
     rows = []
     for i, (path, label, url) in enumerate(zip(frame["image_path"].tolist(), labels, urls)):
         row = {"file_name": prefix + path, "split": split, "role": role, "ood_set": ood_set, "group": group,
                "label": label if role == "id" else -1,
-               "species": species[label] if species is not None and role == "id" else None,
+               "species": species[label] if species is not None and role == "id" else keys[i],
                "release_split": part.name, "url": url if isinstance(url, str) and url else None}
         row.update({name: values[i] for name, values in columns.items()})
         rows.append(row)

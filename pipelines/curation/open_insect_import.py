@@ -102,11 +102,12 @@ def import_open_insect(cfg: OpenInsectImport, dry_run: bool = False) -> Imported
     region = cfg.the_region
     release = read_release(cfg.source, region, cfg.bci)
     species = read_category_map(cfg.category_map) if cfg.category_map else None
-    check_rows(release, len(species) if species is not None else None)
+    check_rows(release, species)
     out = Path(cfg.out).expanduser()
     folder = out / (FIELD_FOLDER if cfg.bci else region)
     prefix = "" if release.kind == "download" or not cfg.bci else f"{BCI_IMAGES}/"
     rows = {name: manifest_rows(part, prefix, species, cfg.non_target_name) for name, part in release.splits.items()}
+    aux_labels(rows)
     plan, throttled = None, None
     if release.kind == "download":
         image_root = release.image_root
@@ -122,6 +123,20 @@ def import_open_insect(cfg: OpenInsectImport, dry_run: bool = False) -> Imported
         if not cfg.bci:
             write_summary(out, region, table, kept, len(missing))
     return Imported(folder, table, missing, release.absent, release.kind, plan, throttled)
+
+
+def aux_labels(rows: dict[str, list[dict[str, Any]]]) -> None:
+    """Give the auxiliary rows (train_aux, val_ood) their species' index among the auxiliary species, sorted, as
+    `aux_label` (what make-splits writes, Extended's class of an auxiliary row), in speciesKey order, where the
+    release names their species (the hub tables' speciesKey); rows without one get -1, and none is added when no
+    row has one (download.py's lists carry no species: Extended then says it needs auxiliary class indices)."""
+    aux = [r for part in rows.values() for r in part if r["ood_set"] == "auxiliary"]
+    vocab = sorted({r["species"] for r in aux if r["species"] is not None}, key=lambda v: (len(v), v))
+    if not vocab:
+        return
+    index = {v: i for i, v in enumerate(vocab)}
+    for row in aux:
+        row["aux_label"] = index.get(row["species"], -1)
 
 
 def _present(root: Path, rows: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, list], pd.DataFrame]:
@@ -244,7 +259,7 @@ def write_summary(out: Path, region: str, table: pd.DataFrame, kept: dict[str, l
             key, species = f"id_{split}", len({r["label"] for r in rows})
         else:
             key = f"{SET_KEYS[ood_set]}_{split}"
-            keys = {r.get("speciesKey") for r in rows} - {None}
+            keys = {r["species"] for r in rows} - {None}
             species = len(keys) if keys else None
         sets.append({"region": region, "set": key, "name": entry.set, "role": role, "split": split,
                      "species": species, "images": len(rows), "hops": [], "release_split": entry.release_split})

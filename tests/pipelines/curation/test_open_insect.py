@@ -304,3 +304,33 @@ def test_download_sh_writes_into_the_repository_checkout(tmp_path, capsys):
     assert run([str(tmp_path / "repo"), "--region", "w-europe", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "neither download.py's metadata/w-europe/ nor a table of the w-europe splits" in err
+
+
+def test_species_of_the_hub_tables_give_every_row_its_species_and_the_aux_rows_their_class(tmp_path, capsys):
+    """The hub tables' speciesKey: each row's species (ID: the category map's, checked against it), the auxiliary
+    rows' `aux_label` = their species' rank among the auxiliary species (train_aux and val_ood share the index)."""
+    released = hub_files(tmp_path / "repo", "http://127.0.0.1:9")
+    mapping = write_json(tmp_path / "map.json", category_map(6))
+    cfg = OpenInsectImport.from_dict({"source": str(tmp_path / "repo"), "out": str(tmp_path / "o"),
+                                      "region": "c-america", "category_map": str(mapping)})
+    release = read_release(cfg.source, "c-america")
+    from pipelines.curation.open_insect import manifest_rows
+    from pipelines.curation.open_insect_import import aux_labels
+
+    rows = {n: manifest_rows(p, "", read_category_map(mapping), "non_target") for n, p in release.splits.items()}
+    aux_labels(rows)
+    for name, frame in released.items():
+        assert [r["species"] for r in rows[name]] == [str(k) for k in frame["speciesKey"]]
+    aux = [r for n in ("train_aux", "val_ood") for r in rows[n]]
+    vocab = sorted({int(r["species"]) for r in aux})
+    assert [r["aux_label"] for r in aux] == [vocab.index(int(r["species"])) for r in aux]
+    assert all("aux_label" not in r for n in ("train_id", "test_ood_local") for r in rows[n])
+
+    table = tmp_path / "repo" / "c-america" / "val_id.csv"
+    frame = pd.read_csv(table, dtype=str)
+    frame.loc[3, "speciesKey"] = "42"
+    frame.to_csv(table, index=False)
+    assert run([str(tmp_path / "repo"), "--region", "c-america", "--out", str(tmp_path / "o"), "--category-map",
+                str(mapping), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"val_id.csv:5: speciesKey 42 of {frame.image_path[3]!r} is not label {frame.label[3]}'s" in err
