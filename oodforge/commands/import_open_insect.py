@@ -16,7 +16,9 @@ naming the file and line, exit status 2.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from pathlib import Path
 
 from oodforge.args import command_parser, config_raw, key_help, parse
 from pipelines.cli import cli_value, deep_merge, flag_error
@@ -45,8 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+OVERRIDE = re.compile(r"[A-Za-z_][\w.-]*=.*")
+
+
 def config_of(args: argparse.Namespace) -> OpenInsectImport:
-    """The typed config: the `--config` file and `key=value` overrides, the flags over them; a fault names the flag."""
+    """The typed config: the `--config` file and `key=value` overrides, the flags over them; a fault names the flag.
+    A first `key=value` where SOURCE would be (SOURCE given by the config file) is an override."""
+    if args.source is not None and OVERRIDE.fullmatch(args.source) and not Path(args.source).exists():
+        args.overrides, args.source = [args.source, *(args.overrides or [])], None
     raw = {"source": args.source, "out": args.out, "region": args.region, "bci": args.bci,
            "category_map": args.category_map, "workers": args.workers,
            **{name: cli_value(getattr(args, name)) for name in NUMBERS if getattr(args, name) is not None}}

@@ -334,3 +334,26 @@ def test_species_of_the_hub_tables_give_every_row_its_species_and_the_aux_rows_t
                 str(mapping), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert f"val_id.csv:5: speciesKey 42 of {frame.image_path[3]!r} is not label {frame.label[3]}'s" in err
+
+
+def test_config_file_overrides_and_flags_reach_the_typed_config(tmp_path, capsys):
+    """`--config` + `key=value` + flags, the flag winning; `non_target_name` renames the non-moth set; a released
+    split the source lacks is a warning, the rest imported."""
+    from oodforge.args import parse
+
+    released = download_folder(tmp_path / "src", bci=0)
+    (tmp_path / "src" / "metadata" / "c-america" / "val_ood.txt").unlink()
+    config = tmp_path / "import.yaml"
+    config.write_text(f"source: {tmp_path / 'src'}\nout: {tmp_path / 'splits'}\nregion: w-europe\ntimeout: 5\n")
+    args = parse(command.build_parser(), ["--config", str(config), "non_target_name=non_moth", "--region",
+                                          "c-america"], intermixed=True, typed=True)
+    cfg = command.config_of(args)
+    assert (cfg.region, cfg.timeout, cfg.non_target_name, cfg.retries) == ("c-america", 5.0, "non_moth", 3)
+    assert run(["--config", str(config), "non_target_name=non_moth", "--region", "c-america"]) == 0
+    assert "warning: the source holds no val_ood (not imported)" in capsys.readouterr().out
+    rows = read_manifest(tmp_path / "splits" / "c-america").rows
+    assert Counter(r["ood_set"] for r in rows if r["release_split"] == "test_ood_non-moth") == {
+        "non_moth": len(released["test_ood_non-moth"])}
+    assert not any(r["release_split"] == "val_ood" for r in rows)
+    assert run(["--config", str(config), "region=mars"]) == 2
+    assert "--region: one of ne-america, w-europe, c-america, got 'mars'" in capsys.readouterr().err
