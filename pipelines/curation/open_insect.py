@@ -338,7 +338,7 @@ def check_rows(release: Release, species: list[str] | None) -> None:
     row's speciesKey, where the release has one, must be its label's)."""
     classes = len(species) if species is not None else None
     problems: list[str] = []
-    seen: dict[str, str] = {}
+    seen: dict[str, tuple[str, int]] = {}
     for part in release.splits.values():
         frame = part.rows
         missing = [c for c in ("image_path", "label") if c not in frame.columns]
@@ -354,14 +354,14 @@ def check_rows(release: Release, species: list[str] | None) -> None:
             bad_label |= labels < 0
             if classes is not None:
                 bad_label |= labels >= classes
-        paths = frame["image_path"].tolist()
+        paths, lines = frame["image_path"].tolist(), frame["line"].tolist()
         if species is not None and role == "id":
             for i, key in enumerate(species_keys(frame)):
                 if key is not None and not bad_label[i] and species[int(labels[i])] != key:
-                    problems.append(f"{part.where}:{frame['line'].iloc[i]}: speciesKey {key} of {paths[i]!r} is not "
+                    problems.append(f"{part.where}:{lines[i]}: speciesKey {key} of {paths[i]!r} is not "
                                     f"label {int(labels[i])}'s in the category map ({species[int(labels[i])]})")
         for i in np.flatnonzero(bad_label):
-            value, here = frame["label"].iloc[i], f"{part.where}:{frame['line'].iloc[i]}"
+            value, here = frame["label"].iloc[i], f"{part.where}:{lines[i]}"
             if value is None or (isinstance(value, float) and np.isnan(value)):
                 problems.append(f"{here}: {paths[i]!r} has no label (a line is `<image_path> <label>`)")
                 continue
@@ -370,17 +370,22 @@ def check_rows(release: Release, species: list[str] | None) -> None:
             problems.append(f"{here}: label {value!r} of {paths[i]!r}: expected {want}")
         for i, path in enumerate(paths):
             reason = path_fault(path)
-            here = f"{part.where}:{frame['line'].iloc[i]}"
             if reason is not None:
-                problems.append(f"{here}: image_path {path!r} {reason}")
+                problems.append(f"{part.where}:{lines[i]}: image_path {path!r} {reason}")
             elif path in seen:
-                problems.append(f"{here}: image_path {path!r} is also at {seen[path]} (one image, one row)")
+                first = "{}:{}".format(*seen[path])
+                problems.append(f"{part.where}:{lines[i]}: image_path {path!r} is also at {first} (one image, one "
+                                "row)")
             else:
-                seen[path] = here
+                seen[path] = (part.where, lines[i])
     if problems:
         others = len(problems) - 1
         more = f" (and {others} more bad line{'s' if others > 1 else ''})" if others else ""
         raise OpenInsectError(problems[0] + more)
+
+
+DRIVE = re.compile(r"[A-Za-z]:")
+SEPARATORS = re.compile(r"[\\/]")
 
 
 def path_fault(path: Any) -> str | None:
@@ -389,9 +394,9 @@ def path_fault(path: Any) -> str | None:
         return "is blank"
     if "\0" in path:
         return "holds a NUL byte"
-    if path.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", path):
+    if path.startswith(("/", "\\")) or DRIVE.match(path):
         return "is absolute (it must lie under the image root)"
-    if ".." in re.split(r"[\\/]", path):
+    if ".." in path and ".." in SEPARATORS.split(path):
         return "leaves the image root ('..')"
     return None
 
