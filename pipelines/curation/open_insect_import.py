@@ -24,8 +24,8 @@ from pipelines.class_names import ClassNames, write_class_names
 from pipelines.curation.fetch import FetchConfig, HostsThrottled, fetch_images, fetch_plan
 from pipelines.curation.fetch_client import FetchFailure
 from pipelines.curation.fetch_ledger import Paths
-from pipelines.curation.open_insect import (BCI_IMAGES, BCI_REGION, BCI_SPLIT, REGIONS, RELEASE_SPLITS,
-                                            OpenInsectError, Release, check_rows, counts, manifest_rows,
+from pipelines.curation.open_insect import (BCI_IMAGES, BCI_REGION, REGIONS, RELEASE_SPLITS,
+                                            Release, check_rows, counts, manifest_rows,
                                             read_category_map, read_release)
 from pipelines.data import MANIFEST_INFO, Manifest, check_manifest_rows, missing_images, write_manifest
 from pipelines.errors import ConfigError
@@ -78,20 +78,20 @@ class OpenInsectImport(Config):
 
     @property
     def the_region(self) -> str:
+        """The region imported (the BCI field set's is c-america)."""
         return self.region or BCI_REGION
 
 
 @dataclass
 class Imported:
-    """What an import found and wrote: counts per released split (`open_insect.counts`), the folder, the missing
-    images (release split, line, image_path, reason), released splits absent from the source, the fetch plan of a
+    """What an import found and wrote: the folder, counts per released split (`open_insect.counts`), the missing
+    images (release_split, image_path, url, reason), released splits absent from the source, the fetch plan of a
     dry run and the hosts given up on (their rows are missing; a rerun fetches them)."""
 
     folder: Path
     table: pd.DataFrame
     missing: pd.DataFrame
     absent: list[str]
-    kind: str
     fetch: dict[str, Any] | None = None
     throttled: HostsThrottled | None = field(default=None, repr=False)
 
@@ -122,7 +122,7 @@ def import_open_insect(cfg: OpenInsectImport, dry_run: bool = False) -> Imported
         _write(cfg, folder, every, image_root, release, species, table, missing)
         if not cfg.bci:
             write_summary(out, region, table, kept, len(missing))
-    return Imported(folder, table, missing, release.absent, release.kind, plan, throttled)
+    return Imported(folder, table, missing, release.absent, plan, throttled)
 
 
 def aux_labels(rows: dict[str, list[dict[str, Any]]]) -> None:
@@ -277,6 +277,3 @@ def write_summary(out: Path, region: str, table: pd.DataFrame, kept: dict[str, l
         "| " + " | ".join("" if pd.isna(v) else str(v) for v in row) + " |\n"
         for row in frame.itertuples(index=False)))
 
-
-__all__ = ["FIELD_FOLDER", "Imported", "OpenInsectImport", "OpenInsectError", "BCI_SPLIT", "import_open_insect",
-           "write_summary"]
