@@ -21,7 +21,6 @@ reference's download log does), never an error.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -32,8 +31,6 @@ import numpy as np
 import pandas as pd
 
 from pipelines.errors import UserInputError
-
-log = logging.getLogger(__name__)
 
 REGIONS = ("ne-america", "w-europe", "c-america")
 HUB_ID = "yuyan-chen/open-insect"
