@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -89,7 +90,7 @@ def download_folder(root: Path, region: str = "c-america", classes: int = 6, see
         for i, row in enumerate(frame.itertuples(index=False)):
             path = root / "images" / row.image_path
             path.parent.mkdir(parents=True, exist_ok=True)
-            species_image(row.speciesKey, hash((name, i)) % 2**31).save(path, quality=90)
+            species_image(row.speciesKey, zlib.crc32(f"{name}/{i}".encode())).save(path, quality=90)
         (meta / f"{name}.txt").write_text("".join(f"{p} {lab}\n" for p, lab in zip(frame.image_path, frame.label)))
     if bci:
         folder = root / "images" / "bci"
