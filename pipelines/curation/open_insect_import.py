@@ -56,7 +56,9 @@ class OpenInsectImport(Config):
     region: str | None = param(None, "ne-america, w-europe or c-america (with bci: c-america)", check=_check_region)
     bci: bool = param(False, "import the BCI field set (download_bci.py's) instead of the region's splits")
     category_map: str | None = param(None, "RolnickLab/Open-Insect data/<region>_category_map.json: each label's "
-                                           "GBIF speciesKey as its species (and the class count)")
+                                           "GBIF speciesKey as its species (and the class count); None: "
+                                           "SOURCE/data/<region>_category_map.json when there (download.sh writes "
+                                           "into the repository checkout)")
     non_target_name: str = param("non_target", "ood_set name of the test_ood_non-moth rows (make-splits' default)")
     workers: int = param(32, "parallel downloads of the images fetched by URL", ge=1, runtime=True)
     rate: float | None = param(None, "requests a second per host at most (None: adaptive)", gt=0)
@@ -97,7 +99,8 @@ def import_open_insect(cfg: OpenInsectImport, dry_run: bool = False) -> Imported
     docstring. A dry run reads and checks every row, builds the manifest rows and writes nothing."""
     region = cfg.the_region
     release = read_release(cfg.source, region, cfg.bci)
-    species = read_category_map(cfg.category_map) if cfg.category_map else None
+    category_map = cfg.category_map or repository_map(cfg.source, region)
+    species = read_category_map(category_map) if category_map else None
     check_rows(release, species)
     out = Path(cfg.out).expanduser()
     folder = out / (FIELD_FOLDER if cfg.bci else region)
@@ -115,10 +118,16 @@ def import_open_insect(cfg: OpenInsectImport, dry_run: bool = False) -> Imported
     table = counts(release, kept, cfg.non_target_name)
     check_manifest_rows(folder, every)
     if not dry_run:
-        _write(cfg, folder, every, image_root, release, species, table, missing)
+        _write(cfg, folder, every, image_root, release, category_map, species, table, missing)
         if not cfg.bci:
             write_summary(out, region, table, kept, len(missing))
     return Imported(folder, table, missing, release.absent, plan, throttled)
+
+
+def repository_map(source: str, region: str) -> str | None:
+    """`SOURCE/data/<region>_category_map.json`, the repository's own, when SOURCE is its checkout."""
+    path = Path(source).expanduser() / "data" / f"{region}_category_map.json"
+    return str(path) if path.is_file() else None
 
 
 def aux_labels(rows: dict[str, list[dict[str, Any]]]) -> None:
@@ -224,13 +233,13 @@ def _fetched(out: Path, targets: list[str]) -> dict[str, str]:
 
 
 def _write(cfg: OpenInsectImport, folder: Path, rows: list[dict[str, Any]], image_root: Path, release: Release,
-           species: list[str] | None, table: pd.DataFrame, missing: pd.DataFrame) -> None:
+           category_map: str | None, species: list[str] | None, table: pd.DataFrame, missing: pd.DataFrame) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     write_manifest(folder, rows)
     atomic_write_json(folder / MANIFEST_INFO, {
         "image_root": str(image_root.expanduser().resolve()), "region": cfg.the_region,
         "source": {"kind": release.kind, "path": cfg.source if release.kind == "hub" else
-                   str(Path(cfg.source).expanduser().resolve()), "category_map": cfg.category_map,
+                   str(Path(cfg.source).expanduser().resolve()), "category_map": category_map,
                    "absent_splits": release.absent},
         "classes": len(species) if species is not None else None, "missing_images": int(len(missing)),
     })

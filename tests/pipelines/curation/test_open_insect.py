@@ -298,9 +298,13 @@ def test_download_sh_writes_into_the_repository_checkout(tmp_path, capsys):
     (tmp_path / "repo" / "data").mkdir()
     write_json(tmp_path / "repo" / "data" / "c-america_category_map.json", category_map(6))
     write_json(tmp_path / "repo" / "metadata" / "c-america_id_class_distribution.json", {"0": 4})
-    frame = imported(tmp_path / "repo", tmp_path / "splits",
-                     category_map=str(tmp_path / "repo" / "data" / "c-america_category_map.json"))
+    frame = imported(tmp_path / "repo", tmp_path / "splits")  # the checkout's own data/c-america_category_map.json
     assert len(frame) == sum(map(len, released.values()))
+    names = {label: key for key, label in category_map(6).items()}
+    ids = frame[frame.role == "id"]
+    assert ids["species"].tolist() == [names[label] for label in ids["label"]]
+    info = json.loads((tmp_path / "splits" / "c-america" / "manifest_info.json").read_text())
+    assert info["source"]["category_map"] == str(tmp_path / "repo" / "data" / "c-america_category_map.json")
     assert run([str(tmp_path / "repo"), "--region", "w-europe", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "neither download.py's metadata/w-europe/ nor a table of the w-europe splits" in err
