@@ -16,7 +16,8 @@ from pipelines.cli import run_main
 from pipelines.params import closest
 
 GROUPS: dict[str, tuple[str, ...]] = {
-    "data": ("import-folder", "import-openood", "fetch-images", "make-splits", "curate-containers", "pack-shards"),
+    "data": ("import-folder", "import-openood", "import-open-insect", "fetch-images", "make-splits",
+             "curate-containers", "pack-shards"),
     "train": ("train-classifier", "train-prompts", "convert-clipn"),
     "generate": ("generate",),
     "evaluate": ("evaluate", "aux-study"),

@@ -34,7 +34,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "--shard-dir": ("--shards-dir", "--store-dir"),
 }
 """The one name of a thing -> spellings no command may use for it (a deprecated hidden alias may)."""
-TYPED = {"fetch-images", "make-splits", "pack-shards", "curate-containers"}
+TYPED = {"fetch-images", "make-splits", "pack-shards", "curate-containers", "import-open-insect"}
 """Commands whose untyped flags are read as YAML and checked by their typed config (type `config` in docs/cli.md)."""
 
 
