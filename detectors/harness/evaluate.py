@@ -97,12 +97,12 @@ class Runner:
         return resolve_device(device) if device else partial_state().device
 
     def _load_classifier(self):
-        from pipelines.classifier import ImageClassifier
+        from pipelines.zoo import load_classifier
 
         if self.classifier is None:  # the plan refuses a run whose detectors need one without `model`
             from pipelines.pixels import run_pixels
 
-            clf = ImageClassifier.from_pretrained(self.plan.runtime.model).to(self._device()).eval()
+            clf = load_classifier(self.plan.runtime.model).to(self._device()).eval()
             self.pixels = run_pixels(clf, self.plan.protocol, self.plan.runtime.pixels, clf.record)
             clf.pixels = self.pixels.eval  # every evaluation pixel path makes them (pipelines.pixels)
             dtype = resolve_dtype(self.plan.runtime.precision, self._device())

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping
 
 from detectors.base import Detector
 from detectors.harness.protocols import CHECKPOINTS, TIES, protocol_params, unit_sweep
+from detectors.harness.released import check_released_classes
 from pipelines.pixels import PixelSettings
 from detectors.registry import detector_class
 from detectors.harness.runconfig import (FEATURE_INPUTS, ConfigError, DetectorSpec, EvalConfig, FewShot, Head, Source,
@@ -30,6 +31,7 @@ from pipelines.errors import UserInputError
 from pipelines.fingerprint import combine, file_identity, images_fingerprint
 from pipelines.io import safe_name
 from pipelines.runtime import runtime_device
+from pipelines.zoo import is_released_file
 
 PLAN_VERSION = "unit-v3"
 FEATURES_VERSION = "features-v3"  # v3: pixels made by pipelines.pixels (the reference transform under open-insects)
@@ -181,6 +183,7 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     built = [check_spec(cls, params, spec.load, f"detectors[{i}]") for i, (cls, params, spec)
              in enumerate(zip(classes, merged, specs))]
     splits = resolve_splits(config)
+    check_released_classes(config, classes, splits)
     check_leaks(splits)
     check_transfer(config.threshold_transfer, splits)
     check_head(config.head)
@@ -254,6 +257,8 @@ def check_spec(cls: type[Detector], params: Mapping[str, Any], load: str | None,
     features exist) run its dimension-bound checks instead. Returns the built detector in the plan (None for a
     `load:` spec or with `dims`)."""
     if load:
+        if is_released_file(load):  # a released weight file: checked with the ID classes (check_released_classes)
+            return None
         if dims is None and not (Path(load) / "config.json").is_file():
             raise ConfigError(f"{where}.load: {load} is not a saved detector folder (no config.json)")
         return None
