@@ -163,7 +163,7 @@ def resnet_architecture(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     last = "conv3" if bottleneck else "conv2"
     depths, widths = [], []
     stage = 1
-    while f"layer{stage}.0.conv1.weight" in state:
+    while f"layer{stage}.0.{last}.weight" in state:
         blocks = {int(m[1]) for k in state if (m := re.match(rf"layer{stage}\.(\d+)\.conv1\.weight$", k))}
         depths.append(max(blocks) + 1)
         widths.append(int(state[f"layer{stage}.0.{last}.weight"].shape[0]))
@@ -254,7 +254,7 @@ def read_released(path: str | os.PathLike, network: str | None = None) -> Releas
     name = parse_name(path)
     state = read_state(path)
     found = identify_network(state)
-    if network is not None and network not in NETWORKS:
+    if network is not None and network not in NETWORKS and network not in ("arpl_net", "opengan"):
         raise ReleasedFileError(f"{path}: unknown network {network!r} (one of {', '.join(NETWORKS)})")
     expected = network or (name.network if name else found)
     if expected is None:
@@ -281,15 +281,20 @@ def read_released(path: str | os.PathLike, network: str | None = None) -> Releas
     made.backbone = backbone
     try:
         architecture = resnet_architecture(backbone)
-    except ValueError as err:
-        raise made.fail(f"{err} (keys {sorted(state)[:4]} ...)") from None
+    except ValueError:  # no ResNet under the prefix: the whole backbone is missing
+        raise made.fail(_keys_line(missing + [f"{prefix}conv1.weight, {prefix}layer1... (the whole backbone)"],
+                                   unexpected)) from None
     with torch.device("meta"):  # the key names only: no memory, no initialisation
         layout = _resnet_model(architecture, 1).state_dict()
-    want = {torchvision_name(k) for k in layout if not k.startswith("classifier")}
-    missing += sorted(prefix + k for k in want - set(backbone) if not k.endswith("num_batches_tracked"))
-    unexpected += sorted(prefix + k for k in set(backbone) - want)
+    want = {torchvision_name(k): tuple(v.shape) for k, v in layout.items() if not k.startswith("classifier")}
+    missing += sorted(prefix + k for k in set(want) - set(backbone) if not k.endswith("num_batches_tracked"))
+    unexpected += sorted(prefix + k for k in set(backbone) - set(want))
     if missing or unexpected:
         raise made.fail(_keys_line(missing, unexpected))
+    wrong = [f"{prefix}{k} {tuple(v.shape)} (expected {want[k]})" for k, v in sorted(backbone.items())
+             if tuple(v.shape) != want[k]]
+    if wrong:
+        raise made.fail(f"shapes differ from the ResNet its other tensors describe: {', '.join(wrong[:4])}")
     made.heads = {module: {leaf: state[f"{module}.{leaf}"] for leaf in leaves}
                   for module, leaves in HEADS[expected].items()}
     _check_head_shapes(made)
@@ -400,6 +405,6 @@ def load_backbone(made: ReleasedNetwork, weight: torch.Tensor, bias: torch.Tenso
     try:
         converted = convert_state_dict({**made.backbone, "fc.weight": weight, "fc.bias": bias}, expected)
     except ValueError as err:
-        raise made.fail(f"does not fit the run's classifier: {err}") from None
+        raise made.fail(str(err)) from None
     model.load_state_dict({k: v.to(expected[k].dtype) for k, v in converted.items()})
     return model
