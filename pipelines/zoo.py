@@ -54,6 +54,8 @@ PART_NETWORKS = {("arpl", "netF"): "resnet50_features", ("arpl", "criterion"): "
 NETWORKS = ("resnet50", "resnet50_features", "conf_branch_net", "godin_net", "rot_net", "udg_net", "extended_net",
             "arpl_criterion", "opengan_discriminator", "opengan_generator")
 """What `identify_network` names (`resnet50`: any torchvision-layout ResNet with its fc; `_features`: without)."""
+CLASSIFIER_NETWORKS = ("resnet50", "conf_branch_net", "rot_net", "udg_net", "extended_net")
+"""The networks with a linear closed-set head `fc`: what a run's classifier (`model:`) may be."""
 SUFFIXES = (".pth", ".ckpt", ".pt")
 
 _BN = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")

@@ -102,7 +102,8 @@ class Runner:
         if self.classifier is None:  # the plan refuses a run whose detectors need one without `model`
             from pipelines.pixels import run_pixels
 
-            clf = load_classifier(self.plan.runtime.model).to(self._device()).eval()
+            rt = self.plan.runtime
+            clf = load_classifier(rt.model, rt.model_network).to(self._device()).eval()
             self.pixels = run_pixels(clf, self.plan.protocol, self.plan.runtime.pixels, clf.record)
             clf.pixels = self.pixels.eval  # every evaluation pixel path makes them (pipelines.pixels)
             dtype = resolve_dtype(self.plan.runtime.precision, self._device())

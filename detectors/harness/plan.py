@@ -77,6 +77,7 @@ class Runtime:
     cache_hash: str
     sweep_pixel_mb: float
     pixels: PixelSettings = PixelSettings()
+    model_network: str | None = None  # a released `model:` file's network (pipelines.zoo), None: its name's / keys'
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,8 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     check_transfer(config.threshold_transfer, splits)
     check_head(config.head)
     runtime = Runtime(config.model, runtime_device(config.device), config.precision, config.batch_size,
-                      config.num_workers, config.chunk_rows, config.cache_hash, config.sweep_pixel_mb, config.pixels)
+                      config.num_workers, config.chunk_rows, config.cache_hash, config.sweep_pixel_mb, config.pixels,
+                      config.model_network)
     id_train = next(s for s in splits if s.id == "id-id_train")
     class_names = tuple(config.class_names) if config.class_names else class_names_of(id_train.manifest)
     check_fewshot(config.fewshot, class_names)
@@ -198,7 +200,8 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
             else "ood_val-ood_val"
         ties = config.select.ties if config.select is not None and config.select.ties else TIES[config.protocol]
         select = Selection(config.select.metric if config.select is not None else "auroc", which, ties)
-    classifier = {"model": source_fingerprint(config.model),
+    classifier = {"model": source_fingerprint(config.model), **({"network": config.model_network}
+                                                                 if config.model_network else {}),
                   "head": None if config.head is None else {**config.head.to_dict(),
                                                             "files": source_fingerprint(config.head.levels)},
                   **({"checkpoint": checkpoint} if checkpoint else {})}

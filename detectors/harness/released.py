@@ -30,7 +30,7 @@ def check_released_classes(config: Any, classes: Sequence[type[Detector]], split
     model = None
     if is_released_file(config.model):
         try:
-            model = read_released(config.model)
+            model = read_released(config.model, config.model_network)
         except UserInputError as err:
             raise ConfigError(f"model: {err}") from None
         if "fc" not in model.heads:

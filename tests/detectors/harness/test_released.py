@@ -129,6 +129,15 @@ def test_a_wrong_class_count_or_key_stops_the_plan_with_one_line(region, tmp_pat
                                           rf"{classes + 1} classes where"):
         make_plan(EvalConfig.from_dict({**base, "model": str(weights / f"basics_{REGION}.pth"),
                                         "detectors": ["msp", spec]}))
+    renamed = tmp_path / "classifier.pth"  # no zoo name: its keys decide, `model_network` can say it
+    renamed.write_bytes((weights / f"udg_{REGION}.pth").read_bytes())
+    plan = make_plan(EvalConfig.from_dict({**base, "model": str(renamed)}))
+    assert plan.runtime.model == str(renamed) and plan.runtime.model_network is None
+    with pytest.raises(ConfigError, match=r"model: .*classifier.pth: rot_net: keys differ.*missing \['rot_fc.bias', "
+                                          r"'rot_fc.weight'\]; unexpected \['fc_aux.bias', 'fc_aux.weight'\]"):
+        make_plan(EvalConfig.from_dict({**base, "model": str(renamed), "model_network": "rot_net"}))
+    with pytest.raises(ConfigError, match="model_network: .*godin_net"):
+        EvalConfig.from_dict({**base, "model": str(renamed), "model_network": "godin_net"})
     godin = {**base, "model": str(weights / f"godin_{REGION}.pth")}
     with pytest.raises(ConfigError, match="godin_net has no linear closed-set head"):
         make_plan(EvalConfig.from_dict(godin))
