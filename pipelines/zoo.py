@@ -38,10 +38,6 @@ import torch
 
 from pipelines.errors import UserInputError
 
-RELEASE_REPO = "yuyan-chen/open-insect-model-weights"
-REGIONS = ("ne-america", "w-europe", "c-america")
-ID_CLASSES = {"ne-america": 2497, "w-europe": 2603, "c-america": 636}  # scripts/eval.sh
-AUX_CLASSES = {"ne-america": 8000, "w-europe": 8000, "c-america": 4000}  # eval.sh's extended counts minus the ID ones
 METHOD_NETWORKS = {
     "basics": "resnet50", "logitnorm": "resnet50", "oe": "resnet50", "mixoe": "resnet50", "energy": "resnet50",
     "conf_branch": "conf_branch_net", "godin": "godin_net", "rotpred": "rot_net", "udg": "udg_net",
@@ -111,6 +107,18 @@ def parse_name(path: str | os.PathLike) -> ReleasedName | None:
     if two_file != (part is not None) or (part and (method, part) not in PART_NETWORKS):
         return None
     return ReleasedName(method, found["region"], part)
+
+
+def files_read(path: str | os.PathLike) -> list[Path]:
+    """The files a released method is read from when `path` is named: ARPL's two parts, OpenGAN's discriminator (its
+    generator's name finds it), else the file itself (what a run's cache keys must cover)."""
+    name = parse_name(path)
+    folder = Path(path).parent
+    if name is not None and name.method == "arpl":
+        return [name.sibling("netF", folder), name.sibling("criterion", folder)]
+    if name is not None and name.method == "opengan":
+        return [name.sibling("DNet", folder)]
+    return [Path(path)]
 
 
 def is_released_file(path: str | os.PathLike | None) -> bool:

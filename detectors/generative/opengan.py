@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -82,12 +81,11 @@ def released_discriminator(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     `Discriminator` weights: its 1x1 convolutions `main.{0,2,5,8,11}` are the linear layers `net.*` at the same
     indices (kernel dims dropped), BatchNorm2d `main.{3,6,9}` the BatchNorm1d ones; the final Sigmoid is left out
     (scores are its logit, a monotone map of the reference's sigmoid score)."""
-    from pipelines.zoo import parse_name, read_released
+    from pipelines.zoo import files_read, parse_name, read_released
 
     name = parse_name(path)
-    if name is not None and name.method == "opengan" and name.part == "GNet":
-        path = name.sibling("DNet", Path(path).parent)
-    made = read_released(path, "opengan_discriminator")
+    made = read_released(files_read(path)[0] if name is not None and name.method == "opengan" else path,
+                         "opengan_discriminator")
     out = {}
     for key, value in made.state.items():
         if value.dim() == 4:

@@ -31,7 +31,7 @@ from pipelines.errors import UserInputError
 from pipelines.fingerprint import combine, file_identity, images_fingerprint
 from pipelines.io import safe_name
 from pipelines.runtime import runtime_device
-from pipelines.zoo import is_released_file
+from pipelines.zoo import files_read, is_released_file
 
 PLAN_VERSION = "unit-v3"
 FEATURES_VERSION = "features-v3"  # v3: pixels made by pipelines.pixels (the reference transform under open-insects)
@@ -532,6 +532,14 @@ def source_fingerprint(source: str | os.PathLike | None) -> Any:
     return found
 
 
+def load_fingerprint(load: str | None) -> Any:
+    """What a `load:` holds, by content: a saved detector folder, or every file a released weight file's method is
+    read from (ARPL's two parts; `pipelines.zoo.files_read`)."""
+    if not is_released_file(load):
+        return source_fingerprint(load)
+    return [source_fingerprint(path) if path.is_file() else str(path) for path in files_read(load)]
+
+
 def _hub_snapshot(repo_id: str) -> str | None:
     if repo_id.count("/") != 1 or repo_id.startswith(("/", ".")):
         return None
@@ -569,7 +577,7 @@ def plan_units(specs: list[DetectorSpec], classes: list[type[Detector]], params:
         reads = unit_reads(cls, kind)
         uses_classifier = reads_features(det or cls) or "classifier" in cls.needs or bool(spec.rules)
         parts = {"kind": kind, "sweep": sweep, "name": cls.name, "params": merged_params,
-                 "load": source_fingerprint(spec.load), "classifier": dict(classifier) if uses_classifier else None,
+                 "load": load_fingerprint(spec.load), "classifier": dict(classifier) if uses_classifier else None,
                  "param_files": _path_params(merged_params),
                  "class_names": list(class_names) if class_names and "class_names" in cls.needs else None,
                  "runtime": {k: v for k, v in runtime.items() if k in cls.needs},

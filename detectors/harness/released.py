@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from detectors.base import Detector
 from pipelines.errors import ConfigError, UserInputError
-from pipelines.zoo import ReleasedNetwork, is_released_file, read_released
+from pipelines.zoo import ReleasedNetwork, check_class_count, is_released_file, read_released
 
 
 def id_classes(config: Any, splits: Sequence[Any]) -> int | None:
@@ -17,10 +17,6 @@ def id_classes(config: Any, splits: Sequence[Any]) -> int | None:
         return len(config.class_names)
     labels = [int(r["label"]) for s in splits if s.role == "id" for r in s.manifest.rows if int(r["label"]) >= 0]
     return max(labels) + 1 if labels else None
-
-
-def _classes_line(made: ReleasedNetwork, found: int, want: int, whose: str) -> str:
-    return f"{made.path}: {made.network}: {found} classes where {whose} has {want}"
 
 
 def check_released_classes(config: Any, classes: Sequence[type[Detector]], splits: Sequence[Any]) -> None:
@@ -37,9 +33,11 @@ def check_released_classes(config: Any, classes: Sequence[type[Detector]], split
             raise ConfigError(f"model: {model.path}: {model.network} has no linear closed-set head (fc) to be the "
                               "run's classifier; load it as its method's detector (`load:`) with the region's "
                               "basics_<region>.pth as `model:`")
-        if want is not None and model.num_classes != want:
-            raise ConfigError(f"model: {_classes_line(model, model.num_classes, want, whose)} (fc.weight has "
-                              f"{model.num_classes} rows)")
+        if want is not None:
+            try:
+                check_class_count(model, want, whose)
+            except UserInputError as err:
+                raise ConfigError(f"model: {err}") from None
     for i, (spec, cls) in enumerate(zip(config.specs(), classes)):
         if spec.load and is_released_file(spec.load):
             _check_load(cls, spec.load, f"detectors[{i}].load", want, whose, model)
@@ -52,10 +50,8 @@ def _check_load(cls: type[Detector], path: str, where: str, want: int | None, wh
             from detectors.training_time.released import read_parts
 
             parts = read_parts(cls, path)
-            made = parts.get("criterion", parts["network"])
-            found = made.num_classes
-            if want is not None and found != want:
-                raise ConfigError(f"{where}: {_classes_line(made, found, want, whose)}")
+            if want is not None:
+                check_class_count(parts.get("criterion", parts["network"]), want, whose)
             if model is not None and parts["network"].backbone and parts["network"].feature_dim != model.feature_dim:
                 raise ConfigError(f"{where}: {path}: {parts['network'].feature_dim} features where the run's "
                                   f"classifier (model: {model.path}) has {model.feature_dim}")

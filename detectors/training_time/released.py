@@ -11,14 +11,13 @@ both.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from detectors.base import LinearHead, as_numpy
-from pipelines.zoo import ReleasedNetwork, load_backbone, as_classifier, parse_name, read_released
+from pipelines.zoo import ReleasedNetwork, as_classifier, files_read, load_backbone, parse_name, read_released
 
 Parts = dict[str, ReleasedNetwork]
 
@@ -33,9 +32,9 @@ def read_parts(cls: Any, path: str | os.PathLike) -> Parts:
         if name is None or name.method != "arpl":
             raise ValueError(f"{cls.name}: {os.fspath(path)}: ARPL is released as two files, arpl_netF_<region>.pth "
                              "and arpl_criterion_<region>.pth (test_arpl.yml); name either")
-        folder = Path(path).parent
-        parts = {"network": read_released(name.sibling("netF", folder), "resnet50_features"),
-                 "criterion": read_released(name.sibling("criterion", folder), "arpl_criterion")}
+        net, criterion = files_read(path)
+        parts = {"network": read_released(net, "resnet50_features"),
+                 "criterion": read_released(criterion, "arpl_criterion")}
         points = parts["criterion"].state["points"]
         if points.shape[1] != parts["network"].feature_dim:
             raise parts["criterion"].fail(f"points are {tuple(points.shape)}: they must have the backbone's "

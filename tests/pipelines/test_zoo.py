@@ -225,3 +225,11 @@ def test_unknown_network_and_two_file_methods(released):
         zoo.read_released(path_of(folder, "basics"), network="resnet18")
     with pytest.raises(zoo.ReleasedFileError, match="arpl_net is two files"):
         zoo.read_released(path_of(folder, "arpl_netF"), network="arpl_net")
+
+
+def test_files_read_cover_both_parts_of_a_two_file_method(released):
+    folder, _ = released
+    netf, criterion = path_of(folder, "arpl_netF"), path_of(folder, "arpl_criterion")
+    assert zoo.files_read(netf) == zoo.files_read(criterion) == [netf, criterion]
+    assert zoo.files_read(path_of(folder, "opengan_GNet")) == [path_of(folder, "opengan_DNet")]
+    assert zoo.files_read(path_of(folder, "udg")) == [path_of(folder, "udg")]

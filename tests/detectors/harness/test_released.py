@@ -121,12 +121,12 @@ def test_a_wrong_class_count_or_key_stops_the_plan_with_one_line(region, tmp_pat
     base = load_yaml(ROOT / "configs" / f"species_{REGION}.yaml",
                      _paths(splits, tmp_path / "run") + ["detectors=[msp]"])
     make_zoo(tmp_path / "wrong", REGION, classes + 1)
-    with pytest.raises(ConfigError, match=rf"model: .*basics_{REGION}.pth: resnet50: {classes + 1} classes where the "
-                                          rf"ID rows \(id: .*\) has {classes}"):
+    with pytest.raises(ConfigError, match=rf"model: .*basics_{REGION}.pth: resnet50: {classes + 1} classes \(fc.weight "
+                                          rf"has {classes + 1} rows\) where the ID rows \(id: .*\) has {classes}"):
         make_plan(EvalConfig.from_dict({**base, "model": str(tmp_path / "wrong" / f"basics_{REGION}.pth")}))
     spec = {"name": "confbranch", "load": str(tmp_path / "wrong" / f"conf_branch_{REGION}.pth")}
     with pytest.raises(ConfigError, match=rf"detectors\[1\].load: .*conf_branch_{REGION}.pth: conf_branch_net: "
-                                          rf"{classes + 1} classes where"):
+                                          rf"{classes + 1} classes \(fc.weight has"):
         make_plan(EvalConfig.from_dict({**base, "model": str(weights / f"basics_{REGION}.pth"),
                                         "detectors": ["msp", spec]}))
     renamed = tmp_path / "classifier.pth"  # no zoo name: its keys decide, `model_network` can say it
