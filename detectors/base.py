@@ -366,7 +366,8 @@ class Detector:
 
     @classmethod
     def check_released(cls, path: str | os.PathLike) -> None:
-        """Check a released weight file as `from_released` reads it (names, tensors, keys), without building models."""
+        """Check a released weight file as `from_released` reads it (names, tensors, keys); a method with a released
+        network checks without building models, any other refuses as `from_released` does."""
         cls.from_released(path)
 
     @classmethod

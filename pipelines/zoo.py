@@ -50,8 +50,6 @@ PART_NETWORKS = {("arpl", "netF"): "resnet50_features", ("arpl", "criterion"): "
 NETWORKS = ("resnet50", "resnet50_features", "conf_branch_net", "godin_net", "rot_net", "udg_net", "extended_net",
             "arpl_criterion", "opengan_discriminator", "opengan_generator")
 """What `identify_network` names (`resnet50`: any torchvision-layout ResNet with its fc; `_features`: without)."""
-CLASSIFIER_NETWORKS = ("resnet50", "conf_branch_net", "rot_net", "udg_net", "extended_net")
-"""The networks with a linear closed-set head `fc`: what a run's classifier (`model:`) may be."""
 SUFFIXES = (".pth", ".ckpt", ".pt")
 
 _BN = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
@@ -66,6 +64,8 @@ HEADS: dict[str, dict[str, tuple[str, ...]]] = {
     "extended_net": {"fc": _LINEAR, "fc_extended": _LINEAR},
 }
 """Each backbone network's keys outside the ResNet: module -> its tensors."""
+CLASSIFIER_NETWORKS = tuple(network for network, heads in HEADS.items() if "fc" in heads)
+"""The networks with a linear closed-set head `fc`: what a run's classifier (`model:`) may be."""
 _NAME = re.compile(r"(?P<method>{})(?:_(?P<part>netF|criterion|GNet|DNet))?_(?P<region>[A-Za-z0-9-]+)(?P<ext>{})"
                    .format("|".join(sorted(METHOD_NETWORKS, key=len, reverse=True)),
                            "|".join(re.escape(s) for s in SUFFIXES)))

@@ -112,7 +112,8 @@ class DetectorSpec(Config):
     params: dict[str, Any] = param({},
                                    "parameters over the detector's defaults (and the protocol's); checked by its "
                                    "Params")
-    load: str | None = param(None, "a folder written by save_pretrained: its saved state is loaded instead of fitting")
+    load: str | None = param(None, "a folder written by save_pretrained, or a released weight file of the method (the "
+                                   "Open-Insect zoo's <method>_<region>.pth, pipelines.zoo): loaded instead of fitting")
     label: str | None = param(None, "the method name of its result rows (default: name)")
     rules: list[RuleSpec] = param([], "post-hoc rules re-scoring a training-time method's trained model")
 
