@@ -233,3 +233,26 @@ def test_files_read_cover_both_parts_of_a_two_file_method(released):
     assert zoo.files_read(netf) == zoo.files_read(criterion) == [netf, criterion]
     assert zoo.files_read(path_of(folder, "opengan_GNet")) == [path_of(folder, "opengan_DNet")]
     assert zoo.files_read(path_of(folder, "udg")) == [path_of(folder, "udg")]
+
+
+@pytest.mark.slow
+def test_train_classifier_starts_from_a_released_basics_file(tmp_path, monkeypatch):
+    """train_classifier's `model:` takes basics_<region>.pth (ResNet-50's real sizes, as its packaged config has them):
+    the backbone loads, a head of another class count is the new one, a head of the same count is the file's."""
+    from helpers.open_insect_zoo import ResNet50, randomise
+    from pipelines.training.classify import build_classifier
+    from pipelines.training.recipes import TrainConfig
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    net = randomise(ResNet50(3, widths=(256, 512, 1024, 2048), embedding=64), 5)
+    path = tmp_path / f"basics_{REGION}.pth"
+    torch.save(net.state_dict(), path)
+    config = TrainConfig.from_dict({"id": str(tmp_path), "out": str(tmp_path / "out"), "model": str(path)})
+    x = torch.from_numpy(np.random.default_rng(2).normal(size=(2, 3, 126, 126)).astype(np.float32))
+    same = build_classifier(config, ["a", "b", "c"]).eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(same(x)[0].numpy(), net(x).numpy(), rtol=1e-4, atol=1e-5)
+    other = build_classifier(config, ["a", "b", "c", "d"]).eval()
+    with torch.no_grad():
+        np.testing.assert_allclose(other(x)[1].numpy(), net(x, return_feature=True)[1].numpy(), rtol=1e-4, atol=1e-5)
+    assert other.num_classes == 4
