@@ -334,9 +334,15 @@ class Detector:
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike, **overrides: Any) -> "Detector":
         """Rebuild a detector saved with `save_pretrained`; `overrides` add runtime objects (classifier, device ...) or
-        change parameters. On `Detector` itself the class is the one `config.json` names (`detectors.load`)."""
+        change parameters. On `Detector` itself the class is the one `config.json` names (`detectors.load`). A released
+        weight file (`pipelines.zoo`: the Open-Insect model zoo's `<method>_<region>.pth`) loads through
+        `from_released`."""
         from safetensors.numpy import load_file
 
+        from pipelines.zoo import is_released_file
+
+        if is_released_file(folder) and cls is not Detector:
+            return cls.from_released(folder, **overrides)
         config = read_config(folder)
         klass = cls
         if cls is Detector:
@@ -350,6 +356,19 @@ class Detector:
             det.load_state(load_file(str(weights)))
         det.fitted = bool(config.get("fitted", True))
         return det
+
+    @classmethod
+    def from_released(cls, path: str | os.PathLike, **overrides: Any) -> "Detector":
+        """The detector fitted from a released weight file of its method, evaluation only (no training); a method
+        with a released network overrides this and `check_released`."""
+        raise ValueError(f"{cls.name}: {os.fspath(path)} is a released weight file, but no released network loads as "
+                         f"{cls.name} (load a folder written by save_pretrained)")
+
+    @classmethod
+    def check_released(cls, path: str | os.PathLike) -> None:
+        """Check a released weight file as `from_released` reads it (names, tensors, keys); a method with a released
+        network checks without building models, any other refuses as `from_released` does."""
+        cls.from_released(path)
 
     @classmethod
     def accepts(cls, param: str) -> bool:

@@ -21,6 +21,7 @@ Score = D's logit (monotone in D(x) = P(closed-set)), higher = ID.
 from __future__ import annotations
 
 import copy
+import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -73,6 +74,26 @@ class Discriminator(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x).view(-1)
+
+
+def released_discriminator(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The Open-Insect zoo's OpenGAN discriminator (`opengan_DNet_<region>.ckpt`; the GNet name finds it beside) as
+    `Discriminator` weights: its 1x1 convolutions `main.{0,2,5,8,11}` are the linear layers `net.*` at the same
+    indices (kernel dims dropped), BatchNorm2d `main.{3,6,9}` the BatchNorm1d ones; the final Sigmoid is left out
+    (scores are its logit, a monotone map of the reference's sigmoid score)."""
+    from pipelines.zoo import files_read, parse_name, read_released
+
+    name = parse_name(path)
+    made = read_released(files_read(path)[0] if name is not None and name.method == "opengan" else path,
+                         "opengan_discriminator")
+    out = {}
+    for key, value in made.state.items():
+        if value.dim() == 4:
+            if value.shape[2:] != (1, 1):
+                raise made.fail(f"{key} is {tuple(value.shape)}: OpenGAN's discriminator has 1x1 convolutions")
+            value = value[:, :, 0, 0]
+        out["net." + key[len("main."):]] = value
+    return out
 
 
 @register_detector("opengan")
@@ -236,6 +257,31 @@ class OpenGAN(Detector):
         with torch.no_grad():
             return net(x).double().cpu().numpy()
 
+    @classmethod
+    def from_released(cls, path: str | os.PathLike, **overrides: Any) -> "OpenGAN":
+        """D from the Open-Insect zoo's `opengan_DNet_<region>.ckpt` (`released_discriminator`), no training; it
+        scores the run classifier's features (the reference's backbone: basics_<region>.pth)."""
+        det = cls(**overrides)
+        det.load_state({f"D.{k}": v.numpy() for k, v in released_discriminator(path).items()})
+        det.fitted = True
+        return det
+
+    @classmethod
+    def check_released(cls, path: str | os.PathLike) -> None:
+        weights = released_discriminator(path)
+        cls._discriminator_of({k: torch.as_tensor(v) for k, v in weights.items()}, str(path))
+
+    @staticmethod
+    def _discriminator_of(weights: dict[str, torch.Tensor], where: str) -> Discriminator:
+        """A Discriminator of the widths the weights have, loaded strictly; a mismatch is one line naming `where`."""
+        net = Discriminator(weights["net.0.weight"].shape[1], weights["net.11.weight"].shape[1])
+        try:
+            net.load_state_dict(weights)
+        except RuntimeError as err:
+            raise ValueError(f"{where}: not an OpenGAN discriminator of widths {net.net[0].out_features} / ... / "
+                             f"{net.net[11].in_features} ({' '.join(str(err).split())[:200]})") from None
+        return net
+
     def state(self) -> dict[str, np.ndarray]:
         out = super().state()
         if self.discriminator is not None:
@@ -246,6 +292,5 @@ class OpenGAN(Detector):
         super().load_state(state)
         weights = {k[2:]: torch.from_numpy(np.asarray(v)) for k, v in state.items() if k.startswith("D.")}
         if weights:
-            net = Discriminator(weights["net.0.weight"].shape[1], self.width)
-            net.load_state_dict(weights)
+            net = self._discriminator_of(weights, "opengan state")
             self.discriminator = net.to(resolve_device(self.device)).eval()

@@ -100,7 +100,8 @@ class Runner:
         if self.classifier is None:  # the plan refuses a run whose detectors need one without `model`
             from pipelines.pixels import run_pixels
 
-            clf = _classifier(self.plan.runtime.model).to(self._device()).eval()
+            rt = self.plan.runtime
+            clf = _classifier(rt.model, rt.model_network).to(self._device()).eval()
             self.pixels = run_pixels(clf, self.plan.protocol, self.plan.runtime.pixels, clf.record)
             clf.pixels = self.pixels.eval  # every evaluation pixel path makes them (pipelines.pixels)
             dtype = resolve_dtype(self.plan.runtime.precision, self._device())
@@ -573,13 +574,14 @@ class _Probe:
         return torch.zeros(0, dtype=torch.uint8)
 
 
-def _classifier(model: str) -> Any:
-    """The run's classifier: an OpenOOD v1.5 checkpoint (`*.ckpt`, `pipelines.openood_checkpoints`), else a
+def _classifier(model: str, network: str | None) -> Any:
+    """The run's classifier: an OpenOOD v1.5 checkpoint (`*.ckpt`, `pipelines.openood_checkpoints`), a released
+    Open-Insect weight file (`pipelines.zoo`, `network` naming its network where the file name does not), else a
     transformers image classifier (hub id or folder)."""
-    from pipelines.classifier import ImageClassifier
     from pipelines.openood_checkpoints import is_openood_checkpoint, load_openood_classifier
+    from pipelines.zoo import load_classifier
 
-    return load_openood_classifier(model) if is_openood_checkpoint(model) else ImageClassifier.from_pretrained(model)
+    return load_openood_classifier(model) if is_openood_checkpoint(model) else load_classifier(model, network)
 
 
 def _transformed(trained: Detector, data: Any) -> Any:

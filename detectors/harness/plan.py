@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping
 
 from detectors.base import Detector
 from detectors.harness.protocols import CHECKPOINTS, TIES, protocol_params, unit_sweep
+from detectors.harness.released import check_released_classes
 from pipelines.pixels import PixelSettings
 from detectors.registry import detector_class
 from detectors.harness.runconfig import (FEATURE_INPUTS, ConfigError, DetectorSpec, EvalConfig, FewShot, Head, Source,
@@ -30,6 +31,7 @@ from pipelines.errors import UserInputError
 from pipelines.fingerprint import combine, file_identity, images_fingerprint
 from pipelines.io import safe_name
 from pipelines.runtime import runtime_device
+from pipelines.zoo import files_read, is_released_file
 
 PLAN_VERSION = "unit-v3"
 FEATURES_VERSION = "features-v3"  # v3: pixels made by pipelines.pixels (the reference transform under open-insects)
@@ -75,6 +77,7 @@ class Runtime:
     cache_hash: str
     sweep_pixel_mb: float
     pixels: PixelSettings = PixelSettings()
+    model_network: str | None = None  # a released `model:` file's network (pipelines.zoo), None: its name's / keys'
 
 
 @dataclass(frozen=True)
@@ -181,11 +184,13 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     built = [check_spec(cls, params, spec.load, f"detectors[{i}]") for i, (cls, params, spec)
              in enumerate(zip(classes, merged, specs))]
     splits = resolve_splits(config)
+    check_released_classes(config, classes, splits)
     check_leaks(splits)
     check_transfer(config.threshold_transfer, splits)
     check_head(config.head)
     runtime = Runtime(config.model, runtime_device(config.device), config.precision, config.batch_size,
-                      config.num_workers, config.chunk_rows, config.cache_hash, config.sweep_pixel_mb, config.pixels)
+                      config.num_workers, config.chunk_rows, config.cache_hash, config.sweep_pixel_mb, config.pixels,
+                      config.model_network)
     id_train = next(s for s in splits if s.id == "id-id_train")
     class_names = tuple(config.class_names) if config.class_names else class_names_of(id_train.manifest)
     check_fewshot(config.fewshot, class_names)
@@ -195,7 +200,8 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
             else "ood_val-ood_val"
         ties = config.select.ties if config.select is not None and config.select.ties else TIES[config.protocol]
         select = Selection(config.select.metric if config.select is not None else "auroc", which, ties)
-    classifier = {"model": source_fingerprint(config.model),
+    classifier = {"model": source_fingerprint(config.model), **({"network": config.model_network}
+                                                                 if config.model_network else {}),
                   "head": None if config.head is None else {**config.head.to_dict(),
                                                             "files": source_fingerprint(config.head.levels)},
                   **({"checkpoint": checkpoint} if checkpoint else {})}
@@ -254,6 +260,8 @@ def check_spec(cls: type[Detector], params: Mapping[str, Any], load: str | None,
     features exist) run its dimension-bound checks instead. Returns the built detector in the plan (None for a
     `load:` spec or with `dims`)."""
     if load:
+        if is_released_file(load):  # a released weight file: checked with the ID classes (check_released_classes)
+            return None
         if dims is None and not (Path(load) / "config.json").is_file():
             raise ConfigError(f"{where}.load: {load} is not a saved detector folder (no config.json)")
         return None
@@ -524,6 +532,14 @@ def source_fingerprint(source: str | os.PathLike | None) -> Any:
     return found
 
 
+def load_fingerprint(load: str | None) -> Any:
+    """What a `load:` holds, by content: a saved detector folder, or every file a released weight file's method is
+    read from (ARPL's two parts; `pipelines.zoo.files_read`)."""
+    if not is_released_file(load):
+        return source_fingerprint(load)
+    return [source_fingerprint(path) if path.is_file() else str(path) for path in files_read(load)]
+
+
 def _hub_snapshot(repo_id: str) -> str | None:
     if repo_id.count("/") != 1 or repo_id.startswith(("/", ".")):
         return None
@@ -561,7 +577,7 @@ def plan_units(specs: list[DetectorSpec], classes: list[type[Detector]], params:
         reads = unit_reads(cls, kind)
         uses_classifier = reads_features(det or cls) or "classifier" in cls.needs or bool(spec.rules)
         parts = {"kind": kind, "sweep": sweep, "name": cls.name, "params": merged_params,
-                 "load": source_fingerprint(spec.load), "classifier": dict(classifier) if uses_classifier else None,
+                 "load": load_fingerprint(spec.load), "classifier": dict(classifier) if uses_classifier else None,
                  "param_files": _path_params(merged_params),
                  "class_names": list(class_names) if class_names and "class_names" in cls.needs else None,
                  "runtime": {k: v for k, v in runtime.items() if k in cls.needs},

@@ -23,6 +23,7 @@ from pipelines.params import REQUIRED, Config, config, convert, param, plain
 from pipelines.pixels import PixelSettings
 from pipelines.runtime import PRECISIONS, check_device, check_model_ref
 from pipelines.training.loop import CHECKPOINT_CHOICES
+from pipelines.zoo import CLASSIFIER_NETWORKS
 from pipelines.sources import Source
 
 __all__ = ["ConfigError", "DetectorSpec", "EvalConfig", "FewShot", "Head", "RuleSpec", "Select", "Source", "Transfer",
@@ -36,6 +37,7 @@ TieRule = Literal[TIE_RULES]  # type: ignore[valid-type]
 Checkpoint = Literal[CHECKPOINT_CHOICES]  # type: ignore[valid-type]
 CacheHash = Literal[IDENTITY_MODES]  # type: ignore[valid-type]
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
+ModelNetwork = Literal[CLASSIFIER_NETWORKS]  # type: ignore[valid-type]
 FEATURE_INPUTS = frozenset({"features", "logits"})
 """The inputs of a feature-level detector (scored on cached features / logits, or a rule on a trained model's)."""
 
@@ -110,7 +112,8 @@ class DetectorSpec(Config):
     params: dict[str, Any] = param({},
                                    "parameters over the detector's defaults (and the protocol's); checked by its "
                                    "Params")
-    load: str | None = param(None, "a folder written by save_pretrained: its saved state is loaded instead of fitting")
+    load: str | None = param(None, "a folder written by save_pretrained, or a released weight file of the method (the "
+                                   "Open-Insect zoo's <method>_<region>.pth, pipelines.zoo): loaded instead of fitting")
     label: str | None = param(None, "the method name of its result rows (default: name)")
     rules: list[RuleSpec] = param([], "post-hoc rules re-scoring a training-time method's trained model")
 
@@ -205,6 +208,9 @@ class EvalConfig(Config):
     ood: list[Source] = param(REQUIRED, "test OOD manifests (split default test); every ood_set is a column")
     out: str = param(REQUIRED, "the output folder")
     model: str | None = param(None, "the classifier (hub id or local folder with weights)", check=check_model_ref)
+    model_network: ModelNetwork | None = param(None, "the OpenOOD network of a released `model:` weight file (the "
+                                                     "Open-Insect zoo, pipelines.zoo); null: its file name's "
+                                                     "(<method>_<region>.pth), else its keys'")
     checkpoint: Checkpoint | None = param(None, "which checkpoint of a train_classifier folder (its checkpoints.json) "
                                                 "runs: last or best (ID-val top-1); null: the protocol's "
                                                 "(detectors.harness.protocols.CHECKPOINTS), a folder without best/ its "

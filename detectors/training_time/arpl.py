@@ -33,6 +33,12 @@ def arpl_logits(features: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
     return sq - features @ points.T
 
 
+def points_head(points: np.ndarray) -> LinearHead:
+    """The reciprocal-point logits as a linear head, without the per-row constant ||h||^2 / D (same softmax)."""
+    dim = points.shape[1]
+    return LinearHead(-(2.0 / dim + 1.0) * points, (points ** 2).sum(1) / dim)
+
+
 class ARPLLoss(Objective):
     advances_schedule = False  # the reference trainer never advances its step counter (lr constant within an epoch)
     replaces_head = True
@@ -85,9 +91,19 @@ class ARPL(TrainedDetector):
     @property
     def trained_head(self) -> LinearHead:
         self._check_fitted()
-        p = self.extra["points"]
-        dim = p.shape[1]
-        return LinearHead(-(2.0 / dim + 1.0) * p, (p ** 2).sum(1) / dim)
+        return points_head(self.extra["points"])
+
+    released_network = "arpl_net"
+
+    def released_arrays(self, parts: dict) -> dict[str, np.ndarray]:
+        """The ARPLayer's `points` (= `Dist.centers`) and `radius` (arpl_criterion_<region>.pth)."""
+        state = parts["criterion"].state
+        return {"points": as_numpy(state["points"], np.float64), "radius": as_numpy(state["radius"], np.float64)}
+
+    def released_head(self, parts: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """netF has no fc (nn.Identity): the reciprocal points' linear head (`points_head`)."""
+        head = points_head(self.extra["points"])
+        return torch.from_numpy(head.weight).float(), torch.from_numpy(head.bias).float()
 
     def _score_logits(self, logits: np.ndarray, features: np.ndarray) -> np.ndarray:
         return softmax64(logits).max(1) if self.params["score_rule"] == "msp" else logsumexp64(logits)

@@ -88,6 +88,7 @@ class TrainedDetector(Detector):
     inputs: ClassVar[frozenset[str]] = frozenset({"images"})  # the default mode's; each instance sets its own
     fit_inputs: ClassVar[frozenset[str]] = frozenset({"head", "id_val", "aux"})
     needs: ClassVar[frozenset[str]] = frozenset({"classifier", "precision", "work_dir"})
+    released_network: ClassVar[str | None] = "resnet50"  # the Open-Insect zoo network of its files (pipelines.zoo)
     score_rules: ClassVar[tuple[str, ...]]  # each subclass's: the choices of its Params.score_rule
     modes: ClassVar[tuple[str, ...]]  # each subclass's: the choices of its Params.mode
 
@@ -118,6 +119,30 @@ class TrainedDetector(Detector):
 
     def _score_logits(self, logits: np.ndarray, features: np.ndarray) -> np.ndarray:
         return softmax64(logits).max(1)
+
+    def released_arrays(self, parts: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The method's extra arrays (as `export` gives them) from its released network's tensors; default none."""
+        return {}
+
+    def released_head(self, parts: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The closed-set head (weight, bias) of its released network; default the network's `fc`."""
+        from detectors.training_time.released import fc_head
+
+        return fc_head(parts)
+
+    # -- released weights (the Open-Insect model zoo) ---------------------------------------------------------
+    @classmethod
+    def from_released(cls, path: str | os.PathLike, **overrides: Any) -> "TrainedDetector":
+        """Fitted from its released file, no training (`detectors.training_time.released`)."""
+        from detectors.training_time.released import load_released
+
+        return load_released(cls, path, **overrides)
+
+    @classmethod
+    def check_released(cls, path: str | os.PathLike) -> None:
+        from detectors.training_time.released import read_parts
+
+        read_parts(cls, path)
 
     # -- protocol -------------------------------------------------------------------------------------------
     def fit(self, id_train: Any, *, head: LinearHead | None = None, id_val: Any = None, ood_val: Any = None,

@@ -74,6 +74,14 @@ class ConfBranch(TrainedDetector):
     def export(self, objective: Objective) -> dict[str, np.ndarray]:
         return linear_arrays(objective.branch, "branch")
 
+    released_network = "conf_branch_net"
+
+    def released_arrays(self, parts: dict) -> dict[str, np.ndarray]:
+        """conf_branch_net's `confidence` layer is the branch."""
+        from detectors.training_time.released import linear
+
+        return linear(parts["network"], "confidence", "branch")
+
     def _score_logits(self, logits: np.ndarray, features: np.ndarray) -> np.ndarray:
         if self.params["score_rule"] == "msp":
             return softmax64(logits).max(1)

@@ -99,6 +99,23 @@ class GODIN(TrainedDetector):
                 "g.bn.running_mean": as_numpy(bn.running_mean, np.float64),
                 "g.bn.running_var": as_numpy(bn.running_var, np.float64), "g.bn.eps": np.array([bn.eps])}
 
+    released_network = "godin_net"
+
+    def released_arrays(self, parts: dict) -> dict[str, np.ndarray]:
+        """godin_net's cosine `h.h` and its g = Sequential(Linear `g.0`, BatchNorm1d `g.1` (eps 1e-5), Sigmoid)."""
+        made = parts["network"]
+        h, g, bn = made.head("h.h"), made.head("g.0"), made.head("g.1")
+        arrays = {"h.weight": h["weight"], "g.weight": g["weight"], "g.bias": g["bias"], "g.bn.weight": bn["weight"],
+                  "g.bn.bias": bn["bias"], "g.bn.running_mean": bn["running_mean"],
+                  "g.bn.running_var": bn["running_var"]}
+        return {**{k: as_numpy(v, np.float64) for k, v in arrays.items()},
+                "g.bn.eps": np.array([nn.BatchNorm1d(1).eps])}
+
+    def released_head(self, parts: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """No linear head: the run classifier's head becomes the normalised h (its argmax is the cosine head's)."""
+        weight = torch.from_numpy(_norm64(self.extra["h.weight"])).float()
+        return weight, torch.zeros(len(weight))
+
     def scored_features(self, features: np.ndarray) -> np.ndarray:
         return _norm64(features)
 

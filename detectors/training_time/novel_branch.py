@@ -81,6 +81,19 @@ class BranchDetector(TrainedDetector):
     def export(self, objective: Objective) -> dict[str, np.ndarray]:
         return linear_arrays(objective.branch, "branch")
 
+    released_network = "extended_net"
+
+    def released_arrays(self, parts: dict) -> dict[str, np.ndarray]:
+        """extended_net's `fc_extended` is the second head: C+1 classes (NovelBranch) or C+A (Extended)."""
+        from detectors.training_time.released import linear
+
+        made = parts["network"]
+        closed, second = made.num_classes, int(made.head("fc_extended")["weight"].shape[0])
+        if not self.per_species and second != closed + 1:
+            raise made.fail(f"fc_extended has {second} classes where NovelBranch's has the {closed} closed-set ones + "
+                            "1 (novel); an Extended file (C+A) loads as `extended`")
+        return linear(made, "fc_extended", "branch")
+
     def _score_logits(self, logits: np.ndarray, features: np.ndarray) -> np.ndarray:
         if self.params["score_rule"] == "msp":
             return softmax64(logits).max(1)

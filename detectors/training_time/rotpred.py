@@ -89,6 +89,14 @@ class RotPred(TrainedDetector):
     def export(self, objective: Objective) -> dict[str, np.ndarray]:
         return linear_arrays(objective.rot_head, "rot")
 
+    released_network = "rot_net"
+
+    def released_arrays(self, parts: dict) -> dict[str, np.ndarray]:
+        """rot_net's `rot_fc` is the rotation head."""
+        from detectors.training_time.released import linear
+
+        return linear(parts["network"], "rot_fc", "rot")
+
     @torch.no_grad()
     def _score(self, batch: Any) -> np.ndarray:
         self._check_fitted()

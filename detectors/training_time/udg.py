@@ -171,6 +171,7 @@ class UDG(TrainedDetector):
     """Unsupervised dual grouping on ID + auxiliary data; score = MSP of the closed head."""
 
     paper = "Yang et al., Semantically Coherent Out-of-Distribution Detection, ICCV 2021"
+    released_network = "udg_net"  # scored by its closed head `fc`; the cluster head `fc_aux` only trains
 
     @dataclass(frozen=True)
     class Params(TrainedDetector.Params):
