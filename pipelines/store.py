@@ -424,6 +424,34 @@ def missing_members(root: Path, rows: list[dict[str, Any]]) -> Iterator[tuple[in
             yield pos, f"member {path.member} lies past the end of {path.shard}"
 
 
+def row_problems(root: Path, rows: Iterable[dict[str, Any]], where: Iterable[str]) -> Iterator[str]:
+    """One line for each shard row that does not point at a member the store `root` recorded (`where[i]` names row i,
+    e.g. its manifest line): a shard outside the root or a malformed position (`member_path`), a shard not in
+    `store.json`, a member absent from its shard's index or recorded at another offset or size."""
+    records = read_store(root)
+    indexes: dict[str, dict[str, Any]] = {}
+    for row, name in zip(rows, where):
+        if not is_shard_row(row):
+            continue
+        try:
+            path = member_path(root, row)
+        except ShardError as err:
+            yield f"{name}: {err}"
+            continue
+        shard = row["shard_file"]
+        if shard not in records:
+            yield f"{name}: shard_file {shard!r} is not in {root / STORE_FILE}"
+            continue
+        if shard not in indexes:
+            indexes[shard] = read_index(path.shard).get("members", {})
+        entry = indexes[shard].get(path.member)
+        if entry is None:
+            yield f"{name}: shard_member {path.member!r} is not in the index of {shard}"
+        elif list(entry[:2]) != [path.offset, path.size]:
+            yield (f"{name}: {path.member!r} is at offset {path.offset} ({path.size} bytes) in the row, at {entry[0]} "
+                   f"({entry[1]} bytes) in the index of {shard}")
+
+
 # -- scanning tars safely ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class TarMember:
