@@ -132,7 +132,8 @@ def file_kind(mode: int) -> str:
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp path beside `path` (created empty, umask honoured); on success it is renamed onto `path`, on error
-    removed."""
+    removed. A system error (a full disk) is an OSError naming `path`, also when the writer raised its own exception
+    type for it (`os_error_code`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     name, suffix = _temp_parts(path)
@@ -154,9 +155,24 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         if err.filename is None or os.fspath(err.filename) == os.fspath(tmp_path):
             err.filename, err.filename2 = os.fspath(path), None
         raise
+    except Exception as err:  # a writer in Rust (safetensors) words the system's error in its own exception
+        code = os_error_code(err)
+        if code is None:
+            raise
+        raise OSError(code, os.strerror(code), os.fspath(path)) from err
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")
+
+
+def os_error_code(err: BaseException) -> int | None:
+    """The system error number a library's own exception carries in its text (safetensors' `SafetensorError: Error
+    while serializing: I/O error: No space left on device (os error 28)`), None when it carries none."""
+    found = _RUST_OS_ERROR.search(str(err))
+    return int(found[1] or found[2]) if found else None
 
 
 def _temp_parts(path: Path) -> tuple[str, str]:
