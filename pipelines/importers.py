@@ -405,7 +405,7 @@ def _assign_splits(rows: list[dict[str, Any]], label: str, options: ClassImport)
 
 
 def _check_leaks(root: Path, rows: list[dict[str, Any]]) -> None:
-    """The same image bytes under two splits is one error line naming both files."""
+    """The same image bytes under two splits is one error line naming both files (`rows`: images that decode)."""
     seen: dict[str, dict[str, Any]] = {}
     for row in rows:
         digest = file_identity(root / row["file_name"], "content")
@@ -462,12 +462,12 @@ def import_classes(root: str | os.PathLike, out: str | os.PathLike, options: Cla
     skipped = Skipped()
     rows, label, levels = _source_rows(root, options, skipped)
     _assign_splits(rows, label, options)
-    _check_leaks(root, rows)
     with folder_lock(out, "import_folder"):
         rows, failures = _probe(root, rows)
         if not rows:
             raise ImportListError(f"{root}: no readable image ({len(failures)} failed, e.g. {failures[0]['file']}: "
                                   f"{failures[0]['reason']})")
+        _check_leaks(root, rows)  # decoded images only: identical broken files (0 bytes) are failures, not leaks
         names = sorted({str(row[label]) for row in rows})
         index = {name: i for i, name in enumerate(names)}
         reserved = {"file_name", "split", "role", "ood_set", "group", "label", "class_name"}
