@@ -395,7 +395,7 @@ def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | N
         if "--debug" in args:
             traceback.print_exc()
         else:
-            log.error(one_line(err, doc))
+            log.error(one_line(blame_override(err, args), doc))
         return 2
     except KeyboardInterrupt:
         log.error("interrupted: rerun the same command to resume")
@@ -408,6 +408,39 @@ def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | N
         else:
             log.error(disk_error_line(err))
         return 2
+
+
+_OVERRIDE = re.compile(r"^(?P<key>[A-Za-z_][\w-]*(?:\.[\w-]+)*)=")
+
+
+def blame_override(err: BaseException, argv: Sequence[str]) -> BaseException:
+    """`err` naming the `key=value` override it is about: a config error names the key as found in the merged config,
+    after the config file's name (`own.yaml: batchsize: unknown key`), though the user typed the key as an override
+    (`batchsize=32`); the file is then replaced by the override. Other errors are returned unchanged."""
+    if not isinstance(err, UserInputError):
+        return err
+    args = list(argv)
+    config = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"), None) or next(
+        (a.partition("=")[2] for a in args if a.startswith("--config=")), None)
+    text = str(err)
+    if config is None:
+        return err
+    for name in dict.fromkeys((config, display_path(config), str(Path(config)))):
+        if text.startswith(name) and text[len(name):len(name) + 1] in (":", "."):
+            rest = text[len(name) + 1:].lstrip()
+            break
+    else:
+        return err
+    keys = re.sub(r"\[(\d+)\]", r".\1", rest.partition(": ")[0]).split(".")  # detectors[0].k -> detectors.0.k
+    for item in args:
+        found = _OVERRIDE.match(item)
+        parts = found["key"].split(".") if found else []
+        # a list item named in the override (detectors.knn.params.k) is its index in the message (detectors[1])
+        if found and len(keys) >= len(parts) and all(k == p or k.isdigit() for k, p in zip(keys, parts)):
+            blamed = type(err)(f"override {item}: {rest}")
+            blamed.doc = getattr(err, "doc", None)
+            return blamed
+    return err
 
 
 DISK_ERRORS = {errno.ENOSPC: "free some disk space", errno.EDQUOT: "free some of your disk quota",
