@@ -45,8 +45,6 @@ QUIET_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
     (DeprecationWarning, "", r"(transformers|diffusers|huggingface_hub|accelerate|torch)(\.|$)"),
     (UserWarning, r".*(deprecated|will be removed)", r"(transformers|diffusers|huggingface_hub|torch)(\.|$)"),
 )
-ONCE_WARNINGS = (r"mask_method 'auto': rembg is not installed",)
-"""Warnings shown once per process however often they are raised (e.g. in every worker's loop)."""
 QUIET_LOG_MESSAGES: dict[str, tuple[str, ...]] = {
     # transformers 5 without torchvision: every `<X>ImageProcessor` silently uses its PIL twin, which is what we want
     "transformers.utils.import_utils": (r"`\w+` requires torchvision \(not installed\); falling back",),
@@ -130,14 +128,12 @@ def parser(description: str | None, *, config: bool = False, overrides: bool = F
 
 
 def quiet_warnings() -> None:
-    """Hide the libraries' deprecation chatter (`QUIET_WARNINGS`, `QUIET_LOG_MESSAGES`, transformers' advisory notes),
-    show each `ONCE_WARNINGS` warning once and, off a terminal, turn off the libraries' own progress bars; the
-    project's own warnings stay. Called by `run_main` before the script runs."""
+    """Hide the libraries' deprecation chatter (`QUIET_WARNINGS`, `QUIET_LOG_MESSAGES`, transformers' advisory notes)
+    and, off a terminal, turn off the libraries' own progress bars; the project's own warnings stay. Called by
+    `run_main` before the script runs."""
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     for category, message, module in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
-    for message in ONCE_WARNINGS:
-        warnings.filterwarnings("once", message=message)
     for name, patterns in QUIET_LOG_MESSAGES.items():
         logger = logging.getLogger(name)  # the same object the library logs through, created now if not yet
         if not any(isinstance(f, _DropMessages) for f in logger.filters):
