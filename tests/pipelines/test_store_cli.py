@@ -159,13 +159,15 @@ def test_verify_checks_every_shard_row_against_the_store_and_readers_refuse_an_e
     assert err[-1].startswith("error: 4 problem(s) in the store") and "line 2" in err[-1], err
     assert "invalid shard reference (shard_file '../../../outside/evil.tar'" in err[-1]
     lines = "\n".join(err)
-    assert "line 3: shard_file 'stray.tar' is not in" in lines and "line 4:" in lines and "at offset" in lines
+    assert "line 3: '2.jpg': shard_file 'stray.tar' is not in" in lines and "line 4:" in lines and "at offset" in lines
     assert "line 5: shard_member 'nobody.jpg' is not in the index of" in lines and "line 1:" not in lines
     manifest = read_manifest(out)
-    for row in bad[1:3]:  # every reader: the escaping row has no path, the unrecorded shard gives the run no key
+    for row in bad[1:3]:  # every reader: neither the escaping row nor the unrecorded shard has a path or a run key
         with pytest.raises(ShardError):
             images_fingerprint(Manifest(manifest.root, [row]))
     with pytest.raises(ShardError, match="invalid shard reference"):
         manifest.path(bad[1])
+    with pytest.raises(ShardError, match="shard_file 'stray.tar' is not in .*store.json"):
+        manifest.path(bad[2])
     (out / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good))
     assert run_main(script.main, ["--verify", str(out)]) == 0
