@@ -155,3 +155,29 @@ def test_a_full_disk_during_fetch_is_one_line_naming_the_path(server, tmp_path, 
     monkeypatch.setattr(fetch_ledger.Ledger, "__init__", real_init)
     assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), *FAST]) == 0  # the rerun finishes
     assert len(pd.read_csv(out / "images.csv")) == 8
+
+
+def test_a_full_disk_while_writing_a_shard_names_the_shard(server, tmp_path, capsys, monkeypatch):
+    """E07 with `store: shards`: the tar being written is named (a buffered write's error carries no file name)."""
+    from pipelines import shards
+
+    real_add, calls = shards.ShardWriter.add, []
+
+    def add(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_add(self, *args, **kwargs)
+
+    monkeypatch.setattr(shards.ShardWriter, "add", add)
+    out = tmp_path / "out"
+    table(tmp_path / "occ.csv", [server.base + f"/img/{i}.png" for i in range(6)],
+          [f"images/{i}.png" for i in range(6)])
+    argv = ["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), *FAST, "--store", "shards"]
+    assert fetch(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error")]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert lines[0].startswith(f"error: {out / 'shards' / '000000.tar'}: No space left on device"), lines[0]
+    monkeypatch.setattr(shards.ShardWriter, "add", real_add)
+    assert fetch(argv) == 0 and len(pd.read_csv(out / "images.csv")) == 6  # the rerun rewrites the unfinished shard
