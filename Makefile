@@ -10,12 +10,13 @@ STAMP := $(VENV)/.installed
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# CPU torch first (a plain `torch` requirement would pull a multi-GB CUDA build on a CPU machine).
+# CPU torch first (a plain `torch` requirement would pull a multi-GB CUDA build on a CPU machine). The references
+# installed without their dependencies come last: a resolving install after them would print pip's dependency-resolver
+# ERROR about the requirements they skip (tests/test_install_order.py).
 $(STAMP): $(PY) pyproject.toml
-	$(PIP) install --no-deps guided-diffusion-sdk==1.0.0  # OpenAI's ADM code: reference of the checkpoint converter's tests
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
 	$(PIP) install -e ".[test]"
-	bash .ci/parity_deps $(PY)  # libMR, pytorch-ood 0.4: references of tests/**/test_parity_*.py
+	bash .ci/parity_deps $(PY)  # libMR, pytorch-ood 0.4, guided-diffusion-sdk (OpenAI's ADM code): test references
 	$(PIP) install --no-deps open_clip_torch  # ships OpenAI's CLIP BPE vocabulary (detectors/clip/vocab.py)
 	touch $(STAMP)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -33,6 +34,8 @@ from PIL import Image, ImageOps
 
 from pipelines.data import MAX_PIXELS, ImageLoadError, to_rgb
 from pipelines.errors import UserInputError
+
+log = logging.getLogger(__name__)
 
 MASK_METHODS = ("auto", "rembg", "opencv")
 MIN_SIDE = 8  # the OpenCV mask needs a border band and an interior: narrower images are refused, not crashed on
@@ -202,8 +205,9 @@ def rembg_mask(image: Image.Image, threshold: int = 1, model: str = "u2net") -> 
 
 @functools.lru_cache(maxsize=None)
 def _warn_fallback() -> None:
-    warnings.warn("mask_method 'auto': rembg is not installed, so automatic masks use the OpenCV GrabCut fallback "
-                  "(pip install 'oodforge[masks]' for ZeST's rembg masks)", RuntimeWarning, stacklevel=3)
+    """One log line per process (a Python warning would print its source line too, once per worker loop)."""
+    log.warning("mask_method 'auto': rembg is not installed, so automatic masks use the OpenCV GrabCut fallback "
+                "(pip install 'oodforge[masks]' for ZeST's rembg masks)")
 
 
 def resolve_mask_method(method: str = "auto") -> str:

@@ -45,8 +45,6 @@ QUIET_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
     (DeprecationWarning, "", r"(transformers|diffusers|huggingface_hub|accelerate|torch)(\.|$)"),
     (UserWarning, r".*(deprecated|will be removed)", r"(transformers|diffusers|huggingface_hub|torch)(\.|$)"),
 )
-ONCE_WARNINGS = (r"mask_method 'auto': rembg is not installed",)
-"""Warnings shown once per process however often they are raised (e.g. in every worker's loop)."""
 QUIET_LOG_MESSAGES: dict[str, tuple[str, ...]] = {
     # transformers 5 without torchvision: every `<X>ImageProcessor` silently uses its PIL twin, which is what we want
     "transformers.utils.import_utils": (r"`\w+` requires torchvision \(not installed\); falling back",),
@@ -130,14 +128,12 @@ def parser(description: str | None, *, config: bool = False, overrides: bool = F
 
 
 def quiet_warnings() -> None:
-    """Hide the libraries' deprecation chatter (`QUIET_WARNINGS`, `QUIET_LOG_MESSAGES`, transformers' advisory notes),
-    show each `ONCE_WARNINGS` warning once and, off a terminal, turn off the libraries' own progress bars; the
-    project's own warnings stay. Called by `run_main` before the script runs."""
+    """Hide the libraries' deprecation chatter (`QUIET_WARNINGS`, `QUIET_LOG_MESSAGES`, transformers' advisory notes)
+    and, off a terminal, turn off the libraries' own progress bars; the project's own warnings stay. Called by
+    `run_main` before the script runs."""
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     for category, message, module in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
-    for message in ONCE_WARNINGS:
-        warnings.filterwarnings("once", message=message)
     for name, patterns in QUIET_LOG_MESSAGES.items():
         logger = logging.getLogger(name)  # the same object the library logs through, created now if not yet
         if not any(isinstance(f, _DropMessages) for f in logger.filters):
@@ -395,7 +391,7 @@ def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | N
         if "--debug" in args:
             traceback.print_exc()
         else:
-            log.error(one_line(err, doc))
+            log.error(one_line(blame_override(err, args), doc))
         return 2
     except KeyboardInterrupt:
         log.error("interrupted: rerun the same command to resume")
@@ -408,6 +404,39 @@ def run_main(main: Callable[[list[str] | None], int | None], argv: list[str] | N
         else:
             log.error(disk_error_line(err))
         return 2
+
+
+_OVERRIDE = re.compile(r"^(?P<key>[A-Za-z_][\w-]*(?:\.[\w-]+)*)=")
+
+
+def blame_override(err: BaseException, argv: Sequence[str]) -> BaseException:
+    """`err` naming the `key=value` override it is about: a config error names the key as found in the merged config,
+    after the config file's name (`own.yaml: batchsize: unknown key`), though the user typed the key as an override
+    (`batchsize=32`); the file is then replaced by the override. Other errors are returned unchanged."""
+    if not isinstance(err, UserInputError):
+        return err
+    args = list(argv)
+    config = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--config"), None) or next(
+        (a.partition("=")[2] for a in args if a.startswith("--config=")), None)
+    text = str(err)
+    if config is None:
+        return err
+    for name in dict.fromkeys((config, display_path(config), str(Path(config)))):
+        if text.startswith(name) and text[len(name):len(name) + 1] in (":", "."):
+            rest = text[len(name) + 1:].lstrip()
+            break
+    else:
+        return err
+    keys = re.sub(r"\[(\d+)\]", r".\1", rest.partition(": ")[0]).split(".")  # detectors[0].k -> detectors.0.k
+    for item in args:
+        found = _OVERRIDE.match(item)
+        parts = found["key"].split(".") if found else []
+        # a list item named in the override (detectors.knn.params.k) is its index in the message (detectors[1])
+        if found and len(keys) >= len(parts) and all(k == p or k.isdigit() for k, p in zip(keys, parts)):
+            blamed = type(err)(f"override {item}: {rest}")
+            blamed.doc = getattr(err, "doc", None)
+            return blamed
+    return err
 
 
 DISK_ERRORS = {errno.ENOSPC: "free some disk space", errno.EDQUOT: "free some of your disk quota",

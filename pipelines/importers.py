@@ -300,15 +300,21 @@ def _folder_rows(root: Path, depth: int, skipped: Skipped) -> list[dict[str, Any
     return rows
 
 
-def _read_table(table: Path) -> Any:
-    """A CSV or Parquet table as a DataFrame of strings / values; an unreadable or empty one is one error line."""
+def _read_table(table: Path, used: list[str]) -> Any:
+    """A CSV or Parquet table as a DataFrame of strings / values (a Parquet file's nested or binary columns made plain,
+    `pipelines.curation.parquet`: `used` columns holding lists or structs refused); an unreadable or empty one is one
+    error line."""
     import pandas as pd
+
+    from pipelines.curation.parquet import read_parquet
 
     if not table.is_file():
         raise ImportListError(f"table not found: {table}")
     parquet = table.suffix.lower() in (".parquet", ".pq")
     try:
-        frame = pd.read_parquet(table) if parquet else pd.read_csv(table, dtype=str)
+        frame = read_parquet(table, used) if parquet else pd.read_csv(table, dtype=str)
+    except UserInputError:
+        raise
     except pd.errors.EmptyDataError:
         raise ImportListError(f"{table}: the table is empty (expected a header line: file_name, a label column, "
                               "...)") from None
@@ -331,7 +337,7 @@ def _table_rows(table: Path, columns: list[str], root: Path) -> list[dict[str, A
     A `split` column must hold train, val or test on every row; lat / lon are read as numbers; a file_name must lie
     under `root` once resolved, and the named (label) columns hold no control characters. Each fault names the table
     row."""
-    frame = _read_table(table)
+    frame = _read_table(table, ["file_name", *columns, "split", "lat", "lon"])
     for column in ["file_name", *columns]:
         if column not in frame.columns:
             raise ImportListError(f"{table}: no column {column!r} (columns: {list(frame.columns)})")
@@ -399,7 +405,7 @@ def _assign_splits(rows: list[dict[str, Any]], label: str, options: ClassImport)
 
 
 def _check_leaks(root: Path, rows: list[dict[str, Any]]) -> None:
-    """The same image bytes under two splits is one error line naming both files."""
+    """The same image bytes under two splits is one error line naming both files (`rows`: images that decode)."""
     seen: dict[str, dict[str, Any]] = {}
     for row in rows:
         digest = file_identity(root / row["file_name"], "content")
@@ -456,12 +462,12 @@ def import_classes(root: str | os.PathLike, out: str | os.PathLike, options: Cla
     skipped = Skipped()
     rows, label, levels = _source_rows(root, options, skipped)
     _assign_splits(rows, label, options)
-    _check_leaks(root, rows)
     with folder_lock(out, "import_folder"):
         rows, failures = _probe(root, rows)
         if not rows:
             raise ImportListError(f"{root}: no readable image ({len(failures)} failed, e.g. {failures[0]['file']}: "
                                   f"{failures[0]['reason']})")
+        _check_leaks(root, rows)  # decoded images only: identical broken files (0 bytes) are failures, not leaks
         names = sorted({str(row[label]) for row in rows})
         index = {name: i for i, name in enumerate(names)}
         reserved = {"file_name", "split", "role", "ood_set", "group", "label", "class_name"}

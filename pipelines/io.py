@@ -1,12 +1,12 @@
 """Atomic file writes: a temp file in the same folder, then `os.replace`, so readers never see partial files.
 
-A temp file is named `.<name>.<random>.<host>-<pid>.tmp<suffix>` (host: 8 hex digits of the host name's hash) and
-created with mode 0666 minus the process umask, as `open` would (0644 under umask 022), so other accounts can read what
-a run wrote; the mode is set again just before the rename, because a library that writes the temp path its own way
-(safetensors' writer replaces it with a 0600 file) would otherwise decide it. `umask_modes` does the same for the files
-a library's `save_pretrained` writes into a folder. `remove_orphan_temps` deletes the temp files a killed writer left
-behind, and only those. `open_regular` is how a reader opens a file from strangers: a FIFO, socket or device is refused
-without blocking on it.
+A temp file is named `.<name>.<random>.<host>-<pid>.tmp<suffix>` (host: 8 hex digits of the host name's hash; a long
+name or suffix cut, so the temp name fits where the name does) and created with mode 0666 minus the process umask, as
+`open` would (0644 under umask 022), so other accounts can read what a run wrote; the mode is set again just before the
+rename, because a library that writes the temp path its own way (safetensors' writer replaces it with a 0600 file) would
+otherwise decide it. `umask_modes` does the same for the files a library's `save_pretrained` writes into a folder.
+`remove_orphan_temps` deletes the temp files a killed writer left behind, and only those. `open_regular` is how a reader
+opens a file from strangers: a FIFO, socket or device is refused without blocking on it.
 """
 from __future__ import annotations
 
@@ -132,11 +132,13 @@ def file_kind(mode: int) -> str:
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temp path beside `path` (created empty, umask honoured); on success it is renamed onto `path`, on error
-    removed."""
+    removed. A system error (a full disk) is an OSError naming `path`, also when the writer raised its own exception
+    type for it (`os_error_code`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    name, suffix = _temp_parts(path)
     while True:
-        tmp_path = path.parent / f".{path.name}.{secrets.token_hex(4)}.{_host()}-{os.getpid()}.tmp{path.suffix}"
+        tmp_path = path.parent / f".{name}.{secrets.token_hex(4)}.{_host()}-{os.getpid()}.tmp{suffix}"
         try:
             os.close(os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             break
@@ -153,9 +155,33 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         if err.filename is None or os.fspath(err.filename) == os.fspath(tmp_path):
             err.filename, err.filename2 = os.fspath(path), None
         raise
+    except Exception as err:  # a writer in Rust (safetensors) words the system's error in its own exception
+        code = os_error_code(err)
+        if code is None:
+            raise
+        raise OSError(code, os.strerror(code), os.fspath(path)) from err
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")
+
+
+def os_error_code(err: BaseException) -> int | None:
+    """The system error number a library's own exception carries in its text (safetensors' `SafetensorError: Error
+    while serializing: I/O error: No space left on device (os error 28)`), None when it carries none."""
+    found = _RUST_OS_ERROR.search(str(err))
+    return int(found[1] or found[2]) if found else None
+
+
+def _temp_parts(path: Path) -> tuple[str, str]:
+    """The name and suffix a temp file of `path` carries: cut when long, so that the temp name (about 30 bytes more)
+    fits the file system's 255 bytes wherever `path`'s name does."""
+    name, suffix = path.name, path.suffix
+    if len(os.fsencode(name)) > 120:
+        name = name[:30]  # at most 120 bytes in UTF-8
+    return name, suffix if len(os.fsencode(suffix)) <= 16 else ""
 
 
 def _alive(pid: int) -> bool:

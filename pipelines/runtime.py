@@ -223,10 +223,11 @@ def _config_files(folder: Path) -> list[Path]:
 
 
 def custom_code_reason(folder: str | os.PathLike) -> str | None:
-    """Why loading the model folder would run code it ships, None when it would not: a config with an `auto_map`
-    whose class the libraries do not have (an unknown `model_type`, image-processor or tokenizer class, or diffusers
-    class), or a diffusers pipeline (`model_index.json`) with a component from a library other than diffusers and
-    transformers (its code would come from the folder)."""
+    """Why loading the model folder would run code it ships (or load a model other than the one its author meant), None
+    when it would not: a config with an `auto_map`, whether its class is one the libraries lack (an unknown
+    `model_type`, image-processor or tokenizer class, or diffusers class) or one they implement (the folder's code would
+    then be silently replaced by the library's class), or a diffusers pipeline (`model_index.json`) with a component
+    from a library other than diffusers and transformers (its code would come from the folder)."""
     root = Path(folder)
     for path in _config_files(root):
         try:
@@ -238,9 +239,13 @@ def custom_code_reason(folder: str | os.PathLike) -> str | None:
         if not isinstance(config, dict):
             continue
         name = path.relative_to(root).as_posix()
-        if "auto_map" in config and not _native(config):
+        if "auto_map" in config:
             kind = f"model_type {config['model_type']!r}" if "model_type" in config else "classes"
-            return f"{name} maps its {kind} to Python code in the folder (auto_map {config['auto_map']!r:.120})"
+            if not _native(config):
+                return f"{name} maps its {kind} to Python code in the folder (auto_map {config['auto_map']!r:.120})"
+            return (f"{name} maps its {kind} to Python code in the folder (auto_map {config['auto_map']!r:.120}), "
+                    "though the libraries implement it: its author meant that code to run, and another model is "
+                    f"never loaded in its place (remove `auto_map` from {name} to load it as the library's own)")
         if path.name == "model_index.json":
             if isinstance(config.get("_class_name"), str) and not _native({"_class_name": config["_class_name"]}):
                 return f"{name}: the pipeline class {config['_class_name']!r} is not one of diffusers'"

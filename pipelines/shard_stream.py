@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from pipelines.io import atomic_write_json
 from pipelines.shards import ShardWriter, member_key, member_suffix, shard_name, shard_record
@@ -41,6 +43,17 @@ def sniffed_suffix(data: bytes, file_name: str) -> str:
             return SUFFIXES.get(image.format or "", member_suffix(file_name))
     except Exception:  # noqa: BLE001 - not an image: keep the name's extension
         return member_suffix(file_name)
+
+
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """A system error writing the shard (a full disk) names it, as `pipelines.io.atomic_path` names its file."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is None:
+            err.filename = os.fspath(path)
+        raise
 
 
 class ShardStream:
@@ -102,7 +115,8 @@ class ShardStream:
             name = shard_name(len(self.indexes))
             self.writer = ShardWriter(self.root / name, name)
         self.writer.names.append(file_name)
-        self.writer.add(member_key(self.next_key), file_name, data, sniffed_suffix(data, file_name), fields or {})
+        with _naming(self.root / self.writer.name):
+            self.writer.add(member_key(self.next_key), file_name, data, sniffed_suffix(data, file_name), fields or {})
         self.next_key += 1
         if len(self.writer.names) >= self.samples_per_shard or self.writer.bytes_written >= self.shard_bytes:
             self.finish()
@@ -114,7 +128,8 @@ class ShardStream:
             return
         path = self.root / writer.name
         try:
-            writer.close()
+            with _naming(path):
+                writer.close()
         except BaseException:
             writer.abandon()  # left unfinished: the next run rewrites it
             raise

@@ -235,8 +235,9 @@ _JOINED: dict[tuple[Path, str], Path] = {}  # (image root, shard name) -> the sh
 
 
 def member_path(root: Path, row: dict[str, Any]) -> MemberPath:
-    """The `MemberPath` of a shard row under `root`; a shard name that would leave `root` (absolute, `..`) or a
-    malformed member position is a `ShardError` naming the row's file_name."""
+    """The `MemberPath` of a shard row under `root`; a shard name that would leave `root` (absolute, `..`) or that
+    `root/store.json` does not record, or a malformed member position, is a `ShardError` naming the row's file_name
+    (every reader of a shard row comes through here)."""
     shard, member = row["shard_file"], row.get("shard_member")
     ok = _SAFE_SHARDS.get(shard) if isinstance(shard, str) else False
     if ok is None:
@@ -248,8 +249,27 @@ def member_path(root: Path, row: dict[str, Any]) -> MemberPath:
                          "and the member's position are needed")
     joined = _JOINED.get((root, shard))
     if joined is None:
+        if shard not in _recorded(root):
+            raise ShardError(f"{row.get('file_name')!r}: shard_file {shard!r} is not in {root / STORE_FILE} (the row "
+                             "points into a shard the store never recorded)")
         joined = _JOINED.setdefault((root, shard), root / shard)
     return MemberPath(joined, member, offset, size)
+
+
+_RECORDED: dict[tuple[Path, int, int], frozenset[str]] = {}
+
+
+def _recorded(root: Path) -> frozenset[str]:
+    """The shard names `root/store.json` records (read once per state of the file and process)."""
+    try:
+        st = os.stat(root / STORE_FILE)
+    except OSError:
+        st = None
+    key = (root, st.st_mtime_ns, st.st_size) if st is not None else (root, -1, -1)
+    names = _RECORDED.get(key)
+    if names is None:
+        names = _RECORDED.setdefault(key, frozenset(read_store(root)))
+    return names
 
 
 def image_path(text: str | os.PathLike) -> Path | MemberPath:
@@ -422,6 +442,30 @@ def missing_members(root: Path, rows: list[dict[str, Any]]) -> Iterator[tuple[in
             yield pos, f"shard not found: {path.shard}"
         elif path.offset + path.size > size:
             yield pos, f"member {path.member} lies past the end of {path.shard}"
+
+
+def row_problems(root: Path, rows: Iterable[dict[str, Any]], where: Iterable[str]) -> Iterator[str]:
+    """One line for each shard row that does not point at a member the store `root` recorded (`where[i]` names row i,
+    e.g. its manifest line): a shard outside the root or not in `store.json`, a malformed position (`member_path`), a
+    member absent from its shard's index or recorded at another offset or size."""
+    indexes: dict[str, dict[str, Any]] = {}
+    for row, name in zip(rows, where):
+        if not is_shard_row(row):
+            continue
+        try:
+            path = member_path(root, row)
+        except ShardError as err:
+            yield f"{name}: {err}"
+            continue
+        shard = row["shard_file"]
+        if shard not in indexes:
+            indexes[shard] = read_index(path.shard).get("members", {})
+        entry = indexes[shard].get(path.member)
+        if entry is None:
+            yield f"{name}: shard_member {path.member!r} is not in the index of {shard}"
+        elif list(entry[:2]) != [path.offset, path.size]:
+            yield (f"{name}: {path.member!r} is at offset {path.offset} ({path.size} bytes) in the row, at {entry[0]} "
+                   f"({entry[1]} bytes) in the index of {shard}")
 
 
 # -- scanning tars safely ---------------------------------------------------------------------------------------------

@@ -81,6 +81,24 @@ def _detector(name: str, where: str) -> type[Detector]:
         raise ConfigError(f"{where}: {err.args[0]}", doc=DOC) from None
 
 
+def params_outside(cls: type[Config], raw: Any, where: str) -> None:
+    """One ConfigError for a detector's parameter written beside `name` (`{name: knn, k: 10}`), saying to write it
+    under `params:`; nothing when every key is the entry's own or the name is not a detector."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        return
+    stray = [k for k in raw if k not in cls.fields()]
+    try:
+        known = detector_class(raw["name"]).Params.hints()
+    except (KeyError, AttributeError):
+        return
+    misplaced = {k: raw[k] for k in stray if k in known}
+    if misplaced:
+        first = next(iter(misplaced))
+        shown = ", ".join(f"{k}: {v!r}" if isinstance(v, str) else f"{k}: {v}" for k, v in misplaced.items())
+        raise ConfigError(f"{where}.{first}: unknown key; {first!r} is a parameter of {raw['name']}: write it under "
+                          f"params ({{name: {raw['name']}, params: {{{shown}}}}})", doc=DOC)
+
+
 @config
 class RuleSpec(Config):
     """A post-hoc rule re-scoring a training-time method's trained model (a bare name: its defaults)."""
@@ -93,6 +111,7 @@ class RuleSpec(Config):
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "rule") -> "RuleSpec":
+        params_outside(cls, raw, where)
         made = super().from_dict(raw, where)
         rule = _detector(made.name, f"{where}.name")
         if rule.family != "posthoc" or not frozenset(rule.inputs) <= FEATURE_INPUTS:
@@ -119,6 +138,7 @@ class DetectorSpec(Config):
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "detector") -> "DetectorSpec":
+        params_outside(cls, raw, where)
         made = super().from_dict(raw, where)
         det = _detector(made.name, f"{where}.name")
         if made.rules and det.family != "training":

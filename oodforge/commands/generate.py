@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 from gen.job import JOB_FOLDER, GenerationConfig, check_job, format_plan, plan_summary, run_generation
 from oodforge.args import command_parser
@@ -17,6 +18,25 @@ from pipelines.cli import README_SECTIONS
 
 DOC = README_SECTIONS["generation"]
 """Where the command's inputs are documented (named in its one-line errors)."""
+
+
+def describe_plan(summary: dict[str, Any], out: str) -> str:
+    """The dry run's counts (`gen.job.plan_summary`) as lines a person reads: items, targets and materials, how often
+    a material is used, what is done, the inputs skipped and the plan's warnings."""
+    low, high = summary["material_use"]
+    use = f"{low} time(s)" if low == high else f"{low} to {high} times"
+    lines = [f"plan: {summary['planned']:,} item(s) of task {summary['task']} (OOD set {summary['ood_set']}) from "
+             f"{summary['targets']:,} target(s) and {summary['materials']:,} material(s), each material used {use}",
+             f"already done: {summary['already_done']:,}; to generate: {summary['pending']:,}"
+             + (f" ({summary['extended']:,} added to the stored plan)" if summary.get("extended") else "")]
+    skipped = summary.get("skipped_inputs") or []
+    if skipped:
+        first = skipped[0]
+        lines.append(f"skipped inputs: {len(skipped):,} (first: {first['file']}, line {first['line']}, "
+                     f"{first['field']}: {first['reason']})")
+    lines += [f"warning: {warning}" for warning in summary.get("warnings", [])]
+    lines.append(f"dry run: every start-up check passed; nothing written to {out}")
+    return "\n".join(lines)
 
 
 def build_parser():
@@ -31,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         plan = check_job(config)  # every start-up check of the run: where the run would refuse, so does this
         print(format_plan(plan.items, args.show))
-        print(json.dumps(plan_summary(config, plan), indent=2))
+        print(describe_plan(plan_summary(config, plan), config.out))
         return 0
     summary = run_generation(config)
     if "manifest" in summary:

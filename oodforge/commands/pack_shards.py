@@ -11,8 +11,10 @@ the source folder (converted in place).
 `--dry-run` runs every check (the manifest, every source image's size, the shard plan, the finished shards of an
 earlier run), packs a few images in memory and prints the estimated time and disk; nothing is written.
 `--verify DIR` checks a store or a shard manifest's store: every shard's sha256, every indexed member at its offset in
-the tar, no link, device or escaping member name; it then records the shards' current modified times (a copied
-store checks in stat mode without re-hashing). Format and measurements: docs/shards.md.
+the tar, no link, device or escaping member name, and a manifest's every shard row against the store (its shard inside
+the store and recorded there, its member in that shard's index at the row's offset and size); it then records the
+shards' current modified times (a copied store checks in stat mode without re-hashing). Format and measurements:
+docs/shards.md.
 """
 from __future__ import annotations
 
@@ -21,12 +23,12 @@ from pathlib import Path
 
 from oodforge.args import command_parser, config_raw, deprecated, key_help, parse
 from pipelines.cli import cli_value, flag_error
-from pipelines.data import METADATA, read_manifest
+from pipelines.data import METADATA, manifest_lines, read_manifest
 from pipelines.errors import ConfigError, UserInputError
 from pipelines.progress import progress
 from pipelines.shards import (SHARD_FOLDER, PackConfig, check_source_rows, pack_workers, estimate, pack_manifest,
                               plan_pack, record_mtimes)
-from pipelines.store import STORE_FILE, ShardError, is_shard_row, read_store, verify_shard
+from pipelines.store import STORE_FILE, ShardError, is_shard_row, read_store, row_problems, verify_shard
 
 DOC = "docs/shards.md"
 
@@ -40,21 +42,22 @@ def config_of(args) -> PackConfig:
         raise flag_error(err, {}) from None
 
 
-def store_root(folder: Path) -> Path:
-    """The store a --verify argument names: the folder itself (store.json), or a shard manifest's image root."""
+def store_root(folder: Path) -> tuple[Path, list[str]]:
+    """The store a --verify argument names (the folder itself with store.json, or a shard manifest's image root) and
+    the problems of the manifest's shard rows against that store (`row_problems`; none for a bare store)."""
     if (folder / STORE_FILE).is_file():
-        return folder
+        return folder, []
     if (folder / METADATA).is_file():
         manifest = read_manifest(folder)
         if any(is_shard_row(r) for r in manifest.rows):
-            return manifest.root
+            lines = (f"{folder / METADATA}: line {n}" for n, _ in manifest_lines(folder / METADATA))
+            return manifest.root, list(row_problems(manifest.root, manifest.rows, lines))
     raise UserInputError(f"{folder}: neither a shard store ({STORE_FILE}) nor a shard manifest", doc=DOC)
 
 
 def verify(folder: Path) -> int:
-    root = store_root(folder)
+    root, problems = store_root(folder)
     records = read_store(root)
-    problems: list[str] = []
     for name, record in progress(sorted(records.items()), "verify", total=len(records), unit="shard"):
         problems += verify_shard(root / name, record)
     if problems:

@@ -24,9 +24,11 @@ predicted class).
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
+import os
 import re
 import threading
 from collections import Counter
@@ -58,6 +60,9 @@ __all__ = ["FetchConfig", "FetchFailure", "Fetcher", "HostsThrottled", "LEDGER",
 SPECIES_CAP = "over the species cap"
 DUPLICATE_FILE_NAME = "duplicate file_name"
 ORIGINALS = "originals"
+ROW_WRITE_ERRORS = frozenset({errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG})
+"""Write errors that are one row's (its file_name is a folder, passes through a file, is too long): that row fails
+for good and the rest go on; any other (a full disk) stops the run."""
 log = logging.getLogger(__name__)
 
 
@@ -182,6 +187,7 @@ class Fetcher:
         self.ledger: Ledger | None = None
         self.error: BaseException | None = None
         self.given_up: dict[str, dict[str, Any]] = {}  # host -> {urls, rounds, retry_after}
+        self.folders: frozenset[str] = frozenset()  # the folders the plan's file_names lie in
 
     # -- the run -------------------------------------------------------------------------------------------------
 
@@ -195,6 +201,7 @@ class Fetcher:
         self.ledger = Ledger(self.out)
         try:
             self.position = {u: i for i, u in enumerate(rows["url"])}
+            self.folders = folder_names(rows["file_name"])
             self._reload()
             items = [item for item in map(self._classify, rows["url"], rows["file_name"]) if item is not None]
             if items:
@@ -290,6 +297,7 @@ class Fetcher:
         record = self.records.get(url)
         try:
             path = self.paths.resolve(file_name)
+            folder_clash(file_name, self.folders)
         except FetchFailure as failure:
             self._record(url, file_name, failure=failure)
             return None
@@ -359,6 +367,13 @@ class Fetcher:
         self.seen[digest] = here
         return first if first is not None and first[2] != url else None
 
+    def _unkeep(self, digest: str, replaced: tuple[int, str, str] | None) -> None:
+        """Undo `_keep` for an image that was not written: the content goes back to the holder it replaced."""
+        if replaced is None:
+            self.seen.pop(digest, None)
+        else:
+            self.seen[digest] = replaced
+
     # -- one URL -------------------------------------------------------------------------------------------------
 
     def _fetch(self, item: Item, answered: Any = None) -> None:
@@ -382,7 +397,14 @@ class Fetcher:
         with self.lock:  # writes are serialised so that a replaced holder is never half-written
             replaced = self._keep(info["sha256"], item.url, item.file_name)
             self.ledger.write({"url": item.url, "file_name": item.file_name, "status": "writing", **info})
-            self.write_image(path, prepared.data, data if cfg.keep_originals else None, item.file_name, info)
+            try:
+                self.write_image(path, prepared.data, data if cfg.keep_originals else None, item.file_name, info)
+            except OSError as err:
+                if err.errno not in ROW_WRITE_ERRORS:  # a full disk, a refused folder: the run stops in one line
+                    raise
+                self._unkeep(info["sha256"], replaced)
+                raise FetchFailure(f"file_name {item.file_name[:120]!r} cannot be written: {err.strerror}", True) \
+                    from None
             self._record(item.url, item.file_name, ok=info)
             if replaced is not None:
                 self._remove_ours(self.records.get(replaced[2], {}))
@@ -394,7 +416,7 @@ class Fetcher:
                     info: dict[str, Any] | None = None) -> None:
         """The one step that stores a finished image (and, on request, its original); `info` is its record."""
         if original is not None:
-            self.store.write(self.paths.resolve(f"{ORIGINALS}/{file_name}"), original)
+            self.store.write(self.paths.resolve(f"{ORIGINALS}/{file_name}", own=True), original)
         if self.shards is not None:
             self.shards.add(file_name, data, info)
         else:
@@ -504,6 +526,7 @@ def fetch_plan(cfg: FetchConfig) -> dict[str, Any]:
     planned = plan(cfg)
     out = Path(cfg.out)
     records, paths = read_ledger(out / LEDGER), Paths(out)
+    folders = folder_names(planned.rows["file_name"])
     members = finished_members(out / SHARD_FOLDER, cfg) if cfg.store == "shards" else None
     done = final = refused = 0
     todo = []
@@ -511,6 +534,7 @@ def fetch_plan(cfg: FetchConfig) -> dict[str, Any]:
         record = records.get(url)
         try:
             path = paths.resolve(file_name)
+            folder_clash(file_name, folders)
         except FetchFailure:
             refused += 1
             continue
@@ -525,6 +549,22 @@ def fetch_plan(cfg: FetchConfig) -> dict[str, Any]:
     return {"planned": int(len(planned.rows)), "dropped": dict(planned.dropped), "already_fetched": done,
             "failed_for_good": final, "refused": refused, "to_fetch": len(todo), "hosts": len(hosts),
             "estimate": estimate(hosts, records)}
+
+
+def folder_names(file_names: Iterable[Any]) -> frozenset[str]:
+    """Every folder the file names lie in ('a/b/c.jpg' -> 'a', 'a/b'), normalised as `folder_clash` compares them."""
+    folders = set()
+    for name in file_names:
+        if isinstance(name, str):
+            parts = os.path.normpath(name).split(os.sep)[:-1]
+            folders.update("/".join(parts[:n]) for n in range(1, len(parts) + 1))
+    return frozenset(folders)
+
+
+def folder_clash(file_name: str, folders: frozenset[str]) -> None:
+    """A final FetchFailure when `file_name` is a folder other rows' images go into (one would overwrite the other)."""
+    if os.path.normpath(file_name) in folders:
+        raise FetchFailure(f"unsafe file_name {file_name[:120]!r}: other rows' file_names lie in this folder", True)
 
 
 def _stored_size(path: Path, members: dict[str, Any] | None, file_name: str) -> int | None:

@@ -4,7 +4,9 @@
   about to be written) goes before an image's rename, `ok` after it, so a file found at a path is the project's only
   when the ledger says this URL wrote exactly it (a run killed between the two lines is told by the hash).
 - `Paths.resolve(file_name)`: a table's `file_name` as a path under `--out`, or a final FetchFailure: blank,
-  absolute, `..`, or reaching outside through a symlink (in `images/` or at the file itself).
+  absolute, `..`, reaching outside through a symlink (in `images/` or at the file itself), a name the file system
+  cannot hold (a part over `NAME_MAX` bytes, the path over `PATH_MAX`), or one of the run's own files and folders
+  (`RESERVED`: images.csv, the ledger, ...).
 - `FileStore`: one file per image, written atomically; the one place a finished image is written or removed, so
   another store (shards) can stand in.
 """
@@ -20,6 +22,14 @@ from typing import Any, Callable
 from pipelines.curation.fetch_client import FetchFailure
 
 LEDGER = Path(".fetch") / "ledger.jsonl"
+RESERVED = frozenset({"images.csv", "failures.csv", "filtered.csv", "fetch_summary.json", ".fetch", "shards",
+                      "originals", ".oodforge.lock", ".oodforge.lock.guard"})
+"""The names at the top of `--out` the run writes itself (its tables, ledger, shard store, originals, lock): an image's
+`file_name` there would overwrite them or be overwritten (compared case-folded, for case-insensitive disks)."""
+_RESERVED_FOLDED = frozenset(name.casefold() for name in RESERVED)
+NAME_MAX, PATH_MAX = 255, 4096
+"""The longest path part and path in bytes Linux file systems take (`pathconf`'s usual values): longer names are
+refused per row before any request, not left to fail the write."""
 
 
 def read_ledger(path: Path) -> dict[str, dict[str, Any]]:
@@ -46,8 +56,13 @@ class Ledger:
         self.handle = open(self.path, "a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        self.handle.write(json.dumps({**record, "t": round(time.time(), 3)}) + "\n")
-        self.handle.flush()
+        """Append one record; a failed write (a full disk) names the ledger."""
+        try:
+            self.handle.write(json.dumps({**record, "t": round(time.time(), 3)}) + "\n")
+            self.handle.flush()
+        except OSError as err:
+            err.filename = err.filename or os.fspath(self.path)
+            raise
 
     def close(self) -> None:
         self.handle.close()
@@ -61,15 +76,30 @@ class Paths:
         self.root = os.path.realpath(out)
         self.folders: dict[str, bool] = {}
 
-    def resolve(self, file_name: Any) -> Path:
+    def resolve(self, file_name: Any, *, own: bool = False) -> Path:
+        """`out/file_name`, or a final FetchFailure saying why not; `own`: a path the fetch itself derives under one of
+        its folders (an original's copy), so `RESERVED` does not apply."""
         if not isinstance(file_name, str) or not file_name.strip():
             raise FetchFailure("unsafe file_name: blank", True)
         if "\0" in file_name:
             raise FetchFailure("unsafe file_name: holds a NUL byte", True)
         if os.path.isabs(file_name):
-            raise FetchFailure(f"unsafe file_name {file_name!r}: absolute (it must lie under --out)", True)
-        if ".." in file_name.split("/"):
-            raise FetchFailure(f"unsafe file_name {file_name!r}: '..' leaves --out", True)
+            raise FetchFailure(f"unsafe file_name {_short(file_name)}: absolute (it must lie under --out)", True)
+        parts = file_name.split("/")
+        if ".." in parts:
+            raise FetchFailure(f"unsafe file_name {_short(file_name)}: '..' leaves --out", True)
+        longest = max(len(os.fsencode(part)) for part in parts)
+        if longest > NAME_MAX:
+            raise FetchFailure(f"unsafe file_name {_short(file_name)}: too long for the file system (a part of "
+                               f"{longest} bytes; at most {NAME_MAX})", True)
+        length = len(os.fsencode(os.path.join(self.root, file_name)))
+        if length >= PATH_MAX:
+            raise FetchFailure(f"unsafe file_name {_short(file_name)}: too long for the file system (a path of "
+                               f"{length} bytes under --out; at most {PATH_MAX - 1})", True)
+        first = next((part for part in parts if part not in ("", ".")), "")
+        if not own and first.casefold() in _RESERVED_FOLDED:
+            raise FetchFailure(f"unsafe file_name {_short(file_name)}: {first!r} is the fetch's own output in --out",
+                               True)
         path = os.path.join(self.out_text, os.path.normpath(file_name))
         folder = os.path.dirname(path)
         inside = self.folders.get(folder)
@@ -78,10 +108,15 @@ class Paths:
         if os.path.islink(path):
             where = ("leads outside --out" if not _under(os.path.realpath(path), self.root)
                      else "is never written through")
-            raise FetchFailure(f"unsafe file_name {file_name!r}: a symlink {where}", True)
+            raise FetchFailure(f"unsafe file_name {_short(file_name)}: a symlink {where}", True)
         if not inside:
-            raise FetchFailure(f"unsafe file_name {file_name!r}: a symlink leads outside --out", True)
+            raise FetchFailure(f"unsafe file_name {_short(file_name)}: a symlink leads outside --out", True)
         return Path(path)
+
+
+def _short(file_name: str, keep: int = 60) -> str:
+    """A file name quoted for a message, its middle cut when long (a 5,000-character name stays one readable line)."""
+    return repr(file_name) if len(file_name) <= 2 * keep else repr(f"{file_name[:keep]}...{file_name[-keep:]}")
 
 
 def _under(path: str, root: str) -> bool:

@@ -33,6 +33,7 @@ from pipelines.curation.delimited import (Dialect, TableError, TableLimits, firs
                                           sniff_delimiter, split_line, stat_regular)
 from pipelines.curation.dwca import (ID, MAX_META_BYTES, META, Members, parse_meta, read_data_file, star_rows,
                                      take_columns)
+from pipelines.curation.parquet import read_parquet
 from pipelines.curation.paths import blank_names, files_under, leaving_names, real_target
 from pipelines.errors import ConfigError
 from pipelines.params import Config, config, param
@@ -44,6 +45,8 @@ KEEP = ("gbifID", "id", "coreid", "kingdom", "phylum", "class", "order", "family
         "lifeStage", "datasetKey", "countryCode", "decimalLatitude", "decimalLongitude", "lat", "lon",
         "type", "format", "identifier", "accessURI", "license", "rightsHolder", "file_name", "url", "split", "taxon")
 """The archive columns read (GBIF's occurrence.txt has some 250); a plain table keeps all its columns."""
+USED = frozenset({*RENAME, *RENAME.values(), *KEEP})
+"""The columns read from a plain table: one holding lists or structs is refused (`pipelines.curation.parquet`)."""
 MULTIMEDIA_TYPES = ("http://rs.gbif.org/terms/1.0/Multimedia", "http://rs.tdwg.org/ac/terms/Multimedia")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".tif", ".tiff", ".bmp")
 CHUNK_ROWS = 100_000
@@ -97,7 +100,7 @@ def _read_parquet(path: Path, limits: TableLimits) -> pd.DataFrame:
         if rows > limits.max_rows:
             raise TableError(f"{path}: {rows:,} rows, more than {limits.describe('max_rows')} (TableLimits)",
                              doc=TableLimits.DOC)
-        return pd.read_parquet(path)
+        return read_parquet(path, USED)
     except (pa.ArrowException, OSError, ValueError) as err:
         if isinstance(err, TableError):
             raise

@@ -122,7 +122,7 @@ def test_dry_run_refuses_a_folder_holding_another_job_in_the_line_the_run_gives(
     assert error_line(capsys) == run_line
     assert "holds a different generation job (changed keys: ['seed'])" in run_line
     assert run_main(MAIN, ["--config", str(config), "--dry-run"]) == 0
-    assert '"already_done": 7' in capsys.readouterr().out
+    assert "already done: 7; to generate: 0" in capsys.readouterr().out
 
 
 def test_the_run_reports_done_failed_and_skipped(tmp_path, capsys, containers, bronzes, fake_zest, monkeypatch):

@@ -1,6 +1,8 @@
 """Foreground masks (given, OpenCV fallback) and ZeST's grayscale init image."""
 from __future__ import annotations
 
+import warnings
+
 import cv2
 import numpy as np
 import pytest
@@ -103,7 +105,7 @@ def test_images_too_small_for_the_opencv_mask_raise_a_clear_error(side):
     assert opencv_mask(Image.new("RGB", (8, 8))).size == (8, 8)  # the smallest accepted size runs
 
 
-def test_rembg_runs_one_session_per_process_and_auto_falls_back_with_a_warning(monkeypatch):
+def test_rembg_runs_one_session_per_process_and_auto_falls_back_with_a_warning(monkeypatch, caplog):
     import sys
     import types
 
@@ -135,8 +137,12 @@ def test_rembg_runs_one_session_per_process_and_auto_falls_back_with_a_warning(m
         masks.rembg_session.cache_clear()
     monkeypatch.setattr(masks, "rembg_available", lambda: False)
     masks._warn_fallback.cache_clear()
-    with pytest.warns(RuntimeWarning, match="rembg is not installed"):
-        assert masks.resolve_mask_method("auto") == "opencv"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one log line, never a Python warning with its source line (issue 41)
+        for _ in range(3):
+            assert masks.resolve_mask_method("auto") == "opencv"
+    said = [r for r in caplog.records if "rembg is not installed" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING" and "\n" not in said[0].getMessage()
     assert masks.resolve_mask_method("opencv") == "opencv"
     with pytest.raises(ImportError, match="pip install 'oodforge\\[masks\\]'"):
         masks.resolve_mask_method("rembg")

@@ -47,7 +47,8 @@ def test_generate_refuses_changed_inputs_in_one_line(tmp_path, capsys, bronzes, 
     assert run_main(main, ["--config", str(config), "--dry-run"]) == 2
     assert "targets added: c.png" in one_line_error(capsys)
     assert run_main(main, ["--config", str(config), "--dry-run", "plan_change=extend"]) == 0
-    assert '"planned": 3' in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "plan: 3 item(s) of task transferred_container" in printed and "(1 added to the stored plan)" in printed
     assert run_main(main, ["--config", str(config), "--dry-run", "--debug"]) == 2
     assert "Traceback" in capsys.readouterr().err  # --debug: the traceback
 

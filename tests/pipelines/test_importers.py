@@ -382,3 +382,28 @@ def test_field_set_from_folders_labels_known_species_by_the_classifier(tmp_path,
     assert "no folder is a species of the classifier" in capsys.readouterr().err
     assert _run(cli, [str(root), "--field", "--model", str(tmp_path), "--out", str(tmp_path / "f5")]) == 2
     assert "not a classifier folder with class names" in capsys.readouterr().err
+
+
+def test_identical_undecodable_files_are_failures_never_duplicates(tmp_path, capsys):
+    """Issue 41 E13: 0-byte `.jpg` files in class folders refused the whole import ("the same image is in two
+    splits"): identical undecodable files counted as duplicates. They are listed in failures.json and the rest
+    imported; two identical images that decode, in two splits, are still one line."""
+    cli = _script("import_folder")
+    rng = np.random.default_rng(0)
+    for name, colour in (("ant", (200, 0, 0)), ("bee", (0, 200, 0))):
+        for i in range(6):
+            png(tmp_path / "flat" / name / f"{i}.png", colour, rng)
+        for i in range(3):
+            (tmp_path / "flat" / name / f"empty{i}.jpg").write_bytes(b"")
+    out = tmp_path / "id"
+    assert _run(cli, [str(tmp_path / "flat"), "--out", str(out)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    failures = json.loads((out / "failures.json").read_text())
+    assert sorted(f["file"] for f in failures) == sorted(f"{c}/empty{i}.jpg" for c in ("ant", "bee") for i in range(3))
+    assert len({f["reason"] for f in failures}) == 1
+    rows = read_manifest(out).rows
+    assert len(rows) == 12 and {r["split"] for r in rows} == {"train", "val", "test"}
+    (tmp_path / "flat" / "ant" / "copy.png").write_bytes((tmp_path / "flat" / "ant" / "0.png").read_bytes())
+    (tmp_path / "flat" / "ant" / "copy2.png").write_bytes((tmp_path / "flat" / "ant" / "0.png").read_bytes())
+    assert _run(cli, [str(tmp_path / "flat"), "--out", str(tmp_path / "id2")]) == 2
+    assert "the same image is in two splits: ant/" in capsys.readouterr().err

@@ -87,8 +87,10 @@ def test_every_config_kind_that_names_code_is_found(tmp_path):
     assert not marker.exists()
 
 
-def test_a_native_model_with_an_auto_map_loads_with_the_librarys_own_classes(tmp_path):
-    """An `auto_map` beside a model_type transformers implements needs no code: loaded natively, nothing run."""
+def test_an_auto_map_beside_a_native_model_type_is_refused_and_loads_once_removed(tmp_path):
+    """Issue 41 D03: an `auto_map` beside a model_type transformers implements (resnet) was loaded as transformers'
+    ResNet, another model than the folder's author meant; the README promises such a folder is refused. Nothing
+    runs either way, and the message says how to load it as the library's own."""
     from pipelines.classifier import ImageClassifier
     from pipelines.tiny import RESNET_ID, save_tiny_model
 
@@ -99,6 +101,13 @@ def test_a_native_model_with_an_auto_map_loads_with_the_librarys_own_classes(tmp
     marker = tmp_path / "ran"
     evil_folder(tmp_path / "code", marker)  # the code module, copied beside the config
     (folder / "evil.py").write_text((tmp_path / "code" / "evil.py").read_text())
+    with pytest.raises(CustomCodeRefused) as err:
+        ImageClassifier.from_pretrained(folder)
+    message = str(err.value)
+    assert "config.json maps its model_type 'resnet' to Python code in the folder" in message and "\n" not in message
+    assert "remove `auto_map` from config.json to load it as the library's own" in message
+    del config["auto_map"]
+    (folder / "config.json").write_text(json.dumps(config))
     assert custom_code_reason(folder) is None
     clf = ImageClassifier.from_pretrained(folder)
     assert type(clf.model).__name__ == "ResNetForImageClassification" and not marker.exists()

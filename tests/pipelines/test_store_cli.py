@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from pipelines.cli import run_main
-from pipelines.data import make_row, read_manifest, write_manifest
+from pipelines.data import Manifest, make_row, read_manifest, write_manifest
 from pipelines.store import STORE_FILE, MemberPath
 from tests.pipelines.own_data_helpers import class_tree
 
@@ -130,3 +130,44 @@ def test_make_splits_store_shards_packs_the_regions_images_once(tmp_path, capsys
         info = json.loads((folder / "manifest_info.json").read_text())
         assert info["image_root"] == "../shards" and info["store"] == "shards" and "config" in info
         assert read_manifest(folder).root.resolve() == (out / "shards").resolve()
+
+
+def test_verify_checks_every_shard_row_against_the_store_and_readers_refuse_an_escaping_row(source, tmp_path, capsys,
+                                                                                             monkeypatch):
+    """Issue 41 A27: a row with `shard_file: ../../../outside/evil.tar` passed `--verify` (exit 0)."""
+    from pipelines.fingerprint import images_fingerprint
+    from pipelines.store import ShardError
+
+    monkeypatch.setenv("OODFORGE_PROGRESS", "off")
+    script = load("pack_shards")
+    out = tmp_path / "out"
+    assert run_main(script.main, [str(source), "--out", str(out), "--samples-per-shard", "4", "--workers", "1"]) == 0
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "evil.tar").write_bytes((out / "shards" / "000000.tar").read_bytes())  # a real tar, outside the store
+    (out / "shards" / "stray.tar").write_bytes((out / "shards" / "000001.tar").read_bytes())  # inside, unrecorded
+    good = [json.loads(line) for line in (out / "metadata.jsonl").read_text().splitlines()]
+    bad = [dict(r) for r in good]
+    bad[1]["shard_file"] = "../../../outside/evil.tar"
+    bad[2]["shard_file"] = "stray.tar"
+    bad[3]["shard_offset"] += 512
+    bad[4]["shard_member"] = "nobody.jpg"
+    (out / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
+    capsys.readouterr()
+    assert run_main(script.main, ["--verify", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: 4 problem(s) in the store") and "line 2" in err[-1], err
+    assert "invalid shard reference (shard_file '../../../outside/evil.tar'" in err[-1]
+    lines = "\n".join(err)
+    assert "line 3: '2.jpg': shard_file 'stray.tar' is not in" in lines and "line 4:" in lines and "at offset" in lines
+    assert "line 5: shard_member 'nobody.jpg' is not in the index of" in lines and "line 1:" not in lines
+    manifest = read_manifest(out)
+    for row in bad[1:3]:  # every reader: neither the escaping row nor the unrecorded shard has a path or a run key
+        with pytest.raises(ShardError):
+            images_fingerprint(Manifest(manifest.root, [row]))
+    with pytest.raises(ShardError, match="invalid shard reference"):
+        manifest.path(bad[1])
+    with pytest.raises(ShardError, match="shard_file 'stray.tar' is not in .*store.json"):
+        manifest.path(bad[2])
+    (out / "metadata.jsonl").write_text("".join(json.dumps(r) + "\n" for r in good))
+    assert run_main(script.main, ["--verify", str(out)]) == 0

@@ -303,3 +303,17 @@ def test_a_model_folder_that_needs_its_own_code_is_refused_whatever_stdin_holds(
         assert "never runs a model folder's own code" in _in_process("train_classifier.py", capsys, "--config", train,
                                                                      *dry)
     assert not marker.exists()
+
+
+def test_evaluate_refuses_a_native_model_folder_with_an_auto_map_in_one_line(tiny, tmp_path, capsys):
+    """Issue 41 D03: a trained ResNet folder whose config.json gained an `auto_map` to code in the folder was evaluated
+    as transformers' ResNet; it is refused in one line, before any feature is extracted."""
+    root, _, _ = tiny
+    folder = tmp_path / "model"
+    shutil.copytree(root / "model", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModel": "custom.Model"}}))
+    err = _in_process("evaluate.py", capsys, "--config", _eval_yaml(root, tmp_path / "run", folder, ["msp"]))
+    assert "config.json maps its model_type 'resnet' to Python code in the folder" in err, err
+    assert "remove `auto_map` from config.json" in err
+    assert not list((tmp_path / "run").rglob("*.safetensors"))  # no feature cache: refused before extraction

@@ -47,3 +47,14 @@ def id_ood_manifests(root: Path) -> tuple[Path, Path]:
     write_manifest(root / "id", id_rows)
     write_manifest(root / "ood", ood_rows)
     return root / "id", root / "ood"
+
+
+def run_cache(plan: Any, role: str, name: str) -> tuple[Any, Any]:
+    """(the feature cache a finished run of `plan` wrote for its split (`role`, `name`), that split). An oracle that
+    scores these arrays sees the run's inputs bit for bit; re-extracted features agree only up to the kernels'
+    batch-size and thread choices, which a trained head amplifies into flipped AUROC pairs."""
+    from pipelines.features import FeatureCache
+
+    [split] = [s for s in plan.splits if (s.role, s.name) == (role, name)]
+    [path] = (plan.cache_dir).glob(f"{split.id}-*.safetensors")
+    return FeatureCache.load(path), split

@@ -64,6 +64,11 @@ REFUSED = [
      r"head\.levels: no/such/head is not a folder"),
     ("plugin-missing", ["plugins=[no_such_module_xyz]"], (), r"plugins\[0\]: cannot import 'no_such_module_xyz'"),
     ("fewshot-no-shots", ["fewshot={shots: []}"], (), r"fewshot: shots must be a non-empty list"),
+    ("params-beside-name", ["detectors=[{name: knn, k: 10}]"], (),
+     r"detectors\[0\]\.k: unknown key; 'k' is a parameter of knn: write it under params \(\{name: knn, params: "
+     r"\{k: 10\}\}\)"),
+    ("rule-params-beside-name", ["detectors=[{name: logitnorm, rules: [{name: knn, k: 3}]}]"], (),
+     r"detectors\[0\]\.rules\[0\]\.k: unknown key; 'k' is a parameter of knn: write it under params"),
 ]
 
 ACCEPTED = [
@@ -108,21 +113,28 @@ def _config(folders: dict[str, Path], tmp_path: Path, drop: tuple[str, ...] = ()
     return path
 
 
+def _filled(folders, overrides) -> list[str]:
+    return [o.replace("{empty}", str(folders["empty"])).replace("{ood}", str(folders["ood"])) for o in overrides]
+
+
 def _run(folders, tmp_path, overrides, drop=(), dry_run=False) -> int:
-    filled = [o.replace("{empty}", str(folders["empty"])).replace("{ood}", str(folders["ood"])) for o in overrides]
-    argv = ["--config", str(_config(folders, tmp_path, drop)), *filled, *(["--dry-run"] if dry_run else [])]
+    argv = ["--config", str(_config(folders, tmp_path, drop)), *_filled(folders, overrides),
+            *(["--dry-run"] if dry_run else [])]
     return run_main(evaluate_main().main, argv)
 
 
 @pytest.mark.parametrize("overrides, drop, message", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
 @pytest.mark.parametrize("dry_run", [False, True], ids=["run", "dry-run"])
 def test_refused_in_one_line_naming_the_key(folders, tmp_path, capsys, overrides, drop, message, dry_run):
+    """The line names the override the faulty key came from (`override seed=abc: seed: ...`), else the file."""
+    import re
+
     assert _run(folders, tmp_path, overrides, drop, dry_run) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err, err
-    line = err.removeprefix("error: ").split("eval.yaml: ", 1)[-1]
-    import re
-
+    line = err.removeprefix("error: ")
+    blamed = [o for o in _filled(folders, overrides) if line.startswith(f"override {o}: ")]
+    line = line.removeprefix(f"override {blamed[0]}: ") if blamed else line.split("eval.yaml: ", 1)[-1]
     assert re.match(message, line), line
     assert "huggingface-cli" not in err  # never hub advice
     assert not (tmp_path / "out").exists()  # refused before anything is written
@@ -133,6 +145,21 @@ def test_accepted_on_purpose(folders, tmp_path, capsys, overrides):
     assert _run(folders, tmp_path, overrides, dry_run=True) == 0, capsys.readouterr().err
     assert "units to run (3): msp, knn, logitnorm" in capsys.readouterr().out
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("override, named", [
+    ("batchsize=32", "override batchsize=32: batchsize: unknown key (did you mean 'batch_size'?)"),
+    ("batch_size=abc", "override batch_size=abc: batch_size: must be an integer, got str 'abc'"),
+    ("detectors.knn.params.K=5", "override detectors.knn.params.K=5: detectors[1].params.K: knn: unknown parameter"),
+])
+def test_an_override_typo_names_the_override_not_the_config_file(folders, tmp_path, capsys, override, named):
+    """Issue 41: `batchsize=32` on the command line was blamed on the config file (`eval.yaml: batchsize: ...`)."""
+    assert _run(folders, tmp_path, [override], dry_run=True) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {named}") and "eval.yaml" not in err, err
+    (tmp_path / "eval.yaml").write_text((tmp_path / "eval.yaml").read_text() + "batchsize: 32\n")  # in the file
+    assert run_main(evaluate_main().main, ["--config", str(tmp_path / "eval.yaml"), "--dry-run"]) == 2
+    assert "eval.yaml: batchsize: unknown key" in capsys.readouterr().err  # the file's own typo names the file
 
 
 def test_the_table_holds_at_least_32_refusals():
