@@ -162,3 +162,14 @@ for _protocol, _choice in CHECKPOINTS.items():  # the fine-tunes score with the 
     if _choice != "last":
         for _name in TRAINING_METHODS:
             PROTOCOLS[_protocol].setdefault(_name, {})["checkpoint"] = _choice
+
+
+# -- the open-set columns (detectors.openset_metrics) ----------------------------------------------------------------
+ZERO_THRESHOLD_MISSING: dict[str, bool] = {
+    # Open-Insect's compute_all_metrics computes OSA and OOSA only `if theta:` (src/openood/evaluators/metrics.py:139),
+    # so an OOSA threshold of exactly 0 chosen on validation reports both as -1 (NaN here)
+    "open-insects": True,
+    "openood_v1.5": True,  # OpenOOD has no OSA: Open-Insect's evaluator is the reference of these columns
+    "exact": False,  # correction: OSA and OOSA computed at a zero threshold too
+}
+"""`protocol:` -> whether an OOSA threshold of exactly 0 leaves OSA and OOSA missing, as the reference's `if theta:`."""
