@@ -27,6 +27,9 @@ OPENSET_METRICS: tuple[str, ...] = ("tnr10", "tnr20", "ap_out", "fpr95_ref", "au
                                     "oosa_threshold")
 """The results-table columns this module adds (fractions, except `oosa_threshold`, a score)."""
 
+OPENSET_RATES: tuple[str, ...] = OPENSET_METRICS[:-1]
+"""The columns of `OPENSET_METRICS` that are rates (rendered in percent)."""
+
 OOD_CSV_COLUMNS: dict[str, str] = {"TNR@10": "tnr10", "TNR@20": "tnr20", "AUROC": "auroc", "AUPR": "ap_out",
                                    "FPR": "fpr95_ref", "ACC": "id_acc", "AUOSCR": "auoscr", "OpenAUC": "openauc",
                                    "OSA": "osa", "OOSA": "oosa"}

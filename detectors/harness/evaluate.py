@@ -9,7 +9,8 @@ Four steps:
 3. **units** — `detector`, `select`, `rule` and `fewshot` units (`detectors.harness.units`): fit, score, write rows and
 scores
    atomically; a finished unit is skipped on rerun, a failing one recorded in `failures.json` and the others go on;
-4. **outputs** — `results.csv`, `scores.parquet`, `failures.json`, `threshold_transfer.csv`, `rule_selection.csv`.
+4. **outputs** — `results.csv`, `ood_metrics.csv`, `scores.parquet`, `failures.json`, `threshold_transfer.csv`,
+   `rule_selection.csv`.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ from detectors.posthoc.pixels import pixel_memo
 from detectors.posthoc.streaming import across_processes, chunk_rows, process_rows
 from detectors.harness.runconfig import ConfigError, DetectorSpec, EvalConfig, Source
 from detectors.harness.selection import defaults_note, select
-from detectors.harness.openset import KnownClasses, from_logits, oosa_threshold, openset_columns, predictions
+from detectors.harness.openset import (OOD_METRICS_FILE, KnownClasses, from_logits, ood_csv_table, oosa_threshold,
+                                       openset_columns, predictions)
 from detectors.harness.results import LOWER_IS_BETTER, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
 from detectors.harness.transfer import transfer_table
 from detectors.harness.units import UnitResult, UnitStore
@@ -536,7 +538,9 @@ class Runner:
 
     def _write_outputs(self, done: list[UnitResult], final: bool) -> None:
         out = self.plan.out
-        _write_csv(_results(done), out / "results.csv")
+        results = _results(done)
+        _write_csv(results, out / "results.csv")
+        _write_csv(ood_csv_table(results), out / OOD_METRICS_FILE)  # the reference's ood.csv columns
         atomic_write_json(out / "failures.json", {"images": self.image_failures, "sets": self.set_failures,
                                                   "detectors": self.detector_failures})
         if not final:

@@ -12,9 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from detectors.harness.protocols import ZERO_THRESHOLD_MISSING
-from detectors.openset_metrics import Predictions, accuracy, osa_threshold, reference_metrics
+from detectors.openset_metrics import OOD_CSV_COLUMNS, Predictions, accuracy, osa_threshold, reference_metrics
+
+OOD_METRICS_FILE = "ood_metrics.csv"
+"""The runner's table in the reference's ood.csv shape, beside results.csv (`ood_csv_table`)."""
 
 
 @dataclass(frozen=True)
@@ -58,3 +62,15 @@ def openset_columns(id_scores: Any, ood_scores: Any, known: KnownClasses, theta:
     """A row's `OPENSET_METRICS` for one OOD set (fractions; `oosa_threshold` a score)."""
     return reference_metrics(id_scores, ood_scores, known.test, theta,
                              zero_theta_missing=ZERO_THRESHOLD_MISSING.get(protocol, True))
+
+
+def ood_csv_table(results: pd.DataFrame, fractions: bool = True) -> pd.DataFrame:
+    """The results in the reference's ood.csv shape: `method`, `ood_set`, then TNR@10 ... OOSA in its column order
+    (`OOD_CSV_COLUMNS`), in percent, rounded to 2 decimals as `ood_evaluator.py:179` rounds them (`fractions`: the
+    results hold fractions, as the runner writes them). A column the table lacks (older runs) is left empty."""
+    out = pd.DataFrame({"method": results["method"].astype(str), "ood_set": results["ood_set"].astype(str)})
+    for label, column in OOD_CSV_COLUMNS.items():
+        values = (pd.to_numeric(results[column], errors="coerce") if column in results.columns
+                  else pd.Series(np.nan, index=results.index))
+        out[label] = (values * (100.0 if fractions else 1.0)).round(2)
+    return out.reset_index(drop=True)

@@ -7,7 +7,8 @@ import pytest
 
 from detectors import build
 from detectors.harness.evaluate import run_config
-from detectors.harness.openset import KnownClasses, from_logits, oosa_threshold, openset_columns
+from detectors.harness.openset import (OOD_METRICS_FILE, KnownClasses, from_logits, ood_csv_table, oosa_threshold,
+                                       openset_columns)
 from detectors.harness.results import RESULT_COLUMNS
 from detectors.openset_metrics import OOD_CSV_COLUMNS, OPENSET_METRICS, Predictions, osa_threshold, reference_metrics
 from pipelines.classifier import ImageClassifier
@@ -48,6 +49,9 @@ def test_results_rows_carry_the_reference_columns(digits, tmp_path):
     table = pd.read_csv(out / "results.csv")
     assert list(table.columns) == list(RESULT_COLUMNS)
     assert set(OOD_CSV_COLUMNS.values()) <= set(table.columns)
+    ood_csv = pd.read_csv(out / OOD_METRICS_FILE)  # the reference's ood.csv shape beside results.csv
+    assert list(ood_csv.columns) == ["method", "ood_set", *OOD_CSV_COLUMNS]
+    pd.testing.assert_frame_equal(ood_csv, ood_csv_table(table), check_dtype=False)
     rows = results.set_index("method")
 
     train, feats = _features(digits)
