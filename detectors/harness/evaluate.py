@@ -36,6 +36,7 @@ from detectors.harness.plan import (FEATURES_VERSION, Plan, Split, Unit, check_s
                             safe_name)
 from detectors.posthoc.pixels import pixel_memo
 from detectors.posthoc.streaming import across_processes, chunk_rows, process_rows
+from detectors.harness.protocols import OOSA_SCORER
 from detectors.harness.runconfig import ConfigError, DetectorSpec, EvalConfig, Source
 from detectors.harness.selection import defaults_note, select
 from detectors.harness.openset import (OOD_METRICS_FILE, KnownClasses, from_logits, ood_csv_table, oosa_threshold,
@@ -92,6 +93,7 @@ class Runner:
         self._trained: dict[str, Detector] = {}
         self._images: dict[str, ImageSet] = {}
         self._selected_on: dict[str, str] = {}  # swept units: the metric and the validation splits that chose
+        self._theta_scorers: dict[str, Detector] = {}  # swept units: another scorer picking the OOSA threshold
         self.pixels = None  # the run's pixels (pipelines.pixels.RunPixels), set with the classifier
 
     # -- features ------------------------------------------------------------------------------------------
@@ -361,6 +363,8 @@ class Runner:
         if partial_state().is_main_process:  # which split chose: ID val against these OOD-validation sets
             frame = pd.DataFrame(table).assign(metric=sel.metric, id_val="id_val", ood_val=sets)
             _write_csv(frame, self.plan.out / "selection" / f"{safe_name(unit.method)}.csv")
+        if OOSA_SCORER[self.plan.protocol] == "defaults" and probe is not det and probe.params != det.params:
+            self._theta_scorers[unit.method] = probe  # the reference picks the threshold before its sweep
         return det
 
     def _known(self, det: Detector, trained: Detector | None) -> KnownClasses:
@@ -398,12 +402,22 @@ class Runner:
                 return trained.transform(features).logits
         return trained.transform(data).logits
 
-    def _oosa_threshold(self, det: Detector, get: Any, val: Any) -> float | None:
-        """The OOSA threshold on ID val against OOD val with the row's scores (None without both or predictions)."""
+    def _oosa_threshold(self, method: str, det: Detector, view: Any, val: Any) -> float | None:
+        """The OOSA threshold on ID val against OOD val (None without both or predictions), scored by the row's
+        detector or, for a swept unit under a `defaults` protocol (`OOSA_SCORER`), at its parameters before the
+        sweep."""
+        scorer = self._theta_scorers.pop(method, det)
         ood_val = self.plan.ood_val
         if val is None or ood_val is None or ood_val.id not in self.data or not len(self.data[ood_val.id].index):
             return None
-        return oosa_threshold(det.score(get("id-id_val")), det.score(get(ood_val.id)), val)
+        if not scorer.fitted:
+            try:
+                self._fit(scorer)
+            except ValueError as err:  # the defaults do not fit these data (the sweep skipped such points too)
+                log.info("%s: OOSA threshold from the selected point (its defaults do not fit: %s)", method, err)
+                scorer = det
+        get = view or (lambda split_id: self._split_data(scorer, split_id))
+        return oosa_threshold(scorer.score(get("id-id_val")), scorer.score(get(ood_val.id)), val)
 
     def _validation(self, det: Detector, base: str, rule: str, view: Any = None) -> dict[str, Any] | None:
         """The unit's metric on ID val against OOD val (rule selection reads it); None without both."""
@@ -427,7 +441,7 @@ class Runner:
         id_scores = det.score(get(test.id))
         fit_seconds = time.perf_counter() - start
         params = _params_json(det)
-        theta = self._oosa_threshold(det, get, known.val)
+        theta = self._oosa_threshold(method, det, view, known.val)
         frames, rows = [frame(test, "id", "id", id_scores)], []
         for split in (s for s in self.plan.of_role("ood") if s.id not in self._left_out):
             t0 = time.perf_counter()

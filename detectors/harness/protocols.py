@@ -173,3 +173,13 @@ ZERO_THRESHOLD_MISSING: dict[str, bool] = {
     "exact": False,  # correction: OSA and OOSA computed at a zero threshold too
 }
 """`protocol:` -> whether an OOSA threshold of exactly 0 leaves OSA and OOSA missing, as the reference's `if theta:`."""
+
+OOSA_SCORER: dict[str, str] = {
+    # Open-Insect's OODEvaluator.eval_ood picks the OOSA threshold (ood_evaluator.py:102-113) before its APS sweep
+    # (:126-131): with the postprocessor at its config's defaults, not at the point the sweep then chooses
+    "open-insects": "defaults",
+    "openood_v1.5": "defaults",  # OpenOOD has no OOSA: Open-Insect's evaluator is the reference of these columns
+    "exact": "selected",  # correction: the threshold of the scores the row reports
+}
+"""`protocol:` -> which scorer of a swept unit picks its OOSA threshold on validation: `defaults` (the unit's
+parameters before the sweep, fitted once more) or `selected` (the chosen point's). Units without a sweep have one."""

@@ -1,6 +1,8 @@
 """The open-set columns of an evaluate run's results.csv (detectors.harness.openset): the predictions of the classifier
 each row scores with, the OOSA threshold chosen on ID val against OOD val, every column as the reference formulas
 (detectors.openset_metrics, itself checked in tests/detectors/test_openset_metrics.py) give them by hand."""
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -101,3 +103,23 @@ def test_row_helpers():
     assert oosa_threshold(id_scores, ood_scores, None) is None
     assert oosa_threshold(id_scores, ood_scores, known.test) == osa_threshold(id_scores, ood_scores, logits.argmax(1),
                                                                               labels)[1]
+
+
+@pytest.mark.slow
+def test_a_swept_unit_picks_its_threshold_at_its_defaults_as_the_reference(digits, tmp_path):
+    """Open-Insect picks the OOSA threshold before its APS sweep (ood_evaluator.py:102-131): under `open-insects` the
+    threshold comes from the unit's default parameters, under `exact` from the selected point's. ReAct: its fit reads
+    ID val only (a KNN bank would be ID train features through the protocol's fit pixels)."""
+    _, ood_dir, _ = digits
+    config = dict(ood=[{"manifest": str(ood_dir), "sets": ["digits_6_9"]}], detectors=["react"],
+                  select={"ood_val": {"manifest": str(ood_dir), "split": "test", "sets": ["texture"]}})
+    train, feats = _features(digits)
+    val = Predictions(feats["val"].logits.argmax(1), feats["val"].labels)
+    for protocol in ("open-insects", "exact"):
+        row = run_config(eval_config(digits, tmp_path / protocol, protocol=protocol, **config)).iloc[0]
+        chosen = json.loads(row["params"])["percentile"]
+        assert chosen != build("react").params["percentile"]  # the sweep left the default (90): the two differ
+        scorer = build("react", **({} if protocol == "open-insects" else {"percentile": chosen}))
+        scorer.fit(train.to_featureset(), head=train.head(), id_val=feats["val"])
+        theta = osa_threshold(scorer.score(feats["val"]), scorer.score(feats["texture"]), val.pred, val.labels)[1]
+        assert row["oosa_threshold"] == pytest.approx(theta), protocol
