@@ -217,6 +217,8 @@ def reference_metrics(id_conf: Any, ood_conf: Any, known: Predictions | None = N
     if known is None:
         return out
     pred, labels = known.pred, known.labels
+    if not len(pred) == len(labels) == len(idv):
+        raise ValueError(f"{len(pred)} predictions and {len(labels)} labels for {len(idv)} ID scores")
     out["auoscr"] = auoscr(idv, ood, pred, labels)
     out["openauc"] = openauc(idv, ood, pred, labels)
     if theta is None or (zero_theta_missing and theta == 0):

@@ -205,6 +205,8 @@ def test_missing_predictions_and_thresholds():
     assert fixed["oosa"] == pytest.approx(ref_osa_at(id_conf, ood_conf, pred, labels, 0.0))
     with pytest.raises(ValueError, match="ood_conf is empty"):
         om.reference_metrics(id_conf, [])
+    with pytest.raises(ValueError, match="predictions and"):
+        om.reference_metrics(id_conf, ood_conf, om.Predictions(pred[:-1], labels[:-1]))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
