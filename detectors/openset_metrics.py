@@ -11,7 +11,7 @@ set). Pure numpy re-statements of that code, each function naming the reference 
 - AUPR is scikit-learn's `average_precision_score` with OOD positive (metrics.py:193): the step sum, not the
   trapezoidal AUPR-Out of `detectors.metrics`;
 - the known-class numbers (ACC, AUOSCR, OpenAUC, OSA, OOSA) need the classifier's predictions of the ID test rows;
-- values here are fractions in [0, 1] (the reference multiplies by 100; `ood_table` in the report does too).
+- values here are fractions in [0, 1] (the reference multiplies by 100, as ood_metrics.csv and the report do).
 
 Tied scores: AUOSCR walks the rows in `numpy.argsort`'s order (metrics.py:61, the default, unstable kind), so with ties
 between a known and an unknown row its value depends on that order, in the reference as here (the same call is made).
