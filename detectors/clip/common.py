@@ -11,6 +11,7 @@ import torch
 from detectors.base import Detector, ImageSet, Params, param
 from detectors.clip.backbone import DEFAULT_CLIP, DEFAULT_TEMPLATES, ClipBackbone
 from detectors.clip.features import ClipImageFeatures, image_features
+from detectors.clip.scores import cosine
 
 MCM_TEMPLATE = "a photo of a {}"  # MCM / GL-MCM's official prompt (no full stop)
 
@@ -77,6 +78,11 @@ class ClipDetector(Detector):
     @property
     def num_classes(self) -> int:
         return len(self.params["class_names"])
+
+    def predict(self, batch: ImageSet | ClipImageFeatures) -> np.ndarray:
+        """ID class predictions [N]: the class prompt nearest each image (CLIP's zero-shot classifier), the known-class
+        predictions of the open-set metrics."""
+        return cosine(self.features(batch).global_, self.class_text()).argmax(-1).numpy()
 
 
 def labels_of(images: ImageSet, who: str) -> torch.Tensor:

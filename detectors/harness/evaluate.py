@@ -9,7 +9,8 @@ Four steps:
 3. **units** — `detector`, `select`, `rule` and `fewshot` units (`detectors.harness.units`): fit, score, write rows and
 scores
    atomically; a finished unit is skipped on rerun, a failing one recorded in `failures.json` and the others go on;
-4. **outputs** — `results.csv`, `scores.parquet`, `failures.json`, `threshold_transfer.csv`, `rule_selection.csv`.
+4. **outputs** — `results.csv`, `ood_metrics.csv`, `scores.parquet`, `failures.json`, `threshold_transfer.csv`,
+   `rule_selection.csv`.
 """
 from __future__ import annotations
 
@@ -35,8 +36,11 @@ from detectors.harness.plan import (FEATURES_VERSION, Plan, Split, Unit, check_s
                             safe_name)
 from detectors.posthoc.pixels import pixel_memo
 from detectors.posthoc.streaming import across_processes, chunk_rows, process_rows
+from detectors.harness.protocols import OOSA_SCORER
 from detectors.harness.runconfig import ConfigError, DetectorSpec, EvalConfig, Source
 from detectors.harness.selection import defaults_note, select
+from detectors.harness.openset import (OOD_METRICS_FILE, KnownClasses, from_logits, ood_csv_table, oosa_threshold,
+                                       openset_columns, predictions)
 from detectors.harness.results import LOWER_IS_BETTER, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
 from detectors.harness.transfer import transfer_table
 from detectors.harness.units import UnitResult, UnitStore
@@ -89,6 +93,7 @@ class Runner:
         self._trained: dict[str, Detector] = {}
         self._images: dict[str, ImageSet] = {}
         self._selected_on: dict[str, str] = {}  # swept units: the metric and the validation splits that chose
+        self._theta_scorers: dict[str, Detector] = {}  # swept units: another scorer picking the OOSA threshold
         self.pixels = None  # the run's pixels (pipelines.pixels.RunPixels), set with the classifier
 
     # -- features ------------------------------------------------------------------------------------------
@@ -305,8 +310,8 @@ class Runner:
             self._trained[unit.method] = det
         training = det.family == "training"
         mode = str(det.params.get("mode", "")) if training else ""
-        acc = self._accuracy(det, det if training else None)
-        scored = self._score_all(det, unit.method, det.family, mode, unit.method if training else "", "", start, acc)
+        known = self._known(det, det if training else None)
+        scored = self._score_all(det, unit.method, det.family, mode, unit.method if training else "", "", start, known)
         validation = self._validation(det, unit.method, "") if training else None
         return _result(scored, validation)
 
@@ -322,7 +327,7 @@ class Runner:
         scorer.fit(view("id-id_train"), head=trained.trained_head, id_val=view("id-id_val"))
         mode = str(trained.params.get("mode", ""))
         scored = self._score_all(scorer, unit.method, "training", mode, unit.parent.method, unit.rule, start,
-                                 self._accuracy(scorer, trained), view=view)
+                                 self._known(scorer, trained), view=view)
         return _result(scored, self._validation(scorer, unit.parent.method, unit.rule, view))
 
     def _parent(self, unit: Unit) -> Detector:
@@ -357,36 +362,61 @@ class Runner:
         if partial_state().is_main_process:  # which split chose: ID val against these OOD-validation sets
             frame = pd.DataFrame(table).assign(metric=sel.metric, id_val="id_val", ood_val=sets)
             _write_csv(frame, self.plan.out / "selection" / f"{safe_name(unit.method)}.csv")
+        if OOSA_SCORER[self.plan.protocol] == "defaults" and probe is not det and probe.params != det.params:
+            self._theta_scorers[unit.method] = probe  # the reference picks the threshold before its sweep
         return det
 
-    def _accuracy(self, det: Detector, trained: Detector | None) -> float:
-        """Top-1 ID test accuracy of the classifier the rows score with: the trained model's (`transform`) for
-        training methods and their rules, the run classifier's cached logits for detectors that use it, else NaN."""
-        test = self.data.get("id-id_test")
-        if test is None:
-            return float("nan")
-        if trained is not None and hasattr(trained, "transform"):
-            logits = self._trained_logits(trained)
-        elif test.features is not None and (reads_features(det) or "classifier" in type(det).needs):
-            logits = test.features.logits
-        else:
-            return float("nan")
-        labels = self._labels("id-id_test")
-        if logits is None or not len(labels):
-            return float("nan")
-        return float((np.asarray(logits).argmax(1) == labels).mean())
+    def _known(self, det: Detector, trained: Detector | None) -> KnownClasses:
+        """ID test and val predictions of the classifier the rows score with (`detectors.harness.openset`): the trained
+        model's logits (`transform`) for training methods and their rules, the run classifier's cached logits for
+        detectors that use it, a detector's own `predict` (CLIP's class prompts), else none (NaN columns). Val
+        predictions only where OOD validation rows choose the OOSA threshold."""
+        ood_val = self.plan.ood_val
+        val = ood_val is not None and ood_val.id in self.data
+        return KnownClasses(self._predictions(det, trained, "id-id_test"),
+                            self._predictions(det, trained, "id-id_val") if val else None)
 
-    def _trained_logits(self, trained: Detector) -> np.ndarray | None:
-        """ID test logits of a trained model: `transform` of what it reads; a method that reads images only to score
+    def _predictions(self, det: Detector, trained: Detector | None, split_id: str) -> Any:
+        prepared = self.data.get(split_id)
+        if prepared is None or not len(prepared.index):
+            return None
+        labels = self._labels(split_id)
+        if trained is not None and hasattr(trained, "transform"):
+            return from_logits(self._trained_logits(trained, split_id), labels)
+        if prepared.features is not None and (reads_features(det) or "classifier" in type(det).needs):
+            return from_logits(prepared.features.logits, labels)
+        if hasattr(det, "predict"):
+            return predictions(det.predict(self._split_data(det, split_id)), labels)
+        return None
+
+    def _trained_logits(self, trained: Detector, split_id: str) -> np.ndarray | None:
+        """A split's logits by a trained model: `transform` of what it reads; a method that reads images only to score
         (RotPred in heads mode) but transforms features is given the cached features."""
-        data = self._split_data(trained, "id-id_test")
-        features = self.data["id-id_test"].features
+        data = self._split_data(trained, split_id)
+        features = self.data[split_id].features
         if isinstance(data, ImageSet) and features is not None:
             try:
                 return trained.transform(data).logits
             except (TypeError, ValueError, AttributeError):
                 return trained.transform(features).logits
         return trained.transform(data).logits
+
+    def _oosa_threshold(self, method: str, det: Detector, view: Any, val: Any) -> float | None:
+        """The OOSA threshold on ID val against OOD val (None without both or predictions), scored by the row's
+        detector or, for a swept unit under a `defaults` protocol (`OOSA_SCORER`), at its parameters before the
+        sweep."""
+        scorer = self._theta_scorers.pop(method, det)
+        ood_val = self.plan.ood_val
+        if val is None or ood_val is None or ood_val.id not in self.data or not len(self.data[ood_val.id].index):
+            return None
+        if not scorer.fitted:
+            try:
+                self._fit(scorer)
+            except ValueError as err:  # the defaults do not fit these data (the sweep skipped such points too)
+                log.info("%s: OOSA threshold from the selected point (its defaults do not fit: %s)", method, err)
+                scorer = det
+        get = view or (lambda split_id: self._split_data(scorer, split_id))
+        return oosa_threshold(scorer.score(get("id-id_val")), scorer.score(get(ood_val.id)), val)
 
     def _validation(self, det: Detector, base: str, rule: str, view: Any = None) -> dict[str, Any] | None:
         """The unit's metric on ID val against OOD val (rule selection reads it); None without both."""
@@ -401,14 +431,16 @@ class Runner:
                 "n_id_val": int(len(self.data["id-id_val"].index)), "n_ood_val": int(len(self.data[ood_val.id].index))}
 
     def _score_all(self, det: Detector, method: str, family: str, mode: str, base: str, rule: str, start: float,
-                   acc: float, view: Any = None) -> Scored:
-        """Score ID test, every OOD set and every field set; rows per OOD set with the fit time in `seconds`."""
+                   known: KnownClasses, view: Any = None) -> Scored:
+        """Score ID test, every OOD set and every field set; rows per OOD set with the fit time in `seconds` and the
+        open-set columns (`known`: the scoring classifier's predictions)."""
         get = view or (lambda split_id: self._split_data(det, split_id))
         frame = lambda split, role, group, scores: self._score_frame(method, family, role, split, group, scores)  # noqa: E731
         test = self.plan.split("id-id_test")
         id_scores = det.score(get(test.id))
         fit_seconds = time.perf_counter() - start
         params = _params_json(det)
+        theta = self._oosa_threshold(method, det, view, known.val)
         frames, rows = [frame(test, "id", "id", id_scores)], []
         for split in (s for s in self.plan.of_role("ood") if s.id not in self._left_out):
             t0 = time.perf_counter()
@@ -416,8 +448,9 @@ class Runner:
             rows.append({"method": method, "family": family, "mode": mode, "protocol": self.plan.protocol,
                          "checkpoint": self.plan.checkpoint, "base": base,
                          "rule": rule, "ood_set": split.name, "group": split.group,
-                         **compute_metrics(id_scores, ood_scores),
-                         "id_acc": acc, "n_id": len(id_scores), "n_ood": len(ood_scores),
+                         **compute_metrics(id_scores, ood_scores), "id_acc": known.accuracy,
+                         **openset_columns(id_scores, ood_scores, known, theta, self.plan.protocol),
+                         "n_id": len(id_scores), "n_ood": len(ood_scores),
                          "seconds": fit_seconds + time.perf_counter() - t0, "params": params,
                          "selected_on": self._selected_on.get(method, "")})
             frames.append(frame(split, "ood", split.group or "", ood_scores))
@@ -518,7 +551,9 @@ class Runner:
 
     def _write_outputs(self, done: list[UnitResult], final: bool) -> None:
         out = self.plan.out
-        _write_csv(_results(done), out / "results.csv")
+        results = _results(done)
+        _write_csv(results, out / "results.csv")
+        _write_csv(ood_csv_table(results), out / OOD_METRICS_FILE)  # the reference's ood.csv columns
         atomic_write_json(out / "failures.json", {"images": self.image_failures, "sets": self.set_failures,
                                                   "detectors": self.detector_failures})
         if not final:

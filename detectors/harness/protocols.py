@@ -162,3 +162,24 @@ for _protocol, _choice in CHECKPOINTS.items():  # the fine-tunes score with the 
     if _choice != "last":
         for _name in TRAINING_METHODS:
             PROTOCOLS[_protocol].setdefault(_name, {})["checkpoint"] = _choice
+
+
+# -- the open-set columns (detectors.openset_metrics) ----------------------------------------------------------------
+ZERO_THRESHOLD_MISSING: dict[str, bool] = {
+    # Open-Insect's compute_all_metrics computes OSA and OOSA only `if theta:` (src/openood/evaluators/metrics.py:139),
+    # so an OOSA threshold of exactly 0 chosen on validation reports both as -1 (NaN here)
+    "open-insects": True,
+    "openood_v1.5": True,  # OpenOOD has no OSA: Open-Insect's evaluator is the reference of these columns
+    "exact": False,  # correction: OSA and OOSA computed at a zero threshold too
+}
+"""`protocol:` -> whether an OOSA threshold of exactly 0 leaves OSA and OOSA missing, as the reference's `if theta:`."""
+
+OOSA_SCORER: dict[str, str] = {
+    # Open-Insect's OODEvaluator.eval_ood picks the OOSA threshold (ood_evaluator.py:102-113) before its APS sweep
+    # (:126-131): with the postprocessor at its config's defaults, not at the point the sweep then chooses
+    "open-insects": "defaults",
+    "openood_v1.5": "defaults",  # OpenOOD has no OOSA: Open-Insect's evaluator is the reference of these columns
+    "exact": "selected",  # correction: the threshold of the scores the row reports
+}
+"""`protocol:` -> which scorer of a swept unit picks its OOSA threshold on validation: `defaults` (the unit's
+parameters before the sweep, fitted once more) or `selected` (the chosen point's). Units without a sweep have one."""

@@ -6,13 +6,17 @@ spells a column list, a score role or a metric direction.
 from __future__ import annotations
 
 from detectors.metrics import METRICS
+from detectors.openset_metrics import OOD_CSV_COLUMNS, OPENSET_METRICS
 
 LOWER_IS_BETTER: dict[str, bool] = {"auroc": False, "fpr95": True, "fpr95_id": True, "aupr_in": False,
-                                    "aupr_out": False, "id_acc": False}
+                                    "aupr_out": False, "id_acc": False, "tnr10": False, "tnr20": False,
+                                    "ap_out": False, "fpr95_ref": True, "auoscr": False, "openauc": False,
+                                    "osa": False, "oosa": False}
 """Direction of each metric: selection maximises the others and minimises these."""
 
 RESULT_COLUMNS: tuple[str, ...] = ("method", "family", "mode", "protocol", "checkpoint", "base", "rule", "ood_set",
-                                   "group", *METRICS, "id_acc", "n_id", "n_ood", "seconds", "params", "selected_on")
+                                   "group", *METRICS, "id_acc", *OPENSET_METRICS, "n_id", "n_ood", "seconds", "params",
+                                   "selected_on")
 """A row per (method, OOD set). `family` is the row's own family (a rule re-scoring a training method is `training`);
 `mode` says how a training method trained (`full` or `heads`; empty elsewhere); `protocol` the config's `protocol:`
 (`detectors.harness.protocols.PROTOCOLS`); `checkpoint` which checkpoint of a trained classifier folder the run's
@@ -20,7 +24,9 @@ classifier is
 (`last` / `best`; empty for a model without `checkpoints.json`; a training method's own fine-tune says its choice in
 `params`); `base` / `rule` name the trained method
 and the post-hoc rule of a re-scored row; `id_acc` is the top-1 ID test accuracy of the classifier the row scores with
-(NaN where no classifier is involved); `params` the JSON of the hyperparameters that ran (chosen ones included);
+(NaN where no classifier is involved); `OPENSET_METRICS` are the Open-Insect evaluator's ood.csv numbers
+(`detectors.openset_metrics`, filled by `detectors.harness.openset`; NaN in tables written before them); `params` the
+JSON of the hyperparameters that ran (chosen ones included);
 `selected_on` how a swept unit chose them (`auroc: id_val vs ood_val[<sets>]`; empty where defaults ran)."""
 
 RESULT_REQUIRED: tuple[str, ...] = ("method", "family", "ood_set", "group", "auroc", "fpr95", "aupr_in", "aupr_out",
@@ -51,5 +57,7 @@ COLUMN_LABELS: dict[str, str] = {
     "auroc": "AUROC", "fpr95": "FPR@95", "fpr95_id": "FPR@95 (ID-positive)", "aupr_in": "AUPR-In",
     "aupr_out": "AUPR-Out", "id_acc": "ID acc.", "species_detected": "novel-species images flagged",
     "species_any": "novel species with >= 1 image flagged",
+    **{ours: label for label, ours in OOD_CSV_COLUMNS.items() if ours not in ("auroc", "id_acc")},
+    "oosa_threshold": "OOSA threshold",
 }
 """Human labels of metric columns for rendered tables and figures."""

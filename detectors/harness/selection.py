@@ -11,7 +11,7 @@ import math
 from typing import Any, Callable
 
 from detectors.base import Detector, LinearHead
-from detectors.metrics import evaluate
+from detectors.metrics import METRICS, evaluate
 from detectors.harness.protocols import TIE_RULES
 from detectors.registry import build, detector_class
 from detectors.harness.results import LOWER_IS_BETTER
@@ -45,8 +45,8 @@ def select(name: str, id_val: Any, ood_val: Any, *, id_train: Any = None, head: 
     cls = detector_class(name)
     space = cls.search_space if space is None else space
     fit_on = id_val if id_train is None else id_train
-    if metric not in LOWER_IS_BETTER:
-        raise ValueError(f"select: unknown metric {metric!r}; known: {sorted(LOWER_IS_BETTER)}")
+    if metric not in METRICS:  # what `evaluate` gives on validation
+        raise ValueError(f"select: unknown metric {metric!r}; known: {sorted(METRICS)}")
     sign = -1.0 if LOWER_IS_BETTER[metric] else 1.0
     if ties not in TIE_RULES:
         raise ValueError(f"select: unknown tie rule {ties!r}; known: {list(TIE_RULES)}")

@@ -7,6 +7,7 @@ method, the threshold-transfer table, FPR@95 by family, heatmaps, ROC curves, sc
 index.html showing them all. `--layout shiftedbronzes` writes that paper's Tables 2-4 and Figures 5, 6, 7, 2(c);
 `--layout open-insects` takes one `--results` per region and writes that paper's Tables 2/7, 4, 5, 6 and Figures 1,
 3 and 4 (see docs/report.md). A paper layout draws only the paper's figures (`--diagnostics`: the generic ones too).
+`--openset` adds the Open-Insect evaluator's open-set columns (its ood.csv: TNR@10 ... OOSA) per run.
 Prints the summary and a warning per set with AUROC below 50.
 """
 from __future__ import annotations
@@ -64,6 +65,9 @@ def build_parser():
                         "are trained from scratch, Table 2)")
     p.add_argument("--aux-study", type=Path, default=None,
                    help="open-insects: oodforge aux-study's folder (aux_study.csv) for Figure 4")
+    p.add_argument("--openset", action="store_true",
+                   help="also the Open-Insect evaluator's open-set columns (TNR@10 ... OOSA, its ood.csv order) per "
+                        "run: openset.{md,csv}; the papers' tables stay as printed")
     return p
 
 
@@ -71,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(build_parser(), argv)
     if args.layout == "open-insects":
         written = write_open_insects(args.results, args.out, splits=args.splits, figures=args.figures, log=print,
-                                     workers=args.workers, pretrained=args.pretrained, aux_study=args.aux_study)
+                                     workers=args.workers, pretrained=args.pretrained, aux_study=args.aux_study,
+                                     openset=args.openset)
         print(f"wrote {len(written)} files to {args.out}; open {args.out / 'index.html'}")
         return 0
     if len(args.results) > 1:
@@ -85,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
                            figures=args.figures, classifier=args.classifier,
                            fewshot=args.fewshot or found.get("fewshot"),
                            feature_maps=args.feature_maps, workers=args.workers,
-                           diagnostics=args.diagnostics)
+                           diagnostics=args.diagnostics, openset=args.openset)
     print(render_summary(results, args.methods))
     print(f"wrote {len(written)} files to {args.out}; open {args.out / 'index.html'}")
     return 0

@@ -23,11 +23,12 @@ import pandas as pd
 
 from detectors.registry import FAMILIES
 from detectors.harness.results import METRICS, RESULT_REQUIRED
+from detectors.openset_metrics import OPENSET_RATES
 from pipelines.errors import UserInputError
 from pipelines.schema import GROUPS
 
 CELL_METRICS = ("fpr95", "auroc")
-PERCENT_COLUMNS = (*METRICS, "id_acc")
+PERCENT_COLUMNS = (*METRICS, "id_acc", *OPENSET_RATES)
 FAMILY_ORDER = FAMILIES
 GROUP_ORDER = GROUPS
 GROUP_MISSING = "other"

@@ -20,6 +20,7 @@ from detectors.harness.report.figures import render
 from detectors.harness.report.html import Section, index_html
 from detectors.harness.report.names import OPEN_INSECTS, SHIFTED_BRONZES, Paper, region_label, unknown_methods
 from detectors.harness.report.open_insects import open_insects_sections, table_methods
+from detectors.harness.report.openset import openset_section
 from detectors.harness.report.papers import Run, region_name
 from detectors.harness.report.render import CONVENTIONS
 from detectors.harness.report.scores import has_sources, per_set_auroc, read_scores
@@ -115,7 +116,7 @@ def write_report(results: Table, out_dir: str | os.PathLike, *, methods: Sequenc
                  layout: str = "generic", figures: str = "png",
                  classifier: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
                  fewshot: str | os.PathLike | None = None, feature_maps: str | os.PathLike | None = None,
-                 workers: int | None = None, diagnostics: bool = False) -> list[Path]:
+                 workers: int | None = None, diagnostics: bool = False, openset: bool = False) -> list[Path]:
     """Write every table and figure of the report under `out_dir`, and `index.html` showing them all; returns the
     paths written (index.html last). `layout` `generic` or `shiftedbronzes` (Open-Insects: `write_open_insects`).
 
@@ -127,7 +128,8 @@ def write_report(results: Table, out_dir: str | os.PathLike, *, methods: Sequenc
     id_looking.{md,csv} and id_looking_<set>.png (`top_k` images). `shiftedbronzes` writes the paper's Tables 3, 4, 2
     (sb_table3, sb_table4, sb_table2 from `classifier`: one or more classifier folders, `NAME=PATH` or `PATH`) and
     Figures 5, 6, 7 (`fewshot`), 2(c) (`feature_maps`); `diagnostics` adds the heatmaps and, there, the generic
-    figures and score tables. `figures`: `png`, `pdf` (also a PDF of each) or `none`; `workers`: figure
+    figures and score tables. `openset` adds openset.{md,csv}: the Open-Insect evaluator's ood.csv columns
+    (`detectors.harness.report.openset`). `figures`: `png`, `pdf` (also a PDF of each) or `none`; `workers`: figure
     processes (default: the CPUs, used when it pays). `methods` restricts the report; `log` receives a line per
     skipped part. Warnings (AUROC below 50, config labels, parts left out) are counted at the top of the page.
     """
@@ -156,6 +158,8 @@ def write_report(results: Table, out_dir: str | os.PathLike, *, methods: Sequenc
     best = best_rule_section(out, frame, scale, selection)
     sections += [best] if best is not None else []
     sections += [transfer_section(out, transfer)] if transfer is not None else []
+    found_openset = openset_section(out, frame) if openset else None
+    sections += [found_openset] if found_openset is not None else []
     if extras:
         sections.append(figure_section(out, frame, fpr95=paper is None, heatmaps=bool(diagnostics),
                                        collapsed=paper is not None))
@@ -173,12 +177,14 @@ def write_report(results: Table, out_dir: str | os.PathLike, *, methods: Sequenc
 def write_open_insects(results: Sequence[str | tuple[str, str | os.PathLike]], out_dir: str | os.PathLike, *,
                        splits: str | os.PathLike | None = None, figures: str = "png",
                        log: Callable[[str], None] | None = None, workers: int | None = None,
-                       pretrained: Sequence[str] = (), aux_study: str | os.PathLike | None = None) -> list[Path]:
+                       pretrained: Sequence[str] = (), aux_study: str | os.PathLike | None = None,
+                       openset: bool = False) -> list[Path]:
     """Open-Insects' tables and figures from one run per region (`results`: results-table paths, or (region, path);
     a bare path is named by its run folder), each with its companion files: table2 (Tables 2 / 7: the runs named in
     `pretrained` started from ImageNet-1K weights and form Table 7), table4 (threshold transfer), table5 (from
     `splits`' summary and region manifests), table6, figure1, figure3_<region>_<set>, figure4 (from `aux_study`,
-    scripts/aux_study.py's folder)."""
+    scripts/aux_study.py's folder); `openset` adds openset_<region>.{md,csv} per region (the Open-Insect
+    evaluator's ood.csv columns; Table 2 stays as the paper prints it)."""
     out = _out(out_dir, figures, log)
     specs = [region_name(str(r)) if not isinstance(r, tuple) else (r[0], Path(r[1])) for r in results]
     names = [n for n, _ in specs]
@@ -195,6 +201,8 @@ def write_open_insects(results: Sequence[str | tuple[str, str | os.PathLike]], o
     warnings = collect_warnings(out, rows, OPEN_INSECTS)
     sections = open_insects_sections(out, runs, Path(splits) if splits is not None else None,
                                      Path(aux_study) if aux_study is not None else None)
+    if openset:
+        sections += [s for s in (openset_section(out, r.results, r.name) for r in runs) if s is not None]
     title = f"Open-Insects report: {len(runs)} region(s) ({', '.join(map(region_label, names))})"
     return _finish(out, title, sections, workers, warnings)
 

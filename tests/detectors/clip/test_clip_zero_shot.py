@@ -99,3 +99,14 @@ def test_cached_features_skip_the_vision_tower(backbone, tmp_path):
         assert len(list(cache.glob("*.safetensors"))) == 1
     finally:
         hook.remove()
+
+
+def test_predict_is_the_nearest_class_prompt(backbone):
+    """`predict` (the open-set metrics' known-class predictions): argmax of the raw cosine to each class prompt, by
+    transformers' own towers; MCM's argmax of its softmax picks the same class."""
+    images = colour_images([0, 1, 2], 2, 4)
+    names = CLASSES + ["blue"]
+    for name in ("mcm", "glmcm"):
+        det = detectors.build(name, model=backbone, class_names=names)
+        img, txt = hf_image(backbone, images), hf_text(backbone, [f"a photo of a {c}" for c in names])
+        np.testing.assert_array_equal(det.predict(ImageSet(images=images)), (img @ txt.T).argmax(1))
