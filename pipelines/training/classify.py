@@ -70,7 +70,7 @@ def _has_weights(model: str) -> bool:
     return not folder.is_dir() or any((folder / name).is_file() for name in WEIGHT_FILES)
 
 
-def _config_source(model: str) -> str:
+def config_source(model: str) -> str:
     """Where the architecture and processor configs come from: the model itself, or, for a torchvision checkpoint or
     an untrained hub model whose configs ship in pipelines/hub_configs, those files (no download)."""
     from pipelines.hub import PACKAGED_CONFIGS
@@ -94,7 +94,7 @@ def build_classifier(config: TrainConfig, class_names: list[str]) -> ImageClassi
               "label2id": {name: i for i, name in enumerate(class_names)}}
     seed_everything(config.seed)
     torchvision_file = is_torchvision_checkpoint(config.model)
-    source = _config_source(config.model) if torchvision_file or not config.pretrained else config.model
+    source = config_source(config.model) if torchvision_file or not config.pretrained else config.model
     try:
         if config.pretrained and not torchvision_file and _has_weights(config.model):
             model = load_pretrained(AutoModelForImageClassification.from_pretrained, config.model, "image classifier",
