@@ -38,6 +38,8 @@ from detectors.posthoc.streaming import across_processes, chunk_rows, process_ro
 from detectors.harness.runconfig import ConfigError, DetectorSpec, EvalConfig, Source
 from detectors.harness.selection import defaults_note, select
 from detectors.harness.results import LOWER_IS_BETTER, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
+from detectors.harness.sanity import (accuracy_warnings, head_warning, id_classes, one_class_warning,
+                                      small_set_warnings)
 from detectors.harness.transfer import transfer_table
 from detectors.harness.units import UnitResult, UnitStore
 from pipelines.batches import clear_kept_batches
@@ -466,6 +468,8 @@ class Runner:
         self.data = self.prepare()
         self._leave_out_empty_sets()
         self._check_dims()
+        if main:
+            self._warn_data()
         note = defaults_note(self.plan)
         if note and main:
             log.info(note)
@@ -480,10 +484,37 @@ class Runner:
                     self._trained.pop(unit.parent.method, None)  # its last rule ran: the trained model can go
                 if main:
                     self._write_outputs(done, final=False)
+        results = _results(done)
         if main:
             self._write_outputs(done, final=True)
             self._console_summary()
-        return _results(done)
+            self._warn_results(results)
+        return results
+
+    def _id_classes(self) -> int | None:
+        """The number of ID classes of the ID train (else test) rows; None without either."""
+        for split_id in ("id-id_train", "id-id_test"):
+            if split_id in self.data:
+                return id_classes(self._labels(split_id))
+        return None
+
+    def _warn_data(self) -> None:
+        """One line each for a head that is not one output per ID class and an ID set of one class (`sanity`)."""
+        classes = self._id_classes()
+        train = self.data.get("id-id_train")
+        logits = None if train is None or train.features is None else train.features.logits
+        lines = [one_class_warning(classes or 0)]
+        if classes and logits is not None:
+            lines.append(head_warning(int(np.asarray(logits).shape[1]), classes, str(self.plan.runtime.model)))
+        for line in filter(None, lines):
+            log.warning("[oodforge] warning: %s", line)
+
+    def _warn_results(self, results: pd.DataFrame) -> None:
+        """One line each for an ID accuracy at chance or zero and a set too small for AUROC to resolve 10 points."""
+        classes = self._id_classes() or 0
+        n_test = len(self._labels("id-id_test")) if "id-id_test" in self.data else 0
+        for line in [*accuracy_warnings(results, classes, n_test), *small_set_warnings(results)]:
+            log.warning("[oodforge] warning: %s", line)
 
     def _unit(self, unit: Unit, main: bool) -> UnitResult | None:
         """A finished unit read back, else run and written; a failing one recorded (None)."""

@@ -281,11 +281,16 @@ class TrainingPlan:
 
 
 def check_training(config: TrainConfig) -> TrainingPlan:
-    """Every check `train_classifier` runs before it loads the model (shared by `--dry-run`): the ID splits, the
-    class names, the label levels and the global batch against the processes."""
+    """Every check `train_classifier` runs before it loads the model (shared by `--dry-run`): the ID splits (two
+    classes or more), the class names, the label levels and the global batch against the processes."""
     from pipelines.runtime import partial_state
 
     manifest, train, val, test = _splits(config)
+    labels = {row["label"] for row in train.rows}
+    if len(labels) < 2:
+        raise ConfigError(f"id: {config.id} has one ID class ({next(iter(labels))!r}) in its train rows: a one-class "
+                          "classifier learns nothing (its cross-entropy is 0 whatever the weights) and its softmax "
+                          "scores are constant (AUROC 50 by construction); import two or more classes")
     class_names, label_field = class_names_of(manifest, config.id)
     key = run_key(config, class_names, label_field, (train, val, test))
     out = Path(config.out)
