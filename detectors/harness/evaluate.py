@@ -37,7 +37,7 @@ from detectors.posthoc.pixels import pixel_memo
 from detectors.posthoc.streaming import across_processes, chunk_rows, process_rows
 from detectors.harness.runconfig import ConfigError, DetectorSpec, EvalConfig, Source
 from detectors.harness.selection import defaults_note, select
-from detectors.harness.results import LOWER_IS_BETTER, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
+from detectors.harness.results import LOWER_IS_BETTER, PREDICTION, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
 from detectors.harness.sanity import (accuracy_warnings, head_warning, id_classes, one_class_warning,
                                       small_set_warnings)
 from detectors.harness.transfer import transfer_table
@@ -91,6 +91,7 @@ class Runner:
         self._trained: dict[str, Detector] = {}
         self._images: dict[str, ImageSet] = {}
         self._selected_on: dict[str, str] = {}  # swept units: the metric and the validation splits that chose
+        self._predicted: dict[str, list[str] | None] = {}  # split id -> the classifier's predicted class per row
         self.pixels = None  # the run's pixels (pipelines.pixels.RunPixels), set with the classifier
 
     # -- features ------------------------------------------------------------------------------------------
@@ -433,10 +434,27 @@ class Runner:
                      scores: np.ndarray) -> pd.DataFrame:
         index = self.data[split.id].index
         name = "id" if role == "id" else split.name
-        return pd.DataFrame({"method": method, "family": family, "role": role, "ood_set": name, "group": group,
-                             "index": np.asarray(index, dtype=np.int64), "score": scores,
-                             "file_name": [split.manifest.rows[i]["file_name"] for i in index],
-                             "manifest": split.source})
+        frame = pd.DataFrame({"method": method, "family": family, "role": role, "ood_set": name, "group": group,
+                              "index": np.asarray(index, dtype=np.int64), "score": scores,
+                              "file_name": [split.manifest.rows[i]["file_name"] for i in index],
+                              "manifest": split.source})
+        predicted = self._predictions(split.id)
+        return frame.assign(**{PREDICTION: predicted}) if predicted is not None else frame
+
+    def _predictions(self, split_id: str) -> list[str] | None:
+        """The run classifier's predicted class of each row of the split (`PREDICTION`; class names where the plan
+        has one per logit), computed once per split; None without cached logits."""
+        if split_id not in self._predicted:
+            features = self.data[split_id].features
+            logits = None if features is None else features.logits
+            found = None
+            if logits is not None and len(logits):
+                top = np.asarray(logits).argmax(1)
+                names = list(self.plan.class_names or [])
+                found = ([names[i] for i in top] if len(names) == np.asarray(logits).shape[1]
+                         else [str(i) for i in top])
+            self._predicted[split_id] = found
+        return self._predicted[split_id]
 
     # -- run ---------------------------------------------------------------------------------------------------
     def run(self) -> pd.DataFrame:

@@ -79,3 +79,6 @@ def test_the_runner_warns_on_a_head_of_other_classes_and_small_sets(tmp_path, ca
     assert any("its head has 5 outputs but the ID set has 2 classes" in m for m in warnings)
     assert any(m.startswith("[oodforge] warning: OOD set 'far': 4 OOD against 4 ID images") for m in warnings)
     assert all("\n" not in m for m in warnings)
+    # the classifier's predicted class beside every score: an index as text, as 5 logits have no 2 class names
+    scores = pd.read_parquet(tmp_path / "out" / "scores.parquet")
+    assert scores["pred"].notna().all() and set(scores["pred"]) <= {str(i) for i in range(5)}
