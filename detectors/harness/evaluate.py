@@ -39,7 +39,7 @@ from detectors.harness.runconfig import ConfigError, DetectorSpec, EvalConfig, S
 from detectors.harness.selection import defaults_note, select
 from detectors.harness.results import LOWER_IS_BETTER, PREDICTION, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
 from detectors.harness.sanity import (accuracy_warnings, head_warning, id_classes, one_class_warning,
-                                      small_set_warnings)
+                                      protocol_warning, small_set_warnings)
 from detectors.harness.transfer import transfer_table
 from detectors.harness.units import UnitResult, UnitStore
 from pipelines.batches import clear_kept_batches
@@ -517,11 +517,12 @@ class Runner:
         return None
 
     def _warn_data(self) -> None:
-        """One line each for a head that is not one output per ID class and an ID set of one class (`sanity`)."""
+        """One line each for a head that is not one output per ID class, an ID set of one class and a classifier
+        trained under another protocol (`sanity`)."""
         classes = self._id_classes()
         train = self.data.get("id-id_train")
         logits = None if train is None or train.features is None else train.features.logits
-        lines = [one_class_warning(classes or 0)]
+        lines = [one_class_warning(classes or 0), protocol_warning(self.plan.runtime.model, self.plan.protocol)]
         if classes and logits is not None:
             lines.append(head_warning(int(np.asarray(logits).shape[1]), classes, str(self.plan.runtime.model)))
         for line in filter(None, lines):

@@ -1,6 +1,7 @@
 """Warnings for numbers that mean nothing, one line each, logged before a user reads them: a classifier head whose
-outputs are not the ID classes, ID accuracy at chance or zero, an ID set of one class, and sets too small for AUROC's
-95% interval to be narrower than `MAX_INTERVAL` points.
+outputs are not the ID classes, ID accuracy at chance or zero, an ID set of one class, sets too small for AUROC's 95%
+interval to be narrower than `MAX_INTERVAL` points, and a classifier evaluated under another protocol (other pixels)
+than it was trained and tested under.
 
 The interval uses Hanley & McNeil's standard error of the AUROC (Radiology 143:29-36, 1982, eq. 2), ID rows the
 positives (scores are higher for ID):
@@ -14,12 +15,16 @@ observed AUROC of a tiny set cannot vouch for it.
 """
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 import pandas as pd
 
+TRAIN_CONFIG = "train_config.json"
+"""The resolved training config a train-classifier folder holds (pipelines.training.classify)."""
 MAX_INTERVAL = 10.0
 """The widest 95% interval of AUROC (percentage points, the whole width) a set may have without a warning."""
 Z95 = 1.959963984540054
@@ -107,6 +112,25 @@ def one_class_warning(classes: int) -> str | None:
             "weights) and gives every image the same softmax, so msp is constant and its AUROC 50 by construction, "
             "and logit scores (ebo, mls, ...) come from an untrained head; only feature-distance detectors (knn, "
             "mds, ...) measure anything here")
+
+
+def protocol_warning(model: str | None, protocol: str) -> str | None:
+    """A line when `model` is a train-classifier folder (or its `best/`) trained under another protocol than the
+    evaluation's: the two protocols' evaluation pixels differ (e.g. `exact`: the processor's bicubic resize;
+    `openood_v1.5`: the reference's bilinear one), so ID accuracy differs from its metrics.json."""
+    if not model:
+        return None
+    for folder in (Path(model), Path(model).parent):
+        try:
+            trained = json.loads((folder / TRAIN_CONFIG).read_text(encoding="utf-8")).get("protocol")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if trained and trained != protocol:
+            return (f"model {model} was trained and tested under protocol {trained}, this evaluation runs {protocol}: "
+                    f"their pixels differ, so ID accuracy here can differ from its metrics.json (set protocol: "
+                    f"{trained} to score the images as training tested them)")
+        return None
+    return None
 
 
 def id_classes(labels: Iterable[int]) -> int:

@@ -82,3 +82,18 @@ def test_the_runner_warns_on_a_head_of_other_classes_and_small_sets(tmp_path, ca
     # the classifier's predicted class beside every score: an index as text, as 5 logits have no 2 class names
     scores = pd.read_parquet(tmp_path / "out" / "scores.parquet")
     assert scores["pred"].notna().all() and set(scores["pred"]) <= {str(i) for i in range(5)}
+
+
+def test_a_model_trained_under_another_protocol_is_named(tmp_path):
+    """The 81.33% (metrics.json) vs 81.20% (evaluate) of one checkpoint: trained under exact (bicubic processor
+    pixels), evaluated under openood_v1.5 (the reference's bilinear resize)."""
+    import json
+
+    (tmp_path / "best").mkdir()
+    (tmp_path / "train_config.json").write_text(json.dumps({"protocol": "exact"}))
+    line = sanity.protocol_warning(str(tmp_path / "best"), "openood_v1.5")
+    assert "trained and tested under protocol exact, this evaluation runs openood_v1.5" in line
+    assert "set protocol: exact" in line and "\n" not in line
+    assert sanity.protocol_warning(str(tmp_path), "exact") is None
+    assert sanity.protocol_warning("microsoft/resnet-50", "exact") is None
+    assert sanity.protocol_warning(None, "exact") is None
