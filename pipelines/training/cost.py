@@ -226,8 +226,10 @@ def describe(cost: TrainCost, workers: int) -> list[str]:
                  f"(train + val rows)) on {who}, {cost.cores} core(s) at {cost.rate.images_per_s:,.0f} images/s per "
                  f"core (measured on {cost.rate.megapixels:.2g} MP images: {cost.rate.source})"]
     if cost.steps_s is not None:
-        lines.append(f"estimate: model steps {duration_text(cost.steps_s)} at {cost.steps_images_per_s:,.3g} "
-                     f"images/s ({cost.steps_source}); the run takes at least the longer of the two")
+        value = cost.steps_images_per_s
+        rate = f"{value:,.0f}" if value >= 100 else f"{value:.3g}"  # a GPU's thousands, a CPU's few
+        lines.append(f"estimate: model steps {duration_text(cost.steps_s)} at {rate} images/s ({cost.steps_source}); "
+                     "the run takes at least the longer of the two")
     else:
         lines.append(f"estimate: the model's own steps are not included ({cost.steps_source or 'no rate known'})")
     lines.append(f"estimate: disk {cost.disk_bytes / 1e9:.2f} GB (model folders and checkpoints, fp32)"
