@@ -471,10 +471,10 @@ def paper_estimates(measured: dict[str, Any], cores: int, host_rps: float, gpu_i
     if stored:
         rate = LoaderRate(stored["train"]["ours_img_s"], stored["megapixels"], True, "fetched images, shards")
         cost = estimate(train_rows=images, val_rows=0, epochs=epochs, workers=workers, rate=rate,
-                        gpu_images_per_s=gpu_img_s)
+                        steps_images_per_s=gpu_img_s)
         out["train_loading"] = {"samples": cost.samples, "loader_img_s": round(rate.images_per_s * workers),
                                 "loading_hours": round(cost.loading_s / 3600, 1), "gpu_img_s": gpu_img_s,
-                                "gpu_hours": round(cost.gpu_s / 3600, 1), "meets_goal": cost.loading_s < cost.gpu_s,
+                                "gpu_hours": round(cost.steps_s / 3600, 1), "meets_goal": cost.loading_s < cost.steps_s,
                                 "gpu_img_s_fp32_protocol": GPU_FP32["images_per_s"],
                                 "gpu_hours_fp32_protocol": round(cost.samples / GPU_FP32["images_per_s"] / 3600, 1),
                                 "meets_goal_fp32_protocol": cost.loading_s < cost.samples / GPU_FP32["images_per_s"],

@@ -13,7 +13,8 @@ inside functions, under `if TYPE_CHECKING`) and every `importlib.import_module("
     the package's public `detectors/__init__.py` may
 
 and no two modules of these packages import each other, directly or through others (an import circle); and the map at
-the top of docs/architecture.md is true: every package folder of these packages is in it, every folder in it exists.
+the top of docs/architecture.md is true: every package folder of these packages is in it, every folder in it exists,
+and README.md links it rather than keeping a folder map of its own.
 Prints one line per fault (`file:line: a imports b ...`) and exits 1 when there is any; tests are not checked.
 
     python scripts/check_layers.py            # the repository this script lives in
@@ -197,11 +198,24 @@ def map_faults(root: Path) -> list[str]:
             + [f"{MAP}: {f}/ is in the map but not on disk" for f in mapped if not (root / f).is_dir()])
 
 
+def readme_faults(root: Path) -> list[str]:
+    """The README keeps no folder map of its own (a map there went stale: ZeST in pipelines/, no oodforge/): it links
+    the one in docs/architecture.md."""
+    path = root / "README.md"
+    if not path.is_file() or not (root / MAP).is_file():
+        return []
+    text = path.read_text(encoding="utf-8")
+    faults = [] if f"]({MAP})" in text else [f"README.md: no link to {MAP}, the folder map"]
+    return faults + (["README.md: a '## Layout' section (a second folder map): link docs/architecture.md instead"]
+                     if re.search(r"^## Layout\b", text, flags=re.M) else [])
+
+
 def check(root: Path) -> list[str]:
-    """Every layer fault and import circle of the repository at `root`, and every fault of its architecture map."""
+    """Every layer fault and import circle of the repository at `root`, every fault of its architecture map, and a
+    README that keeps a map of its own instead of linking it."""
     known = find_modules(root)
     edges = [e for name, path in known.items() for e in imports(path, name, known, root)]
-    return layer_faults(edges) + harness_faults(edges) + circle_faults(edges) + map_faults(root)
+    return layer_faults(edges) + harness_faults(edges) + circle_faults(edges) + map_faults(root) + readme_faults(root)
 
 
 def main(argv: list[str] | None = None) -> int:

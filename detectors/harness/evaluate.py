@@ -41,7 +41,9 @@ from detectors.harness.runconfig import ConfigError, DetectorSpec, EvalConfig, S
 from detectors.harness.selection import defaults_note, select
 from detectors.harness.openset import (OOD_METRICS_FILE, KnownClasses, from_logits, ood_csv_table, oosa_threshold,
                                        openset_columns, predictions)
-from detectors.harness.results import LOWER_IS_BETTER, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
+from detectors.harness.results import LOWER_IS_BETTER, PREDICTION, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
+from detectors.harness.sanity import (accuracy_warnings, head_warning, id_classes, one_class_warning,
+                                      protocol_warning, small_set_warnings)
 from detectors.harness.transfer import transfer_table
 from detectors.harness.units import UnitResult, UnitStore
 from pipelines.batches import clear_kept_batches
@@ -94,6 +96,7 @@ class Runner:
         self._images: dict[str, ImageSet] = {}
         self._selected_on: dict[str, str] = {}  # swept units: the metric and the validation splits that chose
         self._theta_scorers: dict[str, Detector] = {}  # swept units: another scorer picking the OOSA threshold
+        self._predicted: dict[str, list[str] | None] = {}  # split id -> the classifier's predicted class per row
         self.pixels = None  # the run's pixels (pipelines.pixels.RunPixels), set with the classifier
 
     # -- features ------------------------------------------------------------------------------------------
@@ -463,10 +466,27 @@ class Runner:
                      scores: np.ndarray) -> pd.DataFrame:
         index = self.data[split.id].index
         name = "id" if role == "id" else split.name
-        return pd.DataFrame({"method": method, "family": family, "role": role, "ood_set": name, "group": group,
-                             "index": np.asarray(index, dtype=np.int64), "score": scores,
-                             "file_name": [split.manifest.rows[i]["file_name"] for i in index],
-                             "manifest": split.source})
+        frame = pd.DataFrame({"method": method, "family": family, "role": role, "ood_set": name, "group": group,
+                              "index": np.asarray(index, dtype=np.int64), "score": scores,
+                              "file_name": [split.manifest.rows[i]["file_name"] for i in index],
+                              "manifest": split.source})
+        predicted = self._predicted_names(split.id)
+        return frame.assign(**{PREDICTION: predicted}) if predicted is not None else frame
+
+    def _predicted_names(self, split_id: str) -> list[str] | None:
+        """The run classifier's predicted class of each row of the split (`PREDICTION`; class names where the plan
+        has one per logit), computed once per split; None without cached logits."""
+        if split_id not in self._predicted:
+            features = self.data[split_id].features
+            logits = None if features is None else features.logits
+            found = None
+            if logits is not None and len(logits):
+                top = np.asarray(logits).argmax(1)
+                names = list(self.plan.class_names or [])
+                found = ([names[i] for i in top] if len(names) == np.asarray(logits).shape[1]
+                         else [str(i) for i in top])
+            self._predicted[split_id] = found
+        return self._predicted[split_id]
 
     # -- run ---------------------------------------------------------------------------------------------------
     def run(self) -> pd.DataFrame:
@@ -498,6 +518,8 @@ class Runner:
         self.data = self.prepare()
         self._leave_out_empty_sets()
         self._check_dims()
+        if main:
+            self._warn_data()
         note = defaults_note(self.plan)
         if note and main:
             log.info(note)
@@ -512,10 +534,38 @@ class Runner:
                     self._trained.pop(unit.parent.method, None)  # its last rule ran: the trained model can go
                 if main:
                     self._write_outputs(done, final=False)
+        results = _results(done)
         if main:
             self._write_outputs(done, final=True)
             self._console_summary()
-        return _results(done)
+            self._warn_results(results)
+        return results
+
+    def _id_classes(self) -> int | None:
+        """The number of ID classes of the ID train (else test) rows; None without either."""
+        for split_id in ("id-id_train", "id-id_test"):
+            if split_id in self.data:
+                return id_classes(self._labels(split_id))
+        return None
+
+    def _warn_data(self) -> None:
+        """One line each for a head that is not one output per ID class, an ID set of one class and a classifier
+        trained under another protocol (`sanity`)."""
+        classes = self._id_classes()
+        train = self.data.get("id-id_train")
+        logits = None if train is None or train.features is None else train.features.logits
+        lines = [one_class_warning(classes or 0), protocol_warning(self.plan.runtime.model, self.plan.protocol)]
+        if classes and logits is not None:
+            lines.append(head_warning(int(np.asarray(logits).shape[1]), classes, str(self.plan.runtime.model)))
+        for line in filter(None, lines):
+            log.warning("[oodforge] warning: %s", line)
+
+    def _warn_results(self, results: pd.DataFrame) -> None:
+        """One line each for an ID accuracy at chance or zero and a set too small for AUROC to resolve 10 points."""
+        classes = self._id_classes() or 0
+        n_test = len(self._labels("id-id_test")) if "id-id_test" in self.data else 0
+        for line in [*accuracy_warnings(results, classes, n_test), *small_set_warnings(results)]:
+            log.warning("[oodforge] warning: %s", line)
 
     def _unit(self, unit: Unit, main: bool) -> UnitResult | None:
         """A finished unit read back, else run and written; a failing one recorded (None)."""

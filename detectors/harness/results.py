@@ -41,6 +41,9 @@ SCORE_COLUMNS: tuple[str, ...] = ("method", "family", "role", "ood_set", "group"
 
 SCORE_OPTIONAL: tuple[str, ...] = ("file_name", "manifest")
 """Traceability columns of newer scores tables: the image's file name and the manifest folder it came from."""
+PREDICTION = "pred"
+"""The optional scores column of the run classifier's predicted class (its name where the run knows the class names,
+else the index as text), the same for every method; absent where no classifier logits were computed."""
 
 TRANSFER_COLUMNS: tuple[str, ...] = ("method", "source", "target", "tpr", "threshold", "precision", "recall", "id_kept",
                                      "tp", "fp", "n_id", "n_ood")

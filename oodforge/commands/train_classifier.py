@@ -10,7 +10,8 @@ precision, num_workers, compile, channels_last, sync_bn, cache_hash (docs/traini
 Writes a model folder that `model:` in eval configs loads, with class_names.json, metrics.json and training.png. A
 killed run resumes from its last finished epoch when rerun; a finished one rerun does nothing. `--dry-run` runs every
 check the run makes before it loads the model and prints the plan (rows, classes, schedule, new / resumes / up to date)
-and its cost: hours of data loading at the measured per-core loader rate, disk (pipelines.training.cost).
+and its cost: hours of data loading at the measured per-core loader rate, of the model's steps on the device the run
+uses (on the CPU one step of the architecture, random weights, timed here), disk (pipelines.training.cost).
 """
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ def _has_weights(model: str) -> bool:
     return not folder.is_dir() or any((folder / name).is_file() for name in WEIGHT_FILES)
 
 
-def _config_source(model: str) -> str:
+def config_source(model: str) -> str:
     """Where the architecture and processor configs come from: the model itself, or, for a torchvision checkpoint or
     an untrained hub model whose configs ship in pipelines/hub_configs, those files (no download)."""
     from pipelines.hub import PACKAGED_CONFIGS
@@ -94,7 +94,7 @@ def build_classifier(config: TrainConfig, class_names: list[str]) -> ImageClassi
               "label2id": {name: i for i, name in enumerate(class_names)}}
     seed_everything(config.seed)
     torchvision_file = is_torchvision_checkpoint(config.model)
-    source = _config_source(config.model) if torchvision_file or not config.pretrained else config.model
+    source = config_source(config.model) if torchvision_file or not config.pretrained else config.model
     try:
         if config.pretrained and not torchvision_file and _has_weights(config.model):
             model = load_pretrained(AutoModelForImageClassification.from_pretrained, config.model, "image classifier",
@@ -281,11 +281,16 @@ class TrainingPlan:
 
 
 def check_training(config: TrainConfig) -> TrainingPlan:
-    """Every check `train_classifier` runs before it loads the model (shared by `--dry-run`): the ID splits, the
-    class names, the label levels and the global batch against the processes."""
+    """Every check `train_classifier` runs before it loads the model (shared by `--dry-run`): the ID splits (two
+    classes or more), the class names, the label levels and the global batch against the processes."""
     from pipelines.runtime import partial_state
 
     manifest, train, val, test = _splits(config)
+    labels = {row["label"] for row in train.rows}
+    if len(labels) < 2:
+        raise ConfigError(f"id: {config.id} has one ID class ({next(iter(labels))!r}) in its train rows: a one-class "
+                          "classifier learns nothing (its cross-entropy is 0 whatever the weights) and its softmax "
+                          "scores are constant (AUROC 50 by construction); import two or more classes")
     class_names, label_field = class_names_of(manifest, config.id)
     key = run_key(config, class_names, label_field, (train, val, test))
     out = Path(config.out)

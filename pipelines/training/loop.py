@@ -1,7 +1,8 @@
 """The shared accelerate loop: AdamW, a per-step schedule (`schedule`: "clean" warm-up + cosine, or "reference", the
 Open-Insect trainers' timm schedule and step counter), mixed precision on GPU unless `precision: fp32` (fp32 on CPU), a
-tqdm bar per epoch, per-epoch validation accuracy, an atomic checkpoint after every epoch and resume, and the best
-epoch's weights by ID-val accuracy kept beside the last (`keep_best`; `best_epoch` is the reference's rule).
+progress display over the run and a log line per epoch (`epoch_log`), per-epoch validation accuracy, an atomic
+checkpoint after every epoch and resume, and the best epoch's weights by ID-val accuracy kept beside the last
+(`keep_best`; `best_epoch` is the reference's rule).
 
 `finetune(classifier, train_manifest, ...)` trains the whole `ImageClassifier` on images; `train_heads(head, features,
 ...)` trains only linear heads on cached penultimate features (fast studies). Both run `_run`.
@@ -30,6 +31,7 @@ from pipelines.params import param
 from pipelines.progress import progress
 from pipelines.runtime import resolve_device, resolve_dtype, seed_everything
 from pipelines.training.batchnorm import global_batchnorm
+from pipelines.training.epoch_log import EpochLog
 from pipelines.training.loaders import (ImageRows, PooledRows, PooledTensorBatches, TensorBatches, aux_batch_size,
                                         aux_labels, collate_pooled, cycle, make_loader, manifest_labels, set_epoch,
                                         target_values)
@@ -320,18 +322,23 @@ class _Loop:
         if self.objective.needs_calibration and first == 0:
             id_pass, aux_pass = self.passes()
             self.acc.unwrap_model(self.step_module).objective.calibrate(id_pass.logits, aux_pass and aux_pass.logits)
-        for epoch in range(first, self.s.epochs):
-            seed_everything(self.s.seed * 7919 + epoch)
-            if self.objective.needs_epoch_pass:
-                self.acc.unwrap_model(self.step_module).objective.epoch_start(epoch, *self.passes())
-            entry = self.train_epoch(epoch)
-            if self.val is not None:
-                entry.update(self.evaluate(self.val, self.val_targets, "val"))
-            self.result.history.append(entry)
-            self.result.seconds += time.perf_counter() - start
-            start = time.perf_counter()
-            self.save(epoch + 1)
-            self.keep_best(epoch + 1)
+        self.report = EpochLog(self.s.desc, self.s.epochs, first, self.batches, self.acc.is_local_main_process)
+        try:
+            for epoch in range(first, self.s.epochs):
+                seed_everything(self.s.seed * 7919 + epoch)
+                if self.objective.needs_epoch_pass:
+                    self.acc.unwrap_model(self.step_module).objective.epoch_start(epoch, *self.passes())
+                entry = self.train_epoch(epoch)
+                if self.val is not None:
+                    entry.update(self.evaluate(self.val, self.val_targets, "val"))
+                self.result.history.append(entry)
+                self.result.seconds += time.perf_counter() - start
+                start = time.perf_counter()
+                self.save(epoch + 1)
+                self.keep_best(epoch + 1)
+                self.report.epoch_done(entry)
+        finally:
+            self.report.close()
         if self.test is not None:
             self.result.test = self.evaluate(self.test, self.test_targets, "test")
         self.finish_best()
@@ -347,9 +354,7 @@ class _Loop:
         aux_stream = cycle(self.aux, epoch) if self.aux is not None and self.objective.aux_active(epoch) else None
         self.step_module.train()
         total, count, steps_before = 0.0, 0, self.result.steps
-        bar = progress(self.train, desc=f"{self.s.desc} epoch {epoch + 1}/{self.s.epochs}", leave=False,
-                   disable=not self.acc.is_local_main_process)
-        for step, raw in enumerate(bar):
+        for step, raw in enumerate(self.train):
             batch = self.batch(raw, aux_stream, epoch, step)
             if batch is None:
                 continue
@@ -366,7 +371,7 @@ class _Loop:
             self.result.steps += 1
             total += float(loss.detach()) * batch.n_id
             count += batch.n_id
-            bar.set_postfix(loss=f"{total / max(count, 1):.4f}")
+            self.report.step(epoch, total / max(count, 1))
         total, count = self.acc.reduce(torch.tensor([total, count], dtype=torch.float64, device=self.device),
                                        "sum").tolist()
         if self.result.steps == steps_before:

@@ -90,6 +90,17 @@ def test_the_architecture_map_names_every_package_folder_and_only_folders_on_dis
                                 "docs/architecture.md: gone/ is in the map but not on disk"]
 
 
+def test_the_readme_links_the_map_and_keeps_none_of_its_own(tmp_path):
+    tree(tmp_path, {"docs/architecture.md": "| Folder | Job |\n|---|---|\n",
+                    "README.md": "# x\n\n## Layout\n\npipelines/\n"})
+    assert check_layers.readme_faults(tmp_path) == [
+        "README.md: no link to docs/architecture.md, the folder map",
+        "README.md: a '## Layout' section (a second folder map): link docs/architecture.md instead"]
+    (tmp_path / "README.md").write_text("# x\n\n## Architecture\n\n[map](docs/architecture.md)\n")
+    assert check_layers.readme_faults(tmp_path) == []
+    assert check_layers.readme_faults(ROOT) == []
+
+
 def test_the_repository_has_its_map():
     assert check_layers.map_folders((ROOT / check_layers.MAP).read_text())[:1] == ["pipelines"]
 

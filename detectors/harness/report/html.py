@@ -36,6 +36,7 @@ p.note { font-size: 0.78em; color: #555; margin: 0.2em 0; max-width: 110em; }
 .figures { display: flex; flex-wrap: wrap; gap: 0.6em; }
 figure { margin: 0.3em 0; max-width: 100%; }
 figure img { max-width: min(100%, 900px); border: 1px solid #eee; }
+figure img.wide { max-width: 100%; }
 figcaption { font-size: 0.78em; color: #555; max-width: 900px; }
 .files { font-size: 0.78em; color: #666; }
 """
@@ -53,6 +54,8 @@ class Section:
     text: list[str] = field(default_factory=list)
     captions: dict[str, str] = field(default_factory=dict)
     collapsed: bool = False
+    wide: set[str] = field(default_factory=set)
+    """Figures shown up to the page's width (thumbnail sheets, many-curve legends); the others at most 900 px."""
 
     @property
     def anchor(self) -> str:
@@ -71,7 +74,8 @@ def _section_html(section: Section) -> str:
         for image in section.images:
             name = esc(image)
             caption = esc(section.captions.get(image, ""))
-            figures.append(f'<figure><a href="{name}"><img src="{name}" alt="{caption or name}"></a>'
+            wide = ' class="wide"' if image in section.wide else ""
+            figures.append(f'<figure><a href="{name}"><img{wide} src="{name}" alt="{caption or name}"></a>'
                            f'<figcaption>{caption} <span class="files">({name})</span></figcaption></figure>')
         out.append('<div class="figures">' + "".join(figures) + "</div>")
     if section.files:

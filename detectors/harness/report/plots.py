@@ -143,7 +143,7 @@ def roc_figure(panels: Sequence[tuple[str, Sequence[Curve]]], paper: Paper | Non
     ncols = min(3, max(len(panels), 1))
     nrows = max(1, -(-len(panels) // ncols))
     methods = list(dict.fromkeys(m for _, curves in panels for m, *_ in curves))
-    legend_w = (text_inches([method_label(m, paper) for m in methods], 7) + 0.28 * len(panels) + 0.7) * \
+    legend_w = (text_inches([method_label(m, paper) for m in methods], 8.5) + 0.34 * len(panels) + 0.8) * \
         (1 + len(methods) // 28)
     figure, grid = grid_figure(nrows, ncols, (3.0, 2.8), margins=(0.6, legend_w, 0.45, 0.5), gaps=(0.3, 0.65))
     for axes in grid.ravel()[len(panels):]:
@@ -168,8 +168,8 @@ def roc_figure(panels: Sequence[tuple[str, Sequence[Curve]]], paper: Paper | Non
         axes.set_title(set_label(ood_set), fontsize="medium")
     handles = [figure.axes[0].plot([], [], **style[m].kwargs())[0] for m in methods]
     labels = [f"{method_label(m, paper)} ({', '.join(aurocs[m])})" for m in methods]
-    figure.legend(handles, labels, loc="upper right", fontsize="x-small", title="method (AUROC per panel)",
-                  title_fontsize="x-small", ncols=1 + len(methods) // 28, frameon=False)
+    figure.legend(handles, labels, loc="upper right", fontsize="small", title="method (AUROC per panel)",
+                  title_fontsize="small", ncols=1 + len(methods) // 28, frameon=False)
     figure.suptitle("ROC curves per OOD set (OOD positive)", fontsize="medium")
     return figure
 
@@ -260,7 +260,7 @@ def densities_figure(rows: Sequence[tuple[str, Sequence[Panel], ScoreAxis]], pap
 
     columns = list(dict.fromkeys(p[0] for _, panels, _ in rows for p in panels))
     figure, grid = grid_figure(1, max(len(columns), 1), (2.3, 0.26 * len(rows) + 0.2),
-                               margins=(1.5, 0.2, 0.55, 0.55), gaps=(0.3, 0.2))
+                               margins=(2.4, 0.2, 0.55, 0.55), gaps=(0.3, 0.2))
     grid = grid[0]
     for c, (axes, name) in enumerate(zip(grid, columns)):
         outlines: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
@@ -284,12 +284,18 @@ def densities_figure(rows: Sequence[tuple[str, Sequence[Panel], ScoreAxis]], pap
                        fontsize="small")
         axes.tick_params(axis="y", length=0)
         axes.set_yticks([] if c else [len(rows) - 1 - i + 0.35 for i in range(len(rows))],
-                        [] if c else [method_label(m, paper) + (" (log)" if a.scale else "") for m, _, a in rows],
-                        fontsize="x-small")
-    figure.supxlabel(f"score per method: its {ROBUST[0]}-{ROBUST[1]} percentile range mapped to [0, 1] ((log): the "
-                     "signed log distance from its ID median)", fontsize="x-small")
+                        [] if c else [_density_label(m, a, paper) for m, _, a in rows], fontsize="x-small")
+    figure.supxlabel(f"score per method: from its {ROBUST[0]} to its {ROBUST[1]} percentile, the values beside its "
+                     "name (log: on the signed log distance from its ID median)", fontsize="x-small")
     figure.suptitle("Score distributions: ID test (black) vs the set (red, dashed)", fontsize="medium")
     return figure
+
+
+def _density_label(method: str, axis: ScoreAxis, paper: Paper | None) -> str:
+    """A density row's label: the method, `log` for a log axis, and the scores at the row's two ends (its axis)."""
+    span = axis.hi - axis.lo
+    return (f"{method_label(method, paper)}{' (log)' if axis.scale else ''}  "
+            f"[{_tick(axis.lo, span)}, {_tick(axis.hi, span)}]")
 
 
 def kde(values: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -353,8 +359,9 @@ def fpr95_figure(summary: pd.DataFrame, layout: Layout, paper: Paper | None = No
     (the all / hard / easy average lines). `summary` is `method_summary`."""
     xs, spans = _family_positions(layout)
     labels = [method_label(m, paper) for m in layout.methods]
-    figure, grid = grid_figure(1, 1, (max(3.5, 0.42 * len(xs) + 0.5), 3.4),
-                               margins=(0.7, 1.7, 0.75, text_inches(labels, 8.5) + 0.25))
+    title = "FPR@95 per method, grouped by family (lower is better; markers offset on x)"
+    width = max(3.5, 0.42 * len(xs) + 0.5, text_inches([title], 10) - 0.7)  # a few methods: the title still fits
+    figure, grid = grid_figure(1, 1, (width, 3.4), margins=(0.7, 1.7, 0.75, text_inches(labels, 8.5) + 0.25))
     axes = grid[0, 0]
     names = [ALL, *layout.groups]
     for i, name in enumerate(names):
@@ -374,8 +381,7 @@ def fpr95_figure(summary: pd.DataFrame, layout: Layout, paper: Paper | None = No
             axes.axvline(last + 1, color="grey", linewidth=0.8, linestyle=":")
     axes.set_xticks(xs, labels, rotation=90, fontsize="small")
     axes.set(ylabel="FPR@95 (%)", ylim=(-3, 103), xlim=(xs.min() - 0.8, xs.max() + 0.8))
-    axes.set_title("FPR@95 per method, grouped by family (lower is better; markers offset on x)", pad=20,
-                   fontsize="medium")
+    axes.set_title(title, pad=20, fontsize="medium")
     axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return figure
 
@@ -478,9 +484,11 @@ def auroc_distribution_figure(frame: pd.DataFrame) -> Any:
 
 # -- thumbnail sheets -------------------------------------------------------------------------------------------------
 TILE = 128
-"""Thumbnail side in pixels."""
-CAPTION = 44
-"""Caption strip under each thumbnail, in pixels."""
+"""Thumbnail side in pixels; a smaller image is scaled up to fill it (`thumbnail`)."""
+CAPTION_FONT = 12
+"""Caption text in pixels: the page shows a sheet at its own size (up to the page's width), so 12 px stays readable."""
+CAPTION = 4 * (CAPTION_FONT + 3) + 8
+"""Caption strip under each thumbnail, in pixels (up to four lines)."""
 
 
 @dataclass(frozen=True)
@@ -494,8 +502,10 @@ class Tile:
 
 
 def thumbnail(path: str | os.PathLike, size: int = TILE) -> np.ndarray | None:
-    """RGB pixels of `path` at most `size` x `size`, decoded once at reduced scale (JPEG draft mode), or None when it
-    cannot be read; memoised by (path, size, mtime, bytes): the same image in several sheets is decoded once."""
+    """RGB pixels of `path` fitting `size` x `size`, decoded once at reduced scale (JPEG draft mode), or None when it
+    cannot be read; an image smaller than half the tile is scaled up by a whole factor with nearest-neighbour pixels
+    (a 28 px digit becomes 112 px of sharp squares, not a blur); memoised by (path, size, mtime, bytes): the same image
+    in several sheets is decoded once."""
     try:
         stat = os.stat(path)
     except OSError:
@@ -513,6 +523,9 @@ def _thumbnail(path: str, size: int, mtime_ns: int, nbytes: int) -> np.ndarray |
             image.draft("RGB", (max(1, int(image.size[0] * scale)), max(1, int(image.size[1] * scale))))
             image = image.convert("RGB")
             image.thumbnail((size, size))
+            factor = size // max(image.size)
+            if factor >= 2:
+                image = image.resize((image.size[0] * factor, image.size[1] * factor), Image.NEAREST)
             return np.asarray(image)
     except (OSError, ValueError, Image.DecompressionBombError):
         return None
@@ -551,13 +564,13 @@ class Sheet:
             self.image.save(path, format=format.upper(), dpi=(dpi, dpi), **{**(pil_kwargs or {}), "compress_level": 1})
 
 
-LABEL_WIDTH, TITLE_HEIGHT = 250, 44
-"""Sheet pixels: the row-label column and the title strip."""
+LABEL_WIDTH, TITLE_HEIGHT = 150, 44
+"""Sheet pixels: the row-label column and the title strip (8 tiles a row: 1,246 px, within the page's width)."""
 
 
 def sheet_figure(rows: Sequence[tuple[str, Sequence[Tile]]], title: str) -> Sheet:
     """A thumbnail sheet as ONE image: a row per (label, tiles), each tile a thumbnail with its caption lines under it
-    and, when given, a frame in its colour; drawn with PIL at `DPI` (captions 10 px, labels 13 px)."""
+    and, when given, a frame in its colour; drawn with PIL at `DPI` (captions `CAPTION_FONT` px, labels 14 px)."""
     from PIL import Image, ImageDraw
 
     ncols = max([len(t) for _, t in rows] + [1])
@@ -566,13 +579,13 @@ def sheet_figure(rows: Sequence[tuple[str, Sequence[Tile]]], title: str) -> Shee
     height = TITLE_HEIGHT + len(rows) * cell_h + 6
     sheet = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(sheet)
-    small, label_font, title_font = _font(10), _font(13), _font(14)
+    small, label_font, title_font = _font(CAPTION_FONT), _font(14), _font(15)
     wrapped = textwrap.fill(title, max(30, width // 8))
     draw.multiline_text((width // 2, 6), wrapped, fill="black", font=title_font, anchor="ma", align="center", spacing=2)
     captions = []
     for i, (label, tiles) in enumerate(rows):
         y0 = TITLE_HEIGHT + i * cell_h
-        draw.text((LABEL_WIDTH - 10, y0 + TILE // 2), short(label, 30), fill="black", font=label_font, anchor="rm")
+        draw.text((LABEL_WIDTH - 10, y0 + TILE // 2), short(label, 16), fill="black", font=label_font, anchor="rm")
         for j, tile in enumerate(tiles):
             x0 = LABEL_WIDTH + j * cell_w + 4
             if tile.frame:
@@ -596,16 +609,25 @@ def short(text: str, n: int = 24) -> str:
 
 def id_looking_sheet(rows: pd.DataFrame, ood_set: str, paper: Paper | None = None, note: str = "") -> Sheet:
     """A sheet for one OOD set: a row per method, its most ID-looking OOD images left to right, each captioned with
-    rank, score, the percent of ID test scores below it, its species and original file name. `rows` is
-    `id_looking_table` for that set, with `path` (and `species`) columns."""
+    rank, score and the percent of ID test scores below it; the true set and the class the classifier predicted
+    (`pred`, where the scores table has it); its species (only where rows have one) and file name. `rows` is
+    `id_looking_table` for that set, with a `path` column."""
+    has_pred = "pred" in rows.columns and rows["pred"].notna().any()
+    has_species = "species" in rows.columns and rows["species"].notna().any()
     out = []
     for method, part in rows.groupby("method", sort=False):
-        tiles = [Tile(str(r["path"]), (f"#{int(r['rank'])} {r['score']:.3g} ({r['id_share']:.0f}%)",
-                                       short(str(r.get("species") or "")), short(Path(str(r["file_name"])).name)))
-                 for _, r in part.sort_values("rank").iterrows()]
+        tiles = []
+        for _, r in part.sort_values("rank").iterrows():
+            seen = (f"{short(set_label(ood_set), 9)} → {short(str(r['pred']), 9)}" if has_pred and pd.notna(r["pred"])
+                    else short(set_label(ood_set), 19))
+            species = [short(str(r["species"]), 19)] if has_species and pd.notna(r["species"]) else []
+            lines = (f"#{int(r['rank'])} {r['score']:.3g} ({r['id_share']:.0f}%)", seen, *species,
+                     short(Path(str(r["file_name"])).name, 19))
+            tiles.append(Tile(str(r["path"]), lines))
         out.append((method_label(method, paper), tiles))
-    return sheet_figure(out, f"{set_label(ood_set)}{note}: most ID-looking OOD images (score; % of ID test scores "
-                             "below; species; file)")
+    parts = ["rank, score (% of ID test scores below)", "true set → predicted class" if has_pred else "true set",
+             *(["species"] if has_species else []), "file"]
+    return sheet_figure(out, f"{set_label(ood_set)}{note}: most ID-looking OOD images ({'; '.join(parts)})")
 
 
 def field_sheet(rows: pd.DataFrame, title: str) -> Sheet:

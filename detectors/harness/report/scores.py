@@ -17,7 +17,7 @@ import pandas as pd
 
 from detectors.metrics import auroc, evaluate
 from detectors.harness.report.tables import group_labels, read_table
-from detectors.harness.results import SCORE_COLUMNS, SCORE_OPTIONAL, SCORE_ROLES
+from detectors.harness.results import PREDICTION, SCORE_COLUMNS, SCORE_OPTIONAL, SCORE_ROLES
 from detectors.training_time.field import species_detection_share
 from pipelines.data import Manifest, read_manifest
 from pipelines.errors import UserInputError
@@ -257,11 +257,12 @@ def species_summary(per_species: pd.DataFrame) -> pd.DataFrame:
 def id_looking_table(scores: pd.DataFrame, k: int) -> pd.DataFrame:
     """Per (OOD set, method): the `k` OOD images with the highest scores (the most ID-looking), best first.
 
-    Columns `ood_set, method, rank, score, id_share, file_name, manifest` (+ `species`, `path` when present);
+    Columns `ood_set, method, rank, score, id_share, file_name, manifest` (+ `pred`, `species`, `path` when
+    present);
     `id_share` is the percent of ID test scores below the image's score (100: it looks more ID than every ID test
     image). Ties keep the table's order.
     """
-    extra = [c for c in (*SCORE_OPTIONAL, "species", "path") if c in scores.columns]
+    extra = [c for c in (*SCORE_OPTIONAL, PREDICTION, "species", "path") if c in scores.columns]
     values = scores["score"].to_numpy(np.float64)
     positions = _positions(scores)
     picked, shares, keys = [], [], []

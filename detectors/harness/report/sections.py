@@ -19,8 +19,8 @@ from detectors.harness.report.render import (FLAG_NOTE, Cell, Part, View, frame_
                                      to_markdown)
 from detectors.harness.report.scores import (HOP_LABELS, attach_metadata, bootstrap_table, has_sources, hop_table,
                                      id_looking_table, per_set_auroc, species_field_table, species_summary)
-from detectors.harness.report.tables import (NOT_SELECTED, Layout, best_rule_table, family_group_table, family_table,
-                                             low_auroc,
+from detectors.harness.report.tables import (ALL, CELL_METRICS, NOT_SELECTED, Layout, best_rule_table,
+                                             family_group_table, family_table, low_auroc,
                                      method_info, method_summary, per_set_table, read_table, text_column, to_percent)
 from detectors.harness.results import COLUMN_LABELS, SPECIES_COLUMNS, TRANSFER_COLUMNS, TRANSFER_RATES
 from pipelines.io import atomic_write_text, safe_name
@@ -156,26 +156,50 @@ def finish_warnings(out: Out, found: Warnings) -> Warnings:
 
 
 def per_set_sections(out: Out, results: pd.DataFrame, scale: str) -> list[Section]:
-    """Table 3 (methods x sets), the per-set table with averages, Table 4 (family x group) and the family means."""
+    """Table 3 (methods x sets), the group averages and Table 4 (family x group). The page shows no value twice: the
+    averages without the set columns of Table 3 (and only those that repeat no column: `new_averages`), Table 4 with
+    the family means of `family_table` that repeat no column (`family_columns`); the files hold the full tables
+    (per_set.*, families.*)."""
     layout, info = Layout.of(results), method_info(results)
     full = per_set_table(results, layout=layout)
     sets = [c for c in full.columns if c[0] in layout.sets]
-    sections = []
-    for title, stem, table in (("Table 3: methods x OOD sets", "table3", full[sets]),
-                               ("Per set with group averages", "per_set", full)):
-        view = per_set_view(table, layout, scale, info)
-        view = replace(view, html_id=MAIN_TABLE) if table is not full else view
-        sections.append(Section(title, [view], out.tables(stem, [view], grid_csv(table))))
+    view3 = replace(per_set_view(full[sets], layout, scale, info), html_id=MAIN_TABLE)
+    sections = [Section("Table 3: methods x OOD sets", [view3], out.tables("table3", [view3], grid_csv(full[sets])))]
+    files = out.tables("per_set", [per_set_view(full, layout, scale, info)], grid_csv(full))
+    averages = [c for c in full.columns if c[0] in new_averages(layout)]
+    if averages:
+        note = (f"Per method, the plain mean of its per-set values over each group's sets and over all sets: FPR@95 / "
+                f"AUROC in percent. {scale_note(scale)}")
+        sections.append(Section("Group averages", [grid_view(full[averages], ["Family", "Method"], note, flag=False)],
+                                files))
     families = family_table(results, layout, full)
     table4 = family_group_table(results, layout, families)
-    note4 = (f"Family means (plain means over each family's own methods of per-set values), FPR@95 / AUROC in percent. "
-             f"{scale_note(scale)}")
+    long = families.set_index(["family", "group"])
+    shown = family_columns(layout)
+    page4 = pd.DataFrame({(g, m): [long.loc[(f, g), m] for f in layout.families] for g in shown for m in CELL_METRICS},
+                         index=pd.Index(list(layout.families), name="family"))
+    page4.columns = pd.MultiIndex.from_tuples(list(page4.columns), names=["column", "metric"])
+    note4 = (f"Family means (plain means over each family's own methods of per-set values), FPR@95 / AUROC in percent"
+             f"{'; average: the mean of the group means' if 'average' in shown else ''}. {scale_note(scale)}")
     view4 = grid_view(table4, ["Family"], note4, flag=False)
     fam = frame_view(families,
                      f"Family means (plain means over methods of per-set values), in percent. {scale_note(scale)}")
-    files = out.tables("sb_table4", [view4], grid_csv(table4)) + out.tables("families", [fam], families, latex=False)
-    sections.append(Section("Table 4: family x group", [view4, fam], files))
+    files4 = out.tables("sb_table4", [view4], grid_csv(table4)) + out.tables("families", [fam], families, latex=False)
+    sections.append(Section("Table 4: family x group", [grid_view(page4, ["Family"], note4, flag=False)], files4))
     return sections
+
+
+def new_averages(layout: Layout) -> list[str]:
+    """The average columns that repeat no other column of the page: a group's when it holds two sets or more and not
+    every set (else it is a set's column or the overall one), the overall one with two sets or more."""
+    shown = [f"{g} avg" for g, sets in layout.groups.items() if 1 < len(sets) < len(layout.sets)]
+    return shown + ([f"{ALL} avg"] if len(layout.sets) > 1 else [])
+
+
+def family_columns(layout: Layout) -> list[str]:
+    """Table 4's columns on the page: `all`, then each group and the mean of the group means when there are two
+    groups or more (with one, both equal `all`)."""
+    return [ALL, *layout.groups, "average"] if len(layout.groups) > 1 else [ALL]
 
 
 def best_rule_section(out: Out, results: pd.DataFrame, scale: str, selection: pd.DataFrame | None) -> Section | None:
@@ -271,6 +295,7 @@ def curves_section(out: Out, scores: pd.DataFrame, layout: Layout, paper: Paper 
     section.images += out.figure(plots.roc_figure, "roc", panels=[p for p in panels if p[1]], paper=paper)
     rows = [(m, density_panels(by_method[m], m, aurocs), plots.ScoreAxis.of(by_method[m])) for m in methods]
     section.images += out.figure(plots.densities_figure, "score_densities", rows=rows, paper=paper)
+    section.wide.update(section.images)  # the ROC legend and the density rows' labels stay readable
     section.captions = {
         "roc.png": (f"ROC curves per OOD set (OOD positive: TPR = OOD detected, FPR = ID rejected) of the "
                     f"{len(shown)} method(s) of best mean AUROC (ties: the table's order; at most {ROC_METHODS}: more "
@@ -356,6 +381,7 @@ def species_section(out: Out, scores: pd.DataFrame, transfer: pd.DataFrame | Non
     section.files = out.tables("species_field", views, per_species)
     if "path" in scores.columns:
         section.images += field_sheets(out, scores, transfer, "field_sheet")
+        section.wide.update(section.images)
     return section
 
 
@@ -398,6 +424,7 @@ def id_looking_section(out: Out, scores: pd.DataFrame, k: int, aurocs: dict[tupl
         note = f" ({SHEET_METHODS} methods of best AUROC)" if len(best) < part["method"].nunique() else ""
         section.images += out.figure(plots.id_looking_sheet, f"id_looking_{ood_set}", photo=True, rows=shown,
                                      ood_set=ood_set, note=note, paper=paper)
+    section.wide.update(section.images)  # thumbnails and captions at their own size
     shown = table.drop(columns=[c for c in ("path", "manifest") if c in table.columns])
     shown = shown[[c for c in ("ood_set", "method", "rank", "score", "id_share", "species", "file_name") if c in shown]]
     view = frame_view(shown, f"Per OOD set and method, the {k} OOD images with the highest scores (most ID-looking); "
@@ -412,6 +439,7 @@ def with_metadata(scores: pd.DataFrame, run_dir: Path | None) -> pd.DataFrame | 
 
 
 __all__ = ["Out", "grid_csv", "Warnings", "low_auroc_view", "collect_warnings", "finish_warnings", "per_set_sections",
+           "new_averages", "family_columns",
            "best_rule_section", "transfer_view",
            "render_threshold_transfer", "transfer_section", "figure_section", "curves_section", "interval_views",
            "bootstrap_section", "hop_section", "species_section", "field_sheets", "id_looking_section", "with_metadata"]

@@ -61,7 +61,10 @@ def _score_sections(out: Out, scores: pd.DataFrame, layout: Layout, transfer: pd
                 "per species or ID-looking images")
         return sections
     enriched = with_metadata(scores, run_dir)
-    sections += [hop_section(out, enriched), species_section(out, enriched, transfer)]
+    if "hop" in enriched.columns and enriched["hop"].notna().any():  # no note about data the run does not have
+        sections.append(hop_section(out, enriched))
+    if transfer is not None:
+        sections.append(species_section(out, enriched, transfer))
     if top_k:
         sections.append(id_looking_section(out, enriched, top_k, aurocs, paper))
     return sections

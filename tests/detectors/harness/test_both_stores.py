@@ -42,11 +42,16 @@ def _field_manifest(digits: tuple[Path, Path, Path], folder: Path) -> Path:
 
 
 def _subset(source: Path, folder: Path, per_split: int) -> Path:
-    """A metadata-only manifest of the first `per_split` rows of each (split, role, ood_set) of `source`."""
+    """A metadata-only manifest of `per_split` rows of each (split, role, ood_set) of `source`, taken label by label in
+    turn (the digits are written class by class: the first rows alone would be one class, which training refuses)."""
     from pipelines.importers import write_external_manifest
 
-    manifest, taken, rows = read_manifest(source), {}, []
-    for row in manifest.rows:
+    manifest, taken, rows, counts, turn = read_manifest(source), {}, [], {}, []
+    for r in manifest.rows:  # each row's place among its label's rows: every label's k-th row before any (k+1)-th
+        label = (r["split"], r["role"], r["ood_set"], r["label"])
+        counts[label] = counts.get(label, 0) + 1
+        turn.append(counts[label])
+    for _, row in sorted(zip(turn, manifest.rows), key=lambda pair: pair[0]):
         key = (row["split"], row["role"], row["ood_set"])
         if taken.setdefault(key, 0) < per_split:
             taken[key] += 1

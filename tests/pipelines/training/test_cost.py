@@ -14,17 +14,17 @@ from pipelines.training.cost import LoaderRate
 
 def test_estimate_matches_a_hand_computation():
     rate = LoaderRate(50.0, 0.1, True, "hand")
-    found = cost.estimate(train_rows=1000, val_rows=100, epochs=3, workers=4, rate=rate, gpu_images_per_s=500.0,
-                          gpu_source="assumed", weights=400)
+    found = cost.estimate(train_rows=1000, val_rows=100, epochs=3, workers=4, rate=rate, steps_images_per_s=500.0,
+                          steps_source="assumed", weights=400)
     # 3 epochs x 1,100 rows = 3,300 samples; 4 cores x 50 img/s = 200 img/s -> 16.5 s; GPU 3,300 / 500 = 6.6 s
     assert found.samples == 3300 and found.cores == 4
-    assert found.loading_s == pytest.approx(16.5) and found.gpu_s == pytest.approx(6.6)
+    assert found.loading_s == pytest.approx(16.5) and found.steps_s == pytest.approx(6.6)
     assert found.disk_bytes == 6 * 400  # last + best folders, checkpoint (weights + 2 AdamW moments), best checkpoint
 
 
 def test_no_workers_loads_on_one_core_and_nothing_known_is_said_so():
     found = cost.estimate(train_rows=10, val_rows=0, epochs=2, workers=0, rate=LoaderRate(5.0, 1.0, None, "x"))
-    assert (found.cores == 1 and found.loading_s == pytest.approx(4.0) and found.gpu_s is None
+    assert (found.cores == 1 and found.loading_s == pytest.approx(4.0) and found.steps_s is None
             and found.disk_bytes is None)
     lines = cost.describe(cost.estimate(train_rows=10, val_rows=0, epochs=2, workers=0, rate=None), 0)
     assert "at a rate not measured here" in lines[0] and "python -m benchmarks.scale_data" in lines[0]
@@ -50,7 +50,7 @@ def test_rates_from_each_record_and_the_nearest_size_wins(tmp_path):
 
 
 def test_gpu_rate_is_the_records_scaled_by_pixels_and_absent_without_one(tmp_path):
-    assert cost.gpu_rate(tmp_path) == (None, None)
+    assert cost.gpu_rate(tmp_path) == (None, "no GPU rate recorded in benchmarks/scale_data.json")
     (tmp_path / "scale_data.json").write_text(json.dumps({
         "gpu": {"images_per_s": 1000.0, "image_size": 100, "source": "assumed"},
         "gpu_fp32_protocol": {"images_per_s": 400.0, "image_size": 100, "source": "assumed fp32"}}))
@@ -66,7 +66,8 @@ def test_weights_of_resnet50_and_of_a_local_folder(tmp_path):
     assert cost.weights_bytes("someone/vit-tiny", 10) is None
 
 
-def test_training_cost_reads_the_manifests_images_and_the_records(tmp_path):
+def test_training_cost_reads_the_manifests_images_and_the_records(tmp_path, monkeypatch):
+    monkeypatch.setattr(cost, "cpu_rate", lambda model, classes, size: (None, "stand-in: no CPU rate"))
     images = tmp_path / "id"
     images.mkdir()
     rows = []
@@ -85,8 +86,33 @@ def test_training_cost_reads_the_manifests_images_and_the_records(tmp_path):
     text = cost.training_cost(config, plan, bench).splitlines()
     # 5 epochs x 4 rows = 20 images on 2 cores at 100 img/s (the 0.12 MP rate: the images are 400 x 300) = 0.1 s
     assert text[0].startswith("estimate: data loading 0 s for 20 images") and "2 core(s) at 100 images/s" in text[0]
-    assert "not included" in text[1]
+    assert text[1] == "estimate: the model's own steps are not included (stand-in: no CPU rate)"
     assert f"{6 * 4 * (23_508_032 + 2048 * 2 + 2) / 1e9:.2f} GB" in text[2]
     empty = tmp_path / "none"
     empty.mkdir()
     assert "at a rate not measured here" in cost.training_cost(config, plan, empty)
+
+
+@pytest.mark.slow
+def test_the_model_steps_are_estimated_for_the_device_the_run_uses(tmp_path, monkeypatch):
+    """On the CPU the step rate is measured here (never the GPU's: a CPU-only run was told "model steps 0 s" and took
+    258 s); on a GPU it is the recorded one."""
+    from pipelines import runtime
+    from tests.helpers.models import tiny_resnet_classifier
+
+    model = tmp_path / "model"
+    tiny_resnet_classifier(model, classes=3)
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "scale_data.json").write_text(json.dumps({"gpu": {"images_per_s": 1e6, "source": "H200"}}))
+    config = SimpleNamespace(model=str(model), image_size=32, precision="auto")
+    rate, source = cost.step_rate(config, 3, tmp_path / "bench")
+    assert rate > 0 and source.startswith("measured here: one training step of 4 images at 32 px on the CPU")
+    samples = cost.estimate(train_rows=1000, val_rows=0, epochs=1, workers=0, rate=None, steps_images_per_s=rate,
+                            steps_source=source)
+    assert samples.steps_s == pytest.approx(1000 / rate)
+    assert "on the CPU" in cost.describe(samples, 0)[1]
+    big, _ = cost.cpu_rate(str(model), 3, 128, probe_size=32)
+    assert big > 0  # measured at 32 px, scaled to 128 px by the pixels: 16x fewer images a second than measured
+    assert cost.cpu_rate(str(tmp_path / "missing"), 3, 32)[0] is None
+    monkeypatch.setattr(runtime, "resolve_device", lambda device=None: runtime.torch.device("cuda"))
+    assert cost.step_rate(config, 3, tmp_path / "bench") == (1e6, "H200")

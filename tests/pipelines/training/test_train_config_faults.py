@@ -130,3 +130,22 @@ def test_a_pickled_checkpoint_as_model_runs_no_code(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="model: .* is not a tensor-only torch checkpoint"):
         build_classifier(config, ["a", "b"])
     assert not marker.exists()
+
+
+def test_one_id_class_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    """A one-class ID set trained to "100% accuracy" and evaluated to a constant msp (AUROC 50): refused before any
+    model loads, dry run included."""
+    from pipelines.data import make_row, write_manifest
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "id").mkdir()
+    write_manifest(tmp_path / "id", [make_row(f"{i}.png", split="train", label=0, class_name="shirt")
+                                     for i in range(4)])
+    config = tmp_path / "train.yaml"
+    config.write_text("id: id\nout: out\nmodel: microsoft/resnet-50\n")
+    for extra in ([], ["--dry-run"]):
+        code = run_main(script.main, ["--config", str(config), *extra], doc="docs/training.md")
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1
+        assert "id: id has one ID class (0) in its train rows: a one-class classifier learns nothing" in err
+    assert not (tmp_path / "out").exists()

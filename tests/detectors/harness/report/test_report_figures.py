@@ -123,8 +123,13 @@ def test_score_densities_one_figure_robust_axes(tmp_path):
     figure = plots.densities_figure(rows, report.OPEN_INSECTS)
     assert_usable_figure(figure, 2)
     assert [a.get_title() for a in figure.axes] == ["local", "non-moth"]
-    assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == ["MSP", "Gram (log)"]
-    assert "percentile" in figure.get_supxlabel() and "log distance" in figure.get_supxlabel()
+    axes = [a for _, _, a in rows]
+    ends = [f"[{plots._tick(a.lo, a.hi - a.lo)}, {plots._tick(a.hi, a.hi - a.lo)}]" for a in axes]
+    # each row names its score axis: the scores at its 0.5 and 99.5 percentiles
+    assert [t.get_text() for t in figure.axes[0].get_yticklabels()] == [f"MSP  {ends[0]}", f"Gram (log)  {ends[1]}"]
+    assert axes[0].lo == pytest.approx(plots.robust_limits(np.r_[rows[0][1][0][1], rows[0][1][0][2]])[0])
+    label = figure.get_supxlabel()
+    assert "percentile" in label and "log distance" in label and "((" not in label
     outlines = figure.axes[0].collections  # ID and OOD outlines, one collection each
     assert len(outlines) == 2 and all(len(c.get_segments()) == 2 for c in outlines)
     assert all(np.isfinite(seg).all() and (0 <= seg[:, 0]).all() and (seg[:, 0] <= 1).all()
