@@ -79,6 +79,7 @@ class Discriminator(nn.Module):
 class OpenGAN(Detector):
     """Feature-space OpenGAN; `fit(id_train, id_val=..., ood_val=..., outliers=...)` on FeatureSets."""
 
+    label = "OpenGAN"
     family = "generative"
     inputs = frozenset({"features"})
     paper = "Kong & Ramanan, OpenGAN: Open-Set Recognition via Open Data Generation, ICCV 2021"

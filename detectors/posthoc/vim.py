@@ -96,6 +96,8 @@ class ViM(Detector):
     Fit: one streamed pass for the covariance (`streaming.Moments`), one for the train logits and residuals.
     """
 
+    label = "ViM"
+    reference = "OpenOOD openood/postprocessors/vim_postprocessor.py"
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
@@ -112,6 +114,11 @@ class ViM(Detector):
 
     fit_inputs = frozenset({"head"})
     search_space = {"dim": [256, 1000]}  # OpenOOD v1.5
+    # vim.yml sweeps dim [256, 1000], but OpenOOD's ViM computes its principal space once in setup() at the default
+    # (setup_flag) and set_hyperparam() only relabels it: every point scores alike, as at 256 (the search's last-maximum
+    # rule then labels the run 1000, vim_postprocessor.py:71-72; its scores stay those of 256). `exact` refits each.
+    grids = {"openood_v1.5": {}, "exact": search_space}
+    protocol_defaults = {"openood_v1.5": {"default_dim": 256}}  # configs/postprocessors/vim.yml: dim 256
     needs_head = True
 
     def resolved_params(self) -> dict[str, Any]:
