@@ -30,7 +30,7 @@ def kept_count(dim: int, percentile: float) -> int:
 
 
 def scale_ratio(features: np.ndarray, percentile: float) -> np.ndarray:
-    """r = sum(h) / (sum of the k largest h) per row, float64 sums (1 where both are 0)."""
+    """r = sum(h) / (sum of the k largest h) per row, float64 sums (1 where both are 0); shared with LTS."""
     h = np.asarray(features)
     k = kept_count(h.shape[1], percentile)
     top = -np.partition(-h, k - 1, axis=1)[:, :k] if k < h.shape[1] else h
