@@ -6,7 +6,7 @@ activations to the sum of the k largest (`:36`, `:40-47`), and the unpruned feat
 postprocessor scores logsumexp of the logits (`openood/postprocessors/scale_postprocessor.py:20-22`) with percentile 85
 and the sweep 50 ... 95 (`configs/postprocessors/scale.yml:5, 7`). Since W (e^r h) + b = e^r (W h) + b, the head runs
 once on h. A row whose k largest activations sum to 0 (an all-zero ReLU row) gets r = 1 where the reference divides
-0 by 0 (NaN).
+0 by 0 (NaN); k is at least 1 where a small D rounds it to 0 (the reference: an empty sum).
 """
 from __future__ import annotations
 
@@ -22,11 +22,9 @@ from pipelines.params import Params, param
 
 
 def kept_count(dim: int, percentile: float) -> int:
-    """k = D - round(D * percentile / 100), the activations that decide the ratio (at least 1)."""
-    k = dim - int(np.round(dim * percentile / 100.0))
-    if k < 1:
-        raise ValueError(f"scale: percentile={percentile} keeps no activation of D={dim}")
-    return k
+    """k = D - round(D * percentile / 100), the activations that decide the ratio, at least 1 (pytorch-ood's guard,
+    lts.py: the official codes divide by an empty sum where a small D rounds k to 0)."""
+    return max(1, dim - int(np.round(dim * percentile / 100.0)))
 
 
 def scale_ratio(features: np.ndarray, percentile: float) -> np.ndarray:

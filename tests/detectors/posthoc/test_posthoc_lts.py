@@ -54,5 +54,6 @@ def test_lts_defaults_and_edges():
     expected = np.log(np.exp(HEAD(negative.astype(np.float64))).sum(1))
     np.testing.assert_allclose(_ours(negative), expected, rtol=1e-5)
     assert _ours(TEST[:0]).shape == (0,)
-    with pytest.raises(ValueError, match="keeps no activation"):
-        _ours(percentile=99.5)
+    small = TEST[:6, :8]  # D = 8 at 95: round(7.6) = 8 would keep none; the largest one decides (pytorch-ood's guard)
+    r = np.maximum(small.astype(np.float64), 0)
+    np.testing.assert_allclose(lts_factor(small, 95), (r.sum(1) / r.max(1)) ** 2, rtol=1e-6)
