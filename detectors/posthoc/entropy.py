@@ -4,10 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import math
+
 import numpy as np
 
 from detectors.base import Detector
-from detectors.posthoc.common import log_softmax, logits_of
+from detectors.posthoc.common import BLOCK_ROWS, stored_logits
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
@@ -16,14 +18,21 @@ REFERENCE_CLIP = 1e-7
 
 
 def negative_entropy(logits: np.ndarray, clip: float | None = REFERENCE_CLIP) -> np.ndarray:
-    """sum_k p_k log p_k of p = softmax(z) in float64 (higher = more peaked = more ID); `clip` floors p first (the
-    reference's), None keeps the exact entropy (log p from log-softmax: no underflow to log 0)."""
-    log_p = log_softmax(logits)
-    p = np.exp(log_p)
-    if clip is not None:
-        p = np.clip(p, clip, 1.0)
-        log_p = np.log(p)
-    return (p * log_p).sum(axis=1)
+    """sum_k p_k log p_k of p = softmax(z), float64 [N] (higher = more peaked = more ID): log p from the log-softmax
+    (no log 0), floored at log(`clip`) where `clip` is given (the reference's p.clip(clip, 1)); elementwise in the
+    logits' precision (float32 as the model's, float64 exact), block by block, each row's sum in float64."""
+    z = np.asarray(logits)
+    out = np.empty(len(z))
+    for start in range(0, len(z), BLOCK_ROWS):
+        x = z[start:start + BLOCK_ROWS]
+        x = x - x.max(axis=1, keepdims=True)
+        e = np.exp(x)
+        log_p = x - np.log(e.sum(axis=1, keepdims=True, dtype=np.float64)).astype(x.dtype)
+        if clip is not None:
+            np.maximum(log_p, x.dtype.type(math.log(clip)), out=log_p)
+        np.exp(log_p, out=e)
+        out[start:start + BLOCK_ROWS] = np.einsum("ij,ij->i", e, log_p, dtype=np.float64)
+    return out
 
 
 @register_detector("entropy")
@@ -43,4 +52,4 @@ class Entropy(Detector):
                                    "entropy.py:69); null: the exact entropy", gt=0, lt=1)
 
     def _score(self, batch: Any) -> np.ndarray:
-        return negative_entropy(logits_of(batch, self.name), self.params["clip"])
+        return negative_entropy(stored_logits(batch, self.name), self.params["clip"])

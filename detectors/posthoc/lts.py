@@ -22,7 +22,7 @@ from pipelines.params import Params, param
 def lts_factor(features: np.ndarray, percentile: float) -> np.ndarray:
     """(sum(relu h) / sum of the k largest relu h)^2 per row, float64 (1 for an all-non-positive row, where the
     official code divides 0 by 0)."""
-    return scale_ratio(np.maximum(np.asarray(features), 0), percentile) ** 2
+    return scale_ratio(np.asarray(features), percentile, relu=True) ** 2
 
 
 @register_detector("lts")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from detectors.base import Detector
 from detectors.posthoc import streaming
@@ -27,13 +28,16 @@ def kept_count(dim: int, percentile: float) -> int:
     return max(1, dim - int(np.round(dim * percentile / 100.0)))
 
 
-def scale_ratio(features: np.ndarray, percentile: float) -> np.ndarray:
-    """r = sum(h) / (sum of the k largest h) per row, float64 sums (1 where both are 0); shared with LTS."""
-    h = np.asarray(features)
-    k = kept_count(h.shape[1], percentile)
-    top = -np.partition(-h, k - 1, axis=1)[:, :k] if k < h.shape[1] else h
-    total = h.sum(axis=1, dtype=np.float64)
-    kept = top.sum(axis=1, dtype=np.float64)
+def scale_ratio(features: np.ndarray, percentile: float, relu: bool = False) -> np.ndarray:
+    """r = sum(h) / (sum of the k largest h) per row (of relu(h) with `relu`), float64 sums (1 where both are 0);
+    the top k by torch.topk, unsorted (every thread, no copy of the rows); shared with LTS."""
+    x = torch.from_numpy(np.ascontiguousarray(features))
+    if relu:
+        x = x.clamp_min(0)
+    k = kept_count(x.shape[1], percentile)
+    total = x.sum(dim=1, dtype=torch.float64).numpy()
+    kept = (x if k == x.shape[1] else torch.topk(x, k, dim=1, sorted=False).values).sum(dim=1, dtype=torch.float64)
+    kept = kept.numpy()
     empty = (kept == 0) & (total == 0)
     return np.where(empty, 1.0, total / np.where(empty, 1.0, kept))
 

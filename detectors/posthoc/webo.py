@@ -8,22 +8,34 @@ from typing import Any
 import numpy as np
 
 from detectors.base import Detector
-from detectors.posthoc.common import logits_of, logsumexp
+from detectors.posthoc.common import BLOCK_ROWS, logsumexp, stored_logits
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
 
 def weighted_energy(logits: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
-    """log sum_k relu(w_k) exp(z_k) in float64 (higher = more ID), as logsumexp(z + log relu(w)): no overflow where
-    the reference's exp(z) overflows float32; None = all ones (EBO at T = 1)."""
-    z = np.asarray(logits, dtype=np.float64)
+    """log sum_k relu(w_k) exp(z_k), float64 [N] (higher = more ID): m + log(exp(z - m) @ relu(w)) with m the row's
+    largest logit, in the logits' precision block by block (no overflow where the reference's exp(z) overflows
+    float32); a row whose weighted sum underflows (its weight sits on far smaller logits) is redone as
+    logsumexp(z + log relu(w)) in float64. None = all ones (EBO at T = 1)."""
+    z = np.asarray(logits)
     if weights is None:
         return logsumexp(z, axis=1)
     w = np.maximum(np.asarray(weights, dtype=np.float64).reshape(-1), 0.0)
     if w.size != z.shape[1]:
         raise ValueError(f"webo: {w.size} weights for logits of {z.shape[1]} classes")
-    with np.errstate(divide="ignore"):  # a zero weight drops its class: log 0 = -inf
-        return logsumexp(z + np.log(w), axis=1)
+    out, wz = np.empty(len(z)), w.astype(z.dtype)
+    for start in range(0, len(z), BLOCK_ROWS):
+        x = z[start:start + BLOCK_ROWS]
+        top = x.max(axis=1)
+        total = np.exp(x - top[:, None]) @ wz
+        with np.errstate(divide="ignore"):
+            out[start:start + BLOCK_ROWS] = top + np.log(total.astype(np.float64))
+    lost = ~np.isfinite(out)
+    if lost.any():
+        with np.errstate(divide="ignore"):  # a zero weight drops its class: log 0 = -inf
+            out[lost] = logsumexp(z[lost].astype(np.float64) + np.log(w), axis=1)
+    return out
 
 
 @register_detector("webo")
@@ -51,4 +63,4 @@ class WeightedEBO(Detector):
                 raise ValueError(f"weights: {len(self.weights)} given for {dims['classes']} classes")
 
     def _score(self, batch: Any) -> np.ndarray:
-        return weighted_energy(logits_of(batch, self.name), self.params["weights"])
+        return weighted_energy(stored_logits(batch, self.name), self.params["weights"])

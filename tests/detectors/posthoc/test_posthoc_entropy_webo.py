@@ -25,6 +25,9 @@ def test_entropy_by_hand_with_and_without_the_clip():
     np.testing.assert_allclose(detectors.build("entropy", clip=None).score(z), exact, rtol=1e-12)
     clipped = np.clip(p, 1e-7, 1)
     np.testing.assert_allclose(detectors.build("entropy").score(z), (clipped * np.log(clipped)).sum(1), rtol=1e-12)
+    # float32 logits: elementwise in float32 (the model's precision), sums in float64; block boundaries change nothing
+    np.testing.assert_allclose(detectors.build("entropy").score(np.tile(LOGITS, (40, 1))),
+                               np.tile((clipped * np.log(clipped)).sum(1), 40), rtol=2e-6, atol=1e-7)
 
 
 def test_entropy_edges():
@@ -54,6 +57,9 @@ def test_webo_by_hand_and_edges():
     np.testing.assert_allclose(detectors.build("webo").score(z), detectors.build("ebo").score(z), rtol=1e-12)
     big = np.array([[1000.0, 999.0]])  # exp overflows float32 and float64 on the reference's path; not here
     assert detectors.build("webo", weights=[1.0, 2.0]).score(big)[0] == pytest.approx(1000 + np.log(1 + 2 / np.e))
+    far = np.array([[0.0, -2000.0]])  # the weight sits on a logit 2000 below the top: the block sum underflows
+    assert detectors.build("webo", weights=[0.0, 1.0]).score(far)[0] == pytest.approx(-2000.0)
+    np.testing.assert_allclose(detectors.build("webo", weights=list(w)).score(LOGITS), by_hand, rtol=1e-6)  # float32
     with pytest.raises(ValueError, match="at least one must be > 0"):
         detectors.build("webo", weights=[0.0, -1.0])
     with pytest.raises(ValueError, match="3 weights for logits of 7 classes"):
