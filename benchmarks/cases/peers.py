@@ -76,6 +76,12 @@ def _theirs_nnguide(pood: Any, data: Data) -> np.ndarray:
     return det.predict_features(data.t["test"]).numpy()
 
 
+def _theirs_pnml(pood: Any, data: Data) -> np.ndarray:
+    det = pood.PNML(None, head=data.linear)
+    det.fit_features(data.t["train"], data.t["labels"])
+    return det.predict_features(data.t["test"]).numpy()
+
+
 CASES: dict[str, Callable[[Any, Data], np.ndarray]] = {
     # ours -> pytorch-ood's fit + score (outlier scores), at our defaults
     "entropy": lambda pood, data: pood.Entropy(None).predict_logits(data.t["test_logits"]).numpy(),
@@ -85,6 +91,7 @@ CASES: dict[str, Callable[[Any, Data], np.ndarray]] = {
     "lts": lambda pood, data: pood.LTS(None, head=data.linear, p=0.05).predict_features(data.t["test"]).numpy(),
     "vim": lambda pood, data: _theirs_vim(pood, data, principal_dim(data.head.weight.shape[1])),
     "nnguide": _theirs_nnguide,
+    "pnml": _theirs_pnml,
 }
 """The detectors compared with pytorch-ood (the methods added with issue 39, and ViM, which was behind)."""
 
