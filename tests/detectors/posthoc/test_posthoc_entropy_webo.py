@@ -59,7 +59,7 @@ def test_webo_by_hand_and_edges():
     assert detectors.build("webo", weights=[1.0, 2.0]).score(big)[0] == pytest.approx(1000 + np.log(1 + 2 / np.e))
     far = np.array([[0.0, -2000.0]])  # the weight sits on a logit 2000 below the top: the block sum underflows
     assert detectors.build("webo", weights=[0.0, 1.0]).score(far)[0] == pytest.approx(-2000.0)
-    np.testing.assert_allclose(detectors.build("webo", weights=list(w)).score(LOGITS), by_hand, rtol=1e-6)  # float32
+    np.testing.assert_allclose(detectors.build("webo", weights=list(w)).score(LOGITS), by_hand, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="at least one must be > 0"):
         detectors.build("webo", weights=[0.0, -1.0])
     with pytest.raises(ValueError, match="3 weights for logits of 7 classes"):
