@@ -156,7 +156,7 @@ class Detector:
     paper: ClassVar[str] = ""
     label: ClassVar[str] = ""
     """The method's name in rendered tables (the papers' spelling), set on each registered class itself."""
-    reference: ClassVar[str] = ""
+    reference_code: ClassVar[str] = ""
     aliases: ClassVar[dict[str, str]] = {}
     """Names other libraries give the method -> whose names they are ("pytorch-ood's", "OpenOOD's"): `detectors.build`
     and configs resolve them in any case, with a one-time note; read from the class itself, never a parent."""

@@ -74,6 +74,10 @@ def check_declarations(cls: type[Detector]) -> None:
     params = cls.Params
     if not (dataclasses.is_dataclass(params) and issubclass(params, Params) and params.__dataclass_params__.frozen):
         raise ValueError(f"{who}: Params must be a frozen dataclass subclassing pipelines.params.Params")
+    shadowed = set(params.fields()) & set(Detector.__annotations__)
+    if shadowed:
+        raise ValueError(f"{who}: parameter(s) {sorted(shadowed)} would be shadowed by the Detector class attributes "
+                         "of the same name (self.<name> reads the class attribute): rename them")
     _check_fit_inputs(cls, who)
     _check_needs(cls, who)
     _check_search_space(cls, who)

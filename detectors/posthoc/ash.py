@@ -63,7 +63,7 @@ class ASH(Detector):
     map before pooling; a feature cache holds the pooled vector). OpenOOD's default variant is ASH-B."""
 
     label = "ASH"
-    reference = "OpenOOD openood/postprocessors/ash_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/ash_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"features"})
     paper = "Djurisic et al., Extremely Simple Activation Shaping for Out-of-Distribution Detection, ICLR 2023"

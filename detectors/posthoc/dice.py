@@ -22,7 +22,7 @@ class DICE(Detector):
     """
 
     label = "DICE"
-    reference = "OpenOOD openood/postprocessors/dice_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/dice_postprocessor.py"
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})

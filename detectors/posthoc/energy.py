@@ -24,7 +24,7 @@ class Energy(Detector):
 
     label = "EBO"
     aliases = {"EnergyBased": "pytorch-ood's", "energy": "the paper's"}
-    reference = "OpenOOD openood/postprocessors/ebo_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/ebo_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Liu et al., Energy-based Out-of-distribution Detection, NeurIPS 2020"

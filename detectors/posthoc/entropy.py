@@ -40,7 +40,7 @@ class Entropy(Detector):
     """s(x) = sum_k p_k log p_k, p = softmax(z): minus the softmax entropy."""
 
     label = "Entropy"
-    reference = "pytorch-ood 0.4.0 pytorch_ood/detector/entropy.py"
+    reference_code = "pytorch-ood 0.4.0 pytorch_ood/detector/entropy.py"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = ("Chan et al., Entropy Maximization and Meta Classification for Out-of-Distribution Detection in Semantic "

@@ -33,7 +33,7 @@ class FDBD(Detector):
     """
 
     label = "fDBD"
-    reference = "OpenOOD openood/postprocessors/fdbd_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/fdbd_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"features"})
     paper = "Liu & Qin, Fast Decision Boundary based Out-of-Distribution Detector, ICML 2024"

@@ -26,7 +26,7 @@ class GEN(Detector):
     """s(x) = -G_gamma(top-M of softmax(z)), G_gamma(p) = sum_j p_j^gamma (1 - p_j)^gamma."""
 
     label = "GEN"
-    reference = "OpenOOD openood/postprocessors/gen_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/gen_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Liu et al., GEN: Pushing the Limits of Softmax-Based OOD Detection, CVPR 2023"

@@ -134,7 +134,7 @@ class Gram(Detector):
     """
 
     label = "Gram"
-    reference = "OpenOOD openood/postprocessors/gram_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/gram_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"images"})
     keeps_batches = True  # a killed rerun resumes within a set (Detector.score)

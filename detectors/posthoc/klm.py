@@ -38,7 +38,7 @@ class KLMatching(Detector):
 
     label = "KL-Matching"
     aliases = {"KLMatching": "pytorch-ood's"}
-    reference = "OpenOOD openood/postprocessors/kl_matching_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/kl_matching_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings, ICML 2022"

@@ -58,7 +58,7 @@ class KNN(Detector):
     """
 
     label = "KNN"
-    reference = "OpenOOD openood/postprocessors/knn_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/knn_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"features"})
     paper = "Sun et al., Out-of-Distribution Detection with Deep Nearest Neighbors, ICML 2022"

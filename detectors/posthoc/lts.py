@@ -30,7 +30,7 @@ class LTS(Detector):
     """s = logsumexp(S(h) (W h + b)), S(h) = (sum(relu h) / top-k sum of relu h)^2: the logits scaled per sample."""
 
     label = "LTS"
-    reference = "andrijazz/lts lts.py"
+    reference_code = "andrijazz/lts lts.py"
     family = "posthoc"
     inputs = frozenset({"features"})
     paper = "Djurisic et al., Logit Scaling for Out-of-Distribution Detection, arXiv 2409.01175, 2024"

@@ -83,7 +83,7 @@ class Mahalanobis(Detector):
 
     label = "MDS"
     aliases = {"Mahalanobis": "pytorch-ood's"}
-    reference = "OpenOOD openood/postprocessors/mds_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/mds_postprocessor.py"
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})

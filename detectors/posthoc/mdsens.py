@@ -60,7 +60,7 @@ class MDSEnsemble(Detector):
 
     label = "MDSEns"
     aliases = {"mds_ensemble": "OpenOOD's"}
-    reference = "OpenOOD openood/postprocessors/mds_ensemble_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/mds_ensemble_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"images"})
     keeps_batches = True  # a killed rerun resumes within a set (Detector.score)

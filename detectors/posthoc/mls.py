@@ -16,7 +16,7 @@ class MaxLogit(Detector):
 
     label = "MLS"
     aliases = {"MaxLogit": "pytorch-ood's"}
-    reference = "OpenOOD openood/postprocessors/maxlogit_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/maxlogit_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings, ICML 2022"

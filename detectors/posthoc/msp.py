@@ -16,7 +16,7 @@ class MSP(Detector):
 
     label = "MSP"
     aliases = {"MaxSoftmax": "pytorch-ood's"}
-    reference = "OpenOOD openood/postprocessors/base_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/base_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Hendrycks & Gimpel, A Baseline for Detecting Misclassified and OOD Examples, ICLR 2017"

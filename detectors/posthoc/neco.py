@@ -24,7 +24,7 @@ class NECO(Detector):
     """
 
     label = "NECO"
-    reference = "the NECO paper (Ben Ammar et al., ICLR 2024) and its released code"
+    reference_code = "the NECO paper (Ben Ammar et al., ICLR 2024) and its released code"
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})

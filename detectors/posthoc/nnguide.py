@@ -49,7 +49,7 @@ class NNGuide(Detector):
     """s(x) = mean of the k largest <f(x)/||f(x)||, E(z) f(z)/||f(z)||> over the bank z, times E(x) = logsumexp(z)."""
 
     label = "NNGuide"
-    reference = "roomo7time/nnguide ood_detectors/nnguide.py"
+    reference_code = "roomo7time/nnguide ood_detectors/nnguide.py"
     family = "posthoc"
     inputs = frozenset({"features", "logits"})
     paper = "Park et al., Nearest Neighbor Guidance for Out-of-Distribution Detection, ICCV 2023"

@@ -55,7 +55,7 @@ class ODIN(Detector):
     """s(x) = max_k softmax(f(x') / T)_k on the perturbed input x'. Needs the classifier and images."""
 
     label = "ODIN"
-    reference = "OpenOOD openood/postprocessors/odin_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/odin_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"images"})
     keeps_batches = True  # a killed rerun resumes within a set (Detector.score)

@@ -129,7 +129,7 @@ class OpenMax(Detector):
     """
 
     label = "OpenMax"
-    reference = "OpenOOD openood/postprocessors/openmax_postprocessor.py with libMR's FitHigh / W_score"
+    reference_code = "OpenOOD openood/postprocessors/openmax_postprocessor.py with libMR's FitHigh / W_score"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Bendale & Boult, Towards Open Set Deep Networks, CVPR 2016"

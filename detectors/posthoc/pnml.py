@@ -40,7 +40,7 @@ class PNML(Detector):
     """s(x) = -regret: minus the pNML regret of the head on x / ||x|| (1 - regret in the official tables)."""
 
     label = "pNML"
-    reference = "kobybibas/pnml_ood_detection src/lit_utils/baseline_lit_utils.py"
+    reference_code = "kobybibas/pnml_ood_detection src/lit_utils/baseline_lit_utils.py"
     family = "posthoc"
     inputs = frozenset({"features"})
     paper = ("Bibas et al., Single Layer Predictive Normalized Maximum Likelihood for Out-of-Distribution Detection, "

@@ -21,7 +21,7 @@ class ReAct(Detector):
     """
 
     label = "ReAct"
-    reference = "OpenOOD openood/postprocessors/react_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/react_postprocessor.py"
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})

@@ -15,7 +15,7 @@ class RelativeMahalanobis(Mahalanobis):
 
     label = "RMDS"
     aliases = {"RMD": "pytorch-ood's"}
-    reference = "OpenOOD openood/postprocessors/rmds_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/rmds_postprocessor.py"
     paper = "Ren et al., A Simple Fix to Mahalanobis Distance for Improving Near-OOD Detection, arXiv 2106.09022, 2021"
 
     def _fit_scatter(self, scatter: streaming.ClassScatter) -> None:

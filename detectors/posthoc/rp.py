@@ -86,7 +86,7 @@ class RPMSP(_PriorDetector):
     """s(x) = max_k (softmax(z)_k - prior_k)."""
 
     label = "RP-MSP"
-    reference = "the paper's formulas (not in OpenOOD)"
+    reference_code = "the paper's formulas (not in OpenOOD)"
 
     def _score(self, batch: Any) -> np.ndarray:
         _, probs = self._probs_and_prior(batch)
@@ -98,7 +98,7 @@ class RPEBO(_PriorDetector):
     """s(x) = T logsumexp(z / T) * (1 - cos(softmax(z), prior))."""
 
     label = "RP-EBO"
-    reference = "the paper's formulas (not in OpenOOD)"
+    reference_code = "the paper's formulas (not in OpenOOD)"
     grids = {"openood_v1.5": {"temperature": [1]}}  # Open-Insect rp_ebo.yml:4-7
 
     @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class RPGradNorm(_PriorDetector):
     """GradNorm with the class prior in place of the uniform target, on penultimate features and the linear head."""
 
     label = "RP-GradNorm"
-    reference = "RolnickLab/Open-Insect src/openood/postprocessors/rp_gradnorm_postprocessor.py"
+    reference_code = "RolnickLab/Open-Insect src/openood/postprocessors/rp_gradnorm_postprocessor.py"
     inputs = frozenset({"features"})
     needs_head = True
 

@@ -52,7 +52,7 @@ class SCALE(Detector):
     """s = logsumexp(exp(r) W h + b), r = sum(h) / sum(top-k h): every activation kept and scaled (ASH-S prunes)."""
 
     label = "SCALE"
-    reference = "kai422/SCALE openood/networks/scale_net.py"
+    reference_code = "kai422/SCALE openood/networks/scale_net.py"
     family = "posthoc"
     inputs = frozenset({"features"})
     paper = "Xu et al., Scaling for Training Time and Post-hoc Out-of-distribution Detection Enhancement, ICLR 2024"

@@ -51,7 +51,7 @@ class SHE(Detector):
     """s(x) = <h, m_yhat>, m_k = mean penultimate feature of the correctly classified training samples of class k."""
 
     label = "SHE"
-    reference = "OpenOOD openood/postprocessors/she_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/she_postprocessor.py"
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features", "logits"})

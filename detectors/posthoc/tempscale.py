@@ -69,7 +69,7 @@ class TempScale(Detector):
 
     label = "TempScale"
     aliases = {"TemperatureScaling": "pytorch-ood's", "temperature_scaling": "OpenOOD's", "temp_scaling": "OpenOOD's"}
-    reference = "OpenOOD openood/postprocessors/temp_scaling_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/temp_scaling_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Guo et al., On Calibration of Modern Neural Networks, ICML 2017"

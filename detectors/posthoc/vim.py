@@ -114,7 +114,7 @@ class ViM(Detector):
     """
 
     label = "ViM"
-    reference = "OpenOOD openood/postprocessors/vim_postprocessor.py"
+    reference_code = "OpenOOD openood/postprocessors/vim_postprocessor.py"
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})

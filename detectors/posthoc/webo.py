@@ -46,7 +46,7 @@ class WeightedEBO(Detector):
 
     label = "WEBO"
     aliases = {"WeightedEBO": "pytorch-ood's"}
-    reference = "pytorch-ood 0.4.0 pytorch_ood/detector/webo.py"
+    reference_code = "pytorch-ood 0.4.0 pytorch_ood/detector/webo.py"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Du et al., VOS: Learning What You Don't Know by Virtual Outlier Synthesis, ICLR 2022"

@@ -2,7 +2,6 @@
 registered method in any case, with a one-time note; an unknown name suggests post-hoc methods first."""
 from __future__ import annotations
 
-import importlib.util
 import logging
 import re
 from pathlib import Path
@@ -14,6 +13,7 @@ from detectors import registry
 from detectors.base import Detector
 from detectors.harness.runconfig import DetectorSpec
 from detectors.registry import detector_class, register_detector, suggestions
+from helpers.pytorch_ood import pytorch_ood_detector
 
 # pytorch-ood 0.4.0 `pytorch_ood/detector/__init__.py` class names and OpenOOD's `postprocessors` / trainer keys
 # (openood/postprocessors/utils.py; temperature_scaling in v1.0, temp_scaling in v1.5) -> ours. Names equal to ours
@@ -40,10 +40,7 @@ def test_the_names_people_use_resolve_in_any_case(alias, name):
 
 
 def test_pytorch_oods_names_are_its_class_names():
-    found = importlib.util.find_spec("pytorch_ood")
-    if found is None:
-        pytest.skip("pytorch-ood not installed (see .ci/parity_deps)")
-    init = Path(list(found.submodule_search_locations)[0]) / "detector" / "__init__.py"
+    init = Path(pytorch_ood_detector().__file__)  # pytorch_ood/detector/__init__.py (skips without pytorch-ood)
     exported = set(re.findall(r"^from \.\w+ import (.+)$", init.read_text(), re.M))
     classes = {c.strip() for line in exported for c in line.split(",")}
     assert set(PYTORCH_OOD) | set(SAME_NAME) <= classes
