@@ -14,11 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.linalg
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import log_softmax, stored_features
 from detectors.posthoc.nnguide import normalised
+from detectors.posthoc.vim import lapack_threads
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
@@ -33,6 +35,16 @@ def regret(log_probs: np.ndarray, g: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         terms = 1.0 / (1.0 + (1.0 - p) * np.exp((g[:, None] - 1.0) * log_probs))
     return np.log(terms.sum(axis=1)) / np.log(classes)
+
+
+def hermitian_pinv(matrix: np.ndarray, rcond: float) -> np.ndarray:
+    """The pseudo-inverse of a symmetric PSD matrix from its float64 eigh on the cores the machine leaves idle
+    (`vim.lapack_threads`: one thread under load, where a threaded LAPACK reduction is several times slower):
+    eigenvalues at most rcond x the largest are dropped, as np.linalg.pinv(hermitian=True)."""
+    with lapack_threads():
+        values, vectors = scipy.linalg.eigh(matrix, driver="evd")
+    kept = np.abs(values) > rcond * np.abs(values).max()
+    return (vectors[:, kept] / values[kept]) @ vectors[:, kept].T
 
 
 @register_detector("pnml")
@@ -61,7 +73,7 @@ class PNML(Detector):
             x = normalised(block)
             gram += x.T @ x
         (gram,) = streaming.reduce_sum(gram)
-        self.projector = np.linalg.pinv(gram, rcond=self.rcond, hermitian=True)
+        self.projector = hermitian_pinv(gram, self.rcond)
 
     def _score(self, batch) -> np.ndarray:
         projector = self.projector.astype(np.float32)

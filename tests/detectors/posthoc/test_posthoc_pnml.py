@@ -6,7 +6,7 @@ import torch
 
 import detectors
 from detectors import FeatureSet, LinearHead
-from detectors.posthoc.pnml import regret
+from detectors.posthoc.pnml import hermitian_pinv, regret
 from helpers.pytorch_ood import pytorch_ood_detector
 
 RNG = np.random.default_rng(4)
@@ -56,6 +56,13 @@ def test_regret_edges():
     assert np.all(regret(np.zeros((2, 1)), np.array([0.1, 0.9])) == 0)  # one class
     ties = np.log(np.array([[0.5, 0.5], [0.5, 0.5]]))
     assert regret(ties, np.array([0.2, 0.2]))[0] == regret(ties, np.array([0.2, 0.2]))[1]
+
+
+def test_the_pseudo_inverse_is_numpys():
+    x = RNG.normal(size=(8, 12))
+    for gram in (x.T @ x, x @ x.T + np.eye(8)):  # singular (rank 8 of 12) and regular
+        np.testing.assert_allclose(hermitian_pinv(gram, 1e-10), np.linalg.pinv(gram, rcond=1e-10, hermitian=True),
+                                   atol=1e-10)
 
 
 def test_pnml_with_more_dimensions_than_rows_and_empty_sets():
