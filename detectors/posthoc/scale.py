@@ -35,7 +35,12 @@ def scale_ratio(features: np.ndarray, percentile: float, relu: bool = False) -> 
     d = h.shape[1]
     k = kept_count(d, percentile)
     total = h.sum(axis=1, dtype=np.float64)
-    kept = total if k == d else np.partition(h, d - k, axis=1)[:, d - k:].sum(axis=1, dtype=np.float64)
+    if k < d:
+        if relu:  # its own copy: partitioned in place
+            h.partition(d - k, axis=1)
+        else:
+            h = np.partition(h, d - k, axis=1)
+    kept = total if k == d else h[:, d - k:].sum(axis=1, dtype=np.float64)
     empty = (kept == 0) & (total == 0)
     return np.where(empty, 1.0, total / np.where(empty, 1.0, kept))
 
