@@ -6,11 +6,14 @@ max(unavoidable multiply-adds at the rate of the precision it computes in, bytes
 Floors use the matmul rates measured just before and after each detector (the machine may be shared).
 Side by side, reference formulations (OpenOOD's Mahalanobis `(t @ P @ t.T).diag()` per class, GradNorm with one
 autograd backward per sample, scikit-learn's brute NearestNeighbors) are timed on a subsample (one 128-row batch,
-1000 rows, 2000 rows by default) and extrapolated linearly in the number of test rows. Writes
+1000 rows, 2000 rows by default) and extrapolated linearly in the number of test rows. Then the detectors pytorch-ood
+0.4 also ships (`benchmarks/cases/peers.py`: the methods added with issue 39, and ViM) run beside pytorch-ood's, fit +
+score at `--peer-size` (20k x 1024, 200 classes), as ratios measured in the same run. Writes
 `benchmarks/detectors.json` and prints markdown tables.
 
-    python -m benchmarks.detectors                       # 50k train, 20k test, 2048-d, 1000 classes
+    python -m benchmarks.detectors                       # 50k train, 20k test, 2048-d, 1000 classes; peers
     python -m benchmarks.detectors --n-train 5000 --n-test 2000 --dim 256 --classes 100 --only mds knn
+    python -m benchmarks.detectors --peers-only --peers scale vim
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import torch
 
 import detectors
 from detectors import FeatureSet, LinearHead
+from benchmarks.cases import peers
 from pipelines.io import atomic_write_json
 from pipelines.progress import progress
 
@@ -333,9 +337,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="test rows for scikit-learn's brute NearestNeighbors")
     parser.add_argument("--only", nargs="*",
                         help="detector names (default: every posthoc detector without image inputs)")
+    parser.add_argument("--peers", nargs="*", choices=sorted(peers.CASES), default=sorted(peers.CASES),
+                        help="detectors timed beside pytorch-ood's (default: all of them; none: skip)")
+    parser.add_argument("--peer-size", default="20000:1024:200",
+                        help="rows (train and test each):D:classes of the pytorch-ood comparison")
+    parser.add_argument("--peer-repeats", type=int, default=3, help="repeats per side (best of; ratios of each)")
+    parser.add_argument("--peers-only", action="store_true", help="only the pytorch-ood comparison")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     args = parser.parse_args(argv)
+    if args.peers_only:  # the JSON's other sections are kept
+        kept = json.loads(args.out.read_text()) if args.out.is_file() else {}
+        return write(args, {**kept, **peer_section(args)})
 
     machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                "torch_threads": torch.get_num_threads(), "float32_gflops": matmul_rate(np.float32),
@@ -356,9 +369,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result = {"machine": machine, "sizes": {"n_train": args.n_train, "n_val": args.n_val, "n_test": args.n_test,
                                             "dim": args.dim, "classes": args.classes},
               "detectors": rows, "references": references(fitted, test, head, args)}
+    print(markdown(result))
+    return write(args, {**result, **peer_section(args)})
+
+
+def peer_section(args: argparse.Namespace) -> dict[str, Any]:
+    """The pytorch-ood comparison (`--peers`), printed, as the JSON's `peers` entry."""
+    if not args.peers:
+        return {}
+    n, dim, classes = (int(v) for v in args.peer_size.split(":"))
+    load_before = os.getloadavg()
+    rows = peers.compare(args.peers, peers.make(n, dim, classes, args.seed), args.peer_repeats)
+    sizes = f"{n} train and {n} test rows, D={dim}, C={classes}"
+    print(peers.markdown(rows, sizes), flush=True)
+    return {"peers": {"sizes": {"rows": n, "dim": dim, "classes": classes}, "repeats": args.peer_repeats,
+                      "cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+                      "rows": rows}}
+
+
+def write(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, json.loads(json.dumps(result, default=str)))
-    print(markdown(result))
     return result
 
 

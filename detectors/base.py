@@ -140,22 +140,38 @@ def check_scores(scores: Any, who: str = "detector") -> np.ndarray:
 class Detector:
     """Base class of every detector. Scores: float64 [N], HIGHER = MORE IN-DISTRIBUTION.
 
-    Subclasses set `name`, `family`, `inputs`, a frozen dataclass `Params` of hyperparameters (the paper's /
+    Subclasses set `name`, `family`, `label`, `inputs`, a frozen dataclass `Params` of hyperparameters (the paper's /
     OpenOOD v1.5's defaults, types and ranges: `pipelines.params`), `fit_inputs` (what `fit` reads, a subset of
-    FIT_INPUTS), `needs` (runtime objects the constructor takes, a subset of RUNTIME_INPUTS) and `search_space`
-    (OpenOOD v1.5's sweep, used by `detectors.select`). The registry checks these declarations against `fit` and
-    `__init__`. `self.params` is a dict of every parameter (read as `self.params[k]` or `self.k`); `hyperparameters`
-    leaves the runtime settings out. Learned state lives in `state()` / `load_state()` as a dict of arrays so that
-    `save_pretrained` / `from_pretrained` round-trip it through safetensors.
+    FIT_INPUTS), `needs` (runtime objects the constructor takes, a subset of RUNTIME_INPUTS), `search_space`
+    (OpenOOD v1.5's sweep, used by `detectors.select`), and where a protocol's reference differs, `grids` and
+    `protocol_defaults`: every fact about a method is on its class. The registry checks these declarations against
+    `fit` and `__init__`. `self.params` is a dict of every parameter (read as `self.params[k]` or `self.k`);
+    `hyperparameters` leaves the runtime settings out. Learned state lives in `state()` / `load_state()` as a dict of
+    arrays so that `save_pretrained` / `from_pretrained` round-trip it through safetensors.
     """
 
     name: ClassVar[str] = ""
     family: ClassVar[str] = ""
     inputs: ClassVar[frozenset[str]] = frozenset()
     paper: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    """The method's name in rendered tables (the papers' spelling), set on each registered class itself."""
+    reference_code: ClassVar[str] = ""
+    aliases: ClassVar[dict[str, str]] = {}
+    """Names other libraries give the method -> whose names they are ("pytorch-ood's", "OpenOOD's"): `detectors.build`
+    and configs resolve them in any case, with a one-time note; read from the class itself, never a parent."""
+    """The reference code its defaults and grids are read from (repository and file; lines in docs/references.md)."""
     Params: ClassVar[type[Params]] = Params
     defaults: ClassVar[dict[str, Any]] = {}  # derived from Params (every field's default)
     search_space: ClassVar[dict[str, list[Any]]] = {}
+    grids: ClassVar[dict[str, dict[str, list[Any]] | None]] = {}
+    """protocol -> the grid that protocol's reference sweeps where it is not `search_space`: `{}` runs the defaults
+    (APS off), None runs them without a grid though `detectors.select` still sweeps `search_space` (no postprocessor
+    config). `detectors.harness.protocols` reads it; a protocol without an entry takes its parent's
+    (`open-insects` and `exact` take `openood_v1.5`'s)."""
+    protocol_defaults: ClassVar[dict[str, dict[str, Any]]] = {}
+    """protocol -> the parameter defaults that protocol's reference runs where they differ from `Params`' (a config's
+    own `params` win; a protocol without an entry takes its parent's, as `grids`)."""
     needs_head: ClassVar[bool] = False
     fit_inputs: ClassVar[frozenset[str]] = frozenset()
     needs: ClassVar[frozenset[str]] = frozenset()

@@ -145,6 +145,7 @@ class CLIPN(ClipDetector):
     manifest's `text` field, else `caption_template` with the class name; `match="caption"` treats pairs with the
     same caption as matched (the official identity when captions are unique), `match="index"` is the identity."""
 
+    label = "CLIPN"
     paper = "Wang et al., CLIPN for Zero-Shot OOD Detection: Teaching CLIP to Say No, ICCV 2023"
 
     @dataclass(frozen=True)

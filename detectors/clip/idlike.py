@@ -98,6 +98,7 @@ class IDLike(PromptDetector):
     score = sum of the softmax over ID classes with the OOD prompts inside the softmax (logits cos / T, T = 0.01 =
     CLIP's logit scale 100, as the official test)."""
 
+    label = "ID-like"
     paper = "Bai et al., ID-like Prompt Learning for Few-Shot Out-of-Distribution Detection, CVPR 2024"
 
     @dataclass(frozen=True)

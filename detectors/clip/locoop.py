@@ -27,6 +27,7 @@ class LoCoOp(PromptDetector):
     embeddings (the image tower is frozen), so no image augmentation is applied.
     """
 
+    label = "LoCoOp"
     reads_patches = True
 
     reads_train_features = True

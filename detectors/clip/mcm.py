@@ -22,6 +22,7 @@ class MCM(ClipDetector):
     """s = max_i softmax_i(cos(x, t_i) / T), T = 1, prompts "a photo of a {label}" (the official one; the full-stop
     variant or CLIP's 80-template ensemble are options through `templates`)."""
 
+    label = "MCM"
     paper = "Ming et al., Delving into Out-of-Distribution Detection with Vision-Language Representations, NeurIPS 2022"
 
     @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class MCM(ClipDetector):
         temperature: float = param(1.0, "softmax temperature T on the cosine similarities", gt=0)
 
     # no search_space: OpenOOD v1.5's mcm.yml has APS_mode False (T = 1, no sweep)
+    grids = {"openood_v1.5": {}}
 
     def _score(self, batch: Any) -> np.ndarray:
         return scores.mcm(self.features(batch).global_, self.class_text(), self.params["temperature"])
@@ -39,6 +41,7 @@ class MCM(ClipDetector):
 class GLMCM(ClipDetector):
     """s = MCM(global) + lambda * max over patches of MCM(local), lambda = 1 (0.5 in a later version of the paper)."""
 
+    label = "GL-MCM"
     reads_patches = True
 
     paper = ("Miyai et al., Zero-Shot In-Distribution Detection in Multi-Object Settings Using Vision-Language "

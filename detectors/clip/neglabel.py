@@ -53,6 +53,7 @@ class NegLabel(ClipDetector):
     (the paper's M) replaces `neg_fraction` by M / number of candidates; `mine=False` uses every candidate.
     """
 
+    label = "NegLabel"
     paper = "Jiang et al., Negative Label Guided OOD Detection with Pretrained Vision-Language Models, ICLR 2024"
 
     @dataclass(frozen=True)

@@ -74,6 +74,7 @@ class DiffGuard(Detector):
     `.image_size`), and optionally a loaded `unet` (pixel) or `pipeline` (latent) instead of `unet_id` / `sd_id`.
     """
 
+    label = "DIFFGUARD"
     family = "generative"
     inputs = frozenset({"images"})
     keeps_batches = True  # a killed rerun resumes within a set (Detector.score)

@@ -100,6 +100,7 @@ def released_discriminator(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 class OpenGAN(Detector):
     """Feature-space OpenGAN; `fit(id_train, id_val=..., ood_val=..., outliers=...)` on FeatureSets."""
 
+    label = "OpenGAN"
     family = "generative"
     inputs = frozenset({"features"})
     paper = "Kong & Ramanan, OpenGAN: Open-Set Recognition via Open Data Generation, ICCV 2021"

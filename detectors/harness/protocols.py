@@ -7,66 +7,71 @@ from __future__ import annotations
 
 from typing import Any
 
-from detectors.posthoc.odin import REFERENCE_GRAD_STD
+from detectors.registry import available, detector_class
+
+PARENTS: dict[str, str | None] = {
+    "openood_v1.5": None,  # OpenOOD v1.5 (the benchmark papers' tooling): its postprocessors' defaults and YAML grids
+    "open-insects": "openood_v1.5",  # Open-Insect (RolnickLab/Open-Insect, an OpenOOD v1.5 fork): its own configs
+    "exact": "openood_v1.5",  # OpenOOD v1.5 with the documented corrections (docs/references.md)
+}
+"""The protocols, each with the protocol whose entries it takes where a detector class names none for it (a
+detector's `grids` and `protocol_defaults`)."""
+
+
+def _entry(table: dict[str, object], protocol: str) -> tuple[bool, object]:
+    """(found, value) of `protocol` in a class's per-protocol `table`, else of its parents in turn."""
+    while protocol is not None:
+        if protocol in table:
+            return True, table[protocol]
+        protocol = PARENTS[protocol]
+    return False, None
+
+
+def _classes() -> list[type]:
+    """Every registered detector class; ValueError when one names a protocol that does not exist."""
+    classes = [detector_class(name) for name in available()]
+    for cls in classes:
+        unknown = (set(cls.grids) | set(cls.protocol_defaults)) - set(PARENTS)
+        if unknown:
+            raise ValueError(f"{cls.__module__}.{cls.__name__}: unknown protocol(s) {sorted(unknown)} in grids / "
+                             f"protocol_defaults; known: {sorted(PARENTS)}")
+    return classes
+
 
 PROTOCOLS: dict[str, dict[str, dict[str, Any]]] = {
-    # OpenOOD v1.5 (the benchmark papers' tooling): its postprocessor defaults, TempScale's LBFGS temperature fit
-    "openood_v1.5": {"vim": {"default_dim": 256}},  # configs/postprocessors/vim.yml: dim 256
-    # Open-Insect (RolnickLab/Open-Insect, an OpenOOD v1.5 fork): its own configs/postprocessors where they differ
-    "open-insects": {"vim": {"default_dim": 256}, "neco": {"default_dim": 100},  # vim.yml; neco.yml: dim 100
-                     # eval.sh:67 names the region, missing from transform.py:3-12: odin_postprocessor.py:18-21 takes
-                     # 0.5
-                     "odin": {"grad_std": REFERENCE_GRAD_STD}, "rp_odin": {"grad_std": REFERENCE_GRAD_STD}},
-    # OpenOOD v1.5 with the documented corrections: TempScale's exact NLL optimum instead of the under-converged LBFGS
-    "exact": {"vim": {"default_dim": 256}, "tempscale": {"fit": "exact"}},
-}
-"""`protocol:` -> parameter defaults per detector (a detector's own `params` win)."""
+    protocol: {cls.name: dict(value) for cls in _classes()
+               for found, value in [_entry(cls.protocol_defaults, protocol)] if found}
+    for protocol in PARENTS}
+"""`protocol:` -> parameter defaults per detector (a detector's own `params` win), read from the classes'
+`protocol_defaults`; the training-time loop settings are added below."""
 
 
 # -- sweep grids (APS: ID val against OOD val, AUROC, the tie rule below) -------------------------------------------
-# Read from OpenOOD's configs/postprocessors/<name>.yml (Jingkang50/OpenOOD at 3c35632; Open-Insect's copies at e0aa51e
-# are the same files unless noted). A postprocessor with `APS_mode: False` (DICE, MDS, RMDS, MSP, MLS, KLM, SHE, MCM,
-# GradNorm, RankFeat, OpenMax, TempScale, RP-MSP, RP-GradNorm) runs its defaults: an empty grid here. A one-point grid
-# (EBO's temperature [1], MDSEns's noise [0.0014], RP-EBO's temperature [1]) is its default, evaluated on validation.
-# A post-hoc detector absent from a table sweeps its declared `search_space` (one the reference never ran: its own grid,
-# as APS would), except where the reference ran its defaults without a grid (`DEFAULTS_ONLY`: NECO under openood_v1.5,
-# OpenOOD has no neco.yml); the CLIP, generative and training families run their defaults in a run.
-# `sweep_space` gives every detector absent from a table its declared `search_space` for `detectors.select`.
-_OPENOOD = {
-    "ash": {"percentile": [65, 70, 75, 80, 85, 90, 95]},                         # ash.yml
-    "dice": {},                                                                   # dice.yml: APS off, p 90
-    "ebo": {"temperature": [1]},                                                  # ebo.yml (v1.5 tag: [1, 10, 100,
-                                                                                  # 1000])
-    "fdbd": {"distance_as_normalizer": [True, False]},                           # fdbd.yml
-    "gen": {"gamma": [0.01, 0.1, 0.5, 1, 2, 5, 10], "M": [10, 50, 100, 200, 500, 1000]},  # gen.yml
-    "knn": {"k": [50, 100, 200, 500, 1000]},                                      # knn.yml: K_list
-    "mdsens": {"noise": [0.0014]},                                                # mds_ensemble.yml
-    "nci": {"alpha": [0.0001, 0.001, 0.01, 0.1]},                                 # nci.yml
-    "odin": {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]},      # odin.yml (on images)
-    "react": {"percentile": [85, 90, 95, 99]},                                    # react.yml
-    # vim.yml sweeps dim [256, 1000], but OpenOOD's ViM computes its principal space once in setup() at the default
-    # (setup_flag) and set_hyperparam() only relabels it: every point scores alike, as at 256 (the search's last-maximum
-    # rule then labels the run 1000, vim_postprocessor.py:71-72; its scores stay those of 256).
-    "vim": {},
-    "rp_ebo": {"temperature": [1]},                                               # Open-Insect rp_ebo.yml
-    "rp_odin": {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]},   # Open-Insect rp_odin.yml (images)
-    # gram.yml's powers_list [[1, 2, 3, 4, 5]] is its default powers: none of ours to sweep
-    **{name: {} for name in ("mds", "rmds", "msp", "mls", "klm", "she", "gradnorm", "rankfeat", "openmax", "tempscale",
-                             "gram", "mcm", "rp_msp", "rp_gradnorm")},
-}
-SWEEPS: dict[str, dict[str, dict[str, list[Any]]]] = {
-    "openood_v1.5": _OPENOOD,
-    "open-insects": {**_OPENOOD,
-                     "react": {"percentile": [10, 65, 85, 90, 95, 99]},           # Open-Insect react.yml
-                     "neco": {"dim": [100, 200, 300, 400]}},                      # Open-Insect neco.yml
-    # correction: ViM refitted at every point of vim.yml's grid (OpenOOD's sweep never refits, see above)
-    "exact": {**_OPENOOD, "vim": {"dim": [256, 1000]}},
-}
-"""`protocol:` -> the sweep grid per detector where it differs from the detector's declared `search_space`."""
+# Each class declares the grid its reference runs: `search_space` (OpenOOD's configs/postprocessors/<name>.yml,
+# Jingkang50/OpenOOD at 3c35632; a method OpenOOD lacks: its own grid, as APS would), and `grids` where a protocol's
+# reference runs another (Open-Insect's copies at e0aa51e where they differ). A postprocessor with `APS_mode: False`
+# (DICE, MDS, RMDS, MSP, MLS, KLM, SHE, MCM, GradNorm, RankFeat, OpenMax, TempScale, RP-MSP, RP-GradNorm) declares
+# none: its defaults run. A one-point grid (EBO's temperature [1], MDSEns's noise [0.0014], RP-EBO's temperature [1])
+# is its default, evaluated on validation. A `None` grid (NECO under openood_v1.5: OpenOOD has no neco.yml) runs the
+# defaults while `detectors.select` still sweeps the declared `search_space`; the CLIP, generative and training
+# families run their defaults in a run unless a class lists a grid.
+def _sweeps(protocol: str) -> tuple[dict[str, dict[str, list[Any]]], frozenset[str]]:
+    table, defaults_only = {}, set()
+    for cls in _classes():
+        found, grid = _entry(cls.grids, protocol)
+        if found and grid is None:
+            defaults_only.add(cls.name)
+        elif found or cls.family == "posthoc":
+            table[cls.name] = {k: list(v) for k, v in (grid if found else cls.search_space).items()}
+    return table, frozenset(defaults_only)
 
-DEFAULTS_ONLY: dict[str, frozenset[str]] = {"openood_v1.5": frozenset({"neco"}), "exact": frozenset({"neco"})}
+
+SWEEPS: dict[str, dict[str, dict[str, list[Any]]]] = {protocol: _sweeps(protocol)[0] for protocol in PARENTS}
+"""`protocol:` -> the sweep grid per detector, read from the classes (`search_space`, `grids`)."""
+
+DEFAULTS_ONLY: dict[str, frozenset[str]] = {protocol: _sweeps(protocol)[1] for protocol in PARENTS}
 """`protocol:` -> the post-hoc detectors absent from its `SWEEPS` table that a run does not sweep (the reference's
-defaults)."""
+defaults; a `None` grid on the class)."""
 
 TIE_RULES: tuple[str, ...] = ("last", "first")
 """Which of several grid points equal to the best metric a sweep keeps. `last`: the reference's run,

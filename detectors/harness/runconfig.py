@@ -116,7 +116,7 @@ class RuleSpec(Config):
         rule = _detector(made.name, f"{where}.name")
         if rule.family != "posthoc" or not frozenset(rule.inputs) <= FEATURE_INPUTS:
             raise ConfigError(f"{where}: {made.name!r} is not a feature-level post-hoc detector", doc=DOC)
-        return cls(name=made.name, params=typed_params(rule, made.params, f"{where}.params"))
+        return cls(name=rule.name, params=typed_params(rule, made.params, f"{where}.params"))
 
 
 @config
@@ -144,7 +144,7 @@ class DetectorSpec(Config):
         if made.rules and det.family != "training":
             raise ConfigError(f"{where}.rules: only training-time methods re-score with post-hoc rules; {det.name} is "
                               f"{det.family}", doc=DOC)
-        return cls(name=made.name, params=typed_params(det, made.params, f"{where}.params"), load=made.load,
+        return cls(name=det.name, params=typed_params(det, made.params, f"{where}.params"), load=made.load,
                    label=made.label, rules=made.rules)
 
     @property

@@ -62,6 +62,8 @@ class ASH(Detector):
     """s = logsumexp(W ash(h) + b), ASH applied to the pooled penultimate features (the paper shapes the last feature
     map before pooling; a feature cache holds the pooled vector). OpenOOD's default variant is ASH-B."""
 
+    label = "ASH"
+    reference_code = "OpenOOD openood/postprocessors/ash_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"features"})
     paper = "Djurisic et al., Extremely Simple Activation Shaping for Out-of-Distribution Detection, ICLR 2023"

@@ -40,6 +40,22 @@ def logits_of(batch: Any, who: str) -> np.ndarray:
     return out
 
 
+def stored_logits(batch: Any, who: str) -> np.ndarray:
+    """Logits [N,C] of a FeatureSet or array-like in the model's precision (float32 and float64 as they are, others as
+    float32): for elementwise scores that work block by block in that precision and sum in float64."""
+    if isinstance(batch, FeatureSet):
+        batch.require("logits", who=who)
+        batch = batch.logits
+    out = as_numpy(batch)
+    if out.ndim != 2:
+        raise ValueError(f"{who} needs logits of shape [N,C], got {out.shape}")
+    return out if out.dtype in (np.float32, np.float64) else out.astype(np.float32)
+
+
+BLOCK_ROWS = 1024
+"""Rows per block of the elementwise logit scores (entropy, weighted energy): a block's few passes stay in cache."""
+
+
 def labels_of(data: FeatureSet, who: str) -> np.ndarray:
     """int64 class labels [N] of a FeatureSet (raises when it has none)."""
     data.require("labels", who=who)

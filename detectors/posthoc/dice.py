@@ -21,6 +21,8 @@ class DICE(Detector):
     contribution matrix, which is small.
     """
 
+    label = "DICE"
+    reference_code = "OpenOOD openood/postprocessors/dice_postprocessor.py"
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})

@@ -22,6 +22,9 @@ def energy_score(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
 class Energy(Detector):
     """s(x) = T * logsumexp(z / T)."""
 
+    label = "EBO"
+    aliases = {"EnergyBased": "pytorch-ood's", "energy": "the paper's"}
+    reference_code = "OpenOOD openood/postprocessors/ebo_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Liu et al., Energy-based Out-of-distribution Detection, NeurIPS 2020"

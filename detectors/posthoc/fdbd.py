@@ -32,6 +32,8 @@ class FDBD(Detector):
     The k = y term is 0. Default and sweep as OpenOOD v1.5 (the normaliser is chosen on validation data there).
     """
 
+    label = "fDBD"
+    reference_code = "OpenOOD openood/postprocessors/fdbd_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"features"})
     paper = "Liu & Qin, Fast Decision Boundary based Out-of-Distribution Detector, ICML 2024"

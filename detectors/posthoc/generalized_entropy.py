@@ -25,6 +25,8 @@ def generalized_entropy_score(logits: np.ndarray, gamma: float = 0.1, top_m: int
 class GEN(Detector):
     """s(x) = -G_gamma(top-M of softmax(z)), G_gamma(p) = sum_j p_j^gamma (1 - p_j)^gamma."""
 
+    label = "GEN"
+    reference_code = "OpenOOD openood/postprocessors/gen_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Liu et al., GEN: Pushing the Limits of Softmax-Based OOD Detection, CVPR 2023"

@@ -26,6 +26,8 @@ def gradnorm_score(features: np.ndarray, weight: np.ndarray, bias: np.ndarray) -
 class GradNorm(Detector):
     """s(x) = ||h||_1 * ||softmax(Wh + b) - 1/C||_1 on penultimate features h and the linear head (W, b)."""
 
+    label = "GradNorm"
+    reference_code = "OpenOOD openood/postprocessors/gradnorm_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"features"})
     paper = "Huang et al., On the Importance of Gradients for Detecting Distributional Shifts in the Wild, NeurIPS 2021"

@@ -133,6 +133,8 @@ class Gram(Detector):
     min/max) or "id_val" (min/max on all training images, normalisers on `id_val`).
     """
 
+    label = "Gram"
+    reference_code = "OpenOOD openood/postprocessors/gram_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"images"})
     keeps_batches = True  # a killed rerun resumes within a set (Detector.score)

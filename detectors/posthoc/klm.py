@@ -36,6 +36,9 @@ def kl_to_templates(logits: np.ndarray, templates: np.ndarray) -> np.ndarray:
 class KLMatching(Detector):
     """s(x) = -min_k KL(softmax(z) || d_k), d_k = mean softmax of ID-val (else ID-train) samples predicted as k."""
 
+    label = "KL-Matching"
+    aliases = {"KLMatching": "pytorch-ood's"}
+    reference_code = "OpenOOD openood/postprocessors/kl_matching_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings, ICML 2022"

@@ -57,6 +57,8 @@ class KNN(Detector):
     OpenOOD returns faiss' squared distance; the square root keeps the ranking and gives the paper's distance.
     """
 
+    label = "KNN"
+    reference_code = "OpenOOD openood/postprocessors/knn_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"features"})
     paper = "Sun et al., Out-of-Distribution Detection with Deep Nearest Neighbors, ICML 2022"

@@ -81,6 +81,9 @@ def min_squared_mahalanobis(features: np.ndarray, means: np.ndarray, precision: 
 class Mahalanobis(Detector):
     """s(h) = max_c -(h - mu_c)^T S^+ (h - mu_c), S the covariance of class-centred train features (tied)."""
 
+    label = "MDS"
+    aliases = {"Mahalanobis": "pytorch-ood's"}
+    reference_code = "OpenOOD openood/postprocessors/mds_postprocessor.py"
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})

@@ -58,6 +58,9 @@ def half_squared_distances(features: torch.Tensor, means: torch.Tensor, precisio
 class MDSEnsemble(Detector):
     """sum_l alpha_l max_c -0.5 d_{l,c}(x'_l)^2 over the chosen layers. Needs the classifier and images."""
 
+    label = "MDSEns"
+    aliases = {"mds_ensemble": "OpenOOD's"}
+    reference_code = "OpenOOD openood/postprocessors/mds_ensemble_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"images"})
     keeps_batches = True  # a killed rerun resumes within a set (Detector.score)

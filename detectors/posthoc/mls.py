@@ -14,6 +14,9 @@ from detectors.registry import register_detector
 class MaxLogit(Detector):
     """s(x) = max_k z_k."""
 
+    label = "MLS"
+    aliases = {"MaxLogit": "pytorch-ood's"}
+    reference_code = "OpenOOD openood/postprocessors/maxlogit_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Hendrycks et al., Scaling Out-of-Distribution Detection for Real-World Settings, ICML 2022"

@@ -14,6 +14,9 @@ from detectors.registry import register_detector
 class MSP(Detector):
     """s(x) = max_k softmax(z)_k."""
 
+    label = "MSP"
+    aliases = {"MaxSoftmax": "pytorch-ood's"}
+    reference_code = "OpenOOD openood/postprocessors/base_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Hendrycks & Gimpel, A Baseline for Detecting Misclassified and OOD Examples, ICLR 2017"

@@ -17,6 +17,8 @@ from detectors.registry import register_detector
 class NCI(Detector):
     """s = w_y . (h - mu_train) / ||h - mu_train|| + alpha ||h||_1, y = argmax z (OpenOOD's nci postprocessor)."""
 
+    label = "NCI"
+    reference_code = "OpenOOD openood/postprocessors/nci_postprocessor.py"
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})

@@ -23,6 +23,8 @@ class NECO(Detector):
     The scaler and the PCA both follow from one streamed pass of moments: cov(z) = cov(h) / (std std^T).
     """
 
+    label = "NECO"
+    reference_code = "the NECO paper (Ben Ammar et al., ICLR 2024) and its released code"
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
@@ -38,6 +40,9 @@ class NECO(Detector):
 
     fit_inputs = frozenset({"head"})
     search_space = {"dim": [50, 100, 150, 200, 250, 300]}
+    # OpenOOD has no neco.yml: its defaults run; Open-Insect's neco.yml:5-9 sweeps dim 100 ... 400 from 100
+    grids = {"openood_v1.5": None, "open-insects": {"dim": [100, 200, 300, 400]}}
+    protocol_defaults = {"open-insects": {"default_dim": 100}}
 
     def resolved_params(self) -> dict[str, Any]:
         return {"dim": int(self.components.shape[1])} if "components" in self.__dict__ else {}

@@ -54,6 +54,8 @@ def odin_perturb(classifier: Any, pixel_values: torch.Tensor, temperature: float
 class ODIN(Detector):
     """s(x) = max_k softmax(f(x') / T)_k on the perturbed input x'. Needs the classifier and images."""
 
+    label = "ODIN"
+    reference_code = "OpenOOD openood/postprocessors/odin_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"images"})
     keeps_batches = True  # a killed rerun resumes within a set (Detector.score)
@@ -68,6 +70,8 @@ class ODIN(Detector):
 
     needs = frozenset({"classifier", "device", "precision"})
     search_space: dict[str, list[Any]] = {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]}  # OpenOOD v1.5
+    # Open-Insect's eval.sh:67 names the region, missing from transform.py:3-12: odin_postprocessor.py:18-21 takes 0.5
+    protocol_defaults = {"open-insects": {"grad_std": REFERENCE_GRAD_STD}}
 
     def __init__(self, classifier: Any = None, batch_size: int = 32, device: str | None = None, precision: str = "fp32",
                  **params: Any) -> None:

@@ -128,6 +128,8 @@ class OpenMax(Detector):
     (euclidean * eu_weight + cosine; the original code uses eu_weight = 1/200, OpenOOD's helper 0.5) or "cosine".
     """
 
+    label = "OpenMax"
+    reference_code = "OpenOOD openood/postprocessors/openmax_postprocessor.py with libMR's FitHigh / W_score"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Bendale & Boult, Towards Open Set Deep Networks, CVPR 2016"

@@ -71,6 +71,8 @@ def resnet_parts(classifier: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
 class RankFeat(Detector):
     """s(x) = T logsumexp(mean of the rank-1-removed branches' logits / T). Needs the classifier and images."""
 
+    label = "RankFeat"
+    reference_code = "OpenOOD openood/postprocessors/rankfeat_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"images"})
     keeps_batches = True  # a killed rerun resumes within a set (Detector.score)

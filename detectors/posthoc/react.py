@@ -20,6 +20,8 @@ class ReAct(Detector):
     np.percentile) in two streamed passes (`streaming.percentile`), so memory-mapped activations never load whole.
     """
 
+    label = "ReAct"
+    reference_code = "OpenOOD openood/postprocessors/react_postprocessor.py"
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features"})
@@ -32,6 +34,7 @@ class ReAct(Detector):
 
     fit_inputs = frozenset({"head", "id_val"})
     search_space = {"percentile": [85, 90, 95, 99]}  # OpenOOD v1.5
+    grids = {"open-insects": {"percentile": [10, 65, 85, 90, 95, 99]}}  # Open-Insect react.yml:4-7
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:

@@ -13,6 +13,9 @@ from detectors.registry import register_detector
 class RelativeMahalanobis(Mahalanobis):
     """s(h) = max_c [-(h - mu_c)^T S^+ (h - mu_c) + (h - mu_0)^T S_0^+ (h - mu_0)], mu_0/S_0 of all train features."""
 
+    label = "RMDS"
+    aliases = {"RMD": "pytorch-ood's"}
+    reference_code = "OpenOOD openood/postprocessors/rmds_postprocessor.py"
     paper = "Ren et al., A Simple Fix to Mahalanobis Distance for Improving Near-OOD Detection, arXiv 2106.09022, 2021"
 
     def _fit_scatter(self, scatter: streaming.ClassScatter) -> None:

@@ -85,6 +85,9 @@ class _PriorDetector(PriorState, Detector):
 class RPMSP(_PriorDetector):
     """s(x) = max_k (softmax(z)_k - prior_k)."""
 
+    label = "RP-MSP"
+    reference_code = "the paper's formulas (not in OpenOOD)"
+
     def _score(self, batch: Any) -> np.ndarray:
         _, probs = self._probs_and_prior(batch)
         return (probs - self.prior[None, :]).max(axis=1)
@@ -93,6 +96,10 @@ class RPMSP(_PriorDetector):
 @register_detector("rp_ebo")
 class RPEBO(_PriorDetector):
     """s(x) = T logsumexp(z / T) * (1 - cos(softmax(z), prior))."""
+
+    label = "RP-EBO"
+    reference_code = "the paper's formulas (not in OpenOOD)"
+    grids = {"openood_v1.5": {"temperature": [1]}}  # Open-Insect rp_ebo.yml:4-7
 
     @dataclass(frozen=True)
     class Params(Params):
@@ -116,6 +123,8 @@ def rp_gradnorm_score(features: np.ndarray, weight: np.ndarray, bias: np.ndarray
 class RPGradNorm(_PriorDetector):
     """GradNorm with the class prior in place of the uniform target, on penultimate features and the linear head."""
 
+    label = "RP-GradNorm"
+    reference_code = "RolnickLab/Open-Insect src/openood/postprocessors/rp_gradnorm_postprocessor.py"
     inputs = frozenset({"features"})
     needs_head = True
 

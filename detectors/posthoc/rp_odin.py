@@ -31,6 +31,8 @@ def prior_weight(logits: np.ndarray, prior: np.ndarray) -> np.ndarray:
 class RPODIN(PriorState, ODIN):
     """ODIN's perturbed MSP times (1 - cos(softmax, class prior)). Needs the classifier, images and ID train labels."""
 
+    label = "RP-ODIN"
+    reference_code = "RolnickLab/Open-Insect src/openood/postprocessors/rp_odin_postprocessor.py"
     paper = "Jiang et al., Detecting Out-of-distribution Data through In-distribution Class Prior, ICML 2023"
 
     def __init__(self, classifier: Any = None, batch_size: int = 32, device: str | None = None, precision: str = "fp32",

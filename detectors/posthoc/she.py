@@ -50,6 +50,8 @@ def class_patterns(features: np.ndarray, logits: np.ndarray, labels: np.ndarray)
 class SHE(Detector):
     """s(x) = <h, m_yhat>, m_k = mean penultimate feature of the correctly classified training samples of class k."""
 
+    label = "SHE"
+    reference_code = "OpenOOD openood/postprocessors/she_postprocessor.py"
     family = "posthoc"
     fits_from_shards = True  # its statistics are sums: each process may fit its shard (streaming.across_processes)
     inputs = frozenset({"features", "logits"})

@@ -67,9 +67,13 @@ class TempScale(Detector):
     otherwise ties every confident sample when the fitted T is small (e.g. a perfectly separated validation set).
     """
 
+    label = "TempScale"
+    aliases = {"TemperatureScaling": "pytorch-ood's", "temperature_scaling": "OpenOOD's", "temp_scaling": "OpenOOD's"}
+    reference_code = "OpenOOD openood/postprocessors/temp_scaling_postprocessor.py"
     family = "posthoc"
     inputs = frozenset({"logits"})
     paper = "Guo et al., On Calibration of Modern Neural Networks, ICML 2017"
+    protocol_defaults = {"exact": {"fit": "exact"}}  # the exact NLL optimum instead of OpenOOD's under-converged LBFGS
 
     @dataclass(frozen=True)
     class Params(Params):

@@ -66,6 +66,7 @@ class ARPLLoss(Objective):
 class ARPL(TrainedDetector):
     """Reciprocal points replace the head; score = MSP of the reciprocal-point logits (or their logsumexp)."""
 
+    label = "ARPL"
     paper = "Chen et al., Adversarial Reciprocal Points Learning for Open Set Recognition, TPAMI 2021"
 
     @dataclass(frozen=True)

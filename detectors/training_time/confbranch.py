@@ -56,6 +56,8 @@ class ConfBranchLoss(Objective):
 class ConfBranch(TrainedDetector):
     """Train a confidence branch with hints; score = predicted confidence."""
 
+    label = "ConfBranch"
+    aliases = {"conf_branch": "OpenOOD's"}
     paper = "DeVries & Taylor, Learning Confidence for Out-of-Distribution Detection in Neural Networks, 2018"
 
     @dataclass(frozen=True)

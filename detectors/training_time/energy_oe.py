@@ -49,6 +49,7 @@ class EnergyOELoss(Objective):
 class EnergyOE(TrainedDetector):
     """Train with the energy-bounded OE loss; score = -energy = logsumexp(z) (or MSP)."""
 
+    label = "Energy"
     paper = "Liu et al., Energy-based Out-of-distribution Detection, NeurIPS 2020"
 
     @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from detectors.training_time.novel_branch import BranchDetector
 
 @register_detector("extended")
 class Extended(BranchDetector):
+    label = "Extended"
     paper = "Chen et al., Open-Insects: a benchmark for open-set recognition of insects (Extended baseline)"
 
     @dataclass(frozen=True)

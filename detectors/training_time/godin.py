@@ -77,6 +77,7 @@ def _norm64(x: np.ndarray) -> np.ndarray:
 class GODIN(TrainedDetector):
     """Decomposed confidence h / g; score = max softmax of the cosine numerators h (or g)."""
 
+    label = "G-ODIN"
     paper = ("Hsu et al., Generalized ODIN: Detecting Out-of-distribution Image without Learning from OOD Data, CVPR "
              "2020")
 

@@ -31,6 +31,7 @@ class LogitNormLoss(Objective):
 class LogitNorm(TrainedDetector):
     """Train with LogitNorm, score with MSP on the trained head."""
 
+    label = "LogitNorm"
     paper = "Wei et al., Mitigating Neural Network Overconfidence with Logit Normalization, ICML 2022"
 
     @dataclass(frozen=True)

@@ -75,6 +75,7 @@ class MCDLoss(Objective):
 class MCD(TrainedDetector):
     """Two heads whose discrepancy on auxiliary data is maximised; score = minus their discrepancy on a sample."""
 
+    label = "MCD"
     paper = "Yu & Aizawa, Unsupervised Out-of-Distribution Detection by Maximum Classifier Discrepancy, ICCV 2019"
     released_network = None  # not in the Open-Insect model zoo
 

@@ -99,6 +99,7 @@ def beta_sample(a: float, b: float, generator: torch.Generator) -> float:
 class MixOE(TrainedDetector):
     """Train with MixOE on ID + auxiliary data, score with MSP."""
 
+    label = "MixOE"
     paper = ("Zhang et al., Mixture Outlier Exposure: Towards Out-of-Distribution Detection in Fine-grained "
              "Environments, WACV 2023")
 

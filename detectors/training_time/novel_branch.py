@@ -109,4 +109,5 @@ class BranchDetector(TrainedDetector):
 
 @register_detector("novel_branch")
 class NovelBranch(BranchDetector):
+    label = "NovelBranch"
     paper = "Chen et al., Open-Insects: a benchmark for open-set recognition of insects (NovelBranch baseline)"

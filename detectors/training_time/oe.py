@@ -39,6 +39,7 @@ class OELoss(Objective):
 class OutlierExposure(TrainedDetector):
     """Train with Outlier Exposure on the auxiliary set, score with MSP."""
 
+    label = "OE"
     paper = "Hendrycks et al., Deep Anomaly Detection with Outlier Exposure, ICLR 2019"
 
     @dataclass(frozen=True)

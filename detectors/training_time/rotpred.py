@@ -73,6 +73,7 @@ def rotpred_score(logits: np.ndarray, rot_logits: np.ndarray) -> np.ndarray:
 class RotPred(TrainedDetector):
     """Rotation prediction as an auxiliary task; score from the class and rotation heads on rotated images."""
 
+    label = "RotPred"
     paper = ("Hendrycks et al., Using Self-Supervised Learning Can Improve Model Robustness and Uncertainty, NeurIPS "
              "2019")
 

@@ -170,6 +170,7 @@ class UDGLoss(Objective):
 class UDG(TrainedDetector):
     """Unsupervised dual grouping on ID + auxiliary data; score = MSP of the closed head."""
 
+    label = "UDG"
     paper = "Yang et al., Semantically Coherent Out-of-Distribution Detection, ICCV 2021"
     released_network = "udg_net"  # scored by its closed head `fc`; the cluster head `fc_aux` only trains
 

@@ -273,7 +273,8 @@ def test_registry_build_available_and_errors(fresh_registry):
     assert fresh_registry.detector_class("Mean_Distance") is MeanDistance
     assert isinstance(fresh_registry.build("mean_distance_clip"), ClipMean)
     with pytest.raises(KeyError,
-                       match=r"unknown detector 'distance'; did you mean \['mean_distance', 'mean_distance_clip'\]"):
+                       match=r"unknown detector 'distance'; did you mean mean_distance \(Post-hoc\), "
+                             r"mean_distance_clip \(VLM-based\)\?"):
         fresh_registry.detector_class("distance")
     with pytest.raises(KeyError, match=r"unknown detector 'zzz' Available: \['mean_distance', 'mean_distance_clip'\]"):
         fresh_registry.build("zzz")

@@ -10,21 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from detectors.registry import FAMILY_LABELS
+from detectors.registry import FAMILY_LABELS, LISTING_ORDER, available, detector_class
 
 
 METHOD_LABELS: dict[str, str] = {
-    "ash": "ASH", "dice": "DICE", "ebo": "EBO", "fdbd": "fDBD", "gen": "GEN", "gradnorm": "GradNorm", "gram": "Gram",
-    "klm": "KL-Matching", "knn": "KNN", "mds": "MDS", "mdsens": "MDSEns", "mls": "MLS", "msp": "MSP", "nci": "NCI",
-    "neco": "NECO", "odin": "ODIN", "openmax": "OpenMax", "rankfeat": "RankFeat", "react": "ReAct", "rmds": "RMDS",
-    "rp_ebo": "RP-EBO", "rp_gradnorm": "RP-GradNorm", "rp_msp": "RP-MSP", "rp_odin": "RP-ODIN", "she": "SHE",
-    "tempscale": "TempScale", "vim": "ViM", "clipn": "CLIPN", "glmcm": "GL-MCM", "idlike": "ID-like",
-    "locoop": "LoCoOp", "mcm": "MCM", "neglabel": "NegLabel", "diffguard": "DIFFGUARD", "opengan": "OpenGAN",
-    "arpl": "ARPL", "confbranch": "ConfBranch", "energy_oe": "Energy", "extended": "Extended", "godin": "G-ODIN",
-    "logitnorm": "LogitNorm", "mcd": "MCD", "mixoe": "MixOE", "novel_branch": "NovelBranch", "oe": "OE",
-    "rotpred": "RotPred", "udg": "UDG",
-}
-"""The spelling of each registered method (ShiftedBronzes' where the papers differ; `Paper.spellings` override)."""
+    name: detector_class(name).label
+    for family in LISTING_ORDER for name in available(family)}
+"""The spelling of each registered method, its class's `label` (ShiftedBronzes' where the papers differ;
+`Paper.spellings` override), post-hoc first, then VLM-based, generation-based and training-time."""
 
 AUX_TRAINING: frozenset[str] = frozenset({"energy_oe", "extended", "mcd", "mixoe", "novel_branch", "oe", "udg"})
 """Training methods that train with auxiliary data (their objective's `uses_aux`; a test checks this against the

@@ -13,7 +13,8 @@ from detectors.registry import detector_class
 # The one independent statement of the reference grids (postprocessor_sweep; `APS_mode: False` -> no sweep), each
 # with the file it is read from: OpenOOD (Jingkang50/OpenOOD at 3c35632) configs/postprocessors/, Open-Insect
 # (RolnickLab/Open-Insect at e0aa51e, line numbers as docs/protocols.md cites them) where its copy differs. The
-# library's one source is detectors/harness/protocols.py:SWEEPS; every other test reads the grids from there.
+# library reads them from the detector classes (`search_space`, `grids`) into detectors/harness/protocols.py:SWEEPS;
+# every other test reads the grids from there.
 REFERENCE_GRIDS: dict[str, dict[str, tuple[str, dict]]] = {
     "openood_v1.5": {
         "ash": ("ash.yml:4-7", {"percentile": [65, 70, 75, 80, 85, 90, 95]}),

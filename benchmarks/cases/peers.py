@@ -1,0 +1,155 @@
+"""Our post-hoc detectors beside pytorch-ood 0.4's, fit + score on the same float32 features in one process.
+
+Each case builds both detectors inside the clock (pytorch-ood's ViM computes u = -pinv(W) b in its constructor, part
+of the fit), fits on the train rows and scores the test rows; the arrays are shared (torch.from_numpy, no copy, outside
+the clock). Repeats alternate which side runs first; the ratio is pytorch-ood's best over ours, and the spread of the
+per-repeat ratios says how noisy the machine was. The scores are compared after mapping pytorch-ood's outlier score
+to ours (negated).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+import detectors
+from detectors import FeatureSet, LinearHead
+from detectors.posthoc.nnguide import bank_rows
+from detectors.posthoc.vim import principal_dim
+
+
+def pytorch_ood_module() -> Any:
+    """`pytorch_ood.detector`, imported without the package `__init__` (which imports torchvision)."""
+    import importlib
+    import importlib.util
+    import types
+
+    if "pytorch_ood" not in sys.modules:
+        found = importlib.util.find_spec("pytorch_ood")
+        if found is None:
+            raise ImportError("pytorch-ood is not installed (pip install --no-deps pytorch-ood==0.4.0)")
+        package = types.ModuleType("pytorch_ood")
+        package.__path__ = list(found.submodule_search_locations)
+        sys.modules["pytorch_ood"] = package
+    return importlib.import_module("pytorch_ood.detector")
+
+
+@dataclass
+class Data:
+    """The shared inputs: numpy for ours, torch views of the same memory for pytorch-ood."""
+
+    train: FeatureSet
+    test: FeatureSet
+    head: LinearHead
+    weights: np.ndarray  # WEBO's class weights
+
+    def __post_init__(self) -> None:
+        self.t = {"train": torch.from_numpy(self.train.features), "labels": torch.from_numpy(self.train.labels),
+                  "test": torch.from_numpy(self.test.features), "test_logits": torch.from_numpy(self.test.logits)}
+        self.linear = torch.nn.Linear(self.head.weight.shape[1], self.head.weight.shape[0])
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.from_numpy(self.head.weight.astype(np.float32)))
+            self.linear.bias.copy_(torch.from_numpy(self.head.bias.astype(np.float32)))
+
+
+def _theirs_vim(pood: Any, data: Data, d: int) -> np.ndarray:
+    det = pood.ViM(None, d=d, w=data.linear.weight.detach(), b=data.linear.bias.detach())
+    det.fit_features(data.t["train"], data.t["labels"])
+    return det.predict_features(data.t["test"]).numpy()
+
+
+def _theirs_scale(pood: Any, data: Data) -> np.ndarray:
+    det = pood.SCALE(backbone=lambda x: x, head=lambda x: data.linear(x.flatten(1)), percentile=0.85)
+    with torch.no_grad():
+        return det.predict_feature_maps(data.t["test"][:, :, None, None]).numpy()
+
+
+def _theirs_nnguide(pood: Any, data: Data) -> np.ndarray:
+    """Fitted on the rows our default banks (the official 1%; pytorch-ood banks whatever it is fitted on)."""
+    rows = torch.from_numpy(bank_rows(len(data.train.features), 0.01, 10, 0))
+    det = pood.NNGuide(None, head=data.linear, k=10)
+    det.fit_features(data.t["train"][rows], data.t["labels"][rows])
+    return det.predict_features(data.t["test"]).numpy()
+
+
+def _theirs_pnml(pood: Any, data: Data) -> np.ndarray:
+    det = pood.PNML(None, head=data.linear)
+    det.fit_features(data.t["train"], data.t["labels"])
+    return det.predict_features(data.t["test"]).numpy()
+
+
+CASES: dict[str, Callable[[Any, Data], np.ndarray]] = {
+    # ours -> pytorch-ood's fit + score (outlier scores), at our defaults
+    "entropy": lambda pood, data: pood.Entropy(None).predict_logits(data.t["test_logits"]).numpy(),
+    "webo": lambda pood, data: pood.WeightedEBO(None, torch.from_numpy(data.weights.astype(np.float32)))
+    .predict_logits(data.t["test_logits"]).numpy(),
+    "scale": _theirs_scale,
+    "lts": lambda pood, data: pood.LTS(None, head=data.linear, p=0.05).predict_features(data.t["test"]).numpy(),
+    "vim": lambda pood, data: _theirs_vim(pood, data, principal_dim(data.head.weight.shape[1])),
+    "nnguide": _theirs_nnguide,
+    "pnml": _theirs_pnml,
+}
+"""The detectors compared with pytorch-ood (the methods added with issue 39, and ViM, which was behind)."""
+
+
+def ours(name: str, data: Data) -> np.ndarray:
+    params = {"weights": data.weights.tolist()} if name == "webo" else {}
+    det = detectors.build(name, **params).fit(data.train, head=data.head)
+    return det.score(data.test)
+
+
+def compare(names: list[str], data: Data, repeats: int = 3) -> list[dict[str, Any]]:
+    """Per detector: best fit + score seconds of each side over `repeats` (alternating who runs first), the ratio
+    pytorch-ood / ours, the per-repeat ratios and the largest score difference (ours vs -theirs)."""
+    pood = pytorch_ood_module()
+    rows = []
+    for name in names:
+        ours(name, data), CASES[name](pood, data)  # warm-up: imports, first-call allocations
+        times: dict[str, list[float]] = {"ours": [], "pytorch_ood": []}
+        for repeat in range(repeats):
+            order = ("ours", "pytorch_ood") if repeat % 2 == 0 else ("pytorch_ood", "ours")
+            for side in order:
+                start = time.perf_counter()
+                with torch.no_grad():
+                    scores = ours(name, data) if side == "ours" else CASES[name](pood, data)
+                times[side].append(time.perf_counter() - start)
+                if side == "ours":
+                    mine = scores
+                else:
+                    theirs = -np.asarray(scores, dtype=np.float64)
+        pairs = [t / o for t, o in zip(times["pytorch_ood"], times["ours"])]
+        scale = max(float(np.abs(theirs).max()), 1e-12)
+        rows.append({"detector": name, "ours_s": min(times["ours"]), "pytorch_ood_s": min(times["pytorch_ood"]),
+                     "ratio": min(times["pytorch_ood"]) / min(times["ours"]), "repeat_ratios": pairs,
+                     "runs": times, "max_rel_diff": float(np.abs(mine - theirs).max() / scale)})
+    return rows
+
+
+def make(n: int, dim: int, classes: int, seed: int) -> Data:
+    """ReLU'd Gaussian class clusters (float32) with a random head, n train and n test rows, positive WEBO weights."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0.0, 1.0, (classes, dim)).astype(np.float32)
+    head = LinearHead(rng.normal(0.0, 1.0 / np.sqrt(dim), (classes, dim)).astype(np.float32),
+                      rng.normal(0.0, 0.1, classes).astype(np.float32))
+
+    def rows(count: int) -> FeatureSet:
+        labels = rng.integers(0, classes, count)
+        features = np.maximum(rng.standard_normal((count, dim), dtype=np.float32) + centres[labels], 0)
+        return FeatureSet(features, head(features).astype(np.float32), labels)
+
+    return Data(rows(n), rows(n), head, rng.uniform(0.5, 1.5, classes))
+
+
+def markdown(rows: list[dict[str, Any]], sizes: str) -> str:
+    lines = [f"pytorch-ood 0.4 beside ours, fit + score, {sizes}, best of each side (ratio = theirs / ours; the range "
+             "is the per-repeat ratios):", "",
+             "| detector | ours s | pytorch-ood s | ratio | per-repeat ratios | max rel. score diff |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['detector']} | {r['ours_s']:.4f} | {r['pytorch_ood_s']:.4f} | **{r['ratio']:.2f}x** | "
+                     f"{min(r['repeat_ratios']):.2f} ... {max(r['repeat_ratios']):.2f} | {r['max_rel_diff']:.1e} |")
+    return "\n".join(lines)

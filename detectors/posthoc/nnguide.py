@@ -1,0 +1,84 @@
+"""NNGuide (Park et al., ICCV 2023): the energy guided by the mean of the k largest inner products with a bank of
+L2-normalised training features scaled by their energies.
+
+The official code (roomo7time/nnguide at c123cac): features L2-normalised (`model_engines/assets.py:20`), the bank
+= normalised train features times logsumexp of their logits (`ood_detectors/nnguide.py:22-23`) on a random 1% of the
+training set (`dataloaders/factory.py:185-189`, `subsample` `:204-217`), guidance = the mean of the k = 10
+(`configs/detector/nnguide.yaml:4`) largest inner products (`ood_detectors/assets.py:5-19`, faiss `IndexFlatIP`),
+score = guidance times the energy (`ood_detectors/nnguide.py:29-32`). pytorch-ood 0.4.0's port (`ai_coded`) banks all
+of the fit rows (`bank_fraction: 1.0` here).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from detectors.base import Detector, FeatureSet
+from detectors.posthoc import streaming
+from detectors.posthoc.common import logits_of, logsumexp, stored_features
+from detectors.registry import register_detector
+from pipelines.params import Params, param
+
+
+def normalised(h: np.ndarray) -> np.ndarray:
+    """Rows over their L2 norm in float32 (a zero row stays zero, as torch's F.normalize)."""
+    h = np.asarray(h, dtype=np.float32)
+    return h / np.maximum(np.linalg.norm(h, axis=1, keepdims=True), np.float32(1e-12))
+
+
+def bank_rows(n: int, fraction: float, k: int, seed: int) -> np.ndarray:
+    """The rows banked: a random int(n * fraction) of n (the reference's subsample), at least k, all when fraction is
+    1, in increasing order."""
+    if fraction >= 1.0:
+        return np.arange(n)
+    size = min(n, max(int(n * fraction), k))
+    return np.sort(np.random.default_rng(seed).permutation(n)[:size])
+
+
+def top_k_mean(queries: np.ndarray, bank: np.ndarray, k: int) -> np.ndarray:
+    """Mean of the k largest inner products of each query row with the bank rows (float32 products, float64 mean)."""
+    sims = queries @ bank.T
+    if k < sims.shape[1]:
+        sims = np.partition(sims, sims.shape[1] - k, axis=1)[:, -k:]
+    return sims.mean(axis=1, dtype=np.float64)
+
+
+@register_detector("nnguide")
+class NNGuide(Detector):
+    """s(x) = mean of the k largest <f(x)/||f(x)||, E(z) f(z)/||f(z)||> over the bank z, times E(x) = logsumexp(z)."""
+
+    label = "NNGuide"
+    reference_code = "roomo7time/nnguide ood_detectors/nnguide.py"
+    family = "posthoc"
+    inputs = frozenset({"features", "logits"})
+    paper = "Park et al., Nearest Neighbor Guidance for Out-of-Distribution Detection, ICCV 2023"
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        k: int = param(10, "nearest bank rows averaged (configs/detector/nnguide.yaml:4)", ge=1)
+        bank_fraction: float = param(0.01, "fraction of the training rows banked (the official 1%, "
+                                     "dataloaders/factory.py:185; at least k rows; 1: all, as pytorch-ood)",
+                                     gt=0, le=1)
+        seed: int = param(0, "seed of the banked rows' draw")
+
+    def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
+        h = stored_features(id_train, self.name)
+        if len(h) < self.k:
+            raise ValueError(f"nnguide: k={self.k} needs at least {self.k} training rows, got {len(h)}")
+        rows = bank_rows(len(h), self.bank_fraction, self.k, self.seed)
+        energy = logsumexp(logits_of(id_train, self.name)[rows], axis=1)
+        self.bank = (normalised(h[rows]) * energy[:, None].astype(np.float32)).astype(np.float32)
+
+    def _score(self, batch) -> np.ndarray:
+        energy = logsumexp(logits_of(batch, self.name), axis=1)
+        guidance = streaming.map_rows(lambda _, h: top_k_mean(normalised(h), self.bank, self.k),
+                                      stored_features(batch, self.name))
+        return guidance * energy
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**super().state(), "bank": self.bank}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        super().load_state(state)
+        self.bank = state["bank"]

@@ -1,0 +1,93 @@
+"""pNML regret (Bibas et al., NeurIPS 2021): the single-layer predictive normalised maximum likelihood regret of the
+classifier's last layer on L2-normalised features.
+
+The official code (kobybibas/pnml_ood_detection at 8fae91b, `src/lit_utils/baseline_lit_utils.py`): the penultimate
+features over their norm (`:68-70`), the class probabilities of the head on those normalised features (`:73`, `:133`,
+`self.w` the model's fc `:24`), the pseudo-inverse of X^T X of the normalised training features (`:107`, `:113-115`,
+rcond 1e-15 `:42`), g = |x^T (X^T X)^+ x| / (1 + |x^T (X^T X)^+ x|) (`:189-195`), and the regret log(sum_c p_c /
+(p_c + (1 - p_c) p_c^g)) / log C (`:200-201`); `src/main_score.py:63` scores 1 - regret (higher = more ID). pytorch-ood
+0.4.0's port (`ai_coded`) clamps p to [1e-12, 1 - 1e-12]; here each term is 1 / (1 + (1 - p) p^(g - 1)) from the
+log-softmax, its exact limit 0 at p -> 0 (no clamp).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+
+from detectors.base import Detector, FeatureSet
+from detectors.posthoc import streaming
+from detectors.posthoc.common import log_softmax, stored_features
+from detectors.posthoc.nnguide import normalised
+from detectors.posthoc.vim import lapack_threads
+from detectors.registry import register_detector
+from pipelines.params import Params, param
+
+
+def regret(log_probs: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """log(sum_c p_c / (p_c + (1 - p_c) p_c^g)) / log C per row, float64, written 1 / (1 + (1 - p) p^(g - 1)) (its
+    exact limit 0 where p underflows); one class: 0."""
+    classes = log_probs.shape[1]
+    if classes == 1:
+        return np.zeros(len(log_probs))
+    p = np.exp(log_probs)
+    with np.errstate(over="ignore"):
+        terms = 1.0 / (1.0 + (1.0 - p) * np.exp((g[:, None] - 1.0) * log_probs))
+    return np.log(terms.sum(axis=1)) / np.log(classes)
+
+
+def hermitian_pinv(matrix: np.ndarray, rcond: float) -> np.ndarray:
+    """The pseudo-inverse of a symmetric PSD matrix from its float64 eigh on the cores the machine leaves idle
+    (`vim.lapack_threads`: one thread under load, where a threaded LAPACK reduction is several times slower):
+    eigenvalues at most rcond x the largest are dropped, as np.linalg.pinv(hermitian=True)."""
+    with lapack_threads():
+        values, vectors = scipy.linalg.eigh(matrix, driver="evd")
+    kept = np.abs(values) > rcond * np.abs(values).max()
+    return (vectors[:, kept] / values[kept]) @ vectors[:, kept].T
+
+
+@register_detector("pnml")
+class PNML(Detector):
+    """s(x) = -regret: minus the pNML regret of the head on x / ||x|| (1 - regret in the official tables)."""
+
+    label = "pNML"
+    reference_code = "kobybibas/pnml_ood_detection src/lit_utils/baseline_lit_utils.py"
+    family = "posthoc"
+    inputs = frozenset({"features"})
+    paper = ("Bibas et al., Single Layer Predictive Normalized Maximum Likelihood for Out-of-Distribution Detection, "
+             "NeurIPS 2021")
+
+    @dataclass(frozen=True)
+    class Params(Params):
+        rcond: float = param(1e-15, "relative cutoff of the pseudo-inverse of X^T X (baseline_lit_utils.py:42)",
+                             gt=0, lt=1)
+
+    fit_inputs = frozenset({"head"})
+    needs_head = True
+
+    def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
+        h = stored_features(id_train, self.name)
+        gram = np.zeros((h.shape[1], h.shape[1]))
+        for _, block in streaming.chunks(h, np.float32):  # float32 products (the reference's), summed in float64
+            x = normalised(block)
+            gram += x.T @ x
+        (gram,) = streaming.reduce_sum(gram)
+        self.projector = hermitian_pinv(gram, self.rcond)
+
+    def _score(self, batch) -> np.ndarray:
+        projector = self.projector.astype(np.float32)
+
+        def rows(_, h: np.ndarray) -> np.ndarray:
+            x = normalised(h)
+            quadratic = np.abs(np.einsum("nd,nd->n", x @ projector, x, dtype=np.float64))
+            return -regret(log_softmax(self.head(x)), quadratic / (1.0 + quadratic))
+
+        return streaming.map_rows(rows, stored_features(batch, self.name))
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {**super().state(), "projector": self.projector}
+
+    def load_state(self, state: dict[str, np.ndarray]) -> None:
+        super().load_state(state)
+        self.projector = state["projector"]

@@ -1,0 +1,68 @@
+"""Entropy and weighted energy (WEBO) against pytorch-ood 0.4.0 itself, a float64 formula by hand, and their edges."""
+import numpy as np
+import pytest
+import torch
+
+import detectors
+from detectors import FeatureSet
+from helpers.pytorch_ood import pytorch_ood_detector
+
+RNG = np.random.default_rng(0)
+LOGITS = (RNG.normal(size=(64, 7)) * 3).astype(np.float32)
+
+
+def test_entropy_is_pytorch_oods_negated():
+    expected = -pytorch_ood_detector().Entropy(None).predict_logits(torch.from_numpy(LOGITS)).double().numpy()
+    ours = detectors.build("Entropy").score(FeatureSet(np.zeros((64, 1)), logits=LOGITS))
+    np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_entropy_by_hand_with_and_without_the_clip():
+    z = LOGITS.astype(np.float64)
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    exact = np.array([sum(q * np.log(q) for q in row if q > 0) for row in p])
+    np.testing.assert_allclose(detectors.build("entropy", clip=None).score(z), exact, rtol=1e-12)
+    clipped = np.clip(p, 1e-7, 1)
+    np.testing.assert_allclose(detectors.build("entropy").score(z), (clipped * np.log(clipped)).sum(1), rtol=1e-12)
+    # float32 logits: elementwise in float32 (the model's precision), sums in float64; block boundaries change nothing
+    np.testing.assert_allclose(detectors.build("entropy").score(np.tile(LOGITS, (40, 1))),
+                               np.tile((clipped * np.log(clipped)).sum(1), 40), rtol=2e-6, atol=1e-7)
+
+
+def test_entropy_edges():
+    det = detectors.build("entropy", clip=None)
+    assert det.score(np.zeros((3, 5))) == pytest.approx([-np.log(5)] * 3)  # uniform: the least ID
+    assert det.score(np.array([[1e4, 0.0, 0.0]]))[0] == pytest.approx(0.0, abs=1e-12)  # one-hot: no log 0
+    assert det.score(np.array([[2.0]]))[0] == 0.0  # a single class
+    assert det.score(np.array([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]]))[0] == det.score(np.array([[0.0, 1.0, 1.0]]))[0]
+    assert detectors.build("entropy").score(np.zeros((0, 4))).shape == (0,)
+    with pytest.raises(ValueError, match="clip"):
+        detectors.build("entropy", clip=1.5)
+
+
+@pytest.mark.parametrize("weights", [None, [0.5, 1.0, 2.0, 0.0, 1.5, -1.0, 3.0]])
+def test_webo_is_pytorch_oods_negated(weights):
+    w = torch.ones(7) if weights is None else torch.tensor(weights)
+    theirs = pytorch_ood_detector().WeightedEBO(None, w).predict_logits(torch.from_numpy(LOGITS)).double().numpy()
+    ours = detectors.build("WeightedEBO", weights=weights).score(LOGITS)
+    np.testing.assert_allclose(ours, -theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_webo_by_hand_and_edges():
+    z = LOGITS.astype(np.float64)
+    w = np.array([0.5, 1.0, 2.0, 0.0, 1.5, -1.0, 3.0])
+    by_hand = np.log((np.maximum(w, 0) * np.exp(z)).sum(1))
+    np.testing.assert_allclose(detectors.build("webo", weights=list(w)).score(z), by_hand, rtol=1e-12)
+    np.testing.assert_allclose(detectors.build("webo").score(z), detectors.build("ebo").score(z), rtol=1e-12)
+    big = np.array([[1000.0, 999.0]])  # exp overflows float32 and float64 on the reference's path; not here
+    assert detectors.build("webo", weights=[1.0, 2.0]).score(big)[0] == pytest.approx(1000 + np.log(1 + 2 / np.e))
+    far = np.array([[0.0, -2000.0]])  # the weight sits on a logit 2000 below the top: the block sum underflows
+    assert detectors.build("webo", weights=[0.0, 1.0]).score(far)[0] == pytest.approx(-2000.0)
+    np.testing.assert_allclose(detectors.build("webo", weights=list(w)).score(LOGITS), by_hand, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="at least one must be > 0"):
+        detectors.build("webo", weights=[0.0, -1.0])
+    with pytest.raises(ValueError, match="3 weights for logits of 7 classes"):
+        detectors.build("webo", weights=[1.0, 1.0, 1.0]).score(z)
+    with pytest.raises(ValueError, match="3 given for 7 classes"):
+        detectors.detector_class("webo").check_params({"weights": [1.0, 1.0, 1.0]}, dims={"classes": 7, "features": 4})

@@ -1,0 +1,38 @@
+"""ViM's eigen-solver choices: the subset path (MRRR, a third of D or less) gives the subspace of the full
+divide-and-conquer eigh; the factorisations' thread count stays within the machine's cores."""
+import os
+
+import numpy as np
+import pytest
+
+from detectors.posthoc import vim
+from detectors.posthoc.vim import idle_cores, ranked_eigenvectors
+
+
+@pytest.mark.parametrize("first, stop", [(0, 10), (0, 40), (30, 60), (50, 60), (0, 59)])
+def test_both_drivers_give_the_ranked_subspace(first, stop):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 60)) * np.linspace(3, 0.1, 60)
+    cov = x.T @ x / 200
+    values, vectors = np.linalg.eigh(cov)  # an independent solver, ascending
+    expected = vectors[:, ::-1][:, first:stop]
+    got = ranked_eigenvectors(cov, first, stop)
+    assert got.shape == (60, stop - first) and got.flags.c_contiguous
+    np.testing.assert_allclose(got @ got.T, expected @ expected.T, atol=1e-10)  # same subspace
+    np.testing.assert_allclose(np.abs(np.sum(got * expected, axis=0)), 1.0, atol=1e-8)  # same order, up to sign
+
+
+def test_tied_eigenvalues_still_span_the_space():
+    cov = np.diag([5.0, 3.0, 3.0, 1.0, 1.0, 1.0])
+    got = ranked_eigenvectors(cov, 1, 3)  # the tied pair at 3: any basis of it
+    np.testing.assert_allclose(got @ got.T, np.diag([0, 1, 1, 0, 0, 0.0]), atol=1e-12)
+
+
+def test_idle_cores_is_within_the_machine(monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(vim.os, "getloadavg", lambda: (50.0, 0, 0))
+    assert idle_cores() == 1  # a loaded machine: one thread
+    monkeypatch.setattr(vim.os, "getloadavg", lambda: (1.0, 0, 0))
+    assert idle_cores() == cores  # only this process running: every core
+    monkeypatch.setattr(vim.os, "getloadavg", lambda: (0.0, 0, 0))
+    assert idle_cores() == cores
