@@ -51,6 +51,7 @@ def _required(tmp) -> dict[str, dict]:
         "FetchConfig": {"occurrences": str(table), "out": str(tmp / "images")},
         "Source": {"manifest": str(folder)},
         "TrainConfig": {"id": str(folder), "out": str(tmp / "clf")},
+        "OpenInsectImport": {"source": str(folder), "out": str(tmp / "open_insect"), "region": "c-america"},
     }
 
 
