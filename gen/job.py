@@ -35,6 +35,7 @@ from pipelines.io import atomic_write_json, remove_orphan_temps
 from pipelines.locks import output_lock
 from gen.masks import MaskModelError, open_rembg, resolve_mask_method
 from pipelines.progress import progress
+from pipelines.collectives import main_decides
 from pipelines.runtime import partial_state, resolve_dtype
 from gen.zest import ZeSTConfig
 
@@ -60,20 +61,22 @@ def tiny_models_folder() -> Path:
 
 
 def resolve_models(models: ZeSTConfig | str | None, state: Any = None) -> ZeSTConfig:
-    """The `ZeSTConfig` of a config's typed `models` value; "tiny" builds the tiny models on the main process first."""
+    """The `ZeSTConfig` of a config's typed `models` value; "tiny" builds the tiny models first, on each node's local
+    main process (their cache folder, `tiny_models_folder`, may be local to the node)."""
     if models is None:
         return ZeSTConfig()
     if isinstance(models, ZeSTConfig):
         return models
     folder = tiny_models_folder()
     marker = folder / "zest_config.json"
-    if state is not None and not state.is_main_process:
+    builds = state is None or getattr(state, "is_local_main_process", state.is_main_process)  # one per node
+    if not builds:
         state.wait_for_everyone()
-    if not marker.is_file() and (state is None or state.is_main_process):
+    if not marker.is_file() and builds:
         from gen.tiny_zest import save_tiny_zest
 
         atomic_write_json(marker, save_tiny_zest(folder).to_dict())
-    if state is not None and state.is_main_process:
+    if state is not None and builds:
         state.wait_for_everyone()
     return ZeSTConfig.from_dict(json.loads(marker.read_text(encoding="utf-8")))
 
@@ -283,8 +286,11 @@ def run_shard(config: GenerationConfig, plan: list[PlanItem], ledger: Ledger, st
     rembg stops the job here, once), the pipeline built only when there is work. Returns (mask method, dtype,
     counts)."""
     out = Path(config.out)
-    records = ledger.records()
-    pending = [item for item in plan if not is_done(records.get(item.index), out)]
+    # the main process alone reads the ledger; every rank deals the same pending batches from its answer
+    records = ledger.records() if state.is_main_process else {}
+    done = set(main_decides(lambda: [item.index for item in plan if is_done(records.get(item.index), out)],
+                            "the generation ledger check"))
+    pending = [item for item in plan if item.index not in done]
     batches = pending_batches(pending, config.batch_size)
     masks = mask_index(config.masks)
     mask_method = "given" if masks is not None else start_mask_method(config.mask_method, bool(batches))

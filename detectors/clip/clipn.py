@@ -145,6 +145,8 @@ class CLIPN(ClipDetector):
     manifest's `text` field, else `caption_template` with the class name; `match="caption"` treats pairs with the
     same caption as matched (the official identity when captions are unique), `match="index"` is the identity."""
 
+    trains_across_processes = True  # its "no" tower trains under accelerate on every process together
+
     paper = "Wang et al., CLIPN for Zero-Shot OOD Detection: Teaching CLIP to Say No, ICCV 2023"
 
     @dataclass(frozen=True)

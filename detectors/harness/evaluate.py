@@ -39,8 +39,12 @@ from detectors.harness.runconfig import ConfigError, DetectorSpec, EvalConfig, S
 from detectors.harness.selection import defaults_note, select
 from detectors.harness.results import LOWER_IS_BETTER, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
 from detectors.harness.transfer import transfer_table
+from detectors.harness.distribute import EVERY, assign
 from detectors.harness.units import UnitResult, UnitStore
 from pipelines.batches import clear_kept_batches
+from pipelines import rankfiles
+from pipelines.collectives import PeerLost, all_gather, alone, host, is_peer_lost, main_decides, peer_line
+from pipelines.errors import UserInputError
 from pipelines.data import Manifest
 from pipelines.fingerprint import (combine, image_identity, images_fingerprint, preprocessing_fingerprint,
                                    weights_fingerprint)
@@ -49,6 +53,8 @@ from pipelines.locks import output_lock
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
+
+RANKS_FOLDER = ".ranks"  # under units/: each process's done mark and heartbeat (pipelines.rankfiles)
 
 __all__ = ["EvalConfig", "Source", "DetectorSpec", "ConfigError", "Plan", "make_plan", "Runner", "run_config",
            "dump_config", "reads_features", "RESULT_COLUMNS", "SCORE_COLUMNS"]
@@ -90,6 +96,8 @@ class Runner:
         self._images: dict[str, ImageSet] = {}
         self._selected_on: dict[str, str] = {}  # swept units: the metric and the validation splits that chose
         self.pixels = None  # the run's pixels (pipelines.pixels.RunPixels), set with the classifier
+        self._together = False  # the running unit runs on every rank together (detectors.harness.distribute)
+        self._writes = True  # this process writes the running unit's files (its rank, or the main one)
 
     # -- features ------------------------------------------------------------------------------------------
     def _device(self):
@@ -263,7 +271,7 @@ class Runner:
     def _fit(self, det: Detector) -> None:
         kwargs = self._fit_kwargs(det)
         train = self._split_data(det, "id-id_train")
-        if type(det).fits_from_shards and partial_state().num_processes > 1:
+        if type(det).fits_from_shards and self._together and partial_state().num_processes > 1:
             # each process fits its contiguous share of the rows; the sums are reduced exactly over the processes
             shard = lambda fs: fs.subset(process_rows(len(fs))) if isinstance(fs, FeatureSet) else fs  # noqa: E731
             with across_processes():
@@ -355,7 +363,7 @@ class Runner:
         except ValueError as err:  # no grid point fits these features (e.g. NECO's dims on D = 64): the defaults run
             det, table = probe, [{"error": str(err)}]
             self._selected_on[unit.method] = "defaults: no grid point fits the data"
-        if partial_state().is_main_process:  # which split chose: ID val against these OOD-validation sets
+        if self._writes:  # which split chose: ID val against these OOD-validation sets
             frame = pd.DataFrame(table).assign(metric=sel.metric, id_val="id_val", ood_val=sets)
             _write_csv(frame, self.plan.out / "selection" / f"{safe_name(unit.method)}.csv")
         return det
@@ -457,49 +465,106 @@ class Runner:
                 log.warning("[oodforge] warning: %s set %r: %s; left out", split.where, split.name, reason)
 
     def _run(self) -> pd.DataFrame:
-        main = partial_state().is_main_process
+        state = partial_state()
+        main, rank = state.is_main_process, state.process_index
         self.plan.out.mkdir(parents=True, exist_ok=True)
-        if main:  # the temp files a killed run's writes left (a live writer's stay)
+        ranks = self.store.root / RANKS_FOLDER
+        if main:  # the temp files a killed run's writes left (a live writer's stay), an earlier run's done marks
             remove_orphan_temps(self.plan.out)
             if not self.plan.cache_dir.resolve().is_relative_to(self.plan.out.resolve()):
                 remove_orphan_temps(self.plan.cache_dir)
+            rankfiles.clear(ranks)
         self.data = self.prepare()
         self._leave_out_empty_sets()
         self._check_dims()
         note = defaults_note(self.plan)
         if note and main:
             log.info(note)
-        done: list[UnitResult] = []
+        # the main process alone reads which units are finished; every rank follows its answer
+        finished = self._finished() if main else {}
+        pending = set(main_decides(lambda: [u.method for u in self.plan.units if u.method not in finished],
+                                   "the finished units' check"))
+        where = assign(self.plan.units, pending, state.num_processes, self._train_rows(),
+                       self.plan.runtime.shard_fit_rows)
+        ran: dict[str, UnitResult | None] = {}  # what this process ran: a result, or None for a failure
+        failures: dict[str, dict[str, Any]] = {}
         rows = self.plan.runtime.chunk_rows
-        with chunk_rows(rows) if rows else contextlib.nullcontext():
-            for unit in self.plan.units:
-                found = self._unit(unit, main)
-                if found is not None:
-                    done.append(found)
+        # units run together first (each ends in a collective), then each rank's own: no collective waits on a
+        # rank's long unit
+        order = [u for u in self.plan.units if where.get(u.method) == EVERY] + \
+                [u for u in self.plan.units if where.get(u.method) == rank]
+        with chunk_rows(rows) if rows else contextlib.nullcontext(), rankfiles.Heartbeat(ranks, rank):
+            for unit in order:
+                together = where[unit.method] == EVERY
+                ran[unit.method] = self._unit(unit, together, main or not together, failures)
                 if unit.kind == "rule" and unit.method == unit.parent.rules[-1]:
                     self._trained.pop(unit.parent.method, None)  # its last rule ran: the trained model can go
                 if main:
-                    self._write_outputs(done, final=False)
-        if main:
-            self._write_outputs(done, final=True)
-            self._console_summary()
+                    self._write_outputs(self._in_order(finished, ran), final=False)
+            mine = sorted(m for m in ran if where[m] == rank)
+            rankfiles.mark_done(ranks, rank, {"units": mine, "failures": failures})
+        if not main:
+            return _results([])
+        for mark in rankfiles.wait_for_ranks(ranks, state.num_processes, what="its units")[1:]:
+            failures.update(mark["failures"])
+            ran.update({m: self._read_back(m) for m in mark["units"] if m not in mark["failures"]})
+        self.detector_failures += [failures[u.method] for u in self.plan.units if u.method in failures]
+        done = self._in_order(finished, ran)
+        self._write_outputs(done, final=True)
+        self._console_summary()
         return _results(done)
 
-    def _unit(self, unit: Unit, main: bool) -> UnitResult | None:
-        """A finished unit read back, else run and written; a failing one recorded (None)."""
+    def _read_back(self, method: str) -> UnitResult:
+        """A unit another rank ran and wrote, read back by the main process."""
+        unit = next(u for u in self.plan.units if u.method == method)
         found = self.store.finished(unit.method, unit.key)
-        if found is not None:
-            self.reused += 1
-            return found
+        if found is None:
+            raise UserInputError(f"{self.store.folder(method)}: another process wrote unit {method!r}, but the main "
+                                 f"process on {host()} cannot read it: `out` must be a folder every process sees")
+        return found
+
+    def _finished(self) -> dict[str, UnitResult]:
+        """The units finished with their current key, read back (main process)."""
+        found = {u.method: self.store.finished(u.method, u.key) for u in self.plan.units}
+        self.reused = sum(r is not None for r in found.values())
+        return {m: r for m, r in found.items() if r is not None}
+
+    def _in_order(self, finished: dict[str, UnitResult], ran: dict[str, UnitResult | None]) -> list[UnitResult]:
+        """The finished and the newly run units' results in plan order (failed units left out)."""
+        results = {**finished, **ran}
+        return [r for r in (results.get(u.method) for u in self.plan.units) if r is not None]
+
+    def _train_rows(self) -> int:
+        train = self.data.get("id-id_train")
+        return 0 if train is None else len(train.index)
+
+    def _unit(self, unit: Unit, together: bool, writes: bool, failures: dict[str, dict[str, Any]]) -> UnitResult | None:
+        """Run a unit and write it (`writes`: this process is its rank, or the main one of a unit run together); a
+        failing one is recorded in `failures` (None). A unit run together fails on every rank together: each rank
+        says whether it failed (one collective after the unit), so none waits for a collective another left."""
+        self._together, self._writes = together, writes
+        error: BaseException | None = None
         try:
-            found = self._run_unit(unit)
+            with contextlib.nullcontext() if together else alone():
+                found = self._run_unit(unit)
         except Exception as err:  # noqa: BLE001 - one failing unit is recorded, the others go on
-            if main:
-                self.detector_failures.append(self.store.fail(unit.method, unit.key, err))
-            log.warning("[oodforge] detector %s failed: %s: %s (see %s)", unit.method, type(err).__name__, err,
+            if together and is_peer_lost(err):
+                raise PeerLost(peer_line(err, f"unit {unit.method}")) from err
+            error, found = err, None
+        finally:
+            self._together, self._writes = False, True
+        if together:
+            said = all_gather(None if error is None else f"{type(error).__name__}: {error}", f"unit {unit.method}")
+            others = [(r, text) for r, text in enumerate(said) if text is not None]
+            if error is None and others:
+                error = RuntimeError(f"rank {others[0][0]}: {others[0][1]}")
+        if error is not None:
+            if writes:
+                failures[unit.method] = self.store.fail(unit.method, unit.key, error)
+            log.warning("[oodforge] detector %s failed: %s: %s (see %s)", unit.method, type(error).__name__, error,
                         self.store.folder(unit.method) / "traceback.txt")
             return None
-        if main:
+        if writes:
             self.store.write(unit.method, unit.key, found, {"method": unit.method, "kind": unit.kind,
                                                             "key_parts": key_record(unit, self.plan)})
             clear_kept_batches(self.store.folder(unit.method) / "work")  # the unit's scores are written: not needed

@@ -22,8 +22,8 @@ from detectors.base import Detector
 from detectors.harness.protocols import CHECKPOINTS, TIES, protocol_params, unit_sweep
 from pipelines.pixels import PixelSettings
 from detectors.registry import detector_class
-from detectors.harness.runconfig import (FEATURE_INPUTS, ConfigError, DetectorSpec, EvalConfig, FewShot, Head, Source,
-                                 Transfer, named, param_named)
+from detectors.harness.runconfig import (FEATURE_INPUTS, SHARD_FIT_ROWS, ConfigError, DetectorSpec, EvalConfig,
+                                         FewShot, Head, Source, Transfer, named, param_named)
 from pipelines.checkpoints import checkpoint_folder, read_checkpoint_index
 from pipelines.data import Manifest, read_manifest
 from pipelines.errors import UserInputError
@@ -75,6 +75,7 @@ class Runtime:
     cache_hash: str
     sweep_pixel_mb: float
     pixels: PixelSettings = PixelSettings()
+    shard_fit_rows: int = SHARD_FIT_ROWS  # from these ID train rows on, sum-statistics fits are sharded (distribute)
 
 
 @dataclass(frozen=True)
@@ -185,7 +186,8 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     check_transfer(config.threshold_transfer, splits)
     check_head(config.head)
     runtime = Runtime(config.model, runtime_device(config.device), config.precision, config.batch_size,
-                      config.num_workers, config.chunk_rows, config.cache_hash, config.sweep_pixel_mb, config.pixels)
+                      config.num_workers, config.chunk_rows, config.cache_hash, config.sweep_pixel_mb, config.pixels,
+                      config.shard_fit_rows)
     id_train = next(s for s in splits if s.id == "id-id_train")
     class_names = tuple(config.class_names) if config.class_names else class_names_of(id_train.manifest)
     check_fewshot(config.fewshot, class_names)

@@ -23,9 +23,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pipelines.checkpoints import (best_epoch_saved, best_path, checkpoint_history, checkpoint_matches, load_best,
-                                   load_checkpoint, loader_generators, save_best, save_checkpoint)
+                                   load_checkpoint, loader_generators, read_metadata, save_best, save_checkpoint)
 from pipelines.data import LoadFailure, Manifest
-from pipelines.errors import ConfigError
+from pipelines.collectives import host, main_decides
+from pipelines.errors import ConfigError, UserInputError
 from pipelines.params import param
 from pipelines.progress import progress
 from pipelines.runtime import resolve_device, resolve_dtype, seed_everything
@@ -414,26 +415,39 @@ class _Loop:
         self.acc.wait_for_everyone()
 
     def resume(self) -> int:
-        """Epochs already done according to a matching checkpoint (0 without one); restores every state it holds. A run
-        that keeps its best epoch resumes only when the best epoch's weights are there: the best epoch of the saved
-        history is either the checkpoint's own epoch (its weights are rewritten from the restored state) or an earlier
-        one whose file `keep_best` wrote before any later checkpoint; otherwise training starts over (one warning)."""
-        if self.s.checkpoint is None or not checkpoint_matches(self.s.checkpoint, self.s.checkpoint_key):
+        """Epochs already done according to a matching checkpoint (0 without one); restores every state it holds. The
+        main process decides from its files whether and from which epoch (`_resumable`), and every process loads that
+        checkpoint: a process that read another epoch there (a folder not shared, NFS lag) stops in one line instead
+        of training out of step with the others."""
+        first = main_decides(self._resumable, "the training resume check")
+        if not first:
             return 0
-        if self.tracks_best:
-            history = checkpoint_history(self.s.checkpoint, self.s.checkpoint_key) or []
-            best, done = best_epoch(history), len(history)
-            found = best_epoch_saved(best_path(self.s.checkpoint), self.s.checkpoint_key)
-            if best is not None and best != done and found != best:
-                if self.acc.is_main_process:
-                    log.warning("[oodforge] %s does not hold the best epoch (%s) of %s (%s): training starts over",
-                                best_path(self.s.checkpoint), best, self.s.checkpoint,
-                                f"epoch {found}" if found else "no such file")
-                return 0
-        first = load_checkpoint(self.s.checkpoint, self.s.checkpoint_key, *self._saved())
+        loaded = load_checkpoint(self.s.checkpoint, self.s.checkpoint_key, *self._saved())
+        if loaded != first:
+            raise UserInputError(f"{self.s.checkpoint}: the main process resumes after epoch {first}, the process on "
+                                 f"{host()} read epoch {loaded or 'none'} there: the checkpoint must be in a folder "
+                                 "every process sees")
         if self.tracks_best:
             self.keep_best(first)
         return first
+
+    def _resumable(self) -> int:
+        """The epochs a matching checkpoint had done, 0 to start over. A run that keeps its best epoch resumes only
+        when the best epoch's weights are there: the best epoch of the saved history is either the checkpoint's own
+        epoch (its weights are rewritten from the restored state) or an earlier one whose file `keep_best` wrote
+        before any later checkpoint; otherwise training starts over (one warning)."""
+        if self.s.checkpoint is None or not checkpoint_matches(self.s.checkpoint, self.s.checkpoint_key):
+            return 0
+        history = checkpoint_history(self.s.checkpoint, self.s.checkpoint_key) or []
+        if self.tracks_best:
+            best, done = best_epoch(history), len(history)
+            found = best_epoch_saved(best_path(self.s.checkpoint), self.s.checkpoint_key)
+            if best is not None and best != done and found != best:
+                log.warning("[oodforge] %s does not hold the best epoch (%s) of %s (%s): training starts over",
+                            best_path(self.s.checkpoint), best, self.s.checkpoint,
+                            f"epoch {found}" if found else "no such file")
+                return 0
+        return int((read_metadata(self.s.checkpoint) or {}).get("epoch", 0))
 
     # -- the best epoch ------------------------------------------------------------------------------------------
     def keep_best(self, epochs_done: int) -> None:
