@@ -52,8 +52,9 @@ class BlockingMSP(Detector):
 
 @register_detector("plugin_die")
 class DyingMSP(Detector):
-    """Max logit whose fit, while $PLUGIN_DIE names a folder without a `died` file, writes that file and kills its own
-    process (SIGKILL: no handler, no cleanup), as a machine lost mid-run; the rerun then fits normally."""
+    """Max logit whose fit, while $PLUGIN_DIE names a folder without a `died` file, waits for the file
+    $PLUGIN_DIE_AFTER (when set; up to 2 minutes), writes `died` and kills its own process (SIGKILL: no handler, no
+    cleanup), as a machine lost mid-run; the rerun then fits normally."""
 
     family = "plugin"
     inputs = frozenset({"logits"})
@@ -63,6 +64,9 @@ class DyingMSP(Detector):
 
         folder = os.environ.get("PLUGIN_DIE")
         if folder and not (Path(folder) / "died").exists():
+            after, deadline = os.environ.get("PLUGIN_DIE_AFTER"), time.monotonic() + 120
+            while after and not Path(after).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
             (Path(folder) / "died").write_text(os.environ.get("RANK", "0"))
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -65,7 +65,8 @@ def test_units_are_divided_and_the_outputs_are_one_process_outputs(digits, tmp_p
 @pytest.mark.slow
 def test_sharded_fits_stay_within_float_tolerance(digits, tmp_path):
     """`shard_fit_rows: 1` shards every sum-statistics fit across the two processes: only the order of the float64
-    sums changes, so the metrics agree to 1e-6 relative."""
+    sums changes, so scores and metrics agree to 1e-6 relative; ViM (float32 products, as the reference) is never
+    sharded and gives one process's bits."""
     config = _config(digits, tmp_path / "two", detectors=["mds", "vim", "react", "she", "dice"], shard_fit_rows=1)
     for name, processes in (("two", 2), ("one", 1)):
         done = _evaluate({**config, "out": str(tmp_path / name)}, tmp_path / f"{name}.yaml", processes)
@@ -74,6 +75,8 @@ def test_sharded_fits_stay_within_float_tolerance(digits, tmp_path):
     np.testing.assert_allclose(two[METRICS[:5]].to_numpy(float), one[METRICS[:5]].to_numpy(float), rtol=1e-6)
     s1, s2 = (pd.read_parquet(tmp_path / f / "scores.parquet") for f in ("one", "two"))
     np.testing.assert_allclose(s2["score"].to_numpy(), s1["score"].to_numpy(), rtol=1e-6)
+    vim = s1["method"] == "vim"
+    np.testing.assert_array_equal(s2["score"][vim].to_numpy(), s1["score"][vim].to_numpy())
 
 
 @pytest.mark.slow
@@ -86,7 +89,7 @@ def test_a_killed_rank_is_no_detector_failure_and_the_rerun_resumes(digits, tmp_
     config = _config(digits, tmp_path / "run", detectors=["msp", "plugin_die"])
     plan = make_plan(config)
     assert assign(plan.units, {"msp", "plugin_die"}, 2, 0) == {"msp": 0, "plugin_die": 1}
-    env = {"PLUGIN_DIE": str(tmp_path)}
+    env = {"PLUGIN_DIE": str(tmp_path), "PLUGIN_DIE_AFTER": str(tmp_path / "run" / "units" / "msp" / "unit.json")}
     first = _evaluate(config, tmp_path / "run.yaml", 2, env)
     assert first.returncode != 0
     assert (tmp_path / "died").read_text() == "1"
@@ -99,3 +102,26 @@ def test_a_killed_rank_is_no_detector_failure_and_the_rerun_resumes(digits, tmp_
     failures = json.loads((tmp_path / "run" / "failures.json").read_text())
     assert failures["detectors"] == []
     assert set(pd.read_csv(tmp_path / "run" / "results.csv")["method"]) == {"msp", "plugin_die"}
+
+
+def test_a_lost_peer_in_a_unit_run_together_is_no_detector_failure(digits, tmp_path, monkeypatch):
+    """A unit run on every rank together whose collective fails for a lost peer raises `PeerLost` (one line naming
+    the peer) and records nothing; a unit's own error is still recorded."""
+    from detectors.harness.evaluate import Runner
+    from pipelines.collectives import PeerLost
+
+    runner = Runner(_config(digits, tmp_path / "run", detectors=["msp"]))
+    unit = runner.plan.units[0]
+
+    def lost(_unit):
+        raise RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29511")
+
+    monkeypatch.setattr(runner, "_run_unit", lost)
+    failures: dict = {}
+    with pytest.raises(PeerLost, match=r"127.0.0.1:29511 stopped during unit msp"):
+        runner._unit(unit, True, True, failures)
+    assert failures == {} and not (tmp_path / "run" / "units" / "msp" / "failure.json").exists()
+
+    monkeypatch.setattr(runner, "_run_unit", lambda _unit: 1 / 0)
+    assert runner._unit(unit, True, True, failures) is None
+    assert failures["msp"]["exception"] == "ZeroDivisionError: division by zero"
