@@ -8,8 +8,9 @@ ID train set has at least `shard_fit_rows` rows (each rank then reads 1/N of a p
 rule unit runs where its training unit runs (it re-scores that trained model).
 
 The other units are dealt largest first to the least loaded rank (longest processing time first), by a fixed cost
-per family (`FAMILY_COST`, times the sweep's grid points for a `select` unit): the assignment depends on the plan,
-the pending units and the process count only, never on timing, so every rank computes the same one.
+per family (`FAMILY_COST`, times `IMAGE_COST` for a detector that reads images, times the sweep's grid points for a
+`select` unit): the assignment depends on the plan, the pending units and the process count only, never on timing,
+so every rank computes the same one.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from detectors.harness.runconfig import SHARD_FIT_ROWS
 
 EVERY = -1  # a unit every rank runs together
 FAMILY_COST = {"posthoc": 1.0, "clip": 4.0, "generative": 20.0, "training": 20.0}  # relative, per unit
+IMAGE_COST = 10.0  # times a family's cost for a detector that reads images (ODIN, GRAM: a model pass per set)
 
 
 def collective(unit: Unit, train_rows: int, shard_fit_rows: int = SHARD_FIT_ROWS) -> bool:
@@ -37,7 +39,10 @@ def collective(unit: Unit, train_rows: int, shard_fit_rows: int = SHARD_FIT_ROWS
 
 def unit_cost(unit: Unit) -> float:
     """A unit's relative cost for dealing units out (`FAMILY_COST`, times the grid points of a sweep)."""
-    cost = FAMILY_COST.get(unit.detector.family if unit.detector is not None else "clip", 1.0)
+    cls = unit.detector
+    cost = FAMILY_COST.get(cls.family if cls is not None else "clip", 1.0)
+    if cls is not None and "images" in getattr(cls, "inputs", ()):
+        cost *= IMAGE_COST
     if unit.kind == "select":
         grid = unit.parts.get("sweep") or {}
         cost *= max(1, math.prod(len(v) for v in grid.values()) if isinstance(grid, dict) else 1)

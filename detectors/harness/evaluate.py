@@ -98,6 +98,7 @@ class Runner:
         self.pixels = None  # the run's pixels (pipelines.pixels.RunPixels), set with the classifier
         self._together = False  # the running unit runs on every rank together (detectors.harness.distribute)
         self._writes = True  # this process writes the running unit's files (its rank, or the main one)
+        self.units_seconds = 0.0  # wall time of the units (main process: until every rank's are done)
 
     # -- features ------------------------------------------------------------------------------------------
     def _device(self):
@@ -493,6 +494,7 @@ class Runner:
         # rank's long unit
         order = [u for u in self.plan.units if where.get(u.method) == EVERY] + \
                 [u for u in self.plan.units if where.get(u.method) == rank]
+        started = time.perf_counter()
         with chunk_rows(rows) if rows else contextlib.nullcontext(), rankfiles.Heartbeat(ranks, rank):
             for unit in order:
                 together = where[unit.method] == EVERY
@@ -508,6 +510,7 @@ class Runner:
         for mark in rankfiles.wait_for_ranks(ranks, state.num_processes, what="its units")[1:]:
             failures.update(mark["failures"])
             ran.update({m: self._read_back(m) for m in mark["units"] if m not in mark["failures"]})
+        self.units_seconds = time.perf_counter() - started
         self.detector_failures += [failures[u.method] for u in self.plan.units if u.method in failures]
         done = self._in_order(finished, ran)
         self._write_outputs(done, final=True)
@@ -571,6 +574,8 @@ class Runner:
         return found
 
     def _console_summary(self) -> None:
+        log.info("units: %d run in %.1f s on %d process(es)", len(self.plan.units) - self.reused, self.units_seconds,
+                 partial_state().num_processes)
         if self.reused:
             log.info("resumed: %d of %d units up to date", self.reused, len(self.plan.units))
         n_images, n_units, n_sets = len(self.image_failures), len(self.detector_failures), len(self.set_failures)

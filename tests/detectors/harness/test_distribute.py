@@ -7,8 +7,9 @@ from types import SimpleNamespace
 from detectors.harness.distribute import EVERY, assign, collective, unit_cost
 
 
-def _cls(family="posthoc", shards=False, trains=False):
-    return SimpleNamespace(family=family, fits_from_shards=shards, trains_across_processes=trains)
+def _cls(family="posthoc", shards=False, trains=False, inputs=("logits",)):
+    return SimpleNamespace(family=family, fits_from_shards=shards, trains_across_processes=trains,
+                           inputs=frozenset(inputs))
 
 
 def _unit(method, cls=None, kind="detector", parent=None, sweep=None):
@@ -48,3 +49,4 @@ def test_a_rule_goes_where_its_solo_parent_goes():
 def test_a_sweep_costs_its_grid_points():
     assert unit_cost(_unit("knn", kind="select", sweep={"k": [1, 10, 50], "x": [0, 1]})) == 6
     assert unit_cost(_unit("diffguard", _cls("generative"))) > unit_cost(_unit("msp"))
+    assert unit_cost(_unit("odin", _cls(inputs=("images",)))) == 10 * unit_cost(_unit("msp"))
