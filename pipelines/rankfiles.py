@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.collectives import PeerLost, host
-from pipelines.io import atomic_write_json
+from pipelines.collectives import PeerLost, all_gather, host, main_decides, world
+from pipelines.errors import UserInputError
+from pipelines.io import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,7 @@ BEAT_S = 10.0  # seconds between a working rank's heartbeats
 STALE_S = 300.0  # a rank silent this long, not finished, is gone
 POLL_S = 1.0
 LOG_S = 600.0
+SHARED_WAIT_S = 30.0  # how long a process looks for the main process's probe file (NFS caches directory entries)
 
 
 def _mark(folder: Path, rank: int) -> Path:
@@ -112,3 +114,43 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
     return beat if isinstance(beat, dict) and isinstance(beat.get("time"), (int, float)) else None
 
+
+
+def check_shared(folders: dict[str, str | os.PathLike], wait_s: float = SHARED_WAIT_S) -> None:
+    """At the start of a multi-process run: every process sees the files the main process writes in each of
+    `folders` (config key -> folder), else every process stops with one line naming the key, the folder and the
+    processes (and hosts) that do not see it (`UserInputError`: exit 2, on every rank together, never a hang)."""
+    rank, size = world()
+    if size == 1:
+        return
+    token = main_decides(lambda: f"{os.getpid()}-{time.time_ns()}", "the shared folders' check")
+    probes = {key: Path(folder) / f".oodforge-shared-{token}" for key, folder in folders.items()}
+    if rank == 0:
+        for probe in probes.values():
+            probe.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(probe, token)
+    all_gather(None, "the shared folders' check")  # the probes are written
+    deadline = time.monotonic() + wait_s
+    missing = [key for key, probe in probes.items() if not _sees(probe, token, deadline)]
+    said = all_gather((host(), missing), "the shared folders' check")
+    if rank == 0:
+        for probe in probes.values():
+            probe.unlink(missing_ok=True)
+    for key in folders:
+        blind = [f"{r} on {where}" for r, (where, keys) in enumerate(said) if key in keys]
+        if blind:
+            raise UserInputError(f"{key}: {folders[key]} is not one folder for every process: process(es) "
+                                 f"{', '.join(blind)} do not see what the main process on {said[0][0]} writes there; "
+                                 "with several machines it must be on a shared file system")
+
+
+def _sees(probe: Path, token: str, deadline: float) -> bool:
+    while True:
+        try:
+            if probe.read_text(encoding="utf-8") == token:
+                return True
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)

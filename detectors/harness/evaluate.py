@@ -475,6 +475,7 @@ class Runner:
             if not self.plan.cache_dir.resolve().is_relative_to(self.plan.out.resolve()):
                 remove_orphan_temps(self.plan.cache_dir)
             rankfiles.clear(ranks)
+        rankfiles.check_shared({"out": self.plan.out, "cache_dir": self.plan.cache_dir})
         self.data = self.prepare()
         self._leave_out_empty_sets()
         self._check_dims()
