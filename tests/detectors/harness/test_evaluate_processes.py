@@ -125,3 +125,27 @@ def test_a_lost_peer_in_a_unit_run_together_is_no_detector_failure(digits, tmp_p
     monkeypatch.setattr(runner, "_run_unit", lambda _unit: 1 / 0)
     assert runner._unit(unit, True, True, failures) is None
     assert failures["msp"]["exception"] == "ZeroDivisionError: division by zero"
+
+
+@pytest.mark.slow
+def test_accelerate_launch_gives_the_torchrun_outputs(digits, tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2` on a CPU-only machine starts two gloo processes (the command
+    the README names; `--cpu` would start one) and writes the outputs torchrun writes."""
+    config = _config(digits, tmp_path / "acc", detectors=["msp", "knn", "mds", "odin"])
+    path = tmp_path / "acc.yaml"
+    path.write_text(yaml.safe_dump(config))
+    here = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), here, os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    accelerate = Path(sys.executable).with_name("accelerate")
+    done = subprocess.run([str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "oodforge", "evaluate",
+                           "--config", str(path)], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "on 2 process(es)" in done.stderr + done.stdout
+    done = _evaluate({**config, "out": str(tmp_path / "tr")}, tmp_path / "tr.yaml", 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [pd.read_csv(tmp_path / f / "results.csv").drop(columns=["seconds"]) for f in ("acc", "tr")]
+    pd.testing.assert_frame_equal(rows[0], rows[1], check_exact=True)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "acc" / "scores.parquet"),
+                                  pd.read_parquet(tmp_path / "tr" / "scores.parquet"), check_exact=True)
