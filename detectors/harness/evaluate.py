@@ -43,7 +43,8 @@ from detectors.harness.distribute import EVERY, assign
 from detectors.harness.units import UnitResult, UnitStore
 from pipelines.batches import clear_kept_batches
 from pipelines import rankfiles
-from pipelines.collectives import PeerLost, all_gather, alone, host, is_peer_lost, main_decides, peer_line
+from pipelines.collectives import (PeerLost, all_gather, alone, host, is_peer_lost, main_decides, peer_guard,
+                                   peer_line)
 from pipelines.errors import UserInputError
 from pipelines.data import Manifest
 from pipelines.fingerprint import (combine, image_identity, images_fingerprint, preprocessing_fingerprint,
@@ -476,7 +477,8 @@ class Runner:
                 remove_orphan_temps(self.plan.cache_dir)
             rankfiles.clear(ranks)
         rankfiles.check_shared({"out": self.plan.out, "cache_dir": self.plan.cache_dir})
-        self.data = self.prepare()
+        with peer_guard("the feature extraction"):  # its rows are split across the processes and gathered
+            self.data = self.prepare()
         self._leave_out_empty_sets()
         self._check_dims()
         note = defaults_note(self.plan)
@@ -625,8 +627,9 @@ class Runner:
         ood = self.plan.of_role("ood")
         rows = sweep_sets(sweep_config, images("id-id_train"), images("id-id_test"),
                           {s.name: images(s.id) for s in ood}, {s.name: s.group for s in ood}, names)
-        _write_csv(pd.DataFrame(rows), out / "fewshot.csv")
-        plot_fewshot(rows, str(sweep_config.get("plot", out / "fewshot.png")))
+        if self._writes:  # the sweep runs on every rank together; the main process writes it
+            _write_csv(pd.DataFrame(rows), out / "fewshot.csv")
+            plot_fewshot(rows, str(sweep_config.get("plot", out / "fewshot.png")))
 
     def _split_data_images(self, split_id: str) -> ImageSet:
         split, prepared = self.plan.split(split_id), self.data[split_id]
