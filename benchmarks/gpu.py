@@ -15,6 +15,11 @@ not fit.
     python -m benchmarks.gpu --quick                  # batch sizes 1 and 4, no compile: about 2 minutes
     python -m benchmarks.gpu --sections zest --batch-sizes 1,8 --no-compile
     python -m benchmarks.gpu --dry-run                # tiny models on the CPU: checks the script end to end
+    python -m benchmarks.gpu --plan                   # the cases the budget lets run, from its first guesses
+
+Every section measures its core (ZeST's sdpa build, one-at-a-time loop and first batch sizes; both DIFFGUARD parts;
+the training case): while a section runs, the budget holds back the first-guess time of the later sections' cores, so
+ZeST's larger batch sizes, xformers and compiled cases take only what is left.
 """
 from __future__ import annotations
 
@@ -88,9 +93,18 @@ class Budget:
         self.seconds, self.first_guess_s = seconds, first_guess_s
         self.started = time.perf_counter()
         self.done: dict[str, tuple[float, int]] = {}  # kind -> (seconds, batch) of the last finished case
+        self.held = 0.0  # seconds kept for the core cases of the sections still to run (`hold`)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
 
     def left(self) -> float:
-        return float("inf") if self.seconds is None else self.seconds - (time.perf_counter() - self.started)
+        return float("inf") if self.seconds is None else self.seconds - self.elapsed() - self.held
+
+    def hold(self, sections: list[str]) -> None:
+        """Keep the estimated time of `sections`' core cases (`SECTION_CORE`) out of what the running section may
+        spend, so every section measures its core (ZeST's extra batch sizes, xformers and compile come last)."""
+        self.held = sum(self.estimate(kind) for name in sections for kind in SECTION_CORE.get(name, ()))
 
     def estimate(self, kind: str, batch: int = 1) -> float:
         if kind in self.done:
@@ -98,9 +112,11 @@ class Budget:
             return seconds * max(1.0, batch / done_batch)
         return self.first_guess_s.get(kind, 0.0)
 
-    def allows(self, kind: str, batch: int = 1) -> tuple[bool, str]:
-        estimate, left = self.estimate(kind, batch), self.left()
-        return estimate <= left, f"budget: estimated {estimate:.0f} s, {max(left, 0):.0f} s left"
+    def allows(self, kind: str, batch: int = 1, then: tuple[str, int] | None = None) -> tuple[bool, str]:
+        """Whether a case of `kind` fits (with `then`, the case that must follow it: a build and its first case)."""
+        estimate, left = self.estimate(kind, batch) + (self.estimate(*then) if then else 0.0), self.left()
+        held = f" ({self.held:.0f} s more held for the later sections)" if self.held else ""
+        return estimate <= left, f"budget: estimated {estimate:.0f} s, {max(left, 0):.0f} s left{held}"
 
     def record(self, kind: str, seconds: float, batch: int = 1) -> None:
         self.done[kind] = (seconds, batch)
@@ -160,7 +176,7 @@ def bench_zest(args: argparse.Namespace, budget: Budget, save: Callable[[dict[st
     for backend, compiled, batches in _zest_runs(args, backends):
         label = f"{backend}{'+compile' if compiled else ''}"
         kind = "compile" if compiled else "eager"
-        fits, why = budget.allows(f"{kind}-build", batches[0])
+        fits, why = budget.allows(f"{kind}-build", batches[0], then=(f"{kind}-case", batches[0]))
         if not fits:
             for batch in batches:
                 add(dict(case=label, batch_size=batch, skipped=why))
@@ -319,6 +335,58 @@ DEFAULT_BUDGET_S = 420.0  # 7 minutes of cases; imports, CUDA start-up and the J
 H200_FIRST_GUESS_S = {"eager-build": 40.0, "eager-case": 8.0, "compile-build": 20.0, "compile-case": 150.0,
                       "diffguard-pixel": 90.0, "diffguard-latent": 60.0, "train-resnet50": 120.0}
 
+# what each section must measure at least: its reference and one comparison (checked by `plan` against the budget)
+SECTION_CORE = {"zest": ("eager-build", "eager-case", "eager-case"),
+                "diffguard": ("diffguard-pixel", "diffguard-latent"), "train": ("train-resnet50",)}
+
+
+class _Planned(Budget):
+    """A budget whose clock is the sum of the estimates of the cases planned so far (no case runs)."""
+
+    def __init__(self, seconds: float | None, first_guess_s: dict[str, float]):
+        super().__init__(seconds, first_guess_s)
+        self.clock = 0.0
+
+    def elapsed(self) -> float:
+        return self.clock
+
+    def take(self, kind: str, batch: int = 1, then: tuple[str, int] | None = None) -> tuple[bool, float]:
+        fits, _ = self.allows(kind, batch, then)
+        estimate = self.estimate(kind, batch)
+        if fits:
+            self.clock += estimate
+            self.record(kind, estimate, batch)
+        return fits, estimate
+
+
+def plan(args: argparse.Namespace, backends: list[str] | None = None) -> list[dict[str, Any]]:
+    """The cases a run with `args` would start on one H200, in order, from the first guesses and the same budget
+    rules as the run (`Budget`, `hold`): each with its estimate and whether it fits."""
+    budget = _Planned(args.budget_s, H200_FIRST_GUESS_S)
+    rows: list[dict[str, Any]] = []
+
+    def add(section: str, case: str, kind: str, batch: int = 1, then: tuple[str, int] | None = None) -> bool:
+        fits, estimate = budget.take(kind, batch, then)
+        rows.append(dict(section=section, case=case, batch_size=batch, estimate_s=round(estimate, 1), runs=fits))
+        return fits
+
+    for i, name in enumerate(args.sections):
+        budget.hold(args.sections[i + 1:])
+        if name == "zest":
+            for backend, compiled, batches in _zest_runs(args, backends or ["sdpa"]):
+                kind = "compile" if compiled else "eager"
+                label = f"{backend}{'+compile' if compiled else ''}"
+                if add(name, f"{label} build{'' if compiled else ' + one-at-a-time loop'}", f"{kind}-build",
+                       batches[0], (f"{kind}-case", batches[0])):
+                    for batch in batches:
+                        add(name, label, f"{kind}-case", batch)
+        elif name == "diffguard" and add(name, "pixel (ADM 256)", "diffguard-pixel"):
+            add(name, "latent (SD 1.5)", "diffguard-latent")
+        elif name == "train":
+            add(name, "resnet-50 recipe loop", "train-resnet50")
+    return rows
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace, Budget, Callable[[dict[str, Any]], None]], dict[str, Any]]] = {
     "zest": bench_zest,
     "diffguard": bench_diffguard,
@@ -351,6 +419,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "already run, else from H200 first guesses) is recorded as skipped; default keeps a full "
                              "run under 8 minutes on one H200")
     p.add_argument("--no-budget", dest="budget_s", action="store_const", const=None, help="run every case")
+    p.add_argument("--plan", action="store_true",
+                   help="print the cases the budget lets run on one H200 (first guesses) and exit; no device needed")
     p.add_argument("--train-batch-size", type=int, default=256, help="ResNet-50 training case: global batch")
     p.add_argument("--train-steps", type=int, default=8, help="ResNet-50 training case: steps (images = steps x batch)")
     p.add_argument("--train-workers", type=int, default=8, help="ResNet-50 training case: DataLoader workers")
@@ -369,6 +439,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.plan:
+        rows = plan(args)
+        for row in rows:
+            print(f"{row['section']:<10} {row['case']:<40} batch {row['batch_size']:<3} {row['estimate_s']:>6.0f} s  "
+                  f"{'runs' if row['runs'] else 'skipped'}")
+        print(f"planned: {sum(r['estimate_s'] for r in rows if r['runs']):.0f} s of the {args.budget_s} s budget")
+        return
     device = resolve_device(args.device)
     if device.type != "cuda" and not args.dry_run:
         raise ConfigError("benchmarks.gpu needs a CUDA device; use --dry-run to check it on the CPU with tiny models")
@@ -388,7 +465,8 @@ def main(argv: list[str] | None = None) -> None:
             atomic_write_json(args.out, result)
         return save
 
-    for name in args.sections:
+    for i, name in enumerate(args.sections):
+        budget.hold(args.sections[i + 1:])
         started = time.perf_counter()
         section = SECTIONS[name](args, budget, saver(name))
         section["section_s"] = time.perf_counter() - started

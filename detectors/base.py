@@ -176,6 +176,7 @@ class Detector:
     fit_inputs: ClassVar[frozenset[str]] = frozenset()
     needs: ClassVar[frozenset[str]] = frozenset()
     fits_from_shards: ClassVar[bool] = False  # statistics that are sums: under accelerate each process fits its shard
+    trains_across_processes: ClassVar[bool] = False  # fit trains with accelerate on every process together (DDP)
     class_of: ClassVar[Callable[[str], type["Detector"]] | None] = None  # set by detectors.registry (no import here)
     keeps_batches: ClassVar[bool] = False
     """Scores images slowly: with a `work_dir` (a runtime input, then in `needs`), `score` of a manifest's images keeps
@@ -285,13 +286,13 @@ class Detector:
         return check_scores(self._score(batch), self.name)
 
     def _kept_scores(self, batch: ImageSet) -> np.ndarray:
-        """`_score` batch by batch (the detector's batch size, times the processes), each batch's scores kept in
-        `work_dir` under the detector's identity and the images' (`pipelines.batches`)."""
+        """`_score` batch by batch (the detector's batch size, times the processes sharing it), each batch's scores
+        kept in `work_dir` under the detector's identity and the images' (`pipelines.batches`)."""
         from pipelines.batches import kept_batches
         from pipelines.fingerprint import images_fingerprint
-        from pipelines.runtime import partial_state
+        from pipelines.collectives import sharing
 
-        chunk = int(getattr(self, "batch_size", 1) or 1) * partial_state().num_processes
+        chunk = int(getattr(self, "batch_size", 1) or 1) * sharing()
         identity = {**self.batch_identity(), "images": images_fingerprint(batch.manifest)}
         if batch.pixels is not None:  # rows made with their own pixels (fit pixels), not the classifier's
             identity["pixels"] = batch.pixels_identity()

@@ -27,7 +27,7 @@ from gen.items import (ITEM_ERRORS, PIPELINE_NAME, Prepared, check_size, failure
 from gen.jobplan import JobPlan, build_plan, store_plan
 from gen.ledger import FAILED, Ledger
 from gen.pairing import PlanItem, use_counts
-from gen.shards import FINISHED_FOLDER, mark_finished, pending_batches, wait_for_shards
+from gen.shards import FINISHED_FOLDER, heartbeat, mark_finished, pending_batches, wait_for_shards
 from gen.sheet import CONTACT_SHEET_IMAGES, contact_sheet
 from pipelines.data import write_manifest
 from pipelines.errors import ConfigError
@@ -35,6 +35,8 @@ from pipelines.io import atomic_write_json, remove_orphan_temps
 from pipelines.locks import output_lock
 from gen.masks import MaskModelError, open_rembg, resolve_mask_method
 from pipelines.progress import progress
+from pipelines.collectives import main_decides
+from pipelines.rankfiles import check_shared
 from pipelines.runtime import partial_state, resolve_dtype
 from gen.zest import ZeSTConfig
 
@@ -59,21 +61,37 @@ def tiny_models_folder() -> Path:
     return Path(cache) / f"tiny_zest-{standin_fingerprint()}"
 
 
+def _build_tiny(folder: Path) -> None:
+    """Write the tiny ZeST models into `folder`, their config (`zest_config.json`) last."""
+    from gen.tiny_zest import save_tiny_zest
+
+    atomic_write_json(folder / "zest_config.json", save_tiny_zest(folder).to_dict())
+
+
 def resolve_models(models: ZeSTConfig | str | None, state: Any = None) -> ZeSTConfig:
-    """The `ZeSTConfig` of a config's typed `models` value; "tiny" builds the tiny models on the main process first."""
+    """The `ZeSTConfig` of a config's typed `models` value; "tiny" builds the tiny models first, on each node's local
+    main process (their cache folder, `tiny_models_folder`, may be local to the node)."""
     if models is None:
         return ZeSTConfig()
     if isinstance(models, ZeSTConfig):
         return models
     folder = tiny_models_folder()
     marker = folder / "zest_config.json"
-    if state is not None and not state.is_main_process:
+    builds = state is None or getattr(state, "is_local_main_process", state.is_main_process)  # one per node
+    if not builds:
         state.wait_for_everyone()
-    if not marker.is_file() and (state is None or state.is_main_process):
-        from gen.tiny_zest import save_tiny_zest
+    if not marker.is_file() and builds:
+        if state is None or state.is_main_process:
+            _build_tiny(folder)
+        else:  # transformers' save_pretrained writes weights on global rank 0 only: a process of its own builds them
+            import multiprocessing
 
-        atomic_write_json(marker, save_tiny_zest(folder).to_dict())
-    if state is not None and state.is_main_process:
+            child = multiprocessing.get_context("spawn").Process(target=_build_tiny, args=(folder,))
+            child.start()
+            child.join()
+            if child.exitcode != 0 or not marker.is_file():
+                raise RuntimeError(f"building the tiny models in {folder} failed (exit {child.exitcode})")
+    if state is not None and builds:
         state.wait_for_everyone()
     return ZeSTConfig.from_dict(json.loads(marker.read_text(encoding="utf-8")))
 
@@ -255,12 +273,14 @@ def _run_generation(config: GenerationConfig, plan: JobPlan, state: Any, pipelin
     """`run_generation` past its checks, with the output folder locked."""
     out = Path(config.out)
     started = time.perf_counter()
+    check_shared({"out": out})  # the ledger, the shard marks and the images: one folder for every process
     if state.is_main_process:
         prepare_output(config, plan)
     state.wait_for_everyone()  # collectives only at the start (here and in building tiny models): none at the end
     ledger = Ledger(out / JOB_FOLDER / "ledger", rank=state.process_index)
     summary = {"process": state.process_index, "processes": state.num_processes, "planned": len(plan.items)}
-    mask_method, dtype, counts = run_shard(config, plan.items, ledger, state, pipeline)
+    with heartbeat(out, state.process_index):  # the main process's wait tells a stopped process from a slow one
+        mask_method, dtype, counts = run_shard(config, plan.items, ledger, state, pipeline)
     summary.update(counts)
     mark_finished(out, state.process_index, summary)
     if not state.is_main_process:
@@ -283,8 +303,11 @@ def run_shard(config: GenerationConfig, plan: list[PlanItem], ledger: Ledger, st
     rembg stops the job here, once), the pipeline built only when there is work. Returns (mask method, dtype,
     counts)."""
     out = Path(config.out)
-    records = ledger.records()
-    pending = [item for item in plan if not is_done(records.get(item.index), out)]
+    # the main process alone reads the ledger; every rank deals the same pending batches from its answer
+    records = ledger.records() if state.is_main_process else {}
+    done = set(main_decides(lambda: [item.index for item in plan if is_done(records.get(item.index), out)],
+                            "the generation ledger check"))
+    pending = [item for item in plan if item.index not in done]
     batches = pending_batches(pending, config.batch_size)
     masks = mask_index(config.masks)
     mask_method = "given" if masks is not None else start_mask_method(config.mask_method, bool(batches))

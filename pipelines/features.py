@@ -21,6 +21,8 @@ from pipelines.classifier import ImageClassifier
 from pipelines.data import ImageLoadError, Manifest
 from pipelines.io import atomic_path, safe_name
 from pipelines.progress import progress
+from pipelines.collectives import host, main_decides
+from pipelines.errors import UserInputError
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -248,10 +250,15 @@ def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_s
     cover the pixels. Rows are split across accelerate processes; unreadable images are recorded in
     `metadata["failures"]` and left out (`index` says which rows are present).
     """
-    found = _reusable(cache, manifest, classifier.model_id, key)
-    if found is not None:
-        return found
     state = partial_state()
+    # the main process decides whether the file is reused (the gather below is a collective: every rank must agree)
+    found = _reusable(cache, manifest, classifier.model_id, key) if state.is_main_process else None
+    if main_decides(lambda: found is not None, f"the feature cache check of {desc}"):
+        found = found or _reusable(cache, manifest, classifier.model_id, key)
+        if found is None:
+            raise UserInputError(f"{cache}: the main process reuses this feature cache, but the process on {host()} "
+                                 "cannot read it: cache_dir must be a folder every process sees")
+        return found
     device = resolve_device(device) if device is not None else state.device
     dtype = resolve_dtype(precision, device)
     classifier = classifier.to(device).eval()

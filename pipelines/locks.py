@@ -3,22 +3,26 @@
 `folder_lock(folder, command)` creates `folder/.oodforge.lock` exclusively (`O_CREAT | O_EXCL`, umask kept) and removes
 it on exit. A second process on the same folder waits up to `wait` seconds, then is refused in one line naming the
 holder (`FolderBusy`, exit 2 through `pipelines.cli.run_main`). A lock whose holder is gone (same host, its pid no
-longer runs or now belongs to another process, told by the process's start time) is taken over, and a warning says so;
-a lock of another host is never taken over (its liveness cannot be checked), so it names the host and the file to
-delete by hand. Takeovers are serialised by an `flock` on `folder/.oodforge.lock.guard`, so two late-comers never both
-take one stale lock. A folder the lock created is removed again when the block leaves it empty (a failed run leaves no
-empty output folder behind).
+longer runs or now belongs to another process, told by the process's start time) is taken over, and a warning says so.
+The liveness of another host's process cannot be checked, so the holder beats instead: while it holds the lock, a
+thread refreshes the file's modification time every `LOCK_BEAT_S` seconds, and another host's lock is taken over once
+it has not been refreshed for `LOCK_STALE_S` seconds (its run is gone: killed with its machine, or cut off from the
+shared folder); until then the refusal names the host and how long ago it beat. Takeovers are serialised by an
+`flock` on `folder/.oodforge.lock.guard`, so two late-comers never both take one stale lock. A folder the lock
+created is removed again when the block leaves it empty (a failed run leaves no empty output folder behind).
 
 `output_lock(folder, command, main)` is the lock of a multi-process run (accelerate, torchrun): only the main process
 takes it, since only it writes the outputs; a refusal stops the main process, and the launcher stops the others.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import socket
+import threading
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -28,6 +32,8 @@ from pipelines.errors import UserInputError
 from pipelines.io import _alive
 
 LOCK_NAME = ".oodforge.lock"
+LOCK_BEAT_S = 30.0  # a holder refreshes its lock file this often
+LOCK_STALE_S = 600.0  # another host's lock not refreshed this long is taken over (clocks of hosts may differ a little)
 log = logging.getLogger(__name__)
 
 
@@ -74,12 +80,43 @@ def _gone(holder: dict[str, Any], path: Path) -> bool:
         except OSError:
             return True
     if holder.get("host") != socket.gethostname():
-        return False
+        return _age(path) > LOCK_STALE_S
     pid = int(holder.get("pid", -1))
     if pid <= 0 or not _alive(pid):
         return True
     started = holder.get("started")
     return started is not None and _start_time(pid) not in (None, started)
+
+
+def _age(path: Path) -> float:
+    """Seconds since the lock file was last refreshed (0 when it is gone)."""
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+class _Beat:
+    """While active, refreshes the lock file's modification time every `LOCK_BEAT_S` seconds (it stays ours)."""
+
+    def __init__(self, path: Path):
+        self.path, self.stop = path, threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="oodforge-lock-beat", daemon=True)
+
+    def _loop(self) -> None:
+        while not self.stop.wait(LOCK_BEAT_S):
+            holder = _read(self.path)
+            if holder and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+                with contextlib.suppress(OSError):
+                    os.utime(self.path)
+
+    def __enter__(self) -> "_Beat":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.thread.join()
 
 
 def _create(path: Path, command: str) -> bool:
@@ -130,12 +167,14 @@ def folder_lock(folder: str | os.PathLike, command: str, wait: float = 0.0, poll
         if time.monotonic() >= deadline:
             holder = _read(path) or {}
             where = "" if holder.get("host") in (None, socket.gethostname()) else \
-                f"; it is another host's lock: once that run is over, delete {path}"
+                (f"; it is another host's lock, refreshed {_age(path):.0f} s ago: it is taken over once not refreshed "
+                 f"for {LOCK_STALE_S:.0f} s")
             raise FolderBusy(f"{folder}: in use by {_holder_text(holder)}; wait for it to finish or pass another "
                              f"output folder{where}")
         time.sleep(poll)
     try:
-        yield path
+        with _Beat(path):
+            yield path
     finally:
         holder = _read(path)
         if holder and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():

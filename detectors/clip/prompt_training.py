@@ -107,6 +107,8 @@ def train_loop(module: torch.nn.Module, dataset: Dataset | Callable[[int], Datas
 class PromptDetector(ClipDetector):
     """A CLIP detector with a learned `PromptLearner`; its context/OOD tokens are the saved state."""
 
+    trains_across_processes = True  # its prompts train under accelerate on every process together
+
     @dataclass(frozen=True)
     class Params(ClipDetector.Params):
         n_ctx: int = param(16, "learned context tokens", ge=1)

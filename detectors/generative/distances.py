@@ -19,15 +19,21 @@ SIMILARITIES = ("dists", "lpips", "logit_l1", "ssim", "psnr", "l2")
 Similarity = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """`t` in float64 for the distances' sums, float32 on MPS (which has no float64): the scores then carry float32
+    rounding there, about 1e-7 relative."""
+    return t.float() if t.device.type == "mps" else t.double()
+
+
 def psnr(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0) -> torch.Tensor:
     """Peak signal-to-noise ratio per image in dB (float64): 10 log10(range^2 / MSE)."""
-    mse = (a.double() - b.double()).pow(2).flatten(1).mean(1)
+    mse = (_wide(a) - _wide(b)).pow(2).flatten(1).mean(1)
     return 10.0 * torch.log10(data_range**2 / mse.clamp_min(1e-20))
 
 
 def l2(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Negative root-mean-square difference per image (float64)."""
-    return -(a.double() - b.double()).pow(2).flatten(1).mean(1).sqrt()
+    return -(_wide(a) - _wide(b)).pow(2).flatten(1).mean(1).sqrt()
 
 
 def _gaussian_window(sigma: float, truncate: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -44,7 +50,7 @@ def ssim(a: torch.Tensor, b: torch.Tensor, data_range: float = 1.0, sigma: float
     Averaged over channels and the positions where the window fits inside the image (as scikit-image's
     `structural_similarity(..., gaussian_weights=True, use_sample_covariance=False)`).
     """
-    a, b = a.double(), b.double()
+    a, b = _wide(a), _wide(b)
     channels = a.shape[1]
     w = _gaussian_window(sigma, truncate, a.dtype, a.device)
     if a.shape[-1] < len(w) or a.shape[-2] < len(w):
@@ -72,7 +78,7 @@ def logit_l1(classifier: Any) -> Similarity:
         with torch.no_grad():
             la, _ = classifier.forward_images(a.to(dtype))
             lb, _ = classifier.forward_images(b.to(dtype))
-        return -(la.double() - lb.double()).abs().mean(1)
+        return -(_wide(la) - _wide(lb)).abs().mean(1)
 
     return similarity
 
@@ -238,7 +244,7 @@ class Perceptual:
 
     @torch.no_grad()
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return 1.0 - self.model(a, b).double()
+        return 1.0 - _wide(self.model(a, b))
 
     @torch.no_grad()
     def against(self, b: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -247,7 +253,7 @@ class Perceptual:
 
         def sim(a: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
             with torch.no_grad():
-                return 1.0 - self.model.distance(self.model.features(a), [f[rows] for f in fb]).double()
+                return 1.0 - _wide(self.model.distance(self.model.features(a), [f[rows] for f in fb]))
 
         return sim
 

@@ -45,8 +45,13 @@ from detectors.harness.results import LOWER_IS_BETTER, PREDICTION, RESULT_COLUMN
 from detectors.harness.sanity import (accuracy_warnings, head_warning, id_classes, one_class_warning,
                                       protocol_warning, small_set_warnings)
 from detectors.harness.transfer import transfer_table
+from detectors.harness.distribute import EVERY, assign
 from detectors.harness.units import UnitResult, UnitStore
 from pipelines.batches import clear_kept_batches
+from pipelines import rankfiles
+from pipelines.collectives import (PeerLost, all_gather, alone, host, is_peer_lost, main_decides, peer_guard,
+                                   peer_line)
+from pipelines.errors import UserInputError
 from pipelines.data import Manifest
 from pipelines.fingerprint import (combine, image_identity, images_fingerprint, preprocessing_fingerprint,
                                    weights_fingerprint)
@@ -55,6 +60,8 @@ from pipelines.locks import output_lock
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
+
+RANKS_FOLDER = ".ranks"  # under units/: each process's done mark and heartbeat (pipelines.rankfiles)
 
 __all__ = ["EvalConfig", "Source", "DetectorSpec", "ConfigError", "Plan", "make_plan", "Runner", "run_config",
            "dump_config", "reads_features", "RESULT_COLUMNS", "SCORE_COLUMNS"]
@@ -98,6 +105,9 @@ class Runner:
         self._theta_scorers: dict[str, Detector] = {}  # swept units: another scorer picking the OOSA threshold
         self._predicted: dict[str, list[str] | None] = {}  # split id -> the classifier's predicted class per row
         self.pixels = None  # the run's pixels (pipelines.pixels.RunPixels), set with the classifier
+        self._together = False  # the running unit runs on every rank together (detectors.harness.distribute)
+        self._writes = True  # this process writes the running unit's files (its rank, or the main one)
+        self.units_seconds = 0.0  # wall time of the units (main process: until every rank's are done)
 
     # -- features ------------------------------------------------------------------------------------------
     def _device(self):
@@ -270,7 +280,7 @@ class Runner:
     def _fit(self, det: Detector) -> None:
         kwargs = self._fit_kwargs(det)
         train = self._split_data(det, "id-id_train")
-        if type(det).fits_from_shards and partial_state().num_processes > 1:
+        if type(det).fits_from_shards and self._together and partial_state().num_processes > 1:
             # each process fits its contiguous share of the rows; the sums are reduced exactly over the processes
             shard = lambda fs: fs.subset(process_rows(len(fs))) if isinstance(fs, FeatureSet) else fs  # noqa: E731
             with across_processes():
@@ -362,7 +372,7 @@ class Runner:
         except ValueError as err:  # no grid point fits these features (e.g. NECO's dims on D = 64): the defaults run
             det, table = probe, [{"error": str(err)}]
             self._selected_on[unit.method] = "defaults: no grid point fits the data"
-        if partial_state().is_main_process:  # which split chose: ID val against these OOD-validation sets
+        if self._writes:  # which split chose: ID val against these OOD-validation sets
             frame = pd.DataFrame(table).assign(metric=sel.metric, id_val="id_val", ood_val=sets)
             _write_csv(frame, self.plan.out / "selection" / f"{safe_name(unit.method)}.csv")
         if OOSA_SCORER[self.plan.protocol] == "defaults" and probe is not det and probe.params != det.params:
@@ -509,13 +519,18 @@ class Runner:
                 log.warning("[oodforge] warning: %s set %r: %s; left out", split.where, split.name, reason)
 
     def _run(self) -> pd.DataFrame:
-        main = partial_state().is_main_process
+        state = partial_state()
+        main, rank = state.is_main_process, state.process_index
         self.plan.out.mkdir(parents=True, exist_ok=True)
-        if main:  # the temp files a killed run's writes left (a live writer's stay)
+        ranks = self.store.root / RANKS_FOLDER
+        if main:  # the temp files a killed run's writes left (a live writer's stay), an earlier run's done marks
             remove_orphan_temps(self.plan.out)
             if not self.plan.cache_dir.resolve().is_relative_to(self.plan.out.resolve()):
                 remove_orphan_temps(self.plan.cache_dir)
-        self.data = self.prepare()
+            rankfiles.clear(ranks)
+        rankfiles.check_shared({"out": self.plan.out, "cache_dir": self.plan.cache_dir})
+        with peer_guard("the feature extraction"):  # its rows are split across the processes and gathered
+            self.data = self.prepare()
         self._leave_out_empty_sets()
         self._check_dims()
         if main:
@@ -523,22 +538,42 @@ class Runner:
         note = defaults_note(self.plan)
         if note and main:
             log.info(note)
-        done: list[UnitResult] = []
+        # the main process alone reads which units are finished; every rank follows its answer
+        finished = self._finished() if main else {}
+        pending = set(main_decides(lambda: [u.method for u in self.plan.units if u.method not in finished],
+                                   "the finished units' check"))
+        where = assign(self.plan.units, pending, state.num_processes, self._train_rows(),
+                       self.plan.runtime.shard_fit_rows)
+        ran: dict[str, UnitResult | None] = {}  # what this process ran: a result, or None for a failure
+        failures: dict[str, dict[str, Any]] = {}
         rows = self.plan.runtime.chunk_rows
-        with chunk_rows(rows) if rows else contextlib.nullcontext():
-            for unit in self.plan.units:
-                found = self._unit(unit, main)
-                if found is not None:
-                    done.append(found)
+        # units run together first (each ends in a collective), then each rank's own: no collective waits on a
+        # rank's long unit
+        order = [u for u in self.plan.units if where.get(u.method) == EVERY] + \
+                [u for u in self.plan.units if where.get(u.method) == rank]
+        started = time.perf_counter()
+        with chunk_rows(rows) if rows else contextlib.nullcontext(), rankfiles.Heartbeat(ranks, rank):
+            for unit in order:
+                together = where[unit.method] == EVERY
+                ran[unit.method] = self._unit(unit, together, main or not together, failures)
                 if unit.kind == "rule" and unit.method == unit.parent.rules[-1]:
                     self._trained.pop(unit.parent.method, None)  # its last rule ran: the trained model can go
                 if main:
-                    self._write_outputs(done, final=False)
+                    self._write_outputs(self._in_order(finished, ran), final=False)
+            mine = sorted(m for m in ran if where[m] == rank)
+            rankfiles.mark_done(ranks, rank, {"units": mine, "failures": failures})
+        if not main:
+            return _results([])
+        for mark in rankfiles.wait_for_ranks(ranks, state.num_processes, what="its units")[1:]:
+            failures.update(mark["failures"])
+            ran.update({m: self._read_back(m) for m in mark["units"] if m not in mark["failures"]})
+        self.units_seconds = time.perf_counter() - started
+        self.detector_failures += [failures[u.method] for u in self.plan.units if u.method in failures]
+        done = self._in_order(finished, ran)
+        self._write_outputs(done, final=True)
+        self._console_summary()
         results = _results(done)
-        if main:
-            self._write_outputs(done, final=True)
-            self._console_summary()
-            self._warn_results(results)
+        self._warn_results(results)
         return results
 
     def _id_classes(self) -> int | None:
@@ -567,27 +602,65 @@ class Runner:
         for line in [*accuracy_warnings(results, classes, n_test), *small_set_warnings(results)]:
             log.warning("[oodforge] warning: %s", line)
 
-    def _unit(self, unit: Unit, main: bool) -> UnitResult | None:
-        """A finished unit read back, else run and written; a failing one recorded (None)."""
+    def _read_back(self, method: str) -> UnitResult:
+        """A unit another rank ran and wrote, read back by the main process."""
+        unit = next(u for u in self.plan.units if u.method == method)
         found = self.store.finished(unit.method, unit.key)
-        if found is not None:
-            self.reused += 1
-            return found
+        if found is None:
+            raise UserInputError(f"{self.store.folder(method)}: another process wrote unit {method!r}, but the main "
+                                 f"process on {host()} cannot read it: `out` must be a folder every process sees")
+        return found
+
+    def _finished(self) -> dict[str, UnitResult]:
+        """The units finished with their current key, read back (main process)."""
+        found = {u.method: self.store.finished(u.method, u.key) for u in self.plan.units}
+        self.reused = sum(r is not None for r in found.values())
+        return {m: r for m, r in found.items() if r is not None}
+
+    def _in_order(self, finished: dict[str, UnitResult], ran: dict[str, UnitResult | None]) -> list[UnitResult]:
+        """The finished and the newly run units' results in plan order (failed units left out)."""
+        results = {**finished, **ran}
+        return [r for r in (results.get(u.method) for u in self.plan.units) if r is not None]
+
+    def _train_rows(self) -> int:
+        train = self.data.get("id-id_train")
+        return 0 if train is None else len(train.index)
+
+    def _unit(self, unit: Unit, together: bool, writes: bool, failures: dict[str, dict[str, Any]]) -> UnitResult | None:
+        """Run a unit and write it (`writes`: this process is its rank, or the main one of a unit run together); a
+        failing one is recorded in `failures` (None). A unit run together fails on every rank together: each rank
+        says whether it failed (one collective after the unit), so none waits for a collective another left."""
+        self._together, self._writes = together, writes
+        error: BaseException | None = None
         try:
-            found = self._run_unit(unit)
+            with contextlib.nullcontext() if together else alone():
+                found = self._run_unit(unit)
         except Exception as err:  # noqa: BLE001 - one failing unit is recorded, the others go on
-            if main:
-                self.detector_failures.append(self.store.fail(unit.method, unit.key, err))
-            log.warning("[oodforge] detector %s failed: %s: %s (see %s)", unit.method, type(err).__name__, err,
+            if together and is_peer_lost(err):
+                raise PeerLost(peer_line(err, f"unit {unit.method}")) from err
+            error, found = err, None
+        finally:
+            self._together, self._writes = False, True
+        if together:
+            said = all_gather(None if error is None else f"{type(error).__name__}: {error}", f"unit {unit.method}")
+            others = [(r, text) for r, text in enumerate(said) if text is not None]
+            if error is None and others:
+                error = RuntimeError(f"rank {others[0][0]}: {others[0][1]}")
+        if error is not None:
+            if writes:
+                failures[unit.method] = self.store.fail(unit.method, unit.key, error)
+            log.warning("[oodforge] detector %s failed: %s: %s (see %s)", unit.method, type(error).__name__, error,
                         self.store.folder(unit.method) / "traceback.txt")
             return None
-        if main:
+        if writes:
             self.store.write(unit.method, unit.key, found, {"method": unit.method, "kind": unit.kind,
                                                             "key_parts": key_record(unit, self.plan)})
             clear_kept_batches(self.store.folder(unit.method) / "work")  # the unit's scores are written: not needed
         return found
 
     def _console_summary(self) -> None:
+        log.info("units: %d run in %.1f s on %d process(es)", len(self.plan.units) - self.reused, self.units_seconds,
+                 partial_state().num_processes)
         if self.reused:
             log.info("resumed: %d of %d units up to date", self.reused, len(self.plan.units))
         n_images, n_units, n_sets = len(self.image_failures), len(self.detector_failures), len(self.set_failures)
@@ -638,8 +711,9 @@ class Runner:
         ood = self.plan.of_role("ood")
         rows = sweep_sets(sweep_config, images("id-id_train"), images("id-id_test"),
                           {s.name: images(s.id) for s in ood}, {s.name: s.group for s in ood}, names)
-        _write_csv(pd.DataFrame(rows), out / "fewshot.csv")
-        plot_fewshot(rows, str(sweep_config.get("plot", out / "fewshot.png")))
+        if self._writes:  # the sweep runs on every rank together; the main process writes it
+            _write_csv(pd.DataFrame(rows), out / "fewshot.csv")
+            plot_fewshot(rows, str(sweep_config.get("plot", out / "fewshot.png")))
 
     def _split_data_images(self, split_id: str) -> ImageSet:
         split, prepared = self.plan.split(split_id), self.data[split_id]

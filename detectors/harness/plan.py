@@ -23,8 +23,8 @@ from detectors.harness.protocols import CHECKPOINTS, TIES, protocol_params, unit
 from detectors.harness.released import check_released_classes
 from pipelines.pixels import PixelSettings
 from detectors.registry import detector_class
-from detectors.harness.runconfig import (FEATURE_INPUTS, ConfigError, DetectorSpec, EvalConfig, FewShot, Head, Source,
-                                 Transfer, named, param_named)
+from detectors.harness.runconfig import (FEATURE_INPUTS, SHARD_FIT_ROWS, ConfigError, DetectorSpec, EvalConfig,
+                                         FewShot, Head, Source, Transfer, named, param_named)
 from pipelines.checkpoints import checkpoint_folder, read_checkpoint_index
 from pipelines.data import Manifest, read_manifest
 from pipelines.errors import UserInputError
@@ -78,6 +78,7 @@ class Runtime:
     sweep_pixel_mb: float
     pixels: PixelSettings = PixelSettings()
     model_network: str | None = None  # a released `model:` file's network (pipelines.zoo), None: its name's / keys'
+    shard_fit_rows: int = SHARD_FIT_ROWS  # from these ID train rows on, sum-statistics fits are sharded (distribute)
 
 
 @dataclass(frozen=True)
@@ -190,7 +191,7 @@ def make_plan(config: EvalConfig | Mapping[str, Any] | str | os.PathLike) -> Pla
     check_head(config.head)
     runtime = Runtime(config.model, runtime_device(config.device), config.precision, config.batch_size,
                       config.num_workers, config.chunk_rows, config.cache_hash, config.sweep_pixel_mb, config.pixels,
-                      config.model_network)
+                      config.model_network, config.shard_fit_rows)
     id_train = next(s for s in splits if s.id == "id-id_train")
     class_names = tuple(config.class_names) if config.class_names else class_names_of(id_train.manifest)
     check_fewshot(config.fewshot, class_names)

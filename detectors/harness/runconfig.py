@@ -39,6 +39,7 @@ CacheHash = Literal[IDENTITY_MODES]  # type: ignore[valid-type]
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
 ModelNetwork = Literal[CLASSIFIER_NETWORKS]  # type: ignore[valid-type]
 FEATURE_INPUTS = frozenset({"features", "logits"})
+SHARD_FIT_ROWS = 1_000_000  # ID train rows from which, with several processes, sum-statistics fits are sharded
 """The inputs of a feature-level detector (scored on cached features / logits, or a rule on a trained model's)."""
 
 
@@ -242,6 +243,9 @@ class EvalConfig(Config):
     cache_hash: CacheHash = param("stat", "image identity in every cache key: stat (size + mtime) or content (sha256)")
     batch_size: int = param(64, "images per feature-extraction batch", ge=1)
     chunk_rows: int | None = param(None, "rows per chunk of streamed fits; null: OODFORGE_CHUNK_ROWS or 16384", ge=1)
+    shard_fit_rows: int = param(SHARD_FIT_ROWS, "ID train rows from which, with several processes, a detector whose "
+                                                "statistics are sums fits per-process shards together (below: its "
+                                                "unit runs on one rank, bitwise one process's result)", ge=1)
     device: str | None = param(None, "torch device: cpu, cuda, cuda:N, mps or auto (null: auto)", check=check_device)
     precision: Precision = param("auto", "feature-extraction precision (auto: bf16 on GPU, fp32 on CPU)")
     num_workers: int | None = param(None, "image-loading worker processes; null: every core but one beside a GPU, 0 "

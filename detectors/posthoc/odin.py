@@ -24,6 +24,7 @@ from pipelines.params import Params, param
 from detectors.registry import register_detector
 from pipelines.data import Manifest
 from pipelines.progress import progress
+from pipelines.collectives import sharing
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 
 
@@ -90,7 +91,7 @@ class ODIN(Detector):
         if self.classifier is None:
             raise ValueError("odin needs the classifier: build('odin', classifier=ImageClassifier...)")
         state = partial_state()
-        if isinstance(batch, ImageSet) and batch.manifest is not None and state.num_processes > 1:
+        if isinstance(batch, ImageSet) and batch.manifest is not None and sharing() > 1:
             return self._score_shards(batch, state)
         return self._score_local(batch)
 

@@ -63,6 +63,8 @@ class TrainedDetector(Detector):
     hyperparameters and their `score_rule` Literal (`score_rules` and `modes` are derived from the Literals), and
     implement `objective()` (the loss to train) and `_score_logits(logits, features)`."""
 
+    trains_across_processes = True  # the training loop (pipelines.training) runs on every process together
+
     @dataclass(frozen=True)
     class Params(TrainSettings):
         """The training hyperparameters (`TrainSettings`: the Open-Insects fine-tuning recipe, 30 epochs, AdamW lr 1e-3,

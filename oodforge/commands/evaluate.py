@@ -19,6 +19,13 @@ DOC = README_SECTIONS["config"]
 """Where the command's inputs are documented (named in its one-line errors)."""
 
 
+def cpu_launch(processes: int | str) -> str:
+    """The commands that start `processes` CPU processes: torchrun, or accelerate's multi-process launcher (its
+    `--multi_gpu` runs torchrun; without a GPU every process runs on the CPU over gloo; `--cpu` would start one)."""
+    return (f"torchrun --nproc_per_node {processes} -m oodforge evaluate ...` or `accelerate launch --multi_gpu "
+            f"--num_processes {processes} -m oodforge evaluate ...")
+
+
 def _process_warning(running: int) -> str | None:
     """A warning when the launcher asked for more processes than are running (accelerate on CPU falls back to one)."""
     for var in ("ACCELERATE_NUM_PROCESSES", "WORLD_SIZE"):
@@ -28,11 +35,11 @@ def _process_warning(running: int) -> str | None:
             continue
         if asked > running:
             return (f"warning: {asked} processes were asked for ({var}={asked}) but {running} running; on CPU launch "
-                    f"with `torchrun --nproc_per_node {asked} -m oodforge evaluate ...`")
+                    f"with `{cpu_launch(asked)}`")
     simple = "ACCELERATE_USE_CPU" in os.environ and "MASTER_PORT" in os.environ and "WORLD_SIZE" not in os.environ
     if simple and running == 1:  # `accelerate launch --num_processes N` without a distributed backend (CPU)
-        return ("warning: accelerate was asked for several processes but 1 is running (its simple launcher starts one "
-                "on CPU); launch with `torchrun --nproc_per_node N -m oodforge evaluate ...`")
+        return ("warning: accelerate was asked for several processes but 1 is running (`--cpu` selects its simple "
+                f"launcher, which starts one); launch with `{cpu_launch('N')}`")
     return None
 
 

@@ -163,13 +163,45 @@ def make_loader(dataset: Dataset, batch_size: int, shuffle: bool, seed: int, num
                       pin_memory=torch.cuda.is_available(), worker_init_fn=seed_worker if num_workers else None)
 
 
+class ShareBatches(Sampler[list[int]]):
+    """This process's contiguous share of every global batch of `batches` (a batch sampler): shares differ by one row
+    at most, and every process takes every step, the last partial batch included. accelerate's `even_batches` would
+    instead pad the last batch with rows from the first (repeated rows: 2 processes would train on other rows than
+    1); with full batches the shares are accelerate's `split_batches` ones."""
+
+    def __init__(self, batches: Any, rank: int, processes: int):
+        self.batch_sampler, self.rank, self.processes = batches, rank, processes
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.batch_sampler:
+            size, extra = divmod(len(batch), self.processes)
+            start = self.rank * size + min(self.rank, extra)
+            yield list(batch[start:start + size + (self.rank < extra)])
+
+    def set_epoch(self, epoch: int) -> None:
+        set_epoch(self.batch_sampler, epoch)
+
+
+def share_loader(loader: DataLoader, rank: int, processes: int) -> DataLoader:
+    """`loader` drawing only this process's share of each global batch (`ShareBatches`), its other settings kept."""
+    return DataLoader(loader.dataset, batch_sampler=ShareBatches(loader.batch_sampler, rank, processes),
+                      num_workers=loader.num_workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
+                      worker_init_fn=loader.worker_init_fn, generator=loader.generator)
+
+
 def set_epoch(loader: Any, epoch: int) -> None:
     """Tell a loader's sampler (and dataset) the epoch: an accelerate-prepared loader through its own `set_epoch` (it
-    re-applies its counter at every pass), a plain DataLoader through its sampler; cached-feature batches need none."""
+    re-applies its counter at every pass), a plain DataLoader through its sampler (or its batch sampler, for a
+    `share_loader`); cached-feature batches need none."""
     if hasattr(loader, "set_epoch"):
         loader.set_epoch(epoch)
     elif hasattr(getattr(loader, "sampler", None), "set_epoch"):
         loader.sampler.set_epoch(epoch)
+    elif hasattr(getattr(loader, "batch_sampler", None), "set_epoch"):
+        loader.batch_sampler.set_epoch(epoch)
 
 
 def seed_worker(worker_id: int) -> None:

@@ -24,9 +24,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from pipelines.checkpoints import (best_epoch_saved, best_path, checkpoint_history, checkpoint_matches, load_best,
-                                   load_checkpoint, loader_generators, save_best, save_checkpoint)
+                                   load_checkpoint, loader_generators, read_metadata, save_best, save_checkpoint)
 from pipelines.data import LoadFailure, Manifest
-from pipelines.errors import ConfigError
+from pipelines.collectives import host, main_decides
+from pipelines.errors import ConfigError, UserInputError
 from pipelines.params import param
 from pipelines.progress import progress
 from pipelines.runtime import resolve_device, resolve_dtype, seed_everything
@@ -34,7 +35,7 @@ from pipelines.training.batchnorm import global_batchnorm
 from pipelines.training.epoch_log import EpochLog
 from pipelines.training.loaders import (ImageRows, PooledRows, PooledTensorBatches, TensorBatches, aux_batch_size,
                                         aux_labels, collate_pooled, cycle, make_loader, manifest_labels, set_epoch,
-                                        target_values)
+                                        share_loader, target_values)
 from pipelines.training.objectives import PRIMARY, CrossEntropy, Objective, Pass, TrainBatch
 from pipelines.training.schedule import describe, make_scheduler
 from pipelines.training.settings import TrainSettings
@@ -254,8 +255,9 @@ def second_adam_step(optimizer: Any, params: Sequence[nn.Parameter], lr: float) 
 
 class _Loop:
     """One training run under accelerate. Image loaders hand each process its share of every global batch
-    (`split_batches`), so the steps, the schedule and (with `sync_bn`) the weights do not depend on the number of
-    processes; cached-feature batches stay whole on every process."""
+    (`loaders.ShareBatches`: the last partial batch shared too, no row repeated) and each process's loss is weighted
+    by its share of the batch's real rows (`share_weight`), so the steps, the schedule and (with `sync_bn`) the
+    weights do not depend on the number of processes; cached-feature batches stay whole on every process."""
 
     def __init__(self, model: nn.Module, objective: Objective, loaders: tuple[Any, Any, Any, Any],
                  targets: tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]],
@@ -285,8 +287,16 @@ class _Loop:
         step_module = _Step(model, objective, compiled=settings.compile)
         optimizer = _optimizer(step_module, objective, settings.lr, settings.weight_decay)
         self.step_module, self.optimizer = self.acc.prepare(step_module, optimizer)
-        self.train, self.aux, self.val, self.test = (self.acc.prepare(x) if isinstance(x, DataLoader) else x
-                                                     for x in loaders)
+        prepare = lambda x: self.acc.prepare(x) if isinstance(x, DataLoader) else x  # noqa: E731
+        self.val, self.test = prepare(loaders[2]), prepare(loaders[3])
+        # training image loaders: each process draws its share of every global batch, the last one too, never a
+        # repeated row (`ShareBatches`); the passes over every row keep accelerate's loaders (gathered, deduplicated)
+        self.shared = self.acc.num_processes > 1 and isinstance(loaders[0], DataLoader)
+        share = lambda x: share_loader(x, self.acc.process_index, self.acc.num_processes)  # noqa: E731
+        self.train, self.aux = ((share(x) if self.shared and isinstance(x, DataLoader) else prepare(x))
+                                for x in loaders[:2])
+        self.pass_train, self.pass_aux = ((prepare(x) if self.shared else y) for x, y in zip(loaders[:2],
+                                                                                             (self.train, self.aux)))
         self.train_targets, self.val_targets, self.test_targets = targets
         # one schedule step per optimiser step; with split batches every process takes every global step
         self.batches = len(self.train)
@@ -312,7 +322,7 @@ class _Loop:
         """The model's outputs on every ID-train (and aux) row, for calibration and per-epoch passes."""
         inner = self.acc.unwrap_model(self.step_module)
         inner.eval()
-        id_loader, aux_loader = _pass_loaders(self.train, self.aux, self.objective.pooled)
+        id_loader, aux_loader = _pass_loaders(self.pass_train, self.pass_aux, self.objective.pooled)
         id_pass = _all_outputs(inner.model, id_loader, self.inputs, self.acc)
         return (id_pass,
                 (_all_outputs(inner.model, aux_loader, self.inputs, self.acc) if aux_loader is not None else None))
@@ -361,7 +371,7 @@ class _Loop:
             with self.acc.autocast():
                 loss = self.step_module(batch)
             self.optimizer.zero_grad(set_to_none=True)
-            self.acc.backward(loss)
+            self.acc.backward(loss * self.share_weight(batch.n_id))
             self.optimizer.step()
             if self.twice and not self.acc.optimizer_step_was_skipped:
                 second_adam_step(self.optimizer, self.twice, self.s.lr)
@@ -378,6 +388,14 @@ class _Loop:
             raise RuntimeError(f"{self.s.desc} epoch {epoch + 1}: no optimiser step (every training batch failed to "
                                "load)")
         return {"epoch": epoch + 1, "loss": total / count if count else math.nan, "lr": self.scheduler.get_last_lr()[0]}
+
+    def share_weight(self, rows: int) -> float:
+        """The factor on this process's mean loss that makes the gradient (DDP averages the processes') the mean over
+        the global batch's real rows: rows x processes / global rows, 1.0 for equal shares (and one process)."""
+        if not self.shared:
+            return 1.0
+        total = self.acc.reduce(torch.tensor([float(rows)], dtype=torch.float64, device=self.device), "sum")
+        return rows * self.acc.num_processes / float(total.item())
 
     def batch(self, raw: dict[str, Any], aux_stream: Iterator[dict[str, Any]] | None, epoch: int,
               step: int) -> TrainBatch | None:
@@ -419,26 +437,39 @@ class _Loop:
         self.acc.wait_for_everyone()
 
     def resume(self) -> int:
-        """Epochs already done according to a matching checkpoint (0 without one); restores every state it holds. A run
-        that keeps its best epoch resumes only when the best epoch's weights are there: the best epoch of the saved
-        history is either the checkpoint's own epoch (its weights are rewritten from the restored state) or an earlier
-        one whose file `keep_best` wrote before any later checkpoint; otherwise training starts over (one warning)."""
-        if self.s.checkpoint is None or not checkpoint_matches(self.s.checkpoint, self.s.checkpoint_key):
+        """Epochs already done according to a matching checkpoint (0 without one); restores every state it holds. The
+        main process decides from its files whether and from which epoch (`_resumable`), and every process loads that
+        checkpoint: a process that read another epoch there (a folder not shared, NFS lag) stops in one line instead
+        of training out of step with the others."""
+        first = main_decides(self._resumable, "the training resume check")
+        if not first:
             return 0
-        if self.tracks_best:
-            history = checkpoint_history(self.s.checkpoint, self.s.checkpoint_key) or []
-            best, done = best_epoch(history), len(history)
-            found = best_epoch_saved(best_path(self.s.checkpoint), self.s.checkpoint_key)
-            if best is not None and best != done and found != best:
-                if self.acc.is_main_process:
-                    log.warning("[oodforge] %s does not hold the best epoch (%s) of %s (%s): training starts over",
-                                best_path(self.s.checkpoint), best, self.s.checkpoint,
-                                f"epoch {found}" if found else "no such file")
-                return 0
-        first = load_checkpoint(self.s.checkpoint, self.s.checkpoint_key, *self._saved())
+        loaded = load_checkpoint(self.s.checkpoint, self.s.checkpoint_key, *self._saved())
+        if loaded != first:
+            raise UserInputError(f"{self.s.checkpoint}: the main process resumes after epoch {first}, the process on "
+                                 f"{host()} read epoch {loaded or 'none'} there: the checkpoint must be in a folder "
+                                 "every process sees")
         if self.tracks_best:
             self.keep_best(first)
         return first
+
+    def _resumable(self) -> int:
+        """The epochs a matching checkpoint had done, 0 to start over. A run that keeps its best epoch resumes only
+        when the best epoch's weights are there: the best epoch of the saved history is either the checkpoint's own
+        epoch (its weights are rewritten from the restored state) or an earlier one whose file `keep_best` wrote
+        before any later checkpoint; otherwise training starts over (one warning)."""
+        if self.s.checkpoint is None or not checkpoint_matches(self.s.checkpoint, self.s.checkpoint_key):
+            return 0
+        history = checkpoint_history(self.s.checkpoint, self.s.checkpoint_key) or []
+        if self.tracks_best:
+            best, done = best_epoch(history), len(history)
+            found = best_epoch_saved(best_path(self.s.checkpoint), self.s.checkpoint_key)
+            if best is not None and best != done and found != best:
+                log.warning("[oodforge] %s does not hold the best epoch (%s) of %s (%s): training starts over",
+                            best_path(self.s.checkpoint), best, self.s.checkpoint,
+                            f"epoch {found}" if found else "no such file")
+                return 0
+        return int((read_metadata(self.s.checkpoint) or {}).get("epoch", 0))
 
     # -- the best epoch ------------------------------------------------------------------------------------------
     def keep_best(self, epochs_done: int) -> None:

@@ -58,3 +58,29 @@ def test_dry_run_writes_the_json_after_every_case_and_skips_what_the_budget_cann
     bench["main"](["--dry-run", "--sections", "zest", "--out", str(out), "--budget-s", "0"])
     skipped = json.loads((tmp_path / "gpu_dry_run.json").read_text())["sections"]["zest"]["cases"]
     assert [c["batch_size"] for c in skipped] == [1, 2] and all(c["skipped"].startswith("budget") for c in skipped)
+
+
+def test_the_default_plan_measures_every_section_within_the_budget(bench):
+    """From its own first guesses (one H200), the default run measures ZeST's one-at-a-time reference and batched
+    cases, both DIFFGUARD parts and the training case, and its planned cases fit the 7-minute budget (8 with start-up):
+    the later sections' cores are held back while ZeST runs."""
+    args = bench["parse_args"]([])
+    rows = bench["plan"](args)
+    runs = [r for r in rows if r["runs"]]
+    assert {r["section"] for r in runs} == {"zest", "diffguard", "train"}
+    zest = [r["case"] for r in runs if r["section"] == "zest"]
+    assert zest[0] == "sdpa build + one-at-a-time loop" and zest.count("sdpa") >= 2
+    assert [r["case"] for r in runs if r["section"] == "diffguard"] == ["pixel (ADM 256)", "latent (SD 1.5)"]
+    assert sum(r["estimate_s"] for r in runs) <= args.budget_s <= 8 * 60 - 60
+    assert any(not r["runs"] for r in rows if r["section"] == "zest")  # the rest of ZeST's sweep gives way
+
+
+def test_a_held_budget_keeps_the_later_sections_core(bench):
+    budget = bench["Budget"](300.0, {"diffguard-pixel": 90.0, "diffguard-latent": 60.0, "train-resnet50": 120.0,
+                                     "eager-case": 100.0})
+    budget.hold(["diffguard", "train"])
+    assert budget.held == 270.0
+    fits, why = budget.allows("eager-case", 1)
+    assert not fits and why.endswith("(270 s more held for the later sections)")
+    budget.hold([])
+    assert budget.allows("eager-case", 1)[0]

@@ -4,11 +4,13 @@ import logging
 import os
 import signal
 import socket
+import time
 
 import pytest
 
 from helpers.locks import start_holder as _holder
-from pipelines.locks import LOCK_NAME, FolderBusy, _start_time, folder_lock
+from pipelines import locks
+from pipelines.locks import LOCK_NAME, LOCK_STALE_S, FolderBusy, _start_time, folder_lock
 
 
 def test_a_live_holder_refuses_a_second_writer_in_one_line(tmp_path):
@@ -47,12 +49,31 @@ def test_a_reused_pid_is_not_taken_for_the_holder(tmp_path):
         assert json.loads((tmp_path / LOCK_NAME).read_text())["command"] == "new"
 
 
-def test_another_hosts_lock_is_never_taken_over(tmp_path):
-    (tmp_path / LOCK_NAME).write_text(json.dumps({"host": "elsewhere", "pid": 1, "command": "train", "since": 0}))
-    with pytest.raises(FolderBusy, match=f"another host's lock: once that run is over, delete .*{LOCK_NAME}"):
+def test_another_hosts_lock_is_kept_while_it_beats_and_taken_over_once_silent(tmp_path, caplog):
+    path = tmp_path / LOCK_NAME
+    path.write_text(json.dumps({"host": "elsewhere", "pid": 1, "command": "train", "since": 0}))
+    with pytest.raises(FolderBusy, match=r"another host's lock, refreshed \d+ s ago: it is taken over once not "
+                                         r"refreshed for 600 s"):
         with folder_lock(tmp_path, "here"):
             pass
-    assert json.loads((tmp_path / LOCK_NAME).read_text())["host"] == "elsewhere"
+    assert json.loads(path.read_text())["host"] == "elsewhere"
+    old = time.time() - LOCK_STALE_S - 5  # its holder stopped beating: the run is gone
+    os.utime(path, (old, old))
+    with caplog.at_level(logging.WARNING, logger="pipelines.locks"):
+        with folder_lock(tmp_path, "here"):
+            assert json.loads(path.read_text())["host"] == socket.gethostname()
+    assert "taking over the stale lock of pid 1 on elsewhere" in caplog.text
+
+
+def test_a_holder_refreshes_its_lock(tmp_path, monkeypatch):
+    monkeypatch.setattr(locks, "LOCK_BEAT_S", 0.02)
+    with folder_lock(tmp_path, "here") as path:
+        old = time.time() - 100
+        os.utime(path, (old, old))
+        deadline = time.monotonic() + 5
+        while time.time() - path.stat().st_mtime > 50 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert time.time() - path.stat().st_mtime < 50
 
 
 def test_waiting_takes_the_lock_once_the_holder_finishes(tmp_path):

@@ -88,3 +88,14 @@ def test_perceptual_metrics_from_weight_files(tmp_path):
     np.testing.assert_allclose(d, expected, rtol=1e-5)
     with pytest.raises(KeyError, match="lin0"):
         LPIPS(vgg)
+
+
+def test_distances_widen_to_float64_but_float32_on_mps():
+    """MPS has no float64: the distances' sums widen to float32 there (`.double()` would raise), float64 elsewhere."""
+    from types import SimpleNamespace
+
+    from detectors.generative.distances import _wide
+
+    assert _wide(torch.ones(2, dtype=torch.float16)).dtype == torch.float64
+    on_mps = SimpleNamespace(device=torch.device("mps"), float=lambda: "float32", double=lambda: "float64")
+    assert _wide(on_mps) == "float32"

@@ -48,3 +48,27 @@ class BlockingMSP(Detector):
             while not (Path(folder) / "release").exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
         return batch.logits.max(1).astype(np.float64)
+
+
+@register_detector("plugin_die")
+class DyingMSP(Detector):
+    """Max logit whose fit, while $PLUGIN_DIE names a folder without a `died` file, waits for the file
+    $PLUGIN_DIE_AFTER (when set; up to 2 minutes), writes `died` and kills its own process (SIGKILL: no handler, no
+    cleanup), as a machine lost mid-run; the rerun then fits normally."""
+
+    family = "plugin"
+    inputs = frozenset({"logits"})
+
+    def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
+        import signal
+
+        folder = os.environ.get("PLUGIN_DIE")
+        if folder and not (Path(folder) / "died").exists():
+            after, deadline = os.environ.get("PLUGIN_DIE_AFTER"), time.monotonic() + 120
+            while after and not Path(after).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            (Path(folder) / "died").write_text(os.environ.get("RANK", "0"))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def _score(self, batch: FeatureSet) -> np.ndarray:
+        return batch.logits.max(1).astype(np.float64)

@@ -325,7 +325,7 @@ def test_process_count_warning(monkeypatch):
     assert warn(1) is None
     monkeypatch.setenv("ACCELERATE_USE_CPU", "True")  # what `accelerate launch --num_processes 2` leaves on CPU
     monkeypatch.setenv("MASTER_PORT", "29500")
-    assert "torchrun --nproc_per_node N" in warn(1)
+    assert "torchrun --nproc_per_node N" in warn(1) and "accelerate launch --multi_gpu --num_processes N" in warn(1)
 
 
 def test_manifest_names_never_leave_the_output_folder(digits, tmp_path):

@@ -1,0 +1,148 @@
+"""One decision for every process: what a collective depends on is decided by the main process and broadcast.
+
+Under `accelerate launch` / `torchrun`, each process reading the disk alone can see other files (a folder that is not
+shared, NFS lag): one process would skip a collective the others enter, and the run would hang. So whatever decides
+whether a collective runs (a cache reused, a unit finished, the pending items, the epoch a training resumes from) is
+computed once on the main process (`main_decides`) and every process follows it. A peer process that dies makes the
+next collective fail; `peer_guard` turns that failure into one line naming the peer (`PeerLost`), never into a
+result of the work that was running. Outside a multi-process run every helper is the identity.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+from typing import Any, Callable, Iterator, TypeVar
+
+from pipelines.errors import UserInputError
+
+T = TypeVar("T")
+
+# what gloo / NCCL / the TCP store say when the other end of a collective is gone
+_PEER_GONE = re.compile(r"connection (closed|reset) by peer|broken pipe|socket timeout|timed out|"
+                        r"NCCL communicator was aborted|recvBytes|Connection refused|DistNetworkError|"
+                        r"ProcessGroup.*(aborted|terminated)", re.IGNORECASE)
+_PEER_ADDRESS = re.compile(r"\[?(\d{1,3}(?:\.\d{1,3}){3}|[0-9a-f:]+:[0-9a-f:]*)\]?:(\d+)", re.IGNORECASE)
+
+
+_ALONE = False
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """Work inside runs on this process by itself (a unit given to one rank): `sharing()` is 1, so nothing inside
+    splits its rows across processes or enters a collective."""
+    global _ALONE
+    before, _ALONE = _ALONE, True
+    try:
+        yield
+    finally:
+        _ALONE = before
+
+
+def sharing() -> int:
+    """How many processes share the work now running: 1 inside `alone()`, else the number of processes."""
+    return 1 if _ALONE else world()[1]
+
+
+class PeerLost(UserInputError):
+    """A process of the run stopped (killed, out of memory, its machine gone): not the user's input, but reported
+    the same way, in one line; the finished work is kept and the same command resumes."""
+
+
+def world() -> tuple[int, int]:
+    """(rank, number of processes) of the torch.distributed group; (0, 1) outside one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def host() -> str:
+    """This machine's name as the run's messages give it (`OODFORGE_HOST` stands in for it in tests of several
+    nodes on one machine)."""
+    import os
+
+    return os.environ.get("OODFORGE_HOST") or socket.gethostname()
+
+
+def is_peer_lost(err: BaseException) -> bool:
+    """True when `err` is a collective failing because another process is gone (not an error of the work itself)."""
+    import torch.distributed as dist
+
+    backend_error = getattr(dist, "DistBackendError", None)
+    network_error = getattr(dist, "DistNetworkError", None)
+    if any(kind is not None and isinstance(err, kind) for kind in (backend_error, network_error)):
+        return True
+    return isinstance(err, RuntimeError) and bool(_PEER_GONE.search(str(err)))
+
+
+def peer_line(err: BaseException, what: str) -> str:
+    """One line for a lost peer: what was running, the peer's address when the library names it, how to resume."""
+    text = " ".join(str(err).split())
+    found = _PEER_ADDRESS.search(text)
+    peer = f"the peer process at {found.group(1)}:{found.group(2)}" if found else "a peer process"
+    rank, size = world()
+    return (f"{peer} stopped during {what} (this is rank {rank} of {size} on {host()}; {text[:160]}); finished work "
+            "is kept: rerun the same command to resume")
+
+
+@contextlib.contextmanager
+def peer_guard(what: str) -> Iterator[None]:
+    """Turn a collective's failure for a lost peer into `PeerLost` (one line); any other error passes unchanged."""
+    try:
+        yield
+    except PeerLost:
+        raise
+    except Exception as err:  # noqa: BLE001 - only a lost peer is translated; the rest is re-raised as it was
+        if is_peer_lost(err):
+            raise PeerLost(peer_line(err, what)) from err
+        raise
+
+
+def broadcast(value: T, what: str = "a broadcast") -> T:
+    """The main process's `value` on every process (`torch.distributed.broadcast_object_list`); `value` itself
+    with one process."""
+    rank, size = world()
+    if size == 1:
+        return value
+    import torch.distributed as dist
+
+    box = [value if rank == 0 else None]
+    with peer_guard(what):
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def main_decides(decide: Callable[[], T], what: str = "a decision") -> T:
+    """`decide()` computed on the main process only and broadcast: every process follows one decision, whatever
+    files it sees itself."""
+    rank, _ = world()
+    return broadcast(decide() if rank == 0 else None, what)
+
+
+def all_gather(value: Any, what: str = "a gather") -> list[Any]:
+    """Every process's `value` in rank order, on every process (`[value]` with one process)."""
+    rank, size = world()
+    if size == 1:
+        return [value]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * size
+    with peer_guard(what):
+        dist.all_gather_object(out, value)
+    return out
+
+
+def gather_to_main(value: Any, what: str = "a gather") -> list[Any] | None:
+    """Every process's `value` in rank order on the main process, None on the others (`[value]` with one process)."""
+    rank, size = world()
+    if size == 1:
+        return [value]
+    import torch.distributed as dist
+
+    out: list[Any] | None = [None] * size if rank == 0 else None
+    with peer_guard(what):
+        dist.gather_object(value, out, dst=0)
+    return out
