@@ -19,7 +19,7 @@ TOPS = ("pipelines/", "gen/", "detectors/", "oodforge/", "benchmarks/", "scripts
 REFERENCE_PATHS = ("configs/postprocessors/", "configs/pipelines/", "configs/networks/", "configs/datasets/",
                    "scripts/locoop/", "scripts/eval.sh", "scripts/eval_ood.py", "scripts/eval_opengan.sh",
                    "scripts/finetune.sh", "scripts/main.py", "scripts/train_with_aux_data.sh", "docs/text/index.md",
-                   "scripts/download/download.py", "scripts/eval_ood_imagenet.py")
+                   "scripts/download/download.py", "scripts/eval_ood_imagenet.py", "configs/detector/")
 """Files of the reference repositories (Open-Insect, OpenOOD, LoCoOp, tdwg/dwc) the pages cite by their own paths."""
 WRITTEN_BY_RUNS = ("benchmarks/scale_21k.json",)
 """Files a documented command writes (not in the repository until it runs)."""

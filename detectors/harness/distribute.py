@@ -18,10 +18,11 @@ import math
 from typing import Iterable
 
 from detectors.harness.plan import Unit
+from detectors.registry import FAMILIES
 from detectors.harness.runconfig import SHARD_FIT_ROWS
 
 EVERY = -1  # a unit every rank runs together
-FAMILY_COST = {"posthoc": 1.0, "clip": 4.0, "generative": 20.0, "training": 20.0}  # relative, per unit
+FAMILY_COST = dict.fromkeys(FAMILIES, 1.0) | {"clip": 4.0, "generative": 20.0, "training": 20.0}  # relative
 IMAGE_COST = 10.0  # times a family's cost for a detector that reads images (ODIN, GRAM: a model pass per set)
 
 

@@ -116,10 +116,9 @@ class ViM(Detector):
     label = "ViM"
     reference_code = "OpenOOD openood/postprocessors/vim_postprocessor.py"
     family = "posthoc"
-    # one rank fits it whole: its covariance multiplies in float32 (the reference's precision), so the sums depend on
-    # how the rows are chunked, and its principal-space split amplifies that (a 2-process shard moved scores by 2e-2
-    # relative on the digits data); unsharded, N processes give one process's bits
-    fits_from_shards = False
+    # not `fits_from_shards`: one rank fits it whole, since its covariance multiplies in float32 (the reference's
+    # precision), so the sums depend on how the rows are chunked, and its principal-space split amplifies that (a
+    # 2-process shard moved scores by 2e-2 relative on the digits data); unsharded, N processes give one process's bits
     inputs = frozenset({"features"})
     paper = "Wang et al., ViM: Out-Of-Distribution with Virtual-logit Matching, CVPR 2022"
 
