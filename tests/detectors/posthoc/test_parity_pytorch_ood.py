@@ -1,19 +1,17 @@
 """Post-hoc detectors against pytorch-ood 0.4 itself (`pip install --no-deps pytorch-ood==0.4.0`, .ci/parity_deps).
 
-pytorch-ood's package `__init__` imports torchvision (not installable beside CPU torch here); the fixture below puts a
-bare `pytorch_ood` package in sys.modules so that only `pytorch_ood.detector` (torch, numpy, scipy, sklearn) loads.
+pytorch-ood's package `__init__` imports torchvision (not installable beside CPU torch here); `helpers.pytorch_ood`
+puts a bare `pytorch_ood` package in sys.modules so that only `pytorch_ood.detector` (torch, numpy, scipy, sklearn)
+loads.
 Both sides see the same fixed float32 features, logits and head. pytorch-ood returns outlier scores (higher = more
 OOD), ours are ID scores, so ours = -theirs, up to the conventions noted per method.
 """
-import importlib.util
-import sys
-import types
-
 import numpy as np
 import pytest
 
 import detectors
 from detectors import FeatureSet, LinearHead
+from helpers.pytorch_ood import pytorch_ood_detector
 
 torch = pytest.importorskip("torch")
 N_TRAIN, N_TEST, D, C = 600, 80, 32, 5
@@ -21,16 +19,7 @@ N_TRAIN, N_TEST, D, C = 600, 80, 32, 5
 
 @pytest.fixture(scope="module")
 def pood():
-    if "pytorch_ood" not in sys.modules:
-        found = importlib.util.find_spec("pytorch_ood")
-        if found is None:
-            pytest.skip("pytorch-ood not installed (see .ci/parity_deps)")
-        package = types.ModuleType("pytorch_ood")
-        package.__path__ = list(found.submodule_search_locations)
-        sys.modules["pytorch_ood"] = package
-    import pytorch_ood.detector as module
-
-    return module
+    return pytorch_ood_detector()
 
 
 @pytest.fixture(scope="module")
