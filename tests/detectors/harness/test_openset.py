@@ -62,10 +62,12 @@ def test_results_rows_carry_the_reference_columns(digits, tmp_path):
                                                              id_val=feats["val"])
     view = {k: trained.transform(v) for k, v in feats.items()}
     ebo = build("ebo").fit(trained.transform(train.to_featureset()), head=trained.trained_head, id_val=view["val"])
-    cases = {"msp": (msp.score, feats), "logitnorm": (trained.score, feats), "logitnorm+ebo": (ebo.score, view)}
-    for method, (score, data) in cases.items():
-        test = Predictions(data["test"].logits.argmax(1), data["test"].labels)
-        val = Predictions(data["val"].logits.argmax(1), data["val"].labels)
+    # (score rule, its input, the classifier whose argmax gives the known-class predictions)
+    cases = {"msp": (msp.score, feats, feats), "logitnorm": (trained.score, feats, view),
+             "logitnorm+ebo": (ebo.score, view, view)}
+    for method, (score, data, classifier) in cases.items():
+        test = Predictions(classifier["test"].logits.argmax(1), classifier["test"].labels)
+        val = Predictions(classifier["val"].logits.argmax(1), classifier["val"].labels)
         theta = osa_threshold(score(data["val"]), score(data["texture"]), val.pred, val.labels)[1]
         expect = reference_metrics(score(data["test"]), score(data["digits_6_9"]), test, theta)
         _assert_row(rows.loc[method], expect)
