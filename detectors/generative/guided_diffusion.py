@@ -19,6 +19,7 @@ float32; a diffusers model cast to float16 runs them in float16 (the convolution
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -101,16 +102,51 @@ def attention_levels(flags: Mapping[str, Any]) -> list[bool]:
     return [2**level in factors for level in range(len(channel_mult(flags)))]
 
 
+def _heads(flags: dict[str, Any], width: int, upsampling: bool) -> int:
+    """ADM's head count of an attention block of `width` channels (create_model: `num_head_channels` when set, else
+    `num_heads`, or `num_heads_upsample` in the output blocks)."""
+    if int(flags["num_head_channels"]) != -1:
+        return width // int(flags["num_head_channels"])
+    if upsampling and int(flags["num_heads_upsample"]) != -1:
+        return int(flags["num_heads_upsample"])
+    return int(flags["num_heads"])
+
+
+def attention_heads(flags: Mapping[str, Any] | None = None) -> dict[str, int]:
+    """The `UNet2DModel` attention modules of `unet_config(flags)` -> ADM's head count for each."""
+    flags = resolve_flags(flags)
+    widths = [int(m * int(flags["num_channels"])) for m in channel_mult(flags)]
+    attention, blocks = attention_levels(flags), int(flags["num_res_blocks"])
+    out = {"mid_block.attentions.0": _heads(flags, widths[-1], False)}
+    for level, (width, attends) in enumerate(zip(widths, attention)):
+        if attends:
+            out.update({f"down_blocks.{level}.attentions.{j}": _heads(flags, width, False) for j in range(blocks)})
+    for u, level in enumerate(reversed(range(len(widths)))):
+        if attention[level]:
+            out.update({f"up_blocks.{u}.attentions.{i}": _heads(flags, widths[level], True)
+                        for i in range(blocks + 1)})
+    return out
+
+
 def _head_dim(flags: dict[str, Any], channels: list[int]) -> int:
+    """`UNet2DModel`'s one `attention_head_dim`: ADM's head size where all blocks share it; otherwise (`num_heads`
+    fixed over widths, as improved-diffusion's models) a size dividing every attended width, the per-block head
+    counts being set by `set_attention_heads`."""
     if int(flags["num_head_channels"]) != -1:
         return int(flags["num_head_channels"])
-    heads = {int(flags["num_heads"]),
-             int(flags["num_heads_upsample"]) if flags["num_heads_upsample"] != -1 else int(flags["num_heads"])}
-    dims = {c // h for c in channels for h in heads}
-    if len(dims) != 1:
-        raise ValueError(f"num_heads={flags['num_heads']} gives attention head sizes {sorted(dims)}; UNet2DModel has "
-                         "one head size for all attention blocks (set num_head_channels)")
-    return dims.pop()
+    dims = {c // h for c in channels for h in {_heads(flags, c, False), _heads(flags, c, True)}}
+    return dims.pop() if len(dims) == 1 else math.gcd(*channels)
+
+
+def set_attention_heads(unet: Any, flags: Mapping[str, Any] | None = None) -> Any:
+    """Give each attention module of `unet` ADM's head count (and scale 1 / sqrt(head size)): needed where head sizes
+    differ between blocks, which one `attention_head_dim` cannot say. Such a model saved as a diffusers folder reloads
+    with the placeholder heads: load it from its ADM checkpoint."""
+    for name, heads in attention_heads(flags).items():
+        attn = unet.get_submodule(name)
+        attn.heads = attn.sliceable_head_dim = heads
+        attn.scale = (attn.inner_dim // heads) ** -0.5
+    return unet
 
 
 def unet_config(flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -140,15 +176,16 @@ def unet_config(flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
 
 
 def build_unet(flags: Mapping[str, Any] | None = None, empty: bool = False):
-    """A `UNet2DModel` for `flags` with random weights (or, `empty=True`, on the meta device: no memory, for checks)."""
+    """A `UNet2DModel` for `flags` with random weights (or, `empty=True`, on the meta device: no memory, for checks),
+    with ADM's head count in every attention block."""
     from diffusers import UNet2DModel
 
     if not empty:
-        return UNet2DModel(**unet_config(flags))
+        return set_attention_heads(UNet2DModel(**unet_config(flags)), flags)
     from accelerate import init_empty_weights
 
     with init_empty_weights():
-        return UNet2DModel(**unet_config(flags))
+        return set_attention_heads(UNet2DModel(**unet_config(flags)), flags)
 
 
 # -- state-dict conversion ------------------------------------------------------------------------------------
@@ -214,7 +251,7 @@ def convert_state_dict(state: Mapping[str, torch.Tensor],
     Every source tensor must be used: an unmapped key raises (with the flags that probably do not match)."""
     flags = resolve_flags(flags)
     modules = _module_map(flags)
-    head_dim = unet_config(flags)["attention_head_dim"]
+    heads_of = attention_heads(flags)
     legacy = not flags["use_new_attention_order"]
     pattern = re.compile(r"^(.*)\.(weight|bias)$")
     grouped: dict[str, dict[str, torch.Tensor]] = {}
@@ -244,9 +281,8 @@ def convert_state_dict(state: Mapping[str, torch.Tensor],
                 for name, tensor in params.items():
                     out[f"{target}.group_norm.{name}"] = tensor
             elif sub == "qkv":
-                heads = params["weight"].shape[1] // head_dim
                 for part, (w, b) in zip(("to_q", "to_k", "to_v"),
-                                        _split_qkv(params["weight"], params["bias"], heads, legacy)):
+                                        _split_qkv(params["weight"], params["bias"], heads_of[target], legacy)):
                     out[f"{target}.{part}.weight"], out[f"{target}.{part}.bias"] = w.contiguous(), b.contiguous()
             elif sub == "proj_out":
                 out[f"{target}.to_out.0.weight"] = params["weight"].reshape(params["weight"].shape[:2]).contiguous()
