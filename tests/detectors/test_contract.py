@@ -40,6 +40,7 @@ FAST: dict[str, dict[str, Any]] = {
     "diffguard": {"steps": 6, "max_inversion_steps": 4, "n_crops": 2, "early_stop_similarity": None,
                   "early_stop_psnr": 15.0, "distance": "ssim"},
     "udg": {"num_clusters": 4, "pca_dim": 3},
+    "diffpath": {"steps": 2, "gmm_components": [1, 2], "cv_folds": 2, "n_jobs": 1},
 }
 
 
@@ -106,7 +107,7 @@ def runtime(cls: type[detectors.Detector], world: dict[str, Any]) -> dict[str, A
 
 def models(cls: type[detectors.Detector], world: dict[str, Any]) -> dict[str, Any]:
     """Model hyperparameters pointing at the tiny models (saved in config.json, so not passed again on load)."""
-    return {"unet_id": world["unet"]} if cls.name == "diffguard" else {}
+    return {"unet_id": world["unet"]} if cls.name in ("diffguard", "diffpath") else {}
 
 
 def fit_inputs(det: detectors.Detector, world: dict[str, Any]) -> tuple[Any, dict[str, Any], Any]:
