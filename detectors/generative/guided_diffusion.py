@@ -11,7 +11,9 @@ model's layout, and `load_adm_checkpoint(path)` does both. Equivalences this rel
   `up`/`down` (nearest upsampling / 2x2 average pooling after the first norm+SiLU, on both branches);
 - AttentionBlock: the fused 1x1 `qkv` convolution becomes `to_q`/`to_k`/`to_v`; the legacy order
   (`use_new_attention_order=False`, all released checkpoints) interleaves channels per head as [q_h, k_h, v_h];
-  every attention block (the middle one too) has its own 32-group norm (`attn_norm_num_groups=32`);
+  every attention block (the middle one too) has its own 32-group norm (`attn_norm_num_groups=32`); a fixed
+  `num_heads` over several widths (improved-diffusion's checkpoints, whose layout guided-diffusion kept) gives head
+  sizes that differ between blocks: `set_attention_heads` sets each block's head count after the model is built;
 - learned sigma: 6 output channels, the first 3 are epsilon.
 
 ADM's `use_fp16` keeps the time embedding, the embedding projections, the norms' arithmetic and the output head in

@@ -227,3 +227,16 @@ def test_edges_empty_single_and_uneven_batches(official, images, tmp_path):
     np.testing.assert_allclose(again.score(ImageSet(images=images)), six.score(ImageSet(images=images)), rtol=1e-12)
     with pytest.raises(ValueError, match="does not exist"):
         DiffPath.check_files({"unet_id": str(tmp_path / "absent.pt")})
+
+
+def test_the_references_row_names_the_class_facts():
+    """docs/references.md's `diffpath` row names every reference file the class names, and the paper's label."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "references.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| `diffpath` |")]
+    assert len(rows) == 1
+    files = [token.strip(",") for token in DiffPath.reference_code.split() if token.endswith((".py", ".py,"))]
+    assert files and all(f in rows[0] for f in files)
+    assert DiffPath.reference_code.split()[0] in rows[0] and "6f92000" in rows[0]
+    assert DiffPath.label == "DiffPath" and "NeurIPS 2024" in DiffPath.paper
