@@ -240,3 +240,30 @@ def test_the_references_row_names_the_class_facts():
     assert files and all(f in rows[0] for f in files)
     assert DiffPath.reference_code.split()[0] in rows[0] and "6f92000" in rows[0]
     assert DiffPath.label == "DiffPath" and "NeurIPS 2024" in DiffPath.paper
+
+
+def test_statistics_equal_the_official_codes_golden(tmp_path):
+    """tests/helpers/diffpath_official.py ran the official code (its model, loop and statistic lines) at the official
+    10 steps; the same seeded weights, rebuilt from OpenAI's UNet's tensor names and shapes, through our loader."""
+    import json
+    from pathlib import Path
+
+    from helpers.diffpath_official import GOLDEN, images, seeded_state
+
+    golden = json.loads(Path(GOLDEN).read_text())
+    official_flags = golden["flags"]
+    flags = {k: official_flags[k] for k in ("image_size", "num_channels", "num_res_blocks", "num_heads",
+                                           "num_heads_upsample", "attention_resolutions", "dropout", "learn_sigma",
+                                           "class_cond", "use_scale_shift_norm", "diffusion_steps", "noise_schedule")}
+    shapes = {k: tuple(v.shape) for k, v in official_unet(flags, empty=True).state_dict().items()}
+    assert sum(math.prod(s) for s in shapes.values()) == golden["n_parameters"]
+    torch.save(seeded_state(shapes), tmp_path / "tiny.pt")
+    pictures = [Image.fromarray(a) for a in images()]
+    got = detector(tmp_path / "tiny.pt", adm_flags=flags, steps=golden["steps"]).statistics(ImageSet(images=pictures))
+    expected = np.stack([golden["statistics"][name] for name in STATISTICS], axis=1)
+    # float32 sums there: the signed sums of eps and deps/dt cancel, so they are measured against the sums of |.|
+    scale = np.abs(expected).max(0)
+    for signed, magnitude in (("eps_sum", "eps_sum_abs"), ("deps_dt", "deps_dt_abs")):
+        scale[STATISTICS.index(signed)] = scale[STATISTICS.index(magnitude)]
+    assert_statistics_close(got, expected, rtol=1e-4, scale=scale)
+    assert np.abs(expected[:, STATISTICS.index("deps_dt_sq")]).min() > 1.0  # a path that moves
