@@ -256,9 +256,13 @@ class DiffPath(Detector):
 
     @classmethod
     def check_files(cls, params: dict[str, Any]) -> None:
-        """The checkpoint `unet_id` names must exist (a folder or hub id is left to the loader)."""
+        """The plan's check: `unet_id` is given and, a checkpoint file, exists (a folder or hub id is left to the
+        loader)."""
         unet = params.get("unet_id")
-        if unet is not None and Path(str(unet)).suffix in CHECKPOINT_SUFFIXES and not Path(str(unet)).is_file():
+        if unet is None:
+            raise ValueError(f"unet_id: none given; diffpath needs the official model {DEFAULT_CHECKPOINT} "
+                             f"({CHECKPOINT_URL})")
+        if Path(str(unet)).suffix in CHECKPOINT_SUFFIXES and not Path(str(unet)).is_file():
             raise ValueError(f"unet_id: {unet} does not exist (the official model: {CHECKPOINT_URL})")
 
     def batch_identity(self) -> dict[str, Any]:

@@ -227,6 +227,9 @@ def test_edges_empty_single_and_uneven_batches(official, images, tmp_path):
     np.testing.assert_allclose(again.score(ImageSet(images=images)), six.score(ImageSet(images=images)), rtol=1e-12)
     with pytest.raises(ValueError, match="does not exist"):
         DiffPath.check_files({"unet_id": str(tmp_path / "absent.pt")})
+    with pytest.raises(ValueError, match="imagenet64_uncond_100M_1500K.pt"):
+        DiffPath.check_files({"unet_id": None})
+    DiffPath.check_files({"unet_id": str(path)})
 
 
 def test_the_references_row_names_the_class_facts():
