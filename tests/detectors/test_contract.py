@@ -41,6 +41,8 @@ FAST: dict[str, dict[str, Any]] = {
                "adjectives": ["shiny", "wooden", "tiny", "blue"], "n_negatives": 6, "ngroup": 2},
     "oodd": {"words": ["apple", "boat", "cloud", "dog", "egg", "fish", "goat", "hat", "ice", "jar"],
              "adjectives": ["shiny", "wooden", "tiny", "blue"], "ngroup": 2, "neg_fraction": 0.5},
+    "negrefine": {"negative_nouns": ["apple", "boat", "cloud", "dog"], "negative_adjectives": ["wooden object"],
+                  "ngroup": 2},
     "csp": {"words": ["apple", "boat", "cloud", "dog", "egg", "fish", "goat", "hat", "ice", "jar"],
             "adjectives": ["shiny", "wooden", "tiny", "blue"], "ngroup": 2, "neg_fraction": 0.5},
     "diffguard": {"steps": 6, "max_inversion_steps": 4, "n_crops": 2, "early_stop_similarity": None,
