@@ -62,7 +62,7 @@ def group_permutation(n_neg: int, ngroup: int, seed: int = 0) -> torch.Tensor:
 
 def grouped_id_mass(logits: torch.Tensor, n_cls: int, ngroup: int, order: torch.Tensor) -> torch.Tensor:
     """Mean over `ngroup` groups of the ID mass of softmax([ID logits, one group's negative logits]) (:802-809)."""
-    neg = logits[:, n_cls:][:, order].reshape(len(logits), ngroup, -1)
+    neg = logits[:, n_cls:][:, order].reshape(len(logits), ngroup, len(order) // ngroup)
     full = torch.cat([logits[:, None, :n_cls].expand(-1, ngroup, -1), neg], dim=-1)
     return torch.softmax(full, dim=-1)[..., :n_cls].sum(-1).mean(-1)
 

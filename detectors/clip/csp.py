@@ -64,7 +64,8 @@ class CSP(NegLabel):
     the mean of the raw embeddings of 8 prompts, renormalised; each adjective conjugated with one of 14 superclass
     words (Python `random`, seed 0) and embedded as the mean over 4 prompts; per part the 15% of candidates with the
     lowest 0.95-quantile cosine to the ID classes (those with a cosine above 0.95 last); score as NegLabel's at
-    T = 0.01 (logits 100 cos, t = 1), 100 groups, seed 0. `words` / `adjectives` replace WordNet as in NegLabel."""
+    T = 0.01 (logits 100 cos, t = 1), 100 groups, seed 0. `words` / `adjectives` replace WordNet as in NegLabel;
+    NegLabel's `adj_template` is unused (conjugated labels take `conjugate_templates`)."""
 
     label = "CSP"
     paper = ("Chen et al., Conjugated Semantic Pool Improves OOD Detection with Pre-trained Vision-Language Models, "

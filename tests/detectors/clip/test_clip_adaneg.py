@@ -189,6 +189,9 @@ def test_one_id_class_and_an_empty_set(backbone):
     hand, _ = hand_stream(hf_images(backbone, images), text, 1, 100.0, 2, 2, 0.5, 0.0, 0.3, 5.0, False, "combine", 4)
     np.testing.assert_allclose(got, hand, rtol=1e-4, atol=1e-6)
     assert det.score(ImageSet(images=[])).shape == (0,)
+    none = detectors.build("adaneg", model=backbone, class_names=CLASSES, words=NOUNS, adjectives=ADJS,
+                           **{**SETTINGS, "n_negatives": 0})
+    np.testing.assert_allclose(none.score(ImageSet(images=images)), 1.3)  # no negative: ID mass 1 + 0.3 x 1
 
 
 def test_a_full_memory_replaces_its_last_highest_entropy_slot():
