@@ -17,10 +17,13 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TOPS = ("pipelines/", "gen/", "detectors/", "oodforge/", "benchmarks/", "scripts/", "configs/", "tests/", "docs/",
         ".ci/")
 REFERENCE_PATHS = ("configs/postprocessors/", "configs/pipelines/", "configs/networks/", "configs/datasets/",
-                   "scripts/locoop/", "scripts/eval.sh", "scripts/eval_ood.py", "scripts/eval_opengan.sh",
-                   "scripts/finetune.sh", "scripts/main.py", "scripts/train_with_aux_data.sh", "docs/text/index.md",
-                   "scripts/download/download.py", "scripts/eval_ood_imagenet.py", "configs/detector/")
-"""Files of the reference repositories (Open-Insect, OpenOOD, LoCoOp, tdwg/dwc) the pages cite by their own paths."""
+                   "scripts/locoop/", "scripts/ood/", "scripts/eval.sh", "scripts/eval_ood.py",
+                   "scripts/eval_opengan.sh", "scripts/finetune.sh", "scripts/main.py",
+                   "scripts/train_with_aux_data.sh", "docs/text/index.md",
+                   "scripts/download/download.py", "scripts/eval_ood_imagenet.py", "configs/detector/",
+                   "scripts/imagenet.sh")
+"""Files of the reference repositories (Open-Insect, OpenOOD, LoCoOp, OpenOOD-VLM, NegRefine, tdwg/dwc) the pages
+cite by their own paths."""
 WRITTEN_BY_RUNS = ("benchmarks/scale_21k.json",)
 """Files a documented command writes (not in the repository until it runs)."""
 INVOCATION = re.compile(r"(?:python -m oodforge|oodforge|python scripts/(?P<script>\w+)\.py)\s+(?P<rest>[^`\n;&|]*)")

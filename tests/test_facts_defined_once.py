@@ -229,6 +229,13 @@ def _assigned(tree: ast.Module, qualname: str) -> set[str]:
 _NOT_INHERITED = object()
 
 
+def _default(field: typing.Any) -> typing.Any:
+    """A dataclass field's default, a list or dict default made by its factory."""
+    if field.default is not dataclasses.MISSING or field.default_factory is dataclasses.MISSING:
+        return field.default
+    return field.default_factory()
+
+
 def _restated(cls: type, names: set[str]) -> list[str]:
     """Which of the class attributes `names` (assigned in `cls`'s body) equal what `cls` inherits, and which of its
     `Params` fields (declared in its own Params) equal the inherited Params' field (type, default, doc, range)."""
@@ -242,7 +249,7 @@ def _restated(cls: type, names: set[str]) -> list[str]:
         own, inherited = params.fields(), parent.fields()
         for field in params.__dict__.get("__annotations__", {}):
             if field in inherited and params.hints()[field] == parent.hints()[field] \
-                    and own[field].default == inherited[field].default \
+                    and _default(own[field]) == _default(inherited[field]) \
                     and dict(own[field].metadata) == dict(inherited[field].metadata):
                 out.append(f"Params.{field}")
     return out

@@ -152,14 +152,15 @@ class ClipBackbone:
         return projection(pooled)
 
     @torch.inference_mode()
-    def encode_texts(self, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
-        """L2-normalised text embeddings [T,P] (float32) of plain texts."""
+    def encode_texts(self, texts: Sequence[str], batch_size: int = 256, normalize: bool = True) -> torch.Tensor:
+        """Text embeddings [T,P] (float32) of plain texts, L2-normalised unless `normalize=False` (CSP averages the
+        raw embeddings of a prompt ensemble)."""
         out = []
         for start in range(0, len(texts), batch_size):
             ids = self.tokenize(texts[start:start + batch_size])
             with self.autocast():
                 emb = self.text_from_embeddings(self.token_embeddings(ids), self.eot_index(ids))
-            out.append(F.normalize(emb.float(), dim=-1))
+            out.append(F.normalize(emb.float(), dim=-1) if normalize else emb.float())
         return torch.cat(out)
 
     def encode_class_prompts(self, class_names: Sequence[str],

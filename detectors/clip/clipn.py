@@ -146,6 +146,7 @@ class CLIPN(ClipDetector):
     same caption as matched (the official identity when captions are unique), `match="index"` is the identity."""
 
     label = "CLIPN"
+    reference_code = "xmed-lab/CLIPN src/open_clip/loss.py"
     trains_across_processes = True  # its "no" tower trains under accelerate on every process together
     paper = "Wang et al., CLIPN for Zero-Shot OOD Detection: Teaching CLIP to Say No, ICCV 2023"
 

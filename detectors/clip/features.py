@@ -91,6 +91,9 @@ def compute_image_features(backbone: ClipBackbone, images: ImageSet, batch_size:
         globals_.append(g.float().cpu())
         if local:
             locals_.append(l.to(torch.float16).cpu())
+    if not globals_:  # an empty set: [0, P] embeddings, so that every score is an empty array
+        dim = backbone.model.config.projection_dim
+        return ClipImageFeatures(torch.zeros(0, dim), torch.zeros(0, 0, dim, dtype=torch.float16) if local else None)
     return ClipImageFeatures(torch.cat(globals_), torch.cat(locals_) if local else None)
 
 

@@ -99,6 +99,7 @@ class IDLike(PromptDetector):
     CLIP's logit scale 100, as the official test)."""
 
     label = "ID-like"
+    reference_code = "the authors' ID-like code utils/id_like.py"
     paper = "Bai et al., ID-like Prompt Learning for Few-Shot Out-of-Distribution Detection, CVPR 2024"
 
     @dataclass(frozen=True)

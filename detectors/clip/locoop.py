@@ -28,6 +28,7 @@ class LoCoOp(PromptDetector):
     """
 
     label = "LoCoOp"
+    reference_code = "AtsuMiyai/LoCoOp trainers/locoop.py"
     reads_patches = True
 
     reads_train_features = True

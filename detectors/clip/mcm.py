@@ -23,6 +23,7 @@ class MCM(ClipDetector):
     variant or CLIP's 80-template ensemble are options through `templates`)."""
 
     label = "MCM"
+    reference_code = "deeplearning-wisc/MCM utils/detection_util.py"
     paper = "Ming et al., Delving into Out-of-Distribution Detection with Vision-Language Representations, NeurIPS 2022"
 
     @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class GLMCM(ClipDetector):
     """s = MCM(global) + lambda * max over patches of MCM(local), lambda = 1 (0.5 in a later version of the paper)."""
 
     label = "GL-MCM"
+    reference_code = "AtsuMiyai/GL-MCM utils/detection_util.py"
     reads_patches = True
 
     paper = ("Miyai et al., Zero-Shot In-Distribution Detection in Multi-Object Settings Using Vision-Language "

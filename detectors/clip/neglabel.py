@@ -54,6 +54,7 @@ class NegLabel(ClipDetector):
     """
 
     label = "NegLabel"
+    reference_code = "XueJiang16/NegLabel mmcls/models/ood/clip_ood.py"
     paper = "Jiang et al., Negative Label Guided OOD Detection with Pretrained Vision-Language Models, ICLR 2024"
 
     @dataclass(frozen=True)

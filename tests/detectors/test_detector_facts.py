@@ -81,10 +81,11 @@ def test_an_unknown_protocol_on_a_class_is_refused(monkeypatch):
         protocols._classes()
 
 
-def test_every_posthoc_reference_is_the_docs_row():
-    """docs/references.md names each post-hoc method's reference file, as its class does."""
-    text = (DOCS / "references.md").read_text()
-    for name in detectors.available("posthoc"):
+def test_every_posthoc_and_clip_reference_is_the_docs_row():
+    """docs/references.md names each post-hoc and CLIP method's reference file, as its class does (the CLIP methods
+    of clip.md's table, MCM to CLIPN, are found there)."""
+    text = (DOCS / "references.md").read_text() + "\n" + (DOCS / "clip.md").read_text()
+    for name in detectors.available("posthoc") + detectors.available("clip"):
         cls = detector_class(name)
         assert cls.reference_code, name
         rows = [line for line in text.splitlines() if line.startswith("|") and f"`{name}`" in line.split("|")[1]]
