@@ -32,13 +32,15 @@ def show(path: str) -> str:
                           capture_output=True, text=True).stdout
 
 
-def load(module: str):
-    """`openood.postprocessors.<module>` from COMMIT (with the files it imports), imported from a temporary tree."""
+def load(module: str, extra: tuple[str, ...] = ()):
+    """`openood.postprocessors.<module>` from COMMIT (with the support files and the `extra` paths it imports),
+    imported from a temporary tree."""
     root = Path(tempfile.mkdtemp(prefix="openood_ref_"))
-    for package in ("openood", "openood/utils", "openood/postprocessors"):
+    files = (*SUPPORT, *extra, f"openood/postprocessors/{module}.py")
+    for package in sorted({str(Path(path).parent) for path in files} | {"openood"}):
         (root / package).mkdir(parents=True, exist_ok=True)
         (root / package / "__init__.py").write_text("")
-    for path in (*SUPPORT, f"openood/postprocessors/{module}.py"):
+    for path in files:
         (root / path).write_text(show(path))
     sys.path.insert(0, str(root))
     return importlib.import_module(f"openood.postprocessors.{module}")
