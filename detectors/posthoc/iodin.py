@@ -55,8 +55,8 @@ class IODIN(ODIN):
                                              "(OpenOOD on a named benchmark), 0.5 for a dataset name missing from "
                                              "its table (odin_postprocessor.py:18-21)", gt=0)
 
-    search_space: dict[str, list[Any]] = {"temperature": [1, 10, 100, 1000], "noise": [0.0014, 0.0028]}  # iodin.yml:8-9
-    # protocol_defaults: ODIN's (the divisor comes from the ODIN __init__ the reference inherits)
+    # search_space: ODIN's (iodin.yml:8-9 sweeps the same grid); protocol_defaults: ODIN's (the divisor comes from
+    # the ODIN __init__ the reference inherits)
 
     def _chunk_scores(self, model: Any, x: torch.Tensor, temperature: float, noise: float) -> np.ndarray:
         perturbed = iodin_perturb(model, x, temperature, noise, self.params["grad_std"])
