@@ -53,12 +53,13 @@ def perturbed(x: torch.Tensor, grad: torch.Tensor, o: float) -> torch.Tensor:
 
 
 def shift_statistic(h: torch.Tensor, h_moved: torch.Tensor, k1: int, k2: int, lmbda: float) -> np.ndarray:
-    """Q' = sum of relu(h') at the k1 largest h + lmbda * sum of |h - h'| at the k2 largest h, float64."""
+    """Q' = sum of relu(h') at the k1 largest h + lmbda * sum of |h - h'| at the k2 largest h: the reference's float32
+    torch operations (`:69-77`, `:126-133`), so that an image scored again meets its own fit value exactly."""
     top1 = torch.topk(h, k1, dim=1)[1]
     top2 = torch.topk(h, k2, dim=1)[1]
-    moved = torch.relu(h_moved).gather(1, top1).double().sum(dim=1)
-    shift = (h - h_moved).abs().gather(1, top2).double().sum(dim=1)
-    return (moved + lmbda * shift).cpu().numpy()
+    moved = torch.gather(torch.relu(h_moved), 1, top1).sum(dim=1)
+    shift = torch.gather((h - h_moved).abs(), 1, top2).sum(dim=1)
+    return (moved + lmbda * shift).double().cpu().numpy()
 
 
 def adaptive_ratio(h: np.ndarray, percentiles: np.ndarray) -> np.ndarray:

@@ -118,6 +118,10 @@ def test_adascale_edges():
     # ties: a fit row scored again counts itself in the ECDF (<=); equal statistics get equal percentiles
     stats = det.fit_stats[[0, 0, -1]]
     np.testing.assert_allclose(det.percentiles(stats), [75 + (1 - 1 / 7) * 10, 75 + (1 - 1 / 7) * 10, 75.0])
+    # the fit images scored again meet their own statistics exactly: the ranks 1 ... n of the ECDF
+    whole = detectors.build("adascale_l", classifier=clf).fit(None, id_val=VAL)
+    ranks = np.sort(whole.percentiles(whole._passes(VAL)[1]))[::-1]
+    np.testing.assert_allclose(ranks, 75 + (1 - np.arange(1, 33) / 32) * 10)
     # the ratio keeps at least one activation; an all-non-positive row gets 1 (the reference: 0/0)
     np.testing.assert_allclose(adaptive_ratio(np.array([[1.0, 1.0, 1.0, 1.0], [-1.0, 0.0, -2.0, 0.0]]),
                                               np.array([99.0, 50.0])), [4.0, 1.0])
