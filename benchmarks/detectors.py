@@ -94,6 +94,7 @@ FLOPS: dict[str, FlopFormula] = {
     # CF-OOD: the reference set's own distance table, then each test row against it, float64
     "cfood": lambda s, d: {"fit": (0, 2.0 * len(d.ref) ** 2 * s["D"]),
                            "score": (0, 2.0 * s["M"] * len(d.ref) * s["D"])},
+    "vra": lambda s, d: {"fit": (0, 0), "score": (_head_projection(s), 0)},
     # MC dropout: `times` head projections
     "dropout": lambda s, d: {"fit": (0, 0), "score": (d.times * _head_projection(s), 0)},
 }
