@@ -24,7 +24,7 @@ from detectors.base import Detector
 from detectors.posthoc.common import logsumexp
 from detectors.posthoc.pixels import eval_mode, pixel_batches
 from detectors.registry import register_detector
-from pipelines.params import Params, param
+from pipelines.params import ParamError, Params, param
 from pipelines.runtime import resolve_device
 
 PERCENTILE_PAIRS = [[lo, hi] for lo in (60, 65, 70, 75, 80, 85, 90, 95) for hi in (65, 70, 75, 80, 85, 90, 95, 99)
@@ -97,6 +97,12 @@ class AdaScale(Detector):
         fit_split: Literal["id_val", "id_train"] = param("id_val", "the ID split the ECDF is fitted on (OpenOOD: its "
                                                          "'val' loader, adascale_postprocessor.py:31)")
 
+        def check(self, dims: dict[str, int] | None = None) -> None:
+            super().check(dims)
+            pair = list(self.percentile)
+            if len(pair) != 2 or not 0 < pair[0] <= pair[1] < 100:
+                raise ParamError("percentile", f"must be [lo, hi] with 0 < lo <= hi < 100, got {pair}")
+
     search_space = {"percentile": PERCENTILE_PAIRS, "k1": [5], "k2": [1], "lmbda": [10], "o": [0.05]}
     fit_inputs = frozenset({"id_val"})
     needs = frozenset({"classifier", "device"})
@@ -104,10 +110,6 @@ class AdaScale(Detector):
     def __init__(self, classifier: Any = None, batch_size: int = 32, device: str | None = None, **params: Any) -> None:
         """`classifier`: an ImageClassifier (forward -> (logits, features), its linear `head`); fp32 throughout."""
         super().__init__(**params)
-        lo, hi = (list(self.percentile) + [None, None])[:2]
-        if len(self.percentile) != 2 or not 0 < lo <= hi < 100:
-            raise ValueError(f"{self.name}: percentile must be [lo, hi] with 0 < lo <= hi < 100, got "
-                             f"{self.percentile}")
         self.classifier, self.batch_size, self.device = classifier, int(batch_size), device
 
     def _model(self) -> Any:

@@ -18,7 +18,7 @@ from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import logsumexp, model_precision, stored_features
 from detectors.registry import register_detector
-from pipelines.params import Params, param
+from pipelines.params import ParamError, Params, param
 
 
 @register_detector("vra")
@@ -40,14 +40,17 @@ class VRA(Detector):
         percentile_low: float = param(10, "activations below their p-th ID percentile are raised to it (vra.yml:6)",
                                       ge=0, le=100)
 
+        def check(self, dims: dict[str, int] | None = None) -> None:
+            super().check(dims)
+            if self.percentile_low > self.percentile_high:
+                raise ParamError("percentile_low", f"must not exceed percentile_high={self.percentile_high}, got "
+                                 f"{self.percentile_low}")
+
     fit_inputs = frozenset({"head", "id_val"})
     search_space = {"percentile_high": [85, 90, 95, 99], "percentile_low": [1, 5, 10, 15]}  # vra.yml:8-9
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        if self.percentile_low > self.percentile_high:
-            raise ValueError(f"vra: percentile_low={self.percentile_low} exceeds percentile_high="
-                             f"{self.percentile_high}")
         h = stored_features(id_train if id_val is None else id_val, self.name)
         dtype = model_precision(h[:0]).dtype
         self.low = streaming.percentile(h, self.percentile_low, dtype=dtype)

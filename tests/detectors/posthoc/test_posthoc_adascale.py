@@ -134,7 +134,9 @@ def test_adascale_edges():
     assert det.score(TEST[:0]).shape == (0,)
     with pytest.raises(ValueError, match="id_val"):
         detectors.build("adascale_a", classifier=clf).fit(VAL)
-    with pytest.raises(ValueError, match="percentile"):
+    with pytest.raises(ValueError, match="percentile must be"):
         detectors.build("adascale_a", percentile=[85, 75])
+    with pytest.raises(ValueError, match="percentile must be"):
+        detectors.detector_class("adascale_l").check_params({"percentile": [60, 100]})
     with pytest.raises(ValueError, match="classifier"):
         detectors.build("adascale_a").fit(None, id_val=VAL)

@@ -59,8 +59,10 @@ def test_vra_edges():
     assert _fitted().score(FeatureSet(TEST[:0])).shape == (0,)
     with pytest.raises(ValueError, match="empty"):
         _fitted(val=VAL[:0])
-    with pytest.raises(ValueError, match="exceeds"):
-        _fitted(percentile_high=10, percentile_low=90)
+    with pytest.raises(ValueError, match="percentile_low must not exceed"):
+        detectors.build("vra", percentile_high=10, percentile_low=90)
+    with pytest.raises(ValueError, match="percentile_low"):
+        detectors.detector_class("vra").check_params({"percentile_high": 10, "percentile_low": 90})
 
 
 def test_vra_round_trips(tmp_path):
