@@ -85,6 +85,18 @@ FLOPS: dict[str, FlopFormula] = {
     # group A: GradNorm projects through the head in float64; KLM's KL to C class templates is one [M,C] x [C,C] product
     "gradnorm": lambda s, d: {"fit": (0, 0), "score": (0, _head_projection(s))},
     "klm": lambda s, d: {"fit": (0, 0), "score": (0, 2.0 * s["M"] * s["C"] ** 2)},
+    # OpenOOD's post-hoc postprocessors (no pytorch-ood peer): Residual is ViM's fit without alpha's train pass
+    "residual": lambda s, d: {"fit": (0, 2.0 * s["C"] * s["D"] ** 2 + s["N"] * s["D"] ** 2
+                                      + _eigh(s["D"], _residual_width(d))),
+                              "score": (2.0 * s["M"] * s["D"] * _residual_width(d), 0)},
+    # RELATION: every test row against every banked training row, features and probabilities, float32
+    "relation": lambda s, d: {"fit": (0, 0), "score": (2.0 * s["M"] * s["N"] * (s["D"] + s["C"]), 0)},
+    # CF-OOD: the reference set's own distance table, then each test row against it, float64
+    "cfood": lambda s, d: {"fit": (0, 2.0 * len(d.ref) ** 2 * s["D"]),
+                           "score": (0, 2.0 * s["M"] * len(d.ref) * s["D"])},
+    "vra": lambda s, d: {"fit": (0, 0), "score": (_head_projection(s), 0)},
+    # MC dropout: `times` head projections
+    "dropout": lambda s, d: {"fit": (0, 0), "score": (d.times * _head_projection(s), 0)},
 }
 
 

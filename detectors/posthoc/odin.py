@@ -37,9 +37,14 @@ def odin_perturb(classifier: Any, pixel_values: torch.Tensor, temperature: float
                  grad_std: float | None = None) -> torch.Tensor:
     """The perturbed normalised input x - noise * sign(grad CE(f(x)/T, argmax f(x))) / s (sign(0) counts as +1), s the
     classifier's normalisation std per channel, or `grad_std` for every channel when given."""
-    std = getattr(classifier, "std", None) if grad_std is None else torch.tensor(float(grad_std))
-    if std is None:
-        raise AttributeError("odin: the classifier needs a `std` attribute (normalisation std, shape [1,3,1,1])")
+    x, grad = input_gradient(classifier, pixel_values, temperature)
+    return x - noise * sign_step(classifier, grad, grad_std)
+
+
+def input_gradient(classifier: Any, pixel_values: torch.Tensor,
+                   temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x detached, grad_x of T * CE(f(x)/T, argmax f(x))): the gradient ODIN's step takes the sign of (T times the
+    reference's, the same signs and ranking of magnitudes)."""
     x = pixel_values.detach().requires_grad_(True)
     with torch.enable_grad():
         logits = classifier(x)[0].float()
@@ -47,8 +52,16 @@ def odin_perturb(classifier: Any, pixel_values: torch.Tensor, temperature: float
         # T * CE(z / T) has the gradient sign of CE(z / T) and does not underflow in half precision
         loss = -temperature * torch.log_softmax(logits / temperature, dim=1).gather(1, pred).sum()
         (grad,) = torch.autograd.grad(loss, x)
-    step = torch.where(grad >= 0, 1.0, -1.0).to(x.dtype) / torch.as_tensor(std).to(device=x.device, dtype=x.dtype)
-    return x.detach() - noise * step
+    return x.detach(), grad
+
+
+def sign_step(classifier: Any, grad: torch.Tensor, grad_std: float | None = None) -> torch.Tensor:
+    """sign(grad) (sign(0) = +1) over the classifier's normalisation std per channel, or over `grad_std`."""
+    std = getattr(classifier, "std", None) if grad_std is None else torch.tensor(float(grad_std))
+    if std is None:
+        raise AttributeError("odin: the classifier needs a `std` attribute (normalisation std, shape [1,3,1,1])")
+    return torch.where(grad >= 0, 1.0, -1.0).to(grad.dtype) / torch.as_tensor(std).to(device=grad.device,
+                                                                                        dtype=grad.dtype)
 
 
 @register_detector("odin")
