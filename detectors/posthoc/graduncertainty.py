@@ -2,8 +2,8 @@
 linear head's weight and bias, in closed form from the penultimate features (no backward pass).
 
 pytorch-ood 0.4.0 `pytorch_ood/detector/graduncertainty.py` (no official code; its DetectorInfo names none) is the
-reference: `:172-175` the loss binary_cross_entropy(softmax(z), 1, reduction="sum") per sample, `:180-182` minus the
-sum over the selected parameters of the squared gradient entries (`param_filter`, `:118-122`; all parameters of the
+reference: `:152-155` the loss binary_cross_entropy(softmax(z), 1, reduction="sum") per sample, `:157-162` minus the
+sum over the selected parameters of the squared gradient entries (`param_filter`, `:137-141`; all parameters of the
 model it is given). With the head as that model (W, b):
 
     dL/dW = g h^T, dL/db = g  ->  ||dL/dW||^2 + ||dL/db||^2 = ||g||^2 (||h||^2 + 1),
