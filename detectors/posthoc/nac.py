@@ -40,6 +40,16 @@ def official_thresholds(m: int) -> np.ndarray:
     return np.append(x, 1.2)
 
 
+NACUE_EPS = 1e-6
+"""pytorch-ood's clamp of the states and the ends of its geometric bins."""
+
+
+def nacue_edges(m: int) -> torch.Tensor:
+    """pytorch-ood's `_bin_indices_geometric` edges: float32 logspace on [1e-6, 0.5], mirrored onto [0.5, 1 - 1e-6]."""
+    left = torch.logspace(torch.log10(torch.tensor(NACUE_EPS)), torch.log10(torch.tensor(0.5)), steps=m // 2 + 1)
+    return torch.cat([left, (1.0 - left.flip(0))[1:]])
+
+
 def balanced_subset(labels: np.ndarray, valid_num: int) -> np.ndarray:
     """The official TrainSubset rows: per class (in order of first appearance) its rows shuffled by
     np.random.RandomState(1), the first int(valid_num / K) of them (at most the smallest class's count; at least 1)."""
@@ -90,11 +100,12 @@ class NAC(Detector):
                 raise ValueError(f"{self.name}: valid_num needs training labels (its subset is class-balanced); "
                                  "valid_num: null counts every row")
             h = h[balanced_subset(np.asarray(id_train.labels).reshape(-1), self.valid_num)]
-        bins, valid = self._bins(h)
-        n, d = bins.shape
-        width = self._intervals()
-        flat = (np.arange(d)[None, :] * width + bins)[valid]
-        self.counts = np.bincount(flat, minlength=d * width).reshape(d, width).astype(np.int64)
+        columns, column_bin = self._columns(h)
+        d, width = h.shape[1], len(column_bin)
+        raw = torch.bincount(columns.view(-1), minlength=d * width).view(d, width).numpy()
+        kept = column_bin >= 0
+        self.counts = np.zeros((d, self._intervals()), np.int64)
+        np.add.at(self.counts.T, column_bin[kept], raw[:, kept].T)
 
     def _intervals(self) -> int:
         return self.m_bins - 1 if self.variant == "official" else self.m_bins
@@ -104,35 +115,48 @@ class NAC(Detector):
         x = torch.from_numpy(np.ascontiguousarray(h, dtype=np.float32))
         w = torch.from_numpy(np.ascontiguousarray(self.head.weight, dtype=np.float32))
         b = torch.from_numpy(np.ascontiguousarray(self.head.bias, dtype=np.float32))
-        z = x @ w.T + b
-        c = z.shape[1]
-        if self.variant == "official":  # d/dz of -mean_k log_softmax(z)_k
-            dz = torch.softmax(z, 1) - 1.0 / c
-            return 1 / (1 + torch.exp(-self.sig_alpha * (x * (dz @ w))))
-        p = torch.softmax(z, 1)  # d/dz of -mean_k log(p_k + 1e-12)
-        r = p / (p + 1e-12)
-        dz = -(r - p * r.sum(1, keepdim=True)) / c
-        return torch.sigmoid(self.sig_alpha * (x * (dz @ w)))
+        p = torch.softmax(x @ w.T + b, 1)
+        c = p.shape[1]
+        if self.variant == "official":  # d/dz of -mean_k log_softmax(z)_k; 1 / (1 + exp(-alpha o g))
+            g = (p - 1.0 / c) @ w
+            return g.mul_(x).mul_(-self.sig_alpha).exp_().add_(1).reciprocal_()
+        r = p / (p + 1e-12)  # d/dz of -mean_k log(p_k + 1e-12)
+        g = ((r - p * r.sum(1, keepdim=True)) / -c) @ w
+        return torch.sigmoid_(g.mul_(x).mul_(self.sig_alpha))
 
-    def _bins(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each (row, neuron)'s interval index and whether it falls in one."""
+    def _columns(self, h: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """(row, neuron) -> neuron * width + the state's column, from one bucketize pass over float32 boundaries that
+        hold every value where the reference's bin can change; and each column's bin (-1: outside every interval),
+        the reference's own rule applied to a value of that column. Official: the float64 thresholds rounded up to
+        float32 (a float32 state compares alike), intervals [t_i, t_i+1); pytorch-ood: NACUE's float32 edges and its
+        clamp to (1e-6, 1 - 1e-6), bins clamp(bucketize - 1, 0, m - 1)."""
         s = self._states(h)
         if self.variant == "official":
             t = official_thresholds(self.m_bins)
-            idx = np.searchsorted(t, s.double().numpy(), side="right") - 1
-            return np.clip(idx, 0, self.m_bins - 2), (idx >= 0) & (idx <= self.m_bins - 2)
-        eps, m = 1e-6, self.m_bins
-        left = torch.logspace(torch.log10(torch.tensor(eps)), torch.log10(torch.tensor(0.5)), steps=m // 2 + 1)
-        edges = torch.cat([left, (1.0 - left.flip(0))[1:]])
-        idx = (torch.bucketize(s.clamp(eps, 1 - eps), edges, right=False) - 1).clamp(0, m - 1).numpy()
-        return idx, np.ones(idx.shape, bool)
+            up = t.astype(np.float32)
+            bounds = np.where(up < t, np.nextafter(up, np.float32(np.inf)), up).astype(np.float32)
+            columns = torch.bucketize(s, torch.from_numpy(bounds), right=True)  # column c: bounds[c-1] <= s < bounds[c]
+            values = np.concatenate([[-np.inf], bounds]).astype(np.float64)
+            column_bin = np.searchsorted(t, values, side="right") - 1
+            column_bin[(column_bin < 0) | (column_bin > self.m_bins - 2)] = -1
+        else:
+            edges = nacue_edges(self.m_bins)
+            ends = torch.tensor([0.0, 1.0]).clamp(NACUE_EPS, 1 - NACUE_EPS)
+            bounds = torch.unique(torch.cat([edges, ends]))  # sorted
+            columns = torch.bucketize(s, bounds, right=False)  # column c: bounds[c-1] < s <= bounds[c]
+            values = torch.cat([bounds, torch.tensor([np.inf])]).clamp(NACUE_EPS, 1 - NACUE_EPS)
+            column_bin = (torch.bucketize(values, edges, right=False) - 1).clamp(0, self.m_bins - 1).numpy()
+        width = len(column_bin)
+        columns += torch.arange(0, s.shape[1] * width, width)
+        return columns, column_bin
 
     def _score(self, batch) -> np.ndarray:
         h = raw_features(batch, self.name)
-        bins, valid = self._bins(h)
+        columns, column_bin = self._columns(h)
         coverage = np.minimum(self.counts / np.float32(self.o_star), 1).astype(np.float32)
-        picked = np.where(valid, coverage[np.arange(h.shape[1])[None, :], bins], 0)
-        return picked.mean(1, dtype=np.float64)
+        table = np.where(column_bin >= 0, coverage[:, np.maximum(column_bin, 0)], np.float32(0))
+        picked = torch.take(torch.from_numpy(np.ascontiguousarray(table)), columns)
+        return picked.sum(1, dtype=torch.float64).numpy() / h.shape[1]
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "counts": self.counts}
