@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import raw_features
+from detectors.posthoc import streaming
+from detectors.posthoc.common import model_precision, stored_features
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
@@ -92,17 +93,20 @@ class NAC(Detector):
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        h = raw_features(id_train, self.name)
+        h = stored_features(id_train, self.name)
         if len(h) == 0:
             raise ValueError(f"{self.name}: no training features to count")
         if self.valid_num is not None:
             if id_train.labels is None:
                 raise ValueError(f"{self.name}: valid_num needs training labels (its subset is class-balanced); "
                                  "valid_num: null counts every row")
-            h = h[balanced_subset(np.asarray(id_train.labels).reshape(-1), self.valid_num)]
-        columns, column_bin = self._columns(h)
-        d, width = h.shape[1], len(column_bin)
-        raw = torch.bincount(columns.view(-1), minlength=d * width).view(d, width).numpy()
+            h = model_precision(h[np.sort(balanced_subset(np.asarray(id_train.labels).reshape(-1), self.valid_num))])
+        raw = 0
+        for _, block in streaming.chunks(h):  # the states of a chunk at a time (N x D of them, int64 columns)
+            columns, column_bin = self._columns(model_precision(block))
+            raw = raw + torch.bincount(columns.view(-1), minlength=columns.numel() // len(block) * len(column_bin))
+        d = h.shape[1]
+        raw = raw.view(d, len(column_bin)).numpy()
         kept = column_bin >= 0
         self.counts = np.zeros((d, self._intervals()), np.int64)
         np.add.at(self.counts.T, column_bin[kept], raw[:, kept].T)
@@ -151,12 +155,18 @@ class NAC(Detector):
         return columns, column_bin
 
     def _score(self, batch) -> np.ndarray:
-        h = raw_features(batch, self.name)
-        columns, column_bin = self._columns(h)
         coverage = np.minimum(self.counts / np.float32(self.o_star), 1).astype(np.float32)
-        table = np.where(column_bin >= 0, coverage[:, np.maximum(column_bin, 0)], np.float32(0))
-        picked = torch.take(torch.from_numpy(np.ascontiguousarray(table)), columns)
-        return picked.sum(1, dtype=torch.float64).numpy() / h.shape[1]
+        table = None
+
+        def rows(_, h: np.ndarray) -> np.ndarray:
+            nonlocal table
+            columns, column_bin = self._columns(model_precision(h))
+            if table is None:
+                table = torch.from_numpy(np.ascontiguousarray(
+                    np.where(column_bin >= 0, coverage[:, np.maximum(column_bin, 0)], np.float32(0))))
+            return torch.take(table, columns).sum(1, dtype=torch.float64).numpy() / h.shape[1]
+
+        return streaming.map_rows(rows, stored_features(batch, self.name))
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "counts": self.counts}

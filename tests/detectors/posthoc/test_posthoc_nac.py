@@ -7,6 +7,7 @@ import torch
 
 import detectors
 from detectors import FeatureSet, LinearHead
+from detectors.posthoc import streaming
 from detectors.posthoc.nac import balanced_subset, official_thresholds
 from helpers.pytorch_ood import pytorch_ood_detector
 
@@ -104,3 +105,9 @@ def test_nac_state_round_trip(tmp_path):
     det = detectors.build("nac").fit(FeatureSet(TRAIN, labels=LABELS), head=HEAD)
     again = detectors.detector_class("nac").from_pretrained(det.save_pretrained(tmp_path))
     np.testing.assert_array_equal(again.score(FeatureSet(TEST)), det.score(FeatureSet(TEST)))
+    with streaming.chunk_rows(7):  # fit and score a chunk of rows at a time: the same counts and scores
+        chunked = detectors.build("nac", valid_num=None).fit(FeatureSet(TRAIN), head=HEAD)
+        chunked_scores = chunked.score(FeatureSet(TEST))
+    whole = detectors.build("nac", valid_num=None).fit(FeatureSet(TRAIN), head=HEAD)
+    np.testing.assert_array_equal(chunked.counts, whole.counts)
+    np.testing.assert_allclose(chunked_scores, whole.score(FeatureSet(TEST)), rtol=1e-12)
