@@ -5,8 +5,8 @@ pytorch-ood `pytorch_ood/detector/mmahalanobis.py` is the reference (its Detecto
 alpha uniform by default, `:155-166` per layer the class means and the undivided within-class scatter plus 1e-6 I,
 inverted (`torch.linalg.inv`), `:175-190` each class's -0.5 d^2, `:214-224` the layer score -max_c(-0.5 d^2) times its
 alpha, summed (an outlier score: negated here, higher = more ID), `:244-247` maps averaged over H, W. Its layers are
-consecutive modules given by the caller; here `layers` indexes the classifier's maps (`hidden_states`: for a ResNet
-the stem and the four stages, every one by default, as Lee et al.'s `feature_list`). `mdsens` is the same family
+consecutive modules given by the caller; here `layers` indexes the classifier's maps (by default every one: for a
+ResNet's `hidden_states` the stem and each stage, as Lee et al.'s `feature_list`). `mdsens` is the same family
 with OpenOOD's input pre-processing and its covariance divided by N.
 """
 from __future__ import annotations
@@ -41,7 +41,8 @@ class MultiMahalanobis(Detector):
 
     @dataclass(frozen=True)
     class Params(Params):
-        layers: list[int] = param([0, 1, 2, 3, 4], "indices of the maps scored (a ResNet's stem and four stages)")
+        layers: list[int] | None = param(None, "indices of the maps scored; null: every map (a ResNet's "
+                                         "hidden_states: the stem and each stage)")
         alpha: list[float] | None = param(None, "one weight per layer; null: 1 each (pytorch-ood's default)")
         maps: Literal["hidden_states", "relu_conv"] = param("hidden_states", "which feature maps are read")
         reg: float = param(1e-6, "added to the diagonal of each layer's within-class scatter before inverting",
@@ -49,9 +50,9 @@ class MultiMahalanobis(Detector):
 
         def check(self, dims: dict[str, int] | None = None) -> None:
             super().check(dims)
-            if not self.layers:
-                raise ValueError("layers must name at least one map")
-            if self.alpha is not None and len(self.alpha) != len(self.layers):
+            if self.layers is not None and not self.layers:
+                raise ValueError("layers must name at least one map (null: every map)")
+            if self.alpha is not None and self.layers is not None and len(self.alpha) != len(self.layers):
                 raise ValueError(f"alpha must be null or one weight per layer, got {self.alpha!r} for layers "
                                  f"{self.layers!r}")
 
@@ -64,10 +65,15 @@ class MultiMahalanobis(Detector):
 
     def _pooled(self, x: torch.Tensor) -> list[torch.Tensor]:
         maps = self.classifier.hidden_maps(x, self.params["maps"])[1]
-        if max(self.params["layers"]) >= len(maps):
-            raise ValueError(f"{self.name}: layers {self.params['layers']} but the classifier gives {len(maps)} "
+        layers = self.params["layers"]
+        layers = list(range(len(maps))) if layers is None else layers
+        if max(layers) >= len(maps):
+            raise ValueError(f"{self.name}: layers {layers} but the classifier gives {len(maps)} "
                              f"{self.params['maps']} maps")
-        return [pool_map(maps[j], "mean").double() for j in self.params["layers"]]
+        alpha = self.params["alpha"]
+        if alpha is not None and len(alpha) != len(layers):
+            raise ValueError(f"{self.name}: alpha {alpha} needs one weight for each of the {len(layers)} maps")
+        return [pool_map(maps[j], "mean").double() for j in layers]
 
     def _batches(self, data: Any, desc: str) -> list[list[np.ndarray]]:
         if self.classifier is None:
@@ -83,7 +89,7 @@ class MultiMahalanobis(Detector):
         if not parts:
             raise ValueError(f"{self.name}: no training images")
         self.stats = []
-        for j in range(len(self.params["layers"])):
+        for j in range(len(parts[0])):
             scatter = streaming.class_scatter(np.concatenate([p[j] for p in parts]), labels)
             within = scatter.within + self.params["reg"] * np.eye(len(scatter.within))
             self.stats.append((scatter.stats.means(), np.linalg.inv(within)))

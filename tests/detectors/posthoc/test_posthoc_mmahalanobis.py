@@ -89,6 +89,13 @@ def test_mmahalanobis_layers_state_and_edges(tmp_path):
     loaded = Detector.from_pretrained(det.save_pretrained(tmp_path / "mm"), classifier=clf, maps="relu_conv")
     np.testing.assert_allclose(loaded.score(ImageSet(images=test)), det.score(ImageSet(images=test)), rtol=1e-12)
     assert det.score(ImageSet(images=[])).shape == (0,)
+    every = build("mmahalanobis", classifier=clf, maps="relu_conv").fit(ImageSet(images=train, labels=labels))
+    four = build("mmahalanobis", classifier=clf, maps="relu_conv", layers=[0, 1, 2, 3])
+    np.testing.assert_array_equal(every.score(ImageSet(images=test)),
+                                  four.fit(ImageSet(images=train, labels=labels)).score(ImageSet(images=test)))
+    with pytest.raises(ValueError, match="one weight for each of the 4 maps"):
+        build("mmahalanobis", classifier=clf, maps="relu_conv", alpha=[1.0]).fit(ImageSet(images=train,
+                                                                                        labels=labels))
     with pytest.raises(ValueError, match="alpha"):
         build("mmahalanobis", layers=[0, 1], alpha=[1.0])
     with pytest.raises(ValueError, match="gives 4"):
@@ -110,3 +117,18 @@ def test_mmahalanobis_one_class_and_singular_scatter():
     want = _float64(clf, train, labels, test, [0, 0, 1.0, 0])
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert g.shape[1] == 30 and np.isfinite(got).all()
+
+
+def test_mmahalanobis_defaults_on_a_transformers_resnet(tmp_path):
+    from PIL import Image
+
+    from pipelines.classifier import ImageClassifier
+    from pipelines.tiny import RESNET_ID, save_tiny_model
+
+    clf = ImageClassifier.from_pretrained(save_tiny_model(tmp_path / "m", RESNET_ID))
+    rng = np.random.default_rng(4)
+    images = [Image.fromarray(rng.integers(0, 255, (32, 32, 3)).astype(np.uint8)) for _ in range(12)]
+    det = build("mmahalanobis", classifier=clf).fit(ImageSet(images=images, labels=np.arange(12) % 3))
+    maps = clf.hidden_maps(clf.preprocess(images[:2]))[1]
+    assert len(det.stats) == len(maps) >= 2  # every hidden state, the stem's included
+    assert np.isfinite(det.score(ImageSet(images=images[:4]))).all()
