@@ -87,6 +87,12 @@ class NAC(Detector):
         variant: Literal["official", "pytorch-ood"] = param(
             "official", "official: its log-scale thresholds; pytorch-ood: NACUE's geometric bins and KL")
 
+        def check(self, dims: dict[str, int] | None = None) -> None:
+            super().check(dims)
+            if self.variant == "official" and self.m_bins % 2:  # its logspace gives 2 * int(M / 2) thresholds
+                raise ValueError(f"m_bins must be even for variant 'official' (the official code's thresholds), "
+                                 f"got {self.m_bins}")
+
     fit_inputs = frozenset({"head"})
     search_space = {"o_star": [10, 50]}  # the official avgpool sweep (nac_cifar10.yml:33-37)
     grids = {"openood_v1.5": {}}  # APS_mode: False in nac_cifar10.yml: its defaults run

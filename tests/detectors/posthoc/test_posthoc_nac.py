@@ -97,6 +97,8 @@ def test_nac_defaults_subset_and_edges():
     with pytest.raises(ValueError, match="labels"):
         detectors.build("nac").fit(FeatureSet(TRAIN), head=HEAD)
     detectors.build("nac", valid_num=None).fit(FeatureSet(TRAIN), head=HEAD)  # no labels needed then
+    with pytest.raises(ValueError, match="m_bins must be even"):
+        detectors.build("nac", m_bins=7)
     with pytest.raises(ValueError, match="no training features"):
         _ours(train=TRAIN[:0], labels=LABELS[:0])
 
