@@ -9,7 +9,7 @@ training features (`torch.quantile(feat, q, dim=0)`, linear); `models/resnet.py:
 and VRA++ (`--method vnorm`) are not this detector.
 
 pytorch-ood 0.4.0's `VRA` (`ai_coded`) clips below the lower quantile to the quantile (`below: clip`) at 0.01 / 0.99;
-OpenOOD's `vra_postprocessor.py:42-52` clips the same way at global percentiles of all ID-val activations.
+OpenOOD's `vra_postprocessor.py:41-44, 48-55` clips the same way at global percentiles of all ID-val activations.
 """
 from __future__ import annotations
 
