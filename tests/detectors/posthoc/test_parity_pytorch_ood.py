@@ -153,7 +153,8 @@ def test_nci(pood, data):
 NOT_POSTHOC_HERE = {
     "MCD": "Monte Carlo dropout there; `mcd` here is OpenOOD's maximum classifier discrepancy (training-time)",
     "MCM": "CLIP's maximum concept matching: the clip family's `mcm`",
-    "MahalanobisODIN": "Mahalanobis after input pre-processing: the family of `mdsens` (OpenOOD's), not a class of its own",
+    "MahalanobisODIN": "Mahalanobis after input pre-processing: the family of `mdsens` (OpenOOD's), no class of "
+                       "its own",
 }
 
 
