@@ -358,9 +358,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).with_suffix(".json"))
     args = parser.parse_args(argv)
-    if args.peers_only:  # the JSON's other sections are kept
+    if args.peers_only:  # the JSON's other sections are kept, and the peers' rows not rerun
         kept = json.loads(args.out.read_text()) if args.out.is_file() else {}
-        return write(args, {**kept, **peer_section(args)})
+        return write(args, {**kept, **merged_peers(kept.get("peers"), peer_section(args))})
 
     machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                "torch_threads": torch.get_num_threads(), "float32_gflops": matmul_rate(np.float32),
@@ -394,9 +394,22 @@ def peer_section(args: argparse.Namespace) -> dict[str, Any]:
     rows = peers.compare(args.peers, peers.make(n, dim, classes, args.seed), args.peer_repeats)
     sizes = f"{n} train and {n} test rows, D={dim}, C={classes}"
     print(peers.markdown(rows, sizes), flush=True)
-    return {"peers": {"sizes": {"rows": n, "dim": dim, "classes": classes}, "repeats": args.peer_repeats,
-                      "cpus": os.cpu_count(), "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
-                      "rows": rows}}
+    run = {"repeats": args.peer_repeats, "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    return {"peers": {"sizes": {"rows": n, "dim": dim, "classes": classes}, "cpus": os.cpu_count(), **run,
+                      "rows": [{**row, "run": run} for row in rows]}}
+
+
+def merged_peers(kept: dict[str, Any] | None, fresh: dict[str, Any]) -> dict[str, Any]:
+    """`fresh`'s peer rows in place of the kept rows of the same detectors, the others kept (each row says its run;
+    rows without one were measured in the run the kept section's own fields describe); a kept section at other
+    sizes is replaced."""
+    if not fresh or not kept or kept.get("sizes") != fresh["peers"]["sizes"]:
+        return fresh
+    old_run = {k: kept[k] for k in ("repeats", "load_avg_before", "load_avg_after", "date") if k in kept}
+    rerun = {row["detector"]: row for row in fresh["peers"]["rows"]}
+    rows = [rerun.pop(row["detector"], None) or {**row, "run": row.get("run", old_run)} for row in kept["rows"]]
+    return {"peers": {**fresh["peers"], "rows": rows + list(rerun.values())}}
 
 
 def write(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:

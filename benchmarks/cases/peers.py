@@ -82,6 +82,39 @@ def _theirs_pnml(pood: Any, data: Data) -> np.ndarray:
     return det.predict_features(data.t["test"]).numpy()
 
 
+def _theirs_vra(pood: Any, data: Data) -> np.ndarray:
+    det = pood.VRA(backbone=None, head=data.linear, lower_percentile=0.6, upper_percentile=0.9)
+    det.fit_feature_maps(data.t["train"], data.t["labels"])
+    return det.predict_feature_maps(data.t["test"]).numpy()
+
+
+def _theirs_graduncertainty(pood: Any, data: Data, rows: int = 500) -> np.ndarray:
+    """In blocks of `rows`: its per-sample head gradients are [rows, C, D] at once (all 20k rows would be 16 GB)."""
+    det = pood.GradUncertainty(data.linear)
+    return torch.cat([det.predict(block) for block in data.t["test"].split(rows)]).numpy()
+
+
+class _Pooled(torch.nn.Module):
+    """[B, D, 1, 1] maps -> average pool -> the head: the avgpool layer NACUE hooks."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.pool, self.fc = torch.nn.AdaptiveAvgPool2d(1), linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(x).flatten(1))
+
+
+def _theirs_nac(pood: Any, data: Data, rows: int = 1024) -> np.ndarray:
+    """NACUE on the pooled layer (our `variant: pytorch-ood`, every fit row), fitted from batches of `rows`."""
+    model = _Pooled(data.linear).eval()
+    det = pood.NACUE(model, layers=[model.pool], m_bins=50, alpha=100.0, o_star=50)
+    maps = data.t["train"][:, :, None, None]
+    with torch.enable_grad():
+        det.fit([block.requires_grad_() for block in maps.split(rows)])
+        return det.predict(data.t["test"][:, :, None, None].clone().requires_grad_()).numpy()
+
+
 CASES: dict[str, Callable[[Any, Data], np.ndarray]] = {
     # ours -> pytorch-ood's fit + score (outlier scores), at our defaults
     "entropy": lambda pood, data: pood.Entropy(None).predict_logits(data.t["test_logits"]).numpy(),
@@ -92,12 +125,23 @@ CASES: dict[str, Callable[[Any, Data], np.ndarray]] = {
     "vim": lambda pood, data: _theirs_vim(pood, data, principal_dim(data.head.weight.shape[1])),
     "nnguide": _theirs_nnguide,
     "pnml": _theirs_pnml,
+    "vra": _theirs_vra,
+    "graduncertainty": _theirs_graduncertainty,
+    "nac": _theirs_nac,
 }
-"""The detectors compared with pytorch-ood (the methods added with issue 39, and ViM, which was behind)."""
+"""The detectors compared with pytorch-ood (the feature-level methods added with issue 39, and ViM, which was behind;
+`mmahalanobis` reads images and is not here)."""
+
+
+PARAMS: dict[str, dict[str, Any]] = {
+    "vra": {"below": "clip"},  # pytorch-ood's rule (the official zeroes; the same cost) at our quantiles
+    "nac": {"variant": "pytorch-ood", "valid_num": None},  # NACUE's bins, every fit row counted
+}
+"""Our parameters where our defaults are not what pytorch-ood computes (so that the scores are compared)."""
 
 
 def ours(name: str, data: Data) -> np.ndarray:
-    params = {"weights": data.weights.tolist()} if name == "webo" else {}
+    params = {"weights": data.weights.tolist()} if name == "webo" else dict(PARAMS.get(name, {}))
     det = detectors.build(name, **params).fit(data.train, head=data.head)
     return det.score(data.test)
 

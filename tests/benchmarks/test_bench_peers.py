@@ -33,3 +33,20 @@ def test_peers_only_keeps_the_json_s_other_sections(tmp_path):
     written = json.loads(out.read_text())
     assert written["detectors"] == [{"detector": "knn"}]
     assert [r["detector"] for r in written["peers"]["rows"]] == ["entropy"]
+
+
+def test_peers_only_replaces_the_rows_it_reruns_and_keeps_the_others(tmp_path):
+    pytorch_ood_detector()
+    out = tmp_path / "detectors.json"
+    sizes = {"rows": 200, "dim": 16, "classes": 4}
+    out.write_text(json.dumps({"peers": {"sizes": sizes, "repeats": 5, "load_avg_before": [9, 9, 9],
+                                         "rows": [{"detector": "lts", "ratio": 1.1}, {"detector": "entropy"}]}}))
+    bench.main(["--peers-only", "--peers", "entropy", "vra", "--peer-size", "200:16:4", "--peer-repeats", "1",
+                "--out", str(out)])
+    rows = json.loads(out.read_text())["peers"]["rows"]
+    assert [r["detector"] for r in rows] == ["lts", "entropy", "vra"]
+    assert rows[0]["ratio"] == 1.1 and rows[0]["run"] == {"repeats": 5, "load_avg_before": [9, 9, 9]}
+    assert rows[1]["run"]["repeats"] == 1 and "ours_s" in rows[1]
+    out.write_text(json.dumps({"peers": {"sizes": {**sizes, "dim": 32}, "rows": [{"detector": "lts"}]}}))
+    bench.main(["--peers-only", "--peers", "vra", "--peer-size", "200:16:4", "--peer-repeats", "1", "--out", str(out)])
+    assert [r["detector"] for r in json.loads(out.read_text())["peers"]["rows"]] == ["vra"]  # other sizes: replaced

@@ -66,7 +66,7 @@ def test_every_alias_is_listed_with_its_source():
 def test_did_you_mean_prefers_post_hoc_then_the_named_family():
     with pytest.raises(KeyError, match=r"did you mean ebo \(Post-hoc\), energy_oe \(Training-time\)\?"):
         detector_class("energ")
-    assert suggestions("maha") == ["mds (Post-hoc)"]
+    assert suggestions("maha") == ["mmahalanobis (Post-hoc)", "mds (Post-hoc)"]  # aliases MultiMahalanobis, Mahalanobis
     assert suggestions("energ", family="training")[0] == "energy_oe (Training-time)"
     assert suggestions("zzzz") == []
     with pytest.raises(KeyError, match=r"unknown detector 'zzzz' Available"):
