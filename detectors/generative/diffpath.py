@@ -43,7 +43,7 @@ IMPROVED_64_UNCOND: dict[str, Any] = {
     "attention_resolutions": "16,8", "channel_mult": "1,2,3,4", "dropout": 0.0, "class_cond": False,
     "learn_sigma": True, "use_scale_shift_norm": True, "diffusion_steps": 4000, "noise_schedule": "cosine",
 }
-# The authors' CelebA 32x32 model (huggingface ajrheng/diffpath, celeba_ema_0.9999_499999.pt:
+# The authors' CelebA 32x32 model (huggingface ajrheng/diffpath, its CelebA EMA checkpoint,
 # configs/celeba_model_config.yaml; create_model's 32 px multipliers; dropout 0.3 is inert at inference).
 CELEBA_32_UNCOND: dict[str, Any] = {**IMPROVED_64_UNCOND, "image_size": 32, "channel_mult": "1,2,2,2", "dropout": 0.3}
 DEFAULT_CHECKPOINT = "imagenet64_uncond_100M_1500K.pt"
