@@ -72,16 +72,13 @@ def process_rows(n: int) -> slice:
 
 
 def _gather(obj: Any) -> list[Any]:
-    """`obj` of every process in rank order (itself alone outside `across_processes` or with one process)."""
+    """`obj` of every process in rank order (itself alone outside `across_processes` or with one process); a
+    process whose fit failed is met here (`pipelines.collectives.PeerFailed`)."""
     if not _DISTRIBUTED:
         return [obj]
-    import torch.distributed as dist
+    from pipelines.collectives import all_gather
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    return all_gather(obj, "a sharded fit")
 
 
 def reduce_sum(*arrays: Any) -> tuple[np.ndarray, ...]:
