@@ -248,17 +248,21 @@ if torch.distributed.is_initialized():
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_with_a_partial_last_batch(tmp_path):
-    """27 rows in batches of 4 (the last of 3 rows kept, shared 2 + 1): no process repeats a row, each loss is
-    weighted by its real rows, batch norm spans the global batch; weights, batch-norm statistics and the epoch losses
-    equal the one-process run's within float tolerance."""
+@pytest.mark.parametrize("per_class, processes, steps", [(9, 2, 7), (6, 4, 5)])
+def test_two_processes_match_one_with_a_partial_last_batch(tmp_path, per_class, processes, steps):
+    """27 rows in batches of 4 in 2 processes (the last of 3 rows kept, shared 2 + 1), or 18 rows in 4 processes (the
+    last of 2 rows, shared 1 + 1 + 0 + 0: ranks 2 and 3 take the step on no rows, weight 0; a last batch of one row,
+    which would leave 2 processes an empty share, is dropped in any process count, as batch norm cannot train on
+    it): no process repeats a row, each loss is weighted by its real rows, batch norm spans the
+    global batch; weights, batch-norm statistics and the epoch losses equal the one-process run's within float
+    tolerance."""
     import json
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    train = _colour_manifest(tmp_path / "data", 9, "train", np.random.default_rng(0))
+    train = _colour_manifest(tmp_path / "data", per_class, "train", np.random.default_rng(0))
     script = tmp_path / "partial.py"
     script.write_text(PARTIAL_SCRIPT)
     root = Path(__file__).parents[2]
@@ -269,13 +273,14 @@ def test_two_processes_match_one_with_a_partial_last_batch(tmp_path):
                           timeout=240, cwd=root, env={**env, "RANK": "solo"})
     assert solo.returncode == 0, solo.stderr[-2000:]
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), str(train.root),
-                           str(tmp_path)], capture_output=True, text=True, timeout=240, cwd=root, env=env)
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", str(processes), str(script),
+                           str(train.root), str(tmp_path)], capture_output=True, text=True, timeout=240, cwd=root,
+                          env=env)
     assert done.returncode == 0, _first_error(done.stderr)
     one = json.loads((tmp_path / "partialsolo.json").read_text())
-    two = [json.loads((tmp_path / f"partial{rank}.json").read_text()) for rank in (0, 1)]
-    assert two[0] == two[1]
-    assert two[0]["steps"] == one["steps"] == 2 * 7
+    two = [json.loads((tmp_path / f"partial{rank}.json").read_text()) for rank in range(processes)]
+    assert all(other == two[0] for other in two[1:])
+    assert two[0]["steps"] == one["steps"] == 2 * steps
     np.testing.assert_allclose(two[0]["loss"], one["loss"], rtol=1e-5)
     for name, values in one["state"].items():
         np.testing.assert_allclose(two[0]["state"][name], values, rtol=1e-4, atol=1e-6, err_msg=name)
