@@ -5,7 +5,10 @@ shared, NFS lag): one process would skip a collective the others enter, and the 
 whether a collective runs (a cache reused, a unit finished, the pending items, the epoch a training resumes from) is
 computed once on the main process (`main_decides`) and every process follows it. A peer process that dies makes the
 next collective fail; `peer_guard` turns that failure into one line naming the peer (`PeerLost`), never into a
-result of the work that was running. Outside a multi-process run every helper is the identity.
+result of the work that was running. A process whose part of work run together raises says so once
+(`fail_together`); every helper here is one tagged all-gather, so the others meet that word in whatever helper they are
+in and raise `PeerFailed` there, at once, rather than wait for the process group's time-out. Outside a multi-process
+run every helper is the identity.
 """
 from __future__ import annotations
 
