@@ -366,13 +366,19 @@ class _Loop:
         self.step_module.train()
         total, count, steps_before = 0.0, 0, self.result.steps
         for step, raw in enumerate(self.train):
-            batch = self.batch(raw, aux_stream, epoch, step)
+            try:
+                batch = self.batch(raw, aux_stream, epoch, step)
+            except Exception as err:
+                if self.shared:  # the others learn it at this step's agreement and stop with this process
+                    self.share_weight(0, err)
+                raise
             if batch is None:
                 continue
+            weight = self.share_weight(batch.n_id)  # before the forward: its all-reduce is the step's agreement
             with self.acc.autocast():
                 loss = self.step_module(batch)
             self.optimizer.zero_grad(set_to_none=True)
-            self.acc.backward(loss * self.share_weight(batch.n_id))
+            self.acc.backward(loss * weight)
             self.optimizer.step()
             if self.twice and not self.acc.optimizer_step_was_skipped:
                 second_adam_step(self.optimizer, self.twice, self.s.lr)
@@ -403,13 +409,22 @@ class _Loop:
             self.sample_shape = tuple(first.shape)
         return self.sample_shape
 
-    def share_weight(self, rows: int) -> float:
+    def share_weight(self, rows: int, error: BaseException | None = None) -> float:
         """The factor on this process's mean loss that makes the gradient (DDP averages the processes') the mean over
-        the global batch's real rows: rows x processes / global rows, 1.0 for equal shares (and one process)."""
+        the global batch's real rows: rows x processes / global rows, 1.0 for equal shares (and one process). Its
+        all-reduce, one per step before any other, also carries whether a process failed to prepare its share
+        (`error`): then every process stops there, this one with its own error, none waiting in a later
+        collective for it."""
         if not self.shared:
             return 1.0
-        total = self.acc.reduce(torch.tensor([float(rows)], dtype=torch.float64, device=self.device), "sum")
-        return rows * self.acc.num_processes / float(total.item())
+        total, failed = self.acc.reduce(torch.tensor([float(rows), float(error is not None)], dtype=torch.float64,
+                                                     device=self.device), "sum").tolist()
+        if error is not None:
+            raise error
+        if failed:
+            raise RuntimeError(f"{self.s.desc}: {int(failed)} other process(es) could not prepare their share of a "
+                               "training batch (their error says why); this process stops with them")
+        return rows * self.acc.num_processes / total
 
     def batch(self, raw: dict[str, Any], aux_stream: Iterator[dict[str, Any]] | None, epoch: int,
               step: int) -> TrainBatch | None:
