@@ -31,17 +31,34 @@ OUT = Path(__file__).with_suffix(".json")
 
 
 def child(config_path: str, timing_path: str) -> None:
-    """Under torchrun or alone: run the evaluation; the main process writes the units' wall time."""
+    """Under torchrun or alone: run the evaluation, timing each unit on the rank that runs it (`Runner._unit`, write
+    included); every rank writes its unit times, the main process the units phase's wall time."""
+    import time
+
     from detectors.harness.evaluate import Runner
     from pipelines.runtime import partial_state
 
     runner = Runner(config_path)
+    unit_s: dict[str, float] = {}
+    run_unit = runner._unit
+
+    def timed(unit: Any, *args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return run_unit(unit, *args, **kwargs)
+        finally:
+            unit_s[unit.method] = round(time.perf_counter() - start, 3)
+
+    runner._unit = timed  # type: ignore[method-assign]
     runner.run()
-    if partial_state().is_main_process:
+    state = partial_state()
+    Path(f"{timing_path}.rank{state.process_index}").write_text(json.dumps({"unit_s": unit_s}))
+    if state.is_main_process:
         Path(timing_path).write_text(json.dumps({"units_s": runner.units_seconds}))
 
 
-def _launch(config: dict[str, Any], folder: Path, processes: int) -> float:
+def _launch(config: dict[str, Any], folder: Path, processes: int) -> tuple[float, list[dict[str, float]]]:
+    """(the units phase's wall time, each rank's unit wall times) of one run in `processes` processes."""
     path, timing = folder / f"run-{processes}.yaml", folder / f"timing-{processes}.json"
     path.write_text(yaml.safe_dump(config))
     launch = ([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node", str(processes)]
@@ -51,7 +68,8 @@ def _launch(config: dict[str, Any], folder: Path, processes: int) -> float:
                           capture_output=True, text=True, cwd=ROOT, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{processes} process(es) failed:\n{done.stderr[-3000:]}")
-    return float(json.loads(timing.read_text())["units_s"])
+    ranks = [json.loads(Path(f"{timing}.rank{r}").read_text())["unit_s"] for r in range(processes)]
+    return float(json.loads(timing.read_text())["units_s"]), ranks
 
 
 def _setup(root: Path) -> dict[str, Any]:
@@ -79,27 +97,29 @@ def measure(repeats: int) -> dict[str, Any]:
         root = Path(tmp)
         config = _setup(root)
         _launch({**config, "out": str(root / "warm")}, root, 1)  # builds the feature caches both runs reuse
-        one_s, two_s, equal = [], [], True
+        one_s, two_s, equal, ranks_s, loads = [], [], True, {}, [os.getloadavg()[0]]
         for round_ in range(repeats):
             for processes in ((1, 2) if round_ % 2 == 0 else (2, 1)):
                 out = root / f"out-{round_}-{processes}"
-                seconds = _launch({**config, "out": str(out)}, root, processes)
+                seconds, ranks_s[processes, round_] = _launch({**config, "out": str(out)}, root, processes)
                 (one_s if processes == 1 else two_s).append(seconds)
+                loads.append(os.getloadavg()[0])
             one, two = _rows(root / f"out-{round_}-1"), _rows(root / f"out-{round_}-2")
             equal = equal and one.equals(two)
             scores = [pd.read_parquet(root / f"out-{round_}-{p}" / "scores.parquet") for p in (1, 2)]
             equal = equal and scores[0].equals(scores[1])
-        first = pd.read_csv(root / "out-0-1" / "results.csv")
-        per_unit = first.groupby("method", sort=False)["seconds"].max().round(3).to_dict()  # fit + slowest set
-        ranks = [json.loads(p.read_text())["units"] for p in sorted((root / "out-0-2" / "units" / ".ranks")
-                                                                  .glob("process-[0-9][0-9][0-9].json"))]
+    per_unit = ranks_s[1, 0][0]  # each unit's wall time (fit, every set scored, written) in one process
+    ranks = [sorted(mine) for mine in ranks_s[2, 0]]
     ratios = [a / b for a, b in zip(one_s, two_s)]
-    load = [round(sum(per_unit.get(m, 0.0) for m in mine), 3) for mine in ranks]
-    return {"unit_seconds_one_process": per_unit, "units_per_rank": ranks, "unit_seconds_per_rank": load,
+    return {"unit_seconds_one_process": per_unit, "unit_seconds_sum_one_process": round(sum(per_unit.values()), 3),
+            "units_per_rank": ranks,
+            "unit_seconds_per_rank_from_one_process": [round(sum(per_unit[m] for m in mine), 3) for mine in ranks],
+            "unit_seconds_per_rank_measured": [[round(sum(r.values()), 3) for r in ranks_s[2, k]]
+                                               for k in range(repeats)],
             "one_process_s": one_s, "two_processes_s": two_s, "speedup": ratios,
             "speedup_median": statistics.median(ratios), "speedup_min": min(ratios), "speedup_max": max(ratios),
-            "outputs_equal": equal, "repeats": repeats, "cpu_count": os.cpu_count(), "machine": platform.machine(),
-            "python": platform.python_version()}
+            "outputs_equal": equal, "repeats": repeats, "load_average_1min": [round(x, 2) for x in loads],
+            "cpu_count": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()}
 
 
 def main(argv: list[str] | None = None) -> int:

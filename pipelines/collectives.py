@@ -5,7 +5,10 @@ shared, NFS lag): one process would skip a collective the others enter, and the 
 whether a collective runs (a cache reused, a unit finished, the pending items, the epoch a training resumes from) is
 computed once on the main process (`main_decides`) and every process follows it. A peer process that dies makes the
 next collective fail; `peer_guard` turns that failure into one line naming the peer (`PeerLost`), never into a
-result of the work that was running. Outside a multi-process run every helper is the identity.
+result of the work that was running. A process whose part of work run together raises says so once
+(`fail_together`); every helper here is one tagged all-gather, so the others meet that word in whatever helper they are
+in and raise `PeerFailed` there, at once, rather than wait for the process group's time-out. Outside a multi-process
+run every helper is the identity.
 """
 from __future__ import annotations
 
@@ -101,18 +104,48 @@ def peer_guard(what: str) -> Iterator[None]:
         raise
 
 
+class PeerFailed(RuntimeError):
+    """Another process raised in the work every process runs together: this one stops at the collective where it
+    learnt it (the failing process said so there, `fail_together`), so no process waits for one that left."""
+
+    def __init__(self, rank: int, text: str):
+        super().__init__(f"rank {rank}: {text}")
+        self.rank, self.text = rank, text
+
+
+def _exchange(tagged: tuple[str | None, Any], what: str) -> list[tuple[str | None, Any]]:
+    """Every process's (error or None, value) in rank order: the one collective every helper here goes through, so
+    a failing process's `fail_together` meets whatever helper the others are in."""
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world()[1]
+    with peer_guard(what):
+        dist.all_gather_object(out, tagged)
+    return out
+
+
+def _values(said: list[tuple[str | None, Any]]) -> list[Any]:
+    """The values of an exchange; `PeerFailed` when a process said it failed (the lowest rank named)."""
+    for rank, (error, _) in enumerate(said):
+        if error is not None:
+            raise PeerFailed(rank, error)
+    return [value for _, value in said]
+
+
+def fail_together(text: str, what: str = "a failure") -> None:
+    """Say to every process that this one's part of the work run together failed (`text`): each of the others meets
+    it at the collective it is in (it raises `PeerFailed` there) or at the agreement after the work."""
+    if world()[1] > 1:
+        _exchange((text, None), what)
+
+
 def broadcast(value: T, what: str = "a broadcast") -> T:
-    """The main process's `value` on every process (`torch.distributed.broadcast_object_list`); `value` itself
-    with one process."""
+    """The main process's `value` on every process; `value` itself with one process. (An all-gather of the small
+    objects this carries, so a failing process's `fail_together` meets it.)"""
     rank, size = world()
     if size == 1:
         return value
-    import torch.distributed as dist
-
-    box = [value if rank == 0 else None]
-    with peer_guard(what):
-        dist.broadcast_object_list(box, src=0)
-    return box[0]
+    return _values(_exchange((None, value if rank == 0 else None), what))[0]
 
 
 def main_decides(decide: Callable[[], T], what: str = "a decision") -> T:
@@ -123,26 +156,14 @@ def main_decides(decide: Callable[[], T], what: str = "a decision") -> T:
 
 
 def all_gather(value: Any, what: str = "a gather") -> list[Any]:
-    """Every process's `value` in rank order, on every process (`[value]` with one process)."""
-    rank, size = world()
-    if size == 1:
+    """Every process's `value` in rank order, on every process (`[value]` with one process); `PeerFailed` when a
+    process said instead that its part failed (`fail_together`)."""
+    if world()[1] == 1:
         return [value]
-    import torch.distributed as dist
-
-    out: list[Any] = [None] * size
-    with peer_guard(what):
-        dist.all_gather_object(out, value)
-    return out
+    return _values(_exchange((None, value), what))
 
 
 def gather_to_main(value: Any, what: str = "a gather") -> list[Any] | None:
     """Every process's `value` in rank order on the main process, None on the others (`[value]` with one process)."""
-    rank, size = world()
-    if size == 1:
-        return [value]
-    import torch.distributed as dist
-
-    out: list[Any] | None = [None] * size if rank == 0 else None
-    with peer_guard(what):
-        dist.gather_object(value, out, dst=0)
-    return out
+    said = all_gather(value, what)
+    return said if world()[0] == 0 else None

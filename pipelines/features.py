@@ -21,7 +21,7 @@ from pipelines.classifier import ImageClassifier
 from pipelines.data import ImageLoadError, Manifest
 from pipelines.io import atomic_path, safe_name
 from pipelines.progress import progress
-from pipelines.collectives import host, main_decides
+from pipelines.collectives import all_gather, host, main_decides
 from pipelines.errors import UserInputError
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 
@@ -268,9 +268,7 @@ def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_s
         bar = progress(desc=desc, total=len(positions), unit="img", disable=not state.is_main_process)
         parts = [_run_shard(classifier, manifest, loader, device, dtype, bar)]
     if state.num_processes > 1:
-        from accelerate.utils import gather_object
-
-        parts = gather_object(parts)
+        parts = all_gather(parts[0], f"the feature extraction of {desc}")
     result = _assemble(parts, classifier, manifest, key, dtype)
     if cache is not None and state.is_main_process:
         result.save(cache)

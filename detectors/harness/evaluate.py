@@ -49,8 +49,8 @@ from detectors.harness.distribute import EVERY, assign
 from detectors.harness.units import UnitResult, UnitStore
 from pipelines.batches import clear_kept_batches
 from pipelines import rankfiles
-from pipelines.collectives import (PeerLost, all_gather, alone, host, is_peer_lost, main_decides, peer_guard,
-                                   peer_line)
+from pipelines.collectives import (PeerFailed, PeerLost, all_gather, alone, fail_together, host, is_peer_lost,
+                                   main_decides, peer_guard, peer_line)
 from pipelines.errors import UserInputError
 from pipelines.data import Manifest
 from pipelines.fingerprint import (combine, image_identity, images_fingerprint, preprocessing_fingerprint,
@@ -628,24 +628,28 @@ class Runner:
 
     def _unit(self, unit: Unit, together: bool, writes: bool, failures: dict[str, dict[str, Any]]) -> UnitResult | None:
         """Run a unit and write it (`writes`: this process is its rank, or the main one of a unit run together); a
-        failing one is recorded in `failures` (None). A unit run together fails on every rank together: each rank
-        says whether it failed (one collective after the unit), so none waits for a collective another left."""
+        failing one is recorded in `failures` (None). A unit run together fails on every rank together: a rank that
+        raised says so in one exchange (`fail_together`), which the others meet at the collective they are in
+        (`PeerFailed`) or at the agreement after the unit, so none waits for a collective another left."""
         self._together, self._writes = together, writes
         error: BaseException | None = None
         try:
             with contextlib.nullcontext() if together else alone():
                 found = self._run_unit(unit)
         except Exception as err:  # noqa: BLE001 - one failing unit is recorded, the others go on
-            if together and is_peer_lost(err):
+            if together and is_peer_lost(err) and not isinstance(err, PeerFailed):
                 raise PeerLost(peer_line(err, f"unit {unit.method}")) from err
             error, found = err, None
         finally:
             self._together, self._writes = False, True
-        if together:
-            said = all_gather(None if error is None else f"{type(error).__name__}: {error}", f"unit {unit.method}")
-            others = [(r, text) for r, text in enumerate(said) if text is not None]
-            if error is None and others:
-                error = RuntimeError(f"rank {others[0][0]}: {others[0][1]}")
+        if together:  # one exchange per rank: at the collective where a peer's failure was met, else here
+            if error is None:
+                try:
+                    all_gather(None, f"unit {unit.method}")
+                except PeerFailed as err:
+                    error = err
+            elif not isinstance(error, PeerFailed):
+                fail_together(f"{type(error).__name__}: {error}", f"unit {unit.method}")
         if error is not None:
             if writes:
                 failures[unit.method] = self.store.fail(unit.method, unit.key, error)

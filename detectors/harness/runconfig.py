@@ -203,7 +203,7 @@ class FewShot(Config):
     methods: dict[str, dict[str, Any]] | None = param(None, "method -> parameter overrides; null: locoop and idlike")
     shots: list[int] | None = param(None, "shots per class; null: 1, 2, 4, 8, 16")
     seeds: list[int] | None = param(None, "seeds of each shots value; null: [1]")
-    device: str | None = param(None, "torch device of the sweep (cpu, cuda, cuda:N, mps, auto)", check=check_device)
+    device: str | None = param(None, "torch device of the sweep (cpu, cuda, cuda:N, auto)", check=check_device)
     plot: str | None = param(None, "the figure path; null: out/fewshot.png")
     class_names: list[str] | None = param(None, "class names of the prompts; null: the run's")
     class_names_file: str | None = param(None, "a file with one class name a line; null: the run's")
@@ -246,7 +246,7 @@ class EvalConfig(Config):
     shard_fit_rows: int = param(SHARD_FIT_ROWS, "ID train rows from which, with several processes, a detector whose "
                                                 "statistics are sums fits per-process shards together (below: its "
                                                 "unit runs on one rank, bitwise one process's result)", ge=1)
-    device: str | None = param(None, "torch device: cpu, cuda, cuda:N, mps or auto (null: auto)", check=check_device)
+    device: str | None = param(None, "torch device: cpu, cuda, cuda:N or auto (null: auto)", check=check_device)
     precision: Precision = param("auto", "feature-extraction precision (auto: bf16 on GPU, fp32 on CPU)")
     num_workers: int | None = param(None, "image-loading worker processes; null: every core but one beside a GPU, 0 "
                                           "on a CPU-only machine (pipelines.pixels.default_workers)", ge=0)

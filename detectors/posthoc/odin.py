@@ -110,7 +110,7 @@ class ODIN(Detector):
 
     def _score_shards(self, batch: ImageSet, state: Any) -> np.ndarray:
         """Each process scores its share of the rows (as feature extraction does); the scores are gathered in order."""
-        from accelerate.utils import gather_object
+        from pipelines.collectives import all_gather
 
         rows = batch.manifest.rows
         with state.split_between_processes(list(range(len(rows)))) as mine:
@@ -118,7 +118,7 @@ class ODIN(Detector):
                             seed=batch.seed, num_workers=batch.num_workers,
                             offset=batch.offset + (mine[0] if mine else 0))
             scores = self._score_local(part) if mine else np.zeros(0)
-            pieces = gather_object([(list(mine), scores.tolist())])
+            pieces = all_gather((list(mine), scores.tolist()), f"{self.name}'s sharded scores")
         out = np.empty(len(rows), dtype=np.float64)
         for positions, values in pieces:
             out[positions] = values

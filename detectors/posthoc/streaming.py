@@ -72,16 +72,13 @@ def process_rows(n: int) -> slice:
 
 
 def _gather(obj: Any) -> list[Any]:
-    """`obj` of every process in rank order (itself alone outside `across_processes` or with one process)."""
+    """`obj` of every process in rank order (itself alone outside `across_processes` or with one process); a
+    process whose fit failed is met here (`pipelines.collectives.PeerFailed`)."""
     if not _DISTRIBUTED:
         return [obj]
-    import torch.distributed as dist
+    from pipelines.collectives import all_gather
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    return all_gather(obj, "a sharded fit")
 
 
 def reduce_sum(*arrays: Any) -> tuple[np.ndarray, ...]:
@@ -272,11 +269,12 @@ def moments(array: np.ndarray, groups: np.ndarray | None = None, *, scatter: Any
             piece = Moments.of(block, None if labels is None else labels[part], scatter=scatter,
                                shift=None if total is None else total.shift)
         total = piece if total is None else total.merge(piece)
-    if total is None:
-        raise ValueError("no rows to compute statistics from")
     merged = None
-    for piece in _gather(total):
-        merged = piece if merged is None else merged.merge(piece)
+    for piece in _gather(total):  # a process whose share is empty (fewer rows than processes) adds nothing
+        if piece is not None:
+            merged = piece if merged is None else merged.merge(piece)
+    if merged is None:
+        raise ValueError("no rows to compute statistics from")
     return merged
 
 
@@ -382,7 +380,8 @@ def percentile(array: np.ndarray, q: float, dtype: Any = None) -> float:
     for _, block in chunks(array, stored):
         flat = block.reshape(-1)
         picked.append(flat[np.isin((_keys(flat) >> shift).astype(np.int64), wanted)])
-    candidates = np.concatenate(_gather(np.concatenate(picked)))
+    mine = np.concatenate(picked) if picked else np.zeros(0, stored)  # an empty share picks nothing
+    candidates = np.concatenate(_gather(mine))
     keys = _keys(candidates)
     rank = np.argsort(keys, kind="stable")  # key order = value order, -0.0 before +0.0 as in the histogram
     ordered, first = candidates[rank], np.searchsorted((keys[rank] >> shift).astype(np.int64), bins)

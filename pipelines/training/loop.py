@@ -307,6 +307,7 @@ class _Loop:
         self.device = self.acc.device
         self.twice = list(objective.twice_stepped_parameters())
         self.seen: set[tuple[str, int]] = set()
+        self.sample_shape: tuple[int, ...] | None = None  # one training image's, for an empty share's batch
 
     def record(self, failed: list[tuple[int, str]], split: str) -> None:
         for index, reason in failed:
@@ -365,13 +366,19 @@ class _Loop:
         self.step_module.train()
         total, count, steps_before = 0.0, 0, self.result.steps
         for step, raw in enumerate(self.train):
-            batch = self.batch(raw, aux_stream, epoch, step)
+            try:
+                batch = self.batch(raw, aux_stream, epoch, step)
+            except Exception as err:
+                if self.shared:  # the others learn it at this step's agreement and stop with this process
+                    self.share_weight(0, err)
+                raise
             if batch is None:
                 continue
+            weight = self.share_weight(batch.n_id)  # before the forward: its all-reduce is the step's agreement
             with self.acc.autocast():
                 loss = self.step_module(batch)
             self.optimizer.zero_grad(set_to_none=True)
-            self.acc.backward(loss * self.share_weight(batch.n_id))
+            self.acc.backward(loss * weight)
             self.optimizer.step()
             if self.twice and not self.acc.optimizer_step_was_skipped:
                 second_adam_step(self.optimizer, self.twice, self.s.lr)
@@ -379,8 +386,9 @@ class _Loop:
             if not self.acc.optimizer_step_was_skipped:  # fp16 overflow: no step taken, the schedule waits
                 self.scheduler.step()
             self.result.steps += 1
-            total += float(loss.detach()) * batch.n_id
-            count += batch.n_id
+            if batch.n_id:  # an empty share's loss is the mean of no rows (NaN); its weight and gradients are 0
+                total += float(loss.detach()) * batch.n_id
+                count += batch.n_id
             self.report.step(epoch, total / max(count, 1))
         total, count = self.acc.reduce(torch.tensor([total, count], dtype=torch.float64, device=self.device),
                                        "sum").tolist()
@@ -389,13 +397,34 @@ class _Loop:
                                "load)")
         return {"epoch": epoch + 1, "loss": total / count if count else math.nan, "lr": self.scheduler.get_last_lr()[0]}
 
-    def share_weight(self, rows: int) -> float:
+    def empty_shape(self) -> tuple[int, ...]:
+        """The shape of one training image (an empty share's batch is [0, *shape]): the last batch's, else the first
+        readable row's."""
+        if self.sample_shape is None:
+            dataset = self.train.dataset
+            first = next((item[0] for item in map(dataset.__getitem__, range(len(dataset))) if item[0] is not None),
+                         None)
+            if first is None:
+                raise RuntimeError(f"{self.s.desc}: no training image could be loaded")
+            self.sample_shape = tuple(first.shape)
+        return self.sample_shape
+
+    def share_weight(self, rows: int, error: BaseException | None = None) -> float:
         """The factor on this process's mean loss that makes the gradient (DDP averages the processes') the mean over
-        the global batch's real rows: rows x processes / global rows, 1.0 for equal shares (and one process)."""
+        the global batch's real rows: rows x processes / global rows, 1.0 for equal shares (and one process). Its
+        all-reduce, one per step before any other, also carries whether a process failed to prepare its share
+        (`error`): then every process stops there, this one with its own error, none waiting in a later
+        collective for it."""
         if not self.shared:
             return 1.0
-        total = self.acc.reduce(torch.tensor([float(rows)], dtype=torch.float64, device=self.device), "sum")
-        return rows * self.acc.num_processes / float(total.item())
+        total, failed = self.acc.reduce(torch.tensor([float(rows), float(error is not None)], dtype=torch.float64,
+                                                     device=self.device), "sum").tolist()
+        if error is not None:
+            raise error
+        if failed:
+            raise RuntimeError(f"{self.s.desc}: {int(failed)} other process(es) could not prepare their share of a "
+                               "training batch (their error says why); this process stops with them")
+        return rows * self.acc.num_processes / total
 
     def batch(self, raw: dict[str, Any], aux_stream: Iterator[dict[str, Any]] | None, epoch: int,
               step: int) -> TrainBatch | None:
@@ -403,6 +432,12 @@ class _Loop:
         aux = raw["aux"] if "aux" in raw else next(aux_stream) if aux_stream is not None else None
         if aux is not None:
             self.record(aux["failed"], "aux")
+        if raw["x"] is not None:
+            self.sample_shape = tuple(raw["x"].shape[1:])
+        elif self.shared and not raw["failed"]:
+            # a global batch with fewer rows than processes (the last one) leaves this share empty: it still takes
+            # the step, on no rows (weight 0), so every process enters the step's collectives
+            raw = {**raw, "x": torch.empty((0, *self.empty_shape()))}
         if raw["x"] is None:
             if self.acc.num_processes > 1:  # the other processes would wait forever in the gradient all-reduce
                 raise RuntimeError("every image of a training batch share failed to load on process "

@@ -77,3 +77,51 @@ def test_a_beating_rank_is_waited_for_until_the_time_out(tmp_path):
 def test_a_rank_never_seen_is_lost_after_the_stale_limit(tmp_path):
     with pytest.raises(PeerLost, match="process 0 \\(no heartbeat seen\\)"):
         rankfiles.wait_for_ranks(tmp_path, 1, poll_s=0.01, stale_s=0.1)
+
+
+FAIL_TOGETHER = """
+import json, sys
+import torch.distributed as dist
+from pipelines.collectives import PeerFailed, all_gather, broadcast, fail_together, gather_to_main, world
+
+dist.init_process_group("gloo")
+rank, _ = world()
+seen = []
+for helper in (all_gather, broadcast, gather_to_main):
+    if rank == 1:
+        fail_together("ValueError: rank 1's own part", "a unit")  # instead of the collective rank 0 is in
+        seen.append(None)
+    else:
+        try:
+            helper("mine", "a unit")
+            seen.append("no error")
+        except PeerFailed as err:
+            seen.append([err.rank, err.text, str(err)])
+seen.append(all_gather(rank, "after"))  # the ranks still meet in step
+with open(sys.argv[1] + f"/rank{rank}.json", "w") as fh:
+    json.dump(seen, fh)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_failing_is_met_at_the_collective_the_others_are_in(tmp_path):
+    """Rank 1 says it failed (`fail_together`) while rank 0 is in an all-gather, a broadcast or a gather: rank 0
+    raises `PeerFailed` naming rank 1 and its error there (no wait for a time-out), and the ranks stay in step."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "fail.py"
+    script.write_text(FAIL_TOGETHER)
+    root = Path(__file__).parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node", "2",
+                           str(script), str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    met = [1, "ValueError: rank 1's own part", "rank 1: ValueError: rank 1's own part"]
+    assert said[0] == [met, met, met, [0, 1]]
+    assert said[1] == [None, None, None, [0, 1]]

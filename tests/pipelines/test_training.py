@@ -248,17 +248,21 @@ if torch.distributed.is_initialized():
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_with_a_partial_last_batch(tmp_path):
-    """27 rows in batches of 4 (the last of 3 rows kept, shared 2 + 1): no process repeats a row, each loss is
-    weighted by its real rows, batch norm spans the global batch; weights, batch-norm statistics and the epoch losses
-    equal the one-process run's within float tolerance."""
+@pytest.mark.parametrize("per_class, processes, steps", [(9, 2, 7), (6, 4, 5)])
+def test_two_processes_match_one_with_a_partial_last_batch(tmp_path, per_class, processes, steps):
+    """27 rows in batches of 4 in 2 processes (the last of 3 rows kept, shared 2 + 1), or 18 rows in 4 processes (the
+    last of 2 rows, shared 1 + 1 + 0 + 0: ranks 2 and 3 take the step on no rows, weight 0; a last batch of one row,
+    which would leave 2 processes an empty share, is dropped in any process count, as batch norm cannot train on
+    it): no process repeats a row, each loss is weighted by its real rows, batch norm spans the
+    global batch; weights, batch-norm statistics and the epoch losses equal the one-process run's within float
+    tolerance."""
     import json
     import os
     import subprocess
     import sys
     from pathlib import Path
 
-    train = _colour_manifest(tmp_path / "data", 9, "train", np.random.default_rng(0))
+    train = _colour_manifest(tmp_path / "data", per_class, "train", np.random.default_rng(0))
     script = tmp_path / "partial.py"
     script.write_text(PARTIAL_SCRIPT)
     root = Path(__file__).parents[2]
@@ -269,16 +273,83 @@ def test_two_processes_match_one_with_a_partial_last_batch(tmp_path):
                           timeout=240, cwd=root, env={**env, "RANK": "solo"})
     assert solo.returncode == 0, solo.stderr[-2000:]
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), str(train.root),
-                           str(tmp_path)], capture_output=True, text=True, timeout=240, cwd=root, env=env)
+    done = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", str(processes), str(script),
+                           str(train.root), str(tmp_path)], capture_output=True, text=True, timeout=240, cwd=root,
+                          env=env)
     assert done.returncode == 0, _first_error(done.stderr)
     one = json.loads((tmp_path / "partialsolo.json").read_text())
-    two = [json.loads((tmp_path / f"partial{rank}.json").read_text()) for rank in (0, 1)]
-    assert two[0] == two[1]
-    assert two[0]["steps"] == one["steps"] == 2 * 7
+    two = [json.loads((tmp_path / f"partial{rank}.json").read_text()) for rank in range(processes)]
+    assert all(other == two[0] for other in two[1:])
+    assert two[0]["steps"] == one["steps"] == 2 * steps
     np.testing.assert_allclose(two[0]["loss"], one["loss"], rtol=1e-5)
     for name, values in one["state"].items():
         np.testing.assert_allclose(two[0]["state"][name], values, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+BROKEN_SHARE_SCRIPT = """
+import json, os, sys, torch
+from torch import nn
+from pipelines.classifier import ImageClassifier
+from pipelines.data import read_manifest
+from pipelines.training import finetune
+torch.set_num_threads(1)
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.fc = nn.Linear(4, 3)
+    def forward(self, x):
+        h = self.body(x)
+        return self.fc(h), h
+torch.manual_seed(0)
+clf = ImageClassifier.from_module(Net(), image_size=16)
+try:
+    finetune(clf, read_manifest(sys.argv[1]), epochs=1, batch_size=2, lr=1e-2, warmup_epochs=0, seed=0)
+    said = "trained"
+except RuntimeError as err:  # as evaluate does with a failing unit: record it and go on to the next collective
+    said = str(err)
+token = torch.ones(3, dtype=torch.float64)
+torch.distributed.all_reduce(token)
+rank = torch.distributed.get_rank()
+with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as fh:
+    json.dump({"said": said, "token": token.tolist()}, fh)
+torch.distributed.barrier()
+sys.stdout.flush(); sys.stderr.flush()
+os._exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_a_share_failing_on_one_process_stops_every_process_at_that_step(tmp_path):
+    """Batches of 2 shared 1 + 1, one image unreadable: the process whose share is that image raises its one line at
+    the step's agreement (the weight all-reduce, before the forward) and the other stops there too, naming it. Both
+    then go on (as evaluate does after a failed unit) and meet in the next collective: neither was left in the
+    step's collectives, which would pair with it (or wait for the process group's time-out, 30 minutes)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    train = _colour_manifest(tmp_path / "data", 2, "train", np.random.default_rng(0), corrupt=1)
+    script = tmp_path / "broken.py"
+    script.write_text(BROKEN_SHARE_SCRIPT)
+    root = Path(__file__).parents[2]
+    env = {k: v for k,
+           v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = str(root)
+    start = time.monotonic()
+    done = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node", "2",
+                           str(script), str(train.root), str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          cwd=root, env=env)
+    assert time.monotonic() - start < 120
+    assert done.returncode == 0, _first_error(done.stderr)
+    said = sorted(json.loads((tmp_path / f"rank{r}.json").read_text())["said"] for r in (0, 1))
+    assert said[0].startswith("every image of a training batch share failed to load on process")
+    assert said[1].endswith("1 other process(es) could not prepare their share of a training batch (their error "
+                            "says why); this process stops with them")
+    assert all(json.loads((tmp_path / f"rank{r}.json").read_text())["token"] == [2.0] * 3 for r in (0, 1))
 
 
 HEADS_SCRIPT = """

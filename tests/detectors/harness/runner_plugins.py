@@ -72,3 +72,23 @@ class DyingMSP(Detector):
 
     def _score(self, batch: FeatureSet) -> np.ndarray:
         return batch.logits.max(1).astype(np.float64)
+
+
+@register_detector("plugin_shard_fail")
+class ShardFailingMSP(Detector):
+    """Max logit whose sharded fit (`fits_from_shards`, every rank together) raises on rank 1 only, before the
+    column mean's collective that rank 0 then waits in (one process: it fits)."""
+
+    family = "plugin"
+    fits_from_shards = True
+    inputs = frozenset({"features", "logits"})
+
+    def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
+        from detectors.posthoc import streaming
+
+        if os.environ.get("RANK", "0") == "1":
+            raise RuntimeError("plugin_shard_fail fails on rank 1")
+        streaming.column_mean(np.asarray(id_train.features))
+
+    def _score(self, batch: FeatureSet) -> np.ndarray:
+        return batch.logits.max(1).astype(np.float64)

@@ -104,6 +104,75 @@ def test_a_killed_rank_is_no_detector_failure_and_the_rerun_resumes(digits, tmp_
     assert set(pd.read_csv(tmp_path / "run" / "results.csv")["method"]) == {"msp", "plugin_die"}
 
 
+def _small_manifests(digits, root: Path) -> tuple[Path, Path]:
+    """(ID manifest: every train and test row, 1 val row; OOD manifest: 1 texture image) copied from the digits sets
+    under `root`: two sets with fewer rows than processes."""
+    import shutil
+
+    from pipelines.data import read_manifest, write_manifest
+
+    wanted = {"val": 1, "test": 10**9}
+    out = []
+    for source, name, keep in ((digits[0], "id", lambda r, seen: r["split"] == "train" or seen < wanted[r["split"]]),
+                               (digits[1], "ood", lambda r, seen: r["ood_set"] == "texture" and seen < 1)):
+        rows, seen = [], {}
+        for row in read_manifest(source).rows:
+            group = row["split"] if name == "id" else "ood"
+            if keep(row, seen.get(group, 0)):
+                seen[group] = seen.get(group, 0) + 1
+                rows.append(dict(row))
+                (root / name / row["file_name"]).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(Path(source) / row["file_name"], root / name / row["file_name"])
+        write_manifest(root / name, rows)
+        out.append(root / name)
+    return out[0], out[1]
+
+
+@pytest.mark.slow
+def test_sets_smaller_than_the_processes_give_the_one_process_outputs(digits, tmp_path):
+    """An OOD set of one image and an ID val set of one row (rank 1's shares of their extraction, and of the val set
+    in a sharded fit, are empty): units dealt to ranks give one process's outputs bit for bit; sharded fits
+    (`shard_fit_rows: 1`; ReAct's percentile on the one val row) agree to float tolerance."""
+    id_dir, ood_dir = _small_manifests(digits, tmp_path / "data")
+    base = {"model": str(digits[2]), "id": str(id_dir), "ood": [{"manifest": str(ood_dir)}], "plugins": []}
+    for extra, exact in (({"detectors": ["msp", "odin", "knn", "mds"]}, True),
+                         ({"detectors": ["mds", "react", "she", "dice", "nci", "neco"], "shard_fit_rows": 1}, False)):
+        for name, processes in (("two", 2), ("one", 1)):
+            config = {**base, **extra, "out": str(tmp_path / name)}
+            done = _evaluate(config, tmp_path / f"{name}.yaml", processes)
+            assert done.returncode == 0, done.stderr[-3000:]
+            assert json.loads((tmp_path / name / "failures.json").read_text())["detectors"] == []
+        rows_one, rows_two = (pd.read_csv(tmp_path / f / "results.csv").drop(columns=["seconds"])
+                              for f in ("one", "two"))
+        scores_one, scores_two = (pd.read_parquet(tmp_path / f / "scores.parquet") for f in ("one", "two"))
+        n_test = int((scores_two["role"] == "id").sum()) // len(extra["detectors"])
+        assert len(scores_two) == len(extra["detectors"]) * (n_test + 1)  # the ID test rows and the one OOD image
+        assert (scores_two["role"] == "ood").sum() == len(extra["detectors"])
+        if exact:
+            pd.testing.assert_frame_equal(rows_two, rows_one, check_exact=True)
+            pd.testing.assert_frame_equal(scores_two, scores_one, check_exact=True)
+        else:
+            np.testing.assert_allclose(scores_two["score"].to_numpy(), scores_one["score"].to_numpy(), rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_unit_failing_on_one_rank_fails_on_every_rank_at_once(digits, tmp_path):
+    """A sharded fit raising on rank 1 only, while rank 0 waits in the fit's collective: rank 0 meets the failure
+    there, the unit is recorded as failed once (rank 1's error), and the run goes on to the next unit and ends long
+    before the process group's timeout (30 minutes)."""
+    import time
+
+    config = _config(digits, tmp_path / "run", detectors=["plugin_shard_fail", "mds", "msp"], shard_fit_rows=1)
+    start = time.monotonic()
+    done = _evaluate(config, tmp_path / "run.yaml", 2)
+    assert time.monotonic() - start < 180
+    assert done.returncode == 0, done.stderr[-3000:]
+    failed = json.loads((tmp_path / "run" / "failures.json").read_text())["detectors"]
+    assert [f["detector"] for f in failed] == ["plugin_shard_fail"]
+    assert "plugin_shard_fail fails on rank 1" in failed[0]["exception"]
+    assert set(pd.read_csv(tmp_path / "run" / "results.csv")["method"]) == {"mds", "msp"}
+
+
 def test_a_lost_peer_in_a_unit_run_together_is_no_detector_failure(digits, tmp_path, monkeypatch):
     """A unit run on every rank together whose collective fails for a lost peer raises `PeerLost` (one line naming
     the peer) and records nothing; a unit's own error is still recorded."""
