@@ -1,0 +1,181 @@
+"""Mixup, CutMix and RegMixup against OpenOOD's own trainers: one step of each on a tiny network (golden numbers made
+by golden/make_openood_trainers.py from OpenOOD 3c35632) with the reference's draws fixed, then each loss in float64
+by hand, the edges (batch of 1, a single class, lam 0 and 1) and the draws."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from detectors import build
+from detectors.training_time.cutmix import CutMixLoss, CutPairs, box_at, kept_area, paste, rand_bbox
+from detectors.training_time.mixup import MixPairs, MixupLoss, blend, draw_pairs
+from detectors.training_time.regmixup import RegMixupLoss
+from pipelines.training import TrainBatch
+from pipelines.training.loop import _Step
+
+GOLDEN = Path(__file__).parent / "golden"
+_spec = importlib.util.spec_from_file_location("golden_tiny", GOLDEN / "tiny.py")
+tiny = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tiny)
+CASES = json.loads((GOLDEN / "openood_trainers.json").read_text())
+META, CASES = CASES["meta"], CASES["cases"]
+
+
+def _draws(case: dict) -> dict:
+    return {name: value for name, value in case["draws"]}
+
+
+def _fixed(objective, pairs):
+    objective.draw = lambda batch: pairs
+    return objective
+
+
+def _objective(name: str, case: dict):
+    """Our objective for a golden case, its draw fixed to the one the reference made."""
+    args, draws = case["trainer_args"], _draws(case)
+    index = torch.tensor(draws["randperm"]) if "randperm" in draws else None
+    lam = draws.get("beta", 1.0)
+    if name.startswith("mixup"):
+        return _fixed(MixupLoss(args["alpha"]), MixPairs(index, lam))
+    if name.startswith("regmixup"):
+        return _fixed(RegMixupLoss(args["alpha"]), MixPairs(index, lam))
+    objective = CutMixLoss(args["beta"], args["cutmix_prob"])
+    if index is None:
+        return _fixed(objective, None)
+    size = tuple(tiny.batch()[0].shape)
+    randint = [v for k, v in case["draws"] if k == "randint"]
+    box = box_at(size, lam, *randint)
+    return _fixed(objective, CutPairs(index, kept_area(size, box), box))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_one_step_matches_openood_trainer(name):
+    """Same mixed inputs, loss and weights after one SGD step (the reference's optimiser: lr 0.1, momentum 0.9,
+    nesterov, weight decay 5e-4; its cosine LambdaLR is 1 at step 0) through the loop's own `_Step`."""
+    case = CASES[name]
+    net = tiny.TinyNet()
+    tiny.state_from_json(net, case["init"])
+    step = _Step(tiny.AsClassifier(net), _objective(name, case))
+    step.train()
+    x, y = tiny.batch()
+    batch = TrainBatch(x=x, y=y)
+    optimizer = torch.optim.SGD(net.parameters(), META["optimizer"]["lr"], momentum=META["optimizer"]["momentum"],
+                                weight_decay=META["optimizer"]["weight_decay"], nesterov=True)
+    np.testing.assert_allclose(step.objective.inputs(batch).double().numpy(), np.array(case["input"]), atol=1e-6)
+    loss = step(batch)
+    assert float(loss.detach()) == pytest.approx(case["loss"], rel=1e-6, abs=1e-7)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    for key, value in net.state_dict().items():
+        np.testing.assert_allclose(value.double().numpy(), np.array(case["updated"][key]), atol=2e-6, err_msg=key)
+
+
+def test_golden_cases_cover_the_branches():
+    assert META["openood_commit"].startswith("3c35632")
+    assert "beta" not in _draws(CASES["mixup_alpha0"]) and "beta" not in _draws(CASES["regmixup_alpha0"])  # lam 1
+    assert "randperm" not in _draws(CASES["cutmix_unmixed"])  # r >= cutmix_prob: plain CE
+    assert len(CASES["regmixup"]["input"]) == 2 * tiny.N  # clean + mixed, one pass
+
+
+@pytest.mark.parametrize("item", CASES["cutmix"]["boxes"], ids=lambda b: f"lam{b['lam']}-{b['cx']}-{b['cy']}")
+def test_box_matches_rand_bbox(item):
+    assert list(box_at((4, 3, 6, 5), item["lam"], item["cx"], item["cy"])) == item["box"]
+
+
+# -- float64 by hand -----------------------------------------------------------------------------------------------
+def _log_softmax(z):
+    z = z - z.max(1, keepdims=True)
+    return z - np.log(np.exp(z).sum(1, keepdims=True))
+
+
+def _ce(z, y):
+    return -_log_softmax(z)[np.arange(len(y)), y]
+
+
+def _random(n, k, seed):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, k)) * 3, rng.integers(0, k, n)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.37, 1.0])
+@pytest.mark.parametrize("n, k", [(1, 4), (6, 4), (5, 1)])
+def test_mixup_loss_by_hand(lam, n, k):
+    z, y = _random(n, k, 3)
+    index = np.random.default_rng(4).permutation(n)
+    objective = _fixed(MixupLoss(), MixPairs(torch.as_tensor(index), lam))
+    batch = TrainBatch(x=torch.zeros(n, 2), y=torch.as_tensor(y))
+    objective.inputs(batch)
+    got = float(objective.loss(torch.as_tensor(z, dtype=torch.float32), torch.zeros(n, 2), batch))
+    soft = lam * np.eye(k)[y] + (1 - lam) * np.eye(k)[y[index]]
+    assert got == pytest.approx(float(-(soft * _log_softmax(z)).sum(1).mean()), rel=1e-5, abs=1e-6)
+    if k == 1:
+        assert got == pytest.approx(0.0, abs=1e-7)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.61, 1.0])
+@pytest.mark.parametrize("n, k", [(1, 3), (7, 3), (4, 1)])
+def test_regmixup_loss_by_hand(lam, n, k):
+    z, y = _random(2 * n, k, 5)
+    index = np.random.default_rng(6).permutation(n)
+    objective = _fixed(RegMixupLoss(), MixPairs(torch.as_tensor(index), lam))
+    batch = TrainBatch(x=torch.zeros(n, 2), y=torch.as_tensor(y[:n]))
+    assert objective.inputs(batch).shape == (2 * n, 2)
+    got = float(objective.loss(torch.as_tensor(z, dtype=torch.float32), torch.zeros(2 * n, 2), batch))
+    clean = _ce(z[:n], y[:n])
+    mixed = lam * _ce(z[n:], y[:n]) + (1 - lam) * _ce(z[n:], y[:n][index])
+    assert got == pytest.approx(float((clean.sum() + mixed.sum()) / (2 * n)), rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.44, 1.0])
+@pytest.mark.parametrize("n, k", [(1, 3), (6, 3), (3, 1)])
+def test_cutmix_loss_by_hand(lam, n, k):
+    z, y = _random(n, k, 7)
+    index = np.random.default_rng(8).permutation(n)
+    objective = _fixed(CutMixLoss(), CutPairs(torch.as_tensor(index), lam, (0, 0, 1, 1)))
+    batch = TrainBatch(x=torch.zeros(n, 1, 2, 2), y=torch.as_tensor(y))
+    objective.inputs(batch)
+    got = float(objective.loss(torch.as_tensor(z, dtype=torch.float32), torch.zeros(n, 2), batch))
+    want = lam * _ce(z, y).mean() + (1 - lam) * _ce(z, y[index]).mean()
+    assert got == pytest.approx(float(want), rel=1e-5, abs=1e-6)
+
+
+def test_paste_and_kept_area():
+    x = torch.arange(2 * 1 * 4 * 5, dtype=torch.float32).reshape(2, 1, 4, 5)
+    pairs = CutPairs(torch.tensor([1, 0]), kept_area(x.shape, (1, 2, 3, 5)), (1, 2, 3, 5))
+    out = paste(x, pairs)
+    want = x.clone()
+    want[0, :, 1:3, 2:5], want[1, :, 1:3, 2:5] = x[1, :, 1:3, 2:5], x[0, :, 1:3, 2:5]
+    assert torch.equal(out, want) and not torch.equal(out, x)
+    assert pairs.lam == pytest.approx(1 - 6 / 20)
+    assert kept_area(x.shape, (0, 0, 4, 5)) == 0.0 and kept_area(x.shape, (2, 2, 2, 5)) == 1.0
+    feats = torch.randn(3, 4)  # no spatial layout (heads mode): the blend with the same lam
+    assert torch.allclose(paste(feats, CutPairs(torch.tensor([2, 0, 1]), 0.25)),
+                          0.25 * feats + 0.75 * feats[[2, 0, 1]])
+
+
+def test_draws_are_seeded_and_in_range():
+    one, two = (draw_pairs(8, 0.2, torch.Generator().manual_seed(3)) for _ in range(2))
+    assert torch.equal(one.index, two.index) and one.lam == two.lam and 0 <= one.lam <= 1
+    assert sorted(one.index.tolist()) == list(range(8))
+    assert draw_pairs(5, 0.0, torch.Generator().manual_seed(0)).lam == 1.0
+    x = torch.randn(3, 2)
+    assert torch.equal(blend(x, MixPairs(torch.tensor([0, 1, 2]), 0.3)), 0.3 * x + 0.7 * x)  # batch-of-1 style no-op
+    box = rand_bbox((2, 3, 6, 5), 0.5, torch.Generator().manual_seed(0))
+    assert 0 <= box[0] <= box[2] <= 6 and 0 <= box[1] <= box[3] <= 5
+    never = CutMixLoss(beta=1.0, cutmix_prob=0.0)
+    batch = TrainBatch(x=torch.randn(2, 1, 3, 3), y=torch.tensor([0, 1]), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(never.inputs(batch), batch.x) and never._pairs is None
+    assert CutMixLoss(beta=0.0).draw(batch) is None  # beta 0: never mixed
+
+
+@pytest.mark.parametrize("name, params", [("mixup", {"alpha": 0.2}), ("cutmix", {"beta": 1.0, "cutmix_prob": 1.0}),
+                                          ("regmixup", {"alpha": 20.0})])
+def test_defaults_are_openood_configs(name, params):
+    det = build(name)
+    assert {k: det.params[k] for k in params} == params and det.score_rules == ("msp",)
