@@ -179,3 +179,35 @@ def test_draws_are_seeded_and_in_range():
 def test_defaults_are_openood_configs(name, params):
     det = build(name)
     assert {k: det.params[k] for k in params} == params and det.score_rules == ("msp",)
+
+
+@pytest.mark.slow
+def test_regmixup_through_the_runner(digits, single_torch_thread, tmp_path):
+    """A 2-epoch heads-mode RegMixup unit of an evaluation run scores as the detector trained by hand on the run's own
+    feature caches (the runner hands it the features, head and ID val it trains with)."""
+    from detectors.harness.evaluate import run_config
+    from detectors.harness.plan import make_plan
+    from detectors.metrics import evaluate
+    from pipelines.features import FeatureCache
+
+    id_dir, ood_dir, model = digits
+    plan = make_plan({"model": str(model), "id": str(id_dir), "out": str(tmp_path / "run"),
+                      "ood": [{"manifest": str(ood_dir), "sets": ["digits_6_9"]}],
+                      "detectors": [{"name": "regmixup", "params": {"epochs": 2, "mode": "heads"}}]})
+    results = run_config(plan)
+
+    def cache(role, name):
+        [split] = [s for s in plan.splits if (s.role, s.name) == (role, name)]
+        [path] = plan.cache_dir.glob(f"{split.id}-*.safetensors")
+        return FeatureCache.load(path)
+
+    train = cache("id", "id_train")
+    val, test, near = (cache(role, name).to_featureset() for role, name in
+                       (("id", "id_val"), ("id", "id_test"), ("ood", "digits_6_9")))
+    trained = build("regmixup", mode="heads", epochs=2).fit(train.to_featureset(), head=train.head(), id_val=val)
+    assert len(trained.history) == 2 and all(np.isfinite(h["loss"]) for h in trained.history)
+    expect = evaluate(trained.score(test), trained.score(near))
+    [row] = results[results.method == "regmixup"].to_dict("records")
+    assert row["family"] == "training"
+    assert row["auroc"] == pytest.approx(expect["auroc"], abs=1e-9) and row["fpr95"] == pytest.approx(expect["fpr95"],
+                                                                                                      abs=1e-9)
