@@ -1,6 +1,7 @@
-"""Mixup, CutMix and RegMixup against OpenOOD's own trainers: one step of each on a tiny network (golden numbers made
-by golden/make_openood_trainers.py from OpenOOD 3c35632) with the reference's draws fixed, then each loss in float64
-by hand, the edges (batch of 1, a single class, lam 0 and 1) and the draws."""
+"""Mixup, CutMix, RegMixup, T2FNorm and ISH against OpenOOD's own trainers: one step of each on a tiny network
+(golden numbers made by golden/make_openood_trainers.py from OpenOOD 3c35632) with the reference's draws fixed, the
+T2FNorm postprocessor's scores and ISH's shapings, then each loss in float64 by hand, the edges (batch of 1, a single
+class, lam 0 and 1) and the draws."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,7 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from detectors import build
+from detectors import FeatureSet, LinearHead, build
+from detectors.training_time.ish import ISHLoss, shaped
+from detectors.training_time.t2fnorm import T2FNormLoss
 from detectors.training_time.cutmix import CutMixLoss, CutPairs, box_at, kept_area, paste, rand_bbox
 from detectors.training_time.mixup import MixPairs, MixupLoss, blend, draw_pairs
 from detectors.training_time.regmixup import RegMixupLoss
@@ -35,9 +38,17 @@ def _fixed(objective, pairs):
     return objective
 
 
-def _objective(name: str, case: dict):
+def _objective(name: str, case: dict, net):
     """Our objective for a golden case, its draw fixed to the one the reference made."""
     args, draws = case["trainer_args"], _draws(case)
+    if name == "t2fnorm":
+        objective = T2FNormLoss(args["tau"])
+        objective.bind_head(net.fc)
+        return objective
+    if name == "ish":
+        objective = ISHLoss(args["mode"], args["param"])
+        objective.bind_head(net.fc)
+        return objective
     index = torch.tensor(draws["randperm"]) if "randperm" in draws else None
     lam = draws.get("beta", 1.0)
     if name.startswith("mixup"):
@@ -55,17 +66,21 @@ def _objective(name: str, case: dict):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_one_step_matches_openood_trainer(name):
-    """Same mixed inputs, loss and weights after one SGD step (the reference's optimiser: lr 0.1, momentum 0.9,
-    nesterov, weight decay 5e-4; its cosine LambdaLR is 1 at step 0) through the loop's own `_Step`."""
+    """Same (mixed) inputs, loss and weights after one SGD step (the reference's optimiser: lr 0.1, momentum 0.9,
+    nesterov, weight decay 5e-4, ISH's fc 5e-5; its cosine LambdaLR is 1 at step 0) through the loop's own `_Step`."""
     case = CASES[name]
-    net = tiny.TinyNet()
+    net = tiny.TinyNet(width=case["width"])
     tiny.state_from_json(net, case["init"])
-    step = _Step(tiny.AsClassifier(net), _objective(name, case))
+    step = _Step(tiny.AsClassifier(net), _objective(name, case, net))
     step.train()
     x, y = tiny.batch()
     batch = TrainBatch(x=x, y=y)
-    optimizer = torch.optim.SGD(net.parameters(), META["optimizer"]["lr"], momentum=META["optimizer"]["momentum"],
-                                weight_decay=META["optimizer"]["weight_decay"], nesterov=True)
+    opt = case["optimizer"]
+    params = list(net.parameters())
+    groups = ([{"params": params[:-2]}, {"params": params[-2:], "weight_decay": opt["weight_decay_fc"]}]
+              if "weight_decay_fc" in opt else params)
+    optimizer = torch.optim.SGD(groups, opt["lr"], momentum=opt["momentum"], weight_decay=opt["weight_decay"],
+                                nesterov=True)
     np.testing.assert_allclose(step.objective.inputs(batch).double().numpy(), np.array(case["input"]), atol=1e-6)
     loss = step(batch)
     assert float(loss.detach()) == pytest.approx(case["loss"], rel=1e-6, abs=1e-7)
@@ -81,6 +96,95 @@ def test_golden_cases_cover_the_branches():
     assert "beta" not in _draws(CASES["mixup_alpha0"]) and "beta" not in _draws(CASES["regmixup_alpha0"])  # lam 1
     assert "randperm" not in _draws(CASES["cutmix_unmixed"])  # r >= cutmix_prob: plain CE
     assert len(CASES["regmixup"]["input"]) == 2 * tiny.N  # clean + mixed, one pass
+    assert int(CASES["ish"]["width"] * (1 - CASES["ish"]["trainer_args"]["param"])) == 3  # 3 of 20 features kept
+
+
+def test_ish_changes_only_the_head_weight_gradient():
+    """Against plain CE on the same step: the same loss, bias and backbone gradients, another fc.weight gradient."""
+    case = CASES["ish"]
+    grads = []
+    for objective in ("ish", "ce"):
+        net = tiny.TinyNet(width=case["width"])
+        tiny.state_from_json(net, case["init"])
+        x, y = tiny.batch()
+        logits, h = net(x, return_feature=True)
+        if objective == "ish":
+            ish = ISHLoss()
+            ish.bind_head(net.fc)
+            loss = ish.loss(logits, h, TrainBatch(x=x, y=y))
+        else:
+            loss = torch.nn.functional.cross_entropy(logits, y)
+        loss.backward()
+        grads.append((float(loss.detach()), {k: p.grad.clone() for k, p in net.named_parameters()}))
+    (ish_loss, ish_grads), (ce_loss, ce_grads) = grads
+    assert ish_loss == ce_loss
+    for key in ish_grads:
+        same = torch.allclose(ish_grads[key], ce_grads[key], atol=1e-7)
+        assert same == (key != "fc.weight"), key
+
+
+@pytest.mark.parametrize("key", sorted(CASES["ish"]["shaping"]["shaped"]))
+def test_ish_shaping_matches_reference(key):
+    mode, param = key.split("@")
+    rows = torch.tensor(CASES["ish"]["shaping"]["rows"], dtype=torch.float32)
+    np.testing.assert_allclose(shaped(rows, mode, float(param)).double().numpy(),
+                               np.array(CASES["ish"]["shaping"]["shaped"][key]), rtol=1e-6, atol=1e-7)
+
+
+def test_ish_shaping_by_hand_and_edges():
+    x = np.array([[3.0, -1.0, 0.5, 2.0, 0.0], [0.2, 0.1, 0.4, 0.3, 0.0]])
+    got = shaped(torch.as_tensor(x), "minksample_expscale", 0.6).numpy()  # k = int(5 * 0.4) = 2
+    want = np.zeros_like(x)
+    for i, row in enumerate(x):
+        top = np.argsort(-np.abs(row))[:2]
+        want[i, top] = np.abs(row[top]) * np.exp(row.sum() / np.abs(row[top]).sum())
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    one = shaped(torch.as_tensor(x[:1]), "minksample_lnscale", 0.0).numpy()  # batch of 1, nothing pruned
+    np.testing.assert_allclose(one, np.abs(x[:1]) * x[0].sum() / np.abs(x[0]).sum(), rtol=1e-12)  # |x|, signed s1
+    positive = shaped(torch.as_tensor(x[1:]), "minksample_lnscale", 0.0).numpy()  # x >= 0: s1 = s2, unchanged
+    np.testing.assert_allclose(positive, x[1:], rtol=1e-12)
+    with pytest.raises(ValueError, match="keeps int"):
+        shaped(torch.ones(2, 4), "minksample_expscale", 0.85)  # int(4 * 0.15) = 0: the reference divides by 0
+    with pytest.raises(ValueError, match="in \\[0, 1\\)"):
+        ISHLoss(param=1.0)
+    single = ISHLoss(param=0.5)  # a single class: CE 0, zero gradients
+    head = torch.nn.Linear(4, 1)
+    single.bind_head(head)
+    loss = single.loss(None, torch.rand(3, 4), TrainBatch(x=torch.zeros(3, 4), y=torch.zeros(3, dtype=torch.long)))
+    loss.backward()
+    assert float(loss.detach()) == 0.0 and not head.weight.grad.any()
+
+
+def test_t2fnorm_scores_match_the_postprocessor():
+    """MSP of fc(h / tau) (and fc(h) on the 1000-class branch) with the trained head, on the eval-mode features."""
+    case = CASES["t2fnorm"]
+    head = LinearHead(np.array(case["updated"]["fc.weight"]), np.array(case["updated"]["fc.bias"]))
+    features = FeatureSet(features=np.array(case["eval_features"]))
+    for scale, key in (("auto", "scores"), ("tau", "scores"), ("none", "scores_1000")):
+        det = build("t2fnorm", mode="heads", inference_scale=scale)
+        det.head, det.fitted = head, True
+        np.testing.assert_allclose(det.score(features), case[key], rtol=1e-5, atol=1e-6)
+    det = build("t2fnorm", mode="heads")
+    det.head, det.fitted = LinearHead(np.zeros((1000, 2)), np.zeros(1000)), True
+    assert np.array_equal(det.scored_features(np.ones((1, 2))), np.ones((1, 2)))  # auto: 1000 classes read h
+
+
+def test_t2fnorm_loss_by_hand_and_validation_logits():
+    rng = np.random.default_rng(11)
+    h, y = rng.normal(size=(5, 4)), rng.integers(0, 3, 5)
+    head = torch.nn.Linear(4, 3)
+    objective = T2FNormLoss(tau=0.25)
+    with pytest.raises(RuntimeError, match="bind_head"):
+        objective.loss(None, torch.zeros(1, 4), TrainBatch(x=torch.zeros(1, 4), y=torch.zeros(1, dtype=torch.long)))
+    objective.bind_head(head)
+    w, b = head.weight.detach().double().numpy(), head.bias.detach().double().numpy()
+    z = (h / np.linalg.norm(h, axis=1, keepdims=True) / 0.25) @ w.T + b
+    got = objective.loss(None, torch.as_tensor(h, dtype=torch.float32), TrainBatch(x=torch.zeros(5, 4),
+                                                                                   y=torch.as_tensor(y)))
+    assert float(got.detach()) == pytest.approx(float(_ce(z, y).mean()), rel=1e-5)
+    val = objective.heads(None, torch.as_tensor(h, dtype=torch.float32))["label"]
+    np.testing.assert_allclose(val.detach().double().numpy(), z, rtol=1e-5, atol=1e-5)
+    assert "head" not in dict(objective.named_modules()) and not list(objective.parameters())  # not registered twice
 
 
 @pytest.mark.parametrize("item", CASES["cutmix"]["boxes"], ids=lambda b: f"lam{b['lam']}-{b['cx']}-{b['cy']}")
@@ -175,7 +279,8 @@ def test_draws_are_seeded_and_in_range():
 
 
 @pytest.mark.parametrize("name, params", [("mixup", {"alpha": 0.2}), ("cutmix", {"beta": 1.0, "cutmix_prob": 1.0}),
-                                          ("regmixup", {"alpha": 20.0})])
+                                          ("regmixup", {"alpha": 20.0}), ("t2fnorm", {"tau": 0.1}),
+                                          ("ish", {"ish_mode": "minksample_expscale", "ish_param": 0.85})])
 def test_defaults_are_openood_configs(name, params):
     det = build(name)
     assert {k: det.params[k] for k in params} == params and det.score_rules == ("msp",)
@@ -211,3 +316,18 @@ def test_regmixup_through_the_runner(digits, single_torch_thread, tmp_path):
     assert row["family"] == "training"
     assert row["auroc"] == pytest.approx(expect["auroc"], abs=1e-9) and row["fpr95"] == pytest.approx(expect["fpr95"],
                                                                                                       abs=1e-9)
+
+
+@pytest.mark.parametrize("name", ["mixup", "cutmix", "regmixup", "t2fnorm", "ish"])
+def test_heads_mode_trains_through_the_loop(name):
+    """The loop hands T2FNorm and ISH the head it trains (`bind_head`); every method trains and scores in [1/C, 1]."""
+    rng = np.random.default_rng(12)
+    y = np.repeat(np.arange(3), 20)
+    features = (np.abs(rng.normal(size=(60, 20))) + 2.0 * np.eye(3, 20)[y]).astype(np.float32)
+    train = FeatureSet(features, None, y)
+    head = LinearHead(rng.normal(size=(3, 20)) * 0.1, np.zeros(3))
+    det = build(name, mode="heads", epochs=2, batch_size=16).fit(train, head=head)
+    scores = det.score(FeatureSet(features))
+    assert len(det.history) == 2 and np.isfinite([h["loss"] for h in det.history]).all()
+    assert np.all((scores >= 1 / 3 - 1e-9) & (scores <= 1 + 1e-9))
+    assert not np.allclose(det.head.weight, head.weight)  # the head the loop trained is the one that scores

@@ -1,5 +1,6 @@
 """The tiny network and batch the OpenOOD trainer goldens are made with (make_openood_trainers.py) and checked against
-(test_train_openood_trainers.py): conv + batch norm + mean pool + linear head, 4 images of 3 x 6 x 6, 3 classes."""
+(test_train_openood_trainers.py): conv + batch norm + ReLU + mean pool + linear head (`width` features), 4 images of
+3 x 6 x 6, 3 classes."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,11 +13,11 @@ N, C, H, W, CLASSES = 4, 3, 6, 6, 3
 class TinyNet(nn.Module):
     """`forward(x)` -> logits, `forward(x, return_feature=True)` -> (logits, features), as OpenOOD's networks."""
 
-    def __init__(self, classes: int = CLASSES):
+    def __init__(self, classes: int = CLASSES, width: int = 4):
         super().__init__()
-        self.conv = nn.Conv2d(C, 4, 3, padding=1)
-        self.bn = nn.BatchNorm2d(4)
-        self.fc = nn.Linear(4, classes)
+        self.conv = nn.Conv2d(C, width, 3, padding=1)
+        self.bn = nn.BatchNorm2d(width)
+        self.fc = nn.Linear(width, classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(self.bn(self.conv(x))).mean((2, 3))
