@@ -331,3 +331,16 @@ def test_heads_mode_trains_through_the_loop(name):
     assert len(det.history) == 2 and np.isfinite([h["loss"] for h in det.history]).all()
     assert np.all((scores >= 1 / 3 - 1e-9) & (scores <= 1 + 1e-9))
     assert not np.allclose(det.head.weight, head.weight)  # the head the loop trained is the one that scores
+
+
+def test_the_protocols_score_their_best_epoch():
+    """openood_v1.5 (and open-insects) score OpenOOD's best.ckpt; exact the last epoch; no Open-Insect loop settings."""
+    from detectors.harness.protocols import OPENOOD_TRAINERS, TRAINING_METHODS, protocol_params
+    from detectors.registry import detector_class
+
+    assert not set(OPENOOD_TRAINERS) & set(TRAINING_METHODS)
+    for name in OPENOOD_TRAINERS:
+        assert detector_class(name).family == "training"
+        assert protocol_params("openood_v1.5", name) == {"checkpoint": "best"}
+        assert protocol_params("open-insects", name) == {"checkpoint": "best"}
+        assert "checkpoint" not in protocol_params("exact", name)
