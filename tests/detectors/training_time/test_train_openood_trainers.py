@@ -344,3 +344,40 @@ def test_the_protocols_score_their_best_epoch():
         assert protocol_params("openood_v1.5", name) == {"checkpoint": "best"}
         assert protocol_params("open-insects", name) == {"checkpoint": "best"}
         assert "checkpoint" not in protocol_params("exact", name)
+
+
+@pytest.mark.parametrize("name", ["mixup", "cutmix", "regmixup", "t2fnorm", "ish"])
+def test_full_mode_fine_tunes_on_images(name, tmp_path):
+    """One epoch of each on 12 px images: the image loop mixes 4-D batches (CutMix's box) and hands T2FNorm and ISH
+    the classifier's own head, which moves."""
+    from PIL import Image
+
+    from pipelines.classifier import ImageClassifier
+    from pipelines.data import make_row, write_manifest
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 255, (12, 12, 3)).astype(np.uint8)).save(tmp_path / f"{i}.png")
+        rows.append(make_row(f"{i}.png", split="train", label=i % 2))
+    manifest = write_manifest(tmp_path, rows)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                            torch.nn.Flatten())
+            self.fc = torch.nn.Linear(8, 2)
+
+        def forward(self, x):
+            h = self.body(x)
+            return self.fc(h), h
+
+    torch.manual_seed(0)
+    clf = ImageClassifier.from_module(Net(), image_size=12)
+    before = clf.head.weight.detach().clone()
+    det = build(name, classifier=clf, epochs=1, batch_size=3, ish_param=0.5) if name == "ish" else \
+        build(name, classifier=clf, epochs=1, batch_size=3)
+    det.fit(manifest)
+    assert np.isfinite(det.history[-1]["loss"]) and det.head.weight.shape == (2, 8)
+    assert not torch.equal(clf.head.weight.detach(), before)
