@@ -288,8 +288,8 @@ def test_defaults_are_openood_configs(name, params):
 
 @pytest.mark.slow
 def test_regmixup_through_the_runner(digits, single_torch_thread, tmp_path):
-    """A 2-epoch heads-mode RegMixup unit of an evaluation run scores as the detector trained by hand on the run's own
-    feature caches (the runner hands it the features, head and ID val it trains with)."""
+    """A 2-epoch heads-mode RegMixup unit of an evaluation run (protocol openood_v1.5) scores as the detector trained by
+    hand on the run's own feature caches (the runner hands it the features, head and ID val it trains with)."""
     from detectors.harness.evaluate import run_config
     from detectors.harness.plan import make_plan
     from detectors.metrics import evaluate
@@ -309,7 +309,9 @@ def test_regmixup_through_the_runner(digits, single_torch_thread, tmp_path):
     train = cache("id", "id_train")
     val, test, near = (cache(role, name).to_featureset() for role, name in
                        (("id", "id_val"), ("id", "id_test"), ("ood", "digits_6_9")))
-    trained = build("regmixup", mode="heads", epochs=2).fit(train.to_featureset(), head=train.head(), id_val=val)
+    # the default protocol (openood_v1.5) scores the best ID-val epoch, as OpenOOD's eval_ood.py loads best.ckpt
+    trained = build("regmixup", mode="heads", epochs=2, checkpoint="best").fit(train.to_featureset(),
+                                                                               head=train.head(), id_val=val)
     assert len(trained.history) == 2 and all(np.isfinite(h["loss"]) for h in trained.history)
     expect = evaluate(trained.score(test), trained.score(near))
     [row] = results[results.method == "regmixup"].to_dict("records")
