@@ -160,12 +160,15 @@ def _open_insects_training() -> dict[str, dict[str, Any]]:
 TRAINING_METHODS = ("arpl", "confbranch", "energy_oe", "extended", "godin", "logitnorm", "mcd", "mixoe", "novel_branch",
                     "oe", "rotpred", "udg")
 """The training-time methods the reference protocols fine-tune (their settings above)."""
+OPENOOD_TRAINERS = ("cutmix", "ish", "mixup", "regmixup", "t2fnorm")
+"""Training-time methods from OpenOOD's trainers alone (no Open-Insect recipe): they take only the protocols' scored
+checkpoint (OpenOOD's `scripts/eval_ood.py:147` loads `best.ckpt`)."""
 
 for _name, _values in _open_insects_training().items():
     PROTOCOLS["open-insects"].setdefault(_name, {}).update(_values)
 for _protocol, _choice in CHECKPOINTS.items():  # the fine-tunes score with the protocol's checkpoint
     if _choice != "last":
-        for _name in TRAINING_METHODS:
+        for _name in TRAINING_METHODS + OPENOOD_TRAINERS:
             PROTOCOLS[_protocol].setdefault(_name, {})["checkpoint"] = _choice
 
 

@@ -696,6 +696,7 @@ def finetune(classifier: nn.Module, train: Manifest, *, settings: TrainSettings 
     targets += [objective.encode_targets(target_values(m.rows, fields, name)) if m is not None else {}
                 for name, m in (("val", val), ("test", test))]
     aux_y, aux_vocab = aux_labels(aux.rows, aux_label_field) if aux is not None and objective.uses_aux else (None, [])
+    objective.bind_head(classifier.head)
     objective.setup(classifier.head.in_features, classifier.head.out_features, len(aux_vocab))
     pixels = _pixels(classifier.preprocess, augment, transforms, s.seed)
     loaders = _image_loaders(objective, train, aux, aux_y, val, test, pixels, s.batch_size, s.seed, num_workers,
@@ -773,6 +774,7 @@ def train_heads(head: Any, train_features: np.ndarray, train_labels: np.ndarray,
         aux_y = (np.full(len(aux_features), -1, dtype=np.int64) if aux_labels is None
                  else np.asarray(aux_labels, dtype=np.int64))
         n_aux_classes = int(aux_y.max()) + 1 if (aux_y >= 0).any() else 0
+    objective.bind_head(layer)
     objective.setup(layer.in_features, layer.out_features, n_aux_classes)
     aux_loader = None
     if objective.uses_aux and objective.pooled:

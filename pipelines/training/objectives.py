@@ -52,6 +52,8 @@ class Objective(nn.Module):
     - `needs_epoch_pass` / `epoch_start(epoch, id_pass, aux_pass)`: the same pass (logits, features, row index, in
       row order) before every epoch (e.g. UDG's clustering).
     - `setup(feature_dim, num_classes, num_aux_classes)`: build extra heads (nn.Modules on `self`; they are trained).
+    - `bind_head(head)`: the model's own closed-set head, handed over before `setup`, for objectives that apply it
+      to their own transform of the features (T2FNorm: normalised features over tau) or change its gradient (ISH).
     - `inputs(batch)`: the tensor run through the model (default: ID inputs then aux inputs, concatenated), or a tuple
       of tensors run as separate forward passes (outputs concatenated in order; matters with batch norm).
     - `replaces_head`: the objective computes its own closed-set logits from the features (ARPL, G-ODIN), so the
@@ -76,6 +78,9 @@ class Objective(nn.Module):
 
     def setup(self, feature_dim: int, num_classes: int, num_aux_classes: int = 0) -> None:
         """Build extra heads; the default has none."""
+
+    def bind_head(self, head: nn.Linear) -> None:
+        """The model's closed-set head (trained with the model); the default objective does not keep it."""
 
     def calibrate(self, id_logits: torch.Tensor, aux_logits: torch.Tensor | None) -> None:
         """Use the untrained model's logits on the whole ID-train (and aux) set; called when `needs_calibration`."""
