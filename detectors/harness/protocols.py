@@ -157,15 +157,18 @@ def _open_insects_training() -> dict[str, dict[str, Any]]:
     return out
 
 
-TRAINING_METHODS = ("arpl", "confbranch", "energy_oe", "extended", "godin", "logitnorm", "mcd", "mixoe", "novel_branch",
-                    "oe", "rotpred", "udg")
+TRAINING_METHODS = ("arpl", "cider", "confbranch", "energy_oe", "extended", "godin", "logitnorm", "mcd", "mixoe",
+                    "novel_branch", "oe", "rotpred", "udg")
 """The training-time methods the reference protocols fine-tune (their settings above)."""
+LAST_EPOCH_METHODS = ("cider",)
+"""Methods scored with the last epoch under every protocol: no classifier loss, so no ID-val accuracy to choose by
+(the reference's `CiderRecorder` keeps the lowest training-loss epoch, `openood/recorders/cider_recorder.py:35-50`)."""
 
 for _name, _values in _open_insects_training().items():
     PROTOCOLS["open-insects"].setdefault(_name, {}).update(_values)
 for _protocol, _choice in CHECKPOINTS.items():  # the fine-tunes score with the protocol's checkpoint
     if _choice != "last":
-        for _name in TRAINING_METHODS:
+        for _name in set(TRAINING_METHODS) - set(LAST_EPOCH_METHODS):
             PROTOCOLS[_protocol].setdefault(_name, {})["checkpoint"] = _choice
 
 
