@@ -193,3 +193,13 @@ def test_cider_through_the_runner(digits, single_torch_thread, tmp_path):
     assert row["family"] == "training" and row["mode"] == "heads"
     assert row["auroc"] == pytest.approx(expect["auroc"], abs=1e-9) and row["fpr95"] == pytest.approx(expect["fpr95"],
                                                                                                       abs=1e-9)
+
+
+def test_postprocessor_scores_equal_openood():
+    """The score rule equals CIDERPostprocessor's (faiss IndexFlatL2, -D[:, K-1]) on the same normalised features."""
+    from detectors.training_time.embedding import unit_rows
+
+    ref = GOLDEN["postprocessor"]
+    det = build("cider", mode="heads", k=ref["k"])
+    det.extra = det.fit_rule(unit_rows(np.float32(ref["train_x"])), np.zeros(len(ref["train_x"]), dtype=int))
+    np.testing.assert_allclose(det.rule_scores(unit_rows(np.float32(ref["test_x"]))), ref["scores"], atol=1e-6)

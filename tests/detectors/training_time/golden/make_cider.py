@@ -2,7 +2,8 @@
 openood_trainers.COMMIT): a stand-in backbone whose features are the inputs (so the step trains the MLP projection head
 on fixed features, as heads mode does), prototypes initialised from a fixed "val" batch by the trainer's own
 `init_class_prototypes`, then `train_epoch(1)` over one two-view batch (its SGD step, warm-up lr included). Recorded:
-the initial and updated prototypes, both loss terms, the head's gradients and weights after the step.
+the initial and updated prototypes, both loss terms, the head's gradients and weights after the step; and the
+postprocessor's scores (cider_postprocessor.py, faiss IndexFlatL2) on fixed features.
 Writes cider.json beside this file."""
 from __future__ import annotations
 
@@ -47,8 +48,8 @@ def case(trainer_module, net_module, classes: int, rows: int, val_rows: int, see
                                                  "label": torch.from_numpy(y)}]), val, config(classes, rows))
     initial = trainer.criterion_dis.prototypes.clone()
     seen = {}
-    trainer.criterion_dis.register_forward_hook(lambda m, i, o: seen.__setitem__("dis", float(o)))
-    trainer.criterion_comp.register_forward_hook(lambda m, i, o: seen.__setitem__("comp", float(o)))
+    trainer.criterion_dis.register_forward_hook(lambda m, i, o: seen.__setitem__("dis", float(o.detach())))
+    trainer.criterion_comp.register_forward_hook(lambda m, i, o: seen.__setitem__("comp", float(o.detach())))
     trainer.train_epoch(1)
     return {"classes": classes, "seed": seed,
             "inputs": {"weights": {k: ref.as_list(v) for k, v in weights.items()}, "val_x": ref.as_list(val_x),
@@ -60,12 +61,26 @@ def case(trainer_module, net_module, classes: int, rows: int, val_rows: int, see
             "stepped": {n: ref.as_list(p) for n, p in net.head.named_parameters()}}
 
 
+def scores(post_module, net_module) -> dict:
+    """The postprocessor (K 5 here) on the normalised features of the stand-in backbone."""
+    rng = np.random.default_rng(9)
+    net = net_module.CIDERNet(Backbone(), head="mlp", feat_dim=F, num_classes=3)
+    train_x, test_x = ref.rounded(rng, (40, D)) + np.float32(0.3), ref.rounded(rng, (15, D))
+    post = post_module.CIDERPostprocessor(ref.namespace({"postprocessor": {"postprocessor_args": {"K": 5},
+                                                                           "postprocessor_sweep": {}}}))
+    post.setup(net, {"train": [{"data": torch.from_numpy(train_x[i:i + 16])} for i in range(0, 40, 16)]}, {})
+    conf = post.postprocess(net, torch.from_numpy(test_x))[1]
+    return {"k": 5, "train_x": ref.as_list(train_x), "test_x": ref.as_list(test_x), "scores": ref.as_list(conf)}
+
+
 def main() -> None:
-    trainer_module, net_module = ref.load("openood/trainers/cider_trainer.py", "openood/networks/cider_net.py")
+    trainer_module, net_module, _, post_module = ref.load(
+        "openood/trainers/cider_trainer.py", "openood/networks/cider_net.py",
+        "openood/postprocessors/base_postprocessor.py", "openood/postprocessors/cider_postprocessor.py")
     torch.manual_seed(0)
     cases = [case(trainer_module, net_module, *c) for c in CASES]
     print(ref.write("cider", "make_cider.py", {"defaults": {"proto_m": 0.95, "temp": 0.1, "w": 2, "feat_dim": 128},
-                                               "cases": cases}))
+                                               "cases": cases, "postprocessor": scores(post_module, net_module)}))
 
 
 if __name__ == "__main__":
