@@ -158,12 +158,12 @@ def _open_insects_training() -> dict[str, dict[str, Any]]:
 
 
 TRAINING_METHODS = ("arpl", "cider", "confbranch", "energy_oe", "extended", "godin", "logitnorm", "mcd", "mixoe",
-                    "novel_branch", "oe", "reweightood", "rotpred", "udg")
+                    "novel_branch", "oe", "palm", "reweightood", "rotpred", "udg")
 """The training-time methods the reference protocols fine-tune (their settings above)."""
-LAST_EPOCH_METHODS = ("cider", "reweightood")
+LAST_EPOCH_METHODS = ("cider", "palm", "reweightood")
 """Methods scored with the last epoch under every protocol: no classifier loss, so no ID-val accuracy to choose by
-(the reference's `CiderRecorder`, `recorder: cider` in both train configs, keeps the lowest training-loss epoch,
-`openood/recorders/cider_recorder.py:35-50`)."""
+(the reference's `CiderRecorder` / `PALMRecorder`, named by their train configs, keep the lowest training-loss epoch,
+`openood/recorders/cider_recorder.py:35-50`, `palm_recorder.py:27-45`)."""
 
 for _name, _values in _open_insects_training().items():
     PROTOCOLS["open-insects"].setdefault(_name, {}).update(_values)

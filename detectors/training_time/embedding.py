@@ -67,6 +67,24 @@ class EmbeddingDetector(TrainedDetector):
         return self.rule_scores(unit_rows(features))
 
 
+class MahalanobisOnUnitFeatures(EmbeddingDetector):
+    """The score max_c -(h - mu_c)^T P (h - mu_c) on the normalised features: class means and P the precision of
+    sklearn's EmpiricalCovariance of the class-centred normalised ID-train features, as OpenOOD's
+    `reweightood_postprocessor.py:20-72` and `mds_postprocessor.py:20-77` compute it (the `mds` detector's fit)."""
+
+    def fit_rule(self, unit: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
+        from detectors.base import FeatureSet
+        from detectors.posthoc.mahalanobis import Mahalanobis
+
+        mds = Mahalanobis().fit(FeatureSet(unit, None, labels))
+        return {"mds.means": mds.means, "mds.precision": mds.precision}
+
+    def rule_scores(self, unit: np.ndarray) -> np.ndarray:
+        from detectors.posthoc.mahalanobis import min_squared_mahalanobis
+
+        return -min_squared_mahalanobis(unit, self.extra["mds.means"], self.extra["mds.precision"], desc=self.name)
+
+
 def embed(projection: nn.Module, features: torch.Tensor) -> torch.Tensor:
     """CIDERNet's forward after the backbone (`cider_net.py:27-31`): the projection, L2-normalised (float32)."""
     return F.normalize(projection(features).float(), dim=1)

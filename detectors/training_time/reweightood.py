@@ -17,13 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from detectors.base import FeatureSet, param
+from detectors.base import param
 from detectors.registry import register_detector
-from detectors.training_time.embedding import EmbeddingDetector, embed, projection_head
+from detectors.training_time.embedding import MahalanobisOnUnitFeatures, embed, projection_head
 from pipelines.training import Objective, TrainBatch
 
 
@@ -63,7 +62,7 @@ class ReweightOODLoss(Objective):
 
 
 @register_detector("reweightood")
-class ReweightOOD(EmbeddingDetector):
+class ReweightOOD(MahalanobisOnUnitFeatures):
     """Train the backbone with ReweightOOD's loss through a projection head; score = max_c -(squared Mahalanobis
     distance) on the normalised backbone features."""
 
@@ -73,7 +72,7 @@ class ReweightOOD(EmbeddingDetector):
                       "openood/postprocessors/reweightood_postprocessor.py")
 
     @dataclass(frozen=True)
-    class Params(EmbeddingDetector.Params):
+    class Params(MahalanobisOnUnitFeatures.Params):
         temp: float = param(0.1, "temperature (train_reweightood.yml:22)", gt=0)
         m_b: float = param(5.0, "slope of the negative pairs' weight (train_reweightood.yml:23)")
         c_b: float = param(4.0, "offset of the negative pairs' weight (train_reweightood.yml:24)")
@@ -86,15 +85,3 @@ class ReweightOOD(EmbeddingDetector):
     def objective(self) -> Objective:
         p = self.params
         return ReweightOODLoss(p["temp"], p["m_b"], p["c_b"], p["m_w"], p["c_w"], p["feat_dim"], p["projection"])
-
-    def fit_rule(self, unit: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
-        """Class means and the tied precision (`mds`'s fit: sklearn's pinvh of the 1/N class-centred covariance)."""
-        from detectors.posthoc.mahalanobis import Mahalanobis
-
-        mds = Mahalanobis().fit(FeatureSet(unit, None, labels))
-        return {"mds.means": mds.means, "mds.precision": mds.precision}
-
-    def rule_scores(self, unit: np.ndarray) -> np.ndarray:
-        from detectors.posthoc.mahalanobis import min_squared_mahalanobis
-
-        return -min_squared_mahalanobis(unit, self.extra["mds.means"], self.extra["mds.precision"], desc=self.name)

@@ -4,7 +4,7 @@ here, run by hand during development; pytest collects none of this folder).
 OpenOOD does not install here (its package __init__ pulls the whole framework), so the files a trainer needs are written
 out of the git directory at `COMMIT` into a temporary package: the trainer, the network and `utils/comm.py` are the
 reference's own text; `openood/utils/__init__.py` only provides the `Config` name the trainers import, and `.cuda()`
-is the identity (the step runs on the CPU). Usage:
+and `.to('cuda')` are the identity (the step runs on the CPU). Usage:
     OPENOOD_GIT=/path/to/OpenOOD/.git python tests/detectors/training_time/golden/make_cider.py
 """
 from __future__ import annotations
@@ -45,6 +45,8 @@ def load(*paths: str) -> list:
         (root / path).write_text(show(path))
     torch.Tensor.cuda = lambda self, *args, **kwargs: self  # the step runs on the CPU
     torch.nn.Module.cuda = lambda self, *args, **kwargs: self
+    to = torch.Tensor.to
+    torch.Tensor.to = lambda self, *args, **kwargs: self if args[:1] == ("cuda",) else to(self, *args, **kwargs)
     sys.path.insert(0, str(root))
     return [importlib.import_module(path[:-3].replace("/", ".")) for path in paths]
 
