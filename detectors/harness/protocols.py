@@ -158,7 +158,7 @@ def _open_insects_training() -> dict[str, dict[str, Any]]:
 
 
 TRAINING_METHODS = ("arpl", "cider", "confbranch", "energy_oe", "extended", "godin", "logitnorm", "mcd", "mixoe",
-                    "novel_branch", "oe", "palm", "reweightood", "rotpred", "udg")
+                    "novel_branch", "oe", "palm", "reweightood", "rotpred", "udg", "vos")
 """The training-time methods the reference protocols fine-tune (their settings above)."""
 LAST_EPOCH_METHODS = ("cider", "palm", "reweightood")
 """Methods scored with the last epoch under every protocol: no classifier loss, so no ID-val accuracy to choose by

@@ -129,6 +129,7 @@ class _Step(nn.Module):
     def __init__(self, model: nn.Module, objective: Objective, compiled: bool = False):
         super().__init__()
         self.model, self.objective = model, objective
+        objective.attach(model)
         # the compiled wrapper is kept out of the registered submodules, so state_dict keys stay the model's own
         self._forward = [torch.compile(model) if compiled else model]
 

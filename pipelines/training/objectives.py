@@ -53,6 +53,8 @@ class Objective(nn.Module):
     - `needs_epoch_pass` / `epoch_start(epoch, id_pass, aux_pass)`: the same pass (logits, features, row index, in
       row order) before every epoch (e.g. UDG's clustering).
     - `setup(feature_dim, num_classes, num_aux_classes)`: build extra heads (nn.Modules on `self`; they are trained).
+    - `attach(model)`: the model being trained (its `head` the closed-set layer), handed once before training, for
+      objectives that run the head on points of their own (VOS' virtual outliers); default: not kept.
     - `inputs(batch)`: the tensor run through the model (default: ID inputs then aux inputs, concatenated), or a tuple
       of tensors run as separate forward passes (outputs concatenated in order; matters with batch norm).
     - `replaces_head`: the objective computes its own closed-set logits from the features (ARPL, G-ODIN), so the
@@ -80,6 +82,9 @@ class Objective(nn.Module):
 
     def calibrate(self, id_logits: torch.Tensor, aux_logits: torch.Tensor | None) -> None:
         """Use the untrained model's logits on the whole ID-train (and aux) set; called when `needs_calibration`."""
+
+    def attach(self, model: nn.Module) -> None:
+        """The model under training (`model.head`: its closed-set layer); default: not needed."""
 
     def calibrate_pass(self, id_pass: "Pass", aux_pass: "Pass | None") -> None:
         """The whole passes (logits, features) before the first step, when `needs_calibration`; default: `calibrate`."""
