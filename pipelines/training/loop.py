@@ -332,7 +332,7 @@ class _Loop:
         start, first = time.perf_counter(), self.resume()
         if self.objective.needs_calibration and first == 0:
             id_pass, aux_pass = self.passes()
-            self.acc.unwrap_model(self.step_module).objective.calibrate(id_pass.logits, aux_pass and aux_pass.logits)
+            self.acc.unwrap_model(self.step_module).objective.calibrate_pass(id_pass, aux_pass)
         self.report = EpochLog(self.s.desc, self.s.epochs, first, self.batches, self.acc.is_local_main_process)
         try:
             for epoch in range(first, self.s.epochs):

@@ -48,12 +48,14 @@ class Objective(nn.Module):
     - `pooled`: instead, ID and aux rows are shuffled into ONE pool cut into batches of `batch_size` (an epoch covers
       both sets; a batch holds a random mix, possibly no ID row). Open-Insects' NovelBranch / Extended do this.
     - `needs_calibration` / `calibrate(id_logits, aux_logits)`: statistics of the model's outputs on all ID-train and
-      aux rows, computed once before the first step (e.g. data-driven energy margins).
+      aux rows, computed once before the first step (e.g. data-driven energy margins); `calibrate_pass(id_pass,
+      aux_pass)` is the hook the loop calls, with the features too (CIDER's prototypes), by default `calibrate`.
     - `needs_epoch_pass` / `epoch_start(epoch, id_pass, aux_pass)`: the same pass (logits, features, row index, in
       row order) before every epoch (e.g. UDG's clustering).
     - `setup(feature_dim, num_classes, num_aux_classes)`: build extra heads (nn.Modules on `self`; they are trained).
     - `bind_head(head)`: the model's own closed-set head, handed over before `setup`, for objectives that apply it
-      to their own transform of the features (T2FNorm: normalised features over tau) or change its gradient (ISH).
+      to their own transform of the features (T2FNorm: normalised features over tau), change its gradient (ISH) or
+      run it on points of their own (VOS' virtual outliers).
     - `inputs(batch)`: the tensor run through the model (default: ID inputs then aux inputs, concatenated), or a tuple
       of tensors run as separate forward passes (outputs concatenated in order; matters with batch norm).
     - `replaces_head`: the objective computes its own closed-set logits from the features (ARPL, G-ODIN), so the
@@ -84,6 +86,10 @@ class Objective(nn.Module):
 
     def calibrate(self, id_logits: torch.Tensor, aux_logits: torch.Tensor | None) -> None:
         """Use the untrained model's logits on the whole ID-train (and aux) set; called when `needs_calibration`."""
+
+    def calibrate_pass(self, id_pass: "Pass", aux_pass: "Pass | None") -> None:
+        """The whole passes (logits, features) before the first step, when `needs_calibration`; default: `calibrate`."""
+        self.calibrate(id_pass.logits, aux_pass and aux_pass.logits)
 
     def epoch_start(self, epoch: int, id_pass: "Pass", aux_pass: "Pass | None") -> None:
         """Called before every epoch with the model's outputs on every ID-train / aux row; when `needs_epoch_pass`."""

@@ -48,6 +48,7 @@ FAST: dict[str, dict[str, Any]] = {
     "diffguard": {"steps": 6, "max_inversion_steps": 4, "n_crops": 2, "early_stop_similarity": None,
                   "early_stop_psnr": 15.0, "distance": "ssim"},
     "udg": {"num_clusters": 4, "pca_dim": 3},
+    "cider": {"k": 5},
     "diffpath": {"steps": 2, "gmm_components": [1, 2], "cv_folds": 2, "n_jobs": 1},
 }
 

@@ -147,13 +147,17 @@ def test_the_plan_takes_the_protocols_tie_rule_unless_the_config_names_one(tmp_p
 def test_checkpoints_per_protocol_and_the_fine_tunes_follow():
     """The reference protocols evaluate and fine-tune with the best ID-val epoch (best.ckpt), exact with the last;
     a training method's own `params.checkpoint` wins, and best without ID val rows is refused in the plan."""
-    from detectors.harness.protocols import CHECKPOINTS, TRAINING_METHODS
+    from detectors.harness.protocols import CHECKPOINTS, LAST_EPOCH_METHODS, OPENOOD_TRAINERS, TRAINING_METHODS
     from pipelines.training.loop import CHECKPOINT_CHOICES
 
     assert set(CHECKPOINTS) == set(PROTOCOLS) and set(CHECKPOINTS.values()) <= set(CHECKPOINT_CHOICES)
     assert CHECKPOINTS["open-insects"] == CHECKPOINTS["openood_v1.5"] == "best" and CHECKPOINTS["exact"] == "last"
-    for name in TRAINING_METHODS:
+    assert set(LAST_EPOCH_METHODS) <= set(OPENOOD_TRAINERS)
+    for name in TRAINING_METHODS + OPENOOD_TRAINERS:
         assert detector_class(name).Params().checkpoint == "last"  # the class default: exact's
+        if name in LAST_EPOCH_METHODS:  # no ID-val accuracy to choose by: the last epoch everywhere
+            assert all("checkpoint" not in protocol_params(p, name) for p in PROTOCOLS)
+            continue
         assert (protocol_params("open-insects", name)["checkpoint"]
                 == protocol_params("openood_v1.5", name)["checkpoint"] == "best")
         assert "checkpoint" not in protocol_params("exact", name)

@@ -92,8 +92,12 @@ LOOP = {
     "open-insects": {"schedule": "reference", "drop_last": False, "precision": "fp32", "checkpoint": "best",
                      "weights": "best"},
 }
-METHOD = {("rotpred", p): {"batch_size": 256} for p in LOOP} | {("mixoe", "open-insects"): {"drop_last": True}}
-"""RotPred's published batch (all protocols); MixOE's trainer drops its last batch (Open-Insect)."""
+METHOD = ({("rotpred", p): {"batch_size": 256} for p in LOOP} | {("mixoe", "open-insects"): {"drop_last": True}}
+          | {(name, p): {"checkpoint": "last", "weights": "last"} for p in LOOP
+             for name in ("cider", "palm", "reweightood")})
+"""RotPred's published batch (all protocols); MixOE's trainer drops its last batch (Open-Insect); CIDER, PALM and
+ReweightOOD have no ID-val accuracy to choose an epoch by (their recorder keeps the lowest training loss): the last
+epoch."""
 
 RECIPE = {
     "open-insects-scratch": {"epochs": 120, "batch_size": 512, "lr": 0.01, "weight_decay": 1e-05, "warmup_epochs": 6,
