@@ -70,3 +70,12 @@ def test_webo_by_hand_and_edges():
         detectors.build("webo", weights=[1.0, 1.0, 1.0]).score(z)
     with pytest.raises(ValueError, match="3 given for 7 classes"):
         detectors.detector_class("webo").check_params({"weights": [1.0, 1.0, 1.0]}, dims={"classes": 7, "features": 4})
+
+
+def test_webo_blocks_change_nothing_but_rounding(monkeypatch):
+    from detectors.posthoc import webo
+
+    w = [0.5, 1.0, 2.0, 0.0, 1.5, -1.0, 3.0]
+    whole = detectors.build("webo", weights=w).score(LOGITS)
+    monkeypatch.setattr(webo, "SUM_ELEMENTS", 20)  # blocks of 2 rows: the product's float32 sums group otherwise
+    np.testing.assert_allclose(detectors.build("webo", weights=w).score(LOGITS), whole, rtol=1e-6)
