@@ -148,15 +148,28 @@ def fresh_copy(view: np.ndarray, dtype: Any = None) -> np.ndarray:
     return half.to(torch.float32 if target == np.float32 else torch.float64).numpy()
 
 
-def map_rows(fn: Callable[[slice, np.ndarray], np.ndarray], array: np.ndarray, dtype: Any = None) -> np.ndarray:
-    """Concatenate fn(slice, rows) [n_rows] over the chunks of `array` (chunked scoring)."""
+def map_rows(fn: Callable[[slice, np.ndarray], np.ndarray], array: np.ndarray, dtype: Any = None, *,
+             rows: int | None = None, read_only: bool = False) -> np.ndarray:
+    """Concatenate fn(slice, rows) [n_rows] over the chunks of `array` (chunked scoring), `rows` per call (default
+    `CHUNK_ROWS`; a few thousand keep one call's passes in cache). `read_only`: fn never writes to its rows, so those
+    of an in-memory array already in `dtype` come as read-only views, not copies (a memory-mapped one is still read
+    chunk by chunk and released)."""
     out = None
-    for part, block in chunks(array, dtype):
+    viewed = read_only and _mapping(array) is None and (dtype is None or np.dtype(dtype) == array.dtype)
+    for part, block in (_views(array, rows) if viewed else chunks(array, dtype, rows)):
         value = np.asarray(fn(part, block))
         if out is None:
             out = np.empty((len(array),) + value.shape[1:], dtype=value.dtype)
         out[part] = value
     return out if out is not None else np.zeros(0)
+
+
+def _views(array: np.ndarray, rows: int | None) -> Iterator[tuple[slice, np.ndarray]]:
+    """(row slice, read-only view of those rows) over an in-memory array."""
+    for part in row_slices(len(array), rows):
+        view = array[part]
+        view.flags.writeable = False
+        yield part, view
 
 
 def column_mean(array: np.ndarray) -> np.ndarray:
