@@ -146,6 +146,12 @@ def ours(name: str, data: Data) -> np.ndarray:
     return det.score(data.test)
 
 
+PAUSE_S = 0.3
+"""Seconds between timed runs, outside the clock: OpenBLAS's (numpy's) idle threads spin for about 0.1 s after a
+product, so a run that starts at once shares its cores with them (on 2 cores a torch eigh right after a numpy product
+took 0.6-1.6 s, once 4 s, against 85 ms after a 0.1 s pause)."""
+
+
 def compare(names: list[str], data: Data, repeats: int = 3) -> list[dict[str, Any]]:
     """Per detector: best fit + score seconds of each side over `repeats` (alternating who runs first), the ratio
     pytorch-ood / ours, the per-repeat ratios and the largest score difference (ours vs -theirs)."""
@@ -157,6 +163,7 @@ def compare(names: list[str], data: Data, repeats: int = 3) -> list[dict[str, An
         for repeat in range(repeats):
             order = ("ours", "pytorch_ood") if repeat % 2 == 0 else ("pytorch_ood", "ours")
             for side in order:
+                time.sleep(PAUSE_S)
                 start = time.perf_counter()
                 with torch.no_grad():
                     scores = ours(name, data) if side == "ours" else CASES[name](pood, data)

@@ -16,6 +16,15 @@ def logsumexp(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.squeeze(top, axis=axis) + np.log(np.sum(np.exp(x - top), axis=axis))
 
 
+def logsumexp_rows(z: np.ndarray) -> np.ndarray:
+    """log(sum(exp(z))) of each row of z [N,C] in z's own precision (shift by the row's maximum, exp), the row sums and
+    the log in float64: the float64 result [N]. Overwrites z (pass scratch, e.g. logits just computed)."""
+    top = z.max(axis=1)
+    z -= top[:, None]
+    np.exp(z, out=z)
+    return top + np.log(z.sum(axis=1, dtype=np.float64))
+
+
 def log_softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """log softmax along `axis` in float64."""
     x = np.asarray(x, dtype=np.float64)

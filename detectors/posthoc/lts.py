@@ -13,8 +13,8 @@ import numpy as np
 
 from detectors.base import Detector
 from detectors.posthoc import streaming
-from detectors.posthoc.common import logsumexp, stored_features
-from detectors.posthoc.scale import scale_ratio
+from detectors.posthoc.common import logsumexp_rows, stored_features
+from detectors.posthoc.scale import SCORE_ROWS, scale_ratio
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
@@ -45,7 +45,9 @@ class LTS(Detector):
 
     def _score(self, batch) -> np.ndarray:
         def rows(_, h: np.ndarray) -> np.ndarray:
-            h = h.astype(np.float32, copy=False)
-            return logsumexp(self.head(h) * lts_factor(h, self.percentile)[:, None].astype(np.float32))
+            logits = self.head(h)
+            logits *= lts_factor(h, self.percentile)[:, None].astype(np.float32)
+            return logsumexp_rows(logits)
 
-        return streaming.map_rows(rows, stored_features(batch, self.name))
+        return streaming.map_rows(rows, stored_features(batch, self.name), np.float32, rows=SCORE_ROWS,
+                                  read_only=True)

@@ -145,15 +145,36 @@ def fresh_copy(view: np.ndarray, dtype: Any = None) -> np.ndarray:
     return half.to(torch.float32 if target == np.float32 else torch.float64).numpy()
 
 
-def map_rows(fn: Callable[[slice, np.ndarray], np.ndarray], array: np.ndarray, dtype: Any = None) -> np.ndarray:
-    """Concatenate fn(slice, rows) [n_rows] over the chunks of `array` (chunked scoring)."""
+def map_rows(fn: Callable[[slice, np.ndarray], np.ndarray], array: np.ndarray, dtype: Any = None, *,
+             rows: int | None = None, read_only: bool = False) -> np.ndarray:
+    """Concatenate fn(slice, rows) [n_rows] over the chunks of `array` (chunked scoring), `rows` per call (default
+    `CHUNK_ROWS`; a few thousand keep one call's passes in cache). `read_only`: fn never writes to its rows, so those
+    of an in-memory array already in `dtype` come as read-only views, not copies (a memory-mapped one is still read
+    chunk by chunk and released)."""
     out = None
-    for part, block in chunks(array, dtype):
+    for part, block in blocks(array, dtype, rows, read_only):
         value = np.asarray(fn(part, block))
         if out is None:
             out = np.empty((len(array),) + value.shape[1:], dtype=value.dtype)
         out[part] = value
     return out if out is not None else np.zeros(0)
+
+
+def blocks(array: np.ndarray, dtype: Any = None, rows: int | None = None,
+           read_only: bool = False) -> Iterator[tuple[slice, np.ndarray]]:
+    """`chunks`, or with `read_only` (the caller never writes to the rows) read-only views of an in-memory array
+    already in `dtype`: no copy."""
+    if read_only and _mapping(array) is None and (dtype is None or np.dtype(dtype) == array.dtype):
+        return _views(array, rows)
+    return chunks(array, dtype, rows)
+
+
+def _views(array: np.ndarray, rows: int | None) -> Iterator[tuple[slice, np.ndarray]]:
+    """(row slice, read-only view of those rows) over an in-memory array."""
+    for part in row_slices(len(array), rows):
+        view = array[part]
+        view.flags.writeable = False
+        yield part, view
 
 
 def column_mean(array: np.ndarray) -> np.ndarray:
@@ -262,7 +283,7 @@ def moments(array: np.ndarray, groups: np.ndarray | None = None, *, scatter: Any
     total: Moments | None = None
     labels = None if groups is None else np.asarray(groups)
     single = scatter is np.float32 and labels is None  # one group, float32 products: no float64 copy of the rows
-    for part, block in chunks(array, np.float32 if single else np.float64):
+    for part, block in blocks(array, np.float32 if single else np.float64, read_only=single):
         if single:
             piece = _single_group_float32(block, None if total is None else total.shift)
         else:

@@ -12,9 +12,14 @@ from threadpoolctl import threadpool_limits
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
-from detectors.posthoc.common import logsumexp, model_precision, stored_features
+from detectors.posthoc.common import logsumexp_rows, model_precision, stored_features
 from pipelines.params import Params, param
 from detectors.registry import register_detector
+
+
+SCORE_ROWS = 2048
+"""Rows per block of the train residual pass and of scoring: a block's centred copy stays in cache (in-memory features
+are read as views, not copied)."""
 
 
 def principal_dim(feature_dim: int) -> int:
@@ -77,12 +82,15 @@ def _virtual_origin(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
 
 
 def ranked_eigenvectors(covariance: np.ndarray, first: int, stop: int) -> np.ndarray:
-    """Eigenvectors [D, stop-first] of a symmetric matrix ranked first..stop-1 by decreasing eigenvalue, float64: MRRR
-    on the subset where it is a third of D or less (ViM's 256 of 1024: 10% faster than all of them), else the full
-    divide-and-conquer eigh (1000 of 2048: 4.1 s against MRRR's 6.1 s)."""
-    d = len(covariance)
-    with lapack_threads():
-        if 3 * (stop - first) <= d:
+    """Eigenvectors [D, stop-first] of a symmetric matrix ranked first..stop-1 by decreasing eigenvalue, float64, by
+    scipy's LAPACK (the BLAS the streamed moments just ran on: right after an OpenBLAS product torch's eigh waited
+    0.6-4 s for OpenBLAS's still-spinning threads, against 85 ms alone). With one thread (a loaded machine), MRRR on the
+    subset where it is a third of D or less (256 of 1024: about 10% faster than all of them); with more, and for
+    larger subsets (1000 of 2048: 4.1 s against 6.1 s), the full divide-and-conquer eigh (256 of 1024 on 2 idle
+    cores: 113 ms against MRRR's 154 ms)."""
+    d, threads = len(covariance), idle_cores()
+    with threadpool_limits(threads):
+        if 3 * (stop - first) <= d and threads == 1:
             _, vectors = scipy.linalg.eigh(covariance, driver="evr", subset_by_index=[d - stop, d - 1 - first])
             return np.ascontiguousarray(vectors[:, ::-1])
         _, vectors = scipy.linalg.eigh(covariance, driver="evd")
@@ -160,7 +168,7 @@ class ViM(Detector):
         basis, origin = self.basis.astype(np.float32), self.origin.astype(np.float32)
         stored = stored_max_logit_sum(id_train, self.head, h)
         max_logit, residual = stored or 0.0, 0.0
-        for _, block in streaming.chunks(h, np.float32):
+        for _, block in streaming.blocks(h, np.float32, SCORE_ROWS, read_only=True):
             if stored is None:
                 max_logit += self.head(block).max(axis=1).sum(dtype=np.float64)
             residual += self.residual(block - origin, basis).sum()
@@ -184,10 +192,11 @@ class ViM(Detector):
             if block.dtype not in cast:
                 cast[block.dtype] = (self.origin.astype(block.dtype), self.basis.astype(block.dtype))
             origin, basis = cast[block.dtype]
-            return logsumexp(self.head(block)) - self.alpha * self.residual(block - origin, basis)
+            return logsumexp_rows(self.head(block)) - self.alpha * self.residual(block - origin, basis)
 
         h = stored_features(batch, self.name)
-        return streaming.map_rows(rows, h, None if h.dtype in (np.float32, np.float64) else np.float32)
+        return streaming.map_rows(rows, h, None if h.dtype in (np.float32, np.float64) else np.float32,
+                                  rows=SCORE_ROWS, read_only=True)
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "origin": self.origin, "basis": self.basis,

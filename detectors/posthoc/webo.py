@@ -9,16 +9,24 @@ import numpy as np
 import torch
 
 from detectors.base import Detector
-from detectors.posthoc.common import BLOCK_ROWS, logsumexp, stored_logits
+from detectors.posthoc.common import logsumexp, stored_logits
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
 
+SUM_ELEMENTS = 1 << 22
+"""Logits per block of the weighted sum (16 MB of float32): few, large blocks, since each of torch's parallel regions
+waits for all its threads, a scheduler slice apiece on a loaded machine (20k x 200 logits in blocks of 1024 rows: 0.7
+ms against 0.9 ms in one block alone, but a median 260 ms against 17 ms beside other jobs on 2 cores)."""
+
+
 def weighted_energy(logits: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
-    """log sum_k relu(w_k) exp(z_k), float64 [N] (higher = more ID): m + log(exp(z - m) @ relu(w)) with m the row's
-    largest logit, in the logits' precision block by block (torch's vectorised exp over cache-sized blocks; no overflow
-    where the reference's exp(z) overflows float32); a row whose weighted sum underflows (its weight sits on far
-    smaller logits) is redone as logsumexp(z + log relu(w)) in float64. None = all ones (EBO at T = 1)."""
+    """log sum_k relu(w_k) exp(z_k), float64 [N] (higher = more ID). The sum is taken as the reference takes it,
+    exp(z) @ relu(w) in the logits' precision (torch's exp and matrix-vector product in blocks of `SUM_ELEMENTS`, no
+    shift by the row's maximum); a row whose sum overflows, or is so small that subnormal terms could cost digits
+    (below C max(w, 1) tiny / eps: in float32 a logit above 88, or all below about -72 + log C), is redone as
+    logsumexp(z + log relu(w)) in float64, where the reference returns inf or loses digits. None = all ones (EBO at
+    T = 1)."""
     z = np.asarray(logits)
     if weights is None:
         return logsumexp(z, axis=1)
@@ -26,16 +34,16 @@ def weighted_energy(logits: np.ndarray, weights: np.ndarray | None) -> np.ndarra
     if w.size != z.shape[1]:
         raise ValueError(f"webo: {w.size} weights for logits of {z.shape[1]} classes")
     rows, wz = torch.from_numpy(np.ascontiguousarray(z)), torch.from_numpy(w.astype(z.dtype))
-    out = torch.empty(len(z), dtype=torch.float64)
-    for start in range(0, len(z), BLOCK_ROWS):
-        x = rows[start:start + BLOCK_ROWS]
-        top = x.amax(dim=1)
-        out[start:start + BLOCK_ROWS] = top.double() + torch.log((torch.exp(x - top[:, None]) @ wz).double())
-    out = out.numpy()
-    lost = ~np.isfinite(out)
-    if lost.any():
+    sums, block = torch.empty(len(z), dtype=rows.dtype), max(1, SUM_ELEMENTS // max(len(w), 1))
+    for start in range(0, len(z), block):
+        torch.mv(torch.exp(rows[start:start + block]), wz, out=sums[start:start + block])
+    total = sums.numpy().astype(np.float64)
+    info = np.finfo(z.dtype)
+    exact = np.isfinite(total) & (total >= float(info.tiny / info.eps) * len(w) * max(float(w.max()), 1.0))
+    out = np.log(np.where(exact, total, 1.0))
+    if not exact.all():
         with np.errstate(divide="ignore"):  # a zero weight drops its class: log 0 = -inf
-            out[lost] = logsumexp(z[lost].astype(np.float64) + np.log(w), axis=1)
+            out[~exact] = logsumexp(z[~exact].astype(np.float64) + np.log(w), axis=1)
     return out
 
 

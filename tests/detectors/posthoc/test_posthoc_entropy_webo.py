@@ -60,9 +60,22 @@ def test_webo_by_hand_and_edges():
     far = np.array([[0.0, -2000.0]])  # the weight sits on a logit 2000 below the top: the block sum underflows
     assert detectors.build("webo", weights=[0.0, 1.0]).score(far)[0] == pytest.approx(-2000.0)
     np.testing.assert_allclose(detectors.build("webo", weights=list(w)).score(LOGITS), by_hand, rtol=1e-6, atol=1e-6)
+    # float32 rows whose exp overflows (> 88) or falls to subnormals (< -87): the float64 formula, not inf or lost bits
+    edge = np.stack([LOGITS[0] + 100, LOGITS[1] - 95, LOGITS[2] - 60]).astype(np.float32)
+    exact = np.log((np.maximum(w, 0) * np.exp(edge.astype(np.float64))).sum(1))
+    np.testing.assert_allclose(detectors.build("webo", weights=list(w)).score(edge), exact, rtol=1e-6)
     with pytest.raises(ValueError, match="at least one must be > 0"):
         detectors.build("webo", weights=[0.0, -1.0])
     with pytest.raises(ValueError, match="3 weights for logits of 7 classes"):
         detectors.build("webo", weights=[1.0, 1.0, 1.0]).score(z)
     with pytest.raises(ValueError, match="3 given for 7 classes"):
         detectors.detector_class("webo").check_params({"weights": [1.0, 1.0, 1.0]}, dims={"classes": 7, "features": 4})
+
+
+def test_webo_blocks_change_nothing_but_rounding(monkeypatch):
+    from detectors.posthoc import webo
+
+    w = [0.5, 1.0, 2.0, 0.0, 1.5, -1.0, 3.0]
+    whole = detectors.build("webo", weights=w).score(LOGITS)
+    monkeypatch.setattr(webo, "SUM_ELEMENTS", 20)  # blocks of 2 rows: the product's float32 sums group otherwise
+    np.testing.assert_allclose(detectors.build("webo", weights=w).score(LOGITS), whole, rtol=1e-6)

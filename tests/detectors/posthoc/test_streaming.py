@@ -183,3 +183,25 @@ def test_fit_memory_is_bounded_by_the_chunk_size(name, tmp_path):
         tracemalloc.stop()
     whole = n * d * 8  # the features in float64, as an in-memory fit would hold them
     assert peak < whole / 8, (peak, whole)
+
+
+def test_map_rows_read_only_views_and_copies(tmp_path):
+    x, labels, head = clusters(50, 6, 3)
+    x32 = x.astype(np.float32)
+    seen = []
+
+    def fn(part, rows):
+        seen.append((rows.flags.writeable, np.shares_memory(rows, x32)))
+        return rows.sum(axis=1, dtype=np.float64) + part.start
+    expected = x32.sum(axis=1, dtype=np.float64) + np.repeat(np.arange(0, 50, 7), 7)[:50]
+    np.testing.assert_array_equal(streaming.map_rows(fn, x32, np.float32, rows=7, read_only=True), expected)
+    assert seen == [(False, True)] * 8 and x32.flags.writeable  # views, the array itself still writable
+    seen.clear()
+    np.testing.assert_array_equal(streaming.map_rows(fn, x32, rows=7), expected)  # default: fresh copies
+    assert seen == [(True, False)] * 8
+    seen.clear()
+    mapped = FeatureCache.load(write_cache(tmp_path / "c.safetensors", x, labels, head), mmap=True).features
+    half = np.asarray(mapped, dtype=np.float32).sum(axis=1, dtype=np.float64) + np.repeat(np.arange(0, 50, 7), 7)[:50]
+    np.testing.assert_array_equal(streaming.map_rows(fn, mapped, np.float32, rows=7, read_only=True), half)
+    assert seen == [(True, False)] * 8  # a float16 memory map is converted chunk by chunk
+    assert streaming.map_rows(fn, x32[:0], read_only=True).shape == (0,)

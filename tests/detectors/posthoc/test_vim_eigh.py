@@ -1,5 +1,5 @@
-"""ViM's eigen-solver choices: the subset path (MRRR, a third of D or less) gives the subspace of the full
-divide-and-conquer eigh; the factorisations' thread count stays within the machine's cores."""
+"""ViM's eigen-solver choices: the subset path (MRRR, a third of D or less, one thread) gives the subspace of the full
+divide-and-conquer eigh (more threads); the factorisations' thread count stays within the machine's cores."""
 import os
 
 import numpy as np
@@ -9,8 +9,10 @@ from detectors.posthoc import vim
 from detectors.posthoc.vim import idle_cores, ranked_eigenvectors
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("first, stop", [(0, 10), (0, 40), (30, 60), (50, 60), (0, 59)])
-def test_both_drivers_give_the_ranked_subspace(first, stop):
+def test_both_drivers_give_the_ranked_subspace(first, stop, threads, monkeypatch):
+    monkeypatch.setattr(vim, "idle_cores", lambda: threads)  # 1: MRRR on a small subset; else divide and conquer
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 60)) * np.linspace(3, 0.1, 60)
     cov = x.T @ x / 200
