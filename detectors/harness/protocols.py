@@ -150,7 +150,7 @@ def _open_insects_training() -> dict[str, dict[str, Any]]:
     from pipelines.training.recipes import TRAINING_PROTOCOLS
 
     loop = dict(TRAINING_PROTOCOLS["open-insects"])
-    out = {name: dict(loop) for name in TRAINING_METHODS}
+    out = {name: dict(loop) for name in TRAINING_METHODS + OPENOOD_TRAINERS}
     out["mixoe"]["drop_last"] = True
     out["mcd"]["start_epoch_ft"] = 90
     out["godin"]["h_optimizer"] = "both"
@@ -161,8 +161,10 @@ TRAINING_METHODS = ("arpl", "confbranch", "energy_oe", "extended", "godin", "log
                     "oe", "rotpred", "udg")
 """The training-time methods the reference protocols fine-tune (their settings above)."""
 OPENOOD_TRAINERS = ("cider", "cutmix", "ish", "mixup", "palm", "regmixup", "reweightood", "t2fnorm", "vos")
-"""Training-time methods from OpenOOD's trainers alone (no Open-Insect recipe): they take only the protocols' scored
-checkpoint (OpenOOD's `scripts/eval_ood.py:147` loads `best.ckpt`)."""
+"""Training-time methods from OpenOOD's trainers outside Open-Insect's tables (no released weights, no method
+settings of their own there); under `open-insects` they run its loop as every trainer of its OpenOOD fork does
+(`src/openood/trainers/utils.py` `get_trainer`), and they score the protocols' checkpoint (OpenOOD's
+`scripts/eval_ood.py:147` loads `best.ckpt`)."""
 LAST_EPOCH_METHODS = ("cider", "palm", "reweightood")
 """Methods scored with the last epoch under every protocol: no classifier loss, so no ID-val accuracy to choose by
 (the reference's `CiderRecorder` / `PALMRecorder`, named by their train configs, keep the lowest training-loss epoch,

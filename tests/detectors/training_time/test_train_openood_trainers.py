@@ -336,15 +336,16 @@ def test_heads_mode_trains_through_the_loop(name):
 
 
 def test_the_protocols_score_their_best_epoch():
-    """openood_v1.5 (and open-insects) score OpenOOD's best.ckpt; exact the last epoch; no Open-Insect loop settings."""
+    """openood_v1.5 and open-insects score OpenOOD's best.ckpt, exact the last epoch; open-insects adds its loop."""
     from detectors.harness.protocols import LAST_EPOCH_METHODS, OPENOOD_TRAINERS, TRAINING_METHODS, protocol_params
     from detectors.registry import detector_class
+    from pipelines.training.recipes import TRAINING_PROTOCOLS
 
     assert not set(OPENOOD_TRAINERS) & set(TRAINING_METHODS)
     for name in set(OPENOOD_TRAINERS) - set(LAST_EPOCH_METHODS):
         assert detector_class(name).family == "training"
         assert protocol_params("openood_v1.5", name) == {"checkpoint": "best"}
-        assert protocol_params("open-insects", name) == {"checkpoint": "best"}
+        assert protocol_params("open-insects", name) == {**TRAINING_PROTOCOLS["open-insects"], "checkpoint": "best"}
         assert "checkpoint" not in protocol_params("exact", name)
 
 
