@@ -256,7 +256,7 @@ def write_stores(work: Path, images: int, seed: int) -> tuple[list[Store], dict[
             optional += writer(work, blobs)
         except ImportError as err:
             info["missing"][key] = f"not installed ({err.name})"
-    for name, make in optional:
+    for _name, make in optional:
         stores.append(make())
     return stores, info
 
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
                 for key, value in found.items():
                     keep = min if key.endswith("_s") and not key.endswith("img_s") else max
                     mine[key] = keep(mine.get(key, value), value)
-        for name, found in best.items():
+        for found in best.values():
             found["startup_at_paper_rows_s"] = found["startup_s"] * PAPER_ROWS / args.images
         base = best[FolderStore.name]
         for found in best.values():

@@ -68,7 +68,7 @@ def naive_assign(occ: pd.DataFrame, id_species: dict[str, list[str]], config: Sp
         ood_genera = {genus_of[s] for s in local[r] | non_local}
         drop = ood_genera - id_genera
         assigned = []
-        for species, genus, family, lat, lon, taxon in records:
+        for species, genus, family, _lat, _lon, taxon in records:
             if taxon != config.target_taxon:
                 kind = "non_target"
             elif species in ids:

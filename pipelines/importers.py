@@ -352,7 +352,7 @@ def _table_rows(table: Path, columns: list[str], root: Path) -> list[dict[str, A
         if not inside_folder(row["file_name"]) or unsafe_character(row["file_name"]) is not None:
             raise ImportListError(f"{_table_row(table, index)}: file_name must be a relative path inside the image "
                                   f"folder, got {row['file_name']!r}")
-        _check_inside(root, [row["file_name"]], lambda name: _table_row(table, index))
+        _check_inside(root, [row["file_name"]], lambda name, index=index: _table_row(table, index))
         for column in columns:
             check_name(str(row[column]), f"{_table_row(table, index)}: {column} {str(row[column])!r}")
         first = seen.setdefault(row["file_name"], index)

@@ -124,7 +124,7 @@ def _rows(root: Path, bench: Benchmark, skip_missing: bool) -> tuple[list[dict[s
     for file, data, fields in lists:
         list_path = root / LIST_FOLDER / bench.folder / file
         entries = read_imglist(list_path)
-        _check_inside(root / data, [n for n, _ in entries], lambda name: list_path)
+        _check_inside(root / data, [n for n, _ in entries], lambda name, list_path=list_path: list_path)
         names, gone = _keep_existing(root / data, [n for n, _ in entries], str(list_path), skip_missing)
         missing += [f"{data}/{n}" for n in gone]
         kept = set(names)

@@ -149,7 +149,8 @@ def bench_latent_batching(detector: DiffGuard, images: list[Image.Image], batch_
     log(f"[diffguard-latent] batch-1 loop: {reference:.3f} img/s")
     cases = [dict(mode="loop", batch_size=1, images=loop_images, seconds=loop_s, images_per_s=reference, ratio=1.0)]
     for batch in batch_sizes:
-        seconds = timed_seconds(lambda: detector.reconstruct_latent(x01[:batch], labels[:batch]), device)
+        seconds = timed_seconds(lambda batch=batch: detector.reconstruct_latent(x01[:batch], labels[:batch]),
+                                device)
         cases.append(dict(mode="batched", batch_size=batch, images=batch, seconds=seconds, images_per_s=batch / seconds,
                           ratio=batch / seconds / reference))
         log(f"[diffguard-latent] batch {batch:3d}: {batch / seconds:.3f} img/s = {batch / seconds / reference:.2f}x")

@@ -56,7 +56,7 @@ def prefetch_train_features(backbone: Any, train: Any, runs: list[tuple[str, dic
 
     labels = None
     rows: set[int] = set()
-    for method, overrides, shots, seed in runs:
+    for method, _overrides, shots, seed in runs:
         if getattr(detector_class(method), "reads_train_features", False):
             labels = labels_of(train, method).numpy() if labels is None else labels
             rows.update(few_shot_indices(labels, shots, seed))

@@ -25,6 +25,7 @@ predicted class).
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -249,7 +250,7 @@ class Fetcher:
             host, item, started = job
             try:
                 try:
-                    self._fetch(item, lambda: scheduler.answered(host))
+                    self._fetch(item, functools.partial(scheduler.answered, host))
                 except Throttled as throttle:
                     scheduler.throttled(host, item, started, throttle.retry_after)
                     continue

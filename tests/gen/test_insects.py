@@ -194,7 +194,7 @@ def test_synthetic_table_end_to_end(tmp_path):
     splits = build_splits(occ, read_id_species(ids), SplitConfig(target_taxon="moth"))
     summary = summarize(splits)
     assert set(summary.region) == set(REGIONS)
-    for region, frame in splits.regions.items():
+    for frame in splits.regions.values():
         rows = manifest_rows(frame)
         assert len(rows) == len(frame) and (frame["set"] == "id_train").sum() > 0
         local = species_in(frame, "local_test", "local_val")

@@ -96,7 +96,7 @@ def test_ip_adapter_h94_layout_loads_into_full_size_sdxl_unet(sdxl_unet_meta):
     processors = unet._convert_ip_adapter_attn_to_diffusers([state], low_cpu_mem_usage=True)
     ip = {name: p for name, p in processors.items() if hasattr(p, "to_k_ip")}
     assert len(ip) == 70 and all(name.endswith("attn2.processor") for name in ip)
-    for i, (name, proc) in enumerate(ip.items()):
+    for i, proc in enumerate(ip.values()):
         assert tuple(proc.to_k_ip[0].weight.shape) == published[f"ip_adapter.{2 * i + 1}.to_k_ip.weight"]
     projection = unet._convert_ip_adapter_image_proj_to_diffusers(state["image_proj"], low_cpu_mem_usage=True)
     assert tuple(projection.image_embeds.weight.shape) == (8192, 1024) and projection.num_image_text_embeds == 4

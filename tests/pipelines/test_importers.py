@@ -407,3 +407,20 @@ def test_identical_undecodable_files_are_failures_never_duplicates(tmp_path, cap
     (tmp_path / "flat" / "ant" / "copy2.png").write_bytes((tmp_path / "flat" / "ant" / "0.png").read_bytes())
     assert _run(cli, [str(tmp_path / "flat"), "--out", str(tmp_path / "id2")]) == 2
     assert "the same image is in two splits: ant/" in capsys.readouterr().err
+
+
+def test_table_rows_bind_each_row_to_its_own_where(tmp_path, monkeypatch):
+    """`_check_inside`'s `where` names the row it was given for, whenever it is called (bound per row, not to the
+    loop's last index)."""
+    import pipelines.importers as importers
+
+    root = tmp_path / "photos"
+    for j in range(3):
+        _png(root / "ant" / f"{j}.png", j)
+    table = tmp_path / "rows.csv"
+    table.write_text("file_name,label\n" + "".join(f"ant/{j}.png,ant\n" for j in range(3)))
+    kept = []
+    monkeypatch.setattr(importers, "_check_inside", lambda root, names, where: kept.append((names[0], where)))
+    importers._table_rows(table, ["label"], root)
+    assert [(name, where(name)) for name, where in kept] == [(f"ant/{j}.png", f"{table}, line {j + 2}")
+                                                             for j in range(3)]

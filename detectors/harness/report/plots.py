@@ -151,7 +151,7 @@ def roc_figure(panels: Sequence[tuple[str, Sequence[Curve]]], paper: Paper | Non
     style = dict(zip(methods, styles(len(methods))))
     aurocs: dict[str, list[str]] = {m: [] for m in methods}
     for axes, (ood_set, curves) in zip(grid.ravel(), panels):
-        for method, id_scores, ood_scores, value in curves:
+        for method, id_scores, ood_scores, _value in curves:
             fpr, tpr = roc_points(id_scores, ood_scores)
             axes.plot(fpr, tpr, **style[method].kwargs(), markevery=max(1, len(fpr) // 5), markersize=3, linewidth=1.1)
         for method in methods:
@@ -264,7 +264,7 @@ def densities_figure(rows: Sequence[tuple[str, Sequence[Panel], ScoreAxis]], pap
     grid = grid[0]
     for c, (axes, name) in enumerate(zip(grid, columns)):
         outlines: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
-        for i, (method, panels, axis) in enumerate(rows):
+        for i, (_method, panels, axis) in enumerate(rows):
             panel = next((p for p in panels if p[0] == name), None)
             base = len(rows) - 1 - i
             if panel is None:

@@ -148,7 +148,7 @@ def open_clip_blocks(x: torch.Tensor, sd: dict[str, torch.Tensor], prefix: str, 
     width = x.shape[-1]
     i = 0
     while f"{prefix}.resblocks.{i}.ln_1.weight" in sd:
-        b = lambda name: sd[f"{prefix}.resblocks.{i}.{name}"]  # noqa: E731
+        b = lambda name, i=i: sd[f"{prefix}.resblocks.{i}.{name}"]  # noqa: E731
         h = F.layer_norm(x, (width,), b("ln_1.weight"), b("ln_1.bias")).transpose(0, 1)
         attn, _ = F.multi_head_attention_forward(h, h, h, width, heads, b("attn.in_proj_weight"),
                                                  b("attn.in_proj_bias"),

@@ -39,7 +39,7 @@ def _reference_maps(clf, images, layers):
                 out_maps.append([h[0].detach().numpy() for h in out.hidden_states])
             else:
                 maps = []
-                hooks = [m.register_forward_hook(lambda m, a, o: maps.append(o[0].detach().numpy()))
+                hooks = [m.register_forward_hook(lambda m, a, o, maps=maps: maps.append(o[0].detach().numpy()))
                          for m in model.modules() if isinstance(m, (nn.ReLU, nn.Conv2d))]
                 out_logits.append(model(x)[0][0].detach().numpy())
                 for h in hooks:

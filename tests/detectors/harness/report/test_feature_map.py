@@ -125,8 +125,8 @@ def test_feature_map_checks_before_work_and_a_failing_model_does_not_stop_the_ot
                             "--embedding umap: not installed (pip install umap-learn)")):
         if "umap" in extra:  # whether or not umap is installed here
             real = importlib.util.find_spec
-            monkeypatch.setattr(importlib.util, "find_spec", lambda name,
-                                *a: None if name == "umap" else real(name, *a))
+            monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a, real=real: None if name == "umap"
+                                else real(name, *a))
         assert run_main(main, [*base, *extra, "--out", str(out)]) == 2
         line = capsys.readouterr().err.strip()
         assert line.startswith("error: ") and message in line and "\n" not in line, line

@@ -143,7 +143,8 @@ def one_step(module: str, cls: str, trainer_args: dict, seed: int, recorder: Rec
         boxes, randint = [], np.random.randint
         for lam in (0.0, 1e-9, 0.3, 0.5, 0.77, 0.999, 1.0):
             for cx, cy in ((0, 0), (2, 4), (5, 1), (3, 3), (5, 4)):
-                np.random.randint = lambda high, _c=iter((cx, cy)): next(_c)
+                # one fresh iterator per box, made when the lambda is: rand_bbox draws cx then cy
+                np.random.randint = lambda high, _c=iter((cx, cy)): next(_c)  # noqa: B008
                 boxes.append({"lam": lam, "cx": cx, "cy": cy,
                               "box": [int(v) for v in trainer_module.rand_bbox((4, 3, 6, 5), lam)]})
         np.random.randint = randint
