@@ -86,7 +86,8 @@ class Ensemble(Detector):
     def __init__(self, classifier: Any = None, batch_size: int = 32, models: Sequence[Any] | None = None,
                  **params: Any) -> None:
         """`classifier`: the run's ImageClassifier, whose evaluation pixels, normalisation, device and dtype the members
-        read with; `models`: loaded member classifiers instead of `members` paths (library use)."""
+        read with; `models`: loaded member classifiers instead of `members` paths (library use; a saved detector
+        records `members` only, so one built from `models` loads back without members)."""
         super().__init__(**params)
         if models is not None and self.params["members"]:
             raise ValueError("ensemble: give the members as `members` (paths) or `models` (loaded), not both")
