@@ -553,9 +553,15 @@ def _hub_snapshot(repo_id: str) -> str | None:
 
 
 def _path_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Content of every parameter naming an existing local file or folder (a CLIP model, UNet, saved prompts)."""
-    return {k: source_fingerprint(v) for k, v in params.items()
-            if isinstance(v, str) and v and (os.path.isdir(v) or os.path.isfile(v))}
+    """Content of every parameter naming an existing local file or folder (a CLIP model, UNet, saved prompts), or a
+    list naming some (an ensemble's members: each path's content, the other entries as given)."""
+    def is_path(v: Any) -> bool:
+        return isinstance(v, str) and bool(v) and (os.path.isdir(v) or os.path.isfile(v))
+
+    out: dict[str, Any] = {k: source_fingerprint(v) for k, v in params.items() if is_path(v)}
+    out.update({k: [source_fingerprint(x) if is_path(x) else x for x in v] for k, v in params.items()
+                if isinstance(v, (list, tuple)) and any(is_path(x) for x in v)})
+    return out
 
 
 def plan_units(specs: list[DetectorSpec], classes: list[type[Detector]], params: list[dict[str, Any]],

@@ -160,7 +160,7 @@ def _open_insects_training() -> dict[str, dict[str, Any]]:
 TRAINING_METHODS = ("arpl", "confbranch", "energy_oe", "extended", "godin", "logitnorm", "mcd", "mixoe", "novel_branch",
                     "oe", "rotpred", "udg")
 """The training-time methods the reference protocols fine-tune (their settings above)."""
-OPENOOD_TRAINERS = ("cider", "cutmix", "ish", "mixup", "palm", "regmixup", "reweightood", "t2fnorm", "vos")
+OPENOOD_TRAINERS = ("cider", "cutmix", "ish", "mixup", "palm", "regmixup", "reweightood", "rts", "t2fnorm", "vos")
 """Training-time methods from OpenOOD's trainers outside Open-Insect's tables (no released weights, no method
 settings of their own there); under `open-insects` they run its loop as every trainer of its OpenOOD fork does
 (`src/openood/trainers/utils.py` `get_trainer`), and they score the protocols' checkpoint (OpenOOD's

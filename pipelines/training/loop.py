@@ -379,6 +379,8 @@ class _Loop:
                 loss = self.step_module(batch)
             self.optimizer.zero_grad(set_to_none=True)
             self.acc.backward(loss * weight)
+            if self.objective.max_grad_norm is not None:
+                self.acc.clip_grad_norm_(self.step_module.parameters(), self.objective.max_grad_norm)
             self.optimizer.step()
             if self.twice and not self.acc.optimizer_step_was_skipped:
                 second_adam_step(self.optimizer, self.twice, self.s.lr)

@@ -66,6 +66,8 @@ class Objective(nn.Module):
     - `advances_schedule`: false for objectives whose reference trainer never advances its step counter (LogitNorm,
       ARPL: `pipelines.training.schedule`); only the "reference" schedule reads it.
     - `aux_active(epoch)`: whether the loop draws auxiliary batches in epoch `epoch` (from 0; MCD's `start_epoch_ft`).
+    - `max_grad_norm`: when set, the gradients of every trained parameter are clipped to this total L2 norm before
+      each step (RTS' trainer: 2.5).
     - `label_fields()`: extra label levels {level: manifest field}; `encode_targets` maps raw values to indices.
     - `heads(logits, features)`: logits per label level, used for validation accuracy.
     """
@@ -77,6 +79,7 @@ class Objective(nn.Module):
     needs_epoch_pass: bool = False
     replaces_head: bool = False
     advances_schedule: bool = True
+    max_grad_norm: float | None = None
 
     def setup(self, feature_dim: int, num_classes: int, num_aux_classes: int = 0) -> None:
         """Build extra heads; the default has none."""

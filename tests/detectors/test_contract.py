@@ -116,6 +116,8 @@ def runtime(cls: type[detectors.Detector], world: dict[str, Any]) -> dict[str, A
 
 def models(cls: type[detectors.Detector], world: dict[str, Any]) -> dict[str, Any]:
     """Model hyperparameters pointing at the tiny models (saved in config.json, so not passed again on load)."""
+    if cls.name == "ensemble":  # two members: the tiny ResNet's folder twice
+        return {"members": [str(world["root"] / "resnet")] * 2}
     return {"unet_id": world["unet"]} if cls.name in ("diffguard", "diffpath") else {}
 
 
