@@ -6,9 +6,9 @@ both, each image embedding mixed with a random prompt-template embedding of its 
 over the learned prompts, with 10x more negative labels at test than in training (the context carries over).
 
 Reference: YBZh/OpenOOD-VLM at 804f331: openood/trainers/oodmixup_trainer.py:180-203 (`create_mixed_indices`),
-:205-268 (`mixup_data`: 'cross_dis', 'wccm'), :605-900 (`OodMixupTrainer_idood`: SGD nesterov, per-step cosine,
+:205-268 (`mixup_data`: 'cross_dis', 'wccm'), :605-955 (`OodMixupTrainer_idood`: SGD nesterov, per-step cosine,
 'wccm' and 'wccm_cd' with loss 'multice'); openood/networks/clip_coop_negprompt.py:341-349 (the 7 mixing templates),
-:398-460 (negative labels), :521-660 (prompt learner, 'dis_aware'), :781-869 (mixing text features);
+:398-474 (negative labels), :516-714 (prompt learner, 'dis_aware'), :781-869 (mixing text features);
 openood/postprocessors/oneoodprompt_postprocessor.py:30-75 (score); scripts/ood/lapt/train.sh and test.sh (defaults).
 
 Not reproduced: the official training images are collected for every ID class and negative label by text-to-image
@@ -234,7 +234,7 @@ class LAPT(PromptDetector):
         labels = torch.cat(out)
         if not (labels >= self.num_classes).any():
             warnings.warn("lapt: no negative-label images; LAPT trains on images of the negative labels too "
-                          "(labels C + j in fit's ImageSet, or negative_manifest)", stacklevel=3)
+                          "(labels C + j in fit's ImageSet, or negative_manifest)", stacklevel=4)
         return torch.cat(global_), labels
 
     def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:

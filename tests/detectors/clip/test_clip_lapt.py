@@ -1,7 +1,7 @@
 """LAPT against (1) the official selection, training loss (with its gradient) and score re-expressed on plain tensors
 (golden/make_lapt_golden.py, numbers in golden/lapt.json, YBZh/OpenOOD-VLM commit 804f331) and (2) hand computations
-on the tiny CLIP read side by side with openood/networks/clip_coop_negprompt.py:521-660 (prompts: "[ctx] class." and
-"[ood_ctx] label.") and openood/trainers/oodmixup_trainer.py:605-900 (one SGD nesterov step on the cross-modal mix,
+on the tiny CLIP read side by side with openood/networks/clip_coop_negprompt.py:516-714 (prompts: "[ctx] class." and
+"[ood_ctx] label.") and openood/trainers/oodmixup_trainer.py:605-955 (one SGD nesterov step on the cross-modal mix,
 cosine per step). Edges: one ID class, no test negative, no image, labels out of range, no negative image."""
 from __future__ import annotations
 

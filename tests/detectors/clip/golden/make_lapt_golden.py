@@ -3,7 +3,7 @@ tensors (no CLIP, no OpenOOD: fixed random features stand in for the network's) 
 tests/detectors/clip/test_clip_lapt.py to compare against.
 
 Source: YBZh/OpenOOD-VLM at commit 804f3310d3045c24fdd896da6c508c919fb47f0c:
-- openood/networks/clip_coop_negprompt.py:398-460 `get_selected_ood_text_list` (selection, on given cosine matrices);
+- openood/networks/clip_coop_negprompt.py:398-474 `get_selected_ood_text_list` (selection, on given cosine matrices);
 - openood/trainers/oodmixup_trainer.py:180-203 `create_mixed_indices`, :205-268 `mixup_data` ('cross_dis', 'wccm'),
   :744-765 and :861-865 (`OodMixupTrainer_idood`, mix 'wccm' / 'wccm_cd', loss 'multice', beta 0), with
   openood/losses/sce.py `SoftCrossEntropyFunction`. The soft label is the dataset's C+K one-hot: the official line
@@ -33,7 +33,7 @@ def unit(x: torch.Tensor) -> torch.Tensor:
     return x / x.norm(dim=-1, keepdim=True)
 
 
-# -- selection (clip_coop_negprompt.py:398-460, from the loaded cosine matrices on) ---------------------------------
+# -- selection (clip_coop_negprompt.py:398-474, from the loaded cosine matrices on) ---------------------------------
 def official_selection(can_cos_adj, can_cos_noun, total_ood_num):
     adj_num = int(total_ood_num * (can_cos_adj.size(0) / (can_cos_adj.size(0) + can_cos_noun.size(0))))
     noun_num = total_ood_num - adj_num
