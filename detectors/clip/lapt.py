@@ -210,6 +210,8 @@ class LAPT(PromptDetector):
     def training_set(self, id_train: ImageSet) -> tuple[torch.Tensor, torch.Tensor]:
         """Global embeddings and labels: `id_train`'s (its `shots` subset) and the negative manifest's OOD rows,
         labelled C + the index of their `ood_set` among the training negatives."""
+        if not len(id_train):
+            raise ValueError("lapt: no training image in fit's ImageSet")
         feats, labels = self.training_features(id_train)
         n_labels = self.num_classes + len(self.train_negative_words)
         if int(labels.max()) >= n_labels:

@@ -182,6 +182,9 @@ def test_edges_one_class_no_negative_no_image_bad_labels(backbone):
     with pytest.raises(ValueError, match=r"labels must lie in \[0, 6\)"):
         detectors.build("lapt", model=backbone, class_names=CLASSES, **FAST).fit(
             ImageSet(images=colour_images([0], 2, 0), labels=np.array([0, 6])))
+    with pytest.raises(ValueError, match="no training image"):
+        detectors.build("lapt", model=backbone, class_names=CLASSES, **FAST).fit(
+            ImageSet(images=[], labels=np.zeros(0, dtype=int)))
 
 
 def test_defaults_are_the_official_scripts(backbone):
