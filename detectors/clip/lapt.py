@@ -13,13 +13,17 @@ openood/postprocessors/oneoodprompt_postprocessor.py:30-75 (score); scripts/ood/
 
 Not reproduced: the official training images are collected for every ID class and negative label by text-to-image
 generation (SDXL, guidance 7.5) and retrieval, then filtered with CLIP ViT-L/14 (openood/datasets/
-syntext_generation_clip_filter_ood.py); none of that runs here. The user gives the images: ID images in `fit`'s
-ImageSet (labels 0..C-1; labels C + j are images of the j-th training negative label, the official label layout),
-and/or a manifest whose OOD rows name their negative label in `ood_set` (`negative_manifest`). Training reads cached
-embeddings of the images as given (the official draws a random-resized crop + flip each epoch).
+syntext_generation_clip_filter_ood.py); the collection does not run here, the filter does (`filter_collected`).
+The user gives the images: ID images in `fit`'s ImageSet (labels 0..C-1; labels C + j are images of the j-th
+training negative label, the official label layout), and/or a manifest whose OOD rows name their negative label in
+`ood_set` (`negative_manifest`). Training reads cached embeddings of the images as given (the official draws a
+random-resized crop + flip each epoch).
 """
 from __future__ import annotations
 
+import html
+import random
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
@@ -34,6 +38,7 @@ from detectors.base import ImageSet, param
 from detectors.clip import scores
 from detectors.clip.adaneg import ADJ_TEMPLATE, ID_TEMPLATE, AdaNeg, select_negatives
 from detectors.clip.backbone import ClipBackbone
+from detectors.clip.common import labels_of
 from detectors.clip.features import image_features
 from detectors.clip.prompt_training import PromptDetector, Schedule, train_loop
 from detectors.clip.prompts import PromptLearner
@@ -44,6 +49,7 @@ from detectors.registry import register_detector
 MIX_TEMPLATES = ("a bad photo of the {}.", "a {} in a video game.", "a origami {}.", "a photo of the small {}.",
                  "art of the {}.", "a photo of the large {}.", "itap of a {}.")
 TEXT_CHUNK = 2048  # prompts per text-tower pass
+FILTER_TEMPLATE = "a photo of a {}."  # syntext_generation_clip_filter_ood.py:333
 
 
 class NegativePromptLearner(PromptLearner):
@@ -106,6 +112,33 @@ def lapt_loss(image: torch.Tensor, text: torch.Tensor, mix_text: torch.Tensor, l
     return loss
 
 
+def filter_name(name: str) -> str:
+    """A label as the official filter writes it into its prompt (syntext_generation_clip_filter_ood.py:305-331):
+    `_ ( ) [ ] /` as spaces, HTML unescaped twice, whitespace collapsed, lower case (the official also runs ftfy)."""
+    for char in "_()[]/":
+        name = name.replace(char, " ")
+    return re.sub(r"\s+", " ", html.unescape(html.unescape(name)).strip()).strip().lower()
+
+
+def select_collected(probs: torch.Tensor, labels: Sequence[int], shot: int = 8, seed: int = 0) -> list[int]:
+    """Rows kept by LAPT's filter of collected images (select_by_clip_thres_RS, syntext_generation_clip_filter_ood.py:
+    406-436), per label: those whose CLIP prediction over all labels is the label, `shot` of them drawn at random
+    (Python `random.sample`, seeded here; unseeded in the official), or, when fewer than `shot` are, the `shot` with
+    the highest probability of the label (ties in row order). `probs` [N, L] are softmax probabilities; sorted rows."""
+    rng = random.Random(seed)
+    labels = np.asarray(labels)
+    pred = probs.argmax(1).numpy()
+    kept: list[int] = []
+    for label in np.unique(labels):
+        rows = np.flatnonzero(labels == label).tolist()
+        right = [r for r in rows if pred[r] == label]
+        if len(right) < shot:
+            kept += sorted(rows, key=lambda r: -float(probs[r, label]))[:shot]
+        else:
+            kept += rng.sample(right, k=shot)
+    return sorted(kept)
+
+
 @register_detector("lapt")
 class LAPT(PromptDetector):
     """Defaults as the official scripts: negative labels as AdaNeg's (WordNet, "The nice {}." / "This is a {} photo.",
@@ -120,7 +153,6 @@ class LAPT(PromptDetector):
     paper = ("Zhang et al., LAPT: Label-driven Automated Prompt Tuning for OOD Detection with Vision-Language Models, "
              "ECCV 2024")
     aliases = {"oneoodprompt": "OpenOOD-VLM's postprocessor", "oodmixup_idood": "OpenOOD-VLM's trainer"}
-    reads_train_features = True
 
     @dataclass(frozen=True)
     class Params(PromptDetector.Params):
@@ -184,6 +216,25 @@ class LAPT(PromptDetector):
         """The negative labels of the score."""
         return self.negative_lists()[1]
 
+    def filter_collected(self, images: ImageSet, shot: int = 8, backbone: ClipBackbone | None = None,
+                         seed: int = 0) -> ImageSet:
+        """The subset of collected (generated / retrieved) training images LAPT keeps: CLIP (`backbone`; the official
+        ViT-L/14, default this detector's) classifies each image over the ID classes + training negatives with
+        "a photo of a {label}." (logit scale x cosine, softmax), then `select_collected` picks `shot` per label.
+        Labels as `fit`'s: 0..C-1 the ID classes, C + j the j-th training negative."""
+        from detectors.clip.features import subset_imageset
+
+        backbone = backbone or self.backbone
+        names = [filter_name(n) for n in [*self.require_classes(), *self.train_negative_words]]
+        text = backbone.encode_texts([FILTER_TEMPLATE.format(n) for n in names]).cpu()
+        feats = image_features(backbone, images, self.params["cache_dir"], self.params["embed_batch_size"],
+                               local=False).global_
+        probs = torch.softmax(backbone.logit_scale * scores.cosine(feats, text).double(), dim=-1)
+        labels = np.asarray(images.labels)
+        if labels.min(initial=0) < 0 or labels.max(initial=0) >= len(names):
+            raise ValueError(f"lapt.filter_collected: labels must lie in [0, {len(names)})")
+        return subset_imageset(images, select_collected(probs, labels, shot, seed))
+
     def make_learner(self, negatives: Sequence[str]) -> NegativePromptLearner:
         learner = NegativePromptLearner(self.backbone, self.require_classes(), negatives, self.params["n_ctx"],
                                         seed=self.params["seed"])
@@ -207,6 +258,12 @@ class LAPT(PromptDetector):
         emb = self.backbone.encode_texts([t.format(n) for n in names for t in templates]).cpu()
         return emb.view(len(names), len(templates), -1)
 
+    def training_features(self, images: ImageSet) -> tuple[Any, torch.Tensor]:
+        """Global embeddings and labels of the `shots`-per-label subset, sliced from the whole set's cached global
+        embeddings (no patch embeddings: LAPT reads none)."""
+        labels, idx = labels_of(images, self.name), self.shot_indices(images)
+        return self.features(images).subset(idx), labels[idx]
+
     def training_set(self, id_train: ImageSet) -> tuple[torch.Tensor, torch.Tensor]:
         """Global embeddings and labels: `id_train`'s (its `shots` subset) and the negative manifest's OOD rows,
         labelled C + the index of their `ood_set` among the training negatives."""
@@ -229,9 +286,7 @@ class LAPT(PromptDetector):
                                  f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''} (see `train_negative_words`)")
             negatives = ImageSet(manifest=rows, labels=np.array([index[r["ood_set"]] for r in rows.rows]))
             picked = self.shot_indices(negatives)
-            p = self.params
-            global_.append(image_features(self.backbone, negatives, p["cache_dir"], p["embed_batch_size"],
-                                          rows=picked).global_)
+            global_.append(self.features(negatives).global_[picked])
             out.append(torch.as_tensor(negatives.labels[picked], dtype=torch.long))
         labels = torch.cat(out)
         if not (labels >= self.num_classes).any():

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 import detectors
 from detectors.base import ImageSet
 from detectors.clip.adaneg import select_negatives
-from detectors.clip.lapt import NegativePromptLearner, cross_distribution_pairs, lapt_loss
+from detectors.clip.lapt import NegativePromptLearner, cross_distribution_pairs, filter_name, lapt_loss, \
+    select_collected
 from detectors.clip.prompts import PLACEHOLDER
 from detectors.clip.scores import neglabel
 from pipelines.data import make_row, write_manifest
@@ -194,3 +195,32 @@ def test_defaults_are_the_official_scripts(backbone):
     assert (p["lr"], p["momentum"], p["weight_decay"], p["train_batch"], p["epochs"]) == (0.01, 0.9, 1e-5, 32, 10)
     assert (p["mix_strategy"], p["alpha"], p["schedule"], len(p["mix_templates"])) == ("wccm", 1.0, "cosine_step", 7)
     assert p["templates"] == ["The nice {}."] and p["adj_template"] == "This is a {} photo."
+
+
+def test_select_collected_follows_the_official_filter():
+    """Per label: `shot` random rows among those predicted as the label; else the `shot` most confident (ties in row
+    order)."""
+    probs = torch.tensor([[0.6, 0.4], [0.7, 0.3], [0.9, 0.1], [0.2, 0.8],  # label 0: three right
+                          [0.5, 0.5], [0.6, 0.4], [0.3, 0.7], [0.8, 0.2]])  # label 1: one right
+    labels = [0, 0, 0, 0, 1, 1, 1, 1]
+    kept = select_collected(probs, labels, shot=2, seed=5)
+    import random
+
+    right0 = random.Random(5).sample([0, 1, 2], k=2)
+    assert kept == sorted(right0 + [4, 6])  # label 1: 0.7 (row 6), then 0.5 (row 4) before 0.4 and 0.2
+    assert select_collected(probs, labels, shot=10) == list(range(8))  # fewer than shot: every row
+
+
+def test_filter_collected_classifies_over_classes_and_training_negatives(backbone):
+    det = detectors.build("lapt", model=backbone, class_names=["red_thing", "green"], **FAST)
+    images = colour_images([0], 3, 0) + colour_images([1], 3, 1) + colour_images([2], 3, 2)
+    labels = np.array([0, 0, 0, 1, 1, 1, 2, 2, 3])
+    kept = det.filter_collected(ImageSet(images=images, labels=labels), shot=1)
+    names = ["red thing", "green"] + [w.lower() for w in det.train_negative_words]
+    text = backbone.encode_texts([f"a photo of a {n}." for n in names]).double()
+    feats = F.normalize(det.features(ImageSet(images=images)).global_.double(), dim=-1)
+    probs = torch.softmax(backbone.logit_scale * feats @ text.T, dim=-1)
+    expected = select_collected(probs, labels, shot=1)
+    assert len(kept) == 4 and [images.index(im) for im in kept.images] == expected
+    assert kept.labels.tolist() == labels[expected].tolist()
+    assert filter_name(" Kite_(bird of prey)/x ") == "kite bird of prey x"
