@@ -34,6 +34,8 @@ FAST: dict[str, dict[str, Any]] = {
     "opengan": {"epochs": 2},
     "locoop": {"epochs": 1, "shots": 2, "train_batch": 2},
     "idlike": {"epochs": 1, "n_crops": 4, "n_select": 2, "n_ood_prompts": 2},
+    "lapt": {"epochs": 1, "train_batch": 8, "words": ["apple", "boat", "cloud", "dog", "egg", "fish", "goat", "hat"],
+             "adjectives": ["shiny", "wooden"], "n_train_negatives": 4, "n_negatives": 6, "ngroup": 2},
     "clipn": {"epochs": 1, "train_batch": 4},
     "neglabel": {"words": ["apple", "boat", "cloud", "dog", "egg", "fish", "goat", "hat", "ice", "jar"],
                  "adjectives": ["shiny", "wooden", "tiny", "blue"], "ngroup": 2, "neg_fraction": 0.5},
