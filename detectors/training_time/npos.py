@@ -26,6 +26,7 @@ Defaults: `configs/pipelines/train/train_npos.yml:22-34`, `configs/networks/npos
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
@@ -40,6 +41,8 @@ from detectors.registry import register_detector
 from detectors.training_time.cider import CIDER, CIDERLoss, compactness_loss, dispersion_loss, ema_prototypes
 from detectors.training_time.embedding import EmbeddingDetector, embed
 from pipelines.training import Objective, TrainBatch
+
+log = logging.getLogger(__name__)
 
 
 def kth_distance(queries: torch.Tensor, bank: torch.Tensor, k: int) -> torch.Tensor:
@@ -140,9 +143,9 @@ class NPOSLoss(CIDERLoss):
 
 
 @register_detector("npos")
-class NPOS(CIDER):
+class NPOS(EmbeddingDetector):
     """Train the backbone with NPOS' losses through a projection head and a boundary MLP; score = -(squared distance
-    to the K-th nearest normalised ID-train feature), CIDER's rule."""
+    to the K-th nearest normalised ID-train feature), CIDER's rule (`npos_postprocessor.py` is CIDER's)."""
 
     label = "NPOS"
     paper = "Tao et al., Non-Parametric Outlier Synthesis, ICLR 2023"
@@ -171,7 +174,15 @@ class NPOS(CIDER):
     search_space = {"k": [50, 100, 200, 500, 1000]}  # npos.yml:7
 
     def objective(self) -> Objective:
+        """The loss; a run of fewer epochs than `start_epoch_knn` never synthesises (logged: train_npos.yml runs 100,
+        from 40 on, and the loop's recipe 30), so NPOS is then CIDER's losses, weighted 0.5 / 1."""
         p = self.params
+        if p["start_epoch_knn"] > p["epochs"]:
+            log.warning("npos: start_epoch_knn=%d is past the run's %d epochs: no outlier will be synthesised",
+                        p["start_epoch_knn"], p["epochs"])
         return NPOSLoss(p["proto_m"], p["temp"], p["w_disp"], p["w_comp"], p["loss_weight"], p["sample_number"],
                         p["sample_from"], p["start_epoch_knn"], p["synthesis_k"], p["select"], p["cov_mat"],
                         p["id_points_num"], p["pick_nums"], p["feat_dim"], p["projection"])
+
+    fit_rule = CIDER.fit_rule
+    rule_scores = CIDER.rule_scores
