@@ -53,13 +53,13 @@ def kth_distance(queries: torch.Tensor, bank: torch.Tensor, k: int) -> torch.Ten
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
-    """x / ||x|| without a floor, as `npos_trainer.py:367-368, 402-403` (a zero row gives NaN there too)."""
+    """x / ||x|| without a floor, as `npos_trainer.py:384-385, 416-417, 443-444` (a zero row gives NaN there too)."""
     return x / torch.norm(x, p=2, dim=1, keepdim=True)
 
 
 def generate_outliers(queue: torch.Tensor, gaussian: torch.Tensor, k: int, select: int, pick_nums: int,
                       id_points_num: int, cov_mat: float, rng=np.random) -> torch.Tensor:
-    """`generate_outliers` (`npos_trainer.py:360-388`) for one class's queue [S, D] and the step's Gaussian draws
+    """`generate_outliers` (`npos_trainer.py:373-401`) for one class's queue [S, D] and the step's Gaussian draws
     [L, D]: pick_nums * id_points_num synthesised points. `rng`: numpy's global generator by default, as there."""
     length = len(gaussian)
     unit = _unit(queue)
@@ -95,7 +95,7 @@ class NPOSLoss(CIDERLoss):
         self.k, self.select, self.cov_mat = int(k), int(select), float(cov_mat)
         self.id_points_num, self.pick_nums = int(id_points_num), int(pick_nums)
         self.epoch_idx = 1
-        self.last_outliers: torch.Tensor | None = None
+        self._outliers: torch.Tensor | None = None  # private: kept out of the checkpoint's attributes
 
     def setup(self, feature_dim: int, num_classes: int, num_aux_classes: int = 0) -> None:
         super().setup(feature_dim, num_classes, num_aux_classes)
@@ -104,27 +104,35 @@ class NPOSLoss(CIDERLoss):
         self.register_buffer("queue", torch.zeros(num_classes, self.sample_number, feature_dim))
         self.register_buffer("counts", torch.zeros(num_classes, dtype=torch.long))
 
+    @property
+    def last_outliers(self) -> torch.Tensor | None:
+        """The points the last step synthesised (None when it synthesised none)."""
+        return self._outliers
+
     def epoch_begin(self, epoch: int) -> None:
         """The reference's `epoch_idx` (from 1) the KNN phase compares with `start_epoch_KNN`."""
         self.epoch_idx = epoch + 1
 
     def synthesise(self) -> torch.Tensor:
-        """`npos_trainer.py:175-196`: one Gaussian draw [sample_from, D] per step, `generate_outliers` per class."""
-        dim = self.queue.shape[2]
-        gaussian = MultivariateNormal(torch.zeros(dim, device=self.queue.device),
-                                      torch.eye(dim, device=self.queue.device)).rsample((self.sample_from,))
-        return torch.cat([generate_outliers(self.queue[c], gaussian, self.k, self.select, self.pick_nums,
-                                            self.id_points_num, self.cov_mat) for c in range(len(self.queue))])
+        """`npos_trainer.py:162-183`: one Gaussian draw [sample_from, D] per step, `generate_outliers` per class; in
+        float32 under any autocast (the K-th distances rank the boundary and the candidates)."""
+        dim, device = self.queue.shape[2], self.queue.device
+        with torch.autocast(device.type, enabled=False):
+            gaussian = MultivariateNormal(torch.zeros(dim, device=device),
+                                          torch.eye(dim, device=device)).rsample((self.sample_from,))
+            return torch.cat([generate_outliers(self.queue[c], gaussian, self.k, self.select, self.pick_nums,
+                                                self.id_points_num, self.cov_mat) for c in range(len(self.queue))])
 
     def loss(self, logits: torch.Tensor, features: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
         h = features[: batch.n_id].float()
         reg = h.new_zeros(())
-        self.last_outliers = None
+        self._outliers = None
         if bool((self.counts == self.sample_number).all()):
             for row, c in enumerate(batch.y.tolist()):
                 self.queue[c] = torch.cat([self.queue[c][1:], h[row:row + 1].detach()])
             if self.epoch_idx >= self.start_epoch_knn:
-                outliers = self.last_outliers = self.synthesise()
+                outliers = self.synthesise()
+                self._outliers = outliers.detach()
                 scores = torch.cat([self.mlp(h), self.mlp(outliers)]).view(-1)
                 targets = torch.cat([torch.ones(len(h)), torch.zeros(len(outliers))]).to(scores.device)
                 reg = F.binary_cross_entropy_with_logits(scores, targets)
