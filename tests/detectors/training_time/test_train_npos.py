@@ -229,3 +229,22 @@ def test_heads_mode_trains_and_scores_minus_the_squared_knn_distance():
     knn = build("knn", k=7).fit(train)
     np.testing.assert_allclose(det.score(test), -knn.score(test) ** 2, rtol=1e-5, atol=1e-6)
     assert np.isfinite(det.history[-1]["loss"]) and det.extra["projection.2.weight"].shape == (128, 6)
+
+
+def test_the_loop_tells_the_epoch_so_synthesis_starts_at_start_epoch_knn(monkeypatch):
+    """Through the training loop's `epoch_begin`: with start_epoch_knn 2, the first epoch never synthesises."""
+    seen = []
+    synthesise = NPOSLoss.synthesise
+
+    def counted(self):
+        seen.append(self.epoch_idx)
+        return synthesise(self)
+
+    monkeypatch.setattr(NPOSLoss, "synthesise", counted)
+    rng = np.random.default_rng(1)
+    y = np.repeat(np.arange(2), 30)
+    train = FeatureSet(rng.normal(size=(60, 5)) + y[:, None], None, y)
+    build("npos", mode="heads", epochs=2, batch_size=12, warmup_epochs=0, k=3, sample_number=4, sample_from=8,
+          start_epoch_knn=2, synthesis_k=2, select=3, id_points_num=2).fit(
+        train, head=LinearHead(rng.normal(size=(2, 5)), np.zeros(2)))
+    assert seen and set(seen) == {2}
