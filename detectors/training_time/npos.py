@@ -20,7 +20,9 @@ features (label 1, with their gradient) and the synthesised points (label 0) (`:
 `minD_idx.squeeze()` (`:424`), which fails when `ID_points_num` or `pick_nums` is 1, is left out. Its per-epoch
 zeroed queue (`:115-116`, with the counts kept full, so each epoch's first KNN steps search over zero rows whose
 normalisation is 0/0) is not reproduced: the queues persist across epochs, as VOS'. The `mlp_decay_rate` group lr
-(`:59, 70`) never takes effect there (`adjust_learning_rate` and the warm-up set every group's lr, `:239-262`).
+(`:59, 70`) never takes effect in the reference (`adjust_learning_rate` and the warm-up set every group's lr,
+`:239-262`). As there, a class with fewer ID-train rows than `sample_number` keeps every queue from filling, so no
+outlier is ever synthesised; a run of fewer epochs than `start_epoch_knn` neither (both: CIDER's losses alone).
 Defaults: `configs/pipelines/train/train_npos.yml:22-34`, `configs/networks/npos_net.yml:8-9`; the score:
 `openood/postprocessors/npos_postprocessor.py:21-53` with `configs/postprocessors/npos.yml:5-7` (CIDER's rule, K 50).
 """
