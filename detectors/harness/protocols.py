@@ -160,12 +160,13 @@ def _open_insects_training() -> dict[str, dict[str, Any]]:
 TRAINING_METHODS = ("arpl", "confbranch", "energy_oe", "extended", "godin", "logitnorm", "mcd", "mixoe", "novel_branch",
                     "oe", "rotpred", "udg")
 """The training-time methods the reference protocols fine-tune (their settings above)."""
-OPENOOD_TRAINERS = ("cider", "cutmix", "ish", "mixup", "palm", "regmixup", "reweightood", "rts", "t2fnorm", "vos")
+OPENOOD_TRAINERS = ("ascood", "augmix", "cider", "cutmix", "ish", "mixup", "npos", "palm", "regmixup", "reweightood",
+                    "rts", "t2fnorm", "vos")
 """Training-time methods from OpenOOD's trainers outside Open-Insect's tables (no released weights, no method
 settings of their own there); under `open-insects` they run its loop as every trainer of its OpenOOD fork does
 (`src/openood/trainers/utils.py` `get_trainer`), and they score the protocols' checkpoint (OpenOOD's
 `scripts/eval_ood.py:147` loads `best.ckpt`)."""
-LAST_EPOCH_METHODS = ("cider", "palm", "reweightood")
+LAST_EPOCH_METHODS = ("cider", "npos", "palm", "reweightood")
 """Methods scored with the last epoch under every protocol: no classifier loss, so no ID-val accuracy to choose by
 (the reference's `CiderRecorder` / `PALMRecorder`, named by their train configs, keep the lowest training-loss epoch,
 `openood/recorders/cider_recorder.py:35-50`, `palm_recorder.py:27-45`)."""

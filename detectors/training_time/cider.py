@@ -128,7 +128,7 @@ class CIDER(EmbeddingDetector):
 
         bank, k = self.extra["bank"], int(self.params["k"])
         if not 1 <= k <= len(bank):
-            raise ValueError(f"cider: k={k} must be between 1 and the number of ID-train rows {len(bank)}")
+            raise ValueError(f"{self.name}: k={k} must be between 1 and the number of ID-train rows {len(bank)}")
         if getattr(self, "_rule_memo", None) is None:
             self._rule_memo = faiss.IndexFlatL2(bank.shape[1])
             self._rule_memo.add(np.ascontiguousarray(bank, dtype=np.float32))

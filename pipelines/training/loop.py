@@ -337,6 +337,7 @@ class _Loop:
         try:
             for epoch in range(first, self.s.epochs):
                 seed_everything(self.s.seed * 7919 + epoch)
+                self.acc.unwrap_model(self.step_module).objective.epoch_begin(epoch)
                 if self.objective.needs_epoch_pass:
                     self.acc.unwrap_model(self.step_module).objective.epoch_start(epoch, *self.passes())
                 entry = self.train_epoch(epoch)

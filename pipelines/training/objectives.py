@@ -60,6 +60,7 @@ class Objective(nn.Module):
       of tensors run as separate forward passes (outputs concatenated in order; matters with batch norm).
     - `replaces_head`: the objective computes its own closed-set logits from the features (ARPL, G-ODIN), so the
       classifier's head gets no gradient (DDP is told to expect unused parameters).
+    - `epoch_begin(epoch)`: called before every epoch (from 0) without a pass (NPOS' `start_epoch_KNN`).
     - `no_decay_parameters()`: parameters trained without weight decay (G-ODIN's h).
     - `twice_stepped_parameters()`: parameters that also sit in a second, weight-decay-0 AdamW at the base lr, as
       G-ODIN's reference trainer has them (`loop.second_adam_step`).
@@ -96,6 +97,9 @@ class Objective(nn.Module):
 
     def epoch_start(self, epoch: int, id_pass: "Pass", aux_pass: "Pass | None") -> None:
         """Called before every epoch with the model's outputs on every ID-train / aux row; when `needs_epoch_pass`."""
+
+    def epoch_begin(self, epoch: int) -> None:
+        """Called before every epoch (from 0), resumed ones included; the default does nothing."""
 
     def no_decay_parameters(self) -> list[nn.Parameter]:
         return []

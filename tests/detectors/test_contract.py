@@ -51,6 +51,8 @@ FAST: dict[str, dict[str, Any]] = {
                   "early_stop_psnr": 15.0, "distance": "ssim"},
     "udg": {"num_clusters": 4, "pca_dim": 3},
     "cider": {"k": 5},
+    "npos": {"k": 5, "sample_number": 3, "sample_from": 10, "start_epoch_knn": 1, "synthesis_k": 2, "select": 3,
+             "id_points_num": 4},
     "diffpath": {"steps": 2, "gmm_components": [1, 2], "cv_folds": 2, "n_jobs": 1},
 }
 
