@@ -112,11 +112,12 @@ def gradient_outliers(x: torch.Tensor, grad: torch.Tensor, p_inv: float, alpha: 
 
 
 class ASCOODLoss(Objective):
-    """CE(ID) + w * (KL to uniform, or the energy MLP's CE) on outliers synthesised from the batch itself."""
+    """CE(ID) + w * (KL to uniform, or the energy MLP's CE) on outliers synthesised from the batch itself; `epochs`
+    (the run's) paces alpha."""
 
     def __init__(self, w: float = 1.0, sigma: float = 0.5, p_inv: float = 0.1,
                  ood_type: str = "gradient", alpha_min: float = 10.0, alpha_max: float = 10.0, kl_div: bool = True,
-                 epochs: int = 100):
+                 *, epochs: int):
         super().__init__()
         if ood_type not in ("gradient", "shuffle"):
             raise ValueError(f"ascood: ood_type must be 'gradient' or 'shuffle', got {ood_type!r}")
@@ -199,7 +200,7 @@ class ASCOOD(TrainedDetector):
     def objective(self) -> Objective:
         p = self.params
         return ASCOODLoss(p["w"], p["sigma"], p["p_inv"], p["ood_type"], p["alpha_min"], p["alpha_max"], p["kl_div"],
-                          p["epochs"])
+                          epochs=p["epochs"])
 
     def closed_logits(self, features: np.ndarray) -> np.ndarray:
         """fc(sigma * z(h)) in float64: the trained network's own logits."""

@@ -48,7 +48,7 @@ def test_one_step_equals_openood_ascood_trainer(name):
     net = tiny.TinyNet(classes=classes, width=width)
     tiny.state_from_json(net, case["init"])
     objective = ASCOODLoss(args["w"], args["sigma"], args["p_inv"], args["ood_type"], args["alpha_min"],
-                           args["alpha_max"], args["kl_div"], opt["num_epochs"])
+                           args["alpha_max"], args["kl_div"], epochs=opt["num_epochs"])
     objective.bind_head(net.fc)
     torch.manual_seed(100 + case["seed"])  # the trainer's MLP is drawn right after the network (make_ascood.py)
     tiny.TinyNet(classes=classes, width=width)
@@ -109,7 +109,7 @@ def test_input_gradient_of_the_z_scored_head_by_hand():
     rng = np.random.default_rng(0)
     d, sigma = 7, 0.5
     head = torch.nn.Linear(d, 3).double()
-    objective = ASCOODLoss(sigma=sigma)
+    objective = ASCOODLoss(sigma=sigma, epochs=1)
     objective.bind_head(head)
     x, y = rng.normal(size=(5, d)), np.array([0, 2, 1, 1, 0])
     got = input_gradient(_HeadsOnly(head), objective.training_logits, torch.tensor(x), torch.tensor(y)).numpy()
@@ -147,7 +147,7 @@ def test_both_losses_by_hand_in_float64(kl_div):
     rng = np.random.default_rng(2)
     torch.manual_seed(0)
     head = torch.nn.Linear(6, 4)
-    objective = ASCOODLoss(w=2.5, sigma=0.7, kl_div=kl_div)
+    objective = ASCOODLoss(w=2.5, sigma=0.7, kl_div=kl_div, epochs=1)
     objective.bind_head(head)
     objective.setup(6, 4)
     h, y = rng.normal(size=(10, 6)).astype(np.float32), np.array([0, 1, 2, 3, 1])
@@ -184,7 +184,7 @@ def test_edges_nothing_to_destroy_everything_shuffled_and_the_model_untouched():
     # one-row batch of one class through a batch-norm network: finite, the running stats untouched by the gradient
     net = tiny.TinyNet(classes=1)
     model = tiny.AsClassifier(net)
-    objective = ASCOODLoss(ood_type="shuffle")
+    objective = ASCOODLoss(ood_type="shuffle", epochs=1)
     objective.bind_head(net.fc)
     objective.setup(4, 1)
     model.train()
@@ -198,7 +198,7 @@ def test_edges_nothing_to_destroy_everything_shuffled_and_the_model_untouched():
     # one class: CE 0, KL to the one-class uniform 0
     assert float(objective.loss(logits, features, batch).detach()) == 0.0
     with pytest.raises(ValueError, match="ood_type"):
-        ASCOODLoss(ood_type="gaussian")
+        ASCOODLoss(ood_type="gaussian", epochs=1)
 
 
 def test_heads_mode_trains_and_scores_scale_on_the_raw_features():
