@@ -216,3 +216,16 @@ def test_heads_mode_trains_and_scores_scale_on_the_raw_features():
         scale = build("scale", percentile=85).fit(det.transform(train), head=det.trained_head)
         np.testing.assert_allclose(det.score(test), scale.score(seen), rtol=1e-5, atol=1e-4)  # SCALE: float32
         assert np.isfinite(det.history[-1]["loss"])
+
+
+def test_the_loop_hands_each_step_its_epoch(monkeypatch):
+    """alpha follows the run's epochs: the loop's batches carry their epoch (`TrainBatch.epoch`)."""
+    import detectors.training_time.ascood as ascood
+
+    seen = []
+    monkeypatch.setattr(ascood, "alpha_at", lambda epoch, epochs, lo, hi: seen.append((epoch, epochs)) or 1.0)
+    rng = np.random.default_rng(1)
+    train = FeatureSet(rng.normal(size=(32, 5)), None, np.arange(32) % 2)
+    build("ascood", mode="heads", epochs=3, batch_size=16, warmup_epochs=0).fit(
+        train, head=LinearHead(rng.normal(size=(2, 5)), np.zeros(2)))
+    assert seen == [(0, 3), (0, 3), (1, 3), (1, 3), (2, 3), (2, 3)]
