@@ -229,3 +229,77 @@ def test_the_loop_hands_each_step_its_epoch(monkeypatch):
     build("ascood", mode="heads", epochs=3, batch_size=16, warmup_epochs=0).fit(
         train, head=LinearHead(rng.normal(size=(2, 5)), np.zeros(2)))
     assert seen == [(0, 3), (0, 3), (1, 3), (1, 3), (2, 3), (2, 3)]
+
+
+DDP_SCRIPT = """
+import json, os, sys, torch
+from torch import nn
+from pipelines.classifier import ImageClassifier
+from pipelines.data import read_manifest
+from pipelines.training import finetune
+from detectors.training_time.ascood import ASCOODLoss
+torch.set_num_threads(1)
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                                  nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.fc = nn.Linear(4, 3)
+    def forward(self, x):
+        h = self.body(x)
+        return self.fc(h), h
+torch.manual_seed(0)
+clf = ImageClassifier.from_module(Net(), image_size=16)
+objective = ASCOODLoss(alpha_min=1.0, alpha_max=3.0, kl_div=False, epochs=2)
+result = finetune(clf, read_manifest(sys.argv[1]), epochs=2, batch_size=4, lr=1e-2, warmup_epochs=0, seed=0,
+                  objective=objective)
+state = {k: v.double().flatten().tolist() for k, v in clf.model.state_dict().items() if v.is_floating_point()}
+state.update({k: v.double().flatten().tolist() for k, v in objective.logistic_regression.state_dict().items()})
+with open(os.path.join(sys.argv[2], f"ascood{os.environ['RANK']}.json"), "w") as fh:
+    json.dump({"steps": result.steps, "loss": [h["loss"] for h in result.history], "state": state}, fh)
+if torch.distributed.is_initialized():
+    torch.distributed.barrier()
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(tmp_path):
+    """torchrun with 2 CPU processes, each half of every batch: the input-gradient pass runs inside the distributed
+    step without touching its gradient hooks, and the weights (network, energy MLP) equal the one-process run's."""
+    import os
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    from pipelines.data import make_row, write_manifest
+
+    rng, rows, folder = np.random.default_rng(0), [], tmp_path / "data"
+    folder.mkdir()
+    for label, colour in enumerate([(200, 30, 30), (30, 200, 30), (30, 30, 200)]):
+        for i in range(8):
+            pixels = np.clip(np.array(colour)[None, None] + rng.integers(-25, 25, size=(16, 16, 3)), 0, 255)
+            Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{label}_{i}.png")
+            rows.append(make_row(f"{label}_{i}.png", split="train", label=label))
+    manifest = write_manifest(folder, rows)
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    root = Path(__file__).parents[3]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = str(root)
+    solo = subprocess.run([sys.executable, str(script), str(manifest.root), str(tmp_path)], capture_output=True,
+                          text=True, timeout=240, cwd=root, env={**env, "RANK": "solo"})
+    assert solo.returncode == 0, solo.stderr[-2000:]
+    duo = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node", "2",
+                          str(script), str(manifest.root), str(tmp_path)], capture_output=True, text=True, timeout=240,
+                         cwd=root, env=env)
+    assert duo.returncode == 0, duo.stderr[-3000:]
+    one = json.loads((tmp_path / "ascoodsolo.json").read_text())
+    two = [json.loads((tmp_path / f"ascood{rank}.json").read_text()) for rank in (0, 1)]
+    assert two[0] == two[1] and two[0]["steps"] == one["steps"] == 12
+    np.testing.assert_allclose(two[0]["loss"], one["loss"], rtol=1e-5)
+    for name, values in one["state"].items():
+        np.testing.assert_allclose(two[0]["state"][name], values, rtol=1e-4, atol=1e-6, err_msg=name)
