@@ -20,11 +20,12 @@ scale.yml`: percentile 85, swept over 65 ... 95 on OOD validation there).
 
 Here `transform` hands post-hoc rules the raw features (what the reference network returns as its feature) and the
 closed-set logits fc(sigma z(h)); `trained_head` is the plain fc, which `scale` applies to h as ScaleNet does (a
-`rules: [scale]` entry gives the same scores). Deviations: the recipe's optimiser (theirs: SGD, nesterov, lr 0.1, the
-fc at fc_lr_factor x lr); `percentile` is not swept (training methods run their defaults); the shuffle draws come from
-the step's seeded generator (theirs: torch's global generator); the input gradient is taken with `torch.autograd.grad`
-on the input alone (theirs also fills the parameters' .grad, cleared before the step). Heads mode treats a feature
-vector as one channel of D positions (`shuffle`) or D entries (`gradient`).
+`rules: [scale]` entry gives the same scores). Deviations: the recipe's optimiser and schedule (theirs: SGD, nesterov,
+lr 0.1, the fc at fc_lr_factor x lr, cosine per step to 1e-6, `:37-62`); `percentile` is not swept (training methods
+run their defaults); the shuffle draws come from the step's seeded generator (theirs: torch's global generator); the
+input gradient is taken with `torch.autograd.grad` on the input alone (theirs also fills the parameters' .grad,
+cleared before the step). Heads mode treats a feature vector as one channel of D positions (`shuffle`) or D entries
+(`gradient`).
 """
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ after the trainer's own SGD step (its two parameter groups, fc at fc_lr_factor x
 the evaluation the test scripts run (`ScaleNet.forward_threshold` + `ScalePostprocessor`, percentile 85) and the MSP
 of the network's own forward. Cases: the train config's defaults (gradient outliers, KL to uniform), the CIFAR-10 and
 CIFAR-100 scripts' shuffle outliers, the logistic-regression branch (`kl_div: False`) at a mid-run alpha, a batch of
-one row, one class. Writes ascood.json beside this file.
+one row, one class. Writes ascood.json beside this file. The files are the reference's own text at the commit, loaded
+by `openood_trainers.load` (`Config` stubbed, `.cuda()` the identity: the step runs on the CPU).
 
 Run by hand (OpenOOD does not install here):
     OPENOOD_GIT=/path/to/OpenOOD/.git python tests/detectors/training_time/golden/make_ascood.py
