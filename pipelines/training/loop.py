@@ -133,7 +133,7 @@ class _Step(nn.Module):
         self._forward = [torch.compile(model) if compiled else model]
 
     def forward(self, batch: TrainBatch) -> torch.Tensor:
-        inputs = self.objective.inputs(batch)
+        inputs = self.objective.model_inputs(self.model, batch)
         model = self._forward[0] if self.training else self.model
         if isinstance(inputs, (tuple, list)):  # separate forward passes (batch-norm statistics per pass)
             outputs = [model(x) for x in inputs]
@@ -454,7 +454,7 @@ class _Loop:
             targets={k: torch.as_tensor(v[index.cpu().numpy()]).to(self.device) for k, v in self.train_targets.items()},
             aux_x=self.inputs(aux["x"]) if has_aux else None, aux_y=aux["y"].to(self.device) if has_aux else None,
             generator=torch.Generator().manual_seed(self.s.seed * 1_000_003 + epoch * 10_007 + step),
-            index=index.to(self.device), aux_index=aux["index"].to(self.device) if has_aux else None)
+            index=index.to(self.device), aux_index=aux["index"].to(self.device) if has_aux else None, epoch=epoch)
 
     def evaluate(self, loader: Any, targets: dict[str, np.ndarray], split: str) -> dict[str, float]:
         set_epoch(loader, 0)

@@ -24,6 +24,7 @@ class TrainBatch:
     `aux_y` holds the auxiliary class index of each aux sample (e.g. its species among the auxiliary species),
     -1 when unknown. `generator` is the step's seeded CPU generator (for objectives that sample, e.g. mixing).
     `index` / `aux_index` are the rows' positions in the ID-train / aux set (for objectives with per-row state).
+    `epoch` is the step's epoch, from 0 (for objectives with a per-epoch schedule of their own, e.g. ASCOOD's alpha).
     """
 
     x: torch.Tensor
@@ -34,6 +35,7 @@ class TrainBatch:
     generator: torch.Generator | None = None
     index: torch.Tensor | None = None
     aux_index: torch.Tensor | None = None
+    epoch: int = 0
 
     @property
     def n_id(self) -> int:
@@ -58,6 +60,8 @@ class Objective(nn.Module):
       run it on points of their own (VOS' virtual outliers).
     - `inputs(batch)`: the tensor run through the model (default: ID inputs then aux inputs, concatenated), or a tuple
       of tensors run as separate forward passes (outputs concatenated in order; matters with batch norm).
+    - `model_inputs(model, batch)`: what the loop calls: `inputs(batch)` by default; objectives that make their inputs
+      with the model itself (ASCOOD's outliers from input gradients) override it.
     - `replaces_head`: the objective computes its own closed-set logits from the features (ARPL, G-ODIN), so the
       classifier's head gets no gradient (DDP is told to expect unused parameters).
     - `epoch_begin(epoch)`: called before every epoch (from 0) without a pass (NPOS' `start_epoch_KNN`).
@@ -115,6 +119,10 @@ class Objective(nn.Module):
         if batch.aux_x is None:
             return batch.x
         return torch.cat([batch.x, batch.aux_x.to(batch.x.dtype)])
+
+    def model_inputs(self, model: nn.Module, batch: TrainBatch) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The step's model inputs, given the model ((logits, features) of an input); default `inputs(batch)`."""
+        return self.inputs(batch)
 
     def loss(self, logits: torch.Tensor, features: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
         raise NotImplementedError
