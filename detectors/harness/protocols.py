@@ -160,7 +160,8 @@ def _open_insects_training() -> dict[str, dict[str, Any]]:
 TRAINING_METHODS = ("arpl", "confbranch", "energy_oe", "extended", "godin", "logitnorm", "mcd", "mixoe", "novel_branch",
                     "oe", "rotpred", "udg")
 """The training-time methods the reference protocols fine-tune (their settings above)."""
-OPENOOD_TRAINERS = ("cider", "cutmix", "ish", "mixup", "palm", "regmixup", "reweightood", "t2fnorm", "vos")
+OPENOOD_TRAINERS = ("augmix", "cider", "cutmix", "ish", "mixup", "palm", "regmixup", "reweightood", "t2fnorm",
+                    "vos")
 """Training-time methods from OpenOOD's trainers alone (no Open-Insect recipe): they take only the protocols' scored
 checkpoint (OpenOOD's `scripts/eval_ood.py:147` loads `best.ckpt`)."""
 LAST_EPOCH_METHODS = ("cider", "palm", "reweightood")

@@ -1,9 +1,10 @@
 """AugMix (Hendrycks et al., ICLR 2020) as torchvision's `transforms.AugMix` computes it, without torchvision, and the
 clean + two AugMix views OpenOOD's AugMix preprocessor hands its JSD trainer.
 
-torchvision (0.14, `transforms/autoaugment.py:466-601`, the version Debian ships; OpenOOD's `augmix_preprocessor.py:28-33`
-builds it) turns a PIL image into a uint8 tensor and runs TENSOR ops on it (`functional_tensor.py`: grid-sample affine
-without fill, the float32 `_blend` of the colour ops, `bincount` equalize), so these are tensor ops too:
+torchvision (0.14, `transforms/autoaugment.py:466-601`, the version Debian ships; OpenOOD's
+`augmix_preprocessor.py:28-33` builds it) turns a PIL image into a uint8 tensor and runs TENSOR ops on it
+(`functional_tensor.py`: grid-sample affine without fill, the float32 `_blend` of the colour ops, `bincount`
+equalize), so these are tensor ops too:
 - weights: m ~ Dirichlet(alpha, alpha) (m[0] for the original), w ~ Dirichlet(alpha x mixture_width) * m[1];
 - each of `mixture_width` chains: depth `chain_depth`, or uniform in {1, 2, 3} when it is <= 0; each op uniform over
   `augmix_ops(all_ops)`, its magnitude bin uniform in [0, severity) of 10 bins, negated with probability 1/2 where
@@ -140,7 +141,7 @@ def _equalize(img: torch.Tensor) -> torch.Tensor:
 
 
 def apply_op(img: torch.Tensor, op: str, magnitude: float, interpolation: str = "bilinear") -> torch.Tensor:
-    """One AugMix op on a uint8 tensor [..., C, H, W], as torchvision's `autoaugment._apply_op` on tensors (fill None)."""
+    """One AugMix op on a uint8 tensor [..., C, H, W], as torchvision's `autoaugment._apply_op` on tensors (no fill)."""
     h, w = img.shape[-2:]
     centre = (0.0, 0.0)
     corner = (-w * 0.5, -h * 0.5)  # center=[0, 0] in pixels, relative to the image centre
@@ -178,7 +179,7 @@ def apply_op(img: torch.Tensor, op: str, magnitude: float, interpolation: str = 
     raise ValueError(f"unknown AugMix op {op!r}; known: {', '.join(augmix_ops(True))}")
 
 
-# -- AugMix -------------------------------------------------------------------------------------------------------------
+# -- AugMix ------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AugMixDraw:
     """One AugMix call's randomness: the (original, augmented) Beta share `m` [2], the chains' weights `weights`
