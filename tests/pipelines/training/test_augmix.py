@@ -181,3 +181,16 @@ def test_views_are_one_crop_and_two_draws(tmp_path):
     assert AugMixViews(base, aug).identity() != AugMixViews(base, AugMix(severity=2)).identity()
     pil = aug(image, np.random.default_rng(2))
     assert isinstance(pil, Image.Image) and pil.size == image.size
+
+
+def test_normalize_broadcasts_over_the_view_axis():
+    """A collated batch of view stacks [B, 3, 3, H, W] normalises per channel as each view would alone (channels-last
+    memory applies to 4-D batches only)."""
+    from pipelines.training.transforms import Normalize
+
+    x = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (2, 3, 3, 4, 5)).astype(np.uint8))
+    norm = Normalize([0.4, 0.5, 0.6], [0.2, 0.25, 0.3], channels_last=True)
+    out = norm(x)
+    assert out.shape == x.shape
+    for v in range(3):
+        np.testing.assert_array_equal(out[:, v].numpy(), norm(x[:, v]).numpy())
