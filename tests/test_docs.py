@@ -21,7 +21,7 @@ REFERENCE_PATHS = ("configs/postprocessors/", "configs/pipelines/", "configs/net
                    "scripts/eval_opengan.sh", "scripts/finetune.sh", "scripts/main.py",
                    "scripts/train_with_aux_data.sh", "docs/text/index.md",
                    "scripts/download/download.py", "scripts/eval_ood_imagenet.py", "configs/detector/",
-                   "scripts/imagenet.sh", "scripts/uncertainty/")
+                   "scripts/imagenet.sh", "scripts/uncertainty/", "configs/preprocessors/")
 """Files of the reference repositories (Open-Insect, OpenOOD, LoCoOp, OpenOOD-VLM, NegRefine, tdwg/dwc) the pages
 cite by their own paths."""
 WRITTEN_BY_RUNS = ("benchmarks/scale_21k.json",)

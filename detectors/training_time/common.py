@@ -122,6 +122,11 @@ class TrainedDetector(Detector):
     def _score_logits(self, logits: np.ndarray, features: np.ndarray) -> np.ndarray:
         return softmax64(logits).max(1)
 
+    def training_transforms(self, transforms: tuple[Any, Any] | None) -> tuple[Any, Any] | None:
+        """The (train, eval) pixels of a full-mode fine-tune, given the `augment` branch's; default unchanged (AugMix
+        wraps the training transform in its views)."""
+        return transforms
+
     def released_arrays(self, parts: dict[str, Any]) -> dict[str, np.ndarray]:
         """The method's extra arrays (as `export` gives them) from its released network's tensors; default none."""
         return {}
@@ -223,6 +228,7 @@ class TrainedDetector(Detector):
         # (pipelines.pixels)
         transforms = None if self.params["augment"] == "none" else finetune_transforms(self.classifier,
                                                                                        self.params["augment"])
+        transforms = self.training_transforms(transforms)
         checkpoint, key = None, ""
         if self.work_dir is not None:
             checkpoint = self.work_dir / CHECKPOINT

@@ -4,6 +4,7 @@ multi-granularity heads; per-epoch atomic checkpoints and resume; the same weigh
 - `objectives`: `Objective`, `TrainBatch`, `Pass`, `CrossEntropy`, `MultiGranularity`;
 - `loaders`: image rows, cached-feature batches, the epoch-seeded sampler; `transforms`: torchvision's ops without
   torchvision (RandAugment, RandomResizedCrop, Resize, CenterCrop, RandomCrop, flip) and Open-Insect's preprocessors;
+- `augmix`: torchvision's AugMix without torchvision and OpenOOD's clean + two AugMix views;
 - `schedule`: the "clean" and the "reference" (Open-Insect's step counter) lr schedules;
 - `settings`: `TrainSettings`, the training hyperparameters (defaults, ranges, docs) everything below reads;
 - `loop`: `finetune` (a whole `ImageClassifier` on images), `train_heads` (linear heads on cached features);

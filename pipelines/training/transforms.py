@@ -384,4 +384,5 @@ class Normalize:
             return x
         mean, std = self.mean.to(x.device), self.std.to(x.device)
         out = (x.float() / 255.0 - mean) / std
-        return out.contiguous(memory_format=torch.channels_last) if self.channels_last else out
+        # a stack of views [B, V, 3, H, W] (AugMix) broadcasts too; channels-last memory is for 4-D batches
+        return out.contiguous(memory_format=torch.channels_last) if self.channels_last and out.dim() == 4 else out
