@@ -129,9 +129,9 @@ def test_defaults_are_openood_configs():
                                        "interpolation", "mode", "score_rule")} == {
         "severity": 1, "mixture_width": 3, "chain_depth": -1, "alpha": 1.0, "all_ops": True, "jsd": True, "lam": 12.0,
         "interpolation": "bilinear", "mode": "full", "score_rule": "msp"}
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="mode"):
         build("augmix", mode="heads")
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="severity"):
         build("augmix", severity=11)
 
 

@@ -54,7 +54,7 @@ def main(src: str, dst: str) -> None:
         randint = torch.randint
         depths = []
 
-        def recorded_randint(*args, **kwargs):
+        def recorded_randint(*args, randint=randint, depths=depths, **kwargs):
             value = randint(*args, **kwargs)
             if kwargs.get("low") == 1 and kwargs.get("high") == 4:
                 depths.append(int(value.item()))
