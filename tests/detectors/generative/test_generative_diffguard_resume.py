@@ -86,6 +86,6 @@ def test_every_image_scoring_detector_keeps_batches_and_declares_work_dir():
 
     keeping = {name for family in ("posthoc", "generative") for name in detectors.available(family)
                if detector_class(name).keeps_batches}
-    assert keeping == {"odin", "iodin", "rp_odin", "mdsens", "gram", "rankfeat", "diffguard"}
+    assert keeping == {"odin", "iodin", "rp_odin", "mdsens", "gram", "rankfeat", "ensemble", "diffguard"}
     for name in keeping:
         assert "work_dir" in detector_class(name).needs and "images" in detector_class(name).inputs

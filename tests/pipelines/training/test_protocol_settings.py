@@ -94,8 +94,8 @@ LOOP = {
 }
 METHOD = ({("rotpred", p): {"batch_size": 256} for p in LOOP} | {("mixoe", "open-insects"): {"drop_last": True}}
           | {(name, p): {"checkpoint": "last", "weights": "last"} for p in LOOP
-             for name in ("cider", "palm", "reweightood")})
-"""RotPred's published batch (all protocols); MixOE's trainer drops its last batch (Open-Insect); CIDER, PALM and
+             for name in ("cider", "npos", "palm", "reweightood")})
+"""RotPred's published batch (all protocols); MixOE's trainer drops its last batch (Open-Insect); CIDER, NPOS, PALM and
 ReweightOOD have no ID-val accuracy to choose an epoch by (their recorder keeps the lowest training loss): the last
 epoch."""
 
