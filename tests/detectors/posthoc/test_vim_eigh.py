@@ -1,10 +1,13 @@
-"""ViM's eigen-solver choices: the subset path (MRRR, a third of D or less, one thread) gives the subspace of the full
-divide-and-conquer eigh (more threads); the factorisations' thread count stays within the machine's cores."""
+"""ViM's eigen-solver and thread choices: the subset path (MRRR, a third of D or less, one thread) gives the subspace of
+the full divide-and-conquer eigh (more threads); the factorisations' thread count stays within the machine's cores;
+the row blocks give the same fit and scores on one thread or several."""
 import os
 
 import numpy as np
 import pytest
 
+import detectors
+from detectors import FeatureSet, LinearHead
 from detectors.posthoc import vim
 from detectors.posthoc.vim import idle_cores, ranked_eigenvectors
 
@@ -38,3 +41,20 @@ def test_idle_cores_is_within_the_machine(monkeypatch):
     assert idle_cores() == cores  # only this process running: every core
     monkeypatch.setattr(vim.os, "getloadavg", lambda: (0.0, 0, 0))
     assert idle_cores() == cores
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_threaded_blocks_give_the_serial_fit_and_scores(dtype, monkeypatch):
+    rng = np.random.default_rng(3)
+    train = (np.maximum(rng.normal(size=(700, 40)) * np.linspace(3, 0.5, 40) + 1, 0)).astype(dtype)
+    test = (np.maximum(rng.normal(size=(330, 40)) * 2, 0)).astype(dtype)
+    head = LinearHead(rng.normal(size=(6, 40)), rng.normal(size=6))
+    monkeypatch.setattr(vim, "SCORE_ROWS", 64)  # many blocks, a short last one
+    runs = {}
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(vim, "idle_cores", lambda: threads)
+        det = detectors.build("vim", dim=10).fit(FeatureSet(train), head=head)
+        runs[threads] = det.alpha, det.score(FeatureSet(test))
+    for threads in (2, 3):  # blocks summed in order: only the BLAS's own thread split may move the last bits
+        assert runs[threads][0] == pytest.approx(runs[1][0], rel=1e-12)
+        np.testing.assert_allclose(runs[threads][1], runs[1][1], rtol=1e-12, atol=1e-12)
