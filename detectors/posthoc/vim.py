@@ -22,6 +22,9 @@ from detectors.registry import register_detector
 SCORE_ROWS = 2048
 """Rows per block of the train residual pass and of scoring: a block's centred copy stays in cache (in-memory features
 are read as views, not copied)."""
+MOMENT_ROWS = 4096
+"""Rows per block of the covariance's float32 products (each summed into float64): blocks enough for every idle core,
+long enough for an efficient rank-k update."""
 
 
 def principal_dim(feature_dim: int) -> int:
@@ -133,6 +136,35 @@ def map_blocks(fn: Callable[[np.ndarray], Any], array: np.ndarray, dtype: Any = 
             yield done, future.result()
 
 
+def second_moment_about(features: np.ndarray, point: np.ndarray, rows: int | None = None) -> np.ndarray:
+    """sum (h - point)(h - point)^T / N [D,D] over the rows of `features` (float32 products, as the reference's
+    sklearn EmpiricalCovariance on float32 features, summed in float64): each block of `rows` (default MOMENT_ROWS) is
+    centred on the first block's mean (rounded to float32: an exact shift) and multiplied (a symmetric rank-k update);
+    the float64 sum of the blocks' products and sums then moves to `point` exactly. The blocks run through
+    `map_blocks` (on the idle cores, summed in block order: the same bits on any number of threads) and are reduced
+    across processes inside `streaming.across_processes`."""
+    rows = rows or MOMENT_ROWS
+    if len(features) == 0:
+        raise ValueError("no rows to compute statistics from")
+    shift = np.asarray(features[:rows], dtype=np.float32).mean(axis=0, dtype=np.float64).astype(np.float32)
+
+    def moments(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        centred = block - shift
+        return centred.sum(axis=0, dtype=np.float64), (centred.T @ centred).astype(np.float64)
+
+    dim = features.shape[1]
+    sums, scatter = np.zeros(dim), np.zeros((dim, dim))
+    for _, (total, product) in map_blocks(moments, features, np.float32, rows):
+        sums += total
+        scatter += product
+    move = shift.astype(np.float64) - point  # sum (x-p)(x-p)^T = S + s m^T + m s^T + n m m^T, m = shift - p
+    scatter += np.outer(sums, move)
+    scatter += np.outer(move, sums)
+    scatter += len(features) * np.outer(move, move)
+    scatter, count = streaming.reduce_sum(scatter, np.array(len(features)))
+    return scatter / count
+
+
 def stored_max_logit_sum(fit: Any, head: Any, features: np.ndarray, check_rows: int = 256) -> float | None:
     """Sum over rows of the largest stored logit when `fit` carries logits [N,C] that are `head`'s outputs (checked on
     the first `check_rows` rows, to float16 storage and feature rounding), else None. They are the model's own logits,
@@ -195,7 +227,7 @@ class ViM(Detector):
         dim = resolve_dim(self.dim, h.shape[1], self.name, self.default_dim)
         self.origin = virtual_origin(self.head.weight, self.head.bias)
         # products in float32 like the reference (sklearn EmpiricalCovariance on float32 features), summed in float64
-        covariance = streaming.moments(h, scatter=np.float32).second_moment_about(self.origin)
+        covariance = second_moment_about(h, self.origin)
         # keep the smaller of the two bases: the residual follows from either
         self.keeps_principal = dim <= h.shape[1] - dim
         self.basis = (ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal

@@ -50,6 +50,7 @@ def test_threaded_blocks_give_the_serial_fit_and_scores(dtype, monkeypatch):
     test = (np.maximum(rng.normal(size=(330, 40)) * 2, 0)).astype(dtype)
     head = LinearHead(rng.normal(size=(6, 40)), rng.normal(size=6))
     monkeypatch.setattr(vim, "SCORE_ROWS", 64)  # many blocks, a short last one
+    monkeypatch.setattr(vim, "MOMENT_ROWS", 150)
     runs = {}
     for threads in (1, 2, 3):
         monkeypatch.setattr(vim, "idle_cores", lambda: threads)
@@ -58,3 +59,18 @@ def test_threaded_blocks_give_the_serial_fit_and_scores(dtype, monkeypatch):
     for threads in (2, 3):  # blocks summed in order: only the BLAS's own thread split may move the last bits
         assert runs[threads][0] == pytest.approx(runs[1][0], rel=1e-12)
         np.testing.assert_allclose(runs[threads][1], runs[1][1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_second_moment_about_a_point_is_the_float64_formula(threads, monkeypatch):
+    monkeypatch.setattr(vim, "idle_cores", lambda: threads)
+    rng = np.random.default_rng(4)
+    x = (rng.normal(size=(1000, 30)) * np.linspace(5, 0.1, 30) + 20).astype(np.float32)  # far from the origin
+    point = rng.normal(size=30)
+    t = x.astype(np.float64) - point
+    expected = t.T @ t / len(x)
+    got = vim.second_moment_about(x, point, rows=128)  # 7 full blocks and a short one
+    # float32 products of rows centred near their mean: float32 rounding of the (small) spread, not of the offset
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6 * np.abs(expected).max())
+    with pytest.raises(ValueError, match="no rows"):
+        vim.second_moment_about(x[:0], point)
