@@ -1,8 +1,10 @@
 """Virtual-logit Matching (ViM, Wang et al., CVPR 2022): energy minus the scaled residual off the principal subspace."""
 from __future__ import annotations
 
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import os
 
@@ -12,7 +14,7 @@ from threadpoolctl import threadpool_limits
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
-from detectors.posthoc.common import logsumexp_rows, model_precision, stored_features
+from detectors.posthoc.common import logsumexp_rows, stored_features
 from pipelines.params import Params, param
 from detectors.registry import register_detector
 
@@ -20,6 +22,9 @@ from detectors.registry import register_detector
 SCORE_ROWS = 2048
 """Rows per block of the train residual pass and of scoring: a block's centred copy stays in cache (in-memory features
 are read as views, not copied)."""
+MOMENT_ROWS = 4096
+"""Rows per block of the covariance's float32 products (each summed into float64): blocks enough for every idle core,
+long enough for an efficient rank-k update."""
 
 
 def principal_dim(feature_dim: int) -> int:
@@ -61,7 +66,9 @@ def idle_cores() -> int:
 
 def virtual_origin(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """u = -pinv(W) b, the minimum-norm least-squares solution of W u = -b: through the Cholesky factor of the smaller
-    Gram matrix (W W^T or W^T W) when it is well conditioned, else through the SVD pseudo-inverse."""
+    Gram matrix (W W^T or W^T W) when it is well conditioned, else through the SVD pseudo-inverse. numpy's LAPACK
+    (the OpenBLAS of the products that follow: scipy's own OpenBLAS would leave its threads spinning on the cores the
+    covariance product starts on)."""
     with lapack_threads():
         return _virtual_origin(weight, bias)
 
@@ -70,31 +77,92 @@ def _virtual_origin(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
     wide = weight.shape[0] <= weight.shape[1]
     gram = weight @ weight.T if wide else weight.T @ weight
     try:
-        factor = scipy.linalg.cho_factor(gram)
+        factor = np.linalg.cholesky(gram)
     except np.linalg.LinAlgError:
         return -np.linalg.pinv(weight) @ bias
-    pivots = np.abs(np.diag(factor[0]))
+    pivots = np.abs(np.diag(factor))
     if pivots.min() ** 2 <= pivots.max() ** 2 * len(gram) * np.finfo(np.float64).eps * 1e3:
         return -np.linalg.pinv(weight) @ bias
     if wide:
-        return -weight.T @ scipy.linalg.cho_solve(factor, bias)
-    return -scipy.linalg.cho_solve(factor, weight.T @ bias)
+        return -weight.T @ _cho_solve(factor, bias)
+    return -_cho_solve(factor, weight.T @ bias)
+
+
+def _cho_solve(lower: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """x with L L^T x = rhs for a lower Cholesky factor L: numpy has no triangular solve, so each triangle is solved
+    as a general system (C x C: cheap; LU of a triangular matrix needs no pivoting and is backward stable)."""
+    return np.linalg.solve(lower.T, np.linalg.solve(lower, rhs))
 
 
 def ranked_eigenvectors(covariance: np.ndarray, first: int, stop: int) -> np.ndarray:
-    """Eigenvectors [D, stop-first] of a symmetric matrix ranked first..stop-1 by decreasing eigenvalue, float64, by
-    scipy's LAPACK (the BLAS the streamed moments just ran on: right after an OpenBLAS product torch's eigh waited
-    0.6-4 s for OpenBLAS's still-spinning threads, against 85 ms alone). With one thread (a loaded machine), MRRR on the
-    subset where it is a third of D or less (256 of 1024: about 10% faster than all of them); with more, and for
-    larger subsets (1000 of 2048: 4.1 s against 6.1 s), the full divide-and-conquer eigh (256 of 1024 on 2 idle
-    cores: 113 ms against MRRR's 154 ms)."""
+    """Eigenvectors [D, stop-first] of a symmetric matrix ranked first..stop-1 by decreasing eigenvalue, float64. With
+    one thread (a loaded machine), scipy's MRRR on the subset where it is a third of D or less (256 of 1024: about 10%
+    faster than all of them); with more, and for larger subsets (1000 of 2048: 4.1 s against 6.1 s), the full
+    divide-and-conquer eigh (256 of 1024 on 2 idle cores: 113 ms against MRRR's 154 ms) through numpy's LAPACK: the
+    OpenBLAS the streamed moments and the residual passes multiply with, whose threads are still spinning when the
+    eigh starts (scipy's and torch's are other thread pools: right after an OpenBLAS product torch's eigh waited
+    0.6-4 s for OpenBLAS's still-spinning threads, against 85 ms alone)."""
     d, threads = len(covariance), idle_cores()
     with threadpool_limits(threads):
         if 3 * (stop - first) <= d and threads == 1:
             _, vectors = scipy.linalg.eigh(covariance, driver="evr", subset_by_index=[d - stop, d - 1 - first])
             return np.ascontiguousarray(vectors[:, ::-1])
-        _, vectors = scipy.linalg.eigh(covariance, driver="evd")
+        _, vectors = np.linalg.eigh(covariance)  # LAPACK ?syevd, as scipy's driver="evd"
     return np.ascontiguousarray(vectors[:, ::-1][:, first:stop])
+
+
+def map_blocks(fn: Callable[[np.ndarray], Any], array: np.ndarray, dtype: Any = None,
+               rows: int | None = None) -> Iterator[tuple[slice, Any]]:
+    """(row slice, fn(rows)) over the read-only row blocks of `array` (`streaming.blocks`), in order. Where
+    `idle_cores()` leaves more than one core, the blocks run on that many Python threads with one BLAS thread each
+    (numpy releases the GIL): each thread runs its block's products and its elementwise passes, which a threaded
+    product alone would leave serial (on 2 idle cores they were a quarter of ViM's fit and score). At most twice as
+    many blocks as threads are in flight (a memory-mapped input's are copies). `rows`: per block, default SCORE_ROWS."""
+    workers = idle_cores()
+    items = streaming.blocks(array, dtype, rows or SCORE_ROWS, read_only=True)
+    if workers == 1:
+        for part, block in items:
+            yield part, fn(block)
+        return
+    with threadpool_limits(1), ThreadPoolExecutor(workers) as pool:
+        pending: deque = deque()
+        for part, block in items:
+            pending.append((part, pool.submit(fn, block)))
+            if len(pending) > 2 * workers:
+                done, future = pending.popleft()
+                yield done, future.result()
+        while pending:
+            done, future = pending.popleft()
+            yield done, future.result()
+
+
+def second_moment_about(features: np.ndarray, point: np.ndarray, rows: int | None = None) -> np.ndarray:
+    """sum (h - point)(h - point)^T / N [D,D] over the rows of `features` (float32 products, as the reference's
+    sklearn EmpiricalCovariance on float32 features, summed in float64): each block of `rows` (default MOMENT_ROWS) is
+    centred on the first block's mean (rounded to float32: an exact shift) and multiplied (a symmetric rank-k update);
+    the float64 sum of the blocks' products and sums then moves to `point` exactly. The blocks run through
+    `map_blocks` (on the idle cores, summed in block order: the same bits on any number of threads) and are reduced
+    across processes inside `streaming.across_processes`."""
+    rows = rows or MOMENT_ROWS
+    if len(features) == 0:
+        raise ValueError("no rows to compute statistics from")
+    shift = np.asarray(features[:rows], dtype=np.float32).mean(axis=0, dtype=np.float64).astype(np.float32)
+
+    def moments(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        centred = block - shift
+        return centred.sum(axis=0, dtype=np.float64), (centred.T @ centred).astype(np.float64)
+
+    dim = features.shape[1]
+    sums, scatter = np.zeros(dim), np.zeros((dim, dim))
+    for _, (total, product) in map_blocks(moments, features, np.float32, rows):
+        sums += total
+        scatter += product
+    move = shift.astype(np.float64) - point  # sum (x-p)(x-p)^T = S + s m^T + m s^T + n m m^T, m = shift - p
+    scatter += np.outer(sums, move)
+    scatter += np.outer(move, sums)
+    scatter += len(features) * np.outer(move, move)
+    scatter, count = streaming.reduce_sum(scatter, np.array(len(features)))
+    return scatter / count
 
 
 def stored_max_logit_sum(fit: Any, head: Any, features: np.ndarray, check_rows: int = 256) -> float | None:
@@ -159,7 +227,7 @@ class ViM(Detector):
         dim = resolve_dim(self.dim, h.shape[1], self.name, self.default_dim)
         self.origin = virtual_origin(self.head.weight, self.head.bias)
         # products in float32 like the reference (sklearn EmpiricalCovariance on float32 features), summed in float64
-        covariance = streaming.moments(h, scatter=np.float32).second_moment_about(self.origin)
+        covariance = second_moment_about(h, self.origin)
         # keep the smaller of the two bases: the residual follows from either
         self.keeps_principal = dim <= h.shape[1] - dim
         self.basis = (ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal
@@ -167,11 +235,14 @@ class ViM(Detector):
         # alpha's train pass projects in float32 (the model's precision, as pytorch-ood does), sums in float64
         basis, origin = self.basis.astype(np.float32), self.origin.astype(np.float32)
         stored = stored_max_logit_sum(id_train, self.head, h)
+
+        def sums(block: np.ndarray) -> tuple[float, float]:
+            top = 0.0 if stored is not None else self.head(block).max(axis=1).sum(dtype=np.float64)
+            return top, self.residual(block - origin, basis).sum()
+
         max_logit, residual = stored or 0.0, 0.0
-        for _, block in streaming.blocks(h, np.float32, SCORE_ROWS, read_only=True):
-            if stored is None:
-                max_logit += self.head(block).max(axis=1).sum(dtype=np.float64)
-            residual += self.residual(block - origin, basis).sum()
+        for _, (top, part) in map_blocks(sums, h, np.float32):  # added in block order: the same sums on any threads
+            max_logit, residual = max_logit + top, residual + part
         max_logit, residual = streaming.reduce_sum(max_logit, residual)
         self.alpha = float(max_logit / residual)
 
@@ -184,19 +255,18 @@ class ViM(Detector):
         return np.sqrt(projected)
 
     def _score(self, batch) -> np.ndarray:
-        cast: dict[Any, tuple[np.ndarray, np.ndarray]] = {}  # origin and basis in each chunk's precision, cast once
+        h = stored_features(batch, self.name)
+        # float32 features project in float32 (as the fit's alpha pass), float64 in float64; others as float32
+        dtype = h.dtype if h.dtype in (np.float32, np.float64) else np.dtype(np.float32)
+        origin, basis = self.origin.astype(dtype), self.basis.astype(dtype)
 
-        def rows(_, block: np.ndarray) -> np.ndarray:
-            block = model_precision(block)  # float32 features project in float32 (as the fit's alpha pass), float64 in
-                                            # float64
-            if block.dtype not in cast:
-                cast[block.dtype] = (self.origin.astype(block.dtype), self.basis.astype(block.dtype))
-            origin, basis = cast[block.dtype]
+        def rows(block: np.ndarray) -> np.ndarray:
             return logsumexp_rows(self.head(block)) - self.alpha * self.residual(block - origin, basis)
 
-        h = stored_features(batch, self.name)
-        return streaming.map_rows(rows, h, None if h.dtype in (np.float32, np.float64) else np.float32,
-                                  rows=SCORE_ROWS, read_only=True)
+        out = np.empty(len(h))
+        for part, scores in map_blocks(rows, h, dtype):
+            out[part] = scores
+        return out
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "origin": self.origin, "basis": self.basis,

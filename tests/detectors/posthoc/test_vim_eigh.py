@@ -1,10 +1,13 @@
-"""ViM's eigen-solver choices: the subset path (MRRR, a third of D or less, one thread) gives the subspace of the full
-divide-and-conquer eigh (more threads); the factorisations' thread count stays within the machine's cores."""
+"""ViM's eigen-solver and thread choices: the subset path (MRRR, a third of D or less, one thread) gives the subspace of
+the full divide-and-conquer eigh (more threads); the factorisations' thread count stays within the machine's cores;
+the row blocks give the same fit and scores on one thread or several."""
 import os
 
 import numpy as np
 import pytest
 
+import detectors
+from detectors import FeatureSet, LinearHead
 from detectors.posthoc import vim
 from detectors.posthoc.vim import idle_cores, ranked_eigenvectors
 
@@ -38,3 +41,36 @@ def test_idle_cores_is_within_the_machine(monkeypatch):
     assert idle_cores() == cores  # only this process running: every core
     monkeypatch.setattr(vim.os, "getloadavg", lambda: (0.0, 0, 0))
     assert idle_cores() == cores
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_threaded_blocks_give_the_serial_fit_and_scores(dtype, monkeypatch):
+    rng = np.random.default_rng(3)
+    train = (np.maximum(rng.normal(size=(700, 40)) * np.linspace(3, 0.5, 40) + 1, 0)).astype(dtype)
+    test = (np.maximum(rng.normal(size=(330, 40)) * 2, 0)).astype(dtype)
+    head = LinearHead(rng.normal(size=(6, 40)), rng.normal(size=6))
+    monkeypatch.setattr(vim, "SCORE_ROWS", 64)  # many blocks, a short last one
+    monkeypatch.setattr(vim, "MOMENT_ROWS", 150)
+    runs = {}
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(vim, "idle_cores", lambda: threads)
+        det = detectors.build("vim", dim=10).fit(FeatureSet(train), head=head)
+        runs[threads] = det.alpha, det.score(FeatureSet(test))
+    for threads in (2, 3):  # blocks summed in order: only the BLAS's own thread split may move the last bits
+        assert runs[threads][0] == pytest.approx(runs[1][0], rel=1e-12)
+        np.testing.assert_allclose(runs[threads][1], runs[1][1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_second_moment_about_a_point_is_the_float64_formula(threads, monkeypatch):
+    monkeypatch.setattr(vim, "idle_cores", lambda: threads)
+    rng = np.random.default_rng(4)
+    x = (rng.normal(size=(1000, 30)) * np.linspace(5, 0.1, 30) + 20).astype(np.float32)  # far from the origin
+    point = rng.normal(size=30)
+    t = x.astype(np.float64) - point
+    expected = t.T @ t / len(x)
+    got = vim.second_moment_about(x, point, rows=128)  # 7 full blocks and a short one
+    # float32 products of rows centred near their mean: float32 rounding of the (small) spread, not of the offset
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6 * np.abs(expected).max())
+    with pytest.raises(ValueError, match="no rows"):
+        vim.second_moment_about(x[:0], point)
