@@ -31,9 +31,10 @@ import resource
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -86,7 +87,7 @@ def timed(run: Callable[[], Any]) -> float:
 
 def ours(files: list[Path]) -> dict[str, Callable[[], Any]]:
     """Our stages over `files` (the references' orientation: the stored pixel order)."""
-    from pipelines.data import load_image, make_row, Manifest
+    from pipelines.data import Manifest, load_image, make_row
     from pipelines.decode import Decode
     from pipelines.features import ManifestPixels, pixel_loader
     from pipelines.training.loaders import ImageRows, make_loader
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             tv.close()
     usage = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
              resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
-    result = {"benchmark": "decode", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    result = {"benchmark": "decode", "created": datetime.now(UTC).isoformat(timespec="seconds"),
               "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
               "pillow": Image.__version__, "oracle": tv.versions, "threads": 1, "workers": 0,
               "settings": {"images": args.images, "megapixels": args.megapixels, "rounds": args.rounds,

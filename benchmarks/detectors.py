@@ -23,15 +23,16 @@ import os
 import platform
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 import detectors
-from detectors import FeatureSet, LinearHead
 from benchmarks.cases import peers
+from detectors import FeatureSet, LinearHead
 from pipelines.io import atomic_write_json
 from pipelines.progress import progress
 
@@ -131,7 +132,7 @@ def _status_kb(field: str) -> int:
 class PeakMemory:
     """Peak numpy/Python allocations (tracemalloc) and peak resident-set growth (VmHWM after resetting it), in MB."""
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         try:
             Path("/proc/self/clear_refs").write_text("5")  # resets the peak RSS counter (Linux)
         except OSError:

@@ -21,21 +21,25 @@ import platform
 import random
 import statistics
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 
 import detectors
-from benchmarks.cases.diffguard import (SmallConvClassifier, bench_early_stop_features, bench_gradcam_single_pass,
-                                            contrast_ramp_images, timed_seconds)
+from benchmarks.cases.diffguard import (
+    SmallConvClassifier,
+    bench_early_stop_features,
+    bench_gradcam_single_pass,
+    contrast_ramp_images,
+    timed_seconds,
+)
 from detectors.generative.diffguard import resize_center_crop
-from detectors.generative.pixel_backend import ClassifierGuidance, denoise_from, invert_with_early_stop
-from pipelines.runtime import item_generator
 from detectors.generative.distances import DISTS, vgg16_features
+from detectors.generative.pixel_backend import ClassifierGuidance, denoise_from, invert_with_early_stop
 from pipelines.classifier import ImageClassifier, find_head
 from pipelines.io import atomic_write_json
-from pipelines.runtime import seed_everything
+from pipelines.runtime import item_generator, seed_everything
 from pipelines.tiny import save_tiny_pixel_unet
 
 SECTIONS = ("batching", "early_stop_features", "gradcam")
@@ -135,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     classifier = ImageClassifier.from_module(SmallConvClassifier().eval(), image_size=32).to(device).eval()
     images = contrast_ramp_images(args.images, 32)
-    result: dict = dict(benchmark="diffguard", created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    result: dict = dict(benchmark="diffguard", created=datetime.now(UTC).isoformat(timespec="seconds"),
                         device=str(device), cpu=platform.processor() or platform.machine(), threads=args.threads,
                         torch=torch.__version__, model="tiny pixel UNet (pipelines.tiny.save_tiny_pixel_unet), 32 px",
                         rounds=args.rounds)

@@ -67,7 +67,7 @@ def table(path: Path, urls: list[str]) -> Path:
     return path
 
 
-def run_ours(urls: list[str], work: Path, workers: int, first: "callable") -> dict:
+def run_ours(urls: list[str], work: Path, workers: int, first: callable) -> dict:
     out = work / "ours"
     cmd = [sys.executable, str(ROOT / "scripts" / "fetch_images.py"), "--occurrences", str(table(work / "t.csv", urls)),
            "--out", str(out), "--workers", str(workers), "--resize", "keep_ratio", "--per-species", "0", "--min-bytes",
@@ -98,7 +98,7 @@ def _per_host_last(finished: list[tuple[str, float]], t0: float) -> dict:
     return {h: round(v, 2) for h, v in last.items()}
 
 
-def run_img2dataset(python: str, urls: list[str], work: Path, workers: int, retries: int, first: "callable") -> dict:
+def run_img2dataset(python: str, urls: list[str], work: Path, workers: int, retries: int, first: callable) -> dict:
     out = work / "i2d"
     args = json.dumps({"table": str(table(work / "t.csv", urls)), "out": str(out), "workers": workers,
                        "retries": retries})

@@ -22,21 +22,22 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 from PIL import Image
 
-from gen.job import GenerationConfig, load_plan, run_generation
-from gen.pairing import PlanItem
-from pipelines.data import load_image
-from pipelines.cli import README_SECTIONS, parser, run_main
 from gen.depth import DepthEstimator
+from gen.job import GenerationConfig, load_plan, run_generation
 from gen.masks import foreground_mask, grayscale_init
+from gen.pairing import PlanItem
 from gen.tiny_zest import save_tiny_zest
 from gen.zest import NEGATIVE_PROMPT, PROMPT, ZeSTCall, ZeSTConfig, ZeSTPipeline
+from pipelines.cli import README_SECTIONS, parser, run_main
+from pipelines.data import load_image
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 LIBC = ctypes.CDLL(ctypes.util.find_library("c"))
@@ -58,7 +59,7 @@ class PeakRSS:
             self.peak = max(self.peak, self.rss())
             time.sleep(self.interval)
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         if hasattr(LIBC, "malloc_trim"):
             LIBC.malloc_trim(0)  # glibc keeps freed heap; hand it back so the start level is the live size
         self.start = self.rss()

@@ -28,9 +28,10 @@ import importlib.util
 import platform
 import sys
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -151,8 +152,8 @@ def _zest_runs(args: argparse.Namespace, backends: list[str]) -> list[tuple[str,
 def bench_zest(args: argparse.Namespace, budget: Budget, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """ZeST images/s for each (attention, compile, batch size) case; ratios against the one-at-a-time loop.
     `save(section)` is called after every case, so a run cut short keeps what it measured."""
-    from pipelines.runtime import xformers_available
     from gen.tiny_zest import random_zest_pipeline
+    from pipelines.runtime import xformers_available
 
     device = resolve_device(args.device)
     dtype = torch.float32 if args.dry_run else torch.bfloat16
@@ -236,8 +237,12 @@ def bench_diffguard(args: argparse.Namespace, budget: Budget, save: Callable[[di
     images/s per batch size against the batch-1 loop (the original design's limit under per-sample early stop).
     Its two parts are the cases (each saved when done, each skipped when the budget cannot hold it)."""
     import detectors
-    from benchmarks.cases.diffguard import (bench_early_stop_batching, bench_latent_batching, contrast_ramp_images,
-                                            random_diffguard_models)
+    from benchmarks.cases.diffguard import (
+        bench_early_stop_batching,
+        bench_latent_batching,
+        contrast_ramp_images,
+        random_diffguard_models,
+    )
 
     device = resolve_device(args.device)
     dtype = torch.float32 if args.dry_run else torch.bfloat16
@@ -450,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
     if device.type != "cuda" and not args.dry_run:
         raise ConfigError("benchmarks.gpu needs a CUDA device; use --dry-run to check it on the CPU with tiny models")
     result: dict[str, Any] = {
-        "benchmark": "gpu", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "benchmark": "gpu", "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "dry_run": args.dry_run,
         "xformers": importlib.util.find_spec("xformers") is not None, "sections": {},

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from detectors.metrics import evaluate
 from detectors.harness.report import write_report
 from detectors.harness.results import RESULT_COLUMNS
+from detectors.metrics import evaluate
 from pipelines.io import atomic_write_json
 
 FAMILIES = ("posthoc", "clip", "generative")

@@ -40,9 +40,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -638,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = dict(GPU) if args.gpu_img_s == GPU["images_per_s"] else {"images_per_s": args.gpu_img_s, "assumed": True,
                                                                   "image_size": IMAGE_SIZE, "precision": "bf16",
                                                                   "source": "assumed: --gpu-img-s"}
-    result = {"benchmark": "scale_data", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    result = {"benchmark": "scale_data", "created": datetime.now(UTC).isoformat(timespec="seconds"),
               "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
                           "load_average": [round(x, 2) for x in os.getloadavg()]},
               "torch": torch.__version__, "pillow": Image.__version__,

@@ -28,9 +28,10 @@ import sys
 import tempfile
 import time
 import types
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -432,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         keys = key_costs(work, args.key_files, args.rows)
         keys_paper = {k.replace("_s_per_row", "_at_paper_rows_s"): v * PAPER_ROWS for k, v in keys.items()
                       if k.endswith("_s_per_row")}
-        result = {"benchmark": "shards", "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        result = {"benchmark": "shards", "created": datetime.now(UTC).isoformat(timespec="seconds"),
                   "python": platform.python_version(),
                   "settings": {"images": args.images, "rows": args.rows, "key_files": args.key_files,
                                                                     "repeats": args.repeats, "image_short_side": 512,

@@ -29,14 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="interleaved runs of each sweep; the best time counts")
     args = p.parse_args(argv)
     out = Path(args.out or Path(__file__).with_suffix(".json"))
+    from benchmarks.cases.train import synthetic_manifest
     from benchmarks.train import _classifier, write_result
-
     from detectors import build
     from detectors.base import ImageSet
-    from detectors.posthoc.pixels import pixel_memo
     from detectors.harness.selection import select
+    from detectors.posthoc.pixels import pixel_memo
     from pipelines.runtime import resolve_device
-    from benchmarks.cases.train import synthetic_manifest
 
     device = resolve_device()
     classifier = _classifier(args.size, args.image_size).to(device).eval()

@@ -14,7 +14,7 @@ import json
 import platform
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = p.parse_args(argv)
     out = Path(args.out or Path(__file__).with_suffix(".json"))
-    from pipelines.runtime import resolve_device
     from benchmarks.cases.train import measure, synthetic_manifest
+    from pipelines.runtime import resolve_device
 
     device = resolve_device()
     if args.threads:
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 def write_result(out: Path, benchmark: str, device: torch.device, args: Any, numbers: dict[str, Any]) -> None:
     """benchmarks/<name>.json: what ran where (device, torch, threads, the stand-in's size, the settings) and the
     numbers; the numbers printed."""
-    result = {"benchmark": benchmark, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    result = {"benchmark": benchmark, "created": datetime.now(UTC).isoformat(timespec="seconds"),
               "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
               "torch": torch.__version__, "threads": torch.get_num_threads(),
               "model": f"microsoft/resnet-50 ({args.size})",

@@ -1,7 +1,7 @@
 """OOD detectors behind one protocol (see detectors.base.Detector) and one registry."""
 from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, Params, param
-from detectors.registry import available, build, detector_class, load, register_detector
 from detectors.harness.selection import select
+from detectors.registry import available, build, detector_class, load, register_detector
 
 __all__ = ["Detector", "FeatureSet", "ImageSet", "LinearHead", "Params", "available", "build", "detector_class", "load",
            "param", "register_detector", "select"]

@@ -4,15 +4,16 @@ from __future__ import annotations
 import inspect
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
+from pipelines.arrays import FeatureSet, LinearHead, as_numpy, memory_mapped
 from pipelines.checkpoints import check_safetensors
 from pipelines.params import Params, param
-from pipelines.arrays import FeatureSet, LinearHead, as_numpy, memory_mapped
 
 __all__ = ["FIT_INPUTS", "RUNTIME_INPUTS", "Detector", "FeatureSet", "ImageSet", "LinearHead", "Params", "as_numpy",
            "check_scores", "memory_mapped", "param"]
@@ -55,7 +56,7 @@ class ImageSet:
         self.labels = as_numpy(self.labels)
 
     @classmethod
-    def from_manifest(cls, manifest: Any, **conditions: Any) -> "ImageSet":
+    def from_manifest(cls, manifest: Any, **conditions: Any) -> ImageSet:
         """The rows of `manifest` matching `conditions` (e.g. split="test", role="id")."""
         return cls(manifest=manifest.select(**conditions) if conditions else manifest)
 
@@ -107,7 +108,7 @@ class ImageSet:
             yield start, x
             start += len(positions)
 
-    def rows(self, start: int, stop: int) -> "ImageSet":
+    def rows(self, start: int, stop: int) -> ImageSet:
         """The images start..stop (manifest-backed or in memory), with their labels and pixels."""
         labels = None if self.labels is None else self.labels[start:stop]
         common = dict(labels=labels, pixels=self.pixels, seed=self.seed, num_workers=self.num_workers,
@@ -177,7 +178,7 @@ class Detector:
     needs: ClassVar[frozenset[str]] = frozenset()
     fits_from_shards: ClassVar[bool] = False  # statistics that are sums: under accelerate each process fits its shard
     trains_across_processes: ClassVar[bool] = False  # fit trains with accelerate on every process together (DDP)
-    class_of: ClassVar[Callable[[str], type["Detector"]] | None] = None  # set by detectors.registry (no import here)
+    class_of: ClassVar[Callable[[str], type[Detector]] | None] = None  # set by detectors.registry (no import here)
     keeps_batches: ClassVar[bool] = False
     """Scores images slowly: with a `work_dir` (a runtime input, then in `needs`), `score` of a manifest's images keeps
     each finished batch (`pipelines.batches`), so a killed rerun resumes within a set."""
@@ -266,7 +267,7 @@ class Detector:
 
     # -- protocol -------------------------------------------------------------------------------------------
     def fit(self, id_train: Any, *, head: LinearHead | None = None, id_val: Any = None,
-            ood_val: Any = None) -> "Detector":
+            ood_val: Any = None) -> Detector:
         """Learn whatever the method needs from ID training data (and ID/OOD validation data where it uses them)."""
         if head is not None:
             self.head = head if isinstance(head, LinearHead) else LinearHead(*head)
@@ -289,8 +290,8 @@ class Detector:
         """`_score` batch by batch (the detector's batch size, times the processes sharing it), each batch's scores
         kept in `work_dir` under the detector's identity and the images' (`pipelines.batches`)."""
         from pipelines.batches import kept_batches
-        from pipelines.fingerprint import images_fingerprint
         from pipelines.collectives import sharing
+        from pipelines.fingerprint import images_fingerprint
 
         chunk = int(getattr(self, "batch_size", 1) or 1) * sharing()
         identity = {**self.batch_identity(), "images": images_fingerprint(batch.manifest)}
@@ -349,7 +350,7 @@ class Detector:
         return folder
 
     @classmethod
-    def from_pretrained(cls, folder: str | os.PathLike, **overrides: Any) -> "Detector":
+    def from_pretrained(cls, folder: str | os.PathLike, **overrides: Any) -> Detector:
         """Rebuild a detector saved with `save_pretrained`; `overrides` add runtime objects (classifier, device ...) or
         change parameters. On `Detector` itself the class is the one `config.json` names (`detectors.load`). A released
         weight file (`pipelines.zoo`: the Open-Insect model zoo's `<method>_<region>.pth`) loads through
@@ -375,7 +376,7 @@ class Detector:
         return det
 
     @classmethod
-    def from_released(cls, path: str | os.PathLike, **overrides: Any) -> "Detector":
+    def from_released(cls, path: str | os.PathLike, **overrides: Any) -> Detector:
         """The detector fitted from a released weight file of its method, evaluation only (no training); a method
         with a released network overrides this and `check_released`."""
         raise ValueError(f"{cls.name}: {os.fspath(path)} is a released weight file, but no released network loads as "

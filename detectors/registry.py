@@ -12,7 +12,8 @@ import inspect
 import logging
 import os
 import pkgutil
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from detectors.base import FIT_INPUTS, PROTOCOL_FIT, RUNTIME_INPUTS, Detector, Params, read_config
 

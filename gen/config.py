@@ -5,16 +5,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from gen.pairing import INHERIT, TASKS
+from gen.zest import ZeSTCall, ZeSTConfig
 from pipelines.cli import README_SECTIONS, display_path, load_yaml
 from pipelines.errors import ConfigError
 from pipelines.params import REQUIRED, config, param
 from pipelines.runtime import ATTENTION_BACKENDS, PRECISIONS, item_seed
 from pipelines.sources import Source
-from gen.zest import ZeSTCall, ZeSTConfig
 
 JOB_FOLDER = ".job"  # hidden, so that `datasets` ImageFolder sees only the manifest
 NOT_DECISIVE = ("out", "limit", "batch_size", "attention", "compile", "plan_change")  # keys that never change an image
@@ -71,14 +72,14 @@ class GenerationConfig(ZeSTCall):
             raise ConfigError("out: must be a folder path, got ''")
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], where: str = "") -> "GenerationConfig":
+    def from_dict(cls, raw: dict[str, Any], where: str = "") -> GenerationConfig:
         """The typed config of a mapping; every fault is one `ConfigError` naming the key (`models.base: ...`)."""
         if not isinstance(raw, dict):
             raise ConfigError(f"a generation config is a mapping, got {type(raw).__name__}", doc=cls.DOC)
         return super().from_dict(raw, where)
 
     @classmethod
-    def from_yaml(cls, path: str | os.PathLike, overrides: Sequence[str] = ()) -> "GenerationConfig":
+    def from_yaml(cls, path: str | os.PathLike, overrides: Sequence[str] = ()) -> GenerationConfig:
         """Read a YAML config and apply `key=value` overrides (values parsed as YAML; `models.depth=DIR` sets a
         nested key); a missing file, bad YAML or a bad key is one `ConfigError` line naming the file and the key."""
         raw = load_yaml(path, overrides)

@@ -7,8 +7,9 @@ scikit-image, synthetic images stand in. The tiny models make noise-like images:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from PIL import Image

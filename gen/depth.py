@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,7 +53,7 @@ class DepthEstimator:
         device: str | torch.device | None = None,
         dtype: torch.dtype | str | None = None,
         batch_size: int = 8,
-    ) -> "DepthEstimator":
+    ) -> DepthEstimator:
         """Load a hub id or local folder (DPT, DPT-hybrid, Depth Anything); fp32 unless `dtype` says otherwise (ZeST's
         code runs DPT in fp32; a dtype name follows the runtime policy)."""
         from transformers import AutoImageProcessor, AutoModelForDepthEstimation

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +15,11 @@ from PIL import Image
 
 from gen.config import GenerationConfig
 from gen.ledger import DONE, FAILED, Ledger
+from gen.masks import MIN_SIDE, MaskError, MaskWarning, check_coverage, foreground_mask, is_empty, load_mask
 from gen.pairing import PlanItem
 from pipelines.data import ImageLoadError, list_images, load_image, make_row
-from pipelines.store import image_path
 from pipelines.io import atomic_path
-from gen.masks import MIN_SIDE, MaskError, MaskWarning, check_coverage, foreground_mask, is_empty, load_mask
+from pipelines.store import image_path
 
 PIPELINE_NAME = "zest"
 ITEM_ERRORS = (ValueError, OSError, IndexError, cv2.error)  # from a model call: blamed on the batch's items
@@ -70,7 +70,7 @@ def output_row(prepared: Prepared, config: GenerationConfig, pipe: Any, dtype: s
         "model_ids": dict(pipe.model_ids),
         "model_revisions": dict(getattr(pipe, "model_revisions", {}) or {}),
         "params": params,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     return make_row(item.output, split="test", role="ood", ood_set=config.name or config.task, group="hard",
                     **item.labels, provenance=provenance)

@@ -22,23 +22,33 @@ from pathlib import Path
 from typing import Any
 
 from gen.config import JOB_FOLDER, NOT_DECISIVE, GenerationConfig
-from gen.items import (ITEM_ERRORS, PIPELINE_NAME, Prepared, check_size, failure, generate_batch, is_done, mask_index,
-                       output_row, prepare_item)
+from gen.items import (
+    ITEM_ERRORS,
+    PIPELINE_NAME,
+    Prepared,
+    check_size,
+    failure,
+    generate_batch,
+    is_done,
+    mask_index,
+    output_row,
+    prepare_item,
+)
 from gen.jobplan import JobPlan, build_plan, store_plan
 from gen.ledger import FAILED, Ledger
+from gen.masks import MaskModelError, open_rembg, resolve_mask_method
 from gen.pairing import PlanItem, use_counts
 from gen.shards import FINISHED_FOLDER, heartbeat, mark_finished, pending_batches, wait_for_shards
 from gen.sheet import CONTACT_SHEET_IMAGES, contact_sheet
+from gen.zest import ZeSTConfig
+from pipelines.collectives import main_decides
 from pipelines.data import write_manifest
 from pipelines.errors import ConfigError
 from pipelines.io import atomic_write_json, remove_orphan_temps
 from pipelines.locks import output_lock
-from gen.masks import MaskModelError, open_rembg, resolve_mask_method
 from pipelines.progress import progress
-from pipelines.collectives import main_decides
 from pipelines.rankfiles import check_shared
 from pipelines.runtime import partial_state, resolve_dtype
-from gen.zest import ZeSTConfig
 
 SHOWN_FILES = 5  # example files per summary warning
 

@@ -25,8 +25,9 @@ import importlib.util
 import logging
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import cv2
 import numpy as np
@@ -170,7 +171,7 @@ def rembg_available() -> bool:
     return importlib.util.find_spec("rembg") is not None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def rembg_session(model: str = "u2net") -> Any:
     """One rembg session per process and model (loading the ONNX model is the expensive part); u2net is rembg's
     default and the one the official ZeST code gets from `remove(image)`."""
@@ -203,7 +204,7 @@ def rembg_mask(image: Image.Image, threshold: int = 1, model: str = "u2net") -> 
     return binarise(cutout.convert("RGBA"), threshold)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _warn_fallback() -> None:
     """One log line per process (a Python warning would print its source line too, once per worker loop)."""
     log.warning("mask_method 'auto': rembg is not installed, so automatic masks use the OpenCV GrabCut fallback "

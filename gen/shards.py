@@ -7,9 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipelines import rankfiles
-
 from gen.config import JOB_FOLDER
+from pipelines import rankfiles
 
 FINISHED_FOLDER = "finished"
 WAIT_POLL_S = 2.0

@@ -2,8 +2,9 @@
 output side by side, each tile captioned with its short file name, under a header naming the three columns."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont, ImageOps
 

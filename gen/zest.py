@@ -13,20 +13,31 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Literal, Sequence, get_args
+from collections.abc import Sequence
+from typing import Any, Literal, get_args
 
 import cv2
 import numpy as np
 import torch
 from PIL import Image
 
-from pipelines.data import to_rgb
-from pipelines.hub_ids import CONTROLNET_ID, DPT_ID, IP_ADAPTER_ID, SDXL_ID
 from gen.depth import DepthEstimator
 from gen.masks import MASK_METHODS, binarise, foreground_masks, grayscale_init
+from pipelines.data import to_rgb
+from pipelines.hub_ids import CONTROLNET_ID, DPT_ID, IP_ADAPTER_ID, SDXL_ID
 from pipelines.params import Config, ParamError, config, param
-from pipelines.runtime import (check_model_ref, diffusers_dtype, enable_attention, item_generator, item_seed,
-                               load_pretrained, model_revision, resolve_device, resolve_dtype, select_variant)
+from pipelines.runtime import (
+    check_model_ref,
+    diffusers_dtype,
+    enable_attention,
+    item_generator,
+    item_seed,
+    load_pretrained,
+    model_revision,
+    resolve_device,
+    resolve_dtype,
+    select_variant,
+)
 
 PROMPT = "best quality, high quality"
 NEGATIVE_PROMPT = "monochrome, lowres, bad anatomy, worst quality, low quality"
@@ -56,13 +67,13 @@ class ZeSTConfig(Config):
                             check=check_model_ref)
 
     @classmethod
-    def from_value(cls, value: Any, where: str) -> "ZeSTConfig":
+    def from_value(cls, value: Any, where: str) -> ZeSTConfig:
         if isinstance(value, dict):  # folders given as paths
             value = {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in value.items()}
         return super().from_value(value, where)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], where: str = "models") -> "ZeSTConfig":
+    def from_dict(cls, raw: dict[str, Any], where: str = "models") -> ZeSTConfig:
         return super().from_dict(raw, where)
 
 
@@ -181,7 +192,7 @@ class ZeSTPipeline:
     @classmethod
     def from_config(cls, cfg: ZeSTConfig, device: str | torch.device | None = None,
                     dtype: torch.dtype | str | None = None, attention: str = "auto",
-                    compile: bool = False) -> "ZeSTPipeline":
+                    compile: bool = False) -> ZeSTPipeline:
         """Load every component (hub ids or folders), encode the constant prompt once and drop the text encoders.
 
         dtype: a torch dtype or a precision name (auto/bf16/fp16/fp32); auto = bf16/fp16 on GPU, fp32 on CPU. In half
@@ -226,7 +237,7 @@ class ZeSTPipeline:
     @classmethod
     def from_pipeline(cls, pipe: Any, depth: DepthEstimator, model_ids: dict[str, str],
                       device: str | torch.device | None = None, attention: str = "auto", compile: bool = False,
-                      model_revisions: dict[str, str | None] | None = None) -> "ZeSTPipeline":
+                      model_revisions: dict[str, str | None] | None = None) -> ZeSTPipeline:
         """Wrap an assembled `diffusers_pipeline_class()` pipeline with its IP-Adapter loaded (in its final dtype).
 
         Moves it to `device`, encodes the constant prompt once, drops the text encoders, sets the attention backend,

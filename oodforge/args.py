@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from pipelines.cli import apply_overrides, comma_list, display_path, load_yaml, parser as base_parser
+from pipelines.cli import apply_overrides, comma_list, display_path, load_yaml
+from pipelines.cli import parser as base_parser
 from pipelines.errors import ConfigError
 from pipelines.params import closest
 

@@ -10,7 +10,7 @@ import ast
 import importlib
 import importlib.util
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from pipelines.cli import run_main
 from pipelines.params import closest

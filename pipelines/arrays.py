@@ -63,7 +63,7 @@ class FeatureSet:
                 return len(v)
         return 0
 
-    def subset(self, index: Any) -> "FeatureSet":
+    def subset(self, index: Any) -> FeatureSet:
         """Rows `index` (a slice, boolean mask or integer array)."""
         pick = lambda v: None if v is None else v[index]  # noqa: E731
         return FeatureSet(pick(self.features), pick(self.logits), pick(self.labels))

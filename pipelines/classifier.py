@@ -13,8 +13,9 @@ it).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -86,7 +87,7 @@ class ImageClassifier(nn.Module):
 
     # -- construction ---------------------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, name_or_path: str | os.PathLike, **kwargs: Any) -> "ImageClassifier":
+    def from_pretrained(cls, name_or_path: str | os.PathLike, **kwargs: Any) -> ImageClassifier:
         """A transformers image classifier and its image processor (hub id or local folder)."""
         from transformers import AutoImageProcessor, AutoModelForImageClassification
 
@@ -102,7 +103,7 @@ class ImageClassifier(nn.Module):
         return made
 
     @classmethod
-    def from_model(cls, model: nn.Module, processor: Any, model_id: str = "module") -> "ImageClassifier":
+    def from_model(cls, model: nn.Module, processor: Any, model_id: str = "module") -> ImageClassifier:
         """Wrap a transformers image classifier with its image processor (input size, mean and std read from it)."""
         head = find_head(model, model.config.num_labels)
         mean = getattr(processor, "image_mean", None) or IMAGENET_MEAN
@@ -121,7 +122,7 @@ class ImageClassifier(nn.Module):
     @classmethod
     def from_module(cls, module: nn.Module, *, image_size: int | tuple[int, int], mean: Sequence[float] = IMAGENET_MEAN,
                     std: Sequence[float] = IMAGENET_STD, head: nn.Linear | None = None,
-                    model_id: str = "module") -> "ImageClassifier":
+                    model_id: str = "module") -> ImageClassifier:
         """Wrap any module returning `(logits, features)`; its head is `head` or found by `find_head`."""
         size = (image_size, image_size) if isinstance(image_size, int) else image_size
         return cls(module, head or find_head(module), image_size=size, mean=mean, std=std, model_id=model_id,

@@ -19,8 +19,9 @@ import re
 import sys
 import traceback
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import yaml
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from pipelines.errors import UserInputError
 

@@ -10,9 +10,10 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -20,8 +21,17 @@ from PIL import Image, ImageOps
 from pipelines.decode import MAX_PIXELS, Decode, ImageLoadError, decode, to_rgb_mode  # noqa: F401
 from pipelines.io import atomic_write_text
 from pipelines.jsonl import encode_lines
-from pipelines.schema import (GROUPS, METADATA, REQUIRED, ROLES, SCHEMA_DOC, SPLITS, ManifestError,  # noqa: F401
-                              rows_certainly_valid, validate_row)
+from pipelines.schema import (  # noqa: F401
+    GROUPS,
+    METADATA,
+    REQUIRED,
+    ROLES,
+    SCHEMA_DOC,
+    SPLITS,
+    ManifestError,
+    rows_certainly_valid,
+    validate_row,
+)
 from pipelines.store import MemberPath, is_shard_row, member_path, missing_members
 from pipelines.walk import walk_files
 
@@ -58,7 +68,7 @@ class Manifest:
     def labels(self) -> np.ndarray:
         return np.array([r["label"] for r in self.rows], dtype=np.int64)
 
-    def select(self, **conditions: Any) -> "Manifest":
+    def select(self, **conditions: Any) -> Manifest:
         """Rows whose fields equal the given values (a list or tuple value means 'any of'); keeps `root`."""
         def match(row: dict[str, Any]) -> bool:
             for key, want in conditions.items():

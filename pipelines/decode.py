@@ -14,9 +14,10 @@ Each file goes through `path.open("rb")` (a `pathlib.Path` or a shard member: wh
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from PIL import Image

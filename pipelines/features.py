@@ -18,11 +18,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipelines.arrays import FeatureSet, LinearHead
 from pipelines.classifier import ImageClassifier
+from pipelines.collectives import all_gather, host, main_decides
 from pipelines.data import ImageLoadError, Manifest
+from pipelines.errors import UserInputError
 from pipelines.io import atomic_path, safe_name
 from pipelines.progress import progress
-from pipelines.collectives import all_gather, host, main_decides
-from pipelines.errors import UserInputError
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class FeatureCache:
         return Path(path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, mmap: bool = False) -> "FeatureCache":
+    def load(cls, path: str | os.PathLike, mmap: bool = False) -> FeatureCache:
         """Read a cache written by `save`. With `mmap=True` the arrays are read-only `np.memmap`s of the file
         (nothing is read until used; detectors stream them in chunks), else they are loaded into memory."""
         if mmap:

@@ -11,7 +11,8 @@ import contextvars
 import hashlib
 import json
 import os
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 

@@ -14,8 +14,9 @@ import copy
 import inspect
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 FIXTURES_ENV = "OODFORGE_HUB_FIXTURES"
 # The only fields a stand-in may change: widths, depths, head counts, channels, spatial and vocabulary sizes.

@@ -24,14 +24,23 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from pipelines.class_names import ClassNames, model_class_names, write_class_names
-from pipelines.data import (IMAGE_SUFFIXES, MANIFEST_INFO, SPLITS, ImageLoadError, Manifest, load_image, make_row,
-                            write_manifest)
+from pipelines.data import (
+    IMAGE_SUFFIXES,
+    MANIFEST_INFO,
+    SPLITS,
+    ImageLoadError,
+    Manifest,
+    load_image,
+    make_row,
+    write_manifest,
+)
 from pipelines.errors import UserInputError
 from pipelines.fingerprint import file_identity
 from pipelines.io import NotRegularFile, atomic_write_json, check_regular, safe_name

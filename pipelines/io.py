@@ -21,9 +21,10 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 TEMP_PATTERN = re.compile(r"^\.[^/]+\.[^./]+\.tmp(\.[^./]*)?$")  # what atomic_path names its temp files (and did before
                                                                  # owners)

@@ -8,9 +8,10 @@ options of `json.dumps(row, default=str)`.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from json.encoder import encode_basestring_ascii
 from operator import itemgetter
-from typing import Any, Callable, Iterable
+from typing import Any
 
 try:  # the C encoder (CPython); the pure-Python fallback is exact too, only slower
     from json.encoder import c_make_encoder

@@ -24,9 +24,10 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pipelines.errors import UserInputError
 from pipelines.io import _alive
@@ -110,7 +111,7 @@ class _Beat:
                 with contextlib.suppress(OSError):
                     os.utime(self.path)
 
-    def __enter__(self) -> "_Beat":
+    def __enter__(self) -> _Beat:
         self.thread.start()
         return self
 

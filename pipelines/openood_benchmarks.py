@@ -21,8 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.data import Manifest, make_row
-from pipelines.importers import (LIST_FOLDER, ImportListError, ImportResult, _check_inside, _keep_existing, _probe,
-                                 read_imglist, write_external_manifest)
+from pipelines.importers import (
+    LIST_FOLDER,
+    ImportListError,
+    ImportResult,
+    _check_inside,
+    _keep_existing,
+    _probe,
+    read_imglist,
+    write_external_manifest,
+)
 from pipelines.io import atomic_write_json
 from pipelines.locks import folder_lock
 

@@ -18,7 +18,8 @@ import functools
 import numbers
 import types
 import typing
-from typing import Any, Literal, Sequence, Union
+from collections.abc import Sequence
+from typing import Any, Literal, Union
 
 from pipelines.errors import ConfigError
 
@@ -143,7 +144,7 @@ class Params:
             if isinstance(value, numbers.Real) and not isinstance(value, bool):
                 check_bounds(name, value, f.metadata.get("bounds", {}), dims)
 
-    def replace(self, **changes: Any) -> "Params":
+    def replace(self, **changes: Any) -> Params:
         return dataclasses.replace(self, **changes)
 
 
@@ -185,7 +186,7 @@ class Config(Params):
     """The key a bare string stands for (`Source`: "manifest", a detector entry: "name"); None: no shorthand."""
 
     @classmethod
-    def from_value(cls, value: Any, where: str) -> "Config":
+    def from_value(cls, value: Any, where: str) -> Config:
         """Build from a config value: a mapping, or a bare string for the `SHORTHAND` key (subclasses may add more)."""
         if isinstance(value, cls):
             return value
@@ -197,7 +198,7 @@ class Config(Params):
         return cls.from_dict(value, where)
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], where: str = "config") -> "Config":
+    def from_dict(cls, raw: dict[str, Any], where: str = "config") -> Config:
         """The typed value of `raw`; every fault is one `ConfigError` naming `where.key`."""
         fields, hints = cls.fields(), cls.hints()
         for key in raw:

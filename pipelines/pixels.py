@@ -101,7 +101,7 @@ class ProcessorPixels:
     def load(self, path: Any, rng: np.random.Generator | None = None) -> torch.Tensor:
         return self(decode(path, self.decode)[0].image)
 
-    def with_decode(self, decode: Decode) -> "ProcessorPixels":
+    def with_decode(self, decode: Decode) -> ProcessorPixels:
         return ProcessorPixels(self.processor, decode)
 
     def identity(self) -> dict[str, Any]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable, Iterable, Iterator, TextIO
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TextIO
 
 PROGRESS_ENV = "OODFORGE_PROGRESS"
 STYLES = ("bar", "lines", "off")
@@ -67,7 +68,7 @@ class LineProgress:
         finally:
             self.close()
 
-    def __enter__(self) -> "LineProgress":
+    def __enter__(self) -> LineProgress:
         return self
 
     def __exit__(self, *exc: Any) -> None:

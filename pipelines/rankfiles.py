@@ -68,7 +68,7 @@ class Heartbeat:
         while not self._stop.wait(self.beat_s):
             self._write()
 
-    def __enter__(self) -> "Heartbeat":
+    def __enter__(self) -> Heartbeat:
         self._write()
         self._thread.start()
         return self

@@ -19,14 +19,23 @@ from __future__ import annotations
 import io
 import logging
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pipelines.io import atomic_write_json
 from pipelines.shards import ShardWriter, member_key, member_suffix, shard_name, shard_record
-from pipelines.store import (STORE_FILE, MemberPath, ShardError, check_shard, index_path, read_index, read_store,
-                             store_document)
+from pipelines.store import (
+    STORE_FILE,
+    MemberPath,
+    ShardError,
+    check_shard,
+    index_path,
+    read_index,
+    read_store,
+    store_document,
+)
 
 log = logging.getLogger(__name__)
 

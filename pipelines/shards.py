@@ -27,23 +27,39 @@ import os
 import shutil
 import tarfile
 import time
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Callable, Iterable, Literal, Sequence
+from typing import Any, BinaryIO, Literal
 
 from PIL import Image
 
 from pipelines.class_names import CLASS_NAMES
 from pipelines.curation.fetch_client import FetchFailure
 from pipelines.curation.fetch_resize import encoded_suffix, mode_settings, prepare
-from pipelines.data import (IMAGE_SUFFIXES, MANIFEST_INFO, MAX_PIXELS, Manifest, ManifestError, read_manifest,
-                            write_manifest)
+from pipelines.data import (
+    IMAGE_SUFFIXES,
+    MANIFEST_INFO,
+    MAX_PIXELS,
+    Manifest,
+    ManifestError,
+    read_manifest,
+    write_manifest,
+)
 from pipelines.errors import UserInputError
 from pipelines.io import atomic_path, atomic_write_json, remove_orphan_temps
 from pipelines.params import Config, param
-from pipelines.store import (ROW_FIELDS, STORE_FILE, MemberPath, ShardRecord, index_path, read_index, read_store,
-                             store_document)
+from pipelines.store import (
+    ROW_FIELDS,
+    STORE_FILE,
+    MemberPath,
+    ShardRecord,
+    index_path,
+    read_index,
+    read_store,
+    store_document,
+)
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ gives 3 / 1 / 3 (shares 2.8 / 0.7 / 3.5). A stratum with fewer rows than splits 
 from __future__ import annotations
 
 import hashlib
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 

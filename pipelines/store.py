@@ -27,9 +27,10 @@ import stat as stat_module
 import tarfile
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from pipelines.errors import UserInputError
 from pipelines.schema import inside_folder
@@ -189,7 +190,7 @@ class MemberPath:
     def __reduce__(self) -> tuple[Any, ...]:
         return MemberPath, (self.shard, self.member, self.offset, self.size)
 
-    def resolve(self) -> "MemberPath":
+    def resolve(self) -> MemberPath:
         """The member of the shard's resolved path (resolved once per shard and process)."""
         shard = _RESOLVED.get(self.shard)
         if shard is None:

@@ -24,9 +24,10 @@ from __future__ import annotations
 import os
 import stat
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from pipelines.errors import UserInputError
 from pipelines.io import file_kind
@@ -78,7 +79,7 @@ class Skipped:
              "(not followed)", "loops": "folder(s) reached twice (a loop)",
              "not_regular": "FIFO(s), socket(s) or device(s) (not regular files)"}
 
-    def add(self, other: "Skipped") -> None:
+    def add(self, other: Skipped) -> None:
         for name in self.WORDS:
             getattr(self, name).extend(getattr(other, name))
 

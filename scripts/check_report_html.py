@@ -27,7 +27,8 @@ from pathlib import Path
 from PIL import Image
 
 from detectors.harness.report.html import MAIN_TABLE, missing_files, referenced_files
-from pipelines.cli import parser as cli_parser, run_main
+from pipelines.cli import parser as cli_parser
+from pipelines.cli import run_main
 from pipelines.errors import UserInputError
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")

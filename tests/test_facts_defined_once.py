@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import detectors
-from detectors.registry import FAMILIES
 from detectors.harness.results import METRICS
+from detectors.registry import FAMILIES
 from pipelines.class_names import CLASS_NAMES as CLASS_NAMES_FILE
 from pipelines.schema import GROUPS
 

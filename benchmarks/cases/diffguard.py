@@ -7,7 +7,8 @@ runs score the same images `batch_size` at a time, in the same process on the sa
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -102,8 +103,8 @@ def random_diffguard_models(size: str, device: torch.device, dtype: torch.dtype)
     from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel, UNet2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer, ResNetConfig, ResNetForImageClassification
 
-    from pipelines.classifier import ImageClassifier, find_head
     from detectors.generative.guided_diffusion import ADM_256_UNCOND, build_unet
+    from pipelines.classifier import ImageClassifier, find_head
     from pipelines.tiny import save_tiny_pixel_unet, save_tiny_stable_diffusion, save_tiny_tokenizer
 
     if size == "tiny":

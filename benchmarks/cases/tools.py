@@ -14,9 +14,10 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 """Debian's interpreter, where python3-torchvision (0.14) lives beside its own torch 1.13 and Pillow."""
@@ -121,7 +122,7 @@ class Torchvision:
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
 
-    def __enter__(self) -> "Torchvision":
+    def __enter__(self) -> Torchvision:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -201,7 +202,7 @@ class LoopbackHost:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def __enter__(self) -> "LoopbackHost":
+    def __enter__(self) -> LoopbackHost:
         return self
 
     def __exit__(self, *exc: Any) -> None:

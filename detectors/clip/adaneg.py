@@ -77,7 +77,7 @@ class Memory:
     filled: torch.Tensor
 
     @classmethod
-    def empty(cls, text: torch.Tensor, length: int) -> "Memory":
+    def empty(cls, text: torch.Tensor, length: int) -> Memory:
         feats = torch.zeros(text.shape[0], length + 1, text.shape[1], dtype=text.dtype)
         feats[:, 0] = text
         return cls(feats, torch.zeros(text.shape[0], length + 1, dtype=text.dtype),

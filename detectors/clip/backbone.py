@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,7 @@ class ClipBackbone:
 
     @classmethod
     def load(cls, model: str | os.PathLike | Any = DEFAULT_CLIP, processor: Any = None,
-             device: str | None = None) -> "ClipBackbone":
+             device: str | None = None) -> ClipBackbone:
         """From a hub id or local folder (through `load_pretrained`), or an already loaded `CLIPModel`."""
         from transformers import CLIPModel, CLIPProcessor
 

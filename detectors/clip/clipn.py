@@ -13,8 +13,9 @@ tower, prompts), src/classification.py + src/prompt/prompt.txt (the 128 test tem
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -22,14 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from detectors.base import ImageSet
+from detectors.base import ImageSet, param
 from detectors.clip import scores
-from detectors.clip.backbone import ClipBackbone
-from detectors.base import param
-from detectors.clip.backbone import DEFAULT_CLIP
+from detectors.clip.backbone import DEFAULT_CLIP, ClipBackbone
 from detectors.clip.common import ClipDetector
-from detectors.clip.templates import CLIPN_TEMPLATES
 from detectors.clip.prompt_training import Schedule, train_loop
+from detectors.clip.templates import CLIPN_TEMPLATES
 from detectors.registry import register_detector
 
 STATE_PREFIX = "no."
@@ -47,7 +46,7 @@ class NoTextTower(nn.Module):
         self.prompt = nn.Parameter(torch.zeros(n_prompts, length, text_model.config.hidden_size))
 
     @classmethod
-    def from_clip(cls, model: Any, n_prompts: int = 16) -> "NoTextTower":
+    def from_clip(cls, model: Any, n_prompts: int = 16) -> NoTextTower:
         """Initialised as a copy of CLIP's text tower and text projection (zero prompts)."""
         tower = cls(copy.deepcopy(model.text_model), copy.deepcopy(model.text_projection), n_prompts)
         return tower.requires_grad_(True)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -21,8 +21,7 @@ import torch
 from detectors.base import ImageSet
 from detectors.clip.backbone import ClipBackbone
 from pipelines.fingerprint import images_fingerprint, weights_fingerprint
-from pipelines.io import safe_name
-from pipelines.io import atomic_path
+from pipelines.io import atomic_path, safe_name
 from pipelines.progress import progress as progress_bar
 
 _MEMO_ATTR = "_clip_feature_memo"
@@ -41,7 +40,7 @@ class ClipImageFeatures:
     def __len__(self) -> int:
         return len(self.global_)
 
-    def subset(self, index: Sequence[int]) -> "ClipImageFeatures":
+    def subset(self, index: Sequence[int]) -> ClipImageFeatures:
         """The rows at `index`."""
         index = torch.as_tensor(list(index), dtype=torch.long)
         return ClipImageFeatures(self.global_[index], None if self.local is None else self.local[index])

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from detectors.base import param
 from detectors.clip.backbone import ClipBackbone
 from detectors.clip.features import subset_imageset
+from detectors.clip.prompt_training import PromptDetector, Schedule, train_loop
 from detectors.clip.prompts import idlike_loss
 from detectors.clip.scores import cosine
-from detectors.base import param
-from detectors.clip.prompt_training import PromptDetector, Schedule, train_loop
 from detectors.registry import register_detector
 from pipelines.progress import progress as progress_bar
 from pipelines.runtime import item_seed

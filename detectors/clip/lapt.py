@@ -25,8 +25,9 @@ import html
 import random
 import re
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from detectors.clip import scores
 from detectors.base import param
+from detectors.clip import scores
 from detectors.clip.common import MCM_TEMPLATE, ClipDetector
 from detectors.registry import register_detector
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from detectors.clip import scores
 from detectors.base import param
+from detectors.clip import scores
 from detectors.clip.common import ClipDetector
 from detectors.clip.wordnet import NEGLABEL_EXCLUDED, neglabel_corpus
 from detectors.registry import register_detector

@@ -14,8 +14,9 @@ Reference: ah-ansari/NegRefine at 72e4b82, src/clip_ood.py:36-208 (labels, embed
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -38,7 +38,7 @@ class _Entry:
     def __init__(self, score: float, row: int) -> None:
         self.score, self.row = score, row
 
-    def __lt__(self, other: "_Entry") -> bool:
+    def __lt__(self, other: _Entry) -> bool:
         return self.score > other.score
 
 

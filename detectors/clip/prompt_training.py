@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from detectors.base import ImageSet
-from detectors.base import param
+from detectors.base import ImageSet, param
 from detectors.clip.backbone import DEFAULT_CLIP
 from detectors.clip.common import ClipDetector, few_shot_indices, labels_of
 from detectors.clip.features import ClipImageFeatures, image_features

@@ -6,7 +6,7 @@ The text tower runs from embeddings (causal mask, pooling at the end-of-text tok
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F

@@ -7,7 +7,7 @@ such as "(a)" removed, grouped by lexicographer file (noun.artifact, adj.all, ..
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from pipelines.curation.wordnet import read_wordnet
 

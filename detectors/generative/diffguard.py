@@ -16,8 +16,9 @@ diffusion resolution for everything.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -32,8 +33,14 @@ from detectors.generative.pixel_backend import ClassifierGuidance, PixelDiffusio
 from detectors.registry import register_detector
 from pipelines.hub_ids import SD15_ID
 from pipelines.progress import progress as progress_bar
-from pipelines.runtime import (diffusers_dtype, enable_attention, item_generator, item_seed, load_pretrained,
-                               resolve_dtype)
+from pipelines.runtime import (
+    diffusers_dtype,
+    enable_attention,
+    item_generator,
+    item_seed,
+    load_pretrained,
+    resolve_dtype,
+)
 
 DEFAULT_SD_ID = SD15_ID
 Similarity = Literal["dists", "lpips", "logit_l1", "ssim", "psnr", "l2"]  # distances.SIMILARITIES

@@ -2,8 +2,9 @@
 of the pixel back-end and the VGG16 / DISTS (or LPIPS) weights of its perceptual similarities."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from detectors.generative.guided_diffusion import CHECKPOINT_SUFFIXES
 

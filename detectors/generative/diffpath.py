@@ -20,9 +20,10 @@ argparser default `model="imagenet"`, `save_train_statistics.py:128-132`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -99,7 +100,7 @@ class DDIMPath:
 
     @classmethod
     def build(cls, unet: torch.nn.Module, steps: int, num_timesteps: int, schedule: str, clip_denoised: bool = True,
-              dtype: torch.dtype = torch.float32) -> "DDIMPath":
+              dtype: torch.dtype = torch.float32) -> DDIMPath:
         ts = ddim_timesteps(num_timesteps, steps)
         return cls(unet, ts, alphas_cumprod(schedule, num_timesteps)[ts], num_timesteps, clip_denoised, dtype)
 

@@ -7,7 +7,8 @@ difference of the protected classifier's logits: DIFFGUARD's CIFAR choice) and t
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F

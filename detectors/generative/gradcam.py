@@ -5,7 +5,7 @@ min-max normalised per image to [0,1] (as pytorch-grad-cam, which DIFFGUARD's la
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -134,7 +134,7 @@ class OpenGAN(Detector):
 
     def fit(self, id_train: FeatureSet, *, head: Any = None, id_val: FeatureSet | None = None,
             ood_val: FeatureSet | None = None, outliers: FeatureSet | None = None,
-            aux: FeatureSet | None = None) -> "OpenGAN":
+            aux: FeatureSet | None = None) -> OpenGAN:
         """Train G and D on ID features (plus real `outliers` for the full OpenGAN); select the epoch by val AUROC.
 
         `aux` is the evaluation runner's name for the auxiliary outlier features; it is used when `outliers` is None.
@@ -259,7 +259,7 @@ class OpenGAN(Detector):
             return net(x).double().cpu().numpy()
 
     @classmethod
-    def from_released(cls, path: str | os.PathLike, **overrides: Any) -> "OpenGAN":
+    def from_released(cls, path: str | os.PathLike, **overrides: Any) -> OpenGAN:
         """D from the Open-Insect zoo's `opengan_DNet_<region>.ckpt` (`released_discriminator`), no training; it
         scores the run classifier's features (the reference's backbone: basics_<region>.pth)."""
         det = cls(**overrides)

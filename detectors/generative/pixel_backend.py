@@ -10,8 +10,8 @@ samples whose start index is >= k. The model sees only the active rows, so a bat
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ class PixelDiffusion:
     @classmethod
     def build(cls, unet: nn.Module, steps: int = 100, num_train_timesteps: int = 1000, beta_start: float = 1e-4,
               beta_end: float = 0.02, clip_denoised: bool = True,
-              dtype: torch.dtype = torch.float32) -> "PixelDiffusion":
+              dtype: torch.dtype = torch.float32) -> PixelDiffusion:
         abar = linear_alphas_cumprod(num_train_timesteps, beta_start, beta_end)
         ts = ddim_respacing(num_train_timesteps, steps)
         return cls(unet, torch.from_numpy(ts).long(), torch.from_numpy(abar[ts]), clip_denoised, dtype)

@@ -15,11 +15,11 @@ so every rank computes the same one.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from detectors.harness.plan import Unit
-from detectors.registry import FAMILIES
 from detectors.harness.runconfig import SHARD_FIT_ROWS
+from detectors.registry import FAMILIES
 
 EVERY = -1  # a unit every rank runs together
 FAMILY_COST = dict.fromkeys(FAMILIES, 1.0) | {"clip": 4.0, "generative": 20.0, "training": 20.0}  # relative

@@ -30,31 +30,67 @@ import pandas as pd
 import yaml
 
 from detectors.base import RUNTIME_INPUTS, Detector, FeatureSet, ImageSet, LinearHead
+from detectors.harness.distribute import EVERY, assign
+from detectors.harness.openset import (
+    OOD_METRICS_FILE,
+    KnownClasses,
+    from_logits,
+    ood_csv_table,
+    oosa_threshold,
+    openset_columns,
+    predictions,
+)
+from detectors.harness.plan import (
+    FEATURES_VERSION,
+    Plan,
+    Split,
+    Unit,
+    check_spec,
+    key_record,
+    make_plan,
+    reads_features,
+    safe_name,
+)
+from detectors.harness.protocols import OOSA_SCORER
+from detectors.harness.results import LOWER_IS_BETTER, PREDICTION, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
+from detectors.harness.runconfig import ConfigError, DetectorSpec, EvalConfig, Source
+from detectors.harness.sanity import (
+    accuracy_warnings,
+    head_warning,
+    id_classes,
+    one_class_warning,
+    protocol_warning,
+    small_set_warnings,
+)
+from detectors.harness.selection import defaults_note, select
+from detectors.harness.transfer import transfer_table
+from detectors.harness.units import UnitResult, UnitStore
 from detectors.metrics import evaluate as compute_metrics
-from detectors.harness.plan import (FEATURES_VERSION, Plan, Split, Unit, check_spec, key_record, make_plan,
-                                    reads_features,
-                            safe_name)
 from detectors.posthoc.pixels import pixel_memo
 from detectors.posthoc.streaming import across_processes, chunk_rows, process_rows
-from detectors.harness.protocols import OOSA_SCORER
-from detectors.harness.runconfig import ConfigError, DetectorSpec, EvalConfig, Source
-from detectors.harness.selection import defaults_note, select
-from detectors.harness.openset import (OOD_METRICS_FILE, KnownClasses, from_logits, ood_csv_table, oosa_threshold,
-                                       openset_columns, predictions)
-from detectors.harness.results import LOWER_IS_BETTER, PREDICTION, RESULT_COLUMNS, SCORE_COLUMNS, SCORE_OPTIONAL
-from detectors.harness.sanity import (accuracy_warnings, head_warning, id_classes, one_class_warning,
-                                      protocol_warning, small_set_warnings)
-from detectors.harness.transfer import transfer_table
-from detectors.harness.distribute import EVERY, assign
-from detectors.harness.units import UnitResult, UnitStore
-from pipelines.batches import clear_kept_batches
 from pipelines import rankfiles
-from pipelines.collectives import (PeerFailed, PeerLost, all_gather, alone, fail_together, host, is_peer_lost,
-                                   main_decides, peer_guard, peer_line)
-from pipelines.errors import UserInputError
+from pipelines.batches import clear_kept_batches
+from pipelines.collectives import (
+    PeerFailed,
+    PeerLost,
+    all_gather,
+    alone,
+    fail_together,
+    host,
+    is_peer_lost,
+    main_decides,
+    peer_guard,
+    peer_line,
+)
 from pipelines.data import Manifest
-from pipelines.fingerprint import (combine, image_identity, images_fingerprint, preprocessing_fingerprint,
-                                   weights_fingerprint)
+from pipelines.errors import UserInputError
+from pipelines.fingerprint import (
+    combine,
+    image_identity,
+    images_fingerprint,
+    preprocessing_fingerprint,
+    weights_fingerprint,
+)
 from pipelines.io import atomic_path, atomic_write_json, remove_orphan_temps
 from pipelines.locks import output_lock
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype

@@ -14,22 +14,34 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from detectors.base import Detector
 from detectors.harness.protocols import CHECKPOINTS, TIES, protocol_params, unit_sweep
 from detectors.harness.released import check_released_classes
-from pipelines.pixels import PixelSettings
+from detectors.harness.runconfig import (
+    FEATURE_INPUTS,
+    SHARD_FIT_ROWS,
+    ConfigError,
+    DetectorSpec,
+    EvalConfig,
+    FewShot,
+    Head,
+    Source,
+    Transfer,
+    named,
+    param_named,
+)
 from detectors.registry import detector_class
-from detectors.harness.runconfig import (FEATURE_INPUTS, SHARD_FIT_ROWS, ConfigError, DetectorSpec, EvalConfig,
-                                         FewShot, Head, Source, Transfer, named, param_named)
 from pipelines.checkpoints import checkpoint_folder, read_checkpoint_index
 from pipelines.data import Manifest, read_manifest
 from pipelines.errors import UserInputError
 from pipelines.fingerprint import combine, file_identity, images_fingerprint
 from pipelines.io import safe_name
+from pipelines.pixels import PixelSettings
 from pipelines.runtime import runtime_device
 from pipelines.zoo import files_read, is_released_file
 
@@ -97,7 +109,7 @@ class Unit:
     params: Mapping[str, Any] = field(default_factory=dict)
     load: str | None = None
     rules: tuple[str, ...] = ()  # detector units: the methods of the rule units re-scoring its trained model
-    parent: "Unit | None" = field(default=None, compare=False)  # rule units: the training unit they re-score
+    parent: Unit | None = field(default=None, compare=False)  # rule units: the training unit they re-score
     rule: str = ""  # rule units: the rule's detector name
     where: str = ""  # the config key of its entry (detectors[i]), for messages
 

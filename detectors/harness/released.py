@@ -4,7 +4,8 @@ against the run's ID classes (and the run classifier's), OpenGAN's discriminator
 width; every fault is one ConfigError line naming the key and the file, before any model is built."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from detectors.base import Detector
 from pipelines.errors import ConfigError, UserInputError

@@ -10,21 +10,22 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from detectors.base import Detector
 from detectors.harness.protocols import PROTOCOLS, TIE_RULES
-from detectors.registry import FAMILIES, detector_class
 from detectors.harness.results import METRICS
+from detectors.registry import FAMILIES, detector_class
 from pipelines.cli import display_path, load_yaml
 from pipelines.errors import ConfigError
 from pipelines.fingerprint import IDENTITY_MODES
 from pipelines.params import REQUIRED, Config, config, convert, param, plain
 from pipelines.pixels import PixelSettings
 from pipelines.runtime import PRECISIONS, check_device, check_model_ref
+from pipelines.sources import Source
 from pipelines.training.loop import CHECKPOINT_CHOICES
 from pipelines.zoo import CLASSIFIER_NETWORKS
-from pipelines.sources import Source
 
 __all__ = ["ConfigError", "DetectorSpec", "EvalConfig", "FewShot", "Head", "RuleSpec", "Select", "Source", "Transfer",
            "typed_params"]
@@ -111,7 +112,7 @@ class RuleSpec(Config):
     params: dict[str, Any] = param({}, "the rule's parameters over its defaults (and the protocol's)")
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], where: str = "rule") -> "RuleSpec":
+    def from_dict(cls, raw: dict[str, Any], where: str = "rule") -> RuleSpec:
         params_outside(cls, raw, where)
         made = super().from_dict(raw, where)
         rule = _detector(made.name, f"{where}.name")
@@ -138,7 +139,7 @@ class DetectorSpec(Config):
     rules: list[RuleSpec] = param([], "post-hoc rules re-scoring a training-time method's trained model")
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], where: str = "detector") -> "DetectorSpec":
+    def from_dict(cls, raw: dict[str, Any], where: str = "detector") -> DetectorSpec:
         params_outside(cls, raw, where)
         made = super().from_dict(raw, where)
         det = _detector(made.name, f"{where}.name")
@@ -269,7 +270,7 @@ class EvalConfig(Config):
                                                    "protocol's)")
 
     @classmethod
-    def from_dict(cls, raw: Any, where: str = "") -> "EvalConfig":
+    def from_dict(cls, raw: Any, where: str = "") -> EvalConfig:
         """The typed config of a mapping; errors name the key (`ood[0].group: ...`), after `where` when given."""
         if not isinstance(raw, dict):
             raise ConfigError(f"{where or 'config'}: expected a mapping of keys at the top level, got "
@@ -282,7 +283,7 @@ class EvalConfig(Config):
         return super().from_dict(raw, where)
 
     @classmethod
-    def load(cls, raw: Any, source: str | os.PathLike) -> "EvalConfig":
+    def load(cls, raw: Any, source: str | os.PathLike) -> EvalConfig:
         """`from_dict` of a config read from `source` (a file): an error names the file, then the key."""
         try:
             return cls.from_dict(raw)
@@ -290,7 +291,7 @@ class EvalConfig(Config):
             raise ConfigError(f"{display_path(source)}: {err}", doc=err.doc) from None
 
     @classmethod
-    def from_yaml(cls, path: str | os.PathLike, overrides: Sequence[str] | None = None) -> "EvalConfig":
+    def from_yaml(cls, path: str | os.PathLike, overrides: Sequence[str] | None = None) -> EvalConfig:
         """The config in a YAML file (`base:` chain and `key=value` overrides applied, `pipelines.cli.load_yaml`)."""
         return cls.load(load_yaml(path, overrides), path)
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from detectors.base import Detector, LinearHead
-from detectors.metrics import METRICS, evaluate
 from detectors.harness.protocols import TIE_RULES
-from detectors.registry import build, detector_class
 from detectors.harness.results import LOWER_IS_BETTER
+from detectors.metrics import METRICS, evaluate
+from detectors.registry import build, detector_class
 
 
 def grid(space: dict[str, list[Any]]) -> list[dict[str, Any]]:

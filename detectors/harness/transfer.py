@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from detectors.metrics import precision_recall_at, threshold_at_tpr
 from detectors.harness.results import TRANSFER_COLUMNS
+from detectors.metrics import precision_recall_at, threshold_at_tpr
 from detectors.training_time.field import species_detection_share
 
 

@@ -2,19 +2,18 @@
 energy."""
 from __future__ import annotations
 
-from typing import Literal
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import logsumexp
 from detectors.posthoc import streaming
-from detectors.posthoc.common import stored_features
-from pipelines.params import Params, param
+from detectors.posthoc.common import logsumexp, stored_features
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 
 VARIANTS = ("b", "p", "s")
 

@@ -6,11 +6,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc.common import logsumexp
 from detectors.posthoc import streaming
-from detectors.posthoc.common import feature_mean, stored_features
-from pipelines.params import Params, param
+from detectors.posthoc.common import feature_mean, logsumexp, stored_features
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 
 
 @register_detector("dice")

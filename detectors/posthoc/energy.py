@@ -8,8 +8,8 @@ import numpy as np
 
 from detectors.base import Detector
 from detectors.posthoc.common import logits_of, logsumexp
-from pipelines.params import Params, param
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 
 
 def energy_score(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:

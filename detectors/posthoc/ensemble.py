@@ -16,10 +16,11 @@ use may pass the loaded classifiers (`models=`) instead of paths.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -1,10 +1,9 @@
 """Entropy: the negative entropy of the softmax, -H(softmax(z)) (Chan et al., ICCV 2021; pytorch-ood's `Entropy`)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
-
-import math
 
 import numpy as np
 

@@ -8,8 +8,8 @@ import numpy as np
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import feature_mean, float32_features
-from pipelines.params import Params, param
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 from pipelines.progress import progress
 
 BLOCK_ROWS = 4096

@@ -8,8 +8,8 @@ import numpy as np
 
 from detectors.base import Detector
 from detectors.posthoc.common import logits_of, softmax
-from pipelines.params import Params, param
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 
 
 def generalized_entropy_score(logits: np.ndarray, gamma: float = 0.1, top_m: int = 100) -> np.ndarray:

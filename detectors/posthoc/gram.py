@@ -13,12 +13,11 @@ keyed by the model, its weights, the image set and the layer / power choice, so 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import hashlib
 import math
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,11 +25,11 @@ import numpy as np
 import torch
 
 from detectors.base import Detector, ImageSet, as_numpy
-from detectors.posthoc.pixels import pixel_batches
 from detectors.posthoc.common import softmax
-from pipelines.params import Params, param
+from detectors.posthoc.pixels import pixel_batches
 from detectors.registry import register_detector
 from pipelines.io import atomic_path, safe_name
+from pipelines.params import Params, param
 from pipelines.progress import progress
 
 EPS = 1e-6  # OpenOOD's 10**-6 in the deviation's denominators
@@ -91,7 +90,7 @@ class GramFeatures:
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "GramFeatures":
+    def load(cls, path: str | os.PathLike) -> GramFeatures:
         from safetensors.numpy import load_file
 
         arrays = load_file(str(path))

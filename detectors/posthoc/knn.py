@@ -13,16 +13,16 @@ Indexes (`index` parameter):
 """
 from __future__ import annotations
 
-from typing import Literal
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import stored_features
-from pipelines.params import Params, param
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 from pipelines.progress import progress
 
 QUERY_BLOCK = 8192

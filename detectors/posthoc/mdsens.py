@@ -26,8 +26,8 @@ from detectors.posthoc import streaming
 from detectors.posthoc.mahalanobis import spd_inverse
 from detectors.posthoc.odin import REFERENCE_GRAD_STD
 from detectors.posthoc.pixels import eval_mode, labels_of_images, pixel_batches
-from pipelines.params import Params, param
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 from pipelines.progress import progress
 
 FEATURE_TYPES = ("mean", "stat", "flat")

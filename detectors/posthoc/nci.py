@@ -9,8 +9,8 @@ import numpy as np
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import feature_mean, model_precision, stored_features
-from pipelines.params import Params, param
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 
 
 @register_detector("nci")

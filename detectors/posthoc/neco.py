@@ -10,8 +10,8 @@ from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import model_precision, stored_features
 from detectors.posthoc.vim import ranked_eigenvectors, resolve_dim
-from pipelines.params import Params, param
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 
 
 @register_detector("neco")

@@ -11,7 +11,6 @@ protocol `open-insects`, ODIN and RP-ODIN alike; `REFERENCE_GRAD_STD`, which MDS
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from typing import Any
 
 import numpy as np
@@ -20,13 +19,12 @@ import torch
 from detectors.base import Detector, ImageSet, as_numpy
 from detectors.posthoc.common import softmax
 from detectors.posthoc.pixels import pixel_batches
-from pipelines.params import Params, param
 from detectors.registry import register_detector
-from pipelines.data import Manifest
-from pipelines.progress import progress
 from pipelines.collectives import sharing
+from pipelines.data import Manifest
+from pipelines.params import Params, param
+from pipelines.progress import progress
 from pipelines.runtime import partial_state, resolve_device, resolve_dtype
-
 
 REFERENCE_GRAD_STD = 0.5
 """The gradient divisor of OpenOOD's ODIN for a dataset name missing from its normalisation table

@@ -13,9 +13,8 @@ other scores are options.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import warnings
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -23,8 +22,8 @@ from scipy.optimize import brentq
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import labels_of, logits_of, logsumexp
-from pipelines.params import Params, param
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 
 LIBMR_TRANSLATE = 1.0  # libMR's default translate_amount (libmr.MR().translate_amount), which OpenOOD keeps
 DISTANCES = ("eucos", "euclidean", "cosine")

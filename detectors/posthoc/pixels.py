@@ -14,15 +14,16 @@ import contextvars
 import json
 import math
 from collections import OrderedDict
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
 from detectors.base import ImageSet, as_numpy
 
-_MEMO: contextvars.ContextVar["PixelMemo | None"] = contextvars.ContextVar("pixel_memo", default=None)
+_MEMO: contextvars.ContextVar[PixelMemo | None] = contextvars.ContextVar("pixel_memo", default=None)
 
 
 class PixelMemo:

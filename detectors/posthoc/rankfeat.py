@@ -22,10 +22,9 @@ import torch
 from detectors.base import Detector, as_numpy
 from detectors.posthoc.common import logsumexp
 from detectors.posthoc.pixels import eval_mode, pixel_batches
-from pipelines.params import Params, param
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 from pipelines.progress import progress
-
 
 
 def remove_rank1(feature_map: torch.Tensor) -> torch.Tensor:

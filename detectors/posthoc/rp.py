@@ -14,8 +14,8 @@ import numpy as np
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import labels_of, logits_of, raw_features, softmax
 from detectors.posthoc.energy import energy_score
-from pipelines.params import Params, param
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 
 
 def class_prior(labels: np.ndarray, num_classes: int) -> np.ndarray:

@@ -17,8 +17,9 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 import scipy.sparse
@@ -203,7 +204,7 @@ class Moments:
 
     @classmethod
     def of(cls, rows: np.ndarray, groups: np.ndarray | None = None, *, scatter: Any = True,
-           shift: np.ndarray | None = None) -> "Moments":
+           shift: np.ndarray | None = None) -> Moments:
         """Moments of in-memory rows [n,D]. `scatter`: False (none), True (float64 products) or np.float32 (the
         chunk's products in float32, accumulated in float64 across chunks: twice the speed, the precision of
         covariances computed from float32 features, e.g. sklearn's EmpiricalCovariance as ViM's code uses it)."""
@@ -228,7 +229,7 @@ class Moments:
             product = centred.T @ centred
         return cls(shift, ids, np.bincount(position, minlength=len(ids)).astype(np.int64), sums, product)
 
-    def moved(self, shift: np.ndarray) -> "Moments":
+    def moved(self, shift: np.ndarray) -> Moments:
         """The same moments about another shift b: s_g += n_g (a - b); S += s (a-b)^T + (a-b) s^T + n (a-b)(a-b)^T."""
         d = self.shift - shift
         total = self.sums.sum(axis=0)
@@ -238,7 +239,7 @@ class Moments:
             scatter = self.scatter + np.outer(total, d) + np.outer(d, total) + self.count.sum() * np.outer(d, d)
         return Moments(shift, self.groups, self.count, sums, scatter)
 
-    def merge(self, other: "Moments") -> "Moments":
+    def merge(self, other: Moments) -> Moments:
         """Moments of the union of both row sets (about this one's shift)."""
         other = other if np.array_equal(other.shift, self.shift) else other.moved(self.shift)
         ids = np.union1d(self.groups, other.groups)

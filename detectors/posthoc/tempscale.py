@@ -10,8 +10,8 @@ from scipy.optimize import minimize
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import labels_of, logits_of, logsumexp, softmax
-from pipelines.params import Params, param
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 
 LOG_T_BOUNDS = (np.log(1e-3), np.log(1e3))
 

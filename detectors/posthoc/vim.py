@@ -1,12 +1,12 @@
 """Virtual-logit Matching (ViM, Wang et al., CVPR 2022): energy minus the scaled residual off the principal subspace."""
 from __future__ import annotations
 
+import os
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
-
-import os
+from typing import Any
 
 import numpy as np
 import scipy.linalg
@@ -15,9 +15,8 @@ from threadpoolctl import threadpool_limits
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import logsumexp_rows, stored_features
-from pipelines.params import Params, param
 from detectors.registry import register_detector
-
+from pipelines.params import Params, param
 
 SCORE_ROWS = 2048
 """Rows per block of the train residual pass and of scoring: a block's centred copy stays in cache (in-memory features

@@ -13,7 +13,6 @@ from detectors.posthoc.common import logsumexp, stored_logits
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
-
 SUM_ELEMENTS = 1 << 22
 """Logits per block of the weighted sum (16 MB of float32): few, large blocks, since each of torch's parallel regions
 waits for all its threads, a scheduler slice apiece on a loaded machine (20k x 200 logits in blocks of 1024 rows: 0.7

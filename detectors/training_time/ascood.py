@@ -29,8 +29,9 @@ cleared before the step). Heads mode treats a feature vector as one channel of D
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 import torch

@@ -139,7 +139,7 @@ class TrainedDetector(Detector):
 
     # -- released weights (the Open-Insect model zoo) ---------------------------------------------------------
     @classmethod
-    def from_released(cls, path: str | os.PathLike, **overrides: Any) -> "TrainedDetector":
+    def from_released(cls, path: str | os.PathLike, **overrides: Any) -> TrainedDetector:
         """Fitted from its released file, no training (`detectors.training_time.released`)."""
         from detectors.training_time.released import load_released
 
@@ -153,7 +153,7 @@ class TrainedDetector(Detector):
 
     # -- protocol -------------------------------------------------------------------------------------------
     def fit(self, id_train: Any, *, head: LinearHead | None = None, id_val: Any = None, ood_val: Any = None,
-            aux: Any = None) -> "TrainedDetector":
+            aux: Any = None) -> TrainedDetector:
         """Train (see the module docstring for the two modes); `aux` is the auxiliary (outlier-exposure) set.
         `ood_val` is accepted for the protocol; selection on it is the runner's."""
         objective = self.objective()
@@ -337,7 +337,7 @@ class TrainedDetector(Detector):
         return super().save_pretrained(folder)
 
     @classmethod
-    def from_pretrained(cls, folder: str | os.PathLike, **overrides: Any) -> "TrainedDetector":
+    def from_pretrained(cls, folder: str | os.PathLike, **overrides: Any) -> TrainedDetector:
         """A saved trained detector; one holding `classifier/` scores with that fine-tuned classifier (a `classifier`
         given here is replaced by it), one holding a plain module's arrays needs `classifier=` of its architecture."""
         from detectors.training_time.finetuned import CLASSIFIER_FOLDER

@@ -13,9 +13,8 @@ falls back to mixup of the features with the same lam (as MixOE's cutmix there).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F

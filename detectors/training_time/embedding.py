@@ -39,7 +39,7 @@ class EmbeddingDetector(TrainedDetector):
     released_network = None
 
     def fit(self, id_train: Any, *, head: Any = None, id_val: Any = None, ood_val: Any = None,
-            aux: Any = None) -> "EmbeddingDetector":
+            aux: Any = None) -> EmbeddingDetector:
         super().fit(id_train, head=head, id_val=id_val, ood_val=ood_val, aux=aux)
         seen = self.transform(id_train)
         self.extra = {**self.extra, **self.fit_rule(unit_rows(seen.features), np.asarray(seen.labels))}

@@ -7,7 +7,8 @@ For each species, the flagged share is (flagged images) / (images of the species
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -14,10 +14,9 @@ the fc); the other two shapings (`expscale`, `minksample_lnscale`) are offered a
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
-
-import math
 
 import torch
 import torch.nn.functional as F

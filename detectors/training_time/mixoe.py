@@ -11,10 +11,9 @@ spatial layout, so cutmix falls back to mixup there (manifold mixup of penultima
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
-
-import math
 
 import torch
 import torch.nn.functional as F

@@ -35,11 +35,33 @@ the manifest rooted there.
 """
 from __future__ import annotations
 
-from gen.insects.manifests import (SET_FIELDS, load_region, make_splits, manifest_rows, manifest_table, object_columns,
-                                   read_input, shortfall_lines, summarize, summary_record, write_region, write_splits)
+from gen.insects.manifests import (
+                                   SET_FIELDS,
+                                   load_region,
+                                   make_splits,
+                                   manifest_rows,
+                                   manifest_table,
+                                   object_columns,
+                                   read_input,
+                                   shortfall_lines,
+                                   summarize,
+                                   summary_record,
+                                   write_region,
+                                   write_splits,
+)
+from gen.insects.occurrences import (
+                                   AUSTRALIA,
+                                   OCCURRENCE_COLUMNS,
+                                   REGIONS,
+                                   Box,
+                                   TableError,
+                                   check_occurrences,
+                                   key_strings,
+                                   read_id_species,
+                                   read_table,
+                                   synthetic_occurrences,
+)
 from gen.insects.options import MakeSplitsConfig
-from gen.insects.occurrences import (AUSTRALIA, OCCURRENCE_COLUMNS, REGIONS, Box, TableError, check_occurrences,
-                                     key_strings, read_id_species, read_table, synthetic_occurrences)
 from gen.insects.splits import SETS, SplitConfig, Splits, build_splits, id_counts, rank_in_group
 
 __all__ = [

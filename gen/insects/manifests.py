@@ -6,18 +6,30 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Iterator
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from gen.insects.occurrences import GBIF_ID_COLUMNS, OCCURRENCE_COLUMNS, SPLIT_COLUMNS, TableError, read_id_species
 from gen.insects.splits import MIN_IMAGES, SETS, SplitConfig, Splits, build_splits, check_region_names
-from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, MISSING_FILE, NO_COORDINATES, NO_FILE_NAME,
-                                     TAXON_FILTER, TableLimits, TaxonFilter,
-                                     clean, is_archive, normalise, read_occurrences)
+from pipelines.curation.gbif import (
+    BLANK_SPECIES,
+    DUPLICATE_URL,
+    MISSING_FILE,
+    NO_COORDINATES,
+    NO_FILE_NAME,
+    TAXON_FILTER,
+    TableLimits,
+    TaxonFilter,
+    clean,
+    is_archive,
+    normalise,
+    read_occurrences,
+)
 from pipelines.data import MANIFEST_INFO, METADATA, Manifest, ManifestError, check_manifest_rows, read_manifest
 from pipelines.io import atomic_path, atomic_write_json, atomic_write_text
 from pipelines.jsonl import column_texts, encode_lines, join_lines

@@ -38,7 +38,7 @@ class Box(Config):
                              f"{self.lat_min},{self.lat_max},{self.lon_min},{self.lon_max}")
 
     @classmethod
-    def from_value(cls, value: Any, where: str) -> "Box":
+    def from_value(cls, value: Any, where: str) -> Box:
         if isinstance(value, str):
             try:
                 return cls.parse(value)
@@ -49,14 +49,14 @@ class Box(Config):
                 if len(value) == 4 else cls.from_value(",".join(map(str, value)), where)
         return super().from_value(value, where)
 
-    def padded(self, lat: float, lon: float) -> "Box":
+    def padded(self, lat: float, lon: float) -> Box:
         return Box(self.lat_min - lat, self.lat_max + lat, self.lon_min - lon, self.lon_max + lon)
 
     def contains(self, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
         return (lat > self.lat_min) & (lat < self.lat_max) & (lon > self.lon_min) & (lon < self.lon_max)
 
     @classmethod
-    def parse(cls, text: str) -> "Box":
+    def parse(cls, text: str) -> Box:
         """`lat_min,lat_max,lon_min,lon_max`."""
         try:
             values = [float(v) for v in text.split(",")]

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from gen.insects.occurrences import (AUSTRALIA, GBIF_ID_COLUMNS, OCCURRENCE_COLUMNS, REGIONS, Box, TableError,
-                                     check_occurrences)
+from gen.insects.occurrences import (
+    AUSTRALIA,
+    GBIF_ID_COLUMNS,
+    OCCURRENCE_COLUMNS,
+    REGIONS,
+    Box,
+    TableError,
+    check_occurrences,
+)
 from pipelines.curation.gbif import BLANK_SPECIES
 from pipelines.errors import ConfigError
 from pipelines.params import Config, config, param
@@ -132,7 +140,7 @@ class _Taxonomy:
     n_families: int
 
     @classmethod
-    def of(cls, occ: pd.DataFrame, target: np.ndarray) -> "_Taxonomy":
+    def of(cls, occ: pd.DataFrame, target: np.ndarray) -> _Taxonomy:
         codes = {c: occ[c].cat.codes.to_numpy(np.int64) for c in ("species", "genus", "family")}
         n_species = len(occ["species"].cat.categories)
         species_genus = np.full(n_species, -1, dtype=np.int64)
@@ -255,7 +263,7 @@ def _with_non_target(occurrences: pd.DataFrame, non_target: pd.DataFrame | None,
 Picks = list[tuple[str, np.ndarray]]  # (set name, row positions)
 
 
-def _check_missing(missing: dict[str, list[str]], tax: "_Taxonomy", images: np.ndarray, config: SplitConfig) -> None:
+def _check_missing(missing: dict[str, list[str]], tax: _Taxonomy, images: np.ndarray, config: SplitConfig) -> None:
     """An ID species absent from the table (or with fewer than min_images images) is an error unless allowed."""
     if config.allow_missing_id_species or not any(missing.values()):
         return

@@ -22,10 +22,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from detectors.harness.report.aux_study import (aux_rows, study_figure, study_title, subsample, subsample_digest,
-                                                write_subsample)
-from detectors.harness.report.open_insects import study_table
+from detectors.harness.report.aux_study import (
+    aux_rows,
+    study_figure,
+    study_title,
+    subsample,
+    subsample_digest,
+    write_subsample,
+)
 from detectors.harness.report.figures import save_figure
+from detectors.harness.report.open_insects import study_table
 from detectors.harness.report.write import FIGURES
 from oodforge.args import command_parser
 from pipelines.cli import comma_list, load_yaml

@@ -13,8 +13,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from detectors.harness.report.feature_map import (EMBEDDINGS, check_embedding, classifier_features, clip_features,
-                                          feature_map, plot_feature_map, sample_sets)
+from detectors.harness.report.feature_map import (
+    EMBEDDINGS,
+    check_embedding,
+    classifier_features,
+    clip_features,
+    feature_map,
+    plot_feature_map,
+    sample_sets,
+)
 from oodforge.args import command_parser, deprecated, parse
 from pipelines.cli import comma_list
 from pipelines.errors import UserInputError

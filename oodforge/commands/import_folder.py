@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         classes = len({r["label"] for r in result.manifest.rows})
         print(f"{len(result.manifest)} ID images, {classes} classes, {counts} -> {args.out}")
     if args.store == "shards":
-        from pipelines.shards import pack_workers, pack_manifest
+        from pipelines.shards import pack_manifest, pack_workers
 
         packed = pack_manifest(args.out, args.out, workers=pack_workers())[1]
         print(f"packed into {len(packed.written) + len(packed.kept)} shard(s) in {packed.store}")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gen.insects import MakeSplitsConfig, REGIONS, SplitConfig, make_splits, shortfall_lines, synthetic_occurrences
+from gen.insects import REGIONS, MakeSplitsConfig, SplitConfig, make_splits, shortfall_lines, synthetic_occurrences
 from gen.insects.cost import estimate, write_rate
 from gen.insects.manifests import fetched_store
 from oodforge.args import command_parser, config_raw, key_help
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     if (store := fetched_store(image_root)) is not None:
         print(f"rows point into the shard store {store} (fetch-images --store shards): no pack step")
     elif args.store == "shards":
-        from pipelines.shards import pack_workers, pack_manifests
+        from pipelines.shards import pack_manifests, pack_workers
 
         packed = pack_manifests(list(written.values()), out / "shards", workers=pack_workers())
         print(f"packed {len(packed.members)} images into {len(packed.written) + len(packed.kept)} shard(s) in "

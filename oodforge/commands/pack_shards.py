@@ -26,8 +26,16 @@ from pipelines.cli import cli_value, flag_error
 from pipelines.data import METADATA, manifest_lines, read_manifest
 from pipelines.errors import ConfigError, UserInputError
 from pipelines.progress import progress
-from pipelines.shards import (SHARD_FOLDER, PackConfig, check_source_rows, pack_workers, estimate, pack_manifest,
-                              plan_pack, record_mtimes)
+from pipelines.shards import (
+    SHARD_FOLDER,
+    PackConfig,
+    check_source_rows,
+    estimate,
+    pack_manifest,
+    pack_workers,
+    plan_pack,
+    record_mtimes,
+)
 from pipelines.store import STORE_FILE, ShardError, is_shard_row, read_store, row_problems, verify_shard
 
 DOC = "docs/shards.md"

@@ -13,8 +13,9 @@ import io
 import os
 import re
 import stat
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv

@@ -14,9 +14,10 @@ from __future__ import annotations
 import codecs
 import re
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Callable
+from typing import IO, Any
 from xml.etree import ElementTree
 
 import numpy as np
@@ -166,7 +167,7 @@ class Members:
         self.zip = zipfile.ZipFile(path) if path.is_file() else None
         self.root = None if self.zip is not None else path.resolve()
 
-    def __enter__(self) -> "Members":
+    def __enter__(self) -> Members:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -33,9 +33,10 @@ import os
 import re
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -46,8 +47,14 @@ from pipelines.curation.fetch_gate import Item, Scheduler
 from pipelines.curation.fetch_ledger import LEDGER, FileStore, Ledger, Paths, file_sha256, read_ledger
 from pipelines.curation.fetch_resize import IMAGE_COLUMNS, MAX_PIXELS, mode_settings, prepare
 from pipelines.curation.fetch_shards import ShardImages, finished_members
-from pipelines.curation.gbif import (BLANK_SPECIES, DUPLICATE_URL, TAXON_FILTER, TaxonFilter, TableError,
-                                     read_occurrences)
+from pipelines.curation.gbif import (
+    BLANK_SPECIES,
+    DUPLICATE_URL,
+    TAXON_FILTER,
+    TableError,
+    TaxonFilter,
+    read_occurrences,
+)
 from pipelines.errors import ConfigError, UserInputError
 from pipelines.io import atomic_write_bytes, atomic_write_text, remove_orphan_temps
 from pipelines.locks import folder_lock

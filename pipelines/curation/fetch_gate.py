@@ -25,8 +25,8 @@ import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 DECREASE = 0.9  # the rate after a throttle round, as a share of the host's measured allowance
 RECOVERY = 0.01  # the rate's growth per second of successes (1 %/s: about 7 s from 0.9x to 0.97x the allowance)

@@ -29,10 +29,26 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.curation.delimited import (Dialect, TableError, TableLimits, first_lines, read_delimited,
-                                          sniff_delimiter, split_line, stat_regular)
-from pipelines.curation.dwca import (ID, MAX_META_BYTES, META, Members, parse_meta, read_data_file, star_rows,
-                                     take_columns)
+from pipelines.curation.delimited import (
+    Dialect,
+    TableError,
+    TableLimits,
+    first_lines,
+    read_delimited,
+    sniff_delimiter,
+    split_line,
+    stat_regular,
+)
+from pipelines.curation.dwca import (
+    ID,
+    MAX_META_BYTES,
+    META,
+    Members,
+    parse_meta,
+    read_data_file,
+    star_rows,
+    take_columns,
+)
 from pipelines.curation.parquet import read_parquet
 from pipelines.curation.paths import blank_names, files_under, leaving_names, real_target
 from pipelines.errors import ConfigError

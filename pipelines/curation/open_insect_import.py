@@ -23,8 +23,18 @@ from pipelines.class_names import ClassNames, write_class_names
 from pipelines.curation.fetch import FetchConfig, HostsThrottled, fetch_images, fetch_plan
 from pipelines.curation.fetch_client import FetchFailure
 from pipelines.curation.fetch_ledger import Paths
-from pipelines.curation.open_insect import (BCI_IMAGES, BCI_REGION, REGIONS, RELEASE_SPLITS, Release, check_rows,
-                                            counts, manifest_rows, read_category_map, read_release)
+from pipelines.curation.open_insect import (
+    BCI_IMAGES,
+    BCI_REGION,
+    REGIONS,
+    RELEASE_SPLITS,
+    Release,
+    check_rows,
+    counts,
+    manifest_rows,
+    read_category_map,
+    read_release,
+)
 from pipelines.data import MANIFEST_INFO, Manifest, check_manifest_rows, missing_images, write_manifest
 from pipelines.errors import ConfigError
 from pipelines.io import atomic_write_bytes, atomic_write_json, atomic_write_text

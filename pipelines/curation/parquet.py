@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Collection
+from collections.abc import Collection
 
 import pandas as pd
 import pyarrow as pa

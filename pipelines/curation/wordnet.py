@@ -10,9 +10,9 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 # lexicographer file numbers of WordNet 3.0 (lexnames(5WN))
 LEXNAMES: tuple[str, ...] = (
@@ -113,7 +113,7 @@ class Nouns:
         self.synsets, self.senses = synsets, senses
 
     @classmethod
-    def load(cls, root: str | os.PathLike | None = None) -> "Nouns":
+    def load(cls, root: str | os.PathLike | None = None) -> Nouns:
         """The nouns of the database at `wordnet_dir(root)`, parsed once per process while its files are unchanged."""
         folder = wordnet_dir(root)
         stamps = tuple((folder / name).stat().st_mtime_ns if (folder / name).is_file() else None
@@ -122,7 +122,7 @@ class Nouns:
 
     @classmethod
     @functools.lru_cache(maxsize=2)
-    def _parse(cls, folder: Path, stamps: tuple[int | None, ...]) -> "Nouns":
+    def _parse(cls, folder: Path, stamps: tuple[int | None, ...]) -> Nouns:
         synsets = {s.offset: s for s in read_synsets(folder / "data.noun")}
         senses: dict[str, list[int]] = {}
         index = folder / "index.noun"

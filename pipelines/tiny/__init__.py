@@ -12,12 +12,45 @@ Every public name is importable from `pipelines.tiny`; the ZeST stand-ins assemb
 """
 from __future__ import annotations
 
-from pipelines.tiny.configs import (CLIP_ID, CONTROLNET_ID, DPT_ID, IMAGE_ENCODER_FILE, IP_ADAPTER_ID,  # noqa: F401
-                                    OMITTED_COMPONENTS, RESNET_ID, SD15_ID, SD21_ID, SDXL_ID, SDXL_VAE_FP16_ID, TINY,
-                                    full_config, sized_config, standin_fingerprint, tiny_config, zest_configs)
-from pipelines.tiny.models import (build_model, dpt_processor, ip_adapter_state, random_zest_modules,  # noqa: F401
-                                   save_tiny_clip, save_tiny_dpt, save_tiny_model, save_tiny_pixel_unet,
-                                   save_tiny_stable_diffusion, scheduler_from_config, sdxl_scheduler)
-from pipelines.tiny.tokenizer import (BOS_TOKEN, DEFAULT_VOCAB_WORDS, EOS_TOKEN, TINY_VOCAB_SIZE,  # noqa: F401
-                                      TOKENIZER_MAX_LENGTH, load_tiny_tokenizer, save_tiny_tokenizer,
-                                      tiny_tokenizer_vocab)
+from pipelines.tiny.configs import (  # noqa: F401
+                                    CLIP_ID,
+                                    CONTROLNET_ID,
+                                    DPT_ID,
+                                    IMAGE_ENCODER_FILE,
+                                    IP_ADAPTER_ID,
+                                    OMITTED_COMPONENTS,
+                                    RESNET_ID,
+                                    SD15_ID,
+                                    SD21_ID,
+                                    SDXL_ID,
+                                    SDXL_VAE_FP16_ID,
+                                    TINY,
+                                    full_config,
+                                    sized_config,
+                                    standin_fingerprint,
+                                    tiny_config,
+                                    zest_configs,
+)
+from pipelines.tiny.models import (  # noqa: F401
+                                    build_model,
+                                    dpt_processor,
+                                    ip_adapter_state,
+                                    random_zest_modules,
+                                    save_tiny_clip,
+                                    save_tiny_dpt,
+                                    save_tiny_model,
+                                    save_tiny_pixel_unet,
+                                    save_tiny_stable_diffusion,
+                                    scheduler_from_config,
+                                    sdxl_scheduler,
+)
+from pipelines.tiny.tokenizer import (  # noqa: F401
+                                    BOS_TOKEN,
+                                    DEFAULT_VOCAB_WORDS,
+                                    EOS_TOKEN,
+                                    TINY_VOCAB_SIZE,
+                                    TOKENIZER_MAX_LENGTH,
+                                    load_tiny_tokenizer,
+                                    save_tiny_tokenizer,
+                                    tiny_tokenizer_vocab,
+)

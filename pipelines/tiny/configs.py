@@ -7,8 +7,18 @@ import json
 from typing import Any
 
 from pipelines.hub import fixtures_root, real_config, set_dotted
-from pipelines.hub_ids import (CLIP_ID, CONTROLNET_ID, DPT_ID, IMAGE_ENCODER_FILE, IP_ADAPTER_ID, RESNET_ID,  # noqa: F401
-                               SD15_ID, SD21_ID, SDXL_ID, SDXL_VAE_FP16_ID)
+from pipelines.hub_ids import (  # noqa: F401
+    CLIP_ID,
+    CONTROLNET_ID,
+    DPT_ID,
+    IMAGE_ENCODER_FILE,
+    IP_ADAPTER_ID,
+    RESNET_ID,
+    SD15_ID,
+    SD21_ID,
+    SDXL_ID,
+    SDXL_VAE_FP16_ID,
+)
 from pipelines.tiny.tokenizer import TINY_VOCAB_SIZE
 
 

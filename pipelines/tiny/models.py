@@ -5,14 +5,24 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pipelines.tiny.configs import (CLIP_ID, DPT_ID, SD15_ID, SDXL_ID, TINY, full_config, sized_config, tiny_config,
-                                    zest_configs)
+from pipelines.tiny.configs import (
+    CLIP_ID,
+    DPT_ID,
+    SD15_ID,
+    SDXL_ID,
+    TINY,
+    full_config,
+    sized_config,
+    tiny_config,
+    zest_configs,
+)
 from pipelines.tiny.tokenizer import load_tiny_tokenizer
 
 if TYPE_CHECKING:  # imported where used: loading diffusers is slow

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from pipelines.hub import effective_config, real_config
 from pipelines.hub_ids import CLIP_ID

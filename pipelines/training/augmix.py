@@ -272,7 +272,7 @@ class AugMixViews:
         rng = rng if rng is not None else np.random.default_rng(0)
         return self.views(self.base.load(path, rng), rng)
 
-    def with_decode(self, decode: Decode) -> "AugMixViews":
+    def with_decode(self, decode: Decode) -> AugMixViews:
         return AugMixViews(self.base.with_decode(decode), self.augmix, self.jsd)
 
     def identity(self) -> dict[str, Any]:

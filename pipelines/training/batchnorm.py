@@ -8,8 +8,8 @@ only. Modules are switched by class in place (`global_batchnorm`), so parameter 
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 import torch.distributed as dist

@@ -29,16 +29,16 @@ from typing import Any
 
 import torch
 
+from pipelines.checkpoints import checkpoint_epoch, write_checkpoint_index
 from pipelines.class_names import ClassNames, names_from_rows, read_class_names, write_class_names
 from pipelines.classifier import ImageClassifier
 from pipelines.data import Manifest, read_manifest
 from pipelines.errors import ConfigError
-from pipelines.hub_ids import RESNET_ID
 from pipelines.fingerprint import combine, images_fingerprint, source_identity
+from pipelines.hub_ids import RESNET_ID
 from pipelines.io import atomic_write_json, remove_orphan_temps
 from pipelines.pixels import training_pixels
 from pipelines.runtime import load_pretrained, seed_everything
-from pipelines.checkpoints import checkpoint_epoch, write_checkpoint_index
 from pipelines.training.loop import TrainResult, drop_last, finetune, load_best_weights
 from pipelines.training.objectives import PRIMARY, CrossEntropy, MultiGranularity, Objective
 from pipelines.training.recipes import TrainConfig

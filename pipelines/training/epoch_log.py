@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pipelines.progress import duration_text, progress
 from pipelines.training.objectives import PRIMARY

@@ -4,7 +4,8 @@ every epoch independent of resumes and of the number of processes."""
 from __future__ import annotations
 
 import random
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from pipelines.data import ImageLoadError, Manifest, load_image
 from pipelines.training.objectives import Objective
+
 
 class ImageRows(Dataset):
     """Manifest rows -> (pixels or None, class index, row position, failure reason).

@@ -14,28 +14,51 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from pipelines.checkpoints import (best_epoch_saved, best_path, checkpoint_history, checkpoint_matches, load_best,
-                                   load_checkpoint, loader_generators, read_metadata, save_best, save_checkpoint)
-from pipelines.data import LoadFailure, Manifest
+from pipelines.checkpoints import (
+    best_epoch_saved,
+    best_path,
+    checkpoint_history,
+    checkpoint_matches,
+    load_best,
+    load_checkpoint,
+    loader_generators,
+    read_metadata,
+    save_best,
+    save_checkpoint,
+)
 from pipelines.collectives import host, main_decides
+from pipelines.data import LoadFailure, Manifest
 from pipelines.errors import ConfigError, UserInputError
 from pipelines.params import param
 from pipelines.progress import progress
 from pipelines.runtime import resolve_device, resolve_dtype, seed_everything
 from pipelines.training.batchnorm import global_batchnorm
 from pipelines.training.epoch_log import EpochLog
-from pipelines.training.loaders import (ImageRows, PooledRows, PooledTensorBatches, TensorBatches, aux_batch_size,
-                                        aux_labels, collate_pooled, cycle, make_loader, manifest_labels, set_epoch,
-                                        share_loader, target_values)
+from pipelines.training.loaders import (
+    ImageRows,
+    PooledRows,
+    PooledTensorBatches,
+    TensorBatches,
+    aux_batch_size,
+    aux_labels,
+    collate_pooled,
+    cycle,
+    make_loader,
+    manifest_labels,
+    set_epoch,
+    share_loader,
+    target_values,
+)
 from pipelines.training.objectives import PRIMARY, CrossEntropy, Objective, Pass, TrainBatch
 from pipelines.training.schedule import describe, make_scheduler
 from pipelines.training.settings import TrainSettings
@@ -195,7 +218,7 @@ class LoopSettings(TrainSettings):
     weights: Checkpoint = param("last", "the weights the model holds when training returns")
 
     @classmethod
-    def of(cls, settings: TrainSettings | None, **options: Any) -> "LoopSettings":
+    def of(cls, settings: TrainSettings | None, **options: Any) -> LoopSettings:
         """`settings` (None: the defaults) with `options` (names of `LoopSettings` fields) over them; an unknown name
         is a TypeError naming it."""
         unknown = set(options) - set(cls.fields())

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -95,11 +96,11 @@ class Objective(nn.Module):
     def calibrate(self, id_logits: torch.Tensor, aux_logits: torch.Tensor | None) -> None:
         """Use the untrained model's logits on the whole ID-train (and aux) set; called when `needs_calibration`."""
 
-    def calibrate_pass(self, id_pass: "Pass", aux_pass: "Pass | None") -> None:
+    def calibrate_pass(self, id_pass: Pass, aux_pass: Pass | None) -> None:
         """The whole passes (logits, features) before the first step, when `needs_calibration`; default: `calibrate`."""
         self.calibrate(id_pass.logits, aux_pass and aux_pass.logits)
 
-    def epoch_start(self, epoch: int, id_pass: "Pass", aux_pass: "Pass | None") -> None:
+    def epoch_start(self, epoch: int, id_pass: Pass, aux_pass: Pass | None) -> None:
         """Called before every epoch with the model's outputs on every ID-train / aux row; when `needs_epoch_pass`."""
 
     def epoch_begin(self, epoch: int) -> None:
@@ -227,7 +228,7 @@ class MultiGranularity(Objective):
         return folder
 
     @classmethod
-    def from_pretrained(cls, folder: str | os.PathLike) -> "MultiGranularity":
+    def from_pretrained(cls, folder: str | os.PathLike) -> MultiGranularity:
         from safetensors.torch import load_file
 
         from pipelines.checkpoints import check_safetensors

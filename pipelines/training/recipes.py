@@ -121,7 +121,7 @@ class TrainConfig(Config):
                                                            "content (sha256 of the bytes)")
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], where: str = "") -> "TrainConfig":
+    def from_dict(cls, raw: dict[str, Any], where: str = "") -> TrainConfig:
         """The recipe's values, then the protocol's, under the config's own keys; then the one typed loader. Errors
         name the key (after `where:`, the config file, when given)."""
         try:
@@ -132,7 +132,7 @@ class TrainConfig(Config):
             raise ConfigError(f"{where}: {err}", doc=err.doc) from None
 
     @classmethod
-    def _resolve(cls, raw: Any) -> "TrainConfig":
+    def _resolve(cls, raw: Any) -> TrainConfig:
         if not isinstance(raw, dict):
             return super().from_value(raw, "")
         given = {k: v for k, v in raw.items() if v is not None}

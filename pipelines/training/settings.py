@@ -34,7 +34,7 @@ class TrainSettings(Params):
                                  runtime=True)
 
     @classmethod
-    def of(cls, values: Any) -> "TrainSettings":
+    def of(cls, values: Any) -> TrainSettings:
         """The settings read from `values` (any object with these attributes: a config, another settings)."""
         return cls(**{f.name: getattr(values, f.name) for f in fields(cls)})
 

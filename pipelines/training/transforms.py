@@ -26,7 +26,8 @@ preprocessor branches (`src/openood/preprocessors/base_preprocessor.py`, `test_p
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Literal, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -69,7 +70,7 @@ class Compose:
             image = op(image, rng)
         return to_uint8_tensor(image)
 
-    def with_decode(self, decode: Decode) -> "Compose":
+    def with_decode(self, decode: Decode) -> Compose:
         """The same ops with another decode."""
         return Compose(self.ops, decode)
 

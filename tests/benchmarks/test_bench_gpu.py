@@ -7,7 +7,6 @@ import json
 import pytest
 
 
-
 @pytest.fixture(scope="module")
 def bench():
     return vars(importlib.import_module("benchmarks.gpu"))

@@ -3,10 +3,10 @@ pytorch-ood's arguments would make the ratio meaningless); no timing is asserted
 import json
 
 import pytest
+from helpers.pytorch_ood import pytorch_ood_detector
 
 from benchmarks import detectors as bench
 from benchmarks.cases import peers
-from helpers.pytorch_ood import pytorch_ood_detector
 
 pytestmark = pytest.mark.slow  # runs pytorch-ood and ours several times (about 15 s)
 

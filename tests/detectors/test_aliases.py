@@ -7,13 +7,13 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers.pytorch_ood import pytorch_ood_detector
 
 import detectors
 from detectors import registry
 from detectors.base import Detector
 from detectors.harness.runconfig import DetectorSpec
 from detectors.registry import detector_class, register_detector, suggestions
-from helpers.pytorch_ood import pytorch_ood_detector
 
 # pytorch-ood 0.4.0 `pytorch_ood/detector/__init__.py` class names and OpenOOD's `postprocessors` / trainer keys
 # (openood/postprocessors/utils.py; temperature_scaling in v1.0, temp_scaling in v1.5) -> ours. Names equal to ours

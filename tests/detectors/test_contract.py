@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
-import detectors
-from detectors import FeatureSet, ImageSet
 from helpers.images import CLASSES, colour_images
 from helpers.models import small_conv_classifier, tiny_resnet_classifier
 from helpers.toys import toy_features, toy_head
+
+import detectors
+from detectors import FeatureSet, ImageSet
 from pipelines.data import make_row, write_manifest
 
 FAMILIES = ("posthoc", "clip", "generative", "training")

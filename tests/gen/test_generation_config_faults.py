@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from gen.job import JOB_FOLDER, GenerationConfig, run_generation
+from gen.masks import rembg_available
 from oodforge.commands import generate
 from pipelines.cli import run_main
-from gen.masks import rembg_available
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 MAIN = generate.main

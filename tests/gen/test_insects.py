@@ -7,8 +7,21 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gen.insects import (AUSTRALIA, REGIONS, Box, SplitConfig, build_splits, load_region, manifest_rows, rank_in_group,
-                         read_id_species, read_table, summarize, synthetic_occurrences, write_splits)
+from gen.insects import (
+    AUSTRALIA,
+    REGIONS,
+    Box,
+    SplitConfig,
+    build_splits,
+    load_region,
+    manifest_rows,
+    rank_in_group,
+    read_id_species,
+    read_table,
+    summarize,
+    synthetic_occurrences,
+    write_splits,
+)
 from pipelines.data import read_manifest
 
 NE = (50.0, -70.0)  # inside NE-America

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from gen.insects import SplitConfig, manifest_table, build_splits, read_id_species, synthetic_occurrences, write_splits
+from gen.insects import SplitConfig, build_splits, manifest_table, read_id_species, synthetic_occurrences, write_splits
 
 
 def previous_manifest_rows(frame: pd.DataFrame, non_target_name: str = "non_target") -> list[dict]:

@@ -12,11 +12,11 @@ import pytest
 
 from gen.job import JOB_FOLDER, GenerationConfig, run_generation
 from gen.ledger import Ledger
+from gen.zest import ZeSTConfig
 from pipelines.cli import apply_overrides
 from pipelines.data import read_manifest
 from pipelines.errors import ConfigError
 from pipelines.runtime import item_seed
-from gen.zest import ZeSTConfig
 
 
 def config_for(tmp_path: Path, targets: Path, materials: Path, **extra) -> GenerationConfig:

@@ -3,9 +3,9 @@ one line and writes nothing (no plan, no ledger); the dry run takes no lock; onc
 from __future__ import annotations
 
 import pytest
+from helpers.locks import held
 
 from gen.job import JOB_FOLDER, GenerationConfig, run_generation
-from helpers.locks import held
 from pipelines.locks import LOCK_NAME, FolderBusy
 
 

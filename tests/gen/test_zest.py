@@ -1,14 +1,20 @@
 """ZeST pipeline on tiny random-weight models: batching, seeding, IP-Adapter wiring, resize and composite options."""
 from __future__ import annotations
 
-import numpy as np
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
 from gen.zest import (
-    NEGATIVE_PROMPT, PROMPT, ZeSTConfig, ZeSTPipeline, composite_background, feathered_weights, fit_square,
+    NEGATIVE_PROMPT,
+    PROMPT,
+    ZeSTConfig,
+    ZeSTPipeline,
+    composite_background,
+    feathered_weights,
+    fit_square,
     unfit_square,
 )
 
@@ -67,8 +73,8 @@ def test_call_defaults_are_zest_s_and_defined_once():
     import re
 
     from gen.config import GenerationConfig
-    from pipelines.errors import ConfigError
     from gen.zest import ZeSTCall
+    from pipelines.errors import ConfigError
 
     call = ZeSTCall()
     assert (call.num_inference_steps, call.strength, call.guidance_scale, call.controlnet_conditioning_scale,

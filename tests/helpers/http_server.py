@@ -123,7 +123,7 @@ class HostileServer:
         self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def __enter__(self) -> "HostileServer":
+    def __enter__(self) -> HostileServer:
         self.thread.start()
         return self
 

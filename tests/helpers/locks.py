@@ -6,9 +6,9 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 HOLD = textwrap.dedent("""
     import sys

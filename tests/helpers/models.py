@@ -1,8 +1,8 @@
 """Tiny image classifiers for pixel-level detector tests, built through the real loading code."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 

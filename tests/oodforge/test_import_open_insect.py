@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from helpers.open_insect import SIZES, category_map, download_folder, write_json
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,18 @@ import pytest
 import torch
 from torch import nn
 
-from pipelines.checkpoints import (FORMAT, checkpoint_matches, decode_tree, encode_tree, load_checkpoint, load_tree,
-                                   read_metadata, safe_torch_load, save_checkpoint, save_tree)
+from pipelines.checkpoints import (
+    FORMAT,
+    checkpoint_matches,
+    decode_tree,
+    encode_tree,
+    load_checkpoint,
+    load_tree,
+    read_metadata,
+    safe_torch_load,
+    save_checkpoint,
+    save_tree,
+)
 from pipelines.errors import UserInputError
 from pipelines.training.loop import TrainResult
 

@@ -8,8 +8,18 @@ import time
 import pytest
 
 from pipelines import rankfiles
-from pipelines.collectives import (PeerLost, all_gather, alone, broadcast, gather_to_main, is_peer_lost, main_decides,
-                                   peer_guard, peer_line, sharing)
+from pipelines.collectives import (
+    PeerLost,
+    all_gather,
+    alone,
+    broadcast,
+    gather_to_main,
+    is_peer_lost,
+    main_decides,
+    peer_guard,
+    peer_line,
+    sharing,
+)
 
 GLOO_CLOSED = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.1.2.3]:40215"
 

@@ -6,8 +6,16 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipelines.data import (ImageLoadError, ManifestError, load_image, load_images, make_row, open_image_source,
-                            read_manifest, write_manifest)
+from pipelines.data import (
+    ImageLoadError,
+    ManifestError,
+    load_image,
+    load_images,
+    make_row,
+    open_image_source,
+    read_manifest,
+    write_manifest,
+)
 
 
 def _write_lines(folder, lines):

@@ -5,7 +5,7 @@ import os
 import torch
 
 from pipelines.data import make_row, write_manifest
-from pipelines.fingerprint import (combine, file_identity, images_fingerprint, source_identity, weights_fingerprint)
+from pipelines.fingerprint import combine, file_identity, images_fingerprint, source_identity, weights_fingerprint
 
 
 def test_weights_fingerprint_follows_the_tensors():

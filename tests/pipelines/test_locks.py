@@ -7,8 +7,8 @@ import socket
 import time
 
 import pytest
-
 from helpers.locks import start_holder as _holder
+
 from pipelines import locks
 from pipelines.locks import LOCK_NAME, LOCK_STALE_S, FolderBusy, _start_time, folder_lock
 
@@ -115,6 +115,7 @@ def test_only_the_main_process_takes_a_multi_process_runs_lock(tmp_path):
 
 def test_importers_hold_their_output_folder(tmp_path):
     from helpers.locks import held
+
     from pipelines.importers import import_classes, import_ood_folders
     from tests.pipelines.own_data_helpers import class_tree, ood_tree
 

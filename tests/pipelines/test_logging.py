@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cli import ConsoleHandler, PROJECT_LOGGERS, configure_logging, parser, run_main
+from pipelines.cli import PROJECT_LOGGERS, ConsoleHandler, configure_logging, parser, run_main
 from pipelines.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

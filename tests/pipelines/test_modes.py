@@ -58,8 +58,9 @@ def test_safetensors_written_through_atomic_path(tmp_path, umask):
 
 
 def test_a_detectors_save_pretrained(tmp_path, umask):
-    import detectors
     from helpers.toys import toy_features
+
+    import detectors
 
     detectors.build("mds").fit(toy_features()).save_pretrained(tmp_path / "det")
     _all(tmp_path / "det", umask)
@@ -104,6 +105,7 @@ def test_umask_modes_leaves_files_it_did_not_write_alone(tmp_path, umask):
 def test_a_train_classifier_output_folder(tmp_path):
     """The issue's own files: model.safetensors and checkpoint.safetensors of a trained folder, under umask 027."""
     from helpers.models import tiny_resnet_classifier
+
     from pipelines.importers import import_classes
     from pipelines.training.classify import CHECKPOINT, train_classifier
     from pipelines.training.recipes import TrainConfig

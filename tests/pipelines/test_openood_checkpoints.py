@@ -13,8 +13,14 @@ from PIL import Image
 from pipelines.errors import ConfigError, UserInputError
 from pipelines.openood_checkpoints import is_openood_checkpoint, load_openood_classifier
 from pipelines.pixels import reference_record
-from tests.helpers.openood_release import (forward_32x32, forward_torchvision, head_32x32, resnet18_32x32_state,
-                                           stages_32x32, torchvision_resnet_state)
+from tests.helpers.openood_release import (
+    forward_32x32,
+    forward_torchvision,
+    head_32x32,
+    resnet18_32x32_state,
+    stages_32x32,
+    torchvision_resnet_state,
+)
 
 
 def _save(tmp_path, state) -> str:

@@ -16,7 +16,6 @@ import pytest
 
 from pipelines.classifier import ImageClassifier
 from pipelines.data import make_row, read_manifest, write_manifest
-
 from tests.pipelines.own_data_helpers import COLOURS, SNAPSHOT, class_tree, fake_hub_cache, ood_tree, png
 
 ROOT = Path(__file__).resolve().parents[2]

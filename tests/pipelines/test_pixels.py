@@ -15,8 +15,16 @@ from pipelines.data import make_row, write_manifest
 from pipelines.decode import Decode
 from pipelines.features import extract_features
 from pipelines.fingerprint import preprocessing_fingerprint
-from pipelines.pixels import (PROTOCOL_PIXELS, RECORD, PixelSettings, ProcessorPixels, default_workers,
-                              reference_record, run_pixels, training_pixels)
+from pipelines.pixels import (
+    PROTOCOL_PIXELS,
+    RECORD,
+    PixelSettings,
+    ProcessorPixels,
+    default_workers,
+    reference_record,
+    run_pixels,
+    training_pixels,
+)
 from pipelines.training import transforms as T
 
 

@@ -50,8 +50,9 @@ def test_the_issues_folder_is_refused_before_transformers_reads_it(tmp_path):
 
 def test_transformers_is_told_trust_remote_code_false_too(tmp_path, monkeypatch):
     """With the folder check switched off, transformers itself refuses (no prompt: stdin is never read)."""
-    import pipelines.runtime as runtime
     from transformers import AutoConfig, AutoModelForImageClassification
+
+    import pipelines.runtime as runtime
 
     marker = tmp_path / "ran"
     folder = evil_folder(tmp_path / "evil", marker)

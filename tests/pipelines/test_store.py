@@ -19,8 +19,18 @@ from PIL import Image
 from pipelines.data import ImageLoadError, ManifestError, load_image, make_row, read_manifest, write_manifest
 from pipelines.fingerprint import file_identity, images_fingerprint
 from pipelines.shards import PackConfig, PackError, pack_images, pack_manifest, plan_shards
-from pipelines.store import (STORE_FILE, MemberPath, ShardError, image_path, index_path, read_index, read_member,
-                             read_store, scan_tar, verify_shard)
+from pipelines.store import (
+    STORE_FILE,
+    MemberPath,
+    ShardError,
+    image_path,
+    index_path,
+    read_index,
+    read_member,
+    read_store,
+    scan_tar,
+    verify_shard,
+)
 
 
 def _jpeg(path: Path, size: tuple[int, int], seed: int, **save) -> bytes:

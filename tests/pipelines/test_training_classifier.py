@@ -292,9 +292,8 @@ def test_a_kill_during_a_write_leaves_no_temp_file_after_the_rerun(setup, tmp_pa
 
 def test_dry_run_states_the_plan_the_run_follows_and_writes_nothing(setup, tmp_path, capsys, monkeypatch):
     import pipelines.training.classify as classify
-    from pipelines.cli import run_main
-
     from oodforge.commands.train_classifier import main
+    from pipelines.cli import run_main
     _, model = setup
     _own_manifest(tmp_path)
     config = tmp_path / "train.yaml"

@@ -237,8 +237,8 @@ def test_a_safetensors_header_declaring_2_62_bytes_is_one_line_wherever_it_is_re
     train_classifier), a detector folder's state, a label-levels folder and the diffusion / distance weight files."""
     from detectors import load
     from detectors.generative.distances import load_weight_files
-    from pipelines.checkpoints import UnsafeFileError
     from detectors.generative.guided_diffusion import read_checkpoint
+    from pipelines.checkpoints import UnsafeFileError
     from pipelines.training.objectives import MultiGranularity
     from tests.pipelines.test_checkpoints import header_bomb
 

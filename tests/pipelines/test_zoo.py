@@ -9,8 +9,8 @@ import re
 import numpy as np
 import pytest
 import torch
-
 from helpers.open_insect_zoo import DEPTHS, EMBEDDING, WIDTHS, make_zoo
+
 from pipelines import zoo
 from pipelines.torchvision_resnet import _rename
 
@@ -240,6 +240,7 @@ def test_train_classifier_starts_from_a_released_basics_file(tmp_path, monkeypat
     """train_classifier's `model:` takes basics_<region>.pth (ResNet-50's real sizes, as its packaged config has them):
     the backbone loads, a head of another class count is the new one, a head of the same count is the file's."""
     from helpers.open_insect_zoo import ResNet50, randomise
+
     from pipelines.training.classify import build_classifier
     from pipelines.training.recipes import TrainConfig
 

@@ -12,8 +12,9 @@ import hashlib
 import json
 import os
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pandas as pd
 

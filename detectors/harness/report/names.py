@@ -7,11 +7,10 @@ config's `label:` (which becomes the method name of its rows) is an explicit ove
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from detectors.registry import FAMILY_LABELS, LISTING_ORDER, available, detector_class
-
 
 METHOD_LABELS: dict[str, str] = {
     name: detector_class(name).label

@@ -26,12 +26,25 @@ import pandas as pd
 from detectors.harness.report import plots
 from detectors.harness.report.aux_study import NUDGE, study_figure, study_title
 from detectors.harness.report.html import Section
-from detectors.harness.report.names import (CATEGORIES, OPEN_INSECTS, SET_NAMES, category, method_label, region_label,
-                                    set_label, set_short)
+from detectors.harness.report.names import (
+    CATEGORIES,
+    OPEN_INSECTS,
+    SET_NAMES,
+    category,
+    method_label,
+    region_label,
+    set_label,
+    set_short,
+)
 from detectors.harness.report.papers import Run
 from detectors.harness.report.render import MISSING, Part, View, number, scale_note
-from detectors.harness.report.scores import (HOP_LABELS, attach_metadata, has_sources, species_field_table,
-                                             species_summary)
+from detectors.harness.report.scores import (
+    HOP_LABELS,
+    attach_metadata,
+    has_sources,
+    species_field_table,
+    species_summary,
+)
 from detectors.harness.report.sections import Out, field_sheets
 from detectors.harness.report.tables import read_table, text_column
 from pipelines.data import read_manifest

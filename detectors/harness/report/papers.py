@@ -33,7 +33,7 @@ class Run:
     pretrained: bool = False
 
     @classmethod
-    def read(cls, name: str, results: str | os.PathLike, scores: bool = True, pretrained: bool = False) -> "Run":
+    def read(cls, name: str, results: str | os.PathLike, scores: bool = True, pretrained: bool = False) -> Run:
         frame, scale = read_results(results)
         found = companion_files(results)
         selection = read_rule_selection(found["rule_selection"]) if "rule_selection" in found else None

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import os
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -198,7 +199,7 @@ class ScoreAxis:
     scale: float = 0.0  # c; 0 means linear
 
     @classmethod
-    def of(cls, rows: pd.DataFrame, spread: float = 50.0) -> "ScoreAxis":
+    def of(cls, rows: pd.DataFrame, spread: float = 50.0) -> ScoreAxis:
         lo, hi = robust_limits(rows["score"].to_numpy(np.float64))
         ids = rows.loc[rows["role"] == "id", "score"].to_numpy(np.float64)
         iqr = float(np.subtract(*np.percentile(ids, [75, 25]))) if len(ids) else 0.0

@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Collection, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from detectors.harness.report.tables import (ALL, CELL_METRICS, LOW_AUROC, Layout, low_auroc, method_info,
-                                             method_summary,
-                                     rank_marks, read_results, select_methods)
+from detectors.harness.report.tables import (
+    ALL,
+    CELL_METRICS,
+    LOW_AUROC,
+    Layout,
+    low_auroc,
+    method_info,
+    method_summary,
+    rank_marks,
+    read_results,
+    select_methods,
+)
 from detectors.harness.results import COLUMN_LABELS, LOWER_IS_BETTER
 
 MISSING = "–"

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from detectors.metrics import auroc, evaluate
 from detectors.harness.report.tables import group_labels, read_table
 from detectors.harness.results import PREDICTION, SCORE_COLUMNS, SCORE_OPTIONAL, SCORE_ROLES
+from detectors.metrics import auroc, evaluate
 from detectors.training_time.field import species_detection_share
 from pipelines.data import Manifest, read_manifest
 from pipelines.errors import UserInputError

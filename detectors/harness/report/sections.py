@@ -3,9 +3,10 @@ that `index.html` shows."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -14,14 +15,46 @@ from detectors.harness.report import plots
 from detectors.harness.report.figures import Job
 from detectors.harness.report.html import MAIN_TABLE, WARNINGS_FILE, Section
 from detectors.harness.report.names import Paper, family_label, method_label, region_label, set_label, unknown_methods
-from detectors.harness.report.render import (FLAG_NOTE, Cell, Part, View, frame_view, grid_view, number, per_set_view,
-                                             scale_note, to_latex,
-                                     to_markdown)
-from detectors.harness.report.scores import (HOP_LABELS, attach_metadata, bootstrap_table, has_sources, hop_table,
-                                     id_looking_table, per_set_auroc, species_field_table, species_summary)
-from detectors.harness.report.tables import (ALL, CELL_METRICS, NOT_SELECTED, Layout, best_rule_table,
-                                             family_group_table, family_table, low_auroc,
-                                     method_info, method_summary, per_set_table, read_table, text_column, to_percent)
+from detectors.harness.report.render import (
+    FLAG_NOTE,
+    Cell,
+    Part,
+    View,
+    frame_view,
+    grid_view,
+    number,
+    per_set_view,
+    scale_note,
+    to_latex,
+    to_markdown,
+)
+from detectors.harness.report.scores import (
+    HOP_LABELS,
+    attach_metadata,
+    bootstrap_table,
+    has_sources,
+    hop_table,
+    id_looking_table,
+    per_set_auroc,
+    species_field_table,
+    species_summary,
+)
+from detectors.harness.report.tables import (
+    ALL,
+    CELL_METRICS,
+    NOT_SELECTED,
+    Layout,
+    best_rule_table,
+    family_group_table,
+    family_table,
+    low_auroc,
+    method_info,
+    method_summary,
+    per_set_table,
+    read_table,
+    text_column,
+    to_percent,
+)
 from detectors.harness.results import COLUMN_LABELS, SPECIES_COLUMNS, TRANSFER_COLUMNS, TRANSFER_RATES
 from pipelines.io import atomic_write_text, safe_name
 

@@ -25,9 +25,16 @@ from detectors.harness.report.html import Section
 from detectors.harness.report.names import SHIFTED_BRONZES, family_label, group_label, method_label, set_short
 from detectors.harness.report.render import FLAG_NOTE, Part, View, grid_cells, grid_view, number, scale_note
 from detectors.harness.report.sections import Out, grid_csv
-from detectors.harness.report.tables import (ALL, Layout, family_group_table, method_info, method_summary,
-                                             per_set_table,
-                                     rank_marks, read_table)
+from detectors.harness.report.tables import (
+    ALL,
+    Layout,
+    family_group_table,
+    method_info,
+    method_summary,
+    per_set_table,
+    rank_marks,
+    read_table,
+)
 from pipelines.errors import UserInputError
 
 PAPER = SHIFTED_BRONZES

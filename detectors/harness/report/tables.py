@@ -14,16 +14,16 @@ so that averages over different sets are never compared.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from detectors.registry import FAMILIES
 from detectors.harness.results import METRICS, RESULT_REQUIRED
 from detectors.openset_metrics import OPENSET_RATES
+from detectors.registry import FAMILIES
 from pipelines.errors import UserInputError
 from pipelines.schema import GROUPS
 
@@ -190,7 +190,7 @@ class Layout:
 
     @classmethod
     def of(cls, results: pd.DataFrame, family_order: Sequence[str] = FAMILY_ORDER,
-           order: Callable[[Iterable[str]], list[str]] | None = None) -> "Layout":
+           order: Callable[[Iterable[str]], list[str]] | None = None) -> Layout:
         """The results' layout: families in `family_order` (then others), methods in first appearance or sorted by
         `order` (a paper's, `names.Paper.sorted`), groups in `GROUP_ORDER`, sets in first appearance."""
         sort = order or (lambda methods: list(dict.fromkeys(methods)))

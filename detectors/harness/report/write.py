@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pandas as pd
 
@@ -24,10 +24,23 @@ from detectors.harness.report.openset import openset_section
 from detectors.harness.report.papers import Run, region_name
 from detectors.harness.report.render import CONVENTIONS
 from detectors.harness.report.scores import has_sources, per_set_auroc, read_scores
-from detectors.harness.report.sections import (TRANSFER_REQUIRED, Out, Warnings, best_rule_section, bootstrap_section,
-                                       collect_warnings, curves_section, figure_section, finish_warnings, hop_section,
-                                       id_looking_section, per_set_sections, species_section, transfer_section,
-                                       with_metadata)
+from detectors.harness.report.sections import (
+    TRANSFER_REQUIRED,
+    Out,
+    Warnings,
+    best_rule_section,
+    bootstrap_section,
+    collect_warnings,
+    curves_section,
+    figure_section,
+    finish_warnings,
+    hop_section,
+    id_looking_section,
+    per_set_sections,
+    species_section,
+    transfer_section,
+    with_metadata,
+)
 from detectors.harness.report.shiftedbronzes import layout_of, shiftedbronzes_sections
 from detectors.harness.report.tables import Layout, read_results, read_rule_selection, read_table, select_methods
 from pipelines.errors import UserInputError

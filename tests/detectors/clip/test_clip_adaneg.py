@@ -15,13 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.images import CLASSES, colour_images
 from scipy.special import softmax
 
 import detectors
 from detectors.base import ImageSet
 from detectors.clip.adaneg import Memory, adaneg_stream
-
-from helpers.images import CLASSES, colour_images
 
 GOLDEN = Path(__file__).with_name("golden")
 NOUNS = ["apple", "boat", "cloud", "dog", "egg", "fish", "goat", "hat", "ice", "jar", "red"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.images import CLASSES, colour_images
 from scipy.special import softmax
 
 import detectors
@@ -11,8 +12,6 @@ from detectors.base import Detector, ImageSet
 from detectors.clip.clipn import NoTextTower, binary_opposite_losses, semantic_opposite_loss
 from detectors.clip.clipn_convert import convert_clipn, convert_state_dict
 from detectors.clip.scores import clipn_atd, clipn_ctw, clipn_probabilities
-
-from helpers.images import CLASSES, colour_images
 
 
 def unit(a: torch.Tensor) -> torch.Tensor:

@@ -16,15 +16,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.images import CLASSES, colour_images
 from scipy.special import softmax
 
 import detectors
 from detectors.base import ImageSet
-from detectors.clip.csp import CONJUGATE_TEMPLATES, CSP_EXCLUDED, NOUN_TEMPLATES, SUPERCLASS_TEMPLATES, conjugate, \
-    mine_csp
+from detectors.clip.csp import (
+    CONJUGATE_TEMPLATES,
+    CSP_EXCLUDED,
+    NOUN_TEMPLATES,
+    SUPERCLASS_TEMPLATES,
+    conjugate,
+    mine_csp,
+)
 from detectors.clip.scores import neglabel
-
-from helpers.images import CLASSES, colour_images
 
 GOLDEN = Path(__file__).with_name("golden")
 NOUNS = ["apple", "boat", "cloud", "dog", "egg", "fish", "goat", "hat", "ice", "jar", "kite", "lamp"]

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import numpy as np
+from helpers.images import CLASSES, colour_images
 
-from detectors.harness.clip_demo import clip_demo
-from detectors.clip.fewshot import plot_fewshot, sweep
 from detectors.base import Detector, ImageSet
+from detectors.clip.fewshot import plot_fewshot, sweep
+from detectors.harness.clip_demo import clip_demo
 from detectors.metrics import evaluate
 from pipelines.data import make_row, read_manifest, write_manifest
-
-from helpers.images import CLASSES, colour_images
 
 
 def write_toy_manifest(folder):

@@ -14,17 +14,21 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.images import CLASSES, colour_images
 
 import detectors
 from detectors.base import ImageSet
 from detectors.clip.adaneg import select_negatives
-from detectors.clip.lapt import NegativePromptLearner, cross_distribution_pairs, filter_name, lapt_loss, \
-    select_collected
+from detectors.clip.lapt import (
+    NegativePromptLearner,
+    cross_distribution_pairs,
+    filter_name,
+    lapt_loss,
+    select_collected,
+)
 from detectors.clip.prompts import PLACEHOLDER
 from detectors.clip.scores import neglabel
 from pipelines.data import make_row, write_manifest
-
-from helpers.images import CLASSES, colour_images
 
 GOLDEN = Path(__file__).with_name("golden")
 NOUNS = ["apple", "boat", "cloud", "dog", "egg", "fish", "goat", "hat", "ice", "jar", "kite", "lamp"]

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.images import CLASSES, colour_images
 from scipy.special import softmax
 
 import detectors
@@ -17,8 +18,6 @@ from detectors.clip.neglabel import ADJ_TEMPLATE, NOUN_TEMPLATE, PAPER_NEGATIVES
 from detectors.clip.scores import neglabel
 from detectors.clip.wordnet import NEGLABEL_EXCLUDED, neglabel_corpus
 from pipelines.curation.wordnet import LEXNAMES, read_wordnet
-
-from helpers.images import CLASSES, colour_images
 
 WORDNET = Path("/usr/share/wordnet")
 needs_wordnet = pytest.mark.skipif(not (WORDNET / "data.noun").is_file(),

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers.images import CLASSES, colour_images
 from scipy.special import expit, softmax
 
 import detectors
@@ -22,8 +23,6 @@ from detectors.base import ImageSet
 from detectors.clip.csp import CONJUGATE_TEMPLATES, NOUN_TEMPLATES, SUPERCLASS_TEMPLATES
 from detectors.clip.negrefine import multi_matching
 from detectors.clip.scores import neglabel
-
-from helpers.images import CLASSES, colour_images
 
 GOLDEN = Path(__file__).with_name("golden")
 FILTERED_NOUNS = ["apple", "boat", "cloud", "dog"]

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from helpers.images import CLASSES, colour_images
 from scipy.special import softmax
 
 import detectors
 from detectors.base import ImageSet
 from detectors.clip.idlike import random_crops, resized_crop_box, select_crops
 from detectors.clip.prompts import PLACEHOLDER, PromptLearner, idlike_loss, locoop_loss
-
-from helpers.images import CLASSES, colour_images
 
 
 def test_prompt_learner_equals_text_tower_when_context_is_the_placeholder_tokens(backbone):

@@ -11,13 +11,12 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from helpers.images import colour_images
 from scipy.special import softmax
 
 import detectors
 from detectors.base import ImageSet
 from detectors.clip.backbone import ClipBackbone
-
-from helpers.images import colour_images
 
 CLASSES = ["c#", "green"]  # "c#." tokenizes to "c", "#" (id 2: the config's wrong end-of-text id), ".</w>"
 

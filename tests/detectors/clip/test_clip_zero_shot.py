@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from helpers.images import CLASSES, colour_images
 from scipy.special import softmax
 
 import detectors
 from detectors.base import ImageSet
-from pipelines.data import make_row, write_manifest, read_manifest
-
-from helpers.images import CLASSES, colour_images
+from pipelines.data import make_row, read_manifest, write_manifest
 
 
 def unit64(a: torch.Tensor) -> np.ndarray:

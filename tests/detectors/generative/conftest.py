@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import pytest
+from helpers.models import small_conv_classifier
 
 from benchmarks.cases.diffguard import contrast_ramp_images
-from helpers.models import small_conv_classifier
 from pipelines.classifier import ImageClassifier
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from detectors.harness.evaluate import EvalConfig
 from detectors.generative.diffguard import DiffGuard
+from detectors.harness.evaluate import EvalConfig
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "shiftedbronzes.yaml"
 HUB_MODEL = ["model=org/bronze-classifier"]  # the config's local model folder does not exist here (checked at load)

@@ -14,8 +14,14 @@ import torch
 from PIL import Image
 
 from detectors import ImageSet, build
-from detectors.generative.diffpath import (IMPROVED_64_UNCOND, STATISTICS, VARIANTS, DiffPath, alphas_cumprod,
-                                           ddim_timesteps)
+from detectors.generative.diffpath import (
+    IMPROVED_64_UNCOND,
+    STATISTICS,
+    VARIANTS,
+    DiffPath,
+    alphas_cumprod,
+    ddim_timesteps,
+)
 from detectors.generative.guided_diffusion import build_unet, convert_state_dict, load_pixel_unet, resolve_flags
 
 script_util = pytest.importorskip("guided_diffusion.script_util", reason="pip install --no-deps guided-diffusion-sdk")

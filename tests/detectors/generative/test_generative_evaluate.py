@@ -13,6 +13,7 @@ from detectors import ImageSet
 from detectors.harness.evaluate import run_config
 from pipelines.data import make_row, read_manifest, write_manifest
 
+
 @pytest.fixture(scope="module")
 def tiny_eval_data(tmp_path_factory):
     from transformers import ResNetForImageClassification

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from PIL import Image
 
 import detectors
-from detectors import ImageSet
 from benchmarks.cases.diffguard import SmallConvClassifier
+from detectors import ImageSet
 from detectors.generative.diffguard import DiffGuard, resize_center_crop
 from detectors.generative.distances import DISTS, vgg16_features
 from detectors.generative.pixel_backend import random_crops

@@ -7,9 +7,17 @@ import json
 import pytest
 import torch
 
-from detectors.generative.guided_diffusion import (ADM_256_UNCOND, attention_levels, build_unet, channel_mult,
-                                                   convert_state_dict,
-                                        load_pixel_unet, resolve_flags, save_tiny_adm_unet, shrink_flags)
+from detectors.generative.guided_diffusion import (
+    ADM_256_UNCOND,
+    attention_levels,
+    build_unet,
+    channel_mult,
+    convert_state_dict,
+    load_pixel_unet,
+    resolve_flags,
+    save_tiny_adm_unet,
+    shrink_flags,
+)
 from pipelines.hub import fixtures_root
 
 script_util = pytest.importorskip("guided_diffusion.script_util", reason="pip install --no-deps guided-diffusion-sdk")

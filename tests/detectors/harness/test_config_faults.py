@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.models import stub_weights
+from runner_helpers import evaluate_main, id_ood_manifests
 
 from pipelines.cli import run_main
-from runner_helpers import evaluate_main, id_ood_manifests
-from helpers.models import stub_weights
 
 REFUSED = [
     # (case id, overrides, keys dropped, the start of the one line after "error: <file>: ")

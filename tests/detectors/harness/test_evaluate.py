@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from runner_helpers import eval_config, run_cache
 
 from detectors import build
 from detectors.base import FeatureSet, LinearHead
@@ -15,7 +16,6 @@ from pipelines.classifier import ImageClassifier
 from pipelines.data import read_manifest, write_manifest
 from pipelines.features import extract_features
 from pipelines.toydata import write_digits
-from runner_helpers import eval_config, run_cache
 
 
 def _config(digits, out, **extra):

@@ -3,11 +3,11 @@ one line before any model loads and writes nothing; `--dry-run` takes no lock.""
 from __future__ import annotations
 
 import yaml
-
 from helpers.locks import held
+from runner_helpers import eval_config, evaluate_main
+
 from pipelines.cli import run_main
 from pipelines.locks import LOCK_NAME
-from runner_helpers import eval_config, evaluate_main
 
 
 def test_a_second_evaluation_on_the_same_out_is_refused_in_one_line(digits, tmp_path, capsys):

@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from runner_helpers import eval_config
 
 from detectors.harness.evaluate import RANKS_FOLDER
-from runner_helpers import eval_config
 
 ROOT = Path(__file__).parents[3]
 METRICS = ["auroc", "fpr95", "fpr95_id", "aupr_in", "aupr_out", "n_id", "n_ood", "id_acc"]

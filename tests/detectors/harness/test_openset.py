@@ -6,17 +6,23 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from runner_helpers import eval_config
 
 from detectors import build
 from detectors.harness.evaluate import run_config
-from detectors.harness.openset import (OOD_METRICS_FILE, KnownClasses, from_logits, ood_csv_table, oosa_threshold,
-                                       openset_columns)
+from detectors.harness.openset import (
+    OOD_METRICS_FILE,
+    KnownClasses,
+    from_logits,
+    ood_csv_table,
+    oosa_threshold,
+    openset_columns,
+)
 from detectors.harness.results import RESULT_COLUMNS
 from detectors.openset_metrics import OOD_CSV_COLUMNS, OPENSET_METRICS, Predictions, osa_threshold, reference_metrics
 from pipelines.classifier import ImageClassifier
 from pipelines.data import read_manifest
 from pipelines.features import extract_features
-from runner_helpers import eval_config
 
 
 def _features(digits):

@@ -6,15 +6,15 @@ import shutil
 from dataclasses import dataclass
 
 import pytest
+from helpers.models import stub_weights
+from runner_helpers import evaluate_main, id_ood_manifests, noise_image
 
-from detectors.base import Detector
-from pipelines.params import Params, param
-from detectors.harness.plan import check_spec, make_plan, safe_name
 from detectors import registry
+from detectors.base import Detector
+from detectors.harness.plan import check_spec, make_plan, safe_name
 from detectors.harness.runconfig import ConfigError
 from pipelines.data import make_row, write_manifest
-from runner_helpers import evaluate_main, id_ood_manifests, noise_image
-from helpers.models import stub_weights
+from pipelines.params import Params, param
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from replicas import ood_sets, subsample_id
 
 from detectors.harness.evaluate import run_config
 from detectors.harness.report import write_report
-from replicas import ood_sets, subsample_id
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "shiftedbronzes.yaml"
 

@@ -23,8 +23,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from gen.insects import load_region, synthetic_occurrences
 from detectors.training_time.finetuned import CHECKPOINT
+from gen.insects import load_region, synthetic_occurrences
 from pipelines.checkpoints import load_tree
 from pipelines.cli import load_yaml
 from pipelines.data import make_row, write_manifest

@@ -18,12 +18,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from helpers.open_insect_zoo import make_zoo
 from PIL import Image
 
 from detectors.harness.plan import make_plan
 from detectors.harness.runconfig import ConfigError, EvalConfig
 from gen.insects import load_region, synthetic_occurrences
-from helpers.open_insect_zoo import make_zoo
 from pipelines.cli import load_yaml
 
 ROOT = Path(__file__).resolve().parents[3]

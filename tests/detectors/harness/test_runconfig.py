@@ -4,13 +4,13 @@ import dataclasses
 
 import pytest
 import yaml
+from runner_helpers import eval_config
 
 from detectors.harness.plan import make_plan
 from detectors.harness.runconfig import ConfigError, DetectorSpec, EvalConfig, FewShot, RuleSpec, Select, Transfer
 from pipelines.cli import parse_yaml
 from pipelines.params import Config
 from pipelines.sources import Source
-from runner_helpers import eval_config
 
 BASE = {"id": "x", "ood": ["o"], "out": "o"}
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
 from helpers.killed import kill_during_write
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from runner_helpers import eval_config
 
 from detectors import build
 from detectors.harness.evaluate import run_config
@@ -19,7 +20,6 @@ from detectors.metrics import evaluate
 from pipelines.classifier import ImageClassifier
 from pipelines.data import read_manifest
 from pipelines.features import extract_features
-from runner_helpers import eval_config
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[2]

@@ -64,8 +64,9 @@ def test_head_and_one_class_lines():
 
 @pytest.mark.slow
 def test_the_runner_warns_on_a_head_of_other_classes_and_small_sets(tmp_path, caplog, monkeypatch):
-    from detectors.harness.evaluate import run_config
     from runner_helpers import id_ood_manifests
+
+    from detectors.harness.evaluate import run_config
     from tests.helpers.models import tiny_resnet_classifier
 
     monkeypatch.setenv("OODFORGE_PROGRESS", "off")

@@ -7,8 +7,8 @@ import pytest
 
 import detectors
 from detectors import FeatureSet
-from detectors.metrics import auroc, evaluate
 from detectors.harness.selection import grid, kept_index
+from detectors.metrics import auroc, evaluate
 
 
 def recursive_generator(lists):

@@ -5,12 +5,12 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
+from runner_helpers import eval_config
 
 from detectors.harness.evaluate import run_config
-from detectors.metrics import threshold_at_tpr
 from detectors.harness.transfer import transfer_table
+from detectors.metrics import threshold_at_tpr
 from pipelines.data import make_row, read_manifest, write_manifest
-from runner_helpers import eval_config
 
 
 def _frame(role, ood_set, scores):

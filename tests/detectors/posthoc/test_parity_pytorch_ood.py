@@ -8,10 +8,10 @@ OOD), ours are ID scores, so ours = -theirs, up to the conventions noted per met
 """
 import numpy as np
 import pytest
+from helpers.pytorch_ood import pytorch_ood_detector
 
 import detectors
 from detectors import FeatureSet, LinearHead
-from helpers.pytorch_ood import pytorch_ood_detector
 
 torch = pytest.importorskip("torch")
 N_TRAIN, N_TEST, D, C = 600, 80, 32, 5

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 import torch
+from helpers.pytorch_ood import pytorch_ood_detector
 
 import detectors
 from detectors import FeatureSet
-from helpers.pytorch_ood import pytorch_ood_detector
 
 RNG = np.random.default_rng(0)
 LOGITS = (RNG.normal(size=(64, 7)) * 3).astype(np.float32)

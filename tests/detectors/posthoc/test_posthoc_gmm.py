@@ -3,12 +3,12 @@ its edges: a class with fewer rows than dimensions (reg), a singular covariance 
 import numpy as np
 import pytest
 import torch
+from helpers.pytorch_ood import pytorch_ood_detector
 from scipy.special import logsumexp
 from scipy.stats import multivariate_normal
 
 import detectors
 from detectors import FeatureSet
-from helpers.pytorch_ood import pytorch_ood_detector
 
 RNG = np.random.default_rng(5)
 D, C = 6, 3

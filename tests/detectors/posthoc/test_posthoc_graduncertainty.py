@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.pytorch_ood import pytorch_ood_detector
 
 import detectors
 from detectors import FeatureSet, LinearHead
 from detectors.posthoc.graduncertainty import head_gradient_norm
-from helpers.pytorch_ood import pytorch_ood_detector
 
 RNG = np.random.default_rng(11)
 D, C = 20, 6

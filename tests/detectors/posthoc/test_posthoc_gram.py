@@ -3,6 +3,7 @@ transformers ResNet (hidden states) and a plain module (ReLU / Conv2d hooks); th
 import numpy as np
 import pytest
 import torch
+from helpers.models import tiny_resnet_classifier
 from PIL import Image
 from torch import nn
 
@@ -10,7 +11,6 @@ import detectors
 from detectors import ImageSet
 from detectors.posthoc import gram as gram_module
 from detectors.posthoc.gram import holdout_split
-from helpers.models import tiny_resnet_classifier
 from pipelines.classifier import ImageClassifier
 from pipelines.data import make_row, read_manifest, write_manifest
 

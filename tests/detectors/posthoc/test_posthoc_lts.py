@@ -3,11 +3,11 @@ scaled logits) replayed in float64 by hand, plus its edges."""
 import numpy as np
 import pytest
 import torch
+from helpers.pytorch_ood import pytorch_ood_detector
 
 import detectors
 from detectors import FeatureSet, LinearHead
 from detectors.posthoc.lts import lts_factor
-from helpers.pytorch_ood import pytorch_ood_detector
 
 RNG = np.random.default_rng(2)
 D, C = 48, 5

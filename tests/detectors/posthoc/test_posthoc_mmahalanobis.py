@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.pytorch_ood import pytorch_ood_detector
 
 from detectors import ImageSet, build
 from detectors.base import Detector
-from helpers.pytorch_ood import pytorch_ood_detector
 
 
 class TwoConv(torch.nn.Module):

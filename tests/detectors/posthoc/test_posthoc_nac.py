@@ -4,12 +4,12 @@ utils.py) replayed in float64 by hand: the subset, the thresholds, the counts an
 import numpy as np
 import pytest
 import torch
+from helpers.pytorch_ood import pytorch_ood_detector
 
 import detectors
 from detectors import FeatureSet, LinearHead
 from detectors.posthoc import streaming
 from detectors.posthoc.nac import balanced_subset, official_thresholds
-from helpers.pytorch_ood import pytorch_ood_detector
 
 RNG = np.random.default_rng(9)
 D, C = 32, 5

@@ -4,11 +4,11 @@ official 1% bank, and its edges."""
 import numpy as np
 import pytest
 import torch
+from helpers.pytorch_ood import pytorch_ood_detector
 
 import detectors
 from detectors import FeatureSet, LinearHead
 from detectors.posthoc.nnguide import bank_rows
-from helpers.pytorch_ood import pytorch_ood_detector
 
 RNG = np.random.default_rng(3)
 D, C = 24, 4

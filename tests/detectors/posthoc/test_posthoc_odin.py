@@ -49,9 +49,9 @@ def _reference_odin(classifier, pixel_values, temperature, noise, divisor=STD):
 def test_odin_divides_by_05_under_open_insects_and_by_the_std_otherwise():
     """Open-Insect's eval.sh:67 names the region, absent from transform.py:3-12, so odin_postprocessor.py:18-21 divides
     the sign step by 0.5 (ODIN and RP-ODIN); OpenOOD on a named benchmark and `exact` by the normalisation std."""
+    from detectors.harness.protocols import protocol_params
     from detectors.posthoc.mdsens import MDSEnsemble
     from detectors.posthoc.odin import REFERENCE_GRAD_STD
-    from detectors.harness.protocols import protocol_params
 
     assert REFERENCE_GRAD_STD == 0.5 and MDSEnsemble.defaults["grad_std"] == REFERENCE_GRAD_STD  # one definition
     for name in ("odin", "rp_odin"):
@@ -149,9 +149,9 @@ def test_odin_on_a_reloaded_transformers_classifier_matches_per_sample_backward(
 def test_image_level_sweep_on_validation_images_matches_a_manual_loop(name):
     """ODIN / RP-ODIN sweep OpenOOD's T x noise grid on ID-val and OOD-val images (the runner's builder `make` gives
     each point the shared classifier); the chosen point is the manual loop's last maximum, in OpenOOD's order."""
-    from detectors.metrics import auroc
     from detectors.harness.protocols import sweep_space
     from detectors.harness.selection import grid, select
+    from detectors.metrics import auroc
 
     clf = _classifier(seed=3)
     rng = np.random.default_rng(4)

@@ -3,11 +3,11 @@ baseline_lit_utils.py:184-202) replayed in float64 by hand, plus its edges."""
 import numpy as np
 import pytest
 import torch
+from helpers.pytorch_ood import pytorch_ood_detector
 
 import detectors
 from detectors import FeatureSet, LinearHead
 from detectors.posthoc.pnml import hermitian_pinv, regret
-from helpers.pytorch_ood import pytorch_ood_detector
 
 RNG = np.random.default_rng(4)
 D, C = 24, 5

@@ -3,11 +3,11 @@ in float64 by hand, plus its edges."""
 import numpy as np
 import pytest
 import torch
+from helpers.pytorch_ood import pytorch_ood_detector
 
 import detectors
 from detectors import FeatureSet, LinearHead
 from detectors.posthoc.scale import kept_count, scale_ratio
-from helpers.pytorch_ood import pytorch_ood_detector
 
 RNG = np.random.default_rng(1)
 D, C = 40, 6

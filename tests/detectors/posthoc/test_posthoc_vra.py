@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 import torch
+from helpers.pytorch_ood import pytorch_ood_detector
 
 import detectors
 from detectors import FeatureSet, LinearHead
 from detectors.posthoc.vra import column_quantiles, rectify
-from helpers.pytorch_ood import pytorch_ood_detector
 
 RNG = np.random.default_rng(5)
 D, C = 24, 4

@@ -53,7 +53,7 @@ def test_threaded_blocks_give_the_serial_fit_and_scores(dtype, monkeypatch):
     monkeypatch.setattr(vim, "MOMENT_ROWS", 150)
     runs = {}
     for threads in (1, 2, 3):
-        monkeypatch.setattr(vim, "idle_cores", lambda: threads)
+        monkeypatch.setattr(vim, "idle_cores", lambda threads=threads: threads)
         det = detectors.build("vim", dim=10).fit(FeatureSet(train), head=head)
         runs[threads] = det.alpha, det.score(FeatureSet(test))
     for threads in (2, 3):  # blocks summed in order: only the BLAS's own thread split may move the last bits

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-
 from safetensors.numpy import load_file
 
 from detectors import FeatureSet, ImageSet, build, load

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.open_insect_zoo import make_zoo
 from PIL import Image
 
 from detectors.base import FeatureSet, ImageSet
 from detectors.registry import detector_class
-from helpers.open_insect_zoo import make_zoo
 from pipelines.zoo import ReleasedFileError, released_classifier
 
 pytestmark = pytest.mark.slow  # each method builds and runs a ResNet-50-deep classifier

@@ -5,12 +5,12 @@ are overridden from the command line by name."""
 from pathlib import Path
 
 import pytest
+from helpers.models import stub_weights
 
 from detectors.harness.evaluate import EvalConfig
 from detectors.registry import detector_class
 from pipelines.cli import load_yaml
 from pipelines.sources import Source
-from helpers.models import stub_weights
 
 CONFIGS = Path(__file__).parents[3] / "configs"
 TABLE2 = ["openmax", "msp", "tempscale", "odin", "mds", "mdsens", "rmds", "gram", "ebo", "opengan", "gradnorm", "react",

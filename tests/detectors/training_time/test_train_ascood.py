@@ -13,8 +13,14 @@ import pytest
 import torch
 
 from detectors import FeatureSet, LinearHead, build
-from detectors.training_time.ascood import (ASCOODLoss, alpha_at, gradient_outliers, input_gradient,
-                                            shuffle_outliers, z_std64)
+from detectors.training_time.ascood import (
+    ASCOODLoss,
+    alpha_at,
+    gradient_outliers,
+    input_gradient,
+    shuffle_outliers,
+    z_std64,
+)
 from pipelines.training import TrainBatch
 from pipelines.training.loop import _HeadsOnly, _Step
 

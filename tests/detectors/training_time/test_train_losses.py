@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from detectors.training_time.novel_branch import BranchLoss
 from detectors.training_time.confbranch import ConfBranchLoss, hint_mask
 from detectors.training_time.energy_oe import EnergyOELoss
 from detectors.training_time.logitnorm import LogitNormLoss
 from detectors.training_time.mixoe import MixOELoss, cutmix_box
+from detectors.training_time.novel_branch import BranchLoss
 from detectors.training_time.oe import OELoss
 from pipelines.training import TrainBatch
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from detectors import FeatureSet, LinearHead, build
-from detectors.training_time.ish import ISHLoss, shaped
-from detectors.training_time.t2fnorm import T2FNormLoss
 from detectors.training_time.cutmix import CutMixLoss, CutPairs, box_at, kept_area, paste, rand_bbox
+from detectors.training_time.ish import ISHLoss, shaped
 from detectors.training_time.mixup import MixPairs, MixupLoss, blend, draw_pairs
 from detectors.training_time.regmixup import RegMixupLoss
+from detectors.training_time.t2fnorm import T2FNormLoss
 from pipelines.training import TrainBatch
 from pipelines.training.loop import _Step
 

@@ -17,8 +17,14 @@ import pytest
 from PIL import Image
 
 from pipelines.cli import run_main
-from pipelines.curation.containers import (DEFAULT_ROOTS, IMAGENET1K_FILE, ContainerCuration, SecondaryFilter,
-                                           choose_categories, imagenet1k_wnids)
+from pipelines.curation.containers import (
+    DEFAULT_ROOTS,
+    IMAGENET1K_FILE,
+    ContainerCuration,
+    SecondaryFilter,
+    choose_categories,
+    imagenet1k_wnids,
+)
 from pipelines.curation.wordnet import LEXNAMES, Nouns
 from pipelines.data import read_manifest
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from PIL import Image
-
 from helpers.gbif import build_archive
 from helpers.http_server import HostileServer, png, seed
+from PIL import Image
+
 from oodforge.commands import fetch_images
 from pipelines.cli import run_main
 from pipelines.curation.gbif import image_file_name

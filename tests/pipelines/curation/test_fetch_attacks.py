@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from helpers.http_server import HostileServer, png, seed
+
 from oodforge.commands import fetch_images
 from pipelines.cli import run_main
 from pipelines.curation.fetch_ledger import LEDGER

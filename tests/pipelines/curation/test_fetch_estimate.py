@@ -8,7 +8,8 @@ from collections import Counter
 import pytest
 
 from pipelines.curation.fetch_client import host_of
-from pipelines.curation.fetch_estimate import BENCH, estimate as estimate_hosts, ledger_rates
+from pipelines.curation.fetch_estimate import BENCH, ledger_rates
+from pipelines.curation.fetch_estimate import estimate as estimate_hosts
 
 
 def estimate(urls, records, bench):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from helpers.http_server import HostileServer
+
 from oodforge.commands import fetch_images
 from pipelines.cli import run_main
 from pipelines.curation import fetch_ledger

@@ -7,9 +7,9 @@ import io
 
 import numpy as np
 import pytest
+from helpers.http_server import jpeg, png, png_header
 from PIL import Image, ImageOps
 
-from helpers.http_server import jpeg, png, png_header
 from pipelines.curation.fetch_client import FetchFailure
 from pipelines.curation.fetch_resize import prepare, target_size
 

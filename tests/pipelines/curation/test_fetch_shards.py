@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from helpers.gbif import build_archive
 from helpers.http_server import HostileServer, png, seed
+
 from pipelines.cli import run_main
 from pipelines.curation.fetch_resize import prepare
 from pipelines.curation.gbif import image_file_name

@@ -12,10 +12,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from helpers.gbif import OCC_TERMS, build_archive
-from pipelines.curation.gbif import (TaxonFilter, TableError, clean, image_file_name, is_archive, read_occurrences,
-                                     read_table)
+
+from pipelines.curation.gbif import (
+    TableError,
+    TaxonFilter,
+    clean,
+    image_file_name,
+    is_archive,
+    read_occurrences,
+    read_table,
+)
 from pipelines.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -7,9 +7,23 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from helpers.gbif import (
+    DC,
+    DWC,
+    GBIF,
+    GBIF_CORE,
+    GBIF_MEDIA,
+    MEDIA_TERMS,
+    OCC_TERMS,
+    archive_xml,
+    build_archive,
+    gbif_meta,
+    section,
+    small_gbif,
+    tsv,
+    write_archive,
+)
 
-from helpers.gbif import (DC, DWC, GBIF, GBIF_CORE, GBIF_MEDIA, MEDIA_TERMS, OCC_TERMS, archive_xml, build_archive,
-                          gbif_meta, section, small_gbif, tsv, write_archive)
 from pipelines.curation.gbif import KEEP, TableError, read_archive, read_occurrences, read_table
 
 

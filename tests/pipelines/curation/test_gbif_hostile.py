@@ -10,9 +10,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.gbif import (
+    DWC,
+    GBIF,
+    GBIF_CORE,
+    GBIF_MEDIA,
+    OCC_TERMS,
+    archive_xml,
+    bomb_zip,
+    gbif_meta,
+    section,
+    small_gbif,
+    write_archive,
+)
 
-from helpers.gbif import (DWC, GBIF, GBIF_CORE, GBIF_MEDIA, OCC_TERMS, archive_xml, bomb_zip, gbif_meta, section,
-                          small_gbif, write_archive)
 from oodforge.commands import make_splits
 from pipelines.cli import run_main
 from pipelines.curation.gbif import TableError, TableLimits, read_occurrences, read_table

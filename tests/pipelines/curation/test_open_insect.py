@@ -15,15 +15,30 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers.http_server import HostileServer
+from helpers.open_insect import (
+    SIZES,
+    bci_files,
+    category_map,
+    download_folder,
+    hub_files,
+    jpeg_bytes,
+    released_rows,
+    species_image,
+    write_json,
+)
 from PIL import Image
 
-from helpers.http_server import HostileServer
-from helpers.open_insect import (SIZES, bci_files, category_map, download_folder, hub_files, jpeg_bytes,
-                                 released_rows, species_image, write_json)
 from oodforge.commands import import_open_insect as command
 from pipelines.cli import run_main
-from pipelines.curation.open_insect import (BCI_HUB_ID, HUB_ID, RELEASE_SPLITS, OpenInsectError, read_category_map,
-                                            read_release)
+from pipelines.curation.open_insect import (
+    BCI_HUB_ID,
+    HUB_ID,
+    RELEASE_SPLITS,
+    OpenInsectError,
+    read_category_map,
+    read_release,
+)
 from pipelines.curation.open_insect_import import OpenInsectImport, import_open_insect
 from pipelines.data import read_manifest
 

@@ -51,7 +51,7 @@ def test_non_utf8_bytes_are_refused_naming_the_column_and_row_utf8_bytes_are_tex
     line = error_line(capsys)
     assert "occ.parquet: row 2: column 'lat' holds bytes that are not UTF-8 text (b'51\\xff\\xfe')" in line, line
     assert not (tmp_path / "out").exists()
-    pq.write_table(pa.table({**frame, "lat": pa.array([b"50", "51.5".encode(), None], pa.binary()),
+    pq.write_table(pa.table({**frame, "lat": pa.array([b"50", b"51.5", None], pa.binary()),
                              "tags": pa.array([["x", "y"], [], None]), "raw": pa.array([b"ok", b"\xc3\xa9", b""])}),
                    tmp_path / "fine.parquet")
     read = read_table(tmp_path / "fine.parquet")

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from pipelines.training.augmix import (BINS, AugMix, AugMixDraw, AugMixViews, apply_op, augmix_ops, magnitudes)
+from pipelines.training.augmix import BINS, AugMix, AugMixDraw, AugMixViews, apply_op, augmix_ops, magnitudes
 from pipelines.training.transforms import Compose, HorizontalFlip, RandomCrop
 
 HERE = Path(__file__).parent

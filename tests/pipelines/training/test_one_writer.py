@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-import pipelines.training.classify as classify
 from helpers.locks import held
 from helpers.models import tiny_resnet_classifier
+
+import pipelines.training.classify as classify
 from pipelines.cli import run_main
 from pipelines.importers import import_classes
 from pipelines.locks import LOCK_NAME, FolderBusy

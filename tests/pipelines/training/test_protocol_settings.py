@@ -160,8 +160,9 @@ def test_classifier_recipes(tmp_path, recipe, protocol):
 @pytest.mark.parametrize("protocol", ["open-insects", "exact"])
 def test_train_classifier_hands_finetune_its_config(tmp_path, monkeypatch, protocol):
     """`train_classifier` trains with the resolved config's values (here the default recipe's)."""
-    import pipelines.training.classify as classify
     from helpers.models import tiny_resnet_classifier
+
+    import pipelines.training.classify as classify
     from pipelines.importers import import_classes
     from tests.pipelines.own_data_helpers import class_tree
 

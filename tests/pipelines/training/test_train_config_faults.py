@@ -113,9 +113,9 @@ def test_the_untouched_default_config_builds_offline(tmp_path, monkeypatch):
 
 def test_a_pickled_checkpoint_as_model_runs_no_code(tmp_path, monkeypatch):
     """A `.pth` model that is not tensors only is refused in one line; its payload never runs."""
+    from pipelines.errors import ConfigError
     from pipelines.training.classify import build_classifier
     from pipelines.training.recipes import TrainConfig
-    from pipelines.errors import ConfigError
 
     marker = tmp_path / "ran"
 

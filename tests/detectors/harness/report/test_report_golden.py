@@ -14,9 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from detectors.metrics import evaluate
 from detectors.harness.report import write_open_insects, write_report
 from detectors.harness.results import RESULT_COLUMNS
+from detectors.metrics import evaluate
 from pipelines.data import make_row, write_manifest
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

@@ -16,9 +16,9 @@ import pytest
 from PIL import Image
 from sklearn.metrics import roc_auc_score, roc_curve
 
-from detectors.metrics import evaluate, precision_recall_at, threshold_at_tpr
 from detectors.harness.report.names import AUX_TRAINING, CATEGORIES, METHOD_LABELS, method_label
 from detectors.harness.results import RESULT_COLUMNS
+from detectors.metrics import evaluate, precision_recall_at, threshold_at_tpr
 from pipelines.data import make_row, write_manifest
 from tests.detectors.harness.report.report_checks import assert_usable_png
 

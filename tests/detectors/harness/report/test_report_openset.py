@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from test_report_golden import GOLDEN, _insect_run
 
 from detectors.harness.openset import ood_csv_table
 from detectors.harness.report import write_open_insects, write_report
@@ -13,7 +14,6 @@ from detectors.harness.results import RESULT_COLUMNS
 from detectors.metrics import evaluate
 from detectors.openset_metrics import OOD_CSV_COLUMNS, Predictions, reference_metrics
 from oodforge.commands import report
-from test_report_golden import GOLDEN, _insect_run
 
 REFERENCE_ORDER = ["TNR@10", "TNR@20", "AUROC", "AUPR", "FPR", "ACC", "AUOSCR", "OpenAUC", "OSA", "OOSA"]
 """example/ood.csv's header in RolnickLab/Open-Insect (after its unnamed index column)."""

@@ -15,8 +15,8 @@ from PIL import Image
 from sklearn.metrics import roc_auc_score
 
 from detectors.harness import report
-from detectors.metrics import evaluate, precision_recall_at, threshold_at_tpr
 from detectors.harness.results import RESULT_COLUMNS
+from detectors.metrics import evaluate, precision_recall_at, threshold_at_tpr
 from pipelines.data import make_row, write_manifest
 
 ROOT = Path(__file__).resolve().parents[4]

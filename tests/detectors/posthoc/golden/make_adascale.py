@@ -9,9 +9,8 @@ calls run on the CPU. Writes adascale.json beside this file."""
 from __future__ import annotations
 
 import numpy as np
-import torch
-
 import openood_ref
+import torch
 
 D, C = 200, 5
 POINTS = (  # (wrapper, percentile, k1, k2, lmbda, o)

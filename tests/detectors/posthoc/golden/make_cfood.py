@@ -5,9 +5,8 @@ Writes cfood.json beside this file."""
 from __future__ import annotations
 
 import numpy as np
-import torch
-
 import openood_ref
+import torch
 
 D, C = 8, 3
 

@@ -6,9 +6,8 @@ Writes dropout.json beside this file."""
 from __future__ import annotations
 
 import numpy as np
-import torch
-
 import openood_ref
+import torch
 
 D, C = 12, 4
 POINTS = ((0.5, 5, 8, 0), (0.5, 5, 8, 1), (0.2, 3, 5, 7), (0.9, 10, 30, 2))  # (p, times, batch rows, seed)

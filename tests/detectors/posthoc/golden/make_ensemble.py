@@ -10,10 +10,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import openood_ref
 import torch
 from torch import nn
-
-import openood_ref
 
 C_IN, WIDTH, CLASSES, SIZE, MEMBERS = 3, 4, 3, 5, 5
 

@@ -14,9 +14,8 @@ import types
 from types import SimpleNamespace
 
 import numpy as np
-import torch
-
 import openood_ref
+import torch
 
 S, C = 2, 4
 D = 3 * S * S

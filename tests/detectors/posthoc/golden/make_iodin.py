@@ -10,9 +10,8 @@ import types
 from types import SimpleNamespace
 
 import numpy as np
-import torch
-
 import openood_ref
+import torch
 
 CASES = ((1000.0, 0.0014), (10.0, 0.05), (1.0, 0.3), (100.0, 0.0028))
 

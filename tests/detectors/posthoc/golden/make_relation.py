@@ -4,9 +4,8 @@ the reference normalises the features in place). Writes relation.json beside thi
 from __future__ import annotations
 
 import numpy as np
-import torch
-
 import openood_ref
+import torch
 
 D, C = 16, 5
 

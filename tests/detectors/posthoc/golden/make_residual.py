@@ -3,11 +3,9 @@ features through a stand-in net whose backbone is the identity: `net(x, return_f
 `get_fc()` = (W, b) as numpy, as OpenOOD's networks return them. Writes residual.json beside this file."""
 from __future__ import annotations
 
-
 import numpy as np
-import torch
-
 import openood_ref
+import torch
 
 D, C = 16, 5
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 import importlib
 
 import numpy as np
-import torch
-
 import openood_ref
+import torch
 
 D = 8
 

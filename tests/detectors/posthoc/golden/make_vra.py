@@ -5,9 +5,8 @@ Writes vra.json beside this file."""
 from __future__ import annotations
 
 import numpy as np
-import torch
-
 import openood_ref
+import torch
 
 D, C = 24, 6
 POINTS = ((90, 10), (85, 1), (99, 15), (95, 5))  # (percentile_high, percentile_low)

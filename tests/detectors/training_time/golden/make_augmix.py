@@ -9,9 +9,8 @@ Writes augmix.json beside this file:
 from __future__ import annotations
 
 import numpy as np
-import torch
-
 import openood_trainers as ref
+import torch
 from tiny import CLASSES, TinyNet, batch, state_to_json
 
 OPTIMIZER = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0005, "num_epochs": 100}  # train_augmix.yml:25-30

@@ -8,9 +8,8 @@ Writes cider.json beside this file."""
 from __future__ import annotations
 
 import numpy as np
-import torch
-
 import openood_trainers as ref
+import torch
 
 D, F = 6, 4
 CASES = ((3, 6, 7, 0), (3, 1, 5, 1), (4, 5, 9, 2))  # (classes, batch rows (two views each), val rows, seed)

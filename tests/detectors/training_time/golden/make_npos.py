@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import faiss
 import numpy as np
-import torch
-
 import openood_trainers as ref
+import torch
 
 D_IN, D, F = 4, 5, 3
 CASES = (  # (classes, sample_number, sample_from, K, select, pick_nums, ID_points_num, start_epoch_KNN, sizes, seed)

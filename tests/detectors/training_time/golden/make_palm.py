@@ -8,9 +8,8 @@ Writes palm.json beside this file."""
 from __future__ import annotations
 
 import numpy as np
-import torch
-
 import openood_trainers as ref
+import torch
 
 D, F = 6, 4
 ARGS = {"proto_m": 0.999, "n_proto": 6, "k": 5, "temp": 0.1, "nviews": 2, "epsilon": 0.05, "sinkhorn_iter": 3,

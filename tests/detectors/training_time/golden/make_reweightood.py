@@ -7,9 +7,8 @@ Writes reweightood.json beside this file."""
 from __future__ import annotations
 
 import numpy as np
-import torch
-
 import openood_trainers as ref
+import torch
 
 D, F = 6, 4
 ARGS = {"temp": 0.1, "m_b": 5.0, "c_b": 4.0, "m_w": 2.0, "c_w": 1.0}

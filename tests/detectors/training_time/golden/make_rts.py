@@ -9,10 +9,9 @@ and `msp`. Writes rts.json beside this file."""
 from __future__ import annotations
 
 import numpy as np
+import openood_trainers as ref
 import torch
 from torch import nn
-
-import openood_trainers as ref
 
 D = 5
 CASES = (  # (classes, dof, kl_scale, batch sizes, input scale, seed)

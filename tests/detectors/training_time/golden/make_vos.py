@@ -7,9 +7,8 @@ Writes vos.json beside this file."""
 from __future__ import annotations
 
 import numpy as np
-import torch
-
 import openood_trainers as ref
+import torch
 
 D = 5
 CASES = (  # (classes, sample_number, sample_from, select, batch sizes, seed)
