@@ -74,13 +74,13 @@ class MahalanobisOnUnitFeatures(EmbeddingDetector):
 
     def fit_rule(self, unit: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
         from detectors.base import FeatureSet
-        from detectors.posthoc.mahalanobis import Mahalanobis
+        from detectors.posthoc.mds import Mahalanobis
 
         mds = Mahalanobis().fit(FeatureSet(unit, None, labels))
         return {"mds.means": mds.means, "mds.precision": mds.precision}
 
     def rule_scores(self, unit: np.ndarray) -> np.ndarray:
-        from detectors.posthoc.mahalanobis import min_squared_mahalanobis
+        from detectors.posthoc.mds import min_squared_mahalanobis
 
         return -min_squared_mahalanobis(unit, self.extra["mds.means"], self.extra["mds.precision"], desc=self.name)
 

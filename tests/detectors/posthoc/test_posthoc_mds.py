@@ -84,7 +84,7 @@ def test_pinvh_cut_is_scipys():
     """Eigenvalues at or below D * eps * max|lambda| are dropped, those above kept (negative ones too), as pinvh."""
     import scipy.linalg
 
-    from detectors.posthoc.mahalanobis import pinvh, pinvh_cutoff, spd_inverse
+    from detectors.posthoc.mds import pinvh, pinvh_cutoff, spd_inverse
 
     rng = np.random.default_rng(0)
     vectors = np.linalg.qr(rng.normal(size=(6, 6)))[0]
