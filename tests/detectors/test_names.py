@@ -1,6 +1,8 @@
-"""Names agree (docs/architecture.md, "Names"): each detector module is named after the name it registers, or, for a
-module registering several variants of one method, after one of them or after the prefix they share before an
-underscore. The registry's view (class -> module) is checked against a scan of the sources' decorators."""
+"""Names agree (docs/architecture.md, "Names"): a detector family's key is its package's name (and its tests'
+folder), its display name comes from the one table `FAMILY_LABELS`; each detector module is named after the name it
+registers, or, for a module registering several variants of one method, after one of them or after the prefix they
+share before an underscore. The registry's view (class -> module) is checked against a scan of the sources'
+decorators."""
 from __future__ import annotations
 
 import ast
@@ -10,9 +12,11 @@ from pathlib import Path
 import pytest
 
 import detectors
-from detectors.registry import FAMILY_PACKAGES, detector_class
+from detectors.harness.report.names import family_label
+from detectors.registry import FAMILIES, FAMILY_LABELS, FAMILY_PACKAGES, detector_class
 
 ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("pipelines", "detectors", "gen", "oodforge", "scripts", "benchmarks")
 
 
 def naming_fault(stem: str, names: list[str]) -> str | None:
@@ -67,3 +71,36 @@ def test_every_detector_module_is_named_after_what_it_registers():
 ])
 def test_the_rule_refuses_a_mismatch(stem, names, ok):
     assert (naming_fault(stem, names) is None) == ok
+
+
+def test_each_family_is_its_package_and_its_tests_folder():
+    assert FAMILY_PACKAGES == {f: f"detectors.{f}" for f in FAMILIES}
+    for name in detectors.available():
+        cls = detector_class(name)
+        if cls.__module__.startswith("detectors."):
+            assert cls.__module__.split(".")[1] == cls.family, (name, cls.__module__)
+    for family in FAMILIES:
+        assert (ROOT / "detectors" / family / "__init__.py").is_file(), family
+        assert (ROOT / "tests" / "detectors" / family).is_dir(), family
+    assert sorted(p.name for p in (ROOT / "detectors").iterdir() if p.is_dir() and (p / "__init__.py").is_file()
+                  and p.name != "harness") == sorted(FAMILIES)
+
+
+def _label_sites(tree: ast.Module, labels: set[str]) -> list[int]:
+    """Lines of string constants (docstrings aside) equal to a family label."""
+    docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in labels
+            and id(n) not in docs]
+
+
+def test_family_labels_are_spelled_in_one_table():
+    """Every family has a label; the reports read it (`family_label`); no other module spells one out."""
+    assert set(FAMILY_LABELS) == set(FAMILIES) and all(FAMILY_LABELS.values())
+    assert {f: family_label(f) for f in FAMILIES} == FAMILY_LABELS
+    labels = set(FAMILY_LABELS.values())
+    found = [f"{path.relative_to(ROOT).as_posix()}:{line}" for package in PACKAGES
+             for path in sorted((ROOT / package).rglob("*.py"))
+             for line in _label_sites(ast.parse(path.read_text(encoding="utf-8")), labels)]
+    assert found and all(f.startswith("detectors/registry.py:") for f in found), found
+    planted = ast.parse('"""VLM-based, in a docstring."""\nLABEL = "VLM-based"\n')
+    assert _label_sites(planted, labels) == [2]
