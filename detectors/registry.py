@@ -25,13 +25,11 @@ _ALIASES: dict[str, tuple[str, str, str]] = {}
 _NOTED: set[str] = set()
 FAMILY_LABELS: dict[str, str] = {"posthoc": "Post-hoc", "training": "Training-time", "generative": "Generation-based",
                                  "clip": "VLM-based"}
-"""The detector families, one package each (`FAMILY_PACKAGES`), in the reports' order, with the names the papers
-print (ShiftedBronzes' Tables 3 and 4, Figure 5): the one list of them."""
+"""The detector families in the reports' order with the names the papers print (ShiftedBronzes' Tables 3 and 4,
+Figure 5): the one list of the families and the one table of their display names."""
 FAMILIES: tuple[str, ...] = tuple(FAMILY_LABELS)
-FAMILY_PACKAGES: dict[str, str] = {family: f"detectors.{family}" for family in FAMILIES} | {
-    "training": "detectors.training_time"}
-"""The package of each family's detectors (the training-time methods' is named apart from the classifier training
-loop, `pipelines.training`)."""
+FAMILY_PACKAGES: dict[str, str] = {family: f"detectors.{family}" for family in FAMILIES}
+"""The package of each family's detectors, named as the family."""
 _loaded = False
 
 

@@ -135,10 +135,10 @@ def test_a_second_definition_is_found(tmp_path):
 # -- training hyperparameters, Literal choices, inherited declarations (issue 35) ------------------------------------
 HYPERPARAMETERS = ("epochs", "lr", "batch_size", "weight_decay", "warmup_epochs")
 """Training hyperparameters with one home: `pipelines.training.settings.TrainSettings` (its defaults)."""
-TRAINING_PACKAGES = ("pipelines/training/", "detectors/training_time/")
+TRAINING_PACKAGES = ("pipelines/training/", "detectors/training/")
 HYPERPARAMETER_KNOWN = {
     "pipelines/training/settings.py": {"epochs", "lr", "batch_size", "weight_decay", "warmup_epochs"},  # the home
-    "detectors/training_time/rotpred.py": {"batch_size"},  # a method's own published value (Open-Insects' RotPred: 256)
+    "detectors/training/rotpred.py": {"batch_size"},  # a method's own published value (Open-Insects' RotPred: 256)
 }
 
 

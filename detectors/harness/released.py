@@ -49,7 +49,7 @@ def _check_load(cls: type[Detector], path: str, where: str, want: int | None, wh
                 model: ReleasedNetwork | None) -> None:
     try:
         if cls.family == "training":
-            from detectors.training_time.released import read_parts
+            from detectors.training.released import read_parts
 
             parts = read_parts(cls, path)
             if want is not None:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from detectors.harness.results import TRANSFER_COLUMNS
 from detectors.metrics import precision_recall_at, threshold_at_tpr
-from detectors.training_time.field import species_detection_share
+from detectors.training.field import species_detection_share
 
 
 def _of(scores: pd.DataFrame, role: str, ood_set: str | None = None) -> pd.DataFrame:
@@ -28,7 +28,7 @@ def _of(scores: pd.DataFrame, role: str, ood_set: str | None = None) -> pd.DataF
 
 def species_detected(scores: np.ndarray, species: list[Any], threshold: float) -> dict[str, float]:
     """`SPECIES_COLUMNS` of a field set's novel rows (score < threshold is flagged; rows without a species are left
-    out), from the one count of `detectors.training_time.field.species_detection_share`."""
+    out), from the one count of `detectors.training.field.species_detection_share`."""
     if all(s is None or s != s for s in species):
         return {}
     share = species_detection_share(scores, species, threshold)

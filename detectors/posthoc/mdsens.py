@@ -23,7 +23,7 @@ import torch
 
 from detectors.base import Detector
 from detectors.posthoc import streaming
-from detectors.posthoc.mahalanobis import spd_inverse
+from detectors.posthoc.mds import spd_inverse
 from detectors.posthoc.odin import REFERENCE_GRAD_STD
 from detectors.posthoc.pixels import eval_mode, labels_of_images, pixel_batches
 from detectors.registry import register_detector

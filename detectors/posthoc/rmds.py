@@ -5,7 +5,7 @@ import numpy as np
 
 from detectors.posthoc import streaming
 from detectors.posthoc.common import stored_features
-from detectors.posthoc.mahalanobis import Mahalanobis, min_squared_mahalanobis, spd_inverse
+from detectors.posthoc.mds import Mahalanobis, min_squared_mahalanobis, spd_inverse
 from detectors.registry import register_detector
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import labels_of, logits_of, raw_features, softmax
-from detectors.posthoc.energy import energy_score
+from detectors.posthoc.ebo import energy_score
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 

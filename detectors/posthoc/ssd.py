@@ -27,7 +27,7 @@ import numpy as np
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import stored_features
-from detectors.posthoc.mahalanobis import min_squared_mahalanobis, spd_inverse
+from detectors.posthoc.mds import min_squared_mahalanobis, spd_inverse
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 

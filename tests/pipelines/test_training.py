@@ -366,8 +366,8 @@ layer, result = train_heads((np.zeros((3, 6)), np.zeros(3)), features, labels, e
                             warmup_epochs=1, seed=0)
 out = {"lrs": result.lrs, "weight": layer.weight.detach().double().tolist(), "steps": result.steps}
 # objectives with a pooled ID+aux loader and a per-epoch pass over every row (gathered, de-duplicated)
-from detectors.training_time.novel_branch import BranchLoss
-from detectors.training_time.udg import UDGLoss
+from detectors.training.novel_branch import BranchLoss
+from detectors.training.udg import UDGLoss
 aux = np.eye(6)[rng.integers(3, 6, 40)] * 3 + rng.normal(size=(40, 6))
 for name, objective in (("pooled", BranchLoss(False, pooled=True)), ("udg", UDGLoss(num_clusters=5, pca_dim=4))):
     layer, result = train_heads((np.zeros((3, 6)), np.zeros(3)), features, labels, aux_features=aux,

@@ -22,8 +22,8 @@ AUX_TRAINING: frozenset[str] = frozenset({"energy_oe", "extended", "mcd", "mixoe
 """Training methods that train with auxiliary data (their objective's `uses_aux`; a test checks this against the
 registry); the other training methods are training-time regularization."""
 
-CATEGORIES: tuple[str, ...] = ("Post-hoc", "Training-time regularization", "Training with auxiliary data")
-"""Open-Insects' three method categories (its Tables 2 and 7), in order."""
+CATEGORIES: tuple[str, ...] = (FAMILY_LABELS["posthoc"], "Training-time regularization", "Training with auxiliary data")
+"""Open-Insects' three method categories (its Tables 2 and 7), in order; the first is the post-hoc family's label."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import pandas as pd
 from detectors.harness.report.tables import group_labels, read_table
 from detectors.harness.results import PREDICTION, SCORE_COLUMNS, SCORE_OPTIONAL, SCORE_ROLES
 from detectors.metrics import auroc, evaluate
-from detectors.training_time.field import species_detection_share
+from detectors.training.field import species_detection_share
 from pipelines.data import Manifest, read_manifest
 from pipelines.errors import UserInputError
 
@@ -217,7 +217,7 @@ def hop_table(scores: pd.DataFrame) -> pd.DataFrame:
 def species_field_table(scores: pd.DataFrame, transfer: pd.DataFrame) -> pd.DataFrame:
     """Open-Insects' Table 6 per novel species: for each threshold-transfer row whose target is a field set, each novel
     species' images, how many are flagged (score < the transferred threshold), `any` (>= 1 flagged) and `majority`
-    (more than half flagged), from `detectors.training_time.field.species_detection_share`.
+    (more than half flagged), from `detectors.training.field.species_detection_share`.
 
     `scores` carries a `species` column (`attach_metadata`). Columns `method, source, target, tpr, threshold, species,
     images, flagged, share, any, majority`.

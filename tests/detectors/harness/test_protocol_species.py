@@ -23,7 +23,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from detectors.training_time.finetuned import CHECKPOINT
+from detectors.training.finetuned import CHECKPOINT
 from gen.insects import load_region, synthetic_occurrences
 from pipelines.checkpoints import load_tree
 from pipelines.cli import load_yaml

@@ -35,8 +35,8 @@ def _effective(fn, args: tuple, kwargs: dict) -> dict:
 
 
 def _handed(monkeypatch, name: str) -> dict:
-    """Replace `detectors.training_time.common.<name>` by a recorder of what it is handed; returns the record."""
-    import detectors.training_time.common as common
+    """Replace `detectors.training.common.<name>` by a recorder of what it is handed; returns the record."""
+    import detectors.training.common as common
     import pipelines.training as training
 
     real, seen = getattr(training, name), {}
