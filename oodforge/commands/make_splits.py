@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aux-species", default=None,
                    help=key_help(SplitConfig, "aux_species", "0 = every one; per region: split.aux_species_by_region."
                                                              "REGION=N, default c-america 4000"))
-    p.add_argument("--aux-species-c-america", default=None, help=argparse.SUPPRESS)  # deprecated: a config key now
+    p.add_argument("--aux-species-c-america", default=None, help=argparse.SUPPRESS)  # deprecated: the config key
     p.add_argument("--min-images", default=None, help=key_help(SplitConfig, "min_images"))
     p.add_argument("--id-fractions", nargs=3, default=None, metavar=("TRAIN", "VAL", "TEST"),
                    help="ID split per species, summing to 1 (default AMI-GBIF 0.7 0.1 0.2; test/val only for species "
