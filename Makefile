@@ -37,7 +37,8 @@ test-fast: $(STAMP)
 layers: $(STAMP)
 	$(PY) scripts/check_layers.py
 
-# ruff (pyproject.toml [tool.ruff]): pyflakes-level faults and lines over 120 characters.
+# ruff (pyproject.toml [tool.ruff]): pyflakes, bugbear, import order, pyupgrade, complexity over 10 (C901) and lines
+# over 120 characters.
 lint: $(STAMP)
 	$(PY) -m ruff check .
 

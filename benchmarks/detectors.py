@@ -7,8 +7,8 @@ Floors use the matmul rates measured just before and after each detector (the ma
 Side by side, reference formulations (OpenOOD's Mahalanobis `(t @ P @ t.T).diag()` per class, GradNorm with one
 autograd backward per sample, scikit-learn's brute NearestNeighbors) are timed on a subsample (one 128-row batch,
 1000 rows, 2000 rows by default) and extrapolated linearly in the number of test rows. Then the detectors pytorch-ood
-0.4 also ships (`benchmarks/cases/peers.py`: the methods added with issue 39, and ViM) run beside pytorch-ood's, fit +
-score at `--peer-size` (20k x 1024, 200 classes), as ratios measured in the same run. Writes
+0.4 also ships (`benchmarks/cases/peers.py`: the feature-level methods both ship, and ViM) run beside pytorch-ood's,
+fit + score at `--peer-size` (20k x 1024, 200 classes), as ratios measured in the same run. Writes
 `benchmarks/detectors.json` and prints markdown tables.
 
     python -m benchmarks.detectors                       # 50k train, 20k test, 2048-d, 1000 classes; peers

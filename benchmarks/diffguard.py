@@ -3,8 +3,8 @@
 - batching: our batched reconstruction (inversion with per-sample early stop and guided denoising, both batched) at
   each batch size vs the official design (DiffGuard's code inverts a batch, then runs the guided denoising one image
   at a time), with a batch-1 loop beside them. Every round runs the cases in a fresh random order and each case
-  reports min / median / max over the rounds: the former fixed order (the loop always first, after the largest
-  batch of the round before) made the loop and "batched 1", the same code, differ by 1.35x;
+  reports min / median / max over the rounds: a fixed order (the loop always first, after the largest batch of
+  the round before) makes the loop and "batched 1", the same code, differ by 1.35x;
 - early_stop_features: the DISTS early-stop rule with the input's VGG features computed once per batch vs at every
   inversion step (random VGG16/DISTS weights; the rule alone and the whole inversion);
 - gradcam: the latent back-end's prediction taken from the Grad-CAM pass vs a separate prediction pass.

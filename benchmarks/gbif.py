@@ -6,8 +6,8 @@ peak RSS of the process and the peak the read added to its imports):
 
 - ours: `pipelines.curation.gbif.read_archive` (meta.xml as the DwC-A guide says, the kept columns only, streamed
   from the zip member through pyarrow in chunks of whole rows, Arrow-backed text);
-- pandas: the reader this project had before (`pd.read_csv(usecols=..., dtype=str)` straight from the zip member,
-  then `DataFrame.merge`), the baseline of issue 30;
+- pandas: the plain pandas reader (`pd.read_csv(usecols=..., dtype=str)` straight from the zip member, then
+  `DataFrame.merge`), the baseline;
 - dwca-reader: python-dwca-reader's own path (`DwCAReader`: extract the zip, `pd_read` every column of core and
   extension, then the same merge).
 
@@ -36,7 +36,7 @@ READERS = ("ours", "pandas", "dwca-reader")
 
 
 def pandas_baseline(path: Path):
-    """The former reader: usecols from the zip member (pandas' C parser, Python str objects), then merge."""
+    """The plain pandas reader: usecols from the zip member (pandas' C parser, Python str objects), then merge."""
     import csv
     import io
     import zipfile

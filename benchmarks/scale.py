@@ -11,7 +11,7 @@ float32 tensors, where that fits (`--pytorch-ood-max-rows`). pytorch-ood is impo
 `__init__` (which pulls torchvision, not installable beside CPU torch here): only `pytorch_ood.detector` is loaded,
 no torchvision stand-in is needed. It is never a project dependency (`pip install --no-deps pytorch-ood` to compare).
 KNN's float16 IVF index is compared with the exact search (recall of the k neighbours, score error).
-Finally the species-manifest writer (gen.insects.write_splits) is timed against the previous writer on ~2M rows.
+Finally the species-manifest writer (gen.insects.write_splits) is timed against a per-row baseline writer on ~2M rows.
 
     python -m benchmarks.scale                                   # full: 100k, 400k, 1.28M rows (~8 GB of temp files)
     python -m benchmarks.scale --sizes 20000 50000 --test 2000 --only mds vim knn --manifest-occurrences 100000
@@ -253,10 +253,10 @@ def run_child(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 # -- manifests ----------------------------------------------------------------------------------------------------
 def previous_write_splits_rows(frame: Any, non_target_name: str) -> list[dict[str, Any]]:
-    """The former gen.insects.manifest_rows (dict per row, then aux_label deleted from non-auxiliary rows)."""
+    """The per-row baseline writer: a dict per row, then aux_label deleted from the non-auxiliary rows."""
     from gen.insects import manifest_table, object_columns
 
-    # the table and its columns are unchanged; building a dict per row and deleting keys from it was the cost
+    # the same table and columns as write_splits: only the per-row dicts and key deletions differ, the cost measured
     columns = object_columns(manifest_table(frame, non_target_name))
     if "aux_label" in frame.columns:
         columns["aux_label"] = frame["aux_label"].fillna(-1).astype(np.int64).tolist()
@@ -270,8 +270,8 @@ def previous_write_splits_rows(frame: Any, non_target_name: str) -> list[dict[st
 
 
 def bench_manifests(occurrences: int, workdir: Path) -> dict[str, Any]:
-    """write_splits now vs the previous writer (former manifest_rows, validate_row and json.dumps per row, the same
-    file writes and summary)."""
+    """write_splits against the per-row baseline (a dict, validate_row and json.dumps per row; the same file writes and
+    summary)."""
     from gen.insects import SplitConfig, build_splits, read_id_species, summarize, synthetic_occurrences, write_splits
     from pipelines.data import validate_row
     from pipelines.io import atomic_write_bytes, atomic_write_json, atomic_write_text

@@ -506,6 +506,17 @@ def table(measured: dict[str, Any], estimates: dict[str, Any]) -> str:
     """The summary table (markdown)."""
     lines = ["| stage | ours img/s per core | torchvision 0.14 | img2dataset 1.47 | ratio | peak RSS MiB (ours) |",
              "|---|---|---|---|---|---|"]
+    lines += _measured_rows(measured)
+    lines.append("")
+    lines.append(f"At the paper's size ({PAPER['images']:,} images, {PAPER['epochs']} epochs) on {estimates['cores']} "
+                 "cores:")
+    lines += _estimate_lines(estimates)
+    return "\n".join(lines)
+
+
+def _measured_rows(measured: dict[str, Any]) -> list[str]:
+    """The table's rows of the stages measured: splits, fetch, pack shards, then each loader."""
+    lines = []
     splits = measured.get("splits")
     if splits:
         lines.append(f"| splits ({splits['rows']:,} rows, {splits['columns']} columns) | "
@@ -513,29 +524,46 @@ def table(measured: dict[str, Any], estimates: dict[str, Any]) -> str:
                      f" rows/s ({splits['total_s']:.1f} s) | - | - | - | {splits['peak_rss_mib']:,.0f} |")
     fetch = measured.get("fetch")
     if fetch:
-        best = fetch["best"]
-        i2d = best.get("img2dataset_keep_ratio")
-        for key in ("ours_reference", "ours_keep_ratio"):
-            run = best[key]
-            theirs = f"{i2d['img_s_per_core']:.1f}" if i2d and key == "ours_keep_ratio" else "-"
-            ratio = f"{fetch['ratio_keep_ratio_per_core']:.2f}x" if i2d and key == "ours_keep_ratio" else "-"
-            lines.append(f"| fetch, {key.removeprefix('ours_')} resize (3 MP originals) | {run['img_s_per_core']:.1f} "
-                         "| - | "
-                         f"{theirs} | {ratio} | {run['peak_rss_mib']:,.0f} |")
+        lines += _fetch_rows(fetch)
     shards = measured.get("shards")
     if shards:
         lines.append(f"| pack shards | {shards['img_s_per_core']:,.0f} | - | - | - | {shards['peak_rss_mib']:,.0f} |")
     for name, loaders in (measured.get("loaders") or {}).items():
-        for stage, keys in (("train", ("ours",)), ("eval", ("ours", "ours_draft"))):
-            entry = loaders[stage]
-            for key in keys:
-                ratio = entry.get("ratio_draft" if key == "ours_draft" else "ratio")
-                label = f"{stage} ({name}, {loaders['megapixels']:.2g} MP{', draft' if key == 'ours_draft' else ''})"
-                lines.append(f"| {label} | {entry[f'{key}_img_s']:.1f} | {entry.get('torchvision_img_s', '-')} | - | "
-                             f"{f'{ratio:.2f}x' if ratio else '-'} | {entry[f'{key}_peak_rss_mib']:,.0f} |")
-    lines.append("")
-    lines.append(f"At the paper's size ({PAPER['images']:,} images, {PAPER['epochs']} epochs) on {estimates['cores']} "
-                 "cores:")
+        lines += _loader_rows(name, loaders)
+    return lines
+
+
+def _fetch_rows(fetch: dict[str, Any]) -> list[str]:
+    """The fetch stage's rows: the reference resize and the keep-ratio resize (against img2dataset's)."""
+    lines = []
+    best = fetch["best"]
+    i2d = best.get("img2dataset_keep_ratio")
+    for key in ("ours_reference", "ours_keep_ratio"):
+        run = best[key]
+        theirs = f"{i2d['img_s_per_core']:.1f}" if i2d and key == "ours_keep_ratio" else "-"
+        ratio = f"{fetch['ratio_keep_ratio_per_core']:.2f}x" if i2d and key == "ours_keep_ratio" else "-"
+        lines.append(f"| fetch, {key.removeprefix('ours_')} resize (3 MP originals) | {run['img_s_per_core']:.1f} "
+                     "| - | "
+                     f"{theirs} | {ratio} | {run['peak_rss_mib']:,.0f} |")
+    return lines
+
+
+def _loader_rows(name: str, loaders: dict[str, Any]) -> list[str]:
+    """One image set's loader rows: train, eval and eval drafted."""
+    lines = []
+    for stage, keys in (("train", ("ours",)), ("eval", ("ours", "ours_draft"))):
+        entry = loaders[stage]
+        for key in keys:
+            ratio = entry.get("ratio_draft" if key == "ours_draft" else "ratio")
+            label = f"{stage} ({name}, {loaders['megapixels']:.2g} MP{', draft' if key == 'ours_draft' else ''})"
+            lines.append(f"| {label} | {entry[f'{key}_img_s']:.1f} | {entry.get('torchvision_img_s', '-')} | - | "
+                         f"{f'{ratio:.2f}x' if ratio else '-'} | {entry[f'{key}_peak_rss_mib']:,.0f} |")
+    return lines
+
+
+def _estimate_lines(estimates: dict[str, Any]) -> list[str]:
+    """The bullet lines of the paper-size estimates, each against its goal."""
+    lines = []
     if "fetch" in estimates:
         f = estimates["fetch"]
         lines.append(f"- fetch: {f['hours']:.1f} h at {f['img_s']:.1f} img/s (host allows {f['host_allows_rps']:g} "
@@ -548,15 +576,7 @@ def table(measured: dict[str, Any], estimates: dict[str, Any]) -> str:
         lines.append(f"- splits peak RSS {s['peak_rss_gib']:.2f} GiB at {s['rows']:,} rows: goal < 4 GiB "
                      f"{'met' if s['meets_goal'] else 'NOT met'}")
     if "train_loading" in estimates:
-        t = estimates["train_loading"]
-        lines.append(f"- 120 epochs' data loading {t['loading_hours']:.1f} h ({t['loader_img_s']:,} img/s on "
-                     f"{estimates['loader_workers']} workers) vs the GPU's {t['gpu_hours']:.1f} h at "
-                     f"{t['gpu_img_s']:,.0f} "
-                     f"img/s (assumed): {'met' if t['meets_goal'] else 'NOT met'}")
-        lines.append(f"  (the protocol's fp32 as TF32: GPU {t['gpu_hours_fp32_protocol']:.1f} h at "
-                     f"{t['gpu_img_s_fp32_protocol']:,.0f} img/s: "
-                     f"{'met' if t['meets_goal_fp32_protocol'] else 'NOT met'}; "
-                     f"keeping pace with bf16 takes {t['loader_cores_to_keep_pace']} loader cores)")
+        lines += _train_loading_lines(estimates["train_loading"], estimates["loader_workers"])
     if "eval_pass_hours" in estimates:
         lines.append("- one evaluation pass: " + ", ".join(f"{k} {v:.2f} h"
                                                            for k, v in estimates["eval_pass_hours"].items()))
@@ -564,7 +584,19 @@ def table(measured: dict[str, Any], estimates: dict[str, Any]) -> str:
         lines.append(f"- {name} on the 3 MP originals: {goal['ratio']:.2f}x torchvision per core"
                      + (f" ({goal['ratio_draft']:.2f}x drafted)" if goal.get("ratio_draft") else "")
                      + f": goal >= 1.2x {'met' if goal['meets_goal'] else 'NOT met'}")
-    return "\n".join(lines)
+    return lines
+
+
+def _train_loading_lines(t: dict[str, Any], workers: int) -> list[str]:
+    """The 120 epochs' data loading against the GPU's time, at bf16 and at the protocol's fp32."""
+    return [f"- 120 epochs' data loading {t['loading_hours']:.1f} h ({t['loader_img_s']:,} img/s on "
+            f"{workers} workers) vs the GPU's {t['gpu_hours']:.1f} h at "
+            f"{t['gpu_img_s']:,.0f} "
+            f"img/s (assumed): {'met' if t['meets_goal'] else 'NOT met'}",
+            f"  (the protocol's fp32 as TF32: GPU {t['gpu_hours_fp32_protocol']:.1f} h at "
+            f"{t['gpu_img_s_fp32_protocol']:,.0f} img/s: "
+            f"{'met' if t['meets_goal_fp32_protocol'] else 'NOT met'}; "
+            f"keeping pace with bf16 takes {t['loader_cores_to_keep_pace']} loader cores)"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -393,6 +393,51 @@ def key_costs(work: Path, files: int, rows: int) -> dict[str, Any]:
     return found
 
 
+def best_of_repeats(stores: list[Store], order: np.ndarray, images: int,
+                    repeats: int) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Each store measured `repeats` times, interleaved, keeping the best of each number (the least seconds, the most
+    images a second); a store that raises is reported in the errors and not measured again."""
+    best: dict[str, dict[str, float]] = {}
+    errors: dict[str, str] = {}
+    for _ in range(repeats):
+        for store in stores:
+            if store.name in errors:
+                continue
+            try:
+                found = measure(store, order, images)
+            except Exception as err:  # a candidate that fails here is reported, the others go on
+                errors[store.name] = f"{type(err).__name__}: {err}"[:300]
+                continue
+            mine = best.setdefault(store.name, {})
+            for key, value in found.items():
+                keep = min if key.endswith("_s") and not key.endswith("img_s") else max
+                mine[key] = keep(mine.get(key, value), value)
+    return best, errors
+
+
+def add_ratios(best: dict[str, dict[str, float]], images: int) -> None:
+    """Adds each store's startup at the paper's rows and its rates against the folder store's."""
+    for found in best.values():
+        found["startup_at_paper_rows_s"] = found["startup_s"] * PAPER_ROWS / images
+    base = best[FolderStore.name]
+    for found in best.values():
+        for key in ("random_img_s", "sequential_img_s", "random_read_img_s"):
+            if key in found:
+                found[key.replace("_img_s", "_ratio_vs_folder")] = found[key] / base[key]
+
+
+def print_stores(best: dict[str, dict[str, float]]) -> None:
+    """One line a store: its rates, its ratio to the folder store, its startup."""
+    width = max(len(n) for n in best)
+    print(f"{'store':<{width}}  random img/s  (ratio)  sequential img/s  read-only random img/s  startup s (at 2.9M)")
+    for name, f in best.items():
+        random = (f"{f['random_img_s']:12.0f}  ({f['random_ratio_vs_folder']:.2f})" if "random_img_s" in f
+                  else f"{'-':>12}  (  - )")
+        read = f"{f['random_read_img_s']:22.0f}" if "random_read_img_s" in f else f"{'-':>22}"
+        print(f"{name:<{width}}  {random}  {f['sequential_img_s']:16.0f}  {read}  {f['startup_s']:.3f} "
+              f"({f['startup_at_paper_rows_s']:.0f})")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__)
     p.add_argument("--images", type=int, default=1500, help="synthetic images (default 1500)")
@@ -408,28 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stores, info = write_stores(work, args.images, args.seed)
         order = np.random.default_rng([args.seed, 1]).permutation(args.images)  # one epoch's EpochSampler order
-        best: dict[str, dict[str, float]] = {}
-        errors: dict[str, str] = {}
-        for _ in range(args.repeats):
-            for store in stores:
-                if store.name in errors:
-                    continue
-                try:
-                    found = measure(store, order, args.images)
-                except Exception as err:  # a candidate that fails here is reported, the others go on
-                    errors[store.name] = f"{type(err).__name__}: {err}"[:300]
-                    continue
-                mine = best.setdefault(store.name, {})
-                for key, value in found.items():
-                    keep = min if key.endswith("_s") and not key.endswith("img_s") else max
-                    mine[key] = keep(mine.get(key, value), value)
-        for found in best.values():
-            found["startup_at_paper_rows_s"] = found["startup_s"] * PAPER_ROWS / args.images
-        base = best[FolderStore.name]
-        for found in best.values():
-            for key in ("random_img_s", "sequential_img_s", "random_read_img_s"):
-                if key in found:
-                    found[key.replace("_img_s", "_ratio_vs_folder")] = found[key] / base[key]
+        best, errors = best_of_repeats(stores, order, args.images, args.repeats)
+        add_ratios(best, args.images)
         keys = key_costs(work, args.key_files, args.rows)
         keys_paper = {k.replace("_s_per_row", "_at_paper_rows_s"): v * PAPER_ROWS for k, v in keys.items()
                       if k.endswith("_s_per_row")}
@@ -445,14 +470,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(args.out, result)
-    width = max(len(n) for n in best)
-    print(f"{'store':<{width}}  random img/s  (ratio)  sequential img/s  read-only random img/s  startup s (at 2.9M)")
-    for name, f in best.items():
-        random = (f"{f['random_img_s']:12.0f}  ({f['random_ratio_vs_folder']:.2f})" if "random_img_s" in f
-                  else f"{'-':>12}  (  - )")
-        read = f"{f['random_read_img_s']:22.0f}" if "random_read_img_s" in f else f"{'-':>22}"
-        print(f"{name:<{width}}  {random}  {f['sequential_img_s']:16.0f}  {read}  {f['startup_s']:.3f} "
-              f"({f['startup_at_paper_rows_s']:.0f})")
+    print_stores(best)
     for name, reason in {**errors, **info["missing"]}.items():
         print(f"{name}: {reason}")
     print("at 2.9M rows, seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in keys_paper.items()))

@@ -44,11 +44,22 @@ def naive_assign(occ: pd.DataFrame, id_species: dict[str, list[str]], config: Sp
     """Baseline: each row's set and hop per region, computed row by row in Python (two passes over the rows), reading
     the rows as plain tuples (`tolist`) or, the way pandas code often does, with `DataFrame.iterrows`."""
     regions = {r: config.regions[r].padded(config.pad_lat, config.pad_lon) for r in id_species}
+    columns = occ[["species", "genus", "family", "lat", "lon", "taxon"]]
+    records = [tuple(row) for _, row in columns.iterrows()] if iterrows else columns.astype(object).to_numpy().tolist()
+    local, australian, genus_of, family_of = _naive_first_pass(records, regions, id_species, config)
+    excluded = set().union(*map(set, id_species.values()), *local.values())
+    non_local = australian - excluded
+    return {r: _naive_region(records, set(id_species[r]), local[r], non_local, genus_of, family_of, config)
+            for r in regions}
+
+
+def _naive_first_pass(records: list[tuple], regions: dict[str, Any], id_species: dict[str, list[str]],
+                      config: SplitConfig) -> tuple[dict[str, set], set, dict[str, Any], dict[str, Any]]:
+    """The first pass: each region's local species, the species seen in the non-local box, each species' genus and
+    family."""
     nl = config.non_local_box
     local: dict[str, set] = {r: set() for r in regions}
     australian, genus_of, family_of = set(), {}, {}
-    columns = occ[["species", "genus", "family", "lat", "lon", "taxon"]]
-    records = [tuple(row) for _, row in columns.iterrows()] if iterrows else columns.astype(object).to_numpy().tolist()
     for species, genus, family, lat, lon, taxon in records:
         if taxon != config.target_taxon:
             continue
@@ -58,33 +69,33 @@ def naive_assign(occ: pd.DataFrame, id_species: dict[str, list[str]], config: Sp
                 local[r].add(species)
         if nl.lat_min < lat < nl.lat_max and nl.lon_min < lon < nl.lon_max:
             australian.add(species)
-    excluded = set().union(*map(set, id_species.values()), *local.values())
-    non_local = australian - excluded
-    out: dict[str, list[str]] = {}
-    for r in regions:
-        ids = set(id_species[r])
-        id_genera = {genus_of[s] for s in ids if s in genus_of}
-        id_families = {family_of[s] for s in ids if s in family_of}
-        ood_genera = {genus_of[s] for s in local[r] | non_local}
-        drop = ood_genera - id_genera
-        assigned = []
-        for species, genus, family, _lat, _lon, taxon in records:
-            if taxon != config.target_taxon:
-                kind = "non_target"
-            elif species in ids:
-                kind = "id"
-            elif species in local[r]:
-                kind = "local"
-            elif species in non_local:
-                kind = "non_local"
-            elif genus in drop:
-                kind = "dropped"
-            else:
-                kind = "aux"
-            hop = 0 if kind == "id" else 1 if genus in id_genera else 2 if family in id_families else 3
-            assigned.append(f"{kind}:{hop}")
-        out[r] = assigned
-    return out
+    return local, australian, genus_of, family_of
+
+
+def _naive_region(records: list[tuple], ids: set, local: set, non_local: set, genus_of: dict[str, Any],
+                  family_of: dict[str, Any], config: SplitConfig) -> list[str]:
+    """The second pass for one region: each row's `kind:hop`."""
+    id_genera = {genus_of[s] for s in ids if s in genus_of}
+    id_families = {family_of[s] for s in ids if s in family_of}
+    ood_genera = {genus_of[s] for s in local | non_local}
+    drop = ood_genera - id_genera
+    assigned = []
+    for species, genus, family, _lat, _lon, taxon in records:
+        if taxon != config.target_taxon:
+            kind = "non_target"
+        elif species in ids:
+            kind = "id"
+        elif species in local:
+            kind = "local"
+        elif species in non_local:
+            kind = "non_local"
+        elif genus in drop:
+            kind = "dropped"
+        else:
+            kind = "aux"
+        hop = 0 if kind == "id" else 1 if genus in id_genera else 2 if family in id_families else 3
+        assigned.append(f"{kind}:{hop}")
+    return assigned
 
 
 def _timed(fn: Any) -> tuple[Any, float]:

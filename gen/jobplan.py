@@ -106,7 +106,8 @@ def _read_folder(folder: str | os.PathLike, what: str) -> tuple[Manifest, list[d
 
 def items_from_pairs(pairs: list[tuple[str, str]], targets: Manifest, materials: Manifest, inherit: str,
                      start: int = 0) -> list[PlanItem]:
-    """Plan items for stored pairs (indices from `start`); an input no longer present keeps its path and no labels."""
+    """Plan items for stored pairs (indices from `start`); an input absent from the manifests keeps its path and no
+    labels."""
     target_rows = {row["file_name"]: row for row in targets.rows}
     material_rows = {row["file_name"]: row for row in materials.rows}
     items = []

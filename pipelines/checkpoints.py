@@ -15,8 +15,8 @@ caller's content key of what the run trains).
 `check_safetensors` is what every safetensors read does first (here, in `pipelines.runtime.load_pretrained` for the
 libraries' own loads, and in detectors' `from_pretrained`): the header a file declares must fit in the file and in
 safetensors' own 100 MB limit, be a JSON object, and every tensor's byte range must lie in the file; else one
-`UnsafeFileError` line naming the file (a 2^62-byte header was a SafetensorError traceback). Only regular files are
-opened (`pipelines.io.open_regular`).
+`UnsafeFileError` line naming the file (safetensors itself answers a 2^62-byte header with a traceback). Only regular
+files are opened (`pipelines.io.open_regular`).
 """
 from __future__ import annotations
 

@@ -357,31 +357,42 @@ def _table_rows(table: Path, columns: list[str], root: Path) -> list[dict[str, A
         missing = [c for c in ["file_name", *columns] if row.get(c) in (None, "")]
         if missing:
             raise ImportListError(f"{_table_row(table, index)}: empty {missing[0]!r}")
-        row["file_name"] = str(row["file_name"])
-        if not inside_folder(row["file_name"]) or unsafe_character(row["file_name"]) is not None:
-            raise ImportListError(f"{_table_row(table, index)}: file_name must be a relative path inside the image "
-                                  f"folder, got {row['file_name']!r}")
-        _check_inside(root, [row["file_name"]], lambda name, index=index: _table_row(table, index))
+        _check_file_name(table, root, index, row, seen)
         for column in columns:
             check_name(str(row[column]), f"{_table_row(table, index)}: {column} {str(row[column])!r}")
-        first = seen.setdefault(row["file_name"], index)
-        if first != index:
-            raise ImportListError(f"{_table_row(table, index)}: file_name {row['file_name']!r} is already on "
-                                  f"{_table_row(table, first).rsplit(', ', 1)[1]}")
         if "split" in frame.columns and row["split"] not in SPLITS:
             raise ImportListError(f"{_table_row(table, index)}: split must be one of {', '.join(SPLITS)}, got "
                                   f"{row['split']!r} (drop the split column to split by --split)")
         row.setdefault("split", None)
-        for key in COORDINATES:
-            if row.get(key) is not None:
-                try:
-                    row[key] = float(row[key])
-                except (TypeError, ValueError):
-                    row[key] = math.nan
-                if not math.isfinite(row[key]):
-                    raise ImportListError(f"{_table_row(table, index)}: {key} must be a finite number, got "
-                                          f"{frame[key].iloc[index]!r}")
+        _read_coordinates(table, frame, index, row)
     return rows
+
+
+def _check_file_name(table: Path, root: Path, index: int, row: dict[str, Any], seen: dict[str, int]) -> None:
+    """A table row's file_name (made a string): a relative path inside `root`, of safe characters, on no earlier row
+    (`seen`: file_name -> first row, updated)."""
+    row["file_name"] = str(row["file_name"])
+    if not inside_folder(row["file_name"]) or unsafe_character(row["file_name"]) is not None:
+        raise ImportListError(f"{_table_row(table, index)}: file_name must be a relative path inside the image "
+                              f"folder, got {row['file_name']!r}")
+    _check_inside(root, [row["file_name"]], lambda name: _table_row(table, index))
+    first = seen.setdefault(row["file_name"], index)
+    if first != index:
+        raise ImportListError(f"{_table_row(table, index)}: file_name {row['file_name']!r} is already on "
+                              f"{_table_row(table, first).rsplit(', ', 1)[1]}")
+
+
+def _read_coordinates(table: Path, frame: Any, index: int, row: dict[str, Any]) -> None:
+    """A table row's lat / lon (where given) as floats; a value that is not a finite number raises."""
+    for key in COORDINATES:
+        if row.get(key) is not None:
+            try:
+                row[key] = float(row[key])
+            except (TypeError, ValueError):
+                row[key] = math.nan
+            if not math.isfinite(row[key]):
+                raise ImportListError(f"{_table_row(table, index)}: {key} must be a finite number, got "
+                                      f"{frame[key].iloc[index]!r}")
 
 
 def _source_rows(root: Path, options: ClassImport, skipped: Skipped) -> tuple[list[dict[str, Any]], str, list[str]]:
@@ -533,6 +544,31 @@ def _species_key(name: str) -> str:
     return " ".join(name.replace("_", " ").split()).casefold()
 
 
+def _known_folders(root: Path, model: Path, names: list[str], folders: list[str], match: dict[str, int | None],
+                   known: Iterable[str] | None) -> set[str]:
+    """The folders of known species: those matching a class, or `known` (each a class, and no other folder one).
+    There must be some, and some novel folders besides."""
+    if known is not None:
+        known = list(known)
+        for name in known:
+            if name not in match:
+                raise ImportListError(f"--known {name!r}: no such folder in {root} (folders: {folders[:8]})")
+            if match[name] is None:
+                raise ImportListError(f"--known {name!r}: the classifier {model} has no class {name!r} "
+                                      f"({len(names)} classes, e.g. {names[:5]})")
+        extra = [f for f in folders if f not in known and match[f] is not None]
+        if extra:
+            raise ImportListError(f"{root / extra[0]}: a class of the classifier but not in --known; add it there "
+                                  "or rename the folder")
+    ids = {f for f in folders if match[f] is not None} if known is None else set(known)
+    if not ids:
+        raise ImportListError(f"{root}: no folder is a species of the classifier {model} (classes, e.g. "
+                              f"{names[:5]}): a field set needs its own known-species images")
+    if len(ids) == len(folders):
+        raise ImportListError(f"{root}: every folder is a known species: a field set needs novel-species folders too")
+    return ids
+
+
 def import_field(root: str | os.PathLike, out: str | os.PathLike, *, model: str | os.PathLike,
                  known: Iterable[str] | None = None, ood_set: str = "field", group: str | None = None,
                  split: str = "test") -> ImportResult:
@@ -554,24 +590,7 @@ def import_field(root: str | os.PathLike, out: str | os.PathLike, *, model: str 
     loose = {_species_key(name): i for i, name in enumerate(classes.names)}
     folders = [p.name for p in _subfolders(root, root, Skipped())]
     match = {f: exact.get(f, loose.get(_species_key(f))) for f in folders}
-    if known is not None:
-        known = list(known)
-        for name in known:
-            if name not in match:
-                raise ImportListError(f"--known {name!r}: no such folder in {root} (folders: {folders[:8]})")
-            if match[name] is None:
-                raise ImportListError(f"--known {name!r}: the classifier {model} has no class {name!r} "
-                                      f"({len(classes.names)} classes, e.g. {classes.names[:5]})")
-        extra = [f for f in folders if f not in known and match[f] is not None]
-        if extra:
-            raise ImportListError(f"{root / extra[0]}: a class of the classifier but not in --known; add it there "
-                                  "or rename the folder")
-    ids = {f for f in folders if match[f] is not None} if known is None else set(known)
-    if not ids:
-        raise ImportListError(f"{root}: no folder is a species of the classifier {model} (classes, e.g. "
-                              f"{classes.names[:5]}): a field set needs its own known-species images")
-    if len(ids) == len(folders):
-        raise ImportListError(f"{root}: every folder is a known species: a field set needs novel-species folders too")
+    ids = _known_folders(root, model, classes.names, folders, match, known)
 
     def fields(name: str) -> dict[str, Any]:
         if name in ids:

@@ -196,7 +196,7 @@ def _alive(pid: int) -> bool:
 
 
 def is_orphan_temp(path: Path) -> bool:
-    """True for a temp file of `atomic_path` whose writer is gone: its process no longer runs on this host, its writer
+    """True for a temp file of `atomic_path` whose writer is gone: its process has exited on this host, its writer
     is not recorded (older names), or it belongs to another host and is older than `FOREIGN_TEMP_SECONDS`."""
     if not TEMP_PATTERN.match(path.name):
         return False

@@ -2,8 +2,8 @@
 
 `folder_lock(folder, command)` creates `folder/.oodforge.lock` exclusively (`O_CREAT | O_EXCL`, umask kept) and removes
 it on exit. A second process on the same folder waits up to `wait` seconds, then is refused in one line naming the
-holder (`FolderBusy`, exit 2 through `pipelines.cli.run_main`). A lock whose holder is gone (same host, its pid no
-longer runs or now belongs to another process, told by the process's start time) is taken over, and a warning says so.
+holder (`FolderBusy`, exit 2 through `pipelines.cli.run_main`). A lock whose holder is gone (same host, its pid has
+exited or belongs to another process, told by the process's start time) is taken over, and a warning says so.
 The liveness of another host's process cannot be checked, so the holder beats instead: while it holds the lock, a
 thread refreshes the file's modification time every `LOCK_BEAT_S` seconds, and another host's lock is taken over once
 it has not been refreshed for `LOCK_STALE_S` seconds (its run is gone: killed with its machine, or cut off from the
@@ -72,7 +72,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def _gone(holder: dict[str, Any], path: Path) -> bool:
-    """True when the holder is a process of this host that no longer runs (or a pid now reused by another process).
+    """True when the holder is a process of this host that has exited (or whose pid another process has taken).
     A lock file that holds no readable holder counts as gone once it is a minute old (a writer killed between the
     create and the write)."""
     if not holder:

@@ -200,11 +200,22 @@ class Config(Params):
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "config") -> Config:
         """The typed value of `raw`; every fault is one `ConfigError` naming `where.key`."""
-        fields, hints = cls.fields(), cls.hints()
+        fields = cls.fields()
         for key in raw:
             if key not in fields:
                 raise ConfigError(f"{_join(where, key)}: unknown key{closest(str(key), list(fields))}",
                                   doc=cls.doc_ref())
+        made = cls._construct(cls._converted(raw, where), where)
+        for name, f in fields.items():
+            check = f.metadata.get("check")
+            if check is not None:
+                check(getattr(made, name), _join(where, name))
+        return made
+
+    @classmethod
+    def _converted(cls, raw: dict[str, Any], where: str) -> dict[str, Any]:
+        """The given fields converted to their types; a required field absent raises."""
+        fields, hints = cls.fields(), cls.hints()
         values: dict[str, Any] = {}
         for name, f in fields.items():
             key = _join(where, name)
@@ -213,19 +224,19 @@ class Config(Params):
                     raise ConfigError(f"{key}: required ({cls.doc(name) or describe(hints[name])})", doc=cls.doc_ref())
                 continue
             values[name] = convert(raw[name], hints[name], key)
+        return values
+
+    @classmethod
+    def _construct(cls, values: dict[str, Any], where: str) -> Config:
+        """The dataclass of `values`: a field's bound (ParamError) or a cross-field check becomes a ConfigError."""
         try:
-            made = cls(**values)
+            return cls(**values)
         except ConfigError:
             raise
         except ParamError as err:  # a bound of one field
             raise ConfigError(f"{_join(where, err.key)}: {err.problem}", doc=cls.doc_ref()) from None
         except (ValueError, TypeError) as err:  # cross-field checks of `check()`
             raise ConfigError(f"{where}: {err}", doc=cls.doc_ref()) from None
-        for name, f in fields.items():
-            check = f.metadata.get("check")
-            if check is not None:
-                check(getattr(made, name), _join(where, name))
-        return made
 
     @classmethod
     def doc_ref(cls) -> str | None:
@@ -251,51 +262,21 @@ def plain(value: Any) -> Any:
 def convert(value: Any, hint: Any, where: str) -> Any:
     """`value` as the annotated type `hint` (ints widen to floats; nested configs built), or one ConfigError naming
     `where` and what is allowed."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    origin = typing.get_origin(hint)
     if hint is Any:
         return value
     if isinstance(hint, type) and issubclass(hint, Config):
         return hint.from_value(value, where)
     if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        arms = [a for a in args if a is not type(None)]
-        if isinstance(value, dict):  # a mapping is meant for the config arm: its own fault, named, is the error
-            arms = [a for a in arms if isinstance(a, type) and issubclass(a, Config)] or arms
-        for arm in arms:
-            try:
-                return convert(value, arm, where)
-            except ConfigError as err:
-                errors.append(err)
-        if len(errors) == 1:
-            raise errors[0]
-        deeper = [e for e in errors if str(e).split(":", 1)[0] != where]  # an arm that got inside the value
-        if len(deeper) == 1:
-            raise deeper[0]
-        words = [a for arm in arms if typing.get_origin(arm) is Literal
-                 for a in typing.get_args(arm) if isinstance(a, str)]
-        hint_text = closest(value, words) if isinstance(value, str) and words else ""
-        raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}{hint_text}")
+        return _convert_union(value, hint, where)
     if origin is Literal:
-        if any(value == a and type(value) is type(a) for a in args):
-            return value
-        hint_text = closest(str(value), [str(a) for a in args]) if isinstance(value, str) else ""
-        raise ConfigError(f"{where}: must be one of {', '.join(map(repr, args))}, got {_shown(value)}{hint_text}")
+        return _convert_literal(value, hint, where)
     if origin in (list, tuple, typing.Sequence, collections.abc.Sequence) or hint in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            extra = f" (write [{value}])" if isinstance(value, str) else ""
-            raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}{extra}")
-        if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):  # tuple[X, Y, Z]: fixed length
-            if len(value) != len(args):
-                raise ConfigError(f"{where}: must be {len(args)} values, got {_shown(value)}")
-            return tuple(convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-        item = args[0] if args else Any
-        items = [convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple or hint is tuple else items
+        return _convert_sequence(value, hint, where)
     if origin is dict or hint is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: must be a mapping, got {_shown(value)}")
+        args = typing.get_args(hint)
         item = args[1] if len(args) == 2 else Any
         return {k: convert(v, item, _join(where, str(k))) for k, v in value.items()}
     if hint is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
@@ -303,6 +284,56 @@ def convert(value: Any, hint: Any, where: str) -> Any:
     if type_ok(value, hint):
         return value
     raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}")
+
+
+def _convert_union(value: Any, hint: Any, where: str) -> Any:
+    """`convert` for `X | Y | None`: the first arm that takes the value; else the one fault that says most (the only
+    arm's, or the one arm that got inside the value), else what the union allows (with the closest literal word)."""
+    args = typing.get_args(hint)
+    if value is None and type(None) in args:
+        return None
+    errors = []
+    arms = [a for a in args if a is not type(None)]
+    if isinstance(value, dict):  # a mapping is meant for the config arm: its own fault, named, is the error
+        arms = [a for a in arms if isinstance(a, type) and issubclass(a, Config)] or arms
+    for arm in arms:
+        try:
+            return convert(value, arm, where)
+        except ConfigError as err:
+            errors.append(err)
+    if len(errors) == 1:
+        raise errors[0]
+    deeper = [e for e in errors if str(e).split(":", 1)[0] != where]  # an arm that got inside the value
+    if len(deeper) == 1:
+        raise deeper[0]
+    words = [a for arm in arms if typing.get_origin(arm) is Literal
+             for a in typing.get_args(arm) if isinstance(a, str)]
+    hint_text = closest(value, words) if isinstance(value, str) and words else ""
+    raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}{hint_text}")
+
+
+def _convert_literal(value: Any, hint: Any, where: str) -> Any:
+    """`convert` for `Literal[...]`: one of the values, of the same type (True is not 1)."""
+    args = typing.get_args(hint)
+    if any(value == a and type(value) is type(a) for a in args):
+        return value
+    hint_text = closest(str(value), [str(a) for a in args]) if isinstance(value, str) else ""
+    raise ConfigError(f"{where}: must be one of {', '.join(map(repr, args))}, got {_shown(value)}{hint_text}")
+
+
+def _convert_sequence(value: Any, hint: Any, where: str) -> Any:
+    """`convert` for lists and tuples: a YAML list, each item converted (`tuple[X, Y]`: that many, each its type)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if not isinstance(value, (list, tuple)):
+        extra = f" (write [{value}])" if isinstance(value, str) else ""
+        raise ConfigError(f"{where}: must be {describe(hint)}, got {_shown(value)}{extra}")
+    if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):  # tuple[X, Y, Z]: fixed length
+        if len(value) != len(args):
+            raise ConfigError(f"{where}: must be {len(args)} values, got {_shown(value)}")
+        return tuple(convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    item = args[0] if args else Any
+    items = [convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    return tuple(items) if origin is tuple or hint is tuple else items
 
 
 def closest(word: str, choices: Sequence[str]) -> str:

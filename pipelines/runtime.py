@@ -236,28 +236,42 @@ def custom_code_reason(folder: str | os.PathLike) -> str | None:
     from a library other than diffusers and transformers (its code would come from the folder)."""
     root = Path(folder)
     for path in _config_files(root):
-        try:
-            if path.stat().st_size > CONFIG_FILE_LIMIT:
-                continue
-            config = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue  # the library reports an unreadable config in its own words
-        if not isinstance(config, dict):
+        config = _read_config(path)
+        if config is None:
             continue
-        name = path.relative_to(root).as_posix()
-        if "auto_map" in config:
-            kind = f"model_type {config['model_type']!r}" if "model_type" in config else "classes"
-            if not _native(config):
-                return f"{name} maps its {kind} to Python code in the folder (auto_map {config['auto_map']!r:.120})"
-            return (f"{name} maps its {kind} to Python code in the folder (auto_map {config['auto_map']!r:.120}), "
-                    "though the libraries implement it: its author meant that code to run, and another model is "
-                    f"never loaded in its place (remove `auto_map` from {name} to load it as the library's own)")
-        if path.name == "model_index.json":
-            if isinstance(config.get("_class_name"), str) and not _native({"_class_name": config["_class_name"]}):
-                return f"{name}: the pipeline class {config['_class_name']!r} is not one of diffusers'"
-            for key, value in config.items():
-                if isinstance(value, list) and len(value) == 2 and value[0] not in (None, "diffusers", "transformers"):
-                    return f"{name}: component {key!r} comes from {value[0]!r}, code shipped with the folder"
+        reason = _config_reason(path.relative_to(root).as_posix(), path.name, config)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _read_config(path: Path) -> dict[str, Any] | None:
+    """A config file's JSON object; None when it is too large, unreadable or not an object (the library reports an
+    unreadable config in its own words)."""
+    try:
+        if path.stat().st_size > CONFIG_FILE_LIMIT:
+            return None
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def _config_reason(name: str, file_name: str, config: dict[str, Any]) -> str | None:
+    """`custom_code_reason` for one config file (`name`: its path in the folder)."""
+    if "auto_map" in config:
+        kind = f"model_type {config['model_type']!r}" if "model_type" in config else "classes"
+        if not _native(config):
+            return f"{name} maps its {kind} to Python code in the folder (auto_map {config['auto_map']!r:.120})"
+        return (f"{name} maps its {kind} to Python code in the folder (auto_map {config['auto_map']!r:.120}), "
+                "though the libraries implement it: its author meant that code to run, and another model is "
+                f"never loaded in its place (remove `auto_map` from {name} to load it as the library's own)")
+    if file_name == "model_index.json":
+        if isinstance(config.get("_class_name"), str) and not _native({"_class_name": config["_class_name"]}):
+            return f"{name}: the pipeline class {config['_class_name']!r} is not one of diffusers'"
+        for key, value in config.items():
+            if isinstance(value, list) and len(value) == 2 and value[0] not in (None, "diffusers", "transformers"):
+                return f"{name}: component {key!r} comes from {value[0]!r}, code shipped with the folder"
     return None
 
 

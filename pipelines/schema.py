@@ -65,25 +65,38 @@ def validate_row(row: Any, file: str | os.PathLike = METADATA, line: int | None 
     for key, allowed in (("split", SPLITS), ("role", ROLES)):
         if row[key] not in allowed:
             raise fail(key, f"must be one of {allowed}, got {row[key]!r}")
+    fault = _label_fault(row) or _optional_fault(row)
+    if fault is not None:
+        raise fail(*fault)
+    return row
+
+
+def _label_fault(row: dict[str, Any]) -> tuple[str, str] | None:
+    """(field, message) of the first fault of the label and ood_set against the role; None when they agree."""
     label, ood_set = row["label"], row["ood_set"]
     if isinstance(label, bool) or not isinstance(label, int):
-        raise fail("label", f"must be an integer, got {label!r}")
+        return "label", f"must be an integer, got {label!r}"
     if row["role"] == "id" and ood_set is not None:
-        raise fail("ood_set", f"must be null for role 'id', got {ood_set!r}")
+        return "ood_set", f"must be null for role 'id', got {ood_set!r}"
     if row["role"] == "id" and label < 0:
-        raise fail("label", f"ID rows need a class index >= 0, got {label}")
+        return "label", f"ID rows need a class index >= 0, got {label}"
     if row["role"] == "ood" and (not isinstance(ood_set, str) or not ood_set):
-        raise fail("ood_set", f"OOD rows need a non-empty set name, got {ood_set!r}")
+        return "ood_set", f"OOD rows need a non-empty set name, got {ood_set!r}"
     if row["role"] == "ood" and label != -1:
-        raise fail("label", f"OOD rows have label -1, got {label}")
+        return "label", f"OOD rows have label -1, got {label}"
+    return None
+
+
+def _optional_fault(row: dict[str, Any]) -> tuple[str, str] | None:
+    """(field, message) of the first fault of the group, coordinates and provenance; None when they are valid."""
     if row["group"] is not None and row["group"] not in GROUPS:
-        raise fail("group", f"must be one of {GROUPS} or null, got {row['group']!r}")
+        return "group", f"must be one of {GROUPS} or null, got {row['group']!r}"
     for key in COORDINATES:
         if not _finite_or_none(row.get(key)):
-            raise fail(key, f"must be a finite number or null, got {row[key]!r}")
+            return key, f"must be a finite number or null, got {row[key]!r}"
     if "provenance" in row and not isinstance(row["provenance"], dict):
-        raise fail("provenance", "must be a JSON object")
-    return row
+        return "provenance", "must be a JSON object"
+    return None
 
 
 def rows_certainly_valid(rows: list[Any]) -> bool:

@@ -279,7 +279,7 @@ def shard_record(index: dict[str, Any]) -> ShardRecord:
 
 def _finished(path: Path, names: list[str], config: PackConfig) -> dict[str, Any] | None:
     """The index of an already finished shard whose images are `names` (None when it is not finished); a finished
-    shard of other images or settings, or one whose tar no longer matches its index in size, is a PackError."""
+    shard of other images or settings, or one whose tar does not match its index in size, is a PackError."""
     if not index_path(path).is_file():
         return None
     index = read_index(path)

@@ -5,7 +5,7 @@ are: `shard_file` (the tar, relative to the manifest's image root), `shard_membe
 `shard_offset` (where the member's bytes start in the tar) and `shard_bytes` (how many). `Manifest.path(row)` returns a
 `MemberPath` for such a row: `is_file()`, `stat()`, `open("rb")` (the member's exact bytes), `resolve()`, `name`,
 `suffix`, `str()` = "<shard>#<member>". Every read checks the tar header just before the bytes (name and size), so a
-row that no longer matches its shard is a recorded load failure, never another image's pixels.
+row that does not match its shard is a recorded load failure, never another image's pixels.
 
 The image root holds `store.json`: each shard's size, mtime_ns, sha256 and sample count (plus `wids_version` and
 `shardlist`, so `wids.ShardListDataset` reads the folder as is), and `<shard stem>.index.json` per shard (its members

@@ -129,37 +129,49 @@ def circles(edges: list[Edge]) -> list[list[str]]:
     for e in edges:
         graph.setdefault(e.source, set()).add(e.target)
         graph.setdefault(e.target, set())
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
+    search = _Tarjan(graph)
+    for node in sorted(graph):
+        if node not in search.index:
+            search.visit(node)
+    return sorted(search.found)
 
-    def visit(node: str) -> None:
+
+class _Tarjan:
+    """Tarjan's strongly connected components over `graph` (node -> successors), nodes visited in sorted order."""
+
+    def __init__(self, graph: dict[str, set[str]]):
+        self.graph = graph
+        self.index: dict[str, int] = {}
+        self.low: dict[str, int] = {}
+        self.stack: list[str] = []
+        self.on_stack: set[str] = set()
+        self.found: list[list[str]] = []
+
+    def visit(self, node: str) -> None:
+        index, low = self.index, self.low
         index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in sorted(graph[node]):
+        self.stack.append(node)
+        self.on_stack.add(node)
+        for nxt in sorted(self.graph[node]):
             if nxt not in index:
-                visit(nxt)
+                self.visit(nxt)
                 low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
+            elif nxt in self.on_stack:
                 low[node] = min(low[node], index[nxt])
         if low[node] == index[node]:
-            group = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                group.append(member)
-                if member == node:
-                    break
+            group = self._pop_component(node)
             if len(group) > 1:
-                found.append(sorted(group))
+                self.found.append(sorted(group))
 
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return sorted(found)
+    def _pop_component(self, root: str) -> list[str]:
+        """The stack's nodes down to `root`: one strongly connected component."""
+        group = []
+        while True:
+            member = self.stack.pop()
+            self.on_stack.discard(member)
+            group.append(member)
+            if member == root:
+                return group
 
 
 def circle_faults(edges: list[Edge]) -> list[str]:

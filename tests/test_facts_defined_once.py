@@ -1,4 +1,4 @@
-"""Each fact is defined once (issues 23, 35): the source tree is scanned with `ast`, and a second definition of the
+"""Each fact is defined once: the source tree is scanned with `ast`, and a second definition of the
 detector families, the OOD groups, the metric names, softmax / logsumexp, the file-name sanitiser, the
 `class_names.json` schema, a training hyperparameter's default, a `score_rules` tuple or a restated base-class default
 fails here, naming the file and line."""
@@ -132,7 +132,7 @@ def test_a_second_definition_is_found(tmp_path):
     assert _sanitisers(planted) == [4]
 
 
-# -- training hyperparameters, Literal choices, inherited declarations (issue 35) ------------------------------------
+# -- training hyperparameters, Literal choices, inherited declarations -----------------------------------------------
 HYPERPARAMETERS = ("epochs", "lr", "batch_size", "weight_decay", "warmup_epochs")
 """Training hyperparameters with one home: `pipelines.training.settings.TrainSettings` (its defaults)."""
 TRAINING_PACKAGES = ("pipelines/training/", "detectors/training/")

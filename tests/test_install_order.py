@@ -1,4 +1,4 @@
-"""`make install` is quiet (issue 41: it printed pip's dependency-resolver ERROR for guided-diffusion-sdk): a resolving
+"""`make install` is quiet (no pip dependency-resolver ERROR, e.g. for guided-diffusion-sdk): a resolving
 `pip install` checks the requirements of every installed package it touches, so one that runs after a package went in
 with `--no-deps` reports the requirements that package skipped. Every `--no-deps` install must come last, in the
 Makefile's install recipe and the `.ci/parity_deps` script it runs, in the order they run."""

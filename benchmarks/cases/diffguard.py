@@ -170,8 +170,8 @@ def _best_of(cases: dict[str, Callable[[], Any]], rounds: int, device: torch.dev
 def bench_early_stop_features(detector: DiffGuard, images: list[Image.Image], rounds: int = 3,
                               log: Callable[[str], None] = print) -> dict[str, Any]:
     """The early-stop rule with the input's perceptual features computed once per batch (`detector.stop_rule`)
-    against the previous rule, which compared x_t with the input afresh at every inversion step. Times the rule
-    alone (replayed on the inversion's recorded steps) and the whole inversion; ratios = previous / cached seconds."""
+    against the plain rule, which compares x_t with the input afresh at every inversion step. Times the rule
+    alone (replayed on the inversion's recorded steps) and the whole inversion; ratios = plain / cached seconds."""
     from detectors.generative.pixel_backend import invert_with_early_stop
 
     model = detector.pixel_model()
@@ -208,8 +208,8 @@ def bench_early_stop_features(detector: DiffGuard, images: list[Image.Image], ro
 
 def bench_gradcam_single_pass(classifier: Any, x01: torch.Tensor, rounds: int = 3,
                               log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Prediction + Grad-CAM from one hooked forward pass (`logits_and_cam`) against the previous two passes (a
-    no-grad prediction, then `grad_cam` for its labels); ratio = previous / fused seconds."""
+    """Prediction + Grad-CAM from one hooked forward pass (`logits_and_cam`) against two separate passes (a
+    no-grad prediction, then `grad_cam` for its labels); ratio = separate / fused seconds."""
     from detectors.generative.gradcam import grad_cam, last_spatial_block, logits_and_cam
 
     def logits(v: torch.Tensor) -> torch.Tensor:

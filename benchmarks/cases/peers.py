@@ -130,7 +130,7 @@ CASES: dict[str, Callable[[Any, Data], np.ndarray]] = {
     "graduncertainty": _theirs_graduncertainty,
     "nac": _theirs_nac,
 }
-"""The detectors compared with pytorch-ood (the feature-level methods added with issue 39, and ViM, which was behind;
+"""The detectors compared with pytorch-ood (the feature-level methods both libraries ship, and ViM;
 `mmahalanobis` reads images and is not here)."""
 
 

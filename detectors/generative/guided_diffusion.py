@@ -205,6 +205,14 @@ def _module_map(flags: dict[str, Any]) -> dict[str, tuple[str, str]]:
            "middle_block.0": ("mid_block.resnets.0", "resnet"),
            "middle_block.1": ("mid_block.attentions.0", "attention"),
            "middle_block.2": ("mid_block.resnets.1", "resnet")}
+    out.update(_down_modules(levels, blocks, updown, attention))
+    out.update(_up_modules(levels, blocks, updown, attention))
+    return out
+
+
+def _down_modules(levels: int, blocks: int, updown: bool, attention: list[bool]) -> dict[str, tuple[str, str]]:
+    """`input_blocks.<n>` (numbered across levels, block 0 being conv_in) -> `down_blocks.<level>`."""
+    out: dict[str, tuple[str, str]] = {}
     n = 0
     for level in range(levels):
         for j in range(blocks):
@@ -218,6 +226,12 @@ def _module_map(flags: dict[str, Any]) -> dict[str, tuple[str, str]]:
                 out[f"input_blocks.{n}.0"] = (f"down_blocks.{level}.downsamplers.0", "resnet")
             else:
                 out[f"input_blocks.{n}.0.op"] = (f"down_blocks.{level}.downsamplers.0.conv", "conv")
+    return out
+
+
+def _up_modules(levels: int, blocks: int, updown: bool, attention: list[bool]) -> dict[str, tuple[str, str]]:
+    """`output_blocks.<m>` (numbered across levels, deepest first) -> `up_blocks.<u>`."""
+    out: dict[str, tuple[str, str]] = {}
     m = 0
     for u, level in enumerate(reversed(range(levels))):
         for i in range(blocks + 1):
@@ -256,6 +270,26 @@ def convert_state_dict(state: Mapping[str, torch.Tensor],
     modules = _module_map(flags)
     heads_of = attention_heads(flags)
     legacy = not flags["use_new_attention_order"]
+    out: dict[str, torch.Tensor] = {}
+    for prefix, params in _group_by_module(state).items():
+        owner, sub = _owner(prefix, modules)
+        if not owner:
+            raise KeyError(f"ADM checkpoint key {prefix!r} has no counterpart for flags {flags}: are they the "
+                           "checkpoint's MODEL_FLAGS?")
+        target, kind = modules[owner]
+        if kind == "resnet":
+            out.update(_resnet_params(prefix, target, sub, params))
+        elif kind == "attention":
+            out.update(_attention_params(prefix, target, sub, params, heads_of, legacy))
+        else:
+            if sub:
+                raise KeyError(f"unexpected ADM checkpoint key {prefix!r}")
+            out.update({f"{target}.{name}": tensor for name, tensor in params.items()})
+    return out
+
+
+def _group_by_module(state: Mapping[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """`a.b.weight`, `a.b.bias` -> {"a.b": {"weight": ..., "bias": ...}}; a key ending otherwise raises."""
     pattern = re.compile(r"^(.*)\.(weight|bias)$")
     grouped: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in state.items():
@@ -263,40 +297,45 @@ def convert_state_dict(state: Mapping[str, torch.Tensor],
         if not match:
             raise KeyError(f"unexpected ADM checkpoint key {key!r}")
         grouped.setdefault(match.group(1), {})[match.group(2)] = value
+    return grouped
+
+
+def _owner(prefix: str, modules: Mapping[str, tuple[str, str]]) -> tuple[str, str]:
+    """The longest leading part of `prefix` that is a mapped module, and the rest (the parameter's path inside it);
+    ("", ...) when no part is mapped."""
+    sub = ""
+    owner = prefix
+    while owner and owner not in modules:
+        owner, _, last = owner.rpartition(".")
+        sub = f"{last}.{sub}" if sub else last
+    return owner, sub
+
+
+def _resnet_params(prefix: str, target: str, sub: str,
+                   params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One ResBlock layer's tensors under its diffusers name (`_RESBLOCK`)."""
+    if sub not in _RESBLOCK:
+        raise KeyError(f"unexpected ResBlock parameter {prefix!r}")
+    return {f"{target}.{_RESBLOCK[sub]}.{name}": tensor for name, tensor in params.items()}
+
+
+def _attention_params(prefix: str, target: str, sub: str, params: Mapping[str, torch.Tensor],
+                      heads_of: Mapping[str, int], legacy: bool) -> dict[str, torch.Tensor]:
+    """One AttentionBlock layer's tensors: the norm as is, the fused qkv split in three, proj_out's 1x1 conv as a
+    Linear."""
     out: dict[str, torch.Tensor] = {}
-    for prefix, params in grouped.items():
-        sub = ""
-        owner = prefix
-        while owner and owner not in modules:
-            owner, _, last = owner.rpartition(".")
-            sub = f"{last}.{sub}" if sub else last
-        if not owner:
-            raise KeyError(f"ADM checkpoint key {prefix!r} has no counterpart for flags {flags}: are they the "
-                           "checkpoint's MODEL_FLAGS?")
-        target, kind = modules[owner]
-        if kind == "resnet":
-            if sub not in _RESBLOCK:
-                raise KeyError(f"unexpected ResBlock parameter {prefix!r}")
-            for name, tensor in params.items():
-                out[f"{target}.{_RESBLOCK[sub]}.{name}"] = tensor
-        elif kind == "attention":
-            if sub == "norm":
-                for name, tensor in params.items():
-                    out[f"{target}.group_norm.{name}"] = tensor
-            elif sub == "qkv":
-                for part, (w, b) in zip(("to_q", "to_k", "to_v"),
-                                        _split_qkv(params["weight"], params["bias"], heads_of[target], legacy)):
-                    out[f"{target}.{part}.weight"], out[f"{target}.{part}.bias"] = w.contiguous(), b.contiguous()
-            elif sub == "proj_out":
-                out[f"{target}.to_out.0.weight"] = params["weight"].reshape(params["weight"].shape[:2]).contiguous()
-                out[f"{target}.to_out.0.bias"] = params["bias"]
-            else:
-                raise KeyError(f"unexpected AttentionBlock parameter {prefix!r}")
-        else:
-            if sub:
-                raise KeyError(f"unexpected ADM checkpoint key {prefix!r}")
-            for name, tensor in params.items():
-                out[f"{target}.{name}"] = tensor
+    if sub == "norm":
+        for name, tensor in params.items():
+            out[f"{target}.group_norm.{name}"] = tensor
+    elif sub == "qkv":
+        for part, (w, b) in zip(("to_q", "to_k", "to_v"),
+                                _split_qkv(params["weight"], params["bias"], heads_of[target], legacy)):
+            out[f"{target}.{part}.weight"], out[f"{target}.{part}.bias"] = w.contiguous(), b.contiguous()
+    elif sub == "proj_out":
+        out[f"{target}.to_out.0.weight"] = params["weight"].reshape(params["weight"].shape[:2]).contiguous()
+        out[f"{target}.to_out.0.bias"] = params["bias"]
+    else:
+        raise KeyError(f"unexpected AttentionBlock parameter {prefix!r}")
     return out
 
 

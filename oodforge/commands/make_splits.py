@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aux-species", default=None,
                    help=key_help(SplitConfig, "aux_species", "0 = every one; per region: split.aux_species_by_region."
                                                              "REGION=N, default c-america 4000"))
-    p.add_argument("--aux-species-c-america", default=None, help=argparse.SUPPRESS)  # deprecated: a config key now
+    p.add_argument("--aux-species-c-america", default=None, help=argparse.SUPPRESS)  # deprecated: the config key
     p.add_argument("--min-images", default=None, help=key_help(SplitConfig, "min_images"))
     p.add_argument("--id-fractions", nargs=3, default=None, metavar=("TRAIN", "VAL", "TEST"),
                    help="ID split per species, summing to 1 (default AMI-GBIF 0.7 0.1 0.2; test/val only for species "
@@ -144,28 +144,47 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     opts, dry_run = options(args), args.dry_run
     out = Path(opts.out)
-    config = opts.split
-    extra_bytes = 0
-    if opts.synthetic:
-        occ, ids = synthetic_occurrences(opts.synthetic, seed=config.seed)
-        folder = out / "synthetic"
-        if not dry_run:
-            folder.mkdir(parents=True, exist_ok=True)
-            occ.to_parquet(folder / "occurrences.parquet", index=False)
-            ids.to_csv(folder / "id_species.csv", index=False)
-        else:  # the bytes the run writes there, measured in memory
-            sink = io.BytesIO()
-            occ.to_parquet(sink, index=False)
-            extra_bytes = sink.tell() + len(ids.to_csv(index=False).encode())
-        occurrences, id_species, image_root = occ, ids, Path(opts.image_root or folder)
-        if config.target_taxon is None:
-            config = config.replace(target_taxon="moth")
-    else:
-        occurrences, id_species, image_root = Path(opts.occurrences), Path(opts.id_species), Path(opts.image_root)
+    occurrences, id_species, image_root, config, extra_bytes = _inputs(opts, dry_run)
     start, timings = time.perf_counter(), {}
     written, summary, record = make_splits(occurrences, id_species, out, image_root, config,
                                            non_target=opts.non_target, taxa=opts.taxa, check_files=opts.check_files,
                                            dry_run=dry_run, timings=timings, limits=opts.limits)
+    _print_record(summary, record, written, dry_run)
+    if dry_run:
+        print(f"dry run: every check passed in {time.perf_counter() - start:.1f} s; nothing written")
+        for line in estimate(timings, write_rate(RATES), extra_bytes):
+            print(line)
+        return 0
+    _pack(image_root, args.store, written, out)
+    print(f"done in {time.perf_counter() - start:.1f} s; summary in {out / 'summary.md'} and {out / 'summary.json'}")
+    return 0
+
+
+def _inputs(opts: MakeSplitsConfig, dry_run: bool) -> tuple[Any, Any, Path, SplitConfig, int]:
+    """(occurrences, ID species, image root, split config, bytes written besides the splits): the given files, or a
+    synthetic archive written under `out/synthetic` (measured in memory on a dry run; its target taxon "moth")."""
+    config = opts.split
+    if not opts.synthetic:
+        return Path(opts.occurrences), Path(opts.id_species), Path(opts.image_root), config, 0
+    out = Path(opts.out)
+    extra_bytes = 0
+    occ, ids = synthetic_occurrences(opts.synthetic, seed=config.seed)
+    folder = out / "synthetic"
+    if not dry_run:
+        folder.mkdir(parents=True, exist_ok=True)
+        occ.to_parquet(folder / "occurrences.parquet", index=False)
+        ids.to_csv(folder / "id_species.csv", index=False)
+    else:  # the bytes the run writes there, measured in memory
+        sink = io.BytesIO()
+        occ.to_parquet(sink, index=False)
+        extra_bytes = sink.tell() + len(ids.to_csv(index=False).encode())
+    if config.target_taxon is None:
+        config = config.replace(target_taxon="moth")
+    return occ, ids, Path(opts.image_root or folder), config, extra_bytes
+
+
+def _print_record(summary: Any, record: dict[str, Any], written: dict[str, Path], dry_run: bool) -> None:
+    """The summary table, the rows dropped, the shortfalls and each region's manifest (with missing ID species)."""
     print(summary.to_string(index=False))
     if record["dropped"]:
         print("rows dropped: " + ", ".join(f"{reason} {n}" for reason, n in record["dropped"].items()))
@@ -176,18 +195,16 @@ def main(argv: list[str] | None = None) -> int:
         missing = record["missing_id_species"].get(region, [])
         if missing:
             print(f"  warning: {len(missing)} ID species of {region} not in the splits, e.g. {missing[:5]}")
-    if dry_run:
-        print(f"dry run: every check passed in {time.perf_counter() - start:.1f} s; nothing written")
-        for line in estimate(timings, write_rate(RATES), extra_bytes):
-            print(line)
-        return 0
+
+
+def _pack(image_root: Path, store_kind: str | None, written: dict[str, Path], out: Path) -> None:
+    """Packs the manifests' images into a shard store when asked (`--store shards`) unless the rows already point
+    into one."""
     if (store := fetched_store(image_root)) is not None:
         print(f"rows point into the shard store {store} (fetch-images --store shards): no pack step")
-    elif args.store == "shards":
+    elif store_kind == "shards":
         from pipelines.shards import pack_manifests, pack_workers
 
         packed = pack_manifests(list(written.values()), out / "shards", workers=pack_workers())
         print(f"packed {len(packed.members)} images into {len(packed.written) + len(packed.kept)} shard(s) in "
               f"{packed.store} ({len(packed.missing)} missing)")
-    print(f"done in {time.perf_counter() - start:.1f} s; summary in {out / 'summary.md'} and {out / 'summary.json'}")
-    return 0

@@ -102,6 +102,18 @@ def parse_meta(text: str, source: str) -> tuple[FileDescriptor, list[FileDescrip
 def _descriptor(element: ElementTree.Element, core: bool, source: str) -> FileDescriptor:
     tag = "core" if core else "extension"
     where = f"{source}: meta.xml <{tag}{' ' + element.get('rowType') if element.get('rowType') else ''}>"
+    dialect = _dialect(element, where)
+    locations = tuple((loc.text or "").strip() for files in _children(element, "files")
+                      for loc in _children(files, "location"))
+    if not locations or not all(locations):
+        raise TableError(f"{where}: no <files><location> naming its data file")
+    id_index = _id_index(element, core, where)
+    fields = tuple(_field(item, where) for item in _children(element, "field"))
+    return FileDescriptor(core, element.get("rowType"), locations, dialect, id_index, fields)
+
+
+def _dialect(element: ElementTree.Element, where: str) -> Dialect:
+    """The file's delimited-text dialect from its attributes (DEFAULTS where absent); one we do not read raises."""
     attrs = {key: _escapes(element.get(key, default)) for key, default in DEFAULTS.items()}
     if attrs["linesTerminatedBy"] not in LINE_ENDS:
         raise TableError(f"{where}: linesTerminatedBy {attrs['linesTerminatedBy']!r}; lines end with \\n, \\r\\n or "
@@ -115,28 +127,32 @@ def _descriptor(element: ElementTree.Element, core: bool, source: str) -> FileDe
     dialect = Dialect(sep=attrs["fieldsTerminatedBy"], quote=attrs["fieldsEnclosedBy"] or None, header_lines=header,
                       encoding=attrs["encoding"] or "UTF-8")
     dialect.check(where)
-    locations = tuple((loc.text or "").strip() for files in _children(element, "files")
-                      for loc in _children(files, "location"))
-    if not locations or not all(locations):
-        raise TableError(f"{where}: no <files><location> naming its data file")
-    ids = _children(element, "id" if core else "coreid")
+    return dialect
+
+
+def _id_index(element: ElementTree.Element, core: bool, where: str) -> int | None:
+    """The column of the core's <id> or an extension's <coreid> (which an extension must have); at most one."""
+    tag = "id" if core else "coreid"
+    ids = _children(element, tag)
     if len(ids) > 1:
-        raise TableError(f"{where}: {len(ids)} <{'id' if core else 'coreid'}> elements, not one")
-    id_index = _index(ids[0], where, "id" if core else "coreid") if ids else None
+        raise TableError(f"{where}: {len(ids)} <{tag}> elements, not one")
+    id_index = _index(ids[0], where, tag) if ids else None
     if ids and id_index is None:
-        raise TableError(f"{where}: <{'id' if core else 'coreid'}> has no index")
+        raise TableError(f"{where}: <{tag}> has no index")
     if not core and id_index is None:
         raise TableError(f"{where}: no <coreid index=...> linking its rows to the core")
-    fields = []
-    for item in _children(element, "field"):
-        term = (item.get("term") or "").strip()
-        if not term:
-            raise TableError(f"{where}: a <field> without a term")
-        index = _index(item, where, term)
-        if index is None and item.get("default") is None:
-            raise TableError(f"{where}: field {term} has neither an index nor a default")
-        fields.append(Field(term.rstrip("/").rsplit("/", 1)[-1], term, index, item.get("default")))
-    return FileDescriptor(core, element.get("rowType"), locations, dialect, id_index, tuple(fields))
+    return id_index
+
+
+def _field(item: ElementTree.Element, where: str) -> Field:
+    """One <field>: its term's last part as the name, its column index and/or default (one of them needed)."""
+    term = (item.get("term") or "").strip()
+    if not term:
+        raise TableError(f"{where}: a <field> without a term")
+    index = _index(item, where, term)
+    if index is None and item.get("default") is None:
+        raise TableError(f"{where}: field {term} has neither an index nor a default")
+    return Field(term.rstrip("/").rsplit("/", 1)[-1], term, index, item.get("default"))
 
 
 def _index(element: ElementTree.Element, where: str, what: str) -> int | None:
@@ -217,13 +233,7 @@ def read_data_file(members: Members, descriptor: FileDescriptor, keep_names: Cal
     """The kept fields of a core or extension (every location in turn) as text columns in column order, the id
     column as `ID` when declared; a default fills the blanks of its field (or makes a constant column, last).
     `keep_rows(batch)` may drop rows while reading (`read_delimited`)."""
-    first = {}
-    for item in descriptor.fields:
-        if keep_names(item.name):
-            if item.name in first and first[item.name] != item:
-                raise TableError(f"{members.source(descriptor.locations[0])}: meta.xml declares {item.name} twice "
-                                 f"({first[item.name].term} and {item.term})")
-            first[item.name] = item
+    first = _kept_fields(members, descriptor, keep_names)
     indexed = [(item.index, 1, name) for name, item in first.items() if item.index is not None]
     if descriptor.id_index is not None:
         indexed.append((descriptor.id_index, 0, ID))
@@ -241,7 +251,24 @@ def read_data_file(members: Members, descriptor: FileDescriptor, keep_names: Cal
     if sum(len(p) for p in parts) > limits.max_rows:
         raise TableError(f"{members.source(descriptor.locations[0])}: more than {limits.describe('max_rows')} rows "
                          "(TableLimits)", doc=TableLimits.DOC)
-    for name, item in first.items():
+    return _with_defaults(table, first)
+
+
+def _kept_fields(members: Members, descriptor: FileDescriptor, keep_names: Callable[[str], bool]) -> dict[str, Field]:
+    """The kept fields by name; a name declared twice with different terms or columns raises."""
+    first: dict[str, Field] = {}
+    for item in descriptor.fields:
+        if keep_names(item.name):
+            if item.name in first and first[item.name] != item:
+                raise TableError(f"{members.source(descriptor.locations[0])}: meta.xml declares {item.name} twice "
+                                 f"({first[item.name].term} and {item.term})")
+            first[item.name] = item
+    return first
+
+
+def _with_defaults(table: pa.Table, fields: dict[str, Field]) -> pa.Table:
+    """Each default filling its column's blanks, or appended as a constant column when its field has no index."""
+    for name, item in fields.items():
         if item.default is not None:
             constant = pa.array([item.default] * len(table), pa.string()) if item.index is None else None
             if constant is not None:

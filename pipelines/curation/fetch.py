@@ -315,12 +315,22 @@ class Fetcher:
             self._record(url, file_name, failure=FetchFailure("thumbnail URL", True))
             return None
         if self.shards is not None:  # the shards stand in for the files (fetch_shards)
-            info = self.shards.finished(record, file_name)
-            if info is None:
-                return Item(url, file_name)
-            if record["status"] == "writing":
-                self._adopt(url, file_name, info)
-            return None
+            return self._classify_in_shards(url, file_name, record)
+        return self._classify_file(url, file_name, path, record)
+
+    def _classify_in_shards(self, url: str, file_name: Any, record: dict[str, Any] | None) -> Item | None:
+        """`_classify` against the shard store: an Item unless the shards hold the image (adopted when the ledger's
+        last line for it is `writing`)."""
+        info = self.shards.finished(record, file_name)
+        if info is None:
+            return Item(url, file_name)
+        if record["status"] == "writing":
+            self._adopt(url, file_name, info)
+        return None
+
+    def _classify_file(self, url: str, file_name: Any, path: Path, record: dict[str, Any] | None) -> Item | None:
+        """`_classify` against the image folder: None when the file is this URL's finished image (adopted when the
+        ledger's `writing` line and its hash prove it) or is not a regular file (recorded as failed)."""
         try:
             size = path.stat().st_size if path.is_file() else None
         except OSError:

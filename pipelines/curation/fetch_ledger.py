@@ -80,6 +80,14 @@ class Paths:
     def resolve(self, file_name: Any, *, own: bool = False) -> Path:
         """`out/file_name`, or a final FetchFailure saying why not; `own`: a path the fetch itself derives under one of
         its folders (an original's copy), so `RESERVED` does not apply."""
+        self._check_name(file_name, own)
+        path = os.path.join(self.out_text, os.path.normpath(file_name))
+        self._check_links(file_name, path)
+        return Path(path)
+
+    def _check_name(self, file_name: Any, own: bool) -> None:
+        """The name's own checks: a non-blank relative path without NUL or '..', within the file system's lengths,
+        outside the fetch's reserved folders unless `own`."""
         if not isinstance(file_name, str) or not file_name.strip():
             raise FetchFailure("unsafe file_name: blank", True)
         if "\0" in file_name:
@@ -101,7 +109,9 @@ class Paths:
         if not own and first.casefold() in _RESERVED_FOLDED:
             raise FetchFailure(f"unsafe file_name {_short(file_name)}: {first!r} is the fetch's own output in --out",
                                True)
-        path = os.path.join(self.out_text, os.path.normpath(file_name))
+
+    def _check_links(self, file_name: str, path: str) -> None:
+        """The file system's checks: the path is no symlink and its folder's realpath lies under `out` (cached)."""
         folder = os.path.dirname(path)
         inside = self.folders.get(folder)
         if inside is None:
@@ -112,7 +122,6 @@ class Paths:
             raise FetchFailure(f"unsafe file_name {_short(file_name)}: a symlink {where}", True)
         if not inside:
             raise FetchFailure(f"unsafe file_name {_short(file_name)}: a symlink leads outside --out", True)
-        return Path(path)
 
 
 def _short(file_name: str, keep: int = 60) -> str:

@@ -20,6 +20,7 @@ import os
 import re
 import zipfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Literal
 from urllib.parse import urlsplit
@@ -402,24 +403,31 @@ def clean(frame: pd.DataFrame, taxa: TaxonFilter | None = None, *, source: str =
         urls = frame["url"].iloc[rows]
         drop(_at(len(frame), rows, (urls.duplicated() & urls.notna()).to_numpy()), DUPLICATE_URL)
     if "file_name" in frame.columns:
-        drop(blank_names(frame["file_name"]), NO_FILE_NAME)
-        rows = np.flatnonzero(alive)
-        names = frame["file_name"].iloc[rows]
-        leaving = leaving_names(names)
-        if leaving.any():
-            first = int(np.flatnonzero(leaving)[0])
-            raise TableError(f"{source}: {row_name(frame[named].iloc[rows], first)}: file_name "
-                             f"{names.iloc[first]!r} leads outside the image root (a relative path without '..' "
-                             "is needed)")
-        if image_root is not None:
-            present, escape = files_under(image_root, names.tolist())
-            if escape is not None:
-                raise TableError(f"{source}: {row_name(frame[named].iloc[rows], escape)}: file_name "
-                                 f"{names.iloc[escape]!r} resolves outside the image root "
-                                 f"({real_target(image_root, names.iloc[escape])})")
-            drop(_at(len(frame), rows, ~present), MISSING_FILE)
+        _drop_file_names(frame, named, alive, drop, source, image_root)
     keep = np.flatnonzero(alive)
     return frame.iloc[keep].assign(lat=lat[keep], lon=lon[keep]).reset_index(drop=True), dropped
+
+
+def _drop_file_names(frame: pd.DataFrame, named: list[str], alive: np.ndarray, drop: Callable[[np.ndarray, str], None],
+                     source: str, image_root: str | os.PathLike | None) -> None:
+    """`clean`'s file-name steps: blank names dropped; a name leading outside the image root raises; with an image
+    root, a name resolving outside it raises and a missing file is dropped."""
+    drop(blank_names(frame["file_name"]), NO_FILE_NAME)
+    rows = np.flatnonzero(alive)
+    names = frame["file_name"].iloc[rows]
+    leaving = leaving_names(names)
+    if leaving.any():
+        first = int(np.flatnonzero(leaving)[0])
+        raise TableError(f"{source}: {row_name(frame[named].iloc[rows], first)}: file_name "
+                         f"{names.iloc[first]!r} leads outside the image root (a relative path without '..' "
+                         "is needed)")
+    if image_root is not None:
+        present, escape = files_under(image_root, names.tolist())
+        if escape is not None:
+            raise TableError(f"{source}: {row_name(frame[named].iloc[rows], escape)}: file_name "
+                             f"{names.iloc[escape]!r} resolves outside the image root "
+                             f"({real_target(image_root, names.iloc[escape])})")
+        drop(_at(len(frame), rows, ~present), MISSING_FILE)
 
 
 def _at(n: int, rows: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -345,41 +345,74 @@ def check_rows(release: Release, species: list[str] | None) -> None:
                                   f"{', '.join(COLUMNS)}); columns: {', '.join(map(str, frame.columns[:20]))}")
         role = RELEASE_SPLITS.get(part.name, FIELD_SPLIT)[1]
         labels = pd.to_numeric(frame["label"], errors="coerce").to_numpy(dtype=np.float64)
-        bad_label = ~np.isfinite(labels) | (labels != np.round(labels))
-        if role == "ood":
-            bad_label |= labels != -1
-        else:
-            bad_label |= labels < 0
-            if classes is not None:
-                bad_label |= labels >= classes
-        paths, lines = frame["image_path"].tolist(), frame["line"].tolist()
+        bad_label = _bad_labels(labels, role, classes)
         if species is not None and role == "id":
-            for i, key in enumerate(species_keys(frame)):
-                if key is not None and not bad_label[i] and species[int(labels[i])] != key:
-                    problems.append(f"{part.where}:{lines[i]}: speciesKey {key} of {paths[i]!r} is not "
-                                    f"label {int(labels[i])}'s in the category map ({species[int(labels[i])]})")
-        for i in np.flatnonzero(bad_label):
-            value, here = frame["label"].iloc[i], f"{part.where}:{lines[i]}"
-            if value is None or (isinstance(value, float) and np.isnan(value)):
-                problems.append(f"{here}: {paths[i]!r} has no label (a line is `<image_path> <label>`)")
-                continue
-            want = "-1 (OOD)" if role == "ood" else (f"a label 0..{classes - 1} of the category map" if classes
-                                                     else "a class index >= 0")
-            problems.append(f"{here}: label {value!r} of {paths[i]!r}: expected {want}")
-        for i, path in enumerate(paths):
-            reason = path_fault(path)
-            if reason is not None:
-                problems.append(f"{part.where}:{lines[i]}: image_path {path!r} {reason}")
-            elif path in seen:
-                first = "{}:{}".format(*seen[path])
-                problems.append(f"{part.where}:{lines[i]}: image_path {path!r} is also at {first} (one image, one "
-                                "row)")
-            else:
-                seen[path] = (part.where, lines[i])
+            problems += _species_key_problems(part, labels, bad_label, species)
+        problems += _label_problems(part, bad_label, role, classes)
+        problems += _path_problems(part, seen)
     if problems:
         others = len(problems) - 1
         more = f" (and {others} more bad line{'s' if others > 1 else ''})" if others else ""
         raise OpenInsectError(problems[0] + more)
+
+
+def _bad_labels(labels: np.ndarray, role: str, classes: int | None) -> np.ndarray:
+    """Which labels are no integer, or not -1 in an OOD split, or outside 0..classes-1 in the others."""
+    bad_label = ~np.isfinite(labels) | (labels != np.round(labels))
+    if role == "ood":
+        bad_label |= labels != -1
+    else:
+        bad_label |= labels < 0
+        if classes is not None:
+            bad_label |= labels >= classes
+    return bad_label
+
+
+def _species_key_problems(part: ReleasedSplit, labels: np.ndarray, bad_label: np.ndarray,
+                          species: list[str]) -> list[str]:
+    """An ID split's rows whose speciesKey is not their label's species in the category map."""
+    frame = part.rows
+    paths, lines = frame["image_path"].tolist(), frame["line"].tolist()
+    problems = []
+    for i, key in enumerate(species_keys(frame)):
+        if key is not None and not bad_label[i] and species[int(labels[i])] != key:
+            problems.append(f"{part.where}:{lines[i]}: speciesKey {key} of {paths[i]!r} is not "
+                            f"label {int(labels[i])}'s in the category map ({species[int(labels[i])]})")
+    return problems
+
+
+def _label_problems(part: ReleasedSplit, bad_label: np.ndarray, role: str, classes: int | None) -> list[str]:
+    """One line per bad label: a blank one, or the value and what was expected."""
+    frame = part.rows
+    paths, lines = frame["image_path"].tolist(), frame["line"].tolist()
+    problems = []
+    for i in np.flatnonzero(bad_label):
+        value, here = frame["label"].iloc[i], f"{part.where}:{lines[i]}"
+        if value is None or (isinstance(value, float) and np.isnan(value)):
+            problems.append(f"{here}: {paths[i]!r} has no label (a line is `<image_path> <label>`)")
+            continue
+        want = "-1 (OOD)" if role == "ood" else (f"a label 0..{classes - 1} of the category map" if classes
+                                                 else "a class index >= 0")
+        problems.append(f"{here}: label {value!r} of {paths[i]!r}: expected {want}")
+    return problems
+
+
+def _path_problems(part: ReleasedSplit, seen: dict[str, tuple[str, int]]) -> list[str]:
+    """One line per image_path that cannot be taken (`path_fault`) or that an earlier row holds (`seen`, updated)."""
+    frame = part.rows
+    paths, lines = frame["image_path"].tolist(), frame["line"].tolist()
+    problems = []
+    for i, path in enumerate(paths):
+        reason = path_fault(path)
+        if reason is not None:
+            problems.append(f"{part.where}:{lines[i]}: image_path {path!r} {reason}")
+        elif path in seen:
+            first = "{}:{}".format(*seen[path])
+            problems.append(f"{part.where}:{lines[i]}: image_path {path!r} is also at {first} (one image, one "
+                            "row)")
+        else:
+            seen[path] = (part.where, lines[i])
+    return problems
 
 
 DRIVE = re.compile(r"[A-Za-z]:")

@@ -177,36 +177,10 @@ def _bring(cfg: OpenInsectImport, release: Release, rows: dict[str, list[dict[st
            dry_run: bool) -> tuple[dict[str, list], pd.DataFrame, dict[str, Any] | None, HostsThrottled | None]:
     """Images of the hub or the repository files: the rows' own image bytes written (the BCI set), the others fetched
     by URL; returns the rows kept, the missing ones, a dry run's fetch plan and the hosts given up on."""
-    written: dict[str, str] = {}  # file_name under OUT -> "" (written) or the reason it is not
-    by_url = []
-    paths = Paths(out)
-    for name, part in release.splits.items():
-        images = part.rows["image"].tolist() if "image" in part.rows.columns else [None] * len(part.rows)
-        for row, image in zip(rows[name], images):
-            target = f"{IMAGES}/{row['file_name']}"
-            data = image.get("bytes") if isinstance(image, dict) else image if isinstance(image, bytes) else None
-            if data is not None:
-                written[target] = "" if dry_run else _write_image(paths, target, data)
-            elif row.get("url"):
-                by_url.append({"url": row["url"], "species": str(row["label"]), "file_name": target})
-            else:
-                written[target] = "no image and no identifier (URL) in the row"
+    written, by_url = _write_own_images(release, rows, Paths(out), dry_run)
     plan, throttled = None, None
     if by_url:
-        with tempfile.TemporaryDirectory() as tmp:
-            table = Path(tmp) / "open_insect_urls.csv"
-            pd.DataFrame(by_url).to_csv(table, index=False)
-            fetch_cfg = FetchConfig.from_dict({
-                "occurrences": str(table), "out": str(out), "per_species": None, "resize": cfg.resize,
-                "min_bytes": 0, "min_side": 0, "thumbnail_pattern": None, "timeout": cfg.timeout,
-                "retries": cfg.retries, "workers": cfg.workers, "rate": cfg.rate}, "fetch")
-            if dry_run:
-                plan = fetch_plan(fetch_cfg)
-            else:
-                try:
-                    fetch_images(fetch_cfg)
-                except HostsThrottled as err:  # every other image is written: the manifests are too
-                    throttled = err
+        plan, throttled = _fetch_by_url(cfg, by_url, out, dry_run)
         if not dry_run:
             written.update(_fetched(out, [r["file_name"] for r in by_url]))
     kept, missing = {}, []
@@ -219,6 +193,48 @@ def _bring(cfg: OpenInsectImport, release: Release, rows: dict[str, list[dict[st
             else:
                 kept[name].append(row)
     return kept, _missing_frame(missing), plan, throttled
+
+
+def _write_own_images(release: Release, rows: dict[str, list[dict[str, Any]]], paths: Paths,
+                      dry_run: bool) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """The rows' own image bytes written (file_name under OUT -> "" or why not; nothing written on a dry run) and
+    the fetch table's rows of the others (a row with neither bytes nor URL is recorded as missing)."""
+    written: dict[str, str] = {}
+    by_url = []
+    for name, part in release.splits.items():
+        images = part.rows["image"].tolist() if "image" in part.rows.columns else [None] * len(part.rows)
+        for row, image in zip(rows[name], images):
+            target = f"{IMAGES}/{row['file_name']}"
+            data = image.get("bytes") if isinstance(image, dict) else image if isinstance(image, bytes) else None
+            if data is not None:
+                written[target] = "" if dry_run else _write_image(paths, target, data)
+            elif row.get("url"):
+                by_url.append({"url": row["url"], "species": str(row["label"]), "file_name": target})
+            else:
+                written[target] = "no image and no identifier (URL) in the row"
+    return written, by_url
+
+
+def _fetch_by_url(cfg: OpenInsectImport, by_url: list[dict[str, str]], out: Path,
+                  dry_run: bool) -> tuple[dict[str, Any] | None, HostsThrottled | None]:
+    """The URL rows through fetch-images (a temporary table; the import's fetch settings): a dry run's plan, or the
+    hosts given up on (every other image is written)."""
+    plan, throttled = None, None
+    with tempfile.TemporaryDirectory() as tmp:
+        table = Path(tmp) / "open_insect_urls.csv"
+        pd.DataFrame(by_url).to_csv(table, index=False)
+        fetch_cfg = FetchConfig.from_dict({
+            "occurrences": str(table), "out": str(out), "per_species": None, "resize": cfg.resize,
+            "min_bytes": 0, "min_side": 0, "thumbnail_pattern": None, "timeout": cfg.timeout,
+            "retries": cfg.retries, "workers": cfg.workers, "rate": cfg.rate}, "fetch")
+        if dry_run:
+            plan = fetch_plan(fetch_cfg)
+        else:
+            try:
+                fetch_images(fetch_cfg)
+            except HostsThrottled as err:  # every other image is written: the manifests are too
+                throttled = err
+    return plan, throttled
 
 
 def _write_image(paths: Paths, target: str, data: bytes) -> str:

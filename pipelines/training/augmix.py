@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from pipelines.decode import Decode
-from pipelines.training.transforms import Compose, to_uint8_tensor
+from pipelines.training.transforms import GEOMETRIC_OPS, Compose, to_uint8_tensor
 
 BINS = 10
 """torchvision's `AugMix._PARAMETER_MAX`: magnitude bins per op, and the largest severity."""
@@ -142,6 +142,13 @@ def _equalize(img: torch.Tensor) -> torch.Tensor:
 
 def apply_op(img: torch.Tensor, op: str, magnitude: float, interpolation: str = "bilinear") -> torch.Tensor:
     """One AugMix op on a uint8 tensor [..., C, H, W], as torchvision's `autoaugment._apply_op` on tensors (no fill)."""
+    if op in GEOMETRIC_OPS:
+        return _geometric_op(img, op, magnitude, interpolation)
+    return _pixel_op(img, op, magnitude)
+
+
+def _geometric_op(img: torch.Tensor, op: str, magnitude: float, interpolation: str) -> torch.Tensor:
+    """`apply_op`'s affine ops: shear about the corner, translation and rotation about the centre."""
     h, w = img.shape[-2:]
     centre = (0.0, 0.0)
     corner = (-w * 0.5, -h * 0.5)  # center=[0, 0] in pixels, relative to the image centre
@@ -157,8 +164,11 @@ def apply_op(img: torch.Tensor, op: str, magnitude: float, interpolation: str = 
     if op == "TranslateY":
         return _grid_transform(img, _inverse_affine(centre, 0.0, (0.0, float(int(magnitude))), (0.0, 0.0)),
                                interpolation)
-    if op == "Rotate":
-        return _grid_transform(img, _inverse_affine(centre, -magnitude, (0.0, 0.0), (0.0, 0.0)), interpolation)
+    return _grid_transform(img, _inverse_affine(centre, -magnitude, (0.0, 0.0), (0.0, 0.0)), interpolation)  # Rotate
+
+
+def _pixel_op(img: torch.Tensor, op: str, magnitude: float) -> torch.Tensor:
+    """`apply_op`'s colour and tone ops; an op of neither kind raises."""
     if op == "Brightness":
         return _blend(img, torch.zeros_like(img), 1.0 + magnitude)
     if op == "Color":

@@ -259,8 +259,19 @@ def _affine(image: Image.Image, angle: float, translate: tuple[float, float], sh
     return image.transform(image.size, Image.AFFINE, m, Image.NEAREST, fillcolor=(0,) * len(image.getbands()))
 
 
+GEOMETRIC_OPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+"""The ops that move pixels (an affine map); the others change their values."""
+
+
 def apply_op(image: Image.Image, op: str, magnitude: float) -> Image.Image:
     """One RandAugment op at a signed magnitude, as torchvision's `_apply_op` on a PIL image."""
+    if op in GEOMETRIC_OPS:
+        return _geometric_op(image, op, magnitude)
+    return _pixel_op(image, op, magnitude)
+
+
+def _geometric_op(image: Image.Image, op: str, magnitude: float) -> Image.Image:
+    """`apply_op`'s affine ops: shear about the corner, translation about the centre, rotation."""
     w, h = image.size
     if op == "ShearX":
         return _affine(image, 0.0, (0, 0), (math.degrees(math.atan(magnitude)), 0.0), (0.0, 0.0))
@@ -270,8 +281,11 @@ def apply_op(image: Image.Image, op: str, magnitude: float) -> Image.Image:
         return _affine(image, 0.0, (int(magnitude), 0), (0.0, 0.0), (w * 0.5, h * 0.5))
     if op == "TranslateY":
         return _affine(image, 0.0, (0, int(magnitude)), (0.0, 0.0), (w * 0.5, h * 0.5))
-    if op == "Rotate":
-        return image.rotate(magnitude, Image.NEAREST, False, None, fillcolor=(0,) * len(image.getbands()))
+    return image.rotate(magnitude, Image.NEAREST, False, None, fillcolor=(0,) * len(image.getbands()))  # Rotate
+
+
+def _pixel_op(image: Image.Image, op: str, magnitude: float) -> Image.Image:
+    """`apply_op`'s colour and tone ops (and Identity); an op of neither kind raises."""
     enhance = {"Brightness": ImageEnhance.Brightness, "Color": ImageEnhance.Color, "Contrast": ImageEnhance.Contrast,
                "Sharpness": ImageEnhance.Sharpness}
     if op in enhance:

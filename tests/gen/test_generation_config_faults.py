@@ -1,6 +1,6 @@
 """Malformed generation configs through `scripts/generate.py`: each is refused in one line naming the key, exit 2,
-before any job file is written (the `out` folder holds no `.job`), or accepted on purpose. Then the late checks made
-early (issue 27): a start refused or failed leaves nothing that binds the corrected rerun, and `--dry-run` refuses
+before any job file is written (the `out` folder holds no `.job`), or accepted on purpose. Then the checks made before
+any work: a start refused or failed leaves nothing that binds the corrected rerun, and `--dry-run` refuses
 where the run does, in the same line."""
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def table(extra_non_target: int = 20) -> pd.DataFrame:
     return frame
 
 
-# the hand-built table's answers assume the former choices: every species kept, 4:1:5, no val cap, every aux species
+# the hand-built table's answers assume these choices: every species kept, 4:1:5, no val cap, every aux species
 LEGACY = dict(min_images=1, id_fractions=(0.4, 0.1, 0.5), id_min_rule=False, id_val_cap=None, aux_species=None)
 
 

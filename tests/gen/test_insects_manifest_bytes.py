@@ -1,5 +1,5 @@
-"""write_splits writes the bytes of the previous writer: rows built by the former manifest_rows (dict per row, then
-aux_label deleted from non-auxiliary rows), one json.dumps(row, default=str) per line."""
+"""write_splits writes the bytes of a plain per-row writer (a dict per row, then aux_label deleted from the
+non-auxiliary rows), one json.dumps(row, default=str) per line."""
 import json
 
 import numpy as np
@@ -9,7 +9,7 @@ from gen.insects import SplitConfig, build_splits, manifest_table, read_id_speci
 
 
 def previous_manifest_rows(frame: pd.DataFrame, non_target_name: str = "non_target") -> list[dict]:
-    table = manifest_table(frame, non_target_name)  # the table is unchanged; the row building was the cost
+    table = manifest_table(frame, non_target_name)  # the same table; only the row building differs
     rows = []
     for i in range(len(table)):
         row = {name: (None if pd.isna(table[name].iloc[i]) else table[name].iloc[i].item()

@@ -225,7 +225,7 @@ def test_cli_dry_run_prints_the_plan_and_counts(tmp_path, bronzes, containers, c
     printed = capsys.readouterr().out
     plan_lines, rest = printed.split("... and 1 more\n")
     assert len(plan_lines.strip().splitlines()) == 2 and "<-" in plan_lines
-    assert rest.splitlines() == [  # a readable plan, not raw JSON (issue 41)
+    assert rest.splitlines() == [  # a readable plan, not raw JSON
         "plan: 3 item(s) of task transferred_container (OOD set transferred_container) from 3 target(s) and 3 "
         "material(s), each material used 1 time(s)",
         "already done: 0; to generate: 3",

@@ -1,4 +1,4 @@
-"""Two generation jobs on one `out` (issue 32, row 7): while another process holds the folder, the job is refused in
+"""Two generation jobs on one `out`: while another process holds the folder, the job is refused in
 one line and writes nothing (no plan, no ledger); the dry run takes no lock; once the holder is gone the job runs."""
 from __future__ import annotations
 

@@ -138,7 +138,7 @@ def test_rembg_runs_one_session_per_process_and_auto_falls_back_with_a_warning(m
     monkeypatch.setattr(masks, "rembg_available", lambda: False)
     masks._warn_fallback.cache_clear()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # one log line, never a Python warning with its source line (issue 41)
+        warnings.simplefilter("error")  # one log line, never a Python warning with its source line
         for _ in range(3):
             assert masks.resolve_mask_method("auto") == "opencv"
     said = [r for r in caplog.records if "rembg is not installed" in r.getMessage()]

@@ -1,5 +1,5 @@
 """Malformed make_splits invocations: each is refused in one line naming the option, exit status 2, before a table is
-read or a file written (issue 27's make_splits cases and their neighbours)."""
+read or a file written."""
 from __future__ import annotations
 
 import json

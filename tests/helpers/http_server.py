@@ -146,7 +146,6 @@ class HostileServer:
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         number = int("".join(c for c in name.split(".")[0] if c.isdigit()) or 0)
         n = seed(parts.path)
-        times = int(query.get("times", 10**9))
         if kind == "hang":
             self.stopping.wait()
             return None
@@ -155,20 +154,36 @@ class HostileServer:
                 self.blocked += 1
                 self.cond.notify_all()
             self.release.wait()
+        if self.status_reply(h, kind, query, nth, parts.path, n, number):
+            return None
+        if kind in ("drip-head", "drip", "big", "endless"):
+            return self.stream_reply(h, kind)
+        return self.image_reply(h, kind, query, nth, n)
+
+    def status_reply(self, h: BaseHTTPRequestHandler, kind: str, query: dict[str, str], nth: int, path: str, n: int,
+                     number: int) -> bool:
+        """The error, throttle and redirect behaviours; False when `kind` (or this attempt) is none of them."""
         if kind == "fail" or (kind == "flaky" and nth == 1):
-            return self.send(h, 500, b"error")
-        if kind == "missing":
-            return self.send(h, 404, b"not found")
-        if kind == "status":
+            self.send(h, 500, b"error")
+        elif kind == "missing":
+            self.send(h, 404, b"not found")
+        elif kind == "status":
             extra = {"Retry-After": query["retry"]} if "retry" in query else {}
-            return self.send(h, int(query.get("code", 500)), b"status", extra)
-        if kind == "throttle" and nth <= int(query.get("times", 1)):
-            return self.send(h, 429, b"slow down", {"Retry-After": query.get("retry", "1")})
-        if kind in ("redirect", "loop", "to", "chain"):
+            self.send(h, int(query.get("code", 500)), b"status", extra)
+        elif kind == "throttle" and nth <= int(query.get("times", 1)):
+            self.send(h, 429, b"slow down", {"Retry-After": query.get("retry", "1")})
+        elif kind in ("redirect", "loop", "to", "chain"):
             hops = int(query.get("hops", 1))
-            target = {"redirect": f"/img/{n}.png", "loop": parts.path, "to": query.get("url", "/"),
+            target = {"redirect": f"/img/{n}.png", "loop": path, "to": query.get("url", "/"),
                       "chain": f"/chain/{number}?hops={hops - 1}" if hops > 1 else f"/img/{number}.png"}[kind]
-            return self.send(h, 302, b"", {"Location": target})
+            self.send(h, 302, b"", {"Location": target})
+        else:
+            return False
+        return True
+
+    def stream_reply(self, h: BaseHTTPRequestHandler, kind: str) -> None:
+        """The slow and oversized bodies: a status line dripped a byte at a time, a body dripped likewise, a declared
+        10 GB body cut short, an endless chunked body (each stops when the server does)."""
         if kind == "drip-head":
             for byte in b"HTTP/1.1 200 OK\r\n":
                 if self.stopping.wait(0.2):
@@ -193,14 +208,16 @@ class HostileServer:
             h.wfile.write(b"\xff" * 1024)
             h.close_connection = True
             return None
-        if kind == "endless":
-            h.send_response(200)
-            h.send_header("Transfer-Encoding", "chunked")
-            h.end_headers()
-            block = b"\xff" * 65536
-            while not self.stopping.is_set():
-                h.wfile.write(b"%x\r\n%s\r\n" % (len(block), block))
-            return None
+        h.send_response(200)  # endless
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        block = b"\xff" * 65536
+        while not self.stopping.is_set():
+            h.wfile.write(b"%x\r\n%s\r\n" % (len(block), block))
+        return None
+
+    def image_reply(self, h: BaseHTTPRequestHandler, kind: str, query: dict[str, str], nth: int, n: int) -> None:
+        """A 200 with the body of `kind` (a PNG by default), or (`truncate`, the first `times` attempts) half of it."""
         body = {"dup": lambda: png(seed("/img/0.png")), "tiny": lambda: png(n, (16, 16)),
                 "short": lambda: b"0123456789", "rgba": lambda: png(n, (800, 600), "RGBA"),
                 "html": lambda: b"<html><body>" + b"not an image " * 200 + b"</body></html>",
@@ -211,7 +228,7 @@ class HostileServer:
         headers = {"Content-Type": "image/jpeg" if kind in ("html", "jpeg") else "image/png"}
         if kind == "gzip":
             headers["Content-Encoding"] = "gzip"
-        if kind == "truncate" and nth <= times:
+        if kind == "truncate" and nth <= int(query.get("times", 10**9)):
             h.send_response(200)
             h.send_header("Content-Length", str(len(body)))
             h.end_headers()

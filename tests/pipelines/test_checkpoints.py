@@ -127,7 +127,7 @@ def test_safe_torch_load_reads_tensors_and_refuses_anything_else(tmp_path):
     assert "weights_only" not in message
 
 
-# -- safetensors headers that do not fit their file (issue 32, row 6: a SafetensorError traceback) -------------------
+# -- safetensors headers that do not fit their file (safetensors itself raises a SafetensorError traceback) ----------
 def header_bomb(path, declared: int = 2 ** 62):
     """A file whose 8-byte header length declares `declared` bytes, followed by a tiny JSON header."""
     path.write_bytes(declared.to_bytes(8, "little") + b'{"__metadata__": {}}')

@@ -1,6 +1,6 @@
-"""Hostile trees (issue 32, rows 3 and 6): symlink loops, symlinks out of the folder, FIFOs, sockets and devices,
+"""Hostile trees: symlink loops, symlinks out of the folder, FIFOs, sockets and devices,
 0-byte and text "images", names with control characters, and tables or image lists whose paths leave their folder
-through a symlink. Each attack is the issue's own; each row asserts what the import (or curation) must do: the walk
+through a symlink. Each row asserts what the import (or curation) must do: the walk
 ends with every real image once, nothing outside is listed, nothing blocks, every undecodable file is a recorded
 failure, and a refusal is one line with exit 2 and no output folder."""
 from __future__ import annotations
@@ -92,9 +92,9 @@ def _hostile_field_tree(tmp_path: Path) -> tuple[Path, list[socket.socket]]:
 
 @pytest.mark.slow
 def test_a_field_walk_ends_with_each_real_image_once_and_the_labels_stay(tmp_path):
-    """The issue: 20 images became 738 rows and 80 known-species images were labelled novel, and the summary said
-    '1 dangling symlink'. Run as the command (a subprocess, so that a FIFO that blocks fails the test instead of
-    hanging it)."""
+    """20 images stay 20 rows (symlink loops and links out add none), the known-species images keep their labels and
+    the summary names each dangling link, link out, FIFO and socket. Run as the command (a subprocess, so that a FIFO
+    that blocks fails the test instead of hanging it)."""
     root, sockets = _hostile_field_tree(tmp_path)
     model = _classifier(tmp_path / "clf", KNOWN + ["Other species"])
     out = tmp_path / "out"
@@ -235,7 +235,7 @@ def test_table_and_list_paths_through_a_symlink_out_of_the_folder_are_refused(tm
 
 
 def test_names_with_control_characters_are_refused_in_one_line(tmp_path, capsys):
-    """`Genus0 species0\\n` was merged into the known class `Genus0 species0`. Refused, not kept distinct: kept, it
+    """`Genus0 species0\\n` would merge into the known class `Genus0 species0`. Refused, not kept distinct: kept, it
     would be a novel species whose images are the known one's, and its name would break every line-based output."""
     root = tmp_path / "field"
     for k, species in enumerate([*KNOWN, *NOVEL, KNOWN[0] + "\n"]):

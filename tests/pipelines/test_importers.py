@@ -385,9 +385,9 @@ def test_field_set_from_folders_labels_known_species_by_the_classifier(tmp_path,
 
 
 def test_identical_undecodable_files_are_failures_never_duplicates(tmp_path, capsys):
-    """Issue 41 E13: 0-byte `.jpg` files in class folders refused the whole import ("the same image is in two
-    splits"): identical undecodable files counted as duplicates. They are listed in failures.json and the rest
-    imported; two identical images that decode, in two splits, are still one line."""
+    """Identical undecodable files (0-byte `.jpg`s in class folders) are failures, never duplicates that refuse the
+    whole import ("the same image is in two splits"): they are listed in failures.json and the rest imported; two
+    identical images that decode, in two splits, are still one line."""
     cli = _script("import_folder")
     rng = np.random.default_rng(0)
     for name, colour in (("ant", (200, 0, 0)), ("bee", (0, 200, 0))):

@@ -1,4 +1,4 @@
-"""The fast manifest writer produces the previous writer's bytes (json.dumps(row, default=str) per line) on varied rows,
+"""The fast manifest writer produces the plain writer's bytes (json.dumps(row, default=str) per line) on varied rows,
 and its column-wise schema check never vouches for a row that validate_row rejects."""
 import json
 import math

@@ -1,5 +1,5 @@
-"""Files others cannot read (issue 32, row 8: model.safetensors and checkpoint.safetensors came out 0600 under umask
-022, from safetensors' own writer). Every writer of the project, the libraries' writers it calls included, gives its
+"""No file that others cannot read (safetensors' own writer makes model.safetensors and checkpoint.safetensors 0600
+under umask 022). Every writer of the project, the libraries' writers it calls included, gives its
 files 0666 minus the umask, as `open` does; one test per writer, each under two umasks."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""No remote code, ever (issue 32, row 5: a model folder whose config.json has an `auto_map` and an unknown
-`model_type` made transformers ask on stdin, and with "y" piped in, `evaluate` ran the folder's Python). Every load
+"""No remote code, ever (a model folder whose config.json has an `auto_map` and an unknown `model_type` makes
+transformers ask on stdin, and "y" piped in would run the folder's Python). Every load
 goes through `pipelines.runtime.load_pretrained`: the folder is refused in one line before the library sees it, and
 the library is told `trust_remote_code=False` all the same (the second lock, tested on its own here). The command
 run with "y" on stdin is in tests/pipelines/test_untrusted_files.py."""
@@ -89,8 +89,8 @@ def test_every_config_kind_that_names_code_is_found(tmp_path):
 
 
 def test_an_auto_map_beside_a_native_model_type_is_refused_and_loads_once_removed(tmp_path):
-    """Issue 41 D03: an `auto_map` beside a model_type transformers implements (resnet) was loaded as transformers'
-    ResNet, another model than the folder's author meant; the README promises such a folder is refused. Nothing
+    """An `auto_map` beside a model_type transformers implements (resnet) would load as transformers' ResNet,
+    another model than the folder's author meant; the README promises such a folder is refused. Nothing
     runs either way, and the message says how to load it as the library's own."""
     from pipelines.classifier import ImageClassifier
     from pipelines.tiny import RESNET_ID, save_tiny_model

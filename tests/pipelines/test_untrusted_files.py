@@ -99,7 +99,7 @@ FINETUNE = {"name": "logitnorm", "params": {"epochs": 1, "batch_size": 8, "lr": 
 
 
 def test_train_classifier_output_folder(tiny, tmp_path, capsys):
-    """A planted checkpoint under the old name and the current one: the run trains from scratch, nothing runs."""
+    """A planted checkpoint under `checkpoint.pt` and under `CHECKPOINT`: the run trains from scratch, nothing runs."""
     from pipelines.training.classify import CHECKPOINT, train_classifier
     from pipelines.training.recipes import TrainConfig
 
@@ -119,7 +119,7 @@ def test_train_classifier_output_folder(tiny, tmp_path, capsys):
 @pytest.mark.slow
 def test_a_model_folder_with_only_a_pickle(tiny, tmp_path):
     """`model:` naming a folder whose weights are a hostile pytorch_model.bin: one line, exit 2, for evaluate and
-    train_classifier alike (it was a 51-line traceback advising weights_only=False)."""
+    train_classifier alike (never torch's traceback advising weights_only=False)."""
     root, _, pickled = tiny
     marker = root / "ran-model"
     done = _script("evaluate.py", "--config", _eval_yaml(root, tmp_path / "run", pickled, ["msp"]))
@@ -233,7 +233,7 @@ def _in_process(name: str, capsys, *args: str) -> str:
 
 
 def test_a_safetensors_header_declaring_2_62_bytes_is_one_line_wherever_it_is_read(tiny, tmp_path, capsys):
-    """Issue 32, row 6 (a SafetensorError traceback): the header bomb as a model folder's weights (evaluate and
+    """One line, never safetensors' SafetensorError traceback: the header bomb as a model folder's weights (evaluate and
     train_classifier), a detector folder's state, a label-levels folder and the diffusion / distance weight files."""
     from detectors import load
     from detectors.generative.distances import load_weight_files
@@ -278,7 +278,7 @@ def test_a_safetensors_header_declaring_2_62_bytes_is_one_line_wherever_it_is_re
 
 @pytest.mark.slow  # the command in a subprocess, so that its stdin holds the "y"
 def test_a_model_folder_that_needs_its_own_code_is_refused_whatever_stdin_holds(tiny, tmp_path, capsys):
-    """Issue 32, row 5: with "y" piped in, `evaluate` ran the folder's Python. Now refused in one line before
+    """With "y" piped in, transformers' prompt would run the folder's Python: refused in one line before
     transformers reads the folder (it never prompts), by evaluate (the command, "y" on its stdin) and
     train_classifier."""
     from safetensors.torch import save_file
@@ -306,8 +306,8 @@ def test_a_model_folder_that_needs_its_own_code_is_refused_whatever_stdin_holds(
 
 
 def test_evaluate_refuses_a_native_model_folder_with_an_auto_map_in_one_line(tiny, tmp_path, capsys):
-    """Issue 41 D03: a trained ResNet folder whose config.json gained an `auto_map` to code in the folder was evaluated
-    as transformers' ResNet; it is refused in one line, before any feature is extracted."""
+    """A trained ResNet folder whose config.json has an `auto_map` to code in the folder (transformers would load its
+    own ResNet) is refused in one line, before any feature is extracted."""
     root, _, _ = tiny
     folder = tmp_path / "model"
     shutil.copytree(root / "model", folder)

@@ -413,52 +413,62 @@ def table5_views(table: pd.DataFrame, hops: pd.DataFrame, notes: list[str]) -> l
     views = []
     test = hops[(hops["split"] == "test") & hops["set"].isin(HOP_SETS)] if not hops.empty else hops
     if not test.empty:
-        regions = list(dict.fromkeys(test["region"]))
-        sets = [s for s in HOP_SETS if s in set(test["set"])]
-        levels = sorted(int(h) for h in test["hop"].dropna().unique() if int(h) in HOP_LABELS)
-        counts = test.assign(hop=test["hop"].astype(int)).groupby(["region", "set", "hop"])[["species", "images"]].sum(
-            min_count=1)
-        rows = []
-        for label, hop in [*((f"{h} ({HOP_LABELS[h]})", h) for h in levels), ("Total", None)]:
-            cells = []
-            for region in regions:
-                for s in sets:
-                    for column in ("species", "images"):
-                        if hop is None:  # a species sits at one hop: the hops' counts add up
-                            part = counts[column].xs((region, s), level=("region", "set"), drop_level=False) \
-                                if (region, s) in counts.index.droplevel("hop") else pd.Series(dtype=float)
-                            value = part.sum(min_count=1)
-                        else:
-                            value = counts[column].get((region, s, hop), 0)
-                        cells.append((Part(number(value, ".0f")),))
-            rows.append(((label,), cells))
-        headers = [f"{set_short(s)} {c}" for s in sets for c in ("species", "images")]
-        note = ("Species and images of the OOD test sets per taxonomic hop from the ID species (1: same genus, 2: same "
-                f"family, 3: farther), per region: {type_legend(sets)}. " + " ".join(notes))
-        views.append(View(note, ["Hop"], [f"{region_label(r)}: {h}" for r in regions for h in headers], rows,
-                          [(region_label(r), len(headers)) for r in regions], headers * len(regions), title="Per hop"))
+        views.append(_hop_view(test, notes))
     if not table.empty:
-        regions = list(dict.fromkeys(table["region"]))
-        keys = list(dict.fromkeys(zip(table["set"], table["split"])))
-        indexed = table.set_index(["region", "set", "split"])
-        rows = []
-        for s, split in keys:
-            cells = []
-            for region in regions:
-                row = indexed.loc[(region, s, split)] if (region, s, split) in indexed.index else None
-                for column in ("species", "images"):
-                    value = np.nan if row is None else row[column]
-                    if isinstance(value, pd.Series):
-                        value = value.iloc[0]
-                    cells.append((Part(number(value, ".0f")),))
-            name = "ID" if s == "id" else (f"{set_short(s)} ({set_label(s)})" if s in SET_NAMES else s)
-            rows.append(((name, split), cells))
-        note = "Species and images per set and split of the species splits." + ("" if views else " " + " ".join(notes))
-        views.append(View(note, ["Set", "Split"],
-                          [f"{region_label(r)}: {c}" for r in regions for c in ("species", "images")],
-                          rows, [(region_label(r), 2) for r in regions], ["species", "images"] * len(regions),
-                          merge_first=True, title="Per set and split"))
+        views.append(_set_split_view(table, "" if views else " " + " ".join(notes)))
     return views
+
+
+def _hop_view(test: pd.DataFrame, notes: list[str]) -> View:
+    """Table 5's per-hop view of the test split's hop counts (rows hop, then Total; columns region x set x count)."""
+    regions = list(dict.fromkeys(test["region"]))
+    sets = [s for s in HOP_SETS if s in set(test["set"])]
+    levels = sorted(int(h) for h in test["hop"].dropna().unique() if int(h) in HOP_LABELS)
+    counts = test.assign(hop=test["hop"].astype(int)).groupby(["region", "set", "hop"])[["species", "images"]].sum(
+        min_count=1)
+    rows = []
+    for label, hop in [*((f"{h} ({HOP_LABELS[h]})", h) for h in levels), ("Total", None)]:
+        cells = [(Part(number(_hop_count(counts, region, s, column, hop), ".0f")),)
+                 for region in regions for s in sets for column in ("species", "images")]
+        rows.append(((label,), cells))
+    headers = [f"{set_short(s)} {c}" for s in sets for c in ("species", "images")]
+    note = ("Species and images of the OOD test sets per taxonomic hop from the ID species (1: same genus, 2: same "
+            f"family, 3: farther), per region: {type_legend(sets)}. " + " ".join(notes))
+    return View(note, ["Hop"], [f"{region_label(r)}: {h}" for r in regions for h in headers], rows,
+                [(region_label(r), len(headers)) for r in regions], headers * len(regions), title="Per hop")
+
+
+def _hop_count(counts: pd.DataFrame, region: str, s: str, column: str, hop: int | None) -> float:
+    """One cell of the per-hop view: the count at `hop`, or (hop None) the total over the hops."""
+    if hop is None:  # a species sits at one hop: the hops' counts add up
+        part = counts[column].xs((region, s), level=("region", "set"), drop_level=False) \
+            if (region, s) in counts.index.droplevel("hop") else pd.Series(dtype=float)
+        return part.sum(min_count=1)
+    return counts[column].get((region, s, hop), 0)
+
+
+def _set_split_view(table: pd.DataFrame, note_tail: str) -> View:
+    """The species and images per set and split (rows), per region (columns)."""
+    regions = list(dict.fromkeys(table["region"]))
+    keys = list(dict.fromkeys(zip(table["set"], table["split"])))
+    indexed = table.set_index(["region", "set", "split"])
+    rows = []
+    for s, split in keys:
+        cells = []
+        for region in regions:
+            row = indexed.loc[(region, s, split)] if (region, s, split) in indexed.index else None
+            for column in ("species", "images"):
+                value = np.nan if row is None else row[column]
+                if isinstance(value, pd.Series):
+                    value = value.iloc[0]
+                cells.append((Part(number(value, ".0f")),))
+        name = "ID" if s == "id" else (f"{set_short(s)} ({set_label(s)})" if s in SET_NAMES else s)
+        rows.append(((name, split), cells))
+    note = "Species and images per set and split of the species splits." + note_tail
+    return View(note, ["Set", "Split"],
+                [f"{region_label(r)}: {c}" for r in regions for c in ("species", "images")],
+                rows, [(region_label(r), 2) for r in regions], ["species", "images"] * len(regions),
+                merge_first=True, title="Per set and split")
 
 
 def table5_section(out: Out, splits: Path) -> Section:

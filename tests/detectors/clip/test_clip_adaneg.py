@@ -58,30 +58,12 @@ def hand_stream(img, text, n_cls, scale, ngroup, length, thres, gap, lam, beta, 
     ngroup = max(1, min(ngroup, n_neg))
     keep = n_neg - n_neg % ngroup
     perm = torch.randperm(keep, generator=torch.Generator().manual_seed(0)).numpy()
-    slots = [[t] + [np.zeros_like(t)] * length for t in text]
-    ents = [[0.0] * (length + 1) for _ in text]
-    count = [1] * len(text)
-    replaced = 0
+    memory = HandMemory(text, length)
 
     def mass(logits):
         neg = logits[:, n_cls:][:, :keep][:, perm].reshape(len(logits), ngroup, -1)
         return np.mean([softmax(np.concatenate([logits[:, :n_cls], neg[:, g]], 1), axis=1)[:, :n_cls].sum(1)
                         for g in range(ngroup)], axis=0)
-
-    def entropy(logits):
-        p = softmax(logits)
-        return float(-(p * np.log(p + 1e-8)).sum())
-
-    def store(k, f, e):
-        nonlocal replaced
-        if count[k] == length:
-            if any(e < v for v in ents[k]):
-                j = max(range(length + 1), key=lambda s: (ents[k][s], s))
-                slots[k][j], ents[k][j] = f, e
-                replaced += 1
-        else:
-            slots[k][count[k]], ents[k][count[k]] = f, e
-            count[k] += 1
 
     out = []
     for s in range(0, len(img), batch):
@@ -90,19 +72,51 @@ def hand_stream(img, text, n_cls, scale, ngroup, length, thres, gap, lam, beta, 
         s0 = mass(logits)
         for i in range(len(x)):
             if s0[i] > thres + gap * (1 - thres):
-                store(int(np.argmax(logits[i, :n_cls])), x[i], entropy(logits[i, :n_cls]))
+                memory.store(int(np.argmax(logits[i, :n_cls])), x[i], hand_entropy(logits[i, :n_cls]))
         for i in range(len(x)):
             if s0[i] < thres - gap * thres:
-                store(n_cls + int(np.argmax(logits[i, n_cls:])), x[i], entropy(logits[i, n_cls:]))
-        mem = np.stack([np.stack(m) for m in slots])  # [K, L+1, D]
-        if samada:
-            ada = np.stack([[np.sum(np.exp(-beta * (1 - m @ xi))[:, None] * m, 0) for m in mem] for xi in x])
-            ada_logits = scale * np.einsum("bd,bkd->bk", x, unit64(ada))
-        else:
-            ada_logits = scale * x @ unit64(mem.mean(1)).T
-        s1 = mass(ada_logits)
+                memory.store(n_cls + int(np.argmax(logits[i, n_cls:])), x[i], hand_entropy(logits[i, n_cls:]))
+        s1 = mass(hand_adaptive_logits(x, memory.slots, scale, beta, samada))
         out.append({"combine": s1 + lam * s0, "adaonly": s1, "vanillaonly": s0, "multiply": s1 * s0}[rule])
-    return np.concatenate(out), replaced
+    return np.concatenate(out), memory.replaced
+
+
+def hand_entropy(logits) -> float:
+    p = softmax(logits)
+    return float(-(p * np.log(p + 1e-8)).sum())
+
+
+def hand_adaptive_logits(x, slots, scale, beta, samada) -> np.ndarray:
+    """The logits against the memory's proxies: per image similarity-weighted (samada), else each label's mean."""
+    mem = np.stack([np.stack(m) for m in slots])  # [K, L+1, D]
+    if samada:
+        ada = np.stack([[np.sum(np.exp(-beta * (1 - m @ xi))[:, None] * m, 0) for m in mem] for xi in x])
+        return scale * np.einsum("bd,bkd->bk", x, unit64(ada))
+    return scale * x @ unit64(mem.mean(1)).T
+
+
+class HandMemory:
+    """Per label: the text embedding then `length` slots (zeros until filled) with their entropies; once a label's
+    count reaches `length`, a new entry replaces its highest-entropy slot (the last of ties) when its entropy is below
+    some slot's."""
+
+    def __init__(self, text, length):
+        self.length = length
+        self.slots = [[t] + [np.zeros_like(t)] * length for t in text]
+        self.ents = [[0.0] * (length + 1) for _ in text]
+        self.count = [1] * len(text)
+        self.replaced = 0
+
+    def store(self, k, f, e):
+        slots, ents, count, length = self.slots, self.ents, self.count, self.length
+        if count[k] == length:
+            if any(e < v for v in ents[k]):
+                j = max(range(length + 1), key=lambda s: (ents[k][s], s))
+                slots[k][j], ents[k][j] = f, e
+                self.replaced += 1
+        else:
+            slots[k][count[k]], ents[k][count[k]] = f, e
+            count[k] += 1
 
 
 @pytest.mark.parametrize("name", ["combine", "samada", "multiply_gap0"])

@@ -37,7 +37,7 @@ def peak_growth_mb(call) -> tuple[float, torch.Tensor]:
 @pytest.mark.slow
 def test_thousand_classes_stay_under_a_memory_bound_and_match_one_batch(backbone):
     # 1,000 classes x 8 templates = 8,000 texts. Encoded TEXT_BATCH at a time the peak stays under BOUND_MB; all in
-    # one batch (the former code) it exceeds the bound, and grows with classes x templates (about 5.9 GB for the
+    # one batch it exceeds the bound, and grows with classes x templates (about 5.9 GB for the
     # official 128 templates). Both give the same embeddings
     tower = NoTextTower.from_clip(backbone.model, n_prompts=4).eval()
     with torch.no_grad():

@@ -1,5 +1,5 @@
-"""DIFFGUARD's speed-ups give the previous computation: the early-stop rule computes the input's perceptual features
-once per batch; Grad-CAM takes the prediction from its own forward pass."""
+"""DIFFGUARD's speed-ups give the plain computation's values: the early-stop rule computes the input's perceptual
+features once per batch; Grad-CAM takes the prediction from its own forward pass."""
 from __future__ import annotations
 
 import pytest
@@ -31,11 +31,11 @@ def test_early_stop_rule_computes_the_input_features_once(pixel_unet, tiny_class
     g = torch.Generator().manual_seed(0)
     x_t = x0 + 0.3 * torch.randn(x0.shape, generator=g)
     rows = torch.tensor([3, 0, 2])
-    # the same values as comparing with the input rows directly (the previous computation)
+    # the same values as comparing with the input rows directly (the plain computation)
     cached = against(similarity, (x0 + 1) / 2)((x_t[rows] + 1) / 2, rows)
     plain = similarity((x_t[rows] + 1) / 2, (x0[rows] + 1) / 2)
     torch.testing.assert_close(cached, plain, atol=1e-6, rtol=0)
-    # over a whole inversion: one feature pass for the input batch plus one per step for x_t (was two per step)
+    # over a whole inversion: one feature pass for the input batch plus one per step for x_t (the input's is cached)
     calls: list[int] = []
     original = DISTS.features
     monkeypatch.setattr(DISTS, "features", lambda self, x: calls.append(len(x)) or original(self, x))
@@ -43,7 +43,7 @@ def test_early_stop_rule_computes_the_input_features_once(pixel_unet, tiny_class
     latents, stop = invert_with_early_stop(model, x0, 8, det.stop_rule(x0))
     steps = int(stop.max()) + 1
     assert calls[0] == 4 and len(calls) == 1 + min(steps, 7)  # the last step has no rule
-    # ... and the same stop steps as the previous rule, similarity(x_t, x0) at every step
+    # ... and the same stop steps as the plain rule, similarity(x_t, x0) at every step
     previous = lambda x, rows: similarity((x + 1) / 2, (x0[rows] + 1) / 2) < det.early_stop_similarity_threshold  # noqa: E731
     latents_prev, stop_prev = invert_with_early_stop(model, x0, 8, previous)
     assert stop.tolist() == stop_prev.tolist() and len(set(stop.tolist())) > 1
@@ -60,7 +60,7 @@ def test_grad_cam_takes_the_prediction_from_its_own_forward_pass(tiny_classifier
     try:
         logits, cam = logits_and_cam(logits_fn, layer, x)
         assert len(calls) == 1
-        with torch.no_grad():  # the previous computation: a prediction pass, then the hooked pass for its labels
+        with torch.no_grad():  # the plain computation: a prediction pass, then the hooked pass for its labels
             predicted = logits_fn(x)
         previous = grad_cam(logits_fn, layer, x, predicted.argmax(1))
         assert len(calls) == 3

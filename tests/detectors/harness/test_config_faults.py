@@ -1,4 +1,4 @@
-"""Malformed evaluation configs (issue 27, "evaluate 32"): each is refused through `scripts/evaluate.py` in one line
+"""Malformed evaluation configs: each is refused through `scripts/evaluate.py` in one line
 naming the key, exit 2, before any model loads and with nothing written under `--out`, by the run and by `--dry-run`
 alike; the cases accepted on purpose say why in their id.
 
@@ -155,7 +155,7 @@ def test_accepted_on_purpose(folders, tmp_path, capsys, overrides):
     ("detectors.knn.params.K=5", "override detectors.knn.params.K=5: detectors[1].params.K: knn: unknown parameter"),
 ])
 def test_an_override_typo_names_the_override_not_the_config_file(folders, tmp_path, capsys, override, named):
-    """Issue 41: `batchsize=32` on the command line was blamed on the config file (`eval.yaml: batchsize: ...`)."""
+    """A typo in a command-line override (`batchsize=32`) is named as the override, never as the config file's key."""
     assert _run(folders, tmp_path, [override], dry_run=True) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {named}") and "eval.yaml" not in err, err

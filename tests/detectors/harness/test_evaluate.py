@@ -337,7 +337,7 @@ def test_rule_rows_accuracy_and_rule_selection_on_validation(digits, single_torc
 
 def test_an_ood_set_with_no_loadable_image_is_recorded_and_the_others_scored(digits, tmp_path, capsys):
     """One OOD set whose images are all missing: the plan warns, the run records it in failures.json (`sets`) and
-    leaves it out, and every detector still scores the valid sets (it used to fail with "ood_scores is empty")."""
+    leaves it out, and every detector still scores the valid sets (never "ood_scores is empty")."""
     from detectors.harness.plan import make_plan
     from pipelines.data import make_row
 

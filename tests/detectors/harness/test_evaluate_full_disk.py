@@ -1,6 +1,6 @@
-"""Issue 41 E08: a full disk while evaluate saves a feature cache was a `SafetensorError ... No space left on device`
-traceback (safetensors words the system's error in its own exception type). It is one line naming the cache file,
-exit 2, with nothing partial left; the rerun finishes."""
+"""A full disk while evaluate saves a feature cache (safetensors words the system's error in its own exception type,
+`SafetensorError ... No space left on device`) is one line naming the cache file, exit 2, with nothing partial left;
+the rerun finishes."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""Two evaluations on one `out` (issue 32, row 7): while another process holds the folder, the runner is refused in
+"""Two evaluations on one `out`: while another process holds the folder, the runner is refused in
 one line before any model loads and writes nothing; `--dry-run` takes no lock."""
 from __future__ import annotations
 

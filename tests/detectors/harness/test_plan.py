@@ -192,7 +192,7 @@ def test_safe_name_is_one_harmless_component(name):
 
 
 def test_a_unit_key_covers_only_the_splits_it_reads(data, tmp_path):
-    """Changing `aux` reruns the units that read it (OE, OpenGAN) and not msp / mds / knn (issue 27); changing
+    """Changing `aux` reruns the units that read it (OE, OpenGAN) and not msp / mds / knn; changing
     `ood_val` reruns what fits or selects on it, not msp."""
     id_dir, ood_dir = data
     extra = tmp_path / "aux"

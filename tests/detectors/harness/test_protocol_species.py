@@ -3,8 +3,8 @@ generated images: make_splits -> train_classifier -> evaluate (configs/species_c
 post-hoc methods, Table 7's training methods fine-tuning the classifier in full mode) -> report.
 
 Only paths, training lengths and cluster counts change. Checks: every detector and every (training method, rule) pair
-reports on every OOD set, training rows say mode "full", the fine-tuned methods are distinct from one another (issue 17:
-heads on frozen features made several identical), threshold transfer runs on the field set alone, and the report is
+reports on every OOD set, training rows say mode "full", the fine-tuned methods are distinct from one another (heads
+on frozen features would make several identical), threshold transfer runs on the field set alone, and the report is
 written by the documented command.
 """
 from __future__ import annotations

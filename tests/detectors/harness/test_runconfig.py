@@ -115,7 +115,7 @@ def test_protocol_merged_into_every_unit_rules_included():
 
 def test_plan_units_carry_resolved_params(digits, tmp_path):
     """Every unit holds its class and its parameters with the protocol merged in; a tempscale rule under
-    `protocol: exact` fits exactly (issue 24: rules bypassed the protocol)."""
+    `protocol: exact` fits exactly (a rule follows the protocol too)."""
     config = eval_config(digits, tmp_path / "out", protocol="exact",
                          detectors=["tempscale", {"name": "knn", "params": {"k": 3}},
                                     {"name": "logitnorm", "params": {"mode": "heads"},

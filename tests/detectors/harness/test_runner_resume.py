@@ -59,7 +59,7 @@ def test_changed_parameters_redo_only_that_unit(digits, tmp_path):
 
 
 def test_changed_aux_redoes_only_the_units_that_read_it(digits, tmp_path):
-    """Issue 27: every split was in every unit's key, so changing `aux` reran msp and knn; now only OE reruns."""
+    """A unit's key holds only the splits it reads: changing `aux` reruns OE, not msp or knn."""
     from PIL import Image
 
     from pipelines.data import make_row, write_manifest

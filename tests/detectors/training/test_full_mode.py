@@ -69,7 +69,8 @@ def _scores(name, data, aux="a", **params) -> np.ndarray:
 
 
 def test_full_mode_separates_what_heads_only_training_merged(data):
-    """The degenerate case of issue 17: NovelBranch = Extended, NovelBranch blind to its auxiliary set, UDG = OE."""
+    """Full fine-tuning separates what heads on frozen features merge: NovelBranch from Extended, NovelBranch on two
+    auxiliary sets, UDG from OE."""
     novel_a, extended, novel_b = (_scores("novel_branch", data), _scores("extended", data),
                                   _scores("novel_branch", data, "b"))
     assert np.abs(novel_a - extended).max() > 1e-4

@@ -1,6 +1,6 @@
 """fetch_images against the misbehaving loopback server (`helpers.http_server`): failing (500 / 404), flaky,
 redirecting, hanging, duplicate and thumbnail URLs; resume after a rerun and after a kill -9 (at a point the server's
-gate fixes, not a timing window); the classifier filter; the dry run. The attacks of issue 32 are in
+gate fixes, not a timing window); the classifier filter; the dry run. The hostile inputs are in
 test_fetch_attacks.py, the scheduler and the resize in their own files."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 32's attacks on fetch_images, each a row with its expected outcome: hostile `file_name`s, URL schemes and
+"""Attacks on fetch_images, each a row with its expected outcome: hostile `file_name`s, URL schemes and
 redirects, servers that drip, lie about length, throttle, serve bombs or HTML; two fetches on one folder; a ledger
 folder deleted; a run killed between an image's rename and its ledger line. Everything runs on the loopback server of
 `helpers.http_server`, in-process, in a few seconds."""
@@ -93,7 +93,7 @@ def test_a_file_the_ledger_does_not_prove_is_never_deleted_overwritten_or_taken_
     victim, stranger, same = (out / image_file_name(u) for u in urls)
     for path in (victim, stranger, same):
         path.parent.mkdir(parents=True, exist_ok=True)
-    victim.write_text("not an image, not ours")  # issue 32: _finished deleted such a file on a fresh --out
+    victim.write_text("not an image, not ours")  # not ours: never deleted, even on a fresh --out
     stranger.write_bytes(png(99))  # an image, but not what this URL serves
     same.write_bytes(png(seed("/img/3.png")))  # exactly what the URL serves (say, a ledger lost)
     write_table(tmp_path / "occ.csv", urls)
@@ -123,7 +123,7 @@ def test_images_without_a_ledger_folder_work_and_a_kill_between_rename_and_ledge
     assert failures(out) == {urls[1]: ("file_name exists and this fetch did not write it (its content differs): move "
                                        "it away or use another --out", True)}
     assert replaced.read_bytes() == png(1234)
-    shutil.rmtree(out / ".fetch")  # issue 32: images/ without .fetch/ was rc 2 on every rerun
+    shutil.rmtree(out / ".fetch")  # images/ without .fetch/: the rerun adopts the images
     files = {p: p.stat().st_mtime_ns for p in (out / "images").rglob("*.png")}
     assert fetch(argv) == 0 and (out / LEDGER).is_file()
     assert {p: p.stat().st_mtime_ns for p in (out / "images").rglob("*.png")} == files  # adopted, not rewritten
@@ -203,7 +203,7 @@ def test_retry_after_is_honoured_up_to_its_cap(server, tmp_path):
     write_table(tmp_path / "occ.csv", urls[:1])
     assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), *FAST]) == 0
     times = [t for p, t in server.times if p.startswith("/throttle/1")]
-    assert len(times) == 2 and times[1] - times[0] >= 1.0  # issue 32: the retry came after 0.6 s against 3 s asked
+    assert len(times) == 2 and times[1] - times[0] >= 1.0  # the retry waits the 1 s Retry-After asked
     write_table(tmp_path / "occ.csv", urls[1:])
     start = time.monotonic()
     assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(tmp_path / "o2"), *FAST,
@@ -263,7 +263,7 @@ def test_a_second_fetch_on_the_same_out_is_refused_in_one_line(tmp_path, capsys)
         finally:
             first.kill()
             first.stderr.close()
-        assert sum(server.counts.values()) == len(urls)  # issue 32: two fetches requested 200 URLs for 100
+        assert sum(server.counts.values()) == len(urls)  # two fetches on one folder request each URL once
     with folder_lock(out, "fetch_images"):  # the lock also holds in-process
         assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), *FAST]) == 2
     assert "in use by pid" in capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""Issue 41's attacks on where fetch_images writes: file names the file system cannot hold (A08, A09), the run's own
-outputs as a `file_name` (A12), a folder as a `file_name` (A13), and a full disk (E07). Each bad row is one final
+"""Attacks on where fetch_images writes: file names the file system cannot hold, the run's own outputs as a
+`file_name`, a folder as a `file_name`, and a full disk. Each bad row is one final
 failure in failures.csv with the rest fetched; a full disk is one line naming the path, exit 2."""
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def failures(out: Path) -> dict[str, str]:
 
 
 def test_names_too_long_for_the_file_system_fail_their_row_and_the_rest_are_fetched(server, tmp_path, capsys):
-    """A08: a 5,000-character name; A09: 30 folders of 200 characters (each part fits, the path does not)."""
+    """A 5,000-character name; 30 folders of 200 characters (each part fits, the path does not)."""
     names = {"/img/1.png": "images/" + "a" * 5000 + ".png", "/img/2.png": "/".join(["b" * 200] * 30) + ".png",
              "/img/3.png": "images/" + "c" * (NAME_MAX - 4) + ".png", "/img/4.png": "images/good.png"}
     out = tmp_path / "out"
@@ -66,7 +66,8 @@ def test_names_too_long_for_the_file_system_fail_their_row_and_the_rest_are_fetc
 @pytest.mark.parametrize("name", ["images.csv", "failures.csv", "fetch_summary.json", "IMAGES.CSV", "./images.csv",
                                   ".fetch/ledger.jsonl", "originals/x.png", "shards/000000.tar", ".oodforge.lock"])
 def test_the_runs_own_outputs_are_refused_as_file_names(server, tmp_path, name):
-    """A12: `file_name: images.csv` wrote the image, then the run's own table over it."""
+    """`file_name: images.csv` (or another of the run's own outputs) fails its row: the run's own file would
+    overwrite the image."""
     out = tmp_path / "out"
     table(tmp_path / "occ.csv", [server.base + "/img/1.png", server.base + "/img/2.png"], [name, "images/ok.png"])
     assert fetch(["--occurrences", str(tmp_path / "occ.csv"), "--out", str(out), *FAST, "--keep-originals"]) == 0
@@ -79,8 +80,8 @@ def test_the_runs_own_outputs_are_refused_as_file_names(server, tmp_path, name):
 
 
 def test_a_folder_as_a_file_name_fails_its_row_whether_it_exists_or_other_rows_create_it(server, tmp_path, capsys):
-    """A13: `file_name: images` where images/ exists (or other rows' names make it) was an IsADirectoryError or a
-    FileExistsError traceback."""
+    """`file_name: images` where images/ exists (or other rows' names make it) fails that row, never an
+    IsADirectoryError or FileExistsError traceback."""
     out = tmp_path / "out"
     (out / "made").mkdir(parents=True)
     names = {"/img/1.png": "made", "/img/2.png": "images", "/img/3.png": "images/a.png", "/img/4.png": "images/b.png"}
@@ -136,7 +137,7 @@ class _FullDisk:
 
 
 def test_a_full_disk_during_fetch_is_one_line_naming_the_path(server, tmp_path, capsys, monkeypatch):
-    """E07: the README promises `error: <path>: No space left on device`; the ledger's append named no path."""
+    """The README promises `error: <path>: No space left on device`, the ledger's append included."""
     real_init = fetch_ledger.Ledger.__init__
 
     def init(self, out):
@@ -158,7 +159,8 @@ def test_a_full_disk_during_fetch_is_one_line_naming_the_path(server, tmp_path, 
 
 
 def test_a_full_disk_while_writing_a_shard_names_the_shard(server, tmp_path, capsys, monkeypatch):
-    """E07 with `store: shards`: the tar being written is named (a buffered write's error carries no file name)."""
+    """A full disk with `store: shards`: the tar being written is named (a buffered write's error carries no file
+    name)."""
     from pipelines import shards
 
     real_add, calls = shards.ShardWriter.add, []

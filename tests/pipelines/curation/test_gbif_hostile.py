@@ -1,5 +1,5 @@
-"""Hostile archives and tables, each refused in one line naming the file and what is wrong, by the attacks issue 32
-ran: locations and symlinks that lead out of the archive, bombs (a 1 GiB field in a 1 MB zip, duplicate core ids,
+"""Hostile archives and tables, each refused in one line naming the file and what is wrong:
+locations and symlinks that lead out of the archive, bombs (a 1 GiB field in a 1 MB zip, duplicate core ids,
 too many rows), field indexes beyond the columns, malformed descriptors. Through make_splits each is exit 2 with
 nothing written; the bombs also stay within a stated peak RSS."""
 from __future__ import annotations

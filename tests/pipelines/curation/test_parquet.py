@@ -1,6 +1,6 @@
-"""Parquet columns a CSV cannot hold (issue 41 C11, C14): a list `url` and a struct `species` were a `TypeError:
-unhashable type: 'dict'` traceback in fetch-images --dry-run, a binary `lat` with non-UTF-8 bytes a
-`UnicodeDecodeError` traceback in make-splits. Each is one line naming the file and the column (and the row), exit 2;
+"""Parquet columns a CSV cannot hold: a list `url` and a struct `species` (in fetch-images --dry-run, where pandas
+would raise `TypeError: unhashable type: 'dict'`), a binary `lat` with non-UTF-8 bytes (in make-splits, a
+`UnicodeDecodeError`). Each is one line naming the file and the column (and the row), exit 2;
 nested columns nobody reads are kept as JSON text, UTF-8 bytes as text."""
 from __future__ import annotations
 

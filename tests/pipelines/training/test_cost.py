@@ -95,8 +95,8 @@ def test_training_cost_reads_the_manifests_images_and_the_records(tmp_path, monk
 
 @pytest.mark.slow
 def test_the_model_steps_are_estimated_for_the_device_the_run_uses(tmp_path, monkeypatch):
-    """On the CPU the step rate is measured here (never the GPU's: a CPU-only run was told "model steps 0 s" and took
-    258 s); on a GPU it is the recorded one."""
+    """On the CPU the step rate is measured here (never the GPU's: a CPU-only run
+    would be told "model steps 0 s"); on a GPU it is the recorded one."""
     from pipelines import runtime
     from tests.helpers.models import tiny_resnet_classifier
 

@@ -1,5 +1,5 @@
-"""Two train_classifier runs on one `out` (issue 32, row 7: in 1 of 9 trials the folder held run B's model and config
-with run A's history). Deterministic, no timing window: run B starts from inside run A's training loop (a hook in
+"""Two train_classifier runs on one `out` (unlocked, the folder could hold run B's model and config with run A's
+history). Deterministic, no timing window: run B starts from inside run A's training loop (a hook in
 place of the loop), and from a command while another process says it holds the folder; B is refused in one line and
 writes nothing; `--dry-run` takes no lock."""
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Every protocol's effective training hyperparameters, pinned to their values before the settings were given one home
-(issue 35, item 3): the training-time detectors under each evaluation protocol (what their fine-tunes and head
-trainings are handed), and each classifier recipe under each training protocol (what `train_classifier` hands
-`finetune`)."""
+"""Every protocol's effective training hyperparameters, pinned here as numbers: the training-time detectors under each
+evaluation protocol (what their fine-tunes and head trainings are handed), and each classifier recipe under each
+training protocol (what `train_classifier` hands `finetune`)."""
 from __future__ import annotations
 
 import inspect
@@ -124,7 +123,7 @@ def test_every_protocol_is_pinned():
 
 
 def test_the_defaults_are_the_open_insects_fine_tune_under_exact():
-    """`finetune` / `train_heads` without settings (formerly batch 64 and 256 of their own) train as a training-time
+    """`finetune` / `train_heads` without settings train as a training-time
     method's fine-tune does under `exact`."""
     assert TrainSettings().as_dict() == {k: v for k, v in {**FINETUNE, **LOOP["exact"]}.items() if k in HYPER}
 

@@ -1,4 +1,4 @@
-"""The malformed training configs of issue 27 through `oodforge train-classifier`: each is refused in one line naming
+"""Malformed training configs through `oodforge train-classifier`: each is refused in one line naming
 the key (exit 2, no traceback, before any model loads) or accepted on purpose."""
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ def test_an_older_table_leaves_the_section_out(tmp_path):
 def test_open_insects_table2_unchanged_with_openset(tmp_path):
     scores = pd.read_csv(GOLDEN / "open_insects_scores.csv", keep_default_na=False)
     runs = {r: _insect_run(tmp_path / "runs", r, part) for r, part in scores.groupby("run", sort=False)}
-    for folder in runs.values():  # give the rows open-set columns, as a run writes them now
+    for folder in runs.values():  # give the rows open-set columns, as a run writes them
         frame = pd.read_csv(folder / "results.csv")
         frame["tnr10"], frame["auoscr"] = 0.5, frame["id_acc"] * 0.9
         frame.to_csv(folder / "results.csv", index=False)
