@@ -3,17 +3,22 @@ neither the generative / CLIP stacks (diffusers, transformers, accelerate) nor t
 the experiment harness or another family's modules; and `pip install .` without extras is enough for it: with every
 distribution outside pyproject.toml's core dependencies (and what they require) hidden, every post-hoc detector
 builds, fits, scores and round-trips through save/load, and every family's detectors are listed
-(tests/helpers/library_user.py). The oracle is the interpreter's own `sys.modules` and the installed distributions'
-metadata (`importlib.metadata`)."""
+(tests/helpers/library_user.py); docs/library.md's examples run as written. The oracle is the interpreter's own
+`sys.modules` and the installed distributions' metadata (`importlib.metadata`)."""
 from __future__ import annotations
 
+import ast
+import contextlib
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers.library_user import HEAVY, canonical, core_requirements
 
@@ -84,3 +89,17 @@ def test_core_leaves_out_the_application_and_all_installs_every_extra():
     assert extras["all"] == [f"{project['name']}[{','.join(named)}]"]
     assert sorted(named) == sorted(set(extras) - {"all", "gpu", "masks", "test"})
     assert canonical(project["name"]) == "oodforge"
+
+
+def test_the_library_page_examples_run_as_written(tmp_path, monkeypatch):
+    """docs/library.md's Python blocks, in order, in one namespace (the save/load block writes under the cwd)."""
+    text = (ROOT / "docs" / "library.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```$", text, flags=re.M | re.S)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "library_page"}
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        exec(compile("\n".join(blocks), "docs/library.md", "exec"), namespace)  # noqa: S102 - the page's own example
+    metrics = ast.literal_eval(printed.getvalue().splitlines()[0])
+    assert set(metrics) >= {"auroc", "fpr95"} and metrics["auroc"] > 0.9
+    assert np.allclose(namespace["again"].score(namespace["id_test"]), namespace["vim"].score(namespace["id_test"]))
+    assert namespace["cls"] is detectors.detector_class("vim")
