@@ -15,7 +15,7 @@ $(PY):
 # ERROR about the requirements they skip (tests/test_install_order.py).
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
-	$(PIP) install -e ".[test]"
+	$(PIP) install -e ".[all,test]"  # the library's core, every extra the commands use (pyproject.toml), the tests
 	bash .ci/parity_deps $(PY)  # libMR, pytorch-ood 0.4, guided-diffusion-sdk (OpenAI's ADM code): test references
 	$(PIP) install --no-deps open_clip_torch  # ships OpenAI's CLIP BPE vocabulary (detectors/clip/vocab.py)
 	touch $(STAMP)

@@ -1,7 +1,8 @@
 """The one registry of detectors: `@register_detector(name)`, `build(name, **params)`, `load(folder)`,
 `available(family, pattern)`. Registration checks each class's declarations (Params, fit_inputs, needs,
 search_space, grids) and its `aliases`: the names people use in pytorch-ood and OpenOOD, resolved case-insensitively
-with a one-time note."""
+with a one-time note. The family packages are imported when first needed, in `FAMILIES` order and only as far as a
+name needs: building a post-hoc detector imports no CLIP, generative or training-time module."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,7 +31,8 @@ Figure 5): the one list of the families and the one table of their display names
 FAMILIES: tuple[str, ...] = tuple(FAMILY_LABELS)
 FAMILY_PACKAGES: dict[str, str] = {family: f"detectors.{family}" for family in FAMILIES}
 """The package of each family's detectors, named as the family."""
-_loaded = False
+_LOADED: set[str] = set()
+"""The families whose modules have been imported (`_load_family`)."""
 
 
 def register_detector(name: str) -> Callable[[type[Detector]], type[Detector]]:
@@ -130,25 +132,40 @@ def _check_grid(cls: type[Detector], who: str, where: str, grid: dict[str, list[
                 raise ValueError(f"{who}: {where}[{key!r}]: {err}") from None
 
 
-def _load_all() -> None:
-    """Import every module of the family packages once so that their decorators run."""
-    global _loaded
-    if _loaded:
+def _load_family(family: str) -> None:
+    """Import every module of one family's package once so that their decorators run."""
+    if family in _LOADED:
         return
+    package = importlib.import_module(FAMILY_PACKAGES[family])
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{FAMILY_PACKAGES[family]}.{info.name}")
+    _LOADED.add(family)
+
+
+def _load_all(through: str | None = None) -> None:
+    """Import the families' modules in `FAMILIES` order (the order `detector_class` loads them in, so the registry's
+    order never depends on which was asked for first): all of them, or up to and including `through`."""
+    for family in FAMILIES[:FAMILIES.index(through) + 1] if through in FAMILIES else FAMILIES:
+        _load_family(family)
+
+
+def _known(key: str) -> bool:
+    """Whether the lower-case `key` is a registered name or alias, loading the families in `FAMILIES` order until one
+    registers it (all of them when none does)."""
     for family in FAMILIES:
-        package = importlib.import_module(FAMILY_PACKAGES[family])
-        for info in pkgutil.iter_modules(package.__path__):
-            if not info.name.startswith("_"):
-                importlib.import_module(f"{FAMILY_PACKAGES[family]}.{info.name}")
-    _loaded = True
+        if key in _REGISTRY or key in _ALIASES:
+            return True
+        _load_family(family)
+    return key in _REGISTRY or key in _ALIASES
 
 
 def detector_class(name: str, family: str | None = None) -> type[Detector]:
     """The class registered as `name`, or the one a pytorch-ood / OpenOOD name is an alias of (any case; a one-time
     note says so). An unknown name raises KeyError with the closest names, those of `family` first, then post-hoc
     before the other families."""
-    _load_all()
     key = name.lower()
+    _known(key)
     if key in _REGISTRY:
         return _REGISTRY[key]
     if key in _ALIASES:
@@ -200,7 +217,7 @@ def load(folder: str | os.PathLike, **overrides: Any) -> Detector:
 
 def available(family: str | None = None, pattern: str | None = None) -> list[str]:
     """Registered names, optionally of one family and matching a glob `pattern`, sorted."""
-    _load_all()
+    _load_all(through=family)
     names = [n for n, c in _REGISTRY.items() if family is None or c.family == family]
     if pattern:
         names = fnmatch.filter(names, pattern)

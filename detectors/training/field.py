@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from detectors.base import as_numpy
 
@@ -25,6 +24,8 @@ def species_detection_share(scores: Any, species: Iterable[Any], threshold: floa
     [0, 1]), `mean_flagged` (mean over species of the flagged share), `image_share` (flagged share of all counted
     images) and `per_species` {species: flagged share}.
     """
+    import pandas as pd  # a report helper: the registry loads this package without the `report` extra
+
     values = as_numpy(scores, np.float64).reshape(-1)
     names = pd.Series(list(species), dtype=object)
     if len(names) != len(values):
