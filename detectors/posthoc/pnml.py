@@ -33,9 +33,14 @@ def regret(log_probs: np.ndarray, g: np.ndarray) -> np.ndarray:
     if classes == 1:
         return np.zeros(len(log_probs))
     p = np.exp(log_probs)
-    with np.errstate(over="ignore"):
-        terms = 1.0 / (1.0 + (1.0 - p) * np.exp((g[:, None] - 1.0) * log_probs))
-    return np.log(terms.sum(axis=1)) / np.log(classes)
+    power = (g[:, None] - 1.0) * log_probs
+    with np.errstate(over="ignore"):  # in place: the same operations in the same order
+        np.exp(power, out=power)
+    np.subtract(1.0, p, out=p)
+    p *= power
+    p += 1.0
+    np.divide(1.0, p, out=p)
+    return np.log(p.sum(axis=1)) / np.log(classes)
 
 
 def hermitian_pinv(matrix: np.ndarray, rcond: float) -> np.ndarray:
@@ -103,7 +108,9 @@ class PNML(Detector):
         gram = np.zeros((h.shape[1], h.shape[1]))
         # float32 products (the reference's), summed in float64; in-memory rows are read as views (no chunk copy)
         for _, block in streaming.blocks(h, np.float32, read_only=True):
-            x = normalised(block)
+            x = np.empty(block.shape, np.float32)
+            for part, rows in map_blocks(normalised, block, np.float32):  # row by row, on the idle cores
+                x[part] = rows
             gram += x.T @ x
         (gram,) = streaming.reduce_sum(gram)
         self.projector = hermitian_pinv(gram, self.rcond)
