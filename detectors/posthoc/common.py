@@ -61,10 +61,6 @@ def stored_logits(batch: Any, who: str) -> np.ndarray:
     return out if out.dtype in (np.float32, np.float64) else out.astype(np.float32)
 
 
-BLOCK_ROWS = 1024
-"""Rows per block of the elementwise logit scores (entropy, weighted energy): a block's few passes stay in cache."""
-
-
 def labels_of(data: FeatureSet, who: str) -> np.ndarray:
     """int64 class labels [N] of a FeatureSet (raises when it has none)."""
     data.require("labels", who=who)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc import streaming
-from detectors.posthoc.common import logits_of, logsumexp, stored_features
+from detectors.posthoc.common import logsumexp, stored_features, stored_logits
+from detectors.posthoc.vim import map_blocks
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
@@ -67,14 +67,21 @@ class NNGuide(Detector):
         if len(h) < self.k:
             raise ValueError(f"nnguide: k={self.k} needs at least {self.k} training rows, got {len(h)}")
         rows = bank_rows(len(h), self.bank_fraction, self.k, self.seed)
-        energy = logsumexp(logits_of(id_train, self.name)[rows], axis=1)
+        energy = logsumexp(stored_logits(id_train, self.name)[rows], axis=1)  # the banked rows only, in float64
         self.bank = (normalised(h[rows]) * energy[:, None].astype(np.float32)).astype(np.float32)
 
     def _score(self, batch) -> np.ndarray:
-        energy = logsumexp(logits_of(batch, self.name), axis=1)
-        guidance = streaming.map_rows(lambda _, h: top_k_mean(normalised(h), self.bank, self.k),
-                                      stored_features(batch, self.name))
-        return guidance * energy
+        """Per block of rows (`vim.map_blocks`: read-only views, on the idle cores' threads): the normalised rows'
+        products with the bank and their top-k mean while the block is in cache, and the block's float64 energy in
+        this thread meanwhile; row by row the same arithmetic (and bits) as on the whole array."""
+        h, z = stored_features(batch, self.name), stored_logits(batch, self.name)
+        if len(z) != len(h):
+            raise ValueError(f"nnguide: {len(h)} feature rows but {len(z)} logit rows")
+        out = np.empty(len(h))
+        for part, guidance in map_blocks(lambda block: top_k_mean(normalised(block), self.bank, self.k), h,
+                                         np.float32):
+            out[part] = guidance * logsumexp(z[part], axis=1)
+        return out
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "bank": self.bank}

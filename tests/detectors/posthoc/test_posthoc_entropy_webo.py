@@ -30,6 +30,17 @@ def test_entropy_by_hand_with_and_without_the_clip():
                                np.tile((clipped * np.log(clipped)).sum(1), 40), rtol=2e-6, atol=1e-7)
 
 
+def test_entropy_on_many_classes_and_many_blocks():
+    # 70 classes are scored row-wise, 7 transposed (FEW_CLASSES); 5,000 rows of 70 span several blocks
+    for classes, rows in ((70, 5000), (7, 40000)):
+        z = RNG.normal(size=(rows, classes)) * 4
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        clipped = np.clip(p, 1e-7, 1)
+        np.testing.assert_allclose(detectors.build("entropy").score(z), (clipped * np.log(clipped)).sum(1),
+                                   rtol=1e-12, atol=1e-15)  # atol: near one-hot rows, entropies of 1e-5
+
+
 def test_entropy_edges():
     det = detectors.build("entropy", clip=None)
     assert det.score(np.zeros((3, 5))) == pytest.approx([-np.log(5)] * 3)  # uniform: the least ID

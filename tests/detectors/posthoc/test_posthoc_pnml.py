@@ -7,7 +7,7 @@ from helpers.pytorch_ood import pytorch_ood_detector
 
 import detectors
 from detectors import FeatureSet, LinearHead
-from detectors.posthoc.pnml import hermitian_pinv, regret
+from detectors.posthoc.pnml import cholesky_inverse, hermitian_pinv, regret
 
 RNG = np.random.default_rng(4)
 D, C = 24, 5
@@ -63,6 +63,19 @@ def test_the_pseudo_inverse_is_numpys():
     for gram in (x.T @ x, x @ x.T + np.eye(8)):  # singular (rank 8 of 12) and regular
         np.testing.assert_allclose(hermitian_pinv(gram, 1e-10), np.linalg.pinv(gram, rcond=1e-10, hermitian=True),
                                    atol=1e-10)
+
+
+def test_the_cholesky_inverse_stands_in_only_where_it_is_the_pseudo_inverse():
+    x = RNG.normal(size=(40, 12))
+    regular = x.T @ x
+    np.testing.assert_allclose(cholesky_inverse(regular, 1e-15), np.linalg.pinv(regular, rcond=1e-15, hermitian=True),
+                               rtol=1e-12, atol=1e-14)
+    assert cholesky_inverse(x[:8].T @ x[:8], 1e-15) is None  # singular (rank 8 of 12): the eigh drops the null space
+    assert cholesky_inverse(np.diag([1.0, 1e-9]), 1e-15) is None  # condition 1e9: left to the eigh
+    assert cholesky_inverse(np.zeros((0, 0)), 1e-15) is None
+    # rcond above the smallest eigenvalue's share: the eigh drops it, the inverse would not
+    assert cholesky_inverse(np.diag([1.0, 1e-3]), 1e-2) is None
+    np.testing.assert_array_equal(hermitian_pinv(np.diag([1.0, 1e-3]), 1e-2), np.diag([1.0, 0.0]))
 
 
 def test_pnml_with_more_dimensions_than_rows_and_empty_sets():
