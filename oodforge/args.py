@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipelines.cli import apply_overrides, comma_list, display_path, load_yaml
+from pipelines.cli import comma_list
 from pipelines.cli import parser as base_parser
-from pipelines.errors import ConfigError
-from pipelines.params import closest
+from pipelines.configfile import apply_overrides, display_path, load_yaml
+from pipelines.errors import ConfigError, closest
+from pipelines.params import C
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -66,6 +68,29 @@ def deprecated(p: argparse.ArgumentParser, old: str, new: str) -> None:
 def deprecated_flags(p: argparse.ArgumentParser) -> dict[str, str]:
     """{old spelling: new} of the parser's deprecated aliases."""
     return {o: a.target.option_strings[-1] for a in p._actions if isinstance(a, _Deprecated) for o in a.option_strings}
+
+
+def load_config(cls: type[C], args: argparse.Namespace, flags: Mapping[str, str | tuple[str, ...]],
+                convert: Mapping[str, Callable[[Any], Any]] | None = None) -> C:
+    """The command's typed config through the one loader, `Config.from_yaml`: the `--config` file, the `key=value`
+    overrides, then the flags given (not None) as shorthands of keys. `flags` is the command's table {flag: dotted
+    key} (docs/cli.md lists it; a positional argument is named in capitals, SOURCE); `convert` turns a flag's value
+    into its key's (paths become strings on their own)."""
+    given: dict[str, tuple[str | tuple[str, ...], Any]] = {}
+    for flag, key in flags.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_").lower(), None)
+        if value is None or value == []:
+            continue
+        value = (convert or {}).get(flag, _plain)(value)
+        given[flag] = (key, value)
+    return cls.from_yaml(getattr(args, "config", None), getattr(args, "overrides", None), given)
+
+
+def _plain(value: Any) -> Any:
+    """A parsed flag value as config data: paths as strings (in lists too)."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def config_raw(args: argparse.Namespace) -> dict[str, Any]:

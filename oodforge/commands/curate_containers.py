@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from oodforge.args import command_parser, config_raw
-from pipelines.cli import comma_list, deep_merge
+from pipelines.cli import comma_list
+from pipelines.configfile import deep_merge
 
 DOC = "README.md, section 'Your own data'"
 """Where the command's inputs are documented (named in its one-line errors)."""

@@ -20,7 +20,8 @@ import json
 import sys
 
 from oodforge.args import command_parser, config_raw, key_help
-from pipelines.cli import cli_value, deep_merge, flag_error
+from pipelines.cli import cli_value, flag_error
+from pipelines.configfile import deep_merge
 from pipelines.curation.fetch import FetchConfig, fetch_images, fetch_plan, filter_classes
 from pipelines.errors import ConfigError
 

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 from oodforge.args import command_parser, config_raw, key_help, parse
-from pipelines.cli import cli_value, deep_merge, flag_error
+from pipelines.cli import cli_value, flag_error
+from pipelines.configfile import deep_merge
 from pipelines.curation.open_insect_import import OpenInsectImport, import_open_insect
 from pipelines.errors import ConfigError
 

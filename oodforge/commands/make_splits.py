@@ -22,7 +22,8 @@ from gen.insects import REGIONS, MakeSplitsConfig, SplitConfig, make_splits, sho
 from gen.insects.cost import estimate, write_rate
 from gen.insects.manifests import fetched_store
 from oodforge.args import command_parser, config_raw, key_help
-from pipelines.cli import cli_value, deep_merge, flag_error, pairs
+from pipelines.cli import cli_value, flag_error, pairs
+from pipelines.configfile import deep_merge
 from pipelines.curation.gbif import TableLimits
 from pipelines.errors import ConfigError
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from detectors.clip.fewshot import DEFAULT_METHODS, runs_of, train_prompt_detectors
 from oodforge.args import command_parser
-from pipelines.cli import README_SECTIONS, check_keys, load_yaml
+from pipelines.cli import README_SECTIONS, check_keys
+from pipelines.configfile import load_yaml
 
 DOC = README_SECTIONS["prompts"]
 CONFIG_KEYS = ("model", "manifest", "class_names", "class_names_file", "methods", "shots", "seeds", "out_dir",

@@ -9,7 +9,7 @@ import pkgutil
 import pytest
 import yaml
 
-from pipelines.cli import parse_yaml
+from pipelines.configfile import parse_yaml
 from pipelines.params import Config
 
 

@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from pipelines.cli import parse_yaml
+from pipelines.configfile import parse_yaml
 from pipelines.errors import ConfigError
 from pipelines.params import REQUIRED, Config, config, param
 from pipelines.sources import Source
