@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from pipelines.configfile import display_path, pair, parse_yaml, yaml_problem
-from pipelines.errors import ConfigError, UserInputError, closest
+from pipelines.errors import ConfigError, UserInputError
 from pipelines.progress import progress_style
 
 log = logging.getLogger(__name__)
@@ -153,15 +153,6 @@ def quiet_library_bars() -> None:
     for library in ("transformers", "diffusers"):
         if library in sys.modules:
             __import__(f"{library}.utils.logging", fromlist=["disable_progress_bar"]).disable_progress_bar()
-
-
-def check_keys(raw: dict[str, Any], allowed: Sequence[str], where: str, doc: str | None = None) -> dict[str, Any]:
-    """`raw` unchanged when every key is in `allowed`; else one ConfigError naming the first unknown key, the closest
-    allowed one and where the keys are documented."""
-    for key in raw:
-        if key not in allowed:
-            raise ConfigError(f"{where}: unknown key {key!r}{closest(str(key), [str(a) for a in allowed])}", doc=doc)
-    return raw
 
 
 def comma_list(value: str | Sequence[str] | None) -> list[str] | None:

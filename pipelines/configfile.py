@@ -53,8 +53,9 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str] | None, where:
     return out
 
 
-def set_key(raw: dict[str, Any], key: str, value: Any, where: str) -> None:
-    """Set the dotted `key` of `raw` to `value`, in place. Dotted keys reach nested mappings (`a.b=1`, made when
+def set_key(raw: dict[str, Any], key: str, value: Any, where: str, merge: bool = False) -> None:
+    """Set the dotted `key` of `raw` to `value`, in place (`merge`: a mapping value merges into the mapping there,
+    `deep_merge`). Dotted keys reach nested mappings (`a.b=1`, made when
     missing) and list items, by index (`detectors.0.params.k=5`) or by name (`detectors.knn.params.k=5`: the item
     that is that name, or whose `label` or `name` it is; a bare name becomes `{name: ...}`); `where` names the key's
     source in errors."""
@@ -75,10 +76,11 @@ def set_key(raw: dict[str, Any], key: str, value: Any, where: str) -> None:
             raise ConfigError(f"{where}: {here!r} is {type(child).__name__} {child!r} in the config, not a mapping or "
                               "list")
         target = child
-    if isinstance(target, list):
-        target[_item_index(target, leaf, where, key)] = value
-    else:
-        target[leaf] = value
+    slot: Any = _item_index(target, leaf, where, key) if isinstance(target, list) else leaf
+    current = target[slot] if isinstance(target, list) else target.get(slot)
+    if merge and isinstance(value, dict) and isinstance(current, dict):
+        value = deep_merge(current, value)
+    target[slot] = value
 
 
 def _item_index(items: list[Any], name: str, where: str, key: str) -> int:

@@ -234,16 +234,17 @@ class Config(Params):
                   flags: Mapping[str, tuple[str | tuple[str, ...], Any]] | None = None) -> C:
         """The one loader of every command's config: the YAML file `path` (its `base:` chain merged in; None: no
         file), then the `key=value` overrides, then `flags`, the command's flags given on its command line as
-        shorthands of keys ({flag: (dotted key, value)}; a tuple of keys takes one item of the value each), so a flag
-        wins over the file and the overrides. Every fault is one ConfigError naming where the bad value came from:
-        the flag, else the file (`pipelines.cli.blame_override` then names an override), and the key."""
+        shorthands of keys ({flag: (dotted key, value)}; a tuple of keys takes one item of the value each; a mapping
+        value fills the keys it names), so a flag wins over the file and the overrides. Every fault is one
+        ConfigError naming where the bad value came from: the flag, else the file (`pipelines.cli.blame_override`
+        then names an override), and the key."""
         from pipelines.configfile import apply_overrides, display_path, load_yaml, set_key
 
         raw = load_yaml(path, overrides) if path is not None else apply_overrides({}, overrides)
         given: dict[str, str] = {}
         for flag, (keys, value) in (flags or {}).items():
             for key, item in (zip(keys, value, strict=True) if isinstance(keys, tuple) else [(keys, value)]):
-                set_key(raw, key, item, flag)
+                set_key(raw, key, item, flag, merge=True)
                 given[key] = flag
         try:
             return cls.from_dict(raw, "")

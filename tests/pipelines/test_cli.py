@@ -7,6 +7,7 @@ import yaml
 
 from pipelines import cli, configfile
 from pipelines.errors import ConfigError
+from pipelines.params import Config, config, param
 from pipelines.schema import ManifestError
 
 
@@ -16,14 +17,20 @@ def run(main, argv, capsys, doc=None):
     return status, captured.err
 
 
-def test_misspelt_key_is_one_line_with_the_closest_key_and_the_doc(capsys):
-    def main(argv):
-        cli.check_keys({"model": "m", "detecters": "all"}, ("model", "detectors", "out"), "run.yaml",
-                       doc=cli.README_SECTIONS["config"])
+@config
+class RunConfig(Config):
+    DOC = cli.README_SECTIONS["config"]
 
-    status, err = run(main, [], capsys)
+    model: str = param("m", "the model")
+    detectors: str = param("all", "the detectors")
+
+
+def test_misspelt_key_is_one_line_with_the_closest_key_and_the_doc(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text("model: m\ndetecters: all\n")
+    status, err = run(lambda argv: RunConfig.from_yaml("run.yaml"), [], capsys)
     assert status == 2
-    assert err == ("error: run.yaml: unknown key 'detecters' (did you mean 'detectors'?) "
+    assert err == ("error: run.yaml: detecters: unknown key (did you mean 'detectors'?) "
                    "(see README.md, section 'Evaluation')\n")
 
 
