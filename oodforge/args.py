@@ -48,10 +48,10 @@ def load_config(cls: type[C], args: argparse.Namespace, flags: Mapping[str, str 
         given[flag] = (key, value)
     try:
         return cls.from_yaml(getattr(args, "config", None), getattr(args, "overrides", None), given)
-    except ConfigError as err:  # a required key no flag gave: named with the flag that gives it
+    except ConfigError as err:  # a required key neither the file nor a flag gave: named as the flag that gives it
         for flag, key in flags.items():
             if str(err).startswith(f"{key}: required"):
-                raise ConfigError(f"{flag} (or `{key}:` in --config): {str(err)[len(key) + 2:]}", doc=err.doc) from None
+                raise ConfigError(f"{flag}{str(err)[len(str(key)):]}", doc=err.doc) from None
         raise
 
 

@@ -1,6 +1,7 @@
-"""The one command-line layer of the scripts: config plus `key=value` overrides, list and pair parsing, typed options
-(`cli_value`, `flag_error`: a config key named as the flag the user typed), `--debug`,
-and `run_main`, which turns the user's own mistakes into one line and exit status 2.
+"""The one command-line layer of the scripts: the shared flags, list and pair parsing, typed options (`cli_value`,
+`flag_error`: a config key named as the flag the user typed), `--debug`, and `run_main`, which turns the user's own
+mistakes into one line and exit status 2. Config files and `key=value` overrides are read by `pipelines.configfile`,
+through `pipelines.params.Config.from_yaml`.
 
 A command (`oodforge.commands.<name>`, run by `oodforge <name>` and wrapped by scripts/<name>.py) is
 `def main(argv=None) -> int | None` built on `parser()` and run as `run_main(main, doc=DOC)`, so every entry point is

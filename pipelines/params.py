@@ -270,9 +270,9 @@ def _blamed(err: ConfigError, flags: dict[str, str], path: str | None, doc: str 
     if not found or " " in key:
         return ConfigError(str(err) if path is None else f"{path}: {err}", doc=doc)
     dotted = key.replace("[", ".").replace("]", "")
-    for set_by, flag in flags.items():
+    for set_by in sorted(flags, key=len, reverse=True):  # the flag of the longest key: --threshold, not --filter
         if dotted == set_by or dotted.startswith(set_by + "."):
-            return ConfigError(" ".join([flag, *dotted[len(set_by) + 1:].split(".")]).strip() + f": {rest}",
+            return ConfigError(" ".join([flags[set_by], *dotted[len(set_by) + 1:].split(".")]).strip() + f": {rest}",
                                doc=doc)
     text = f"{key}: {rest}" if key else rest
     return ConfigError(text if path is None else f"{path}: {text}", doc=doc)
