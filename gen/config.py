@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from gen.pairing import INHERIT, TASKS
 from gen.zest import ZeSTCall, ZeSTConfig
-from pipelines.cli import README_SECTIONS, display_path, load_yaml
+from pipelines.cli import README_SECTIONS
 from pipelines.errors import ConfigError
 from pipelines.params import REQUIRED, config, param
 from pipelines.runtime import ATTENTION_BACKENDS, PRECISIONS, item_seed
@@ -77,16 +75,6 @@ class GenerationConfig(ZeSTCall):
         if not isinstance(raw, dict):
             raise ConfigError(f"a generation config is a mapping, got {type(raw).__name__}", doc=cls.DOC)
         return super().from_dict(raw, where)
-
-    @classmethod
-    def from_yaml(cls, path: str | os.PathLike, overrides: Sequence[str] = ()) -> GenerationConfig:
-        """Read a YAML config and apply `key=value` overrides (values parsed as YAML; `models.depth=DIR` sets a
-        nested key); a missing file, bad YAML or a bad key is one `ConfigError` line naming the file and the key."""
-        raw = load_yaml(path, overrides)
-        try:
-            return cls.from_dict(raw)
-        except ConfigError as err:
-            raise ConfigError(f"{display_path(path)}: {err}", doc=cls.DOC) from None
 
     def call(self) -> ZeSTCall:
         """The ZeST call parameters of this job."""

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from pipelines.cli import run_main
-from pipelines.params import closest
+from pipelines.errors import closest
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "data": ("import-folder", "import-openood", "import-open-insect", "fetch-images", "make-splits",

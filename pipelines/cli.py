@@ -1,6 +1,7 @@
-"""The one command-line layer of the scripts: config plus `key=value` overrides, list and pair parsing, typed options
-(`cli_value`, `flag_error`: a config key named as the flag the user typed), `--debug`,
-and `run_main`, which turns the user's own mistakes into one line and exit status 2.
+"""The one command-line layer of the scripts: the shared flags, list and pair parsing, typed options (`cli_value`,
+`flag_error`: a config key named as the flag the user typed), `--debug`, and `run_main`, which turns the user's own
+mistakes into one line and exit status 2. Config files and `key=value` overrides are read by `pipelines.configfile`,
+through `pipelines.params.Config.from_yaml`.
 
 A command (`oodforge.commands.<name>`, run by `oodforge <name>` and wrapped by scripts/<name>.py) is
 `def main(argv=None) -> int | None` built on `parser()` and run as `run_main(main, doc=DOC)`, so every entry point is
@@ -11,7 +12,6 @@ that input is documented (README sections and docs/ files only), exit status 2.
 from __future__ import annotations
 
 import argparse
-import copy
 import errno
 import logging
 import os
@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
+from pipelines.configfile import display_path, pair, parse_yaml, yaml_problem
 from pipelines.errors import ConfigError, UserInputError
-from pipelines.params import closest
 from pipelines.progress import progress_style
 
 log = logging.getLogger(__name__)
@@ -156,15 +156,6 @@ def quiet_library_bars() -> None:
             __import__(f"{library}.utils.logging", fromlist=["disable_progress_bar"]).disable_progress_bar()
 
 
-def check_keys(raw: dict[str, Any], allowed: Sequence[str], where: str, doc: str | None = None) -> dict[str, Any]:
-    """`raw` unchanged when every key is in `allowed`; else one ConfigError naming the first unknown key, the closest
-    allowed one and where the keys are documented."""
-    for key in raw:
-        if key not in allowed:
-            raise ConfigError(f"{where}: unknown key {key!r}{closest(str(key), [str(a) for a in allowed])}", doc=doc)
-    return raw
-
-
 def comma_list(value: str | Sequence[str] | None) -> list[str] | None:
     """'a, b,c' -> ['a', 'b', 'c'] (a list passes through; None and '' give None)."""
     if value is None:
@@ -185,14 +176,6 @@ def int_list(value: str | Sequence[Any] | None) -> list[int] | None:
         raise ConfigError(f"expected comma-separated integers, got {value!r}") from None
 
 
-def pair(value: str, flag: str = "argument", sep: str = "=") -> tuple[str, str]:
-    """'NAME=VALUE' -> ('NAME', 'VALUE'); anything else raises ConfigError naming the flag."""
-    name, found, rest = value.partition(sep)
-    if not found or not name.strip() or not rest.strip():
-        raise ConfigError(f"{flag} takes NAME{sep}VALUE, got {value!r}")
-    return name.strip(), rest.strip()
-
-
 def pairs(values: Sequence[str] | None, flag: str = "argument") -> dict[str, str]:
     """Repeated NAME=VALUE arguments as a dict; a name given twice is an error."""
     out: dict[str, str] = {}
@@ -202,87 +185,6 @@ def pairs(values: Sequence[str] | None, flag: str = "argument") -> dict[str, str
             raise ConfigError(f"{flag}: {name!r} is given twice")
         out[name] = rest
     return out
-
-
-class ConfigLoader(yaml.SafeLoader):
-    """YAML's safe loader reading numbers as YAML 1.2 does: `1e-5` and `1E3` are floats (PyYAML's YAML 1.1 rules
-    read them as strings), and no python tags."""
-
-
-ConfigLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-                |\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
-
-
-def parse_yaml(text: str) -> Any:
-    """YAML text as data, numbers read as YAML 1.2 does (`ConfigLoader`)."""
-    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 (a SafeLoader subclass)
-
-
-def apply_overrides(raw: dict[str, Any], overrides: Sequence[str] | None, where: str = "override") -> dict[str, Any]:
-    """A copy of `raw` with each `key=value` applied (value parsed as YAML). Dotted keys reach nested mappings
-    (`a.b=1`) and list items, by index (`detectors.0.params.k=5`) or by name (`detectors.knn.params.k=5`: the item
-    that is that name, or whose `label` or `name` it is; a bare name becomes `{name: ...}`)."""
-    out = copy.deepcopy(raw)
-    for item in overrides or []:
-        key, text = pair(item, where)
-        try:
-            value = parse_yaml(text)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{where} {key}: the value {text!r} is not valid YAML ({_first_line(err)})") from None
-        target: Any = out
-        *parents, leaf = key.split(".")
-        for depth, name in enumerate(parents):
-            here = ".".join(parents[:depth + 1])
-            if isinstance(target, list):
-                target = _list_item(target, name, f"{where} {key}", here)
-                continue
-            child = target.get(name)
-            if child is None:
-                child = target[name] = {}
-            elif isinstance(child, list):
-                target = child
-                continue
-            elif not isinstance(child, dict):
-                raise ConfigError(f"{where} {key}: {here!r} is {type(child).__name__} {child!r} in the config, "
-                                  "not a mapping or list")
-            target = child
-        if isinstance(target, list):
-            index = _item_index(target, leaf, f"{where} {key}", key)
-            target[index] = value
-        else:
-            target[leaf] = value
-    return out
-
-
-def _item_index(items: list[Any], name: str, where: str, key: str) -> int:
-    """The position of the list item `name` names: an index, or the item that is / is named / is labelled `name`."""
-    if name.lstrip("-").isdigit():
-        index = int(name)
-        if not -len(items) <= index < len(items):
-            raise ConfigError(f"{where}: index {index} is outside the list of {len(items)} items ({key!r})")
-        return index % len(items)
-    found = [i for i, v in enumerate(items)
-             if v == name or (isinstance(v, dict)
-                              and (v.get("label") == name or (v.get("name") == name and not v.get("label"))))]
-    if len(found) != 1:
-        names = [v if isinstance(v, str) else (v.get("label") or v.get("name")) if isinstance(v, dict) else repr(v)
-                 for v in items]
-        problem = "no item" if not found else f"{len(found)} items"
-        raise ConfigError(f"{where}: {problem} named {name!r} in the list{closest(name, [str(n) for n in names])}")
-    return found[0]
-
-
-def _list_item(items: list[Any], name: str, where: str, key: str) -> dict[str, Any]:
-    """The mapping at the list item `name` names (a bare string item becomes `{name: item}` in place)."""
-    index = _item_index(items, name, where, key)
-    if isinstance(items[index], str):
-        items[index] = {"name": items[index]}
-    if not isinstance(items[index], dict):
-        raise ConfigError(f"{where}: the item {key!r} is {items[index]!r}, not a mapping")
-    return items[index]
 
 
 def cli_value(text: Any) -> Any:
@@ -308,68 +210,13 @@ def flag_error(err: ConfigError, flags: dict[str, str]) -> ConfigError:
     return ConfigError(f"--{parts[min(1, len(parts) - 1)].replace('_', '-')}: {rest}", doc=err.doc)
 
 
-def load_yaml(path: str | os.PathLike, overrides: Sequence[str] | None = None) -> dict[str, Any]:
-    """A YAML config file as a mapping, its `base:` chain merged in and overrides applied; a missing file, a YAML
-    error or a `base:` cycle is one ConfigError line.
-
-    `base: other.yaml` (relative to the file) names a config this one extends: mappings merge key by key, any other
-    value (lists included) replaces the base's."""
-    return apply_overrides(_read_with_bases(Path(path), ()), overrides)
-
-
-def _read_with_bases(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    if not path.is_file():
-        named = f" (the base of {display_path(chain[-1])})" if chain else ""
-        raise ConfigError(f"{display_path(path)}: no such config file{named}")
-    if path.resolve() in chain:
-        raise ConfigError(f"{display_path(path)}: `base:` cycle ({' -> '.join(display_path(p) for p in chain)})")
-    try:
-        raw = parse_yaml(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{display_path(path)}: not valid YAML ({_first_line(err)})") from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{display_path(path)}: expected a mapping of keys at the top level, got "
-                          f"{type(raw).__name__}")
-    base = raw.pop("base", None)
-    if base is None:
-        return raw
-    if not isinstance(base, str) or not base:
-        raise ConfigError(f"{display_path(path)}: base: a config file path, got {base!r}")
-    return deep_merge(_read_with_bases(path.parent / base, (*chain, path.resolve())), raw)
-
-
-def deep_merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
-    """`child` over `base`: mappings merge key by key, other values replace."""
-    out = dict(base)
-    for key, value in child.items():
-        out[key] = deep_merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def display_path(path: str | os.PathLike) -> str:
-    """A path as the user gave it, relative to the working folder when inside it (messages never need more)."""
-    path = Path(path)
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def _first_line(err: BaseException) -> str:
-    mark = getattr(err, "problem_mark", None)
-    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
-
-
 def one_line(err: BaseException, doc: str | None = None) -> str:
     """`error: <message> (see <doc>)` on one line: the error's own `doc`, else `doc`, names where the input is
     documented; a YAML error names its file, line and column."""
     if isinstance(err, yaml.YAMLError):
         mark = getattr(err, "problem_mark", None)
         where = f"{getattr(mark, 'name', None) or 'YAML'}" if mark is not None else "YAML"
-        text = f"{display_path(where) if where != 'YAML' else where}: not valid YAML ({_first_line(err)})"
+        text = f"{display_path(where) if where != 'YAML' else where}: not valid YAML ({yaml_problem(err)})"
     else:
         text = str(err) or type(err).__name__
     text = " ".join(text.split())

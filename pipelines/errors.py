@@ -5,6 +5,9 @@ so `pipelines.cli.run_main` tells them from bugs (which keep their traceback).
 """
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
+
 
 class UserInputError(ValueError):
     """Bad input from the user (config, manifest, table, folder); the message names the file or key and what is allowed,
@@ -21,3 +24,11 @@ class UserInputError(ValueError):
 
 class ConfigError(UserInputError):
     """A malformed config: the message names the key and what is allowed."""
+
+
+def closest(word: str, choices: Sequence[str]) -> str:
+    """' (did you mean 'x'?)' for the closest of `choices`, else ' (allowed: a, b, ...)'; '' with no choices."""
+    if not choices:
+        return ""
+    match = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {match[0]!r}?)" if match else f" (allowed: {', '.join(sorted(choices))})"

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
-import difflib
 import functools
 import numbers
+import os
 import types
 import typing
-from collections.abc import Sequence
-from typing import Any, Literal, Union
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypeVar, Union
 
-from pipelines.errors import ConfigError
+from pipelines.errors import ConfigError, closest
 
 BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b),
           "le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
@@ -168,6 +168,8 @@ def check_bounds(name: str, value: float, bounds: dict[str, Any], dims: dict[str
 config = functools.partial(dataclasses.dataclass, frozen=True, kw_only=True)
 """The decorator of every config class: `@config class EvalConfig(Config): ...` (frozen, keyword-only fields)."""
 
+C = TypeVar("C", bound="Config")
+
 REQUIRED: Any = dataclasses.MISSING
 """`param(REQUIRED, "doc")`: a key the user must give (a `Config.from_dict` without it is one error naming it)."""
 
@@ -239,6 +241,28 @@ class Config(Params):
             raise ConfigError(f"{where}: {err}", doc=cls.doc_ref()) from None
 
     @classmethod
+    def from_yaml(cls: type[C], path: str | os.PathLike | None, overrides: Sequence[str] | None = None,
+                  flags: Mapping[str, tuple[str | tuple[str, ...], Any]] | None = None) -> C:
+        """The one loader of every command's config: the YAML file `path` (its `base:` chain merged in; None: no
+        file), then the `key=value` overrides, then `flags`, the command's flags given on its command line as
+        shorthands of keys ({flag: (dotted key, value)}; a tuple of keys takes one item of the value each; a mapping
+        value fills the keys it names), so a flag wins over the file and the overrides. Every fault is one
+        ConfigError naming where the bad value came from: the flag, else the file (`pipelines.cli.blame_override`
+        then names an override), and the key."""
+        from pipelines.configfile import apply_overrides, display_path, load_yaml, set_key
+
+        raw = load_yaml(path, overrides) if path is not None else apply_overrides({}, overrides)
+        given: dict[str, str] = {}
+        for flag, (keys, value) in (flags or {}).items():
+            for key, item in (zip(keys, value, strict=True) if isinstance(keys, tuple) else [(keys, value)]):
+                set_key(raw, key, item, flag, merge=True)
+                given[key] = flag
+        try:
+            return cls.from_dict(raw, "")
+        except ConfigError as err:
+            raise _blamed(err, given, None if path is None else display_path(path), cls.doc_ref()) from None
+
+    @classmethod
     def doc_ref(cls) -> str | None:
         """Where this config's keys are documented (README section or docs/ file); subclasses set `DOC`."""
         return getattr(cls, "DOC", None)
@@ -246,6 +270,23 @@ class Config(Params):
     def to_dict(self) -> dict[str, Any]:
         """The config as plain values (nested configs as mappings): `from_dict(to_dict())` is equal."""
         return {name: plain(getattr(self, name)) for name in self.fields()}
+
+
+def _blamed(err: ConfigError, flags: dict[str, str], path: str | None, doc: str | None) -> ConfigError:
+    """`err` (`key: problem`) naming its source: the flag that set the key (the rest of a longer key follows it,
+    `--box mars`), else the file `path`, else the key alone; `doc` (the loaded config's page, where its user reads)
+    names where the keys are documented, else `err`'s own."""
+    doc = doc or err.doc
+    key, found, rest = str(err).partition(": ")
+    if not found or " " in key:
+        return ConfigError(str(err) if path is None else f"{path}: {err}", doc=doc)
+    dotted = key.replace("[", ".").replace("]", "")
+    for set_by in sorted(flags, key=len, reverse=True):  # the flag of the longest key: --threshold, not --filter
+        if dotted == set_by or dotted.startswith(set_by + "."):
+            return ConfigError(" ".join([flags[set_by], *dotted[len(set_by) + 1:].split(".")]).strip() + f": {rest}",
+                               doc=doc)
+    text = f"{key}: {rest}" if key else rest
+    return ConfigError(text if path is None else f"{path}: {text}", doc=doc)
 
 
 def plain(value: Any) -> Any:
@@ -334,14 +375,6 @@ def _convert_sequence(value: Any, hint: Any, where: str) -> Any:
     item = args[0] if args else Any
     items = [convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
     return tuple(items) if origin is tuple or hint is tuple else items
-
-
-def closest(word: str, choices: Sequence[str]) -> str:
-    """' (did you mean 'x'?)' for the closest of `choices`, else ' (allowed: a, b, ...)'; '' with no choices."""
-    if not choices:
-        return ""
-    match = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {match[0]!r}?)" if match else f" (allowed: {', '.join(sorted(choices))})"
 
 
 def _join(where: str, key: str) -> str:

@@ -1,5 +1,5 @@
-"""The documentation stays true: no command line in README.md or docs/*.md uses a deprecated flag of its command (the
-table `oodforge.args.deprecated_flags` reads off each parser), every path of this repository a page names exists, and
+"""The documentation stays true: every flag a command line in README.md or docs/*.md uses is a flag of its command
+(read off each parser), every path of this repository a page names exists, and
 the README keeps its first screen, a table of contents and the three user paths as blocks of commands."""
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from oodforge.args import deprecated_flags
 from oodforge.cli import COMMANDS, module_name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,8 +46,10 @@ def _invocations(text: str) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def deprecated() -> dict[str, dict[str, str]]:
-    return {c: deprecated_flags(importlib.import_module(module_name(c)).build_parser()) for c in COMMANDS}
+def flags() -> dict[str, set[str]]:
+    """{command: every flag its parser takes}."""
+    return {c: {o for a in importlib.import_module(module_name(c)).build_parser()._actions for o in a.option_strings}
+            for c in COMMANDS}
 
 
 def test_invocations_are_found_the_way_pages_write_them():
@@ -59,15 +60,15 @@ def test_invocations_are_found_the_way_pages_write_them():
                                   ("feature-map", "--id a --n 3"), ("pack-shards", "m --store s")]
 
 
-def test_no_page_uses_a_deprecated_flag(deprecated):
-    assert deprecated["import-folder"]  # the table this test reads is there (--ood, --split, ...)
+def test_every_flag_a_page_uses_is_its_commands(flags):
+    assert "--images" in flags["feature-map"] and "--n" not in flags["feature-map"]  # the table this test reads
     found = []
     for page in PAGES:
         for command, args in _invocations(page.read_text(encoding="utf-8")):
             for token in args.split():
                 flag = token.split("=")[0]
-                if flag in deprecated[command]:
-                    found.append(f"{page.relative_to(ROOT)}: oodforge {command} {flag} -> {deprecated[command][flag]}")
+                if flag.startswith("--") and flag not in flags[command]:
+                    found.append(f"{page.relative_to(ROOT)}: oodforge {command} {flag}: no such flag")
     assert not found, "\n".join(found)
 
 

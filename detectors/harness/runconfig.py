@@ -9,15 +9,12 @@ registered class once, and its `params` are converted and checked by that class 
 from __future__ import annotations
 
 import importlib
-import os
-from collections.abc import Sequence
 from typing import Any, Literal
 
 from detectors.base import Detector
 from detectors.harness.protocols import PROTOCOLS, TIE_RULES
 from detectors.harness.results import METRICS
 from detectors.registry import FAMILIES, detector_class
-from pipelines.cli import display_path, load_yaml
 from pipelines.errors import ConfigError
 from pipelines.fingerprint import IDENTITY_MODES
 from pipelines.params import REQUIRED, Config, config, convert, param, plain
@@ -281,19 +278,6 @@ class EvalConfig(Config):
             except ImportError as err:
                 raise ConfigError(f"{_key(where, 'plugins')}[{i}]: cannot import {module!r} ({err})", doc=DOC) from None
         return super().from_dict(raw, where)
-
-    @classmethod
-    def load(cls, raw: Any, source: str | os.PathLike) -> EvalConfig:
-        """`from_dict` of a config read from `source` (a file): an error names the file, then the key."""
-        try:
-            return cls.from_dict(raw)
-        except ConfigError as err:
-            raise ConfigError(f"{display_path(source)}: {err}", doc=err.doc) from None
-
-    @classmethod
-    def from_yaml(cls, path: str | os.PathLike, overrides: Sequence[str] | None = None) -> EvalConfig:
-        """The config in a YAML file (`base:` chain and `key=value` overrides applied, `pipelines.cli.load_yaml`)."""
-        return cls.load(load_yaml(path, overrides), path)
 
     def check(self, dims: dict[str, int] | None = None) -> None:
         super().check(dims)

@@ -33,14 +33,16 @@ from detectors.harness.report.aux_study import (
 from detectors.harness.report.figures import save_figure
 from detectors.harness.report.open_insects import study_table
 from detectors.harness.report.write import FIGURES
-from oodforge.args import command_parser
-from pipelines.cli import comma_list, load_yaml
+from detectors.harness.runconfig import DetectorSpec, EvalConfig
+from oodforge.args import command_parser, load_config
+from pipelines.cli import comma_list
 from pipelines.errors import UserInputError
 from pipelines.io import atomic_write_json, atomic_write_text
 
 DOC = "docs/report.md"
 """Where the command's inputs are documented (named in its one-line errors)."""
-
+FLAGS: dict[str, str] = {}
+"""The command's flags as shorthands of its (evaluation) config's keys: none (its flags are the study's own)."""
 
 
 def _counts(text: str) -> list[int]:
@@ -53,21 +55,18 @@ def _counts(text: str) -> list[int]:
     return counts
 
 
-def _method_entry(raw: dict, method: str) -> dict:
-    for entry in raw.get("detectors") or []:
-        spec = entry if isinstance(entry, dict) else {"name": entry}
-        if spec.get("name") == method:
+def _method_entry(config: EvalConfig, method: str) -> DetectorSpec:
+    """The config's entry of `method` (rules and parameters included), else its defaults."""
+    for spec in config.detectors if config.detectors != "all" else []:
+        if spec.name == method:
             return spec
-    return {"name": method}
+    return DetectorSpec.from_value(method, "--method")
 
 
-def _aux_source(raw: dict, where: str) -> tuple[str, str]:
-    aux = raw.get("aux")
-    if aux is None:
+def _aux_source(config: EvalConfig, where: str) -> tuple[str, str]:
+    if config.aux is None:
         raise UserInputError(f"{where}: `aux` is not set: the study subsamples the config's auxiliary rows")
-    if isinstance(aux, str):
-        return aux, "train"
-    return str(aux["manifest"]), aux.get("split") or "train"
+    return config.aux.manifest, config.aux.split or "train"
 
 
 def build_parser():
@@ -84,15 +83,15 @@ def build_parser():
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    raw = load_yaml(args.config, args.overrides)
-    manifest, split = _aux_source(raw, str(args.config))
+    config = load_config(EvalConfig, args, FLAGS)
+    manifest, split = _aux_source(config, str(args.config))
     source = aux_rows(manifest, split)
-    entry = _method_entry(raw, args.method)
+    entry = _method_entry(config, args.method).to_dict()
     config_key = hashlib.sha256(json.dumps([str(Path(args.config).resolve()), args.overrides, entry],
                                            sort_keys=True, default=str).encode()).hexdigest()
     # every count checked
     drawn = {count: subsample(source.rows, count, args.budget, args.seed) for count in args.species}
-    _check_config(raw, args.config, entry, args.out)
+    _check_config(config, entry, args.out)
     if args.dry_run:
         for count, rows in drawn.items():
             run = args.out / f"species_{count}"
@@ -153,10 +152,9 @@ def _reused(run: Path, key: dict[str, str]) -> bool:
     return done.is_file() and json.loads(done.read_text(encoding="utf-8")) == key and (run / "results.csv").is_file()
 
 
-def _check_config(raw: dict, config: Path, entry: dict, out: Path) -> None:
+def _check_config(config: EvalConfig, entry: dict, out: Path) -> None:
     """The checks `oodforge evaluate --dry-run` runs, on the config as each count's run gets it (only the studied
     method; the config's own auxiliary rows stand in for their subsamples): a bad config is one line before any run."""
-    from detectors.harness.evaluate import EvalConfig
     from detectors.harness.plan import make_plan
 
-    make_plan(EvalConfig.load({**raw, "detectors": [entry], "out": str(out / "check")}, config))
+    make_plan(EvalConfig.from_dict({**config.to_dict(), "detectors": [entry], "out": str(out / "check")}))

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from oodforge.args import command_parser, config_raw
-from pipelines.cli import comma_list, deep_merge
+from oodforge.args import command_parser, load_config
+from pipelines.cli import comma_list
 
 DOC = "README.md, section 'Your own data'"
 """Where the command's inputs are documented (named in its one-line errors)."""
@@ -44,16 +44,26 @@ def clip_scorer(model: str):
                       backbone.model_id)
 
 
+FILTER = {"--clip": "filter.model", "--threshold": "filter.threshold", "--main": "filter.main",
+          "--secondary": "filter.secondary", "--batch-size": "filter.batch_size"}
+"""The secondary-instance filter's flags (with --filter only)."""
+FLAGS = {"--imagenet21k": "imagenet21k", "--roots": "roots", "--categories": "categories",
+         "--keep-imagenet1k": "keep_imagenet1k", "--wordnet-dir": "wordnet_dir", "--ood-set": "ood_set",
+         "--filter": "filter", **FILTER}
+"""The command's flags as shorthands of its config's keys (docs/cli.md); --out is the run's, not the config's."""
+
+
 def build_parser():
     p = command_parser(__name__, __doc__, out=True, dry_run=True)
     p.add_argument("--imagenet21k", default=None, help="ImageNet-21K folder: one folder per wnid")
     p.add_argument("--roots", type=comma_list, default=None,
                    help="comma-separated root synsets (default vessel.n.03,dish.n.01,cup.n.01,glass.n.02,basket.n.01)")
     p.add_argument("--categories", type=comma_list, default=None, help="comma-separated categories instead of --roots")
-    p.add_argument("--keep-imagenet1k", action="store_true", help="keep ImageNet-1K's categories")
+    p.add_argument("--keep-imagenet1k", action="store_true", default=None, help="keep ImageNet-1K's categories")
     p.add_argument("--wordnet-dir", default=None, help="WordNet 3.0 database folder (default: the system's)")
     p.add_argument("--ood-set", default=None, help="ood_set of the rows (default container)")
-    p.add_argument("--filter", action="store_true", help="drop images where the container is a secondary instance")
+    p.add_argument("--filter", action="store_true", default=None,
+                   help="drop images where the container is a secondary instance")
     p.add_argument("--clip", default=None,
                    help="the filter's CLIP model, hub id or folder (default openai/clip-vit-base-patch16)")
     p.add_argument("--threshold", type=float, default=None,
@@ -73,19 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.curation.containers import ContainerCuration, choose_categories, curate, tree_wnids
     from pipelines.curation.wordnet import Nouns
 
-    flags = {"imagenet21k": args.imagenet21k, "keep_imagenet1k": args.keep_imagenet1k or None,
-             "ood_set": args.ood_set, "wordnet_dir": args.wordnet_dir, "roots": args.roots,
-             "categories": args.categories}
-    raw: dict[str, Any] = deep_merge(config_raw(args), {k: v for k, v in flags.items() if v is not None})
-    options = {"model": args.clip, "threshold": args.threshold, "main": args.main, "secondary": args.secondary,
-               "batch_size": args.batch_size}
-    if args.filter:
-        raw["filter"] = {**(raw.get("filter") or {}), **{k: v for k, v in options.items() if v is not None}}
-    elif any(v is not None for v in options.values()):
+    if not args.filter and any(getattr(args, f.lstrip("-").replace("-", "_")) is not None for f in FILTER):
         p.error("--clip, --threshold, --main, --secondary and --batch-size belong to --filter")
-    if raw.get("imagenet21k") is None:
-        p.error("--imagenet21k is required (or `imagenet21k:` in --config)")
-    cfg = ContainerCuration.from_dict(raw, where="curate_containers")
+    cfg = load_config(ContainerCuration, args, FLAGS, {"--filter": lambda on: {}})
     if args.dry_run:
         from pathlib import Path
 

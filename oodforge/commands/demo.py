@@ -13,13 +13,30 @@ from pathlib import Path
 
 import torch
 
-from oodforge.args import command_parser, parse
+from oodforge.args import command_parser, load_config
 from pipelines.cli import README_SECTIONS, comma_list
+from pipelines.params import Config, config, param
 
 DOC = README_SECTIONS["scripts"]
 """Where the command's inputs are documented (named in its one-line errors)."""
 
 STAGES = ("generation", "clip")
+
+
+@config
+class DemoConfig(Config):
+    """What `oodforge demo` runs; every key has its flag (`FLAGS`)."""
+
+    DOC = DOC
+
+    out: str = param("demo_out", "output folder")
+    epochs: int = param(8, "classifier training epochs")
+    seed: int = param(0, "seed of the data, training and detectors")
+    skip: list[str] = param([], f"stages to skip: {', '.join(STAGES)}")
+
+
+FLAGS = {"--" + name: name for name in DemoConfig.fields()}
+"""The command's flags as shorthands of its config's keys, each the key (docs/cli.md)."""
 
 
 def train_digit_classifier(id_dir: Path, folder: Path, epochs: int, seed: int) -> Path:
@@ -59,17 +76,16 @@ def _last_accuracy(result) -> float:
 
 def build_parser():
     p = command_parser(__name__, __doc__, out=True)
-    p.set_defaults(out=Path("demo_out"))
-    p.add_argument("--epochs", type=int, default=8, help="classifier training epochs (default 8)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the data, training and detectors (default 0)")
+    p.add_argument("--epochs", type=int, default=None, help="classifier training epochs (default 8)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the data, training and detectors (default 0)")
     p.add_argument("--skip", type=comma_list, default=None, help=f"comma-separated stages to skip: {','.join(STAGES)}")
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
     p = build_parser()
-    args = parse(p, argv)
-    skip = set(args.skip or ())
+    cfg = load_config(DemoConfig, p.parse_args(argv), FLAGS)
+    skip = set(cfg.skip)
     if skip - set(STAGES):
         p.error(f"--skip: unknown stage(s) {sorted(skip - set(STAGES))}; stages: {', '.join(STAGES)}")
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -78,11 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     from pipelines.toydata import write_digits
 
     start = time.perf_counter()
-    out = Path(args.out)
+    out = Path(cfg.out)
     id_dir, ood_dir = (out / "data" / "id", out / "data" / "ood")
     if not (id_dir / "metadata.jsonl").is_file() or not (ood_dir / "metadata.jsonl").is_file():
-        id_dir, ood_dir = write_digits(out / "data", seed=args.seed)
-    model_dir = train_digit_classifier(id_dir, out / "classifier", args.epochs, args.seed)
+        id_dir, ood_dir = write_digits(out / "data", seed=cfg.seed)
+    model_dir = train_digit_classifier(id_dir, out / "classifier", cfg.epochs, cfg.seed)
     config = EvalConfig.from_dict({"model": str(model_dir), "id": str(id_dir), "ood": [{"manifest": str(ood_dir)}],
                                    "out": str(out / "posthoc"), "detectors": "all", "families": ["posthoc"],
                                    "batch_size": 128})

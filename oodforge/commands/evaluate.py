@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from oodforge.args import command_parser
-from pipelines.cli import README_SECTIONS, comma_list, load_yaml
+from oodforge.args import command_parser, load_config
+from pipelines.cli import README_SECTIONS
 
 DOC = README_SECTIONS["config"]
 """Where the command's inputs are documented (named in its one-line errors)."""
@@ -56,25 +56,21 @@ def _finish_processes() -> bool:
     return state.is_main_process
 
 
+FLAGS = {"--out": "out"}
+"""The command's flags as shorthands of its config's keys (docs/cli.md)."""
+
+
 def build_parser():
-    p = command_parser(__name__, __doc__, config="required", out=True, dry_run=True)
-    p.add_argument("--detectors", help="comma-separated detector names (overrides the config)")
-    return p
+    return command_parser(__name__, __doc__, config="required", out=True, dry_run=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    raw = load_yaml(args.config, args.overrides)
-    if args.out:
-        raw["out"] = str(args.out)
-    if args.detectors:
-        raw["detectors"] = comma_list(args.detectors)
-
     from detectors.harness.evaluate import EvalConfig, Runner, dump_config
     from detectors.harness.plan import make_plan
     from detectors.harness.units import UnitStore
 
-    config = EvalConfig.load(raw, args.config)
+    config = load_config(EvalConfig, args, FLAGS)
     plan = make_plan(config)
     if args.dry_run:
         store = UnitStore(plan.out)

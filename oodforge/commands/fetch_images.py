@@ -19,18 +19,27 @@ from __future__ import annotations
 import json
 import sys
 
-from oodforge.args import command_parser, config_raw, key_help
-from pipelines.cli import cli_value, deep_merge, flag_error
+from oodforge.args import command_parser, key_help, load_config
+from pipelines.cli import cli_value, flag_error
 from pipelines.curation.fetch import FetchConfig, fetch_images, fetch_plan, filter_classes
 from pipelines.errors import ConfigError
 
 DOC = "docs/species.md"
 """Where the command's inputs are documented (named in its one-line errors)."""
 
-FLAGS = {"taxa.preset": "--taxon-filter"}
 NUMBERS = ("per_species", "workers", "rate", "timeout", "retries", "backoff", "retry_after_max", "give_up_after",
            "short_side", "quality", "max_pixels", "min_bytes", "min_side", "max_bytes", "samples_per_shard",
            "shard_bytes")
+FLAGS: dict[str, str] = {
+    "--occurrences": "occurrences", "--out": "out", "--taxon-filter": "taxa.preset", "--include": "taxa.include",
+    "--exclude": "taxa.exclude", "--resize": "resize", "--store": "store", "--keep-originals": "keep_originals",
+    "--thumbnail-pattern": "thumbnail_pattern", "--retry-failed": "retry_failed",
+    **{"--" + name.replace("_", "-"): name for name in NUMBERS}}
+"""The command's flags as shorthands of its config's keys (docs/cli.md); --filter-model and --drop-class are the
+run's, not the config's."""
+CONVERT = {**{"--" + name.replace("_", "-"): cli_value for name in NUMBERS},
+           "--per-species": lambda text: cli_value(text) or None, "--thumbnail-pattern": lambda text: text or None}
+"""Flag value -> key value: numbers read as YAML (the config checks them); 0 per species and '' patterns: none."""
 
 
 def build_parser():
@@ -68,23 +77,8 @@ def build_parser():
 
 
 def config_of(args) -> FetchConfig:
-    """The typed config: the `--config` file and `key=value` overrides, the flags over them; a fault names the flag."""
-    taxa = {"preset": args.taxon_filter, "include": args.include or None, "exclude": args.exclude or None}
-    raw = {"occurrences": args.occurrences, "out": args.out, "retry_failed": args.retry_failed,
-           "keep_originals": args.keep_originals, "resize": args.resize, "store": args.store,
-           "taxa": {k: v for k, v in taxa.items() if v is not None}}
-    for name in NUMBERS:
-        if getattr(args, name) is not None:
-            raw[name] = cli_value(getattr(args, name))
-    if raw.get("per_species") == 0:
-        raw["per_species"] = None
-    if args.thumbnail_pattern is not None:
-        raw["thumbnail_pattern"] = args.thumbnail_pattern or None
-    try:
-        cfg = FetchConfig.from_dict(deep_merge(config_raw(args), {k: v for k, v in raw.items() if v is not None}), "")
-    except ConfigError as err:
-        raise flag_error(err, FLAGS) from None
-    return cfg
+    """The typed config: the `--config` file, the `key=value` overrides, then the flags."""
+    return load_config(FetchConfig, args, FLAGS, CONVERT)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             filter_classes(args.filter_model, args.drop_class)
         except ConfigError as err:
-            raise flag_error(err, FLAGS) from None
+            raise flag_error(err, {}) from None
     if args.dry_run:  # the input read and filtered, the ledger and files counted; no request, nothing written
         planned = fetch_plan(cfg)
         print(json.dumps(planned, indent=2))

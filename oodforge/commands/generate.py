@@ -13,11 +13,13 @@ import sys
 from typing import Any
 
 from gen.job import JOB_FOLDER, GenerationConfig, check_job, format_plan, plan_summary, run_generation
-from oodforge.args import command_parser
+from oodforge.args import command_parser, load_config
 from pipelines.cli import README_SECTIONS
 
 DOC = README_SECTIONS["generation"]
 """Where the command's inputs are documented (named in its one-line errors)."""
+FLAGS: dict[str, str] = {}
+"""The command's flags as shorthands of its config's keys (docs/cli.md): none, every key is a `key=value`."""
 
 
 def describe_plan(summary: dict[str, Any], out: str) -> str:
@@ -47,7 +49,7 @@ def build_parser():
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    config = GenerationConfig.from_yaml(args.config, args.overrides)
+    config = load_config(GenerationConfig, args, FLAGS)
     if args.dry_run:
         plan = check_job(config)  # every start-up check of the run: where the run would refuse, so does this
         print(format_plan(plan.items, args.show))

@@ -20,15 +20,17 @@ import re
 import sys
 from pathlib import Path
 
-from oodforge.args import command_parser, config_raw, key_help, parse
-from pipelines.cli import cli_value, deep_merge, flag_error
+from oodforge.args import command_parser, key_help, load_config, parse
+from pipelines.cli import cli_value
 from pipelines.curation.open_insect_import import OpenInsectImport, import_open_insect
-from pipelines.errors import ConfigError
 
 DOC = "docs/species.md"
 """Where the command's inputs are documented (named in its one-line errors)."""
 
 NUMBERS = ("rate", "timeout", "retries")
+FLAGS = {"SOURCE": "source", "--out": "out", "--region": "region", "--bci": "bci", "--category-map": "category_map",
+         "--workers": "workers", **{"--" + name: name for name in NUMBERS}}
+"""The command's flags as shorthands of its config's keys (docs/cli.md)."""
 SHOWN = 10
 """Missing images listed on the terminal (all of them are in missing.csv)."""
 
@@ -55,18 +57,11 @@ def config_of(args: argparse.Namespace) -> OpenInsectImport:
     A first `key=value` where SOURCE would be (SOURCE given by the config file) is an override."""
     if args.source is not None and OVERRIDE.fullmatch(args.source) and not Path(args.source).exists():
         args.overrides, args.source = [args.source, *(args.overrides or [])], None
-    raw = {"source": args.source, "out": args.out, "region": args.region, "bci": args.bci,
-           "category_map": args.category_map, "workers": args.workers,
-           **{name: cli_value(getattr(args, name)) for name in NUMBERS if getattr(args, name) is not None}}
-    try:
-        return OpenInsectImport.from_dict(deep_merge(config_raw(args), {k: v for k, v in raw.items() if v is not None}),
-                                          "")
-    except ConfigError as err:
-        raise flag_error(err, {"source": "SOURCE"}) from None
+    return load_config(OpenInsectImport, args, FLAGS, {"--" + name: cli_value for name in NUMBERS})
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(build_parser(), argv, intermixed=True, typed=True)
+    args = parse(build_parser(), argv, intermixed=True)
     cfg = config_of(args)
     done = import_open_insect(cfg, dry_run=args.dry_run)
     print(done.table.to_string(index=False))

@@ -25,13 +25,38 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oodforge.args import command_parser, parse
+from oodforge.args import command_parser, load_config
 from pipelines.cli import comma_list, pairs
 from pipelines.importers import EASY_SETS, ImportResult, import_openood
 from pipelines.openood_benchmarks import BENCHMARKS, counts, import_benchmark
+from pipelines.params import REQUIRED, Config, config, param
 
 DOC = "README.md, section 'Commands'"
 """Where the command's inputs are documented (named in its one-line errors)."""
+
+
+@config
+class ImportOpenOODConfig(Config):
+    """What `oodforge import-openood` imports; every key has its flag (`FLAGS`)."""
+
+    DOC = DOC
+
+    out: str = param(REQUIRED, "output folder: one manifest folder per set")
+    root: str | None = param(None, "OpenOOD's data folder (benchmark_imglist/, images_largescale/, images_classic/)")
+    benchmark: str | None = param(None, "an OpenOOD v1.5 benchmark imported whole; with sets / list / folder the "
+                                        "benchmark_imglist subfolder of the sets (null: imagenet)")
+    sets: list[str] | None = param(None, "OOD sets; null with root: the five easy sets, without: those of lists / "
+                                         "folders")
+    group: str = param("easy", "group written on every row")
+    lists: list[str] = param([], "SET=FILE image lists")
+    folders: list[str] = param([], "SET=DIR plain image folders")
+    image_root: str | None = param(None, "where the images of the lists live; null: under root")
+    skip_missing: bool = param(False, "leave out listed images that do not exist (counted in the summary)")
+
+
+FLAGS = {"--out": "out", "--root": "root", "--benchmark": "benchmark", "--sets": "sets", "--group": "group",
+         "--list": "lists", "--folder": "folders", "--image-root": "image_root", "--skip-missing": "skip_missing"}
+"""The command's flags as shorthands of its config's keys (docs/cli.md)."""
 
 
 def build_parser():
@@ -44,33 +69,36 @@ def build_parser():
     p.add_argument("--sets", type=comma_list, default=None,
                    help=f"comma-separated OOD sets (default with --root: {','.join(EASY_SETS)}; without: those of "
                    "--list/--folder)")
-    p.add_argument("--group", default="easy", help="group written on every row (default easy)")
-    p.add_argument("--list", action="append", default=[], metavar="SET=FILE", help="an image list for SET (repeatable)")
-    p.add_argument("--folder", action="append", default=[], metavar="SET=DIR",
+    p.add_argument("--group", default=None, help="group written on every row (default easy)")
+    p.add_argument("--list", action="append", default=None, metavar="SET=FILE",
+                   help="an image list for SET (repeatable)")
+    p.add_argument("--folder", action="append", default=None, metavar="SET=DIR",
                    help="take SET from a plain image folder (repeatable)")
     p.add_argument("--image-root", type=Path, default=None,
                    help="images of --list files live here (default: under --root)")
-    p.add_argument("--skip-missing", action="store_true",
+    p.add_argument("--skip-missing", action="store_true", default=None,
                    help="leave out listed images that do not exist (counted in the summary)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
-    args = parse(p, argv)
-    if args.out is None:
-        p.error("--out is required")
-    if args.benchmark is not None and not (args.sets or args.list or args.folder):
-        if args.root is None:
+    parsed = p.parse_args(argv)
+    args = load_config(ImportOpenOODConfig, parsed, FLAGS)
+    root, out = None if args.root is None else Path(args.root), Path(args.out)
+    image_root = None if args.image_root is None else Path(args.image_root)
+    if args.benchmark is not None and not (args.sets or args.lists or args.folders):
+        if root is None:
             p.error("--benchmark: give --root, OpenOOD's data folder")
-        _print_benchmark(import_benchmark(args.root, args.out, args.benchmark, skip_missing=args.skip_missing,
-                                          dry_run=args.dry_run), args.dry_run)
+        _print_benchmark(import_benchmark(root, out, args.benchmark, skip_missing=args.skip_missing,
+                                          dry_run=parsed.dry_run), parsed.dry_run)
         return 0
-    if args.dry_run:
+    if parsed.dry_run:
         p.error("--dry-run: only with --benchmark imported whole (no --sets / --list / --folder)")
-    results = import_openood(args.root, args.out, benchmark=args.benchmark or "imagenet", sets=args.sets,
-                             group=args.group, lists=pairs(args.list, "--list"), folders=pairs(args.folder, "--folder"),
-                             image_root=args.image_root, skip_missing=args.skip_missing)
+    results = import_openood(root, out, benchmark=args.benchmark or "imagenet", sets=args.sets,
+                             group=args.group, lists=pairs(args.lists, "--list"),
+                             folders=pairs(args.folders, "--folder"),
+                             image_root=image_root, skip_missing=args.skip_missing)
     for result in results:
         row = result.summary()
         note = f", {row['missing']} missing left out" if row["missing"] else ""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import logging
 import re
 import time
 from pathlib import Path
@@ -21,22 +20,29 @@ from typing import Any
 from gen.insects import REGIONS, MakeSplitsConfig, SplitConfig, make_splits, shortfall_lines, synthetic_occurrences
 from gen.insects.cost import estimate, write_rate
 from gen.insects.manifests import fetched_store
-from oodforge.args import command_parser, config_raw, key_help
-from pipelines.cli import cli_value, deep_merge, flag_error, pairs
+from oodforge.args import command_parser, key_help, load_config
+from pipelines.cli import cli_value, pairs
 from pipelines.curation.gbif import TableLimits
-from pipelines.errors import ConfigError
 
 DOC = "docs/species.md"
 """Where the command's inputs are documented (named in its one-line errors)."""
 
-FLAGS = {"split.pad_lat": "--pad", "split.pad_lon": "--pad", "split.regions": "--box",
-         "split.aux_species_by_region": "split.aux_species_by_region", "taxa.preset": "--taxon-filter"}
-"""Config keys whose flag is not `--` + the key's last part with dashes (for one-line errors)."""
 NONE_IF_ZERO = ("aux_per_species", "aux_species", "id_val_cap")
 RATES = Path(__file__).resolve().parents[2] / "benchmarks" / "splits.json"
 """Where the dry run's estimate takes the disk write rate from (`python -m benchmarks.splits` measures it)."""
-log = logging.getLogger(__name__)
 LIMITS = ("max_rows", "max_member_bytes", "max_line_bytes", "max_kept_bytes")
+SPLIT = ("non_local_box", "target_taxon", "non_local_cap", "aux_per_species", "aux_species", "min_images",
+         "id_fractions", "id_val_cap", "allow_missing_id_species", "aux_val_size", "id_cap", "local_cap",
+         "non_target_cap", "seed")
+"""The `split.*` keys whose flag is `--` + the key with dashes."""
+FLAGS: dict[str, str | tuple[str, ...]] = {
+    "--occurrences": "occurrences", "--synthetic": "synthetic", "--id-species": "id_species",
+    "--image-root": "image_root", "--out": "out", "--non-target": "non_target", "--check-files": "check_files",
+    "--taxon-filter": "taxa.preset", "--include": "taxa.include", "--exclude": "taxa.exclude",
+    "--box": "split.regions", "--pad": ("split.pad_lat", "split.pad_lon"),
+    **{"--" + name.replace("_", "-"): "split." + name for name in SPLIT},
+    **{"--" + name.replace("_", "-"): "limits." + name for name in LIMITS}}
+"""The command's flags as shorthands of its config's keys (docs/cli.md); --store is the run's, not the config's."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,7 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--aux-species", default=None,
                    help=key_help(SplitConfig, "aux_species", "0 = every one; per region: split.aux_species_by_region."
                                                              "REGION=N, default c-america 4000"))
-    p.add_argument("--aux-species-c-america", default=None, help=argparse.SUPPRESS)  # deprecated: the config key
     p.add_argument("--min-images", default=None, help=key_help(SplitConfig, "min_images"))
     p.add_argument("--id-fractions", nargs=3, default=None, metavar=("TRAIN", "VAL", "TEST"),
                    help="ID split per species, summing to 1 (default AMI-GBIF 0.7 0.1 0.2; test/val only for species "
@@ -96,36 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options(args: argparse.Namespace) -> MakeSplitsConfig:
-    """The typed options of the command line; a fault is one ConfigError naming the flag."""
-    split: dict[str, Any] = {}
-    for name in ("non_local_box", "target_taxon", "non_local_cap", "aux_per_species", "aux_species", "min_images",
-                 "id_fractions", "id_val_cap", "allow_missing_id_species", "aux_val_size", "id_cap", "local_cap",
-                 "non_target_cap", "seed"):
-        value = getattr(args, name)
-        if value is not None:
-            split[name] = value if name in ("non_local_box", "target_taxon") else cli_value(value)
-            if name in NONE_IF_ZERO and split[name] == 0:
-                split[name] = None
-    if args.pad is not None:
-        split["pad_lat"], split["pad_lon"] = cli_value(args.pad)
-    if args.aux_species_c_america is not None:
-        log.warning("oodforge make-splits --aux-species-c-america is deprecated: use split.aux_species_by_region."
-                    "c-america=N")
-        count = cli_value(args.aux_species_c_america)
-        split["aux_species_by_region"] = {"c-america": None if count == 0 else count}
-    if args.box:
-        split["regions"] = {**REGIONS, **pairs(args.box, "--box")}
-    limits = {key: byte_count(getattr(args, key)) for key in LIMITS if getattr(args, key) is not None}
-    raw = {"occurrences": args.occurrences, "synthetic": cli_value(args.synthetic), "id_species": args.id_species,
-           "image_root": args.image_root, "out": args.out, "non_target": args.non_target,
-           "check_files": args.check_files, "split": split, "limits": limits,
-           "taxa": {k: v for k, v in (("preset", args.taxon_filter), ("include", args.include),
-                                      ("exclude", args.exclude)) if v}}
-    try:
-        return MakeSplitsConfig.from_dict(deep_merge(config_raw(args), {k: v for k, v in raw.items() if v is not None}),
-                                          "")
-    except ConfigError as err:
-        raise flag_error(err, FLAGS) from None
+    """The typed config: the `--config` file, the `key=value` overrides, then the flags."""
+    return load_config(MakeSplitsConfig, args, FLAGS, CONVERT)
 
 
 UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6,
@@ -138,6 +115,14 @@ def byte_count(text: str) -> Any:
     if match and match.group(2).lower() in UNITS:
         return int(match.group(1).replace("_", "").replace(",", "")) * UNITS[match.group(2).lower()]
     return cli_value(text)
+
+
+CONVERT = {**{"--" + name.replace("_", "-"): cli_value for name in SPLIT if name not in ("non_local_box",
+                                                                                          "target_taxon")},
+           **{"--" + name.replace("_", "-"): lambda text: cli_value(text) or None for name in NONE_IF_ZERO},
+           **{"--" + name.replace("_", "-"): byte_count for name in LIMITS},
+           "--synthetic": cli_value, "--pad": cli_value, "--box": lambda boxes: {**REGIONS, **pairs(boxes, "--box")}}
+"""Flag value -> key value: numbers read as YAML (the config checks them), byte counts with units, 0 caps: none."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,14 +16,32 @@ the whole pipeline run in seconds on a CPU. `zest` prints the `models.*` overrid
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from oodforge.args import command_parser, parse
+from oodforge.args import command_parser, load_config, parse
 from pipelines.io import umask_modes
+from pipelines.params import REQUIRED, Config, config, param
 
 DOC = "README.md, section 'Your own data'"
 """Where the command's inputs are documented (named in its one-line errors)."""
 
 KINDS = ("classifier", "clip", "zest", "diffguard-unet")
+
+
+@config
+class MakeTinyConfig(Config):
+    """Which stand-in `oodforge make-tiny` writes; every key has its flag or argument (`FLAGS`)."""
+
+    DOC = DOC
+
+    kind: Literal[KINDS] = param(REQUIRED, "which stand-in")  # type: ignore[valid-type]
+    out: str = param(REQUIRED, "output folder")
+    labels: int | None = param(None, "classifier: number of outputs; null: the tiny config's")
+    seed: int = param(0, "seed of the random weights")
+
+
+FLAGS = {"KIND": "kind", "--out": "out", "--labels": "labels", "--seed": "seed"}
+"""The command's flags (and its argument KIND) as shorthands of its config's keys (docs/cli.md)."""
 
 
 def make(kind: str, out: Path, labels: int | None = None, seed: int = 0) -> str:
@@ -48,20 +66,19 @@ def make(kind: str, out: Path, labels: int | None = None, seed: int = 0) -> str:
 
 def build_parser():
     p = command_parser(__name__, __doc__, out=True)
-    p.add_argument("kind", choices=KINDS, help="which stand-in")
+    p.add_argument("kind", nargs="?", choices=KINDS, help="which stand-in")
     p.add_argument("--labels", type=int, default=None, help="classifier: number of outputs")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the random weights (default 0)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
-    args = parse(p, argv, intermixed=True)
-    if args.out is None:
-        p.error("--out is required")
+    args = load_config(MakeTinyConfig, parse(p, argv, intermixed=True), FLAGS)
     if args.labels is not None and (args.kind != "classifier" or args.labels < 1):
         p.error("--labels takes a positive number and belongs to the classifier")
-    with umask_modes(args.out):  # the libraries' own writers make weights 0600: the umask decides
-        usage = make(args.kind, args.out, args.labels, args.seed)
+    out = Path(args.out)
+    with umask_modes(out):  # the libraries' own writers make weights 0600: the umask decides
+        usage = make(args.kind, out, args.labels, args.seed)
     print(f"wrote {args.kind} stand-in {args.out}: {usage}")
     return 0

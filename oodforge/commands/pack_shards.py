@@ -21,10 +21,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from oodforge.args import command_parser, config_raw, deprecated, key_help, parse
-from pipelines.cli import cli_value, flag_error
+from oodforge.args import command_parser, key_help, load_config, parse
+from pipelines.cli import cli_value
 from pipelines.data import METADATA, manifest_lines, read_manifest
-from pipelines.errors import ConfigError, UserInputError
+from pipelines.errors import UserInputError
 from pipelines.progress import progress
 from pipelines.shards import (
     SHARD_FOLDER,
@@ -41,13 +41,17 @@ from pipelines.store import STORE_FILE, ShardError, is_shard_row, read_store, ro
 DOC = "docs/shards.md"
 
 
+NUMBERS = ("samples_per_shard", "shard_bytes", "short_side", "quality")
+FLAGS = {"--resize": "resize", **{"--" + name.replace("_", "-"): name for name in NUMBERS}}
+"""The command's flags as shorthands of its config's keys (docs/cli.md); SOURCE, --out, --shard-dir, --workers and
+--verify are the run's, not the config's."""
+CONVERT = {"--" + name.replace("_", "-"): cli_value for name in NUMBERS}
+"""Flag value -> key value: numbers read as YAML (the config checks them)."""
+
+
 def config_of(args) -> PackConfig:
-    raw = {k: cli_value(getattr(args, k)) for k in ("samples_per_shard", "shard_bytes", "short_side", "quality")
-           if getattr(args, k) is not None} | ({"resize": args.resize} if args.resize else {})
-    try:
-        return PackConfig.from_dict({**config_raw(args), **raw}, "")
-    except ConfigError as err:
-        raise flag_error(err, {}) from None
+    """The typed config: the `--config` file, the `key=value` overrides, then the flags."""
+    return load_config(PackConfig, args, FLAGS, CONVERT)
 
 
 def store_root(folder: Path) -> tuple[Path, list[str]]:
@@ -91,13 +95,12 @@ def build_parser():
         p.add_argument("--" + name.replace("_", "-"), default=None, help=key_help(PackConfig, name))
     p.add_argument("--workers", type=int, default=None, help="processes writing shards (default: the CPUs - 1)")
     p.add_argument("--verify", type=Path, default=None, metavar="DIR", help="check a store or a shard manifest's store")
-    deprecated(p, "--store", "--shard-dir")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
-    args = parse(p, argv, intermixed=True, typed=True)
+    args = parse(p, argv, intermixed=True)
     if args.verify is not None:
         return verify(args.verify)
     if args.source is None or args.out is None:

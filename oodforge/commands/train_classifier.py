@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 
-from oodforge.args import command_parser
-from pipelines.cli import load_yaml
+from oodforge.args import command_parser, load_config
 
 DOC = 'docs/training.md'
 """Where the command's inputs are documented (named in its one-line errors)."""
+FLAGS = {"--out": "out"}
+"""The command's flags as shorthands of its config's keys (docs/cli.md)."""
 
 
 def build_parser():
@@ -30,13 +31,10 @@ def build_parser():
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    raw = load_yaml(args.config, args.overrides)
-    if args.out is not None:
-        raw["out"] = str(args.out)
     from pipelines.training.classify import METRICS, check_training, train_classifier
     from pipelines.training.recipes import TrainConfig
 
-    config = TrainConfig.from_dict(raw, where=str(args.config))
+    config = load_config(TrainConfig, args, FLAGS)
     if args.dry_run:  # every check the run makes before it loads the model; nothing written
         plan = check_training(config)
         from pipelines.training.cost import training_cost

@@ -10,12 +10,46 @@ from __future__ import annotations
 from typing import Any
 
 from detectors.clip.fewshot import DEFAULT_METHODS, runs_of, train_prompt_detectors
-from oodforge.args import command_parser
-from pipelines.cli import README_SECTIONS, check_keys, load_yaml
+from oodforge.args import command_parser, load_config
+from pipelines.cli import README_SECTIONS
+from pipelines.params import REQUIRED, Config, config, param
 
 DOC = README_SECTIONS["prompts"]
-CONFIG_KEYS = ("model", "manifest", "class_names", "class_names_file", "methods", "shots", "seeds", "out_dir",
-               "train_split", "test_split", "device", "cache_dir")
+"""Where the command's inputs are documented (named in its one-line errors)."""
+
+
+@config
+class TrainPromptsConfig(Config):
+    """The prompt-training sweep: every key typed; `sweep()` is the mapping `detectors.clip.fewshot` trains from."""
+
+    DOC = DOC
+
+    manifest: str = param(REQUIRED, "the manifest whose ID rows of `train_split` train the prompts")
+    out_dir: str = param(REQUIRED, "where each detector folder <method>-<shots>shot-seed<seed> is saved")
+    model: str | None = param(None, "the CLIP model (hub id or folder); null: the CLIP default")
+    class_names: list[str] | None = param(None, "class names of the prompts; null: class_names_file or the manifest's")
+    class_names_file: str | None = param(None, "a file with one class name a line")
+    methods: dict[str, dict[str, Any]] | None = param(None, "method -> parameter overrides; null: locoop and idlike")
+    shots: list[int] | None = param(None, "shots per class; null: 16")
+    seeds: list[int] | None = param(None, "seeds of each shots value; null: [1]")
+    epochs: int | None = param(None, "every method's epochs (over `methods`); null: each method's")
+    lr: float | None = param(None, "every method's learning rate (over `methods`); null: each method's")
+    train_split: str = param("train", "the split whose ID rows train")
+    test_split: str = param("test", "the split the sweep tests on")
+    device: str | None = param(None, "torch device (cpu, cuda, cuda:N); null: auto", runtime=True)
+    cache_dir: str | None = param(None, "the CLIP feature cache; null: none", runtime=True)
+
+    def sweep(self) -> dict[str, Any]:
+        """The sweep's mapping for `detectors.clip.fewshot`: the keys set (null ones left to its defaults), `epochs`
+        and `lr` laid over every method's parameters."""
+        common = {k: v for k, v in (("epochs", self.epochs), ("lr", self.lr)) if v is not None}
+        methods = {name: {**(params or {}), **common} for name, params in (self.methods or DEFAULT_METHODS).items()}
+        plain = {k: v for k, v in self.to_dict().items() if v is not None and k not in ("epochs", "lr")}
+        return {**plain, "methods": methods}
+
+
+FLAGS = {"--shots": "shots", "--seeds": "seeds", "--epochs": "epochs", "--lr": "lr", "--out": "out_dir"}
+"""The command's flags as shorthands of its config's keys (docs/cli.md)."""
 
 
 def build_parser():
@@ -27,27 +61,14 @@ def build_parser():
     return p
 
 
-def sweep_config(argv: list[str] | None) -> tuple[dict[str, Any], bool]:
-    """The config after the overrides (`key=value`, then the flags) and whether this is a dry run."""
-    args = build_parser().parse_args(argv)
-    config = check_keys(load_yaml(args.config, args.overrides), CONFIG_KEYS, str(args.config), DOC)
-    config.update({k: v for k, v in (("shots", args.shots), ("seeds", args.seeds), ("out_dir", args.out)) if v})
-    if config.get("out_dir") is not None:
-        config["out_dir"] = str(config["out_dir"])
-    methods = {name: dict(params or {}) for name, params in (config.get("methods") or DEFAULT_METHODS).items()}
-    for params in methods.values():
-        params.update({k: v for k, v in (("epochs", args.epochs), ("lr", args.lr)) if v is not None})
-    config["methods"] = methods
-    return config, args.dry_run
-
-
 def main(argv: list[str] | None = None) -> None:
-    config, dry_run = sweep_config(argv)
-    if dry_run:
-        runs = runs_of(config)
-        print(f"{len(runs)} run(s) -> {config.get('out_dir')}")
+    args = build_parser().parse_args(argv)
+    sweep = load_config(TrainPromptsConfig, args, FLAGS).sweep()
+    if args.dry_run:
+        runs = runs_of(sweep)
+        print(f"{len(runs)} run(s) -> {sweep['out_dir']}")
         for method, overrides, shots, seed in runs:
             print(f"  {method} shots={shots} seed={seed} {overrides}")
         return
-    for folder in train_prompt_detectors(config):
+    for folder in train_prompt_detectors(sweep):
         print(folder)

@@ -13,7 +13,7 @@ import pytest
 from gen.job import JOB_FOLDER, GenerationConfig, run_generation
 from gen.ledger import Ledger
 from gen.zest import ZeSTConfig
-from pipelines.cli import apply_overrides
+from pipelines.configfile import apply_overrides
 from pipelines.data import read_manifest
 from pipelines.errors import ConfigError
 from pipelines.runtime import item_seed

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import re
 import subprocess
 import sys
@@ -15,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-import oodforge.args as cli_args
 from oodforge.cli import COMMANDS, GROUPS, main, module_name
 from pipelines.cli import comma_list
 
@@ -33,7 +31,7 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
     "--dry-run": ("--dryrun", "--plan"),
     "--shard-dir": ("--shards-dir", "--store-dir"),
 }
-"""The one name of a thing -> spellings no command may use for it (a deprecated hidden alias may)."""
+"""The one name of a thing -> spellings no command may use for it."""
 TYPED = {"fetch-images", "make-splits", "pack-shards", "curate-containers", "import-open-insect"}
 """Commands whose untyped flags are read as YAML and checked by their typed config (type `config` in docs/cli.md)."""
 
@@ -63,7 +61,7 @@ def table() -> dict[str, tuple[str, set[str] | None, str]]:
     text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8").split("## Every flag", 1)[1]
     rows = {}
     for line in text.splitlines():
-        match = re.fullmatch(r"\| `(--[\w-]+)` \| (.+) \| ([\w, -]+) \| (.+) \|", line)
+        match = re.fullmatch(r"\| `(--[\w-]+)` \| (.+) \| ([\w, -]+) \| (.+) \| [^|]+ \|", line)
         if match:
             flag, meaning, commands, typ = match.groups()
             assert flag not in rows, f"docs/cli.md: {flag} has two rows"
@@ -127,8 +125,6 @@ def test_no_command_spells_a_thing_another_way(parsers):
         for action in visible(p):
             for flag in action.option_strings:
                 assert flag not in banned, f"oodforge {command} {flag}: the name of this thing is {banned[flag]}"
-        for old, new in cli_args.deprecated_flags(p).items():
-            assert any(new in a.option_strings for a in visible(p)), f"{command}: {old} aliases a missing {new}"
 
 
 def test_one_config_dest_has_one_flag_and_one_flag_one_meaning(parsers):
@@ -160,64 +156,3 @@ def test_docs_cli_md_lists_every_flag_with_its_commands_and_type(parsers):
     for flag, (_, commands, _) in rows.items():
         assert (commands or set(COMMANDS)) == taken[flag], \
             f"docs/cli.md: {flag} lists {commands}, taken by {taken[flag]}"
-
-
-def test_deprecated_spellings_work_hidden_and_warn_once(caplog):
-    from oodforge.commands import feature_map, import_folder, pack_shards
-
-    cli_args._warned.clear()
-    with caplog.at_level(logging.WARNING, logger="oodforge.args"):
-        first = cli_args.parse(feature_map.build_parser(), ["--id", "x", "--out", "o", "--n", "5"])
-        again = cli_args.parse(feature_map.build_parser(), ["--id", "x", "--out", "o", "--n", "7"])
-    assert (first.images, again.images) == (5, 7)
-    assert [r.getMessage() for r in caplog.records] == ["oodforge feature-map --n is deprecated: use --images"]
-    assert "--n " not in feature_map.build_parser().format_help()
-    folder = cli_args.parse(import_folder.build_parser(), ["photos", "--split", "1:1:1", "--ood"], intermixed=True)
-    assert (folder.split_ratio, folder.ood_folders) == ("1:1:1", True)
-    assert import_folder.build_parser().parse_args(["photos"]).split_ratio == "4:1:5"
-    assert pack_shards.build_parser().parse_args(["src", "--store", "s"]).shard_dir == Path("s")
-
-
-def test_config_and_overrides_reach_the_typed_config_the_flags_fill(tmp_path):
-    from oodforge.commands import fetch_images, make_splits, pack_shards
-
-    config = tmp_path / "splits.yaml"
-    config.write_text("out: runs/splits\nsynthetic: 50\nsplit: {aux_species: 10, seed: 4}\ntaxa: {preset: moths}\n")
-    p = make_splits.build_parser()
-    opts = make_splits.options(p.parse_args(["--config", str(config), "split.aux_species_by_region.c-america=7"]))
-    assert (opts.out, opts.synthetic, opts.split.aux_species, opts.split.seed) == ("runs/splits", 50, 10, 4)
-    assert opts.split.aux_species_by_region == {"c-america": 7} and opts.taxa.preset == "moths"
-    flagged = make_splits.options(p.parse_args(["--config", str(config), "--aux-species", "20", "split.seed=5"]))
-    assert (flagged.split.aux_species, flagged.split.seed) == (20, 5)  # a flag wins over the file
-
-    config.write_text("occurrences: occ.csv\nworkers: 3\nper_species: 9\n")
-    cfg = fetch_images.config_of(fetch_images.build_parser().parse_args(["--config", str(config), "--out", "o",
-                                                                         "timeout=5", "--workers", "4"]))
-    assert (cfg.occurrences, cfg.out, cfg.workers, cfg.per_species, cfg.timeout) == ("occ.csv", "o", 4, 9, 5)
-
-    config.write_text("quality: 80\nshort_side: 256\nresize: keep_ratio\n")
-    args = cli_args.parse(pack_shards.build_parser(), ["src", "--config", str(config), "--short-side", "128"],
-                          intermixed=True, typed=True)
-    packed = pack_shards.config_of(args)
-    assert (packed.quality, packed.short_side, packed.resize, args.source) == (80, 128, "keep_ratio", Path("src"))
-
-
-def test_flag_named_keys_of_a_command_without_a_typed_config(tmp_path):
-    from oodforge.commands import make_tiny, report
-    from pipelines.errors import ConfigError
-
-    config = tmp_path / "report.yaml"
-    config.write_text("results: [runs/x/results.csv]\nout: runs/x/report\ntop_k: 3\ndiagnostics: true\n"
-                      "methods: [msp, vim]\n")
-    args = cli_args.parse(report.build_parser(), ["--config", str(config), "bootstrap=10", "--top-k", "5"])
-    assert ((args.results, args.out, args.top_k, args.bootstrap) == (["runs/x/results.csv"], Path("runs/x/report"),
-                                                                     5, 10))
-    assert args.diagnostics is True and args.methods == ["msp", "vim"]
-    with pytest.raises(ConfigError, match=r"unknown key 'topk' \(did you mean 'top_k'\?\)"):
-        cli_args.parse(report.build_parser(), ["--config", str(config), "topk=1"])
-    with pytest.raises(ConfigError, match="invalid int value"):  # typed as the flag is, one line
-        cli_args.parse(report.build_parser(), ["--config", str(config), "top_k=many"])
-    with pytest.raises(ConfigError, match="required: --results"):
-        cli_args.parse(report.build_parser(), ["--out", "o"])
-    tiny = cli_args.parse(make_tiny.build_parser(), ["clip", "seed=3", "--out", "o"], intermixed=True)
-    assert (tiny.kind, tiny.seed, tiny.out) == ("clip", 3, Path("o"))

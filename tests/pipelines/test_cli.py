@@ -5,8 +5,9 @@ import warnings
 import pytest
 import yaml
 
-from pipelines import cli
+from pipelines import cli, configfile
 from pipelines.errors import ConfigError
+from pipelines.params import Config, config, param
 from pipelines.schema import ManifestError
 
 
@@ -16,14 +17,20 @@ def run(main, argv, capsys, doc=None):
     return status, captured.err
 
 
-def test_misspelt_key_is_one_line_with_the_closest_key_and_the_doc(capsys):
-    def main(argv):
-        cli.check_keys({"model": "m", "detecters": "all"}, ("model", "detectors", "out"), "run.yaml",
-                       doc=cli.README_SECTIONS["config"])
+@config
+class RunConfig(Config):
+    DOC = cli.README_SECTIONS["config"]
 
-    status, err = run(main, [], capsys)
+    model: str = param("m", "the model")
+    detectors: str = param("all", "the detectors")
+
+
+def test_misspelt_key_is_one_line_with_the_closest_key_and_the_doc(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text("model: m\ndetecters: all\n")
+    status, err = run(lambda argv: RunConfig.from_yaml("run.yaml"), [], capsys)
     assert status == 2
-    assert err == ("error: run.yaml: unknown key 'detecters' (did you mean 'detectors'?) "
+    assert err == ("error: run.yaml: detecters: unknown key (did you mean 'detectors'?) "
                    "(see README.md, section 'Evaluation')\n")
 
 
@@ -33,7 +40,7 @@ def test_yaml_error_names_file_and_line_in_one_line(tmp_path, capsys, monkeypatc
 
     def main(argv):
         args = cli.parser("t", config=True, overrides=True).parse_args(argv)
-        cli.load_yaml(args.config, args.overrides)
+        configfile.load_yaml(args.config, args.overrides)
 
     status, err = run(main, ["--config", "bad.yaml"], capsys, doc="docs/x.md")
     assert status == 2 and err.count("\n") == 1
@@ -86,63 +93,64 @@ def test_success_status_and_messages_never_point_outside_the_repository():
 
 def test_overrides_parse_yaml_values_and_reach_nested_keys():
     raw = {"model": "m", "runtime": {"batch_size": 8}, "ood": [1]}
-    out = cli.apply_overrides(raw, ["runtime.batch_size=64", "detectors=[msp, knn]", "new.deep.key=true", "out=x=y"])
+    out = configfile.apply_overrides(raw, ["runtime.batch_size=64", "detectors=[msp, knn]", "new.deep.key=true",
+                                           "out=x=y"])
     assert out == {"model": "m", "runtime": {"batch_size": 64}, "ood": [1], "detectors": ["msp", "knn"],
                    "new": {"deep": {"key": True}}, "out": "x=y"}
     assert raw["runtime"] == {"batch_size": 8}  # the input is not changed
     with pytest.raises(ConfigError, match="override ood.x: no item named 'x'"):
-        cli.apply_overrides(raw, ["ood.x=1"])
+        configfile.apply_overrides(raw, ["ood.x=1"])
     with pytest.raises(ConfigError, match="override model.x: 'model' is str 'm' in the config, not a mapping"):
-        cli.apply_overrides(raw, ["model.x=1"])
+        configfile.apply_overrides(raw, ["model.x=1"])
     with pytest.raises(ConfigError, match="NAME=VALUE"):
-        cli.apply_overrides(raw, ["batch_size"])
+        configfile.apply_overrides(raw, ["batch_size"])
     with pytest.raises(ConfigError, match="not valid YAML"):
-        cli.apply_overrides(raw, ["a=[1"])
+        configfile.apply_overrides(raw, ["a=[1"])
 
 
 def test_load_yaml_missing_and_non_mapping(tmp_path):
     with pytest.raises(ConfigError, match="no such config file"):
-        cli.load_yaml(tmp_path / "none.yaml")
+        configfile.load_yaml(tmp_path / "none.yaml")
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="expected a mapping"):
-        cli.load_yaml(tmp_path / "list.yaml")
+        configfile.load_yaml(tmp_path / "list.yaml")
     (tmp_path / "ok.yaml").write_text("a: 1\n")
-    assert cli.load_yaml(tmp_path / "ok.yaml", ["b=2"]) == {"a": 1, "b": 2}
+    assert configfile.load_yaml(tmp_path / "ok.yaml", ["b=2"]) == {"a": 1, "b": 2}
 
 
 def test_overrides_reach_list_items_by_name_label_or_index():
     raw = {"detectors": ["msp", {"name": "knn", "params": {"k": 3}}, {"name": "knn", "label": "knn2"}]}
-    out = cli.apply_overrides(raw, ["detectors.msp.params.temperature=2", "detectors.knn.params.k=7",
+    out = configfile.apply_overrides(raw, ["detectors.msp.params.temperature=2", "detectors.knn.params.k=7",
                                     "detectors.knn2.params.k=9", "detectors.-1.label=knn3", "lr=1e-5"])
     assert out["detectors"] == [{"name": "msp", "params": {"temperature": 2}}, {"name": "knn", "params": {"k": 7}},
                                 {"name": "knn", "label": "knn3", "params": {"k": 9}}]
     assert out["lr"] == 1e-5 and isinstance(out["lr"], float)  # YAML 1.2 numbers
     with pytest.raises(ConfigError, match=r"no item named 'kn' in the list \(did you mean 'knn'\?\)"):
-        cli.apply_overrides(raw, ["detectors.kn.params.k=1"])
+        configfile.apply_overrides(raw, ["detectors.kn.params.k=1"])
     with pytest.raises(ConfigError, match="index 5 is outside the list of 3 items"):
-        cli.apply_overrides(raw, ["detectors.5.params.k=1"])
+        configfile.apply_overrides(raw, ["detectors.5.params.k=1"])
 
 
 def test_base_configs_merge_mappings_and_replace_lists(tmp_path):
     (tmp_path / "base.yaml").write_text("out: runs/x\nselect: {metric: auroc, ood_val: v}\ndetectors: [msp, knn]\n")
     (tmp_path / "region.yaml").write_text("base: base.yaml\nid: data/id\nselect: {metric: fpr95}\ndetectors: [vim]\n")
-    assert cli.load_yaml(tmp_path / "region.yaml", ["detectors.vim.params.dim=8"]) == {
+    assert configfile.load_yaml(tmp_path / "region.yaml", ["detectors.vim.params.dim=8"]) == {
         "out": "runs/x", "select": {"metric": "fpr95", "ood_val": "v"}, "id": "data/id",
         "detectors": [{"name": "vim", "params": {"dim": 8}}]}
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\n")
     with pytest.raises(ConfigError, match="cycle"):
-        cli.load_yaml(tmp_path / "a.yaml")
+        configfile.load_yaml(tmp_path / "a.yaml")
     (tmp_path / "c.yaml").write_text("base: missing.yaml\n")
     with pytest.raises(ConfigError, match=r"missing.yaml: no such config file \(the base of"):
-        cli.load_yaml(tmp_path / "c.yaml")
+        configfile.load_yaml(tmp_path / "c.yaml")
 
 
 def test_yaml_numbers_are_yaml_1_2():
-    assert cli.parse_yaml("a: 1e-5\nb: 1E3\nc: '1e-5'\nd: 1.5\ne: 7\nf: .inf") == {
+    assert configfile.parse_yaml("a: 1e-5\nb: 1E3\nc: '1e-5'\nd: 1.5\ne: 7\nf: .inf") == {
         "a": 1e-5, "b": 1000.0, "c": "1e-5", "d": 1.5, "e": 7, "f": float("inf")}
     with pytest.raises(yaml.YAMLError):
-        cli.parse_yaml("a: !!python/object/apply:os.system ['true']")
+        configfile.parse_yaml("a: !!python/object/apply:os.system ['true']")
 
 
 def test_list_and_pair_parsers():
@@ -153,7 +161,7 @@ def test_list_and_pair_parsers():
     with pytest.raises(ConfigError, match="--ood: 'a' is given twice"):
         cli.pairs(["a=1", "a=2"], "--ood")
     with pytest.raises(ConfigError, match="--ood takes NAME=VALUE, got '=x'"):
-        cli.pair("=x", "--ood")
+        configfile.pair("=x", "--ood")
 
 
 def test_quiet_warnings_hide_library_chatter_and_keep_ours():

@@ -9,12 +9,12 @@ import pkgutil
 import pytest
 import yaml
 
-from pipelines.cli import parse_yaml
+from pipelines.configfile import parse_yaml
 from pipelines.params import Config
 
 
 def _import_all() -> None:
-    for name in ("pipelines", "gen", "detectors"):
+    for name in ("pipelines", "gen", "detectors", "oodforge"):
         package = importlib.import_module(name)
         for info in pkgutil.walk_packages(package.__path__, f"{name}."):
             if "hub_configs" not in info.name:
@@ -54,6 +54,13 @@ def _required(tmp) -> dict[str, dict]:
         "Source": {"manifest": str(folder)},
         "TrainConfig": {"id": str(folder), "out": str(tmp / "clf")},
         "OpenInsectImport": {"source": str(folder), "out": str(tmp / "open_insect"), "region": "c-america"},
+        "ReportConfig": {"results": [str(table)], "out": str(tmp / "report")},
+        "FeatureMapConfig": {"id": str(folder), "out": str(tmp / "fmap")},
+        "MakeTinyConfig": {"kind": "clip", "out": str(tmp / "tiny")},
+        "ConvertClipnConfig": {"checkpoint": str(table), "out": str(tmp / "clipn")},
+        "ImportFolderConfig": {"root": str(folder), "out": str(tmp / "own")},
+        "ImportOpenOODConfig": {"out": str(tmp / "easy")},
+        "TrainPromptsConfig": {"manifest": str(folder), "out_dir": str(tmp / "prompts")},
     }
 
 

@@ -70,7 +70,7 @@ def test_diffguard_unet_loads_through_the_pixel_loader(tmp_path, single_torch_th
 @pytest.mark.slow
 def test_zest_loads_through_the_zest_pipeline_from_the_printed_overrides(tmp_path, single_torch_thread, capsys):
     from gen.zest import ZeSTConfig, ZeSTPipeline
-    from pipelines.cli import apply_overrides
+    from pipelines.configfile import apply_overrides
 
     assert _make(["zest", "--out", str(tmp_path / "zest")]) == 0
     line = capsys.readouterr().out

@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from pipelines.cli import parse_yaml
+from pipelines.configfile import parse_yaml
 from pipelines.errors import ConfigError
 from pipelines.params import REQUIRED, Config, config, param
 from pipelines.sources import Source
@@ -75,3 +75,40 @@ def test_model_refs_local_paths_must_hold_weights_hub_ids_pass(tmp_path):
         check_model_ref(str(tmp_path / "ok"), "models.base")
     (tmp_path / "ok" / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(b"\x02\0\0\0\0\0\0\0{}")
     check_model_ref(str(tmp_path / "ok"), "models.base")
+
+
+@config
+class Flagged(Config):
+    lr: float = param(1e-3, "learning rate", gt=0)
+    pad_lat: float = param(1.0, "latitude padding")
+    pad_lon: float = param(3.0, "longitude padding")
+    box: dict[str, int] = param({}, "a mapping the flags fill")
+    aux: Source | None = param(None, "an optional source")
+
+
+def test_from_yaml_reads_the_file_then_the_overrides_then_the_flags(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "base.yaml").write_text("lr: 0.5\nbox: {a: 1}\n")
+    (tmp_path / "run.yaml").write_text("base: base.yaml\nbox: {b: 2}\naux: {manifest: x}\n")
+    assert Flagged.from_yaml("run.yaml") == Flagged(lr=0.5, box={"a": 1, "b": 2}, aux=Source(manifest="x"))
+    made = Flagged.from_yaml("run.yaml", ["lr=0.25", "aux.split=val"],
+                             {"--lr": ("lr", 0.125), "--box": ("box", {"c": 3}),
+                              "--pad": (("pad_lat", "pad_lon"), (7, 8))})
+    assert made == Flagged(lr=0.125, pad_lat=7.0, pad_lon=8.0, box={"a": 1, "b": 2, "c": 3},
+                           aux=Source(manifest="x", split="val"))  # a flag wins; a mapping flag fills its keys
+    assert Flagged.from_yaml(None, ["lr=2"]) == Flagged(lr=2.0)
+
+
+@pytest.mark.parametrize("overrides, flags, message", [
+    ([], {"--lr": ("lr", -1)}, r"^--lr: must be > 0, got -1"),  # the flag that set it
+    (["lr=-1"], {}, r"^run.yaml: lr: must be > 0, got -1"),  # the file (run_main names the override)
+    ([], {"--aux": ("aux", {"split": "nope"})}, r"^--aux split: must be one of"),  # the rest of the key follows
+    (["lr: 1"], {}, r"^override takes NAME=VALUE"),
+])
+def test_from_yaml_faults_name_where_the_value_came_from(tmp_path, monkeypatch, overrides, flags, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text("aux: {manifest: x}\n")
+    with pytest.raises(ConfigError, match=message):
+        Flagged.from_yaml("run.yaml", overrides, flags)
+    with pytest.raises(ConfigError, match=r"^none.yaml: no such config file"):
+        Flagged.from_yaml("none.yaml")

@@ -43,7 +43,7 @@ def test_train_prompts_dry_run_overrides_and_a_misspelt_key(tmp_path, capsys):
     config.write_text("model: m\nmanifest: data\nshot: [1]\n")
     assert run_main(script.main, ["--config", str(config)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "unknown key 'shot' (did you mean 'shots'?)" in err and "README.md, section" in err
+    assert err.count("\n") == 1 and "shot: unknown key (did you mean 'shots'?)" in err and "README.md, section" in err
 
 
 def test_convert_clipn_missing_checkpoint_is_one_line(tmp_path, capsys):

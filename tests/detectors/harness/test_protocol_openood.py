@@ -21,7 +21,7 @@ from sklearn.metrics import roc_auc_score, roc_curve
 
 from detectors.harness.evaluate import run_config
 from detectors.harness.plan import make_plan
-from pipelines.cli import load_yaml
+from pipelines.configfile import load_yaml
 from tests.helpers.openood_release import RELEASE, fake_benchmark, forward_32x32, resnet18_32x32_state
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"

@@ -26,7 +26,7 @@ from PIL import Image
 from detectors.training.finetuned import CHECKPOINT
 from gen.insects import load_region, synthetic_occurrences
 from pipelines.checkpoints import load_tree
-from pipelines.cli import load_yaml
+from pipelines.configfile import load_yaml
 from pipelines.data import make_row, write_manifest
 
 ROOT = Path(__file__).resolve().parents[3]

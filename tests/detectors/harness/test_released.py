@@ -24,7 +24,7 @@ from PIL import Image
 from detectors.harness.plan import make_plan
 from detectors.harness.runconfig import ConfigError, EvalConfig
 from gen.insects import load_region, synthetic_occurrences
-from pipelines.cli import load_yaml
+from pipelines.configfile import load_yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 REGION = "c-america"

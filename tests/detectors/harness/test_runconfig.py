@@ -8,7 +8,7 @@ from runner_helpers import eval_config
 
 from detectors.harness.plan import make_plan
 from detectors.harness.runconfig import ConfigError, DetectorSpec, EvalConfig, FewShot, RuleSpec, Select, Transfer
-from pipelines.cli import parse_yaml
+from pipelines.configfile import parse_yaml
 from pipelines.params import Config
 from pipelines.sources import Source
 

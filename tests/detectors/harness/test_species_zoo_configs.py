@@ -8,7 +8,7 @@ import torch
 
 from detectors.harness.runconfig import EvalConfig
 from detectors.registry import detector_class
-from pipelines.cli import load_yaml
+from pipelines.configfile import load_yaml
 from pipelines.zoo import METHOD_NETWORKS, parse_name
 
 CONFIGS = Path(__file__).parents[3] / "configs"

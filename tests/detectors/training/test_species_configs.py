@@ -9,7 +9,7 @@ from helpers.models import stub_weights
 
 from detectors.harness.evaluate import EvalConfig
 from detectors.registry import detector_class
-from pipelines.cli import load_yaml
+from pipelines.configfile import load_yaml
 from pipelines.sources import Source
 
 CONFIGS = Path(__file__).parents[3] / "configs"

@@ -169,8 +169,8 @@ def test_bad_inputs_are_one_line(tmp_path, capsys):
     cli = _script()
     cases = [(["--categories", "cup.n.99"], "error: categories[0]: 'cup.n.99': the noun 'cup' has"),
              (["--roots", "tench.n.01"], "none of its 13 wnid folders is a chosen category"),
-             (["--filter", "--threshold", "1.5"], "curate_containers.filter.threshold: "),
-             (["--filter", "--main", "a photo"], "curate_containers.filter.main: a prompt holds the category as one"),
+             (["--filter", "--threshold", "1.5"], "error: --threshold: must be > 0 and < 1"),
+             (["--filter", "--main", "a photo"], "--main: a prompt holds the category as one"),
              (["--imagenet21k", str(tmp_path / "nope")], "ImageNet-21K folder not found")]
     for extra, message in cases:
         argv = ["--imagenet21k", str(tree), "--out", str(tmp_path / "o"), *extra]

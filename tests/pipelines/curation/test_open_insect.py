@@ -365,7 +365,7 @@ def test_config_file_overrides_and_flags_reach_the_typed_config(tmp_path, capsys
     config = tmp_path / "import.yaml"
     config.write_text(f"source: {tmp_path / 'src'}\nout: {tmp_path / 'splits'}\nregion: w-europe\ntimeout: 5\n")
     args = parse(command.build_parser(), ["--config", str(config), "non_target_name=non_moth", "--region",
-                                          "c-america"], intermixed=True, typed=True)
+                                          "c-america"], intermixed=True)
     cfg = command.config_of(args)
     assert (cfg.region, cfg.timeout, cfg.non_target_name, cfg.retries) == ("c-america", 5.0, "non_moth", 3)
     assert run(["--config", str(config), "non_target_name=non_moth", "--region", "c-america"]) == 0
@@ -375,4 +375,4 @@ def test_config_file_overrides_and_flags_reach_the_typed_config(tmp_path, capsys
         "non_moth": len(released["test_ood_non-moth"])}
     assert not any(r["release_split"] == "val_ood" for r in rows)
     assert run(["--config", str(config), "region=mars"]) == 2
-    assert "--region: one of ne-america, w-europe, c-america, got 'mars'" in capsys.readouterr().err
+    assert "override region=mars: region: one of ne-america, w-europe, c-america, got 'mars'" in capsys.readouterr().err
