@@ -11,12 +11,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+import pipelines.params
 from pipelines.arrays import FeatureSet, LinearHead, as_numpy, memory_mapped
 from pipelines.checkpoints import check_safetensors
-from pipelines.params import Params, param
 
-__all__ = ["FIT_INPUTS", "RUNTIME_INPUTS", "Detector", "FeatureSet", "ImageSet", "LinearHead", "Params", "as_numpy",
-           "check_scores", "memory_mapped", "param"]
+__all__ = ["FIT_INPUTS", "RUNTIME_INPUTS", "Detector", "FeatureSet", "ImageSet", "LinearHead", "as_numpy",
+           "check_scores", "memory_mapped"]
 
 @dataclass
 class ImageSet:
@@ -162,7 +162,7 @@ class Detector:
     """Names other libraries give the method -> whose names they are ("pytorch-ood's", "OpenOOD's"): `detectors.build`
     and configs resolve them in any case, with a one-time note; read from the class itself, never a parent."""
     """The reference code its defaults and grids are read from (repository and file; lines in docs/references.md)."""
-    Params: ClassVar[type[Params]] = Params
+    Params: ClassVar[type[pipelines.params.Params]] = pipelines.params.Params
     defaults: ClassVar[dict[str, Any]] = {}  # derived from Params (every field's default)
     search_space: ClassVar[dict[str, list[Any]]] = {}
     grids: ClassVar[dict[str, dict[str, list[Any]] | None]] = {}
@@ -200,7 +200,7 @@ class Detector:
         self.fitted = False
 
     @classmethod
-    def _validated(cls, params: dict[str, Any], dims: dict[str, int] | None = None) -> Params:
+    def _validated(cls, params: dict[str, Any], dims: dict[str, int] | None = None) -> pipelines.params.Params:
         try:
             values = cls.Params(**params)
             if dims:

@@ -282,3 +282,17 @@ def test_the_training_and_declaration_scans_find_a_planted_restatement():
                                                        OE.Params.fields()["score_rule"])],
                                            bases=(OE.Params,), frozen=True)
     assert _restated(type("SameRule", (OE,), {"Params": same_rule}), {"Params"}) == ["Params.score_rule"]
+
+
+def test_params_imported_from_their_home():
+    """`Params` / `param` have one import home, `pipelines.params` (the defining module): `detectors.base` does not
+    re-export them, and no module imports them from elsewhere; `detectors` keeps them among its public names."""
+    import detectors.base
+    import pipelines.params
+
+    found = [f"{name}:{node.lineno}" for name, tree in SOURCES for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("detectors")
+             and {a.name for a in node.names} & {"Params", "param"}]
+    assert not found, found
+    assert not hasattr(detectors.base, "Params") and not hasattr(detectors.base, "param")
+    assert (detectors.Params, detectors.param) == (pipelines.params.Params, pipelines.params.param)

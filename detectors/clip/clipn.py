@@ -23,13 +23,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from detectors.base import ImageSet, param
+from detectors.base import ImageSet
 from detectors.clip import scores
 from detectors.clip.backbone import DEFAULT_CLIP, ClipBackbone
 from detectors.clip.common import ClipDetector
 from detectors.clip.prompt_training import Schedule, train_loop
 from detectors.clip.templates import CLIPN_TEMPLATES
 from detectors.registry import register_detector
+from pipelines.params import param
 
 STATE_PREFIX = "no."
 TEXT_BATCH = 256  # "no" prompts encoded at a time: peak memory independent of classes x templates

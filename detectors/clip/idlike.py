@@ -18,13 +18,13 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from detectors.base import param
 from detectors.clip.backbone import ClipBackbone
 from detectors.clip.features import subset_imageset
 from detectors.clip.prompt_training import PromptDetector, Schedule, train_loop
 from detectors.clip.prompts import idlike_loss
 from detectors.clip.scores import cosine
 from detectors.registry import register_detector
+from pipelines.params import param
 from pipelines.progress import progress as progress_bar
 from pipelines.runtime import item_seed
 

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from detectors.base import ImageSet, param
+from detectors.base import ImageSet
 from detectors.clip import scores
 from detectors.clip.adaneg import ADJ_TEMPLATE, ID_TEMPLATE, AdaNeg, select_negatives
 from detectors.clip.backbone import ClipBackbone
@@ -45,6 +45,7 @@ from detectors.clip.prompt_training import PromptDetector, Schedule, train_loop
 from detectors.clip.prompts import PromptLearner
 from detectors.clip.wordnet import NEGLABEL_EXCLUDED
 from detectors.registry import register_detector
+from pipelines.params import param
 
 # clip_coop_negprompt.py:341-349, `text_prompt tip` of train.sh: the label texts image embeddings are mixed with
 MIX_TEMPLATES = ("a bad photo of the {}.", "a {} in a video game.", "a origami {}.", "a photo of the small {}.",

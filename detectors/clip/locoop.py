@@ -10,12 +10,12 @@ import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from detectors.base import param
 from detectors.clip import scores
 from detectors.clip.prompt_training import PromptDetector, Schedule, train_loop
 from detectors.clip.prompts import locoop_loss
 from detectors.clip.scores import cosine
 from detectors.registry import register_detector
+from pipelines.params import param
 
 
 @register_detector("locoop")

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from detectors.base import Detector, ImageSet, Params, param
+from detectors.base import Detector, ImageSet
 from detectors.generative.diffguard_inputs import check_model_files
 from detectors.generative.distances import against, build_similarity, psnr
 from detectors.generative.gradcam import last_spatial_block, logits_and_cam
@@ -32,6 +32,7 @@ from detectors.generative.latent_backend import LatentDiffusion
 from detectors.generative.pixel_backend import ClassifierGuidance, PixelDiffusion, denoise_from, invert_with_early_stop
 from detectors.registry import register_detector
 from pipelines.hub_ids import SD15_ID
+from pipelines.params import Params, param
 from pipelines.progress import progress as progress_bar
 from pipelines.runtime import (
     diffusers_dtype,

@@ -28,9 +28,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from detectors.base import Detector, ImageSet, Params, param
+from detectors.base import Detector, ImageSet
 from detectors.generative.guided_diffusion import CHECKPOINT_SUFFIXES
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 from pipelines.progress import progress as progress_bar
 from pipelines.runtime import enable_attention, resolve_device, resolve_dtype
 

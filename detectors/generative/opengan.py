@@ -30,9 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectors.base import Detector, FeatureSet, LinearHead, Params, param
+from detectors.base import Detector, FeatureSet, LinearHead
 from detectors.metrics import auroc
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 from pipelines.progress import progress
 from pipelines.runtime import resolve_device
 

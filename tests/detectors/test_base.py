@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from detectors import registry
-from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, Params, as_numpy, check_scores, param
+from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, as_numpy, check_scores
+from pipelines.params import Params, param
 
 
 class MeanDistance(Detector):

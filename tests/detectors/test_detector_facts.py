@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 import detectors
-from detectors.base import Detector, Params, param
+from detectors.base import Detector
 from detectors.harness import protocols
 from detectors.harness.report.names import METHOD_LABELS
 from detectors.registry import detector_class, register_detector
+from pipelines.params import Params, param
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
