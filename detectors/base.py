@@ -146,9 +146,10 @@ class Detector:
     FIT_INPUTS), `needs` (runtime objects the constructor takes, a subset of RUNTIME_INPUTS), `search_space`
     (OpenOOD v1.5's sweep, used by `detectors.select`), and where a protocol's reference differs, `grids` and
     `protocol_defaults`: every fact about a method is on its class. The registry checks these declarations against
-    `fit` and `__init__`. `self.params` is a dict of every parameter (read as `self.params[k]` or `self.k`);
-    `hyperparameters` leaves the runtime settings out. Learned state lives in `state()` / `load_state()` as a dict of
-    arrays so that `save_pretrained` / `from_pretrained` round-trip it through safetensors.
+    `fit` and `__init__`. `self.params` is a dict of every parameter, the one way to read them (`self.params[k]`: the
+    mapping that is saved, loaded and recorded; no attribute stands for a parameter); `hyperparameters` leaves the
+    runtime settings out. Learned state lives in `state()` / `load_state()` as a dict of arrays so that
+    `save_pretrained` / `from_pretrained` round-trip it through safetensors.
     """
 
     name: ClassVar[str] = ""
@@ -255,12 +256,6 @@ class Detector:
         """Parameters whose value the fit decided (override where a default is resolved from the data)."""
         return {}
 
-    def __getattr__(self, key: str) -> Any:
-        params = self.__dict__.get("params")
-        if params is not None and key in params:
-            return params[key]
-        raise AttributeError(f"{type(self).__name__!s} has no attribute {key!r}")
-
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
         return f"{type(self).__name__}({args})"
@@ -293,7 +288,8 @@ class Detector:
         from pipelines.collectives import sharing
         from pipelines.fingerprint import images_fingerprint
 
-        chunk = int(getattr(self, "batch_size", 1) or 1) * sharing()
+        size = self.__dict__.get("batch_size", self.params.get("batch_size"))  # a constructor argument or a parameter
+        chunk = int(size or 1) * sharing()
         identity = {**self.batch_identity(), "images": images_fingerprint(batch.manifest)}
         if batch.pixels is not None:  # rows made with their own pixels (fit pixels), not the classifier's
             identity["pixels"] = batch.pixels_identity()

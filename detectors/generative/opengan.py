@@ -156,40 +156,42 @@ class OpenGAN(Detector):
 
     def _networks(self, dim: int, device: torch.device) -> tuple[nn.Module, nn.Module, Any, Any]:
         """G and D initialised from the seed (N(0, 0.02) weights) with their Adam optimisers."""
+        p = self.params
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(self.seed))
-            netG = Generator(dim, self.nz, self.width).apply(init_weights).to(device)
-            netD = Discriminator(dim, self.width).apply(init_weights).to(device)
-        opt_g = torch.optim.Adam(netG.parameters(), lr=self.lr, betas=(self.beta1, 0.999))
-        opt_d = torch.optim.Adam(netD.parameters(), lr=self.lr / self.d_lr_divisor, betas=(self.beta1, 0.999))
+            torch.manual_seed(int(p["seed"]))
+            netG = Generator(dim, p["nz"], p["width"]).apply(init_weights).to(device)
+            netD = Discriminator(dim, p["width"]).apply(init_weights).to(device)
+        opt_g = torch.optim.Adam(netG.parameters(), lr=p["lr"], betas=(p["beta1"], 0.999))
+        opt_d = torch.optim.Adam(netD.parameters(), lr=p["lr"] / p["d_lr_divisor"], betas=(p["beta1"], 0.999))
         return netG, netD, opt_g, opt_d
 
     def _train(self, id_train: FeatureSet, id_val: FeatureSet | None, ood_val: FeatureSet | None,
                outliers: FeatureSet | None) -> None:
-        device = resolve_device(self.device)
+        device = resolve_device(self.params["device"])
         real = torch.from_numpy(self._features(id_train, "id_train")).to(device)
         out_np = self._features(outliers, "outliers")
         outlier = torch.from_numpy(out_np).to(device) if out_np is not None else None
         select = id_val is not None and ood_val is not None
-        gen = torch.Generator(device="cpu").manual_seed(int(self.seed))
+        gen = torch.Generator(device="cpu").manual_seed(int(self.params["seed"]))
         netG, netD, opt_g, opt_d = self._networks(real.shape[1], device)
         plan = self.training_plan(outlier is not None)
-        weights = [1.0, float(self.lambda_fake)] + ([float(self.lambda_outlier)] if outlier is not None else [])
+        p = self.params
+        weights = [1.0, float(p["lambda_fake"])] + ([float(p["lambda_outlier"])] if outlier is not None else [])
         if outlier is None:
             weights[1] = 1.0  # OpenGAN-0: errD_real + errD_fake
         best_auroc, best_state = -np.inf, None
         self.history = []
-        for epoch in progress(range(int(self.epochs)), desc="opengan", leave=False):
+        for epoch in progress(range(int(self.params["epochs"])), desc="opengan", leave=False):
             train_mode = plan["bn_train"] == "train" or epoch == 0
             netG.train(train_mode)
             netD.train(train_mode)
             order = torch.randperm(len(real), generator=gen).to(device)
-            for start in range(0, len(real), int(self.batch_size)):
-                batch = real[order[start:start + int(self.batch_size)]]
+            for start in range(0, len(real), int(self.params["batch_size"])):
+                batch = real[order[start:start + int(self.params["batch_size"])]]
                 n_fake = int(len(batch) * plan["fake_fraction"])
                 if n_fake < 1 or (train_mode and min(len(batch), n_fake) < 2):  # BatchNorm needs two samples
                     continue
-                z = torch.randn(n_fake, self.nz, generator=gen).to(device)
+                z = torch.randn(n_fake, self.params["nz"], generator=gen).to(device)
                 fake = netG(z)
                 groups = [batch, fake.detach()]
                 if outlier is not None:
@@ -219,18 +221,18 @@ class OpenGAN(Detector):
         if best_state is not None:
             netD.load_state_dict(best_state)
         else:
-            self.best_epoch = int(self.epochs) - 1
+            self.best_epoch = int(self.params["epochs"]) - 1
         self.discriminator = netD.eval()
 
     def training_plan(self, with_outliers: bool) -> dict[str, Any]:
         """The resolved training choices: each null parameter takes its reference's value (OpenOOD's trainer for
         OpenGAN-0, the official notebook with outliers)."""
-        joint = self.joint_batches
+        joint = self.params["joint_batches"]
         return {
             "joint_d": joint if joint is not None else with_outliers,
             "joint_g": joint is True,
-            "bn_train": self.bn_train or ("train" if with_outliers else "openood"),
-            "fake_fraction": (float(self.fake_fraction) if self.fake_fraction is not None
+            "bn_train": self.params["bn_train"] or ("train" if with_outliers else "openood"),
+            "fake_fraction": (float(self.params["fake_fraction"]) if self.params["fake_fraction"] is not None
                               else (0.5 if with_outliers else 1.0)),
         }
 
@@ -252,7 +254,7 @@ class OpenGAN(Detector):
             raise RuntimeError("opengan is not fitted: call fit(id_train, ...) or load a saved one")
         x = torch.from_numpy(self._features(batch, "score")).to(next(self.discriminator.parameters()).device)
         net = self.discriminator
-        if self.bn_mode == "batch":
+        if self.params["bn_mode"] == "batch":
             net = copy.deepcopy(net).train()
         else:
             net.eval()
@@ -295,4 +297,4 @@ class OpenGAN(Detector):
         weights = {k[2:]: torch.from_numpy(np.asarray(v)) for k, v in state.items() if k.startswith("D.")}
         if weights:
             net = self._discriminator_of(weights, "opengan state")
-            self.discriminator = net.to(resolve_device(self.device)).eval()
+            self.discriminator = net.to(resolve_device(self.params["device"])).eval()

@@ -64,15 +64,16 @@ class NNGuide(Detector):
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         h = stored_features(id_train, self.name)
-        if len(h) < self.k:
-            raise ValueError(f"nnguide: k={self.k} needs at least {self.k} training rows, got {len(h)}")
-        rows = bank_rows(len(h), self.bank_fraction, self.k, self.seed)
+        k = self.params["k"]
+        if len(h) < k:
+            raise ValueError(f"nnguide: k={k} needs at least {k} training rows, got {len(h)}")
+        rows = bank_rows(len(h), self.params["bank_fraction"], k, self.params["seed"])
         energy = logsumexp(logits_of(id_train, self.name)[rows], axis=1)
         self.bank = (normalised(h[rows]) * energy[:, None].astype(np.float32)).astype(np.float32)
 
     def _score(self, batch) -> np.ndarray:
         energy = logsumexp(logits_of(batch, self.name), axis=1)
-        guidance = streaming.map_rows(lambda _, h: top_k_mean(normalised(h), self.bank, self.k),
+        guidance = streaming.map_rows(lambda _, h: top_k_mean(normalised(h), self.bank, self.params["k"]),
                                       stored_features(batch, self.name))
         return guidance * energy
 

@@ -73,7 +73,7 @@ class PNML(Detector):
             x = normalised(block)
             gram += x.T @ x
         (gram,) = streaming.reduce_sum(gram)
-        self.projector = hermitian_pinv(gram, self.rcond)
+        self.projector = hermitian_pinv(gram, self.params["rcond"])
 
     def _score(self, batch) -> np.ndarray:
         projector = self.projector.astype(np.float32)
