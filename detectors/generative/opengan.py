@@ -111,9 +111,9 @@ class OpenGAN(Detector):
     class Params(Params):
         training: ClassVar[TrainSettings] = TrainSettings(epochs=100, batch_size=128, lr=1e-4, weight_decay=0.0,
                                                           seed=999)
-        """The reference training (OpenOOD `openood/trainers/opengan_trainer.py`, `aimerykong/OpenGAN`; files and
-        deviations in docs/generative.md): Adam without weight decay at lr 1e-4 for G (D: lr / d_lr_divisor), 100
-        epochs of batch 128, seed 999."""
+        """The reference training (Open-Insect `configs/pipelines/train/train_opengan.yml:26-30`, OpenOOD
+        `openood/trainers/opengan_trainer.py`; docs/protocols.md, docs/generative.md): Adam without weight decay at lr
+        1e-4 for G (D: lr / d_lr_divisor), 100 epochs of batch 128, seed 999."""
 
         nz: int = param(100, "latent size of the generator", ge=1)
         width: int = param(64, "hidden width of G and D", ge=1)
