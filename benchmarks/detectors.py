@@ -265,7 +265,7 @@ def knn_sklearn_reference(knn: Any, test: FeatureSet, rows: int) -> tuple[float,
 
     queries = l2_normalise(test.features[:rows].astype(np.float64))
     start = time.perf_counter()
-    index = NearestNeighbors(n_neighbors=int(knn.k), algorithm="brute").fit(knn.bank)
+    index = NearestNeighbors(n_neighbors=int(knn.params["k"]), algorithm="brute").fit(knn.bank)
     distances, _ = index.kneighbors(queries)
     seconds = (time.perf_counter() - start) * len(test) / rows
     ours = knn.score(test.subset(slice(0, rows)))
