@@ -31,7 +31,7 @@ class MeanDistance(Detector):
         self.mean = id_train.features.astype(np.float64).mean(axis=0)
 
     def _score(self, batch):
-        return -self.scale * np.linalg.norm(batch.features - self.mean, axis=1)
+        return -self.params["scale"] * np.linalg.norm(batch.features - self.mean, axis=1)
 
     def state(self):
         return {**super().state(), "mean": self.mean}
@@ -223,7 +223,7 @@ def test_runtime_settings_stay_out_of_saved_config_and_hyperparameters(fresh_reg
     assert "device" not in saved and saved["k"] == 3 and saved["powers"] == [1, 2]
     again = registry.load(tmp_path / "t", device="cuda")
     assert type(again) is Typed and again.params == {**det.params, "device": "cuda"}
-    assert Typed().powers is not Typed().powers  # list defaults are copied per instance
+    assert Typed().params["powers"] is not Typed().params["powers"]  # list defaults are copied per instance
 
 
 def test_registration_checks_declarations(fresh_registry):

@@ -60,7 +60,7 @@ def test_a_parameter_named_like_a_class_fact_is_refused():
 
     with pytest.raises(ValueError, match=r"parameter\(s\) \['reference_code'\] would be shadowed"):
         register_detector("shadowed_test_only")(Shadowed)
-    assert detector_class("diffguard")(classifier=None).reference == "auto"  # its `reference` parameter, not a fact
+    assert detector_class("diffguard")(classifier=None).params["reference"] == "auto"  # a parameter, not a fact
 
 
 def test_protocol_tables_are_the_classes_facts():
