@@ -65,7 +65,7 @@ FLOPS: dict[str, FlopFormula] = {
     "dice": lambda s, d: {"fit": (0, 0), "score": (_head_projection(s), 0)},
     # ASH sums only the k kept columns of W per row (k = D - round(D * percentile / 100))
     "ash": lambda s, d: {"fit": (0, 0),
-                         "score": (2.0 * s["M"] * (s["D"] - round(s["D"] * d.percentile / 100)) * s["C"], 0)},
+                         "score": (2.0 * s["M"] * (s["D"] - round(s["D"] * d.params["percentile"] / 100)) * s["C"], 0)},
     "fdbd": lambda s, d: {"fit": (0, 2.0 * s["C"] ** 2 * s["D"] / 2), "score": (_head_projection(s), 0)},
     "nci": lambda s, d: {"fit": (0, 0), "score": (_head_projection(s), 0)},
     # covariance N D^2 (symmetric rank-N update), inverse via Cholesky; score: t @ P and t P @ means^T
@@ -81,7 +81,7 @@ FLOPS: dict[str, FlopFormula] = {
                                  2.0 * s["C"] * s["D"] ** 2 + s["N"] * s["D"] ** 2 + _eigh(s["D"], _residual_width(d))),
                          "score": (_head_projection(s), 2.0 * s["M"] * s["D"] * _residual_width(d))},
     "neco": lambda s, d: {"fit": (0, s["N"] * s["D"] ** 2 + _eigh(s["D"], d.components.shape[1])),
-                          "score": (_head_projection(s) if d.max_logit else 0,
+                          "score": (_head_projection(s) if d.params["max_logit"] else 0,
                                     2.0 * s["M"] * s["D"] * d.components.shape[1])},
     # group A: GradNorm projects through the head in float64; KLM's KL to C class templates is one [M,C] x [C,C] product
     "gradnorm": lambda s, d: {"fit": (0, 0), "score": (0, _head_projection(s))},
@@ -97,7 +97,7 @@ FLOPS: dict[str, FlopFormula] = {
                            "score": (0, 2.0 * s["M"] * len(d.ref) * s["D"])},
     "vra": lambda s, d: {"fit": (0, 0), "score": (_head_projection(s), 0)},
     # MC dropout: `times` head projections
-    "dropout": lambda s, d: {"fit": (0, 0), "score": (d.times * _head_projection(s), 0)},
+    "dropout": lambda s, d: {"fit": (0, 0), "score": (d.params["times"] * _head_projection(s), 0)},
 }
 
 
@@ -265,7 +265,7 @@ def knn_sklearn_reference(knn: Any, test: FeatureSet, rows: int) -> tuple[float,
 
     queries = l2_normalise(test.features[:rows].astype(np.float64))
     start = time.perf_counter()
-    index = NearestNeighbors(n_neighbors=int(knn.k), algorithm="brute").fit(knn.bank)
+    index = NearestNeighbors(n_neighbors=int(knn.params["k"]), algorithm="brute").fit(knn.bank)
     distances, _ = index.kneighbors(queries)
     seconds = (time.perf_counter() - start) * len(test) / rows
     ours = knn.score(test.subset(slice(0, rows)))

@@ -81,13 +81,14 @@ def official_reconstruct(det, x01: torch.Tensor, labels: torch.Tensor, seeds: li
     denoising (and the unguided reference) one image at a time; the same steps as `DiffGuard.reconstruct_pixel`."""
     model = det.pixel_model()
     x0 = (2 * x01 - 1).to(det.device)
-    latents, stop = invert_with_early_stop(model, x0, det.max_inversion_steps, det.stop_rule(x0))
-    start = (stop + 1 + det.denoise_offset).clamp(max=model.steps - 1)
+    p = det.params
+    latents, stop = invert_with_early_stop(model, x0, p["max_inversion_steps"], det.stop_rule(x0))
+    start = (stop + 1 + p["denoise_offset"]).clamp(max=model.steps - 1)
     out = []
     for i in range(len(x0)):
         guidance = ClassifierGuidance(model, det.classifier, labels[i:i + 1].repeat(2), [item_generator(seeds[i])] * 2,
-                                      det.guidance_scale, det.n_crops, int(det.crop_size or det.classifier_size()),
-                                      det.clean_grad, det.guidance_grad)
+                                      p["guidance_scale"], p["n_crops"], int(p["crop_size"] or det.classifier_size()),
+                                      p["clean_grad"], p["guidance_grad"])
         guided = torch.tensor([True, False], device=x0.device)
         out.append(denoise_from(model, latents[i:i + 1].repeat(2, 1, 1, 1), start[i:i + 1].repeat(2), guidance, guided))
     return ((torch.cat([o[:1] for o in out]).clamp(-1, 1) + 1) / 2).detach()
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
                                   early_stop_psnr=args.early_stop_psnr, early_stop_similarity=None, **common)
             batching = bench_batching(det, images, args.batch_sizes, args.loop_images, args.rounds, args.order_seed)
             batching.update(steps=args.steps, max_inversion_steps=args.max_inversion_steps,
-                            early_stop_psnr=args.early_stop_psnr, n_crops=det.n_crops)
+                            early_stop_psnr=args.early_stop_psnr, n_crops=det.params["n_crops"])
             result["batching"] = batching
             print("\n| run | batch | img/s (best) | x vs official, min / median / max |\n|---|---|---|---|")
             for case in batching["cases"]:

@@ -164,7 +164,7 @@ def knn_recall(det: Any, queries: Any, scores: np.ndarray, spec: dict[str, Any])
     from detectors.posthoc.knn import l2_normalise
     from pipelines.features import FeatureCache
 
-    k = int(det.k)
+    k = int(det.params["k"])
     q = l2_normalise(queries.features)
     _, found = det._index.search(q, k)
     best_d, best_i = None, None

@@ -4,8 +4,9 @@
 so that `import detectors` for `build(...).fit(...).score(...)` loads no harness module."""
 from typing import Any
 
-from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, Params, param
+from detectors.base import Detector, FeatureSet, ImageSet, LinearHead
 from detectors.registry import available, build, detector_class, load, register_detector
+from pipelines.params import Params, param
 
 __all__ = ["Detector", "FeatureSet", "ImageSet", "LinearHead", "Params", "available", "build", "detector_class", "load",
            "param", "register_detector", "select"]

@@ -11,12 +11,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+import pipelines.params
 from pipelines.arrays import FeatureSet, LinearHead, as_numpy, memory_mapped
 from pipelines.checkpoints import check_safetensors
-from pipelines.params import Params, param
 
-__all__ = ["FIT_INPUTS", "RUNTIME_INPUTS", "Detector", "FeatureSet", "ImageSet", "LinearHead", "Params", "as_numpy",
-           "check_scores", "memory_mapped", "param"]
+__all__ = ["FIT_INPUTS", "RUNTIME_INPUTS", "Detector", "FeatureSet", "ImageSet", "LinearHead", "as_numpy",
+           "check_scores", "memory_mapped"]
 
 @dataclass
 class ImageSet:
@@ -146,9 +146,10 @@ class Detector:
     FIT_INPUTS), `needs` (runtime objects the constructor takes, a subset of RUNTIME_INPUTS), `search_space`
     (OpenOOD v1.5's sweep, used by `detectors.select`), and where a protocol's reference differs, `grids` and
     `protocol_defaults`: every fact about a method is on its class. The registry checks these declarations against
-    `fit` and `__init__`. `self.params` is a dict of every parameter (read as `self.params[k]` or `self.k`);
-    `hyperparameters` leaves the runtime settings out. Learned state lives in `state()` / `load_state()` as a dict of
-    arrays so that `save_pretrained` / `from_pretrained` round-trip it through safetensors.
+    `fit` and `__init__`. `self.params` is a dict of every parameter, the one way to read them (`self.params[k]`: the
+    mapping that is saved, loaded and recorded; no attribute stands for a parameter); `hyperparameters` leaves the
+    runtime settings out. Learned state lives in `state()` / `load_state()` as a dict of arrays so that
+    `save_pretrained` / `from_pretrained` round-trip it through safetensors.
     """
 
     name: ClassVar[str] = ""
@@ -162,7 +163,7 @@ class Detector:
     """Names other libraries give the method -> whose names they are ("pytorch-ood's", "OpenOOD's"): `detectors.build`
     and configs resolve them in any case, with a one-time note; read from the class itself, never a parent."""
     """The reference code its defaults and grids are read from (repository and file; lines in docs/references.md)."""
-    Params: ClassVar[type[Params]] = Params
+    Params: ClassVar[type[pipelines.params.Params]] = pipelines.params.Params
     defaults: ClassVar[dict[str, Any]] = {}  # derived from Params (every field's default)
     search_space: ClassVar[dict[str, list[Any]]] = {}
     grids: ClassVar[dict[str, dict[str, list[Any]] | None]] = {}
@@ -200,7 +201,7 @@ class Detector:
         self.fitted = False
 
     @classmethod
-    def _validated(cls, params: dict[str, Any], dims: dict[str, int] | None = None) -> Params:
+    def _validated(cls, params: dict[str, Any], dims: dict[str, int] | None = None) -> pipelines.params.Params:
         try:
             values = cls.Params(**params)
             if dims:
@@ -255,12 +256,6 @@ class Detector:
         """Parameters whose value the fit decided (override where a default is resolved from the data)."""
         return {}
 
-    def __getattr__(self, key: str) -> Any:
-        params = self.__dict__.get("params")
-        if params is not None and key in params:
-            return params[key]
-        raise AttributeError(f"{type(self).__name__!s} has no attribute {key!r}")
-
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
         return f"{type(self).__name__}({args})"
@@ -293,7 +288,8 @@ class Detector:
         from pipelines.collectives import sharing
         from pipelines.fingerprint import images_fingerprint
 
-        chunk = int(getattr(self, "batch_size", 1) or 1) * sharing()
+        size = self.__dict__.get("batch_size", self.params.get("batch_size"))  # a constructor argument or a parameter
+        chunk = int(size or 1) * sharing()
         identity = {**self.batch_identity(), "images": images_fingerprint(batch.manifest)}
         if batch.pixels is not None:  # rows made with their own pixels (fit pixels), not the classifier's
             identity["pixels"] = batch.pixels_identity()

@@ -16,7 +16,8 @@ import pkgutil
 from collections.abc import Callable
 from typing import Any
 
-from detectors.base import FIT_INPUTS, PROTOCOL_FIT, RUNTIME_INPUTS, Detector, Params, read_config
+from detectors.base import FIT_INPUTS, PROTOCOL_FIT, RUNTIME_INPUTS, Detector, read_config
+from pipelines.params import Params
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ API: dict[str, str] = {
     "detector_class": "detectors.registry", "register_detector": "detectors.registry",
     "select": "detectors.harness.selection",
     "Detector": "detectors.base", "FeatureSet": "detectors.base", "ImageSet": "detectors.base",
-    "LinearHead": "detectors.base", "Params": "detectors.base", "param": "detectors.base",
+    "LinearHead": "detectors.base", "Params": "pipelines.params", "param": "pipelines.params",
     "evaluate": "detectors.metrics", "auroc": "detectors.metrics", "fpr_at_tpr": "detectors.metrics",
     "threshold_at_tpr": "detectors.metrics", "precision_recall_at": "detectors.metrics",
     "transfer_threshold": "detectors.metrics",

@@ -282,3 +282,44 @@ def test_the_training_and_declaration_scans_find_a_planted_restatement():
                                                        OE.Params.fields()["score_rule"])],
                                            bases=(OE.Params,), frozen=True)
     assert _restated(type("SameRule", (OE,), {"Params": same_rule}), {"Params"}) == ["Params.score_rule"]
+
+
+def test_params_imported_from_their_home():
+    """`Params` / `param` have one import home, `pipelines.params` (the defining module): `detectors.base` does not
+    re-export them, and no module imports them from elsewhere; `detectors` keeps them among its public names."""
+    import detectors.base
+    import pipelines.params
+
+    found = [f"{name}:{node.lineno}" for name, tree in SOURCES for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("detectors")
+             and {a.name for a in node.names} & {"Params", "param"}]
+    assert not found, found
+    assert not hasattr(detectors.base, "Params") and not hasattr(detectors.base, "param")
+    assert (detectors.Params, detectors.param) == (pipelines.params.Params, pipelines.params.param)
+
+
+OWN_LOOP_SETTINGS = ("epochs", "lr", "weight_decay", "warmup_epochs")
+"""Training hyperparameters a method with its own loop (CLIP prompt learning, OpenGAN) takes from `TrainSettings`."""
+
+
+def test_own_training_loops_take_their_settings_from_train_settings():
+    """A detector that trains with its own loop declares epochs / lr / weight decay with `setting` (type, bounds and
+    doc from `TrainSettings`) and takes their defaults from its reference `Params.training`; `TrainSettings.read`
+    gives them back, a user's value (under the method's own key) winning."""
+    from pipelines.training.settings import TrainSettings
+
+    found = []
+    for name in detectors.available():
+        params = detectors.detector_class(name).Params
+        own = set(OWN_LOOP_SETTINGS) & set(params.fields())
+        if not own or issubclass(params, TrainSettings):
+            continue
+        found.append(name)
+        for key, field in params.fields().items():
+            if "setting" in field.metadata:
+                assert params.defaults()[key] == getattr(params.training, field.metadata["setting"]), (name, key)
+        assert all("setting" in params.fields()[key].metadata for key in own), (name, own)
+    assert sorted(found) == ["clipn", "idlike", "lapt", "locoop", "opengan"], found
+    locoop = detectors.detector_class("locoop").Params
+    read = TrainSettings.read(locoop, {**locoop.defaults(), "train_batch": 8, "lr": 0.5})
+    assert (read.batch_size, read.lr, read.epochs, read.weight_decay, read.warmup_epochs) == (8, 0.5, 50, 5e-4, 1)

@@ -177,15 +177,15 @@ def bench_early_stop_features(detector: DiffGuard, images: list[Image.Image], ro
     model = detector.pixel_model()
     size = int(model.unet.config.sample_size)
     x0 = (2 * resize_center_crop(images, size, size) - 1).to(detector.device)
-    similarity = detector.similarity(detector.early_stop_similarity)
-    threshold = detector.early_stop_similarity_threshold
+    similarity = detector.similarity(detector.params["early_stop_similarity"])
+    threshold = detector.params["early_stop_similarity_threshold"]
 
     def previous(x_t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         return similarity((x_t + 1) / 2, (x0[rows] + 1) / 2).to(x_t.device) < threshold
 
     steps: list[tuple[torch.Tensor, torch.Tensor]] = []
     recording = lambda x_t, rows: steps.append((x_t, rows)) or previous(x_t, rows)  # noqa: E731
-    _, stop = invert_with_early_stop(model, x0, detector.max_inversion_steps, recording)
+    _, stop = invert_with_early_stop(model, x0, detector.params["max_inversion_steps"], recording)
 
     def replay(make_rule: Callable[[], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]) -> None:
         rule = make_rule()
@@ -195,9 +195,10 @@ def bench_early_stop_features(detector: DiffGuard, images: list[Image.Image], ro
     rule_s = _best_of({"cached": lambda: replay(lambda: detector.stop_rule(x0)),
                        "previous": lambda: replay(lambda: previous)},
                       rounds, detector.device)
+    most = detector.params["max_inversion_steps"]
     inversion_s = _best_of({
-        "cached": lambda: invert_with_early_stop(model, x0, detector.max_inversion_steps, detector.stop_rule(x0)),
-        "previous": lambda: invert_with_early_stop(model, x0, detector.max_inversion_steps, previous),
+        "cached": lambda: invert_with_early_stop(model, x0, most, detector.stop_rule(x0)),
+        "previous": lambda: invert_with_early_stop(model, x0, most, previous),
     }, rounds, detector.device)
     result = dict(images=len(images), rule_calls=len(steps), stop_steps=stop.tolist(),
                   rule_seconds=rule_s, rule_ratio=rule_s["previous"] / rule_s["cached"],

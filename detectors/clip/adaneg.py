@@ -24,11 +24,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from detectors.base import param
 from detectors.clip.common import ClipDetector
 from detectors.clip.neglabel import read_words
 from detectors.clip.wordnet import NEGLABEL_EXCLUDED, neglabel_corpus
 from detectors.registry import register_detector
+from pipelines.params import param
 
 ID_TEMPLATE = "The nice {}."         # get_templates('nice'), clip_fixed_ood_prompt.py:415-416, ID classes and nouns
 ADJ_TEMPLATE = "This is a {} photo."  # clip_fixed_ood_prompt.py:646

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -23,13 +23,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from detectors.base import ImageSet, param
+from detectors.base import ImageSet
 from detectors.clip import scores
 from detectors.clip.backbone import DEFAULT_CLIP, ClipBackbone
 from detectors.clip.common import ClipDetector
 from detectors.clip.prompt_training import Schedule, train_loop
 from detectors.clip.templates import CLIPN_TEMPLATES
 from detectors.registry import register_detector
+from pipelines.params import param
+from pipelines.training.settings import TrainSettings, setting
 
 STATE_PREFIX = "no."
 TEXT_BATCH = 256  # "no" prompts encoded at a time: peak memory independent of classes x templates
@@ -151,21 +153,25 @@ class CLIPN(ClipDetector):
 
     @dataclass(frozen=True)
     class Params(ClipDetector.Params):
+        training: ClassVar[TrainSettings] = TrainSettings(epochs=10, lr=3e-4, weight_decay=0.2, batch_size=512)
+        """The reference training (xmed-lab/CLIPN `src/training/main.py` and its run script): AdamW at lr 3e-4,
+        weight decay 0.2, 10 epochs of batch 512 per GPU."""
+
         templates: list[str] | None = param(list(CLIPN_TEMPLATES), "class prompt templates (features summed)")
         caption_template: str = param("a photo of a {}.", "caption of a labelled image without a `text` field")
         score_rule: Literal["atd", "ctw"] = param("atd", "agreeing-to-differ or competing-to-win")
         scale: float = param(100.0, "logit scale", gt=0)
         n_prompts: int = param(16, "learnable 'no' prompt tokens", ge=1)
-        epochs: int = param(10, "training epochs", ge=1)
-        lr: float = param(3e-4, "AdamW learning rate", gt=0)
+        epochs: int = setting("epochs", default=training.epochs)
+        lr: float = setting("lr", default=training.lr)
         betas: tuple[float, float] = param((0.9, 0.98), "AdamW betas")
         eps: float = param(1e-6, "AdamW epsilon", gt=0)
-        weight_decay: float = param(0.2, "AdamW weight decay (not on gains, biases, norms)", ge=0)
+        weight_decay: float = setting("weight_decay", " (not on gains, biases, norms)", default=training.weight_decay)
         schedule: Schedule = param("cosine_step", "learning-rate schedule")
         warmup_steps: int = param(0, "linear warm-up steps", ge=0)
         loss_weight: float = param(0.5, "weight of the summed losses", gt=0)
         match: Literal["caption", "index"] = param("caption", "which image-text pairs count as matched")
-        train_batch: int = param(512, "training batch size", ge=1)
+        train_batch: int = setting("batch_size", default=training.batch_size, doc="training batch size")
         seed: int = param(0, "shuffling seed")
         progress: bool = param(True, "show a progress bar", runtime=True)
 
@@ -207,12 +213,12 @@ class CLIPN(ClipDetector):
             bin_yes, bin_no = binary_opposite_losses(img, yes, no, p["scale"], match)
             return p["loss_weight"] * (bin_yes + bin_no + semantic_opposite_loss(yes, no))
 
-        tower = self.tower.train()
-        optimizer = torch.optim.AdamW(parameter_groups(tower, p["weight_decay"]), lr=p["lr"], betas=tuple(p["betas"]),
-                                      eps=p["eps"])
+        tower, settings = self.tower.train(), TrainSettings.read(self.Params, p)
+        optimizer = torch.optim.AdamW(parameter_groups(tower, settings.weight_decay), lr=settings.lr,
+                                      betas=tuple(p["betas"]), eps=p["eps"])
         self.lrs = []
-        self.losses = train_loop(tower, TensorDataset(image, ids, yes_text), step_loss, epochs=p["epochs"],
-                                 batch_size=p["train_batch"], optimizer=optimizer, seed=p["seed"],
+        self.losses = train_loop(tower, TensorDataset(image, ids, yes_text), step_loss, epochs=settings.epochs,
+                                 batch_size=settings.batch_size, optimizer=optimizer, seed=p["seed"],
                                  device=backbone.device, schedule=p["schedule"], warmup_steps=p["warmup_steps"],
                                  lr_log=self.lrs, progress=p["progress"], desc="CLIPN")
         self._text_cache.pop("no", None)

@@ -9,10 +9,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from detectors.base import Detector, ImageSet, Params, param
+from detectors.base import Detector, ImageSet
 from detectors.clip.backbone import DEFAULT_CLIP, DEFAULT_TEMPLATES, ClipBackbone
 from detectors.clip.features import ClipImageFeatures, image_features
 from detectors.clip.scores import cosine
+from pipelines.params import Params, param
 
 MCM_TEMPLATE = "a photo of a {}"  # MCM / GL-MCM's official prompt (no full stop)
 

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from detectors.base import param
 from detectors.clip import scores
 from detectors.clip.neglabel import NegLabel
 from detectors.clip.wordnet import NEGLABEL_EXCLUDED
 from detectors.registry import register_detector
+from pipelines.params import param
 
 # class_names.py:1074-1083, the ensemble of the ID classes and of the noun negatives
 NOUN_TEMPLATES = ("a close-up photo of the nice {}.", "a photo with the nice {}.", "a good photo with the nice {}.",

@@ -12,21 +12,22 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from detectors.base import param
 from detectors.clip.backbone import ClipBackbone
 from detectors.clip.features import subset_imageset
 from detectors.clip.prompt_training import PromptDetector, Schedule, train_loop
 from detectors.clip.prompts import idlike_loss
 from detectors.clip.scores import cosine
 from detectors.registry import register_detector
+from pipelines.params import param
 from pipelines.progress import progress as progress_bar
 from pipelines.runtime import item_seed
+from pipelines.training.settings import TrainSettings, setting
 
 IDLIKE_TEMPLATE = "a photo of a {}."  # the crop-selection prompt of the official code (with a full stop)
 
@@ -105,13 +106,17 @@ class IDLike(PromptDetector):
 
     @dataclass(frozen=True)
     class Params(PromptDetector.Params):
+        training: ClassVar[TrainSettings] = TrainSettings(epochs=3, lr=5e-3, weight_decay=0.01, batch_size=1)
+        """The reference training (the authors' `utils/id_like.py`): AdamW at lr 5e-3 with torch's default weight
+        decay 0.01, 3 epochs, one image per batch."""
+
         templates: list[str] | None = param([IDLIKE_TEMPLATE], "class prompt used to rank the crops")
         shots: int | None = param(1, "training images per class (None: all)", ge=1)
-        epochs: int = param(3, "training epochs", ge=1)
-        lr: float = param(5e-3, "AdamW learning rate", gt=0)
-        weight_decay: float = param(0.01, "AdamW weight decay", ge=0)
+        epochs: int = setting("epochs", default=training.epochs)
+        lr: float = setting("lr", default=training.lr)
+        weight_decay: float = setting("weight_decay", default=training.weight_decay)
         schedule: Schedule = param("constant", "learning-rate schedule")
-        train_batch: int = param(1, "training images per batch", ge=1)
+        train_batch: int = setting("batch_size", default=training.batch_size, doc="training images per batch")
         n_ood_prompts: int = param(100, "learned OOD prompts", ge=1)
         shared_ood_ctx: bool = param(False, "the OOD prompts share the ID context")
         n_crops: int = param(256, "random crops per image and epoch", ge=1)
@@ -173,9 +178,11 @@ class IDLike(PromptDetector):
             return loss
 
         params = [t for t in (learner.ctx, learner.ood, learner.ood_ctx) if t.numel()]
-        optimizer = torch.optim.AdamW(params, lr=p["lr"], weight_decay=p["weight_decay"])
+        settings = TrainSettings.read(self.Params, p)
+        optimizer = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
         self.lrs = []
-        self._after_fit(train_loop(learner, epoch_data, step_loss, epochs=p["epochs"], batch_size=p["train_batch"],
+        self._after_fit(train_loop(learner, epoch_data, step_loss, epochs=settings.epochs,
+                                   batch_size=settings.batch_size,
                                    optimizer=optimizer, seed=p["seed"], device=self.backbone.device,
                                    schedule=p["schedule"], lr_log=self.lrs, progress=p["progress"], desc="ID-like"))
 

@@ -27,7 +27,7 @@ import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from detectors.base import ImageSet, param
+from detectors.base import ImageSet
 from detectors.clip import scores
 from detectors.clip.adaneg import ADJ_TEMPLATE, ID_TEMPLATE, AdaNeg, select_negatives
 from detectors.clip.backbone import ClipBackbone
@@ -45,6 +45,8 @@ from detectors.clip.prompt_training import PromptDetector, Schedule, train_loop
 from detectors.clip.prompts import PromptLearner
 from detectors.clip.wordnet import NEGLABEL_EXCLUDED
 from detectors.registry import register_detector
+from pipelines.params import param
+from pipelines.training.settings import TrainSettings, setting
 
 # clip_coop_negprompt.py:341-349, `text_prompt tip` of train.sh: the label texts image embeddings are mixed with
 MIX_TEMPLATES = ("a bad photo of the {}.", "a {} in a video game.", "a origami {}.", "a photo of the small {}.",
@@ -157,6 +159,10 @@ class LAPT(PromptDetector):
 
     @dataclass(frozen=True)
     class Params(PromptDetector.Params):
+        training: ClassVar[TrainSettings] = TrainSettings(epochs=10, lr=0.01, weight_decay=1e-5, batch_size=32)
+        """The reference training (YBZh/OpenOOD-VLM `openood/trainers/oodmixup_trainer.py:605-955`,
+        `scripts/ood/lapt/train.sh`): SGD (nesterov) at lr 0.01, weight decay 1e-5, 10 epochs of batch 32."""
+
         n_ctx: int = param(4, "learned context tokens of the ID prompts, and as many for the negative prompts", ge=1)
         shots: int | None = param(None, "training images per label (None: all)", ge=1)
         templates: list[str] | None = param([ID_TEMPLATE], "ID-class and noun prompt of the negative-label mining")
@@ -174,11 +180,11 @@ class LAPT(PromptDetector):
         mix_strategy: Literal["wccm", "wccm_cd"] = param("wccm", "cross-modal mixing, + cross-distribution mixing")
         mix_templates: list[str] = param(list(MIX_TEMPLATES), "label texts the image embeddings are mixed with")
         alpha: float = param(1.0, "mixing weight lambda ~ Beta(alpha, alpha), one per batch", gt=0)
-        epochs: int = param(10, "training epochs", ge=1)
-        lr: float = param(0.01, "SGD learning rate", gt=0)
+        epochs: int = setting("epochs", default=training.epochs)
+        lr: float = setting("lr", default=training.lr, doc="SGD learning rate")
         momentum: float = param(0.9, "SGD momentum (nesterov)", ge=0)
-        weight_decay: float = param(1e-5, "SGD weight decay", ge=0)
-        train_batch: int = param(32, "training batch size", ge=1)
+        weight_decay: float = setting("weight_decay", default=training.weight_decay, doc="SGD weight decay")
+        train_batch: int = setting("batch_size", default=training.batch_size, doc="training batch size")
         schedule: Schedule = param("cosine_step", "learning-rate schedule")
         ngroup: int = param(100, "groups the test negatives are split into (group_num)", ge=1)
         group_seed: int = param(0, "seed of the group permutation")
@@ -314,11 +320,12 @@ class LAPT(PromptDetector):
                 pair = cross_distribution_pairs(y.cpu(), n_cls, gen).to(y.device)
             return lapt_loss(x, module(), mix_text, y, scale, lam, idx, pair, lam_cd)
 
-        optimizer = torch.optim.SGD([learner.ctx, learner.ood_ctx], lr=p["lr"], momentum=p["momentum"],
-                                    weight_decay=p["weight_decay"], nesterov=p["momentum"] > 0)
+        settings = TrainSettings.read(self.Params, p)
+        optimizer = torch.optim.SGD([learner.ctx, learner.ood_ctx], lr=settings.lr, momentum=p["momentum"],
+                                    weight_decay=settings.weight_decay, nesterov=p["momentum"] > 0)
         self.lrs = []
-        losses = train_loop(learner, TensorDataset(global_, labels), step_loss, epochs=p["epochs"],
-                            batch_size=p["train_batch"], optimizer=optimizer, seed=p["seed"],
+        losses = train_loop(learner, TensorDataset(global_, labels), step_loss, epochs=settings.epochs,
+                            batch_size=settings.batch_size, optimizer=optimizer, seed=p["seed"],
                             device=self.backbone.device, schedule=p["schedule"], lr_log=self.lrs,
                             progress=p["progress"], desc="LAPT")
         self.learner.load(learner.state())

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
-from detectors.base import param
 from detectors.clip import scores
 from detectors.clip.prompt_training import PromptDetector, Schedule, train_loop
 from detectors.clip.prompts import locoop_loss
 from detectors.clip.scores import cosine
 from detectors.registry import register_detector
+from pipelines.params import param
+from pipelines.training.settings import TrainSettings, setting
 
 
 @register_detector("locoop")
@@ -36,13 +37,19 @@ class LoCoOp(PromptDetector):
 
     @dataclass(frozen=True)
     class Params(PromptDetector.Params):
-        epochs: int = param(50, "training epochs", ge=1)
-        lr: float = param(0.002, "SGD learning rate", gt=0)
+        training: ClassVar[TrainSettings] = TrainSettings(epochs=50, lr=0.002, weight_decay=5e-4, batch_size=32,
+                                                          warmup_epochs=1)
+        """The reference training (AtsuMiyai/LoCoOp `scripts/locoop/train.sh` on CoOp's configs): SGD at lr 0.002,
+        weight decay 5e-4, 50 epochs of batch 32, one warm-up epoch at `warmup_lr`."""
+
+        epochs: int = setting("epochs", default=training.epochs)
+        lr: float = setting("lr", default=training.lr, doc="SGD learning rate")
         momentum: float = param(0.9, "SGD momentum", ge=0)
-        weight_decay: float = param(5e-4, "SGD weight decay", ge=0)
-        train_batch: int = param(32, "training batch size", ge=1)
+        weight_decay: float = setting("weight_decay", default=training.weight_decay, doc="SGD weight decay")
+        train_batch: int = setting("batch_size", default=training.batch_size, doc="training batch size")
         schedule: Schedule = param("cosine_epoch", "learning-rate schedule")
-        warmup_epochs: int = param(1, "epochs at warmup_lr before the cosine", ge=0)
+        warmup_epochs: int = setting("warmup_epochs", default=training.warmup_epochs,
+                                     doc="epochs at warmup_lr before the cosine")
         warmup_lr: float = param(1e-5, "warm-up learning rate", gt=0)
         lam: float = param(0.25, "weight of the OOD-patch entropy term", ge=0)
         top_k: int | None = param(None, "a patch is OOD when its label is outside its top-K classes (None: 20% of C)",
@@ -76,12 +83,13 @@ class LoCoOp(PromptDetector):
             return loss
 
         params = [learner.ctx]
-        optimizer = torch.optim.SGD(params, lr=self.params["lr"], momentum=self.params["momentum"],
-                                    weight_decay=self.params["weight_decay"])
-        self._after_fit(train_loop(learner, dataset, step_loss, epochs=self.params["epochs"],
-                                   batch_size=self.params["train_batch"],
+        settings = TrainSettings.read(self.Params, self.params)
+        optimizer = torch.optim.SGD(params, lr=settings.lr, momentum=self.params["momentum"],
+                                    weight_decay=settings.weight_decay)
+        self._after_fit(train_loop(learner, dataset, step_loss, epochs=settings.epochs,
+                                   batch_size=settings.batch_size,
                                    optimizer=optimizer, seed=self.params["seed"], device=self.backbone.device,
-                                   schedule=self.params["schedule"], warmup_epochs=self.params["warmup_epochs"],
+                                   schedule=self.params["schedule"], warmup_epochs=settings.warmup_epochs,
                                    warmup_lr=self.params["warmup_lr"], lr_log=self.lrs,
                                    progress=self.params["progress"], desc="LoCoOp"))
 

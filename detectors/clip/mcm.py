@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from detectors.base import param
 from detectors.clip import scores
 from detectors.clip.common import MCM_TEMPLATE, ClipDetector
 from detectors.registry import register_detector
+from pipelines.params import param
 
 
 @register_detector("mcm")

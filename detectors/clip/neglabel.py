@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from detectors.base import param
 from detectors.clip import scores
 from detectors.clip.common import ClipDetector
 from detectors.clip.wordnet import NEGLABEL_EXCLUDED, neglabel_corpus
 from detectors.registry import register_detector
+from pipelines.params import param
 
 NOUN_TEMPLATE = "the nice {}"          # the official prompt_templates[85], for ID classes and noun negatives
 ADJ_TEMPLATE = "This is a {} photo"     # the official adjective template

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from detectors.base import param
 from detectors.clip import scores
 from detectors.clip.csp import CSP
 from detectors.registry import register_detector
+from pipelines.params import param
 
 
 def multi_matching(image: torch.Tensor, pos_logits: torch.Tensor, neg_logits: torch.Tensor,

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from detectors.base import Params, param
 from detectors.clip import scores
 from detectors.clip.mcm import MCM
 from detectors.clip.neglabel import NegLabel
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 
 
 class _Entry:

@@ -10,12 +10,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from detectors.base import ImageSet, param
+from detectors.base import ImageSet
 from detectors.clip.backbone import DEFAULT_CLIP
 from detectors.clip.common import ClipDetector, few_shot_indices, labels_of
 from detectors.clip.features import ClipImageFeatures, image_features
 from detectors.clip.prompts import PromptLearner
 from detectors.clip.scores import cosine
+from pipelines.params import param
 from pipelines.progress import progress as progress_bar
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from detectors.base import Detector, ImageSet, Params, param
+from detectors.base import Detector, ImageSet
 from detectors.generative.diffguard_inputs import check_model_files
 from detectors.generative.distances import against, build_similarity, psnr
 from detectors.generative.gradcam import last_spatial_block, logits_and_cam
@@ -32,6 +32,7 @@ from detectors.generative.latent_backend import LatentDiffusion
 from detectors.generative.pixel_backend import ClassifierGuidance, PixelDiffusion, denoise_from, invert_with_early_stop
 from detectors.registry import register_detector
 from pipelines.hub_ids import SD15_ID
+from pipelines.params import Params, param
 from pipelines.progress import progress as progress_bar
 from pipelines.runtime import (
     diffusers_dtype,
@@ -138,16 +139,17 @@ class DiffGuard(Detector):
         self._pixel: PixelDiffusion | None = None
         self._latent: LatentDiffusion | None = None
         self._similarities: dict[str, Any] = {}
-        self._cam_layer: str | None = self.gradcam_layer
+        self._cam_layer: str | None = self.params["gradcam_layer"]
 
     def batch_identity(self) -> dict[str, Any]:
         """The base identity plus the diffusion and perceptual models' sources (files, sizes, mtimes)."""
         from pipelines.fingerprint import source_identity, weights_fingerprint
 
-        weights = self.perceptual_weights
+        weights = self.params["perceptual_weights"]
         weights = weights if isinstance(weights, (list, tuple)) else [weights]
         given = [self._unet, getattr(self._pipeline, "unet", None)]  # models passed in instead of unet_id / sd_id
-        return {**super().batch_identity(), "unet": source_identity(self.unet_id), "sd": source_identity(self.sd_id),
+        return {**super().batch_identity(), "unet": source_identity(self.params["unet_id"]),
+                "sd": source_identity(self.params["sd_id"]),
                 "perceptual": [source_identity(w) for w in weights],
                 "given": [weights_fingerprint(m) for m in given if hasattr(m, "state_dict")]}
 
@@ -168,17 +170,17 @@ class DiffGuard(Detector):
     def dtype(self) -> torch.dtype:
         """`auto`: the pixel back-end runs fp16 on GPU as guided-diffusion's `use_fp16` (bf16 flips early-stop
         decisions), the latent back-end bf16 (else fp16); fp32 on CPU."""
-        if self.precision == "auto" and self.backend == "pixel" and self.device.type == "cuda":
+        if self.params["precision"] == "auto" and self.params["backend"] == "pixel" and self.device.type == "cuda":
             return torch.float16
-        return resolve_dtype(self.precision, self.device)
+        return resolve_dtype(self.params["precision"], self.device)
 
     @property
     def reference_image(self) -> str:
         """What the reconstruction is compared with: DIFFGUARD's code compares the pixel back-end with the unguided
         reconstruction (exp6.1, `uncond_aux`) and the latent back-end with the input."""
-        if self.reference != "auto":
-            return self.reference
-        return "unguided" if self.backend == "pixel" else "input"
+        if self.params["reference"] != "auto":
+            return self.params["reference"]
+        return "unguided" if self.params["backend"] == "pixel" else "input"
 
     def classifier_size(self) -> int:
         height, width = self.classifier.image_size
@@ -191,20 +193,21 @@ class DiffGuard(Detector):
         if self._pixel is None:
             unet = self._unet
             if unet is None:
-                if self.unet_id is None:
+                if self.params["unet_id"] is None:
                     raise ValueError("diffguard backend 'pixel' needs unet= (a UNet2DModel) or unet_id= (an OpenAI "
                                      "guided-diffusion checkpoint file such as 256x256_diffusion_uncond.pt, a "
                                      "diffusers "
                                      "folder or hub id)")
                 from detectors.generative.guided_diffusion import load_pixel_unet
 
-                unet = load_pixel_unet(self.unet_id, self.adm_flags, self.dtype)
+                unet = load_pixel_unet(self.params["unet_id"], self.params["adm_flags"], self.dtype)
             unet = unet.to(self.device).eval().requires_grad_(False)
             if unet.dtype != self.dtype:
                 unet = unet.to(self.dtype)
             enable_attention(unet)
-            self._pixel = PixelDiffusion.build(unet, self.steps, self.num_train_timesteps, self.beta_start,
-                                               self.beta_end, self.clip_denoised, self.dtype)
+            p = self.params
+            self._pixel = PixelDiffusion.build(unet, p["steps"], p["num_train_timesteps"], p["beta_start"],
+                                               p["beta_end"], p["clip_denoised"], self.dtype)
         return self._pixel
 
     def latent_model(self) -> LatentDiffusion:
@@ -214,7 +217,7 @@ class DiffGuard(Detector):
             if pipe is None:
                 from diffusers import StableDiffusionPipeline
 
-                pipe = load_pretrained(StableDiffusionPipeline.from_pretrained, self.sd_id,
+                pipe = load_pretrained(StableDiffusionPipeline.from_pretrained, self.params["sd_id"],
                                        "DIFFGUARD Stable Diffusion",
                                        **diffusers_dtype(self.dtype), safety_checker=None,
                                        requires_safety_checker=False)
@@ -224,18 +227,18 @@ class DiffGuard(Detector):
             for part in (pipe.unet, pipe.vae, pipe.text_encoder):
                 part.eval().requires_grad_(False)
             enable_attention(pipe)
-            self._latent = LatentDiffusion(pipe, self.latent_steps, self.dtype)
+            self._latent = LatentDiffusion(pipe, self.params["latent_steps"], self.dtype)
         return self._latent
 
     def similarity(self, name: str):
         """The (cached) similarity function `name`, higher = more similar, on images in [0,1]."""
         if name not in self._similarities:
             self._similarities[name] = build_similarity(name, classifier=self.classifier,
-                                                        weights=self.perceptual_weights, device=self.device)
+                                                        weights=self.params["perceptual_weights"], device=self.device)
         return self._similarities[name]
 
     def class_name(self, label: int) -> str:
-        names = self.class_names
+        names = self.params["class_names"]
         if names is None:
             config = getattr(getattr(self.classifier, "model", None), "config", None)
             names = getattr(config, "id2label", None)
@@ -257,8 +260,9 @@ class DiffGuard(Detector):
         """Early stop of the inversion of x0 (in [-1,1]): `rule(x_t, rows)` is PSNR(x_t, x0[rows]) < early_stop_psnr
         or similarity(x_t, x0[rows]) < its threshold; x0's perceptual features are computed once, here. None when
         both are disabled."""
-        similarity = self.similarity(self.early_stop_similarity) if self.early_stop_similarity else None
-        if self.early_stop_psnr is None and similarity is None:
+        p = self.params
+        similarity = self.similarity(p["early_stop_similarity"]) if p["early_stop_similarity"] else None
+        if p["early_stop_psnr"] is None and similarity is None:
             return None
         b = (x0 + 1) / 2
         to_input = against(similarity, b) if similarity is not None else None
@@ -266,10 +270,10 @@ class DiffGuard(Detector):
         def rule(x_t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
             a = (x_t + 1) / 2
             stop = torch.zeros(len(a), dtype=torch.bool, device=a.device)
-            if self.early_stop_psnr is not None:
-                stop |= psnr(a, b[rows]) < self.early_stop_psnr
+            if p["early_stop_psnr"] is not None:
+                stop |= psnr(a, b[rows]) < p["early_stop_psnr"]
             if to_input is not None:
-                stop |= to_input(a, rows).to(a.device) < self.early_stop_similarity_threshold
+                stop |= to_input(a, rows).to(a.device) < p["early_stop_similarity_threshold"]
             return stop
 
         return rule
@@ -280,14 +284,15 @@ class DiffGuard(Detector):
         at the UNet's resolution, guided toward `labels`."""
         model = self.pixel_model()
         x0 = (2 * x01 - 1).to(self.device)
-        latents, stop = invert_with_early_stop(model, x0, self.max_inversion_steps, self.stop_rule(x0), progress)
-        start = (stop + 1 + self.denoise_offset).clamp(max=model.steps - 1)
+        p = self.params
+        latents, stop = invert_with_early_stop(model, x0, p["max_inversion_steps"], self.stop_rule(x0), progress)
+        start = (stop + 1 + p["denoise_offset"]).clamp(max=model.steps - 1)
         n = len(x0)
         gens = [item_generator(s) for s in seeds]
         copies = 2 if unguided else 1
-        guidance = ClassifierGuidance(model, self.classifier, labels.repeat(copies), gens * copies, self.guidance_scale,
-                                      self.n_crops, int(self.crop_size or self.classifier_size()), self.clean_grad,
-                                      self.guidance_grad)
+        guidance = ClassifierGuidance(model, self.classifier, labels.repeat(copies), gens * copies, p["guidance_scale"],
+                                      p["n_crops"], int(p["crop_size"] or self.classifier_size()), p["clean_grad"],
+                                      p["guidance_grad"])
         guided = torch.arange(copies * n, device=x0.device) < n
         out = denoise_from(model, latents.repeat(copies, 1, 1, 1), start.repeat(copies), guidance, guided, progress)
         out = ((out.clamp(-1, 1) + 1) / 2).detach()
@@ -306,9 +311,9 @@ class DiffGuard(Detector):
         """Seeds of the guidance crops per image: `shared` = `seed` for every image (DIFFGUARD resets its crop
         generator to the run seed before each image, so all images get the same crop sequence); `per_image` =
         derived from `seed` and the image key. Either way independent of batching and process count."""
-        if self.crop_seeds == "shared":
-            return [int(self.seed)] * len(keys)
-        return [item_seed(self.seed, key) for key in keys]
+        if self.params["crop_seeds"] == "shared":
+            return [int(self.params["seed"])] * len(keys)
+        return [item_seed(self.params["seed"], key) for key in keys]
 
     def cam_layer(self, x01: torch.Tensor) -> torch.nn.Module:
         """The classifier block of the Grad-CAM (`gradcam_layer`, else the last block with a spatial output, found
@@ -325,33 +330,35 @@ class DiffGuard(Detector):
         model = self.latent_model()
         logits, cam = logits_and_cam(self.logits, self.cam_layer(x01), x01, labels)
         labels = logits.argmax(1) if labels is None else labels
-        mask = (cam > self.cam_threshold).unsqueeze(1)
+        p = self.params
+        mask = (cam > p["cam_threshold"]).unsqueeze(1)
         null = model.encode_text([""])
-        cond = model.encode_text([self.prompt_template.format(self.class_name(int(y))) for y in labels.tolist()])
+        cond = model.encode_text([p["prompt_template"].format(self.class_name(int(y))) for y in labels.tolist()])
         zT = model.invert(model.encode_image(x01), null, progress)
         if not unguided:
-            return labels, model.decode(model.denoise_masked_cfg(zT, null, cond, mask, self.cfg_scale, progress)), None
+            return labels, model.decode(model.denoise_masked_cfg(zT, null, cond, mask, p["cfg_scale"], progress)), None
         z = model.denoise_masked_cfg(torch.cat([zT, zT]), null, torch.cat([cond, cond]),
-                                     torch.cat([mask, torch.zeros_like(mask)]), self.cfg_scale, progress)
+                                     torch.cat([mask, torch.zeros_like(mask)]), p["cfg_scale"], progress)
         images = model.decode(z)
         return labels, images[: len(x01)], images[len(x01):]
 
     def _score(self, batch: ImageSet) -> np.ndarray:
         if not isinstance(batch, ImageSet):
             raise TypeError(f"diffguard scores an ImageSet, got {type(batch).__name__}")
-        if self.backend == "pixel":
+        p = self.params
+        if p["backend"] == "pixel":
             crop = self.classifier_size()
-            resize = int(self.resize_size or round(crop * 256 / 224))
+            resize = int(p["resize_size"] or round(crop * 256 / 224))
             self.pixel_model()
         else:
             crop = resize = self.latent_model().resolution
-        distance = self.similarity(self.distance)
+        distance = self.similarity(p["distance"])
         scores = []
-        total = -(-len(batch) // self.batch_size)
-        for start, images in progress_bar(batch.batches(self.batch_size), f"diffguard ({self.backend})", total=total,
+        total = -(-len(batch) // p["batch_size"])
+        for start, images in progress_bar(batch.batches(p["batch_size"]), f"diffguard ({p['backend']})", total=total,
                                           unit="batch", leave=False):
             x = resize_center_crop(images, resize, crop).to(self.device)
-            if self.backend == "pixel":
+            if p["backend"] == "pixel":
                 guided, reference = self.pixel_pair(x, self.predict(x),
                                                     self.crop_seed_list(batch.keys[start:start + len(images)]))
             else:

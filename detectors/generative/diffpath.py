@@ -28,9 +28,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from detectors.base import Detector, ImageSet, Params, param
+from detectors.base import Detector, ImageSet
 from detectors.generative.guided_diffusion import CHECKPOINT_SUFFIXES
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 from pipelines.progress import progress as progress_bar
 from pipelines.runtime import enable_attention, resolve_device, resolve_dtype
 
@@ -246,7 +247,7 @@ class DiffPath(Detector):
 
     def __init__(self, unet: Any = None, **params: Any) -> None:
         super().__init__(**params)
-        unknown = sorted(set(self.gmm_covariance_types) - set(COVARIANCE_TYPES))
+        unknown = sorted(set(self.params["gmm_covariance_types"]) - set(COVARIANCE_TYPES))
         if unknown:
             raise ValueError(f"diffpath: gmm_covariance_types {unknown} not among {COVARIANCE_TYPES}")
         self._unet = unet
@@ -270,43 +271,44 @@ class DiffPath(Detector):
         from pipelines.fingerprint import source_identity, weights_fingerprint
 
         given = [weights_fingerprint(self._unet)] if hasattr(self._unet, "state_dict") else []
-        return {**super().batch_identity(), "unet": source_identity(self.unet_id), "given": given}
+        return {**super().batch_identity(), "unet": source_identity(self.params["unet_id"]), "given": given}
 
     # -- model ----------------------------------------------------------------------------------------------
     @property
     def flags(self) -> dict[str, Any]:
-        return dict(IMPROVED_64_UNCOND if self.adm_flags is None else self.adm_flags)
+        return dict(IMPROVED_64_UNCOND if self.params["adm_flags"] is None else self.params["adm_flags"])
 
     @property
     def torch_device(self) -> torch.device:
-        if self._unet is not None and self.device is None:
+        if self._unet is not None and self.params["device"] is None:
             return next(self._unet.parameters()).device
-        return resolve_device(self.device)
+        return resolve_device(self.params["device"])
 
     @property
     def dtype(self) -> torch.dtype:
-        if self.precision == "auto" and self.torch_device.type == "cuda":
+        if self.params["precision"] == "auto" and self.torch_device.type == "cuda":
             return torch.float16
-        return resolve_dtype(self.precision, self.torch_device)
+        return resolve_dtype(self.params["precision"], self.torch_device)
 
     def path(self) -> DDIMPath:
         """The UNet on its device with the respaced schedule (loaded from `unet_id` unless a `unet` was given)."""
         if self._path is None:
             unet = self._unet
             if unet is None:
-                if self.unet_id is None:
+                if self.params["unet_id"] is None:
                     raise ValueError(f"diffpath needs unet= (a UNet2DModel) or unet_id= (the official model "
                                      f"{DEFAULT_CHECKPOINT}: {CHECKPOINT_URL})")
                 from detectors.generative.guided_diffusion import load_pixel_unet
 
-                unet = load_pixel_unet(self.unet_id, self.flags, self.dtype)
+                unet = load_pixel_unet(self.params["unet_id"], self.flags, self.dtype)
             unet = unet.to(self.torch_device).eval().requires_grad_(False)
             if unet.dtype != self.dtype:
                 unet = unet.to(self.dtype)
             enable_attention(unet)
             flags = self.flags
-            self._path = DDIMPath.build(unet, self.steps, int(flags.get("diffusion_steps", 1000)),
-                                        str(flags.get("noise_schedule", "linear")), self.clip_denoised, self.dtype)
+            self._path = DDIMPath.build(unet, self.params["steps"], int(flags.get("diffusion_steps", 1000)),
+                                        str(flags.get("noise_schedule", "linear")), self.params["clip_denoised"],
+                                        self.dtype)
         return self._path
 
     def statistics(self, images: ImageSet) -> np.ndarray:
@@ -318,15 +320,15 @@ class DiffPath(Detector):
         path = self.path()
         size = int(path.unet.config.sample_size)
         out = []
-        total = -(-len(images) // self.batch_size)
-        for _, batch in progress_bar(images.batches(self.batch_size), "diffpath", total=total, unit="batch",
+        total = -(-len(images) // self.params["batch_size"])
+        for _, batch in progress_bar(images.batches(self.params["batch_size"]), "diffpath", total=total, unit="batch",
                                      leave=False):
             out.append(path.statistics(to_model_input(batch, size).to(self.torch_device)))
         return np.concatenate(out)
 
     def features(self, statistics: np.ndarray) -> np.ndarray:
         """The variant's columns of [N, 12] statistics."""
-        return statistics[:, [STATISTICS.index(s) for s in VARIANTS[self.variant]]]
+        return statistics[:, [STATISTICS.index(s) for s in VARIANTS[self.params["variant"]]]]
 
     # -- density --------------------------------------------------------------------------------------------
     def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
@@ -334,18 +336,20 @@ class DiffPath(Detector):
         if len(train) == 0:
             raise ValueError("diffpath needs ID training images to fit its density model")
         self._choice = None
-        if self.variant == "6d":
-            self._choice = select_gmm(train, self.gmm_components, self.gmm_covariance_types, self.gmm_max_iter,
-                                      self.cv_folds, self.seed, self.n_jobs)
+        p = self.params
+        if p["variant"] == "6d":
+            self._choice = select_gmm(train, p["gmm_components"], p["gmm_covariance_types"], p["gmm_max_iter"],
+                                      p["cv_folds"], p["seed"], p["n_jobs"])
         self._set_density(train)
 
     def _set_density(self, train: np.ndarray) -> None:
         self._train = train
-        if self.variant == "1d":
-            self._density = fit_kde(train, self.kde_bandwidth)
+        if self.params["variant"] == "1d":
+            self._density = fit_kde(train, self.params["kde_bandwidth"])
         else:
             n_components, covariance_type = self._choice
-            self._density = gmm_pipeline(n_components, covariance_type, self.gmm_max_iter, self.seed).fit(train)
+            self._density = gmm_pipeline(n_components, covariance_type, self.params["gmm_max_iter"],
+                                         self.params["seed"]).fit(train)
 
     def score_statistics(self, statistics: np.ndarray) -> np.ndarray:
         """Log-density of [N, 12] statistics under the fitted model (higher = ID)."""

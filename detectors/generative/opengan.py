@@ -23,18 +23,20 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectors.base import Detector, FeatureSet, LinearHead, Params, param
+from detectors.base import Detector, FeatureSet, LinearHead
 from detectors.metrics import auroc
 from detectors.registry import register_detector
+from pipelines.params import Params, param
 from pipelines.progress import progress
 from pipelines.runtime import resolve_device
+from pipelines.training.settings import TrainSettings, setting
 
 
 def init_weights(module: nn.Module) -> None:
@@ -107,11 +109,17 @@ class OpenGAN(Detector):
 
     @dataclass(frozen=True)
     class Params(Params):
+        training: ClassVar[TrainSettings] = TrainSettings(epochs=100, batch_size=128, lr=1e-4, weight_decay=0.0,
+                                                          seed=999)
+        """The reference training (Open-Insect `configs/pipelines/train/train_opengan.yml:26-30`, OpenOOD
+        `openood/trainers/opengan_trainer.py`; docs/protocols.md, docs/generative.md): Adam without weight decay at lr
+        1e-4 for G (D: lr / d_lr_divisor), 100 epochs of batch 128, seed 999."""
+
         nz: int = param(100, "latent size of the generator", ge=1)
         width: int = param(64, "hidden width of G and D", ge=1)
-        epochs: int = param(100, "training epochs", ge=1)
-        batch_size: int = param(128, "training batch size", ge=1)
-        lr: float = param(1e-4, "generator Adam learning rate", gt=0)
+        epochs: int = setting("epochs", default=training.epochs)
+        batch_size: int = setting("batch_size", default=training.batch_size, doc="training batch size")
+        lr: float = setting("lr", default=training.lr, doc="generator Adam learning rate")
         d_lr_divisor: float = param(1.5, "discriminator lr = lr / d_lr_divisor", gt=0)
         beta1: float = param(0.5, "Adam beta1", ge=0, lt=1)
         lambda_outlier: float = param(1.0, "weight of the real-outlier loss", ge=0)
@@ -120,7 +128,7 @@ class OpenGAN(Detector):
         bn_mode: Literal["eval", "batch"] = param("eval", "batch-norm statistics when scoring")
         bn_train: Literal["openood", "train"] | None = param(None, "batch-norm mode while training")
         joint_batches: bool | None = param(None, "ID and outlier rows in one batch (None: the method's choice)")
-        seed: int = param(999, "training seed")
+        seed: int = setting("seed", default=training.seed, doc="training seed")
         device: str | torch.device | None = param(None, "torch device", runtime=True)
 
     fit_inputs = frozenset({"id_val", "ood_val", "aux"})
@@ -153,42 +161,46 @@ class OpenGAN(Detector):
         data.require("features", who=f"opengan ({what})")
         return np.asarray(data.features, dtype=np.float32)
 
-    def _networks(self, dim: int, device: torch.device) -> tuple[nn.Module, nn.Module, Any, Any]:
+    def _networks(self, dim: int, device: torch.device,
+                  settings: TrainSettings) -> tuple[nn.Module, nn.Module, Any, Any]:
         """G and D initialised from the seed (N(0, 0.02) weights) with their Adam optimisers."""
+        p = self.params
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(self.seed))
-            netG = Generator(dim, self.nz, self.width).apply(init_weights).to(device)
-            netD = Discriminator(dim, self.width).apply(init_weights).to(device)
-        opt_g = torch.optim.Adam(netG.parameters(), lr=self.lr, betas=(self.beta1, 0.999))
-        opt_d = torch.optim.Adam(netD.parameters(), lr=self.lr / self.d_lr_divisor, betas=(self.beta1, 0.999))
+            torch.manual_seed(int(settings.seed))
+            netG = Generator(dim, p["nz"], p["width"]).apply(init_weights).to(device)
+            netD = Discriminator(dim, p["width"]).apply(init_weights).to(device)
+        opt_g = torch.optim.Adam(netG.parameters(), lr=settings.lr, betas=(p["beta1"], 0.999))
+        opt_d = torch.optim.Adam(netD.parameters(), lr=settings.lr / p["d_lr_divisor"], betas=(p["beta1"], 0.999))
         return netG, netD, opt_g, opt_d
 
     def _train(self, id_train: FeatureSet, id_val: FeatureSet | None, ood_val: FeatureSet | None,
                outliers: FeatureSet | None) -> None:
-        device = resolve_device(self.device)
+        device = resolve_device(self.params["device"])
         real = torch.from_numpy(self._features(id_train, "id_train")).to(device)
         out_np = self._features(outliers, "outliers")
         outlier = torch.from_numpy(out_np).to(device) if out_np is not None else None
         select = id_val is not None and ood_val is not None
-        gen = torch.Generator(device="cpu").manual_seed(int(self.seed))
-        netG, netD, opt_g, opt_d = self._networks(real.shape[1], device)
+        settings = TrainSettings.read(self.Params, self.params)
+        gen = torch.Generator(device="cpu").manual_seed(int(settings.seed))
+        netG, netD, opt_g, opt_d = self._networks(real.shape[1], device, settings)
         plan = self.training_plan(outlier is not None)
-        weights = [1.0, float(self.lambda_fake)] + ([float(self.lambda_outlier)] if outlier is not None else [])
+        p = self.params
+        weights = [1.0, float(p["lambda_fake"])] + ([float(p["lambda_outlier"])] if outlier is not None else [])
         if outlier is None:
             weights[1] = 1.0  # OpenGAN-0: errD_real + errD_fake
         best_auroc, best_state = -np.inf, None
         self.history = []
-        for epoch in progress(range(int(self.epochs)), desc="opengan", leave=False):
+        for epoch in progress(range(int(settings.epochs)), desc="opengan", leave=False):
             train_mode = plan["bn_train"] == "train" or epoch == 0
             netG.train(train_mode)
             netD.train(train_mode)
             order = torch.randperm(len(real), generator=gen).to(device)
-            for start in range(0, len(real), int(self.batch_size)):
-                batch = real[order[start:start + int(self.batch_size)]]
+            for start in range(0, len(real), int(settings.batch_size)):
+                batch = real[order[start:start + int(settings.batch_size)]]
                 n_fake = int(len(batch) * plan["fake_fraction"])
                 if n_fake < 1 or (train_mode and min(len(batch), n_fake) < 2):  # BatchNorm needs two samples
                     continue
-                z = torch.randn(n_fake, self.nz, generator=gen).to(device)
+                z = torch.randn(n_fake, self.params["nz"], generator=gen).to(device)
                 fake = netG(z)
                 groups = [batch, fake.detach()]
                 if outlier is not None:
@@ -218,18 +230,18 @@ class OpenGAN(Detector):
         if best_state is not None:
             netD.load_state_dict(best_state)
         else:
-            self.best_epoch = int(self.epochs) - 1
+            self.best_epoch = int(settings.epochs) - 1
         self.discriminator = netD.eval()
 
     def training_plan(self, with_outliers: bool) -> dict[str, Any]:
         """The resolved training choices: each null parameter takes its reference's value (OpenOOD's trainer for
         OpenGAN-0, the official notebook with outliers)."""
-        joint = self.joint_batches
+        joint = self.params["joint_batches"]
         return {
             "joint_d": joint if joint is not None else with_outliers,
             "joint_g": joint is True,
-            "bn_train": self.bn_train or ("train" if with_outliers else "openood"),
-            "fake_fraction": (float(self.fake_fraction) if self.fake_fraction is not None
+            "bn_train": self.params["bn_train"] or ("train" if with_outliers else "openood"),
+            "fake_fraction": (float(self.params["fake_fraction"]) if self.params["fake_fraction"] is not None
                               else (0.5 if with_outliers else 1.0)),
         }
 
@@ -251,7 +263,7 @@ class OpenGAN(Detector):
             raise RuntimeError("opengan is not fitted: call fit(id_train, ...) or load a saved one")
         x = torch.from_numpy(self._features(batch, "score")).to(next(self.discriminator.parameters()).device)
         net = self.discriminator
-        if self.bn_mode == "batch":
+        if self.params["bn_mode"] == "batch":
             net = copy.deepcopy(net).train()
         else:
             net.eval()
@@ -294,4 +306,4 @@ class OpenGAN(Detector):
         weights = {k[2:]: torch.from_numpy(np.asarray(v)) for k, v in state.items() if k.startswith("D.")}
         if weights:
             net = self._discriminator_of(weights, "opengan state")
-            self.discriminator = net.to(resolve_device(self.device)).eval()
+            self.discriminator = net.to(resolve_device(self.params["device"])).eval()

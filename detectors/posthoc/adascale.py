@@ -128,28 +128,29 @@ class AdaScale(Detector):
             for x in chunks:
                 h, grad = max_logit_gradient(model, x)
                 with torch.no_grad():
-                    h_moved = model(perturbed(x, grad, self.o))[1].float()
-                k1, k2 = int(h.shape[1] * self.k1 / 100), int(h.shape[1] * self.k2 / 100)
+                    h_moved = model(perturbed(x, grad, self.params["o"]))[1].float()
+                k1, k2 = int(h.shape[1] * self.params["k1"] / 100), int(h.shape[1] * self.params["k2"] / 100)
                 feats.append(h.cpu().numpy())
-                stats.append(shift_statistic(h, h_moved, k1, k2, self.lmbda))
+                stats.append(shift_statistic(h, h_moved, k1, k2, self.params["lmbda"]))
         if not feats:
             return np.zeros((0, 0), np.float32), np.zeros(0)
         return np.concatenate(feats), np.concatenate(stats)
 
     def _fit(self, id_train: Any, *, id_val: Any = None, ood_val: Any = None) -> None:
-        if self.fit_split == "id_val" and id_val is None:
+        if self.params["fit_split"] == "id_val" and id_val is None:
             raise ValueError(f"{self.name}: fit_split='id_val' (OpenOOD's) needs fit(..., id_val=images); "
                              "fit_split='id_train' fits on the training images")
-        _, stats = self._passes(id_val if self.fit_split == "id_val" else id_train)
+        _, stats = self._passes(id_val if self.params["fit_split"] == "id_val" else id_train)
         if len(stats) == 0:
             raise ValueError(f"{self.name}: the fit split has no images")
-        if self.num_samples < len(stats):
-            stats = stats[np.random.default_rng(self.seed).permutation(len(stats))[:self.num_samples]]
+        if self.params["num_samples"] < len(stats):
+            order = np.random.default_rng(self.params["seed"]).permutation(len(stats))
+            stats = stats[order[:self.params["num_samples"]]]
         self.fit_stats = np.sort(stats)
 
     def percentiles(self, stats: np.ndarray) -> np.ndarray:
         """lo + (1 - ECDF(Q')) (hi - lo), ECDF(q) the fraction of fit Q' <= q."""
-        lo, hi = self.percentile
+        lo, hi = self.params["percentile"]
         ecdf = np.searchsorted(self.fit_stats, stats, side="right") / len(self.fit_stats)
         return lo + (1.0 - ecdf) * (hi - lo)
 

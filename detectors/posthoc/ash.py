@@ -77,12 +77,12 @@ class ASH(Detector):
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"ash: variant={self.variant!r} must be one of {VARIANTS}")
+        if self.params["variant"] not in VARIANTS:
+            raise ValueError(f"ash: variant={self.params['variant']!r} must be one of {VARIANTS}")
 
     def _score(self, batch) -> np.ndarray:
         def rows(_, h: np.ndarray) -> np.ndarray:
             return logsumexp(ash_logits(h.astype(np.float32, copy=False), self.head.weight, self.head.bias,
-                                        self.percentile, self.variant))
+                                        self.params["percentile"], self.params["variant"]))
 
         return streaming.map_rows(rows, stored_features(batch, self.name))

@@ -114,9 +114,10 @@ class CFOOD(Detector):
 
     def reference_rows(self, n_train: int) -> np.ndarray:
         """Rows of the training set kept: int(alpha N) drawn with `seed` (all of them at alpha 1), increasing."""
-        if self.alpha >= 1.0:
+        if self.params["alpha"] >= 1.0:
             return np.arange(n_train)
-        return np.sort(np.random.default_rng(self.seed).permutation(n_train)[:int(self.alpha * n_train)])
+        order = np.random.default_rng(self.params["seed"]).permutation(n_train)
+        return np.sort(order[:int(self.params["alpha"] * n_train)])
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         h = stored_features(id_train, self.name)
@@ -131,7 +132,8 @@ class CFOOD(Detector):
     def _score(self, batch) -> np.ndarray:
         ref64 = self.ref.astype(np.float64)
         ref_sq = np.einsum("nd,nd->n", ref64, ref64)
-        return -streaming.map_rows(lambda _, h: cfof(unit_rows(h), ref64, ref_sq, self.table, self.kval, self.k),
+        k = self.params["k"]
+        return -streaming.map_rows(lambda _, h: cfof(unit_rows(h), ref64, ref_sq, self.table, self.kval, k),
                                    stored_features(batch, self.name))
 
     def state(self) -> dict[str, np.ndarray]:

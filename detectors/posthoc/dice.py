@@ -39,7 +39,7 @@ class DICE(Detector):
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         mean_activation = feature_mean(id_train, self.name)
         contribution = mean_activation[None, :] * self.head.weight
-        keep = contribution > np.percentile(contribution, self.percentile)
+        keep = contribution > np.percentile(contribution, self.params["percentile"])
         self.masked_weight = np.ascontiguousarray((self.head.weight * keep).astype(np.float32))
 
     def _score(self, batch) -> np.ndarray:

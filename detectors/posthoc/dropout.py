@@ -60,8 +60,9 @@ class MCDropout(Detector):
         bias = torch.from_numpy(np.ascontiguousarray(self.head.bias, dtype=np.float32))
         out = np.empty(len(h))
         with torch.random.fork_rng(devices=[]):  # the global generator as the reference uses it, restored after
-            torch.manual_seed(self.seed)
-            for start in range(0, len(h), self.batch_rows):
-                logits = mc_dropout_logits(h[start:start + self.batch_rows], weight, bias, self.p, self.times)
+            torch.manual_seed(self.params["seed"])
+            rows = self.params["batch_rows"]
+            for start in range(0, len(h), rows):
+                logits = mc_dropout_logits(h[start:start + rows], weight, bias, self.params["p"], self.params["times"])
                 out[start:start + len(logits)] = softmax(logits).max(axis=1)
         return out

@@ -61,7 +61,7 @@ class FDBD(Detector):
             predicted = logits.argmax(axis=1)
             gaps = np.abs(logits - logits[np.arange(len(block)), predicted][:, None])
             spread = np.einsum("nc,nc->n", gaps, self.inverse_denominators[predicted])
-            centre = self.train_mean if self.distance_as_normalizer else 0.0
+            centre = self.train_mean if self.params["distance_as_normalizer"] else 0.0
             out[start:start + BLOCK_ROWS] = spread / np.maximum(np.linalg.norm(block.astype(np.float64) - centre,
                                                                                axis=1), 1e-12)
         return out

@@ -47,12 +47,12 @@ class GMM(Detector):
             rows = h[labels == c]
             self.means[i] = rows.mean(axis=0)
             centred = rows - self.means[i]
-            covariance = centred.T @ centred / len(rows) + self.reg * np.eye(d)
+            covariance = centred.T @ centred / len(rows) + self.params["reg"] * np.eye(d)
             try:
                 self.factors[i] = np.linalg.cholesky(covariance)
             except np.linalg.LinAlgError:
                 raise ValueError(f"gmm: the covariance of class {int(c)} ({len(rows)} rows, D={d}) is not positive "
-                                 f"definite; raise reg (now {self.reg})") from None
+                                 f"definite; raise reg (now {self.params['reg']})") from None
         self.log_dets = 2.0 * np.log(np.diagonal(self.factors, axis1=1, axis2=2)).sum(axis=1)
         self.log_weights = np.log(counts / counts.sum())
 

@@ -114,7 +114,7 @@ class GROOD(Detector):
         self._index = self._build(grads, rows, len(h))
 
     def _noise(self, ood_val) -> np.ndarray:
-        if self.noise == "prototype_mean":
+        if self.params["noise"] == "prototype_mean":
             return self.prototypes.mean(axis=0)
         if ood_val is None:
             raise ValueError("grood: noise='ood_val' (OpenOOD's default) needs fit(..., ood_val=FeatureSet); "
@@ -122,22 +122,23 @@ class GROOD(Detector):
         ood = stored_features(ood_val, self.name)
         if len(ood) == 0:
             raise ValueError("grood: ood_val has no rows")
-        return streaming.column_mean(ood[:first_rows(len(ood), self.n_noise_samples, self.ood_batch_rows)])
+        return streaming.column_mean(ood[:first_rows(len(ood), self.params["n_noise_samples"],
+                                                     self.params["ood_batch_rows"])])
 
     def _build(self, grads: np.ndarray, rows: np.ndarray, n_rows: int):
         """The faiss index over the gradients (rows: their training row numbers)."""
         import faiss
 
         dim = self.prototypes.shape[1]
-        batch = self.train_batch_rows
+        batch = self.params["train_batch_rows"]
         train_batches = min(MAX_TRAIN_BATCHES, int(-(-n_rows // batch) * 0.8))
         nlist = int(4 * math.sqrt(train_batches))
         first = rows < train_batches * batch
-        if self.index == "ivf" and (nlist == 0 or first.sum() < nlist):
+        if self.params["index"] == "ivf" and (nlist == 0 or first.sum() < nlist):
             log.warning("grood: the IVF's %d lists cannot be trained on the gradients of the first %d train batches "
                            "(%d correctly classified rows; the reference fails here): searching exactly", nlist,
                            train_batches, int(first.sum()))
-        if self.index == "flat" or nlist == 0 or first.sum() < nlist:
+        if self.params["index"] == "flat" or nlist == 0 or first.sum() < nlist:
             index = faiss.IndexFlatL2(dim)
             index.add(np.ascontiguousarray(grads))
             return index

@@ -73,10 +73,11 @@ class KNN(Detector):
     search_space = {"k": [50, 100, 200, 500, 1000]}  # OpenOOD v1.5
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        if self.index not in INDEXES:
-            raise ValueError(f"knn: index={self.index!r} must be one of {INDEXES}")
+        if self.params["index"] not in INDEXES:
+            raise ValueError(f"knn: index={self.params['index']!r} must be one of {INDEXES}")
         h = stored_features(id_train, self.name)
-        self.kind = ("ivf" if len(h) > AUTO_IVF_ROWS else "flat") if self.index == "auto" else self.index
+        index = self.params["index"]
+        self.kind = ("ivf" if len(h) > AUTO_IVF_ROWS else "flat") if index == "auto" else index
         self.bank, self._source, self._index = None, None, None
         if self.kind == "flat" and len(h) * h.shape[1] * 4 > IN_MEMORY_BYTES:
             self._source = h  # searched streamed, exactly
@@ -100,7 +101,7 @@ class KNN(Detector):
                                                   faiss.METRIC_L2)
             sample = np.unique(np.linspace(0, len(h) - 1, min(len(h), 40 * nlist)).astype(np.int64))
             index.train(l2_normalise(h[sample]))
-            index.nprobe = int(self.nprobe)
+            index.nprobe = int(self.params["nprobe"])
         for _, unit in normalised_chunks(h):
             index.add(unit)
         return index
@@ -126,7 +127,7 @@ class KNN(Detector):
         index = self.search_index()
         if index is not None:
             if self.kind == "ivf":
-                index.nprobe = int(self.nprobe)
+                index.nprobe = int(self.params["nprobe"])
             return index.search(queries, k)[0][:, -1]
         import faiss
 
@@ -136,7 +137,7 @@ class KNN(Detector):
         return best.max(axis=1)
 
     def _score(self, batch) -> np.ndarray:
-        k = int(self.k)
+        k = int(self.params["k"])
         if not 1 <= k <= self.size:
             raise ValueError(f"knn: k={k} must be between 1 and the bank size {self.size}")
         h = stored_features(batch, self.name)

@@ -46,7 +46,7 @@ class LTS(Detector):
     def _score(self, batch) -> np.ndarray:
         def rows(_, h: np.ndarray) -> np.ndarray:
             logits = self.head(h)
-            logits *= lts_factor(h, self.percentile)[:, None].astype(np.float32)
+            logits *= lts_factor(h, self.params["percentile"])[:, None].astype(np.float32)
             return logsumexp_rows(logits)
 
         return streaming.map_rows(rows, stored_features(batch, self.name), np.float32, rows=SCORE_ROWS,

@@ -102,11 +102,12 @@ class NAC(Detector):
         h = stored_features(id_train, self.name)
         if len(h) == 0:
             raise ValueError(f"{self.name}: no training features to count")
-        if self.valid_num is not None:
+        if self.params["valid_num"] is not None:
             if id_train.labels is None:
                 raise ValueError(f"{self.name}: valid_num needs training labels (its subset is class-balanced); "
                                  "valid_num: null counts every row")
-            h = model_precision(h[np.sort(balanced_subset(np.asarray(id_train.labels).reshape(-1), self.valid_num))])
+            labels = np.asarray(id_train.labels).reshape(-1)
+            h = model_precision(h[np.sort(balanced_subset(labels, self.params["valid_num"]))])
         raw = 0
         for _, block in streaming.chunks(h):  # the states of a chunk at a time (N x D of them, int64 columns)
             columns, column_bin = self._columns(model_precision(block))
@@ -118,7 +119,7 @@ class NAC(Detector):
         np.add.at(self.counts.T, column_bin[kept], raw[:, kept].T)
 
     def _intervals(self) -> int:
-        return self.m_bins - 1 if self.variant == "official" else self.m_bins
+        return self.params["m_bins"] - 1 if self.params["variant"] == "official" else self.params["m_bins"]
 
     def _states(self, h: np.ndarray) -> torch.Tensor:
         """sigmoid(alpha h g) in float32 as each reference computes it."""
@@ -127,12 +128,12 @@ class NAC(Detector):
         b = torch.from_numpy(np.ascontiguousarray(self.head.bias, dtype=np.float32))
         p = torch.softmax(x @ w.T + b, 1)
         c = p.shape[1]
-        if self.variant == "official":  # d/dz of -mean_k log_softmax(z)_k; 1 / (1 + exp(-alpha o g))
+        if self.params["variant"] == "official":  # d/dz of -mean_k log_softmax(z)_k; 1 / (1 + exp(-alpha o g))
             g = (p - 1.0 / c) @ w
-            return g.mul_(x).mul_(-self.sig_alpha).exp_().add_(1).reciprocal_()
+            return g.mul_(x).mul_(-self.params["sig_alpha"]).exp_().add_(1).reciprocal_()
         r = p / (p + 1e-12)  # d/dz of -mean_k log(p_k + 1e-12)
         g = ((r - p * r.sum(1, keepdim=True)) / -c) @ w
-        return torch.sigmoid_(g.mul_(x).mul_(self.sig_alpha))
+        return torch.sigmoid_(g.mul_(x).mul_(self.params["sig_alpha"]))
 
     def _columns(self, h: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         """(row, neuron) -> neuron * width + the state's column, from one bucketize pass over float32 boundaries that
@@ -141,27 +142,27 @@ class NAC(Detector):
         float32 (a float32 state compares alike), intervals [t_i, t_i+1); pytorch-ood: NACUE's float32 edges and its
         clamp to (1e-6, 1 - 1e-6), bins clamp(bucketize - 1, 0, m - 1)."""
         s = self._states(h)
-        if self.variant == "official":
-            t = official_thresholds(self.m_bins)
+        if self.params["variant"] == "official":
+            t = official_thresholds(self.params["m_bins"])
             up = t.astype(np.float32)
             bounds = np.where(up < t, np.nextafter(up, np.float32(np.inf)), up).astype(np.float32)
             columns = torch.bucketize(s, torch.from_numpy(bounds), right=True)  # column c: bounds[c-1] <= s < bounds[c]
             values = np.concatenate([[-np.inf], bounds]).astype(np.float64)
             column_bin = np.searchsorted(t, values, side="right") - 1
-            column_bin[(column_bin < 0) | (column_bin > self.m_bins - 2)] = -1
+            column_bin[(column_bin < 0) | (column_bin > self.params["m_bins"] - 2)] = -1
         else:
-            edges = nacue_edges(self.m_bins)
+            edges = nacue_edges(self.params["m_bins"])
             ends = torch.tensor([0.0, 1.0]).clamp(NACUE_EPS, 1 - NACUE_EPS)
             bounds = torch.unique(torch.cat([edges, ends]))  # sorted
             columns = torch.bucketize(s, bounds, right=False)  # column c: bounds[c-1] < s <= bounds[c]
             values = torch.cat([bounds, torch.tensor([np.inf])]).clamp(NACUE_EPS, 1 - NACUE_EPS)
-            column_bin = (torch.bucketize(values, edges, right=False) - 1).clamp(0, self.m_bins - 1).numpy()
+            column_bin = (torch.bucketize(values, edges, right=False) - 1).clamp(0, self.params["m_bins"] - 1).numpy()
         width = len(column_bin)
         columns += torch.arange(0, s.shape[1] * width, width)
         return columns, column_bin
 
     def _score(self, batch) -> np.ndarray:
-        coverage = np.minimum(self.counts / np.float32(self.o_star), 1).astype(np.float32)
+        coverage = np.minimum(self.counts / np.float32(self.params["o_star"]), 1).astype(np.float32)
         table = None
 
         def rows(_, h: np.ndarray) -> np.ndarray:

@@ -42,7 +42,7 @@ class NCI(Detector):
             t = np.subtract(h, self.train_mean, dtype=np.float64)
             alignment = (np.einsum("nd,nd->n", self.head.weight[predicted], t)
                          / np.maximum(np.linalg.norm(t, axis=1), 1e-12))
-            return alignment + self.alpha * np.abs(h).sum(axis=1, dtype=np.float64)
+            return alignment + self.params["alpha"] * np.abs(h).sum(axis=1, dtype=np.float64)
 
         return streaming.map_rows(rows, stored_features(batch, self.name))
 

@@ -48,13 +48,13 @@ class NECO(Detector):
         return {"dim": int(self.components.shape[1])} if "components" in self.__dict__ else {}
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        if self.max_logit and self.head is None:
+        if self.params["max_logit"] and self.head is None:
             raise ValueError("neco: max_logit=True needs the classifier's linear head: fit(..., head=LinearHead(W, b))")
         h = stored_features(id_train, self.name)
-        dim = resolve_dim(self.dim, h.shape[1], self.name, self.default_dim)
+        dim = resolve_dim(self.params["dim"], h.shape[1], self.name, self.params["default_dim"])
         stats = streaming.moments(h)
         mean, covariance = stats.mean(), stats.pooled_scatter() / stats.n
-        if self.scale:
+        if self.params["scale"]:
             self.offset = mean
             std = np.sqrt(np.maximum(np.diag(covariance), 0.0))
             self.scale_by = np.where(std > 10 * np.finfo(np.float64).eps, std, 1.0)
@@ -70,7 +70,7 @@ class NECO(Detector):
             z /= self.scale_by
             ratio = (np.linalg.norm((z - self.pca_mean) @ self.components, axis=1)
                      / np.maximum(np.linalg.norm(z, axis=1), 1e-12))
-            if self.max_logit:
+            if self.params["max_logit"]:
                 ratio *= self.head(block.astype(np.float32, copy=False)).max(axis=1)
             return ratio
 

@@ -64,9 +64,10 @@ class NNGuide(Detector):
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         h = stored_features(id_train, self.name)
-        if len(h) < self.k:
-            raise ValueError(f"nnguide: k={self.k} needs at least {self.k} training rows, got {len(h)}")
-        rows = bank_rows(len(h), self.bank_fraction, self.k, self.seed)
+        k = self.params["k"]
+        if len(h) < k:
+            raise ValueError(f"nnguide: k={k} needs at least {k} training rows, got {len(h)}")
+        rows = bank_rows(len(h), self.params["bank_fraction"], k, self.params["seed"])
         energy = logsumexp(stored_logits(id_train, self.name)[rows], axis=1)  # the banked rows only, in float64
         self.bank = (normalised(h[rows]) * energy[:, None].astype(np.float32)).astype(np.float32)
 
@@ -78,7 +79,7 @@ class NNGuide(Detector):
         if len(z) != len(h):
             raise ValueError(f"nnguide: {len(h)} feature rows but {len(z)} logit rows")
         out = np.empty(len(h))
-        for part, guidance in map_blocks(lambda block: top_k_mean(normalised(block), self.bank, self.k), h,
+        for part, guidance in map_blocks(lambda block: top_k_mean(normalised(block), self.bank, self.params["k"]), h,
                                          np.float32):
             out[part] = guidance * logsumexp(z[part], axis=1)
         return out

@@ -113,7 +113,7 @@ class PNML(Detector):
                 x[part] = rows
             gram += x.T @ x
         (gram,) = streaming.reduce_sum(gram)
-        self.projector = hermitian_pinv(gram, self.rcond)
+        self.projector = hermitian_pinv(gram, self.params["rcond"])
 
     def _score(self, batch) -> np.ndarray:
         """Per block of rows (`vim.map_blocks`: read-only views on the idle cores' threads, one BLAS thread each):

@@ -40,7 +40,7 @@ class ReAct(Detector):
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         source = id_train if id_val is None else id_val
         h = stored_features(source, self.name)
-        self.threshold = streaming.percentile(h, self.percentile, dtype=model_precision(h[:0]).dtype)
+        self.threshold = streaming.percentile(h, self.params["percentile"], dtype=model_precision(h[:0]).dtype)
 
     def _score(self, batch) -> np.ndarray:
         def rows(_, h: np.ndarray) -> np.ndarray:

@@ -73,8 +73,8 @@ class Relation(Detector):
     def _score(self, batch) -> np.ndarray:
         prob = softmax(logits_of(batch, self.name)).astype(np.float32)
         return streaming.map_rows(
-            lambda rows, h: relation_sum(unit_rows(h), prob[rows], self.bank_feat, self.bank_prob, self.pow,
-                                         self.threshold),
+            lambda rows, h: relation_sum(unit_rows(h), prob[rows], self.bank_feat, self.bank_prob, self.params["pow"],
+                                         self.params["threshold"]),
             stored_features(batch, self.name))
 
     def state(self) -> dict[str, np.ndarray]:

@@ -63,13 +63,13 @@ class Residual(Detector):
         return {"dim": kept if self.keeps_principal else self.basis.shape[0] - kept}
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        if self.fit_split == "id_val" and id_val is None:
+        if self.params["fit_split"] == "id_val" and id_val is None:
             raise ValueError("residual: fit_split='id_val' (OpenOOD's) needs fit(..., id_val=FeatureSet); "
                              "fit_split='id_train' fits on the training rows")
-        h = stored_features(id_val if self.fit_split == "id_val" else id_train, self.name)
+        h = stored_features(id_val if self.params["fit_split"] == "id_val" else id_train, self.name)
         if len(h) == 0:
             raise ValueError("residual: the fit split has no rows")
-        dim = resolve_dim(self.dim, h.shape[1], self.name, OFFICIAL_DIM)
+        dim = resolve_dim(self.params["dim"], h.shape[1], self.name, OFFICIAL_DIM)
         self.origin = virtual_origin(self.head.weight, self.head.bias)
         covariance = streaming.moments(h, scatter=np.float32).second_moment_about(self.origin)
         self.keeps_principal = dim <= h.shape[1] - dim  # the smaller basis: the residual follows from either

@@ -80,7 +80,7 @@ class SCALE(Detector):
 
     def _score(self, batch) -> np.ndarray:
         def rows(_, h: np.ndarray) -> np.ndarray:
-            return logsumexp_rows(scale_logits(h, self.head.weight, self.head.bias, self.percentile))
+            return logsumexp_rows(scale_logits(h, self.head.weight, self.head.bias, self.params["percentile"]))
 
         return streaming.map_rows(rows, stored_features(batch, self.name), np.float32, rows=SCORE_ROWS,
                                   read_only=True)

@@ -55,7 +55,7 @@ class SSD(Detector):
                                 "returns them normalised)")
 
     def _rows(self, block: np.ndarray) -> np.ndarray:
-        return unit_rows(block) if self.normalize else np.asarray(block, dtype=np.float64)
+        return unit_rows(block) if self.params["normalize"] else np.asarray(block, dtype=np.float64)
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         h = stored_features(id_train, self.name)

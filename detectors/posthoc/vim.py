@@ -223,7 +223,7 @@ class ViM(Detector):
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         h = stored_features(id_train, self.name)
-        dim = resolve_dim(self.dim, h.shape[1], self.name, self.default_dim)
+        dim = resolve_dim(self.params["dim"], h.shape[1], self.name, self.params["default_dim"])
         self.origin = virtual_origin(self.head.weight, self.head.bias)
         # products in float32 like the reference (sklearn EmpiricalCovariance on float32 features), summed in float64
         covariance = second_moment_about(h, self.origin)

@@ -73,27 +73,27 @@ class VRA(Detector):
     needs_head = True
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        if self.fit_split == "id_val" and id_val is None:
+        if self.params["fit_split"] == "id_val" and id_val is None:
             raise ValueError(f"{self.name}: fit_split='id_val' (OpenOOD's) needs fit(..., id_val=FeatureSet); "
                              "fit_split='id_train' fits on the training rows")
-        rows = id_val if self.fit_split == "id_val" else id_train
-        if self.thresholds == "global":
+        rows = id_val if self.params["fit_split"] == "id_val" else id_train
+        if self.params["thresholds"] == "global":
             h = stored_features(rows, self.name)
             if h.size == 0:
-                raise ValueError(f"{self.name}: no {self.fit_split} features to take percentiles of")
+                raise ValueError(f"{self.name}: no {self.params['fit_split']} features to take percentiles of")
             dtype = model_precision(h[:0]).dtype
             self.lower, self.upper = (np.array([streaming.percentile(h, 100 * q, dtype=dtype)])
-                                      for q in (self.low, self.high))
+                                      for q in (self.params["low"], self.params["high"]))
             return
         h = raw_features(rows, self.name)
         if len(h) == 0:
-            raise ValueError(f"{self.name}: no {self.fit_split} features to take quantiles of")
-        self.lower, self.upper = column_quantiles(h, (self.low, self.high))
+            raise ValueError(f"{self.name}: no {self.params['fit_split']} features to take quantiles of")
+        self.lower, self.upper = column_quantiles(h, (self.params["low"], self.params["high"]))
 
     def _score(self, batch) -> np.ndarray:
         def rows(_, h: np.ndarray) -> np.ndarray:
             h = h.astype(np.float32, copy=False)
-            return logsumexp(self.head(rectify(h, self.lower, self.upper, self.below)))
+            return logsumexp(self.head(rectify(h, self.lower, self.upper, self.params["below"])))
 
         return streaming.map_rows(rows, stored_features(batch, self.name))
 

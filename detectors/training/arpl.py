@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectors.base import LinearHead, as_numpy, param
+from detectors.base import LinearHead, as_numpy
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, logsumexp64, softmax64
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 

@@ -38,11 +38,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectors.base import param
 from detectors.posthoc.common import logsumexp_rows
 from detectors.posthoc.scale import scale_logits
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, softmax64
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 from pipelines.training.objectives import PRIMARY
 

@@ -24,9 +24,9 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 from pipelines.training.augmix import AugMix as AugMixTransform
 from pipelines.training.augmix import AugMixViews

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.embedding import EmbeddingDetector, embed, projection_head
+from pipelines.params import param
 from pipelines.training import Objective, Pass, TrainBatch
 
 

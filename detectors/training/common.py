@@ -39,10 +39,11 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import torch
 
-from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, as_numpy, param
+from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, as_numpy
 from detectors.posthoc.common import logsumexp, softmax
 from pipelines.data import Manifest
 from pipelines.fingerprint import weights_fingerprint
+from pipelines.params import param
 from pipelines.training import Objective, TrainSettings, finetune, train_heads
 from pipelines.training.loop import Checkpoint
 

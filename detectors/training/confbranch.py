@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, apply_linear, linear_arrays, softmax64
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector
 from detectors.training.mixoe import beta_sample
 from detectors.training.mixup import MixPairs, blend
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 Box = tuple[int, int, int, int]

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, logsumexp64, softmax64
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.novel_branch import BranchDetector
+from pipelines.params import param
 
 
 @register_detector("extended")

@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectors.base import LinearHead, as_numpy, param
+from detectors.base import LinearHead, as_numpy
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, softmax64
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 NORM_EPS = 1e-4

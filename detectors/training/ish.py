@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 Mode = Literal["minksample_expscale", "expscale", "minksample_lnscale"]

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 

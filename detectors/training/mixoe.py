@@ -18,9 +18,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector
 from detectors.training.mixoe import beta_sample, soft_cross_entropy
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 

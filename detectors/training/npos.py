@@ -38,10 +38,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributions import MultivariateNormal
 
-from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.cider import CIDER, CIDERLoss, compactness_loss, dispersion_loss, ema_prototypes
 from detectors.training.embedding import EmbeddingDetector, embed
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.embedding import MahalanobisOnUnitFeatures, embed, projection_head
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 

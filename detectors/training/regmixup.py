@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector
 from detectors.training.mixup import MixPairs, blend, draw_pairs
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 

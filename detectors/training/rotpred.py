@@ -20,9 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectors.base import ImageSet, as_numpy, param
+from detectors.base import ImageSet, as_numpy
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, apply_linear, linear_arrays, softmax64
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributions.multivariate_normal import MultivariateNormal
 
-from detectors.base import param
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector, logsumexp64, softmax64
+from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 

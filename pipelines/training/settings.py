@@ -5,9 +5,14 @@ The loop (`loop.LoopSettings` extends it), `finetune` and `train_heads` (`settin
 its recipe and protocol, then `TrainConfig.settings()`) all read these fields. The defaults are the Open-Insects
 fine-tuning recipe (30 epochs, batch 512, AdamW lr 1e-3, weight decay 1e-5, 2 warm-up epochs; REFERENCE.md) under
 the `exact` protocol's loop settings (`recipes.TRAINING_PROTOCOLS`); a protocol or a recipe changes them by name.
+The methods that train with their own loop (CLIP prompt learning, OpenGAN) hold their reference training as a
+`TrainSettings` (`Params.training`), declare the fields users set with `setting` and read them back with
+`TrainSettings.read`.
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Literal
 
@@ -38,14 +43,24 @@ class TrainSettings(Params):
         """The settings read from `values` (any object with these attributes: a config, another settings)."""
         return cls(**{f.name: getattr(values, f.name) for f in fields(cls)})
 
+    @classmethod
+    def read(cls, params: type[Params], values: Mapping[str, Any]) -> TrainSettings:
+        """The settings a method trains with: its reference `params.training` with the value `values` hold for each
+        field of `params` declared by `setting` (under the method's own key: LoCoOp's `train_batch` is
+        `batch_size`)."""
+        named = {f.metadata["setting"]: key for key, f in params.fields().items() if "setting" in f.metadata}
+        return dataclasses.replace(params.training, **{name: values[key] for name, key in named.items()})
 
-def setting(name: str, more: str = "", default: Any = MISSING) -> Any:
-    """A config field for `TrainSettings.<name>`: its doc (`more` appended), bounds and runtime flag, and its default
-    unless `default` is given."""
+
+def setting(name: str, more: str = "", default: Any = MISSING, doc: str | None = None) -> Any:
+    """A config field for `TrainSettings.<name>`: its doc (`more` appended; `doc` in the method's words, an SGD
+    learning rate say), bounds and runtime flag, and its default unless `default` is given (a method's reference
+    value: `default=training.lr`). The field records which setting it is (`TrainSettings.read`)."""
     field = TrainSettings.fields()[name]
     meta = field.metadata
     value = field.default if default is MISSING else default
-    return param(value, meta["doc"] + more, runtime=meta["runtime"], **meta["bounds"])
+    made = param(value, (meta["doc"] if doc is None else doc) + more, runtime=meta["runtime"], **meta["bounds"])
+    return dataclasses.field(default=made.default, metadata={**made.metadata, "setting": name})
 
 
 def optional(name: str, more: str = "") -> Any:

@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from detectors import registry
-from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, Params, as_numpy, check_scores, param
+from detectors.base import Detector, FeatureSet, ImageSet, LinearHead, as_numpy, check_scores
+from pipelines.params import Params, param
 
 
 class MeanDistance(Detector):
@@ -30,7 +31,7 @@ class MeanDistance(Detector):
         self.mean = id_train.features.astype(np.float64).mean(axis=0)
 
     def _score(self, batch):
-        return -self.scale * np.linalg.norm(batch.features - self.mean, axis=1)
+        return -self.params["scale"] * np.linalg.norm(batch.features - self.mean, axis=1)
 
     def state(self):
         return {**super().state(), "mean": self.mean}
@@ -114,7 +115,7 @@ def test_imageset_from_images():
 # -----------------------------------------------------------------------------------------------------------
 def test_detector_params_fit_and_score(fresh_registry):
     det = fresh_registry.build("mean_distance", scale=2.0)
-    assert det.params == {"scale": 2.0} and det.scale == 2.0 and repr(det) == "MeanDistance(scale=2.0)"
+    assert det.params == {"scale": 2.0} and det.params["scale"] == 2.0 and repr(det) == "MeanDistance(scale=2.0)"
     train, test = features(0), features(1, n=6)
     scores = det.fit(FeatureSet(features=train)).score(FeatureSet(features=test))
     mean = train.astype(np.float64).mean(axis=0)
@@ -216,13 +217,13 @@ def test_check_params_accepts_good_values_and_dimension_bounds_wait_for_dims(fre
 def test_runtime_settings_stay_out_of_saved_config_and_hyperparameters(fresh_registry, tmp_path):
     fresh_registry.register_detector("typed")(Typed)
     det = Typed(k=3, device="cpu")
-    assert det.params["device"] == "cpu" and det.k == 3 and "device" not in det.hyperparameters
+    assert det.params["device"] == "cpu" and det.params["k"] == 3 and "device" not in det.hyperparameters
     det.save_pretrained(tmp_path / "t")
     saved = json.loads((tmp_path / "t" / "config.json").read_text())["params"]
     assert "device" not in saved and saved["k"] == 3 and saved["powers"] == [1, 2]
     again = registry.load(tmp_path / "t", device="cuda")
     assert type(again) is Typed and again.params == {**det.params, "device": "cuda"}
-    assert Typed().powers is not Typed().powers  # list defaults are copied per instance
+    assert Typed().params["powers"] is not Typed().params["powers"]  # list defaults are copied per instance
 
 
 def test_registration_checks_declarations(fresh_registry):
@@ -299,3 +300,11 @@ def test_real_registry_is_consistent():
             continue
         assert cls.name == name and cls.family in {"posthoc", "clip", "generative", "training"}
         assert set(cls.search_space) <= set(cls.defaults) - cls.Params.runtime(), name
+
+
+def test_parameters_read_one_way(fresh_registry):
+    """A parameter is read from `params` only: no attribute stands for it (the second way cannot come back)."""
+    det = fresh_registry.build("mean_distance", scale=2.0)
+    assert det.params["scale"] == 2.0
+    with pytest.raises(AttributeError):
+        det.scale  # noqa: B018

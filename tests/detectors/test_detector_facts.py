@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 import detectors
-from detectors.base import Detector, Params, param
+from detectors.base import Detector
 from detectors.harness import protocols
 from detectors.harness.report.names import METHOD_LABELS
 from detectors.registry import detector_class, register_detector
+from pipelines.params import Params, param
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -59,7 +60,7 @@ def test_a_parameter_named_like_a_class_fact_is_refused():
 
     with pytest.raises(ValueError, match=r"parameter\(s\) \['reference_code'\] would be shadowed"):
         register_detector("shadowed_test_only")(Shadowed)
-    assert detector_class("diffguard")(classifier=None).reference == "auto"  # its `reference` parameter, not a fact
+    assert detector_class("diffguard")(classifier=None).params["reference"] == "auto"  # a parameter, not a fact
 
 
 def test_protocol_tables_are_the_classes_facts():

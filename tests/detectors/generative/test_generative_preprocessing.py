@@ -170,7 +170,8 @@ def test_shared_crop_seeds_replay_the_official_generator_reset(classifier_28):
     from pipelines.runtime import item_seed
 
     det = detectors.build("diffguard", classifier=classifier_28)
-    assert det.seed == 100 and det.crop_seed_list(["a.png", "b.png"]) == [100, 100]  # testOOD/conf/config.yaml seed
+    assert det.params["seed"] == 100  # testOOD/conf/config.yaml seed
+    assert det.crop_seed_list(["a.png", "b.png"]) == [100, 100]
     # DIFFGUARD draws every image's cutouts from torch.Generator().manual_seed(100), reset before each image
     x = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     ours = random_crops(x, 8, 28, [torch.Generator().manual_seed(s) for s in det.crop_seed_list(["a.png", "b.png"])])

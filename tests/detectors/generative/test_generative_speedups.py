@@ -44,7 +44,8 @@ def test_early_stop_rule_computes_the_input_features_once(pixel_unet, tiny_class
     steps = int(stop.max()) + 1
     assert calls[0] == 4 and len(calls) == 1 + min(steps, 7)  # the last step has no rule
     # ... and the same stop steps as the plain rule, similarity(x_t, x0) at every step
-    previous = lambda x, rows: similarity((x + 1) / 2, (x0[rows] + 1) / 2) < det.early_stop_similarity_threshold  # noqa: E731
+    threshold = det.params["early_stop_similarity_threshold"]
+    previous = lambda x, rows: similarity((x + 1) / 2, (x0[rows] + 1) / 2) < threshold  # noqa: E731
     latents_prev, stop_prev = invert_with_early_stop(model, x0, 8, previous)
     assert stop.tolist() == stop_prev.tolist() and len(set(stop.tolist())) > 1
     torch.testing.assert_close(latents, latents_prev)

@@ -159,7 +159,7 @@ def test_knn_k_sweep_matches_manual_loop():
     assert [row["auroc"] for row in table] == manual
     last_best = lambda values: max(i for i, v in enumerate(values) if v == max(values))  # noqa: E731 - ties: the last
     assert params == {"k": space["k"][last_best(manual)]}
-    assert best.k == params["k"] and best.fitted
+    assert best.params["k"] == params["k"] and best.fitted
     assert len(set(manual)) > 1  # the sweep is not degenerate
     fpr_best, fpr_params, _ = detectors.select("knn", id_val, ood_val, id_train=train, space=space, metric="fpr95")
     assert fpr_params == {"k": space["k"][last_best([-f for f in fprs])]}  # FPR@95 minimised, ties: the last

@@ -170,4 +170,4 @@ def test_image_level_sweep_on_validation_images_matches_a_manual_loop(name):
         manual.append(auroc(det.score(id_val), det.score(ood_val)))
     assert [row["auroc"] for row in table] == manual and len(set(manual)) > 1
     assert params == grid(space)[max(i for i, v in enumerate(manual) if v == max(manual))]  # the last maximum
-    assert best.fitted and (best.temperature, best.noise) == (params["temperature"], params["noise"])
+    assert best.fitted and {k: best.params[k] for k in ("temperature", "noise")} == params
