@@ -32,7 +32,8 @@ FAMILY_PACKAGES: dict[str, str] = {family: f"detectors.{family}" for family in F
     "training": "detectors.training_time"}
 """The package of each family's detectors (the training-time methods' is named apart from the classifier training
 loop, `pipelines.training`)."""
-_loaded = False
+_LOADED: set[str] = set()
+"""The families whose modules were imported (filled by `_load_all`, never rebound)."""
 
 
 def register_detector(name: str) -> Callable[[type[Detector]], type[Detector]]:
@@ -134,15 +135,14 @@ def _check_grid(cls: type[Detector], who: str, where: str, grid: dict[str, list[
 
 def _load_all() -> None:
     """Import every module of the family packages once so that their decorators run."""
-    global _loaded
-    if _loaded:
-        return
     for family in FAMILIES:
+        if family in _LOADED:
+            continue
         package = importlib.import_module(FAMILY_PACKAGES[family])
         for info in pkgutil.iter_modules(package.__path__):
             if not info.name.startswith("_"):
                 importlib.import_module(f"{FAMILY_PACKAGES[family]}.{info.name}")
-    _loaded = True
+        _LOADED.add(family)
 
 
 def detector_class(name: str, family: str | None = None) -> type[Detector]:

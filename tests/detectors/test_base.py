@@ -50,7 +50,7 @@ class HeadNeeded(Detector):
 def fresh_registry(monkeypatch):
     """An empty registry (the real detector modules are not loaded) holding MeanDistance as 'mean_distance'."""
     monkeypatch.setattr(registry, "_REGISTRY", {})
-    monkeypatch.setattr(registry, "_loaded", True)
+    monkeypatch.setattr(registry, "_LOADED", set(registry.FAMILIES))
     registry.register_detector("mean_distance")(MeanDistance)
     return registry
 
