@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,13 @@ UNIT_VERSION = 2
 
 @dataclass
 class UnitResult:
-    """What a finished unit wrote: its result rows, per-sample scores and validation records (rule selection)."""
+    """What a finished unit wrote: its result rows, per-sample scores and validation records (rule selection); a unit
+    run in this process also hands out the training model its rule units re-score (`trained`, never written)."""
 
     rows: pd.DataFrame
     scores: pd.DataFrame
     validation: list[dict[str, Any]] | None = None
+    trained: Any = field(default=None, repr=False, compare=False)
 
 
 class UnitStore:
