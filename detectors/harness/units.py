@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from detectors.harness.plan import safe_name
+from detectors.harness.results import RESULT_TEXT
 from pipelines.io import atomic_path, atomic_write_json, atomic_write_text
 
 UNIT_VERSION = 2
@@ -55,8 +56,7 @@ class UnitStore:
             validation = (json.loads((folder / "validation.json").read_text())
                           if (folder / "validation.json").is_file() else None)
             return UnitResult(pd.read_csv(folder / "rows.csv", keep_default_na=False, na_values=[""],
-                                          dtype={"mode": str, "checkpoint": str, "base": str, "rule": str,
-                                                 "params": str}),
+                                          dtype=dict.fromkeys((*RESULT_TEXT, "params"), str)),
                               pd.read_parquet(folder / "scores.parquet"), validation)
         except (OSError, ValueError):
             return None
