@@ -5,6 +5,8 @@ spells a column list, a score role or a metric direction.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from detectors.metrics import METRICS
 from detectors.openset_metrics import OOD_CSV_COLUMNS, OPENSET_METRICS
 
@@ -28,6 +30,19 @@ and the post-hoc rule of a re-scored row; `id_acc` is the top-1 ID test accuracy
 (`detectors.openset_metrics`, filled by `detectors.harness.openset`; NaN in tables written before them); `params` the
 JSON of the hyperparameters that ran (chosen ones included);
 `selected_on` how a swept unit chose them (`auroc: id_val vs ood_val[<sets>]`; empty where defaults ran)."""
+
+RESULT_TEXT: tuple[str, ...] = ("mode", "checkpoint", "base", "rule", "selected_on")
+"""Result columns of text that may be empty (rows of units written before a column existed read back empty)."""
+
+
+def result_row(**values: Any) -> dict[str, Any]:
+    """A results-table row: the `RESULT_COLUMNS` of `values`, in their order; a missing column raises KeyError (other
+    keys are not columns of the table and are left out)."""
+    missing = [c for c in RESULT_COLUMNS if c not in values]
+    if missing:
+        raise KeyError(f"result row without column(s) {missing}")
+    return {c: values[c] for c in RESULT_COLUMNS}
+
 
 RESULT_REQUIRED: tuple[str, ...] = ("method", "family", "ood_set", "group", "auroc", "fpr95", "aupr_in", "aupr_out",
                                     "n_id", "n_ood", "seconds")

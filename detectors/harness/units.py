@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from detectors.harness.plan import safe_name
+from detectors.harness.results import RESULT_TEXT
 from pipelines.io import atomic_path, atomic_write_json, atomic_write_text
 
 UNIT_VERSION = 2
@@ -24,11 +25,13 @@ UNIT_VERSION = 2
 
 @dataclass
 class UnitResult:
-    """What a finished unit wrote: its result rows, per-sample scores and validation records (rule selection)."""
+    """What a finished unit wrote: its result rows, per-sample scores and validation records (rule selection); a unit
+    run in this process also hands out the training model its rule units re-score (`trained`, never written)."""
 
     rows: pd.DataFrame
     scores: pd.DataFrame
     validation: list[dict[str, Any]] | None = None
+    trained: Any = field(default=None, repr=False, compare=False)
 
 
 class UnitStore:
@@ -53,8 +56,7 @@ class UnitStore:
             validation = (json.loads((folder / "validation.json").read_text())
                           if (folder / "validation.json").is_file() else None)
             return UnitResult(pd.read_csv(folder / "rows.csv", keep_default_na=False, na_values=[""],
-                                          dtype={"mode": str, "checkpoint": str, "base": str, "rule": str,
-                                                 "params": str}),
+                                          dtype=dict.fromkeys((*RESULT_TEXT, "params"), str)),
                               pd.read_parquet(folder / "scores.parquet"), validation)
         except (OSError, ValueError):
             return None

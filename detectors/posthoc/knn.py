@@ -141,7 +141,7 @@ class KNN(Detector):
         if not 1 <= k <= self.size:
             raise ValueError(f"knn: k={k} must be between 1 and the bank size {self.size}")
         h = stored_features(batch, self.name)
-        block = QUERY_BLOCK if self._source is None else max(QUERY_BLOCK, 4 * streaming.CHUNK_ROWS)
+        block = QUERY_BLOCK if self._source is None else max(QUERY_BLOCK, 4 * streaming.current().rows)
         kth = np.empty(len(h))
         starts = range(0, len(h), block)
         for start in progress(starts, desc="knn", disable=len(starts) <= 1, leave=False):

@@ -4,7 +4,7 @@ v1.5.
 The precision is sklearn's `pinvh` of the covariance (`spd_inverse`): the Cholesky inverse where the covariance is well
 conditioned, else the eigen pseudo-inverse with pinvh's cut (a singular tied covariance, D > N - C, stays sane).
 The fit is two streamed passes: class means, then the class-centred scatter (`streaming.class_scatter`): memory-mapped
-caches of any size, chunks of `streaming.CHUNK_ROWS` rows, mergeable across processes.
+caches of any size, chunks of the stream context's rows (`streaming.StreamContext`), mergeable across processes.
 """
 from __future__ import annotations
 

@@ -5,16 +5,20 @@ activations, per-row quantities averaged over the train set) or an exact percent
 which merge exactly across chunks, processes and machines; percentiles are found by an exact radix selection over
 chunks (two passes, equal to `np.percentile`).
 
-Peak memory is bounded by the chunk size: `CHUNK_ROWS` rows (float64) at a time, set with `set_chunk_rows(n)`, the
-`chunk_rows(n)` context manager, or the environment variable `OODFORGE_CHUNK_ROWS`. Pages of a memory-mapped input
-are released once a chunk is read, so the resident set does not grow with the file.
+Peak memory is bounded by the chunk size: `StreamContext.rows` rows (float64) at a time, set for a block of code with
+`using(StreamContext(...))` or `chunk_rows(n)`, default the environment variable `OODFORGE_CHUNK_ROWS`. Pages of a
+memory-mapped input are released once a chunk is read, so the resident set does not grow with the file.
 
-Inside `across_processes()`, every statistic is reduced over the accelerate / torch.distributed processes: each
-process passes its own shard of rows and all of them end with the statistics of the union.
+Inside `across_processes()` (a context with `distributed`), every statistic is reduced over the accelerate /
+torch.distributed processes: each process passes its own shard of rows and all of them end with the statistics of the
+union. The context is a value the caller passes in (held in a context variable for the code it wraps, so the
+detectors' fit and score signatures stay those of the library); no module state is rebound.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import dataclasses
 import mmap
 import os
 from collections.abc import Callable, Iterator
@@ -24,39 +28,50 @@ from typing import Any
 import numpy as np
 import scipy.sparse
 
-CHUNK_ROWS = int(os.environ.get("OODFORGE_CHUNK_ROWS", 16384))
-_DISTRIBUTED = False
+DEFAULT_CHUNK_ROWS = int(os.environ.get("OODFORGE_CHUNK_ROWS", 16384))
 _PAGE = mmap.PAGESIZE
 
 
-def set_chunk_rows(rows: int) -> None:
-    """Rows per chunk of every streaming pass (peak memory ~ a few chunk_rows x D x 8 bytes)."""
-    global CHUNK_ROWS
-    if int(rows) < 1:
-        raise ValueError(f"chunk rows must be >= 1, got {rows}")
-    CHUNK_ROWS = int(rows)
+@dataclass(frozen=True)
+class StreamContext:
+    """How streamed passes run: `rows` per chunk (peak memory ~ a few rows x D x 8 bytes) and whether statistics are
+    reduced over every process (`distributed`: each process holds a shard of the rows)."""
+
+    rows: int = DEFAULT_CHUNK_ROWS
+    distributed: bool = False
+
+    def __post_init__(self) -> None:
+        if int(self.rows) < 1:
+            raise ValueError(f"chunk rows must be >= 1, got {self.rows}")
+
+
+_DEFAULT = StreamContext()
+_CONTEXT: contextvars.ContextVar[StreamContext] = contextvars.ContextVar("streaming")
+
+
+def current() -> StreamContext:
+    """The stream context in force (the default outside every `using`)."""
+    return _CONTEXT.get(_DEFAULT)
 
 
 @contextlib.contextmanager
-def chunk_rows(rows: int) -> Iterator[None]:
-    """Temporarily set the rows per chunk."""
-    before = CHUNK_ROWS
-    set_chunk_rows(rows)
+def using(context: StreamContext) -> Iterator[StreamContext]:
+    """Run the enclosed streamed passes under `context`."""
+    token = _CONTEXT.set(context)
     try:
-        yield
+        yield context
     finally:
-        set_chunk_rows(before)
+        _CONTEXT.reset(token)
 
 
-@contextlib.contextmanager
-def across_processes() -> Iterator[None]:
-    """Reduce every statistic over all processes (each holds a shard of the rows) while active."""
-    global _DISTRIBUTED
-    before, _DISTRIBUTED = _DISTRIBUTED, True
-    try:
-        yield
-    finally:
-        _DISTRIBUTED = before
+def chunk_rows(rows: int) -> contextlib.AbstractContextManager[StreamContext]:
+    """The current context with `rows` rows per chunk."""
+    return using(dataclasses.replace(current(), rows=int(rows)))
+
+
+def across_processes() -> contextlib.AbstractContextManager[StreamContext]:
+    """The current context with every statistic reduced over all processes (each holds a shard of the rows)."""
+    return using(dataclasses.replace(current(), distributed=True))
 
 
 def process_rows(n: int) -> slice:
@@ -75,7 +90,7 @@ def process_rows(n: int) -> slice:
 def _gather(obj: Any) -> list[Any]:
     """`obj` of every process in rank order (itself alone outside `across_processes` or with one process); a
     process whose fit failed is met here (`pipelines.collectives.PeerFailed`)."""
-    if not _DISTRIBUTED:
+    if not current().distributed:
         return [obj]
     from pipelines.collectives import all_gather
 
@@ -119,8 +134,8 @@ def release(array: np.ndarray) -> None:
 
 
 def row_slices(n: int, rows: int | None = None) -> Iterator[slice]:
-    """Consecutive row slices of at most `rows` (default `CHUNK_ROWS`)."""
-    rows = rows or CHUNK_ROWS
+    """Consecutive row slices of at most `rows` (default the context's)."""
+    rows = rows or current().rows
     for start in range(0, n, rows):
         yield slice(start, min(start + rows, n))
 
@@ -149,9 +164,9 @@ def fresh_copy(view: np.ndarray, dtype: Any = None) -> np.ndarray:
 def map_rows(fn: Callable[[slice, np.ndarray], np.ndarray], array: np.ndarray, dtype: Any = None, *,
              rows: int | None = None, read_only: bool = False) -> np.ndarray:
     """Concatenate fn(slice, rows) [n_rows] over the chunks of `array` (chunked scoring), `rows` per call (default
-    `CHUNK_ROWS`; a few thousand keep one call's passes in cache). `read_only`: fn never writes to its rows, so those
-    of an in-memory array already in `dtype` come as read-only views, not copies (a memory-mapped one is still read
-    chunk by chunk and released)."""
+    the context's rows; a few thousand keep one call's passes in cache). `read_only`: fn never writes to its rows, so
+    those of an in-memory array already in `dtype` come as read-only views, not copies (a memory-mapped one is still
+    read chunk by chunk and released)."""
     out = None
     for part, block in blocks(array, dtype, rows, read_only):
         value = np.asarray(fn(part, block))
@@ -279,7 +294,7 @@ class Moments:
 
 
 def moments(array: np.ndarray, groups: np.ndarray | None = None, *, scatter: Any = True) -> Moments:
-    """Moments of all rows of a (memory-mapped) array [N,D], streamed in chunks of `CHUNK_ROWS` rows and reduced
+    """Moments of all rows of a (memory-mapped) array [N,D], streamed in chunks of the context's rows and reduced
     across processes inside `across_processes` (`scatter` as in `Moments.of`)."""
     total: Moments | None = None
     labels = None if groups is None else np.asarray(groups)

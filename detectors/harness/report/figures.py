@@ -191,12 +191,17 @@ def _run(job: Job, formats: Sequence[str]) -> Path:
         return save_figure(job.build(**job.kwargs), job.path, job.formats or formats)
 
 
-_PENDING: list[Job] = []
-"""The jobs of the running `render`, inherited by forked workers (nothing to pickle: score arrays stay shared)."""
+_WORKER_JOBS: list[Job] = []
+"""A forked worker's jobs, filled once by its initializer from the `render` call that started it (the arguments of a
+forked process are inherited, not pickled: score arrays stay shared); the parent never fills it."""
 
 
-def _run_pending(i: int, formats: Sequence[str]) -> Path:
-    return _run(_PENDING[i], formats)
+def _adopt(jobs: Sequence[Job]) -> None:
+    _WORKER_JOBS.extend(jobs)
+
+
+def _run_adopted(i: int, formats: Sequence[str]) -> Path:
+    return _run(_WORKER_JOBS[i], formats)
 
 
 def _serial(jobs: Sequence[Job], formats: Sequence[str], log: Callable[[str], None]) -> list[Path | None]:
@@ -239,21 +244,17 @@ def render(jobs: Sequence[Job], formats: Sequence[str] = ("png",), workers: int 
     workers = min(workers or free_cpus(), len(jobs))
     if workers <= 1 or len(jobs) < PARALLEL_JOBS or "fork" not in multiprocessing.get_all_start_methods():
         return [p for p in _serial(jobs, formats, log) if p is not None]
-    global _PENDING
-    _PENDING = list(jobs)
     _warm_fonts()
     results: list[Path | None] = []
-    try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-            futures = [pool.submit(_run_pending, i, tuple(formats)) for i in range(len(jobs))]
-            for job, future in zip(jobs, futures):
-                try:
-                    results.append(future.result())
-                except Exception as err:  # noqa: BLE001
-                    log(f"report: figure {job.path.name} failed: {type(err).__name__}: {err}")
-                    results.append(None)
-    finally:
-        _PENDING = []
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"), initializer=_adopt,
+                             initargs=(list(jobs),)) as pool:
+        futures = [pool.submit(_run_adopted, i, tuple(formats)) for i in range(len(jobs))]
+        for job, future in zip(jobs, futures):
+            try:
+                results.append(future.result())
+            except Exception as err:  # noqa: BLE001
+                log(f"report: figure {job.path.name} failed: {type(err).__name__}: {err}")
+                results.append(None)
     return [p for p in results if p is not None]
 
 

@@ -5,8 +5,8 @@ import numpy as np
 from helpers.images import CLASSES, colour_images
 
 from detectors.base import Detector, ImageSet
-from detectors.clip.fewshot import plot_fewshot, sweep
 from detectors.harness.clip_demo import clip_demo
+from detectors.harness.fewshot import plot_fewshot, sweep
 from detectors.metrics import evaluate
 from pipelines.data import make_row, read_manifest, write_manifest
 
@@ -82,7 +82,7 @@ def test_sweep_embeds_the_training_set_once_and_matches_the_per_subset_path(tiny
     from detectors.clip.backbone import ClipBackbone
     from detectors.clip.common import few_shot_indices
     from detectors.clip.features import subset_imageset
-    from detectors.clip.fewshot import sweep_sets
+    from detectors.harness.fewshot import sweep_sets
 
     backbone = ClipBackbone.load(str(tiny_clip_dir), device="cpu")
     labels = np.array([0] * 5 + [1] * 5)

@@ -198,8 +198,9 @@ def test_level_head_stays_with_aux_and_select(digits, single_torch_thread, tmp_p
     """With `aux:` and `select:` set, validation and auxiliary features are scored by the level head too.
 
     The oracle scores the run's own feature caches (the extraction is checked in tests/pipelines/test_features.py) with
-    the level head, its logits rounded to float32 as the runner stores them (`Runner._level_head`), on one torch
-    thread: the inputs and arithmetic of the run bit for bit, so the exact comparisons hold on any machine and load.
+    the level head, its logits rounded to float32 as the runner stores them (`detectors.harness.prepare._level_head`),
+    on one torch thread: the inputs and arithmetic of the run bit for bit, so the exact comparisons hold on any machine
+    and load.
     OE keeps its last epoch: the best-epoch choice compares two ID-val accuracies that this tiny head leaves within
     one image of each other, so float rounding of one thread count against another picked a different epoch.
     The issue-41 failure (trained-head scores 0.004 apart in a full suite, passing alone) came from an oracle that

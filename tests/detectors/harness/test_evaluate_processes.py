@@ -173,26 +173,26 @@ def test_a_unit_failing_on_one_rank_fails_on_every_rank_at_once(digits, tmp_path
     assert set(pd.read_csv(tmp_path / "run" / "results.csv")["method"]) == {"mds", "msp"}
 
 
-def test_a_lost_peer_in_a_unit_run_together_is_no_detector_failure(digits, tmp_path, monkeypatch):
+def test_a_lost_peer_in_a_unit_run_together_is_no_detector_failure(digits, tmp_path):
     """A unit run on every rank together whose collective fails for a lost peer raises `PeerLost` (one line naming
     the peer) and records nothing; a unit's own error is still recorded."""
     from detectors.harness.evaluate import Runner
+    from detectors.harness.execute import UnitContext, execute
     from pipelines.collectives import PeerLost
 
     runner = Runner(_config(digits, tmp_path / "run", detectors=["msp"]))
     unit = runner.plan.units[0]
+    together = UnitContext(runner.store, together=True, writes=True)
 
-    def lost(_unit):
+    def lost():
         raise RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29511")
 
-    monkeypatch.setattr(runner, "_run_unit", lost)
     failures: dict = {}
     with pytest.raises(PeerLost, match=r"127.0.0.1:29511 stopped during unit msp"):
-        runner._unit(unit, True, True, failures)
+        execute(unit, lost, runner.plan, together, failures)
     assert failures == {} and not (tmp_path / "run" / "units" / "msp" / "failure.json").exists()
 
-    monkeypatch.setattr(runner, "_run_unit", lambda _unit: 1 / 0)
-    assert runner._unit(unit, True, True, failures) is None
+    assert execute(unit, lambda: 1 / 0, runner.plan, together, failures) == (None, None)
     assert failures["msp"]["exception"] == "ZeroDivisionError: division by zero"
 
 
