@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast layers lint wheel-check floors bench clean
+.PHONY: install demo test test-fast layers lint wheel-check library-check floors bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ lint: $(STAMP)
 wheel-check: $(STAMP)
 	rm -rf build/wheel-check && $(PY) -m pip wheel --no-deps -q -w build/wheel-check .
 	$(PY) -c "import sys, zipfile, pathlib; names = set(zipfile.ZipFile(next(pathlib.Path('build/wheel-check').glob('*.whl'))).namelist()); want = {p.as_posix() for p in pathlib.Path('pipelines/hub_configs').rglob('*') if p.is_file()}; missing = sorted(want - names); sys.exit(f'wheel lacks {missing}' if missing else print(f'wheel: {len(want)} hub config files shipped'))"
+
+# `pip install` of that wheel without extras in a fresh venv gives a working detectors library (docs/library.md).
+library-check: wheel-check
+	bash .ci/library build/wheel-check
 
 # The lowest versions pyproject.toml allows, installed exactly into .venv-floors, must pass the suite too.
 floors:
