@@ -66,7 +66,8 @@ def test_grood_is_openoods(case):
     np.testing.assert_allclose(ours, case["scores"], rtol=2e-5, atol=1e-9)
     flat = _ours(index="flat", n_noise_samples=case["n_noise_samples"])
     np.testing.assert_allclose(flat, _by_hand(TRAIN, OOD, TEST, case["n_noise_samples"]), rtol=2e-5, atol=1e-9)
-    assert np.all(ours <= flat + 1e-9)  # the inverted file searches a subset: never nearer than the exact search
+    # the inverted file searches a subset: never nearer than the exact search (up to float32 sums in another order)
+    assert np.all(ours <= flat + 1e-6 * np.abs(flat) + 1e-9)
 
 
 def test_grood_defaults_and_grid():
@@ -139,4 +140,4 @@ def test_grood_streamed_fit_equals_one_chunk(index):
     with streaming.chunk_rows(1 << 30):
         whole = _ours(index=index)
     with streaming.chunk_rows(7):
-        np.testing.assert_allclose(_ours(index=index), whole, rtol=1e-6, atol=1e-12)
+        np.testing.assert_allclose(_ours(index=index), whole, rtol=5e-6, atol=1e-12)  # float32 sums, reordered
