@@ -95,6 +95,14 @@ def _theirs_graduncertainty(pood: Any, data: Data, rows: int = 500) -> np.ndarra
     return torch.cat([det.predict(block) for block in data.t["test"].split(rows)]).numpy()
 
 
+def _theirs_gmm(pood: Any, data: Data, rows: int = 500) -> np.ndarray:
+    """Scored in blocks of `rows`: its differences to every mean are [K, rows, D] float64 at once, twice (all 20k rows
+    would be 2 x 33 GB)."""
+    det = pood.GMM(None)
+    det.fit_features(data.t["train"], data.t["labels"])
+    return torch.cat([det.predict_features(block) for block in data.t["test"].split(rows)]).numpy()
+
+
 class _Pooled(torch.nn.Module):
     """[B, D, 1, 1] maps -> average pool -> the head: the avgpool layer NACUE hooks."""
 
@@ -129,6 +137,7 @@ CASES: dict[str, Callable[[Any, Data], np.ndarray]] = {
     "vra": _theirs_vra,
     "graduncertainty": _theirs_graduncertainty,
     "nac": _theirs_nac,
+    "gmm": _theirs_gmm,
 }
 """The detectors compared with pytorch-ood (the feature-level methods both libraries ship, and ViM;
 `mmahalanobis` reads images and is not here)."""
