@@ -16,10 +16,31 @@ import numpy as np
 import scipy.linalg
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc import streaming
 from detectors.posthoc.common import labels_of, logsumexp, stored_features
+from detectors.posthoc.vim import lapack_threads, map_blocks
 from detectors.registry import register_detector
 from pipelines.params import Params, param
+
+ROWS = 1024
+"""Test rows per block: a block's projections on the low-rank classes' directions are [ROWS, train rows] float64."""
+
+CANCELLED = 1e-3
+"""Below this fraction of ||x-mu||^2 / reg a low-rank distance is recomputed without the expansion (whose rounding,
+eps ||x-mu||^2 / reg, would otherwise be more than 1e-13 of it)."""
+
+STATE = ("centre", "means", "log_dets", "log_weights", "full", "factors", "low", "basis", "starts", "shifts",
+         "variances", "scaled", "scaled_shifts")
+
+
+def low_rank(centred: np.ndarray, reg: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """A class of n <= D/2 centred rows: its covariance is B diag(lambda) B^T + reg I, B [D, n] the right singular
+    vectors (lambda = s^2 / n), so (Woodbury) (x-mu)^T Sigma^-1 (x-mu) = ||x-mu||^2 / reg - sum_i (b_i . (x-mu))^2
+    lambda_i / (reg (lambda_i + reg)) and log det Sigma = sum_i log(lambda_i + reg) + (D - n) log reg: n directions
+    per class instead of a D x D solve. Returns B, lambda and log det Sigma."""
+    _, singular, right = np.linalg.svd(centred, full_matrices=False)
+    variances = singular ** 2 / len(centred)
+    log_det = np.log(variances + reg).sum() + (centred.shape[1] - len(variances)) * math.log(reg)
+    return right.T, variances, float(log_det)
 
 
 @register_detector("gmm")
@@ -40,40 +61,85 @@ class GMM(Detector):
         h = np.asarray(stored_features(id_train, self.name), dtype=np.float64)
         labels = labels_of(id_train, self.name)
         classes, counts = np.unique(labels, return_counts=True)
-        d = h.shape[1]
+        reg, d = self.params["reg"], h.shape[1]
+        self.centre = h.mean(axis=0)  # every mean and test row is taken from it: ||x - mu||^2 expanded loses less
         self.means = np.empty((len(classes), d))
-        self.factors = np.empty((len(classes), d, d))
-        for i, c in enumerate(classes):
-            rows = h[labels == c]
-            self.means[i] = rows.mean(axis=0)
-            centred = rows - self.means[i]
-            covariance = centred.T @ centred / len(rows) + self.params["reg"] * np.eye(d)
-            try:
-                self.factors[i] = np.linalg.cholesky(covariance)
-            except np.linalg.LinAlgError:
-                raise ValueError(f"gmm: the covariance of class {int(c)} ({len(rows)} rows, D={d}) is not positive "
-                                 f"definite; raise reg (now {self.params['reg']})") from None
-        self.log_dets = 2.0 * np.log(np.diagonal(self.factors, axis1=1, axis2=2)).sum(axis=1)
+        self.log_dets = np.empty(len(classes))
+        full, low, factors, directions, variances = [], [], [], [], []
+        with lapack_threads():  # one class's factorisation is small: threads on busy cores only wait for each other
+            for i, c in enumerate(classes):
+                rows = h[labels == c] - self.centre
+                self.means[i] = rows.mean(axis=0)
+                centred = rows - self.means[i]
+                if reg > 0 and 2 * len(rows) <= d:
+                    basis, variance, self.log_dets[i] = low_rank(centred, reg)
+                    low.append(i)
+                    directions.append(basis)
+                    variances.append(variance)
+                    continue
+                covariance = centred.T @ centred / len(rows) + reg * np.eye(d)
+                try:
+                    factor = np.linalg.cholesky(covariance)
+                except np.linalg.LinAlgError:
+                    raise ValueError(f"gmm: the covariance of class {int(c)} ({len(rows)} rows, D={d}) is not "
+                                     f"positive definite; raise reg (now {reg})") from None
+                full.append(i)
+                factors.append(factor)
+                self.log_dets[i] = 2.0 * np.log(np.diagonal(factor)).sum()
+        self.full, self.factors = np.array(full, dtype=np.int64), np.array(factors).reshape(len(full), d, d)
+        self.low = np.array(low, dtype=np.int64)
+        self.basis = np.concatenate(directions, axis=1) if directions else np.zeros((d, 0))
+        self.starts = np.cumsum([0] + [b.shape[1] for b in directions[:-1]]).astype(np.int64)[:len(low)]
+        self.shifts = np.concatenate([self.means[i] @ b for i, b in zip(low, directions)]) if low else np.zeros(0)
+        self.variances = np.concatenate(variances) if low else np.zeros(0)
+        weights = np.sqrt(self.variances / (reg * (self.variances + reg))) if low else np.zeros(0)
+        self.scaled, self.scaled_shifts = self.basis * weights, self.shifts * weights
         self.log_weights = np.log(counts / counts.sum())
 
     def log_likelihoods(self, x: np.ndarray) -> np.ndarray:
-        """log pi_k N(x | mu_k, Sigma_k) [N,K] in float64 (triangular solves with the Cholesky factors)."""
-        out = np.empty((len(x), len(self.means)))
-        constant = x.shape[1] * math.log(2 * math.pi)
-        for k, (mean, factor) in enumerate(zip(self.means, self.factors)):
-            whitened = scipy.linalg.solve_triangular(factor, (x - mean).T, lower=True)
-            out[:, k] = self.log_weights[k] - 0.5 * ((whitened ** 2).sum(axis=0) + self.log_dets[k] + constant)
+        """log pi_k N(x | mu_k, Sigma_k) [N,K] in float64: the low-rank classes' distances from one product with all
+        their directions, the others' from triangular solves with their Cholesky factors."""
+        x = x - self.centre
+        mahalanobis = np.empty((len(x), len(self.means)))
+        if len(self.low):
+            mahalanobis[:, self.low] = self._low_rank_distances(x)
+        for k, factor in zip(self.full, self.factors):
+            whitened = scipy.linalg.solve_triangular(factor, (x - self.means[k]).T, lower=True)
+            mahalanobis[:, k] = (whitened ** 2).sum(axis=0)
+        return self.log_weights - 0.5 * (mahalanobis + self.log_dets + x.shape[1] * math.log(2 * math.pi))
+
+    def _low_rank_distances(self, x: np.ndarray) -> np.ndarray:
+        """[N, low-rank classes] squared distances: ||x-mu||^2 / reg (expanded) less the in-span correction, both from
+        products over all rows at once; where the correction cancels more than `CANCELLED` of the first term (a row in
+        or near the class's span, e.g. a training row) the distance is recomputed from the row's own residual
+        (x-mu) - B B^T (x-mu), which loses nothing."""
+        reg, means = self.params["reg"], self.means[self.low]
+        norms = ((x * x).sum(axis=1)[:, None] - 2.0 * (x @ means.T) + (means * means).sum(axis=1)) / reg
+        projected = x @ self.scaled  # (b_i . (x - mu)) sqrt(lambda_i / (reg (lambda_i + reg))), squared in place
+        projected -= self.scaled_shifts
+        out = norms - np.add.reduceat(np.square(projected, out=projected), self.starts, axis=1)
+        ends = [*self.starts[1:], self.basis.shape[1]]
+        for j in np.flatnonzero((out < CANCELLED * norms).any(axis=0)):
+            rows = np.flatnonzero(out[:, j] < CANCELLED * norms[:, j])
+            span = slice(self.starts[j], ends[j])
+            diff = x[rows] - means[j]
+            inside = diff @ self.basis[:, span]
+            residual = diff - inside @ self.basis[:, span].T
+            out[rows, j] = (residual ** 2).sum(axis=1) / reg + (inside ** 2 / (self.variances[span] + reg)).sum(axis=1)
         return out
 
     def _score(self, batch) -> np.ndarray:
-        return streaming.map_rows(lambda _, x: logsumexp(self.log_likelihoods(x), axis=1),
-                                  stored_features(batch, self.name), np.float64)
+        features = stored_features(batch, self.name)
+        out = np.empty(len(features))
+        for part, scores in map_blocks(lambda x: logsumexp(self.log_likelihoods(x), axis=1), features, np.float64,
+                                       rows=ROWS):
+            out[part] = scores
+        return out
 
     def state(self) -> dict[str, np.ndarray]:
-        return {**super().state(), "means": self.means, "factors": self.factors, "log_dets": self.log_dets,
-                "log_weights": self.log_weights}
+        return {**super().state(), **{key: getattr(self, key) for key in STATE}}
 
     def load_state(self, state: dict[str, np.ndarray]) -> None:
         super().load_state(state)
-        self.means, self.factors = state["means"], state["factors"]
-        self.log_dets, self.log_weights = state["log_dets"], state["log_weights"]
+        for key in STATE:
+            setattr(self, key, state[key])

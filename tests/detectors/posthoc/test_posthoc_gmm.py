@@ -54,3 +54,22 @@ def test_gmm_edges(tmp_path):
     assert one.score(FeatureSet(TEST[:0])).shape == (0,)
     one.save_pretrained(tmp_path)
     np.testing.assert_array_equal(detectors.load(tmp_path).score(FeatureSet(TEST)), one.score(FeatureSet(TEST)))
+
+
+def test_gmm_classes_with_fewer_rows_than_dimensions(tmp_path):
+    """D = 24: classes of 3, 6, 12 rows (the low-rank form, n <= D/2) and 40 rows (the Cholesky solve) in one mixture,
+    scored on fresh rows and on training rows (which lie in their class's span: only reg's directions remain)."""
+    rng = np.random.default_rng(11)
+    counts, d = [3, 6, 12, 40], 24
+    labels = np.repeat(np.arange(4), counts)
+    train = rng.normal(scale=3, size=(4, d))[labels] + rng.normal(size=(len(labels), d)) + 5.0
+    test = np.concatenate([rng.normal(size=(30, d)) * 3 + 5.0, train[::4]])
+    theirs = pytorch_ood_detector().GMM(None)
+    theirs.fit_features(torch.from_numpy(train), torch.from_numpy(labels))
+    expected = -theirs.predict_features(torch.from_numpy(test)).numpy()
+    ours = detectors.build("gmm").fit(FeatureSet(train, labels=labels))
+    assert list(ours.low) == [0, 1, 2] and list(ours.full) == [3]
+    np.testing.assert_allclose(ours.score(FeatureSet(test)), expected, rtol=1e-10)
+    np.testing.assert_allclose(ours.score(FeatureSet(test)), _scipy(train, labels, test), rtol=1e-10)
+    ours.save_pretrained(tmp_path)
+    np.testing.assert_array_equal(detectors.load(tmp_path).score(FeatureSet(test)), ours.score(FeatureSet(test)))
