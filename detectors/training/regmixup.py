@@ -19,21 +19,17 @@ import torch.nn.functional as F
 
 from detectors.registry import register_detector
 from detectors.training.common import TrainedDetector
-from detectors.training.mixup import MixPairs, blend, draw_pairs
+from detectors.training.mixup import MixupLoss, blend
 from pipelines.params import param
 from pipelines.training import Objective, TrainBatch
 
 
-class RegMixupLoss(Objective):
-    """CE on the clean rows and the lam-weighted mixup CE on the blended rows, one mean over both halves."""
+class RegMixupLoss(MixupLoss):
+    """CE on the clean rows and the lam-weighted mixup CE on the blended rows, one mean over both halves (mixup's pairs,
+    drawn from Beta(20, 20) by default)."""
 
     def __init__(self, alpha: float = 20.0):
-        super().__init__()
-        self.alpha = float(alpha)
-        self._pairs: MixPairs | None = None
-
-    def draw(self, batch: TrainBatch) -> MixPairs:
-        return draw_pairs(batch.n_id, self.alpha, batch.generator)
+        super().__init__(alpha)
 
     def inputs(self, batch: TrainBatch) -> torch.Tensor:
         self._pairs = self.draw(batch)
