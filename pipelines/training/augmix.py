@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from pipelines.decode import Decode
-from pipelines.training.transforms import GEOMETRIC_OPS, Compose, to_uint8_tensor
+from pipelines.training.transforms import GEOMETRIC_OPS, Compose, inverse_affine, to_uint8_tensor
 
 BINS = 10
 """torchvision's `AugMix._PARAMETER_MAX`: magnitude bins per op, and the largest severity."""
@@ -56,19 +56,6 @@ def magnitudes(op: str, width: int, height: int) -> tuple[torch.Tensor | None, b
 
 
 # -- torchvision's tensor ops on uint8 [..., C, H, W] -----------------------------------------------------------------
-def _inverse_affine(center: tuple[float, float], angle: float, translate: tuple[float, float],
-                    shear: tuple[float, float]) -> list[float]:
-    """torchvision's `_get_inverse_affine_matrix` (scale 1)."""
-    rot, sx, sy = math.radians(angle), math.radians(shear[0]), math.radians(shear[1])
-    a = math.cos(rot - sy) / math.cos(sy)
-    b = -math.cos(rot - sy) * math.tan(sx) / math.cos(sy) - math.sin(rot)
-    c = math.sin(rot - sy) / math.cos(sy)
-    d = -math.sin(rot - sy) * math.tan(sx) / math.cos(sy) + math.cos(rot)
-    (cx, cy), (tx, ty) = center, translate
-    m = [d, -b, 0.0, -c, a, 0.0]
-    m[2] += m[0] * (-cx - tx) + m[1] * (-cy - ty) + cx
-    m[5] += m[3] * (-cx - tx) + m[4] * (-cy - ty) + cy
-    return m
 
 
 def _grid_transform(img: torch.Tensor, matrix: list[float], mode: str) -> torch.Tensor:
@@ -153,18 +140,18 @@ def _geometric_op(img: torch.Tensor, op: str, magnitude: float, interpolation: s
     centre = (0.0, 0.0)
     corner = (-w * 0.5, -h * 0.5)  # center=[0, 0] in pixels, relative to the image centre
     if op == "ShearX":
-        return _grid_transform(img, _inverse_affine(corner, 0.0, (0, 0), (math.degrees(math.atan(magnitude)), 0.0)),
+        return _grid_transform(img, inverse_affine(corner, 0.0, (0, 0), (math.degrees(math.atan(magnitude)), 0.0)),
                                interpolation)
     if op == "ShearY":
-        return _grid_transform(img, _inverse_affine(corner, 0.0, (0, 0), (0.0, math.degrees(math.atan(magnitude)))),
+        return _grid_transform(img, inverse_affine(corner, 0.0, (0, 0), (0.0, math.degrees(math.atan(magnitude)))),
                                interpolation)
     if op == "TranslateX":
-        return _grid_transform(img, _inverse_affine(centre, 0.0, (float(int(magnitude)), 0.0), (0.0, 0.0)),
+        return _grid_transform(img, inverse_affine(centre, 0.0, (float(int(magnitude)), 0.0), (0.0, 0.0)),
                                interpolation)
     if op == "TranslateY":
-        return _grid_transform(img, _inverse_affine(centre, 0.0, (0.0, float(int(magnitude))), (0.0, 0.0)),
+        return _grid_transform(img, inverse_affine(centre, 0.0, (0.0, float(int(magnitude))), (0.0, 0.0)),
                                interpolation)
-    return _grid_transform(img, _inverse_affine(centre, -magnitude, (0.0, 0.0), (0.0, 0.0)), interpolation)  # Rotate
+    return _grid_transform(img, inverse_affine(centre, -magnitude, (0.0, 0.0), (0.0, 0.0)), interpolation)  # Rotate
 
 
 def _pixel_op(img: torch.Tensor, op: str, magnitude: float) -> torch.Tensor:

@@ -244,9 +244,9 @@ def randaugment_magnitude(op: str, level: int, bins: int, width: int, height: in
     return 0.0, False
 
 
-def _affine(image: Image.Image, angle: float, translate: tuple[float, float], shear: tuple[float, float],
-            center: tuple[float, float]) -> Image.Image:
-    """torchvision's PIL affine (scale 1): the inverse matrix about `center`, nearest neighbour, fill 0."""
+def inverse_affine(center: tuple[float, float], angle: float, translate: tuple[float, float],
+                    shear: tuple[float, float]) -> list[float]:
+    """torchvision's `_get_inverse_affine_matrix` (scale 1): the PIL ops here and AugMix's tensor ops."""
     rot, sx, sy = math.radians(angle), math.radians(shear[0]), math.radians(shear[1])
     a = math.cos(rot - sy) / math.cos(sy)
     b = -math.cos(rot - sy) * math.tan(sx) / math.cos(sy) - math.sin(rot)
@@ -256,7 +256,14 @@ def _affine(image: Image.Image, angle: float, translate: tuple[float, float], sh
     m = [d, -b, 0.0, -c, a, 0.0]
     m[2] += m[0] * (-cx - tx) + m[1] * (-cy - ty) + cx
     m[5] += m[3] * (-cx - tx) + m[4] * (-cy - ty) + cy
-    return image.transform(image.size, Image.AFFINE, m, Image.NEAREST, fillcolor=(0,) * len(image.getbands()))
+    return m
+
+
+def _affine(image: Image.Image, angle: float, translate: tuple[float, float], shear: tuple[float, float],
+            center: tuple[float, float]) -> Image.Image:
+    """torchvision's PIL affine (scale 1): the inverse matrix about `center`, nearest neighbour, fill 0."""
+    return image.transform(image.size, Image.AFFINE, inverse_affine(center, angle, translate, shear), Image.NEAREST,
+                           fillcolor=(0,) * len(image.getbands()))
 
 
 GEOMETRIC_OPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
