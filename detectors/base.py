@@ -180,6 +180,9 @@ class Detector:
     fits_from_shards: ClassVar[bool] = False  # statistics that are sums: under accelerate each process fits its shard
     trains_across_processes: ClassVar[bool] = False  # fit trains with accelerate on every process together (DDP)
     class_of: ClassVar[Callable[[str], type[Detector]] | None] = None  # set by detectors.registry (no import here)
+    runs_by_name: ClassVar[bool] = True
+    """Whether the detector runs from its name and defaults alone; `detectors: all` takes only those (a deep ensemble's
+    members are the user's own trained classifiers: named in its entry, never guessed)."""
     keeps_batches: ClassVar[bool] = False
     """Scores images slowly: with a `work_dir` (a runtime input, then in `needs`), `score` of a manifest's images keeps
     each finished batch (`pipelines.batches`), so a killed rerun resumes within a set."""

@@ -41,7 +41,7 @@ from gen.pairing import PlanItem, use_counts
 from gen.shards import FINISHED_FOLDER, heartbeat, mark_finished, pending_batches, wait_for_shards
 from gen.sheet import CONTACT_SHEET_IMAGES, contact_sheet
 from gen.zest import ZeSTConfig
-from pipelines.collectives import main_decides
+from pipelines.collectives import main_decides, share
 from pipelines.data import write_manifest
 from pipelines.errors import ConfigError
 from pipelines.io import atomic_write_json, remove_orphan_temps
@@ -326,15 +326,15 @@ def run_shard(config: GenerationConfig, plan: list[PlanItem], ledger: Ledger, st
     if batches:
         pipe = pipeline if pipeline is not None else build_pipeline(config, state)
         dtype = str(getattr(pipe, "dtype", None) or dtype).removeprefix("torch.")
-        with state.split_between_processes(batches) as mine:
-            bar = progress(total=sum(len(b) for b in mine), desc=f"generate ({state.num_processes} process(es))",
+        mine = [batches[i] for i in share(len(batches), state.process_index, state.num_processes)]
+        bar = progress(total=sum(len(b) for b in mine), desc=f"generate ({state.num_processes} process(es))",
                        unit="img", disable=not state.is_main_process)
-            for batch in mine:
-                done, bad = generate_batch(pipe, batch, config, ledger, masks, mask_method, dtype)
-                generated, failed = generated + done, failed + bad
-                bar.set_postfix(done=generated, failed=failed)
-                bar.update(len(batch))
-            bar.close()
+        for batch in mine:
+            done, bad = generate_batch(pipe, batch, config, ledger, masks, mask_method, dtype)
+            generated, failed = generated + done, failed + bad
+            bar.set_postfix(done=generated, failed=failed)
+            bar.update(len(batch))
+        bar.close()
     return mask_method, dtype, {"skipped": len(plan) - len(pending), "generated_here": generated,
                                 "failed_here": failed}
 

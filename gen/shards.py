@@ -17,7 +17,7 @@ WAIT_LOG_S = 600.0
 
 def pending_batches(pending: list[Any], batch_size: int) -> list[list[Any]]:
     """The pending items in plan order, cut into batches; every process cuts the same batches and
-    `split_between_processes` deals them out, so a batch holds the same items whatever the process count."""
+    `pipelines.collectives.share` deals them out, so a batch holds the same items whatever the process count."""
     return [pending[i:i + batch_size] for i in range(0, len(pending), batch_size)]
 
 

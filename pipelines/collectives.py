@@ -63,6 +63,18 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
+def share(n: int, rank: int | None = None, processes: int | None = None) -> range:
+    """The contiguous share of n items that process `rank` of `processes` (default: `world()`) takes: the first
+    n % processes ranks one item more, a rank past the items none. accelerate's `split_between_processes` deals the
+    same shares except there: before 1.8 it hands such a rank the last item again, which would run (and gather) it
+    twice."""
+    if rank is None or processes is None:
+        rank, processes = world()
+    size, extra = divmod(n, processes)
+    start = rank * size + min(rank, extra)
+    return range(start, start + size + (rank < extra))
+
+
 def host() -> str:
     """This machine's name as the run's messages give it (`OODFORGE_HOST` stands in for it in tests of several
     nodes on one machine)."""

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from pipelines.arrays import FeatureSet, LinearHead
 from pipelines.classifier import ImageClassifier
-from pipelines.collectives import all_gather, host, main_decides
+from pipelines.collectives import all_gather, host, main_decides, share
 from pipelines.data import ImageLoadError, Manifest
 from pipelines.errors import UserInputError
 from pipelines.io import atomic_path, safe_name
@@ -262,11 +262,11 @@ def extract_features(classifier: ImageClassifier, manifest: Manifest, *, batch_s
     device = resolve_device(device) if device is not None else state.device
     dtype = resolve_dtype(precision, device)
     classifier = classifier.to(device).eval()
-    with state.split_between_processes(list(range(len(manifest)))) as positions:
-        dataset = ManifestPixels(manifest, positions, classifier.pixels if pixels is None else pixels, seed)
-        loader = pixel_loader(dataset, batch_size, num_workers)
-        bar = progress(desc=desc, total=len(positions), unit="img", disable=not state.is_main_process)
-        parts = [_run_shard(classifier, manifest, loader, device, dtype, bar)]
+    positions = list(share(len(manifest), state.process_index, state.num_processes))
+    dataset = ManifestPixels(manifest, positions, classifier.pixels if pixels is None else pixels, seed)
+    loader = pixel_loader(dataset, batch_size, num_workers)
+    bar = progress(desc=desc, total=len(positions), unit="img", disable=not state.is_main_process)
+    parts = [_run_shard(classifier, manifest, loader, device, dtype, bar)]
     if state.num_processes > 1:
         parts = all_gather(parts[0], f"the feature extraction of {desc}")
     result = _assemble(parts, classifier, manifest, key, dtype)

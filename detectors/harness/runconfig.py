@@ -295,12 +295,14 @@ class EvalConfig(Config):
             seen.add(method)
 
     def specs(self) -> list[DetectorSpec]:
-        """The detector entries (`all`: every registered detector of `families`)."""
+        """The detector entries (`all`: every registered detector of `families` that runs from its name alone,
+        `Detector.runs_by_name`; the ensemble is named with its members)."""
         if self.detectors != "all":
             return list(self.detectors)
-        from detectors.registry import available
+        from detectors.registry import available, detector_class
 
-        return [DetectorSpec(name=n) for fam in self.families for n in available(fam)]
+        return [DetectorSpec(name=n) for fam in self.families for n in available(fam)
+                if detector_class(n).runs_by_name]
 
     def sources(self) -> dict[str, Source]:
         """The validation and auxiliary selections by key (select.ood_val, ood_val, aux)."""

@@ -73,6 +73,7 @@ class Ensemble(Detector):
     family = "posthoc"
     inputs = frozenset({"images"})
     keeps_batches = True  # a killed rerun resumes within a set (Detector.score)
+    runs_by_name = False  # its members are the user's trained classifiers: `detectors: all` leaves it out
     paper = ("Lakshminarayanan, Pritzel and Blundell, Simple and Scalable Predictive Uncertainty Estimation using Deep "
              "Ensembles, NeurIPS 2017")
 

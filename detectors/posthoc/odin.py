@@ -108,15 +108,14 @@ class ODIN(Detector):
 
     def _score_shards(self, batch: ImageSet, state: Any) -> np.ndarray:
         """Each process scores its share of the rows (as feature extraction does); the scores are gathered in order."""
-        from pipelines.collectives import all_gather
+        from pipelines.collectives import all_gather, share
 
         rows = batch.manifest.rows
-        with state.split_between_processes(list(range(len(rows)))) as mine:
-            part = ImageSet(manifest=Manifest(batch.manifest.root, [rows[i] for i in mine]), pixels=batch.pixels,
-                            seed=batch.seed, num_workers=batch.num_workers,
-                            offset=batch.offset + (mine[0] if mine else 0))
-            scores = self._score_local(part) if mine else np.zeros(0)
-            pieces = all_gather((list(mine), scores.tolist()), f"{self.name}'s sharded scores")
+        mine = list(share(len(rows), state.process_index, state.num_processes))
+        part = ImageSet(manifest=Manifest(batch.manifest.root, [rows[i] for i in mine]), pixels=batch.pixels,
+                        seed=batch.seed, num_workers=batch.num_workers, offset=batch.offset + (mine[0] if mine else 0))
+        scores = self._score_local(part) if mine else np.zeros(0)
+        pieces = all_gather((mine, scores.tolist()), f"{self.name}'s sharded scores")
         out = np.empty(len(rows), dtype=np.float64)
         for positions, values in pieces:
             out[positions] = values

@@ -75,16 +75,11 @@ def across_processes() -> contextlib.AbstractContextManager[StreamContext]:
 
 
 def process_rows(n: int) -> slice:
-    """This process's contiguous share of n rows (as accelerate's split_between_processes; all rows with one
-    process)."""
-    import torch.distributed as dist
+    """This process's contiguous share of n rows (`pipelines.collectives.share`; all rows with one process)."""
+    from pipelines.collectives import share
 
-    if not (dist.is_available() and dist.is_initialized()):
-        return slice(0, n)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    size, extra = divmod(n, world)
-    start = rank * size + min(rank, extra)
-    return slice(start, start + size + (rank < extra))
+    mine = share(n)
+    return slice(mine.start, mine.stop)
 
 
 def _gather(obj: Any) -> list[Any]:

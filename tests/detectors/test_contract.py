@@ -168,7 +168,10 @@ def test_fits_scores_and_round_trips(name, mode, world, tmp_path):
     assert not set(saved) & cls.Params.runtime() and saved == json.loads(json.dumps(det.hyperparameters))
     loaded = detectors.load(folder, **runtime(cls, world))
     assert type(loaded) is cls and loaded.fitted
-    np.testing.assert_array_equal(loaded.score(test), scores)
+    if name == "diffpath":  # bitwise on current versions; one float64 ulp apart on the floors (diffusers 0.36)
+        np.testing.assert_allclose(loaded.score(test), scores, rtol=1e-14, atol=0)
+    else:
+        np.testing.assert_array_equal(loaded.score(test), scores)
     effective = json.loads(json.dumps(det.effective_params()))  # what a results row records (tuples become lists)
     assert set(effective) == set(det.hyperparameters) and json.loads(json.dumps(loaded.effective_params())) == effective
 

@@ -207,11 +207,6 @@ class OneProcess:
     def wait_for_everyone(self):
         self.barriers += 1
 
-    def split_between_processes(self, items):
-        from contextlib import nullcontext
-
-        return nullcontext(items)
-
 
 def test_only_the_start_is_a_collective_barrier(tmp_path, bronzes, containers, fake_zest):
     state = OneProcess()

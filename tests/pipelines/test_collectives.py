@@ -135,3 +135,15 @@ def test_a_rank_failing_is_met_at_the_collective_the_others_are_in(tmp_path):
     met = [1, "ValueError: rank 1's own part", "rank 1: ValueError: rank 1's own part"]
     assert said[0] == [met, met, met, [0, 1]]
     assert said[1] == [None, None, None, [0, 1]]
+
+
+def test_shares_cover_every_item_once_in_rank_order_and_a_rank_past_the_items_gets_none():
+    from pipelines.collectives import share
+
+    for processes in (1, 2, 3, 5):
+        for n in range(0, 12):
+            shares = [share(n, rank, processes) for rank in range(processes)]
+            assert [i for part in shares for i in part] == list(range(n))  # each item once, contiguous, in order
+            assert max(map(len, shares)) - min(map(len, shares)) <= 1  # as even as accelerate's
+            assert all(len(part) == 0 for part in shares[n:])  # accelerate 1.7 would repeat item n - 1 there
+    assert share(7) == range(7)  # outside a process group: everything

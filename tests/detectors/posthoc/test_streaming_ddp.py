@@ -88,4 +88,5 @@ def test_two_processes_give_the_one_process_detector_state(tmp_path, val_rows):
         np.testing.assert_array_equal(got["mean"], one_row[0].astype(np.float64))
         np.testing.assert_array_equal(got["scatter"], np.zeros((d, d)))
         np.testing.assert_array_equal(got["column_mean"], one_row[0].astype(np.float64))
-        assert got["percentile"][0] == np.percentile(one_row, 90)
+        # float32 data interpolated as numpy >= 2.4.1 does (in float32); the float64 percentile to float32 rounding
+        assert got["percentile"][0] == pytest.approx(np.percentile(one_row.astype(np.float64), 90), rel=1e-6)
