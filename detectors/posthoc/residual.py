@@ -17,23 +17,12 @@ import numpy as np
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import model_precision, stored_features
-from detectors.posthoc.vim import ranked_eigenvectors, resolve_dim, virtual_origin
+from detectors.posthoc.vim import residual_norm, resolve_dim, resolved_dim, subspace_basis, virtual_origin
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
 OFFICIAL_DIM = 512
 """configs/postprocessors/residual.yml:4."""
-
-
-def residual_norm(t: np.ndarray, basis: np.ndarray, keeps_principal: bool) -> np.ndarray:
-    """||t projected off the principal space|| per row of t = h - u: from the residual basis itself, or as
-    sqrt(||t||^2 - ||t P||^2) from the principal basis P (whichever is smaller); projected in t's precision, squared
-    norms summed in float64."""
-    p = t @ basis
-    projected = np.einsum("nd,nd->n", p, p, dtype=np.float64)
-    if keeps_principal:
-        return np.sqrt(np.maximum(np.einsum("nd,nd->n", t, t, dtype=np.float64) - projected, 0.0))
-    return np.sqrt(projected)
 
 
 @register_detector("residual")
@@ -57,10 +46,7 @@ class Residual(Detector):
     needs_head = True
 
     def resolved_params(self) -> dict[str, Any]:
-        if "basis" not in self.__dict__:
-            return {}
-        kept = self.basis.shape[1]
-        return {"dim": kept if self.keeps_principal else self.basis.shape[0] - kept}
+        return resolved_dim(self)
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         if self.params["fit_split"] == "id_val" and id_val is None:
@@ -72,9 +58,7 @@ class Residual(Detector):
         dim = resolve_dim(self.params["dim"], h.shape[1], self.name, OFFICIAL_DIM)
         self.origin = virtual_origin(self.head.weight, self.head.bias)
         covariance = streaming.moments(h, scatter=np.float32).second_moment_about(self.origin)
-        self.keeps_principal = dim <= h.shape[1] - dim  # the smaller basis: the residual follows from either
-        self.basis = (ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal
-                      else ranked_eigenvectors(covariance, dim, h.shape[1]))
+        self.keeps_principal, self.basis = subspace_basis(covariance, dim)
 
     def _score(self, batch) -> np.ndarray:
         def rows(_, block: np.ndarray) -> np.ndarray:

@@ -179,6 +179,33 @@ def stored_max_logit_sum(fit: Any, head: Any, features: np.ndarray, check_rows: 
     return float(sum(block.max(axis=1).sum(dtype=np.float64) for _, block in streaming.chunks(logits, np.float32)))
 
 
+def subspace_basis(covariance: np.ndarray, dim: int) -> tuple[bool, np.ndarray]:
+    """(keeps_principal, basis): the top-`dim` eigenvectors of `covariance`, or the others where they are fewer (the
+    residual follows from either: `residual_norm`)."""
+    keeps_principal = dim <= len(covariance) - dim
+    return keeps_principal, (ranked_eigenvectors(covariance, 0, dim) if keeps_principal
+                             else ranked_eigenvectors(covariance, dim, len(covariance)))
+
+
+def residual_norm(t: np.ndarray, basis: np.ndarray, keeps_principal: bool) -> np.ndarray:
+    """||t projected off the principal space|| per row of t = h - u: from the residual basis itself, or as
+    sqrt(||t||^2 - ||t P||^2) from the principal basis P (`subspace_basis`); projected in t's precision, squared norms
+    summed in float64."""
+    p = t @ basis
+    projected = np.einsum("nd,nd->n", p, p, dtype=np.float64)
+    if keeps_principal:
+        return np.sqrt(np.maximum(np.einsum("nd,nd->n", t, t, dtype=np.float64) - projected, 0.0))
+    return np.sqrt(projected)
+
+
+def resolved_dim(detector: Detector) -> dict[str, Any]:
+    """{"dim": the principal dimension a fitted subspace detector kept}; {} before its fit."""
+    if "basis" not in detector.__dict__:
+        return {}
+    kept = detector.basis.shape[1]
+    return {"dim": kept if detector.keeps_principal else detector.basis.shape[0] - kept}
+
+
 @register_detector("vim")
 class ViM(Detector):
     """s = logsumexp(z) - alpha ||(h - u) projected off the top-`dim` principal space||, u = -pinv(W) b.
@@ -216,10 +243,7 @@ class ViM(Detector):
     needs_head = True
 
     def resolved_params(self) -> dict[str, Any]:
-        if "basis" not in self.__dict__:
-            return {}
-        kept = self.basis.shape[1]
-        return {"dim": kept if self.keeps_principal else self.basis.shape[0] - kept}
+        return resolved_dim(self)
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
         h = stored_features(id_train, self.name)
@@ -227,10 +251,7 @@ class ViM(Detector):
         self.origin = virtual_origin(self.head.weight, self.head.bias)
         # products in float32 like the reference (sklearn EmpiricalCovariance on float32 features), summed in float64
         covariance = second_moment_about(h, self.origin)
-        # keep the smaller of the two bases: the residual follows from either
-        self.keeps_principal = dim <= h.shape[1] - dim
-        self.basis = (ranked_eigenvectors(covariance, 0, dim) if self.keeps_principal
-                      else ranked_eigenvectors(covariance, dim, h.shape[1]))
+        self.keeps_principal, self.basis = subspace_basis(covariance, dim)
         # alpha's train pass projects in float32 (the model's precision, as pytorch-ood does), sums in float64
         basis, origin = self.basis.astype(np.float32), self.origin.astype(np.float32)
         stored = stored_max_logit_sum(id_train, self.head, h)
@@ -246,12 +267,8 @@ class ViM(Detector):
         self.alpha = float(max_logit / residual)
 
     def residual(self, t: np.ndarray, basis: np.ndarray | None = None) -> np.ndarray:
-        """||P_perp t|| per row of t = h - u, projected in t's precision, squared norms summed in float64."""
-        p = t @ (self.basis if basis is None else basis)
-        projected = np.einsum("nd,nd->n", p, p, dtype=np.float64)
-        if self.keeps_principal:
-            return np.sqrt(np.maximum(np.einsum("nd,nd->n", t, t, dtype=np.float64) - projected, 0.0))
-        return np.sqrt(projected)
+        """||P_perp t|| per row of t = h - u (`residual_norm` with the fitted basis, or `basis` cast alike)."""
+        return residual_norm(t, self.basis if basis is None else basis, self.keeps_principal)
 
     def _score(self, batch) -> np.ndarray:
         h = stored_features(batch, self.name)
