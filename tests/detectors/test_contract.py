@@ -168,7 +168,8 @@ def test_fits_scores_and_round_trips(name, mode, world, tmp_path):
     assert not set(saved) & cls.Params.runtime() and saved == json.loads(json.dumps(det.hyperparameters))
     loaded = detectors.load(folder, **runtime(cls, world))
     assert type(loaded) is cls and loaded.fitted
-    if name == "diffpath":  # bitwise on current versions; one float64 ulp apart on the floors (diffusers 0.36)
+    if name == "diffpath":  # load refits its density on the saved features: bitwise on current versions, one float64
+        # ulp apart on the floors (scikit-learn 1.4.2, diffusers 0.36)
         np.testing.assert_allclose(loaded.score(test), scores, rtol=1e-14, atol=0)
     else:
         np.testing.assert_array_equal(loaded.score(test), scores)
