@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from pipelines.collectives import share
 from pipelines.data import ImageLoadError, Manifest, load_image
 from pipelines.training.objectives import Objective
 
@@ -179,9 +180,8 @@ class ShareBatches(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         for batch in self.batch_sampler:
-            size, extra = divmod(len(batch), self.processes)
-            start = self.rank * size + min(self.rank, extra)
-            yield list(batch[start:start + size + (self.rank < extra)])
+            mine = share(len(batch), self.rank, self.processes)
+            yield list(batch[mine.start:mine.stop])
 
     def set_epoch(self, epoch: int) -> None:
         set_epoch(self.batch_sampler, epoch)
