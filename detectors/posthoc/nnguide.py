@@ -72,7 +72,7 @@ class NNGuide(Detector):
         self.bank = (normalised(h[rows]) * energy[:, None].astype(np.float32)).astype(np.float32)
 
     def _score(self, batch) -> np.ndarray:
-        """Per block of rows (`vim.map_blocks`: read-only views, on the idle cores' threads): the normalised rows'
+        """Per block of rows (`vim.map_blocks`: read-only views, on a thread per core): the normalised rows'
         products with the bank and their top-k mean while the block is in cache, and the block's float64 energy in
         this thread meanwhile; row by row the same arithmetic (and bits) as on the whole array."""
         h, z = stored_features(batch, self.name), stored_logits(batch, self.name)

@@ -109,15 +109,15 @@ class PNML(Detector):
         # float32 products (the reference's), summed in float64; in-memory rows are read as views (no chunk copy)
         for _, block in streaming.blocks(h, np.float32, read_only=True):
             x = np.empty(block.shape, np.float32)
-            for part, rows in map_blocks(normalised, block, np.float32):  # row by row, on the idle cores
+            for part, rows in map_blocks(normalised, block, np.float32):  # row by row, a thread per core
                 x[part] = rows
             gram += x.T @ x
         (gram,) = streaming.reduce_sum(gram)
         self.projector = hermitian_pinv(gram, self.params["rcond"])
 
     def _score(self, batch) -> np.ndarray:
-        """Per block of rows (`vim.map_blocks`: read-only views on the idle cores' threads, one BLAS thread each):
-        the products and the float64 regret while the block is in cache, the elementwise passes on every idle core;
+        """Per block of rows (`vim.map_blocks`: read-only views on a thread per core, one BLAS thread each):
+        the products and the float64 regret while the block is in cache, the elementwise passes on every core;
         row by row the same arithmetic as on the whole array."""
         projector = self.projector.astype(np.float32)
 

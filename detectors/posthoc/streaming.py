@@ -156,6 +156,16 @@ def fresh_copy(view: np.ndarray, dtype: Any = None) -> np.ndarray:
     return half.to(torch.float32 if target == np.float32 else torch.float64).numpy()
 
 
+def scratch(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+    """An uninitialised array for a buffer that is written once per block, from torch's allocator: numpy asks the
+    kernel for transparent huge pages on a fresh array of 4 MiB or more, and where the kernel defragments on request
+    (`defrag: madvise`) the first writes to a fresh 40 MB array stalled 0.2-0.4 s in compaction here
+    (docs/bench_vim.md), against 20 ms of ordinary page faults."""
+    import torch
+
+    return torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name)).numpy()
+
+
 def map_rows(fn: Callable[[slice, np.ndarray], np.ndarray], array: np.ndarray, dtype: Any = None, *,
              rows: int | None = None, read_only: bool = False) -> np.ndarray:
     """Concatenate fn(slice, rows) [n_rows] over the chunks of `array` (chunked scoring), `rows` per call (default

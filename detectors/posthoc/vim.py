@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -9,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import scipy.linalg
 from threadpoolctl import threadpool_limits
 
 from detectors.base import Detector, FeatureSet
@@ -21,9 +21,13 @@ from pipelines.params import Params, param
 SCORE_ROWS = 2048
 """Rows per block of the train residual pass and of scoring: a block's centred copy stays in cache (in-memory features
 are read as views, not copied)."""
-MOMENT_ROWS = 4096
-"""Rows per block of the covariance's float32 products (each summed into float64): blocks enough for every idle core,
-long enough for an efficient rank-k update."""
+MOMENT_ROWS = 8192
+"""Most rows per block of the covariance's products (`moment_rows`): each block adds one D x D float64 conversion and
+sum, so long blocks keep those a small part of the product (20k x 1024 on 2 idle cores: 4 blocks 110-116 ms, 5 blocks
+of 4096 rows 145-151 ms)."""
+SHIFT_ROWS = 1024
+"""Rows whose mean centres the covariance's products: any rows near the data keep its float32 products well
+conditioned."""
 
 
 def principal_dim(feature_dim: int) -> int:
@@ -48,27 +52,31 @@ def resolve_dim(dim: int | None, feature_dim: int, who: str, default: int | None
 
 
 def lapack_threads():
-    """BLAS threads for the factorisations (Cholesky, eigh): the cores the machine leaves idle, at least one. LAPACK's
-    reductions are synchronisation-bound: on a shared 2-core machine whose cores were busy one thread ran them 2-5x
-    faster than two (docs/bench_vim.md), while on an idle machine the other cores help, as they help pytorch-ood's
-    torch eigh (pinned to one thread, ViM fell behind it on a quiet machine). The GEMMs keep every thread."""
+    """OpenBLAS threads for numpy's factorisations (pnml's pseudo-inverse, gmm's per-class Cholesky and SVD): the cores
+    the machine leaves idle, at least one. LAPACK's reductions are synchronisation-bound: on a shared 2-core machine
+    whose cores were busy one thread ran them 2-5x faster than two (docs/bench_vim.md), while on an idle machine the
+    other cores help."""
     return threadpool_limits(idle_cores())
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def idle_cores() -> int:
     """The cores this process may use less the others' load (the 1-minute load average without this process), at
     least 1."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     others = max(os.getloadavg()[0] - 1.0, 0.0)
     return max(1, min(cores, int(cores - others + 0.5)))
 
 
 def virtual_origin(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """u = -pinv(W) b, the minimum-norm least-squares solution of W u = -b: through the Cholesky factor of the smaller
-    Gram matrix (W W^T or W^T W) when it is well conditioned, else through the SVD pseudo-inverse. numpy's LAPACK
-    (the OpenBLAS of the products that follow: scipy's own OpenBLAS would leave its threads spinning on the cores the
-    covariance product starts on)."""
-    with lapack_threads():
+    Gram matrix (W W^T or W^T W) when it is well conditioned, else through the SVD pseudo-inverse. One OpenBLAS
+    thread (`one_blas_thread`: the Gram of 1,000 classes is about 2 GFLOP, 20 ms)."""
+    with one_blas_thread():
         return _virtual_origin(weight, bias)
 
 
@@ -94,30 +102,35 @@ def _cho_solve(lower: np.ndarray, rhs: np.ndarray) -> np.ndarray:
 
 
 def ranked_eigenvectors(covariance: np.ndarray, first: int, stop: int) -> np.ndarray:
-    """Eigenvectors [D, stop-first] of a symmetric matrix ranked first..stop-1 by decreasing eigenvalue, float64. With
-    one thread (a loaded machine), scipy's MRRR on the subset where it is a third of D or less (256 of 1024: about 10%
-    faster than all of them); with more, and for larger subsets (1000 of 2048: 4.1 s against 6.1 s), the full
-    divide-and-conquer eigh (256 of 1024 on 2 idle cores: 113 ms against MRRR's 154 ms) through numpy's LAPACK: the
-    OpenBLAS the streamed moments and the residual passes multiply with, whose threads are still spinning when the
-    eigh starts (scipy's and torch's are other thread pools: right after an OpenBLAS product torch's eigh waited
-    0.6-4 s for OpenBLAS's still-spinning threads, against 85 ms alone)."""
-    d, threads = len(covariance), idle_cores()
-    with threadpool_limits(threads):
-        if 3 * (stop - first) <= d and threads == 1:
-            _, vectors = scipy.linalg.eigh(covariance, driver="evr", subset_by_index=[d - stop, d - 1 - first])
-            return np.ascontiguousarray(vectors[:, ::-1])
-        _, vectors = np.linalg.eigh(covariance)  # LAPACK ?syevd, as scipy's driver="evd"
-    return np.ascontiguousarray(vectors[:, ::-1][:, first:stop])
+    """Eigenvectors [D, stop-first] of a symmetric matrix ranked first..stop-1 by decreasing eigenvalue, float64:
+    torch's divide-and-conquer eigh (MKL) on `idle_cores()` OpenMP threads. 1024 x 1024 on 2 idle cores: 94 ms
+    against 130 ms for numpy's (OpenBLAS) and 154 ms for scipy's MRRR on the top 256; on one thread 163 ms against
+    197 ms and 184 ms (docs/bench_vim.md). torch's pool is not OpenBLAS's: ViM's products run on one OpenBLAS thread
+    per Python thread (`one_blas_thread`), so no spinning OpenBLAS thread holds a core the eigh needs."""
+    import torch
+
+    with threadpool_limits(idle_cores(), user_api="openmp"):
+        _, vectors = torch.linalg.eigh(torch.from_numpy(np.ascontiguousarray(covariance, dtype=np.float64)))
+    return np.ascontiguousarray(vectors.numpy()[:, ::-1][:, first:stop])
+
+
+def one_blas_thread():
+    """OpenBLAS (numpy's products) on one thread, for a detector whose parallelism is its row blocks' Python threads
+    (`map_blocks`): a threaded OpenBLAS call leaves its pool spinning for about 0.1 s on the cores the next blocks
+    start on (ViM's fit on 2 idle cores: 457 ms with its 256-row logit check threaded, 419 ms without)."""
+    return threadpool_limits(1, user_api="blas")
 
 
 def map_blocks(fn: Callable[[np.ndarray], Any], array: np.ndarray, dtype: Any = None,
                rows: int | None = None) -> Iterator[tuple[slice, Any]]:
-    """(row slice, fn(rows)) over the read-only row blocks of `array` (`streaming.blocks`), in order. Where
-    `idle_cores()` leaves more than one core, the blocks run on that many Python threads with one BLAS thread each
-    (numpy releases the GIL): each thread runs its block's products and its elementwise passes, which a threaded
-    product alone would leave serial (on 2 idle cores they were a quarter of ViM's fit and score). At most twice as
-    many blocks as threads are in flight (a memory-mapped input's are copies). `rows`: per block, default SCORE_ROWS."""
-    workers = idle_cores()
+    """(row slice, fn(rows)) over the read-only row blocks of `array` (`streaming.blocks`), in order. On a machine with
+    more than one core the blocks run on one Python thread per core with one BLAS thread each (numpy releases the
+    GIL): each thread runs its block's products and its elementwise passes, which a threaded product alone would leave
+    serial (on 2 idle cores they were a quarter of ViM's fit and score). Every core, busy or not: the blocks never wait
+    for each other, so a busy machine only slows them (ViM beside two busy processes on 2 cores: 1.08x pytorch-ood on
+    one thread, which got a third of the machine, against 1.3x on two). At most twice as many blocks as threads are
+    in flight (a memory-mapped input's are copies). `rows`: per block, default SCORE_ROWS."""
+    workers = usable_cores()
     items = streaming.blocks(array, dtype, rows or SCORE_ROWS, read_only=True)
     if workers == 1:
         for part, block in items:
@@ -135,27 +148,38 @@ def map_blocks(fn: Callable[[np.ndarray], Any], array: np.ndarray, dtype: Any = 
             yield done, future.result()
 
 
+def moment_rows(n: int) -> int:
+    """Rows per block of the covariance's products: an even number of equal blocks (both cores of a 2-core machine
+    busy to the end) of at most MOMENT_ROWS rows. A function of the row count only, so the sums, added in block order,
+    are the same on any number of threads."""
+    count = 2 * -(-n // (2 * MOMENT_ROWS))
+    return max(1, -(-n // count))
+
+
 def second_moment_about(features: np.ndarray, point: np.ndarray, rows: int | None = None) -> np.ndarray:
     """sum (h - point)(h - point)^T / N [D,D] over the rows of `features` (float32 products, as the reference's
-    sklearn EmpiricalCovariance on float32 features, summed in float64): each block of `rows` (default MOMENT_ROWS) is
-    centred on the first block's mean (rounded to float32: an exact shift) and multiplied (a symmetric rank-k update);
-    the float64 sum of the blocks' products and sums then moves to `point` exactly. The blocks run through
-    `map_blocks` (on the idle cores, summed in block order: the same bits on any number of threads) and are reduced
-    across processes inside `streaming.across_processes`."""
-    rows = rows or MOMENT_ROWS
+    sklearn EmpiricalCovariance on float32 features, summed in float64): each block of `rows` (default `moment_rows`)
+    is centred on the first rows' mean (rounded to float32: an exact shift) in its thread's buffer and multiplied (a
+    symmetric rank-k update); the float64 sum of the blocks' products and sums then moves to `point` exactly. The
+    blocks run through `map_blocks` (on the idle cores, summed in block order: the same bits on any number of threads)
+    and are reduced across processes inside `streaming.across_processes`."""
     if len(features) == 0:
         raise ValueError("no rows to compute statistics from")
-    shift = np.asarray(features[:rows], dtype=np.float32).mean(axis=0, dtype=np.float64).astype(np.float32)
+    dim = features.shape[1]
+    rows = rows or moment_rows(len(features))
+    shift = np.asarray(features[:SHIFT_ROWS], dtype=np.float32).mean(axis=0, dtype=np.float64).astype(np.float32)
+    buffers = threading.local()  # one per thread: a fresh array per block would fault its pages in every time
 
     def moments(block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        centred = block - shift
-        return centred.sum(axis=0, dtype=np.float64), (centred.T @ centred).astype(np.float64)
+        if getattr(buffers, "rows", None) is None:
+            buffers.rows = streaming.scratch((rows, dim))
+        centred = np.subtract(block, shift, out=buffers.rows[:len(block)])
+        return centred.sum(axis=0, dtype=np.float64), centred.T @ centred
 
-    dim = features.shape[1]
     sums, scatter = np.zeros(dim), np.zeros((dim, dim))
     for _, (total, product) in map_blocks(moments, features, np.float32, rows):
         sums += total
-        scatter += product
+        scatter += product  # widened to float64 inside the ufunc: no D x D float64 temporary (32 MiB at D = 2048)
     move = shift.astype(np.float64) - point  # sum (x-p)(x-p)^T = S + s m^T + m s^T + n m m^T, m = shift - p
     scatter += np.outer(sums, move)
     scatter += np.outer(move, sums)
@@ -176,7 +200,8 @@ def stored_max_logit_sum(fit: Any, head: Any, features: np.ndarray, check_rows: 
     scale = max(float(np.abs(expected).max()), np.finfo(np.float32).tiny)
     if not np.allclose(np.asarray(logits[rows], dtype=np.float64), expected, rtol=0, atol=5e-3 * scale):
         return None
-    return float(sum(block.max(axis=1).sum(dtype=np.float64) for _, block in streaming.chunks(logits, np.float32)))
+    return float(sum(top for _, top in map_blocks(lambda block: block.max(axis=1).sum(dtype=np.float64), logits,
+                                                  np.float32)))
 
 
 def subspace_basis(covariance: np.ndarray, dim: int) -> tuple[bool, np.ndarray]:
@@ -246,6 +271,10 @@ class ViM(Detector):
         return resolved_dim(self)
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
+        with one_blas_thread():  # parallel over row blocks (`map_blocks`) and in torch's eigh, not inside OpenBLAS
+            self._fit_blocks(id_train)
+
+    def _fit_blocks(self, id_train: FeatureSet) -> None:
         h = stored_features(id_train, self.name)
         dim = resolve_dim(self.params["dim"], h.shape[1], self.name, self.params["default_dim"])
         self.origin = virtual_origin(self.head.weight, self.head.bias)
@@ -271,6 +300,10 @@ class ViM(Detector):
         return residual_norm(t, self.basis if basis is None else basis, self.keeps_principal)
 
     def _score(self, batch) -> np.ndarray:
+        with one_blas_thread():
+            return self._score_blocks(batch)
+
+    def _score_blocks(self, batch) -> np.ndarray:
         h = stored_features(batch, self.name)
         # float32 features project in float32 (as the fit's alpha pass), float64 in float64; others as float32
         dtype = h.dtype if h.dtype in (np.float32, np.float64) else np.dtype(np.float32)

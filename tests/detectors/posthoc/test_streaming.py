@@ -205,3 +205,11 @@ def test_map_rows_read_only_views_and_copies(tmp_path):
     np.testing.assert_array_equal(streaming.map_rows(fn, mapped, np.float32, rows=7, read_only=True), half)
     assert seen == [(True, False)] * 8  # a float16 memory map is converted chunk by chunk
     assert streaming.map_rows(fn, x32[:0], read_only=True).shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scratch_is_a_writable_array_of_the_asked_shape_and_dtype(dtype):
+    buffer = streaming.scratch((3, 5), dtype)
+    assert buffer.shape == (3, 5) and buffer.dtype == dtype and buffer.flags.writeable and buffer.flags.c_contiguous
+    buffer[...] = 2.0
+    np.testing.assert_array_equal(buffer, np.full((3, 5), 2.0, dtype))

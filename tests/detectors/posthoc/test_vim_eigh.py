@@ -1,6 +1,6 @@
-"""ViM's eigen-solver and thread choices: the subset path (MRRR, a third of D or less, one thread) gives the subspace of
-the full divide-and-conquer eigh (more threads); the factorisations' thread count stays within the machine's cores;
-the row blocks give the same fit and scores on one thread or several."""
+"""ViM's eigen-solver and thread choices: torch's eigh on one thread or several gives numpy's ranked subspace; the
+thread count stays within the machine's cores; the covariance's blocks depend on the data's shape only, and the row
+blocks give the same fit and scores on one thread or several."""
 import os
 
 import numpy as np
@@ -15,7 +15,7 @@ from detectors.posthoc.vim import idle_cores, ranked_eigenvectors
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("first, stop", [(0, 10), (0, 40), (30, 60), (50, 60), (0, 59)])
 def test_both_drivers_give_the_ranked_subspace(first, stop, threads, monkeypatch):
-    monkeypatch.setattr(vim, "idle_cores", lambda: threads)  # 1: MRRR on a small subset; else divide and conquer
+    monkeypatch.setattr(vim, "idle_cores", lambda: threads)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 60)) * np.linspace(3, 0.1, 60)
     cov = x.T @ x / 200
@@ -50,10 +50,10 @@ def test_threaded_blocks_give_the_serial_fit_and_scores(dtype, monkeypatch):
     test = (np.maximum(rng.normal(size=(330, 40)) * 2, 0)).astype(dtype)
     head = LinearHead(rng.normal(size=(6, 40)), rng.normal(size=6))
     monkeypatch.setattr(vim, "SCORE_ROWS", 64)  # many blocks, a short last one
-    monkeypatch.setattr(vim, "MOMENT_ROWS", 150)
+    monkeypatch.setattr(vim, "MOMENT_ROWS", 150)  # 6 blocks of 117 rows
     runs = {}
     for threads in (1, 2, 3):
-        monkeypatch.setattr(vim, "idle_cores", lambda threads=threads: threads)
+        monkeypatch.setattr(vim, "usable_cores", lambda threads=threads: threads)
         det = detectors.build("vim", dim=10).fit(FeatureSet(train), head=head)
         runs[threads] = det.alpha, det.score(FeatureSet(test))
     for threads in (2, 3):  # blocks summed in order: only the BLAS's own thread split may move the last bits
@@ -63,7 +63,7 @@ def test_threaded_blocks_give_the_serial_fit_and_scores(dtype, monkeypatch):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_second_moment_about_a_point_is_the_float64_formula(threads, monkeypatch):
-    monkeypatch.setattr(vim, "idle_cores", lambda: threads)
+    monkeypatch.setattr(vim, "usable_cores", lambda: threads)
     rng = np.random.default_rng(4)
     x = (rng.normal(size=(1000, 30)) * np.linspace(5, 0.1, 30) + 20).astype(np.float32)  # far from the origin
     point = rng.normal(size=30)
@@ -74,3 +74,23 @@ def test_second_moment_about_a_point_is_the_float64_formula(threads, monkeypatch
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6 * np.abs(expected).max())
     with pytest.raises(ValueError, match="no rows"):
         vim.second_moment_about(x[:0], point)
+
+
+@pytest.mark.parametrize("n", [1, 7, 20000, 100001, 2_900_000])
+def test_moment_blocks_are_even_equal_and_bounded(n):
+    rows = vim.moment_rows(n)
+    count = -(-n // rows)
+    assert 1 <= rows <= vim.MOMENT_ROWS
+    assert count == 1 or count % 2 == 0  # both cores of a 2-core machine busy to the end
+    assert count * rows - n < count  # equal blocks up to rounding
+
+
+def test_moments_use_their_blocks_whatever_the_threads(monkeypatch):
+    rng = np.random.default_rng(5)
+    x = (rng.normal(size=(333, 12)) + 3).astype(np.float32)
+    monkeypatch.setattr(vim, "MOMENT_ROWS", 40)
+    runs = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(vim, "usable_cores", lambda threads=threads: threads)
+        runs.append(vim.second_moment_about(x, np.zeros(12)))
+    assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])  # block order: the same bits
