@@ -8,6 +8,7 @@ to ours (negated).
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -227,15 +228,35 @@ product, so a run that starts at once shares its cores with them (on 2 cores a t
 took 0.6-1.6 s, once 4 s, against 85 ms after a 0.1 s pause)."""
 
 
+MIN_RUN_S = 0.1
+"""Shortest timed run: a detector faster than this (WEBO: 3-4 ms) runs back to back that many times per timed run, as
+`timeit` does, so one thread wake-up after the pause does not set its ratio (single calls gave 0.4-3.8x per repeat)."""
+
+MAX_LOOPS = 50
+"""At most this many calls per timed run (tiny test inputs would otherwise loop thousands of times)."""
+
+
+def loops_per_run(seconds: float) -> int:
+    """Calls per timed run so that a run lasts at least `MIN_RUN_S` (at most `MAX_LOOPS`), from the faster side's
+    warm-up seconds."""
+    return min(MAX_LOOPS, max(1, math.ceil(MIN_RUN_S / max(seconds, 1e-6))))
+
+
 def compare(names: list[str], data: Data, repeats: int = 3) -> list[dict[str, Any]]:
-    """Per detector: best fit + score seconds of each side over `repeats` (alternating who runs first), the ratio
-    pytorch-ood / ours, the per-repeat ratios and the largest score difference (ours vs -theirs)."""
+    """Per detector: best fit + score seconds per call of each side over `repeats` (alternating who runs first), the
+    ratio pytorch-ood / ours, the per-repeat ratios and the largest score difference (ours vs -theirs)."""
     pood = pytorch_ood_module()
     rows = []
     shared = data
     for name in names:
         data = INPUTS[name](shared) if name in INPUTS else shared
-        ours(name, data), CASES[name](pood, data)  # warm-up: imports, first-call allocations
+        warm = {"ours": 0.0, "pytorch_ood": 0.0}
+        for side in warm:  # warm-up: imports, first-call allocations; its time sets the loops per timed run
+            start = time.perf_counter()
+            with torch.no_grad():
+                ours(name, data) if side == "ours" else CASES[name](pood, data)
+            warm[side] = time.perf_counter() - start
+        loops = loops_per_run(min(warm.values()))
         times: dict[str, list[float]] = {"ours": [], "pytorch_ood": []}
         for repeat in range(repeats):
             order = ("ours", "pytorch_ood") if repeat % 2 == 0 else ("pytorch_ood", "ours")
@@ -243,8 +264,9 @@ def compare(names: list[str], data: Data, repeats: int = 3) -> list[dict[str, An
                 time.sleep(PAUSE_S)
                 start = time.perf_counter()
                 with torch.no_grad():
-                    scores = ours(name, data) if side == "ours" else CASES[name](pood, data)
-                times[side].append(time.perf_counter() - start)
+                    for _ in range(loops):
+                        scores = ours(name, data) if side == "ours" else CASES[name](pood, data)
+                times[side].append((time.perf_counter() - start) / loops)
                 if side == "ours":
                     mine = scores
                 else:
@@ -256,7 +278,7 @@ def compare(names: list[str], data: Data, repeats: int = 3) -> list[dict[str, An
                      "ratio": min(times["pytorch_ood"]) / min(times["ours"]), "repeat_ratios": pairs,
                      "ours_median_s": medians["ours"], "pytorch_ood_median_s": medians["pytorch_ood"],
                      "median_ratio": medians["pytorch_ood"] / medians["ours"],
-                     "runs": times, "max_rel_diff": float(np.abs(mine - theirs).max() / scale),
+                     "runs": times, "loops_per_run": loops, "max_rel_diff": float(np.abs(mine - theirs).max() / scale),
                      **({"input": {"rows": len(data.test.logits), "classes": data.test.logits.shape[1]}}
                         if name in INPUTS else {})})
     return rows

@@ -50,3 +50,13 @@ def test_peers_only_replaces_the_rows_it_reruns_and_keeps_the_others(tmp_path):
     out.write_text(json.dumps({"peers": {"sizes": {**sizes, "dim": 32}, "rows": [{"detector": "lts"}]}}))
     bench.main(["--peers-only", "--peers", "vra", "--peer-size", "200:16:4", "--peer-repeats", "1", "--out", str(out)])
     assert [r["detector"] for r in json.loads(out.read_text())["peers"]["rows"]] == ["vra"]  # other sizes: replaced
+
+
+def test_fast_detectors_loop_until_a_run_lasts_the_minimum():
+    assert peers.loops_per_run(0.5) == 1
+    assert peers.loops_per_run(0.004) == 25  # WEBO's 4 ms: 25 calls make a 0.1 s run
+    assert peers.loops_per_run(0.0) == peers.MAX_LOOPS
+
+
+def test_every_row_says_how_many_calls_each_timed_run_made(rows):
+    assert all(1 <= r["loops_per_run"] <= peers.MAX_LOOPS for r in rows)
