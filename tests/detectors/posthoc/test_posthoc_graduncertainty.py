@@ -12,11 +12,16 @@ from detectors.posthoc.graduncertainty import head_gradient_norm
 
 RNG = np.random.default_rng(11)
 D, C = 20, 6
-HEAD = LinearHead((RNG.normal(size=(C, D)) * 0.5).astype(np.float32), RNG.normal(size=C).astype(np.float32))
+# Weights in 1/64ths and features on a grid of a 16th of their scale (a power of two): every float32 logit is exact,
+# so both libraries' products agree in any summation order (on another CPU's kernels a 1-ulp logit moved the
+# clamp-bound rows at scale 40 by 6e-5 relative).
+HEAD = LinearHead(np.round(RNG.normal(size=(C, D)) * 32).astype(np.float32) / 64,
+                  np.round(RNG.normal(size=C) * 64).astype(np.float32) / 64)
 
 
 def _features(scale: float, n: int = 40) -> np.ndarray:
-    return (RNG.normal(size=(n, D)) * scale).astype(np.float32)
+    step = 2.0 ** (np.round(np.log2(scale)) - 4)
+    return (np.round(RNG.normal(size=(n, D)) * scale / step) * step).astype(np.float32)
 
 
 def _ours(test: np.ndarray, head: LinearHead = HEAD) -> np.ndarray:
