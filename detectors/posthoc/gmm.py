@@ -17,7 +17,7 @@ import scipy.linalg
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import labels_of, logsumexp, stored_features
-from detectors.posthoc.vim import lapack_threads, map_blocks
+from detectors.posthoc.threads import lapack_threads, map_blocks
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 

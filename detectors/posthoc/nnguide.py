@@ -16,7 +16,7 @@ import numpy as np
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import logsumexp, stored_features, stored_logits
-from detectors.posthoc.vim import map_blocks
+from detectors.posthoc.threads import map_blocks
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
@@ -72,7 +72,7 @@ class NNGuide(Detector):
         self.bank = (normalised(h[rows]) * energy[:, None].astype(np.float32)).astype(np.float32)
 
     def _score(self, batch) -> np.ndarray:
-        """Per block of rows (`vim.map_blocks`: read-only views, on a thread per core): the normalised rows'
+        """Per block of rows (`threads.map_blocks`: read-only views, on a thread per core): the normalised rows'
         products with the bank and their top-k mean while the block is in cache, and the block's float64 energy in
         this thread meanwhile; row by row the same arithmetic (and bits) as on the whole array."""
         h, z = stored_features(batch, self.name), stored_logits(batch, self.name)

@@ -21,7 +21,7 @@ from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import log_softmax, stored_features
 from detectors.posthoc.nnguide import normalised
-from detectors.posthoc.vim import lapack_threads, map_blocks
+from detectors.posthoc.threads import lapack_threads, map_blocks
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
@@ -44,7 +44,7 @@ def regret(log_probs: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 
 def hermitian_pinv(matrix: np.ndarray, rcond: float) -> np.ndarray:
-    """The pseudo-inverse of a symmetric PSD matrix on the cores the machine leaves idle (`vim.lapack_threads`: one
+    """The pseudo-inverse of a symmetric PSD matrix on the cores the machine leaves idle (`threads.lapack_threads`: one
     thread under load, where a threaded LAPACK reduction is several times slower): its inverse from the Cholesky factor
     where that is the pseudo-inverse to float64 rounding (`cholesky_inverse`), else from its float64 eigh, eigenvalues
     at most rcond x the largest dropped, as np.linalg.pinv(hermitian=True)."""
@@ -116,7 +116,7 @@ class PNML(Detector):
         self.projector = hermitian_pinv(gram, self.params["rcond"])
 
     def _score(self, batch) -> np.ndarray:
-        """Per block of rows (`vim.map_blocks`: read-only views on a thread per core, one BLAS thread each):
+        """Per block of rows (`threads.map_blocks`: read-only views on a thread per core, one BLAS thread each):
         the products and the float64 regret while the block is in cache, the elementwise passes on every core;
         row by row the same arithmetic as on the whole array."""
         projector = self.projector.astype(np.float32)

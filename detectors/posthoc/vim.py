@@ -1,19 +1,14 @@
 """Virtual-logit Matching (ViM, Wang et al., CVPR 2022): energy minus the scaled residual off the principal subspace."""
 from __future__ import annotations
 
-import os
 import threading
-from collections import deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from detectors.base import Detector, FeatureSet
-from detectors.posthoc import streaming
+from detectors.posthoc import streaming, threads
 from detectors.posthoc.common import logsumexp_rows, stored_features
 from detectors.registry import register_detector
 from pipelines.params import Params, param
@@ -51,32 +46,11 @@ def resolve_dim(dim: int | None, feature_dim: int, who: str, default: int | None
     return dim
 
 
-def lapack_threads():
-    """OpenBLAS threads for numpy's factorisations (pnml's pseudo-inverse, gmm's per-class Cholesky and SVD): the cores
-    the machine leaves idle, at least one. LAPACK's reductions are synchronisation-bound: on a shared 2-core machine
-    whose cores were busy one thread ran them 2-5x faster than two (docs/bench_vim.md), while on an idle machine the
-    other cores help."""
-    return threadpool_limits(idle_cores())
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def idle_cores() -> int:
-    """The cores this process may use less the others' load (the 1-minute load average without this process), at
-    least 1."""
-    cores = usable_cores()
-    others = max(os.getloadavg()[0] - 1.0, 0.0)
-    return max(1, min(cores, int(cores - others + 0.5)))
-
-
 def virtual_origin(weight: np.ndarray, bias: np.ndarray) -> np.ndarray:
     """u = -pinv(W) b, the minimum-norm least-squares solution of W u = -b: through the Cholesky factor of the smaller
     Gram matrix (W W^T or W^T W) when it is well conditioned, else through the SVD pseudo-inverse. One OpenBLAS
     thread (`one_blas_thread`: the Gram of 1,000 classes is about 2 GFLOP, 20 ms)."""
-    with one_blas_thread():
+    with threads.one_blas_thread():
         return _virtual_origin(weight, bias)
 
 
@@ -109,43 +83,9 @@ def ranked_eigenvectors(covariance: np.ndarray, first: int, stop: int) -> np.nda
     per Python thread (`one_blas_thread`), so no spinning OpenBLAS thread holds a core the eigh needs."""
     import torch
 
-    with threadpool_limits(idle_cores(), user_api="openmp"):
+    with threads.limit(threads.idle_cores(), "openmp"):
         _, vectors = torch.linalg.eigh(torch.from_numpy(np.ascontiguousarray(covariance, dtype=np.float64)))
     return np.ascontiguousarray(vectors.numpy()[:, ::-1][:, first:stop])
-
-
-def one_blas_thread():
-    """OpenBLAS (numpy's products) on one thread, for a detector whose parallelism is its row blocks' Python threads
-    (`map_blocks`): a threaded OpenBLAS call leaves its pool spinning for about 0.1 s on the cores the next blocks
-    start on (ViM's fit on 2 idle cores: 457 ms with its 256-row logit check threaded, 419 ms without)."""
-    return threadpool_limits(1, user_api="blas")
-
-
-def map_blocks(fn: Callable[[np.ndarray], Any], array: np.ndarray, dtype: Any = None,
-               rows: int | None = None) -> Iterator[tuple[slice, Any]]:
-    """(row slice, fn(rows)) over the read-only row blocks of `array` (`streaming.blocks`), in order. On a machine with
-    more than one core the blocks run on one Python thread per core with one BLAS thread each (numpy releases the
-    GIL): each thread runs its block's products and its elementwise passes, which a threaded product alone would leave
-    serial (on 2 idle cores they were a quarter of ViM's fit and score). Every core, busy or not: the blocks never wait
-    for each other, so a busy machine only slows them (ViM beside two busy processes on 2 cores: 1.08x pytorch-ood on
-    one thread, which got a third of the machine, against 1.3x on two). At most twice as many blocks as threads are
-    in flight (a memory-mapped input's are copies). `rows`: per block, default SCORE_ROWS."""
-    workers = usable_cores()
-    items = streaming.blocks(array, dtype, rows or SCORE_ROWS, read_only=True)
-    if workers == 1:
-        for part, block in items:
-            yield part, fn(block)
-        return
-    with threadpool_limits(1), ThreadPoolExecutor(workers) as pool:
-        pending: deque = deque()
-        for part, block in items:
-            pending.append((part, pool.submit(fn, block)))
-            if len(pending) > 2 * workers:
-                done, future = pending.popleft()
-                yield done, future.result()
-        while pending:
-            done, future = pending.popleft()
-            yield done, future.result()
 
 
 def moment_rows(n: int) -> int:
@@ -161,8 +101,8 @@ def second_moment_about(features: np.ndarray, point: np.ndarray, rows: int | Non
     sklearn EmpiricalCovariance on float32 features, summed in float64): each block of `rows` (default `moment_rows`)
     is centred on the first rows' mean (rounded to float32: an exact shift) in its thread's buffer and multiplied (a
     symmetric rank-k update); the float64 sum of the blocks' products and sums then moves to `point` exactly. The
-    blocks run through `map_blocks` (on the idle cores, summed in block order: the same bits on any number of threads)
-    and are reduced across processes inside `streaming.across_processes`."""
+    blocks run through `threads.map_blocks` (a thread per core, summed in block order: the same bits on any number of
+    threads) and are reduced across processes inside `streaming.across_processes`."""
     if len(features) == 0:
         raise ValueError("no rows to compute statistics from")
     dim = features.shape[1]
@@ -177,7 +117,7 @@ def second_moment_about(features: np.ndarray, point: np.ndarray, rows: int | Non
         return centred.sum(axis=0, dtype=np.float64), centred.T @ centred
 
     sums, scatter = np.zeros(dim), np.zeros((dim, dim))
-    for _, (total, product) in map_blocks(moments, features, np.float32, rows):
+    for _, (total, product) in threads.map_blocks(moments, features, np.float32, rows):
         sums += total
         scatter += product  # widened to float64 inside the ufunc: no D x D float64 temporary (32 MiB at D = 2048)
     move = shift.astype(np.float64) - point  # sum (x-p)(x-p)^T = S + s m^T + m s^T + n m m^T, m = shift - p
@@ -200,8 +140,8 @@ def stored_max_logit_sum(fit: Any, head: Any, features: np.ndarray, check_rows: 
     scale = max(float(np.abs(expected).max()), np.finfo(np.float32).tiny)
     if not np.allclose(np.asarray(logits[rows], dtype=np.float64), expected, rtol=0, atol=5e-3 * scale):
         return None
-    return float(sum(top for _, top in map_blocks(lambda block: block.max(axis=1).sum(dtype=np.float64), logits,
-                                                  np.float32)))
+    tops = threads.map_blocks(lambda block: block.max(axis=1).sum(dtype=np.float64), logits, np.float32)
+    return float(sum(top for _, top in tops))
 
 
 def subspace_basis(covariance: np.ndarray, dim: int) -> tuple[bool, np.ndarray]:
@@ -271,7 +211,7 @@ class ViM(Detector):
         return resolved_dim(self)
 
     def _fit(self, id_train: FeatureSet, *, id_val=None, ood_val=None) -> None:
-        with one_blas_thread():  # parallel over row blocks (`map_blocks`) and in torch's eigh, not inside OpenBLAS
+        with threads.one_blas_thread():  # parallel over row blocks (`map_blocks`) and in torch's eigh, not OpenBLAS
             self._fit_blocks(id_train)
 
     def _fit_blocks(self, id_train: FeatureSet) -> None:
@@ -290,7 +230,8 @@ class ViM(Detector):
             return top, self.residual(block - origin, basis).sum()
 
         max_logit, residual = stored or 0.0, 0.0
-        for _, (top, part) in map_blocks(sums, h, np.float32):  # added in block order: the same sums on any threads
+        # added in block order: the same sums on any number of threads
+        for _, (top, part) in threads.map_blocks(sums, h, np.float32, SCORE_ROWS):
             max_logit, residual = max_logit + top, residual + part
         max_logit, residual = streaming.reduce_sum(max_logit, residual)
         self.alpha = float(max_logit / residual)
@@ -300,7 +241,7 @@ class ViM(Detector):
         return residual_norm(t, self.basis if basis is None else basis, self.keeps_principal)
 
     def _score(self, batch) -> np.ndarray:
-        with one_blas_thread():
+        with threads.one_blas_thread():
             return self._score_blocks(batch)
 
     def _score_blocks(self, batch) -> np.ndarray:
@@ -313,7 +254,7 @@ class ViM(Detector):
             return logsumexp_rows(self.head(block)) - self.alpha * self.residual(block - origin, basis)
 
         out = np.empty(len(h))
-        for part, scores in map_blocks(rows, h, dtype):
+        for part, scores in threads.map_blocks(rows, h, dtype, SCORE_ROWS):
             out[part] = scores
         return out
 

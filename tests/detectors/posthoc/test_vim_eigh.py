@@ -1,21 +1,20 @@
-"""ViM's eigen-solver and thread choices: torch's eigh on one thread or several gives numpy's ranked subspace; the
-thread count stays within the machine's cores; the covariance's blocks depend on the data's shape only, and the row
+"""ViM's eigen-solver and blocks: torch's eigh on one thread or several gives numpy's ranked subspace; the
+covariance's blocks depend on the data's shape only, and the row
 blocks give the same fit and scores on one thread or several."""
-import os
-
 import numpy as np
 import pytest
 
 import detectors
 from detectors import FeatureSet, LinearHead
+from detectors.posthoc import threads as posthoc_threads
 from detectors.posthoc import vim
-from detectors.posthoc.vim import idle_cores, ranked_eigenvectors
+from detectors.posthoc.vim import ranked_eigenvectors
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("first, stop", [(0, 10), (0, 40), (30, 60), (50, 60), (0, 59)])
 def test_both_drivers_give_the_ranked_subspace(first, stop, threads, monkeypatch):
-    monkeypatch.setattr(vim, "idle_cores", lambda: threads)
+    monkeypatch.setattr(posthoc_threads, "idle_cores", lambda: threads)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 60)) * np.linspace(3, 0.1, 60)
     cov = x.T @ x / 200
@@ -33,16 +32,6 @@ def test_tied_eigenvalues_still_span_the_space():
     np.testing.assert_allclose(got @ got.T, np.diag([0, 1, 1, 0, 0, 0.0]), atol=1e-12)
 
 
-def test_idle_cores_is_within_the_machine(monkeypatch):
-    cores = len(os.sched_getaffinity(0))
-    monkeypatch.setattr(vim.os, "getloadavg", lambda: (50.0, 0, 0))
-    assert idle_cores() == 1  # a loaded machine: one thread
-    monkeypatch.setattr(vim.os, "getloadavg", lambda: (1.0, 0, 0))
-    assert idle_cores() == cores  # only this process running: every core
-    monkeypatch.setattr(vim.os, "getloadavg", lambda: (0.0, 0, 0))
-    assert idle_cores() == cores
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 def test_threaded_blocks_give_the_serial_fit_and_scores(dtype, monkeypatch):
     rng = np.random.default_rng(3)
@@ -53,7 +42,7 @@ def test_threaded_blocks_give_the_serial_fit_and_scores(dtype, monkeypatch):
     monkeypatch.setattr(vim, "MOMENT_ROWS", 150)  # 6 blocks of 117 rows
     runs = {}
     for threads in (1, 2, 3):
-        monkeypatch.setattr(vim, "usable_cores", lambda threads=threads: threads)
+        monkeypatch.setattr(posthoc_threads, "usable_cores", lambda threads=threads: threads)
         det = detectors.build("vim", dim=10).fit(FeatureSet(train), head=head)
         runs[threads] = det.alpha, det.score(FeatureSet(test))
     for threads in (2, 3):  # blocks summed in order: only the BLAS's own thread split may move the last bits
@@ -63,7 +52,7 @@ def test_threaded_blocks_give_the_serial_fit_and_scores(dtype, monkeypatch):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_second_moment_about_a_point_is_the_float64_formula(threads, monkeypatch):
-    monkeypatch.setattr(vim, "usable_cores", lambda: threads)
+    monkeypatch.setattr(posthoc_threads, "usable_cores", lambda: threads)
     rng = np.random.default_rng(4)
     x = (rng.normal(size=(1000, 30)) * np.linspace(5, 0.1, 30) + 20).astype(np.float32)  # far from the origin
     point = rng.normal(size=30)
@@ -91,6 +80,6 @@ def test_moments_use_their_blocks_whatever_the_threads(monkeypatch):
     monkeypatch.setattr(vim, "MOMENT_ROWS", 40)
     runs = []
     for threads in (1, 2, 3):
-        monkeypatch.setattr(vim, "usable_cores", lambda threads=threads: threads)
+        monkeypatch.setattr(posthoc_threads, "usable_cores", lambda threads=threads: threads)
         runs.append(vim.second_moment_about(x, np.zeros(12)))
     assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])  # block order: the same bits
