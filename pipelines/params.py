@@ -44,6 +44,10 @@ def param(default: Any, doc: str, *, runtime: bool = False, check: Any = None, *
     return dataclasses.field(default=default, metadata=meta)
 
 
+_EXACT = {float: (float, int), int: (int,)}
+"""Element types that pass `type_ok` at a glance (a list of thousands of floats is checked at every build)."""
+
+
 def type_ok(value: Any, hint: Any) -> bool:
     """True when `value` is of the annotated type (ints count as floats; bools are neither)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -60,8 +64,10 @@ def type_ok(value: Any, hint: Any) -> bool:
     if hint is int:
         return isinstance(value, numbers.Integral) and not isinstance(value, bool)
     if origin in (list, tuple, typing.Sequence) or hint in (list, tuple):
-        return isinstance(value, (list, tuple)) and all(type_ok(v, args[0])
-                                                        for v in value) if args else isinstance(value, (list, tuple))
+        if not isinstance(value, (list, tuple)) or not args:
+            return isinstance(value, (list, tuple))
+        exact = _EXACT.get(args[0], ())
+        return all(type(v) in exact or type_ok(v, args[0]) for v in value)
     if origin is dict or hint is dict:
         return isinstance(value, dict)
     return isinstance(value, origin or hint)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import pytest
 
 from pipelines.configfile import parse_yaml
@@ -112,3 +113,14 @@ def test_from_yaml_faults_name_where_the_value_came_from(tmp_path, monkeypatch, 
         Flagged.from_yaml("run.yaml", overrides, flags)
     with pytest.raises(ConfigError, match=r"^none.yaml: no such config file"):
         Flagged.from_yaml("none.yaml")
+
+
+def test_list_elements_are_checked_one_by_one():
+    from pipelines.params import type_ok
+
+    assert type_ok([1, 2.5, np.float64(3.0), np.int32(4)], list[float])
+    assert not type_ok([1.0, True], list[float])  # bools are not numbers here
+    assert not type_ok([1.0, "2"], list[float])
+    assert type_ok([1, np.int64(2)], list[int]) and not type_ok([1, 2.0], list[int])
+    assert type_ok((0.5,), list[float] | None) and type_ok(None, list[float] | None)
+    assert not type_ok("abc", list[str])
