@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from detectors.base import Detector
-from detectors.posthoc import streaming
+from detectors.posthoc import threads
 from detectors.posthoc.common import logsumexp_rows, stored_features
 from detectors.posthoc.scale import SCORE_ROWS, scale_ratio
 from detectors.registry import register_detector
@@ -44,10 +44,9 @@ class LTS(Detector):
     needs_head = True
 
     def _score(self, batch) -> np.ndarray:
-        def rows(_, h: np.ndarray) -> np.ndarray:
+        def rows(h: np.ndarray) -> np.ndarray:
             logits = self.head(h)
             logits *= lts_factor(h, self.params["percentile"])[:, None].astype(np.float32)
             return logsumexp_rows(logits)
 
-        return streaming.map_rows(rows, stored_features(batch, self.name), np.float32, rows=SCORE_ROWS,
-                                  read_only=True)
+        return threads.map_rows(rows, stored_features(batch, self.name), np.float32, SCORE_ROWS)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from detectors.base import Detector
-from detectors.posthoc import streaming
+from detectors.posthoc import threads
 from detectors.posthoc.common import logsumexp_rows, stored_features
 from detectors.registry import register_detector
 from pipelines.params import Params, param
@@ -46,7 +46,8 @@ def scale_ratio(features: np.ndarray, percentile: float, relu: bool = False) -> 
 
 
 SCORE_ROWS = 2048
-"""Rows per scoring block of SCALE and LTS: a block's features, sorted copy and logits stay in cache."""
+"""Rows per scoring block of SCALE and LTS: a block's features, sorted copy and logits stay in cache; the blocks run on
+a thread per core (`threads.map_rows`), each sorting and multiplying its own rows."""
 
 
 def scale_logits(features: np.ndarray, weight: np.ndarray, bias: np.ndarray, percentile: float) -> np.ndarray:
@@ -79,8 +80,7 @@ class SCALE(Detector):
     needs_head = True
 
     def _score(self, batch) -> np.ndarray:
-        def rows(_, h: np.ndarray) -> np.ndarray:
+        def rows(h: np.ndarray) -> np.ndarray:
             return logsumexp_rows(scale_logits(h, self.head.weight, self.head.bias, self.params["percentile"]))
 
-        return streaming.map_rows(rows, stored_features(batch, self.name), np.float32, rows=SCORE_ROWS,
-                                  read_only=True)
+        return threads.map_rows(rows, stored_features(batch, self.name), np.float32, SCORE_ROWS)

@@ -2,28 +2,33 @@
 per-class weights; pytorch-ood's `WeightedEBO`."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from detectors.base import Detector
+from detectors.posthoc import streaming, threads
 from detectors.posthoc.common import logsumexp, stored_logits
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
-SUM_ELEMENTS = 1 << 22
-"""Logits per block of the weighted sum (16 MB of float32): few, large blocks, since each of torch's parallel regions
-waits for all its threads, a scheduler slice apiece on a loaded machine (20k x 200 logits in blocks of 1024 rows: 0.7
-ms against 0.9 ms in one block alone, but a median 260 ms against 17 ms beside other jobs on 2 cores)."""
+SUM_ELEMENTS = 1 << 18
+"""Logits per step of the weighted sum (1 MiB of float32): a step's exp stays in its core's cache until the product
+reads it."""
+TASK_ELEMENTS = 1 << 22
+"""Most logits per thread task (`threads.map_blocks`): a core's steps run in one task, since each task's hand-off
+costs tens of microseconds, as long as a stored (memory-mapped) input's copy stays small (16 MiB of float32). The
+tasks never wait for each other, where each of torch's parallel regions waits for all its threads, a scheduler slice
+apiece on a loaded machine."""
 
 
 def weighted_energy(logits: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
     """log sum_k relu(w_k) exp(z_k), float64 [N] (higher = more ID). The sum is taken as the reference takes it,
-    exp(z) @ relu(w) in the logits' precision (torch's exp and matrix-vector product in blocks of `SUM_ELEMENTS`, no
-    shift by the row's maximum); a row whose sum overflows, or is so small that subnormal terms could cost digits
-    (below C max(w, 1) tiny / eps: in float32 a logit above 88, or all below about -72 + log C), is redone as
+    exp(z) @ relu(w) in the logits' precision (float32 for float16 storage; no shift by the row's maximum), in blocks
+    of `SUM_ELEMENTS`; a row whose sum overflows, or is so small that subnormal terms could cost digits (below
+    C max(w, 1) tiny / eps: in float32 a logit above 88, or all below about -72 + log C), is redone as
     logsumexp(z + log relu(w)) in float64, where the reference returns inf or loses digits. None = all ones (EBO at
     T = 1)."""
     z = np.asarray(logits)
@@ -32,12 +37,23 @@ def weighted_energy(logits: np.ndarray, weights: np.ndarray | None) -> np.ndarra
     w = np.maximum(np.asarray(weights, dtype=np.float64).reshape(-1), 0.0)
     if w.size != z.shape[1]:
         raise ValueError(f"webo: {w.size} weights for logits of {z.shape[1]} classes")
-    rows, wz = torch.from_numpy(np.ascontiguousarray(z)), torch.from_numpy(w.astype(z.dtype))
-    sums, block = torch.empty(len(z), dtype=rows.dtype), max(1, SUM_ELEMENTS // max(len(w), 1))
-    for start in range(0, len(z), block):
-        torch.mv(torch.exp(rows[start:start + block]), wz, out=sums[start:start + block])
-    total = sums.numpy().astype(np.float64)
-    info = np.finfo(z.dtype)
+    dtype = z.dtype if z.dtype in (np.float32, np.float64) else np.dtype(np.float32)
+    wz, buffers = w.astype(dtype), threading.local()
+    step = max(1, SUM_ELEMENTS // len(w))
+    task = max(step, min(-(-len(z) // threads.usable_cores()), TASK_ELEMENTS // len(w)))
+
+    def sums(block: np.ndarray) -> np.ndarray:
+        if getattr(buffers, "exp", None) is None:  # one per thread: a fresh array per task would fault its pages in
+            buffers.exp = streaming.scratch((step, len(w)), dtype)
+        out = np.empty(len(block), dtype)
+        with np.errstate(over="ignore", invalid="ignore"):  # inf (or inf * 0) sums: redone in float64 below
+            for start in range(0, len(block), step):
+                rows = block[start:start + step]
+                np.matmul(np.exp(rows, out=buffers.exp[:len(rows)]), wz, out=out[start:start + step])
+        return out
+
+    total = threads.map_rows(sums, z, dtype, task)
+    info = np.finfo(dtype)
     exact = np.isfinite(total) & (total >= float(info.tiny / info.eps) * len(w) * max(float(w.max()), 1.0))
     out = np.log(np.where(exact, total, 1.0))
     if not exact.all():

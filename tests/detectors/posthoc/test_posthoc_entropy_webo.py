@@ -83,10 +83,22 @@ def test_webo_by_hand_and_edges():
         detectors.detector_class("webo").check_params({"weights": [1.0, 1.0, 1.0]}, dims={"classes": 7, "features": 4})
 
 
-def test_webo_blocks_change_nothing_but_rounding(monkeypatch):
-    from detectors.posthoc import webo
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_webo_blocks_and_threads_change_nothing_but_rounding(workers, monkeypatch):
+    from detectors.posthoc import threads, webo
 
     w = [0.5, 1.0, 2.0, 0.0, 1.5, -1.0, 3.0]
     whole = detectors.build("webo", weights=w).score(LOGITS)
-    monkeypatch.setattr(webo, "SUM_ELEMENTS", 20)  # blocks of 2 rows: the product's float32 sums group otherwise
+    monkeypatch.setattr(webo, "SUM_ELEMENTS", 20)  # steps of 2 rows: the product's float32 sums group otherwise
+    monkeypatch.setattr(webo, "TASK_ELEMENTS", 50)  # tasks of 7 rows: a short last step in each
+    monkeypatch.setattr(threads, "usable_cores", lambda: workers)
     np.testing.assert_allclose(detectors.build("webo", weights=w).score(LOGITS), whole, rtol=1e-6)
+
+
+def test_webo_sums_float16_logits_in_float32():
+    w = [0.5, 1.0, 2.0, 0.0, 1.5, -1.0, 3.0]
+    half = LOGITS.astype(np.float16)
+    got = detectors.build("webo", weights=w).score(half)
+    np.testing.assert_array_equal(got, detectors.build("webo", weights=w).score(half.astype(np.float32)))
+    wide = half.astype(np.float64)
+    np.testing.assert_allclose(got, np.log((np.maximum(w, 0) * np.exp(wide)).sum(1)), rtol=1e-6)
