@@ -60,3 +60,27 @@ def test_fast_detectors_loop_until_a_run_lasts_the_minimum():
 
 def test_every_row_says_how_many_calls_each_timed_run_made(rows):
     assert all(1 <= r["loops_per_run"] <= peers.MAX_LOOPS for r in rows)
+
+
+@pytest.mark.parametrize("again_s, warm_calls", [(10.0, 2), (0.0, 1)])
+def test_a_fast_side_is_warmed_twice_and_its_second_call_sets_the_loops(again_s, warm_calls, monkeypatch):
+    pytorch_ood_detector()
+    calls = {"ours": 0, "theirs": 0}
+    ours, theirs = peers.ours, peers.CASES["webo"]
+
+    def count_ours(name, data):
+        calls["ours"] += 1
+        return ours(name, data)
+
+    def count_theirs(pood, data):
+        calls["theirs"] += 1
+        return theirs(pood, data)
+
+    monkeypatch.setattr(peers, "ours", count_ours)
+    monkeypatch.setitem(peers.CASES, "webo", count_theirs)
+    monkeypatch.setattr(peers, "WARM_AGAIN_S", again_s)
+    monkeypatch.setattr(peers, "PAUSE_S", 0.0)
+    monkeypatch.setattr(peers, "MAX_LOOPS", 3)
+    [row] = peers.compare(["webo"], peers.make(50, 8, 4, seed=0), repeats=2)
+    timed = 2 * row["loops_per_run"]
+    assert calls == {"ours": warm_calls + timed, "theirs": warm_calls + timed}
