@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -32,6 +31,7 @@ import torch
 
 import detectors
 from benchmarks.cases import peers
+from benchmarks.cases.tools import cpu_model
 from detectors import FeatureSet, LinearHead
 from pipelines.io import atomic_write_json
 from pipelines.progress import progress
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         kept = json.loads(args.out.read_text()) if args.out.is_file() else {}
         return write(args, {**kept, **merged_peers(kept.get("peers"), peer_section(args))})
 
-    machine = {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+    machine = {"cpus": os.cpu_count(), "processor": cpu_model(),
                "torch_threads": torch.get_num_threads(), "float32_gflops": matmul_rate(np.float32),
                "float64_gflops": matmul_rate(np.float64), "read_gbps": read_bandwidth()}
     print(f"float32 {machine['float32_gflops']:.1f} GFLOP/s, float64 {machine['float64_gflops']:.1f} GFLOP/s, "
@@ -396,7 +396,7 @@ def peer_section(args: argparse.Namespace) -> dict[str, Any]:
     sizes = f"{n} train and {n} test rows, D={dim}, C={classes}"
     print(peers.markdown(rows, sizes), flush=True)
     run = {"repeats": args.peer_repeats, "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model(), "cpus": os.cpu_count()}
     return {"peers": {"sizes": {"rows": n, "dim": dim, "classes": classes}, "cpus": os.cpu_count(), **run,
                       "rows": [{**row, "run": run} for row in rows]}}
 

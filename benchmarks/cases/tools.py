@@ -1,6 +1,6 @@
 """Measurement helpers the benchmarks share: a loopback image host that can throttle, Debian's torchvision 0.14 in a
-subprocess running the Open-Insect transforms on files, a process's peak resident memory per stage, and the
-interleaved best-of-N timer.
+subprocess running the Open-Insect transforms on files, a process's peak resident memory per stage, the interleaved
+best-of-N timer, and the CPU's model name for a result's row.
 
     with LoopbackHost(lambda i: blobs[i], rps=20) as host:     # GET host.base + "/img/7.jpg" serves blobs[7]
         ...
@@ -10,6 +10,7 @@ interleaved best-of-N timer.
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import threading
 import time
@@ -242,3 +243,16 @@ def best_of(rounds: int, runs: dict[str, Callable[[], float | None]]) -> dict[st
             seconds = time.perf_counter() - start if seconds is None else seconds
             best[name] = min(best.get(name, float("inf")), seconds)
     return best
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name ("AMD EPYC", "Intel(R) Xeon(R) ..."): ratios against a peer move from one CPU to another,
+    so a row says which it ran on. Else the platform's processor or machine string."""
+    try:
+        for line in Path(cpuinfo).read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

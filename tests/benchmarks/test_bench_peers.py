@@ -7,6 +7,7 @@ from helpers.pytorch_ood import pytorch_ood_detector
 
 from benchmarks import detectors as bench
 from benchmarks.cases import peers
+from benchmarks.cases.tools import cpu_model
 
 pytestmark = pytest.mark.slow  # runs pytorch-ood and ours several times (about 15 s)
 
@@ -47,6 +48,7 @@ def test_peers_only_replaces_the_rows_it_reruns_and_keeps_the_others(tmp_path):
     assert [r["detector"] for r in rows] == ["lts", "entropy", "vra"]
     assert rows[0]["ratio"] == 1.1 and rows[0]["run"] == {"repeats": 5, "load_avg_before": [9, 9, 9]}
     assert rows[1]["run"]["repeats"] == 1 and "ours_s" in rows[1]
+    assert rows[1]["run"]["cpu"] == cpu_model() and rows[1]["run"]["cpus"] >= 1  # which machine measured it
     out.write_text(json.dumps({"peers": {"sizes": {**sizes, "dim": 32}, "rows": [{"detector": "lts"}]}}))
     bench.main(["--peers-only", "--peers", "vra", "--peer-size", "200:16:4", "--peer-repeats", "1", "--out", str(out)])
     assert [r["detector"] for r in json.loads(out.read_text())["peers"]["rows"]] == ["vra"]  # other sizes: replaced

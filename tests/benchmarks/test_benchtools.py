@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cases.tools import LoopbackHost, best_of, peak_rss_mib, reset_peak_rss, torchvision_missing
+from benchmarks.cases.tools import LoopbackHost, best_of, cpu_model, peak_rss_mib, reset_peak_rss, torchvision_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,6 +49,17 @@ def test_peak_rss_and_a_missing_interpreter():
     peak = peak_rss_mib()
     assert peak is None or peak > 0
     assert torchvision_missing(str(ROOT / "no-such-python")) is not None
+
+
+def test_cpu_model_reads_the_model_name_or_falls_back(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9B14\n\nprocessor\t: 1\n"
+                    "model name\t: AMD EPYC 9B14\n")
+    assert cpu_model(str(info)) == "AMD EPYC 9B14"
+    info.write_text("processor\t: 0\nmodel name\t:\n")  # no name given: the platform's string
+    assert cpu_model(str(info)) and cpu_model(str(info)) != ""
+    assert cpu_model(str(tmp_path / "missing")) == cpu_model(str(info))
+    assert cpu_model()  # this machine's
 
 
 @pytest.fixture(scope="module")
