@@ -26,9 +26,9 @@ apiece on a loaded machine."""
 
 def weighted_energy(logits: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
     """log sum_k relu(w_k) exp(z_k), float64 [N] (higher = more ID). The sum is taken as the reference takes it,
-    exp(z) @ relu(w) in the logits' precision (float32 for float16 storage; no shift by the row's maximum), in blocks
-    of `SUM_ELEMENTS`; a row whose sum overflows, or is so small that subnormal terms could cost digits (below
-    C max(w, 1) tiny / eps: in float32 a logit above 88, or all below about -72 + log C), is redone as
+    exp(z) @ relu(w) in the logits' precision (float32 for float16 storage; no shift by the row's maximum), in steps
+    of `SUM_ELEMENTS`, a task per core; a row whose sum overflows, or is so small that subnormal terms could cost
+    digits (below C max(w, 1) tiny / eps: in float32 a logit above 88, or all below about -72 + log C), is redone as
     logsumexp(z + log relu(w)) in float64, where the reference returns inf or loses digits. None = all ones (EBO at
     T = 1)."""
     z = np.asarray(logits)

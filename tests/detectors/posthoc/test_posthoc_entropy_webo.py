@@ -75,6 +75,7 @@ def test_webo_by_hand_and_edges():
     edge = np.stack([LOGITS[0] + 100, LOGITS[1] - 95, LOGITS[2] - 60]).astype(np.float32)
     exact = np.log((np.maximum(w, 0) * np.exp(edge.astype(np.float64))).sum(1))
     np.testing.assert_allclose(detectors.build("webo", weights=list(w)).score(edge), exact, rtol=1e-6)
+    assert detectors.build("webo", weights=list(w)).score(LOGITS[:0]).shape == (0,)  # an empty set
     with pytest.raises(ValueError, match="at least one must be > 0"):
         detectors.build("webo", weights=[0.0, -1.0])
     with pytest.raises(ValueError, match="3 weights for logits of 7 classes"):
