@@ -65,3 +65,18 @@ def test_scale_edges():
     assert _ours(85, TEST[:0]).shape == (0,)
     with pytest.raises(ValueError, match="percentile"):
         detectors.build("scale", percentile=100)
+
+
+@pytest.mark.parametrize("name", ["scale", "lts"])
+def test_row_blocks_on_any_number_of_threads_give_the_same_scores(name, monkeypatch):
+    from detectors.posthoc import lts, scale, threads
+
+    whole = detectors.build(name).fit(FeatureSet(TRAIN), head=HEAD).score(FeatureSet(TEST))
+    monkeypatch.setattr(scale, "SCORE_ROWS", 7)  # 5 blocks, a short last one
+    monkeypatch.setattr(lts, "SCORE_ROWS", 7)
+    runs = []
+    for workers in (1, 2, 3):
+        monkeypatch.setattr(threads, "usable_cores", lambda workers=workers: workers)
+        runs.append(detectors.build(name).fit(FeatureSet(TRAIN), head=HEAD).score(FeatureSet(TEST)))
+    assert all(np.array_equal(run, runs[0]) for run in runs)  # the same blocks: the same bits on any threads
+    np.testing.assert_allclose(runs[0], whole, rtol=1e-6)  # other blocks: the product's float32 rounding only
