@@ -47,11 +47,24 @@ from pipelines.training import Objective, TrainBatch
 log = logging.getLogger(__name__)
 
 
+FAISS_BLAS_THRESHOLD = 128_000
+"""faiss' `distance_compute_blas_threshold` (faiss/utils/distances.cpp from 1.15; 1.15.1 made the goldens): its exact
+IndexFlatL2 search sums the squared differences where queries x dimension is below it, and takes ||q||^2 + ||b||^2 -
+2 q.b through BLAS from there on, as the reference's GpuIndexFlatL2 always does (faiss up to 1.14 switched at 20
+queries). The two round differently, and the boundary's top-k can turn on that rounding: at the reference's sizes
+(1,000 queue rows of 128-d features) the BLAS form."""
+
+
 def kth_distance(queries: torch.Tensor, bank: torch.Tensor, k: int) -> torch.Tensor:
     """The K-th smallest squared L2 distance of each query to the bank's rows, by exhaustive search (faiss'
-    IndexFlatL2.search(queries, k)[0][:, -1]); float32, ||q||^2 + ||b||^2 - 2 q.b floored at 0, as faiss computes it."""
-    d = (queries * queries).sum(1, keepdim=True) + (bank * bank).sum(1)[None] - 2.0 * queries @ bank.T
-    return torch.topk(d.clamp_min(0.0), k, dim=1, largest=False).values[:, -1]
+    IndexFlatL2.search(queries, k)[0][:, -1]), float32 and computed as faiss computes it: the squared differences
+    summed below `FAISS_BLAS_THRESHOLD`, else ||q||^2 + ||b||^2 - 2 q.b floored at 0."""
+    if queries.numel() < FAISS_BLAS_THRESHOLD:
+        d = ((queries[:, None, :] - bank[None]) ** 2).sum(-1)
+    else:
+        d = ((queries * queries).sum(1, keepdim=True) + (bank * bank).sum(1)[None] - 2.0 * queries @ bank.T)
+        d = d.clamp_min(0.0)
+    return torch.topk(d, k, dim=1, largest=False).values[:, -1]
 
 
 def _unit(x: torch.Tensor) -> torch.Tensor:
