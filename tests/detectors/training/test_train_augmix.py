@@ -54,13 +54,18 @@ def test_one_step_matches_openood_trainer(name):
     opt = RECORD["optimizer"]
     optimizer = torch.optim.SGD(net.parameters(), opt["lr"], momentum=opt["momentum"],
                                 weight_decay=opt["weight_decay"], nesterov=True)
+    initial = {key: value.double().numpy().copy() for key, value in net.state_dict().items()}
     loss = step(_batch(data, case["jsd"]))
     assert float(loss.detach()) == pytest.approx(case["loss"], rel=1e-6, abs=1e-7)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
     for key, value in net.state_dict().items():
-        np.testing.assert_allclose(value.double().numpy(), np.array(case["updated"][key]), atol=2e-6, err_msg=key)
+        want = np.array(case["updated"][key])
+        # float32 gradients: another CPU's kernels sum in another order, off by a share of the tensor's largest step
+        # (the clamped case's 400x logits move bn.weight by up to 3.9: 1.3e-6 of it on one machine against the golden)
+        tolerance = 2e-6 + 4e-6 * np.abs(want - initial[key]).max()
+        assert np.all(np.abs(value.double().numpy() - want) <= tolerance), key
 
 
 def test_golden_cases_cover_the_branches():
