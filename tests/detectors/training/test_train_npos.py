@@ -79,6 +79,10 @@ def test_an_epoch_equals_openood_npos_trainer(index):
             np.testing.assert_allclose(p.detach().numpy(), case["stepped"][part][name], atol=2e-6)
 
 
+def _faiss_version(faiss) -> tuple[int, int]:
+    return tuple(int(part) for part in faiss.__version__.split(".")[:2])
+
+
 @pytest.mark.parametrize("rows, dim", [(25, 6), (2100, 64)])  # faiss 1.15: direct below 128,000 numbers
 def test_kth_distance_equals_faiss_index_flat_l2(rows, dim):
     faiss = pytest.importorskip("faiss")
@@ -91,7 +95,8 @@ def test_kth_distance_equals_faiss_index_flat_l2(rows, dim):
         want = index.search(queries, k)[0][:, -1]
         got = kth_distance(torch.from_numpy(queries), torch.from_numpy(bank), k).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * dim)  # a self-match's cancelling BLAS sums
-        if rows * dim < 128_000:  # the same form as faiss: its rounding up to the order of a few sums
+        if rows * dim < 128_000 and _faiss_version(faiss) >= (1, 15):  # faiss' own form there: its rounding nearly
+            # (faiss up to 1.14, the floor's 1.9 included, took its BLAS form from 20 queries on)
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
