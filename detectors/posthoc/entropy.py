@@ -9,7 +9,7 @@ import numpy as np
 
 from detectors.base import Detector
 from detectors.posthoc.common import stored_logits
-from detectors.posthoc.threads import map_blocks
+from detectors.posthoc.threads import map_rows
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
@@ -27,13 +27,10 @@ def negative_entropy(logits: np.ndarray, clip: float | None = REFERENCE_CLIP) ->
     """sum_k p_k log p_k of p = softmax(z), float64 [N] (higher = more peaked = more ID): log p from the log-softmax
     (no log 0), floored at log(`clip`) where `clip` is given (the reference's p.clip(clip, 1)); elementwise in the
     logits' precision (float32 as the model's, float64 exact), each row's sum in float64, block by block
-    (`threads.map_blocks`: read-only views on a thread per core; row by row the same arithmetic on any blocks)."""
+    (`threads.map_rows`: read-only views on a thread per core; row by row the same arithmetic on any blocks)."""
     z = np.asarray(logits)
-    out = np.empty(len(z))
     rows = max(1, BLOCK_VALUES // max(z.shape[1], 1))
-    for part, value in map_blocks(lambda block: _negative_entropy_rows(block, clip), z, rows=rows):
-        out[part] = value
-    return out
+    return map_rows(lambda block: _negative_entropy_rows(block, clip), z, rows=rows)
 
 
 FEW_CLASSES = 64

@@ -17,7 +17,7 @@ import scipy.linalg
 
 from detectors.base import Detector, FeatureSet
 from detectors.posthoc.common import labels_of, logsumexp, stored_features
-from detectors.posthoc.threads import lapack_threads, map_blocks
+from detectors.posthoc.threads import lapack_threads, map_rows
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
@@ -130,11 +130,7 @@ class GMM(Detector):
 
     def _score(self, batch) -> np.ndarray:
         features = stored_features(batch, self.name)
-        out = np.empty(len(features))
-        for part, scores in map_blocks(lambda x: logsumexp(self.log_likelihoods(x), axis=1), features, np.float64,
-                                       rows=ROWS):
-            out[part] = scores
-        return out
+        return map_rows(lambda x: logsumexp(self.log_likelihoods(x), axis=1), features, np.float64, rows=ROWS)
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), **{key: getattr(self, key) for key in STATE}}

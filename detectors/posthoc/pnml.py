@@ -21,7 +21,7 @@ from detectors.base import Detector, FeatureSet
 from detectors.posthoc import streaming
 from detectors.posthoc.common import log_softmax, stored_features
 from detectors.posthoc.nnguide import normalised
-from detectors.posthoc.threads import lapack_threads, map_blocks
+from detectors.posthoc.threads import lapack_threads, map_blocks, map_rows
 from detectors.registry import register_detector
 from pipelines.params import Params, param
 
@@ -116,7 +116,7 @@ class PNML(Detector):
         self.projector = hermitian_pinv(gram, self.params["rcond"])
 
     def _score(self, batch) -> np.ndarray:
-        """Per block of rows (`threads.map_blocks`: read-only views on a thread per core, one BLAS thread each):
+        """Per block of rows (`threads.map_rows`: read-only views on a thread per core, one BLAS thread each):
         the products and the float64 regret while the block is in cache, the elementwise passes on every core;
         row by row the same arithmetic as on the whole array."""
         projector = self.projector.astype(np.float32)
@@ -127,10 +127,7 @@ class PNML(Detector):
             return -regret(log_softmax(self.head(x)), quadratic / (1.0 + quadratic))
 
         h = stored_features(batch, self.name)
-        out = np.empty(len(h))
-        for part, scores in map_blocks(rows, h, np.float32):
-            out[part] = scores
-        return out
+        return map_rows(rows, h, np.float32)
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "projector": self.projector}

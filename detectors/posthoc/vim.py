@@ -253,10 +253,7 @@ class ViM(Detector):
         def rows(block: np.ndarray) -> np.ndarray:
             return logsumexp_rows(self.head(block)) - self.alpha * self.residual(block - origin, basis)
 
-        out = np.empty(len(h))
-        for part, scores in threads.map_blocks(rows, h, dtype, SCORE_ROWS):
-            out[part] = scores
-        return out
+        return threads.map_rows(rows, h, dtype, SCORE_ROWS)
 
     def state(self) -> dict[str, np.ndarray]:
         return {**super().state(), "origin": self.origin, "basis": self.basis,
