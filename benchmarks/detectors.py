@@ -397,7 +397,7 @@ def peer_section(args: argparse.Namespace) -> dict[str, Any]:
     print(peers.markdown(rows, sizes), flush=True)
     run = {"repeats": args.peer_repeats, "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_model(), "cpus": os.cpu_count()}
-    return {"peers": {"sizes": {"rows": n, "dim": dim, "classes": classes}, "cpus": os.cpu_count(), **run,
+    return {"peers": {"sizes": {"rows": n, "dim": dim, "classes": classes}, **run,
                       "rows": [{**row, "run": run} for row in rows]}}
 
 

@@ -1,6 +1,6 @@
 """ViM's eigen-solver and blocks: torch's eigh on one thread or several gives numpy's ranked subspace; the
-covariance's blocks depend on the data's shape only, and the row
-blocks give the same fit and scores on one thread or several."""
+covariance's blocks depend on the data's shape only, and the row blocks give the same fit and scores on one thread or
+several."""
 import numpy as np
 import pytest
 
