@@ -55,12 +55,18 @@ queries). The two round differently, and the boundary's top-k can turn on that r
 (1,000 queue rows of 128-d features) the BLAS form."""
 
 
+DIRECT_ELEMENTS = 1 << 22
+"""Most squared differences held at once by the direct form (16 MiB of float32): a 2,000-row queue of 64-d features
+would otherwise take 1 GB."""
+
+
 def kth_distance(queries: torch.Tensor, bank: torch.Tensor, k: int) -> torch.Tensor:
     """The K-th smallest squared L2 distance of each query to the bank's rows, by exhaustive search (faiss'
     IndexFlatL2.search(queries, k)[0][:, -1]), float32 and computed as faiss computes it: the squared differences
     summed below `FAISS_BLAS_THRESHOLD`, else ||q||^2 + ||b||^2 - 2 q.b floored at 0."""
-    if queries.numel() < FAISS_BLAS_THRESHOLD:
-        d = ((queries[:, None, :] - bank[None]) ** 2).sum(-1)
+    if queries.numel() < FAISS_BLAS_THRESHOLD:  # [queries, bank, D] differences, a block of queries at a time
+        step = max(1, DIRECT_ELEMENTS // max(bank.numel(), 1))
+        d = torch.cat([((block[:, None, :] - bank[None]) ** 2).sum(-1) for block in queries.split(step)])
     else:
         d = ((queries * queries).sum(1, keepdim=True) + (bank * bank).sum(1)[None] - 2.0 * queries @ bank.T)
         d = d.clamp_min(0.0)

@@ -256,3 +256,14 @@ def test_the_loop_tells_the_epoch_so_synthesis_starts_at_start_epoch_knn(monkeyp
           start_epoch_knn=2, synthesis_k=2, select=3, id_points_num=2).fit(
         train, head=LinearHead(rng.normal(size=(2, 5)), np.zeros(2)))
     assert seen and set(seen) == {2}
+
+
+def test_kth_distance_direct_form_in_query_blocks_is_the_whole(monkeypatch):
+    from detectors.training import npos
+
+    rng = np.random.default_rng(3)
+    queries, bank = (torch.from_numpy(rng.normal(size=(n, 4)).astype(np.float32)) for n in (11, 9))
+    whole = kth_distance(queries, bank, 3)
+    monkeypatch.setattr(npos, "DIRECT_ELEMENTS", 80)  # blocks of 2 queries, a short last one
+    assert torch.equal(kth_distance(queries, bank, 3), whole)
+    assert kth_distance(queries[:0], bank, 3).shape == (0,)
